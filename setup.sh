@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One command to set surge up on a fresh machine: a venv in .venv with surge and its dev tools.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch is pinned (torch==2.13.0, a CPU wheel on these machines); install it first so nothing
+# else can pull a different build.
+.venv/bin/python -m pip install --quiet torch==2.13.0
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+echo "surge is set up: .venv/bin/surge --help"

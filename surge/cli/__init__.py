@@ -1,0 +1,1 @@
+"""The `surge` command line: one module per command group, assembled in `main.py`."""

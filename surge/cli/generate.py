@@ -1,0 +1,1 @@
+"""`surge generate`: placeholder until the engine lands."""

@@ -1,0 +1,37 @@
+"""Entry point of the `surge` console command.
+
+Each command group lives in its own module and is mounted here. Heavy imports (torch)
+happen inside commands, so `surge --help` and `surge plan` stay fast. A `SurgeError`
+becomes a one-line `error: ...` on stderr with exit code 2, never a traceback.
+"""
+
+import logging
+import sys
+
+import typer
+
+from surge.cli import generate, model, plan
+from surge.errors import SurgeError
+
+app = typer.Typer(
+    name="surge",
+    help="surge: serverless LLM serving that scales out in under a second and serves "
+    "while the model is still arriving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.add_typer(model.app, name="model")
+app.add_typer(plan.app, name="plan")
+app.command("generate")(generate.generate)
+
+
+def main() -> None:
+    """Run the CLI, turning user errors into a one-line message and exit code 2."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except SurgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
