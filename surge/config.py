@@ -1,0 +1,37 @@
+"""Settings objects: one place for defaults, every field documented, validated once.
+
+Each layer of surge takes its own config dataclass from here; a CLI flag or a config file
+fills one in and `validate()` checks it before anything starts.
+"""
+
+from dataclasses import dataclass
+
+from surge.errors import SurgeError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of one inference engine (one runner, its KV cache and its scheduler)."""
+
+    page_size_tokens: int = 16
+    """Tokens per KV-cache page; memory is handed out and reused in pages."""
+    max_kv_tokens: int = 16384
+    """KV-cache capacity in tokens (rounded up to whole pages), per layer range."""
+    max_num_seqs: int = 64
+    """Most sequences in the running batch at once."""
+    max_prefill_tokens: int = 4096
+    """Most prompt tokens prefilled in one step (a prompt is never split)."""
+    device: str = "auto"
+    """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""
+
+    @property
+    def num_pages(self) -> int:
+        return -(-self.max_kv_tokens // self.page_size_tokens)
+
+    def validate(self) -> "EngineConfig":
+        for name in ("page_size_tokens", "max_kv_tokens", "max_num_seqs", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise SurgeError(f"engine setting {name} must be >= 1")
+        if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
+            raise SurgeError(f"device {self.device!r} is not auto, cpu or cuda[:N]")
+        return self

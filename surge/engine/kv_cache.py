@@ -1,0 +1,120 @@
+"""Paged KV cache for one layer range, owned by the runner that executes that range.
+
+Memory is one pre-allocated tensor per layer (λScale §5, pre-allocation), cut into pages of
+`page_size_tokens` slots; each sequence holds a list of pages (its page table), taken from a
+free list as it grows and returned when it finishes. A node running layers i..j keeps only
+the cache of i..j; sequences are known by the `seq_id` the head gives them, so every stage
+of a pipeline keeps its own page table for the same sequences.
+
+Per step, `prepare` turns a `BatchMeta` into the `AttnContext` every layer uses.
+"""
+
+import torch
+
+from surge.engine.batch import BatchMeta
+from surge.engine.model import AttnContext, RopeTable
+
+
+def pages_needed(num_tokens: int, page_size_tokens: int) -> int:
+    """Pages a sequence of `num_tokens` occupies (the scheduler and the cache agree on this)."""
+    return -(-num_tokens // page_size_tokens)
+
+
+class OutOfPagesError(RuntimeError):
+    """The cache has no free page left; the scheduler should have prevented this."""
+
+
+class PagedKVCache:
+    """K and V tensors [num_layers, num_pages * page_size, kv_heads, head_dim] plus page tables."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size_tokens: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.page_size = page_size_tokens
+        self.num_pages = num_pages
+        shape = (num_layers, num_pages * page_size_tokens, num_kv_heads, head_dim)
+        # Zeros, not empty: padded gathers read unused slots, which must be finite.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = device
+        self._free = list(range(num_pages - 1, -1, -1))
+        self._tables: dict[int, list[int]] = {}
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def seq_len_capacity(self, seq_id: int) -> int:
+        return len(self._tables.get(seq_id, ())) * self.page_size
+
+    def has(self, seq_id: int) -> bool:
+        return seq_id in self._tables
+
+    def ensure(self, seq_id: int, num_tokens: int) -> None:
+        """Give `seq_id` enough pages for `num_tokens` tokens."""
+        table = self._tables.setdefault(seq_id, [])
+        need = pages_needed(num_tokens, self.page_size) - len(table)
+        if need > len(self._free):
+            raise OutOfPagesError(
+                f"KV cache full: sequence {seq_id} needs {need} more pages, {len(self._free)} free"
+            )
+        for _ in range(need):
+            table.append(self._free.pop())
+
+    def free(self, seq_id: int) -> None:
+        """Return a finished (or migrated) sequence's pages."""
+        for page in reversed(self._tables.pop(seq_id, [])):
+            self._free.append(page)
+
+    def _slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
+        table = torch.tensor(self._tables[seq_id], dtype=torch.int64)
+        pos = torch.arange(start, end, dtype=torch.int64)
+        return table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def prepare(self, batch: BatchMeta, rope: RopeTable) -> AttnContext:
+        """Reserve pages for the step's new tokens and build the attention plumbing."""
+        B, Q = batch.num_seqs, batch.max_q_len
+        totals = [c + q for c, q in zip(batch.ctx_lens, batch.q_lens, strict=True)]
+        for sid, total in zip(batch.seq_ids, totals, strict=True):
+            self.ensure(sid, total)
+        K = max(totals)
+        gather = torch.zeros(B, K, dtype=torch.int64)
+        writes = []
+        for b, (sid, total) in enumerate(zip(batch.seq_ids, totals, strict=True)):
+            slots = self._slots(sid, 0, total)
+            gather[b, :total] = slots
+            writes.append(slots[batch.ctx_lens[b] :])
+        write_slots = torch.cat(writes)
+
+        ctx = torch.tensor(batch.ctx_lens, dtype=torch.int64)
+        qlen = torch.tensor(batch.q_lens, dtype=torch.int64)
+        i = torch.arange(Q, dtype=torch.int64)
+        # Padded query rows reuse the last valid position, so they stay finite and harmless.
+        positions = ctx[:, None] + torch.minimum(i[None, :], qlen[:, None] - 1)
+        cos, sin = rope.lookup(positions.to(rope.inv_freq.device))
+
+        all_valid = all(q == Q for q in batch.q_lens)
+        valid_index = None
+        if not all_valid:
+            valid_index = (torch.arange(B)[:, None] * Q + i[None, :])[i[None, :] < qlen[:, None]]
+        mask = None
+        if not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0)):
+            j = torch.arange(K, dtype=torch.int64)
+            # Key j is visible to query i iff it is at or before the query's position.
+            mask = (j[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+            mask = mask.to(self.device)
+        return AttnContext(
+            cos=cos,
+            sin=sin,
+            write_slots=write_slots.to(self.device),
+            valid_index=None if valid_index is None else valid_index.to(self.device),
+            gather_slots=gather.to(self.device),
+            mask=mask,
+        )

@@ -1,0 +1,214 @@
+"""The Llama-family transformer, as plain functions over weight tensors (gpt-fast style).
+
+Weights are views into block buffers (no copies, no nn.Module parameters), so a layer is
+usable the moment its block lands. Flow: token ids -> `embed` -> `decoder_layer` xN ->
+`final_logits`. Attention reads and writes the paged KV cache through an `AttnContext`
+built once per step. Math matches Hugging Face's Llama/Qwen2/Mistral (RMSNorm in float32,
+rotate-half RoPE with cos/sin in float32, SwiGLU MLP).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from surge.model.arch import (
+    EMBED_NAME,
+    FINAL_NORM_NAME,
+    LM_HEAD_NAME,
+    ModelArch,
+    RopeConfig,
+    layer_prefix,
+)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """The tensors of one decoder layer (biases are None when the model has none)."""
+
+    input_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    post_norm: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    bq: torch.Tensor | None = None
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
+    bo: torch.Tensor | None = None
+    b_gate: torch.Tensor | None = None
+    b_up: torch.Tensor | None = None
+    b_down: torch.Tensor | None = None
+
+    @staticmethod
+    def from_tensors(tensors: dict[str, torch.Tensor], layer: int) -> "LayerWeights":
+        p = layer_prefix(layer)
+
+        def get(name: str) -> torch.Tensor | None:
+            return tensors.get(p + name)
+
+        return LayerWeights(
+            input_norm=tensors[p + "input_layernorm.weight"],
+            wq=tensors[p + "self_attn.q_proj.weight"],
+            wk=tensors[p + "self_attn.k_proj.weight"],
+            wv=tensors[p + "self_attn.v_proj.weight"],
+            wo=tensors[p + "self_attn.o_proj.weight"],
+            post_norm=tensors[p + "post_attention_layernorm.weight"],
+            w_gate=tensors[p + "mlp.gate_proj.weight"],
+            w_up=tensors[p + "mlp.up_proj.weight"],
+            w_down=tensors[p + "mlp.down_proj.weight"],
+            bq=get("self_attn.q_proj.bias"),
+            bk=get("self_attn.k_proj.bias"),
+            bv=get("self_attn.v_proj.bias"),
+            bo=get("self_attn.o_proj.bias"),
+            b_gate=get("mlp.gate_proj.bias"),
+            b_up=get("mlp.up_proj.bias"),
+            b_down=get("mlp.down_proj.bias"),
+        )
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """Final norm and output projection (the last block)."""
+
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+
+    @staticmethod
+    def from_tensors(tensors: dict[str, torch.Tensor]) -> "HeadWeights":
+        return HeadWeights(norm=tensors[FINAL_NORM_NAME], lm_head=tensors[LM_HEAD_NAME])
+
+
+def embedding_of(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    return tensors[EMBED_NAME]
+
+
+@dataclass
+class AttnContext:
+    """Per-step attention plumbing shared by every layer of a range (built by the KV cache).
+
+    The batch is padded to [B, Q] query tokens; keys are gathered from the cache to [B, K].
+    """
+
+    cos: torch.Tensor
+    """[B, Q, head_dim] float32 rotary cosines for each query position."""
+    sin: torch.Tensor
+    write_slots: torch.Tensor
+    """[N] cache slots that receive the N valid new tokens' keys and values."""
+    valid_index: torch.Tensor | None
+    """[N] indices of the valid tokens in the flattened [B*Q] batch; None if all are valid."""
+    gather_slots: torch.Tensor
+    """[B, K] cache slots of every key each sequence attends to (padded)."""
+    mask: torch.Tensor | None
+    """[B, 1, Q, K] boolean: query i of sequence b may attend key j; None for one causal seq."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, as Hugging Face does."""
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse rotary frequencies [head_dim / 2], with linear or Llama 3 scaling."""
+    inv_freq = 1.0 / (
+        rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    )
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        # Llama 3.1: keep high frequencies, scale low ones by `factor`, blend in between.
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+class RopeTable:
+    """cos/sin of every position, grown on demand (a full 128k table would waste memory)."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device) -> None:
+        self.inv_freq = rope_inv_freq(rope, head_dim).to(device)
+        self.cos = torch.empty(0, head_dim, device=device)
+        self.sin = torch.empty(0, head_dim, device=device)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if need > self.cos.shape[0]:
+            n = max(need, 2 * self.cos.shape[0], 256)
+            t = torch.arange(n, device=self.inv_freq.device, dtype=torch.int64).float()
+            freqs = torch.outer(t, self.inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.cos, self.sin = emb.cos(), emb.sin()
+        return self.cos[positions], self.sin[positions]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [B, Q, heads, d] by cos/sin [B, Q, d] (in x's dtype, as HF does)."""
+    cos = cos.unsqueeze(2).to(x.dtype)
+    sin = sin.unsqueeze(2).to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    w: LayerWeights,
+    arch: ModelArch,
+    ctx: AttnContext,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> torch.Tensor:
+    """One pre-norm decoder layer on hidden states [B, Q, hidden]; updates the KV cache."""
+    B, Q, _ = x.shape
+    nh, nkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+    h = rms_norm(x, w.input_norm, arch.rms_norm_eps)
+    q = F.linear(h, w.wq, w.bq).view(B, Q, nh, d)
+    k = F.linear(h, w.wk, w.bk).view(B, Q, nkv, d)
+    v = F.linear(h, w.wv, w.bv).view(B, Q, nkv, d)
+    q = apply_rope(q, ctx.cos, ctx.sin)
+    k = apply_rope(k, ctx.cos, ctx.sin)
+
+    k_new, v_new = k.reshape(B * Q, nkv, d), v.reshape(B * Q, nkv, d)
+    if ctx.valid_index is not None:
+        k_new, v_new = k_new[ctx.valid_index], v_new[ctx.valid_index]
+    k_cache.index_copy_(0, ctx.write_slots, k_new)
+    v_cache.index_copy_(0, ctx.write_slots, v_new)
+    keys = k_cache[ctx.gather_slots]  # [B, K, nkv, d]
+    values = v_cache[ctx.gather_slots]
+
+    attn = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=ctx.mask,
+        is_causal=ctx.mask is None and Q > 1,
+        enable_gqa=nh != nkv,
+    )
+    x = x + F.linear(attn.transpose(1, 2).reshape(B, Q, nh * d), w.wo, w.bo)
+    h = rms_norm(x, w.post_norm, arch.rms_norm_eps)
+    mlp = F.silu(F.linear(h, w.w_gate, w.b_gate)) * F.linear(h, w.w_up, w.b_up)
+    return x + F.linear(mlp, w.w_down, w.b_down)
+
+
+def final_logits(x: torch.Tensor, head: HeadWeights, arch: ModelArch) -> torch.Tensor:
+    """Logits in float32 for hidden states [..., hidden]."""
+    return F.linear(rms_norm(x, head.norm, arch.rms_norm_eps), head.lm_head).float()

@@ -1,0 +1,154 @@
+"""`ModelRunner`: executes any contiguous layer range of the blocks it holds.
+
+A runner owns a layer range [first_layer, end_layer) — the KV cache of exactly those layers —
+and any subset of blocks, added one at a time as they arrive (from a file, or a buffer a peer
+sent). Its three calls map a step onto the model:
+
+    embed(token_ids) -> hidden           (needs the first block)
+    run_layers(start, end, hidden, batch) -> hidden
+    logits(hidden, batch) -> [B, vocab]  (needs the last block; at each sequence's last token)
+
+Hidden states are padded [B, Q, hidden]; `BatchMeta` says which rows are real. Knows nothing
+of networks: `surge.engine.hidden` turns hidden states into bytes for whoever carries them.
+"""
+
+import logging
+
+import torch
+
+from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
+from surge.engine.device import pick_device
+from surge.engine.kv_cache import PagedKVCache
+from surge.engine.model import (
+    HeadWeights,
+    LayerWeights,
+    RopeTable,
+    decoder_layer,
+    embedding_of,
+    final_logits,
+)
+from surge.errors import SurgeError
+from surge.model.blocks import block_tensors, read_block_file, torch_dtype
+from surge.model.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Holds blocks of one model and runs layer ranges of them, with a paged KV cache."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        config: EngineConfig = EngineConfig(),
+        layer_range: tuple[int, int] | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.arch = manifest.arch
+        self.config = config.validate()
+        self.device = pick_device(config.device)
+        self.dtype = torch_dtype(self.arch.dtype)
+        first, end = layer_range or (0, self.arch.num_layers)
+        if not 0 <= first < end <= self.arch.num_layers:
+            raise SurgeError(
+                f"layer range [{first}, {end}) is not within the model's "
+                f"{self.arch.num_layers} layers"
+            )
+        self.first_layer, self.end_layer = first, end
+        self.kv = PagedKVCache(
+            num_layers=end - first,
+            num_pages=config.num_pages,
+            page_size_tokens=config.page_size_tokens,
+            num_kv_heads=self.arch.num_kv_heads,
+            head_dim=self.arch.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device)
+        self.block_buffers: dict[int, bytearray] = {}
+        """Block index -> its buffer (kept alive: the weights are views into it)."""
+        self.layers: dict[int, LayerWeights] = {}
+        self.embedding: torch.Tensor | None = None
+        self.head: HeadWeights | None = None
+
+    # ---- blocks ----------------------------------------------------------------------
+
+    def add_block(self, index: int, buf: bytearray, verify: bool = True) -> None:
+        """Make block `index` usable from `buf` (a buffer read from disk or received)."""
+        info = self.manifest.blocks[index]
+        tensors = block_tensors(info, buf, verify=verify)
+        if self.device.type != "cpu":
+            tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+        self.block_buffers[index] = buf
+        for layer in range(info.first_layer, info.end_layer):
+            self.layers[layer] = LayerWeights.from_tensors(tensors, layer)
+        if info.has_embed:
+            self.embedding = embedding_of(tensors)
+        if info.has_head:
+            self.head = HeadWeights.from_tensors(tensors)
+        log.debug("block %d ready (layers %d-%d)", index, info.first_layer, info.end_layer - 1)
+
+    def load_blocks(self, indices: list[int] | None = None) -> None:
+        """Read blocks from the store on disk (default: every block this range needs)."""
+        if indices is None:
+            indices = self.manifest.blocks_for_layers(self.first_layer, self.end_layer)
+            if self.first_layer == 0:
+                indices = sorted({0, *indices})
+            if self.end_layer == self.arch.num_layers:
+                indices = sorted({*indices, self.manifest.num_blocks - 1})
+        for i in indices:
+            if i not in self.block_buffers:
+                info = self.manifest.blocks[i]
+                self.add_block(i, read_block_file(self.manifest.block_path(i), info), verify=False)
+
+    def holds_layers(self, start: int, end: int) -> bool:
+        return all(layer in self.layers for layer in range(start, end))
+
+    # ---- execution -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, Q] -> hidden states [B, Q, hidden]."""
+        if self.embedding is None:
+            raise RuntimeError("embed() needs the first block, which this runner lacks")
+        return self.embedding[token_ids.to(self.device)]
+
+    @torch.inference_mode()
+    def run_layers(
+        self, start: int, end: int, hidden: torch.Tensor, batch: BatchMeta
+    ) -> torch.Tensor:
+        """Run layers [start, end) on hidden states [B, Q, hidden], updating their KV cache."""
+        if not self.first_layer <= start < end <= self.end_layer:
+            raise RuntimeError(
+                f"layers [{start}, {end}) are outside this runner's range "
+                f"[{self.first_layer}, {self.end_layer})"
+            )
+        if not self.holds_layers(start, end):
+            missing = [layer for layer in range(start, end) if layer not in self.layers]
+            raise RuntimeError(f"runner lacks layers {missing}")
+        ctx = self.kv.prepare(batch, self.rope)
+        x = hidden.to(self.device, self.dtype)
+        for layer in range(start, end):
+            i = layer - self.first_layer
+            x = decoder_layer(x, self.layers[layer], self.arch, ctx, self.kv.k[i], self.kv.v[i])
+        return x
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        """float32 logits [B, vocab] at each sequence's last new token."""
+        if self.head is None:
+            raise RuntimeError("logits() needs the last block, which this runner lacks")
+        last = torch.tensor([q - 1 for q in batch.q_lens], device=hidden.device)
+        rows = hidden[torch.arange(batch.num_seqs, device=hidden.device), last]
+        return final_logits(rows.to(self.device), self.head, self.arch)
+
+    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        """The whole model in one call: token ids [B, Q] -> logits [B, vocab]."""
+        hidden = self.embed(token_ids)
+        hidden = self.run_layers(self.first_layer, self.end_layer, hidden, batch)
+        return self.logits(hidden, batch)
+
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence's KV cache."""
+        self.kv.free(seq_id)

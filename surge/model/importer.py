@@ -1,0 +1,205 @@
+"""`surge model import`: a local HF safetensors checkpoint in, a packed block store out.
+
+Reads one or several safetensors shards tensor by tensor, cuts the layers into blocks
+balanced by bytes (`layout.partition_layers`), packs each block's tensors into one aligned
+buffer (λScale §5, tensor packing), writes `block-NNNN.bin` files, copies config and
+tokenizer files beside them and writes `manifest.json` last, so a directory with a
+manifest is always a complete store.
+"""
+
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from surge.errors import SurgeError
+from surge.model.arch import (
+    EMBED_NAME,
+    FINAL_NORM_NAME,
+    LM_HEAD_NAME,
+    ModelArch,
+    arch_from_hf_config,
+    layer_tensor_names,
+    load_hf_config,
+)
+from surge.model.blocks import DTYPE_NAMES
+from surge.model.layout import default_num_blocks, partition_layers, validate_num_blocks
+from surge.model.manifest import (
+    MANIFEST_NAME,
+    TENSOR_ALIGNMENT_BYTES,
+    BlockInfo,
+    Manifest,
+    TensorInfo,
+    block_checksum,
+)
+
+log = logging.getLogger(__name__)
+
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+"""Files copied from the checkpoint into the store so the store is self-contained."""
+
+
+class _Checkpoint:
+    """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint."""
+
+    def __init__(self, hf_dir: Path) -> None:
+        files = sorted(hf_dir.glob("*.safetensors"))
+        if not files:
+            raise SurgeError(
+                f"{hf_dir} has no .safetensors files; surge imports safetensors checkpoints "
+                f"(re-save the model with safe_serialization=True)"
+            )
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where: dict[str, int] = {}
+        for i, h in enumerate(self._handles):
+            for name in h.keys():  # noqa: SIM118 - safe_open handles are not dicts
+                self._where[name] = i
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handles[self._where[name]].get_tensor(name)
+
+    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype without reading the data."""
+        t = self._handles[self._where[name]].get_slice(name)
+        shape = tuple(t.get_shape())
+        dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(
+            t.get_dtype()
+        )
+        if dtype is None:
+            raise SurgeError(f"tensor {name} has dtype {t.get_dtype()}, which surge does not load")
+        return shape, dtype
+
+
+def _align(n: int) -> int:
+    return (n + TENSOR_ALIGNMENT_BYTES - 1) // TENSOR_ALIGNMENT_BYTES * TENSOR_ALIGNMENT_BYTES
+
+
+def _block_tensor_names(
+    arch: ModelArch, first: int, end: int, has_embed: bool, has_head: bool
+) -> list[str]:
+    names = [EMBED_NAME] if has_embed else []
+    for layer in range(first, end):
+        names += layer_tensor_names(arch, layer)
+    if has_head:
+        names += [FINAL_NORM_NAME, LM_HEAD_NAME]
+    return names
+
+
+def import_checkpoint(
+    hf_dir: Path,
+    store_dir: Path,
+    num_blocks: int | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Manifest:
+    """Pack the HF checkpoint in `hf_dir` into a block store at `store_dir`."""
+    hf_dir, store_dir = Path(hf_dir), Path(store_dir)
+    arch = arch_from_hf_config(load_hf_config(hf_dir))
+    if num_blocks is None:
+        num_blocks = default_num_blocks(arch.num_layers)
+    validate_num_blocks(num_blocks, arch.num_layers)
+    ckpt = _Checkpoint(hf_dir)
+
+    # lm_head: tied models (or checkpoints that omit it) reuse the embeddings. The last block
+    # gets its own copy so the node running the last stage needs nothing from the first block.
+    head_source = LM_HEAD_NAME if ckpt.has(LM_HEAD_NAME) else EMBED_NAME
+    wanted = _block_tensor_names(arch, 0, arch.num_layers, True, True)
+    missing = [n for n in wanted if not ckpt.has(n if n != LM_HEAD_NAME else head_source)]
+    if missing:
+        raise SurgeError(
+            f"{hf_dir} lacks {len(missing)} tensors this {arch.model_type} config needs "
+            f"(first: {missing[0]}); is the checkpoint complete?"
+        )
+
+    def source(n: str) -> str:
+        return head_source if n == LM_HEAD_NAME else n
+
+    def nbytes(n: str) -> int:
+        shape, dtype = ckpt.meta(source(n))
+        return _align(int(torch.Size(shape).numel()) * dtype.itemsize)
+
+    layer_bytes = [sum(nbytes(n) for n in layer_tensor_names(arch, i)) for i in range(arch.num_layers)]
+    layer_bytes[0] += nbytes(EMBED_NAME)
+    layer_bytes[-1] += nbytes(FINAL_NORM_NAME) + nbytes(LM_HEAD_NAME)
+    ranges = partition_layers(layer_bytes, num_blocks)
+
+    if store_dir.exists() and any(store_dir.iterdir()):
+        if not overwrite:
+            raise SurgeError(f"{store_dir} is not empty; choose another directory or pass --overwrite")
+        shutil.rmtree(store_dir)
+    store_dir.mkdir(parents=True, exist_ok=True)
+
+    blocks: list[BlockInfo] = []
+    dtype_name = "float32"
+    bar = tqdm(
+        total=sum(layer_bytes), unit="B", unit_scale=True, desc="import", disable=not progress
+    )
+    for index, (first, end) in enumerate(ranges):
+        has_embed, has_head = index == 0, index == len(ranges) - 1
+        names = _block_tensor_names(arch, first, end, has_embed, has_head)
+        infos: list[TensorInfo] = []
+        offset = 0
+        for n in names:
+            shape, dtype = ckpt.meta(source(n))
+            size = int(torch.Size(shape).numel()) * dtype.itemsize
+            infos.append(TensorInfo(n, DTYPE_NAMES[dtype], shape, offset, size))
+            offset = _align(offset + size)
+            if n == EMBED_NAME:
+                dtype_name = DTYPE_NAMES[dtype]
+        buf = bytearray(offset)
+        raw = torch.frombuffer(buf, dtype=torch.uint8) if offset else torch.empty(0, dtype=torch.uint8)
+        for info in infos:
+            t = ckpt.get(source(info.name)).contiguous()
+            raw[info.offset_bytes : info.offset_bytes + info.size_bytes].copy_(
+                t.reshape(-1).view(torch.uint8)
+            )
+            bar.update(_align(info.size_bytes))
+        file = f"block-{index:04d}.bin"
+        tmp = store_dir / (file + ".tmp")
+        tmp.write_bytes(buf)
+        tmp.rename(store_dir / file)
+        blocks.append(
+            BlockInfo(
+                index=index,
+                file=file,
+                first_layer=first,
+                end_layer=end,
+                has_embed=has_embed,
+                has_head=has_head,
+                size_bytes=len(buf),
+                checksum=block_checksum(buf),
+                tensors=tuple(infos),
+            )
+        )
+    bar.close()
+
+    for side in SIDE_FILES:
+        if (hf_dir / side).is_file():
+            shutil.copyfile(hf_dir / side, store_dir / side)
+    tokenizer_file = "tokenizer.json" if (hf_dir / "tokenizer.json").is_file() else None
+    if tokenizer_file is None:
+        log.warning("%s has no tokenizer.json: the store serves token ids only", hf_dir)
+    arch = ModelArch.from_dict({**arch.to_dict(), "dtype": dtype_name})
+    manifest = Manifest(
+        name=name or hf_dir.resolve().name,
+        arch=arch,
+        blocks=tuple(blocks),
+        tokenizer_file=tokenizer_file,
+        root=store_dir,
+    )
+    manifest.save(store_dir)
+    assert (store_dir / MANIFEST_NAME).is_file()
+    return manifest

@@ -1,0 +1,208 @@
+"""The manifest of a packed model store: which blocks exist and where every tensor lies.
+
+A store directory holds `manifest.json`, one `block-NNNN.bin` per block, and the
+checkpoint's `config.json` / tokenizer files beside them, so it is self-contained. The
+manifest is plain JSON read without torch, so controllers and planners can use it
+cheaply. Written by `surge.model.importer`, read by everyone who moves or runs blocks.
+"""
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from surge.errors import SurgeError
+from surge.model.arch import ModelArch
+
+MANIFEST_NAME = "manifest.json"
+STORE_FORMAT = "surge-store"
+STORE_VERSION = 1
+TENSOR_ALIGNMENT_BYTES = 64
+"""Every tensor starts at a multiple of this offset inside its block (cache-line aligned)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives inside its block buffer."""
+
+    name: str
+    """HF tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`."""
+    dtype: str
+    """float32, float16 or bfloat16."""
+    shape: tuple[int, ...]
+    offset_bytes: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One block: a contiguous layer range packed into one buffer (λScale §5, tensor packing)."""
+
+    index: int
+    file: str
+    first_layer: int
+    end_layer: int
+    """One past the last layer held (layers [first_layer, end_layer))."""
+    has_embed: bool
+    """Holds the token embeddings (the first block)."""
+    has_head: bool
+    """Holds the final norm and lm_head (the last block)."""
+    size_bytes: int
+    checksum: str
+    """`crc32:xxxxxxxx` of the whole block buffer."""
+    tensors: tuple[TensorInfo, ...] = field(default=())
+
+    @property
+    def num_layers(self) -> int:
+        return self.end_layer - self.first_layer
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A packed model store's table of contents."""
+
+    name: str
+    arch: ModelArch
+    blocks: tuple[BlockInfo, ...]
+    tokenizer_file: str | None
+    """File name of the tokenizer beside the manifest, or None (the store serves token ids)."""
+    root: Path | None = None
+    """Directory the manifest was read from (None for a manifest received over a wire)."""
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.size_bytes for b in self.blocks)
+
+    def block_path(self, index: int) -> Path:
+        """Path of block `index`'s file in this store."""
+        if self.root is None:
+            raise RuntimeError("manifest has no root directory")
+        return self.root / self.blocks[index].file
+
+    def blocks_for_layers(self, first_layer: int, end_layer: int) -> list[int]:
+        """Indices of the blocks that hold layers [first_layer, end_layer)."""
+        return [
+            b.index for b in self.blocks if b.first_layer < end_layer and b.end_layer > first_layer
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": STORE_FORMAT,
+            "version": STORE_VERSION,
+            "name": self.name,
+            "alignment_bytes": TENSOR_ALIGNMENT_BYTES,
+            "arch": self.arch.to_dict(),
+            "tokenizer_file": self.tokenizer_file,
+            "blocks": [
+                {
+                    "index": b.index,
+                    "file": b.file,
+                    "layers": [b.first_layer, b.end_layer],
+                    "has_embed": b.has_embed,
+                    "has_head": b.has_head,
+                    "size_bytes": b.size_bytes,
+                    "checksum": b.checksum,
+                    "tensors": [
+                        {
+                            "name": t.name,
+                            "dtype": t.dtype,
+                            "shape": list(t.shape),
+                            "offset_bytes": t.offset_bytes,
+                            "size_bytes": t.size_bytes,
+                        }
+                        for t in b.tensors
+                    ],
+                }
+                for b in self.blocks
+            ],
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any], root: Path | None = None) -> "Manifest":
+        if d.get("format") != STORE_FORMAT:
+            raise SurgeError("not a surge store manifest; import a checkpoint with `surge model import`")
+        if d.get("version") != STORE_VERSION:
+            raise SurgeError(
+                f"store format version {d.get('version')} is not supported (this surge reads "
+                f"version {STORE_VERSION}); re-import the checkpoint"
+            )
+        blocks = tuple(
+            BlockInfo(
+                index=b["index"],
+                file=b["file"],
+                first_layer=b["layers"][0],
+                end_layer=b["layers"][1],
+                has_embed=b["has_embed"],
+                has_head=b["has_head"],
+                size_bytes=b["size_bytes"],
+                checksum=b["checksum"],
+                tensors=tuple(
+                    TensorInfo(
+                        name=t["name"],
+                        dtype=t["dtype"],
+                        shape=tuple(t["shape"]),
+                        offset_bytes=t["offset_bytes"],
+                        size_bytes=t["size_bytes"],
+                    )
+                    for t in b["tensors"]
+                ),
+            )
+            for b in d["blocks"]
+        )
+        return Manifest(
+            name=d["name"],
+            arch=ModelArch.from_dict(d["arch"]),
+            blocks=blocks,
+            tokenizer_file=d.get("tokenizer_file"),
+            root=root,
+        )
+
+    def save(self, root: Path) -> None:
+        (Path(root) / MANIFEST_NAME).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+def read_manifest(store_dir: Path) -> Manifest:
+    """Read a store's manifest, with a clear error if `store_dir` is not a store."""
+    store_dir = Path(store_dir)
+    if not store_dir.is_dir():
+        raise SurgeError(
+            f"{store_dir} is not a directory; give a store made by `surge model import`"
+        )
+    path = store_dir / MANIFEST_NAME
+    if not path.is_file():
+        hint = (
+            " (it looks like a HF checkpoint: run `surge model import` on it first)"
+            if (store_dir / "config.json").is_file()
+            else ""
+        )
+        raise SurgeError(f"{store_dir} has no {MANIFEST_NAME}{hint}")
+    try:
+        return Manifest.from_json(json.loads(path.read_text()), root=store_dir)
+    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        raise SurgeError(f"{path} is damaged ({e!r}); re-import the checkpoint") from None
+
+
+def block_checksum(buf: bytes | bytearray | memoryview) -> str:
+    """Checksum of a block buffer; crc32 runs at ~3 GB/s here, close to loopback speed."""
+    return f"crc32:{zlib.crc32(buf) & 0xFFFFFFFF:08x}"
+
+
+def verify_block(info: BlockInfo, buf: bytes | bytearray | memoryview) -> None:
+    """Raise a `SurgeError` naming the block if `buf` does not match the manifest."""
+    n = len(memoryview(buf).cast("B"))
+    if n != info.size_bytes:
+        raise SurgeError(
+            f"block {info.index} ({info.file}) has {n} bytes, the manifest says "
+            f"{info.size_bytes}; the block is truncated or damaged: fetch or import it again"
+        )
+    got = block_checksum(buf)
+    if got != info.checksum:
+        raise SurgeError(
+            f"block {info.index} ({info.file}) failed its checksum ({got} != {info.checksum}); "
+            f"the block is corrupted: fetch or import it again"
+        )

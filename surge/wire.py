@@ -1,0 +1,45 @@
+"""Frames: a small JSON header followed by raw bytes. The only format that crosses a process
+boundary in surge (never pickle).
+
+Layout: 4-byte big-endian header length, the UTF-8 JSON header, then `header["length"]`
+payload bytes. Used by the engine to serialize hidden states and by the runtime transport.
+"""
+
+import json
+import struct
+from typing import Any
+
+HEADER_LEN = struct.Struct(">I")
+MAX_HEADER_BYTES = 1 << 20
+
+
+class FrameError(ValueError):
+    """A frame that does not parse: wrong lengths or a bad header."""
+
+
+def encode_frame(header: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> bytes:
+    """One frame as bytes (header gets `length` = payload size)."""
+    payload = memoryview(payload).cast("B")
+    head = json.dumps({**header, "length": len(payload)}, separators=(",", ":")).encode()
+    return b"".join((HEADER_LEN.pack(len(head)), head, payload))
+
+
+def decode_frame(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], memoryview]:
+    """Split one frame into its header and a zero-copy view of its payload."""
+    view = memoryview(buf).cast("B")
+    if len(view) < HEADER_LEN.size:
+        raise FrameError("frame shorter than its length prefix")
+    (n,) = HEADER_LEN.unpack_from(view)
+    if n > MAX_HEADER_BYTES or HEADER_LEN.size + n > len(view):
+        raise FrameError(f"frame header length {n} is invalid")
+    try:
+        header = json.loads(bytes(view[HEADER_LEN.size : HEADER_LEN.size + n]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FrameError(f"frame header is not JSON: {e}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("length"), int):
+        raise FrameError("frame header must be an object with an integer length")
+    start = HEADER_LEN.size + n
+    payload = view[start : start + header["length"]]
+    if len(payload) != header["length"]:
+        raise FrameError(f"frame payload has {len(payload)} bytes, header says {header['length']}")
+    return header, payload
