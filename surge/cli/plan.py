@@ -1,5 +1,137 @@
-"""`surge plan ...`: print and draw multicast plans from `surge.policy` (owned by the planning issue)."""
+"""`surge plan ...`: print and draw multicast plans from `surge.policy`.
+
+In: command-line options. Out: a summary or the plan's JSON on stdout, optionally a
+Gantt PNG. Bad values raise `SurgeError`, which the entry point prints as one line
+with exit code 2. No torch here: `surge plan` must start fast.
+"""
+
+import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Plan model multicasts and execution pipelines.", no_args_is_help=True)
+from surge.errors import SurgeError
+from surge.policy.cluster import Cluster
+from surge.policy.multicast import (
+    DEFAULT_GBPS,
+    STRATEGIES,
+    MulticastOutcome,
+    MulticastRequest,
+    plan_scale_out,
+)
+from surge.policy.report import outcome_to_json
+
+BYTES_PER_MB = 1_000_000
+SECONDS_PER_US = 1e-6
+
+app = typer.Typer(
+    help="Plan model multicasts and execution pipelines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def plan() -> None:
+    """Plan model multicasts and execution pipelines (pure policy, no model needed)."""
+
+
+def _parse_cluster(
+    num_nodes: int, bandwidth_gbps: float | None, bandwidths: str | None
+) -> Cluster | None:
+    """A cluster from --bandwidth-gbps or --bandwidths (not both), or None for defaults."""
+    if bandwidth_gbps is not None and bandwidths is not None:
+        raise SurgeError("give either --bandwidth-gbps or --bandwidths, not both")
+    if bandwidths is not None:
+        try:
+            values = [float(v) for v in bandwidths.split(",")]
+        except ValueError:
+            raise SurgeError(
+                f"--bandwidths must be comma-separated numbers in Gbit/s (got {bandwidths!r})"
+            ) from None
+        if len(values) != num_nodes:
+            raise SurgeError(
+                f"--bandwidths has {len(values)} values for {num_nodes} nodes; give one per node"
+            )
+        return Cluster.symmetric(values)
+    if bandwidth_gbps is not None:
+        if not bandwidth_gbps > 0:
+            raise SurgeError(f"--bandwidth-gbps must be > 0 (got {bandwidth_gbps})")
+        return Cluster.uniform(num_nodes, bandwidth_gbps)
+    return None
+
+
+def _summary(outcome: MulticastOutcome) -> str:
+    plan, timeline = outcome.plan, outcome.timeline
+    lines = [
+        f"strategy {plan.strategy}: {plan.num_nodes} nodes, {plan.num_blocks} blocks, "
+        f"{plan.num_sources} source(s)",
+        f"complete at step {plan.complete_step}: {timeline.complete_s:.4f} s "
+        f"(optimum {timeline.optimal_s:.4f} s, "
+        f"ratio {timeline.complete_s / timeline.optimal_s:.3f})",
+        f"first serving capacity: {timeline.first_pipeline_s:.4f} s",
+        f"{len(outcome.pipelines)} execution pipeline(s):",
+    ]
+    for p in outcome.pipelines:
+        stages = " | ".join(f"node {s.node}: {s.first_block}-{s.last_block}" for s in p.stages)
+        lines.append(f"  from step {p.step} until step {p.until_step}: {stages}")
+    return "\n".join(lines)
+
+
+@app.command("multicast")
+def multicast(
+    nodes: Annotated[int, typer.Option("--nodes", help="N, nodes taking part (>= 2).")],
+    blocks: Annotated[int, typer.Option("--blocks", help="B, blocks the model is split into.")],
+    sources: Annotated[int, typer.Option("--sources", help="K, nodes 0..K-1 hold the model.")] = 1,
+    strategy: Annotated[
+        str, typer.Option("--strategy", help=f"One of: {', '.join(STRATEGIES)}.")
+    ] = "binomial",
+    bandwidth_gbps: Annotated[
+        float | None,
+        typer.Option(
+            "--bandwidth-gbps", help=f"Every node's link, Gbit/s (default {DEFAULT_GBPS:g})."
+        ),
+    ] = None,
+    bandwidths: Annotated[
+        str | None,
+        typer.Option("--bandwidths", help="Per-node links, Gbit/s, comma-separated (N values)."),
+    ] = None,
+    block_mb: Annotated[
+        float, typer.Option("--block-mb", help="Size of one block, MB (1e6 bytes).")
+    ] = 100.0,
+    overhead_us: Annotated[
+        float, typer.Option("--overhead-us", help="Fixed cost per transfer, microseconds.")
+    ] = 0.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the plan as one JSON object.")
+    ] = False,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Write a Gantt chart to this PNG.")
+    ] = None,
+) -> None:
+    """Plan a multicast of a model to N nodes and the execution pipelines it allows."""
+    if not block_mb > 0:
+        raise SurgeError(f"--block-mb must be > 0 (got {block_mb})")
+    if overhead_us < 0:
+        raise SurgeError(f"--overhead-us must be >= 0 (got {overhead_us})")
+    request = MulticastRequest(
+        num_nodes=nodes,
+        num_blocks=blocks,
+        num_sources=sources,
+        strategy=strategy,
+        cluster=_parse_cluster(nodes, bandwidth_gbps, bandwidths),
+        block_bytes=max(1, round(block_mb * BYTES_PER_MB)),
+        transfer_overhead_s=overhead_us * SECONDS_PER_US,
+    )
+    outcome = plan_scale_out(request)
+    if png is not None:
+        from surge.policy.gantt import write_gantt_png
+
+        write_gantt_png(outcome, png)
+    if as_json:
+        typer.echo(json.dumps(outcome_to_json(outcome)))
+    else:
+        typer.echo(_summary(outcome))

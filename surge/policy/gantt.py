@@ -1,0 +1,73 @@
+"""Gantt chart of a planned scale-out: node x time, block arrivals, pipelines.
+
+In: a `MulticastOutcome` and a PNG path.
+Out: the PNG. Each transfer is a bar on the receiving node's row from its start to its
+end, coloured by block; a black tick marks when a node holds the whole model (mode
+switch); each pipeline is a labelled bracket over its nodes' rows from when it is
+ready until it dissolves. The only module of `surge.policy` that draws or writes;
+matplotlib is imported lazily with the Agg backend.
+"""
+
+from pathlib import Path
+
+from surge.policy.multicast import MulticastOutcome
+
+_MAX_PIPELINE_LABELS = 40
+
+
+def write_gantt_png(outcome: MulticastOutcome, path: Path) -> None:
+    """Draw `outcome` and save it to `path` as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan, timeline = outcome.plan, outcome.timeline
+    cmap = plt.get_cmap("viridis", max(plan.num_blocks, 2))
+    fig_height = 1.5 + 0.3 * plan.num_nodes
+    fig, ax = plt.subplots(figsize=(11, min(fig_height, 40)))
+    for timed in timeline.transfers:
+        tr = timed.transfer
+        ax.barh(
+            tr.dst,
+            timed.end_s - timed.start_s,
+            left=timed.start_s,
+            height=0.7,
+            color=cmap(tr.block),
+            edgecolor="white",
+            linewidth=0.3,
+        )
+    for node in range(plan.num_sources, plan.num_nodes):
+        done = max(timeline.arrival_s[node])
+        ax.plot([done, done], [node - 0.45, node + 0.45], color="black", linewidth=2)
+    for number, p in enumerate(outcome.pipelines[:_MAX_PIPELINE_LABELS], start=1):
+        nodes = p.nodes
+        ready = max(
+            timeline.arrival_s[s.node][k]
+            for s in p.stages
+            for k in range(s.first_block, s.last_block + 1)
+        )
+        until = min(max(timeline.arrival_s[n]) for n in nodes)
+        for n in nodes:
+            ax.plot([ready, until], [n + 0.42, n + 0.42], color="red", linewidth=1.2)
+        ax.annotate(f"P{number}", (ready, min(nodes) + 0.42), color="red", fontsize=7)
+    ax.axvline(timeline.optimal_s, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(plan.num_nodes))
+    ax.set_yticklabels(
+        [f"{n} (src)" if n < plan.num_sources else str(n) for n in range(plan.num_nodes)],
+        fontsize=7,
+    )
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("node")
+    ax.set_title(
+        f"{plan.strategy}: N={plan.num_nodes} B={plan.num_blocks} K={plan.num_sources}  "
+        f"complete {timeline.complete_s:.3f}s (optimum {timeline.optimal_s:.3f}s, dashed), "
+        f"first pipeline {timeline.first_pipeline_s:.3f}s",
+        fontsize=9,
+    )
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, plan.num_blocks - 1))
+    fig.colorbar(sm, ax=ax, label="block")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,123 @@
+"""One call from a scale-out request to its plan, pipelines and timeline.
+
+In: a `MulticastRequest` (N, B, K, strategy, cluster, block sizes, overhead).
+Out: a `MulticastOutcome` with the validated `Plan`, its `Pipeline`s and `Timeline`.
+This is the planner's front door; the CLI, the benchmark, the runtime and the
+simulator all come through here.
+"""
+
+from dataclasses import dataclass, field
+
+from surge.errors import SurgeError
+from surge.policy.cluster import Cluster
+from surge.policy.multicast_baselines import BINARY_TREE, NAIVE, plan_binary_tree, plan_naive
+from surge.policy.multicast_binomial import STRATEGY as BINOMIAL
+from surge.policy.multicast_binomial import plan_binomial
+from surge.policy.multicast_chain import STRATEGY as CHAIN
+from surge.policy.multicast_chain import plan_chain
+from surge.policy.pipelines import (
+    Pipeline,
+    PipelineSettings,
+    pipelines_earliest,
+    pipelines_kway,
+)
+from surge.policy.plan import Plan
+from surge.policy.subgroups import check_sizes, split_subgroups
+from surge.policy.timing import Timeline, TimingModel, simulate
+
+STRATEGIES = (BINOMIAL, CHAIN, BINARY_TREE, NAIVE)
+"""Every strategy name `plan_multicast` knows."""
+
+DEFAULT_GBPS = 100.0
+"""Link speed when no cluster is given (Gbit/s, every node, both directions)."""
+DEFAULT_BLOCK_BYTES = 100_000_000
+"""Block size when none is given (100 MB)."""
+
+
+@dataclass(frozen=True)
+class MulticastRequest:
+    """What to plan. Validated at construction; bad values raise `SurgeError`."""
+
+    num_nodes: int
+    """N: nodes 0..N-1 take part, N >= 2."""
+    num_blocks: int
+    """B: blocks the model is split into, B >= 1."""
+    num_sources: int = 1
+    """K: nodes 0..K-1 already hold the model, 1 <= K < N."""
+    strategy: str = BINOMIAL
+    """One of `STRATEGIES`."""
+    cluster: Cluster | None = None
+    """Link speeds; None means uniform `DEFAULT_GBPS` links."""
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+    """Size of every block in bytes (> 0)."""
+    transfer_overhead_s: float = 0.0
+    """Fixed cost per transfer in seconds (>= 0)."""
+    pipelines: PipelineSettings = field(default_factory=PipelineSettings)
+    """Limits of execution-pipeline generation."""
+
+    def __post_init__(self) -> None:
+        check_sizes(self.num_nodes, self.num_blocks, self.num_sources)
+        if self.strategy not in STRATEGIES:
+            raise SurgeError(
+                f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}"
+            )
+        if self.cluster is not None and self.cluster.num_nodes != self.num_nodes:
+            raise SurgeError(
+                f"{self.cluster.num_nodes} bandwidths given for {self.num_nodes} nodes; "
+                "give one per node"
+            )
+        if self.block_bytes <= 0:
+            raise SurgeError(f"block size must be > 0 bytes (got {self.block_bytes})")
+
+    @property
+    def links(self) -> Cluster:
+        """The cluster, defaulting to uniform links."""
+        return self.cluster or Cluster.uniform(self.num_nodes, DEFAULT_GBPS)
+
+    @property
+    def timing(self) -> TimingModel:
+        """The timing model of this request."""
+        return TimingModel.uniform_blocks(
+            self.links, self.num_blocks, self.block_bytes, self.transfer_overhead_s
+        )
+
+
+@dataclass(frozen=True)
+class MulticastOutcome:
+    """A planned scale-out."""
+
+    request: MulticastRequest
+    """What was asked."""
+    plan: Plan
+    """Who sends which block to whom, step by step."""
+    pipelines: tuple[Pipeline, ...]
+    """Execution pipelines in the order they form."""
+    timeline: Timeline
+    """The plan in seconds on the request's links."""
+
+
+def plan_multicast(request: MulticastRequest) -> Plan:
+    """The step plan of `request.strategy`."""
+    n, b, k = request.num_nodes, request.num_blocks, request.num_sources
+    if request.strategy == BINOMIAL:
+        return plan_binomial(n, b, k)
+    if request.strategy == CHAIN:
+        return plan_chain(n, b, k, request.links)
+    if request.strategy == BINARY_TREE:
+        return plan_binary_tree(n, b, k)
+    return plan_naive(n, b, k)
+
+
+def plan_pipelines(plan: Plan, settings: PipelineSettings | None = None) -> tuple[Pipeline, ...]:
+    """λScale Alg. 2 for a k-way binomial plan (K > 1), earliest covers otherwise."""
+    if plan.strategy == BINOMIAL and plan.num_sources > 1:
+        groups = split_subgroups(plan.num_nodes, plan.num_sources)
+        return pipelines_kway(plan, groups, settings)
+    return pipelines_earliest(plan, settings)
+
+
+def plan_scale_out(request: MulticastRequest) -> MulticastOutcome:
+    """Plan, pipelines and timeline of `request`."""
+    plan = plan_multicast(request)
+    pipelines = plan_pipelines(plan, request.pipelines)
+    return MulticastOutcome(request, plan, pipelines, simulate(plan, pipelines, request.timing))

@@ -1,0 +1,197 @@
+"""Execution pipelines that serve while the model is still arriving.  # λScale §4.3-§4.4
+
+In: a validated `Plan` (and, for λScale Alg. 2, the sub-groups of a k-way multicast).
+Out: the `Pipeline`s in the order they form: from the end of `step` a set of
+destinations that together hold every block runs the model, each node one contiguous
+stage in layer order, until `until_step`, when one of its nodes holds every block and
+switches to local mode (λScale §4.4), which dissolves the pipeline.
+
+Two generators:
+- `pipelines_kway` (λScale Alg. 2): the pipelines are fixed up front, one node from
+  each sub-group (the t-th destination of every sub-group), leftovers of a single
+  sub-group together; each forms at the first step its nodes cover all blocks.
+- `pipelines_earliest` (any plan): at every step, among destinations that are neither
+  complete nor in a live pipeline, form as many disjoint fewest-stage covers as the
+  greedy search finds (`find_stage_cover`). Nodes of a dissolved pipeline are free again.
+Sources are never stages: they already serve a whole copy.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from surge.errors import SurgeError
+from surge.policy.plan import Plan, PlanInvariantError, arrival_steps
+from surge.policy.stage_cover import Stage, find_stage_cover
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """Limits of pipeline generation. Validated at construction."""
+
+    max_stages: int | None = None
+    """Most nodes in one pipeline; None = no limit (fewest stages are always preferred)."""
+    max_search_states: int = 5000
+    """Search budget of one cover search; past it the step forms no further pipeline."""
+
+    def __post_init__(self) -> None:
+        if self.max_stages is not None and self.max_stages < 2:
+            raise SurgeError(f"max_stages must be >= 2 or None (got {self.max_stages})")
+        if self.max_search_states < 1:
+            raise SurgeError(f"max_search_states must be >= 1 (got {self.max_search_states})")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """An execution pipeline: usable from the end of `step` up to the end of `until_step`."""
+
+    step: int
+    """Step at whose end every stage's node holds its blocks (numbered from 1)."""
+    stages: tuple[Stage, ...]
+    """Stages in layer order; together they run blocks 0..B-1 once each."""
+    until_step: int
+    """Step at whose end a stage's node first holds every block (mode switch)."""
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """The nodes running this pipeline, in stage order."""
+        return tuple(s.node for s in self.stages)
+
+
+def _holdings_at(arrival: list[list[int]], step: int) -> dict[int, set[int]]:
+    return {
+        node: {b for b, at in enumerate(row) if 0 <= at <= step} for node, row in enumerate(arrival)
+    }
+
+
+def _completion(arrival: list[list[int]]) -> list[int]:
+    return [max(row) for row in arrival]
+
+
+def pipelines_earliest(
+    plan: Plan, settings: PipelineSettings | None = None
+) -> tuple[Pipeline, ...]:
+    """Greedy earliest disjoint covers at every step (general case of λScale §4.3)."""
+    settings = settings or PipelineSettings()
+    arrival = arrival_steps(plan)
+    completion = _completion(arrival)
+    formed: list[Pipeline] = []
+    live: list[Pipeline] = []
+    destinations = range(plan.num_sources, plan.num_nodes)
+    for step in range(1, plan.complete_step + 1):
+        live = [p for p in live if p.until_step > step]
+        busy = {node for p in live for node in p.nodes}
+        free = [v for v in destinations if completion[v] > step and v not in busy]
+        if len(free) < 2:
+            continue
+        holdings = _holdings_at(arrival, step)
+        while len(free) >= 2:
+            stages = find_stage_cover(
+                holdings,
+                free,
+                plan.num_blocks,
+                settings.max_stages,
+                settings.max_search_states,
+            )
+            if stages is None:
+                break
+            pipeline = Pipeline(step, stages, min(completion[s.node] for s in stages))
+            formed.append(pipeline)
+            live.append(pipeline)
+            free = [v for v in free if v not in pipeline.nodes]
+    result = tuple(formed)
+    validate_pipelines(plan, result)
+    return result
+
+
+def kway_pipeline_groups(subgroups: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Node groups of λScale Alg. 2 over the destinations of each sub-group.
+
+    While >= 2 sub-groups have unassigned nodes, take a = the fewest left in any of them
+    and form a groups, the t-th taking the t-th unassigned node of every such sub-group;
+    when one sub-group is left, its remaining nodes form one group.  # λScale §4.3, Alg. 2
+    """
+    left = [list(group[1:]) for group in subgroups]
+    groups: list[list[int]] = []
+    while True:
+        open_groups = [g for g in left if g]
+        if not open_groups:
+            return groups
+        if len(open_groups) == 1:
+            groups.append(list(open_groups[0]))
+            open_groups[0].clear()
+            continue
+        a = min(len(g) for g in open_groups)
+        for t in range(a):
+            groups.append([g[t] for g in open_groups])
+        for g in open_groups:
+            del g[:a]
+
+
+def pipelines_kway(
+    plan: Plan,
+    subgroups: Sequence[Sequence[int]],
+    settings: PipelineSettings | None = None,
+) -> tuple[Pipeline, ...]:
+    """Pipelines of λScale Alg. 2: each fixed group forms at its earliest covering step."""
+    settings = settings or PipelineSettings()
+    arrival = arrival_steps(plan)
+    completion = _completion(arrival)
+    formed: list[Pipeline] = []
+    for group in kway_pipeline_groups(subgroups):
+        for step in range(1, plan.complete_step + 1):
+            candidates = [v for v in group if completion[v] > step]
+            if len(candidates) < 2:
+                break
+            holdings = {v: {b for b, at in enumerate(arrival[v]) if at <= step} for v in group}
+            stages = find_stage_cover(
+                holdings,
+                candidates,
+                plan.num_blocks,
+                settings.max_stages,
+                settings.max_search_states,
+            )
+            if stages is not None:
+                formed.append(Pipeline(step, stages, min(completion[s.node] for s in stages)))
+                break
+    formed.sort(key=lambda p: (p.step, p.nodes))
+    result = tuple(formed)
+    validate_pipelines(plan, result)
+    return result
+
+
+def validate_pipelines(plan: Plan, pipelines: Sequence[Pipeline]) -> None:
+    """Raise `PlanInvariantError` unless every pipeline is valid for `plan`.
+
+    Valid: stages contiguous, in layer order, covering 0..B-1; each stage's node a
+    destination that holds its blocks at `step` and is not yet complete; `until_step`
+    is when a stage node completes; pipelines live at the same step share no node.
+    """
+    arrival = arrival_steps(plan)
+    completion = _completion(arrival)
+    for p in pipelines:
+        if len(p.stages) < 2:
+            raise PlanInvariantError(f"pipeline {p} has fewer than two stages")
+        expected_first = 0
+        for s in p.stages:
+            if s.first_block != expected_first or s.last_block < s.first_block:
+                raise PlanInvariantError(f"pipeline {p}: stages not contiguous in layer order")
+            if s.node < plan.num_sources:
+                raise PlanInvariantError(f"pipeline {p}: source {s.node} used as a stage")
+            if any(arrival[s.node][b] > p.step for b in range(s.first_block, s.last_block + 1)):
+                raise PlanInvariantError(f"pipeline {p}: node {s.node} lacks its blocks")
+            if completion[s.node] <= p.step:
+                raise PlanInvariantError(f"pipeline {p}: node {s.node} is already complete")
+            expected_first = s.last_block + 1
+        if expected_first != plan.num_blocks:
+            raise PlanInvariantError(f"pipeline {p}: stages do not cover every block")
+        if len(set(p.nodes)) != len(p.nodes):
+            raise PlanInvariantError(f"pipeline {p}: a node runs two stages")
+        if p.until_step != min(completion[n] for n in p.nodes):
+            raise PlanInvariantError(f"pipeline {p}: until_step is not the first mode switch")
+    for step in range(1, plan.complete_step + 1):
+        seen: set[int] = set()
+        for p in pipelines:
+            if p.step <= step < p.until_step:
+                if seen & set(p.nodes):
+                    raise PlanInvariantError(f"pipelines live at step {step} share a node")
+                seen |= set(p.nodes)
