@@ -43,3 +43,25 @@ def decode_frame(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], m
     if len(payload) != header["length"]:
         raise FrameError(f"frame payload has {len(payload)} bytes, header says {header['length']}")
     return header, payload
+
+
+def read_frame(stream) -> tuple[dict[str, Any], bytearray] | None:
+    """Read one frame from a blocking binary stream; None at a clean end of stream."""
+    prefix = stream.read(HEADER_LEN.size)
+    if not prefix:
+        return None
+    if len(prefix) != HEADER_LEN.size:
+        raise FrameError("stream ended inside a frame prefix")
+    (n,) = HEADER_LEN.unpack(prefix)
+    if n > MAX_HEADER_BYTES:
+        raise FrameError(f"frame header length {n} is invalid")
+    header = json.loads(stream.read(n))
+    payload = bytearray(header["length"])
+    view = memoryview(payload)
+    got = 0
+    while got < len(payload):
+        k = stream.readinto(view[got:])
+        if not k:
+            raise FrameError("stream ended inside a frame payload")
+        got += k
+    return header, payload

@@ -1,1 +1,88 @@
-"""`surge generate`: placeholder until the engine lands."""
+"""`surge generate`: run a prompt through a store on one local engine and print the result."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from surge.errors import SurgeError
+
+
+def _parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise SurgeError(
+            f"--prompt-token-ids {text!r} is not a comma-separated list of integers, e.g. 1,2,3"
+        ) from None
+    if not ids:
+        raise SurgeError("--prompt-token-ids is empty; give at least one id, e.g. 1,2,3")
+    return ids
+
+
+def generate(
+    store_dir: Annotated[
+        Path | None,
+        typer.Argument(help="Block store (default: a tiny model, created on first use)."),
+    ] = None,
+    prompt: Annotated[str | None, typer.Option(help="Prompt text.")] = None,
+    prompt_token_ids: Annotated[
+        str | None, typer.Option(help="Prompt as token ids, e.g. 1,2,3.")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 32,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = all).")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(help="Do not stop at end-of-sequence.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (token ids and text).")
+    ] = False,
+) -> None:
+    """Generate text from a model store on this machine (CUDA if present, else CPU)."""
+    if (prompt is None) == (prompt_token_ids is None):
+        raise SurgeError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
+    from surge.engine.llm_engine import LLMEngine
+    from surge.engine.sampling import SamplingParams
+    from surge.model.default_store import default_store
+    from surge.model.manifest import read_manifest
+    from surge.model.tokenizer import load_tokenizer
+
+    manifest = read_manifest(store_dir if store_dir is not None else default_store())
+    tokenizer = (
+        load_tokenizer(manifest.root / manifest.tokenizer_file)
+        if manifest.tokenizer_file and manifest.root
+        else None
+    )
+    if prompt is not None:
+        if tokenizer is None:
+            raise SurgeError("this store has no tokenizer; give --prompt-token-ids instead")
+        ids = tokenizer.encode(prompt).ids
+    else:
+        ids = _parse_token_ids(prompt_token_ids or "")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    ).validate()
+    engine = LLMEngine(manifest)
+    engine.check_prompt(ids)
+    (out,) = engine.generate([ids], params)
+    text = tokenizer.decode(out.token_ids) if tokenizer is not None else None
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "prompt_token_ids": ids,
+                    "token_ids": out.token_ids,
+                    "text": text,
+                    "finish_reason": out.finish_reason,
+                }
+            )
+        )
+    else:
+        typer.echo(text if text is not None else " ".join(map(str, out.token_ids)))

@@ -33,5 +33,9 @@ def hidden_from_bytes(buf: bytes | bytearray | memoryview) -> tuple[torch.Tensor
         raise FrameError(f"expected a hidden-states frame, got {header.get('kind')!r}")
     dtype = torch_dtype(header["dtype"])
     shape = tuple(header["shape"])
-    t = torch.frombuffer(bytearray(payload), dtype=dtype) if len(payload) else torch.empty(0, dtype=dtype)
+    t = (
+        torch.frombuffer(bytearray(payload), dtype=dtype)
+        if len(payload)
+        else torch.empty(0, dtype=dtype)
+    )
     return t.view(shape), BatchMeta.from_json(header["batch"]), header

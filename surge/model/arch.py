@@ -97,9 +97,7 @@ def _rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(
-            params.get(
-                "original_max_position_embeddings", cfg.get("max_position_embeddings", 8192)
-            )
+            params.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 8192))
         ),
     )
 

@@ -61,7 +61,9 @@ def block_tensors(
     if verify:
         verify_block(info, view)
     elif len(view) != info.size_bytes:
-        raise SurgeError(f"block {info.index}: buffer has {len(view)} bytes, expected {info.size_bytes}")
+        raise SurgeError(
+            f"block {info.index}: buffer has {len(view)} bytes, expected {info.size_bytes}"
+        )
     if view.readonly:
         raise SurgeError(f"block {info.index}: buffer is read-only; receive into a bytearray")
     out: dict[str, torch.Tensor] = {}

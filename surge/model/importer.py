@@ -131,14 +131,18 @@ def import_checkpoint(
         shape, dtype = ckpt.meta(source(n))
         return _align(int(torch.Size(shape).numel()) * dtype.itemsize)
 
-    layer_bytes = [sum(nbytes(n) for n in layer_tensor_names(arch, i)) for i in range(arch.num_layers)]
+    layer_bytes = [
+        sum(nbytes(n) for n in layer_tensor_names(arch, i)) for i in range(arch.num_layers)
+    ]
     layer_bytes[0] += nbytes(EMBED_NAME)
     layer_bytes[-1] += nbytes(FINAL_NORM_NAME) + nbytes(LM_HEAD_NAME)
     ranges = partition_layers(layer_bytes, num_blocks)
 
     if store_dir.exists() and any(store_dir.iterdir()):
         if not overwrite:
-            raise SurgeError(f"{store_dir} is not empty; choose another directory or pass --overwrite")
+            raise SurgeError(
+                f"{store_dir} is not empty; choose another directory or pass --overwrite"
+            )
         shutil.rmtree(store_dir)
     store_dir.mkdir(parents=True, exist_ok=True)
 
@@ -160,7 +164,11 @@ def import_checkpoint(
             if n == EMBED_NAME:
                 dtype_name = DTYPE_NAMES[dtype]
         buf = bytearray(offset)
-        raw = torch.frombuffer(buf, dtype=torch.uint8) if offset else torch.empty(0, dtype=torch.uint8)
+        raw = (
+            torch.frombuffer(buf, dtype=torch.uint8)
+            if offset
+            else torch.empty(0, dtype=torch.uint8)
+        )
         for info in infos:
             t = ckpt.get(source(info.name)).contiguous()
             raw[info.offset_bytes : info.offset_bytes + info.size_bytes].copy_(

@@ -125,7 +125,9 @@ class Manifest:
     @staticmethod
     def from_json(d: dict[str, Any], root: Path | None = None) -> "Manifest":
         if d.get("format") != STORE_FORMAT:
-            raise SurgeError("not a surge store manifest; import a checkpoint with `surge model import`")
+            raise SurgeError(
+                "not a surge store manifest; import a checkpoint with `surge model import`"
+            )
         if d.get("version") != STORE_VERSION:
             raise SurgeError(
                 f"store format version {d.get('version')} is not supported (this surge reads "

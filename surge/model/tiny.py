@@ -48,11 +48,19 @@ class TinyModelConfig:
 PRESETS: dict[str, TinyModelConfig] = {
     "tiny": TinyModelConfig(),  # ~4 MB in float32
     "100mb": TinyModelConfig(
-        num_layers=6, hidden_size=512, num_heads=8, num_kv_heads=4, intermediate_size=1536,
+        num_layers=6,
+        hidden_size=512,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=1536,
         vocab_size=8192,
     ),  # ~27M parameters, ~109 MB
     "500mb": TinyModelConfig(
-        num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=8, intermediate_size=2816,
+        num_layers=8,
+        hidden_size=1024,
+        num_heads=16,
+        num_kv_heads=8,
+        intermediate_size=2816,
         vocab_size=16384,
     ),  # ~127M parameters, ~508 MB
 }
@@ -61,9 +69,13 @@ PRESETS: dict[str, TinyModelConfig] = {
 def hf_config_dict(cfg: TinyModelConfig) -> dict:
     """The `config.json` contents for a tiny model, in transformers 5 layout."""
     if cfg.hidden_size % cfg.num_heads:
-        raise SurgeError(f"--hidden {cfg.hidden_size} must be a multiple of --heads {cfg.num_heads}")
+        raise SurgeError(
+            f"--hidden {cfg.hidden_size} must be a multiple of --heads {cfg.num_heads}"
+        )
     if cfg.num_heads % cfg.num_kv_heads:
-        raise SurgeError(f"--heads {cfg.num_heads} must be a multiple of --kv-heads {cfg.num_kv_heads}")
+        raise SurgeError(
+            f"--heads {cfg.num_heads} must be a multiple of --kv-heads {cfg.num_kv_heads}"
+        )
     if cfg.model_type not in ("llama", "qwen2"):
         raise SurgeError(f"--arch {cfg.model_type!r} is not one of llama, qwen2")
     if min(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size) < 1:
@@ -108,8 +120,13 @@ def _random_weights(cfg: TinyModelConfig, hf_cfg: dict) -> dict[str, torch.Tenso
     kv_out = arch.num_kv_heads * arch.head_dim
     h, inter = arch.hidden_size, arch.intermediate_size
     shapes = {
-        "q_proj": (q_out, h), "k_proj": (kv_out, h), "v_proj": (kv_out, h), "o_proj": (h, q_out),
-        "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter),
+        "q_proj": (q_out, h),
+        "k_proj": (kv_out, h),
+        "v_proj": (kv_out, h),
+        "o_proj": (h, q_out),
+        "gate_proj": (inter, h),
+        "up_proj": (inter, h),
+        "down_proj": (h, inter),
     }
     out: dict[str, torch.Tensor] = {EMBED_NAME: randn(arch.vocab_size, h, std=1.0)}
     for layer in range(arch.num_layers):

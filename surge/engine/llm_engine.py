@@ -1,0 +1,176 @@
+"""`LLMEngine`: scheduler -> executor -> sampler, step by step.
+
+Requests come in as token ids with `SamplingParams`; each `step()` runs one scheduled batch
+and returns the tokens it produced. `generate()` is the batch convenience on top. The
+executor runs the model: `LocalExecutor` is one runner holding every layer (a full local
+instance); a pipeline of stages in other processes is another executor with the same two
+calls, so scheduling and sampling are the same code whatever runs the layers.
+"""
+
+import itertools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
+from surge.engine.runner import ModelRunner
+from surge.engine.sampling import Sampler, SamplingParams
+from surge.engine.scheduler import Scheduler, Sequence
+from surge.errors import SurgeError
+from surge.model.manifest import Manifest, read_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of one request."""
+
+    seq_id: int
+    token_id: int
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request."""
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+
+
+class Executor(Protocol):
+    """Runs the whole model for one step, wherever its layers live."""
+
+    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        """Token ids [B, Q] -> float32 logits [B, vocab] at each sequence's last token."""
+        ...
+
+    def free(self, seq_ids: list[int]) -> None:
+        """Drop these sequences' KV caches."""
+        ...
+
+
+class LocalExecutor:
+    """One runner holding every layer of the model, in this process."""
+
+    def __init__(self, manifest: Manifest, config: EngineConfig) -> None:
+        self.runner = ModelRunner(manifest, config)
+        self.runner.load_blocks()
+
+    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        return self.runner.forward(token_ids, batch)
+
+    def free(self, seq_ids: list[int]) -> None:
+        for sid in seq_ids:
+            self.runner.free(sid)
+
+
+class LLMEngine:
+    """Serves a model with continuous batching (a full local instance by default)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        config: EngineConfig = EngineConfig(),
+        executor: Executor | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.arch = manifest.arch
+        self.config = config.validate()
+        self.executor = executor if executor is not None else LocalExecutor(manifest, config)
+        self.scheduler = Scheduler(config)
+        self.sampler = Sampler()
+        self._ids = itertools.count()
+        self.seqs: dict[int, Sequence] = {}
+
+    @staticmethod
+    def from_store(store_dir: Path, config: EngineConfig = EngineConfig()) -> "LLMEngine":
+        return LLMEngine(read_manifest(store_dir), config)
+
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raise a `SurgeError` for a prompt this model cannot take."""
+        if not prompt_token_ids:
+            raise SurgeError("the prompt is empty; give at least one token")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.arch.vocab_size]
+        if bad:
+            raise SurgeError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.arch.vocab_size - 1})"
+            )
+        limit = min(self.arch.max_position_embeddings, self.config.max_kv_tokens)
+        if len(prompt_token_ids) >= limit:
+            raise SurgeError(
+                f"the prompt has {len(prompt_token_ids)} tokens but the model's context holds "
+                f"{limit}; shorten the prompt to at most {limit - 1} tokens"
+            )
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Queue a request; returns its sequence id."""
+        self.check_prompt(prompt_token_ids)
+        seq = Sequence(next(self._ids), list(prompt_token_ids), params.validate())
+        self.scheduler.add(seq)
+        self.seqs[seq.seq_id] = seq
+        return seq.seq_id
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[TokenEvent]:
+        """Run one batch; return the token each of its sequences produced."""
+        step = self.scheduler.schedule()
+        if step is None:
+            return []
+        if step.preempted:
+            self.executor.free([seq.seq_id for seq in step.preempted])
+        logits = self.executor.forward(step.token_ids, step.batch)
+        tokens = self.sampler(
+            logits, [s.params for s in step.seqs], [s.generator for s in step.seqs]
+        )
+        events, finished = [], []
+        for seq, token in zip(step.seqs, tokens, strict=True):
+            seq.num_cached = seq.num_tokens
+            seq.output_token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                finished.append(seq.seq_id)
+            events.append(TokenEvent(seq.seq_id, token, reason is not None, reason))
+        if finished:
+            self.executor.free(finished)
+        return events
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if not p.ignore_eos and token in self.arch.eos_token_ids:
+            return "stop"
+        if token in p.stop_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens:
+            return "length"
+        limit = min(self.arch.max_position_embeddings, self.config.max_kv_tokens)
+        if seq.num_tokens >= limit:
+            return "length"
+        return None
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[Completion]:
+        """Run prompts to completion with continuous batching; results in prompt order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        while self.has_unfinished:
+            self.step()
+        out = []
+        for i in ids:
+            seq = self.seqs.pop(i)
+            assert seq.finish_reason is not None
+            out.append(Completion(i, seq.prompt_token_ids, seq.output_token_ids, seq.finish_reason))
+        return out

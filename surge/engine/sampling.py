@@ -1,0 +1,89 @@
+"""Sampling: per-request settings (`SamplingParams`) and the `Sampler` that turns logits into
+the next token of each sequence.
+
+Greedy (temperature 0) is one argmax over the batch. Otherwise each sequence samples with its
+own `torch.Generator`, so a seeded request gives the same tokens whatever it is batched with.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from surge.errors import SurgeError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded."""
+
+    max_tokens: int = 16
+    """Most tokens to generate (generation also stops at the model's context length)."""
+    temperature: float = 0.0
+    """0 is greedy; higher is more random."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = no limit)."""
+    seed: int | None = None
+    """Seed of this request's random generator (None: fresh randomness)."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token."""
+    stop_token_ids: tuple[int, ...] = field(default=())
+    """Extra token ids that end generation."""
+
+    def validate(self) -> "SamplingParams":
+        if self.max_tokens < 1:
+            raise SurgeError(f"max_tokens must be >= 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise SurgeError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise SurgeError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise SurgeError(f"top_k must be >= 0 (got {self.top_k})")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator for one request: seeded, or from fresh OS randomness."""
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    logits = logits.float().cpu() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Drop a token when the tokens before it already reach top_p (the first always stays).
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Sampler:
+    """Picks the next token of every sequence in a batch."""
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> list[int]:
+        """logits [B, vocab] -> one token id per row."""
+        greedy = logits.argmax(dim=-1).tolist()
+        return [
+            greedy[i] if p.greedy else _sample_row(logits[i], p, generators[i])
+            for i, p in enumerate(params)
+        ]

@@ -1,0 +1,173 @@
+"""Import -> load round trips, block layout, checksums and bad inputs of the model store."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from surge.errors import SurgeError
+from surge.model.arch import EMBED_NAME, LM_HEAD_NAME
+from surge.model.blocks import block_tensors, read_block_file
+from surge.model.importer import import_checkpoint
+from surge.model.layout import default_num_blocks, partition_layers
+from surge.model.manifest import read_manifest
+from surge.model.tiny import TinyModelConfig, create_tiny_model
+
+
+def _all_hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _all_store_tensors(store: Path) -> dict[str, torch.Tensor]:
+    m = read_manifest(store)
+    out: dict[str, torch.Tensor] = {}
+    for b in m.blocks:
+        out.update(block_tensors(b, read_block_file(m.block_path(b.index), b)))
+    return out
+
+
+@pytest.mark.parametrize("num_blocks", [1, 2, 3, 4])
+def test_round_trip_is_bit_exact(tiny_hf: Path, tmp_path: Path, num_blocks: int) -> None:
+    import_checkpoint(tiny_hf, tmp_path / "s", num_blocks=num_blocks, progress=False)
+    ref, got = _all_hf_tensors(tiny_hf), _all_store_tensors(tmp_path / "s")
+    assert set(got) == set(ref)
+    for name, t in ref.items():
+        assert got[name].dtype == t.dtype and got[name].shape == t.shape
+        assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
+
+
+def test_sharded_checkpoint_and_tied_embeddings(
+    qwen2_hf: Path, llama3_hf: Path, tmp_path: Path
+) -> None:
+    import_checkpoint(qwen2_hf, tmp_path / "q", num_blocks=3, progress=False)
+    ref, got = _all_hf_tensors(qwen2_hf), _all_store_tensors(tmp_path / "q")
+    for name, t in ref.items():
+        assert torch.equal(got[name], t), name
+    assert any(n.endswith("q_proj.bias") for n in got)
+
+    m = import_checkpoint(llama3_hf, tmp_path / "l", num_blocks=2, progress=False)
+    assert LM_HEAD_NAME not in _all_hf_tensors(llama3_hf)  # tied: transformers omits it
+    got = _all_store_tensors(tmp_path / "l")
+    assert torch.equal(got[LM_HEAD_NAME], got[EMBED_NAME])
+    # The last block carries its own head, so the last stage needs nothing from block 0.
+    assert [t.name for t in m.blocks[-1].tensors][-1] == LM_HEAD_NAME
+    assert m.arch.rope.rope_type == "llama3"
+
+
+def test_bfloat16_round_trip(tmp_path: Path) -> None:
+    create_tiny_model(tmp_path / "hf", TinyModelConfig(dtype="bfloat16", num_layers=2))
+    m = import_checkpoint(tmp_path / "hf", tmp_path / "s", num_blocks=2, progress=False)
+    assert m.arch.dtype == "bfloat16"
+    ref, got = _all_hf_tensors(tmp_path / "hf"), _all_store_tensors(tmp_path / "s")
+    for name, t in ref.items():
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t)
+
+
+def test_manifest_describes_contiguous_aligned_blocks(tiny_store: Path) -> None:
+    m = read_manifest(tiny_store)
+    assert m.blocks[0].has_embed and m.blocks[-1].has_head
+    assert [b.first_layer for b in m.blocks[1:]] == [b.end_layer for b in m.blocks[:-1]]
+    assert m.blocks[0].first_layer == 0 and m.blocks[-1].end_layer == m.arch.num_layers
+    for b in m.blocks:
+        assert (tiny_store / b.file).stat().st_size == b.size_bytes
+        prev_end = 0
+        for t in b.tensors:
+            assert t.offset_bytes % 64 == 0 and t.offset_bytes >= prev_end
+            prev_end = t.offset_bytes + t.size_bytes
+        assert prev_end <= b.size_bytes
+    # Self-contained: config and tokenizer travel with the store.
+    assert (tiny_store / "config.json").is_file() and m.tokenizer_file == "tokenizer.json"
+    assert json.loads((tiny_store / "manifest.json").read_text())["format"] == "surge-store"
+
+
+def test_blocks_are_balanced_by_bytes() -> None:
+    # One heavy layer first (embeddings), then equal layers.
+    assert partition_layers([10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 11)]
+    assert partition_layers([1] * 8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    ranges = partition_layers([3, 1, 4, 1, 5, 9, 2, 6], 3)
+    sizes = [sum([3, 1, 4, 1, 5, 9, 2, 6][s:e]) for s, e in ranges]
+    assert max(sizes) == 14  # optimal: [3,1,4,1,5] [9] [2,6] -> 14, 9, 8
+    assert default_num_blocks(4) == 4 and default_num_blocks(32) == 8
+
+
+def test_block_from_network_buffer_is_zero_copy(tiny_store: Path) -> None:
+    m = read_manifest(tiny_store)
+    info = m.blocks[1]
+    buf = bytearray((tiny_store / info.file).read_bytes())  # as received from a peer
+    tensors = block_tensors(info, memoryview(buf), verify=True)
+    start = torch.frombuffer(buf, dtype=torch.uint8).data_ptr()
+    for t in tensors.values():
+        assert start <= t.data_ptr() < start + len(buf)
+    name = info.tensors[0].name
+    before = tensors[name].clone()
+    buf[info.tensors[0].offset_bytes] ^= 0xFF  # a view sees the buffer change at once
+    assert not torch.equal(tensors[name], before)
+    with pytest.raises(SurgeError, match="read-only"):
+        block_tensors(info, bytes(buf))
+
+
+def test_corrupted_block_is_refused_naming_the_block(tiny_store: Path, tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    shutil.copytree(tiny_store, store)
+    m = read_manifest(store)
+    path = m.block_path(2)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(data)
+    with pytest.raises(SurgeError, match=r"block 2 \(block-0002.bin\) failed its checksum"):
+        read_block_file(path, m.blocks[2])
+    path.write_bytes(data[:-10])
+    with pytest.raises(SurgeError, match="block 2"):
+        read_block_file(path, m.blocks[2])
+
+
+def test_blocks_out_of_range_and_bad_checkpoints(tiny_hf: Path, tmp_path: Path) -> None:
+    for b in (0, 5, -1):
+        with pytest.raises(SurgeError, match=r"--blocks .* out of range: .* 4 layers"):
+            import_checkpoint(tiny_hf, tmp_path / f"s{b}", num_blocks=b, progress=False)
+    with pytest.raises(SurgeError, match="not a directory"):
+        import_checkpoint(tmp_path / "missing", tmp_path / "s", progress=False)
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    with pytest.raises(SurgeError, match="not a Llama-family model"):
+        import_checkpoint(gpt2, tmp_path / "s", progress=False)
+    import_checkpoint(tiny_hf, tmp_path / "ok", num_blocks=2, progress=False)
+    with pytest.raises(SurgeError, match="not empty"):
+        import_checkpoint(tiny_hf, tmp_path / "ok", num_blocks=2, progress=False)
+    import_checkpoint(tiny_hf, tmp_path / "ok", num_blocks=3, overwrite=True, progress=False)
+    assert read_manifest(tmp_path / "ok").num_blocks == 3
+
+
+def test_no_tokenizer_imports_with_a_warning(tiny_hf: Path, tmp_path: Path, caplog) -> None:
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf, hf)
+    (hf / "tokenizer.json").unlink()
+    m = import_checkpoint(hf, tmp_path / "s", num_blocks=2, progress=False)
+    assert m.tokenizer_file is None
+    assert "no tokenizer.json" in caplog.text
+
+
+def test_tiny_model_is_deterministic(tmp_path: Path) -> None:
+    def digest(d: Path) -> dict[str, str]:
+        return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}
+
+    create_tiny_model(tmp_path / "a", TinyModelConfig(seed=7))
+    create_tiny_model(tmp_path / "b", TinyModelConfig(seed=7))
+    create_tiny_model(tmp_path / "c", TinyModelConfig(seed=8))
+    da, db, dc = digest(tmp_path / "a"), digest(tmp_path / "b"), digest(tmp_path / "c")
+    assert set(da) == {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+    }
+    assert da == db
+    assert da["model.safetensors"] != dc["model.safetensors"]
