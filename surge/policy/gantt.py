@@ -50,7 +50,7 @@ def write_gantt_png(outcome: MulticastOutcome, path: Path) -> None:
         until = min(max(timeline.arrival_s[n]) for n in nodes)
         for n in nodes:
             ax.plot([ready, until], [n + 0.42, n + 0.42], color="red", linewidth=1.2)
-        ax.annotate(f"P{number}", (ready, min(nodes) + 0.42), color="red", fontsize=7)
+            ax.annotate(f"P{number}", (ready, n + 0.38), color="red", fontsize=7)
     ax.axvline(timeline.optimal_s, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(plan.num_nodes))
     ax.set_yticklabels(
@@ -58,7 +58,11 @@ def write_gantt_png(outcome: MulticastOutcome, path: Path) -> None:
         fontsize=7,
     )
     ax.invert_yaxis()
-    ax.set_xlabel("seconds")
+    ax.set_xlabel(
+        "seconds\nbars: block arrivals (row = receiver); black tick: node holds the model; "
+        "red Pn: execution pipeline n, from ready to mode switch",
+        fontsize=8,
+    )
     ax.set_ylabel("node")
     ax.set_title(
         f"{plan.strategy}: N={plan.num_nodes} B={plan.num_blocks} K={plan.num_sources}  "
@@ -66,8 +70,10 @@ def write_gantt_png(outcome: MulticastOutcome, path: Path) -> None:
         f"first pipeline {timeline.first_pipeline_s:.3f}s",
         fontsize=9,
     )
-    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, plan.num_blocks - 1))
-    fig.colorbar(sm, ax=ax, label="block")
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-0.5, plan.num_blocks - 0.5))
+    ticks = range(0, plan.num_blocks, max(1, plan.num_blocks // 16))
+    fig.colorbar(sm, ax=ax, label="block", ticks=list(ticks))
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
