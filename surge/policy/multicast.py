@@ -100,7 +100,7 @@ def plan_multicast(request: MulticastRequest) -> Plan:
     """The step plan of `request.strategy`."""
     n, b, k = request.num_nodes, request.num_blocks, request.num_sources
     if request.strategy == BINOMIAL:
-        return plan_binomial(n, b, k)
+        return plan_binomial(n, b, k, request.cluster)
     if request.strategy == CHAIN:
         return plan_chain(n, b, k, request.links)
     if request.strategy == BINARY_TREE:

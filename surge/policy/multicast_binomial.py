@@ -22,8 +22,11 @@ at any time, so one extra exchange step finishes: B + l steps = B + ceil(log2 L)
 
 With K sources the nodes form K sub-groups (`split_subgroups`), each a 1 -> L
 multicast in λScale's k-way block order (`kway_block_orders`), all in parallel.
+Given link speeds, the fastest destinations take the positions that receive first.
 """
 
+from surge.errors import SurgeError
+from surge.policy.cluster import Cluster
 from surge.policy.plan import Plan, PlanInvariantError, Transfer, make_plan
 from surge.policy.subgroups import check_sizes, kway_block_orders, split_subgroups
 
@@ -149,17 +152,53 @@ def _check_twins(held: list[set[int]], twin_of: dict[int, int]) -> None:
             raise PlanInvariantError(f"twins {a},{b} drifted apart: {only_a} vs {only_b}")
 
 
-def plan_binomial(num_nodes: int, num_blocks: int, num_sources: int = 1) -> Plan:
-    """Binomial-pipeline plan; with K > 1, K sub-groups in λScale's k-way order (Alg. 1)."""
+def _place_by_speed(
+    group: list[int], local_steps: list[list[tuple[int, int, int]]], cluster: Cluster
+) -> list[int]:
+    """Map local roles to nodes so the fastest destinations take the earliest roles.
+
+    Roles are ranked by the step of their first block (then local id): the source's
+    neighbours come first, and they carry most forwarding. Destinations are ranked by
+    min(egress, ingress), fastest first; equal speeds keep id order, so on uniform links
+    the placement is the identity.
+    """
+    destinations = group[1:]
+    speed = {n: min(cluster.egress_gbps[n], cluster.ingress_gbps[n]) for n in destinations}
+    if len(set(speed.values())) <= 1:
+        return group
+    first_step: dict[int, int] = {}
+    for index, transfers in enumerate(local_steps):
+        for _, dst, _ in transfers:
+            first_step.setdefault(dst, index)
+    roles = sorted(range(1, len(group)), key=lambda r: (first_step[r], r))
+    fastest = sorted(destinations, key=lambda n: (-speed[n], n))
+    placed = [group[0], *destinations]
+    for role, node in zip(roles, fastest, strict=True):
+        placed[role] = node
+    return placed
+
+
+def plan_binomial(
+    num_nodes: int, num_blocks: int, num_sources: int = 1, cluster: Cluster | None = None
+) -> Plan:
+    """Binomial-pipeline plan; with K > 1, K sub-groups in λScale's k-way order (Alg. 1).
+
+    With a `cluster`, the fastest destinations of each sub-group take the hypercube
+    positions that receive first (`_place_by_speed`); the step count is unchanged.
+    """
     check_sizes(num_nodes, num_blocks, num_sources)
+    if cluster is not None and cluster.num_nodes != num_nodes:
+        raise SurgeError(f"cluster describes {cluster.num_nodes} nodes, plan has {num_nodes}")
     groups = split_subgroups(num_nodes, num_sources)
     orders = kway_block_orders(num_blocks, num_sources)
     steps: list[list[Transfer]] = []
     for group, order in zip(groups, orders, strict=True):
-        for index, local in enumerate(_subgroup_steps(len(group), order)):
+        local_steps = _subgroup_steps(len(group), order)
+        nodes = group if cluster is None else _place_by_speed(group, local_steps, cluster)
+        for index, local in enumerate(local_steps):
             if index == len(steps):
                 steps.append([])
-            steps[index].extend(Transfer(group[s], group[d], blk) for s, d, blk in local)
+            steps[index].extend(Transfer(nodes[s], nodes[d], blk) for s, d, blk in local)
     plan = make_plan(STRATEGY, num_nodes, num_blocks, num_sources, steps)
     bound = binomial_step_bound(num_nodes, num_blocks, num_sources)
     if plan.complete_step != bound:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from surge.policy.cluster import Cluster
 from surge.policy.multicast_binomial import binomial_step_bound, plan_binomial
 from surge.policy.subgroups import kway_block_orders, split_subgroups
 from tests.policy.replay import replay
@@ -68,3 +69,16 @@ def test_each_subgroup_first_receives_its_own_first_chunk() -> None:
     # Transfers never cross sub-groups.
     group_of = {n: i for i, g in enumerate(split_subgroups(8, 2)) for n in g}
     assert all(group_of[t.src] == group_of[t.dst] for s in plan.steps for t in s)
+
+
+def test_uniform_links_keep_the_plain_placement() -> None:
+    assert plan_binomial(13, 6, 2, Cluster.uniform(13, 100.0)) == plan_binomial(13, 6, 2)
+
+
+def test_fastest_destinations_receive_first_with_the_same_step_count() -> None:
+    gbps = [100.0, 25.0, 25.0, 50.0, 400.0, 25.0, 200.0, 25.0, 25.0, 25.0]
+    plan = plan_binomial(10, 8, 1, Cluster.symmetric(gbps))
+    replay(plan)
+    assert plan.complete_step == plan_binomial(10, 8).complete_step
+    assert [t.dst for t in plan.steps[0]] == [4]  # the 400 Gbit/s node first
+    assert 6 in {t.dst for t in plan.steps[1]}  # the 200 Gbit/s node next
