@@ -43,7 +43,8 @@ def generate(
     """Generate text from a model store on this machine (CUDA if present, else CPU)."""
     if (prompt is None) == (prompt_token_ids is None):
         raise SurgeError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
-    from surge.engine.llm_engine import LLMEngine
+    from surge.config import EngineConfig
+    from surge.engine.llm_engine import LLMEngine, check_prompt
     from surge.engine.sampling import SamplingParams
     from surge.model.default_store import default_store
     from surge.model.manifest import read_manifest
@@ -69,8 +70,9 @@ def generate(
         seed=seed,
         ignore_eos=ignore_eos,
     ).validate()
-    engine = LLMEngine(manifest)
-    engine.check_prompt(ids)
+    config = EngineConfig()
+    check_prompt(manifest.arch, config, ids)
+    engine = LLMEngine(manifest, config)
     (out,) = engine.generate([ids], params)
     text = tokenizer.decode(out.token_ids) if tokenizer is not None else None
     if as_json:

@@ -21,6 +21,7 @@ from surge.engine.runner import ModelRunner
 from surge.engine.sampling import Sampler, SamplingParams
 from surge.engine.scheduler import Scheduler, Sequence
 from surge.errors import SurgeError
+from surge.model.arch import ModelArch
 from surge.model.manifest import Manifest, read_manifest
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,26 @@ class Completion:
     prompt_token_ids: list[int]
     token_ids: list[int]
     finish_reason: str
+
+
+def context_limit(arch: ModelArch, config: EngineConfig) -> int:
+    """Longest sequence (prompt + output) this model and KV cache can hold."""
+    return min(arch.max_position_embeddings, config.max_kv_tokens)
+
+
+def check_prompt(arch: ModelArch, config: EngineConfig, prompt_token_ids: list[int]) -> None:
+    """Raise a `SurgeError` for a prompt the model cannot take (before any weights load)."""
+    if not prompt_token_ids:
+        raise SurgeError("the prompt is empty; give at least one token")
+    bad = [t for t in prompt_token_ids if not 0 <= t < arch.vocab_size]
+    if bad:
+        raise SurgeError(f"token id {bad[0]} is outside the vocabulary (0..{arch.vocab_size - 1})")
+    limit = context_limit(arch, config)
+    if len(prompt_token_ids) >= limit:
+        raise SurgeError(
+            f"the prompt has {len(prompt_token_ids)} tokens but the model's context holds "
+            f"{limit}; shorten the prompt to at most {limit - 1} tokens"
+        )
 
 
 class Executor(Protocol):
@@ -96,20 +117,8 @@ class LLMEngine:
         return LLMEngine(read_manifest(store_dir), config)
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
-        """Raise a `SurgeError` for a prompt this model cannot take."""
-        if not prompt_token_ids:
-            raise SurgeError("the prompt is empty; give at least one token")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.arch.vocab_size]
-        if bad:
-            raise SurgeError(
-                f"token id {bad[0]} is outside the vocabulary (0..{self.arch.vocab_size - 1})"
-            )
-        limit = min(self.arch.max_position_embeddings, self.config.max_kv_tokens)
-        if len(prompt_token_ids) >= limit:
-            raise SurgeError(
-                f"the prompt has {len(prompt_token_ids)} tokens but the model's context holds "
-                f"{limit}; shorten the prompt to at most {limit - 1} tokens"
-            )
+        """Raise a `SurgeError` for a prompt this engine cannot take."""
+        check_prompt(self.arch, self.config, prompt_token_ids)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """Queue a request; returns its sequence id."""
@@ -155,8 +164,7 @@ class LLMEngine:
             return "stop"
         if len(seq.output_token_ids) >= p.max_tokens:
             return "length"
-        limit = min(self.arch.max_position_embeddings, self.config.max_kv_tokens)
-        if seq.num_tokens >= limit:
+        if seq.num_tokens >= context_limit(self.arch, self.config):
             return "length"
         return None
 

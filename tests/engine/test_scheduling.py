@@ -1,0 +1,137 @@
+"""Continuous batching, preemption, stopping and sampling of the local engine."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from surge.config import EngineConfig
+from surge.engine.llm_engine import LLMEngine
+from surge.engine.sampling import Sampler, SamplingParams
+from surge.errors import SurgeError
+from surge.model.manifest import read_manifest
+
+PROMPTS = [[0, 5, 9, 200, 31, 17, 4], [0, 8], [0, 3, 44, 55, 66, 77, 88, 99, 100, 101], [0, 7, 7]]
+GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_store: Path) -> list[list[int]]:
+    """Each prompt's greedy tokens when it runs by itself."""
+    engine = LLMEngine.from_store(tiny_store)
+    return [engine.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+
+
+def test_sequences_join_and_leave_mid_run(tiny_store: Path, alone: list[list[int]]) -> None:
+    engine = LLMEngine.from_store(tiny_store)
+    ids = [engine.add_request(PROMPTS[0], GREEDY), engine.add_request(PROMPTS[1], GREEDY)]
+    batch_sizes = []
+    for step in range(60):
+        if step == 5:  # a new request joins while the others decode
+            ids.append(engine.add_request(PROMPTS[2], GREEDY))
+        if step == 9:
+            ids.append(
+                engine.add_request(PROMPTS[3], SamplingParams(max_tokens=3, ignore_eos=True))
+            )
+        events = engine.step()
+        batch_sizes.append(len(events))
+        if not engine.has_unfinished:
+            break
+    assert not engine.has_unfinished
+    seqs = [engine.seqs[i] for i in ids]
+    assert [s.output_token_ids for s in seqs[:3]] == alone[:3]
+    assert seqs[3].output_token_ids == alone[3][:3] and seqs[3].finish_reason == "length"
+    assert max(batch_sizes) >= 3 and batch_sizes[-1] < max(batch_sizes)
+
+
+def test_preemption_under_a_small_kv_cache_keeps_tokens(
+    tiny_store: Path, alone: list[list[int]]
+) -> None:
+    # 40 tokens of cache cannot hold four sequences of up to 30 tokens: some get preempted
+    # and recomputed by prefill over prompt + output, with the same tokens.
+    engine = LLMEngine.from_store(tiny_store, EngineConfig(page_size_tokens=4, max_kv_tokens=40))
+    outs = engine.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == alone
+    runner = engine.executor.runner
+    assert runner.kv.num_free_pages == runner.kv.num_pages  # every page came back
+
+
+def test_max_num_seqs_limits_the_batch(tiny_store: Path, alone: list[list[int]]) -> None:
+    engine = LLMEngine.from_store(tiny_store, EngineConfig(max_num_seqs=2))
+    for p in PROMPTS:
+        engine.add_request(p, GREEDY)
+    sizes = []
+    while engine.has_unfinished:
+        sizes.append(len(engine.step()))
+    assert max(sizes) == 2
+    assert [engine.seqs[i].output_token_ids for i in range(4)] == alone
+
+
+def test_stops_at_eos_and_stop_tokens(tiny_store: Path, alone: list[list[int]]) -> None:
+    engine = LLMEngine.from_store(tiny_store)
+    stop = alone[0][4]
+    first = alone[0].index(stop)
+    (out,) = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=20, stop_token_ids=(stop,)))
+    assert out.token_ids == alone[0][: first + 1] and out.finish_reason == "stop"
+    # Make that token the model's EOS: generation stops there unless ignore_eos.
+    engine.arch = dataclasses.replace(engine.arch, eos_token_ids=(stop,))
+    (out,) = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=20))
+    assert out.token_ids == alone[0][: first + 1] and out.finish_reason == "stop"
+    (out,) = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=20, ignore_eos=True))
+    assert out.token_ids == alone[0] and out.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batch(tiny_store: Path) -> None:
+    engine = LLMEngine.from_store(tiny_store)
+    p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=40, seed=5, ignore_eos=True)
+    (solo,) = engine.generate([PROMPTS[0]], p)
+    batched = engine.generate(PROMPTS, [p, GREEDY, GREEDY, p])
+    assert batched[0].token_ids == solo.token_ids
+    other = engine.generate([PROMPTS[0]], dataclasses.replace(p, seed=6))[0]
+    assert other.token_ids != solo.token_ids
+
+
+def test_sampler_filters() -> None:
+    sampler = Sampler()
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]])
+    g = torch.Generator().manual_seed(0)
+    # top_k=1 and a tiny top_p both reduce to the argmax.
+    for p in (
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=1.0, top_p=1e-6),
+    ):
+        assert {sampler(logits, [p], [g])[0] for _ in range(20)} == {1}
+    # top_k=2 only ever picks the two best.
+    p = SamplingParams(temperature=5.0, top_k=2)
+    assert {sampler(logits, [p], [g])[0] for _ in range(200)} == {1, 2}
+
+
+def test_bad_requests_are_clear_errors(tiny_store: Path) -> None:
+    engine = LLMEngine.from_store(tiny_store)
+    limit = read_manifest(tiny_store).arch.max_position_embeddings
+    with pytest.raises(SurgeError, match=r"prompt has \d+ tokens .* shorten the prompt"):
+        engine.add_request([0] * limit, GREEDY)
+    with pytest.raises(SurgeError, match="outside the vocabulary"):
+        engine.add_request([0, 10**6], GREEDY)
+    with pytest.raises(SurgeError, match="empty"):
+        engine.add_request([], GREEDY)
+    for bad in (
+        SamplingParams(max_tokens=0),
+        SamplingParams(temperature=-1),
+        SamplingParams(top_p=0),
+        SamplingParams(top_k=-2),
+    ):
+        with pytest.raises(SurgeError):
+            engine.add_request([0, 1], bad)
+
+
+def test_generation_stops_at_the_context_end(tmp_path: Path) -> None:
+    from surge.model.importer import import_checkpoint
+    from surge.model.tiny import TinyModelConfig, create_tiny_model
+
+    create_tiny_model(tmp_path / "hf", TinyModelConfig(num_layers=2, max_position_embeddings=12))
+    import_checkpoint(tmp_path / "hf", tmp_path / "s", progress=False)
+    engine = LLMEngine.from_store(tmp_path / "s")
+    (out,) = engine.generate([[0, 1, 2, 3, 4]], SamplingParams(max_tokens=50, ignore_eos=True))
+    assert len(out.token_ids) == 12 - 5 and out.finish_reason == "length"
