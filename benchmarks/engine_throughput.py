@@ -63,6 +63,33 @@ def decode_tps(timer, batch: int, new_tokens: int) -> float:
     return batch * (new_tokens - 1) / max(t_full - t_one, 1e-9)
 
 
+def profile_decode(engine: LLMEngine, prompts: list[list[int]], steps: int = 16) -> dict:
+    """Where a surge decode step spends its time (torch profiler, CPU ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for p in prompts:
+        engine.add_request(p, SamplingParams(max_tokens=steps + 4, ignore_eos=True))
+    engine.step()  # prefill
+    engine.step()
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    wall_ms = (time.perf_counter() - t) / steps * 1e3
+    while engine.has_unfinished:
+        engine.step()
+    ops = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    mm_ms = ops.get("aten::mm", 0.0) + ops.get("aten::addmm", 0.0)
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:6]
+    # The profiler slows the Python between ops, not the matmul kernels: compare the matmul
+    # time with the unprofiled step time (from the throughput) in the caller.
+    return {
+        "step_ms_under_profiler": round(wall_ms, 3),
+        "matmul_ms": round(mm_ms, 3),
+        "top_ops_ms": {k: round(v, 3) for k, v in top},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="100mb")
@@ -105,6 +132,13 @@ def main() -> None:
                     hf_tps[-1],
                 )
             s, h = statistics.median(surge_tps), statistics.median(hf_tps)
+            prof = profile_decode(engine, prompts)
+            surge_step_ms, hf_step_ms = 1e3 * batch / s, 1e3 * batch / h
+            prof["surge_step_ms"] = round(surge_step_ms, 3)
+            prof["matmul_share_of_step"] = round(prof["matmul_ms"] / surge_step_ms, 3)
+            # Upper bound on the ratio if everything but the matmuls cost nothing.
+            prof["max_ratio_matmul_only"] = round(hf_step_ms / prof["matmul_ms"], 3)
+            log.info("batch %d surge decode profile: %s", batch, prof)
             results.append(
                 {
                     "batch": batch,
@@ -113,6 +147,7 @@ def main() -> None:
                     "ratio": round(s / h, 3),
                     "surge_rounds": [round(x, 2) for x in surge_tps],
                     "transformers_rounds": [round(x, 2) for x in hf_tps],
+                    "surge_decode_profile": prof,
                 }
             )
     report = {

@@ -12,7 +12,7 @@ Per step, `prepare` turns a `BatchMeta` into the `AttnContext` every layer uses.
 import torch
 
 from surge.engine.batch import BatchMeta
-from surge.engine.model import AttnContext, RopeTable
+from surge.engine.model import AttnContext, RopeTable, rope_for
 
 
 def pages_needed(num_tokens: int, page_size_tokens: int) -> int:
@@ -46,6 +46,8 @@ class PagedKVCache:
         self.device = device
         self._free = list(range(num_pages - 1, -1, -1))
         self._tables: dict[int, list[int]] = {}
+        self._slots: dict[int, list[int]] = {}
+        """Each sequence's cache slots in token order (its page table, expanded once)."""
 
     @property
     def num_free_pages(self) -> int:
@@ -65,40 +67,42 @@ class PagedKVCache:
             raise OutOfPagesError(
                 f"KV cache full: sequence {seq_id} needs {need} more pages, {len(self._free)} free"
             )
+        slots = self._slots.setdefault(seq_id, [])
         for _ in range(need):
-            table.append(self._free.pop())
+            page = self._free.pop()
+            table.append(page)
+            slots.extend(range(page * self.page_size, (page + 1) * self.page_size))
 
     def free(self, seq_id: int) -> None:
         """Return a finished (or migrated) sequence's pages."""
         for page in reversed(self._tables.pop(seq_id, [])):
             self._free.append(page)
+        self._slots.pop(seq_id, None)
 
-    def _slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
-        table = torch.tensor(self._tables[seq_id], dtype=torch.int64)
-        pos = torch.arange(start, end, dtype=torch.int64)
-        return table[pos // self.page_size] * self.page_size + pos % self.page_size
-
-    def prepare(self, batch: BatchMeta, rope: RopeTable) -> AttnContext:
+    def prepare(self, batch: BatchMeta, rope: RopeTable, dtype: torch.dtype) -> AttnContext:
         """Reserve pages for the step's new tokens and build the attention plumbing."""
         B, Q = batch.num_seqs, batch.max_q_len
         totals = [c + q for c, q in zip(batch.ctx_lens, batch.q_lens, strict=True)]
         for sid, total in zip(batch.seq_ids, totals, strict=True):
             self.ensure(sid, total)
         K = max(totals)
-        gather = torch.zeros(B, K, dtype=torch.int64)
-        writes = []
-        for b, (sid, total) in enumerate(zip(batch.seq_ids, totals, strict=True)):
-            slots = self._slots(sid, 0, total)
-            gather[b, :total] = slots
-            writes.append(slots[batch.ctx_lens[b] :])
-        write_slots = torch.cat(writes)
+        # Built as Python lists and converted once: per-sequence tensor ops cost more here.
+        gather: list[int] = []
+        writes: list[int] = []
+        for sid, ctx_len, total in zip(batch.seq_ids, batch.ctx_lens, totals, strict=True):
+            slots = self._slots[sid]
+            gather += slots[:total]
+            gather += [0] * (K - total)  # padding: any valid slot, masked out
+            writes += slots[ctx_len:total]
+        gather_slots = torch.tensor(gather, dtype=torch.int64).view(B, K)
+        write_slots = torch.tensor(writes, dtype=torch.int64)
 
         ctx = torch.tensor(batch.ctx_lens, dtype=torch.int64)
         qlen = torch.tensor(batch.q_lens, dtype=torch.int64)
         i = torch.arange(Q, dtype=torch.int64)
         # Padded query rows reuse the last valid position, so they stay finite and harmless.
         positions = ctx[:, None] + torch.minimum(i[None, :], qlen[:, None] - 1)
-        cos, sin = rope.lookup(positions.to(rope.inv_freq.device))
+        cos, sin = rope_for(*rope.lookup(positions.to(rope.inv_freq.device)), dtype)
 
         all_valid = all(q == Q for q in batch.q_lens)
         valid_index = None
@@ -115,6 +119,6 @@ class PagedKVCache:
             sin=sin,
             write_slots=write_slots.to(self.device),
             valid_index=None if valid_index is None else valid_index.to(self.device),
-            gather_slots=gather.to(self.device),
+            gather_slots=gather_slots.to(self.device),
             mask=mask,
         )

@@ -25,7 +25,12 @@ from surge.model.arch import (
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """The tensors of one decoder layer (biases are None when the model has none)."""
+    """The tensors of one decoder layer (biases are None when the model has none).
+
+    Projections stay separate matrices on purpose: on CPU at small batch, a matmul is bound
+    by streaming its weights, and MKL is measurably slower on one fused [q;k;v] or [gate;up]
+    matrix than on the separate ones (benchmarks/engine_throughput.py notes).
+    """
 
     input_norm: torch.Tensor
     wq: torch.Tensor
@@ -95,8 +100,9 @@ class AttnContext:
     """
 
     cos: torch.Tensor
-    """[B, Q, head_dim] float32 rotary cosines for each query position."""
+    """[B, Q, 1, head_dim] rotary cosines of each query position (in the model's dtype)."""
     sin: torch.Tensor
+    """[B, Q, 1, head_dim] rotary sines, sign-folded for `apply_rope`."""
     write_slots: torch.Tensor
     """[N] cache slots that receive the N valid new tokens' keys and values."""
     valid_index: torch.Tensor | None
@@ -108,11 +114,12 @@ class AttnContext:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, as Hugging Face does."""
-    dtype = x.dtype
+    """RMSNorm as Hugging Face computes it (normalise in float32, cast, then scale)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused kernel, same math
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    return weight * x32.to(x.dtype)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -157,16 +164,22 @@ class RopeTable:
         return self.cos[positions], self.sin[positions]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rope_for(
+    cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, Q, d] float32 -> [B, Q, 1, d] in `dtype`, with sin's first half negated.
+
+    HF rotates with x * cos + cat(-x2, x1) * sin. Folding the sign into sin turns that into
+    x * cos + roll(x, d/2) * sin_signed: the same products, two fewer ops per call.
+    """
+    half = sin.shape[-1] // 2
+    sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos.unsqueeze(2).to(dtype), sin_signed.unsqueeze(2).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [B, Q, heads, d] by cos/sin [B, Q, d] (in x's dtype, as HF does)."""
-    cos = cos.unsqueeze(2).to(x.dtype)
-    sin = sin.unsqueeze(2).to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate [B, Q, heads, d] by tables from `rope_for`."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def decoder_layer(
@@ -181,19 +194,18 @@ def decoder_layer(
     B, Q, _ = x.shape
     nh, nkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     h = rms_norm(x, w.input_norm, arch.rms_norm_eps)
-    q = F.linear(h, w.wq, w.bq).view(B, Q, nh, d)
-    k = F.linear(h, w.wk, w.bk).view(B, Q, nkv, d)
+    q = apply_rope(F.linear(h, w.wq, w.bq).view(B, Q, nh, d), ctx.cos, ctx.sin)
+    k = apply_rope(F.linear(h, w.wk, w.bk).view(B, Q, nkv, d), ctx.cos, ctx.sin)
     v = F.linear(h, w.wv, w.bv).view(B, Q, nkv, d)
-    q = apply_rope(q, ctx.cos, ctx.sin)
-    k = apply_rope(k, ctx.cos, ctx.sin)
 
     k_new, v_new = k.reshape(B * Q, nkv, d), v.reshape(B * Q, nkv, d)
     if ctx.valid_index is not None:
         k_new, v_new = k_new[ctx.valid_index], v_new[ctx.valid_index]
     k_cache.index_copy_(0, ctx.write_slots, k_new)
     v_cache.index_copy_(0, ctx.write_slots, v_new)
-    keys = k_cache[ctx.gather_slots]  # [B, K, nkv, d]
-    values = v_cache[ctx.gather_slots]
+    K = ctx.gather_slots.shape[1]
+    keys = k_cache.index_select(0, ctx.gather_slots.view(-1)).view(B, K, nkv, d)
+    values = v_cache.index_select(0, ctx.gather_slots.view(-1)).view(B, K, nkv, d)
 
     attn = F.scaled_dot_product_attention(
         q.transpose(1, 2),

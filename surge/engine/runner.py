@@ -127,7 +127,7 @@ class ModelRunner:
         if not self.holds_layers(start, end):
             missing = [layer for layer in range(start, end) if layer not in self.layers]
             raise RuntimeError(f"runner lacks layers {missing}")
-        ctx = self.kv.prepare(batch, self.rope)
+        ctx = self.kv.prepare(batch, self.rope, self.dtype)
         x = hidden.to(self.device, self.dtype)
         for layer in range(start, end):
             i = layer - self.first_layer

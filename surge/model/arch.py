@@ -184,19 +184,22 @@ def layer_prefix(layer: int) -> str:
 
 
 def layer_tensor_names(arch: ModelArch, layer: int) -> list[str]:
-    """HF names of every tensor of decoder layer `layer`, in the order they are packed."""
+    """HF names of every tensor of decoder layer `layer`, in the order they are packed
+    (q/k/v weights back to back, then their biases; gate/up likewise)."""
     p = layer_prefix(layer)
+    attn, mlp = f"{p}self_attn.", f"{p}mlp."
     names = [p + "input_layernorm.weight"]
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        names.append(f"{p}self_attn.{proj}.weight")
-        if arch.qkv_bias:
-            names.append(f"{p}self_attn.{proj}.bias")
-    names.append(f"{p}self_attn.o_proj.weight")
+    names += [f"{attn}{proj}.weight" for proj in ("q_proj", "k_proj", "v_proj")]
+    if arch.qkv_bias:
+        names += [f"{attn}{proj}.bias" for proj in ("q_proj", "k_proj", "v_proj")]
+    names.append(f"{attn}o_proj.weight")
     if arch.o_bias:
-        names.append(f"{p}self_attn.o_proj.bias")
+        names.append(f"{attn}o_proj.bias")
     names.append(p + "post_attention_layernorm.weight")
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-        names.append(f"{p}mlp.{proj}.weight")
-        if arch.mlp_bias:
-            names.append(f"{p}mlp.{proj}.bias")
+    names += [f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"]
+    if arch.mlp_bias:
+        names += [f"{mlp}gate_proj.bias", f"{mlp}up_proj.bias"]
+    names.append(f"{mlp}down_proj.weight")
+    if arch.mlp_bias:
+        names.append(f"{mlp}down_proj.bias")
     return names
