@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from surge.cli import generate, model, plan
+from surge.cli import generate, model, node, plan, simulate
 from surge.errors import SurgeError
 
 app = typer.Typer(
@@ -24,6 +24,8 @@ app = typer.Typer(
 )
 app.add_typer(model.app, name="model")
 app.add_typer(plan.app, name="plan")
+app.add_typer(simulate.app, name="simulate")
+app.add_typer(node.app, name="node")
 app.command("generate")(generate.generate)
 
 
