@@ -6,6 +6,7 @@ with exit code 2. No torch here: `surge plan` must start fast.
 """
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,7 @@ from surge.policy.multicast import (
     plan_scale_out,
 )
 from surge.policy.report import outcome_to_json
+from surge.policy.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
 
 BYTES_PER_MB = 1_000_000
 SECONDS_PER_US = 1e-6
@@ -135,3 +137,53 @@ def multicast(
         typer.echo(json.dumps(outcome_to_json(outcome)))
     else:
         typer.echo(_summary(outcome))
+
+
+def _zigzag_json(schedule: ZigzagSchedule) -> dict:
+    return {
+        "splits": [list(split) for split in schedule.splits],
+        "avg_latency": schedule.avg_latency,
+    }
+
+
+@app.command("zigzag")
+def zigzag(
+    layers: Annotated[int, typer.Option("--layers", help="L, layers of the model (>= 1).")],
+    load_ratio: Annotated[
+        float,
+        typer.Option(
+            "--load-ratio", help="Time to load one layer / time to execute one layer (> 0)."
+        ),
+    ],
+    batches: Annotated[
+        int, typer.Option("--batches", help="N, equal batches run while the target loads.")
+    ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print both schedules as one JSON object.")
+    ] = False,
+) -> None:
+    """BlitzScale zigzag (§5.2, Eq. 1): the ILP schedule and best-effort, side by side.
+
+    Latencies are in units of one layer's execution time, as in the paper.
+    """
+    problem = ZigzagProblem(num_layers=layers, load_ratio=load_ratio, num_batches=batches)
+    started = time.perf_counter()
+    ilp = solve_zigzag(problem)
+    solve_ms = (time.perf_counter() - started) * 1000.0
+    baseline = best_effort(problem)
+    if as_json:
+        out = {
+            "layers": layers,
+            "load_ratio": load_ratio,
+            "batches": batches,
+            "solve_ms": solve_ms,
+            "schedules": {"zigzag": _zigzag_json(ilp), "best_effort": _zigzag_json(baseline)},
+        }
+        typer.echo(json.dumps(out))
+        return
+    lines = [f"{layers} layers, load ratio {load_ratio:g}, {batches} batches"]
+    for name, schedule in (("zigzag (ILP)", ilp), ("best effort", baseline)):
+        splits = " ".join(f"({t},{s})" for t, s in schedule.splits)
+        lines.append(f"{name}: avg latency {schedule.avg_latency:.3f} layer-times: {splits}")
+    lines.append(f"ILP solved in {solve_ms:.1f} ms")
+    typer.echo("\n".join(lines))
