@@ -1,5 +1,62 @@
-"""`surge node`: run one node agent (owned by the data-plane issue; being built)."""
+"""`surge node run`: one node agent (normally started by a launcher, not by hand).
+
+The cluster token comes from the SURGE_TOKEN environment variable (never the command
+line, where other users could read it). Prints one JSON line `{"ready": true, "port": P}`
+when it listens.
+"""
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Run a node agent (normally started by a launcher).")
+from surge.errors import SurgeError
+
+app = typer.Typer(help="Run a node agent (normally started by a launcher).", no_args_is_help=True)
+
+
+@app.command("run")
+def run(
+    node: Annotated[int, typer.Option("--node-id", help="This node's id.")],
+    disk_dir: Annotated[Path, typer.Option(help="Directory of this node's disk tier.")],
+    cluster_id: Annotated[str, typer.Option(help="Cluster name (shared-memory prefix).")] = "local",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 0,
+    egress_gbps: Annotated[float | None, typer.Option(help="NIC egress cap, Gbit/s.")] = None,
+    ingress_gbps: Annotated[float | None, typer.Option(help="NIC ingress cap, Gbit/s.")] = None,
+    remote_dir: Annotated[Path | None, typer.Option(help="Model registry directory.")] = None,
+    remote_gbps: Annotated[float | None, typer.Option(help="Registry read cap, Gbit/s.")] = None,
+    preload_engine: Annotated[
+        bool, typer.Option(help="Import the engine before announcing readiness.")
+    ] = True,
+    fault_corrupt_sends: Annotated[int, typer.Option(hidden=True)] = 0,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
+) -> None:
+    """Run one node agent until it is told to shut down."""
+    from surge.runtime.agent import AgentConfig, run_agent
+
+    token = os.environ.get("SURGE_TOKEN")
+    if not token:
+        raise SurgeError("set SURGE_TOKEN to the cluster's shared token before starting an agent")
+    for name, v in (("egress", egress_gbps), ("ingress", ingress_gbps), ("remote", remote_gbps)):
+        if v is not None and v <= 0:
+            raise SurgeError(f"--{name}-gbps must be > 0 (got {v})")
+    logging.getLogger().setLevel(log_level.upper())
+    config = AgentConfig(
+        node=node,
+        cluster_id=cluster_id,
+        token=token,
+        disk_dir=disk_dir,
+        host=host,
+        port=port,
+        egress_gbps=egress_gbps,
+        ingress_gbps=ingress_gbps,
+        remote_dir=remote_dir,
+        remote_gbps=remote_gbps,
+        preload_engine=preload_engine,
+        fault_corrupt_sends=fault_corrupt_sends,
+    )
+    asyncio.run(run_agent(config))

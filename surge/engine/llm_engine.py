@@ -82,9 +82,17 @@ class Executor(Protocol):
 class LocalExecutor:
     """One runner holding every layer of the model, in this process."""
 
-    def __init__(self, manifest: Manifest, config: EngineConfig) -> None:
-        self.runner = ModelRunner(manifest, config)
-        self.runner.load_blocks()
+    def __init__(self, runner: ModelRunner) -> None:
+        if not (runner.first_layer == 0 and runner.end_layer == runner.arch.num_layers):
+            raise ValueError("a local executor needs a runner over every layer")
+        self.runner = runner
+
+    @staticmethod
+    def from_store(manifest: Manifest, config: EngineConfig) -> "LocalExecutor":
+        """A runner with every block read from the store on disk."""
+        runner = ModelRunner(manifest, config)
+        runner.load_blocks()
+        return LocalExecutor(runner)
 
     def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
         return self.runner.forward(token_ids, batch)
@@ -106,7 +114,9 @@ class LLMEngine:
         self.manifest = manifest
         self.arch = manifest.arch
         self.config = config.validate()
-        self.executor = executor if executor is not None else LocalExecutor(manifest, config)
+        self.executor = (
+            executor if executor is not None else LocalExecutor.from_store(manifest, config)
+        )
         self.scheduler = Scheduler(config)
         self.sampler = Sampler()
         self._ids = itertools.count()

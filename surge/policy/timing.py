@@ -15,6 +15,7 @@ takes at most S block times, exactly S for the binomial plan.
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
@@ -124,19 +125,28 @@ def simulate(plan: Plan, pipelines: tuple[Pipeline, ...], model: TimingModel) ->
             arrival[tr.dst][tr.block] = min(arrival[tr.dst][tr.block], end)
             timed.append(TimedTransfer(step, tr, start, end))
     complete = max(max(row) for row in arrival)
-    ready = [max(arrival[v]) for v in range(plan.num_sources, n)]
-    ready += [
-        max(arrival[s.node][k] for s in p.stages for k in range(s.first_block, s.last_block + 1))
-        for p in pipelines
-    ]
     return Timeline(
         transfers=tuple(timed),
         arrival_s=tuple(tuple(row) for row in arrival),
         complete_s=complete,
-        first_pipeline_s=min(ready),
+        first_pipeline_s=first_capacity_s(arrival, pipelines, plan.num_sources),
         optimal_s=complete_lower_bound_s(model, plan.num_sources),
         optimal_first_pipeline_s=first_capacity_lower_bound_s(model, plan.num_sources),
     )
+
+
+def first_capacity_s(
+    arrival_s: Sequence[Sequence[float]], pipelines: Sequence[Pipeline], num_sources: int
+) -> float:
+    """When new serving capacity first exists, given when each node holds each block:
+    the first pipeline whose stages hold their blocks, or the first destination holding
+    every block. Shared by the timing model and the runtime's measured multicasts."""
+    ready = [max(arrival_s[v]) for v in range(num_sources, len(arrival_s))]
+    ready += [
+        max(arrival_s[s.node][k] for s in p.stages for k in range(s.first_block, s.last_block + 1))
+        for p in pipelines
+    ]
+    return min(ready)
 
 
 def _fastest_link_gbps(cluster: Cluster) -> float:

@@ -1,0 +1,551 @@
+"""The node agent: one process per node, owning that node's tiers and serving its blocks.
+
+What flows in: control requests from the controller (register, load, evict, multicast,
+pull_from, status, checksums, generate, subscribe, shutdown) and block reads from peers
+(`get_block`), all as frames on authenticated connections. What flows out: block bytes to
+peers, answers, and events (block arrivals, failed pulls) to subscribers.
+
+A multicast is carried out without a global barrier (λScale §6): each receiver pulls its
+blocks from their sources in its plan order, one at a time (single ingress port); each
+sender serves pulls as soon as it holds the block, one at a time (single egress port),
+lowest plan step first. A block is verified against its manifest checksum on arrival; a bad
+one is pulled again, and a pull that cannot complete (peer down, repeated corruption) is
+reported so the controller can name another holder (`pull_from`).
+"""
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from surge.config import EngineConfig
+from surge.errors import SurgeError
+from surge.model.manifest import Manifest, block_checksum
+from surge.runtime.tiers import DiskTier, HostCache, RemoteRegistry
+from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
+from surge.runtime.transport import (
+    DEFAULT_HOST,
+    AuthError,
+    Connection,
+    ConnectionClosed,
+    RemoteError,
+    accept_hello,
+    connect,
+)
+from surge.wire import FrameError
+
+log = logging.getLogger(__name__)
+
+MAX_PULL_ATTEMPTS = 2
+"""Pulls of one block from one source before reporting it as failed (checksum mismatches)."""
+PARENT_CHECK_S = 1.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of one node agent."""
+
+    node: int
+    """This node's id (0..N-1 in its cluster)."""
+    cluster_id: str
+    """Names this cluster's shared-memory segments."""
+    token: str
+    """Shared secret every connection must present."""
+    disk_dir: Path
+    """This node's local disk tier."""
+    host: str = DEFAULT_HOST
+    port: int = 0
+    """0 picks a free port (reported on stdout when ready)."""
+    egress_gbps: float | None = None
+    """Egress cap of this node's NIC (None: unlimited)."""
+    ingress_gbps: float | None = None
+    remote_dir: Path | None = None
+    """The registry: a directory of stores, ROOT/<model>/manifest.json."""
+    remote_gbps: float | None = None
+    """Read cap of the registry as seen from this node."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    preload_engine: bool = True
+    """Import the engine (torch) before announcing readiness, so the first block that lands
+    in the gpu tier does not wait ~1.5 s for it."""
+    fault_corrupt_sends: int = 0
+    """Testing only: corrupt the payload of this many block sends."""
+
+
+@dataclass
+class ModelState:
+    """What this node holds of one model."""
+
+    manifest: Manifest
+    present: dict[int, asyncio.Event] = field(default_factory=dict)
+    gpu_buffers: dict[int, Any] = field(default_factory=dict)
+    runner: Any = None
+    """The engine's runner over the gpu-tier blocks (created on the first one)."""
+
+    def event(self, block: int) -> asyncio.Event:
+        return self.present.setdefault(block, asyncio.Event())
+
+
+class EgressPort:
+    """One send at a time, lowest plan step first (the single-port model of a plan)."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: list[tuple[float, int, asyncio.Future]] = []
+        self._seq = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, priority: float):
+        if self._busy or self._waiting:
+            fut = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (priority, next(self._seq), fut))
+            await fut
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+            while self._waiting:
+                _, _, fut = heapq.heappop(self._waiting)
+                if not fut.done():
+                    self._busy = True
+                    fut.set_result(None)
+                    break
+
+
+class NodeAgent:
+    """The server side of one node."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.node = config.node
+        rate = gbps_to_bytes_per_s
+        self.egress = TokenBucket(rate(config.egress_gbps) if config.egress_gbps else None)
+        self.ingress = TokenBucket(rate(config.ingress_gbps) if config.ingress_gbps else None)
+        self.host_cache = HostCache(config.cluster_id, config.node)
+        self.disk = DiskTier(config.disk_dir)
+        self.remote = (
+            RemoteRegistry(
+                config.remote_dir,
+                TokenBucket(rate(config.remote_gbps) if config.remote_gbps else None),
+            )
+            if config.remote_dir
+            else None
+        )
+        self.models: dict[str, ModelState] = {}
+        self.peers: dict[int, tuple[str, int]] = {}
+        self._pool: dict[int, Connection] = {}
+        self._pool_locks: dict[int, asyncio.Lock] = {}
+        self.port_out = EgressPort()
+        self.subscribers: list[Connection] = []
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self._corrupt_left = config.fault_corrupt_sends
+        self._tasks: set[asyncio.Task] = set()
+        self._stop = asyncio.Event()
+        self._server: socket.socket | None = None
+        self.port = 0
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self._server = sock
+        self.port = sock.getsockname()[1]
+        self._spawn(self._accept_loop())
+        return self.port
+
+    async def serve_forever(self) -> None:
+        parent = os.getppid()
+        while not self._stop.is_set():
+            # No orphans: an agent whose launcher died exits by itself.
+            if os.getppid() != parent:
+                log.warning("node %d: launcher is gone, exiting", self.node)
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), PARENT_CHECK_S)
+        await self.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for conn in [*self._pool.values(), *self.subscribers]:
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        self.host_cache.close()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._server is not None
+        while True:
+            client, _ = await loop.sock_accept(self._server)
+            self._spawn(self._handle(Connection(client, self.egress, self.ingress)))
+
+    async def _handle(self, conn: Connection) -> None:
+        """Serve one connection until it closes; a bad peer never takes the agent down."""
+        try:
+            who = await accept_hello(conn, self.config.token, f"node-{self.node}")
+            conn.peer = who
+            while True:
+                header, payload = await conn.recv()
+                if header.get("op") == "subscribe":
+                    self.subscribers.append(conn)
+                    await conn.send({"ok": True, "op": "subscribed"})
+                    return  # the connection now belongs to the event stream
+                await self._dispatch(conn, header, payload)
+        except (TimeoutError, ConnectionClosed, AuthError, FrameError, OSError) as e:
+            log.info("node %d: connection from %s ended: %s", self.node, conn.peer, e)
+            if conn not in self.subscribers:
+                conn.close()
+
+    async def _dispatch(self, conn: Connection, header: dict, payload: memoryview) -> None:
+        op = header.get("op")
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            await conn.send({"ok": False, "error": f"unknown op {op!r}"})
+            return
+        try:
+            result = await handler(conn, header, payload)
+        except (SurgeError, KeyError, ValueError, RemoteError) as e:
+            await conn.send({"ok": False, "error": f"{op}: {e}"})
+            return
+        if result is not None:  # handlers that stream their own answer return None
+            await conn.send({"ok": True, **result})
+
+    # ---- events ------------------------------------------------------------------
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        frame = {"kind": "event", "node": self.node, "t": time.time(), **event}
+        for conn in list(self.subscribers):
+            try:
+                async with conn.lock:
+                    await conn.send(frame)
+            except (ConnectionClosed, OSError):
+                self.subscribers.remove(conn)
+                conn.close()
+
+    # ---- tiers -------------------------------------------------------------------
+
+    def model(self, name: str) -> ModelState:
+        if name not in self.models:
+            raise KeyError(f"model {name!r} is not registered on node {self.node}")
+        return self.models[name]
+
+    def buffer_of(self, name: str, block: int) -> memoryview | None:
+        """A held copy of a block, host tier first."""
+        buf = self.host_cache.get(name, block)
+        if buf is not None:
+            return buf[: self.model(name).manifest.blocks[block].size_bytes]
+        gpu = self.model(name).gpu_buffers.get(block)
+        return None if gpu is None else memoryview(gpu)
+
+    def target_buffer(self, name: str, block: int, tier: str) -> memoryview:
+        """Where an arriving block goes, by tier (pre-allocated, written in place)."""
+        info = self.model(name).manifest.blocks[block]
+        if tier == "host":
+            return self.host_cache.allocate(name, info)
+        if tier == "gpu":
+            return memoryview(bytearray(info.size_bytes))
+        raise ValueError(f"blocks cannot land in tier {tier!r} (host or gpu)")
+
+    async def landed(self, name: str, block: int, tier: str, buf: memoryview, **extra: Any) -> None:
+        """A verified block is in `buf`: make it usable in its tier and announce it."""
+        state = self.model(name)
+        if tier == "gpu":
+            state.gpu_buffers[block] = buf
+        state.event(block).set()  # peers may pull it now, while the runner takes it in
+        if tier == "gpu":
+            await asyncio.to_thread(self._add_to_runner, state, block, buf)
+        await self.emit({"type": "arrival", "model": name, "block": block, "tier": tier, **extra})
+
+    def _add_to_runner(self, state: ModelState, block: int, buf: memoryview) -> None:
+        if state.runner is None:
+            from surge.engine.runner import ModelRunner
+
+            state.runner = ModelRunner(state.manifest, self.config.engine)
+        state.runner.add_block(block, buf, verify=False)  # verified on arrival
+
+    # ---- control ops -------------------------------------------------------------
+
+    async def op_status(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        models = {}
+        for name, st in self.models.items():
+            models[name] = {
+                "host": self.host_cache.blocks(name),
+                "gpu": sorted(st.gpu_buffers),
+                "disk": self.disk.blocks(name, st.manifest),
+            }
+        return {
+            "node": self.node,
+            "port": self.port,
+            "models": models,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "peers": sorted(self.peers),
+        }
+
+    async def op_register(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """Learn a model's manifest (sent inline, or read from the registry)."""
+        name = h["model"]
+        if h.get("manifest") is not None:
+            manifest = Manifest.from_json(h["manifest"])
+        elif self.remote is not None:
+            from surge.model.manifest import read_manifest
+
+            manifest = read_manifest(self.remote.store_dir(name))
+        else:
+            raise SurgeError(f"no manifest given for {name!r} and no registry configured")
+        if name not in self.models:
+            self.models[name] = ModelState(manifest)
+        return {"model": name, "num_blocks": manifest.num_blocks}
+
+    async def op_set_peers(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """Learn peer addresses and pre-open a connection to each (BlitzScale §5.3 pool)."""
+        self.peers = {int(k): (v[0], int(v[1])) for k, v in h["peers"].items()}
+        if h.get("preconnect", True):
+            await asyncio.gather(
+                *(self._peer(n) for n in self.peers if n != self.node), return_exceptions=True
+            )
+        return {"peers": sorted(self.peers)}
+
+    async def op_load(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """Bring blocks from disk or the registry into a tier (host, gpu or disk)."""
+        name, tier, source = h["model"], h.get("tier", "host"), h.get("source", "disk")
+        state = self.model(name)
+        t0 = time.perf_counter()
+        for block in h["blocks"]:
+            info = state.manifest.blocks[block]
+            if tier == "disk":
+                buf = memoryview(bytearray(info.size_bytes))
+                await asyncio.to_thread(self._read_source, source, name, info, buf)
+                await asyncio.to_thread(self.disk.write, name, info, buf)
+                continue
+            buf = self.target_buffer(name, block, tier)
+            await asyncio.to_thread(self._read_source, source, name, info, buf)
+            await self.landed(name, block, tier, buf, source=source)
+        return {"seconds": time.perf_counter() - t0}
+
+    def _read_source(self, source: str, name: str, info, buf: memoryview) -> None:
+        if source == "disk":
+            self.disk.read_into(name, info, buf)
+        elif source == "remote":
+            if self.remote is None:
+                raise SurgeError(f"node {self.node} has no registry configured")
+            self.remote.read_into(name, info, buf)
+        else:
+            raise ValueError(f"unknown source {source!r} (disk or remote)")
+
+    async def op_evict(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        name, tier = h["model"], h.get("tier", "host")
+        state = self.model(name)
+        for block in h["blocks"]:
+            if tier == "host":
+                self.host_cache.evict(name, block)
+            elif tier == "disk":
+                self.disk.evict(name, state.manifest.blocks[block])
+            elif tier == "gpu":
+                state.gpu_buffers.pop(block, None)
+                if not state.gpu_buffers:
+                    state.runner = None
+            if self.buffer_of(name, block) is None and block in state.present:
+                state.present[block].clear()
+        return {}
+
+    async def op_checksums(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """crc32 of every block held in host or gpu memory, recomputed now."""
+        name = h["model"]
+        out = {}
+        for block in range(self.model(name).manifest.num_blocks):
+            buf = self.buffer_of(name, block)
+            if buf is not None:
+                out[str(block)] = block_checksum(buf)
+        return {"checksums": out}
+
+    async def op_generate(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """Greedy/seeded generation with this node's gpu-tier blocks (a full local instance)."""
+        state = self.model(h["model"])
+        if state.runner is None or len(state.gpu_buffers) < state.manifest.num_blocks:
+            raise SurgeError(f"node {self.node} does not hold every block of {h['model']} in gpu")
+
+        def run() -> list[int]:
+            from surge.engine.llm_engine import LLMEngine, LocalExecutor
+            from surge.engine.sampling import SamplingParams
+
+            engine = LLMEngine(state.manifest, self.config.engine, LocalExecutor(state.runner))
+            params = SamplingParams(**h.get("params", {}))
+            return engine.generate([list(h["prompt_token_ids"])], params)[0].token_ids
+
+        return {"token_ids": await asyncio.to_thread(run)}
+
+    async def op_shutdown(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        self._stop.set()
+        return {}
+
+    # ---- serving blocks to peers -------------------------------------------------
+
+    async def op_get_block(self, conn: Connection, h: dict, p: memoryview) -> None:
+        """Send a block, once held, when the egress port's plan order allows."""
+        name, block = h["model"], int(h["block"])
+        state = self.model(name)
+        wait_s = float(h.get("wait_s", 0.0))
+        if self.buffer_of(name, block) is None:
+            if wait_s <= 0:
+                await conn.send({"ok": False, "error": f"node {self.node} lacks block {block}"})
+                return
+            try:
+                await asyncio.wait_for(state.event(block).wait(), wait_s)
+            except TimeoutError:
+                await conn.send({"ok": False, "error": f"node {self.node} never got block {block}"})
+                return
+        async with self.port_out.slot(float(h.get("step", 1e9))):
+            buf = self.buffer_of(name, block)
+            if buf is None:
+                await conn.send({"ok": False, "error": f"node {self.node} evicted block {block}"})
+                return
+            if self._corrupt_left > 0:  # fault injection for tests
+                self._corrupt_left -= 1
+                bad = bytearray(buf)
+                bad[len(bad) // 2] ^= 0xFF
+                buf = memoryview(bad)
+            await conn.send({"ok": True, "model": name, "block": block}, buf)
+            self.bytes_out += len(buf)
+
+    async def _peer(self, node: int) -> Connection:
+        """The pooled connection to a peer (opened once, reopened if it broke)."""
+        lock = self._pool_locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            conn = self._pool.get(node)
+            if conn is None or conn.closed:
+                if node not in self.peers:
+                    raise ConnectionClosed(f"node {node} is not a known peer")
+                host, port = self.peers[node]
+                conn = await connect(
+                    host, port, self.config.token, f"node-{self.node}", self.egress, self.ingress
+                )
+                self._pool[node] = conn
+            return conn
+
+    async def pull(
+        self, name: str, block: int, src: int, tier: str, step: float, wait_s: float
+    ) -> memoryview:
+        """Read one block from a peer straight into its tier buffer and verify it."""
+        info = self.model(name).manifest.blocks[block]
+        target = self.target_buffer(name, block, tier)
+        conn = await self._peer(src)
+        try:
+            await conn.request(
+                {"op": "get_block", "model": name, "block": block, "step": step, "wait_s": wait_s},
+                sink=lambda _h: target,
+            )
+        except ConnectionClosed:
+            conn.close()
+            raise
+        self.bytes_in += info.size_bytes
+        from surge.model.manifest import verify_block
+
+        verify_block(info, target)  # raises SurgeError naming the block on a bad checksum
+        return target
+
+    # ---- multicast ---------------------------------------------------------------
+
+    async def op_multicast(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """Start this node's part of a plan: pull `recv` in order; `send` is served on demand."""
+        name, tier, mc = h["model"], h.get("tier", "host"), h["mc_id"]
+        self.model(name)
+        recv = sorted((int(s), int(b), int(src)) for s, b, src in h["recv"])
+        if tier == "gpu":  # import the engine (torch, ~1.5 s) while the first block travels
+            self._spawn(asyncio.to_thread(_import_engine))
+        wait_s = float(h.get("wait_s", 120.0))
+        self._spawn(self._receive_all(mc, name, tier, recv, wait_s))
+        return {"mc_id": mc, "num_recv": len(recv)}
+
+    async def _receive_all(self, mc: str, name: str, tier: str, recv: list, wait_s: float) -> None:
+        for step, block, src in recv:
+            await self._receive_one(mc, name, tier, step, block, src, wait_s)
+        await self.emit({"type": "receive_done", "mc_id": mc, "model": name})
+
+    async def _receive_one(
+        self, mc: str, name: str, tier: str, step: float, block: int, src: int, wait_s: float
+    ) -> bool:
+        if self.buffer_of(name, block) is not None and self.model(name).event(block).is_set():
+            return True
+        reason = ""
+        for _ in range(MAX_PULL_ATTEMPTS):
+            try:
+                buf = await self.pull(name, block, src, tier, step, wait_s)
+            except SurgeError as e:  # checksum mismatch: pull again
+                reason = str(e)
+                log.warning("node %d: %s", self.node, e)
+                await self.emit(
+                    {"type": "corrupt", "mc_id": mc, "model": name, "block": block, "src": src}
+                )
+                continue
+            except (TimeoutError, ConnectionClosed, AuthError, OSError, RemoteError) as e:
+                reason = f"{type(e).__name__}: {e}"
+                break
+            await self.landed(name, block, tier, buf, mc_id=mc, src=src, step=step)
+            return True
+        await self.emit(
+            {
+                "type": "pull_failed",
+                "mc_id": mc,
+                "model": name,
+                "block": block,
+                "src": src,
+                "reason": reason,
+            }
+        )
+        return False
+
+    async def op_pull_from(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """The controller re-planned a failed delivery: pull `block` from `src` now."""
+        self._spawn(
+            self._receive_one(
+                h["mc_id"],
+                h["model"],
+                h.get("tier", "host"),
+                float(h.get("step", 0)),
+                int(h["block"]),
+                int(h["src"]),
+                float(h.get("wait_s", 120.0)),
+            )
+        )
+        return {}
+
+
+def _import_engine() -> None:
+    import surge.engine.runner  # noqa: F401
+
+
+async def run_agent(config: AgentConfig) -> None:
+    """Start an agent, announce its port on stdout, serve until shutdown."""
+    import signal
+
+    if config.preload_engine:
+        _import_engine()
+    agent = NodeAgent(config)
+    port = await agent.start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent._stop.set)
+    sys.stdout.write(json.dumps({"ready": True, "node": config.node, "port": port}) + "\n")
+    sys.stdout.flush()
+    await agent.serve_forever()

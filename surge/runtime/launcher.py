@@ -1,0 +1,180 @@
+"""Local launcher: N node agents as processes on this machine, with per-node link caps.
+
+`LocalCluster` starts `surge node run` processes, waits until each prints its port, tells
+every agent its peers, and stops them all on exit — SIGTERM, then SIGKILL after a grace
+period — so no process outlives a test, even a failing one. Agents also exit on their own
+if the launching process dies.
+"""
+
+import json
+import logging
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from surge.errors import SurgeError
+from surge.runtime.client import ClusterClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalClusterConfig:
+    """A cluster of agent processes on this machine."""
+
+    num_nodes: int = 4
+    link_gbps: float | None = None
+    """Egress and ingress cap of every node (None: unlimited loopback)."""
+    egress_gbps: tuple[float, ...] | None = None
+    """Per-node egress caps (overrides link_gbps)."""
+    ingress_gbps: tuple[float, ...] | None = None
+    remote_dir: Path | None = None
+    """Model registry directory (stores by model name)."""
+    remote_gbps: float | None = None
+    work_dir: Path | None = None
+    """Where disk tiers live (default: a temporary directory removed on stop)."""
+    preload_engine: bool = True
+    """Agents import the engine (torch) before they report ready; turn off for clusters
+    that only move bytes (faster start)."""
+    start_timeout_s: float = 60.0
+    extra_args: dict[int, list[str]] = field(default_factory=dict)
+    """Extra command-line arguments for some nodes (testing: fault injection)."""
+
+    def caps(self, node: int) -> tuple[float | None, float | None]:
+        eg = self.egress_gbps[node] if self.egress_gbps else self.link_gbps
+        ig = self.ingress_gbps[node] if self.ingress_gbps else self.link_gbps
+        return eg, ig
+
+
+class LocalCluster:
+    """Context manager: `with LocalCluster(cfg) as cluster: ...` (agents stopped on exit)."""
+
+    def __init__(self, config: LocalClusterConfig) -> None:
+        if config.num_nodes < 1:
+            raise SurgeError("a cluster needs at least one node")
+        self.config = config
+        self.token = secrets.token_hex(16)
+        self.cluster_id = secrets.token_hex(3)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.addresses: dict[int, tuple[str, int]] = {}
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def work_dir(self) -> Path:
+        if self.config.work_dir is not None:
+            return self.config.work_dir
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="surge-cluster-"))
+        return self._tmp
+
+    def start(self) -> None:
+        env = {**os.environ, "SURGE_TOKEN": self.token}
+        for node in range(self.config.num_nodes):
+            eg, ig = self.config.caps(node)
+            cmd = [
+                sys.executable,
+                "-m",
+                "surge.cli",
+                "node",
+                "run",
+                "--node-id",
+                str(node),
+                "--cluster-id",
+                self.cluster_id,
+                "--disk-dir",
+                str(self.work_dir / f"node{node}"),
+            ]
+            if eg:
+                cmd += ["--egress-gbps", str(eg)]
+            if ig:
+                cmd += ["--ingress-gbps", str(ig)]
+            if self.config.remote_dir:
+                cmd += ["--remote-dir", str(self.config.remote_dir)]
+            if self.config.remote_gbps:
+                cmd += ["--remote-gbps", str(self.config.remote_gbps)]
+            if not self.config.preload_engine:
+                cmd.append("--no-preload-engine")
+            cmd += self.config.extra_args.get(node, [])
+            self.procs[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + self.config.start_timeout_s
+        for node, proc in self.procs.items():
+            self.addresses[node] = ("127.0.0.1", self._wait_ready(node, proc, deadline))
+
+    def _wait_ready(self, node: int, proc: subprocess.Popen, deadline: float) -> int:
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise SurgeError(f"node agent {node} exited with {proc.returncode} at start")
+                if sel.select(timeout=0.2):
+                    line = proc.stdout.readline()
+                    if line:
+                        msg = json.loads(line)
+                        if msg.get("ready"):
+                            return int(msg["port"])
+            raise SurgeError(
+                f"node agent {node} did not start within {self.config.start_timeout_s} s"
+            )
+        finally:
+            sel.close()
+
+    def client(self) -> ClusterClient:
+        """A controller-side client of every agent (call `await client.connect()`)."""
+        return ClusterClient(self.addresses, self.token)
+
+    async def wire_peers(self, client: ClusterClient) -> None:
+        """Tell every agent where its peers listen, and pre-open the connection pool."""
+        peers = {str(n): list(a) for n, a in self.addresses.items()}
+        await client.broadcast({"op": "set_peers", "peers": peers})
+
+    def kill(self, node: int) -> None:
+        """Kill one agent abruptly (failure tests)."""
+        proc = self.procs[node]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout:
+                proc.stdout.close()
+        # Segments of agents that were killed are unlinked by their resource trackers;
+        # remove any that a crash still left behind.
+        for f in Path("/dev/shm").glob(f"surge_{self.cluster_id}_*"):
+            f.unlink(missing_ok=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def alive(self) -> list[int]:
+        return [n for n, p in self.procs.items() if p.poll() is None]

@@ -1,0 +1,210 @@
+"""Carrying out a multicast plan with real agents, and recovering when one dies.
+
+In: a `Plan` from `surge.policy` (nodes 0..N-1 of the plan mapped to agent ids), the model
+(already registered on every agent, blocks on the sources), the tier blocks land in.
+Out: a `MulticastResult` with every block arrival (node, block, seconds since start), the
+completion time, the measured first-serving-capacity time for the plan's pipelines, and the
+re-plans made.
+
+Each agent gets only its own receive list and runs it without a global barrier (see
+`runtime/agent.py`). This module watches the merged event stream; when a pull fails —
+the source died or kept sending corrupt bytes — it names another live holder of that block
+(sources first, then the earliest receiver), waiting for one to exist if none does yet.
+Nodes that were downstream of a dead node recover the same way, transitively.
+"""
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.policy.pipelines import Pipeline
+from surge.policy.plan import Plan
+from surge.policy.timing import first_capacity_s
+from surge.runtime.client import ClusterClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MulticastResult:
+    """What happened during one multicast (plan node numbering)."""
+
+    plan: Plan
+    arrival_s: list[list[float | None]]
+    """arrival_s[node][block]: seconds from start until the node held the block (0 on
+    sources, None if it never arrived)."""
+    arrival_order: list[list[int]]
+    """Blocks in the order each node received them."""
+    complete_s: float | None
+    """When every live node held every block (None on timeout)."""
+    first_pipeline_s: float | None
+    """When the first new serving capacity existed (first pipeline or full node)."""
+    dead_nodes: list[int] = field(default_factory=list)
+    replans: list[dict[str, Any]] = field(default_factory=list)
+    corrupt_refetches: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class MulticastExecutor:
+    """Drives one plan on a `ClusterClient` (whose event queue it consumes)."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        model: str,
+        plan: Plan,
+        agents: Sequence[int] | None = None,
+        tier: str = "host",
+        pipelines: Sequence[Pipeline] = (),
+        timeout_s: float = 300.0,
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.plan = plan
+        self.agents = list(agents) if agents is not None else list(range(plan.num_nodes))
+        if len(self.agents) != plan.num_nodes:
+            raise ValueError(f"plan has {plan.num_nodes} nodes but {len(self.agents)} agents given")
+        self.node_of = {a: i for i, a in enumerate(self.agents)}
+        self.tier = tier
+        self.pipelines = list(pipelines)
+        self.timeout_s = timeout_s
+        self.mc_id = secrets.token_hex(4)
+        n, b = plan.num_nodes, plan.num_blocks
+        self.holds: list[set[int]] = [
+            set(range(b)) if v < plan.num_sources else set() for v in range(n)
+        ]
+        self.first_holder_t: dict[int, list[tuple[float, int]]] = {blk: [] for blk in range(b)}
+        self.pending: list[tuple[int, int, int]] = []
+        """(node, block, failed_src) deliveries waiting for another holder."""
+
+    def _orders(self) -> dict[int, dict[str, Any]]:
+        recv: dict[int, list[list[int]]] = {v: [] for v in range(self.plan.num_nodes)}
+        for step, transfers in enumerate(self.plan.steps, start=1):
+            for tr in transfers:
+                recv[tr.dst].append([step, tr.block, self.agents[tr.src]])
+        return {
+            self.agents[v]: {
+                "op": "multicast",
+                "mc_id": self.mc_id,
+                "model": self.model,
+                "tier": self.tier,
+                "recv": recv[v],
+                "wait_s": self.timeout_s,
+            }
+            for v in range(self.plan.num_nodes)
+        }
+
+    def _alive(self, v: int) -> bool:
+        return self.agents[v] not in self.client.down
+
+    def _done(self) -> bool:
+        b = self.plan.num_blocks
+        return all(len(self.holds[v]) == b for v in range(self.plan.num_nodes) if self._alive(v))
+
+    async def _assign_pending(self) -> None:
+        still = []
+        for node, block, bad_src in self.pending:
+            if not self._alive(node) or block in self.holds[node]:
+                continue
+            holders = [
+                v
+                for v in range(self.plan.num_nodes)
+                if v != node and v != bad_src and self._alive(v) and block in self.holds[v]
+            ]
+            if not holders:
+                still.append((node, block, bad_src))
+                continue
+            # Sources first (they hold everything), then whoever has had it longest.
+            src = min(holders, key=lambda v: (v >= self.plan.num_sources, v))
+            self.replans.append({"node": node, "block": block, "from": src, "instead_of": bad_src})
+            log.info("re-plan: node %d pulls block %d from %d (not %d)", node, block, src, bad_src)
+            try:
+                await self.client.request(
+                    self.agents[node],
+                    {
+                        "op": "pull_from",
+                        "mc_id": self.mc_id,
+                        "model": self.model,
+                        "tier": self.tier,
+                        "block": block,
+                        "src": self.agents[src],
+                        "wait_s": self.timeout_s,
+                    },
+                )
+            except Exception as e:  # the receiver died meanwhile: its events will say so
+                log.info("re-plan to node %d failed: %s", node, e)
+        self.pending = still
+
+    async def run(self) -> MulticastResult:
+        self.replans: list[dict[str, Any]] = []
+        n, b = self.plan.num_nodes, self.plan.num_blocks
+        arrival: list[list[float | None]] = [
+            [0.0 if v < self.plan.num_sources else None for _ in range(b)] for v in range(n)
+        ]
+        order: list[list[int]] = [[] for _ in range(n)]
+        events: list[dict[str, Any]] = []
+        corrupt = 0
+        start = time.time()
+        await asyncio.gather(
+            *(
+                self.client.request(a, h)
+                for a, h in self._orders().items()
+                if a not in self.client.down
+            )
+        )
+        deadline = time.monotonic() + self.timeout_s
+        complete: float | None = None
+        while not self._done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                ev = await asyncio.wait_for(self.client.events.get(), remaining)
+            except TimeoutError:
+                break
+            kind = ev.get("type")
+            if kind == "agent_down":
+                v = self.node_of.get(ev["node"])
+                if v is not None:
+                    events.append(ev)
+                    log.warning("node %d (agent %d) went down during the multicast", v, ev["node"])
+                    await self._assign_pending()
+                continue
+            if ev.get("mc_id") != self.mc_id or ev.get("node") not in self.node_of:
+                continue
+            events.append(ev)
+            v = self.node_of[ev["node"]]
+            if kind == "arrival":
+                blk = ev["block"]
+                if blk not in self.holds[v]:
+                    self.holds[v].add(blk)
+                    arrival[v][blk] = max(0.0, ev["t"] - start)
+                    order[v].append(blk)
+                await self._assign_pending()
+            elif kind == "pull_failed":
+                src = self.node_of.get(ev["src"], -1)
+                self.pending.append((v, ev["block"], src))
+                await self._assign_pending()
+            elif kind == "corrupt":
+                corrupt += 1
+        if self._done():
+            complete = max((t for row in arrival for t in row if t is not None), default=0.0)
+        dead = sorted(v for v in range(n) if not self._alive(v))
+        first = None
+        if all(t is not None for row in arrival for t in row):
+            first = first_capacity_s(arrival, self.pipelines, self.plan.num_sources)  # type: ignore[arg-type]
+        return MulticastResult(
+            plan=self.plan,
+            arrival_s=arrival,
+            arrival_order=order,
+            complete_s=complete,
+            first_pipeline_s=first,
+            dead_nodes=dead,
+            replans=self.replans,
+            corrupt_refetches=corrupt,
+            events=events,
+        )

@@ -1,0 +1,146 @@
+"""Where a node keeps copies of blocks: `host` (shared memory), `disk` (a local directory),
+and the `remote` registry (a store directory read through a bandwidth cap, like S3 or a
+model hub). The `gpu` tier is the engine's runner, owned by the agent.
+
+Host buffers are POSIX shared-memory segments owned by the agent process, so they outlive
+any runner and a block received into one is the very memory the runner's tensors view.
+"""
+
+import hashlib
+import logging
+import shutil
+from multiprocessing import shared_memory
+from pathlib import Path
+
+from surge.errors import SurgeError
+from surge.model.manifest import BlockInfo, Manifest, verify_block
+from surge.runtime.token_bucket import TokenBucket
+
+log = logging.getLogger(__name__)
+
+TIERS = ("gpu", "host", "disk", "remote")
+READ_CHUNK_BYTES = 1 << 20
+
+
+def segment_name(cluster_id: str, node: int, model: str, block: int) -> str:
+    """Shared-memory name of one host block (short: POSIX names are limited)."""
+    digest = hashlib.blake2b(model.encode(), digest_size=4).hexdigest()
+    return f"surge_{cluster_id}_{node}_{digest}_{block}"
+
+
+class HostCache:
+    """Block buffers in shared memory, keyed by (model, block)."""
+
+    def __init__(self, cluster_id: str, node: int) -> None:
+        self.cluster_id = cluster_id
+        self.node = node
+        self._segments: dict[tuple[str, int], shared_memory.SharedMemory] = {}
+
+    def allocate(self, model: str, info: BlockInfo) -> memoryview:
+        """A writable buffer for a block (reused if present)."""
+        key = (model, info.index)
+        if key not in self._segments:
+            name = segment_name(self.cluster_id, self.node, model, info.index)
+            try:
+                seg = shared_memory.SharedMemory(
+                    name=name, create=True, size=max(1, info.size_bytes)
+                )
+            except FileExistsError:  # left by an earlier run of this node: take it over
+                old = shared_memory.SharedMemory(name=name)
+                old.close()
+                old.unlink()
+                seg = shared_memory.SharedMemory(
+                    name=name, create=True, size=max(1, info.size_bytes)
+                )
+            self._segments[key] = seg
+        return self._segments[key].buf[: info.size_bytes]
+
+    def get(self, model: str, block: int) -> memoryview | None:
+        seg = self._segments.get((model, block))
+        return None if seg is None else seg.buf
+
+    def blocks(self, model: str) -> list[int]:
+        return sorted(b for m, b in self._segments if m == model)
+
+    def evict(self, model: str, block: int) -> None:
+        seg = self._segments.pop((model, block), None)
+        if seg is not None:
+            seg.close()
+            seg.unlink()
+
+    def close(self) -> None:
+        for key in list(self._segments):
+            self.evict(*key)
+
+
+class DiskTier:
+    """A local directory of block files, one sub-directory per model."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, model: str, info: BlockInfo) -> Path:
+        return self.root / model / info.file
+
+    def has(self, model: str, info: BlockInfo) -> bool:
+        p = self.path(model, info)
+        return p.is_file() and p.stat().st_size == info.size_bytes
+
+    def write(self, model: str, info: BlockInfo, buf: memoryview | bytearray) -> None:
+        p = self.path(model, info)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(buf)
+        tmp.rename(p)
+
+    def read_into(self, model: str, info: BlockInfo, out: memoryview) -> None:
+        _read_file_into(self.path(model, info), info, out, None)
+
+    def blocks(self, model: str, manifest: Manifest) -> list[int]:
+        return [b.index for b in manifest.blocks if self.has(model, b)]
+
+    def evict(self, model: str, info: BlockInfo) -> None:
+        self.path(model, info).unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class RemoteRegistry:
+    """The model registry: a directory of stores (`ROOT/<model>/manifest.json`), read
+    through a bandwidth cap so it behaves like object storage."""
+
+    def __init__(self, root: Path, bucket: TokenBucket) -> None:
+        self.root = Path(root)
+        self.bucket = bucket
+
+    def store_dir(self, model: str) -> Path:
+        return self.root / model
+
+    def read_into(self, model: str, info: BlockInfo, out: memoryview) -> None:
+        _read_file_into(self.store_dir(model) / info.file, info, out, self.bucket)
+
+
+def _read_file_into(
+    path: Path, info: BlockInfo, out: memoryview, bucket: TokenBucket | None
+) -> None:
+    """Read a block file into `out` chunk by chunk (paced), then check its checksum."""
+    if not path.is_file():
+        raise SurgeError(f"block {info.index} is not at {path}")
+    view = memoryview(out).cast("B")
+    got = 0
+    with open(path, "rb") as f:
+        while got < info.size_bytes:
+            n = f.readinto(view[got : got + READ_CHUNK_BYTES])
+            if not n:
+                break
+            if bucket is not None:
+                bucket.consume_blocking(n)
+            got += n
+    if got != info.size_bytes:
+        raise SurgeError(
+            f"block {info.index} at {path} is truncated ({got} of {info.size_bytes} bytes)"
+        )
+    verify_block(info, view)
