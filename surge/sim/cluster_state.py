@@ -1,0 +1,103 @@
+"""The simulated cluster's state: GPUs in use, links, host caches.
+
+In: a `ClusterProfile` and the `FlowNetwork`. Out: free-GPU bookkeeping, the link paths
+of every kind of transfer (GPU to GPU over the network or inside a machine, host
+memory to GPU, SSD to GPU, registry to GPU), and per-machine host caches holding
+`surge.policy.keepalive.CacheEntry`s.
+
+Links per machine m: `nic-out/m`, `nic-in/m` (machine NIC), `ssd/m`, and per GPU g:
+`pcie/g` (host -> GPU), `gnic-out/g`, `gnic-in/g` (per-GPU RDMA NIC, when the preset
+has one; then GPU traffic crosses it instead of the machine NIC), `intra/g` (GPU -> GPU
+inside the machine, into g). `registry` is cluster-wide; a per-machine cap adds
+`reg/m`.
+"""
+
+from surge.policy.keepalive import CacheEntry
+from surge.sim.flows import FlowNetwork, Link
+from surge.sim.hardware import ClusterProfile, Machine
+
+REGISTRY_GBPS = 1e6
+"""The remote registry itself is not the bottleneck (ParaServe §8.1)."""
+
+
+class ClusterState:
+    """Machines, GPUs and their links on one `FlowNetwork`."""
+
+    def __init__(self, profile: ClusterProfile, net: FlowNetwork) -> None:
+        self.profile = profile
+        self.net = net
+        self.machines: tuple[Machine, ...] = profile.machines
+        self.machine_of_gpu: dict[int, Machine] = {}
+        for m in self.machines:
+            for g in m.gpu_ids:
+                self.machine_of_gpu[g] = m
+        self.free_gpus: set[int] = set(self.machine_of_gpu)
+        self.host_cache: list[dict[str, CacheEntry]] = [{} for _ in self.machines]
+        self.registry = net.add_link("registry", REGISTRY_GBPS)
+        for m in self.machines:
+            grp = m.group
+            net.add_link(f"nic-out/{m.index}", grp.nic_gbps)
+            net.add_link(f"nic-in/{m.index}", grp.nic_gbps)
+            net.add_link(f"ssd/{m.index}", grp.ssd_gbps)
+            if grp.registry_gbps is not None:
+                net.add_link(f"reg/{m.index}", grp.registry_gbps)
+            for g in m.gpu_ids:
+                net.add_link(f"pcie/{g}", grp.pcie_gbps)
+                net.add_link(f"intra/{g}", grp.intra_gpu_gbps)
+                if grp.gpu_nic_gbps is not None:
+                    net.add_link(f"gnic-out/{g}", grp.gpu_nic_gbps)
+                    net.add_link(f"gnic-in/{g}", grp.gpu_nic_gbps)
+
+    def _link(self, name: str) -> Link:
+        return self.net.links[name]
+
+    # --- paths --------------------------------------------------------------------
+    def gpu_to_gpu(self, src: int, dst: int) -> tuple[Link, ...]:
+        """Path of a GPU -> GPU transfer (intra-machine link or the network)."""
+        ms, md = self.machine_of_gpu[src], self.machine_of_gpu[dst]
+        if ms.index == md.index:
+            return (self._link(f"intra/{dst}"),)
+        if ms.group.gpu_nic_gbps is not None and md.group.gpu_nic_gbps is not None:
+            return (self._link(f"gnic-out/{src}"), self._link(f"gnic-in/{dst}"))
+        return (self._link(f"nic-out/{ms.index}"), self._link(f"nic-in/{md.index}"))
+
+    def host_to_gpu(self, gpu: int) -> tuple[Link, ...]:
+        """Path from host memory to `gpu`."""
+        return (self._link(f"pcie/{gpu}"),)
+
+    def ssd_to_gpu(self, gpu: int) -> tuple[Link, ...]:
+        """Path from the machine's SSD to `gpu`."""
+        m = self.machine_of_gpu[gpu]
+        return (self._link(f"ssd/{m.index}"), self._link(f"pcie/{gpu}"))
+
+    def registry_to_gpu(self, gpu: int) -> tuple[Link, ...]:
+        """Path from the remote registry to `gpu` (over the machine NIC)."""
+        m = self.machine_of_gpu[gpu]
+        path = [self.registry, self._link(f"nic-in/{m.index}"), self._link(f"pcie/{gpu}")]
+        if m.group.registry_gbps is not None:
+            path.insert(1, self._link(f"reg/{m.index}"))
+        return tuple(path)
+
+    def store_to_gpu(self, gpu: int, store: str) -> tuple[Link, ...]:
+        """Path from the model store (`ssd` or `registry`) to `gpu`."""
+        return self.ssd_to_gpu(gpu) if store == "ssd" else self.registry_to_gpu(gpu)
+
+    # --- views --------------------------------------------------------------------
+    def network_gbps(self, gpu: int) -> float:
+        """Network bandwidth one GPU can send or receive at."""
+        grp = self.machine_of_gpu[gpu].group
+        return grp.gpu_nic_gbps if grp.gpu_nic_gbps is not None else grp.nic_gbps
+
+    def nic_load(self, machine: int) -> int:
+        """Flows on the machine's NIC (both directions)."""
+        return len(self._link(f"nic-in/{machine}").flows) + len(
+            self._link(f"nic-out/{machine}").flows
+        )
+
+    def free_on(self, machine: Machine) -> tuple[int, ...]:
+        """Free GPU ids of `machine`, ascending."""
+        return tuple(g for g in machine.gpu_ids if g in self.free_gpus)
+
+    def host_cache_bytes(self) -> int:
+        """Bytes of models in host caches, whole cluster."""
+        return sum(e.size_bytes for cache in self.host_cache for e in cache.values())

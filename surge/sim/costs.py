@@ -1,0 +1,57 @@
+"""Per-layer cost of prefill and decode as linear models, for a model on a GPU.
+
+In: a `ModelProfile`, a `GpuProfile` and the tensor-parallel degree. Out: a `CostModel`
+with, per layer, prefill_s(tokens) = a_p + b_p * tokens and decode_s(batch) = a_d +
+b_d * batch (roofline: decode streams the layer's weights once per step, prefill is
+compute-bound). Whole-model step times multiply by the layers a GPU runs; with TP = g
+each GPU streams 1/g of the weights and does 1/g of the FLOPs, plus an all-reduce cost.
+"""
+
+from dataclasses import dataclass
+
+from surge.sim.hardware import GpuProfile
+from surge.sim.models import ModelProfile
+
+TP_ALLREDUCE_S_PER_LAYER = 2e-5
+"""Extra per-layer cost of a tensor-parallel step (two all-reduces over NVLink/PCIe)."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Linear per-layer costs; `*_s` of a whole model are these times the layer count."""
+
+    prefill_fixed_s: float
+    """a_p: per-layer fixed cost of a prefill step."""
+    prefill_per_token_s: float
+    """b_p: per-layer cost of one prompt token."""
+    decode_fixed_s: float
+    """a_d: per-layer fixed cost of a decode step (weight streaming + launches)."""
+    decode_per_seq_s: float
+    """b_d: per-layer cost of one sequence in the decode batch."""
+    num_layers: int
+    """Layers of the whole model."""
+
+    def prefill_s(self, tokens: int, layers: int | None = None) -> float:
+        """Seconds to prefill `tokens` prompt tokens through `layers` (default all)."""
+        n = self.num_layers if layers is None else layers
+        return n * (self.prefill_fixed_s + self.prefill_per_token_s * tokens)
+
+    def decode_s(self, batch: int, layers: int | None = None) -> float:
+        """Seconds of one decode step of `batch` sequences through `layers`."""
+        n = self.num_layers if layers is None else layers
+        return n * (self.decode_fixed_s + self.decode_per_seq_s * batch)
+
+
+def cost_model(model: ModelProfile, gpu: GpuProfile, tp: int = 1) -> CostModel:
+    """The linear cost model of `model` on `tp` GPUs of type `gpu`."""
+    flops_s = gpu.tflops * 1e12 * gpu.prefill_efficiency * tp
+    bytes_s = gpu.mem_bandwidth_gbs * 1e9 * gpu.decode_efficiency * tp
+    overhead = gpu.layer_overhead_s + (TP_ALLREDUCE_S_PER_LAYER if tp > 1 else 0.0)
+    per_token = model.flops_per_token_per_layer / flops_s
+    return CostModel(
+        prefill_fixed_s=overhead,
+        prefill_per_token_s=per_token,
+        decode_fixed_s=overhead + model.layer_bytes / bytes_s,
+        decode_per_seq_s=per_token,
+        num_layers=model.num_layers,
+    )

@@ -1,0 +1,221 @@
+"""An instance (or execution pipeline) serving requests with continuous batching.
+
+In: requests submitted by the router, a `CostModel`, limits, a speed factor and a
+per-step pipeline hop cost. Out: callbacks when a request gets its first token, is
+done, or (prefill role) leaves for a decode instance.
+
+Cost model, event-light: a prefill step admits waiting requests (up to the batch and
+KV limits and `max_prefill_tokens`) and takes cost.prefill_s(tokens)/speed + hop; decode
+is paused meanwhile (prefill-first, as vLLM). Between changes of the running set every
+decode step has the same batch, so all running requests advance at 1/step_s tokens per
+second; the instance keeps a decode clock V (tokens each running request has generated
+since V = 0) and a heap of the V at which each request finishes, and schedules only
+the next finish. That is O(1) events per request instead of one per token.
+Roles: `both`, `prefill` (requests leave after their first token), `decode` (requests
+arrive with their KV cache and join the batch without a prefill).
+"""
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+
+from surge.sim.costs import CostModel
+from surge.sim.events import Event, EventLoop, Priority
+from surge.sim.request import SimRequest
+
+IDLE, PREFILL, DECODE = 0, 1, 2
+EPS_TOKENS = 1e-9
+
+
+class Instance:
+    """A serving endpoint; a plain instance or an execution pipeline of loading nodes."""
+
+    def __init__(
+        self,
+        iid: int,
+        loop: EventLoop,
+        cost: CostModel,
+        role: str,
+        max_batch: int,
+        kv_capacity_tokens: int,
+        max_prefill_tokens: int,
+        on_first_token: Callable[[SimRequest], None],
+        on_done: Callable[["Instance", SimRequest], None],
+        on_prefilled: Callable[["Instance", SimRequest], None],
+        speed: float = 1.0,
+        hop_s: float = 0.0,
+    ) -> None:
+        self.id = iid
+        self.loop = loop
+        self.cost = cost
+        self.role = role
+        self.max_batch = max_batch
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.max_prefill_tokens = max_prefill_tokens
+        self.on_first_token = on_first_token
+        self.on_done = on_done
+        self.on_prefilled = on_prefilled
+        self.speed = speed
+        self.hop_s = hop_s
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[tuple[float, int, SimRequest]] = []
+        self.prefilling: list[SimRequest] = []
+        self.kv_tokens = 0
+        self.phase = IDLE
+        self.v = 0.0
+        self.v_time_s = 0.0
+        self.step_s = 0.0
+        self._event: Event | None = None
+        self.idle_since_s: float | None = loop.now_s
+        self.tokens_done = 0
+
+    # --- load signals -------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        """Requests waiting, prefilling or decoding here."""
+        return len(self.waiting) + len(self.prefilling) + len(self.running)
+
+    # --- entry points -------------------------------------------------------------
+    def submit(self, req: SimRequest) -> None:
+        """Take a request (from the router, or a decode hand-off with its KV cache)."""
+        self.idle_since_s = None
+        self.waiting.append(req)
+        if self.phase != PREFILL:
+            self._advance()
+
+    def set_speed(self, speed: float) -> None:
+        """Change relative speed (live loading finished, pipeline hop changed)."""
+        self._settle()
+        self.speed = speed
+        if self.phase == DECODE:
+            self._schedule_decode()
+
+    def drain(self) -> list[SimRequest]:
+        """Stop serving: return every unfinished request, marked for KV recomputation."""
+        self._settle()
+        if self._event is not None:
+            self._event.cancel()
+            self._event = None
+        out: list[SimRequest] = []
+        for req in self.prefilling:
+            out.append(req)
+        for finish_v, _, req in sorted(self.running):
+            left = finish_v - self.v
+            req.generated = max(req.generated, int(req.output_tokens - left))
+            req.recompute = req.generated > 0
+            out.append(req)
+        out.extend(self.waiting)
+        self.waiting.clear()
+        self.running.clear()
+        self.prefilling.clear()
+        self.kv_tokens = 0
+        self.phase = IDLE
+        return out
+
+    # --- internals ----------------------------------------------------------------
+    def _settle(self) -> None:
+        now = self.loop.now_s
+        if self.phase == DECODE and self.step_s > 0:
+            self.v += (now - self.v_time_s) / self.step_s
+        self.v_time_s = now
+
+    def _decode_step_s(self) -> float:
+        return self.cost.decode_s(len(self.running)) / self.speed + self.hop_s
+
+    def _schedule_decode(self) -> None:
+        if self._event is not None:
+            self._event.cancel()
+        self.step_s = self._decode_step_s()
+        finish_v = self.running[0][0]
+        at = self.v_time_s + max(finish_v - self.v, 0.0) * self.step_s
+        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+
+    def _admit(self) -> list[SimRequest]:
+        """Waiting requests that fit now (at least one if the instance is empty)."""
+        batch: list[SimRequest] = []
+        tokens = 0
+        while self.waiting:
+            req = self.waiting[0]
+            need = req.context_tokens
+            busy = len(self.running) + len(batch)
+            fits_kv = self.kv_tokens + need <= self.kv_capacity_tokens or busy == 0
+            fits_prefill = (
+                self.role == "decode"
+                or tokens + req.prefill_tokens <= self.max_prefill_tokens
+                or not batch
+            )
+            if busy >= self.max_batch or not fits_kv or not fits_prefill:
+                break
+            self.waiting.popleft()
+            self.kv_tokens += need
+            tokens += req.prefill_tokens
+            batch.append(req)
+        return batch
+
+    def _advance(self) -> None:
+        """Start the next prefill if requests wait and fit, else decode, else idle."""
+        self._settle()
+        batch = self._admit()
+        if batch and self.role == "decode":
+            for req in batch:
+                self._join(req)
+            batch = []
+        if batch:
+            if self._event is not None:
+                self._event.cancel()
+                self._event = None
+            self.phase = PREFILL
+            self.prefilling = batch
+            tokens = sum(r.prefill_tokens for r in batch)
+            at = self.loop.now_s + self.cost.prefill_s(tokens) / self.speed + self.hop_s
+            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
+            return
+        if self.running:
+            self.phase = DECODE
+            self._schedule_decode()
+        else:
+            self.phase = IDLE
+            if self._event is not None:
+                self._event.cancel()
+                self._event = None
+            if not self.waiting and self.idle_since_s is None:
+                self.idle_since_s = self.loop.now_s
+
+    def _join(self, req: SimRequest) -> None:
+        left = req.output_tokens - req.generated
+        if left <= 0:
+            self._finish(req)
+            return
+        heapq.heappush(self.running, (self.v + left, req.id, req))
+
+    def _finish(self, req: SimRequest) -> None:
+        req.done_s = self.loop.now_s
+        req.generated = req.output_tokens
+        self.kv_tokens -= req.context_tokens
+        self.tokens_done += req.output_tokens
+        self.on_done(self, req)
+
+    def _on_prefill(self) -> None:
+        self._event = None
+        self.v_time_s = self.loop.now_s
+        batch, self.prefilling = self.prefilling, []
+        for req in batch:
+            req.recompute = False
+            if req.first_token_s < 0:
+                req.first_token_s = self.loop.now_s
+                req.generated = 1
+                self.on_first_token(req)
+            if self.role == "prefill":
+                self.kv_tokens -= req.context_tokens
+                self.on_prefilled(self, req)
+            else:
+                self._join(req)
+        self._advance()
+
+    def _on_decode_done(self) -> None:
+        self._event = None
+        self._settle()
+        while self.running and self.running[0][0] <= self.v + EPS_TOKENS:
+            _, _, req = heapq.heappop(self.running)
+            self._finish(req)
+        self._advance()

@@ -1,0 +1,46 @@
+"""A request in flight through the simulated cluster.
+
+In: one trace row. Out: the times the simulator stamps on it (first token, done) and
+its progress (tokens generated), read by metrics and by migrations (mode switch, P/D).
+"""
+
+
+class SimRequest:
+    """Mutable per-request state; `__slots__` keeps 20k of them cheap."""
+
+    __slots__ = (
+        "arrival_s",
+        "done_s",
+        "first_token_s",
+        "generated",
+        "id",
+        "input_tokens",
+        "kv_gpu",
+        "model",
+        "output_tokens",
+        "recompute",
+    )
+
+    def __init__(self, rid: int, model: int, arrival_s: float, inp: int, out: int) -> None:
+        self.id = rid
+        self.model = model
+        self.arrival_s = arrival_s
+        self.input_tokens = inp
+        self.output_tokens = out
+        self.first_token_s = -1.0
+        self.done_s = -1.0
+        self.generated = 0
+        self.kv_gpu = -1
+        """GPU holding its KV cache after a disaggregated prefill (-1: none)."""
+        self.recompute = False
+        """True when it must rebuild its KV cache (prompt + generated) before decoding."""
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens its next prefill processes."""
+        return self.input_tokens + (self.generated if self.recompute else 0)
+
+    @property
+    def context_tokens(self) -> int:
+        """KV-cache tokens it will hold at the end."""
+        return self.input_tokens + self.output_tokens

@@ -1,0 +1,53 @@
+"""What a simulation run returns: per-request times and cluster time series.
+
+In: filled in by the simulator. Out: a `SimResult` that `metrics.summarize` reduces to
+the numbers of the comparison table and JSON.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of one run."""
+
+    system: str
+    """System simulated."""
+    model_names: tuple[str, ...]
+    """Model of each model index."""
+    arrival_s: np.ndarray
+    """Per request: arrival."""
+    first_token_s: np.ndarray
+    """Per request: first token (-1 if never)."""
+    done_s: np.ndarray
+    """Per request: completion (-1 if never)."""
+    output_tokens: np.ndarray
+    """Per request: tokens generated."""
+    model_index: np.ndarray
+    """Per request: index into model_names."""
+    gpu_changes: list[tuple[float, int]] = field(default_factory=list)
+    """(time, GPUs allocated after the change)."""
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    """(time, GPUs allocated, host-cache bytes), every sample interval."""
+    scale_events: list[tuple[float, str, str, int]] = field(default_factory=list)
+    """(time, model, kind, count): kind is scale-out, release, mutate, pipeline."""
+    cache_hits: int = 0
+    """Instance loads served from host memory."""
+    cache_misses: int = 0
+    """Instance loads from SSD or the remote registry."""
+    network_loads: int = 0
+    """Instance loads from GPU peers (multicast)."""
+    hot_requests: int = 0
+    """Requests routed at once to a serving endpoint."""
+    clipped_requests: int = 0
+    """Requests clipped to their model's context."""
+    end_s: float = 0.0
+    """Virtual time at which the run stopped."""
+    num_events: int = 0
+    """Events the loop ran."""
+    wall_s: float = 0.0
+    """Wall-clock seconds of the run."""
+    cache_lifetimes_s: list[float] = field(default_factory=list)
+    """How long each evicted host-cache entry stayed (λScale Fig. 2)."""

@@ -1,0 +1,72 @@
+"""Settings of one simulation run, validated once.
+
+In: values from the CLI or a benchmark. Out: a frozen `SimSettings` the simulator reads.
+"""
+
+from dataclasses import dataclass
+
+from surge.errors import SurgeError
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency objectives of one model."""
+
+    ttft_s: float = 5.0
+    """Time to first token a request must meet."""
+    tpot_s: float = 0.2
+    """Time per output token (after the first) a request must meet."""
+
+    def __post_init__(self) -> None:
+        if not self.ttft_s > 0 or not self.tpot_s > 0:
+            raise SurgeError("SLOs must be > 0 s")
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """One run: which cluster, models and system, and the serving limits."""
+
+    cluster: str
+    """Cluster preset name or JSON file (`surge.sim.hardware.load_cluster`)."""
+    models: tuple[str, ...]
+    """Model names; request with model index i uses models[i % len(models)]. A name may
+    be `NAME*N` for N distinct models of one profile (multi-model clusters)."""
+    system: str
+    """System name (`surge.sim.systems.SYSTEMS`)."""
+    seed: int = 0
+    """Seed of every random choice in the run."""
+    slo: Slo = Slo()
+    """SLO of every model (per-model overrides in `model_slos`)."""
+    model_slos: tuple[tuple[str, Slo], ...] = ()
+    """(model name, SLO) overrides."""
+    max_batch: int = 64
+    """Most sequences an instance runs at once."""
+    max_prefill_tokens: int = 8192
+    """Most prompt tokens in one prefill step."""
+    kv_memory_fraction: float = 0.9
+    """Fraction of GPU memory usable by weights + KV cache."""
+    sample_interval_s: float = 1.0
+    """Period of the GPU / host-cache samplers."""
+    max_drain_s: float = 3600.0
+    """After the last arrival, stop at most this long later (unfinished are counted)."""
+    warm_instances: int = 0
+    """Instances of each model serving at time 0 (0 = cold start)."""
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise SurgeError("give at least one --model")
+        if self.max_batch < 1 or self.max_prefill_tokens < 1:
+            raise SurgeError("max_batch and max_prefill_tokens must be >= 1")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise SurgeError("kv_memory_fraction must be in (0, 1]")
+        if not self.sample_interval_s > 0 or not self.max_drain_s > 0:
+            raise SurgeError("sample interval and drain limit must be > 0 s")
+        if self.warm_instances < 0:
+            raise SurgeError("warm_instances must be >= 0")
+
+    def slo_of(self, model: str) -> Slo:
+        """The SLO of `model`."""
+        for name, slo in self.model_slos:
+            if name == model:
+                return slo
+        return self.slo

@@ -1,0 +1,188 @@
+"""Systems as configurations of policies: λScale, BlitzScale, ParaServe, FlexPipe, baselines.
+
+In: a system name. Out: a `SystemConfig` that tells the simulator which policy to use
+at each decision point: where a new instance's weights come from (`load`), which
+multicast plan (`surge.policy.multicast` strategy), whether it serves while loading
+(execution pipelines or live cooperative execution), how the host cache behaves
+(`surge.policy.keepalive`), the autoscaler's settings (`surge.policy.autoscale`), and
+P/D disaggregation. No system has code of its own in the simulator.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from surge.errors import SurgeError
+from surge.policy.autoscale import AutoscaleSettings
+
+LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
+SERVE_WHILE_LOADING = ("none", "pipelines", "live")
+HOST_CACHES = ("lru", "pinned-one", "all", "none")
+COLD_FALLBACKS = ("host-then-multicast", "local")
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """One system = one choice per decision point. Validated at construction."""
+
+    name: str
+    """System name as given to --system."""
+    load: str
+    """Where new weights come from: `multicast` (GPU peers by a plan), `local` (own host
+    cache on a hit, else SSD/registry), `allcache` (host memory, always a hit),
+    `registry-parallel` (ParaServe: a pipeline group fetches disjoint parts in
+    parallel), `ideal` (zero load time)."""
+    multicast_strategy: str = "binomial"
+    """`surge.policy.multicast` strategy for `multicast` loads."""
+    num_blocks: int = 16
+    """Blocks a model is cut into for multicast (λScale Fig. 18: 16 is the sweet spot)."""
+    max_sources: int = 1
+    """k: most GPU copies a multicast sends from (λScale k-way, §4.2)."""
+    serve_while_loading: str = "none"
+    """`none` (load-then-serve), `pipelines` (λScale execution pipelines §4.3), `live`
+    (BlitzScale §4 cooperative execution: a target serves at `live_speed` once
+    `live_start_fraction` of its blocks are in, at full speed once complete)."""
+    live_start_fraction: float = 0.5
+    """Fraction of blocks after which a `live` target starts serving."""
+    live_speed: float = 0.5
+    """Relative speed of a `live` target before it holds every block."""
+    group_setup_s: float = 0.0
+    """Fixed cost before each multicast (NCCL group creation: ~0.1-0.3 s, λScale §7.2)."""
+    cold_fallback: str = "host-then-multicast"
+    """With no GPU copy: `host-then-multicast` (one target loads from the host copy or
+    the store, then multicasts) or `local` (every target loads locally)."""
+    host_cache: str = "lru"
+    """`lru` (keep-alive + LRU, ServerlessLLM), `pinned-one` (BlitzScale O(1) pool: one
+    pinned copy per model; λScale's registered-memory replica), `all`, `none`."""
+    keep_alive_s: float | None = None
+    """Host-cache keep-alive for `lru`; None = only LRU evicts."""
+    host_cache_fraction: float = 0.5
+    """Fraction of host memory given to the model cache."""
+    pipeline_size: int = 1
+    """Workers of one instance for `registry-parallel` loads (ParaServe parallelism size)."""
+    stage_hop_s: float = 0.001
+    """Activation hop between pipeline stages, per forward step, seconds."""
+    init_s: float = 0.0
+    """Engine start-up after the weights are in (not overlapped with loading)."""
+    pd_disaggregation: bool = False
+    """Separate prefill and decode pools, KV cache moved over the network (BlitzScale §6)."""
+    mutation: bool = False
+    """Decode scale-out first turns idle prefill instances into decode ones (§5.2)."""
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+    """Autoscaler settings of every pool (the prefill pool under P/D)."""
+    decode_autoscale: AutoscaleSettings = field(
+        default_factory=lambda: AutoscaleSettings(32.0, 2.0)
+    )
+    """Autoscaler settings of decode pools under P/D (decode holds requests longer)."""
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("load", self.load, LOADS),
+            ("serve_while_loading", self.serve_while_loading, SERVE_WHILE_LOADING),
+            ("host_cache", self.host_cache, HOST_CACHES),
+            ("cold_fallback", self.cold_fallback, COLD_FALLBACKS),
+        )
+        for name, value, allowed in checks:
+            if value not in allowed:
+                raise SurgeError(f"system {self.name}: {name} must be one of {allowed}")
+        if self.num_blocks < 1 or self.max_sources < 1 or self.pipeline_size < 1:
+            raise SurgeError(f"system {self.name}: blocks, sources, pipeline size must be >= 1")
+        if not 0 < self.live_start_fraction <= 1 or not 0 < self.live_speed <= 1:
+            raise SurgeError(f"system {self.name}: live fraction and speed must be in (0, 1]")
+        if min(self.group_setup_s, self.stage_hop_s, self.init_s) < 0:
+            raise SurgeError(f"system {self.name}: times must be >= 0")
+        if not 0 < self.host_cache_fraction <= 1:
+            raise SurgeError(f"system {self.name}: host_cache_fraction must be in (0, 1]")
+
+
+_AUTOSCALE = AutoscaleSettings(target_outstanding_per_instance=8.0, scale_down_delay_s=10.0)
+
+SYSTEMS: dict[str, SystemConfig] = {
+    # λScale §4: binomial k-way multicast, execution pipelines, mode switch, a host replica.
+    "lambdascale": SystemConfig(
+        "lambdascale",
+        "multicast",
+        multicast_strategy="binomial",
+        max_sources=4,
+        serve_while_loading="pipelines",
+        host_cache="pinned-one",
+        autoscale=_AUTOSCALE,
+    ),
+    # BlitzScale §4-§5: chains, live cooperative execution, O(1) host pool, P/D, 2 s scale-down.
+    "blitzscale": SystemConfig(
+        "blitzscale",
+        "multicast",
+        multicast_strategy="chain",
+        max_sources=4,
+        serve_while_loading="live",
+        host_cache="pinned-one",
+        pd_disaggregation=True,
+        mutation=True,
+        autoscale=replace(_AUTOSCALE, scale_down_delay_s=2.0),
+    ),
+    # ParaServe §4-§5: pipeline-parallel fetch from the registry, overlapped init.
+    "paraserve": SystemConfig(
+        "paraserve",
+        "registry-parallel",
+        pipeline_size=4,
+        host_cache="none",
+        init_s=0.3,
+        autoscale=_AUTOSCALE,
+    ),
+    # FlexPipe §5-§7 (approximation): fine-grained stages loaded in parallel from host memory.
+    "flexpipe": SystemConfig(
+        "flexpipe",
+        "registry-parallel",
+        pipeline_size=4,
+        host_cache="all",
+        init_s=0.1,
+        autoscale=_AUTOSCALE,
+    ),
+    # ServerlessLLM: host cache with keep-alive, SSD on a miss, load-then-serve.
+    "serverlessllm": SystemConfig(
+        "serverlessllm",
+        "local",
+        host_cache="lru",
+        keep_alive_s=None,
+        init_s=0.5,
+        autoscale=_AUTOSCALE,
+    ),
+    # FaaSNet: binary-tree GPU multicast, load-then-serve, SSD when no GPU copy (λScale §7.5).
+    "faasnet": SystemConfig(
+        "faasnet",
+        "multicast",
+        multicast_strategy="binary-tree",
+        cold_fallback="local",
+        host_cache="none",
+        autoscale=_AUTOSCALE,
+    ),
+    # NCCL broadcast (ring = chain) with group creation per scale-out, load-then-serve.
+    "nccl": SystemConfig(
+        "nccl",
+        "multicast",
+        multicast_strategy="chain",
+        group_setup_s=0.2,
+        cold_fallback="local",
+        host_cache="none",
+        autoscale=_AUTOSCALE,
+    ),
+    # AllCache: every host holds every model.
+    "allcache": SystemConfig("allcache", "allcache", host_cache="all", autoscale=_AUTOSCALE),
+    # Ideal: zero load time (λScale Fig. 14 "Ideal Scaling").
+    "ideal": SystemConfig("ideal", "ideal", host_cache="none", autoscale=_AUTOSCALE),
+    # Serverless vLLM (ParaServe §8.1 baseline): one worker fetches everything, slow init.
+    "serverless-vllm": SystemConfig(
+        "serverless-vllm",
+        "registry-parallel",
+        pipeline_size=1,
+        host_cache="none",
+        init_s=4.0,
+        autoscale=_AUTOSCALE,
+    ),
+}
+"""Every system by name."""
+
+
+def system_config(name: str) -> SystemConfig:
+    """The system called `name`."""
+    if name not in SYSTEMS:
+        raise SurgeError(f"unknown system {name!r}; choose one of {', '.join(SYSTEMS)}")
+    return SYSTEMS[name]
