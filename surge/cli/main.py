@@ -24,7 +24,7 @@ app = typer.Typer(
 )
 app.add_typer(model.app, name="model")
 app.add_typer(plan.app, name="plan")
-app.add_typer(simulate.app, name="simulate")
+app.command("simulate")(simulate.simulate)
 app.add_typer(node.app, name="node")
 app.command("generate")(generate.generate)
 

@@ -1,5 +1,125 @@
-"""`surge simulate`: the cluster simulator (owned by the simulator issue; being built)."""
+"""`surge simulate`: run systems on a trace and cluster in virtual time, compare them.
+
+In: command-line options (trace, cluster, models, systems, duration, rate scale, seed,
+outputs). Out: a rich comparison table on stdout; optionally the comparison JSON and a
+PNG (GPUs over time per system above the request rate, TTFT CDFs). A progress bar runs
+while it simulates. Bad inputs raise `SurgeError` (one-line error, exit 2).
+"""
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Simulate scale-out systems on real traces at cluster scale.")
+from surge.errors import SurgeError
+
+log = logging.getLogger(__name__)
+
+
+def simulate(
+    trace: Annotated[
+        str,
+        typer.Option(
+            help="azure-code, azure-conv, gamma:rate=R,cv=C,duration=D, "
+            "servegen:NAME, or a CSV file (Azure, BurstGPT or arrival_s,input_tokens,"
+            "output_tokens[,model])"
+        ),
+    ] = "azure-conv",
+    cluster: Annotated[
+        str, typer.Option(help="Cluster preset (e.g. lambdascale-testbed1) or JSON file")
+    ] = "lambdascale-testbed1",
+    model: Annotated[
+        list[str] | None,
+        typer.Option(help="Model name (repeat for several; NAME*N for N copies)"),
+    ] = None,
+    system: Annotated[
+        list[str] | None, typer.Option(help="System to simulate (repeat to compare)")
+    ] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(help="Only the first X seconds of the (scaled) trace")
+    ] = None,
+    start_s: Annotated[float, typer.Option(help="Skip the trace's first S seconds")] = 0.0,
+    rate_scale: Annotated[float, typer.Option(help="Multiply the request rate by F")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice")] = 0,
+    slo_ttft_s: Annotated[float, typer.Option(help="TTFT SLO of every model")] = 5.0,
+    slo_tpot_s: Annotated[float, typer.Option(help="TPOT SLO of every model")] = 0.2,
+    warm: Annotated[int, typer.Option(help="Instances per model serving at t=0")] = 0,
+    traces_dir: Annotated[Path | None, typer.Option(help="Directory of the shared traces")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the JSON here")] = None,
+    png: Annotated[Path | None, typer.Option(help="Write the PNG here")] = None,
+) -> None:
+    """Simulate serverless LLM systems on a trace at cluster scale and compare them."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from surge.sim.metrics import summarize
+    from surge.sim.report import comparison_json, draw_png
+    from surge.sim.settings import SimSettings, Slo
+    from surge.sim.simulator import Simulation
+    from surge.sim.systems import system_config
+    from surge.traces.resolve import load_trace
+    from surge.traces.transform import scale_rate, time_slice
+
+    if rate_scale <= 0:
+        raise SurgeError(f"--rate-scale must be > 0 (got {rate_scale})")
+    if duration_s is not None and duration_s <= 0:
+        raise SurgeError(f"--duration-s must be > 0 (got {duration_s})")
+    if start_s < 0:
+        raise SurgeError(f"--start-s must be >= 0 (got {start_s})")
+    systems = system or ["lambdascale", "serverlessllm"]
+    models = tuple(model or ["llama2-7b"])
+    for name in systems:
+        system_config(name)
+    loaded = load_trace(trace, seed, traces_dir)
+    loaded = time_slice(scale_rate(loaded, rate_scale), start_s, duration_s)
+    if loaded.num_requests == 0:
+        raise SurgeError("the trace has no requests in the chosen window")
+    slo = Slo(slo_ttft_s, slo_tpot_s)
+    results, summaries = {}, {}
+    wall = time.perf_counter()
+    horizon = loaded.duration_s or 1.0
+    with Progress(transient=True) as progress:
+        for name in systems:
+            settings = SimSettings(cluster, models, name, seed, slo, warm_instances=warm)
+            sim = Simulation(loaded, settings)
+            task = progress.add_task(f"{name}", total=horizon)
+            res = sim.run(lambda now, task=task: progress.update(task, completed=min(now, horizon)))
+            progress.update(task, completed=horizon)
+            results[name] = res
+            summaries[name] = summarize(res, settings)
+    wall_s = time.perf_counter() - wall
+    table = Table(title=f"{loaded.name} ({loaded.num_requests} requests) on {cluster}")
+    cols = (
+        "requests",
+        "ttft_p50_s",
+        "ttft_p90_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p90_s",
+        "slo_attainment",
+        "gpu_seconds",
+        "cache_hits",
+        "cache_misses",
+    )
+    table.add_column("system")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for name, s in summaries.items():
+        table.add_row(name, *[_fmt(s[c]) for c in cols])
+    Console(width=170).print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps(comparison_json(summaries, wall_s), indent=2) + "\n")
+    if png is not None:
+        draw_png(results, png)
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
