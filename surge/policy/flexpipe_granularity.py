@@ -63,12 +63,12 @@ class GranularitySettings:
 
     throughput_weight: float = 0.5
     """α of Eq. 4 in [0, 1]: weight of normalised throughput against normalised latency."""
-    cv_sensitivity: float = 0.5
+    cv_sensitivity: float = 1.0
     """σ of Eq. 4 (> 0): how fast a candidate's score falls as ν_t leaves its ν_k."""
     cv_smoothing: float = 0.2
     """Weight (0, 1] of a new CV sample in the exponentially smoothed ν_t (1 = no smoothing).
     Ours, not the paper's: damps window-to-window noise."""
-    switch_margin: float = 0.15
+    switch_margin: float = 0.3
     """Hysteresis (>= 0): switch only when the best score beats the current one's by this
     fraction. Ours, not the paper's."""
 
