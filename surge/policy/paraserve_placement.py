@@ -17,13 +17,24 @@ Out:
 - `contention_adjusted_servers`: the `GpuServer`s for `paraserve_sizing` with each
   server's network bandwidth replaced by the share a new worker would get.
 - `fetch_deadline_s`: the deadline recorded for a worker from its TTFT prediction.
+- `place_cold_start`: the two together: size on the contention-adjusted shares, then
+  record every chosen worker (M/s bytes pending, its deadline) on its server.
 """
 
 import math
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
-from surge.policy.paraserve_sizing import BITS_PER_BYTE, BITS_PER_GBIT, GpuServer
+from surge.policy.paraserve_sizing import (
+    BITS_PER_BYTE,
+    BITS_PER_GBIT,
+    GpuServer,
+    SizingDecision,
+    SizingRequest,
+    partition_bytes,
+    select_parallelism,
+    transfer_s,
+)
 
 DEADLINE_TOLERANCE_BYTES = 1e-6
 """Slack on Eq. 3 for floating-point rounding."""
@@ -153,3 +164,30 @@ def fetch_deadline_s(
     """D_i from the TTFT prediction (§4.2.1): the predicted fetch end plus the slack the
     prediction leaves under the SLO, i.e. the latest fetch end that still meets it."""
     return now_s + predicted_fetch_s + (ttft_slo_s - predicted_ttft_s)
+
+
+def place_cold_start(
+    request: SizingRequest, networks: dict[int, ServerNetwork], model_id: str, now_s: float
+) -> tuple[SizingDecision | None, dict[int, ServerNetwork]]:
+    """Alg. 1 on the shares Alg. 2 offers, then each chosen worker is admitted where it
+    runs, fetching M/s bytes with the deadline its TTFT prediction allows. Worker ids are
+    `<model_id>/<server id>`. Returns the decision and the updated network states."""
+    servers = contention_adjusted_servers(request.servers, networks, now_s)
+    decision = select_parallelism(replace(request, servers=servers))
+    if decision is None:
+        return None, networks
+    by_id = {s.server_id: s for s in servers}
+    part = partition_bytes(request.model_bytes, decision.pipeline_size)
+    updated = dict(networks)
+    for server_id in decision.servers:
+        network = updated.get(server_id)
+        if network is None:
+            continue
+        fetch_s = transfer_s(part, by_id[server_id].network_gbps)
+        deadline = fetch_deadline_s(now_s, request.ttft_slo_s, decision.ttft_s, fetch_s)
+        worker = FetchingWorker(f"{model_id}/{server_id}", deadline, part)
+        placed = admit_worker(network, worker, now_s)
+        if placed is None:  # the share was offered at this same instant: a bug
+            raise AssertionError(f"server {server_id} refused a worker it offered a share to")
+        updated[server_id] = placed
+    return decision, updated

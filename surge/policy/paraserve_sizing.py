@@ -8,7 +8,8 @@ Out: a `SizingDecision` (s, w, servers): pipeline size, how many of the s worker
 full memory, and which server runs each worker, with the predicted TTFT/TPOT. The first
 (s, w) in the order s = 1..max, w = 0..s that meets both SLOs, which is the minimal
 parallelism and then the minimal GPU memory; else one full-memory worker on the best
-server (`meets_slo` False); `None` when no server can hold the whole model.
+server (`meets_slo` False); `None` when no server can take a worker holding the
+whole model (too little memory, or a network share of 0).
 
 Server choice for a given (s, w) (§4.1.2): the w full-memory workers go to the servers
 that fit the whole model with the shortest start-up term, then the s − w low-memory

@@ -134,3 +134,32 @@ def test_admitted_workers_all_finish_by_their_deadlines(
     finish = fluid_completion_times([(a, b) for a, b, _ in admitted], GBPS_8 / 8 * GB)
     for (_, _, deadline), end in zip(admitted, finish, strict=True):
         assert end <= deadline + 1e-6
+
+
+def test_cold_starts_record_their_workers_and_steer_later_ones_away() -> None:
+    from surge.policy.paraserve_placement import place_cold_start
+    from surge.policy.paraserve_sizing import SizingRequest, StageTimes
+
+    times = StageTimes(
+        runtime_init_s=0.5, transmission_s=0.0, prefill_s=0.1, decode_s=0.01, wait_s=0.0
+    )
+    servers = tuple(GpuServer(i, 40 * 10**9, 8.0, 100.0) for i in range(4))
+    networks = {i: ServerNetwork(i, 8.0) for i in range(4)}
+    # 8 GB alone takes 8 s at 1 GB/s; a 5 s TTFT SLO needs a pipeline.
+    request = SizingRequest(8 * 10**9, servers, times, ttft_slo_s=5.0, tpot_slo_s=1.0)
+    first, networks = place_cold_start(request, networks, "m1", 0.0)
+    assert first is not None and first.meets_slo and first.pipeline_size >= 2
+    busy = set(first.servers)
+    for i in busy:
+        (worker,) = networks[i].workers
+        assert worker.worker_id == f"m1/{i}"
+        assert worker.pending_bytes == pytest.approx(8e9 / first.pipeline_size)
+        assert worker.deadline_s <= 5.0
+    # A second model right away: sharing a busy server would halve the first's bandwidth
+    # and break its deadline, so it goes to the idle servers.
+    second, networks = place_cold_start(request, networks, "m2", 0.0)
+    assert second is not None and second.meets_slo
+    assert not busy & set(second.servers)
+    # A third finds every server refusing: no placement rather than a broken deadline.
+    third, after = place_cold_start(request, networks, "m3", 0.0)
+    assert third is None and after == networks
