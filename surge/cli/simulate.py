@@ -57,7 +57,7 @@ def simulate(
     from rich.table import Table
 
     from surge.sim.metrics import summarize
-    from surge.sim.report import comparison_json, draw_png
+    from surge.sim.report import JSON_KEYS, comparison_json, draw_png
     from surge.sim.settings import SimSettings, Slo
     from surge.sim.simulator import Simulation
     from surge.sim.systems import system_config
@@ -93,18 +93,7 @@ def simulate(
             summaries[name] = summarize(res, settings)
     wall_s = time.perf_counter() - wall
     table = Table(title=f"{loaded.name} ({loaded.num_requests} requests) on {cluster}")
-    cols = (
-        "requests",
-        "ttft_p50_s",
-        "ttft_p90_s",
-        "ttft_p99_s",
-        "tpot_p50_s",
-        "tpot_p90_s",
-        "slo_attainment",
-        "gpu_seconds",
-        "cache_hits",
-        "cache_misses",
-    )
+    cols = JSON_KEYS
     table.add_column("system")
     for c in cols:
         table.add_column(c, justify="right")

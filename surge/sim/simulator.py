@@ -126,6 +126,12 @@ class Simulation:
             for m in self.state.machines
         ]
         self.cache_since: dict[tuple[int, str], float] = {}
+        self.cold_leader: dict[int, Instance] = {}
+        """Per model: the instance loading the first copy from host or store."""
+        self.pending_targets: dict[int, list[Instance]] = {}
+        """Per model: instances waiting for the cold leader to multicast to them."""
+        self.check_pending: set[int] = set()
+        """Pools with an autoscaler check already scheduled."""
         self._seed_host_caches()
 
     # --- setup --------------------------------------------------------------------
@@ -238,7 +244,21 @@ class Simulation:
             self.result.hot_requests += 1
         else:
             pool.queue.append(req)
-        self._autoscale(pool)
+        self._schedule_check(pool)
+
+    def _schedule_check(self, pool: Pool) -> None:
+        """Run the autoscaler at the next decision tick (arrivals are batched per tick)."""
+        if pool.index in self.check_pending:
+            return
+        self.check_pending.add(pool.index)
+        tick = self.system.decision_interval_s
+        at = (math.floor(self.loop.now_s / tick) + 1) * tick
+
+        def check() -> None:
+            self.check_pending.discard(pool.index)
+            self._autoscale(pool)
+
+        self.loop.schedule(at, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, check)
 
     def _endpoints(self, pool: Pool) -> list[Instance]:
         return [i for i in pool.instances if i.serving] + pool.pipelines
@@ -311,7 +331,7 @@ class Simulation:
         decode = self.pools[(req.model, "decode")]
         if not self._dispatch(decode, req):
             decode.queue.append(req)
-        self._autoscale(decode)
+        self._schedule_check(decode)
         self._on_done_prefill(inst)
 
     def _on_done_prefill(self, inst: Instance) -> None:
@@ -522,6 +542,12 @@ class Simulation:
             inst.loaded = True
             inst.set_speed(1.0)
             inst.idle_since_s = self.loop.now_s if inst.outstanding == 0 else None
+            if self.cold_leader.get(pool.model) is inst:
+                del self.cold_leader[pool.model]
+                waiting = self.pending_targets.pop(pool.model, [])
+                if waiting:
+                    self.result.network_loads += len(waiting)
+                    self._multicast(pool, [inst], waiting)
             self._drain_queue(pool)
 
         if delay_s > 0:
@@ -582,10 +608,13 @@ class Simulation:
                 for inst in targets:
                     self._load_local(pool, inst)
                 return
-            first, rest = targets[0], targets[1:]
-            self._load_local(pool, first)
-            if rest:
-                self._wait_ready(pool, first, rest)
+            leader = self.cold_leader.get(pool.model)
+            if leader is not None and not leader.released:
+                self.pending_targets.setdefault(pool.model, []).extend(targets)
+                return
+            self.cold_leader[pool.model] = targets[0]
+            self.pending_targets[pool.model] = list(targets[1:])
+            self._load_local(pool, targets[0])
             return
         self.result.network_loads += len(targets)
         if sys.group_setup_s > 0:
@@ -597,20 +626,6 @@ class Simulation:
             )
         else:
             self._multicast(pool, sources, targets)
-
-    def _wait_ready(self, pool: Pool, first: Instance, rest: list[Instance]) -> None:
-        def poll() -> None:
-            if first.released:
-                for inst in rest:
-                    self._load_local(pool, inst)
-                return
-            if first.serving:
-                self.result.network_loads += len(rest)
-                self._multicast(pool, [first], rest)
-            else:
-                self.loop.schedule(self.loop.now_s + 0.01, Priority.CONTROL, first.id, poll)
-
-        poll()
 
     def _multicast(self, pool: Pool, sources: list[Instance], targets: list[Instance]) -> None:
         sys = self.system

@@ -66,6 +66,8 @@ class SystemConfig:
     """Separate prefill and decode pools, KV cache moved over the network (BlitzScale §6)."""
     mutation: bool = False
     """Decode scale-out first turns idle prefill instances into decode ones (§5.2)."""
+    decision_interval_s: float = 0.1
+    """Autoscaler decisions happen on ticks of this period (arrivals batch into one)."""
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     """Autoscaler settings of every pool (the prefill pool under P/D)."""
     decode_autoscale: AutoscaleSettings = field(
@@ -87,6 +89,8 @@ class SystemConfig:
             raise SurgeError(f"system {self.name}: blocks, sources, pipeline size must be >= 1")
         if not 0 < self.live_start_fraction <= 1 or not 0 < self.live_speed <= 1:
             raise SurgeError(f"system {self.name}: live fraction and speed must be in (0, 1]")
+        if not self.decision_interval_s > 0:
+            raise SurgeError(f"system {self.name}: decision_interval_s must be > 0")
         if min(self.group_setup_s, self.stage_hop_s, self.init_s) < 0:
             raise SurgeError(f"system {self.name}: times must be >= 0")
         if not 0 < self.host_cache_fraction <= 1:
