@@ -30,7 +30,18 @@ def test_simulate_writes_json_and_png(tmp_path):
     assert set(doc["systems"]) == {"lambdascale", "ideal"}
     # the keys the JSON schema names
     keys = set(
-        ["requests", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "slo_attainment", "gpu_seconds", "cache_hits", "cache_misses"]
+        [
+            "requests",
+            "ttft_p50_s",
+            "ttft_p90_s",
+            "ttft_p99_s",
+            "tpot_p50_s",
+            "tpot_p90_s",
+            "slo_attainment",
+            "gpu_seconds",
+            "cache_hits",
+            "cache_misses",
+        ]
     )
     assert keys <= set(doc["systems"]["ideal"])
     assert doc["systems"]["ideal"]["requests"] == 100
