@@ -91,9 +91,12 @@ class Pool:
 class Simulation:
     """One run of one system on one trace."""
 
-    def __init__(self, trace: Trace, settings: SimSettings) -> None:
+    def __init__(
+        self, trace: Trace, settings: SimSettings, system: SystemConfig | None = None
+    ) -> None:
         self.settings = settings
-        self.system: SystemConfig = system_config(settings.system)
+        self.system: SystemConfig = system or system_config(settings.system)
+        """The system's policies; `system` overrides the name (variants in benchmarks)."""
         self.loop = EventLoop()
         self.net = FlowNetwork(self.loop)
         self.profile = load_cluster(settings.cluster)
@@ -726,7 +729,10 @@ class Simulation:
 
 
 def simulate(
-    trace: Trace, settings: SimSettings, on_progress: Callable[[float], None] | None = None
+    trace: Trace,
+    settings: SimSettings,
+    on_progress: Callable[[float], None] | None = None,
+    system: SystemConfig | None = None,
 ) -> SimResult:
-    """Run `settings.system` on `trace`."""
-    return Simulation(trace, settings).run(on_progress)
+    """Run `settings.system` (or the given `system` variant) on `trace`."""
+    return Simulation(trace, settings, system).run(on_progress)

@@ -1,0 +1,63 @@
+"""Simulator speed: simulated requests per wall second on the Azure conv hour.
+
+Runs each system on `azure-conv` (19,366 requests, ~1 h) on the 12-node
+`lambdascale-testbed1` preset with llama2-7b, at rate scale 1 and 4 (more scale-outs),
+one core, and writes benchmarks/results/sim_speed.json. Goal (issue 7): >= 2,000
+requests per wall second (the hour in under 10 s).
+"""
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from surge.sim.settings import SimSettings
+from surge.sim.simulator import simulate
+from surge.traces.resolve import load_trace
+from surge.traces.transform import scale_rate
+
+OUT = Path(__file__).resolve().parent / "results" / "sim_speed.json"
+SYSTEMS = ("lambdascale", "blitzscale", "serverlessllm", "faasnet", "nccl", "ideal")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO)
+    trace = load_trace("azure-conv")
+    rows = []
+    for scale in (1.0, 4.0):
+        scaled = scale_rate(trace, scale)
+        for system in SYSTEMS:
+            settings = SimSettings("lambdascale-testbed1", ("llama2-7b",), system)
+            start = time.perf_counter()
+            res = simulate(scaled, settings)
+            wall = time.perf_counter() - start
+            rows.append(
+                {
+                    "system": system,
+                    "rate_scale": scale,
+                    "requests": int(scaled.num_requests),
+                    "wall_s": wall,
+                    "requests_per_s": scaled.num_requests / wall,
+                    "events": res.num_events,
+                }
+            )
+            logging.info(
+                "%s x%g: %.2f s, %.0f req/s", system, scale, wall, rows[-1]["requests_per_s"]
+            )
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(
+        json.dumps(
+            {
+                "trace": "azure-conv",
+                "cluster": "lambdascale-testbed1",
+                "model": "llama2-7b",
+                "runs": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
