@@ -45,7 +45,8 @@ class SystemConfig:
     live_speed: float = 0.5
     """Relative speed of a `live` target before it holds every block."""
     group_setup_s: float = 0.0
-    """Fixed cost before each multicast (NCCL group creation: ~0.1-0.3 s, λScale §7.2)."""
+    """Fixed cost before each multicast (NCCL group creation: 100 ms per BlitzScale §5;
+    λScale §7.2 says up to hundreds of ms)."""
     cold_fallback: str = "host-then-multicast"
     """With no GPU copy: `host-then-multicast` (one target loads from the host copy or
     the store, then multicasts) or `local` (every target loads locally)."""
@@ -163,7 +164,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         "nccl",
         "multicast",
         multicast_strategy="chain",
-        group_setup_s=0.2,
+        group_setup_s=0.1,
         cold_fallback="local",
         host_cache="none",
         autoscale=_AUTOSCALE,

@@ -1,0 +1,236 @@
+"""Paper reproductions in the simulator; writes benchmarks/paper/results.json + PNG.
+
+Experiments (paper figure -> what is simulated):
+- λScale Fig. 7: multicast latency of 7B/13B (Testbed1, 8 and 12 nodes) and 70B
+  (Testbed2, 4 nodes x 4 GPUs), λScale vs FaaSNet vs NCCL; headline: max speedups.
+- λScale Fig. 9: first new serving capacity with k = 1, 2, 4 sources, 13B, 12 nodes.
+- λScale Fig. 14: GPU-seconds on a 30-minute bursty trace (Azure code instead of
+  BurstGPT, which is not in shared/traces), llama2-13b on Testbed1.
+- λScale Fig. 2/3: host-cache keep-alive with 12 models, 3 per node, LRU; SSD-load share
+  with a 15-s keep-alive on the Azure code and conv traces.
+- BlitzScale §6.1: mean TTFT vs ServerlessLLM and AllCache, llama2-7b, cluster B, AzureCode.
+- ParaServe Fig. 8: cold-start TTFT, ParaServe (4 workers) vs ServerlessLLM (no cache)
+  vs serverless vLLM, llama2-13b on V100 and llama2-7b on A10 (testbed i).
+Run: python benchmarks/paper/reproduce.py  (about 1-3 minutes on one core)
+"""
+
+import json
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from multicast import isolated_multicast
+
+from surge.policy.keepalive import CacheEntry, CacheSettings, admit
+from surge.sim.metrics import gpu_seconds, summarize
+from surge.sim.settings import SimSettings, Slo
+from surge.sim.simulator import simulate
+from surge.sim.systems import system_config
+from surge.traces.request import make_trace
+from surge.traces.resolve import load_trace
+from surge.traces.transform import assign_models, scale_rate, time_slice
+
+OUT = Path(__file__).resolve().parent / "results.json"
+log = logging.getLogger("reproduce")
+
+
+def fig7() -> dict:
+    rows = []
+    cases = [
+        ("llama2-7b", "lambdascale-testbed1", 8),
+        ("llama2-7b", "lambdascale-testbed1", 12),
+        ("llama2-13b", "lambdascale-testbed1", 8),
+        ("llama2-13b", "lambdascale-testbed1", 12),
+        ("llama2-70b", "lambdascale-testbed2", 4),
+    ]
+    for model, cluster, n in cases:
+        row = {"model": model, "nodes": n}
+        for name in ("lambdascale", "faasnet", "nccl"):
+            sys_cfg = replace(system_config(name), max_sources=1)
+            row[name] = isolated_multicast(cluster, model, sys_cfg, n)["complete_s"]
+        rows.append(row)
+    return {
+        "rows": rows,
+        "max_speedup_vs_faasnet": max(r["faasnet"] / r["lambdascale"] for r in rows),
+        "max_speedup_vs_nccl": max(r["nccl"] / r["lambdascale"] for r in rows),
+        "paper": {"max_speedup_vs_faasnet": 1.82, "max_speedup_vs_nccl": 1.53},
+    }
+
+
+def fig9() -> dict:
+    lam = system_config("lambdascale")
+    out = {}
+    for k in (1, 2, 4):
+        t = isolated_multicast("lambdascale-testbed1", "llama2-13b", lam, 12, k)
+        out[f"k{k}"] = t
+    for name in ("faasnet", "nccl"):
+        out[name] = isolated_multicast(
+            "lambdascale-testbed1", "llama2-13b", replace(system_config(name), max_sources=1), 12
+        )
+    ratio = out["k1"]["first_capacity_s"] / out["k4"]["first_capacity_s"]
+    return {
+        "times": out,
+        "k1_over_k4_first_capacity": ratio,
+        "paper": {"k1_s": 1.2, "k4_s": 0.25, "k1_over_k4_first_capacity": 4.8},
+    }
+
+
+def fig14() -> dict:
+    trace = time_slice(load_trace("azure-code"), 0.0, 1800.0)
+    res = {}
+    for name in ("lambdascale", "faasnet", "nccl", "serverlessllm", "ideal"):
+        settings = SimSettings("lambdascale-testbed1", ("llama2-13b",), name)
+        r = simulate(trace, settings)
+        s = summarize(r, settings)
+        res[name] = {
+            "gpu_seconds": gpu_seconds(r),
+            "ttft_p90_s": s["ttft_p90_s"],
+            "ttft_p99_s": s["ttft_p99_s"],
+        }
+    lam = res["lambdascale"]["gpu_seconds"]
+    return {
+        "systems": res,
+        "saving_vs_faasnet": 1 - lam / res["faasnet"]["gpu_seconds"],
+        "saving_vs_nccl": 1 - lam / res["nccl"]["gpu_seconds"],
+        "saving_vs_serverlessllm": 1 - lam / res["serverlessllm"]["gpu_seconds"],
+        "gap_to_ideal": lam / res["ideal"]["gpu_seconds"] - 1,
+        "paper": {
+            "saving_vs_faasnet": 0.178,
+            "saving_vs_nccl": 0.181,
+            "saving_vs_serverlessllm": 0.313,
+            "gap_to_ideal": "0.043-0.186",
+        },
+    }
+
+
+def fig2(seed: int = 0) -> dict:
+    """Keep-alive times: 12 models, node memory holds 3, each model 1 req/min per node, LRU."""
+    rng = np.random.default_rng(seed)
+    size = 138_000_000_000
+    settings = CacheSettings(3 * size)
+    lifetimes: list[float] = []
+    for _node in range(12):
+        n = 12 * 60  # one hour per node
+        t = np.sort(rng.uniform(0, 3600, n))
+        models = rng.integers(0, 12, n)
+        cache: dict[str, CacheEntry] = {}
+        since: dict[str, float] = {}
+        for ti, m in zip(t, models, strict=True):
+            name = f"m{m}"
+            entry = CacheEntry(name, size, float(ti))
+            d = admit(tuple(cache.values()), entry, settings)
+            for v in d.evict:
+                del cache[v]
+                lifetimes.append(float(ti) - since.pop(v))
+            if name not in cache:
+                since[name] = float(ti)
+            cache[name] = entry
+    arr = np.array(lifetimes)
+    return {
+        "evictions": len(arr),
+        "p50_s": float(np.median(arr)),
+        "p95_s": float(np.percentile(arr, 95)),
+        "share_under_15s": float((arr < 15).mean()),
+        "paper": {"share_under_15s": 0.95},
+    }
+
+
+def fig3() -> dict:
+    out = {}
+    for name in ("azure-code", "azure-conv"):
+        trace = assign_models(load_trace(name), 12, seed=0)
+        sllm = replace(system_config("serverlessllm"), keep_alive_s=15.0, host_cache_fraction=0.42)
+        settings = SimSettings("lambdascale-testbed2", ("llama2-70b*12",), "serverlessllm")
+        r = simulate(trace, settings, system=sllm)
+        loads = r.cache_hits + r.cache_misses
+        total = loads + r.hot_requests
+        out[name] = {
+            "ssd_share_of_loads": r.cache_misses / max(loads, 1),
+            "memory_loads": r.cache_hits,
+            "ssd_loads": r.cache_misses,
+            "hot_requests": r.hot_requests,
+            "ssd_share_of_all": r.cache_misses / total,
+        }
+    out["paper"] = {
+        "azure-code_ssd": 0.64,
+        "azure-conv_ssd": 0.36,
+        "note": "paper replays BurstGPT and Azure; we replay Azure code and conv",
+    }
+    return out
+
+
+def blitzscale() -> dict:
+    trace = time_slice(scale_rate(load_trace("azure-code"), 2.0), 0.0, 1200.0)
+    res = {}
+    for name in ("blitzscale", "serverlessllm", "allcache"):
+        sys_cfg = system_config(name)
+        if name == "serverlessllm":
+            sys_cfg = replace(sys_cfg, keep_alive_s=30.0, host_cache_fraction=0.02)
+        settings = SimSettings("blitzscale-b", ("llama2-7b",), name)
+        r = simulate(trace, settings, system=sys_cfg)
+        s = summarize(r, settings)
+        res[name] = {
+            "ttft_mean_s": s["ttft_mean_s"],
+            "ttft_p90_s": s["ttft_p90_s"],
+            "gpu_seconds": s["gpu_seconds"],
+            "cache_misses": s["cache_misses"],
+        }
+    b, sl, ac = (res[n]["ttft_mean_s"] for n in ("blitzscale", "serverlessllm", "allcache"))
+    return {
+        "systems": res,
+        "ttft_reduction_vs_serverlessllm": 1 - b / sl,
+        "ttft_ratio_vs_allcache": b / ac,
+        "paper": {
+            "ttft_reduction_vs_serverlessllm": "0.861 / 0.555 / 0.310 (three workloads)",
+            "ttft_ratio_vs_allcache": "close to 1",
+        },
+    }
+
+
+def paraserve() -> dict:
+    one = make_trace("one", [0.0], [1024], [16])
+    out = {}
+    for model in ("llama2-13b", "llama2-7b"):
+        out[model] = {}
+        for name in ("paraserve", "serverlessllm", "serverless-vllm"):
+            sys_cfg = system_config(name)
+            if name == "serverlessllm":
+                sys_cfg = replace(sys_cfg, host_cache="none")
+            settings = SimSettings("paraserve-1", (model,), name, slo=Slo(100.0, 1.0))
+            r = simulate(one, settings, system=sys_cfg)
+            out[model][name] = float(r.first_token_s[0] - r.arrival_s[0])
+    best_v = max(v["serverless-vllm"] / v["paraserve"] for v in out.values() if isinstance(v, dict))
+    best_s = max(v["serverlessllm"] / v["paraserve"] for v in out.values() if isinstance(v, dict))
+    return {
+        "ttft_s": out,
+        "max_speedup_vs_serverless_vllm": best_v,
+        "max_speedup_vs_serverlessllm": best_s,
+        "paper": {"max_speedup_vs_serverless_vllm": 4.7, "max_speedup_vs_serverlessllm": 3.1},
+    }
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    results = {}
+    for name, fn in (
+        ("lambdascale_fig7", fig7),
+        ("lambdascale_fig9", fig9),
+        ("lambdascale_fig2", fig2),
+        ("lambdascale_fig3", fig3),
+        ("lambdascale_fig14", fig14),
+        ("blitzscale_6_1", blitzscale),
+        ("paraserve_fig8", paraserve),
+    ):
+        log.info("running %s", name)
+        results[name] = fn()
+        log.info("%s", json.dumps(results[name], indent=1, default=str)[:1500])
+    OUT.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
