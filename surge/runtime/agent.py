@@ -271,12 +271,16 @@ class NodeAgent:
     async def landed(self, name: str, block: int, tier: str, buf: memoryview, **extra: Any) -> None:
         """A verified block is in `buf`: make it usable in its tier and announce it."""
         state = self.model(name)
+        landed_t = time.time()
         if tier == "gpu":
             state.gpu_buffers[block] = buf
         state.event(block).set()  # peers may pull it now, while the runner takes it in
         if tier == "gpu":
             await asyncio.to_thread(self._add_to_runner, state, block, buf)
-        await self.emit({"type": "arrival", "model": name, "block": block, "tier": tier, **extra})
+        # The event goes out once the block is usable in its tier; `t` is when it landed.
+        await self.emit(
+            {"type": "arrival", "model": name, "block": block, "tier": tier, "t": landed_t, **extra}
+        )
 
     def _add_to_runner(self, state: ModelState, block: int, buf: memoryview) -> None:
         if state.runner is None:
@@ -408,7 +412,8 @@ class NodeAgent:
         name, block = h["model"], int(h["block"])
         state = self.model(name)
         wait_s = float(h.get("wait_s", 0.0))
-        if self.buffer_of(name, block) is None:
+        # Only verified blocks are served: a buffer being (re)filled is not "held" yet.
+        if not state.event(block).is_set():
             if wait_s <= 0:
                 await conn.send({"ok": False, "error": f"node {self.node} lacks block {block}"})
                 return
@@ -418,7 +423,7 @@ class NodeAgent:
                 await conn.send({"ok": False, "error": f"node {self.node} never got block {block}"})
                 return
         async with self.port_out.slot(float(h.get("step", 1e9))):
-            buf = self.buffer_of(name, block)
+            buf = self.buffer_of(name, block) if state.event(block).is_set() else None
             if buf is None:
                 await conn.send({"ok": False, "error": f"node {self.node} evicted block {block}"})
                 return
@@ -487,7 +492,7 @@ class NodeAgent:
     async def _receive_one(
         self, mc: str, name: str, tier: str, step: float, block: int, src: int, wait_s: float
     ) -> bool:
-        if self.buffer_of(name, block) is not None and self.model(name).event(block).is_set():
+        if self.model(name).event(block).is_set():
             return True
         reason = ""
         for _ in range(MAX_PULL_ATTEMPTS):

@@ -52,6 +52,12 @@ class TokenBucket:
             self._tokens -= num_bytes
             return -self._tokens / self.rate if self._tokens < 0 else 0.0
 
+    def refund(self, num_bytes: int) -> None:
+        """Give back tokens taken for bytes that did not move."""
+        if self.rate is not None:
+            with self._lock:
+                self._tokens = min(self.burst, self._tokens + num_bytes)
+
     async def consume(self, num_bytes: int) -> None:
         """Wait until `num_bytes` may pass."""
         if self.rate is None or num_bytes <= 0:

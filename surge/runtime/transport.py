@@ -70,13 +70,16 @@ class Connection:
         while got < len(view):
             want = len(view) - got
             if paced:
+                # Pay for a chunk before reading it, so the last chunk of a block adds no
+                # trailing wait (paying after each read cost ~10 ms per block).
                 want = min(want, self.ingress.chunk_bytes())
+                await self.ingress.consume(want)
             n = await self.loop.sock_recv_into(self.sock, view[got : got + want])
             if n == 0:
                 raise ConnectionClosed(f"peer closed after {got} of {len(view)} bytes")
+            if paced and n < want:
+                self.ingress.refund(want - n)
             got += n
-            if paced:
-                await self.ingress.consume(n)
 
     async def _send_all(self, data: memoryview, paced: bool) -> None:
         if not paced or self.egress.unlimited:

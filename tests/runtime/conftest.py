@@ -1,0 +1,70 @@
+"""Fixtures for the data plane: a registry of tiny stores and local agent clusters that are
+always stopped (agents, sockets, shared memory), even when a test fails."""
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from surge.model.importer import import_checkpoint
+from surge.model.manifest import Manifest, read_manifest
+from surge.runtime.client import ClusterClient
+from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def registry(tiny_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A registry directory holding the tiny model as `tiny`, cut into 4 blocks."""
+    root = tmp_path_factory.mktemp("registry")
+    import_checkpoint(tiny_hf, root / MODEL, num_blocks=4, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def manifest(registry: Path) -> Manifest:
+    return read_manifest(registry / MODEL)
+
+
+def assert_all_stopped(cluster: LocalCluster) -> None:
+    assert all(p.poll() is not None for p in cluster.procs.values()), (
+        "an agent outlived its cluster"
+    )
+    assert not list(Path("/dev/shm").glob(f"surge_{cluster.cluster_id}_*")), "shared memory leaked"
+
+
+@pytest.fixture
+def make_cluster(registry: Path) -> Iterator:
+    """Start local clusters; every one is stopped and checked clean at teardown."""
+    started: list[LocalCluster] = []
+
+    def make(num_nodes: int, **kwargs) -> LocalCluster:
+        kwargs.setdefault("remote_dir", registry)
+        kwargs.setdefault("preload_engine", False)
+        cluster = LocalCluster(LocalClusterConfig(num_nodes=num_nodes, **kwargs))
+        started.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
+        assert_all_stopped(cluster)
+
+
+async def connected(cluster: LocalCluster, manifest: Manifest, sources: int = 1) -> ClusterClient:
+    """A client with peers wired, the model registered everywhere and loaded on the sources."""
+    client = cluster.client()
+    await client.connect()
+    await cluster.wire_peers(client)
+    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    blocks = list(range(manifest.num_blocks))
+    await asyncio.gather(
+        *(
+            client.request(s, {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote"})
+            for s in range(sources)
+        )
+    )
+    return client

@@ -1,0 +1,158 @@
+"""The transport under bad peers, corruption, failures and bandwidth caps."""
+
+import asyncio
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from surge.model.importer import import_checkpoint
+from surge.model.manifest import read_manifest
+from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.token_bucket import TokenBucket
+from surge.runtime.transport import AuthError, connect
+from tests.runtime.conftest import MODEL, connected
+
+
+def test_token_bucket_paces_to_its_rate() -> None:
+    bucket = TokenBucket(10e6)  # 10 MB/s
+
+    async def push() -> float:
+        t = time.perf_counter()
+        for _ in range(40):
+            await bucket.consume(100_000)
+        return time.perf_counter() - t
+
+    took = asyncio.run(push())  # 4 MB at 10 MB/s, minus the 100 KB burst
+    assert 0.36 <= took <= 0.46
+
+
+def test_wrong_token_is_refused_and_bad_peers_do_not_crash_the_agent(make_cluster) -> None:
+    cluster = make_cluster(1)
+    host, port = cluster.addresses[0]
+
+    async def run() -> dict:
+        with pytest.raises(AuthError, match="wrong cluster token"):
+            await connect(host, port, "not-the-token", "intruder")
+        # A peer that says half a hello and leaves.
+        raw = socket.create_connection((host, port))
+        raw.sendall(struct.pack(">I", 100) + b'{"kind": "hel')
+        raw.close()
+        # A peer that authenticates, then closes in the middle of a frame's payload.
+        conn = await connect(host, port, cluster.token, "flaky")
+        conn.sock.setblocking(True)
+        head = b'{"op":"status","length":1000}'
+        conn.sock.sendall(struct.pack(">I", len(head)) + head + b"x" * 10)
+        conn.close()
+        # Garbage that is not a frame at all.
+        raw = socket.create_connection((host, port))
+        raw.sendall(b"\xff" * 64)
+        raw.close()
+        await asyncio.sleep(0.2)
+        client = cluster.client()
+        await client.connect()
+        try:
+            return await client.request(0, {"op": "status"})
+        finally:
+            await client.close()
+
+    status = asyncio.run(run())
+    assert status["ok"] and status["node"] == 0
+    assert cluster.alive() == [0]
+
+
+def test_corrupted_block_on_the_wire_is_detected_and_fetched_again(make_cluster, manifest) -> None:
+    # Node 0 corrupts the first block it sends.
+    cluster = make_cluster(3, extra_args={0: ["--fault-corrupt-sends", "1"]})
+
+    async def run():
+        client = await connected(cluster, manifest)
+        try:
+            out = plan_scale_out(MulticastRequest(num_nodes=3, num_blocks=manifest.num_blocks))
+            result = await MulticastExecutor(client, MODEL, out.plan, timeout_s=60).run()
+            return result, await client.broadcast({"op": "checksums", "model": MODEL})
+        finally:
+            await client.close()
+
+    result, sums = asyncio.run(run())
+    assert result.corrupt_refetches == 1 and result.complete_s is not None
+    want = {str(b.index): b.checksum for b in manifest.blocks}
+    assert all(s["checksums"] == want for s in sums.values())
+
+
+def test_a_dead_agent_does_not_stop_the_others(make_cluster, manifest) -> None:
+    num_nodes = 6
+    # ~1 MB blocks at 0.05 Gbit/s: ~0.2 s per block, so the kill lands mid-multicast.
+    cluster = make_cluster(num_nodes, link_gbps=0.05)
+    out = plan_scale_out(MulticastRequest(num_nodes=num_nodes, num_blocks=manifest.num_blocks))
+    victim = out.plan.steps[0][0].dst  # the first receiver forwards to others
+
+    async def run():
+        client = await connected(cluster, manifest)
+        try:
+            task = asyncio.create_task(
+                MulticastExecutor(client, MODEL, out.plan, timeout_s=60).run()
+            )
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(cluster.kill, victim)
+            result = await task
+            alive = [n for n in range(num_nodes) if n != victim]
+            return result, await client.broadcast({"op": "checksums", "model": MODEL}, alive)
+        finally:
+            await client.close()
+
+    result, sums = asyncio.run(run())
+    assert result.dead_nodes == [victim]
+    assert result.complete_s is not None, "the surviving nodes did not finish"
+    assert result.replans, "deliveries from the dead node were not re-planned"
+    want = {str(b.index): b.checksum for b in manifest.blocks}
+    assert all(s["checksums"] == want for s in sums.values())
+
+
+@pytest.fixture(scope="module")
+def one_block_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A registry with one ~17 MB block, for timing a capped transfer."""
+    root = tmp_path_factory.mktemp("big")
+    cfg = TinyModelConfig(
+        num_layers=1,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_heads=8,
+        num_kv_heads=8,
+        vocab_size=1024,
+    )
+    create_tiny_model(root / "hf", cfg)
+    import_checkpoint(root / "hf", root / "reg" / MODEL, num_blocks=1, progress=False)
+    return root / "reg"
+
+
+@pytest.mark.parametrize(
+    ("egress_gbps", "ingress_gbps"), [((0.2, 0.2), (0.2, 0.2)), ((0.4, 0.4), (0.1, 0.1))]
+)
+def test_bandwidth_caps_hold_within_15_percent(
+    make_cluster,
+    one_block_registry: Path,
+    egress_gbps,
+    ingress_gbps,
+) -> None:
+    manifest = read_manifest(one_block_registry / MODEL)
+    cluster = make_cluster(
+        2, remote_dir=one_block_registry, egress_gbps=egress_gbps, ingress_gbps=ingress_gbps
+    )
+
+    async def run():
+        client = await connected(cluster, manifest)
+        try:
+            out = plan_scale_out(MulticastRequest(num_nodes=2, num_blocks=1))
+            return await MulticastExecutor(client, MODEL, out.plan, timeout_s=60).run()
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    rate_bytes_per_s = min(egress_gbps[0], ingress_gbps[1]) * 1e9 / 8
+    expected_s = manifest.total_bytes / rate_bytes_per_s
+    assert result.complete_s == pytest.approx(expected_s, rel=0.15)
