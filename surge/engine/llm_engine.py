@@ -110,6 +110,7 @@ class LLMEngine:
         manifest: Manifest,
         config: EngineConfig = EngineConfig(),
         executor: Executor | None = None,
+        first_seq_id: int = 0,
     ) -> None:
         self.manifest = manifest
         self.arch = manifest.arch
@@ -119,7 +120,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config)
         self.sampler = Sampler()
-        self._ids = itertools.count()
+        self._ids = itertools.count(first_seq_id)  # engines sharing caches use disjoint ids
         self.seqs: dict[int, Sequence] = {}
 
     @staticmethod
@@ -130,10 +131,21 @@ class LLMEngine:
         """Raise a `SurgeError` for a prompt this engine cannot take."""
         check_prompt(self.arch, self.config, prompt_token_ids)
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Queue a request; returns its sequence id."""
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        output_token_ids: list[int] | None = None,
+    ) -> int:
+        """Queue a request; returns its sequence id.
+
+        `output_token_ids` continues a request that already generated tokens elsewhere (a
+        mode switch or a re-run after a failure): its KV cache is rebuilt by one prefill over
+        prompt + output (λScale §4.4) and generation goes on from there.
+        """
         self.check_prompt(prompt_token_ids)
         seq = Sequence(next(self._ids), list(prompt_token_ids), params.validate())
+        seq.output_token_ids = list(output_token_ids or [])
         self.scheduler.add(seq)
         self.seqs[seq.seq_id] = seq
         return seq.seq_id
@@ -141,6 +153,17 @@ class LLMEngine:
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
+
+    def abort(self, seq_id: int) -> Sequence:
+        """Take an unfinished sequence out (to continue it elsewhere); frees its cache."""
+        seq = self.seqs.pop(seq_id)
+        if seq in self.scheduler.waiting:
+            self.scheduler.waiting.remove(seq)
+        elif seq in self.scheduler.running:
+            self.scheduler.running.remove(seq)
+            self.scheduler.release(seq)
+            self.executor.free([seq_id])
+        return seq
 
     def step(self) -> list[TokenEvent]:
         """Run one batch; return the token each of its sequences produced."""

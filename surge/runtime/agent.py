@@ -30,6 +30,7 @@ from typing import Any
 from surge.config import EngineConfig
 from surge.errors import SurgeError
 from surge.model.manifest import Manifest, block_checksum
+from surge.runtime.agent_serving import ServingOps
 from surge.runtime.tiers import DiskTier, HostCache, RemoteRegistry
 from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
 from surge.runtime.transport import (
@@ -121,7 +122,7 @@ class EgressPort:
                     break
 
 
-class NodeAgent:
+class NodeAgent(ServingOps):
     """The server side of one node."""
 
     def __init__(self, config: AgentConfig) -> None:
@@ -150,6 +151,9 @@ class NodeAgent:
         self.bytes_out = 0
         self._corrupt_left = config.fault_corrupt_sends
         self._tasks: set[asyncio.Task] = set()
+        self.stages: dict = {}
+        self.instances: dict = {}
+        self._stage_pool: dict[int, list[Connection]] = {}
         self._stop = asyncio.Event()
         self._server: socket.socket | None = None
         self.port = 0
@@ -182,7 +186,8 @@ class NodeAgent:
         if self._server is not None:
             self._server.close()
             self._server = None
-        for conn in [*self._pool.values(), *self.subscribers]:
+        stage_conns = [c for conns in self._stage_pool.values() for c in conns]
+        for conn in [*self._pool.values(), *self.subscribers, *stage_conns]:
             conn.close()
         for task in list(self._tasks):
             task.cancel()

@@ -1,8 +1,8 @@
 """The controller's side of the agents: requests to each agent and one merged event stream.
 
 `ClusterClient` holds one control connection and one event subscription per agent. Events
-from all agents arrive on one asyncio queue; an agent whose event stream ends (it died or
-stopped) yields an `agent_down` event, so callers never wait on a dead node.
+from all agents are copied to every queue made by `listen()`; an agent whose event stream
+ends (it died or stopped) yields an `agent_down` event, so callers never wait on a dead node.
 """
 
 import asyncio
@@ -23,7 +23,8 @@ class ClusterClient:
         self.addresses = dict(addresses)
         self.token = token
         self.conns: dict[int, Connection] = {}
-        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._listeners: list[asyncio.Queue[dict[str, Any]]] = []
+        self._data_pool: dict[int, list[Connection]] = {}
         self.down: set[int] = set()
         self._readers: list[asyncio.Task] = []
 
@@ -43,15 +44,45 @@ class ClusterClient:
         try:
             while True:
                 header, _ = await sub.recv()
-                await self.events.put(header)
+                self._publish(header)
         except (ConnectionClosed, OSError) as e:
             log.info("event stream of node %d ended: %s", node, e)
         finally:
             sub.close()
             self.down.add(node)
-            await self.events.put(
-                {"kind": "event", "type": "agent_down", "node": node, "t": time.time()}
-            )
+            self._publish({"kind": "event", "type": "agent_down", "node": node, "t": time.time()})
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        for q in self._listeners:
+            q.put_nowait(event)
+
+    def listen(self) -> asyncio.Queue[dict[str, Any]]:
+        """A new queue that receives every event from now on (each consumer its own)."""
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._listeners.append(q)
+        return q
+
+    def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+        if q in self._listeners:
+            self._listeners.remove(q)
+
+    async def exchange(
+        self, node: int, header: dict[str, Any], payload: bytes | memoryview = b""
+    ) -> tuple[dict[str, Any], memoryview]:
+        """A request with a payload answer, on a pooled connection of its own, so that many
+        may be in flight to one agent at once (micro-batches of a pipeline)."""
+        free = self._data_pool.setdefault(node, [])
+        conn = free.pop() if free else None
+        if conn is None or conn.closed:
+            host, port = self.addresses[node]
+            conn = await connect(host, port, self.token, "controller-data")
+        try:
+            reply, body = await conn.request(header, payload)
+        except BaseException:
+            conn.close()
+            raise
+        free.append(conn)
+        return reply, body
 
     async def request(
         self, node: int, header: dict[str, Any], payload: bytes = b""
@@ -72,5 +103,5 @@ class ClusterClient:
         for task in self._readers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for conn in self.conns.values():
+        for conn in [*self.conns.values(), *(c for cs in self._data_pool.values() for c in cs)]:
             conn.close()

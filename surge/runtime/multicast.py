@@ -148,6 +148,7 @@ class MulticastExecutor:
         order: list[list[int]] = [[] for _ in range(n)]
         events: list[dict[str, Any]] = []
         corrupt = 0
+        events_q = self.client.listen()
         start = time.time()
         await asyncio.gather(
             *(
@@ -163,7 +164,7 @@ class MulticastExecutor:
             if remaining <= 0:
                 break
             try:
-                ev = await asyncio.wait_for(self.client.events.get(), remaining)
+                ev = await asyncio.wait_for(events_q.get(), remaining)
             except TimeoutError:
                 break
             kind = ev.get("type")
@@ -191,6 +192,7 @@ class MulticastExecutor:
                 await self._assign_pending()
             elif kind == "corrupt":
                 corrupt += 1
+        self.client.unlisten(events_q)
         if self._done():
             complete = max((t for row in arrival for t in row if t is not None), default=0.0)
         dead = sorted(v for v in range(n) if not self._alive(v))
