@@ -29,6 +29,9 @@ def run(
     ingress_gbps: Annotated[float | None, typer.Option(help="NIC ingress cap, Gbit/s.")] = None,
     remote_dir: Annotated[Path | None, typer.Option(help="Model registry directory.")] = None,
     remote_gbps: Annotated[float | None, typer.Option(help="Registry read cap, Gbit/s.")] = None,
+    max_num_seqs: Annotated[
+        int, typer.Option(help="Running-batch limit of this node's engines.")
+    ] = 64,
     preload_engine: Annotated[
         bool, typer.Option(help="Import the engine before announcing readiness.")
     ] = True,
@@ -36,6 +39,7 @@ def run(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
 ) -> None:
     """Run one node agent until it is told to shut down."""
+    from surge.config import EngineConfig
     from surge.runtime.agent import AgentConfig, run_agent
 
     token = os.environ.get("SURGE_TOKEN")
@@ -56,6 +60,7 @@ def run(
         ingress_gbps=ingress_gbps,
         remote_dir=remote_dir,
         remote_gbps=remote_gbps,
+        engine=EngineConfig(max_num_seqs=max_num_seqs).validate(),
         preload_engine=preload_engine,
         fault_corrupt_sends=fault_corrupt_sends,
     )

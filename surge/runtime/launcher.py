@@ -41,6 +41,8 @@ class LocalClusterConfig:
     remote_gbps: float | None = None
     work_dir: Path | None = None
     """Where disk tiers live (default: a temporary directory removed on stop)."""
+    max_num_seqs: int = 64
+    """Running-batch limit of every agent's engines."""
     preload_engine: bool = True
     """Agents import the engine (torch) before they report ready; turn off for clusters
     that only move bytes (faster start)."""
@@ -111,6 +113,7 @@ class LocalCluster:
                 cmd += ["--remote-dir", str(self.config.remote_dir)]
             if self.config.remote_gbps:
                 cmd += ["--remote-gbps", str(self.config.remote_gbps)]
+            cmd += ["--max-num-seqs", str(self.config.max_num_seqs)]
             if not self.config.preload_engine:
                 cmd.append("--no-preload-engine")
             cmd += self.config.extra_args.get(node, [])

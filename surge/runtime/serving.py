@@ -43,6 +43,8 @@ class ServeRequest:
     arrival_t: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     first_token_t: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    """When each token came back (monotonic clock)."""
     done_t: float | None = None
     finish_reason: str | None = None
     endpoint: str | None = None
@@ -55,6 +57,7 @@ class ServeRequest:
         if self.first_token_t is None:
             self.first_token_t = now
         self.output_token_ids.append(token)
+        self.token_times.append(now)
         if finished:
             self.done_t = now
             self.finish_reason = reason

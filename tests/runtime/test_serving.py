@@ -126,3 +126,58 @@ def test_a_dead_pipeline_member_loses_no_request(make_cluster, manifest, tiny_hf
     assert all(r.hops[0] == "p" and r.hops[-1] == "local-0" for r in reqs)
     # Every token exactly once: the re-run continued from the tokens already produced.
     check_against_reference(tiny_hf, reqs, 60)
+
+
+def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
+    make_cluster,
+    manifest,
+    tiny_hf,
+) -> None:
+    from surge.policy.multicast import MulticastRequest, plan_scale_out
+    from surge.runtime.scale_out import scale_out
+
+    num_nodes = 6
+    cluster = make_cluster(num_nodes, link_gbps=0.1, preload_engine=True)
+    outcome = plan_scale_out(
+        MulticastRequest(num_nodes=num_nodes, num_blocks=manifest.num_blocks, num_sources=2)
+    )
+    assert outcome.pipelines, "the plan should predict execution pipelines"
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+
+    async def run():
+        client = cluster.client()
+        await client.connect()
+        await cluster.wire_peers(client)
+        await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+        blocks = list(range(manifest.num_blocks))
+        for src in (0, 1):
+            await client.request(
+                src,
+                {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": "gpu"},
+            )
+        server = Server(client, MODEL)
+        try:
+            for src in (0, 1):
+                ep = LocalEndpoint(client, src, MODEL, f"{MODEL}-node{src}")
+                await ep.open()
+                await server.add_endpoint(ep)
+            reqs = [server.new_request(p, params) for p in PROMPTS * 4]
+            for r in reqs:
+                await server.submit(r)
+            report = await scale_out(server, manifest, outcome, "execute_while_load")
+            await server.wait_all(120)
+            return reqs, report
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, report = asyncio.run(run())
+    assert report.multicast is not None and report.multicast.complete_s is not None
+    # Pipelines open in the order the plan predicts, and every one is retired by a mode switch.
+    assert report.pipeline_order == sorted(report.pipeline_order) and report.pipeline_order
+    assert {p for p, _, _ in report.retired} == {
+        name for name, _, nodes in report.opened if len(nodes) > 1
+    }
+    opened_nodes = {nodes[0] for _, _, nodes in report.opened if len(nodes) == 1}
+    assert opened_nodes == set(range(2, num_nodes))
+    check_against_reference(tiny_hf, reqs, 40)
