@@ -10,7 +10,9 @@ import sys
 
 import typer
 
+from surge.cli import deploy as deploy_cmds
 from surge.cli import generate, model, node, plan, simulate
+from surge.cli import serve as serve_cmd
 from surge.errors import SurgeError
 
 app = typer.Typer(
@@ -27,6 +29,10 @@ app.add_typer(plan.app, name="plan")
 app.command("simulate")(simulate.simulate)
 app.add_typer(node.app, name="node")
 app.command("generate")(generate.generate)
+app.command("serve")(serve_cmd.serve)
+app.command("deploy")(deploy_cmds.deploy)
+app.command("status")(deploy_cmds.status)
+app.command("delete")(deploy_cmds.delete)
 
 
 def main() -> None:

@@ -355,14 +355,19 @@ class NodeAgent(ServingOps):
         return {"seconds": time.perf_counter() - t0}
 
     def _read_source(self, source: str, name: str, info, buf: memoryview) -> None:
-        if source == "disk":
+        if source == "host":  # warm start: this node's own host copy into another tier
+            held = self.host_cache.get(name, info.index)
+            if held is None:
+                raise SurgeError(f"node {self.node} holds no host copy of block {info.index}")
+            buf[: info.size_bytes] = held[: info.size_bytes]
+        elif source == "disk":
             self.disk.read_into(name, info, buf)
         elif source == "remote":
             if self.remote is None:
                 raise SurgeError(f"node {self.node} has no registry configured")
             self.remote.read_into(name, info, buf)
         else:
-            raise ValueError(f"unknown source {source!r} (disk or remote)")
+            raise ValueError(f"unknown source {source!r} (host, disk or remote)")
 
     async def op_evict(self, conn: Connection, h: dict, p: memoryview) -> dict:
         name, tier = h["model"], h.get("tier", "host")

@@ -1,0 +1,1 @@
+"""The HTTP API: OpenAI-compatible endpoints, admin, health, metrics."""

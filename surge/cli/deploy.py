@@ -1,0 +1,106 @@
+"""`surge deploy`, `surge status`, `surge delete`: thin clients of a running `surge serve`."""
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from surge.errors import SurgeError
+
+UrlOpt = Annotated[
+    str | None, typer.Option(help="Server URL (default $SURGE_URL or http://127.0.0.1:8000).")
+]
+KeyOpt = Annotated[str | None, typer.Option(help="API key (default $SURGE_API_KEY).")]
+
+
+def _call(method: str, path: str, url: str | None, api_key: str | None, body: Any = None) -> Any:
+    import httpx
+
+    base = (url or os.environ.get("SURGE_URL") or "http://127.0.0.1:8000").rstrip("/")
+    key = api_key or os.environ.get("SURGE_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.request(method, base + path, json=body, headers=headers, timeout=600)
+    except httpx.HTTPError as e:
+        raise SurgeError(f"cannot reach surge at {base} ({e}); is `surge serve` running?") from None
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    if r.status_code >= 400:
+        msg = (data or {}).get("error", {}).get("message") if isinstance(data, dict) else None
+        raise SurgeError(f"{msg or r.text.strip() or r.reason_phrase} (HTTP {r.status_code})")
+    return data
+
+
+def deploy(
+    name: Annotated[str, typer.Argument(help="Deployment (served model) name.")],
+    model: Annotated[str, typer.Option(help="Store or Hugging Face checkpoint directory.")],
+    strategy: Annotated[
+        str, typer.Option(help="lambdascale, blitzscale, paraserve or load-then-serve.")
+    ] = "lambdascale",
+    min_replicas: Annotated[int, typer.Option(help="0 = scale to zero.")] = 0,
+    max_replicas: Annotated[int | None, typer.Option(help="Default: every slot.")] = None,
+    target_ongoing_requests: Annotated[float, typer.Option(help="Per instance.")] = 4.0,
+    upscale_delay_s: Annotated[float, typer.Option()] = 0.0,
+    downscale_delay_s: Annotated[float, typer.Option()] = 2.0,
+    keep_alive_s: Annotated[float, typer.Option(help="Idle time before zero.")] = 10.0,
+    ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Deploy a model on a running `surge serve`."""
+    path = Path(model).expanduser()
+    body = {
+        "name": name,
+        "model": str(path.resolve()) if path.exists() else model,
+        "strategy": strategy,
+        "autoscaling": {
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "target_ongoing_requests": target_ongoing_requests,
+            "upscale_delay_s": upscale_delay_s,
+            "downscale_delay_s": downscale_delay_s,
+            "keep_alive_s": keep_alive_s,
+        },
+        "slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
+    }
+    out = _call("POST", "/v1/deployments", url, api_key, body)
+    typer.echo(f"deployed {out['name']} ({out['strategy']}, {out['status']['num_blocks']} blocks)")
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Show deployments and nodes of a running `surge serve`."""
+    deps = _call("GET", "/v1/deployments", url, api_key)["data"]
+    nodes = _call("GET", "/v1/nodes", url, api_key)["data"]
+    if as_json:
+        typer.echo(json.dumps({"deployments": deps, "nodes": nodes}, indent=2))
+        return
+    typer.echo(
+        f"{'deployment':<20} {'strategy':<16} {'inst':>4} {'load':>4} {'queue':>5} {'ongoing':>7}"
+    )
+    for d in deps:
+        s = d["status"]
+        typer.echo(
+            f"{d['name']:<20} {d['strategy']:<16} {s['instances']:>4} {s['loading']:>4} "
+            f"{s['queued']:>5} {s['ongoing']:>7}"
+        )
+    up = sum(n["up"] for n in nodes)
+    typer.echo(f"nodes: {up}/{len(nodes)} up")
+
+
+def delete(
+    name: Annotated[str, typer.Argument(help="Deployment to delete.")],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Delete a deployment (its instances and cached copies go too)."""
+    _call("DELETE", f"/v1/deployments/{name}", url, api_key)
+    typer.echo(f"deleted {name}")

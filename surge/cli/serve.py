@@ -1,0 +1,195 @@
+"""`surge serve`: the controller, N local node agents and the OpenAI-compatible HTTP API.
+
+Flags and a `--config FILE` (YAML or TOML) set the same things; flags win. With no
+deployment stored, given or configured, the default tiny model is deployed as `surge-tiny`.
+Ctrl-C (or SIGTERM) stops the server, the controller and every agent it started.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from surge.errors import SurgeError
+
+log = logging.getLogger(__name__)
+
+SERVE_KEYS = {
+    "nodes": int,
+    "link_gbps": float,
+    "host": str,
+    "port": int,
+    "api_key": str,
+    "state_dir": str,
+    "slots_per_node": int,
+    "max_num_seqs": int,
+    "host_cache_gb": float,
+    "tick_s": float,
+    "log_level": str,
+    "deployments": list,
+}
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml) or TOML (.toml) config file; every key is checked."""
+    if not path.is_file():
+        raise SurgeError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            raise SurgeError(f"config file {path} must end in .yaml, .yml or .toml")
+    except (tomllib.TOMLDecodeError, ValueError) as e:
+        raise SurgeError(f"config file {path} is not valid: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # yaml.YAMLError and friends
+        if isinstance(e, SurgeError):
+            raise
+        raise SurgeError(f"config file {path} is not valid: {str(e).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SurgeError(f"config file {path} must hold a mapping of settings")
+    for key, value in data.items():
+        if key not in SERVE_KEYS:
+            raise SurgeError(
+                f"config file {path}: unknown setting {key!r}; known: {', '.join(SERVE_KEYS)}"
+            )
+        want = SERVE_KEYS[key]
+        ok = isinstance(value, want) and not isinstance(value, bool)
+        if want is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise SurgeError(f"config file {path}: {key} must be a {want.__name__}")
+    from surge.control.spec import DeploymentSpec
+
+    for d in data.get("deployments", []):
+        try:
+            DeploymentSpec.from_json(d)
+        except SurgeError as e:
+            raise SurgeError(f"config file {path}: deployment: {e}") from None
+    return data
+
+
+def serve(
+    model: Annotated[
+        str | None,
+        typer.Option(help="Store or HF checkpoint to deploy (default: the tiny model)."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Deployment name for --model.")] = None,
+    strategy: Annotated[str, typer.Option(help="Scale-out strategy for --model.")] = "lambdascale",
+    nodes: Annotated[int | None, typer.Option(help="Local node agents (default 4).")] = None,
+    link_gbps: Annotated[
+        float | None, typer.Option(help="Per-node link cap, Gbit/s (default: none).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000; 0: any free).")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Require `Authorization: Bearer KEY` on /v1/*.")
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="Deployments database and registry (default $SURGE_HOME/serve)."),
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML or TOML file of settings.")] = None,
+    launcher: Annotated[str, typer.Option(help="Where agents run: local.")] = "local",
+) -> None:
+    """Serve models over an OpenAI-compatible API on a local cluster of node agents."""
+    if launcher != "local":
+        raise SurgeError(f"launcher {launcher!r} is not available; use --launcher local")
+    cfg = load_config(config) if config is not None else {}
+    flags = {
+        "nodes": nodes,
+        "link_gbps": link_gbps,
+        "host": host,
+        "port": port,
+        "api_key": api_key or os.environ.get("SURGE_API_KEY"),
+        "state_dir": str(state_dir) if state_dir else None,
+    }
+    cfg.update({k: v for k, v in flags.items() if v is not None})
+    num_nodes = int(cfg.get("nodes", 4))
+    if num_nodes < 1:
+        raise SurgeError(f"--nodes must be >= 1 (got {num_nodes})")
+    if cfg.get("link_gbps") is not None and cfg["link_gbps"] <= 0:
+        raise SurgeError("--link-gbps must be > 0")
+    port_ = int(cfg.get("port", 8000))
+    if not 0 <= port_ < 65536:
+        raise SurgeError(f"--port must be 0..65535 (got {port_})")
+    deployments = list(cfg.get("deployments", []))
+    if model is not None:
+        path = Path(model).expanduser().resolve()
+        deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy})
+    logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
+    asyncio.run(_serve(cfg, num_nodes, port_, deployments))
+
+
+async def _serve(cfg: dict[str, Any], num_nodes: int, port: int, deployments: list) -> None:
+    import uvicorn
+
+    from surge.api.app import create_app
+    from surge.control.controller import Controller, ControllerConfig
+    from surge.model.default_store import DEFAULT_MODEL_NAME, default_store, surge_home
+
+    state = Path(cfg.get("state_dir") or surge_home() / "serve").expanduser().resolve()
+    ccfg = ControllerConfig(
+        state_dir=state,
+        nodes=num_nodes,
+        link_gbps=cfg.get("link_gbps"),
+        slots_per_node=int(cfg.get("slots_per_node", 1)),
+        max_num_seqs=int(cfg.get("max_num_seqs", 64)),
+        host_cache_bytes=int(float(cfg.get("host_cache_gb", 4)) * (1 << 30)),
+        tick_s=float(cfg.get("tick_s", 0.1)),
+    )
+    controller = Controller(ccfg)
+    try:
+        await controller.start()
+        for d in deployments:
+            if d["name"] not in controller.deployments:
+                await controller.create(d)
+        if not controller.deployments:
+            store = await asyncio.to_thread(default_store)
+            await controller.create({"name": DEFAULT_MODEL_NAME, "model": str(store)})
+        app = create_app(controller, cfg.get("api_key"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=cfg.get("host", "127.0.0.1"),
+                port=port,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        task = asyncio.get_running_loop().create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            bound = server.servers[0].sockets[0].getsockname()
+            print(
+                json.dumps(
+                    {
+                        "ready": True,
+                        "url": f"http://{bound[0]}:{bound[1]}",
+                        "port": bound[1],
+                        "nodes": num_nodes,
+                        "models": sorted(controller.deployments),
+                        "state_dir": str(state),
+                    }
+                ),
+                flush=True,
+            )
+        await task
+        if not server.started:
+            raise SurgeError(f"cannot listen on {cfg.get('host', '127.0.0.1')}:{port}")
+    finally:
+        await controller.stop()
+        sys.stdout.flush()

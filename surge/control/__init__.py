@@ -1,0 +1,1 @@
+"""The control plane: deployments, autoscaler, parameter pool, scale-outs."""

@@ -1,0 +1,82 @@
+"""The parameter pool: where every copy of every block of every model is (BlitzScale §5.3).
+
+model -> block -> {(node, tier)}. Filled from the agents' `status` when the controller
+starts (agents re-register what they hold) and kept current from arrival events and the
+controller's own loads and evictions. Answers the questions a scale-out asks: which nodes
+hold a complete copy in a tier (hot = gpu, warm = host), which hold it on disk, and whether
+the BlitzScale invariant (one complete host copy per deployed model) holds.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+TIERS = ("gpu", "host", "disk")
+
+
+@dataclass
+class ParameterPool:
+    """Copies by model, block and (node, tier)."""
+
+    num_blocks: dict[str, int] = field(default_factory=dict)
+    copies: dict[str, dict[int, set[tuple[int, str]]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(set))
+    )
+
+    def add_model(self, model: str, num_blocks: int) -> None:
+        self.num_blocks[model] = num_blocks
+
+    def drop_model(self, model: str) -> None:
+        self.num_blocks.pop(model, None)
+        self.copies.pop(model, None)
+
+    def add(self, model: str, node: int, tier: str, blocks: list[int] | range) -> None:
+        for b in blocks:
+            self.copies[model][b].add((node, tier))
+
+    def remove(self, model: str, node: int, tier: str, blocks: list[int] | range) -> None:
+        for b in blocks:
+            self.copies[model][b].discard((node, tier))
+
+    def drop_node(self, node: int) -> None:
+        """A node died: every copy it held is gone."""
+        for per_block in self.copies.values():
+            for holders in per_block.values():
+                for tier in TIERS:
+                    holders.discard((node, tier))
+
+    def load_status(self, node: int, status: dict) -> None:
+        """Take in one agent's `status` answer (what it holds, tier by tier)."""
+        for model, tiers in status.get("models", {}).items():
+            if model not in self.num_blocks:
+                continue
+            for tier in TIERS:
+                self.add(model, node, tier, tiers.get(tier, []))
+
+    def blocks_at(self, model: str, node: int, tier: str) -> set[int]:
+        return {b for b, holders in self.copies[model].items() if (node, tier) in holders}
+
+    def complete(self, model: str, tier: str) -> list[int]:
+        """Nodes holding every block of `model` in `tier`, ascending."""
+        n = self.num_blocks.get(model, 0)
+        if n == 0:
+            return []
+        nodes: set[int] | None = None
+        for b in range(n):
+            have = {node for node, t in self.copies[model][b] if t == tier}
+            nodes = have if nodes is None else nodes & have
+        return sorted(nodes or ())
+
+    def invariant_holds(self, model: str) -> bool:
+        """BlitzScale §5.3: at least one complete copy in some node's host memory."""
+        return bool(self.complete(model, "host"))
+
+    def view(self) -> dict[str, dict[str, dict[str, list[int]]]]:
+        """model -> "node/tier" -> blocks (for the admin API)."""
+        out: dict[str, dict[str, dict[str, list[int]]]] = {}
+        for model, per_block in self.copies.items():
+            m: dict[str, dict[str, list[int]]] = {}
+            for b, holders in sorted(per_block.items()):
+                for node, tier in holders:
+                    m.setdefault(str(node), {}).setdefault(tier, []).append(b)
+            out[model] = m
+        return out
