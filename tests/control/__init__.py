@@ -1,0 +1,1 @@
+"""Control-plane tests: surge serve end to end with the openai client."""

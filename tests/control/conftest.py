@@ -1,0 +1,169 @@
+"""A real `surge serve` in a subprocess (loopback, port 0), stopped at teardown with every
+agent it started; and a local greedy reference run of the same store."""
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+READY_TIMEOUT_S = 120
+
+
+class Serve:
+    """One `surge serve` process."""
+
+    def __init__(self, proc: subprocess.Popen, info: dict, state_dir: Path) -> None:
+        self.proc, self.info, self.state_dir = proc, info, state_dir
+        self.url = info["url"]
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.agent_pids = [n["pid"] for n in self.http.get("/v1/nodes").json()["data"]]
+
+    def metric(self, name: str, model: str | None = None) -> float:
+        text = self.http.get("/metrics").text
+        total = 0.0
+        for line in text.splitlines():
+            named = line.startswith((name + "{", name + " "))
+            if named and (model is None or f'model="{model}"' in line):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        for pid in self.agent_pids:  # the launcher stops its agents; make sure
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"agent {pid} outlived surge serve")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of a dead parent is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def start_serve(tmp: Path, home: Path, config: dict, *args: str) -> Serve:
+    cfg = tmp / "serve.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    state = tmp / "state"
+    env = {**os.environ, "SURGE_HOME": str(home)}
+    log = open(tmp / "serve.log", "a")  # noqa: SIM115 (the process keeps it open)
+    cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0", "--config", str(cfg)]
+    proc = subprocess.Popen(
+        [*cmd, "--state-dir", str(state), *args],
+        stdout=subprocess.PIPE,
+        stderr=log,  # a file: a full pipe would block the server
+        env=env,
+        cwd=REPO,
+        text=True,
+    )
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                err = (tmp / "serve.log").read_text()[-2000:]
+                raise RuntimeError(f"surge serve exited: {err}")
+            if sel.select(0.2):
+                line = proc.stdout.readline()
+                if line.startswith("{"):
+                    return Serve(proc, json.loads(line), state)
+        raise RuntimeError("surge serve did not become ready")
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    finally:
+        sel.close()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def surge_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SURGE_HOME holding the default tiny store (made once, shared by every server)."""
+    home = tmp_path_factory.mktemp("surge-home")
+    old = os.environ.get("SURGE_HOME")
+    os.environ["SURGE_HOME"] = str(home)
+    try:
+        from surge.model.default_store import default_store
+
+        default_store()
+    finally:
+        if old is None:
+            os.environ.pop("SURGE_HOME", None)
+        else:
+            os.environ["SURGE_HOME"] = old
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_store_dir(surge_home: Path) -> Path:
+    return surge_home / "models" / "surge-tiny"
+
+
+@pytest.fixture
+def serve_factory(tmp_path: Path, surge_home: Path) -> Iterator[Callable[..., Serve]]:
+    started: list[Serve] = []
+
+    def make(config: dict, *args: str, sub: str = "a") -> Serve:
+        d = tmp_path / sub
+        d.mkdir(exist_ok=True)
+        s = start_serve(d, surge_home, config, *args)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_store_dir: Path) -> Callable[[str, int], str]:
+    """Greedy text of one local engine run (the truth the cluster must match)."""
+    from surge.config import EngineConfig
+    from surge.engine.llm_engine import LLMEngine
+    from surge.engine.sampling import SamplingParams
+    from surge.model.manifest import read_manifest
+    from surge.model.tokenizer import load_tokenizer
+
+    manifest = read_manifest(tiny_store_dir)
+    tok = load_tokenizer(tiny_store_dir / manifest.tokenizer_file)
+    engine = LLMEngine(manifest, EngineConfig(device="cpu"))
+    cache: dict[tuple[str, int], str] = {}
+
+    def run(prompt: str, max_tokens: int) -> str:
+        key = (prompt, max_tokens)
+        if key not in cache:
+            (out,) = engine.generate(
+                [tok.encode(prompt).ids], SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            )
+            cache[key] = tok.decode(out.token_ids)
+        return cache[key]
+
+    return run

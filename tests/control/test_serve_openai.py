@@ -1,0 +1,176 @@
+"""`surge serve` end to end with the official openai client: models, completions and chat
+(streaming and not, equal to a local greedy run), a burst on a scaled-to-zero model that
+scales out and back to zero, and the thin-client commands."""
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import run_surge
+from tests.control.conftest import Serve, start_serve
+
+MODEL = "surge-tiny"
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, surge_home: Path, tiny_store_dir: Path) -> Iterator[Serve]:
+    config = {
+        "nodes": 4,
+        "deployments": [
+            {
+                "name": MODEL,
+                "model": str(tiny_store_dir),
+                "autoscaling": {
+                    "min_replicas": 0,
+                    "target_ongoing_requests": 2,
+                    "downscale_delay_s": 0.5,
+                    "keep_alive_s": 1.5,
+                },
+            }
+        ],
+    }
+    s = start_serve(tmp_path_factory.mktemp("serve"), surge_home, config)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Serve) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_list_models(client) -> None:
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_completion_and_chat_streaming_and_not(client, reference) -> None:
+    prompt = "The quick brown fox"
+    want = reference(prompt, 12)
+    c = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, **GREEDY)
+    assert c.choices[0].text == want
+    assert c.choices[0].finish_reason == "length"
+    assert c.usage.completion_tokens == 12 and c.usage.prompt_tokens > 0
+    stream = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, stream=True, **GREEDY
+    )
+    assert "".join(ch.choices[0].text for ch in stream if ch.choices) == want
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    chat_prompt = "<|system|>\nBe brief.\n<|user|>\nHello!\n<|assistant|>\n"
+    want_chat = reference(chat_prompt, 10)
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, **GREEDY)
+    assert r.choices[0].message.content == want_chat
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 10
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=msgs,
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == want_chat
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+
+
+def test_sampling_knobs_and_stop(client) -> None:
+    kw = {"model": MODEL, "prompt": "Hello world", "max_tokens": 16, "temperature": 0.9}
+    a = client.completions.create(**kw, top_p=0.9, seed=7).choices[0].text
+    b = client.completions.create(**kw, top_p=0.9, seed=7).choices[0].text
+    assert a == b, "a seeded request must give the same text"
+    full = client.completions.create(model=MODEL, prompt="Hello", max_tokens=16, **GREEDY)
+    text = full.choices[0].text
+    stop = text[3:5]
+    if stop.strip() and "\ufffd" not in stop:
+        cut = client.completions.create(
+            model=MODEL, prompt="Hello", max_tokens=16, stop=[stop], **GREEDY
+        )
+        assert cut.choices[0].text == text[: text.find(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+
+
+def test_burst_on_a_scaled_to_zero_model_scales_out_and_back(server, reference) -> None:
+    wait_for(lambda: server.metric("surge_instances", MODEL) == 0, 30, "scale to zero")
+    prompts = [f"Request {i}: once upon a time" for i in range(12)]
+    peak = {"instances": 0.0, "pipelines": 0.0}
+
+    async def burst():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        t0 = time.monotonic()
+        first: list[float] = []
+
+        async def one(p: str) -> str:
+            stream = await aclient.completions.create(
+                model=MODEL, prompt=p, max_tokens=48, stream=True, **GREEDY
+            )
+            parts = []
+            async for ch in stream:
+                if not first:
+                    first.append(time.monotonic() - t0)
+                parts.append(ch.choices[0].text if ch.choices else "")
+            return "".join(parts)
+
+        mon = asyncio.ensure_future(_poll(server, peak))
+        try:
+            outs = await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts)), 120)
+        finally:
+            mon.cancel()
+        await aclient.close()
+        return outs, first[0]
+
+    outs, ttft = asyncio.run(burst())
+    for p, out in zip(prompts, outs, strict=True):
+        assert out == reference(p, 48), p
+    assert peak["instances"] >= 2, f"no scale-out seen: {peak}"
+    assert server.metric("surge_scale_outs_total", MODEL) >= 1
+    print(f"TTFT of the first request on a scaled-to-zero model: {ttft * 1000:.0f} ms")
+    wait_for(lambda: server.metric("surge_instances", MODEL) == 0, 30, "scale back to zero")
+    assert server.metric("surge_instances_released_total", MODEL) >= peak["instances"]
+
+
+async def _poll(server: Serve, peak: dict) -> None:
+    while True:
+        n = await asyncio.to_thread(server.metric, "surge_instances", MODEL)
+        peak["instances"] = max(peak["instances"], n)
+        await asyncio.sleep(0.05)
+
+
+def test_thin_clients_deploy_status_delete(server, tiny_store_dir, reference) -> None:
+    env_args = ["--url", server.url]
+    r = run_surge(
+        "deploy", "second", "--model", str(tiny_store_dir), "--strategy", "paraserve", *env_args
+    )
+    assert r.returncode == 0, r.stderr
+    assert "deployed second" in r.stdout
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    out = client.completions.create(model="second", prompt="Hi there", max_tokens=8, **GREEDY)
+    assert out.choices[0].text == reference("Hi there", 8)
+    r = run_surge("status", *env_args)
+    assert r.returncode == 0 and "second" in r.stdout and "paraserve" in r.stdout, r.stderr
+    dup = run_surge("deploy", "second", "--model", str(tiny_store_dir), *env_args)
+    assert dup.returncode == 2 and "already exists" in dup.stderr
+    assert len(dup.stderr.strip().splitlines()) == 1
+    r = run_surge("delete", "second", *env_args)
+    assert r.returncode == 0, r.stderr
+    r = run_surge("delete", "second", *env_args)
+    assert r.returncode == 2 and "no deployment" in r.stderr
+    assert [m.id for m in client.models.list().data] == [MODEL]
