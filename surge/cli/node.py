@@ -32,6 +32,9 @@ def run(
     max_num_seqs: Annotated[
         int, typer.Option(help="Running-batch limit of this node's engines.")
     ] = 64,
+    max_kv_tokens: Annotated[
+        int, typer.Option(help="KV-cache capacity (tokens) of each runner on this node.")
+    ] = 16384,
     preload_engine: Annotated[
         bool, typer.Option(help="Import the engine before announcing readiness.")
     ] = True,
@@ -60,7 +63,7 @@ def run(
         ingress_gbps=ingress_gbps,
         remote_dir=remote_dir,
         remote_gbps=remote_gbps,
-        engine=EngineConfig(max_num_seqs=max_num_seqs).validate(),
+        engine=EngineConfig(max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens).validate(),
         preload_engine=preload_engine,
         fault_corrupt_sends=fault_corrupt_sends,
     )

@@ -43,6 +43,8 @@ class LocalClusterConfig:
     """Where disk tiers live (default: a temporary directory removed on stop)."""
     max_num_seqs: int = 64
     """Running-batch limit of every agent's engines."""
+    max_kv_tokens: int = 16384
+    """KV-cache capacity (tokens) of every runner on every agent."""
     preload_engine: bool = True
     """Agents import the engine (torch) before they report ready; turn off for clusters
     that only move bytes (faster start)."""
@@ -114,6 +116,7 @@ class LocalCluster:
             if self.config.remote_gbps:
                 cmd += ["--remote-gbps", str(self.config.remote_gbps)]
             cmd += ["--max-num-seqs", str(self.config.max_num_seqs)]
+            cmd += ["--max-kv-tokens", str(self.config.max_kv_tokens)]
             if not self.config.preload_engine:
                 cmd.append("--no-preload-engine")
             cmd += self.config.extra_args.get(node, [])

@@ -100,21 +100,29 @@ async def scale_out(
                     engine,
                     num_micro_batches,
                 )
+                t0 = time.monotonic()
                 await ep.open()
                 await server.add_endpoint(ep)
+                log.info("opened %s on %s in %.3f s", name, ep.nodes, time.monotonic() - t0)
                 open_pipes[name] = pipe
                 report.opened.append((name, time.monotonic() - start, ep.nodes))
                 report.pipeline_order.append(index)
         if complete(v):
             name = f"{model}-node{v}"
-            ep = LocalEndpoint(client, v, model, name)
+            ep = LocalEndpoint(client, v, model, name, capacity=engine.max_num_seqs)
+            t0 = time.monotonic()
             await ep.open()
             await server.add_endpoint(ep)
+            log.info("opened %s in %.3f s", name, time.monotonic() - t0)
             report.opened.append((name, time.monotonic() - start, (v,)))
             for pname, pipe in list(open_pipes.items()):
                 if v in pipe.nodes:  # mode switch (λScale §4.4)
                     del open_pipes[pname]
+                    t0 = time.monotonic()
                     moved = await server.retire(pname)
+                    log.info(
+                        "retired %s (%d moved) in %.3f s", pname, len(moved), time.monotonic() - t0
+                    )
                     report.retired.append((pname, time.monotonic() - start, len(moved)))
 
     try:

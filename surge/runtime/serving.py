@@ -51,6 +51,8 @@ class ServeRequest:
     hops: list[str] = field(default_factory=list)
     """Every endpoint that served part of it, in order."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    on_done: Any = None
+    """Called when the request finishes (the server dispatches queued work then)."""
 
     def add_token(self, token: int, finished: bool, reason: str | None) -> None:
         now = time.monotonic()
@@ -62,6 +64,8 @@ class ServeRequest:
             self.done_t = now
             self.finish_reason = reason
             self.done.set()
+            if self.on_done is not None:
+                self.on_done()
 
     @property
     def params_json(self) -> dict[str, Any]:
@@ -88,6 +92,9 @@ class Endpoint:
     nodes: tuple[int, ...]
     requests: dict[str, ServeRequest]
     failed: bool = False
+    capacity: int = 1 << 30
+    """Most requests in flight here; the server keeps the rest queued, so capacity that
+    opens later (a new pipeline) gets work too."""
 
     @property
     def outstanding(self) -> int:
@@ -104,10 +111,13 @@ class Endpoint:
 class LocalEndpoint(Endpoint):
     """A full instance inside one agent (`instance_open`); tokens arrive as events."""
 
-    def __init__(self, client: ClusterClient, node: int, model: str, name: str) -> None:
+    def __init__(
+        self, client: ClusterClient, node: int, model: str, name: str, capacity: int = 64
+    ) -> None:
         self.client, self.node, self.model, self.name = client, node, model, name
         self.nodes = (node,)
         self.requests = {}
+        self.capacity = capacity
 
     async def open(self) -> None:
         await self.client.request(
@@ -229,6 +239,7 @@ class PipelineEndpoint(Endpoint):
         self.requests = {}
         self.config = config
         self.num_micro_batches = num_micro_batches
+        self.capacity = num_micro_batches * config.max_num_seqs
         self.groups: list[_Group] = []
         self.on_failure: Any = None
         """Called (as a task) with this endpoint when a step fails."""
@@ -306,17 +317,20 @@ class PipelineEndpoint(Endpoint):
             await group.wake.wait()
 
     async def take_back(self) -> list[ServeRequest]:
-        """Stop every head engine after its current step and hand back what is unfinished."""
+        """Stop every head engine now and hand back what is unfinished.
+
+        A step still in flight is abandoned, not awaited: its tokens are never appended
+        (the task is cancelled before it returns), so a moved request continues from
+        exactly the tokens it has — none lost, none twice — and a mode switch does not wait
+        for a slow step.
+        """
         taken: list[ServeRequest] = []
         for group in self.groups:
-            async with group.lock:
-                if group.task is not None:
-                    group.task.cancel()
-                # The head engine is dropped whole, and stage_close below frees the stages'
-                # caches, so nothing is freed sequence by sequence here.
-                taken += list(group.seqs.values()) + group.pending
-                group.seqs.clear()
-                group.pending.clear()
+            if group.task is not None:
+                group.task.cancel()
+            taken += list(group.seqs.values()) + group.pending
+            group.seqs.clear()
+            group.pending.clear()
         self.requests = {}
         if not self.failed:
             for node, _, _ in self.stages:
@@ -343,37 +357,48 @@ class Server:
         return req
 
     async def submit(self, req: ServeRequest) -> None:
-        live = [e for e in self.endpoints.values() if not e.failed]
-        if not live:
-            self.queue.append(req)
-            return
-        ep = min(live, key=lambda e: (e.outstanding, e.name))
-        req.endpoint = ep.name
-        req.hops.append(ep.name)
-        try:
-            await ep.submit(req)
-        except Exception as e:  # raced with a failure: route again
-            log.info("submit to %s failed (%s); routing again", ep.name, e)
-            ep.requests.pop(req.req_id, None)
-            await self.submit(req)
+        """Route a request now if some endpoint has room, else queue it (FIFO)."""
+        req.on_done = self._kick
+        self.queue.append(req)
+        await self._dispatch()
+
+    def _kick(self) -> None:
+        asyncio.get_running_loop().create_task(self._dispatch())
+
+    async def _dispatch(self) -> None:
+        """Give queued requests to endpoints with room, least outstanding first."""
+        while self.queue:
+            live = [
+                e for e in self.endpoints.values() if not e.failed and e.outstanding < e.capacity
+            ]
+            if not live:
+                return
+            req = self.queue.pop(0)
+            ep = min(live, key=lambda e: (e.outstanding / e.capacity, e.name))
+            req.endpoint = ep.name
+            req.hops.append(ep.name)
+            try:
+                await ep.submit(req)
+            except Exception as e:  # raced with a failure: route again
+                log.info("submit to %s failed (%s); routing again", ep.name, e)
+                ep.requests.pop(req.req_id, None)
+                self.queue.insert(0, req)
 
     async def add_endpoint(self, ep: Endpoint) -> None:
         self.endpoints[ep.name] = ep
         if isinstance(ep, PipelineEndpoint):
             ep.on_failure = self._endpoint_failed
-        queued, self.queue = self.queue, []
-        for req in queued:
-            await self.submit(req)
+        await self._dispatch()
 
     async def retire(self, name: str) -> list[ServeRequest]:
         """Take an endpoint out; its unfinished requests continue elsewhere (mode switch)."""
         ep = self.endpoints.pop(name, None)
         if ep is None:
             return []
-        moved = await ep.take_back()
-        for req in moved:
-            if not req.done.is_set():
-                await self.submit(req)
+        moved = [r for r in await ep.take_back() if not r.done.is_set()]
+        # Moved requests go first: they were admitted before anything still queued.
+        self.queue[:0] = moved
+        await self._dispatch()
         return moved
 
     async def _endpoint_failed(self, ep: Endpoint) -> None:

@@ -1,0 +1,300 @@
+"""A burst on one hot instance, scaled out to the other nodes: serve while loading or not.
+
+Same run, two modes over fresh local clusters (`surge node` agents with capped links):
+- `execute_while_load`: execution pipelines open as soon as their members hold their
+  stages (λScale §4.3), local instances when a node holds the whole model (mode switch);
+- `stop_the_world`: a node serves only once it holds the whole model.
+Writes `{"modes": {MODE: {"ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+"tokens_per_s_timeline", "all_requests_done_s"}}}` (+ a PNG of throughput over time).
+
+Then ParaServe's cold start (§4): one request for a model that is only in the remote
+registry; first-token time when a 4-way pipeline group fetches a quarter each vs one worker
+fetching the whole model.
+
+Usage: python benchmarks/scale_burst.py --nodes 8 --blocks 16 --link-gbps 0.5 --requests 64 \
+           --json benchmarks/results/scale_burst.json --png benchmarks/results/scale_burst.png
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from surge.config import EngineConfig
+from surge.engine.sampling import SamplingParams
+from surge.model.importer import import_checkpoint
+from surge.model.manifest import Manifest, read_manifest
+from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.scale_out import MODES, scale_out
+from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
+
+log = logging.getLogger("scale_burst")
+MODEL = "burst"
+
+
+def model_config(model_mb: float, num_layers: int) -> TinyModelConfig:
+    """About `model_mb` MB of float32 weights in `num_layers` layers (hidden 256)."""
+    hidden, vocab = 256, 512
+    per_layer = (model_mb * 1e6 / 4 - 2 * vocab * hidden) / num_layers
+    inter = max(64, int((per_layer - 3 * hidden * hidden) / (3 * hidden)))
+    return TinyModelConfig(
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=inter,
+        vocab_size=vocab,
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def timeline(reqs, start: float, bucket_s: float) -> list[list[float]]:
+    times = [t - start for r in reqs for t in r.token_times]
+    if not times:
+        return []
+    num = int(max(times) / bucket_s) + 1
+    counts = [0] * num
+    for t in times:
+        counts[int(t / bucket_s)] += 1
+    return [[round(i * bucket_s, 3), round(c / bucket_s, 2)] for i, c in enumerate(counts)]
+
+
+async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> dict:
+    client = cluster.client()
+    await client.connect()
+    await cluster.wire_peers(client)
+    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    blocks = list(range(manifest.num_blocks))
+    for src in range(args.sources):
+        await client.request(
+            src, {"op": "load", "model": MODEL, "blocks": blocks, "source": "disk", "tier": "gpu"}
+        )
+    server = Server(client, MODEL)
+    engine = EngineConfig(max_num_seqs=args.max_num_seqs, max_kv_tokens=2048)
+    try:
+        for src in range(args.sources):
+            hot = LocalEndpoint(
+                client, src, MODEL, f"{MODEL}-node{src}", capacity=args.max_num_seqs
+            )
+            await hot.open()
+            await server.add_endpoint(hot)
+        rng = random.Random(0)
+        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+        lo, hi = args.prompt_len
+        reqs = [
+            server.new_request([rng.randrange(2, 500) for _ in range(rng.randint(lo, hi))], params)
+            for _ in range(args.requests)
+        ]
+        outcome = plan_scale_out(
+            MulticastRequest(
+                num_nodes=args.nodes, num_blocks=manifest.num_blocks, num_sources=args.sources
+            )
+        )
+        start = time.monotonic()
+        for r in reqs:
+            await server.submit(r)
+        report = await scale_out(server, manifest, outcome, mode, engine)
+        await server.wait_all(600)
+        ttft = [r.first_token_t - r.arrival_t for r in reqs]
+        done = max(r.done_t for r in reqs) - start
+        return {
+            "ttft_p50_s": round(percentile(ttft, 0.5), 4),
+            "ttft_p90_s": round(percentile(ttft, 0.9), 4),
+            "ttft_p99_s": round(percentile(ttft, 0.99), 4),
+            "ttft_mean_s": round(statistics.mean(ttft), 4),
+            "all_requests_done_s": round(done, 4),
+            "multicast_complete_s": report.multicast.complete_s if report.multicast else None,
+            "endpoints_opened": [[n, round(t, 3), list(nodes)] for n, t, nodes in report.opened],
+            "mode_switches": [[n, round(t, 3), moved] for n, t, moved in report.retired],
+            "requests_via_pipelines": sum(any("pipe" in h for h in r.hops) for r in reqs),
+            "tokens_per_s_timeline": timeline(reqs, start, args.bucket_s),
+        }
+    finally:
+        await server.close()
+        await client.close()
+
+
+async def cold_start(cluster: LocalCluster, manifest: Manifest, group: int) -> float:
+    """First-token time of one request on a model only in the registry (ParaServe §4)."""
+    client = cluster.client()
+    await client.connect()
+    await cluster.wire_peers(client)
+    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    server = Server(client, MODEL)
+    b = manifest.num_blocks
+    parts = [list(range(i * b // group, (i + 1) * b // group)) for i in range(group)]
+    try:
+        req = server.new_request([5, 6, 7, 8], SamplingParams(max_tokens=4, ignore_eos=True))
+        start = time.monotonic()
+        await server.submit(req)  # queued: nothing serves the model yet
+        # Each member fetches only its part first (parallel fetch).
+        await asyncio.gather(
+            *(
+                client.request(
+                    node,
+                    {
+                        "op": "load",
+                        "model": MODEL,
+                        "blocks": part,
+                        "source": "remote",
+                        "tier": "gpu",
+                    },
+                )
+                for node, part in enumerate(parts)
+            )
+        )
+        if group == 1:
+            ep = LocalEndpoint(client, 0, MODEL, "cold-1")
+        else:
+            blocks = manifest.blocks
+            stages = [
+                (n, blocks[p[0]].first_layer, blocks[p[-1]].end_layer) for n, p in enumerate(parts)
+            ]
+            ep = PipelineEndpoint(client, manifest, MODEL, f"cold-{group}", stages)
+        await ep.open()
+        await server.add_endpoint(ep)
+        await asyncio.wait_for(req.done.wait(), 600)
+        return req.first_token_t - start
+    finally:
+        await server.close()
+        await client.close()
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for mode, res in report["modes"].items():
+        tl = res["tokens_per_s_timeline"]
+        ax.plot(
+            [t for t, _ in tl],
+            [v for _, v in tl],
+            label=f"{mode} (p90 TTFT {res['ttft_p90_s']:.2f} s)",
+        )
+        if res.get("multicast_complete_s"):
+            ax.axvline(res["multicast_complete_s"], ls=":", lw=0.8, color=ax.lines[-1].get_color())
+    ax.set_xlabel("time since the burst (s)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(
+        f"Burst of {report['requests']} on 1 hot instance, scale-out to {report['nodes']} nodes"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--model-mb", type=float, default=64)
+    ap.add_argument("--link-gbps", type=float, default=0.5)
+    ap.add_argument("--remote-gbps", type=float, default=0.5)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=(4, 12), metavar=("MIN", "MAX"))
+    ap.add_argument("--sources", type=int, default=1, help="hot instances at the start (K)")
+    ap.add_argument("--max-num-seqs", type=int, default=4, help="batch limit per instance")
+    ap.add_argument("--bucket-s", type=float, default=0.25)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_burst.json"))
+    ap.add_argument("--png", type=Path, default=None)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    report: dict = {
+        "nodes": args.nodes,
+        "blocks": args.blocks,
+        "link_gbps": args.link_gbps,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "sources": args.sources,
+        "prompt_len": list(args.prompt_len),
+        "max_num_seqs": args.max_num_seqs,
+        "machine": {"platform": platform.platform(), "cpus": 2},
+        "modes": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        create_tiny_model(tmp / "hf", model_config(args.model_mb, args.blocks))
+        import_checkpoint(tmp / "hf", tmp / "reg" / MODEL, num_blocks=args.blocks, progress=False)
+        manifest = read_manifest(tmp / "reg" / MODEL)
+        report["model_bytes"] = manifest.total_bytes
+        for mode in args.modes.split(","):
+            cfg = LocalClusterConfig(
+                num_nodes=args.nodes,
+                link_gbps=args.link_gbps,
+                max_num_seqs=args.max_num_seqs,
+                max_kv_tokens=2048,
+                remote_dir=tmp / "reg",
+            )
+            with LocalCluster(cfg) as cluster:
+                for node in range(args.sources):
+                    src = cluster.work_dir / f"node{node}" / MODEL
+                    src.mkdir(parents=True)
+                    for blk in manifest.blocks:
+                        (src / blk.file).symlink_to(tmp / "reg" / MODEL / blk.file)
+                report["modes"][mode] = asyncio.run(burst(cluster, manifest, mode, args))
+            log.info(
+                "%s: %s",
+                mode,
+                {
+                    k: v
+                    for k, v in report["modes"][mode].items()
+                    if k.startswith(("ttft", "all_", "multicast", "requests_via"))
+                },
+            )
+        if set(MODES) <= set(report["modes"]):
+            m = report["modes"]
+            report["p90_ttft_speedup"] = round(
+                m["stop_the_world"]["ttft_p90_s"] / m["execute_while_load"]["ttft_p90_s"], 3
+            )
+        cold = {}
+        for group in (1, 4):
+            cfg = LocalClusterConfig(
+                num_nodes=group, remote_dir=tmp / "reg", remote_gbps=args.remote_gbps
+            )
+            with LocalCluster(cfg) as cluster:
+                cold[f"workers_{group}_first_token_s"] = round(
+                    asyncio.run(cold_start(cluster, manifest, group)), 4
+                )
+        cold["ratio_1_over_4"] = round(
+            cold["workers_1_first_token_s"] / cold["workers_4_first_token_s"], 3
+        )
+        cold["remote_gbps_per_node"] = args.remote_gbps
+        report["paraserve_cold_start"] = cold
+        log.info("cold start: %s", cold)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.png:
+        plot(report, args.png)
+    print(
+        json.dumps(
+            {k: v for k, v in report.items() if k != "modes"}
+            | {
+                "modes": {
+                    m: {k: v for k, v in r.items() if k != "tokens_per_s_timeline"}
+                    for m, r in report["modes"].items()
+                }
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
