@@ -23,10 +23,13 @@ READY_TIMEOUT_S = 120
 class Serve:
     """One `surge serve` process."""
 
-    def __init__(self, proc: subprocess.Popen, info: dict, state_dir: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, info: dict, state_dir: Path, api_key: str | None = None
+    ) -> None:
         self.proc, self.info, self.state_dir = proc, info, state_dir
         self.url = info["url"]
-        self.http = httpx.Client(base_url=self.url, timeout=120)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, timeout=120, headers=headers)
         self.agent_pids = [n["pid"] for n in self.http.get("/v1/nodes").json()["data"]]
 
     def metric(self, name: str, model: str | None = None) -> float:
@@ -93,7 +96,8 @@ def start_serve(tmp: Path, home: Path, config: dict, *args: str) -> Serve:
             if sel.select(0.2):
                 line = proc.stdout.readline()
                 if line.startswith("{"):
-                    return Serve(proc, json.loads(line), state)
+                    key = args[args.index("--api-key") + 1] if "--api-key" in args else None
+                    return Serve(proc, json.loads(line), state, key)
         raise RuntimeError("surge serve did not become ready")
     except BaseException:
         proc.kill()

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.control.test_serve_openai import GREEDY, MODEL, wait_for
 
@@ -21,14 +22,20 @@ def tiny_config(store: Path, **autoscaling) -> dict:
 
 def test_agent_killed_under_load_loses_no_request(serve_factory, tiny_store_dir, reference):
     s = serve_factory(
-        tiny_config(tiny_store_dir, min_replicas=2, target_ongoing_requests=100, keep_alive_s=60)
+        tiny_config(tiny_store_dir, min_replicas=2, target_ongoing_requests=100, keep_alive_s=60),
+        "--api-key",
+        "sesame",
     )
+    bad = openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert s.http.get("/health").status_code == 200  # health and metrics stay open
     wait_for(lambda: s.metric("surge_instances", MODEL) == 2, 60, "two instances")
     prompts = [f"Story {i}: the little model" for i in range(8)]
     progress = [0] * len(prompts)
 
     async def load():
-        c = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        c = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="sesame", max_retries=0)
 
         async def one(i: int, p: str) -> str:
             stream = await c.completions.create(
