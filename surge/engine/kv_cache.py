@@ -73,6 +73,10 @@ class PagedKVCache:
             table.append(page)
             slots.extend(range(page * self.page_size, (page + 1) * self.page_size))
 
+    def slots_of(self, seq_id: int) -> list[int]:
+        """A sequence's cache slots in token order (empty if it has none)."""
+        return self._slots.get(seq_id, [])
+
     def free(self, seq_id: int) -> None:
         """Return a finished (or migrated) sequence's pages."""
         for page in reversed(self._tables.pop(seq_id, [])):

@@ -154,6 +154,26 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
+    def adopt(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        output_token_ids: list[int],
+        num_cached: int,
+    ) -> int:
+        """Take over a running sequence whose KV cache (all layers, `num_cached` tokens) the
+        caller writes into this engine's runner under the returned id (KV migration,
+        ParaServe §6); decoding goes on from its last token without recomputation."""
+        seq = Sequence(next(self._ids), list(prompt_token_ids), params.validate())
+        seq.output_token_ids = list(output_token_ids)
+        if not output_token_ids or num_cached != seq.num_tokens - 1:
+            raise ValueError("an adopted sequence must have every token but its last cached")
+        seq.num_cached = num_cached
+        if not self.scheduler.adopt(seq):
+            raise SurgeError("no KV-cache room to adopt this sequence here")
+        self.seqs[seq.seq_id] = seq
+        return seq.seq_id
+
     def abort(self, seq_id: int) -> Sequence:
         """Take an unfinished sequence out (to continue it elsewhere); frees its cache."""
         seq = self.seqs.pop(seq_id)

@@ -87,6 +87,14 @@ class Scheduler:
             )
         self.waiting.append(seq)
 
+    def adopt(self, seq: Sequence) -> bool:
+        """Put a sequence whose cache is already filled straight into the running batch."""
+        if len(self.running) >= self.config.max_num_seqs or not self._reserve(seq, seq.num_tokens):
+            return False
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        return True
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

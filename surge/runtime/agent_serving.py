@@ -18,6 +18,7 @@ already generated elsewhere, whose KV cache is rebuilt by prefill; generated tok
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,15 @@ class LocalInstance:
     """seq_id -> the controller's request id."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    inbox: list[tuple[Any, asyncio.Future]] = field(default_factory=list)
+    """Changes to the engine, applied by its loop between steps (never during one)."""
+
+    async def call(self, fn: Any) -> Any:
+        """Run `fn(engine)` between two steps and return its result."""
+        fut = asyncio.get_running_loop().create_future()
+        self.inbox.append((fn, fut))
+        self.wake.set()
+        return await fut
 
 
 class ServingOps:
@@ -162,24 +172,83 @@ class ServingOps:
 
         inst = self.instances[h["instance"]]
         params = SamplingParams(**h.get("params", {}))
-        sid = inst.engine.add_request(
-            list(h["prompt_token_ids"]), params, list(h.get("output_token_ids", []))
-        )
+
+        def add(engine: Any) -> int:
+            return engine.add_request(
+                list(h["prompt_token_ids"]), params, list(h.get("output_token_ids", []))
+            )
+
+        sid = await inst.call(add)
         inst.requests[sid] = h["req_id"]
-        inst.wake.set()
+        return {"seq_id": sid}
+
+    async def op_instance_adopt(self, conn: Connection, h: dict, p: memoryview) -> dict:
+        """Continue a request whose KV cache arrives with it (KV migration, ParaServe §6)."""
+        import torch
+
+        from surge.engine.sampling import SamplingParams
+
+        inst = self.instances[h["instance"]]
+        params = SamplingParams(**h.get("params", {}))
+        dtype = inst.engine.executor.runner.dtype
+        parts, offset = [], 0
+        for part in h["parts"]:
+            n = math.prod(part["shape"]) * dtype.itemsize
+            kv = torch.frombuffer(bytearray(p[offset : offset + n]), dtype=dtype)
+            parts.append((part["first_layer"], kv.view(part["shape"])))
+            offset += n
+
+        def adopt(engine: Any) -> int:
+            sid = engine.adopt(
+                list(h["prompt_token_ids"]),
+                params,
+                list(h["output_token_ids"]),
+                int(h["num_cached"]),
+            )
+            for first_layer, kv in parts:
+                engine.executor.runner.import_kv(sid, first_layer, kv)
+            return sid
+
+        sid = await inst.call(adopt)
+        inst.requests[sid] = h["req_id"]
         return {"seq_id": sid}
 
     async def op_instance_abort(self, conn: Connection, h: dict, p: memoryview) -> dict:
         """Take requests out of a local instance; answers their tokens so far."""
         inst = self.instances[h["instance"]]
-        out = {}
         wanted = set(h["req_ids"])
-        for sid, rid in list(inst.requests.items()):
-            if rid in wanted:
-                seq = inst.engine.abort(sid)
-                del inst.requests[sid]
-                out[rid] = seq.output_token_ids
-        return {"outputs": out}
+
+        def abort(engine: Any) -> dict:
+            out = {}
+            for sid, rid in list(inst.requests.items()):
+                if rid in wanted:
+                    out[rid] = engine.abort(sid).output_token_ids
+                    del inst.requests[sid]
+            return out
+
+        return {"outputs": await inst.call(abort)}
+
+    async def op_kv_export(self, conn: Connection, h: dict, p: memoryview) -> None:
+        """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
+        import torch
+
+        stage = self.stages.get(h["pipeline"])
+        if stage is None:
+            await conn.send({"ok": False, "error": f"no stage of pipeline {h['pipeline']} here"})
+            return
+        async with stage.lock:  # never while a step writes this stage's cache
+            kv = await asyncio.to_thread(
+                stage.runner.export_kv, int(h["seq_id"]), int(h["num_tokens"])
+            )
+        await conn.send(
+            {
+                "ok": True,
+                "first_layer": stage.first_layer,
+                "end_layer": stage.end_layer,
+                "shape": list(kv.shape),
+            },
+            kv.contiguous().view(-1).view(torch.uint8).numpy(),
+        )
 
     async def op_instance_close(self, conn: Connection, h: dict, p: memoryview) -> dict:
         inst = self.instances.pop(h["instance"], None)
@@ -189,8 +258,16 @@ class ServingOps:
 
     async def _instance_loop(self, inst: LocalInstance) -> None:
         while True:
+            while inst.inbox:
+                fn, fut = inst.inbox.pop(0)
+                try:
+                    fut.set_result(fn(inst.engine))
+                except Exception as e:  # reported to the op that asked
+                    fut.set_exception(e)
             if not inst.engine.has_unfinished:
                 inst.wake.clear()
+                if inst.inbox:
+                    continue
                 await inst.wake.wait()
                 continue
             events = await asyncio.to_thread(inst.engine.step)

@@ -316,6 +316,26 @@ class PipelineEndpoint(Endpoint):
                     continue
             await group.wake.wait()
 
+    def detach(self) -> list[tuple[ServeRequest, int]]:
+        """Stop the head engines now, keep the stages (and their KV caches) open, and return
+        each unfinished request with its sequence id at the stages. A step in flight is
+        abandoned: a request's KV length is what its tokens say (prompt + output - 1)."""
+        out: list[tuple[ServeRequest, int]] = []
+        for group in self.groups:
+            if group.task is not None:
+                group.task.cancel()
+            out += [(req, sid) for sid, req in group.seqs.items()]
+            out += [(req, -1) for req in group.pending]
+            group.seqs.clear()
+            group.pending.clear()
+        self.requests = {}
+        return out
+
+    async def close_stages(self) -> None:
+        for node, _, _ in self.stages:
+            with contextlib.suppress(Exception):
+                await self.client.request(node, {"op": "stage_close", "pipeline": self.name})
+
     async def take_back(self) -> list[ServeRequest]:
         """Stop every head engine now and hand back what is unfinished.
 
@@ -324,18 +344,9 @@ class PipelineEndpoint(Endpoint):
         exactly the tokens it has — none lost, none twice — and a mode switch does not wait
         for a slow step.
         """
-        taken: list[ServeRequest] = []
-        for group in self.groups:
-            if group.task is not None:
-                group.task.cancel()
-            taken += list(group.seqs.values()) + group.pending
-            group.seqs.clear()
-            group.pending.clear()
-        self.requests = {}
+        taken = [req for req, _ in self.detach()]
         if not self.failed:
-            for node, _, _ in self.stages:
-                with contextlib.suppress(Exception):
-                    await self.client.request(node, {"op": "stage_close", "pipeline": self.name})
+            await self.close_stages()
         return taken
 
 

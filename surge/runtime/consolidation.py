@@ -1,0 +1,188 @@
+"""Moving running requests with their KV caches: pipeline consolidation and live scaling.
+
+Pipeline consolidation (ParaServe §6): once members of a pipeline hold the whole model
+(they loaded the rest in the background while the pipeline served), `consolidate` gathers
+each running request's KV cache — every stage's layers — onto one full instance and lets
+it decode on from there, no recomputation. Scale-down: one target (the other members are
+released); scale-up: every member is a target and the requests are spread over them.
+
+Live scaling (BlitzScale §4, §5.2): `live_prefill` runs a batch's prefill cooperatively —
+the new instance, still loading layers in order, runs the first T layers, the overloaded
+old instance the remaining L - T — then moves the new instance's KV to the old one, where
+the requests decode. T per batch comes from a policy in `surge/policy/zigzag.py`
+(best-effort or the ILP), clipped to the layers the new instance holds.
+
+Controller side; KV bytes travel stage -> controller -> target (one extra hop, simple).
+"""
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+import torch
+
+from surge.engine.batch import BatchMeta
+from surge.engine.sampling import Sampler, make_generator
+from surge.model.manifest import Manifest
+from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server, ServeRequest
+
+log = logging.getLogger(__name__)
+
+
+async def _adopt(
+    server: Server,
+    target: LocalEndpoint,
+    req: ServeRequest,
+    parts: list[dict[str, Any]],
+    payload: bytes,
+    num_cached: int,
+) -> None:
+    target.requests[req.req_id] = req  # before the call: tokens may stream at once
+    req.endpoint = target.name
+    req.hops.append(target.name)
+    await server.client.exchange(
+        target.node,
+        {
+            "op": "instance_adopt",
+            "instance": target.name,
+            "req_id": req.req_id,
+            "prompt_token_ids": req.prompt_token_ids,
+            "output_token_ids": req.output_token_ids,
+            "params": req.params_json,
+            "num_cached": num_cached,
+            "parts": parts,
+        },
+        payload,
+    )
+
+
+async def _export(server: Server, node: int, pipeline: str, seq_id: int, num_tokens: int):
+    reply, body = await server.client.exchange(
+        node, {"op": "kv_export", "pipeline": pipeline, "seq_id": seq_id, "num_tokens": num_tokens}
+    )
+    part = {
+        "first_layer": reply["first_layer"],
+        "end_layer": reply["end_layer"],
+        "shape": reply["shape"],
+    }
+    return part, bytes(body)
+
+
+async def consolidate(
+    server: Server, pipeline: PipelineEndpoint, targets: list[LocalEndpoint]
+) -> dict[str, int]:
+    """Move a pipeline's running requests, KV cache and all, onto full instances (ParaServe
+    §6) and close the pipeline. Targets must already serve (instance open, every block).
+    Requests without a usable cache (not prefilled yet, or preempted) are routed again and
+    recompute. Returns counts of migrated and re-routed requests."""
+    for t in targets:
+        if t.name not in server.endpoints:
+            await server.add_endpoint(t)
+    server.endpoints.pop(pipeline.name, None)
+    migrated = rerouted = 0
+    for i, (req, sid) in enumerate(pipeline.detach()):
+        target = targets[i % len(targets)]
+        num_cached = len(req.prompt_token_ids) + len(req.output_token_ids) - 1
+        if sid < 0 or not req.output_token_ids:
+            server.queue.insert(0, req)
+            rerouted += 1
+            continue
+        try:
+            exported = [
+                await _export(server, node, pipeline.name, sid, num_cached)
+                for node, _, _ in pipeline.stages
+            ]
+        except Exception as e:  # the stage lost it (preempted): recompute instead
+            log.info("KV of %s not exportable (%s); recomputing", req.req_id, e)
+            server.queue.insert(0, req)
+            rerouted += 1
+            continue
+        await _adopt(
+            server,
+            target,
+            req,
+            [p for p, _ in exported],
+            b"".join(b for _, b in exported),
+            num_cached,
+        )
+        migrated += 1
+    await pipeline.close_stages()
+    await server._dispatch()
+    return {"migrated": migrated, "rerouted": rerouted}
+
+
+async def live_prefill(
+    server: Server,
+    manifest: Manifest,
+    new_node: int,
+    old: LocalEndpoint,
+    num_layers_on_new: int,
+    reqs: list[ServeRequest],
+) -> None:
+    """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
+    sample each first token here, then hand the requests (with their whole KV cache) to
+    `old`, which decodes them (BlitzScale §4 live autoscaling)."""
+    L = manifest.arch.num_layers
+    T = num_layers_on_new
+    if not 1 <= T < L:
+        raise ValueError(f"the new instance must run 1..{L - 1} layers (got {T})")
+    client = server.client
+    name = f"live-{secrets.token_hex(3)}"
+    await client.request(
+        new_node,
+        {
+            "op": "stage_open",
+            "pipeline": name,
+            "model": server.model,
+            "first_layer": 0,
+            "end_layer": T,
+            "next_node": old.node,
+        },
+    )
+    await client.request(
+        old.node,
+        {
+            "op": "stage_open",
+            "pipeline": name,
+            "model": server.model,
+            "first_layer": T,
+            "end_layer": L,
+            "next_node": None,
+        },
+    )
+    try:
+        seq_ids = tuple(range(len(reqs)))
+        q = max(len(r.prompt_token_ids) for r in reqs)
+        tokens = torch.zeros(len(reqs), q, dtype=torch.int64)
+        for b, r in enumerate(reqs):
+            tokens[b, : len(r.prompt_token_ids)] = torch.tensor(r.prompt_token_ids)
+        batch = BatchMeta(seq_ids, (0,) * len(reqs), tuple(len(r.prompt_token_ids) for r in reqs))
+        reply, body = await client.exchange(
+            new_node,
+            {
+                "op": "stage_step",
+                "pipeline": name,
+                "kind": "tokens",
+                "shape": list(tokens.shape),
+                "batch": batch.to_json(),
+            },
+            tokens.numpy(),
+        )
+        logits = torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply["shape"])
+        gens = [None if r.params.greedy else make_generator(r.params.seed) for r in reqs]
+        first = Sampler()(logits, [r.params for r in reqs], gens)
+        for b, (r, tok) in enumerate(zip(reqs, first, strict=True)):
+            r.hops.append(name)
+            stop = not r.params.ignore_eos and tok in manifest.arch.eos_token_ids
+            r.add_token(tok, stop or r.params.max_tokens == 1, "stop" if stop else "length")
+            if r.done.is_set():
+                continue
+            n = len(r.prompt_token_ids)
+            parts = await asyncio.gather(
+                _export(server, new_node, name, b, n), _export(server, old.node, name, b, n)
+            )
+            await _adopt(server, old, r, [p for p, _ in parts], b"".join(x for _, x in parts), n)
+    finally:
+        for node in (new_node, old.node):
+            await client.request(node, {"op": "stage_close", "pipeline": name})

@@ -1,0 +1,114 @@
+"""KV-cache migration: pipeline consolidation both ways, and BlitzScale live scaling."""
+
+import asyncio
+
+import pytest
+
+from surge.engine.sampling import SamplingParams
+from surge.policy.zigzag import ZigzagProblem, best_effort
+from surge.runtime.consolidation import consolidate, live_prefill
+from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
+from tests.runtime.conftest import MODEL
+from tests.runtime.test_serving import PROMPTS, check_against_reference
+
+
+async def _setup(cluster, manifest, loads: dict[int, list[int]]):
+    client = cluster.client()
+    await client.connect()
+    await cluster.wire_peers(client)
+    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    for node, blocks in loads.items():
+        await client.request(
+            node,
+            {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": "gpu"},
+        )
+    return client, Server(client, MODEL)
+
+
+@pytest.mark.parametrize("direction", ["scale-down", "scale-up"])
+def test_consolidation_migrates_kv_and_keeps_tokens(
+    direction, make_cluster, manifest, tiny_hf
+) -> None:
+    cluster = make_cluster(2, preload_engine=True)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    # A 2-stage pipeline: node 0 holds blocks 0-1 (layers 0-1), node 1 blocks 2-3.
+    stages = [(0, 0, 2), (1, 2, 4)]
+
+    async def run():
+        client, server = await _setup(cluster, manifest, {0: [0, 1], 1: [2, 3]})
+        try:
+            pipe = PipelineEndpoint(client, manifest, MODEL, "p", stages)
+            await pipe.open()
+            await server.add_endpoint(pipe)
+            reqs = [server.new_request(p, params) for p in PROMPTS]
+            for r in reqs:
+                await server.submit(r)
+            # Members load the rest of the model in the background while the pipeline serves.
+            members = [0] if direction == "scale-down" else [0, 1]
+            rest = {0: [2, 3], 1: [0, 1]}
+            await asyncio.gather(
+                *(
+                    client.request(
+                        n,
+                        {
+                            "op": "load",
+                            "model": MODEL,
+                            "blocks": rest[n],
+                            "source": "remote",
+                            "tier": "gpu",
+                        },
+                    )
+                    for n in members
+                )
+            )
+            while min(len(r.output_token_ids) for r in reqs) < 3:
+                await asyncio.sleep(0.01)
+            targets = []
+            for n in members:
+                ep = LocalEndpoint(client, n, MODEL, f"local-{n}")
+                await ep.open()
+                targets.append(ep)
+            counts = await consolidate(server, pipe, targets)
+            await server.wait_all(60)
+            return reqs, counts
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, counts = asyncio.run(run())
+    assert counts["migrated"] == len(PROMPTS) and counts["rerouted"] == 0
+    expected_targets = {"local-0"} if direction == "scale-down" else {"local-0", "local-1"}
+    assert {r.hops[-1] for r in reqs} == expected_targets
+    assert all(r.hops[0] == "p" for r in reqs)
+    check_against_reference(tiny_hf, reqs, 50)
+
+
+def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -> None:
+    cluster = make_cluster(2, preload_engine=True)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    # The new instance (node 1) has loaded the first two blocks (layers 0-1) so far.
+    schedule = best_effort(
+        ZigzagProblem(num_layers=manifest.arch.num_layers, load_ratio=1.0, num_batches=3)
+    )
+    held = manifest.blocks[1].end_layer
+
+    async def run():
+        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
+        try:
+            old = LocalEndpoint(client, 0, MODEL, "old")
+            await old.open()
+            await server.add_endpoint(old)
+            reqs = []
+            for i, (t, _) in enumerate(schedule.splits):
+                batch = [server.new_request(p, params) for p in PROMPTS[i % len(PROMPTS) :][:2]]
+                await live_prefill(server, manifest, 1, old, max(1, min(t, held)), batch)
+                reqs += batch
+            await server.wait_all(60)
+            return reqs
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs = asyncio.run(run())
+    assert all(r.hops[0].startswith("live-") and r.hops[-1] == "old" for r in reqs)
+    check_against_reference(tiny_hf, reqs, 20)
