@@ -42,11 +42,17 @@ class ScaleOutReport:
     """Indices into the plan's pipelines, in the order they opened."""
 
 
-def stage_layers(manifest: Manifest, pipeline: Pipeline) -> list[tuple[int, int, int]]:
-    """(node, first_layer, end_layer) of each stage of a planned pipeline."""
+def stage_layers(
+    manifest: Manifest, pipeline: Pipeline, agents: list[int] | None = None
+) -> list[tuple[int, int, int]]:
+    """(agent, first_layer, end_layer) of each stage of a planned pipeline."""
     blocks = manifest.blocks
     return [
-        (s.node, blocks[s.first_block].first_layer, blocks[s.last_block].end_layer)
+        (
+            s.node if agents is None else agents[s.node],
+            blocks[s.first_block].first_layer,
+            blocks[s.last_block].end_layer,
+        )
         for s in pipeline.stages
     ]
 
@@ -59,15 +65,20 @@ async def scale_out(
     engine: EngineConfig = EngineConfig(),
     num_micro_batches: int = 2,
     timeout_s: float = 300.0,
+    agents: list[int] | None = None,
 ) -> ScaleOutReport:
-    """Multicast the model to the plan's destinations and open capacity as it becomes usable."""
+    """Multicast the model to the plan's destinations and open capacity as it becomes usable.
+
+    `agents[i]` is the agent that plays plan node i (default: agent i); sources first."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     client, model, plan = server.client, server.model, outcome.plan
     report = ScaleOutReport(mode)
     events = client.listen()
+    agents = list(agents) if agents is not None else list(range(plan.num_nodes))
+    plan_node = {a: i for i, a in enumerate(agents)}
     executor = MulticastExecutor(
-        client, model, plan, tier="gpu", pipelines=outcome.pipelines, timeout_s=timeout_s
+        client, model, plan, agents, tier="gpu", pipelines=outcome.pipelines, timeout_s=timeout_s
     )
     n, b = plan.num_nodes, plan.num_blocks
     holds = [set(range(b)) if v < plan.num_sources else set() for v in range(n)]
@@ -108,13 +119,13 @@ async def scale_out(
                 report.opened.append((name, time.monotonic() - start, ep.nodes))
                 report.pipeline_order.append(index)
         if complete(v):
-            name = f"{model}-node{v}"
-            ep = LocalEndpoint(client, v, model, name, capacity=engine.max_num_seqs)
+            name = f"{model}-node{agents[v]}"
+            ep = LocalEndpoint(client, agents[v], model, name, capacity=engine.max_num_seqs)
             t0 = time.monotonic()
             await ep.open()
             await server.add_endpoint(ep)
             log.info("opened %s in %.3f s", name, time.monotonic() - t0)
-            report.opened.append((name, time.monotonic() - start, (v,)))
+            report.opened.append((name, time.monotonic() - start, (agents[v],)))
             for pname, pipe in list(open_pipes.items()):
                 if v in pipe.nodes:  # mode switch (λScale §4.4)
                     del open_pipes[pname]
@@ -134,7 +145,7 @@ async def scale_out(
             except TimeoutError:
                 continue
             if ev.get("type") == "arrival" and ev.get("mc_id") == executor.mc_id:
-                await on_arrival(ev["node"], ev["block"])
+                await on_arrival(plan_node[ev["node"]], ev["block"])
         report.multicast = task.result()
     finally:
         client.unlisten(events)
