@@ -342,17 +342,36 @@ class NodeAgent(ServingOps):
         name, tier, source = h["model"], h.get("tier", "host"), h.get("source", "disk")
         state = self.model(name)
         t0 = time.perf_counter()
-        for block in h["blocks"]:
-            info = state.manifest.blocks[block]
-            if tier == "disk":
-                buf = memoryview(bytearray(info.size_bytes))
-                await asyncio.to_thread(self._read_source, source, name, info, buf)
-                await asyncio.to_thread(self.disk.write, name, info, buf)
-                continue
-            buf = self.target_buffer(name, block, tier)
-            await asyncio.to_thread(self._read_source, source, name, info, buf)
+        # Fetching never waits for the engine: each block is handed to a landing chain
+        # (in order) and the next read starts at once, so a cold node streams its blocks in
+        # while its engine initialises, and each block is usable the moment the engine
+        # takes it (ParaServe §5, worker-level overlap).
+        landing: asyncio.Task | None = None
+
+        async def land_after(prev: asyncio.Task | None, block: int, buf: memoryview) -> None:
+            if prev is not None:
+                await prev
             await self.landed(name, block, tier, buf, source=source)
-        return {"seconds": time.perf_counter() - t0}
+
+        try:
+            for block in h["blocks"]:
+                info = state.manifest.blocks[block]
+                if tier == "disk":
+                    buf = memoryview(bytearray(info.size_bytes))
+                    await asyncio.to_thread(self._read_source, source, name, info, buf)
+                    await asyncio.to_thread(self.disk.write, name, info, buf)
+                    continue
+                buf = self.target_buffer(name, block, tier)
+                await asyncio.to_thread(self._read_source, source, name, info, buf)
+                landing = asyncio.get_running_loop().create_task(land_after(landing, block, buf))
+            fetched_s = time.perf_counter() - t0
+            if landing is not None:
+                await landing
+        except BaseException:
+            if landing is not None:
+                landing.cancel()
+            raise
+        return {"seconds": time.perf_counter() - t0, "fetch_seconds": fetched_s}
 
     def _read_source(self, source: str, name: str, info, buf: memoryview) -> None:
         if source == "host":  # warm start: this node's own host copy into another tier
