@@ -173,14 +173,21 @@ class ServingOps:
         inst = self.instances[h["instance"]]
         params = SamplingParams(**h.get("params", {}))
 
-        def add(engine: Any) -> int:
-            return engine.add_request(
-                list(h["prompt_token_ids"]), params, list(h.get("output_token_ids", []))
-            )
+        prompt = list(h["prompt_token_ids"])
+        inst.engine.check_prompt(prompt)  # bad input is refused now, not at the next step
+        params.validate()
 
-        sid = await inst.call(add)
-        inst.requests[sid] = h["req_id"]
-        return {"seq_id": sid}
+        def add(engine: Any) -> int:
+            sid = engine.add_request(prompt, params, list(h.get("output_token_ids", [])))
+            inst.requests[sid] = h["req_id"]
+            return sid
+
+        # Answer at once; the loop adds the request at its next step boundary (waiting for
+        # it here would hold the controller's router for a whole step per request).
+        fut = asyncio.get_running_loop().create_future()
+        inst.inbox.append((add, fut))
+        inst.wake.set()
+        return {"queued": True}
 
     async def op_instance_adopt(self, conn: Connection, h: dict, p: memoryview) -> dict:
         """Continue a request whose KV cache arrives with it (KV migration, ParaServe §6)."""

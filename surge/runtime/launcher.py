@@ -45,6 +45,10 @@ class LocalClusterConfig:
     """Running-batch limit of every agent's engines."""
     max_kv_tokens: int = 16384
     """KV-cache capacity (tokens) of every runner on every agent."""
+    threads_per_agent: int | None = None
+    """Compute threads of each agent (None: this machine's cores / agents, at least 1) —
+    N agents on one machine share its cores like N machines would own theirs; without this,
+    every agent's OpenMP pool spins on every core and all of them slow down together."""
     preload_engine: bool = True
     """Agents import the engine (torch) before they report ready; turn off for clusters
     that only move bytes (faster start)."""
@@ -91,7 +95,15 @@ class LocalCluster:
         return self._tmp
 
     def start(self) -> None:
-        env = {**os.environ, "SURGE_TOKEN": self.token}
+        threads = self.config.threads_per_agent or max(
+            1, (os.cpu_count() or 1) // self.config.num_nodes
+        )
+        env = {
+            **os.environ,
+            "SURGE_TOKEN": self.token,
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+        }
         for node in range(self.config.num_nodes):
             eg, ig = self.config.caps(node)
             cmd = [
