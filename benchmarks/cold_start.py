@@ -7,7 +7,7 @@ and the engine takes blocks as they stream in. Measured from the moment the node
 (the agent process is launched) to the first token of one request; both modes alternate
 over several rounds in the same run; the ratio is the result.
 
-Usage: python benchmarks/cold_start.py [--model-mb 32] [--blocks 8] [--remote-gbps 0.2]
+Usage: python -m benchmarks.cold_start [--model-mb 32] [--blocks 8] [--remote-gbps 0.2]
 """
 
 import argparse
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.scale_burst import model_config
+from benchmarks.common import model_config
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest

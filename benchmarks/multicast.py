@@ -5,7 +5,7 @@ agents whose NICs are capped at --link-gbps (token buckets), once per strategy, 
 compares each with the timing model's optimum for the same links and block sizes:
 efficiency = optimal_s / complete_s. Writes JSON (and a PNG of block arrivals per node).
 
-Usage: python benchmarks/multicast.py --nodes 8 --model-mb 64 --blocks 16 --link-gbps 0.5 \
+Usage: python -m benchmarks.multicast --nodes 8 --model-mb 64 --blocks 16 --link-gbps 0.5 \
            --json benchmarks/results/multicast.json --png benchmarks/results/multicast.png
 """
 
@@ -18,9 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import model_config, seed_disk
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import read_manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
 from surge.policy.cluster import Cluster
 from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
 from surge.policy.timing import TimingModel, simulate
@@ -29,23 +30,6 @@ from surge.runtime.multicast import MulticastExecutor
 
 log = logging.getLogger("multicast")
 MODEL = "bench"
-
-
-def model_config(model_mb: float, num_layers: int) -> TinyModelConfig:
-    """A Llama shape of about `model_mb` MB in float32 with `num_layers` layers."""
-    hidden, vocab = 256, 512  # a small vocabulary keeps the first and last blocks close in size
-    fixed = 2 * vocab * hidden + hidden
-    per_layer_target = (model_mb * 1e6 / 4 - fixed) / num_layers
-    attn = 3 * hidden * hidden  # q (256x256), k and v (128x256 each), o (256x256)
-    inter = max(64, int((per_layer_target - attn - 2 * hidden) / (3 * hidden)))
-    return TinyModelConfig(
-        num_layers=num_layers,
-        hidden_size=hidden,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=inter,
-        vocab_size=vocab,
-    )
 
 
 async def run_strategies(
@@ -150,10 +134,7 @@ def main() -> None:
         with LocalCluster(cfg) as cluster:
             # The source's disk tier holds the model (disk reads are not capped).
             for i in range(len(strategies)):
-                dst = cluster.work_dir / "node0" / f"{MODEL}{i}"
-                dst.mkdir(parents=True)
-                for blk in manifest.blocks:
-                    (dst / blk.file).symlink_to(tmp / "store" / blk.file)
+                seed_disk(cluster, 0, f"{MODEL}{i}", tmp / "store", manifest)
             results = asyncio.run(run_strategies(cluster, manifest, strategies, args.link_gbps))
     report = {
         "nodes": args.nodes,

@@ -11,7 +11,7 @@ Then ParaServe's cold start (§4): one request for a model that is only in the r
 registry; first-token time when a 4-way pipeline group fetches a quarter each vs one worker
 fetching the whole model.
 
-Usage: python benchmarks/scale_burst.py --nodes 8 --blocks 16 --link-gbps 0.5 --requests 64 \
+Usage: python -m benchmarks.scale_burst --nodes 8 --blocks 16 --link-gbps 0.5 --requests 64 \
            --json benchmarks/results/scale_burst.json --png benchmarks/results/scale_burst.png
 """
 
@@ -26,11 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import model_config, seed_disk
 from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
 from surge.policy.multicast import MulticastRequest, plan_scale_out
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
 from surge.runtime.scale_out import MODES, scale_out
@@ -38,21 +39,6 @@ from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
 
 log = logging.getLogger("scale_burst")
 MODEL = "burst"
-
-
-def model_config(model_mb: float, num_layers: int) -> TinyModelConfig:
-    """About `model_mb` MB of float32 weights in `num_layers` layers (hidden 256)."""
-    hidden, vocab = 256, 512
-    per_layer = (model_mb * 1e6 / 4 - 2 * vocab * hidden) / num_layers
-    inter = max(64, int((per_layer - 3 * hidden * hidden) / (3 * hidden)))
-    return TinyModelConfig(
-        num_layers=num_layers,
-        hidden_size=hidden,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=inter,
-        vocab_size=vocab,
-    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -244,10 +230,7 @@ def main() -> None:
             )
             with LocalCluster(cfg) as cluster:
                 for node in range(args.sources):
-                    src = cluster.work_dir / f"node{node}" / MODEL
-                    src.mkdir(parents=True)
-                    for blk in manifest.blocks:
-                        (src / blk.file).symlink_to(tmp / "reg" / MODEL / blk.file)
+                    seed_disk(cluster, node, MODEL, tmp / "reg" / MODEL, manifest)
                 report["modes"][mode] = asyncio.run(burst(cluster, manifest, mode, args))
             log.info(
                 "%s: %s",
