@@ -3,8 +3,10 @@
 In: a `ModelProfile`, a `GpuProfile` and the tensor-parallel degree. Out: a `CostModel`
 with, per layer, prefill_s(tokens) = a_p + b_p * tokens and decode_s(batch) = a_d +
 b_d * batch (roofline: decode streams the layer's weights once per step, prefill is
-compute-bound). Whole-model step times multiply by the layers a GPU runs; with TP = g
-each GPU streams 1/g of the weights and does 1/g of the FLOPs, plus an all-reduce cost.
+compute-bound), or the measured per-layer costs of a calibrated profile
+(`GpuProfile.measured_layer_costs_s`). Whole-model step times multiply by the layers a
+GPU runs; with TP = g each GPU streams 1/g of the weights and does 1/g of the FLOPs,
+plus an all-reduce cost.
 """
 
 from dataclasses import dataclass
@@ -44,6 +46,9 @@ class CostModel:
 
 def cost_model(model: ModelProfile, gpu: GpuProfile, tp: int = 1) -> CostModel:
     """The linear cost model of `model` on `tp` GPUs of type `gpu`."""
+    if gpu.measured_layer_costs_s is not None and tp == 1:
+        a_p, b_p, a_d, b_d = gpu.measured_layer_costs_s
+        return CostModel(a_p, b_p, a_d, b_d, model.num_layers)
     flops_s = gpu.tflops * 1e12 * gpu.prefill_efficiency * tp
     bytes_s = gpu.mem_bandwidth_gbs * 1e9 * gpu.decode_efficiency * tp
     overhead = gpu.layer_overhead_s + (TP_ALLREDUCE_S_PER_LAYER if tp > 1 else 0.0)

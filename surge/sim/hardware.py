@@ -40,6 +40,10 @@ class GpuProfile:
     """Fraction of HBM bandwidth reached when decode streams a layer's weights."""
     layer_overhead_s: float
     """Fixed cost per layer per forward step (kernel launches)."""
+    measured_layer_costs_s: tuple[float, float, float, float] | None = None
+    """Measured per-layer (prefill_fixed, prefill_per_token, decode_fixed, decode_per_seq)
+    seconds of ONE model on this device (a calibration, `benchmarks/sim_calibrate.py`);
+    when set they replace the roofline of costs.py (tensor parallel 1 only)."""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.tflops <= 0 or self.mem_bandwidth_gbs <= 0:
@@ -49,15 +53,24 @@ class GpuProfile:
                 raise SurgeError(f"GPU {self.name}: efficiencies must be in (0, 1]")
         if self.layer_overhead_s < 0:
             raise SurgeError(f"GPU {self.name}: layer_overhead_s must be >= 0")
+        costs = self.measured_layer_costs_s
+        if costs is not None and (len(costs) != 4 or min(costs) < 0 or costs[0] + costs[1] <= 0):
+            raise SurgeError(f"GPU {self.name}: measured_layer_costs_s needs 4 values >= 0")
 
 
-def gpu_profile(name: str) -> GpuProfile:
-    """The GPU named `name` from gpus.json."""
-    table = _load_json("gpus.json")
-    if name not in table or name.startswith("_"):
-        known = ", ".join(k for k in table if not k.startswith("_"))
-        raise SurgeError(f"unknown GPU {name!r}; choose one of {known}")
-    d = table[name]
+def gpu_profile(name: str | dict) -> GpuProfile:
+    """The GPU named `name` from gpus.json, or an inline profile: a dict with the fields
+    of one gpus.json entry plus `name` (and optionally `measured_layer_costs_s`)."""
+    if isinstance(name, dict):
+        d = name
+        name = str(d.get("name", "inline"))
+    else:
+        table = _load_json("gpus.json")
+        if name not in table or name.startswith("_"):
+            known = ", ".join(k for k in table if not k.startswith("_"))
+            raise SurgeError(f"unknown GPU {name!r}; choose one of {known}")
+        d = table[name]
+    measured = d.get("measured_layer_costs_s")
     return GpuProfile(
         name,
         int(d["memory_gb"] * GB),
@@ -66,6 +79,7 @@ def gpu_profile(name: str) -> GpuProfile:
         float(d["prefill_efficiency"]),
         float(d["decode_efficiency"]),
         float(d["layer_overhead_s"]),
+        None if measured is None else tuple(float(x) for x in measured),
     )
 
 
@@ -167,7 +181,7 @@ def _group(d: dict, where: str) -> NodeGroup:
     try:
         return NodeGroup(
             int(d["num_nodes"]),
-            gpu_profile(str(d["gpu"])),
+            gpu_profile(d["gpu"] if isinstance(d["gpu"], dict) else str(d["gpu"])),
             int(d["gpus_per_node"]),
             float(d["nic_gbps"]),
             None if d.get("gpu_nic_gbps") is None else float(d["gpu_nic_gbps"]),

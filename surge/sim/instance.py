@@ -11,6 +11,10 @@ decode step has the same batch, so all running requests advance at 1/step_s toke
 second; the instance keeps a decode clock V (tokens each running request has generated
 since V = 0) and a heap of the V at which each request finishes, and schedules only
 the next finish. That is O(1) events per request instead of one per token.
+Compute sharing: `share` (set by the simulator when several endpoints share one host's
+cores, `SimSettings.shared_cores`) multiplies the speed of every step, including a
+prefill in flight, whose remaining work is rescheduled at the new rate; `on_busy(inst)`
+is called whenever the instance turns busy or idle.
 Roles: `both`, `prefill` (requests leave after their first token), `decode` (requests
 arrive with their KV cache and join the batch without a prefill).
 """
@@ -68,6 +72,12 @@ class Instance:
         self._event: Event | None = None
         self.idle_since_s: float | None = loop.now_s
         self.tokens_done = 0
+        self.share = 1.0
+        """Fraction of a compute unit this instance gets now (host compute sharing)."""
+        self.on_busy: Callable[[Instance], None] | None = None
+        """Called when the instance turns busy or idle (compute sharing)."""
+        self._prefill_left_s = 0.0
+        self._prefill_rate = 1.0
 
     # --- load signals -------------------------------------------------------------
     @property
@@ -83,12 +93,33 @@ class Instance:
         if self.phase != PREFILL:
             self._advance()
 
+    @property
+    def busy(self) -> bool:
+        """Whether a prefill or decode step is under way."""
+        return self.phase != IDLE
+
     def set_speed(self, speed: float) -> None:
         """Change relative speed (live loading finished, pipeline hop changed)."""
+        self._rate_change(lambda: setattr(self, "speed", speed))
+
+    def set_share(self, share: float) -> None:
+        """Change the fraction of a compute unit this instance gets (0 < share <= 1)."""
+        self._rate_change(lambda: setattr(self, "share", share))
+
+    def _rate_change(self, change: Callable[[], None]) -> None:
         self._settle()
-        self.speed = speed
+        change()
         if self.phase == DECODE:
             self._schedule_decode()
+        elif self.phase == PREFILL and self._event is not None:
+            self._event.cancel()
+            self._schedule_prefill()
+
+    def _set_phase(self, phase: int) -> None:
+        was = self.phase != IDLE
+        self.phase = phase
+        if self.on_busy is not None and was != (phase != IDLE):
+            self.on_busy(self)
 
     def drain(self) -> list[SimRequest]:
         """Stop serving: return every unfinished request, marked for KV recomputation."""
@@ -109,7 +140,7 @@ class Instance:
         self.running.clear()
         self.prefilling.clear()
         self.kv_tokens = 0
-        self.phase = IDLE
+        self._set_phase(IDLE)
         return out
 
     # --- internals ----------------------------------------------------------------
@@ -117,10 +148,19 @@ class Instance:
         now = self.loop.now_s
         if self.phase == DECODE and self.step_s > 0:
             self.v += (now - self.v_time_s) / self.step_s
+        elif self.phase == PREFILL:
+            # Remaining prefill time at rate 1 (compute, then the hop).
+            self._prefill_left_s -= (now - self.v_time_s) * self._prefill_rate
+            self._prefill_left_s = max(self._prefill_left_s, 0.0)
         self.v_time_s = now
 
     def _decode_step_s(self) -> float:
-        return self.cost.decode_s(len(self.running)) / self.speed + self.hop_s
+        return self.cost.decode_s(len(self.running)) / (self.speed * self.share) + self.hop_s
+
+    def _schedule_prefill(self) -> None:
+        self._prefill_rate = self.speed * self.share
+        at = self.loop.now_s + self._prefill_left_s / self._prefill_rate
+        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
 
     def _schedule_decode(self) -> None:
         if self._event is not None:
@@ -154,6 +194,10 @@ class Instance:
 
     def _advance(self) -> None:
         """Start the next prefill if requests wait and fit, else decode, else idle."""
+        if self.phase == PREFILL and self._event is not None:
+            # A prefill is already in flight: started by a request that arrived from an
+            # on_done callback inside _on_decode_done. Restarting would drop its batch.
+            return
         self._settle()
         batch = self._admit()
         if batch and self.role == "decode":
@@ -164,17 +208,21 @@ class Instance:
             if self._event is not None:
                 self._event.cancel()
                 self._event = None
-            self.phase = PREFILL
             self.prefilling = batch
             tokens = sum(r.prefill_tokens for r in batch)
-            at = self.loop.now_s + self.cost.prefill_s(tokens) / self.speed + self.hop_s
-            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
+            # Work in seconds at rate 1, hop included at the current rate (after a
+            # rate change the hop scales too: one number for compute + hop).
+            self._prefill_left_s = self.cost.prefill_s(tokens) + self.hop_s * (
+                self.speed * self.share
+            )
+            self._set_phase(PREFILL)
+            self._schedule_prefill()
             return
         if self.running:
-            self.phase = DECODE
+            self._set_phase(DECODE)
             self._schedule_decode()
         else:
-            self.phase = IDLE
+            self._set_phase(IDLE)
             if self._event is not None:
                 self._event.cancel()
                 self._event = None

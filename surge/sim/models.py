@@ -5,7 +5,9 @@ attention 2*h*h + 2*h*kv_dim (q, o, k, v), MLP 3*h*i (gated) or 2*h*i (plain), t
 norms, embeddings (and an untied head) with the first and last layer.
 """
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from surge.errors import SurgeError
 from surge.sim.hardware import _load_json
@@ -87,11 +89,16 @@ def model_names() -> tuple[str, ...]:
 
 
 def load_model(name: str) -> ModelProfile:
-    """The bundled model profile `name`."""
+    """The bundled model profile `name`, or a JSON file shaped like one entry of
+    models.json (its `name` field, else the file name, names it)."""
     table = _load_json("models.json")
-    if name not in table or name.startswith("_"):
+    if name in table and not name.startswith("_"):
+        d = table[name]
+    elif name.endswith(".json") and Path(name).is_file():
+        d = json.loads(Path(name).read_text())
+        name = str(d.get("name", Path(name).stem))
+    else:
         raise SurgeError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
-    d = table[name]
     return ModelProfile(
         name,
         int(d["num_layers"]),

@@ -51,6 +51,12 @@ class SimSettings:
     """After the last arrival, stop at most this long later (unfinished are counted)."""
     warm_instances: int = 0
     """Instances of each model serving at time 0 (0 = cold start)."""
+    shared_cores: float | None = None
+    """Host compute sharing: every instance and execution pipeline of the cluster runs on
+    ONE host with this many cores (e.g. local agents on one machine, one thread each).
+    Busy endpoints share them equally, each getting at most one core: with n busy, each
+    runs at min(1, shared_cores / n) of its cost model's speed. None: every GPU computes
+    on its own (a real cluster)."""
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -63,6 +69,8 @@ class SimSettings:
             raise SurgeError("sample interval and drain limit must be > 0 s")
         if self.warm_instances < 0:
             raise SurgeError("warm_instances must be >= 0")
+        if self.shared_cores is not None and not self.shared_cores > 0:
+            raise SurgeError("shared_cores must be > 0 or None")
 
     def slo_of(self, model: str) -> Slo:
         """The SLO of `model`."""

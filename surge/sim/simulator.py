@@ -135,6 +135,8 @@ class Simulation:
         """Per model: instances waiting for the cold leader to multicast to them."""
         self.check_pending: set[int] = set()
         """Pools with an autoscaler check already scheduled."""
+        self.busy: dict[int, Instance] = {}
+        """Busy endpoints by id, when they share one host's cores (`shared_cores`)."""
         self._seed_host_caches()
 
     # --- setup --------------------------------------------------------------------
@@ -453,6 +455,8 @@ class Simulation:
             hop,
         )
         inst.pool_key = (pool.model, pool.role)
+        if self.settings.shared_cores is not None:
+            inst.on_busy = self._on_busy
         inst.gpus = gpus
         inst.all_gpus = all_gpus
         inst.machine = self.state.machine_of_gpu[gpus[0]].index
@@ -462,6 +466,19 @@ class Simulation:
         inst.sending = 0
         inst.reserved = 0
         return inst
+
+    def _on_busy(self, inst: Instance) -> None:
+        """Processor sharing of `shared_cores`: each busy endpoint gets min(1, cores/n)."""
+        if inst.busy:
+            self.busy[inst.id] = inst
+        else:
+            self.busy.pop(inst.id, None)
+        if not self.busy:
+            return
+        share = min(1.0, self.settings.shared_cores / len(self.busy))
+        for iid in sorted(self.busy):
+            if self.busy[iid].share != share:
+                self.busy[iid].set_share(share)
 
     def _place(self, pool: Pool, count: int, per_instance: int) -> tuple[tuple[int, ...], ...]:
         group = self.group_of_model[pool.model]
