@@ -57,6 +57,10 @@ class ControllerConfig:
     max_num_seqs: int = 64
     preload_engine: bool = True
     scale_out_timeout_s: float = 120.0
+    launcher: str = "local"
+    """Where agents run without `addresses`: "local" (processes here) or "ray" (actors)."""
+    ray_address: str | None = None
+    """With launcher "ray": a running Ray cluster; None starts a local one on loopback."""
 
 
 class TrackedRequest(ServeRequest):
@@ -109,6 +113,12 @@ class Deployment:
     scale_outs: int = 0
     pinned_node: int | None = None
     host_last_used: dict[int, float] = field(default_factory=dict)
+    kv_migrated: int = 0
+    """Requests moved onto new instances with their KV cache (ParaServe consolidation)."""
+    live_prefilled: int = 0
+    """Requests prefilled by live scaling (BlitzScale)."""
+    multicasting: bool = False
+    """A serve-while-loading scale-out of this deployment is running."""
 
     @property
     def name(self) -> str:
@@ -156,18 +166,12 @@ class Controller:
         self.registry.mkdir(parents=True, exist_ok=True)
         self.store = DeploymentStore(self.config.state_dir / "deployments.sqlite")
         if self.addresses is None:
-            from surge.runtime.launcher import LocalCluster, LocalClusterConfig
-
-            self.cluster = LocalCluster(
-                LocalClusterConfig(
-                    num_nodes=self.config.nodes,
-                    link_gbps=self.config.link_gbps,
-                    remote_dir=self.registry,
-                    max_num_seqs=self.config.max_num_seqs,
-                    preload_engine=self.config.preload_engine,
-                )
-            )
-            await asyncio.to_thread(self.cluster.start)
+            self.cluster = self._launcher()
+            try:
+                await asyncio.to_thread(self.cluster.start)
+            except BaseException:
+                await asyncio.to_thread(self.cluster.stop)
+                raise
             self.addresses, self.token = self.cluster.addresses, self.cluster.token
         assert self.addresses is not None and self.token is not None
         self.client = ClusterClient(self.addresses, self.token)
@@ -184,6 +188,26 @@ class Controller:
             except SurgeError as e:
                 log.error("deployment %s cannot come back: %s", spec.name, e)
         self._tasks.append(asyncio.get_running_loop().create_task(self._loop()))
+
+    def _launcher(self) -> Any:
+        """A `LocalCluster` or a `RayCluster` (same surface) of `config.nodes` agents."""
+        c = self.config
+        common: dict[str, Any] = {
+            "num_nodes": c.nodes,
+            "link_gbps": c.link_gbps,
+            "remote_dir": self.registry,
+            "max_num_seqs": c.max_num_seqs,
+            "preload_engine": c.preload_engine,
+        }
+        if c.launcher == "ray":
+            from surge.runtime.launcher_ray import RayCluster, RayClusterConfig
+
+            return RayCluster(RayClusterConfig(address=c.ray_address, **common))
+        if c.launcher != "local":
+            raise SurgeError(f"launcher {c.launcher!r} is not one of local, ray")
+        from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+
+        return LocalCluster(LocalClusterConfig(**common))
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -328,6 +352,8 @@ class Controller:
                 "pinned_host_copy": dep.pinned_node,
                 "last_start": dep.last_start,
                 "scale_outs": dep.scale_outs,
+                "kv_migrated": dep.kv_migrated,
+                "live_prefilled": dep.live_prefilled,
                 "num_blocks": dep.manifest.num_blocks,
                 "bytes": dep.manifest.total_bytes,
             },
@@ -544,8 +570,14 @@ class Controller:
             local_disk={d for d in dests if d in self.pool.complete(name, "disk")},
             on_local=lambda node, ep: self._on_local(dep, node, ep),
             make_host_copy=lambda node: self._make_host_copy(dep, node, pin=True),
+            engine=self.engine,
             timeout_s=self.config.scale_out_timeout_s,
+            # Pipelines of `surge.runtime.scale_out` are named by plan index: one
+            # serve-while-loading multicast per model at a time; others load, then serve.
+            serve_while_loading=not dep.multicasting,
         )
+        dep.multicasting = True
+        owns_multicast = ctx.serve_while_loading
         dep.scale_outs += 1
         m = self.metrics
         m.blocks_in_flight.labels(name).inc(len(dests) * dep.manifest.num_blocks)
@@ -562,6 +594,12 @@ class Controller:
             except Exception as e:
                 log.warning("%s: scale-out to %s failed: %s", name, dests, e)
             finally:
+                if owns_multicast:
+                    dep.multicasting = False
+                m.kv_migrated.labels(name).inc(ctx.kv_migrated)
+                m.live_prefilled.labels(name).inc(ctx.live_prefilled)
+                dep.kv_migrated += ctx.kv_migrated
+                dep.live_prefilled += ctx.live_prefilled
                 m.blocks_in_flight.labels(name).dec(len(dests) * dep.manifest.num_blocks)
                 for d in dests:
                     self.nic_load[d] = max(0, self.nic_load.get(d, 0) - 1)
@@ -713,7 +751,11 @@ class Controller:
 
     def nodes_view(self) -> list[dict[str, Any]]:
         down = self.client.down if self.client else set()
-        pids = {n: p.pid for n, p in self.cluster.procs.items()} if self.cluster is not None else {}
+        pids: dict[int, int] = {}
+        if hasattr(self.cluster, "pids"):  # RayCluster
+            pids = self.cluster.pids
+        elif self.cluster is not None:
+            pids = {n: p.pid for n, p in self.cluster.procs.items()}
         return [
             {
                 "node": n,

@@ -67,6 +67,18 @@ class Metrics:
         self.released = Counter(
             "surge_instances_released", "Instances released", ["model"], registry=r
         )
+        self.kv_migrated = Counter(
+            "surge_kv_migrated_requests",
+            "Requests moved with their KV cache (ParaServe consolidation)",
+            ["model"],
+            registry=r,
+        )
+        self.live_prefilled = Counter(
+            "surge_live_prefill_requests",
+            "Requests prefilled by live scaling (BlitzScale: layers split new/old instance)",
+            ["model"],
+            registry=r,
+        )
         self.nodes_up = Gauge("surge_nodes_up", "Node agents alive", registry=r)
         self.slo_ttft_ok = Counter(
             "surge_slo_ttft_met",

@@ -2,8 +2,8 @@
 
 In: the deployment's `Server`, its manifest, the destination agents (chosen by
 `surge.policy.placement`) and what the parameter pool says about sources. Out: local
-instances opened on the destinations (through `on_local`), execution pipelines opened and
-retired on the way, and the start kind (hot, warm, cold).
+instances opened on the destinations (reported through `on_local`), execution pipelines
+opened and retired on the way, and the start kind (hot, warm, cold).
 
 Locality-driven start-up (λScale §5):
 - a destination holding a complete host copy loads it into its gpu tier itself (warm,
@@ -14,33 +14,49 @@ Locality-driven start-up (λScale §5):
   the model from its disk or the registry into its host tier (restoring BlitzScale's
   one-host-copy invariant) and then leads as a warm source.
 
-Strategies: `lambdascale` (binomial multicast, pipelines open as blocks land, mode switch
-to local instances), `blitzscale` (serial forwarding chains, same serve-while-loading),
-`paraserve` (destinations fetch disjoint parts in parallel from their best local tier, serve
-as one pipeline group, then consolidate: each fetches the rest and becomes a local
-instance), `load-then-serve` (ServerlessLLM: each destination loads the whole model from its
-best tier, then serves).
-
-Unlike `surge.runtime.scale_out`, plan nodes map to arbitrary agents (sources are wherever
-copies are), which the controller needs.
+Strategies (the mechanisms live in `surge.runtime`; this module only picks sources, plans
+and hands over):
+- `lambdascale`: binomial multicast run by `surge.runtime.scale_out.scale_out`
+  (execute-while-load: pipelines open as blocks land, mode switch to local instances);
+- `blitzscale`: the same with BlitzScale's serial forwarding chains, plus live scaling
+  (BlitzScale §4, §5.2) while a destination loads: queued requests are prefilled with the
+  first T layers on the new node and the rest on a serving instance, which decodes them
+  (`surge.runtime.consolidation.live_prefill`, T from `surge.policy.zigzag.best_effort`
+  clipped to the layers the new node holds);
+- `paraserve` (ParaServe §4, §6): destinations fetch disjoint block ranges in parallel from
+  their best tier, serve as one pipeline group, fetch the rest, then consolidate by KV
+  migration onto every member (`surge.runtime.consolidation.consolidate`);
+- `load-then-serve` (ServerlessLLM): each destination loads the whole model from its best
+  tier, then serves.
 """
 
 import asyncio
+import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
+from surge.config import EngineConfig
 from surge.model.manifest import Manifest
-from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.client import ClusterClient
-from surge.runtime.multicast import MulticastExecutor
-from surge.runtime.scale_out import stage_layers
-from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
+from surge.runtime.consolidation import consolidate, live_prefill
+from surge.runtime.scale_out import scale_out
+from surge.runtime.serving import Endpoint, LocalEndpoint, PipelineEndpoint, Server, ServeRequest
 
 log = logging.getLogger(__name__)
 
 PLAN_STRATEGY = {"lambdascale": "binomial", "blitzscale": "chain"}
+
+LIVE_BATCH = 4
+"""Queued requests prefilled together by one live-scaling step."""
+LIVE_LOAD_RATIO = 1.0
+"""Zigzag's Time_l (layer load time / layer execution time) for the schedule's shape; the
+real limit is applied at each batch: the layers the new node holds (C3, measured)."""
 
 
 @dataclass
@@ -64,13 +80,22 @@ class ScaleOutContext:
     """Called when a destination serves alone."""
     make_host_copy: Callable[[int], Awaitable[None]]
     """Load the model into a node's host tier from its disk or the registry (cold leader)."""
+    engine: EngineConfig = EngineConfig()
     timeout_s: float = 120.0
+    serve_while_loading: bool = True
+    """False: multicast destinations serve only once whole (`stop_the_world`); the
+    controller sets it when another multicast of the same model still has pipelines."""
     pipelines_opened: int = 0
+    kv_migrated: int = 0
+    """Requests moved with their KV cache (consolidation)."""
+    live_prefilled: int = 0
+    """Requests prefilled cooperatively by live scaling."""
     events: list[tuple[str, float]] = field(default_factory=list)
 
 
 def instance_name(model: str, node: int) -> str:
-    return f"{model}@{node}"
+    """The local instance of `model` on `node` (the name `surge.runtime.scale_out` uses)."""
+    return f"{model}-node{node}"
 
 
 def start_kind(ctx: ScaleOutContext, dests: list[int]) -> str:
@@ -94,8 +119,18 @@ def _best_source(ctx: ScaleOutContext, node: int) -> str:
     return "disk" if node in ctx.local_disk else "remote"
 
 
+def _local_endpoint(ctx: ScaleOutContext, node: int) -> LocalEndpoint:
+    return LocalEndpoint(
+        ctx.client,
+        node,
+        ctx.model,
+        instance_name(ctx.model, node),
+        capacity=ctx.engine.max_num_seqs,
+    )
+
+
 async def _open_local(ctx: ScaleOutContext, node: int) -> None:
-    ep = LocalEndpoint(ctx.client, node, ctx.model, instance_name(ctx.model, node))
+    ep = _local_endpoint(ctx, node)
     await ep.open()
     await ctx.server.add_endpoint(ep)
     await ctx.on_local(node, ep)
@@ -129,7 +164,7 @@ async def run_scale_out(ctx: ScaleOutContext, dests: list[int]) -> str:
         tasks.append(asyncio.ensure_future(_load_then_serve(ctx, leader)))
     if rest:
         sources = sources[: len(rest)]  # more sources than receivers buy nothing
-        tasks.append(asyncio.ensure_future(_multicast_serve(ctx, sources, rest)))
+        tasks.append(asyncio.ensure_future(_multicast(ctx, sources, rest)))
     results = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
@@ -137,8 +172,43 @@ async def run_scale_out(ctx: ScaleOutContext, dests: list[int]) -> str:
     return kind
 
 
-async def _multicast_serve(ctx: ScaleOutContext, sources: list[int], dests: list[int]) -> None:
-    """Multicast from `sources` to `dests` into the gpu tier, serving while it loads."""
+class _ReportingServer:
+    """The deployment's `Server` as `surge.runtime.scale_out` sees it: every local instance
+    it opens is also reported to the controller (`on_local`)."""
+
+    def __init__(self, ctx: ScaleOutContext) -> None:
+        self._ctx = ctx
+        self.client, self.model = ctx.server.client, ctx.server.model
+
+    async def add_endpoint(self, ep: Endpoint) -> None:
+        await self._ctx.server.add_endpoint(ep)
+        if isinstance(ep, LocalEndpoint):
+            await self._ctx.on_local(ep.node, ep)
+        else:
+            self._ctx.pipelines_opened += 1
+            self._ctx.events.append((ep.name, time.monotonic()))
+
+    async def retire(self, name: str) -> list[ServeRequest]:
+        return await self._ctx.server.retire(name)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._ctx.server, attr)
+
+
+def _placeable(outcome: MulticastOutcome, agents: list[int]) -> MulticastOutcome:
+    """Keep the pipelines whose stages `surge.runtime.scale_out` places on the right agents.
+
+    Workaround: `scale_out` builds a pipeline's stages with `stage_layers(manifest, pipe)`,
+    not `stage_layers(manifest, pipe, agents)`, so a stage of plan node v opens on agent v.
+    Only pipelines whose plan nodes are their own agents are safe until that is fixed.
+    """
+    safe = tuple(p for p in outcome.pipelines if all(agents[s.node] == s.node for s in p.stages))
+    return outcome if len(safe) == len(outcome.pipelines) else replace(outcome, pipelines=safe)
+
+
+async def _multicast(ctx: ScaleOutContext, sources: list[int], dests: list[int]) -> None:
+    """Multicast from `sources` to `dests` into the gpu tier with the runtime's
+    `scale_out` (plan node i = agents[i], sources first), serving while it loads."""
     b = ctx.manifest.num_blocks
     agents = [*sources, *dests]
     outcome = plan_scale_out(
@@ -150,71 +220,114 @@ async def _multicast_serve(ctx: ScaleOutContext, sources: list[int], dests: list
             block_bytes=max(1, ctx.manifest.total_bytes // b),
         )
     )
-    k = len(sources)
-    events = ctx.client.listen()
-    executor = MulticastExecutor(
-        ctx.client,
-        ctx.model,
-        outcome.plan,
-        agents=agents,
-        tier="gpu",
-        pipelines=outcome.pipelines,
-        timeout_s=ctx.timeout_s,
-    )
-    holds = [set(range(b)) if v < k else set() for v in range(len(agents))]
-    pending = list(enumerate(outcome.pipelines))
-    open_pipes: dict[str, tuple[int, ...]] = {}
-    opened_local: set[int] = set()
-    task = asyncio.get_running_loop().create_task(executor.run())
-
-    async def on_arrival(v: int, block: int) -> None:
-        holds[v].add(block)
-        for item in list(pending):
-            index, pipe = item
-            if any(len(holds[s.node]) == b for s in pipe.stages):
-                pending.remove(item)  # a member is already whole: it serves alone instead
-                continue
-            if all(
-                set(range(s.first_block, s.last_block + 1)) <= holds[s.node] for s in pipe.stages
-            ):
-                pending.remove(item)
-                name = f"{ctx.model}-pipe-{executor.mc_id}-{index}"
-                stages = [(agents[n], f, e) for n, f, e in stage_layers(ctx.manifest, pipe)]
-                ep = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages)
-                await ep.open()
-                await ctx.server.add_endpoint(ep)
-                open_pipes[name] = pipe.nodes
-                ctx.pipelines_opened += 1
-                ctx.events.append((name, time.monotonic()))
-        if len(holds[v]) == b and v >= k and v not in opened_local:
-            opened_local.add(v)
-            await _open_local(ctx, agents[v])
-            for pname, nodes in list(open_pipes.items()):
-                if v in nodes:  # mode switch (λScale §4.4)
-                    del open_pipes[pname]
-                    await ctx.server.retire(pname)
-
+    mode = "execute_while_load" if ctx.serve_while_loading else "stop_the_world"
+    live = None
+    if ctx.strategy == "blitzscale":
+        live = asyncio.ensure_future(_live_scaling(ctx, dests))
     try:
-        while not (task.done() and events.empty()):
-            try:
-                ev = await asyncio.wait_for(events.get(), 0.2)
-            except TimeoutError:
+        await scale_out(
+            cast(Server, _ReportingServer(ctx)),
+            ctx.manifest,
+            _placeable(outcome, agents),
+            mode=mode,
+            engine=ctx.engine,
+            timeout_s=ctx.timeout_s,
+            agents=agents,
+        )
+    finally:
+        if live is not None:
+            live.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await live
+        if mode == "execute_while_load":  # a member died before completing: retire the rest
+            for name, ep in list(ctx.server.endpoints.items()):
+                if isinstance(ep, PipelineEndpoint) and name.startswith(f"{ctx.model}-pipe"):
+                    await ctx.server.retire(name)
+
+
+def _held_layers(manifest: Manifest, blocks: set[int]) -> int:
+    """Layers 0..n-1 that a node can run: the end layer of its longest block prefix."""
+    k = 0
+    while k in blocks:
+        k += 1
+    return manifest.blocks[k - 1].end_layer if k else 0
+
+
+async def _live_scaling(ctx: ScaleOutContext, dests: list[int]) -> None:
+    """BlitzScale live scaling (§4, §5.2) for as long as `dests` load.
+
+    While a destination holds a prefix of the layers but not all of them, and requests that
+    have not started wait in the deployment's queue, batches of them are prefilled
+    cooperatively: the first T layers on the destination, the rest on a serving local
+    instance (the overloaded "old" one), which then decodes them with the whole KV cache.
+    T_i comes from the paper's best-effort zigzag schedule (`policy.zigzag.best_effort`),
+    clipped to the layers the destination holds at that moment. Runs until cancelled (the
+    multicast is over); a failed step puts its requests back at the head of the queue."""
+    manifest, server = ctx.manifest, ctx.server
+    num_layers = manifest.arch.num_layers
+    held: dict[int, set[int]] = {d: set() for d in dests}
+    events = ctx.client.listen()
+    splits: list[tuple[int, int]] = []
+    try:
+        while True:
+            evs = []
+            with contextlib.suppress(TimeoutError):
+                evs.append(await asyncio.wait_for(events.get(), 0.05))
+            while not events.empty():  # token events flow all the time: drain, then decide
+                evs.append(events.get_nowait())
+            for ev in evs:
+                if (
+                    ev.get("type") == "arrival"
+                    and ev.get("model") == ctx.model
+                    and ev.get("tier") == "gpu"
+                    and ev.get("node") in held
+                ):
+                    held[ev["node"]].add(ev["block"])
+            olds = [
+                e
+                for e in server.endpoints.values()
+                if isinstance(e, LocalEndpoint) and not e.failed and e.node not in held
+            ]
+            waiting = [r for r in server.queue if not r.output_token_ids and not r.done.is_set()]
+            layers = {
+                d: _held_layers(manifest, b)
+                for d, b in held.items()
+                if len(b) < manifest.num_blocks and d not in ctx.client.down
+            }
+            if not olds or not waiting or not layers:
                 continue
-            if ev.get("type") == "arrival" and ev.get("mc_id") == executor.mc_id:
-                v = executor.node_of.get(ev["node"])
-                if v is not None:
-                    await on_arrival(v, ev["block"])
-        task.result()
+            new = max(layers, key=lambda d: (layers[d], -d))
+            if layers[new] < 1:
+                continue
+            if not splits:  # a fresh schedule for the batches waiting now
+                problem = ZigzagProblem(
+                    num_layers=num_layers,
+                    load_ratio=LIVE_LOAD_RATIO,
+                    num_batches=max(1, math.ceil(len(waiting) / LIVE_BATCH)),
+                    resident_layers_at_start=min(layers[new], num_layers),
+                )
+                splits = list(best_effort(problem).splits)
+            t = min(splits.pop(0)[0], layers[new], num_layers - 1)
+            if t < 1:
+                continue  # this batch runs on the old instance alone (normal routing)
+            old = min(olds, key=lambda e: (e.outstanding, e.name))
+            batch = waiting[:LIVE_BATCH]
+            server.queue[:] = [r for r in server.queue if r not in batch]
+            try:
+                await live_prefill(server, manifest, new, old, t, batch)
+                ctx.live_prefilled += len(batch)
+            except Exception as e:
+                log.info("live prefill on node %d failed (%s); requests re-queued", new, e)
+                back = [r for r in batch if not r.done.is_set() and r.req_id not in old.requests]
+                server.queue[:0] = back
+                await server._dispatch()
     finally:
         ctx.client.unlisten(events)
-        if not task.done():
-            task.cancel()
-        for pname in list(open_pipes):  # a member died before completing: retire the rest
-            await ctx.server.retire(pname)
 
 
 async def _paraserve(ctx: ScaleOutContext, dests: list[int]) -> None:
-    """Parallel fetch of disjoint parts, one pipeline group, then consolidation."""
+    """ParaServe (§4, §6): parallel fetch of disjoint parts, one pipeline group serving at
+    once, then consolidation by KV migration onto every member that loaded the rest."""
     b = ctx.manifest.num_blocks
     group = dests[: min(len(dests), b)]
     others = dests[len(group) :]
@@ -233,20 +346,54 @@ async def _paraserve(ctx: ScaleOutContext, dests: list[int]) -> None:
         for d, p in zip(group, parts, strict=True)
     ]
     name = f"{ctx.model}-pgroup-{'-'.join(map(str, group))}-{time.monotonic_ns()}"
-    ep = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages)
-    await ep.open()
-    await ctx.server.add_endpoint(ep)
+    pipe = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
+    await pipe.open()
+    await ctx.server.add_endpoint(pipe)
     ctx.pipelines_opened += 1
+    ctx.events.append((name, time.monotonic()))
 
-    async def consolidate(d: int, have: list[int]) -> None:
-        rest = [x for x in range(b) if x not in have]
-        await _load(ctx, d, rest, _best_source(ctx, d))
-        await _open_local(ctx, d)
+    async def fetch_rest(d: int, have: list[int]) -> LocalEndpoint:
+        await _load(ctx, d, [x for x in range(b) if x not in have], _best_source(ctx, d))
+        ep = _local_endpoint(ctx, d)
+        await ep.open()
+        return ep
 
+    extra = asyncio.gather(*(_load_then_serve(ctx, d) for d in others), return_exceptions=True)
+    fetched = await asyncio.gather(
+        *(fetch_rest(d, p) for d, p in zip(group, parts, strict=True)), return_exceptions=True
+    )
+    targets = [t for t in fetched if isinstance(t, LocalEndpoint)]
     try:
-        await asyncio.gather(
-            *(consolidate(d, p) for d, p in zip(group, parts, strict=True)),
-            *(_load_then_serve(ctx, d) for d in others),
-        )
+        if targets and name in ctx.server.endpoints and not pipe.failed:
+            inflight = list(pipe.requests.values())
+            try:
+                counts = await consolidate(ctx.server, pipe, targets)
+                ctx.kv_migrated += counts["migrated"]
+                log.info("%s consolidated onto %s: %s", name, [t.node for t in targets], counts)
+            except Exception as e:  # a target died mid-way: nothing may be lost
+                log.warning("consolidation of %s failed (%s); re-routing", name, e)
+                await _requeue_orphans(ctx.server, inflight)
+                await pipe.close_stages()
+        else:
+            for t in targets:
+                await ctx.server.add_endpoint(t)
+        for t in targets:
+            await ctx.on_local(t.node, t)
     finally:
-        await ctx.server.retire(name)
+        await ctx.server.retire(name)  # no-op when consolidated
+    errors = [r for r in [*fetched, *await extra] if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+
+
+async def _requeue_orphans(server: Server, reqs: list[ServeRequest]) -> None:
+    """Route again every request that is unfinished, not queued and on no endpoint."""
+    on_endpoint = {rid for e in server.endpoints.values() for rid in e.requests}
+    queued = {r.req_id for r in server.queue}
+    back = [
+        r
+        for r in reqs
+        if not r.done.is_set() and r.req_id not in on_endpoint and r.req_id not in queued
+    ]
+    server.queue[:0] = back
+    await server._dispatch()
