@@ -102,11 +102,24 @@ def serve(
         typer.Option(help="Deployments database and registry (default $SURGE_HOME/serve)."),
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML or TOML file of settings.")] = None,
-    launcher: Annotated[str, typer.Option(help="Where agents run: local.")] = "local",
+    launcher: Annotated[
+        str, typer.Option(help="Where agents run: local (processes) or ray (one actor each).")
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="With --launcher ray: a running cluster (default: a local one)."),
+    ] = None,
 ) -> None:
-    """Serve models over an OpenAI-compatible API on a local cluster of node agents."""
-    if launcher != "local":
-        raise SurgeError(f"launcher {launcher!r} is not available; use --launcher local")
+    """Serve models over an OpenAI-compatible API on a cluster of node agents."""
+    if launcher not in ("local", "ray"):
+        raise SurgeError(f"launcher {launcher!r} is not one of local, ray")
+    if ray_address is not None and launcher != "ray":
+        raise SurgeError("--ray-address needs --launcher ray")
+    if launcher == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise SurgeError("--launcher ray needs Ray: pip install 'surge[ray]' (ray==2.60.0)")
     cfg = load_config(config) if config is not None else {}
     flags = {
         "nodes": nodes,
@@ -130,6 +143,7 @@ def serve(
         path = Path(model).expanduser().resolve()
         deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy})
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
+    cfg["launcher"], cfg["ray_address"] = launcher, ray_address
     asyncio.run(_serve(cfg, num_nodes, port_, deployments))
 
 
@@ -149,6 +163,8 @@ async def _serve(cfg: dict[str, Any], num_nodes: int, port: int, deployments: li
         max_num_seqs=int(cfg.get("max_num_seqs", 64)),
         host_cache_bytes=int(float(cfg.get("host_cache_gb", 4)) * (1 << 30)),
         tick_s=float(cfg.get("tick_s", 0.1)),
+        launcher=cfg.get("launcher", "local"),
+        ray_address=cfg.get("ray_address"),
     )
     controller = Controller(ccfg)
     try:
