@@ -36,12 +36,12 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from surge.config import EngineConfig
 from surge.model.manifest import Manifest
-from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.multicast import MulticastRequest, plan_scale_out
 from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.client import ClusterClient
 from surge.runtime.consolidation import consolidate, live_prefill
@@ -195,17 +195,6 @@ class _ReportingServer:
         return getattr(self._ctx.server, attr)
 
 
-def _placeable(outcome: MulticastOutcome, agents: list[int]) -> MulticastOutcome:
-    """Keep the pipelines whose stages `surge.runtime.scale_out` places on the right agents.
-
-    Workaround: `scale_out` builds a pipeline's stages with `stage_layers(manifest, pipe)`,
-    not `stage_layers(manifest, pipe, agents)`, so a stage of plan node v opens on agent v.
-    Only pipelines whose plan nodes are their own agents are safe until that is fixed.
-    """
-    safe = tuple(p for p in outcome.pipelines if all(agents[s.node] == s.node for s in p.stages))
-    return outcome if len(safe) == len(outcome.pipelines) else replace(outcome, pipelines=safe)
-
-
 async def _multicast(ctx: ScaleOutContext, sources: list[int], dests: list[int]) -> None:
     """Multicast from `sources` to `dests` into the gpu tier with the runtime's
     `scale_out` (plan node i = agents[i], sources first), serving while it loads."""
@@ -228,7 +217,7 @@ async def _multicast(ctx: ScaleOutContext, sources: list[int], dests: list[int])
         await scale_out(
             cast(Server, _ReportingServer(ctx)),
             ctx.manifest,
-            _placeable(outcome, agents),
+            outcome,
             mode=mode,
             engine=ctx.engine,
             timeout_s=ctx.timeout_s,

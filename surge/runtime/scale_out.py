@@ -107,7 +107,7 @@ async def scale_out(
                     manifest,
                     model,
                     name,
-                    stage_layers(manifest, pipe),
+                    stage_layers(manifest, pipe, agents),
                     engine,
                     num_micro_batches,
                 )

@@ -181,3 +181,16 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
     opened_nodes = {nodes[0] for _, _, nodes in report.opened if len(nodes) == 1}
     assert opened_nodes == set(range(2, num_nodes))
     check_against_reference(tiny_hf, reqs, 40)
+
+
+def test_stage_layers_follow_the_agent_mapping(manifest) -> None:
+    from surge.policy.pipelines import Pipeline
+    from surge.policy.stage_cover import Stage
+    from surge.runtime.scale_out import stage_layers
+
+    pipe = Pipeline(step=3, stages=(Stage(1, 0, 1), Stage(2, 2, 3)), until_step=5)
+    blocks = manifest.blocks
+    want_layers = [(0, blocks[1].end_layer), (blocks[2].first_layer, manifest.arch.num_layers)]
+    assert [s[1:] for s in stage_layers(manifest, pipe)] == want_layers
+    # Plan node i is played by agents[i]: stages must open on those agents.
+    assert [s[0] for s in stage_layers(manifest, pipe, [7, 4, 9])] == [4, 9]
