@@ -66,6 +66,18 @@ class FlowNetwork:
         self._ids = 0
         self.bytes_moved = 0.0
         """Bytes of finished flows."""
+        self.speed = 1.0
+        """Fraction of its fair share every flow moves at (< 1: the hosts' CPUs, not the
+        links, limit transfers; `SimSettings.transfer_cores`)."""
+
+    def set_speed(self, speed: float) -> None:
+        """Change the speed of every flow, those in flight included."""
+        if speed == self.speed:
+            return
+        self.speed = speed
+        active = {f for link in self.links.values() for f in link.flows}
+        if active:
+            self._reschedule(active)
 
     def add_link(self, name: str, gbps: float) -> Link:
         """Create (or return the existing) link `name`."""
@@ -112,7 +124,7 @@ class FlowNetwork:
         for f in sorted(flows, key=lambda f: f.id):
             f.bytes_left -= f.rate * (now - f.last_s)
             f.last_s = now
-            f.rate = min(link.bytes_per_s / len(link.flows) for link in f.links)
+            f.rate = self.speed * min(link.bytes_per_s / len(link.flows) for link in f.links)
             if f.event is not None:
                 f.event.cancel()
             delay = max(f.bytes_left, 0.0) / f.rate

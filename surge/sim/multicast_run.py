@@ -4,7 +4,7 @@ In: a `MulticastOutcome` (plan + pipelines), the lead GPU of every plan node, bl
 sizes, and callbacks. Out: `on_block(node, count)` as blocks arrive,
 `on_pipeline(pipeline)` when every stage of a λScale execution pipeline holds its
 blocks, `on_complete(node)` when a destination holds the whole model, `on_finished()`
-at the end.
+at the end; `on_transfers(+1 / -1)` as a transfer starts / ends.
 
 Execution is self-timed, as node agents run a plan (and as `surge.policy.timing`
 models it): each node sends its transfers in plan order and receives its transfers in
@@ -35,6 +35,7 @@ class MulticastRun:
         on_pipeline: Callable[[Pipeline], None],
         on_complete: Callable[[int], None],
         on_finished: Callable[[], None],
+        on_transfers: Callable[[int], None] | None = None,
     ) -> None:
         plan = outcome.plan
         self.state = state
@@ -44,6 +45,7 @@ class MulticastRun:
         self.on_pipeline = on_pipeline
         self.on_complete = on_complete
         self.on_finished = on_finished
+        self.on_transfers = on_transfers
         n, b, k = plan.num_nodes, plan.num_blocks, plan.num_sources
         self.num_blocks = b
         self.held = [set(range(b)) if v < k else set() for v in range(n)]
@@ -83,11 +85,15 @@ class MulticastRun:
         if not self.recvs[tr.dst] or self.recvs[tr.dst][0] != tr:
             return
         self.active.add(tr)
+        if self.on_transfers is not None:
+            self.on_transfers(1)
         path = self.state.gpu_to_gpu(self.lead[tr.src], self.lead[tr.dst])
         self.state.net.start(path, self.block_bytes, lambda: self._done(tr))
 
     def _done(self, tr: Transfer) -> None:
         self.active.discard(tr)
+        if self.on_transfers is not None:
+            self.on_transfers(-1)
         self.sends[tr.src].popleft()
         self.recvs[tr.dst].popleft()
         self.left -= 1

@@ -57,6 +57,14 @@ class SimSettings:
     Busy endpoints share them equally, each getting at most one core: with n busy, each
     runs at min(1, shared_cores / n) of its cost model's speed. None: every GPU computes
     on its own (a real cluster)."""
+    transfer_cores: float = 0.0
+    """With `shared_cores`: cores one multicast block transfer in flight takes from that
+    host (framing, receive, crc32 verify; sender and receiver together). Every consumer
+    then runs at min(1, shared_cores / (busy endpoints + transfer_cores * transfers)) of
+    its speed: endpoints' steps and every flow on the network alike."""
+    pipeline_micro_batches: int = 1
+    """Micro-batch groups an execution pipeline runs at once; its capacity is this times
+    `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -71,6 +79,8 @@ class SimSettings:
             raise SurgeError("warm_instances must be >= 0")
         if self.shared_cores is not None and not self.shared_cores > 0:
             raise SurgeError("shared_cores must be > 0 or None")
+        if self.transfer_cores < 0 or self.pipeline_micro_batches < 1:
+            raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
 
     def slo_of(self, model: str) -> Slo:
         """The SLO of `model`."""

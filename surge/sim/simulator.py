@@ -137,6 +137,8 @@ class Simulation:
         """Pools with an autoscaler check already scheduled."""
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id, when they share one host's cores (`shared_cores`)."""
+        self.transfers = 0
+        """Multicast block transfers in flight (CPU consumers under `shared_cores`)."""
         self._seed_host_caches()
 
     # --- setup --------------------------------------------------------------------
@@ -273,10 +275,7 @@ class Simulation:
         eps = self._endpoints(pool)
         if not eps:
             return False
-        views = [
-            Endpoint(e.id, e.outstanding + e.reserved, self.settings.max_batch, e.speed)
-            for e in eps
-        ]
+        views = [Endpoint(e.id, e.outstanding + e.reserved, e.max_batch, e.speed) for e in eps]
         chosen = route(views)
         if chosen is None:
             return False
@@ -468,14 +467,26 @@ class Simulation:
         return inst
 
     def _on_busy(self, inst: Instance) -> None:
-        """Processor sharing of `shared_cores`: each busy endpoint gets min(1, cores/n)."""
+        """Processor sharing of `shared_cores`: each busy endpoint gets min(1, cores/n),
+        n = busy endpoints + `transfer_cores` per block transfer in flight."""
         if inst.busy:
             self.busy[inst.id] = inst
         else:
             self.busy.pop(inst.id, None)
-        if not self.busy:
-            return
-        share = min(1.0, self.settings.shared_cores / len(self.busy))
+        self._reshare()
+
+    def _on_transfers(self, delta: int) -> None:
+        self.transfers += delta
+        if self.settings.shared_cores is not None and self.settings.transfer_cores > 0:
+            self._reshare()
+
+    def _reshare(self) -> None:
+        """Every consumer gets the same fraction of what it needs: endpoints one core each,
+        block transfers `transfer_cores` each (they slow down too: `FlowNetwork.speed`)."""
+        demand = len(self.busy) + self.settings.transfer_cores * self.transfers
+        share = min(1.0, self.settings.shared_cores / demand) if demand > 0 else 1.0
+        if self.settings.transfer_cores > 0:
+            self.net.set_speed(share)
         for iid in sorted(self.busy):
             if self.busy[iid].share != share:
                 self.busy[iid].set_share(share)
@@ -693,6 +704,7 @@ class Simulation:
                 return
             member_gpus = tuple(g for v in p.nodes for g in nodes[v].gpus)
             ep = self._new_instance(pool, nodes[p.stages[0].node].gpus, member_gpus)
+            ep.max_batch *= self.settings.pipeline_micro_batches
             ep.serving = True
             ep.members = p.nodes
             formed[id(p)] = ep
@@ -742,6 +754,7 @@ class Simulation:
             on_pipeline,
             on_complete,
             on_finished,
+            self._on_transfers,
         ).start()
 
 

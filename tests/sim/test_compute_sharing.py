@@ -1,7 +1,9 @@
-"""Host compute sharing (`SimSettings.shared_cores`), calibrated profiles, batch refills."""
+"""Host compute sharing (`SimSettings.shared_cores`, transfer CPU), calibrated profiles, batch
+refills, pipeline capacity (`pipeline_micro_batches`)."""
 
 import json
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 
@@ -61,7 +63,8 @@ def _cluster(tmp_path, nodes: int) -> str:
     return str(path)
 
 
-def test_shared_cores_slow_concurrent_instances_and_measured_costs_apply(tmp_path):
+def _model(tmp_path) -> Path:
+    """A 10-layer model file (with `_cluster`'s costs: 0.1 s per step)."""
     model = tmp_path / "tiny.json"
     model.write_text(
         json.dumps(
@@ -70,6 +73,11 @@ def test_shared_cores_slow_concurrent_instances_and_measured_costs_apply(tmp_pat
              "context_tokens": 512, "dtype_bytes": 4}
         )
     )  # fmt: skip
+    return model
+
+
+def test_shared_cores_slow_concurrent_instances_and_measured_costs_apply(tmp_path):
+    model = _model(tmp_path)
     trace = Trace("t", np.zeros(8), np.full(8, 4), np.full(8, 1))
     ttft = {}
     for cores in (None, 4.0, 1.0):
@@ -84,3 +92,60 @@ def test_shared_cores_slow_concurrent_instances_and_measured_costs_apply(tmp_pat
     assert abs(ttft[None] - 0.2) < 1e-6
     assert ttft[4.0] == ttft[None]  # one core each: no slowdown
     assert ttft[1.0] > 3.5 * ttft[None]  # four busy instances on one core
+
+
+def _burst_sim(tmp_path, nodes: int, nic_gbps: float, serve: str, **settings_kw):
+    """A calibrate-style burst: 1 warm instance, everything at t=0, scale-out at once."""
+    from dataclasses import replace
+
+    from surge.policy.autoscale import AutoscaleSettings
+
+    path = _cluster(tmp_path, nodes)
+    cluster = json.loads(Path(path).read_text())
+    cluster["groups"][0]["nic_gbps"] = nic_gbps
+    Path(path).write_text(json.dumps(cluster))
+    model = _model(tmp_path)
+    system = replace(
+        system_config("lambdascale"), name="ls", max_sources=1, num_blocks=4,
+        serve_while_loading=serve, host_cache="none", decision_interval_s=1e-3,
+        autoscale=AutoscaleSettings(target_outstanding_per_instance=1, scale_down_delay_s=60),
+    )  # fmt: skip
+    settings = SimSettings(
+        path, (str(model),), "ls", max_batch=1, warm_instances=1, **settings_kw
+    )  # fmt: skip
+    return settings, system
+
+
+def test_block_transfers_take_shared_cores_from_the_endpoints(tmp_path):
+    trace = Trace("t", np.zeros(4), np.full(4, 4), np.full(4, 1))
+    first = {}
+    for tc in (0.0, 1.0):
+        # 2 nodes, slow links: one block transfer is in flight for all of the first prefill.
+        settings, system = _burst_sim(
+            tmp_path, 2, 1e-3, "none", shared_cores=1.0, transfer_cores=tc
+        )
+        res = simulate(trace, settings, system=system)
+        first[tc] = float(np.min(res.first_token_s - res.arrival_s))
+    # The warm instance prefills (0.1 s) alone; with a transfer counted as one more
+    # consumer from t = 1 ms it gets half the core: 0.001 + 2 * 0.099 s.
+    assert abs(first[0.0] - 0.1) < 1e-6
+    assert abs(first[1.0] - 0.199) < 1e-6
+
+
+def test_pipelines_take_micro_batches_times_the_batch_limit(tmp_path, monkeypatch):
+    most: dict[int, int] = {}
+    submit = Instance.submit
+
+    def record(inst, req):
+        submit(inst, req)
+        if hasattr(inst, "plan_pipeline"):
+            most[inst.id] = max(most.get(inst.id, 0), inst.outstanding)
+
+    monkeypatch.setattr(Instance, "submit", record)
+    trace = Trace("t", np.zeros(64), np.full(64, 4), np.full(64, 4))
+    for micro in (1, 2):
+        most.clear()
+        settings, system = _burst_sim(tmp_path, 4, 0.01, "pipelines", pipeline_micro_batches=micro)
+        res = simulate(trace, settings, system=system)
+        assert np.all(res.done_s > 0)
+        assert most and max(most.values()) == micro  # max_batch = 1

@@ -46,3 +46,15 @@ def test_fixed_latency_delays_each_flow():
     net.start((link,), 1 * GB, lambda: done.append(loop.now_s))
     loop.run()
     assert done == [pytest.approx(1.25)]
+
+
+def test_speed_change_stretches_flows_in_flight():
+    loop = EventLoop()
+    net = FlowNetwork(loop)
+    link = net.add_link("nic", 8.0)  # 1 GB/s
+    done: dict[str, float] = {}
+    net.start((link,), 1 * GB, lambda: done.setdefault("a", loop.now_s))
+    loop.schedule(0.5, 0, 0, lambda: net.set_speed(0.5))
+    loop.run()
+    # 0.5 GB at full speed, the other 0.5 GB at 0.5 GB/s: 1.5 s.
+    assert done["a"] == pytest.approx(1.5)
