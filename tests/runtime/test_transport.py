@@ -28,7 +28,7 @@ def test_token_bucket_paces_to_its_rate() -> None:
         return time.perf_counter() - t
 
     took = asyncio.run(push())  # 4 MB at 10 MB/s, minus the 100 KB burst
-    assert 0.36 <= took <= 0.46
+    assert 0.36 <= took <= 0.6  # never faster than the cap; slack above for a busy machine
 
 
 def test_wrong_token_is_refused_and_bad_peers_do_not_crash_the_agent(make_cluster) -> None:
