@@ -54,17 +54,27 @@ def make_cluster(registry: Path) -> Iterator:
         assert_all_stopped(cluster)
 
 
-async def connected(cluster: LocalCluster, manifest: Manifest, sources: int = 1) -> ClusterClient:
-    """A client with peers wired, the model registered everywhere and loaded on the sources."""
+async def connected(
+    cluster: LocalCluster,
+    manifest: Manifest,
+    loads: dict[int, list[int]] | None = None,
+    tier: str = "host",
+) -> ClusterClient:
+    """A client with peers wired and the model registered everywhere; `loads` says which
+    blocks each node reads from the registry into `tier` (default: all blocks on node 0)."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
     await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
-    blocks = list(range(manifest.num_blocks))
+    if loads is None:
+        loads = {0: list(range(manifest.num_blocks))}
     await asyncio.gather(
         *(
-            client.request(s, {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote"})
-            for s in range(sources)
+            client.request(
+                node,
+                {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": tier},
+            )
+            for node, blocks in loads.items()
         )
     )
     return client

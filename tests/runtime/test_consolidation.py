@@ -8,20 +8,12 @@ from surge.engine.sampling import SamplingParams
 from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.consolidation import consolidate, live_prefill
 from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
-from tests.runtime.conftest import MODEL
+from tests.runtime.conftest import MODEL, connected
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
 
 async def _setup(cluster, manifest, loads: dict[int, list[int]]):
-    client = cluster.client()
-    await client.connect()
-    await cluster.wire_peers(client)
-    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
-    for node, blocks in loads.items():
-        await client.request(
-            node,
-            {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": "gpu"},
-        )
+    client = await connected(cluster, manifest, loads, tier="gpu")
     return client, Server(client, MODEL)
 
 

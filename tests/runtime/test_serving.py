@@ -8,7 +8,7 @@ import pytest
 from surge.engine.sampling import SamplingParams
 from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
 from tests.engine.reference import assert_same_tokens, hf_greedy
-from tests.runtime.conftest import MODEL
+from tests.runtime.conftest import MODEL, connected
 
 PROMPTS = [[0, 5, 9, 200, 31], [0, 8], [0, 3, 44, 55, 66, 77, 88, 99]]
 
@@ -21,15 +21,10 @@ def check_against_reference(tiny_hf: Path, reqs, max_tokens: int) -> None:
 
 
 async def ready_cluster(cluster, manifest):
-    client = cluster.client()
-    await client.connect()
-    await cluster.wire_peers(client)
-    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
-    blocks = list(range(manifest.num_blocks))
-    await client.broadcast(
-        {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": "gpu"}
-    )
-    return client
+    """Every node holds every block in its gpu tier."""
+    every = list(range(manifest.num_blocks))
+    loads = dict.fromkeys(range(cluster.config.num_nodes), every)
+    return await connected(cluster, manifest, loads, tier="gpu")
 
 
 @pytest.mark.parametrize(
@@ -145,16 +140,8 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
     params = SamplingParams(max_tokens=40, ignore_eos=True)
 
     async def run():
-        client = cluster.client()
-        await client.connect()
-        await cluster.wire_peers(client)
-        await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
         blocks = list(range(manifest.num_blocks))
-        for src in (0, 1):
-            await client.request(
-                src,
-                {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": "gpu"},
-            )
+        client = await connected(cluster, manifest, {0: blocks, 1: blocks}, tier="gpu")
         server = Server(client, MODEL)
         try:
             for src in (0, 1):
