@@ -395,9 +395,9 @@ def simulate_burst(
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
     from surge.policy.autoscale import AutoscaleSettings
+    from surge.policy.systems import system_config
     from surge.sim.settings import SimSettings
     from surge.sim.simulator import simulate
-    from surge.sim.systems import system_config
 
     k = real["sources"]
     system = replace(
@@ -411,8 +411,8 @@ def simulate_burst(
         decision_interval_s=1e-3,
         stage_hop_s=stage_hop_s,
         autoscale=AutoscaleSettings(
-            target_outstanding_per_instance=real["requests"] / real["nodes"],
-            scale_down_delay_s=60.0,
+            target_ongoing_requests=real["requests"] / real["nodes"],
+            downscale_delay_s=60.0,
         ),
     )
     settings = SimSettings(

@@ -10,13 +10,13 @@ import math
 
 from surge.policy.cluster import Cluster
 from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.policy.systems import SystemConfig
 from surge.sim.cluster_state import ClusterState
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
 from surge.sim.hardware import load_cluster
 from surge.sim.models import load_model
 from surge.sim.multicast_run import MulticastRun
-from surge.sim.systems import SystemConfig
 
 
 def isolated_multicast(

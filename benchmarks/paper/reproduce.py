@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multicast import isolated_multicast
 
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit
+from surge.policy.systems import system_config
 from surge.sim.metrics import gpu_seconds, summarize
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import simulate
-from surge.sim.systems import system_config
 from surge.traces.request import make_trace
 from surge.traces.resolve import load_trace
 from surge.traces.transform import assign_models, scale_rate, time_slice

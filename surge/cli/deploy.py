@@ -39,7 +39,8 @@ def deploy(
     name: Annotated[str, typer.Argument(help="Deployment (served model) name.")],
     model: Annotated[str, typer.Option(help="Store or Hugging Face checkpoint directory.")],
     strategy: Annotated[
-        str, typer.Option(help="lambdascale, blitzscale, paraserve or load-then-serve.")
+        str,
+        typer.Option(help="lambdascale, blitzscale, paraserve or serverlessllm."),
     ] = "lambdascale",
     min_replicas: Annotated[int, typer.Option(help="0 = scale to zero.")] = 0,
     max_replicas: Annotated[int | None, typer.Option(help="Default: every slot.")] = None,

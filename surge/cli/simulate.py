@@ -56,11 +56,11 @@ def simulate(
     from rich.progress import Progress
     from rich.table import Table
 
+    from surge.policy.systems import system_config
     from surge.sim.metrics import summarize
     from surge.sim.report import JSON_KEYS, comparison_json, draw_png
     from surge.sim.settings import SimSettings, Slo
     from surge.sim.simulator import Simulation
-    from surge.sim.systems import system_config
     from surge.traces.resolve import load_trace
     from surge.traces.transform import scale_rate, time_slice
 

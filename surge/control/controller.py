@@ -30,7 +30,13 @@ from surge.engine.llm_engine import context_limit
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
 from surge.model.manifest import MANIFEST_NAME, Manifest, read_manifest
-from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import (
+    AutoscaleSettings,
+    AutoscaleState,
+    InstanceLoad,
+    PoolLoad,
+    decide,
+)
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.runtime.client import ClusterClient
@@ -103,8 +109,8 @@ class Deployment:
     server: Server
     instances: dict[int, Instance] = field(default_factory=dict)
     requests: dict[str, TrackedRequest] = field(default_factory=dict)
-    want_since: float | None = None
-    panic_until: float = 0.0
+    autoscale_state: AutoscaleState = field(default_factory=AutoscaleState)
+    """What `surge.policy.autoscale` remembers between ticks (stable and panic windows)."""
     tasks: set[asyncio.Task] = field(default_factory=set)
     restoring: bool = False
     last_start: str | None = None
@@ -372,7 +378,7 @@ class Controller:
         dep.requests[req.req_id] = req
         dep.server.requests[req.req_id] = req
         await dep.server.submit(req)
-        if dep.want_since is None and not dep.instances:
+        if not dep.instances:
             self._tick_now.set()  # a request at zero: scale out at once (activator)
         return req
 
@@ -456,15 +462,9 @@ class Controller:
                 log.exception("autoscaler tick failed")
 
     def settings(self, dep: Deployment) -> AutoscaleSettings:
-        a = dep.spec.autoscaling
+        """The deployment's knobs within the cluster's instance slots."""
         slots = len(self.live_nodes()) * self.config.slots_per_node
-        cap = max(1, slots if a.max_replicas is None else min(a.max_replicas, slots))
-        return AutoscaleSettings(
-            target_outstanding_per_instance=a.target_ongoing_requests,
-            scale_down_delay_s=a.downscale_delay_s,
-            min_instances=min(a.min_replicas, cap),
-            max_instances=cap,
-        )
+        return dep.spec.autoscaling.capped(slots)
 
     async def _tick(self, now: float, dt: float) -> None:
         self.metrics.nodes_up.set(len(self.live_nodes()))
@@ -495,8 +495,7 @@ class Controller:
             m.gpu_seconds.labels(name).inc(len(dep.instances) * dt)
 
     async def _autoscale(self, dep: Deployment, now: float) -> None:
-        a = dep.spec.autoscaling
-        settings = self.settings(dep)
+        """One decision of `surge.policy.autoscale` for the deployment, carried out."""
         loads = tuple(
             InstanceLoad(
                 instance_id=i.node,
@@ -508,27 +507,11 @@ class Controller:
         )
         ongoing = sum(1 for r in dep.requests.values() if not r.done.is_set())
         queued = max(0, ongoing - sum(x.outstanding for x in loads))
-        decision = decide(PoolLoad(now, queued, loads), settings)
-        have = len(dep.instances)
-        if ongoing >= a.panic_threshold * a.target_ongoing_requests * max(1, have):
-            dep.panic_until = now + a.panic_window_s  # Knative panic mode
+        decision = decide(PoolLoad(now, queued, loads), self.settings(dep), dep.autoscale_state)
+        dep.autoscale_state = decision.state
         if decision.scale_out > 0:
-            if dep.want_since is None:
-                dep.want_since = now
-            urgent = have == 0 or now < dep.panic_until
-            if urgent or now - dep.want_since >= a.upscale_delay_s:
-                dep.want_since = None
-                await self._scale_out(dep, decision.scale_out)
-        else:
-            dep.want_since = None
-        release = list(decision.release)
-        if release and now < dep.panic_until:
-            release = []  # no scale-down while in panic
-        if release and have - len(release) == 0:
-            last = dep.instances[release[-1]]
-            if last.idle_since is None or now - last.idle_since < a.keep_alive_s:
-                release = release[:-1]  # the last instance stays for keep_alive_s
-        for node in release:
+            await self._scale_out(dep, decision.scale_out)
+        for node in decision.release:
             await self._release(dep, node)
 
     def _free_slots(self, node: int) -> int:

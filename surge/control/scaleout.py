@@ -144,7 +144,7 @@ async def _load_then_serve(ctx: ScaleOutContext, node: int) -> None:
 async def run_scale_out(ctx: ScaleOutContext, dests: list[int]) -> str:
     """Bring `dests` up as local instances of the model; returns the start kind."""
     kind = start_kind(ctx, dests)
-    if ctx.strategy == "load-then-serve":
+    if ctx.strategy == "serverlessllm":
         await asyncio.gather(*(_load_then_serve(ctx, d) for d in dests))
         return kind
     if ctx.strategy == "paraserve":

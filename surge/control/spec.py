@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from surge.errors import SurgeError
+from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.systems import ALIASES, serve_system
 
-STRATEGIES = ("lambdascale", "blitzscale", "paraserve", "load-then-serve")
-"""Scale-out strategies (see docs/control.md)."""
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -46,54 +46,29 @@ def _unknown(d: dict, known: set[str], where: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Autoscaling:
-    """Knobs of one deployment's autoscaler (Knative-style, with a panic window)."""
-
-    min_replicas: int = 0
-    """Instances kept with no load; 0 = scale to zero."""
-    max_replicas: int | None = None
-    """Most instances; None = as many as the cluster has slots."""
-    target_ongoing_requests: float = 4.0
-    """Requests in flight (queued + running) one instance should carry."""
-    upscale_delay_s: float = 0.0
-    """Load must ask for more instances this long (the stable window) before a scale-out,
-    unless the panic window fires or the model is at zero."""
-    downscale_delay_s: float = 2.0
-    """An idle instance above the last one is released after this long (BlitzScale: 2 s)."""
-    keep_alive_s: float = 10.0
-    """The last instance is released (scale to zero) after idling this long."""
-    panic_window_s: float = 1.0
-    """Load above `panic_threshold` x capacity for this long scales out at once."""
-    panic_threshold: float = 2.0
-    """Ratio of outstanding requests to (instances x target) that counts as a burst."""
-
-    @staticmethod
-    def from_json(d: Any) -> "Autoscaling":
-        if d is None:
-            return Autoscaling()
-        if not isinstance(d, dict):
-            raise SurgeError(f"autoscaling must be an object (got {d!r})")
-        _unknown(d, {f.name for f in fields(Autoscaling)}, "autoscaling")
-        base = Autoscaling()
-        a = Autoscaling(
-            min_replicas=_int(d, "min_replicas", base.min_replicas, 0) or 0,
-            max_replicas=_int(d, "max_replicas", base.max_replicas, 1),
-            target_ongoing_requests=_number(
-                d, "target_ongoing_requests", base.target_ongoing_requests, 0, inclusive=False
-            ),
-            upscale_delay_s=_number(d, "upscale_delay_s", base.upscale_delay_s, 0),
-            downscale_delay_s=_number(d, "downscale_delay_s", base.downscale_delay_s, 0),
-            keep_alive_s=_number(d, "keep_alive_s", base.keep_alive_s, 0),
-            panic_window_s=_number(d, "panic_window_s", base.panic_window_s, 0),
-            panic_threshold=_number(d, "panic_threshold", base.panic_threshold, 1),
-        )
-        if a.max_replicas is not None and a.max_replicas < max(1, a.min_replicas):
-            raise SurgeError(
-                f"max_replicas ({a.max_replicas}) must be >= max(1, min_replicas "
-                f"({a.min_replicas}))"
-            )
-        return a
+def autoscaling_from_json(d: Any) -> AutoscaleSettings:
+    """A deployment's autoscaler knobs (`surge.policy.autoscale.AutoscaleSettings`, Ray Serve
+    names) from JSON; unknown fields and bad values raise `SurgeError` naming the field."""
+    if d is None:
+        return AutoscaleSettings()
+    if not isinstance(d, dict):
+        raise SurgeError(f"autoscaling must be an object (got {d!r})")
+    _unknown(d, {f.name for f in fields(AutoscaleSettings)}, "autoscaling")
+    base = AutoscaleSettings()
+    keep = d.get("keep_alive_s", base.keep_alive_s)
+    return AutoscaleSettings(
+        min_replicas=_int(d, "min_replicas", base.min_replicas, 0) or 0,
+        max_replicas=_int(d, "max_replicas", base.max_replicas, 1),
+        target_ongoing_requests=_number(
+            d, "target_ongoing_requests", base.target_ongoing_requests, 0, inclusive=False
+        ),
+        upscale_delay_s=_number(d, "upscale_delay_s", base.upscale_delay_s, 0),
+        downscale_delay_s=_number(d, "downscale_delay_s", base.downscale_delay_s, 0),
+        keep_alive_s=None if keep is None else _number(d, "keep_alive_s", 0, 0),
+        panic_window_s=_number(d, "panic_window_s", base.panic_window_s, 0),
+        panic_threshold=_number(d, "panic_threshold", base.panic_threshold, 1),
+        max_scale_out_per_decision=_int(d, "max_scale_out_per_decision", None, 1),
+    )
 
 
 @dataclass(frozen=True)
@@ -126,7 +101,8 @@ class DeploymentSpec:
     model: str
     """A store directory (`surge model import`) or a Hugging Face checkpoint directory."""
     strategy: str = "lambdascale"
-    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    """A `surge.policy.systems` entry that `surge serve` carries out."""
+    autoscaling: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     slo: Slo = field(default_factory=Slo)
 
     @staticmethod
@@ -142,15 +118,15 @@ class DeploymentSpec:
         if not isinstance(model, str) or not model:
             raise SurgeError("model must be a store or checkpoint directory path (a string)")
         strategy = d.get("strategy", "lambdascale")
-        if strategy not in STRATEGIES:
-            raise SurgeError(
-                f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
-            )
+        if not isinstance(strategy, str):
+            raise SurgeError(f"strategy must be a string (got {strategy!r})")
+        serve_system(strategy)  # a clear error for unknown or simulator-only systems
+        strategy = ALIASES.get(strategy, strategy)
         return DeploymentSpec(
             name=name,
             model=model,
             strategy=strategy,
-            autoscaling=Autoscaling.from_json(d.get("autoscaling")),
+            autoscaling=autoscaling_from_json(d.get("autoscaling")),
             slo=Slo.from_json(d.get("slo")),
         )
 

@@ -1,53 +1,106 @@
 """Autoscaler: how many instances a model (or one role of it) should have now.
 
 In: a `PoolLoad` (requests waiting at the router and, per instance, its outstanding
-requests, whether it is still loading, and since when it has been idle) and
-`AutoscaleSettings`. Out: a `ScaleDecision`: how many instances to add and which idle
-instances to release.
+requests, whether it is still loading, and since when it has been idle), the pool's
+`AutoscaleSettings` and the `AutoscaleState` the previous decision returned. Out: a
+`ScaleDecision`: how many instances to add, which idle instances to release, and the
+state to pass to the next decision. `surge serve`'s controller and the simulator both
+call `decide` on every tick; neither adds rules of its own.
 
-Rule (a concurrency target, as Knative and the papers' load monitors use):
-desired = ceil(outstanding / target_outstanding_per_instance), at least 1 while any
-request is outstanding, within [min_instances, max_instances]. Instances still loading
-count as capacity, so a slow load is not answered by ever more scale-outs unless the
-backlog keeps growing (the over-provisioning BlitzScale §6.2 observes for ServerlessLLM
-comes from the backlog, not from the rule). An instance is released once it has been
-idle for `scale_down_delay_s` (BlitzScale §4: 2 s; ServerlessLLM / λScale: keep-alive)
-and the pool stays at >= desired; the longest-idle go first (ties: lowest id).
-Pure and deterministic: no clock, the caller passes `now_s`.
+Rules (a concurrency target, as Knative and the papers' load monitors use; the knob names
+are Ray Serve's, the only vocabulary surge uses):
+- desired = ceil(outstanding / target_ongoing_requests), at least 1 while any request is
+  outstanding, within [min_replicas, max_replicas]. Instances still loading count as
+  capacity, so a slow load is not answered by ever more scale-outs unless the backlog
+  keeps growing (the over-provisioning BlitzScale §6.2 observes for ServerlessLLM comes
+  from the backlog, not from the rule).
+- Stable window (Knative): a scale-out happens once the load has asked for more
+  instances for `upscale_delay_s`, at once when the pool is at zero (the activator) or
+  in panic.
+- Panic window (Knative): outstanding >= panic_threshold x target x max(1, instances)
+  starts panic for `panic_window_s`; in panic nothing is released.
+- Scale-down: an instance idle for `downscale_delay_s` (BlitzScale §4: 2 s) may be
+  released while the pool stays >= desired, the longest-idle first (ties: lowest id);
+  the last instance stays until it has idled `keep_alive_s` (scale to zero,
+  ServerlessLLM / λScale keep-alive).
+Pure and deterministic: no clock, the caller passes `now_s` and the previous state.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
 
 
 @dataclass(frozen=True)
 class AutoscaleSettings:
-    """Knobs of the autoscaler. Validated at construction."""
+    """Knobs of one pool's autoscaler (Ray Serve names). Validated at construction."""
 
-    target_outstanding_per_instance: float = 8.0
+    target_ongoing_requests: float = 4.0
     """Requests in flight (queued + running) one instance should carry; > 0."""
-    scale_down_delay_s: float = 2.0
-    """An instance idle this long may be released (keep-alive); >= 0."""
-    min_instances: int = 0
-    """Instances kept even with no load (0 = scale to zero)."""
-    max_instances: int | None = None
+    min_replicas: int = 0
+    """Instances kept with no load; 0 = scale to zero."""
+    max_replicas: int | None = None
     """Most instances of the pool; None = as many as fit."""
+    upscale_delay_s: float = 0.0
+    """Load must ask for more instances this long before a scale-out (the stable window),
+    unless the pool is at zero or in panic; >= 0."""
+    downscale_delay_s: float = 2.0
+    """An idle instance above the last one is released after this long; >= 0."""
+    keep_alive_s: float | None = 10.0
+    """The last instance is released (scale to zero) after idling this long; None = the
+    same as `downscale_delay_s`."""
+    panic_window_s: float = 1.0
+    """How long panic lasts once load crosses `panic_threshold`; >= 0 (0 = no panic)."""
+    panic_threshold: float = 2.0
+    """Outstanding / (instances x target) at which panic starts; >= 1."""
     max_scale_out_per_decision: int | None = None
     """Most instances added by one decision; None = no limit."""
 
     def __post_init__(self) -> None:
-        if not self.target_outstanding_per_instance > 0:
-            raise SurgeError("target_outstanding_per_instance must be > 0")
-        if self.scale_down_delay_s < 0:
-            raise SurgeError("scale_down_delay_s must be >= 0")
-        if self.min_instances < 0:
-            raise SurgeError("min_instances must be >= 0")
-        if self.max_instances is not None and self.max_instances < max(1, self.min_instances):
-            raise SurgeError("max_instances must be >= max(1, min_instances)")
+        if not self.target_ongoing_requests > 0:
+            raise SurgeError(
+                f"target_ongoing_requests must be > 0 (got {self.target_ongoing_requests})"
+            )
+        for name in ("upscale_delay_s", "downscale_delay_s", "panic_window_s"):
+            if not getattr(self, name) >= 0:
+                raise SurgeError(f"{name} must be >= 0 (got {getattr(self, name)})")
+        if self.keep_alive_s is not None and not self.keep_alive_s >= 0:
+            raise SurgeError(f"keep_alive_s must be >= 0 or null (got {self.keep_alive_s})")
+        if not self.panic_threshold >= 1:
+            raise SurgeError(f"panic_threshold must be >= 1 (got {self.panic_threshold})")
+        if self.min_replicas < 0:
+            raise SurgeError(f"min_replicas must be >= 0 (got {self.min_replicas})")
+        if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas):
+            raise SurgeError(
+                f"max_replicas ({self.max_replicas}) must be >= max(1, min_replicas "
+                f"({self.min_replicas}))"
+            )
         if self.max_scale_out_per_decision is not None and self.max_scale_out_per_decision < 1:
-            raise SurgeError("max_scale_out_per_decision must be >= 1 or None")
+            raise SurgeError("max_scale_out_per_decision must be >= 1 or null")
+
+    @property
+    def last_keep_alive_s(self) -> float:
+        """How long the last instance idles before release."""
+        return self.downscale_delay_s if self.keep_alive_s is None else self.keep_alive_s
+
+    def capped(self, max_slots: int) -> "AutoscaleSettings":
+        """These settings within a cluster of `max_slots` instance slots (>= 1 kept)."""
+        cap = max(1, max_slots if self.max_replicas is None else min(self.max_replicas, max_slots))
+        return replace(self, max_replicas=cap, min_replicas=min(self.min_replicas, cap))
+
+
+@dataclass(frozen=True)
+class AutoscaleState:
+    """What the autoscaler remembers of one pool between decisions."""
+
+    want_since_s: float | None = None
+    """Since when the load has asked for more instances (stable window); None = it does not."""
+    panic_until_s: float | None = None
+    """Panic lasts until then; None = never panicked."""
+
+    def in_panic(self, now_s: float) -> bool:
+        return self.panic_until_s is not None and now_s < self.panic_until_s
 
 
 @dataclass(frozen=True)
@@ -71,9 +124,15 @@ class PoolLoad:
     now_s: float
     """Current time, seconds."""
     queued: int
-    """Requests waiting at the router for any instance."""
+    """Requests waiting at the router, or on endpoints that are not instances (execution
+    pipelines), for any instance."""
     instances: tuple[InstanceLoad, ...]
     """Every instance of the pool, loading or serving."""
+
+    @property
+    def outstanding(self) -> int:
+        """Every request of the pool not yet finished."""
+        return self.queued + sum(i.outstanding for i in self.instances)
 
 
 @dataclass(frozen=True)
@@ -83,39 +142,74 @@ class ScaleDecision:
     desired: int
     """Instances the pool should have."""
     scale_out: int
-    """Instances to add."""
+    """Instances to add now."""
     release: tuple[int, ...]
-    """Idle instances to release, in order."""
+    """Idle instances to release now, in order."""
+    state: AutoscaleState
+    """Pass this to the next decision of the pool."""
+    wake_at_s: float | None = None
+    """The next time a decision could differ with no new load (an idle instance's delay
+    or the stable window runs out); None = only new load changes it. Event-driven callers
+    (the simulator) schedule a decision then; tick-driven ones may ignore it."""
 
 
 def desired_instances(outstanding: int, settings: AutoscaleSettings) -> int:
     """Instances needed for `outstanding` requests, within the settings' bounds."""
-    want = math.ceil(outstanding / settings.target_outstanding_per_instance)
+    want = math.ceil(outstanding / settings.target_ongoing_requests)
     if outstanding > 0:
         want = max(want, 1)
-    want = max(want, settings.min_instances)
-    if settings.max_instances is not None:
-        want = min(want, settings.max_instances)
+    want = max(want, settings.min_replicas)
+    if settings.max_replicas is not None:
+        want = min(want, settings.max_replicas)
     return want
 
 
-def decide(load: PoolLoad, settings: AutoscaleSettings) -> ScaleDecision:
-    """The scale decision for `load` (see module docstring)."""
-    outstanding = load.queued + sum(i.outstanding for i in load.instances)
+def decide(
+    load: PoolLoad, settings: AutoscaleSettings, state: AutoscaleState = AutoscaleState()
+) -> ScaleDecision:
+    """The scale decision for `load` given the previous `state` (see module docstring)."""
+    now = load.now_s
+    outstanding = load.outstanding
     want = desired_instances(outstanding, settings)
     have = len(load.instances)
+    panic_until = state.panic_until_s
+    if (
+        settings.panic_window_s > 0
+        and outstanding > 0
+        and outstanding
+        >= settings.panic_threshold * settings.target_ongoing_requests * max(1, have)
+    ):
+        panic_until = now + settings.panic_window_s  # Knative panic mode
+    state = AutoscaleState(state.want_since_s, panic_until)
+    panic = state.in_panic(now)
+    wake: list[float] = []
     out = max(0, want - have)
     if settings.max_scale_out_per_decision is not None:
         out = min(out, settings.max_scale_out_per_decision)
+    if out > 0:
+        since = now if state.want_since_s is None else state.want_since_s
+        if have == 0 or panic or now - since >= settings.upscale_delay_s:
+            state = replace(state, want_since_s=None)
+        else:  # the stable window has not passed yet
+            state = replace(state, want_since_s=since)
+            wake.append(since + settings.upscale_delay_s)
+            out = 0
+    else:
+        state = replace(state, want_since_s=None)
     release: list[int] = []
-    if have > want:
+    if have > want and not panic:
         idle = sorted(
             (i.idle_since_s, i.instance_id)
             for i in load.instances
-            if not i.loading
-            and i.outstanding == 0
-            and i.idle_since_s is not None
-            and load.now_s - i.idle_since_s >= settings.scale_down_delay_s
+            if not i.loading and i.outstanding == 0 and i.idle_since_s is not None
         )
-        release = [iid for _, iid in idle[: have - want]]
-    return ScaleDecision(want, out, tuple(release))
+        for since, iid in idle[: have - want]:
+            left = have - len(release) - 1
+            delay = settings.downscale_delay_s if left > 0 else settings.last_keep_alive_s
+            if now - since >= delay:
+                release.append(iid)
+            else:
+                wake.append(since + delay)
+    elif have > want and state.panic_until_s is not None:
+        wake.append(state.panic_until_s)
+    return ScaleDecision(want, out, tuple(release), state, min(wake) if wake else None)

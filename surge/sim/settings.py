@@ -32,7 +32,7 @@ class SimSettings:
     """Model names; request with model index i uses models[i % len(models)]. A name may
     be `NAME*N` for N distinct models of one profile (multi-model clusters)."""
     system: str
-    """System name (`surge.sim.systems.SYSTEMS`)."""
+    """System name (`surge.policy.systems.SYSTEMS`)."""
     seed: int = 0
     """Seed of every random choice in the run."""
     slo: Slo = Slo()

@@ -20,13 +20,14 @@ from collections.abc import Callable
 import numpy as np
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
 from surge.policy.cluster import Cluster
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.pipelines import Pipeline
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.policy.router import Endpoint, route
+from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
 from surge.sim.costs import cost_model
 from surge.sim.events import EventLoop, Priority
@@ -38,7 +39,6 @@ from surge.sim.multicast_run import MulticastRun
 from surge.sim.request import SimRequest
 from surge.sim.result import SimResult
 from surge.sim.settings import SimSettings
-from surge.sim.systems import SystemConfig, system_config
 from surge.traces.request import Trace
 from surge.traces.transform import clip_to_context
 
@@ -86,6 +86,7 @@ class Pool:
         self.instances: list[Instance] = []
         self.pipelines: list[Instance] = []
         self.queue: deque[SimRequest] = deque()
+        self.autoscale_state = AutoscaleState()
 
 
 class Simulation:
@@ -322,7 +323,7 @@ class Simulation:
         pool = self.pools[inst.pool_key]
         self._drain_queue(pool)
         if inst.outstanding == 0 and not pool.queue:
-            delay = self.system.autoscale.scale_down_delay_s
+            delay = self.system.autoscale.downscale_delay_s
             self.loop.schedule(
                 self.loop.now_s + delay + 1e-9,
                 Priority.CONTROL,
@@ -343,7 +344,7 @@ class Simulation:
         self._drain_queue(pool)
         if inst.outstanding == 0 and not pool.queue:
             self.loop.schedule(
-                self.loop.now_s + self.system.autoscale.scale_down_delay_s + 1e-9,
+                self.loop.now_s + self.system.autoscale.downscale_delay_s + 1e-9,
                 Priority.CONTROL,
                 2 * KEY_STRIDE + pool.index,
                 functools.partial(self._autoscale, pool),
@@ -365,7 +366,15 @@ class Simulation:
             )
             for i in pool.instances
         )
-        decision = decide(PoolLoad(self.loop.now_s, queued, loads), settings)
+        decision = decide(PoolLoad(self.loop.now_s, queued, loads), settings, pool.autoscale_state)
+        pool.autoscale_state = decision.state
+        if decision.wake_at_s is not None and decision.wake_at_s > self.loop.now_s:
+            self.loop.schedule(
+                decision.wake_at_s + 1e-9,
+                Priority.CONTROL,
+                2 * KEY_STRIDE + pool.index,
+                functools.partial(self._autoscale, pool),
+            )
         if decision.scale_out:
             self._scale_out(pool, decision.scale_out)
         for iid in decision.release:

@@ -83,7 +83,7 @@ def test_controller_restart_brings_deployments_back(serve_factory, tiny_store_di
     a = serve_factory(cfg, sub="state")
     r = a.http.post(
         "/v1/deployments",
-        json={"name": "kept", "model": str(tiny_store_dir), "strategy": "load-then-serve"},
+        json={"name": "kept", "model": str(tiny_store_dir), "strategy": "serverlessllm"},
     )
     assert r.status_code == 201, r.text
     a.stop()

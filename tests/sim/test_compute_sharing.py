@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
+from surge.policy.systems import system_config
 from surge.sim.costs import CostModel
 from surge.sim.events import EventLoop
 from surge.sim.instance import Instance
 from surge.sim.request import SimRequest
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import simulate
-from surge.sim.systems import system_config
 from surge.traces.request import Trace
 
 COST = CostModel(0.1, 0.0, 0.1, 0.0, 1)  # 0.1 s per prefill step, 0.1 s per decode step
@@ -108,7 +108,7 @@ def _burst_sim(tmp_path, nodes: int, nic_gbps: float, serve: str, **settings_kw)
     system = replace(
         system_config("lambdascale"), name="ls", max_sources=1, num_blocks=4,
         serve_while_loading=serve, host_cache="none", decision_interval_s=1e-3,
-        autoscale=AutoscaleSettings(target_outstanding_per_instance=1, scale_down_delay_s=60),
+        autoscale=AutoscaleSettings(target_ongoing_requests=1, downscale_delay_s=60),
     )  # fmt: skip
     settings = SimSettings(
         path, (str(model),), "ls", max_batch=1, warm_instances=1, **settings_kw

@@ -10,7 +10,7 @@ from surge.policy.router import Endpoint, route
 
 
 def test_autoscale_scales_out_to_the_concurrency_target_counting_loading_instances():
-    s = AutoscaleSettings(target_outstanding_per_instance=4, scale_down_delay_s=2)
+    s = AutoscaleSettings(target_ongoing_requests=4, downscale_delay_s=2)
     busy = InstanceLoad(1, 4, loading=False, idle_since_s=None)
     loading = InstanceLoad(2, 0, loading=True, idle_since_s=None)
     d = decide(PoolLoad(10.0, queued=9, instances=(busy, loading)), s)
@@ -20,16 +20,16 @@ def test_autoscale_scales_out_to_the_concurrency_target_counting_loading_instanc
 
 
 def test_autoscale_releases_longest_idle_after_the_delay_only():
-    s = AutoscaleSettings(target_outstanding_per_instance=4, scale_down_delay_s=2)
+    s = AutoscaleSettings(target_ongoing_requests=4, downscale_delay_s=2)
     a = InstanceLoad(1, 0, False, idle_since_s=5.0)
     b = InstanceLoad(2, 0, False, idle_since_s=3.0)
     c = InstanceLoad(3, 0, False, idle_since_s=6.5)
     assert decide(PoolLoad(7.0, 0, (a, b, c)), s).release == (2, 1)
     assert decide(PoolLoad(4.0, 0, (a, b, c)), s).release == ()
-    kept = AutoscaleSettings(4, 2, min_instances=1)
+    kept = AutoscaleSettings(4, min_replicas=1, downscale_delay_s=2)
     assert len(decide(PoolLoad(100.0, 0, (a, b, c)), kept).release) == 2
     with pytest.raises(SurgeError):
-        AutoscaleSettings(target_outstanding_per_instance=0)
+        AutoscaleSettings(target_ongoing_requests=0)
 
 
 def test_router_prefers_least_loaded_per_speed_and_skips_full():

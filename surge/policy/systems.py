@@ -1,11 +1,14 @@
-"""Systems as configurations of policies: λScale, BlitzScale, ParaServe, FlexPipe, baselines.
+"""Systems as data: λScale, BlitzScale, ParaServe, FlexPipe, ServerlessLLM and baselines.
 
-In: a system name. Out: a `SystemConfig` that tells the simulator which policy to use
-at each decision point: where a new instance's weights come from (`load`), which
-multicast plan (`surge.policy.multicast` strategy), whether it serves while loading
-(execution pipelines or live cooperative execution), how the host cache behaves
-(`surge.policy.keepalive`), the autoscaler's settings (`surge.policy.autoscale`), and
-P/D disaggregation. No system has code of its own in the simulator.
+In: a system name (a deployment's `strategy` in `surge serve`, `--system` in
+`surge simulate`: the same names). Out: a `SystemConfig`, one choice per decision point:
+where a new instance's weights come from (`load`, decided per destination by
+`surge.policy.startup`), which multicast plan (`surge.policy.multicast` strategy), how
+it serves while loading (`surge.policy.loading`: execution pipelines, BlitzScale live
+scaling, or load-then-serve), ParaServe's group sizing (Alg. 1) and consolidation
+(§6.1 predictor), how the host cache behaves (`surge.policy.keepalive`), the
+autoscaler's settings (`surge.policy.autoscale`), and P/D disaggregation. No system has
+code of its own in the runtime or the simulator: both read these fields.
 """
 
 from dataclasses import dataclass, field, replace
@@ -17,6 +20,10 @@ LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
 HOST_CACHES = ("lru", "pinned-one", "all", "none")
 COLD_FALLBACKS = ("host-then-multicast", "local")
+GROUP_SIZINGS = ("fixed", "alg1")
+CONSOLIDATIONS = ("none", "scale-up", "predictor")
+ALIASES = {"load-then-serve": "serverlessllm"}
+"""Older names still accepted (deployments stored before the names were unified)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,27 @@ class SystemConfig:
     host_cache_fraction: float = 0.5
     """Fraction of host memory given to the model cache."""
     pipeline_size: int = 1
-    """Workers of one instance for `registry-parallel` loads (ParaServe parallelism size)."""
+    """Workers of one instance for `registry-parallel` loads with `group_sizing` "fixed";
+    the most workers Alg. 1 may pick with "alg1" (ParaServe parallelism size)."""
+    group_sizing: str = "fixed"
+    """`fixed` (`pipeline_size` workers) or `alg1` (ParaServe §4.1 Alg. 1 picks the
+    smallest group that meets the SLOs, placed by §4.2 Alg. 2's contention-aware shares;
+    a single cold start is fetched in parallel by the group)."""
+    consolidation: str = "none"
+    """After a `registry-parallel` group serves: `none` (it serves as a group for life),
+    `scale-up` (every member fetches the rest and becomes an instance), `predictor`
+    (ParaServe §6.1: the sliding-window predictor chooses scale-down to fewer instances
+    or scale-up; requests move with their KV cache)."""
+    predictor_window_s: float = 60.0
+    """Sliding window of the §6.1 predictor, seconds."""
+    live_batch: int = 4
+    """BlitzScale live scaling: queued requests prefilled together by one step (§5.2)."""
+    live_load_ratio: float = 1.0
+    """BlitzScale zigzag Time_l (layer load time / layer execution time) that shapes the
+    live-scaling schedule; each step is clipped to the layers the new node holds."""
+    serve: bool = False
+    """`surge serve` can carry this system out on real bytes (the others exist only in the
+    simulator: idealised baselines)."""
     stage_hop_s: float = 0.001
     """Activation hop between pipeline stages, per forward step, seconds."""
     init_s: float = 0.0
@@ -72,7 +99,9 @@ class SystemConfig:
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     """Autoscaler settings of every pool (the prefill pool under P/D)."""
     decode_autoscale: AutoscaleSettings = field(
-        default_factory=lambda: AutoscaleSettings(32.0, 2.0)
+        default_factory=lambda: AutoscaleSettings(
+            target_ongoing_requests=32.0, downscale_delay_s=2.0, keep_alive_s=None
+        )
     )
     """Autoscaler settings of decode pools under P/D (decode holds requests longer)."""
 
@@ -82,6 +111,8 @@ class SystemConfig:
             ("serve_while_loading", self.serve_while_loading, SERVE_WHILE_LOADING),
             ("host_cache", self.host_cache, HOST_CACHES),
             ("cold_fallback", self.cold_fallback, COLD_FALLBACKS),
+            ("group_sizing", self.group_sizing, GROUP_SIZINGS),
+            ("consolidation", self.consolidation, CONSOLIDATIONS),
         )
         for name, value, allowed in checks:
             if value not in allowed:
@@ -94,11 +125,15 @@ class SystemConfig:
             raise SurgeError(f"system {self.name}: decision_interval_s must be > 0")
         if min(self.group_setup_s, self.stage_hop_s, self.init_s) < 0:
             raise SurgeError(f"system {self.name}: times must be >= 0")
+        if self.live_batch < 1 or not self.live_load_ratio > 0 or not self.predictor_window_s > 0:
+            raise SurgeError(f"system {self.name}: live_batch >= 1, ratios and windows > 0")
         if not 0 < self.host_cache_fraction <= 1:
             raise SurgeError(f"system {self.name}: host_cache_fraction must be in (0, 1]")
 
 
-_AUTOSCALE = AutoscaleSettings(target_outstanding_per_instance=8.0, scale_down_delay_s=10.0)
+_AUTOSCALE = AutoscaleSettings(
+    target_ongoing_requests=8.0, downscale_delay_s=10.0, keep_alive_s=None
+)
 
 SYSTEMS: dict[str, SystemConfig] = {
     # λScale §4: binomial k-way multicast, execution pipelines, mode switch, a host replica.
@@ -110,6 +145,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         serve_while_loading="pipelines",
         host_cache="pinned-one",
         autoscale=_AUTOSCALE,
+        serve=True,
     ),
     # BlitzScale §4-§5: chains, live cooperative execution, O(1) host pool, P/D, 2 s scale-down.
     "blitzscale": SystemConfig(
@@ -121,16 +157,22 @@ SYSTEMS: dict[str, SystemConfig] = {
         host_cache="pinned-one",
         pd_disaggregation=True,
         mutation=True,
-        autoscale=replace(_AUTOSCALE, scale_down_delay_s=2.0),
+        autoscale=replace(_AUTOSCALE, downscale_delay_s=2.0),
+        serve=True,
     ),
-    # ParaServe §4-§5: pipeline-parallel fetch from the registry, overlapped init.
+    # ParaServe §4-§6: Alg. 1 sizes a pipeline group, Alg. 2 places it by contention, the
+    # group fetches disjoint parts in parallel and serves at once, overlapped init; the
+    # §6.1 predictor then consolidates (scale-down or scale-up, KV cache migrated).
     "paraserve": SystemConfig(
         "paraserve",
         "registry-parallel",
         pipeline_size=4,
+        group_sizing="alg1",
+        consolidation="predictor",
         host_cache="none",
         init_s=0.3,
         autoscale=_AUTOSCALE,
+        serve=True,
     ),
     # FlexPipe §5-§7 (approximation): fine-grained stages loaded in parallel from host memory.
     "flexpipe": SystemConfig(
@@ -149,6 +191,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         keep_alive_s=None,
         init_s=0.5,
         autoscale=_AUTOSCALE,
+        serve=True,
     ),
     # FaaSNet: binary-tree GPU multicast, load-then-serve, SSD when no GPU copy (λScale §7.5).
     "faasnet": SystemConfig(
@@ -187,7 +230,19 @@ SYSTEMS: dict[str, SystemConfig] = {
 
 
 def system_config(name: str) -> SystemConfig:
-    """The system called `name`."""
+    """The system called `name` (or an older alias of it)."""
+    name = ALIASES.get(name, name)
     if name not in SYSTEMS:
         raise SurgeError(f"unknown system {name!r}; choose one of {', '.join(SYSTEMS)}")
     return SYSTEMS[name]
+
+
+def serve_system(name: str) -> SystemConfig:
+    """The system called `name`, which `surge serve` must be able to carry out."""
+    system = system_config(name)
+    if not system.serve:
+        served = ", ".join(n for n, s in SYSTEMS.items() if s.serve)
+        raise SurgeError(
+            f"strategy {name!r} exists only in the simulator; `surge serve` runs {served}"
+        )
+    return system

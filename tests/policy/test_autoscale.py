@@ -1,0 +1,72 @@
+"""The autoscaler's Knative rules, now in `surge.policy.autoscale` for both bodies: the
+stable (upscale) window, the panic window, the last instance's keep-alive."""
+
+import pytest
+
+from surge.errors import SurgeError
+from surge.policy.autoscale import (
+    AutoscaleSettings,
+    AutoscaleState,
+    InstanceLoad,
+    PoolLoad,
+    decide,
+)
+
+
+def _busy(iid: int, n: int) -> InstanceLoad:
+    return InstanceLoad(iid, n, loading=False, idle_since_s=None)
+
+
+def _idle(iid: int, since: float) -> InstanceLoad:
+    return InstanceLoad(iid, 0, loading=False, idle_since_s=since)
+
+
+def test_upscale_waits_for_the_stable_window_then_fires() -> None:
+    s = AutoscaleSettings(target_ongoing_requests=4, upscale_delay_s=1.0, panic_threshold=10)
+    d = decide(PoolLoad(0.0, 3, (_busy(1, 4),)), s)
+    assert d.desired == 2 and d.scale_out == 0 and d.state.want_since_s == 0.0
+    assert d.wake_at_s == 1.0
+    d = decide(PoolLoad(0.5, 3, (_busy(1, 4),)), s, d.state)
+    assert d.scale_out == 0 and d.state.want_since_s == 0.0  # the window keeps its start
+    d = decide(PoolLoad(1.0, 3, (_busy(1, 4),)), s, d.state)
+    assert d.scale_out == 1 and d.state.want_since_s is None
+    # A dip below the target resets the window.
+    d1 = decide(PoolLoad(0.0, 3, (_busy(1, 4),)), s)
+    d2 = decide(PoolLoad(0.5, 0, (_busy(1, 2),)), s, d1.state)
+    assert d2.state.want_since_s is None
+    assert decide(PoolLoad(1.0, 3, (_busy(1, 4),)), s, d2.state).scale_out == 0
+
+
+def test_zero_and_panic_skip_the_stable_window() -> None:
+    s = AutoscaleSettings(target_ongoing_requests=4, upscale_delay_s=5.0)
+    assert decide(PoolLoad(0.0, 1, ()), s).scale_out == 1  # the activator: at zero, at once
+    burst = decide(PoolLoad(0.0, 20, (_busy(1, 4),)), s)  # 24 >= 2 x 4 x 1: panic
+    assert burst.scale_out == 5 and burst.state.panic_until_s == pytest.approx(1.0)
+
+
+def test_no_release_in_panic_and_the_last_instance_keeps_alive() -> None:
+    s = AutoscaleSettings(target_ongoing_requests=4, downscale_delay_s=2, keep_alive_s=10)
+    panic = AutoscaleState(panic_until_s=5.0)
+    idle = (_idle(1, 0.0), _idle(2, 0.0))
+    assert decide(PoolLoad(4.0, 0, idle), s, panic).release == ()
+    d = decide(PoolLoad(6.0, 0, idle), s, panic)
+    assert d.release == (1,)  # the last one waits for keep_alive_s
+    assert d.wake_at_s == 10.0
+    assert decide(PoolLoad(10.0, 0, idle), s, panic).release == (1, 2)
+    same = AutoscaleSettings(target_ongoing_requests=4, downscale_delay_s=2, keep_alive_s=None)
+    assert decide(PoolLoad(2.0, 0, idle), same).release == (1, 2)
+
+
+def test_capped_settings_and_bad_knobs() -> None:
+    s = AutoscaleSettings(min_replicas=3, max_replicas=8).capped(2)
+    assert (s.min_replicas, s.max_replicas) == (2, 2)
+    assert AutoscaleSettings().capped(0).max_replicas == 1
+    for bad in (
+        {"target_ongoing_requests": 0},
+        {"panic_threshold": 0.5},
+        {"upscale_delay_s": -1},
+        {"keep_alive_s": -1},
+        {"min_replicas": 2, "max_replicas": 1},
+    ):
+        with pytest.raises(SurgeError):
+            AutoscaleSettings(**bad)
