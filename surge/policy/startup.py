@@ -1,0 +1,259 @@
+"""Start-up: where each new instance's weights come from (λScale §5, FaaScale §5).
+
+In: a `StartupRequest`: the system (`surge.policy.systems`), the destinations placement
+chose (each with the best complete copy it holds itself: host, disk or none), and the
+complete copies of the model elsewhere (on GPUs of serving instances, or in host memory).
+Out: a `StartupPlan`:
+- `local`: destinations that load the whole model from their own tier (a host copy is
+  local and fast: warm-local; `local` systems load everything this way);
+- `sources` and `receivers`: the multicast, plan node i = sources[i] for i < K, then the
+  receivers. GPU copies and host copies both count as sources (FaaScale §5: one complete
+  copy in host memory is a multicast source by itself), so K > 1 whenever two copies
+  exist; sources are ordered GPU copies first (least loaded first), then host copies, and
+  there are never more sources than receivers (more buy nothing) nor more than the
+  system's `max_sources`;
+- `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first)
+  brings the model into its host tier from its disk or the registry, restoring the
+  one-host-copy invariant (BlitzScale §5.1), and then leads the multicast as a host source;
+  systems whose `cold_fallback` is `local` load every destination locally instead.
+- `kind`: hot (a GPU copy exists), warm (a host copy exists) or cold.
+
+ParaServe (§4.1 Alg. 1, §4.2 Alg. 2): `plan_group` sizes a pipeline group for one cold
+start by the SLOs, places it on the servers' contention-adjusted network shares, and gives
+each member a contiguous part of the blocks (balanced by bytes) to fetch first.
+
+`surge serve`'s scale-out and the simulator both call these; neither chooses sources,
+leaders or groups of its own. Pure and deterministic.
+"""
+
+from dataclasses import dataclass, field
+
+from surge.errors import SurgeError
+from surge.policy.paraserve_placement import ServerNetwork, place_cold_start
+from surge.policy.paraserve_sizing import (
+    GpuServer,
+    SizingDecision,
+    SizingRequest,
+    SizingSettings,
+    StageTimes,
+)
+from surge.policy.systems import SystemConfig
+
+OWN_TIERS = ("host", "disk", "remote")
+"""A destination's best complete copy of its own: host memory, local disk, or none (the
+registry)."""
+COPY_TIERS = ("gpu", "host")
+"""Tiers a copy elsewhere can serve a multicast from."""
+KINDS = ("hot", "warm", "cold")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A node placement chose for a new instance."""
+
+    node: int
+    """Id the caller understands (runtime: agent node; simulator: its own id space)."""
+    own_tier: str = "remote"
+    """Its best complete copy: `host`, `disk` or `remote` (none)."""
+
+    def __post_init__(self) -> None:
+        if self.own_tier not in OWN_TIERS:
+            raise SurgeError(f"own_tier must be one of {OWN_TIERS} (got {self.own_tier!r})")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A complete copy of the model that is not at a destination."""
+
+    node: int
+    """Who holds it (same id space as `Destination.node`)."""
+    tier: str
+    """`gpu` (a serving instance) or `host` (host memory)."""
+    outstanding: int = 0
+    """Requests on the instance that holds a GPU copy (less loaded sources go first)."""
+
+    def __post_init__(self) -> None:
+        if self.tier not in COPY_TIERS:
+            raise SurgeError(f"copy tier must be one of {COPY_TIERS} (got {self.tier!r})")
+
+
+@dataclass(frozen=True)
+class StartupRequest:
+    """One scale-out's start-up question. Validated at construction."""
+
+    system: SystemConfig
+    """The deployment's system: `load`, `max_sources`, `cold_fallback` are read."""
+    destinations: tuple[Destination, ...]
+    """The new instances' nodes, in placement order."""
+    copies: tuple[Copy, ...] = ()
+    """Complete copies elsewhere (a node may appear once per tier)."""
+
+    def __post_init__(self) -> None:
+        nodes = [d.node for d in self.destinations]
+        if not nodes or len(set(nodes)) != len(nodes):
+            raise SurgeError("a start-up needs one or more distinct destinations")
+        if any(c.node in nodes for c in self.copies):
+            raise SurgeError("a destination's own copy belongs in Destination.own_tier")
+
+
+@dataclass(frozen=True)
+class LocalLoad:
+    """A destination loading the whole model from its own tier."""
+
+    node: int
+    source: str
+    """`host`, `disk` or `remote`."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A multicast source."""
+
+    node: int
+    tier: str
+    """`gpu` or `host`: where its blocks are read from."""
+
+
+@dataclass(frozen=True)
+class StartupPlan:
+    """Where every destination's weights come from."""
+
+    kind: str
+    """`hot`, `warm` or `cold` (what existed before this scale-out)."""
+    local: tuple[LocalLoad, ...] = ()
+    """Destinations loading by themselves (the cold leader included, from `host` once
+    its host copy is in)."""
+    sources: tuple[Source, ...] = ()
+    """Multicast sources, plan nodes 0..K-1."""
+    receivers: tuple[int, ...] = ()
+    """Multicast destinations, plan nodes K..N-1."""
+    cold_leader: LocalLoad | None = None
+    """A destination that first brings the model into its host tier from `source`; it is
+    then `sources`' host source (it is in `sources` already)."""
+
+    @property
+    def multicast_nodes(self) -> tuple[int, ...]:
+        """Plan node i is this tuple's i-th node (sources first)."""
+        return tuple(s.node for s in self.sources) + self.receivers
+
+
+def plan_startup(request: StartupRequest) -> StartupPlan:
+    """The start-up of `request` (see module docstring)."""
+    system = request.system
+    dests = request.destinations
+    gpu = sorted(
+        (c for c in request.copies if c.tier == "gpu"), key=lambda c: (c.outstanding, c.node)
+    )
+    host = sorted((c for c in request.copies if c.tier == "host"), key=lambda c: c.node)
+    kind = "hot" if gpu else "warm" if host or any(d.own_tier == "host" for d in dests) else "cold"
+    if system.load != "multicast":
+        # Local systems (and the ParaServe group's members, which `plan_group` splits) load
+        # from their own best tier.
+        return StartupPlan(kind, tuple(LocalLoad(d.node, d.own_tier) for d in dests))
+    warm_local = [d for d in dests if d.own_tier == "host"]
+    receivers = [d for d in dests if d.own_tier != "host"]
+    local = [LocalLoad(d.node, "host") for d in warm_local]
+    candidates = [Source(c.node, "gpu") for c in gpu] + [Source(c.node, "host") for c in host]
+    # A warm-local destination serves its host copy to the others while it loads (λScale §5).
+    candidates += [Source(d.node, "host") for d in warm_local]
+    leader: LocalLoad | None = None
+    if receivers and not candidates:
+        if system.cold_fallback == "local":
+            local += [LocalLoad(d.node, d.own_tier) for d in receivers]
+            return StartupPlan(kind, tuple(local))
+        first = min(receivers, key=lambda d: (d.own_tier != "disk", d.node))
+        leader = LocalLoad(first.node, first.own_tier)
+        receivers.remove(first)
+        local.append(LocalLoad(first.node, "host"))
+        candidates = [Source(first.node, "host")]
+    if not receivers:
+        return StartupPlan(kind, tuple(local), cold_leader=leader)
+    sources = candidates[: min(system.max_sources, len(receivers))]
+    if leader is not None and not sources:
+        sources = candidates[:1]
+    return StartupPlan(kind, tuple(local), tuple(sources), tuple(d.node for d in receivers), leader)
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """One ParaServe cold start: which servers may take a worker, and the SLOs."""
+
+    block_bytes: tuple[int, ...]
+    """Size of each block of the model, in layer order."""
+    servers: tuple[GpuServer, ...]
+    """Servers free to take a worker (`server_id` = the caller's node id)."""
+    times: StageTimes
+    """Historical stage times of the model (ParaServe §4.1, Eq. 1/2/5)."""
+    ttft_slo_s: float
+    """Time-to-first-token objective, seconds."""
+    tpot_slo_s: float
+    """Time-per-output-token objective, seconds."""
+    settings: SizingSettings = field(default_factory=SizingSettings)
+    """Alg. 1's limits (most workers, overlapped start-up)."""
+    networks: tuple[ServerNetwork, ...] = ()
+    """Alg. 2's state: workers fetching on each server now (none = no contention)."""
+    now_s: float = 0.0
+    """Current time, seconds (Alg. 2's deadlines)."""
+    model_id: str = "model"
+    """Names the workers in Alg. 2's state."""
+
+    def __post_init__(self) -> None:
+        if not self.block_bytes or min(self.block_bytes) <= 0:
+            raise SurgeError("a group needs one or more blocks of > 0 bytes")
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """A ParaServe pipeline group: who fetches which blocks first."""
+
+    members: tuple[int, ...]
+    """Server ids in stage (layer) order."""
+    parts: tuple[tuple[int, ...], ...]
+    """Blocks each member fetches first: contiguous, in layer order, balanced by bytes."""
+    sizing: SizingDecision
+    """Alg. 1's decision (pipeline size, predicted TTFT/TPOT, whether SLOs are met)."""
+    networks: tuple[ServerNetwork, ...]
+    """Alg. 2's state with this group's workers admitted (pass to the next request)."""
+
+
+def split_blocks(block_bytes: tuple[int, ...], num_parts: int) -> tuple[tuple[int, ...], ...]:
+    """Contiguous parts of the blocks, one per stage, each as close to an equal share of the
+    bytes as the block boundaries allow (cut at the block nearest each ideal boundary)."""
+    n = len(block_bytes)
+    if not 1 <= num_parts <= n:
+        raise SurgeError(f"cannot split {n} blocks into {num_parts} non-empty parts")
+    total = sum(block_bytes)
+    cuts, acc, b = [0], 0, 0
+    for i in range(1, num_parts):
+        target = total * i / num_parts
+        while b < n and acc + block_bytes[b] / 2 <= target:
+            acc += block_bytes[b]
+            b += 1
+        lo, hi = cuts[-1] + 1, n - (num_parts - i)  # every part keeps >= 1 block
+        b = min(max(b, lo), hi)
+        acc = sum(block_bytes[:b])
+        cuts.append(b)
+    cuts.append(n)
+    return tuple(tuple(range(cuts[i], cuts[i + 1])) for i in range(num_parts))
+
+
+def plan_group(request: GroupRequest) -> GroupPlan | None:
+    """ParaServe's group for one cold start: Alg. 2's contention-adjusted shares, Alg. 1's
+    size and servers on them, members in stage order (full-memory workers first, as Alg. 1
+    lists them), parts split by bytes. None when no server can take a worker."""
+    sizing = SizingRequest(
+        model_bytes=sum(request.block_bytes),
+        servers=request.servers,
+        times=request.times,
+        ttft_slo_s=request.ttft_slo_s,
+        tpot_slo_s=request.tpot_slo_s,
+        settings=request.settings,
+    )
+    networks = {n.server_id: n for n in request.networks}
+    decision, updated = place_cold_start(sizing, networks, request.model_id, request.now_s)
+    if decision is None:
+        return None
+    size = min(decision.pipeline_size, len(request.block_bytes))
+    members = tuple(decision.servers[:size])
+    parts = split_blocks(request.block_bytes, len(members))
+    return GroupPlan(members, parts, decision, tuple(updated[k] for k in sorted(updated)))
