@@ -5,7 +5,8 @@ Greedy (temperature 0) is one argmax over the batch. Otherwise each sequence sam
 own `torch.Generator`, so a seeded request gives the same tokens whatever it is batched with.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -42,9 +43,58 @@ class SamplingParams:
             raise SurgeError(f"top_k must be >= 0 (got {self.top_k})")
         return self
 
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (every field, `stop_token_ids` as a list)."""
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+            "stop_token_ids": list(self.stop_token_ids),
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "SamplingParams":
+        """Parse and validate the wire form; missing fields take the defaults above."""
+        unknown = sorted(set(d) - _FIELDS)
+        if unknown:
+            raise SurgeError(f"unknown sampling field(s) {unknown}; known: {sorted(_FIELDS)}")
+        kw = dict(d)
+        for name, kinds in _KINDS.items():
+            v = kw.get(name)
+            if name == "seed" and v is None:
+                continue
+            if name in kw and (isinstance(v, bool) or not isinstance(v, kinds)):
+                raise SurgeError(f"sampling field {name!r} has a bad value {v!r}")
+            if name in kw and kinds == _NUMBER:
+                kw[name] = float(v)
+        if not isinstance(kw.get("ignore_eos", False), bool):
+            raise SurgeError("sampling field 'ignore_eos' must be true or false")
+        stops = kw.get("stop_token_ids", ())
+        if not isinstance(stops, list | tuple) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in stops
+        ):
+            raise SurgeError("sampling field 'stop_token_ids' must be a list of token ids")
+        kw["stop_token_ids"] = tuple(stops)
+        return SamplingParams(**kw).validate()
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+_NUMBER = (int, float)
+_KINDS: dict[str, type | tuple[type, ...]] = {
+    "max_tokens": int,
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": int,
+    "seed": int,
+}
+"""JSON types of the numeric fields (bool is refused although it is an int)."""
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -1,19 +1,50 @@
-"""The controller's side of the agents: requests to each agent and one merged event stream.
+"""The controller's side of the agents: typed requests to each agent, and their events.
 
-`ClusterClient` holds one control connection and one event subscription per agent. Events
-from all agents are copied to every queue made by `listen()`; an agent whose event stream
-ends (it died or stopped) yields an `agent_down` event, so callers never wait on a dead node.
+`ClusterClient` holds one control connection and one event subscription per agent.
+`call(node, op)` sends a typed op (`runtime/protocol.py`) and returns its typed reply;
+`call_bytes` does the same on a pooled connection of its own for ops that carry bytes.
+`subscribe((EventClass, ...), model=...)` gives a queue of typed events, filtered when they
+are published, so a consumer gets only what it asked for. An agent whose event stream ends
+(it died or stopped) yields an `AgentDown` event, so callers never wait on a dead node.
+
+`request(node, dict)`, `exchange`, `listen()` and `unlisten` are the dict forms kept while
+callers move to the typed ones; they share the same connections and event stream.
 """
 
 import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast, overload
 
+from surge.errors import SurgeError
+from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp, decode_event
 from surge.runtime.transport import Connection, ConnectionClosed, connect
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Reply)
+
+
+@dataclass(eq=False)
+class _Subscription:
+    """One consumer's queue and what it asked for."""
+
+    queue: asyncio.Queue
+    event_types: tuple[type[Event], ...] | None
+    """None: every event (a `listen()` queue)."""
+    model: str | None
+    """Only events about this model (events about no model, like AgentDown, still pass)."""
+    as_dict: bool
+    """Put the event's JSON dict, not the typed event (`listen()`)."""
+
+    def wants(self, event: Event | None) -> bool:
+        if self.event_types is None:
+            return self.model is None or event is None or event.model_name in (None, self.model)
+        if event is None or not isinstance(event, self.event_types):
+            return False
+        return self.model is None or event.model_name in (None, self.model)
 
 
 class ClusterClient:
@@ -23,7 +54,7 @@ class ClusterClient:
         self.addresses = dict(addresses)
         self.token = token
         self.conns: dict[int, Connection] = {}
-        self._listeners: list[asyncio.Queue[dict[str, Any]]] = []
+        self._subs: list[_Subscription] = []
         self._data_pool: dict[int, list[Connection]] = {}
         self.down: set[int] = set()
         self._readers: list[asyncio.Task] = []
@@ -33,7 +64,7 @@ class ClusterClient:
             host, port = self.addresses[node]
             self.conns[node] = await connect(host, port, self.token, "controller")
             sub = await connect(host, port, self.token, "controller-events")
-            await sub.request({"op": "subscribe"})
+            await sub.request(SubscribeOp().to_json())
             self._readers.append(
                 asyncio.get_running_loop().create_task(self._read_events(node, sub))
             )
@@ -44,27 +75,47 @@ class ClusterClient:
         try:
             while True:
                 header, _ = await sub.recv()
-                self._publish(header)
+                try:
+                    event: Event | None = decode_event(header)
+                except SurgeError as e:  # a newer agent's event: only dict listeners get it
+                    log.warning("node %d sent an event this client cannot read: %s", node, e)
+                    event = None
+                self._publish(event, header)
         except (ConnectionClosed, OSError) as e:
             log.info("event stream of node %d ended: %s", node, e)
         finally:
             sub.close()
             self.down.add(node)
-            self._publish({"kind": "event", "type": "agent_down", "node": node, "t": time.time()})
+            down = AgentDown(node=node, t=time.time())
+            self._publish(down, down.to_json())
 
-    def _publish(self, event: dict[str, Any]) -> None:
-        for q in self._listeners:
-            q.put_nowait(event)
+    def _publish(self, event: Event | None, raw: dict[str, Any]) -> None:
+        for s in self._subs:
+            if s.wants(event):
+                s.queue.put_nowait(raw if s.as_dict else event)
+
+    def subscribe(
+        self, event_types: tuple[type[Event], ...], model: str | None = None
+    ) -> asyncio.Queue[Event]:
+        """A new queue of the events of these classes from now on (about `model`, if given;
+        events about no model, like AgentDown, always pass). Call `unsubscribe` when done."""
+        if not event_types or not all(issubclass(t, Event) for t in event_types):
+            raise SurgeError(f"subscribe needs Event classes (got {event_types!r})")
+        q: asyncio.Queue[Event] = asyncio.Queue()
+        self._subs.append(_Subscription(q, tuple(event_types), model, as_dict=False))
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        self._subs = [s for s in self._subs if s.queue is not q]
 
     def listen(self) -> asyncio.Queue[dict[str, Any]]:
-        """A new queue that receives every event from now on (each consumer its own)."""
+        """Every event from now on as its JSON dict (old form; prefer `subscribe`)."""
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._listeners.append(q)
+        self._subs.append(_Subscription(q, None, None, as_dict=True))
         return q
 
     def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
-        if q in self._listeners:
-            self._listeners.remove(q)
+        self.unsubscribe(q)
 
     async def exchange(
         self, node: int, header: dict[str, Any], payload: bytes | memoryview = b""
@@ -84,17 +135,38 @@ class ClusterClient:
         free.append(conn)
         return reply, body
 
+    async def call(self, node: int, op: Op[R]) -> R:
+        """Send a typed op on the node's control connection; its typed reply (a failure
+        raises `RemoteError` with the agent's message)."""
+        reply, _ = await self.conns[node].request(op.to_json())
+        return cast(R, op.REPLY.from_json(reply))
+
+    async def call_bytes(
+        self, node: int, op: Op[R], payload: bytes | memoryview = b""
+    ) -> tuple[R, memoryview]:
+        """A typed op with a payload and/or a payload answer, on a pooled connection."""
+        reply, body = await self.exchange(node, op.to_json(), payload)
+        return cast(R, op.REPLY.from_json(reply)), body
+
     async def request(
         self, node: int, header: dict[str, Any], payload: bytes = b""
     ) -> dict[str, Any]:
+        """The dict form of `call` (old; the reply as a dict)."""
         reply, _ = await self.conns[node].request(header, payload)
         return reply
 
+    @overload
+    async def broadcast(self, op: Op[R], nodes: list[int] | None = None) -> dict[int, R]: ...
+    @overload
     async def broadcast(
-        self, header: dict[str, Any], nodes: list[int] | None = None
-    ) -> dict[int, dict]:
+        self, op: dict[str, Any], nodes: list[int] | None = None
+    ) -> dict[int, dict[str, Any]]: ...
+    async def broadcast(self, op: Any, nodes: list[int] | None = None) -> dict[int, Any]:
+        """The same op to several nodes (default: all) at once; replies by node. A dict
+        op (old form) gets dict replies."""
         nodes = sorted(self.conns) if nodes is None else nodes
-        replies = await asyncio.gather(*(self.request(n, header) for n in nodes))
+        send = self.call if isinstance(op, Op) else self.request
+        replies = await asyncio.gather(*(send(n, op) for n in nodes))
         return dict(zip(nodes, replies, strict=True))
 
     async def close(self) -> None:

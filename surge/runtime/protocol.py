@@ -1,0 +1,145 @@
+"""The agent protocol: every op, reply and event that crosses an agent socket, typed.
+
+What flows: ops (controller or peer -> agent), replies (agent -> sender), events (agent ->
+subscribers). Each is a frozen dataclass, validated at construction (a bad value raises
+`SurgeError`), with `to_json()` / `from_json(d)`; its JSON is the frame header (payload
+bytes, where an op has them, travel beside it). Defaults live in the dataclasses only.
+The definitions are in `protocol_ops.py` and `protocol_events.py`; import from here.
+
+Usage (controller side, `ClusterClient`):
+
+    from surge.runtime.protocol import LoadOp, BlockArrived, AgentDown
+    reply = await client.call(node, LoadOp(model="m", blocks=(0, 1), tier="gpu"))
+    reply.seconds                                       # a LoadReply
+    replies = await client.broadcast(StatusOp())        # {node: StatusReply}
+    reply, body = await client.call_bytes(node, KvExportOp(...))   # replies with bytes
+    q = client.subscribe((BlockArrived, AgentDown), model="m")    # only these, this model
+    ev = await q.get()                                  # a BlockArrived or an AgentDown
+    client.unsubscribe(q)
+
+Agent side: `decode_op(header)` gives the op (or a SurgeError for an unknown op or a bad
+field, sent back as `{"ok": false, "error": ...}`); the agent looks the handler up by the
+op's class. Owned by the runtime; docs/runtime.md (Protocol) has the table.
+"""
+
+from surge.runtime.protocol_events import (
+    EVENTS,
+    AgentDown,
+    BlockArrived,
+    BlockCorrupt,
+    Event,
+    PullFailed,
+    ReceiveDone,
+    TokenGenerated,
+    decode_event,
+)
+from surge.runtime.protocol_ops import (
+    MULTICAST_WAIT_S,
+    NO_STEP,
+    OPS,
+    AbortReply,
+    Ack,
+    AdoptReply,
+    BlockReply,
+    ChecksumsOp,
+    ChecksumsReply,
+    EvictOp,
+    GenerateOp,
+    GenerateReply,
+    GetBlockOp,
+    InstanceAbortOp,
+    InstanceAdoptOp,
+    InstanceCloseOp,
+    InstanceOpenOp,
+    InstanceReply,
+    InstanceSubmitOp,
+    KvExportOp,
+    KvPart,
+    LandingTier,
+    LoadOp,
+    LoadReply,
+    ModelHolding,
+    MulticastOp,
+    MulticastReply,
+    Op,
+    PipelineReply,
+    PullFromOp,
+    RegisterOp,
+    RegisterReply,
+    Reply,
+    SetPeersOp,
+    SetPeersReply,
+    ShutdownOp,
+    Source,
+    StageCloseOp,
+    StageFreeOp,
+    StageOpenOp,
+    StageStepOp,
+    StageStepReply,
+    StatusOp,
+    StatusReply,
+    SubmitReply,
+    SubscribeOp,
+    Tier,
+    decode_op,
+)
+
+__all__ = [
+    "EVENTS",
+    "MULTICAST_WAIT_S",
+    "NO_STEP",
+    "OPS",
+    "AbortReply",
+    "Ack",
+    "AdoptReply",
+    "AgentDown",
+    "BlockArrived",
+    "BlockCorrupt",
+    "BlockReply",
+    "ChecksumsOp",
+    "ChecksumsReply",
+    "Event",
+    "EvictOp",
+    "GenerateOp",
+    "GenerateReply",
+    "GetBlockOp",
+    "InstanceAbortOp",
+    "InstanceAdoptOp",
+    "InstanceCloseOp",
+    "InstanceOpenOp",
+    "InstanceReply",
+    "InstanceSubmitOp",
+    "KvExportOp",
+    "KvPart",
+    "LandingTier",
+    "LoadOp",
+    "LoadReply",
+    "ModelHolding",
+    "MulticastOp",
+    "MulticastReply",
+    "Op",
+    "PipelineReply",
+    "PullFailed",
+    "PullFromOp",
+    "ReceiveDone",
+    "RegisterOp",
+    "RegisterReply",
+    "Reply",
+    "SetPeersOp",
+    "SetPeersReply",
+    "ShutdownOp",
+    "Source",
+    "StageCloseOp",
+    "StageFreeOp",
+    "StageOpenOp",
+    "StageStepOp",
+    "StageStepReply",
+    "StatusOp",
+    "StatusReply",
+    "SubmitReply",
+    "SubscribeOp",
+    "Tier",
+    "TokenGenerated",
+    "decode_event",
+    "decode_op",
+]

@@ -1,0 +1,410 @@
+"""Every request a node agent answers, and its reply, as frozen dataclasses.
+
+What flows: the controller (and peers) send an `Op`; the agent decodes it with `decode_op`,
+runs the handler registered for its class, and answers with the op's `REPLY` (plus
+`"ok": true`), or `{"ok": false, "error": ...}`. The JSON of each op is the dict the
+senders built by hand before (`"op"` key + fields), so dict senders and typed senders mix.
+Defaults live here and only here. Owned by the runtime (see docs/runtime.md, Protocol).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from surge.engine.batch import BatchMeta
+from surge.engine.sampling import SamplingParams
+from surge.errors import SurgeError
+from surge.model.manifest import Manifest
+from surge.runtime.protocol_codec import Message, require
+
+Tier = Literal["host", "gpu", "disk"]
+"""Where blocks are held: shared host memory, the engine's (gpu) buffers, local disk."""
+LandingTier = Literal["host", "gpu"]
+"""Tiers a block can be received into over the network."""
+Source = Literal["disk", "host", "remote"]
+"""Where `load` reads blocks from: local disk, this node's host copy, the registry."""
+
+MULTICAST_WAIT_S = 120.0
+"""How long a receiver's pull waits for its source to hold the block (multicast,
+pull_from). A pull in a plan may be issued long before its source has the block."""
+NO_STEP = 1e9
+"""The plan step of a `get_block` outside any plan: served after every planned send."""
+
+
+# ---- replies -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply(Message):
+    """The fields of a successful answer (the agent adds `"ok": true`)."""
+
+
+@dataclass(frozen=True)
+class Ack(Reply):
+    """An answer with no fields."""
+
+
+@dataclass(frozen=True)
+class ModelHolding(Reply):
+    """Blocks of one model held on a node, by tier."""
+
+    host: tuple[int, ...]
+    gpu: tuple[int, ...]
+    disk: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StatusReply(Reply):
+    node: int
+    port: int
+    models: dict[str, ModelHolding]
+    bytes_in: int
+    bytes_out: int
+    peers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RegisterReply(Reply):
+    model: str
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class SetPeersReply(Reply):
+    peers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadReply(Reply):
+    seconds: float
+    """Until every block was usable in its tier."""
+    fetch_seconds: float
+    """Until every block was read (the engine may still have been taking them in)."""
+
+
+@dataclass(frozen=True)
+class ChecksumsReply(Reply):
+    checksums: dict[int, int]
+    """crc32 of each block held in host or gpu memory."""
+
+
+@dataclass(frozen=True)
+class GenerateReply(Reply):
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockReply(Reply):
+    """Header of a block send; the block's bytes are the frame payload."""
+
+    model: str
+    block: int
+
+
+@dataclass(frozen=True)
+class MulticastReply(Reply):
+    mc_id: str
+    num_recv: int
+
+
+@dataclass(frozen=True)
+class PipelineReply(Reply):
+    pipeline: str
+
+
+@dataclass(frozen=True)
+class StageStepReply(Reply):
+    """The last stage's logits (float32, row-major) are the frame payload."""
+
+    shape: tuple[int, ...]
+    kind: Literal["logits"] = "logits"
+
+
+@dataclass(frozen=True)
+class InstanceReply(Reply):
+    instance: str
+
+
+@dataclass(frozen=True)
+class SubmitReply(Reply):
+    queued: bool = True
+
+
+@dataclass(frozen=True)
+class AdoptReply(Reply):
+    seq_id: int
+
+
+@dataclass(frozen=True)
+class AbortReply(Reply):
+    outputs: dict[str, tuple[int, ...]]
+    """req_id -> tokens generated so far, of each request taken out."""
+
+
+@dataclass(frozen=True)
+class KvPart(Reply):
+    """K/V of one sequence at one stage: the reply of `kv_export` (bytes in the payload)
+    and one entry of `instance_adopt.parts` (bytes concatenated in the payload)."""
+
+    first_layer: int
+    end_layer: int
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        require(0 <= self.first_layer < self.end_layer, "KvPart", "needs first < end layer")
+
+
+# ---- ops -----------------------------------------------------------------------------
+
+R = TypeVar("R", bound=Reply)
+
+OPS: dict[str, type["Op"]] = {}
+"""Op name -> its class. Filled by each class definition."""
+
+
+@dataclass(frozen=True)
+class Op(Message, Generic[R]):
+    """A request to an agent. Subclasses name themselves: `class X(Op[Y], name=..., reply=Y)`."""
+
+    NAME: ClassVar[str] = ""
+    REPLY: ClassVar[type[Reply]] = Ack
+    STRICT: ClassVar[bool] = True
+
+    def __init_subclass__(cls, name: str = "", reply: type[Reply] = Ack, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if name:
+            if name in OPS:
+                raise TypeError(f"op {name!r} is defined twice")
+            cls.NAME, cls.REPLY = name, reply
+            OPS[name] = cls
+
+    @classmethod
+    def _where(cls) -> str:
+        return f"op {cls.NAME}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.NAME, **super().to_json()}
+
+
+def decode_op(header: dict[str, Any]) -> Op:
+    """The typed op of a request header; a SurgeError names an unknown op or a bad field."""
+    name = header.get("op")
+    cls = OPS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise SurgeError(f"unknown op {name!r}; this agent knows {sorted(OPS)}")
+    return cls.from_json(header)
+
+
+def _blocks_ok(where: str, blocks: tuple[int, ...]) -> None:
+    require(all(b >= 0 for b in blocks), where, f"block indices must be >= 0 (got {blocks})")
+
+
+@dataclass(frozen=True)
+class SubscribeOp(Op[Ack], name="subscribe"):
+    """Turn this connection into the agent's event stream (the agent answers `subscribed`)."""
+
+
+@dataclass(frozen=True)
+class ShutdownOp(Op[Ack], name="shutdown"):
+    """Stop the agent."""
+
+
+@dataclass(frozen=True)
+class StatusOp(Op[StatusReply], name="status", reply=StatusReply):
+    """What this node holds, its traffic counters and peers."""
+
+
+@dataclass(frozen=True)
+class RegisterOp(Op[RegisterReply], name="register", reply=RegisterReply):
+    """Learn a model's manifest: sent inline, or (None) read from the agent's registry."""
+
+    model: str
+    manifest: Manifest | None = None
+
+
+@dataclass(frozen=True)
+class SetPeersOp(Op[SetPeersReply], name="set_peers", reply=SetPeersReply):
+    """Peer addresses by node id; `preconnect` opens the pool at once (BlitzScale §5.3)."""
+
+    peers: dict[int, tuple[str, int]]
+    preconnect: bool = True
+
+
+@dataclass(frozen=True)
+class LoadOp(Op[LoadReply], name="load", reply=LoadReply):
+    """Read blocks from `source` into `tier`, in order."""
+
+    model: str
+    blocks: tuple[int, ...]
+    tier: Tier = "host"
+    source: Source = "disk"
+
+    def __post_init__(self) -> None:
+        _blocks_ok("op load", self.blocks)
+
+
+@dataclass(frozen=True)
+class EvictOp(Op[Ack], name="evict"):
+    model: str
+    blocks: tuple[int, ...]
+    tier: Tier = "host"
+
+    def __post_init__(self) -> None:
+        _blocks_ok("op evict", self.blocks)
+
+
+@dataclass(frozen=True)
+class ChecksumsOp(Op[ChecksumsReply], name="checksums", reply=ChecksumsReply):
+    model: str
+
+
+@dataclass(frozen=True)
+class GenerateOp(Op[GenerateReply], name="generate", reply=GenerateReply):
+    """Generate with this node's gpu-tier blocks (tests and checks; no batching)."""
+
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class GetBlockOp(Op[BlockReply], name="get_block", reply=BlockReply):
+    """A peer's pull of one block; served in plan-step order by the egress port."""
+
+    model: str
+    block: int
+    step: float = NO_STEP
+    wait_s: float = 0.0
+    """How long to wait for the block to be held (0: answer at once)."""
+
+    def __post_init__(self) -> None:
+        require(self.block >= 0 and self.wait_s >= 0, "op get_block", "needs block, wait_s >= 0")
+
+
+@dataclass(frozen=True)
+class MulticastOp(Op[MulticastReply], name="multicast", reply=MulticastReply):
+    """This node's part of a plan: pull `recv` = (step, block, source node) in step order."""
+
+    mc_id: str
+    model: str
+    recv: tuple[tuple[int, int, int], ...]
+    tier: LandingTier = "host"
+    wait_s: float = MULTICAST_WAIT_S
+
+    def __post_init__(self) -> None:
+        require(self.wait_s > 0, "op multicast", f"wait_s must be > 0 (got {self.wait_s})")
+        _blocks_ok("op multicast", tuple(b for _, b, _ in self.recv))
+
+
+@dataclass(frozen=True)
+class PullFromOp(Op[Ack], name="pull_from"):
+    """A re-planned delivery: pull `block` from `src` now (after a `pull_failed`)."""
+
+    mc_id: str
+    model: str
+    block: int
+    src: int
+    tier: LandingTier = "host"
+    step: float = 0.0
+    wait_s: float = MULTICAST_WAIT_S
+
+    def __post_init__(self) -> None:
+        _blocks_ok("op pull_from", (self.block,))
+
+
+@dataclass(frozen=True)
+class StageOpenOp(Op[PipelineReply], name="stage_open", reply=PipelineReply):
+    """Open layers [first_layer, end_layer) of a pipeline here; `next_node` runs the rest
+    (None: this stage is the last and returns logits)."""
+
+    pipeline: str
+    model: str
+    first_layer: int
+    end_layer: int
+    next_node: int | None = None
+
+    def __post_init__(self) -> None:
+        span = f"{self.first_layer}..{self.end_layer}"
+        ok = 0 <= self.first_layer < self.end_layer
+        require(ok, "op stage_open", f"needs 0 <= first_layer < end_layer (got {span})")
+
+
+@dataclass(frozen=True)
+class StageStepOp(Op[StageStepReply], name="stage_step", reply=StageStepReply):
+    """One micro-batch through a stage. `tokens`: int64 ids [B, Q] in the payload, with
+    `shape` and `batch`; `hidden`: a hidden-states frame (engine/hidden.py) in the payload."""
+
+    pipeline: str
+    kind: Literal["tokens", "hidden"]
+    shape: tuple[int, ...] | None = None
+    batch: BatchMeta | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "tokens":
+            ok = self.shape is not None and self.batch is not None
+            require(ok, "op stage_step", "kind 'tokens' needs shape and batch")
+
+
+@dataclass(frozen=True)
+class StageFreeOp(Op[Ack], name="stage_free"):
+    """Drop finished sequences along the whole chain."""
+
+    pipeline: str
+    seq_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageCloseOp(Op[Ack], name="stage_close"):
+    pipeline: str
+
+
+@dataclass(frozen=True)
+class InstanceOpenOp(Op[InstanceReply], name="instance_open", reply=InstanceReply):
+    """A full local instance over the node's gpu-tier blocks (idempotent)."""
+
+    instance: str
+    model: str
+
+
+@dataclass(frozen=True)
+class InstanceSubmitOp(Op[SubmitReply], name="instance_submit", reply=SubmitReply):
+    """Add a request; `output_token_ids` it generated elsewhere are rebuilt by prefill."""
+
+    instance: str
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    output_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class InstanceAdoptOp(Op[AdoptReply], name="instance_adopt", reply=AdoptReply):
+    """Continue a request whose K/V arrives with it, `parts` concatenated in the payload
+    (KV migration, ParaServe §6)."""
+
+    instance: str
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    num_cached: int
+    parts: tuple[KvPart, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class InstanceAbortOp(Op[AbortReply], name="instance_abort", reply=AbortReply):
+    instance: str
+    req_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InstanceCloseOp(Op[Ack], name="instance_close"):
+    instance: str
+
+
+@dataclass(frozen=True)
+class KvExportOp(Op[KvPart], name="kv_export", reply=KvPart):
+    """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
+
+    pipeline: str
+    seq_id: int
+    num_tokens: int
