@@ -239,9 +239,11 @@ def system_config(name: str) -> SystemConfig:
 
 def serve_system(name: str) -> SystemConfig:
     """The system called `name`, which `surge serve` must be able to carry out."""
+    served = ", ".join(n for n, s in SYSTEMS.items() if s.serve)
+    if ALIASES.get(name, name) not in SYSTEMS:
+        raise SurgeError(f"unknown strategy {name!r}; choose one of {served}")
     system = system_config(name)
     if not system.serve:
-        served = ", ".join(n for n, s in SYSTEMS.items() if s.serve)
         raise SurgeError(
             f"strategy {name!r} exists only in the simulator; `surge serve` runs {served}"
         )
