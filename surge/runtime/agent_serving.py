@@ -13,16 +13,45 @@ Local instances (λScale §4.4 mode switch target): `instance_open` wraps the no
 runner in an `LLMEngine`; `instance_submit` adds a request — optionally with tokens it
 already generated elsewhere, whose KV cache is rebuilt by prefill; generated tokens go out as
 `token` events. `instance_abort` takes requests back out (to move them elsewhere).
+
+Composed into `NodeAgent` (`runtime/agent.py`) with the node's `NodeContext` and its
+`AgentStore` (whose gpu-tier blocks it runs) passed in.
 """
 
 import asyncio
 import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from surge.errors import SurgeError
+from surge.runtime.agent_context import NodeContext
+from surge.runtime.agent_store import AgentStore
+from surge.runtime.protocol import (
+    AbortReply,
+    Ack,
+    AdoptReply,
+    GenerateOp,
+    GenerateReply,
+    InstanceAbortOp,
+    InstanceAdoptOp,
+    InstanceCloseOp,
+    InstanceOpenOp,
+    InstanceReply,
+    InstanceSubmitOp,
+    KvExportOp,
+    KvPart,
+    PipelineReply,
+    StageCloseOp,
+    StageFreeOp,
+    StageOpenOp,
+    StageStepOp,
+    StageStepReply,
+    SubmitReply,
+    TokenGenerated,
+)
 from surge.runtime.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -63,18 +92,59 @@ class LocalInstance:
         return await fut
 
 
-class ServingOps:
-    """Mixin of `NodeAgent`: the ops that run models. Expects the agent's attributes."""
+class AgentServing:
+    """The models this node runs: pipeline stages and full local instances."""
 
-    stages: dict[str, Stage]
-    instances: dict[str, LocalInstance]
+    def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
+        self.ctx, self.store = ctx, store
+        self.stages: dict[str, Stage] = {}
+        self.instances: dict[str, LocalInstance] = {}
+        self._stage_pool: dict[int, list[Connection]] = {}
+
+    def handlers(self) -> dict[type, Any]:
+        return {
+            StageOpenOp: self.op_stage_open,
+            StageStepOp: self.op_stage_step,
+            StageFreeOp: self.op_stage_free,
+            StageCloseOp: self.op_stage_close,
+            KvExportOp: self.op_kv_export,
+            InstanceOpenOp: self.op_instance_open,
+            InstanceSubmitOp: self.op_instance_submit,
+            InstanceAdoptOp: self.op_instance_adopt,
+            InstanceAbortOp: self.op_instance_abort,
+            InstanceCloseOp: self.op_instance_close,
+            GenerateOp: self.op_generate,
+        }
+
+    def close(self) -> None:
+        for conns in self._stage_pool.values():
+            for conn in conns:
+                conn.close()
+
+    def _stage(self, pipeline: str) -> Stage:
+        stage = self.stages.get(pipeline)
+        if stage is None:
+            raise SurgeError(f"no stage of pipeline {pipeline} on node {self.ctx.node}")
+        return stage
+
+    def _instance(self, name: str) -> LocalInstance:
+        inst = self.instances.get(name)
+        if inst is None:
+            raise SurgeError(f"no instance {name} on node {self.ctx.node} (instance_open first)")
+        return inst
+
+    def _complete_model(self, model: str) -> Any:
+        state = self.store.model(model)
+        if not state.complete_in_gpu:
+            raise SurgeError(f"node {self.ctx.node} does not hold every block of {model} in gpu")
+        return state
 
     # ---- pipeline stages ---------------------------------------------------------
 
     def _stage_runner(self, model: str, first: int, end: int):
         from surge.engine.runner import ModelRunner
 
-        state = self.model(model)  # type: ignore[attr-defined]
+        state = self.store.model(model)
         manifest = state.manifest
         needed = set(manifest.blocks_for_layers(first, end))
         if first == 0:
@@ -84,102 +154,103 @@ class ServingOps:
         missing = sorted(b for b in needed if b not in state.gpu_buffers)
         if missing:
             raise SurgeError(
-                f"node {self.node} lacks blocks {missing} for layers {first}-{end - 1}"
-            )  # type: ignore[attr-defined]
-        runner = ModelRunner(manifest, self.config.engine, layer_range=(first, end))  # type: ignore[attr-defined]
+                f"node {self.ctx.node} lacks blocks {missing} for layers {first}-{end - 1}"
+            )
+        runner = ModelRunner(manifest, self.ctx.config.engine, layer_range=(first, end))
         for b in sorted(needed):
             runner.add_block(b, state.gpu_buffers[b], verify=False)
         return runner
 
-    async def op_stage_open(self, conn: Connection, h: dict, p: memoryview) -> dict:
-        first, end = int(h["first_layer"]), int(h["end_layer"])
-        runner = await asyncio.to_thread(self._stage_runner, h["model"], first, end)
-        nxt = h.get("next_node")
-        self.stages[h["pipeline"]] = Stage(
-            h["pipeline"], h["model"], first, end, None if nxt is None else int(nxt), runner
-        )
-        return {"pipeline": h["pipeline"]}
+    async def op_stage_open(
+        self, op: StageOpenOp, conn: Connection, p: memoryview
+    ) -> PipelineReply:
+        first, end = op.first_layer, op.end_layer
+        runner = await asyncio.to_thread(self._stage_runner, op.model, first, end)
+        self.stages[op.pipeline] = Stage(op.pipeline, op.model, first, end, op.next_node, runner)
+        return PipelineReply(pipeline=op.pipeline)
 
-    async def op_stage_step(self, conn: Connection, h: dict, p: memoryview) -> None:
+    async def op_stage_step(self, op: StageStepOp, conn: Connection, p: memoryview) -> None:
         import torch
 
-        from surge.engine.batch import BatchMeta
         from surge.engine.hidden import hidden_from_bytes, hidden_to_bytes
 
-        stage = self.stages.get(h["pipeline"])
-        if stage is None:
-            await conn.send({"ok": False, "error": f"no stage of pipeline {h['pipeline']} here"})
-            return
+        stage = self._stage(op.pipeline)
 
-        def compute() -> tuple[dict, Any]:
-            if h["kind"] == "tokens":
-                batch = BatchMeta.from_json(h["batch"])
-                tokens = torch.frombuffer(bytearray(p), dtype=torch.int64).view(h["shape"])
+        def compute() -> tuple[StageStepOp | StageStepReply, Any]:
+            if op.kind == "tokens":
+                assert op.batch is not None and op.shape is not None  # checked by StageStepOp
+                batch = op.batch
+                tokens = torch.frombuffer(bytearray(p), dtype=torch.int64).view(op.shape)
                 hidden = stage.runner.embed(tokens)
             else:
                 hidden, batch, _ = hidden_from_bytes(p)
             hidden = stage.runner.run_layers(stage.first_layer, stage.end_layer, hidden, batch)
             if stage.next_node is None:
                 logits = stage.runner.logits(hidden, batch).contiguous()
-                return {"kind": "logits", "shape": list(logits.shape)}, logits.numpy()
-            return {"kind": "hidden"}, hidden_to_bytes(hidden, batch)
+                return StageStepReply(shape=tuple(logits.shape)), logits.numpy()
+            forward = StageStepOp(pipeline=stage.pipeline, kind="hidden")
+            return forward, hidden_to_bytes(hidden, batch)
 
         async with stage.lock:
-            header, payload = await asyncio.to_thread(compute)
-        if stage.next_node is not None:
-            async with self._peer_conn(stage.next_node) as nxt:  # type: ignore[attr-defined]
-                reply, body = await nxt.request(
-                    {"op": "stage_step", "pipeline": stage.pipeline, **header}, payload
-                )
-            header, payload = {k: reply[k] for k in ("kind", "shape")}, body
-        await conn.send({"ok": True, **header}, payload)
+            out, payload = await asyncio.to_thread(compute)
+        if isinstance(out, StageStepOp):  # hand on to the next stage; its logits come back
+            async with self._peer_conn(stage.next_node) as nxt:
+                reply, payload = await nxt.request(out.to_json(), payload)
+            out = StageStepReply.from_json(reply)
+        await conn.send({"ok": True, **out.to_json()}, payload)
 
-    async def op_stage_free(self, conn: Connection, h: dict, p: memoryview) -> dict:
-        stage = self.stages.get(h["pipeline"])
-        if stage is None:
-            return {}
-        for sid in h["seq_ids"]:
-            stage.runner.free(int(sid))
+    async def op_stage_free(self, op: StageFreeOp, conn: Connection, p: memoryview) -> Ack:
+        stage = self.stages.get(op.pipeline)
+        if stage is None:  # already closed: nothing to free
+            return Ack()
+        for sid in op.seq_ids:
+            stage.runner.free(sid)
         if stage.next_node is not None:
-            async with self._peer_conn(stage.next_node) as nxt:  # type: ignore[attr-defined]
-                await nxt.request(
-                    {"op": "stage_free", "pipeline": stage.pipeline, "seq_ids": h["seq_ids"]}
-                )
-        return {}
+            async with self._peer_conn(stage.next_node) as nxt:
+                await nxt.request(op.to_json())
+        return Ack()
 
-    async def op_stage_close(self, conn: Connection, h: dict, p: memoryview) -> dict:
-        self.stages.pop(h["pipeline"], None)
-        return {}
+    async def op_stage_close(self, op: StageCloseOp, conn: Connection, p: memoryview) -> Ack:
+        self.stages.pop(op.pipeline, None)
+        return Ack()
+
+    async def op_kv_export(self, op: KvExportOp, conn: Connection, p: memoryview) -> None:
+        """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
+        import torch
+
+        stage = self._stage(op.pipeline)
+        async with stage.lock:  # never while a step writes this stage's cache
+            kv = await asyncio.to_thread(stage.runner.export_kv, op.seq_id, op.num_tokens)
+        part = KvPart(first_layer=stage.first_layer, end_layer=stage.end_layer, shape=kv.shape)
+        await conn.send(
+            {"ok": True, **part.to_json()}, kv.contiguous().view(-1).view(torch.uint8).numpy()
+        )
 
     # ---- local instances ---------------------------------------------------------
 
-    async def op_instance_open(self, conn: Connection, h: dict, p: memoryview) -> dict:
+    async def op_instance_open(
+        self, op: InstanceOpenOp, conn: Connection, p: memoryview
+    ) -> InstanceReply:
         from surge.engine.llm_engine import LLMEngine, LocalExecutor
 
-        name, model = h["instance"], h["model"]
-        state = self.model(model)  # type: ignore[attr-defined]
-        if state.runner is None or len(state.gpu_buffers) < state.manifest.num_blocks:
-            raise SurgeError(f"node {self.node} does not hold every block of {model} in gpu")  # type: ignore[attr-defined]
-        if name not in self.instances:
-            engine = LLMEngine(state.manifest, self.config.engine, LocalExecutor(state.runner))  # type: ignore[attr-defined]
-            inst = LocalInstance(name, model, engine)
-            inst.task = self._spawn(self._instance_loop(inst))  # type: ignore[attr-defined]
-            self.instances[name] = inst
-        return {"instance": name}
+        state = self._complete_model(op.model)
+        if op.instance not in self.instances:
+            engine = LLMEngine(state.manifest, self.ctx.config.engine, LocalExecutor(state.runner))
+            inst = LocalInstance(op.instance, op.model, engine)
+            inst.task = self.ctx.spawn(self._instance_loop(inst))
+            self.instances[op.instance] = inst
+        return InstanceReply(instance=op.instance)
 
-    async def op_instance_submit(self, conn: Connection, h: dict, p: memoryview) -> dict:
-        from surge.engine.sampling import SamplingParams
-
-        inst = self.instances[h["instance"]]
-        params = SamplingParams(**h.get("params", {}))
-
-        prompt = list(h["prompt_token_ids"])
+    async def op_instance_submit(
+        self, op: InstanceSubmitOp, conn: Connection, p: memoryview
+    ) -> SubmitReply:
+        inst = self._instance(op.instance)
+        prompt = list(op.prompt_token_ids)
         inst.engine.check_prompt(prompt)  # bad input is refused now, not at the next step
-        params.validate()
 
         def add(engine: Any) -> int:
-            sid = engine.add_request(prompt, params, list(h.get("output_token_ids", [])))
-            inst.requests[sid] = h["req_id"]
+            sid = engine.add_request(prompt, op.params, list(op.output_token_ids))
+            inst.requests[sid] = op.req_id
             return sid
 
         # Answer at once; the loop adds the request at its next step boundary (waiting for
@@ -187,81 +258,71 @@ class ServingOps:
         fut = asyncio.get_running_loop().create_future()
         inst.inbox.append((add, fut))
         inst.wake.set()
-        return {"queued": True}
+        return SubmitReply()
 
-    async def op_instance_adopt(self, conn: Connection, h: dict, p: memoryview) -> dict:
+    async def op_instance_adopt(
+        self, op: InstanceAdoptOp, conn: Connection, p: memoryview
+    ) -> AdoptReply:
         """Continue a request whose KV cache arrives with it (KV migration, ParaServe §6)."""
         import torch
 
-        from surge.engine.sampling import SamplingParams
-
-        inst = self.instances[h["instance"]]
-        params = SamplingParams(**h.get("params", {}))
+        inst = self._instance(op.instance)
         dtype = inst.engine.executor.runner.dtype
         parts, offset = [], 0
-        for part in h["parts"]:
-            n = math.prod(part["shape"]) * dtype.itemsize
+        for part in op.parts:
+            n = math.prod(part.shape) * dtype.itemsize
+            if offset + n > len(p):
+                raise SurgeError(f"instance_adopt: payload holds {len(p)} bytes, parts need more")
             kv = torch.frombuffer(bytearray(p[offset : offset + n]), dtype=dtype)
-            parts.append((part["first_layer"], kv.view(part["shape"])))
+            parts.append((part.first_layer, kv.view(part.shape)))
             offset += n
 
         def adopt(engine: Any) -> int:
             sid = engine.adopt(
-                list(h["prompt_token_ids"]),
-                params,
-                list(h["output_token_ids"]),
-                int(h["num_cached"]),
+                list(op.prompt_token_ids), op.params, list(op.output_token_ids), op.num_cached
             )
             for first_layer, kv in parts:
                 engine.executor.runner.import_kv(sid, first_layer, kv)
             return sid
 
         sid = await inst.call(adopt)
-        inst.requests[sid] = h["req_id"]
-        return {"seq_id": sid}
+        inst.requests[sid] = op.req_id
+        return AdoptReply(seq_id=sid)
 
-    async def op_instance_abort(self, conn: Connection, h: dict, p: memoryview) -> dict:
+    async def op_instance_abort(
+        self, op: InstanceAbortOp, conn: Connection, p: memoryview
+    ) -> AbortReply:
         """Take requests out of a local instance; answers their tokens so far."""
-        inst = self.instances[h["instance"]]
-        wanted = set(h["req_ids"])
+        inst = self._instance(op.instance)
+        wanted = set(op.req_ids)
 
-        def abort(engine: Any) -> dict:
+        def abort(engine: Any) -> dict[str, tuple[int, ...]]:
             out = {}
             for sid, rid in list(inst.requests.items()):
                 if rid in wanted:
-                    out[rid] = engine.abort(sid).output_token_ids
+                    out[rid] = tuple(engine.abort(sid).output_token_ids)
                     del inst.requests[sid]
             return out
 
-        return {"outputs": await inst.call(abort)}
+        return AbortReply(outputs=await inst.call(abort))
 
-    async def op_kv_export(self, conn: Connection, h: dict, p: memoryview) -> None:
-        """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
-        import torch
-
-        stage = self.stages.get(h["pipeline"])
-        if stage is None:
-            await conn.send({"ok": False, "error": f"no stage of pipeline {h['pipeline']} here"})
-            return
-        async with stage.lock:  # never while a step writes this stage's cache
-            kv = await asyncio.to_thread(
-                stage.runner.export_kv, int(h["seq_id"]), int(h["num_tokens"])
-            )
-        await conn.send(
-            {
-                "ok": True,
-                "first_layer": stage.first_layer,
-                "end_layer": stage.end_layer,
-                "shape": list(kv.shape),
-            },
-            kv.contiguous().view(-1).view(torch.uint8).numpy(),
-        )
-
-    async def op_instance_close(self, conn: Connection, h: dict, p: memoryview) -> dict:
-        inst = self.instances.pop(h["instance"], None)
+    async def op_instance_close(self, op: InstanceCloseOp, conn: Connection, p: memoryview) -> Ack:
+        inst = self.instances.pop(op.instance, None)
         if inst is not None and inst.task is not None:
             inst.task.cancel()
-        return {}
+        return Ack()
+
+    async def op_generate(self, op: GenerateOp, conn: Connection, p: memoryview) -> GenerateReply:
+        """Generation with this node's gpu-tier blocks (a one-off full local instance)."""
+        state = self._complete_model(op.model)
+
+        def run() -> list[int]:
+            from surge.engine.llm_engine import LLMEngine, LocalExecutor
+
+            engine = LLMEngine(state.manifest, self.ctx.config.engine, LocalExecutor(state.runner))
+            return engine.generate([list(op.prompt_token_ids)], op.params)[0].token_ids
+
+        return GenerateReply(token_ids=tuple(await asyncio.to_thread(run)))
 
     async def _instance_loop(self, inst: LocalInstance) -> None:
         while True:
@@ -285,37 +346,30 @@ class ServingOps:
                 if ev.finished:
                     del inst.requests[ev.seq_id]
                     inst.engine.seqs.pop(ev.seq_id, None)
-                await self.emit(  # type: ignore[attr-defined]
-                    {
-                        "type": "token",
-                        "instance": inst.name,
-                        "req_id": rid,
-                        "token": ev.token_id,
-                        "finished": ev.finished,
-                        "finish_reason": ev.finish_reason,
-                    }
+                await self.ctx.emit(
+                    TokenGenerated(
+                        node=self.ctx.node,
+                        t=time.time(),
+                        instance=inst.name,
+                        req_id=rid,
+                        token=ev.token_id,
+                        finished=ev.finished,
+                        finish_reason=ev.finish_reason,
+                        model=inst.model,
+                    )
                 )
 
     # ---- pooled connections for stage traffic -----------------------------------
 
     @contextlib.asynccontextmanager
-    async def _peer_conn(self, node: int):
+    async def _peer_conn(self, node: int | None):
         """A connection to a peer for one exchange; several may be open at once, so
         micro-batches in flight do not queue behind each other's round trips."""
-        free = self._stage_pool.setdefault(node, [])  # type: ignore[attr-defined]
+        assert node is not None
+        free = self._stage_pool.setdefault(node, [])
         conn = free.pop() if free else None
         if conn is None or conn.closed:
-            from surge.runtime.transport import connect
-
-            host, port = self.peers[node]  # type: ignore[attr-defined]
-            conn = await connect(
-                host,
-                port,
-                self.config.token,
-                f"node-{self.node}",  # type: ignore[attr-defined]
-                self.egress,
-                self.ingress,  # type: ignore[attr-defined]
-            )
+            conn = await self.ctx.dial(node)
         try:
             yield conn
         except BaseException:

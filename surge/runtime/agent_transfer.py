@@ -8,7 +8,8 @@ checksum on arrival; a bad one is pulled again, and a pull that cannot complete 
 down, repeated corruption) is reported so the controller can name another holder
 (`pull_from`). Peers are reached over a pool of pre-opened connections (BlitzScale §5.3).
 
-A mixin of `NodeAgent` (`runtime/agent.py`), which owns the tiers, events and lifecycle.
+Composed into `NodeAgent` (`runtime/agent.py`) with the node's `NodeContext` and its
+`AgentStore` (where blocks land) passed in.
 """
 
 import asyncio
@@ -16,26 +17,38 @@ import contextlib
 import heapq
 import itertools
 import logging
+import time
+from typing import Any
 
 from surge.errors import SurgeError
 from surge.model.manifest import verify_block
+from surge.runtime.agent_context import NodeContext, import_engine
+from surge.runtime.agent_store import AgentStore
+from surge.runtime.protocol import (
+    Ack,
+    BlockCorrupt,
+    BlockReply,
+    GetBlockOp,
+    LandingTier,
+    MulticastOp,
+    MulticastReply,
+    PullFailed,
+    PullFromOp,
+    ReceiveDone,
+    SetPeersOp,
+    SetPeersReply,
+)
 from surge.runtime.transport import (
     AuthError,
     Connection,
     ConnectionClosed,
     RemoteError,
-    connect,
 )
 
 log = logging.getLogger(__name__)
 
 MAX_PULL_ATTEMPTS = 2
 """Pulls of one block from one source before reporting it as failed (checksum mismatches)."""
-
-
-def import_engine() -> None:
-    """Import the engine (torch, ~1.5 s) — at start-up, or while the first block travels."""
-    import surge.engine.runner  # noqa: F401
 
 
 class EgressPort:
@@ -65,35 +78,64 @@ class EgressPort:
                     break
 
 
-class TransferOps:
-    """Mixin of `NodeAgent`: the block data path. Expects the agent's attributes."""
+class AgentTransfer:
+    """The block data path of one node: serves `get_block`, runs multicast receive lists."""
 
-    async def op_get_block(self, conn: Connection, h: dict, p: memoryview) -> None:
+    def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
+        self.ctx, self.store = ctx, store
+        self.port_out = EgressPort()
+        self._pool: dict[int, Connection] = {}
+        self._pool_locks: dict[int, asyncio.Lock] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self._corrupt_left = ctx.config.fault_corrupt_sends
+
+    def handlers(self) -> dict[type, Any]:
+        return {
+            GetBlockOp: self.op_get_block,
+            MulticastOp: self.op_multicast,
+            PullFromOp: self.op_pull_from,
+            SetPeersOp: self.op_set_peers,
+        }
+
+    def close(self) -> None:
+        for conn in self._pool.values():
+            conn.close()
+
+    async def op_set_peers(self, op: SetPeersOp, conn: Connection, p: memoryview) -> SetPeersReply:
+        """Learn peer addresses and pre-open a connection to each (BlitzScale §5.3 pool)."""
+        self.ctx.peers.clear()
+        self.ctx.peers.update(op.peers)
+        if op.preconnect:
+            others = [n for n in self.ctx.peers if n != self.ctx.node]
+            await asyncio.gather(*(self._peer(n) for n in others), return_exceptions=True)
+        return SetPeersReply(peers=tuple(sorted(self.ctx.peers)))
+
+    async def op_get_block(self, op: GetBlockOp, conn: Connection, p: memoryview) -> None:
         """Send a block, once held, when the egress port's plan order allows."""
-        name, block = h["model"], int(h["block"])
-        state = self.model(name)
-        wait_s = float(h.get("wait_s", 0.0))
+        node, block = self.ctx.node, op.block
+        state = self.store.model(op.model)
+        state.block(block)
+        held = state.event(block)
         # Only verified blocks are served: a buffer being (re)filled is not "held" yet.
-        if not state.event(block).is_set():
-            if wait_s <= 0:
-                await conn.send({"ok": False, "error": f"node {self.node} lacks block {block}"})
-                return
+        if not held.is_set():
+            if op.wait_s <= 0:
+                raise SurgeError(f"node {node} lacks block {block}")
             try:
-                await asyncio.wait_for(state.event(block).wait(), wait_s)
+                await asyncio.wait_for(held.wait(), op.wait_s)
             except TimeoutError:
-                await conn.send({"ok": False, "error": f"node {self.node} never got block {block}"})
-                return
-        async with self.port_out.slot(float(h.get("step", 1e9))):
-            buf = self.buffer_of(name, block) if state.event(block).is_set() else None
+                raise SurgeError(f"node {node} never got block {block}") from None
+        async with self.port_out.slot(op.step):
+            buf = self.store.buffer_of(op.model, block) if held.is_set() else None
             if buf is None:
-                await conn.send({"ok": False, "error": f"node {self.node} evicted block {block}"})
-                return
+                raise SurgeError(f"node {node} evicted block {block}")
             if self._corrupt_left > 0:  # fault injection for tests
                 self._corrupt_left -= 1
                 bad = bytearray(buf)
                 bad[len(bad) // 2] ^= 0xFF
                 buf = memoryview(bad)
-            await conn.send({"ok": True, "model": name, "block": block}, buf)
+            reply = BlockReply(model=op.model, block=block)
+            await conn.send({"ok": True, **reply.to_json()}, buf)
             self.bytes_out += len(buf)
 
     async def _peer(self, node: int) -> Connection:
@@ -102,27 +144,20 @@ class TransferOps:
         async with lock:
             conn = self._pool.get(node)
             if conn is None or conn.closed:
-                if node not in self.peers:
-                    raise ConnectionClosed(f"node {node} is not a known peer")
-                host, port = self.peers[node]
-                conn = await connect(
-                    host, port, self.config.token, f"node-{self.node}", self.egress, self.ingress
-                )
+                conn = await self.ctx.dial(node)
                 self._pool[node] = conn
             return conn
 
     async def pull(
-        self, name: str, block: int, src: int, tier: str, step: float, wait_s: float
+        self, name: str, block: int, src: int, tier: LandingTier, step: float, wait_s: float
     ) -> memoryview:
         """Read one block from a peer straight into its tier buffer and verify it."""
-        info = self.model(name).manifest.blocks[block]
-        target = self.target_buffer(name, block, tier)
+        info = self.store.model(name).block(block)
+        target = self.store.target_buffer(name, block, tier)
         conn = await self._peer(src)
+        ask = GetBlockOp(model=name, block=block, step=step, wait_s=wait_s)
         try:
-            await conn.request(
-                {"op": "get_block", "model": name, "block": block, "step": step, "wait_s": wait_s},
-                sink=lambda _h: target,
-            )
+            await conn.request(ask.to_json(), sink=lambda _h: target)
         except ConnectionClosed:
             conn.close()
             raise
@@ -133,66 +168,65 @@ class TransferOps:
 
     # ---- multicast ---------------------------------------------------------------
 
-    async def op_multicast(self, conn: Connection, h: dict, p: memoryview) -> dict:
-        """Start this node's part of a plan: pull `recv` in order; `send` is served on demand."""
-        name, tier, mc = h["model"], h.get("tier", "host"), h["mc_id"]
-        self.model(name)
-        recv = sorted((int(s), int(b), int(src)) for s, b, src in h["recv"])
-        if tier == "gpu":  # import the engine (torch, ~1.5 s) while the first block travels
-            self._spawn(asyncio.to_thread(import_engine))
-        wait_s = float(h.get("wait_s", 120.0))
-        self._spawn(self._receive_all(mc, name, tier, recv, wait_s))
-        return {"mc_id": mc, "num_recv": len(recv)}
+    async def op_multicast(
+        self, op: MulticastOp, conn: Connection, p: memoryview
+    ) -> MulticastReply:
+        """Start this node's part of a plan: pull `recv` in order; sends are served on demand."""
+        self.store.model(op.model)
+        recv = sorted(op.recv)
+        if op.tier == "gpu":  # import the engine (torch, ~1.5 s) while the first block travels
+            self.ctx.spawn(asyncio.to_thread(import_engine))
+        self.ctx.spawn(self._receive_all(op, recv))
+        return MulticastReply(mc_id=op.mc_id, num_recv=len(recv))
 
-    async def _receive_all(self, mc: str, name: str, tier: str, recv: list, wait_s: float) -> None:
+    async def _receive_all(self, op: MulticastOp, recv: list[tuple[int, int, int]]) -> None:
         for step, block, src in recv:
-            await self._receive_one(mc, name, tier, step, block, src, wait_s)
-        await self.emit({"type": "receive_done", "mc_id": mc, "model": name})
+            await self._receive_one(op.mc_id, op.model, op.tier, step, block, src, op.wait_s)
+        await self.ctx.emit(
+            ReceiveDone(node=self.ctx.node, t=time.time(), mc_id=op.mc_id, model=op.model)
+        )
 
     async def _receive_one(
-        self, mc: str, name: str, tier: str, step: float, block: int, src: int, wait_s: float
+        self,
+        mc: str,
+        name: str,
+        tier: LandingTier,
+        step: float,
+        block: int,
+        src: int,
+        wait_s: float,
     ) -> bool:
-        if self.model(name).event(block).is_set():
+        if self.store.model(name).event(block).is_set():
             return True
-        reason = ""
+        node, reason = self.ctx.node, ""
         for _ in range(MAX_PULL_ATTEMPTS):
             try:
                 buf = await self.pull(name, block, src, tier, step, wait_s)
             except SurgeError as e:  # checksum mismatch: pull again
                 reason = str(e)
-                log.warning("node %d: %s", self.node, e)
-                await self.emit(
-                    {"type": "corrupt", "mc_id": mc, "model": name, "block": block, "src": src}
+                log.warning("node %d: %s", node, e)
+                await self.ctx.emit(
+                    BlockCorrupt(
+                        node=node, t=time.time(), mc_id=mc, model=name, block=block, src=src
+                    )
                 )
                 continue
             except (TimeoutError, ConnectionClosed, AuthError, OSError, RemoteError) as e:
                 reason = f"{type(e).__name__}: {e}"
                 break
-            await self.landed(name, block, tier, buf, mc_id=mc, src=src, step=step)
+            await self.store.landed(name, block, tier, buf, mc_id=mc, src=src, step=step)
             return True
-        await self.emit(
-            {
-                "type": "pull_failed",
-                "mc_id": mc,
-                "model": name,
-                "block": block,
-                "src": src,
-                "reason": reason,
-            }
+        await self.ctx.emit(
+            PullFailed(
+                node=node, t=time.time(), mc_id=mc, model=name, block=block, src=src, reason=reason
+            )
         )
         return False
 
-    async def op_pull_from(self, conn: Connection, h: dict, p: memoryview) -> dict:
+    async def op_pull_from(self, op: PullFromOp, conn: Connection, p: memoryview) -> Ack:
         """The controller re-planned a failed delivery: pull `block` from `src` now."""
-        self._spawn(
-            self._receive_one(
-                h["mc_id"],
-                h["model"],
-                h.get("tier", "host"),
-                float(h.get("step", 0)),
-                int(h["block"]),
-                int(h["src"]),
-                float(h.get("wait_s", 120.0)),
-            )
+        self.store.model(op.model).block(op.block)
+        self.ctx.spawn(
+            self._receive_one(op.mc_id, op.model, op.tier, op.step, op.block, op.src, op.wait_s)
         )
-        return {}
+        return Ack()

@@ -1,0 +1,254 @@
+"""The typed agent protocol: every message round-trips, bad requests get clear error replies
+from a real agent (which keeps serving), and subscriptions get only what they asked for."""
+
+import asyncio
+import json
+
+import pytest
+
+from surge.engine.batch import BatchMeta
+from surge.engine.sampling import SamplingParams
+from surge.errors import SurgeError
+from surge.runtime import protocol as p
+from surge.runtime.client import ClusterClient
+from surge.runtime.transport import RemoteError
+from tests.runtime.conftest import MODEL, connected
+
+PARAMS = SamplingParams(max_tokens=4, temperature=0.5, top_p=0.9, top_k=3, seed=7)
+PART = p.KvPart(first_layer=0, end_layer=2, shape=(2, 2, 3, 4, 8))
+
+OPS = [
+    p.SubscribeOp(),
+    p.ShutdownOp(),
+    p.StatusOp(),
+    p.RegisterOp(model="m"),
+    p.SetPeersOp(peers={0: ("127.0.0.1", 9000), 1: ("127.0.0.1", 9001)}, preconnect=False),
+    p.LoadOp(model="m", blocks=(0, 1), tier="gpu", source="remote"),
+    p.EvictOp(model="m", blocks=(3,), tier="disk"),
+    p.ChecksumsOp(model="m"),
+    p.GenerateOp(model="m", prompt_token_ids=(1, 2), params=PARAMS),
+    p.GetBlockOp(model="m", block=2, step=3.0, wait_s=1.5),
+    p.MulticastOp(mc_id="x", model="m", recv=((1, 0, 2), (2, 1, 2)), tier="gpu", wait_s=5.0),
+    p.PullFromOp(mc_id="x", model="m", block=1, src=3, step=2.0),
+    p.StageOpenOp(pipeline="pp", model="m", first_layer=0, end_layer=2, next_node=1),
+    p.StageStepOp(pipeline="pp", kind="tokens", shape=(1, 3), batch=BatchMeta((0,), (0,), (3,))),
+    p.StageFreeOp(pipeline="pp", seq_ids=(0, 4)),
+    p.StageCloseOp(pipeline="pp"),
+    p.InstanceOpenOp(instance="i", model="m"),
+    p.InstanceSubmitOp(instance="i", req_id="r1", prompt_token_ids=(1,), params=PARAMS),
+    p.InstanceAdoptOp(
+        instance="i",
+        req_id="r1",
+        prompt_token_ids=(1, 2),
+        output_token_ids=(3,),
+        num_cached=2,
+        parts=(PART,),
+    ),
+    p.InstanceAbortOp(instance="i", req_ids=("r1", "r2")),
+    p.InstanceCloseOp(instance="i"),
+    p.KvExportOp(pipeline="pp", seq_id=0, num_tokens=5),
+]
+
+REPLIES = [
+    p.Ack(),
+    p.StatusReply(
+        node=0,
+        port=1,
+        models={"m": p.ModelHolding(host=(0,), gpu=(), disk=(0, 1))},
+        bytes_in=5,
+        bytes_out=6,
+        peers=(1, 2),
+    ),
+    p.RegisterReply(model="m", num_blocks=4),
+    p.SetPeersReply(peers=(0, 1)),
+    p.LoadReply(seconds=1.0, fetch_seconds=0.5),
+    p.ChecksumsReply(checksums={0: 123, 3: 456}),
+    p.GenerateReply(token_ids=(1, 2)),
+    p.BlockReply(model="m", block=1),
+    p.MulticastReply(mc_id="x", num_recv=3),
+    p.PipelineReply(pipeline="pp"),
+    p.StageStepReply(shape=(2, 50)),
+    p.InstanceReply(instance="i"),
+    p.SubmitReply(),
+    p.AdoptReply(seq_id=3),
+    p.AbortReply(outputs={"r1": (4, 5), "r2": ()}),
+    PART,
+]
+
+EVENTS = [
+    p.BlockArrived(node=1, t=2.5, model="m", block=0, tier="host", source="disk"),
+    p.BlockArrived(node=1, t=2.5, model="m", block=0, tier="gpu", mc_id="x", src=0, step=1.0),
+    p.ReceiveDone(node=1, t=3.0, mc_id="x", model="m"),
+    p.BlockCorrupt(node=1, t=3.0, mc_id="x", model="m", block=2, src=0),
+    p.PullFailed(node=1, t=3.0, mc_id="x", model="m", block=2, src=0, reason="gone"),
+    p.TokenGenerated(
+        node=1, t=3.0, instance="i", req_id="r", token=5, finished=True, finish_reason="length"
+    ),
+    p.AgentDown(node=2, t=4.0),
+]
+
+
+def test_every_op_reply_and_event_is_covered() -> None:
+    assert {type(o) for o in OPS} == set(p.OPS.values())
+    assert {type(e) for e in EVENTS} == set(p.EVENTS.values())
+    assert {o.REPLY for o in OPS} <= {type(r) for r in REPLIES}
+
+
+@pytest.mark.parametrize("msg", OPS + REPLIES + EVENTS, ids=lambda m: type(m).__name__)
+def test_round_trip_through_json(msg) -> None:
+    wire = json.loads(json.dumps(msg.to_json()))  # what crosses the socket
+    assert type(msg).from_json(wire) == msg
+    if isinstance(msg, p.Op):
+        assert p.decode_op({**wire, "length": 0}) == msg
+    if isinstance(msg, p.Event):
+        assert p.decode_event(wire) == msg
+
+
+def test_json_keeps_the_dict_shape_senders_built() -> None:
+    load = p.LoadOp(model="m", blocks=(0, 1))
+    assert load.to_json() == {
+        "op": "load",
+        "model": "m",
+        "blocks": [0, 1],
+        "tier": "host",
+        "source": "disk",
+    }
+    old_submit = {
+        "op": "instance_submit",
+        "instance": "i",
+        "req_id": "r",
+        "prompt_token_ids": [1, 2],
+        "params": PARAMS.to_json(),
+        "output_token_ids": [],
+    }
+    assert p.decode_op(old_submit).to_json() == old_submit
+    arrival = p.BlockArrived(node=1, t=2.0, model="m", block=3, tier="host", source="disk")
+    assert arrival.to_json() == {
+        "kind": "event",
+        "type": "arrival",
+        "node": 1,
+        "t": 2.0,
+        "model": "m",
+        "block": 3,
+        "tier": "host",
+        "source": "disk",
+    }
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        ({"op": "teleport"}, "unknown op 'teleport'"),
+        ({}, "unknown op None"),
+        ({"op": "load", "model": "m"}, "op load: missing field 'blocks'"),
+        ({"op": "load", "model": "m", "blocks": [0], "tier": "ram"}, "field 'tier' must be"),
+        ({"op": "load", "model": "m", "blocks": [-1]}, "block indices must be >= 0"),
+        ({"op": "evict", "model": "m", "blocks": [0], "tire": "gpu"}, "unknown field"),
+        ({"op": "get_block", "model": "m", "block": "3"}, "field 'block' must be an integer"),
+        ({"op": "stage_step", "pipeline": "p", "kind": "tokens"}, "needs shape and batch"),
+        (
+            {"op": "stage_open", "pipeline": "p", "model": "m", "first_layer": 2, "end_layer": 2},
+            "first_layer < end_layer",
+        ),
+        (
+            {"op": "generate", "model": "m", "prompt_token_ids": [1], "params": {"top_p": 0}},
+            "top_p must be in",
+        ),
+        ({"op": "set_peers", "peers": {"a": ["h", 1]}}, "integer keys"),
+    ],
+)
+def test_bad_ops_raise_a_clear_error(header, message) -> None:
+    with pytest.raises(SurgeError, match=message):
+        p.decode_op(header)
+
+
+def test_sampling_params_json() -> None:
+    assert SamplingParams.from_json(PARAMS.to_json()) == PARAMS
+    assert SamplingParams.from_json({}) == SamplingParams()
+    assert SamplingParams.from_json({"stop_token_ids": [2, 3]}).stop_token_ids == (2, 3)
+    for bad in ({"max_tokens": 0}, {"max_tokens": True}, {"seed": "x"}, {"colour": 1}):
+        with pytest.raises(SurgeError):
+            SamplingParams.from_json(bad)
+
+
+def test_subscriptions_are_filtered_at_publish() -> None:
+    async def run() -> tuple[list, list, list, list]:
+        client = ClusterClient({}, "token")
+        arrivals = client.subscribe((p.BlockArrived,))
+        tokens_of_a = client.subscribe((p.TokenGenerated, p.AgentDown), model="a")
+        everything = client.listen()
+        gone = client.subscribe((p.BlockArrived,))
+        client.unsubscribe(gone)
+        for ev in [
+            p.BlockArrived(node=0, t=1.0, model="a", block=0, tier="host"),
+            p.TokenGenerated(
+                node=0,
+                t=1.0,
+                instance="i",
+                req_id="r",
+                token=1,
+                finished=False,
+                finish_reason=None,
+                model="a",
+            ),
+            p.TokenGenerated(
+                node=0,
+                t=1.0,
+                instance="j",
+                req_id="s",
+                token=1,
+                finished=False,
+                finish_reason=None,
+                model="b",
+            ),
+            p.AgentDown(node=0, t=2.0),
+        ]:
+            client._publish(ev, ev.to_json())
+        drain = [[q.get_nowait() for _ in range(q.qsize())] for q in (arrivals, tokens_of_a)]
+        rest = [everything.get_nowait() for _ in range(everything.qsize())]
+        return drain[0], drain[1], rest, [gone.qsize()]
+
+    arrivals, tokens_of_a, everything, gone = asyncio.run(run())
+    assert [type(e) for e in arrivals] == [p.BlockArrived]
+    assert [type(e) for e in tokens_of_a] == [p.TokenGenerated, p.AgentDown]
+    assert tokens_of_a[0].req_id == "r"
+    assert [e["type"] for e in everything] == ["arrival", "token", "token", "agent_down"]
+    assert gone == [0]
+
+
+def test_a_real_agent_answers_bad_ops_with_errors_and_keeps_serving(make_cluster, manifest) -> None:
+    cluster = make_cluster(1)
+
+    async def run() -> tuple[list[str], p.StatusReply, list, list]:
+        client = await connected(cluster, manifest, loads={})
+        arrivals = client.subscribe((p.BlockArrived,), model=MODEL)
+        tokens = client.subscribe((p.TokenGenerated,))
+        errors = []
+        try:
+            for bad in (
+                {"op": "teleport"},
+                {"op": "load", "model": MODEL, "blocks": "all"},
+                {"op": "load", "model": MODEL, "blocks": [0], "tier": "ram"},
+                {"op": "evict", "model": "nope", "blocks": [0]},
+            ):
+                with pytest.raises(RemoteError) as e:
+                    await client.request(0, bad)
+                errors.append(str(e.value))
+            await client.call(0, p.LoadOp(model=MODEL, blocks=(0, 1), source="remote"))
+            status = await client.call(0, p.StatusOp())
+            got = [await asyncio.wait_for(arrivals.get(), 10) for _ in range(2)]
+            return errors, status, got, [tokens.qsize()]
+        finally:
+            await client.close()
+
+    errors, status, got, tokens = asyncio.run(run())
+    assert "unknown op 'teleport'" in errors[0]
+    assert "field 'blocks' must be a list" in errors[1]
+    assert "field 'tier' must be" in errors[2]
+    assert "not registered" in errors[3]
+    assert status.models[MODEL].host == (0, 1)
+    assert [(e.block, e.tier, e.source) for e in got] == [
+        (0, "host", "remote"),
+        (1, "host", "remote"),
+    ]
+    assert tokens == [0]
