@@ -7,7 +7,8 @@ import pytest
 from surge.engine.sampling import SamplingParams
 from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.consolidation import consolidate, live_prefill
-from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
+from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL, connected
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 

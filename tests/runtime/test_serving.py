@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from surge.engine.sampling import SamplingParams
-from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
+from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.server import Server
 from tests.engine.reference import assert_same_tokens, hf_greedy
 from tests.runtime.conftest import MODEL, connected
 

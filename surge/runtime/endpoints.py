@@ -1,0 +1,285 @@
+"""Endpoints: what serves requests of one model right now.
+
+What flows: the `Server` (`runtime/server.py`) hands a `ServeRequest` to an endpoint; the
+endpoint runs it and appends tokens to it as they come back.
+- `LocalEndpoint`: a full instance inside one agent (`InstanceOpenOp`); tokens arrive as
+  `TokenGenerated` events, which the server hands to `on_token`.
+- `PipelineEndpoint`: an execution pipeline (λScale §4.3): stages on agents, head engines
+  (scheduler + sampler) here, `num_micro_batches` of them so several micro-batches are in
+  the chain at once (λScale Fig. 6a). `RemotePipelineExecutor` is their `Executor`: one
+  `StageStepOp` per forward, logits back as float32 bytes.
+`take_back` stops an endpoint and returns its unfinished requests with their tokens so far,
+so they continue elsewhere (mode switch, failover) with none lost or repeated. Owned by the
+runtime; the typed ops are `runtime/protocol.py`'s.
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
+from surge.engine.llm_engine import LLMEngine
+from surge.model.manifest import Manifest
+from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import (
+    InstanceAbortOp,
+    InstanceOpenOp,
+    InstanceSubmitOp,
+    StageCloseOp,
+    StageFreeOp,
+    StageOpenOp,
+    StageStepOp,
+    TokenGenerated,
+)
+from surge.runtime.request import ServeRequest
+
+log = logging.getLogger(__name__)
+
+SEQ_IDS_PER_GROUP = 1 << 40
+"""Engines sharing a pipeline's KV caches use disjoint sequence-id ranges of this size."""
+
+
+class EndpointFailed(RuntimeError):
+    """An endpoint can no longer serve (a member agent died)."""
+
+
+class Endpoint:
+    """Something that serves requests of one model."""
+
+    name: str
+    nodes: tuple[int, ...]
+    requests: dict[str, ServeRequest]
+    failed: bool = False
+    capacity: int = 1 << 30
+    """Most requests in flight here; the server keeps the rest queued, so capacity that
+    opens later (a new pipeline) gets work too."""
+    speed: float = 1.0
+    """Relative serving speed for the router (`policy.router`); a full instance is 1."""
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.requests)
+
+    async def submit(self, req: ServeRequest) -> None:
+        raise NotImplementedError
+
+    async def take_back(self) -> list[ServeRequest]:
+        """Stop serving; return the unfinished requests (their tokens are up to date)."""
+        raise NotImplementedError
+
+
+class LocalEndpoint(Endpoint):
+    """A full instance inside one agent; tokens arrive as `TokenGenerated` events."""
+
+    def __init__(
+        self, client: ClusterClient, node: int, model: str, name: str, capacity: int = 64
+    ) -> None:
+        self.client, self.node, self.model, self.name = client, node, model, name
+        self.nodes = (node,)
+        self.requests = {}
+        self.capacity = capacity
+
+    async def open(self) -> None:
+        await self.client.call(self.node, InstanceOpenOp(instance=self.name, model=self.model))
+
+    async def submit(self, req: ServeRequest) -> None:
+        self.requests[req.req_id] = req  # before the call: tokens may stream at once
+        op = InstanceSubmitOp(
+            instance=self.name,
+            req_id=req.req_id,
+            prompt_token_ids=tuple(req.prompt_token_ids),
+            params=req.params,
+            output_token_ids=tuple(req.output_token_ids),
+        )
+        await self.client.call(self.node, op)
+
+    def on_token(self, ev: TokenGenerated) -> None:
+        req = self.requests.get(ev.req_id)
+        if req is None:
+            return
+        req.add_token(ev.token, ev.finished, ev.finish_reason)
+        if ev.finished:
+            del self.requests[req.req_id]
+
+    async def take_back(self) -> list[ServeRequest]:
+        reqs = list(self.requests.values())
+        self.requests = {}
+        if not self.failed and reqs:
+            op = InstanceAbortOp(instance=self.name, req_ids=tuple(r.req_id for r in reqs))
+            with contextlib.suppress(Exception):  # it may have died meanwhile
+                await self.client.call(self.node, op)
+        return reqs
+
+
+class RemotePipelineExecutor:
+    """The `Executor` of a head engine whose layers run on a chain of agent stages.
+
+    Called from the engine's worker thread; the network I/O runs on the event loop.
+    """
+
+    def __init__(
+        self, client: ClusterClient, loop: asyncio.AbstractEventLoop, pipeline: str, head: int
+    ) -> None:
+        self.client, self.loop, self.pipeline, self.head = client, loop, pipeline, head
+
+    def forward(self, token_ids: Any, batch: BatchMeta) -> Any:
+        import torch
+
+        op = StageStepOp(
+            pipeline=self.pipeline, kind="tokens", shape=tuple(token_ids.shape), batch=batch
+        )
+        fut = asyncio.run_coroutine_threadsafe(
+            self.client.call_bytes(self.head, op, token_ids.contiguous().numpy()), self.loop
+        )
+        try:
+            reply, body = fut.result()
+        except Exception as e:
+            raise EndpointFailed(f"pipeline {self.pipeline}: {e}") from e
+        # The last stage sends logits as float32, row-major (StageStepReply).
+        return torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
+
+    def free(self, seq_ids: list[int]) -> None:
+        op = StageFreeOp(pipeline=self.pipeline, seq_ids=tuple(seq_ids))
+        fut = asyncio.run_coroutine_threadsafe(self.client.call_bytes(self.head, op), self.loop)
+        with contextlib.suppress(Exception):  # a dead stage has nothing left to free
+            fut.result()
+
+
+@dataclass
+class _Group:
+    """One micro-batch stream of a pipeline: its own head engine over the shared stages."""
+
+    engine: LLMEngine
+    pending: list[ServeRequest] = field(default_factory=list)
+    seqs: dict[int, ServeRequest] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+
+class PipelineEndpoint(Endpoint):
+    """An execution pipeline: stages on agents, head engines (scheduler + sampler) here."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        manifest: Manifest,
+        model: str,
+        name: str,
+        stages: list[tuple[int, int, int]],
+        config: EngineConfig = EngineConfig(),
+        num_micro_batches: int = 2,
+    ) -> None:
+        """`stages`: (node, first_layer, end_layer) in layer order."""
+        self.client, self.manifest, self.model, self.name = client, manifest, model, name
+        self.stages = stages
+        self.nodes = tuple(s[0] for s in stages)
+        self.requests = {}
+        self.config = config
+        self.num_micro_batches = num_micro_batches
+        self.capacity = num_micro_batches * config.max_num_seqs
+        self.groups: list[_Group] = []
+        self.on_failure: Any = None
+        """Called (as a task) with this endpoint when a step fails."""
+
+    async def open(self) -> None:
+        for i, (node, first, end) in enumerate(self.stages):
+            nxt = self.stages[i + 1][0] if i + 1 < len(self.stages) else None
+            op = StageOpenOp(
+                pipeline=self.name, model=self.model, first_layer=first, end_layer=end,
+                next_node=nxt,
+            )  # fmt: skip
+            await self.client.call(node, op)
+        loop = asyncio.get_running_loop()
+        group_cfg = EngineConfig(
+            page_size_tokens=self.config.page_size_tokens,
+            max_kv_tokens=max(
+                self.config.page_size_tokens, self.config.max_kv_tokens // self.num_micro_batches
+            ),
+            max_num_seqs=self.config.max_num_seqs,
+            max_prefill_tokens=self.config.max_prefill_tokens,
+            device="cpu",
+        )
+        for g in range(self.num_micro_batches):
+            executor = RemotePipelineExecutor(self.client, loop, self.name, self.stages[0][0])
+            engine = LLMEngine(
+                self.manifest, group_cfg, executor, first_seq_id=g * SEQ_IDS_PER_GROUP
+            )
+            group = _Group(engine)
+            group.task = loop.create_task(self._run(group))
+            self.groups.append(group)
+
+    async def submit(self, req: ServeRequest) -> None:
+        if self.failed:
+            raise EndpointFailed(self.name)
+        self.requests[req.req_id] = req
+        group = min(self.groups, key=lambda g: len(g.seqs) + len(g.pending))
+        group.pending.append(req)
+        group.wake.set()
+
+    async def _run(self, group: _Group) -> None:
+        engine = group.engine
+        while True:
+            async with group.lock:
+                for req in group.pending:
+                    sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
+                    group.seqs[sid] = req
+                group.pending.clear()
+                if not engine.has_unfinished:
+                    group.wake.clear()
+                else:
+                    try:
+                        events = await asyncio.to_thread(engine.step)
+                    except EndpointFailed as e:
+                        log.warning("%s failed: %s", self.name, e)
+                        self.failed = True
+                        if self.on_failure is not None:
+                            asyncio.get_running_loop().create_task(self.on_failure(self))
+                        return
+                    for ev in events:
+                        req = group.seqs.get(ev.seq_id)
+                        if req is None:
+                            continue
+                        req.add_token(ev.token_id, ev.finished, ev.finish_reason)
+                        if ev.finished:
+                            del group.seqs[ev.seq_id]
+                            engine.seqs.pop(ev.seq_id, None)
+                            self.requests.pop(req.req_id, None)
+                    continue
+            await group.wake.wait()
+
+    def detach(self) -> list[tuple[ServeRequest, int]]:
+        """Stop the head engines now, keep the stages (and their KV caches) open, and return
+        each unfinished request with its sequence id at the stages. A step in flight is
+        abandoned: a request's KV length is what its tokens say (prompt + output - 1)."""
+        out: list[tuple[ServeRequest, int]] = []
+        for group in self.groups:
+            if group.task is not None:
+                group.task.cancel()
+            out += [(req, sid) for sid, req in group.seqs.items()]
+            out += [(req, -1) for req in group.pending]
+            group.seqs.clear()
+            group.pending.clear()
+        self.requests = {}
+        return out
+
+    async def close_stages(self) -> None:
+        for node, _, _ in self.stages:
+            with contextlib.suppress(Exception):
+                await self.client.call(node, StageCloseOp(pipeline=self.name))
+
+    async def take_back(self) -> list[ServeRequest]:
+        """Stop every head engine now and hand back what is unfinished.
+
+        A step still in flight is abandoned, not awaited: its tokens are never appended
+        (the task is cancelled before it returns), so a moved request continues from
+        exactly the tokens it has — none lost, none twice — and a mode switch does not wait
+        for a slow step.
+        """
+        taken = [req for req, _ in self.detach()]
+        if not self.failed:
+            await self.close_stages()
+        return taken

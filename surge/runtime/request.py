@@ -1,0 +1,57 @@
+"""One request as the serving runtime sees it, and what has happened to it.
+
+What flows: the controller (or a benchmark) makes a `ServeRequest` from token ids and
+`SamplingParams`; the `Server` (`runtime/server.py`) routes it to an endpoint
+(`runtime/endpoints.py`), which appends tokens as they come back. `hops` records every
+endpoint that served part of it, in order, so a reader (and a test) can see a request move
+from an execution pipeline to a local instance at a mode switch. Owned by the runtime.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.engine.sampling import SamplingParams
+
+
+@dataclass
+class ServeRequest:
+    """One request and what has happened to it (mutable: tokens arrive over time)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_t: float = field(default_factory=time.monotonic)
+    """When it arrived (monotonic clock)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    first_token_t: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    """When each token came back (monotonic clock)."""
+    done_t: float | None = None
+    finish_reason: str | None = None
+    endpoint: str | None = None
+    hops: list[str] = field(default_factory=list)
+    """Every endpoint that served part of it, in order."""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    on_done: Callable[[], None] | None = None
+    """Called when the request finishes (the server dispatches queued work then)."""
+
+    def add_token(self, token: int, finished: bool, reason: str | None) -> None:
+        now = time.monotonic()
+        if self.first_token_t is None:
+            self.first_token_t = now
+        self.output_token_ids.append(token)
+        self.token_times.append(now)
+        if finished:
+            self.done_t = now
+            self.finish_reason = reason
+            self.done.set()
+            if self.on_done is not None:
+                self.on_done()
+
+    @property
+    def params_json(self) -> dict[str, Any]:
+        """The sampling settings' wire form (one definition: `SamplingParams.to_json`)."""
+        return self.params.to_json()

@@ -1,0 +1,149 @@
+"""The serving front of one model: a FIFO queue, routing, mode switch and failover.
+
+What flows: `ServeRequest`s come in (`submit`); each goes to the endpoint that
+`surge.policy.router.route` picks among the live endpoints with room (the one router the
+simulator uses too), or waits in FIFO order until one has room. Endpoints come and go
+during a scale-out (λScale §4.3-§4.4): `retire` takes an endpoint's unfinished requests
+back (tokens so far included) and routes them again ahead of the queue, so they continue
+elsewhere by rebuilding their KV cache with one prefill over prompt + output. An endpoint
+that fails (an agent died, `AgentDown`) is retired the same way: nothing is lost or
+duplicated, because a request's tokens are only appended once a step has come back.
+
+The server also keeps the model's recent arrival times (`arrival_times_s`), the sliding
+window ParaServe's §6.1 predictor reads. Owned by the runtime.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import deque
+
+from surge.engine.sampling import SamplingParams
+from surge.policy import router
+from surge.runtime.client import ClusterClient
+from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
+from surge.runtime.protocol import AgentDown, TokenGenerated
+from surge.runtime.request import ServeRequest
+
+log = logging.getLogger(__name__)
+
+MAX_ARRIVALS_KEPT = 10_000
+"""Arrival times remembered for the predictor's window (older ones drop off)."""
+
+
+class Server:
+    """Routes requests of one model over its live endpoints (`policy.router.route`)."""
+
+    def __init__(self, client: ClusterClient, model: str) -> None:
+        self.client, self.model = client, model
+        self.endpoints: dict[str, Endpoint] = {}
+        self.queue: list[ServeRequest] = []
+        self.requests: dict[str, ServeRequest] = {}
+        self.arrivals: deque[float] = deque(maxlen=MAX_ARRIVALS_KEPT)
+        """Arrival times (monotonic) of the requests submitted, oldest first."""
+        self._ids = itertools.count()
+        self._events = client.subscribe((TokenGenerated, AgentDown), model=model)
+        self._pump = asyncio.get_running_loop().create_task(self._pump_events())
+
+    def new_request(self, prompt_token_ids: list[int], params: SamplingParams) -> ServeRequest:
+        req = ServeRequest(f"r{next(self._ids)}", list(prompt_token_ids), params)
+        self.requests[req.req_id] = req
+        return req
+
+    async def submit(self, req: ServeRequest) -> None:
+        """Route a request now if some endpoint has room, else queue it (FIFO)."""
+        req.on_done = self._kick
+        self.arrivals.append(req.arrival_t)
+        self.queue.append(req)
+        await self.dispatch()
+
+    def _kick(self) -> None:
+        asyncio.get_running_loop().create_task(self.dispatch())
+
+    async def dispatch(self) -> None:
+        """Give queued requests, oldest first, to the endpoints the router picks."""
+        while self.queue:
+            live = sorted(
+                (e for e in self.endpoints.values() if not e.failed), key=lambda e: e.name
+            )
+            choice = router.route(
+                [router.Endpoint(i, e.outstanding, e.capacity, e.speed) for i, e in enumerate(live)]
+            )
+            if choice is None:
+                return
+            ep = live[choice]
+            req = self.queue.pop(0)
+            req.endpoint = ep.name
+            req.hops.append(ep.name)
+            try:
+                await ep.submit(req)
+            except Exception as e:  # raced with a failure: route again
+                log.info("submit to %s failed (%s); routing again", ep.name, e)
+                ep.requests.pop(req.req_id, None)
+                self.queue.insert(0, req)
+
+    _dispatch = dispatch
+    """The old name (`runtime/consolidation.py` still calls it)."""
+
+    async def requeue(self, reqs: list[ServeRequest]) -> None:
+        """Put requests back at the head of the queue (they were admitted before anything
+        queued) — only those unfinished, not queued and on no endpoint — and route them."""
+        on_endpoint = {rid for e in self.endpoints.values() for rid in e.requests}
+        queued = {r.req_id for r in self.queue}
+        back = [
+            r
+            for r in reqs
+            if not r.done.is_set() and r.req_id not in on_endpoint and r.req_id not in queued
+        ]
+        self.queue[:0] = back
+        await self.dispatch()
+
+    async def add_endpoint(self, ep: Endpoint) -> None:
+        self.endpoints[ep.name] = ep
+        if isinstance(ep, PipelineEndpoint):
+            ep.on_failure = self._endpoint_failed
+        await self.dispatch()
+
+    async def retire(self, name: str) -> list[ServeRequest]:
+        """Take an endpoint out; its unfinished requests continue elsewhere (mode switch)."""
+        ep = self.endpoints.pop(name, None)
+        if ep is None:
+            return []
+        moved = [r for r in await ep.take_back() if not r.done.is_set()]
+        # Moved requests go first: they were admitted before anything still queued.
+        self.queue[:0] = moved
+        await self.dispatch()
+        return moved
+
+    async def _endpoint_failed(self, ep: Endpoint) -> None:
+        log.warning("endpoint %s failed; re-running its requests elsewhere", ep.name)
+        await self.retire(ep.name)
+
+    async def _pump_events(self) -> None:
+        while True:
+            ev = await self._events.get()
+            if isinstance(ev, TokenGenerated):
+                ep = self.endpoints.get(ev.instance)
+                if isinstance(ep, LocalEndpoint):
+                    ep.on_token(ev)
+            elif isinstance(ev, AgentDown):
+                for ep in list(self.endpoints.values()):
+                    if ev.node in ep.nodes:
+                        ep.failed = True
+                        await self.retire(ep.name)
+
+    async def wait_all(self, timeout_s: float) -> None:
+        await asyncio.wait_for(
+            asyncio.gather(*(r.done.wait() for r in self.requests.values())), timeout_s
+        )
+
+    async def close(self) -> None:
+        self._pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pump
+        self.client.unsubscribe(self._events)
+        for name in list(self.endpoints):
+            ep = self.endpoints.pop(name)
+            with contextlib.suppress(Exception):
+                await ep.take_back()
