@@ -25,8 +25,9 @@ from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
-from surge.runtime.serving import LocalEndpoint, Server
+from surge.runtime.server import Server
 
 log = logging.getLogger("cold_start")
 MODEL = "cold"

@@ -24,6 +24,7 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import model_config, seed_disk
@@ -32,10 +33,12 @@ from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
-from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.policy.startup import Copy, Destination
+from surge.policy.systems import system_config
+from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
-from surge.runtime.scale_out import MODES, scale_out
-from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server
+from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.server import Server
 
 log = logging.getLogger("scale_burst")
 MODEL = "burst"
@@ -55,6 +58,14 @@ def timeline(reqs, start: float, bucket_s: float) -> list[list[float]]:
     for t in times:
         counts[int(t / bucket_s)] += 1
     return [[round(i * bucket_s, 3), round(c / bucket_s, 2)] for i, c in enumerate(counts)]
+
+
+MODES = ("execute_while_load", "stop_the_world")
+"""Serve while loading (λScale pipelines + mode switch) or only once whole."""
+
+
+async def _serving(node: int, ep: LocalEndpoint) -> None:
+    """A destination serves alone (the benchmark has no controller to tell)."""
 
 
 async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> dict:
@@ -83,15 +94,23 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
             server.new_request([rng.randrange(2, 500) for _ in range(rng.randint(lo, hi))], params)
             for _ in range(args.requests)
         ]
-        outcome = plan_scale_out(
-            MulticastRequest(
-                num_nodes=args.nodes, num_blocks=manifest.num_blocks, num_sources=args.sources
-            )
+        ctx = ScaleOutContext(
+            client,
+            server,
+            manifest,
+            # λScale's binomial plan and pipelines, every hot instance a source.
+            replace(system_config("lambdascale"), max_sources=args.sources),
+            tuple(Destination(n) for n in range(args.sources, args.nodes)),
+            ControllerHooks(on_local=_serving),
+            copies=tuple(Copy(n, "gpu") for n in range(args.sources)),
+            engine=engine,
+            timeout_s=600,
+            serve_while_loading=mode == "execute_while_load",
         )
         start = time.monotonic()
         for r in reqs:
             await server.submit(r)
-        report = await scale_out(server, manifest, outcome, mode, engine)
+        await run_scale_out(ctx)
         await server.wait_all(600)
         ttft = [r.first_token_t - r.arrival_t for r in reqs]
         done = max(r.done_t for r in reqs) - start
@@ -101,9 +120,11 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
             "ttft_p99_s": round(percentile(ttft, 0.99), 4),
             "ttft_mean_s": round(statistics.mean(ttft), 4),
             "all_requests_done_s": round(done, 4),
-            "multicast_complete_s": report.multicast.complete_s if report.multicast else None,
-            "endpoints_opened": [[n, round(t, 3), list(nodes)] for n, t, nodes in report.opened],
-            "mode_switches": [[n, round(t, 3), moved] for n, t, moved in report.retired],
+            "multicast_complete_s": ctx.multicast.complete_s if ctx.multicast else None,
+            "endpoints_opened": [
+                [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.opened
+            ],
+            "mode_switches": [[n, round(t - start, 3), moved] for n, t, moved in ctx.retired],
             "requests_via_pipelines": sum(any("pipe" in h for h in r.hops) for r in reqs),
             "tokens_per_s_timeline": timeline(reqs, start, args.bucket_s),
         }

@@ -80,8 +80,9 @@ def measure_engine(model_mb: float, blocks: int, reps: int, real: dict) -> dict:
     from surge.model.importer import import_checkpoint
     from surge.model.manifest import read_manifest
     from surge.model.tiny import create_tiny_model
+    from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
-    from surge.runtime.serving import LocalEndpoint, Server
+    from surge.runtime.server import Server
 
     torch.set_num_threads(1)
     cfg = model_config(model_mb, blocks)

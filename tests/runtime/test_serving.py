@@ -129,8 +129,13 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
     manifest,
     tiny_hf,
 ) -> None:
+    """Two GPU copies, four receivers: the start-up plan takes both copies as sources
+    (K=2), the loading state machine opens the plan's execution pipelines as their stages
+    fill, and retires each when a member holds everything (mode switch)."""
     from surge.policy.multicast import MulticastRequest, plan_scale_out
-    from surge.runtime.scale_out import scale_out
+    from surge.policy.startup import Copy, Destination
+    from surge.policy.systems import system_config
+    from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
 
     num_nodes = 6
     cluster = make_cluster(num_nodes, link_gbps=0.1, preload_engine=True)
@@ -139,6 +144,10 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
     )
     assert outcome.pipelines, "the plan should predict execution pipelines"
     params = SamplingParams(max_tokens=40, ignore_eos=True)
+    served: list[int] = []
+
+    async def on_local(node: int, ep) -> None:
+        served.append(node)
 
     async def run():
         blocks = list(range(manifest.num_blocks))
@@ -152,29 +161,38 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
             reqs = [server.new_request(p, params) for p in PROMPTS * 4]
             for r in reqs:
                 await server.submit(r)
-            report = await scale_out(server, manifest, outcome, "execute_while_load")
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                system_config("lambdascale"),
+                tuple(Destination(n) for n in range(2, num_nodes)),
+                ControllerHooks(on_local=on_local),
+                copies=(Copy(0, "gpu"), Copy(1, "gpu", outstanding=1)),
+            )
+            kind = await run_scale_out(ctx)
             await server.wait_all(120)
-            return reqs, report
+            return reqs, ctx, kind
         finally:
             await server.close()
             await client.close()
 
-    reqs, report = asyncio.run(run())
-    assert report.multicast is not None and report.multicast.complete_s is not None
+    reqs, ctx, kind = asyncio.run(run())
+    assert kind == "hot" and ctx.sources == (0, 1)
+    assert ctx.multicast is not None and ctx.multicast.complete_s is not None
+    pipes = [name for name, _, nodes in ctx.opened if len(nodes) > 1]
     # Pipelines open in the order the plan predicts, and every one is retired by a mode switch.
-    assert report.pipeline_order == sorted(report.pipeline_order) and report.pipeline_order
-    assert {p for p, _, _ in report.retired} == {
-        name for name, _, nodes in report.opened if len(nodes) > 1
-    }
-    opened_nodes = {nodes[0] for _, _, nodes in report.opened if len(nodes) == 1}
-    assert opened_nodes == set(range(2, num_nodes))
+    order = [int(name.split("-pipe")[1].split("-")[0]) for name in pipes]
+    assert pipes and order == sorted(order)
+    assert {p for p, _, _ in ctx.retired} == set(pipes)
+    assert sorted(served) == list(range(2, num_nodes))
     check_against_reference(tiny_hf, reqs, 40)
 
 
 def test_stage_layers_follow_the_agent_mapping(manifest) -> None:
     from surge.policy.pipelines import Pipeline
     from surge.policy.stage_cover import Stage
-    from surge.runtime.scale_out import stage_layers
+    from surge.runtime.scaleout import stage_layers
 
     pipe = Pipeline(step=3, stages=(Stage(1, 0, 1), Stage(2, 2, 3)), until_step=5)
     blocks = manifest.blocks

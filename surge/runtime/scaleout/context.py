@@ -1,0 +1,173 @@
+"""What one scale-out is given, what it reports, and how its endpoints are named.
+
+What flows: the controller (`control/autoscaler.py` `start_scale_out`) builds a
+`ScaleOutContext` — the deployment's `Server`, manifest and system (`policy.systems`),
+the destinations placement chose (each with its own best tier), the complete copies
+elsewhere, the ParaServe spare slots, the SLOs and link speed, and `ControllerHooks` (the
+few things only the controller can do: book a slot, make a host copy, hear that a local
+instance serves). `run.py` carries the scale-out out and records on the context what it
+did (`pipelines_opened`, `kv_migrated`, `live_prefilled`, the ParaServe group, `opened` and
+`retired` endpoints), which the controller reads for its metrics and tests read to see
+that a strategy really ran. Endpoint names are made here and only here.
+"""
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from surge.config import EngineConfig
+from surge.model.manifest import Manifest
+from surge.policy.paraserve_predictor import ConsolidationDecision
+from surge.policy.pipelines import Pipeline
+from surge.policy.startup import Copy, Destination, GroupPlan
+from surge.policy.systems import SystemConfig
+from surge.runtime.client import ClusterClient
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.multicast import MulticastResult
+from surge.runtime.server import Server
+
+DEFAULT_TTFT_SLO_S = 5.0
+"""ParaServe's TTFT objective when the deployment's `slo.ttft_ms` is unset (ParaServe §8
+evaluates seconds-scale TTFT SLOs for cold starts)."""
+DEFAULT_TPOT_SLO_S = 0.2
+"""ParaServe's TPOT objective when `slo.tpot_ms` is unset (a readable 5 tokens/s)."""
+DEFAULT_FETCH_GBPS = 10.0
+"""Network rate a worker's fetch is estimated at when the controller knows no link speed."""
+
+
+def instance_name(model: str, node: int) -> str:
+    """The local instance of `model` on `node` (one per node and model)."""
+    return f"{model}-node{node}"
+
+
+def pipeline_name(model: str, mc_id: str, index: int) -> str:
+    """Execution pipeline `index` of multicast `mc_id` (unique across scale-outs)."""
+    return f"{model}-pipe{index}-{mc_id}"
+
+
+def group_name(model: str, members: tuple[int, ...]) -> str:
+    """A ParaServe pipeline group on `members` (stage order)."""
+    return f"{model}-pgroup-{'-'.join(map(str, members))}-{time.monotonic_ns()}"
+
+
+def layer_span(manifest: Manifest, first_block: int, last_block: int) -> tuple[int, int]:
+    """[first_layer, end_layer) covered by blocks first_block..last_block."""
+    return manifest.blocks[first_block].first_layer, manifest.blocks[last_block].end_layer
+
+
+def stage_layers(
+    manifest: Manifest, pipeline: Pipeline, agents: list[int] | None = None
+) -> list[tuple[int, int, int]]:
+    """(agent, first_layer, end_layer) of each stage of a planned pipeline; plan node i is
+    played by `agents[i]` (default: agent i)."""
+    return [
+        (
+            s.node if agents is None else agents[s.node],
+            *layer_span(manifest, s.first_block, s.last_block),
+        )
+        for s in pipeline.stages
+    ]
+
+
+def held_layers(manifest: Manifest, blocks: set[int]) -> int:
+    """Layers 0..n-1 a node can run: the end layer of its longest block prefix."""
+    k = 0
+    while k in blocks:
+        k += 1
+    return manifest.blocks[k - 1].end_layer if k else 0
+
+
+async def _no_host_copy(node: int) -> None:
+    raise RuntimeError(f"no make_host_copy hook: node {node} cannot lead a cold start")
+
+
+async def _nothing(node: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class ControllerHooks:
+    """What only the controller can do, passed in (the runtime never imports control/)."""
+
+    on_local: Callable[[int, LocalEndpoint], Awaitable[None]]
+    """A node serves alone now (the controller records the endpoint on its slot)."""
+    make_host_copy: Callable[[int], Awaitable[None]] = _no_host_copy
+    """Bring the model into a node's host tier from its disk or the registry (cold
+    leader); the controller accounts the host cache."""
+    book: Callable[[int], bool] = lambda node: False
+    """Take a free slot on a spare node for a ParaServe group member (False: gone)."""
+    release: Callable[[int], Awaitable[None]] = _nothing
+    """Give back a booked member's slot (it did not become an instance)."""
+
+
+@dataclass
+class ScaleOutContext:
+    """Everything one scale-out needs, and what it did (read by the controller)."""
+
+    client: ClusterClient
+    server: Server
+    manifest: Manifest
+    system: SystemConfig
+    destinations: tuple[Destination, ...]
+    """The new instances' nodes, placement order, each with its own best tier."""
+    hooks: ControllerHooks
+    copies: tuple[Copy, ...] = ()
+    """Complete copies elsewhere: one per node, `gpu` where a node has both (one egress
+    port serves either)."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    timeout_s: float = 120.0
+    serve_while_loading: bool = True
+    """False: multicast receivers serve only once whole; the controller sets it when
+    another multicast of the same model still runs."""
+    spares: tuple[Destination, ...] = ()
+    """Nodes with a free slot, other than the destinations (each with its own best tier),
+    that a ParaServe group may book (`hooks.book`) for its extra members."""
+    fetching: dict[int, int] = field(default_factory=dict)
+    """Workers fetching on each node now, other than this scale-out's (ParaServe Alg. 2's
+    contention; their deadlines are unknown here, so they only share the bandwidth)."""
+    ttft_slo_s: float = DEFAULT_TTFT_SLO_S
+    tpot_slo_s: float = DEFAULT_TPOT_SLO_S
+    fetch_gbps: float = DEFAULT_FETCH_GBPS
+    """Network rate one worker's fetch gets (ParaServe's b_i before contention)."""
+    # ---- what happened (written by the scale-out) ----
+    kind: str | None = None
+    """`hot`, `warm` or `cold` (the start-up plan's kind)."""
+    sources: tuple[int, ...] = ()
+    """Multicast sources used (plan nodes 0..K-1)."""
+    multicast: MulticastResult | None = None
+    """The multicast's result (arrivals, completion, re-plans), if one ran."""
+    pipelines_opened: int = 0
+    kv_migrated: int = 0
+    """Requests moved with their KV cache (ParaServe consolidation)."""
+    live_prefilled: int = 0
+    """Requests prefilled cooperatively by live scaling (BlitzScale)."""
+    opened: list[tuple[str, float, tuple[int, ...]]] = field(default_factory=list)
+    """(endpoint, monotonic time, nodes) in the order endpoints opened."""
+    retired: list[tuple[str, float, int]] = field(default_factory=list)
+    """(pipeline, monotonic time, requests moved) for every mode switch."""
+    groups: list[GroupPlan] = field(default_factory=list)
+    """ParaServe's groups (Alg. 2 + Alg. 1), one per instance wanted."""
+    consolidations: list[ConsolidationDecision] = field(default_factory=list)
+    """ParaServe's §6.1 decision for each group, in the same order."""
+
+    @property
+    def model(self) -> str:
+        return self.server.model
+
+    @property
+    def nodes(self) -> list[int]:
+        return [d.node for d in self.destinations]
+
+    def local_endpoint(self, node: int) -> LocalEndpoint:
+        return LocalEndpoint(
+            self.client,
+            node,
+            self.model,
+            instance_name(self.model, node),
+            capacity=self.engine.max_num_seqs,
+        )
+
+    def record_open(self, name: str, nodes: tuple[int, ...]) -> None:
+        if len(nodes) > 1:
+            self.pipelines_opened += 1
+        self.opened.append((name, time.monotonic(), nodes))

@@ -1,0 +1,159 @@
+"""One multicast of a scale-out, serving while the model arrives (λScale §4.3-§4.4).
+
+In: the context and the start-up plan (plan node i = `plan.multicast_nodes[i]`, sources
+first). The multicast plan comes from `policy.multicast.plan_scale_out` with the system's
+`multicast_strategy`; the agents run it through `runtime/multicast.py`'s executor. Every
+verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) is fed to
+`policy.loading.LoadingState`, and the actions it returns are carried out in order:
+- `OpenPipeline`: open the planned execution pipeline as a `PipelineEndpoint`;
+- `GoLive`: the node joins BlitzScale live scaling (`scaleout/live.py`);
+- `GoLocal`: the node holds every block: open its local instance;
+- `RetirePipeline`: retire the pipeline; its requests move on (mode switch).
+With `serve_while_loading` off (another multicast of the model still serves), the state
+machine runs in mode `none`: receivers serve only once whole. Out: endpoints opened and
+retired, recorded on the context. The state machine is the same one the simulator feeds.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from surge.policy.loading import (
+    GoLive,
+    GoLocal,
+    LoadingAction,
+    LoadingSettings,
+    LoadingState,
+    OpenPipeline,
+    RetirePipeline,
+)
+from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.startup import StartupPlan
+from surge.runtime.endpoints import PipelineEndpoint
+from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.protocol import BlockArrived
+from surge.runtime.scaleout.context import ScaleOutContext, pipeline_name, stage_layers
+from surge.runtime.scaleout.live import LiveScaling
+
+log = logging.getLogger(__name__)
+
+OpenLocal = Callable[[ScaleOutContext, int], Awaitable[None]]
+
+
+def plan_multicast(ctx: ScaleOutContext, num_nodes: int, num_sources: int) -> MulticastOutcome:
+    b = ctx.manifest.num_blocks
+    return plan_scale_out(
+        MulticastRequest(
+            num_nodes=num_nodes,
+            num_blocks=b,
+            num_sources=num_sources,
+            strategy=ctx.system.multicast_strategy,
+            block_bytes=max(1, ctx.manifest.total_bytes // b),
+        )
+    )
+
+
+class _Carrier:
+    """Carries out the loading state machine's actions for one multicast."""
+
+    def __init__(
+        self,
+        ctx: ScaleOutContext,
+        agents: list[int],
+        mc_id: str,
+        open_local: OpenLocal,
+        live: LiveScaling | None,
+    ) -> None:
+        self.ctx, self.agents, self.mc_id = ctx, agents, mc_id
+        self.open_local, self.live = open_local, live
+        self.names: dict[int, str] = {}
+        """Open pipelines: plan index -> endpoint name."""
+
+    async def carry_out(self, action: LoadingAction) -> None:
+        ctx = self.ctx
+        if isinstance(action, OpenPipeline):
+            name = pipeline_name(ctx.model, self.mc_id, action.index)
+            stages = stage_layers(ctx.manifest, action.pipeline, self.agents)
+            ep = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
+            t0 = time.monotonic()
+            await ep.open()
+            await ctx.server.add_endpoint(ep)
+            self.names[action.index] = name
+            ctx.record_open(name, ep.nodes)
+            log.info("opened %s on %s in %.3f s", name, ep.nodes, time.monotonic() - t0)
+        elif isinstance(action, GoLive):
+            if self.live is not None:
+                self.live.go_live(self.agents[action.node])
+        elif isinstance(action, GoLocal):
+            node = self.agents[action.node]
+            if self.live is not None:
+                self.live.go_local(node)
+            await self.open_local(ctx, node)
+        elif isinstance(action, RetirePipeline):
+            await self.retire(action.index)
+
+    async def retire(self, index: int) -> None:
+        name = self.names.pop(index, None)
+        if name is None:
+            return
+        moved = await self.ctx.server.retire(name)
+        self.ctx.retired.append((name, time.monotonic(), len(moved)))
+        log.info("retired %s (%d moved)", name, len(moved))
+
+
+async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan, open_local: OpenLocal) -> None:
+    """Multicast to `plan.receivers` into the gpu tier, serving while it loads."""
+    agents = list(plan.multicast_nodes)
+    k, b = len(plan.sources), ctx.manifest.num_blocks
+    outcome = plan_multicast(ctx, len(agents), k)
+    mode = ctx.system.serve_while_loading if ctx.serve_while_loading else "none"
+    state = LoadingState(
+        LoadingSettings(
+            num_nodes=len(agents),
+            num_blocks=b,
+            num_sources=k,
+            pipelines=tuple(outcome.pipelines),
+            mode=mode,
+            live_start_fraction=ctx.system.live_start_fraction,
+        )
+    )
+    executor = MulticastExecutor(
+        ctx.client,
+        ctx.model,
+        outcome.plan,
+        agents,
+        tier="gpu",
+        pipelines=outcome.pipelines,
+        timeout_s=ctx.timeout_s,
+    )
+    plan_node = {a: i for i, a in enumerate(agents)}
+    live = None
+    if mode == "live":  # receivers only: the sources already serve
+        live = LiveScaling(ctx, {a: state.held[v] for a, v in plan_node.items() if v >= k})
+    carrier = _Carrier(ctx, agents, executor.mc_id, open_local, live)
+    events = ctx.client.subscribe((BlockArrived,), model=ctx.model)
+    task = asyncio.get_running_loop().create_task(executor.run())
+    live_task = live.start() if live is not None else None
+    try:
+        while not (task.done() and events.empty()):
+            try:
+                ev = await asyncio.wait_for(events.get(), 0.2)
+            except TimeoutError:
+                continue
+            if not isinstance(ev, BlockArrived) or ev.mc_id != executor.mc_id:
+                continue
+            if ev.tier != "gpu" or ev.node not in plan_node:
+                continue
+            for action in state.arrive(plan_node[ev.node], ev.block):
+                await carrier.carry_out(action)
+        ctx.multicast = task.result()
+    finally:
+        ctx.client.unsubscribe(events)
+        if not task.done():
+            task.cancel()
+        if live is not None and live_task is not None:
+            await live.stop(live_task)
+        # A member died before completing: its pipelines retire, their requests move on.
+        for index in list(carrier.names):
+            await carrier.retire(index)

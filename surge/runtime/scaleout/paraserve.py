@@ -1,0 +1,259 @@
+"""ParaServe cold starts (§4, §6): a pipeline group per instance, fetched in parallel.
+
+In: the context (destinations = instances wanted, spare nodes with a free slot) and the
+start-up plan (each destination's own tier). For each instance wanted, one group:
+- `policy.startup.plan_group` picks it: Alg. 2's contention-adjusted network shares (the
+  workers already fetching on each node share its bandwidth), then Alg. 1's smallest size
+  whose predicted TTFT/TPOT meet the deployment's SLOs, members in stage order, each with a
+  contiguous part of the blocks balanced by bytes. A single cold start is thus fetched in
+  parallel by several nodes. Members that are not destinations are booked with
+  `hooks.book`; destinations no group uses are given back with `hooks.release`.
+- the members fetch their parts at once, then serve together as one `PipelineEndpoint`;
+- `policy.paraserve_predictor.decide_consolidation` (§6.1, the deployment's arrivals in
+  the system's `predictor_window_s`, and its queue) says how many members to keep: scale
+  down to one, or scale up to several. The kept members fetch the rest and become local
+  instances; the group's running requests move onto them with their KV caches
+  (`runtime/consolidation.py` `consolidate`); the other members' slots are released.
+With `consolidation` `scale-up` every member is kept; with `group_sizing` `fixed` the group
+is the destination and the first `pipeline_size - 1` spares.
+
+Stage times for Alg. 1 are estimates (ParaServe keeps historical ones; this runtime has none
+before the first cold start), documented in docs/scaleout.md:
+- t_c = the system's `init_s`; t_n = its `stage_hop_s`;
+- fetch at `ctx.fetch_gbps` (the controller's link speed), host-to-GPU at `PCIE_GBPS`;
+- t_d = the model's bytes read once at `WEIGHT_READ_BYTES_PER_S` (decode is memory bound),
+  t_p = `PREFILL_OVER_DECODE` x t_d;
+- t_w = the longest wait among the requests queued now (measured).
+"""
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+from surge.errors import SurgeError
+from surge.policy.paraserve_placement import FetchingWorker, ServerNetwork
+from surge.policy.paraserve_predictor import (
+    ConsolidationDecision,
+    PredictorSettings,
+    decide_consolidation,
+)
+from surge.policy.paraserve_sizing import GpuServer, SizingDecision, SizingSettings, StageTimes
+from surge.policy.startup import (
+    GroupPlan,
+    GroupRequest,
+    StartupPlan,
+    plan_group,
+    split_blocks,
+)
+from surge.runtime.consolidation import consolidate
+from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.protocol import LoadOp
+from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
+
+log = logging.getLogger(__name__)
+
+PCIE_GBPS = 100.0
+"""Host-to-GPU rate assumed for Alg. 1's load term (PCIe 4.0 x16 is ~200 Gbit/s; half of it
+is what a loader reaches in practice)."""
+WEIGHT_READ_BYTES_PER_S = 10e9
+"""Weights read per second by one decode step (memory bound), for t_d."""
+PREFILL_OVER_DECODE = 4.0
+"""t_p / t_d for a short prompt (a prefill reads the weights once and computes more)."""
+
+OpenLocal = Callable[[ScaleOutContext, int], Awaitable[None]]
+
+
+def stage_times(ctx: ScaleOutContext) -> StageTimes:
+    """Alg. 1's stage times for this model (see the module docstring)."""
+    now = time.monotonic()
+    decode_s = ctx.manifest.total_bytes / WEIGHT_READ_BYTES_PER_S
+    return StageTimes(
+        runtime_init_s=ctx.system.init_s,
+        transmission_s=ctx.system.stage_hop_s,
+        prefill_s=PREFILL_OVER_DECODE * decode_s,
+        decode_s=decode_s,
+        wait_s=max((now - r.arrival_t for r in ctx.server.queue), default=0.0),
+    )
+
+
+def _networks(ctx: ScaleOutContext, nodes: list[int], now_s: float) -> tuple[ServerNetwork, ...]:
+    return tuple(
+        ServerNetwork(
+            n,
+            ctx.fetch_gbps,
+            tuple(
+                FetchingWorker(f"other{i}", math.inf, ctx.manifest.total_bytes)
+                for i in range(ctx.fetching.get(n, 0))
+            ),
+            last_change_s=now_s,
+        )
+        for n in nodes
+    )
+
+
+def _fixed_group(ctx: ScaleOutContext, dest: int, free: list[int]) -> GroupPlan:
+    """`group_sizing` fixed: the destination and the first spares, `pipeline_size` in all."""
+    members = (dest, *[n for n in free if n != dest][: ctx.system.pipeline_size - 1])
+    members = members[: ctx.manifest.num_blocks]
+    sizes = tuple(b.size_bytes for b in ctx.manifest.blocks)
+    decision = SizingDecision(len(members), 0, (), members, math.nan, math.nan, False)
+    return GroupPlan(members, split_blocks(sizes, len(members)), decision, ())
+
+
+def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
+    """One group per destination; each group's members leave the pool for the next one,
+    and Alg. 2's state carries the earlier groups' workers."""
+    pool = [d.node for d in ctx.destinations] + [d.node for d in ctx.spares]
+    sizes = tuple(b.size_bytes for b in ctx.manifest.blocks)
+    now = time.monotonic()
+    networks = _networks(ctx, pool, now)
+    times = stage_times(ctx)
+    groups: list[GroupPlan] = []
+    for dest in ctx.destinations:
+        free = [n for n in pool if all(n not in g.members for g in groups)]
+        if ctx.system.group_sizing == "fixed":
+            groups.append(_fixed_group(ctx, dest.node, free))
+            continue
+        request = GroupRequest(
+            block_bytes=sizes,
+            servers=tuple(
+                GpuServer(n, ctx.manifest.total_bytes, ctx.fetch_gbps, PCIE_GBPS) for n in free
+            ),
+            times=times,
+            ttft_slo_s=ctx.ttft_slo_s,
+            tpot_slo_s=ctx.tpot_slo_s,
+            settings=SizingSettings(max_pipeline_size=ctx.system.pipeline_size),
+            networks=networks,
+            now_s=now,
+            model_id=f"{ctx.model}/{len(groups)}",
+        )
+        group = plan_group(request)
+        if group is None:
+            raise SurgeError(
+                f"{ctx.model}: no free node can take a ParaServe worker; free a slot or add nodes"
+            )
+        groups.append(group)
+        networks = group.networks
+    return groups
+
+
+async def _load(ctx: ScaleOutContext, node: int, blocks: list[int], source: str) -> None:
+    op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source)  # type: ignore[arg-type]
+    await ctx.client.call(node, op)
+
+
+async def run_groups(ctx: ScaleOutContext, plan: StartupPlan, open_local: OpenLocal) -> None:
+    """Every destination's instance comes up through a group (see the module docstring)."""
+    groups = plan_groups(ctx)
+    ctx.groups.extend(groups)
+    dests = {d.node for d in ctx.destinations}
+    used = {m for g in groups for m in g.members}
+    tiers = {d.node: d.own_tier for d in (*ctx.destinations, *ctx.spares)}
+    for local in plan.local:
+        tiers[local.node] = local.source
+    for m in sorted(used - dests):
+        if not ctx.hooks.book(m):
+            raise SurgeError(f"{ctx.model}: node {m}'s free slot was taken before its group began")
+    for d in sorted(dests - used):
+        await ctx.hooks.release(d)
+    log.info("%s: groups %s", ctx.model, [(g.members, g.parts) for g in groups])
+    results = await asyncio.gather(
+        *(_run_group(ctx, g, tiers, open_local) for g in groups), return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+
+
+async def _run_group(
+    ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, str], open_local: OpenLocal
+) -> None:
+    members, parts = group.members, group.parts
+    if len(members) == 1:
+        await _load(ctx, members[0], list(range(ctx.manifest.num_blocks)), tiers[members[0]])
+        ctx.consolidations.append(_decide(ctx, 1))
+        await open_local(ctx, members[0])
+        return
+    try:
+        await asyncio.gather(
+            *(_load(ctx, m, list(p), tiers[m]) for m, p in zip(members, parts, strict=True))
+        )
+    except BaseException:
+        for m in members:
+            await ctx.hooks.release(m)
+        raise
+    stages = [
+        (m, *layer_span(ctx.manifest, p[0], p[-1])) for m, p in zip(members, parts, strict=True)
+    ]
+    name = group_name(ctx.model, members)
+    pipe = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
+    await pipe.open()
+    await ctx.server.add_endpoint(pipe)
+    ctx.record_open(name, pipe.nodes)
+    decision = _decide(ctx, len(members))
+    ctx.consolidations.append(decision)
+    keep = len(members)
+    if ctx.system.consolidation == "predictor":
+        keep = min(keep, decision.num_workers_to_keep)
+    keepers, others = members[:keep], members[keep:]
+    log.info("%s: %s keeps %s (%s)", ctx.model, name, keepers, decision)
+    try:
+        await _consolidate(ctx, pipe, group, keepers, tiers)
+    finally:
+        await ctx.server.retire(name)  # no-op once consolidated
+        for m in others:
+            await ctx.hooks.release(m)
+
+
+def _decide(ctx: ScaleOutContext, pipeline_size: int) -> ConsolidationDecision:
+    settings = PredictorSettings(
+        window_s=ctx.system.predictor_window_s, max_pipeline_size=ctx.system.pipeline_size
+    )
+    return decide_consolidation(
+        tuple(ctx.server.arrivals), time.monotonic(), len(ctx.server.queue), pipeline_size, settings
+    )
+
+
+async def _consolidate(
+    ctx: ScaleOutContext,
+    pipe: PipelineEndpoint,
+    group: GroupPlan,
+    keepers: tuple[int, ...],
+    tiers: dict[int, str],
+) -> None:
+    """Kept members fetch the rest and open; the group's requests move onto them."""
+    part_of = dict(zip(group.members, group.parts, strict=True))
+    b = ctx.manifest.num_blocks
+
+    async def fetch_rest(m: int) -> LocalEndpoint:
+        await _load(ctx, m, [x for x in range(b) if x not in part_of[m]], tiers[m])
+        ep = ctx.local_endpoint(m)
+        await ep.open()
+        return ep
+
+    fetched = await asyncio.gather(*(fetch_rest(m) for m in keepers), return_exceptions=True)
+    targets = [t for t in fetched if isinstance(t, LocalEndpoint)]
+    if targets and pipe.name in ctx.server.endpoints and not pipe.failed:
+        inflight = list(pipe.requests.values())
+        try:
+            counts = await consolidate(ctx.server, pipe, targets)
+            ctx.kv_migrated += counts["migrated"]
+            log.info("%s consolidated onto %s: %s", pipe.name, [t.node for t in targets], counts)
+        except Exception as e:  # a target died mid-way: nothing may be lost
+            log.warning("consolidation of %s failed (%s); re-routing", pipe.name, e)
+            await ctx.server.requeue(inflight)
+            await pipe.close_stages()
+    else:
+        for t in targets:
+            await ctx.server.add_endpoint(t)
+    for t in targets:
+        ctx.record_open(t.name, t.nodes)
+        await ctx.hooks.on_local(t.node, t)
+    for m, r in zip(keepers, fetched, strict=True):
+        if isinstance(r, BaseException):
+            await ctx.hooks.release(m)
+    errors = [r for r in fetched if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
