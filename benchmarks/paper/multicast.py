@@ -3,12 +3,14 @@
 In: a cluster preset, a model, a system, how many sources and destinations. Out: the
 virtual seconds until every destination holds the model (`complete_s`) and until the
 first new serving capacity (`first_capacity_s`: an execution pipeline or a complete
-destination), measured by running the system's plan as flows (`MulticastRun`).
+destination), measured by running the system's plan as flows (`MulticastRun`) and
+feeding the arrivals to `surge.policy.loading.LoadingState`, as the simulator does.
 """
 
 import math
 
 from surge.policy.cluster import Cluster
+from surge.policy.loading import GoLocal, LoadingSettings, LoadingState, OpenPipeline
 from surge.policy.multicast import MulticastRequest, plan_scale_out
 from surge.policy.systems import SystemConfig
 from surge.sim.cluster_state import ClusterState
@@ -42,28 +44,35 @@ def isolated_multicast(
     times: dict[str, float] = {"first_capacity_s": math.inf, "complete_s": 0.0}
     fanout = machines[0].group.gpus_per_node
 
-    def on_pipeline(_p) -> None:
-        if system.serve_while_loading == "pipelines":
-            times["first_capacity_s"] = min(times["first_capacity_s"], loop.now_s)
+    loading = LoadingState(
+        LoadingSettings(
+            num_nodes,
+            system.num_blocks,
+            num_sources,
+            outcome.pipelines,
+            system.serve_while_loading,
+            system.live_start_fraction,
+        )
+    )
+    intra_bytes_s = machines[0].group.intra_gpu_gbps * 1e9 / 8
 
-    def on_complete(_node: int) -> None:
-        # multi-GPU node: the lead GPU forwards shards over NVLink/PCIe (λScale §4.3)
-        extra = 0.0
-        if fanout > 1:
-            intra_bytes_s = machines[0].group.intra_gpu_gbps * 1e9 / 8
-            extra = prof.total_bytes / fanout / intra_bytes_s
-        t = loop.now_s + extra
-        times["first_capacity_s"] = min(times["first_capacity_s"], t)
-        times["complete_s"] = max(times["complete_s"], t)
+    def on_arrival(node: int, block: int) -> None:
+        for action in loading.arrive(node, block):
+            t = loop.now_s
+            if isinstance(action, GoLocal) and fanout > 1:
+                # multi-GPU node: the lead GPU forwards shards over NVLink/PCIe (λScale §4.3)
+                t += prof.total_bytes / fanout / intra_bytes_s
+            if isinstance(action, OpenPipeline | GoLocal):
+                times["first_capacity_s"] = min(times["first_capacity_s"], t)
+            if isinstance(action, GoLocal):
+                times["complete_s"] = max(times["complete_s"], t)
 
     run = MulticastRun(
-        state,
-        outcome,
-        leads,
+        net,
+        outcome.plan,
+        lambda src, dst: state.gpu_to_gpu(leads[src], leads[dst]),
         math.ceil(prof.total_bytes / system.num_blocks),
-        lambda _n, _c: None,
-        on_pipeline,
-        on_complete,
+        on_arrival,
         lambda: None,
     )
     loop.schedule(system.group_setup_s, 0, 0, run.start)

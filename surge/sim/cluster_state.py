@@ -2,7 +2,9 @@
 
 In: a `ClusterProfile` and the `FlowNetwork`. Out: free-GPU bookkeeping, the link paths
 of every kind of transfer (GPU to GPU over the network or inside a machine, host
-memory to GPU, SSD to GPU, registry to GPU), and per-machine host caches holding
+memory to GPU, host memory of one machine to a GPU of another (a host copy as a
+multicast source, FaaScale §5), SSD or registry to GPU or to host memory (a cold
+leader restoring the host copy)), and per-machine host caches holding
 `surge.policy.keepalive.CacheEntry`s.
 
 Links per machine m: `nic-out/m`, `nic-in/m` (machine NIC), `ssd/m`, and per GPU g:
@@ -65,6 +67,25 @@ class ClusterState:
         """Path from host memory to `gpu`."""
         return (self._link(f"pcie/{gpu}"),)
 
+    def host_to_remote_gpu(self, machine: int, gpu: int) -> tuple[Link, ...]:
+        """Path from host memory of `machine` to `gpu` (a host source's block): over the
+        PCIe link inside the machine, else out of the machine NIC (host memory is not
+        behind a GPU's own NIC) and in through the receiver's network link."""
+        md = self.machine_of_gpu[gpu]
+        if md.index == machine:
+            return self.host_to_gpu(gpu)
+        inbound = f"gnic-in/{gpu}" if md.group.gpu_nic_gbps is not None else f"nic-in/{md.index}"
+        return (self._link(f"nic-out/{machine}"), self._link(inbound))
+
+    def store_to_host(self, machine: int, store: str) -> tuple[Link, ...]:
+        """Path from the model store (`ssd` or `registry`) into host memory of `machine`."""
+        if store == "ssd":
+            return (self._link(f"ssd/{machine}"),)
+        path = [self.registry, self._link(f"nic-in/{machine}")]
+        if self.machines[machine].group.registry_gbps is not None:
+            path.insert(1, self._link(f"reg/{machine}"))
+        return tuple(path)
+
     def ssd_to_gpu(self, gpu: int) -> tuple[Link, ...]:
         """Path from the machine's SSD to `gpu`."""
         m = self.machine_of_gpu[gpu]
@@ -87,6 +108,17 @@ class ClusterState:
         """Network bandwidth one GPU can send or receive at."""
         grp = self.machine_of_gpu[gpu].group
         return grp.gpu_nic_gbps if grp.gpu_nic_gbps is not None else grp.nic_gbps
+
+    def host_network_gbps(self, machine: int) -> float:
+        """Network bandwidth a host source on `machine` sends at (its machine NIC)."""
+        return self.machines[machine].group.nic_gbps
+
+    def fetch_gbps(self, machine: int) -> float:
+        """Bandwidth one worker on `machine` fetches from the model store at."""
+        grp = self.machines[machine].group
+        if grp.model_store == "ssd":
+            return grp.ssd_gbps
+        return min(grp.nic_gbps, grp.registry_gbps or grp.nic_gbps)
 
     def nic_load(self, machine: int) -> int:
         """Flows on the machine's NIC (both directions)."""

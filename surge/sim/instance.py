@@ -17,11 +17,15 @@ prefill in flight, whose remaining work is rescheduled at the new rate; `on_busy
 is called whenever the instance turns busy or idle.
 Roles: `both`, `prefill` (requests leave after their first token), `decode` (requests
 arrive with their KV cache and join the batch without a prefill).
+Placement and lifecycle (which GPUs, which pool, loaded/serving/released, KV hand-offs
+and multicasts in flight) are declared here too, and `__slots__` makes any other
+attribute an error: the simulator's modules read and set only these fields.
 """
 
 import heapq
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from surge.sim.costs import CostModel
 from surge.sim.events import Event, EventLoop, Priority
@@ -31,8 +35,70 @@ IDLE, PREFILL, DECODE = 0, 1, 2
 EPS_TOKENS = 1e-9
 
 
+@dataclass(frozen=True)
+class Placement:
+    """The GPUs an endpoint runs on."""
+
+    workers: tuple[tuple[int, ...], ...]
+    """GPUs of every worker (one tensor-parallel group each), in stage order; one worker
+    for a plain instance, several for a pipeline (λScale execution pipeline, ParaServe
+    group)."""
+    machine: int
+    """Machine of the first worker."""
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The first worker's GPUs (its lead GPU sends and receives blocks)."""
+        return self.workers[0]
+
+    @property
+    def all_gpus(self) -> tuple[int, ...]:
+        """Every GPU the endpoint holds."""
+        return tuple(g for w in self.workers for g in w)
+
+
+NOWHERE = Placement(((0,),), 0)
+"""Placement of an endpoint built outside a cluster (unit tests)."""
+
+
 class Instance:
     """A serving endpoint; a plain instance or an execution pipeline of loading nodes."""
+
+    __slots__ = (
+        "_event",
+        "_prefill_left_s",
+        "_prefill_rate",
+        "cost",
+        "hop_s",
+        "id",
+        "idle_since_s",
+        "kv_capacity_tokens",
+        "kv_tokens",
+        "loaded",
+        "loop",
+        "max_batch",
+        "max_prefill_tokens",
+        "on_busy",
+        "on_done",
+        "on_prefilled",
+        "phase",
+        "placement",
+        "pool_key",
+        "prefilling",
+        "released",
+        "reserved",
+        "role",
+        "running",
+        "sending",
+        "serving",
+        "share",
+        "speed",
+        "step_s",
+        "tokens_done",
+        "v",
+        "v_time_s",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -43,11 +109,12 @@ class Instance:
         max_batch: int,
         kv_capacity_tokens: int,
         max_prefill_tokens: int,
-        on_first_token: Callable[[SimRequest], None],
         on_done: Callable[["Instance", SimRequest], None],
         on_prefilled: Callable[["Instance", SimRequest], None],
         speed: float = 1.0,
         hop_s: float = 0.0,
+        placement: Placement = NOWHERE,
+        pool_key: tuple[int, str] = (0, "both"),
     ) -> None:
         self.id = iid
         self.loop = loop
@@ -56,7 +123,6 @@ class Instance:
         self.max_batch = max_batch
         self.kv_capacity_tokens = kv_capacity_tokens
         self.max_prefill_tokens = max_prefill_tokens
-        self.on_first_token = on_first_token
         self.on_done = on_done
         self.on_prefilled = on_prefilled
         self.speed = speed
@@ -78,6 +144,36 @@ class Instance:
         """Called when the instance turns busy or idle (compute sharing)."""
         self._prefill_left_s = 0.0
         self._prefill_rate = 1.0
+        self.placement = placement
+        """Its GPUs."""
+        self.pool_key = pool_key
+        """(model index, role) of the pool it serves in."""
+        self.serving = False
+        """The router may send it requests (complete, live, or an open pipeline)."""
+        self.loaded = False
+        """It holds the whole model (not loading any more)."""
+        self.released = False
+        """Given back (or retired): late callbacks about it are ignored."""
+        self.sending = 0
+        """Multicasts it is a GPU source of (it stays up until they end)."""
+        self.reserved = 0
+        """Requests whose KV cache is on its way here (P/D hand-off)."""
+
+    # --- placement ----------------------------------------------------------------
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """Its first worker's GPUs."""
+        return self.placement.gpus
+
+    @property
+    def all_gpus(self) -> tuple[int, ...]:
+        """Every GPU it holds."""
+        return self.placement.all_gpus
+
+    @property
+    def machine(self) -> int:
+        """Machine of its first worker."""
+        return self.placement.machine
 
     # --- load signals -------------------------------------------------------------
     @property
@@ -252,7 +348,6 @@ class Instance:
             if req.first_token_s < 0:
                 req.first_token_s = self.loop.now_s
                 req.generated = 1
-                self.on_first_token(req)
             if self.role == "prefill":
                 self.kv_tokens -= req.context_tokens
                 self.on_prefilled(self, req)

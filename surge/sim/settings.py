@@ -66,7 +66,19 @@ class SimSettings:
     """Micro-batch groups an execution pipeline runs at once; its capacity is this times
     `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
 
+    block_count: str = "system"
+    """B of each multicast: `system` (`SystemConfig.num_blocks`) or `elbow`
+    (`surge.policy.block_count.choose_block_count`: λScale §4.2's selective block size,
+    the fewest blocks within 5% of the fastest, per model, N and K)."""
+    block_overhead_s: float = 0.0
+    """With `elbow`: fixed cost of one block transfer the elbow weighs against smaller
+    blocks (what makes many blocks costly)."""
+
     def __post_init__(self) -> None:
+        if self.block_count not in ("system", "elbow"):
+            raise SurgeError("block_count must be `system` or `elbow`")
+        if self.block_overhead_s < 0:
+            raise SurgeError("block_overhead_s must be >= 0")
         if not self.models:
             raise SurgeError("give at least one --model")
         if self.max_batch < 1 or self.max_prefill_tokens < 1:

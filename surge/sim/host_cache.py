@@ -1,0 +1,87 @@
+"""Host-memory model caches of every machine: seed, touch, evict, expire.
+
+In: the system's `host_cache` choice (`lru`, `pinned-one`, `all`, `none`), its keep-alive
+and cache fraction, and the loads and releases the simulator carries out. Out: the
+entries in `ClusterState.host_cache` (what `surge.policy.startup` sees as host copies and
+`surge.policy.placement` as locality), and the lifetimes of evicted entries. Admission and
+expiry are `surge.policy.keepalive` decisions (LRU + keep-alive, ServerlessLLM).
+"""
+
+from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
+from surge.sim.world import World
+
+
+class HostCache:
+    """The host caches of one run."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        sys = world.system
+        self.settings = [
+            CacheSettings(
+                int(m.group.host_memory_bytes * sys.host_cache_fraction), sys.keep_alive_s
+            )
+            for m in world.state.machines
+        ]
+        self.since: dict[tuple[int, str], float] = {}
+        """When each entry came in (for lifetimes)."""
+
+    def seed(self) -> None:
+        """Fill the caches at time 0: every own machine (`all`) or one per model
+        (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica)."""
+        mode = self.world.system.host_cache
+        if mode not in ("all", "pinned-one"):
+            return
+        for mi, slot in enumerate(self.world.models):
+            own = [m for m in self.world.state.machines if m.group is slot.group]
+            targets = own if mode == "all" else [own[mi % len(own)]]
+            for m in targets:
+                entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, mode == "pinned-one")
+                self.world.state.host_cache[m.index][slot.name] = entry
+
+    def has_copy(self, machine: int, model: int) -> bool:
+        """Whether host memory of `machine` holds `model`."""
+        return self.world.models[model].name in self.world.state.host_cache[machine]
+
+    def machines_with(self, model: int) -> tuple[int, ...]:
+        """Machines whose host memory holds `model`, ascending."""
+        name = self.world.models[model].name
+        return tuple(m for m, c in enumerate(self.world.state.host_cache) if name in c)
+
+    def touch(self, machine: int, model: int) -> bool:
+        """`model` was just used from (or loaded into) host memory of `machine`; with
+        `lru` it is admitted (evicting what the policy says) or refreshed. Whether it is
+        there now."""
+        world = self.world
+        if world.system.host_cache != "lru":
+            return self.has_copy(machine, model)
+        slot = world.models[model]
+        cache = world.state.host_cache[machine]
+        old = cache.get(slot.name)
+        now = world.loop.now_s
+        entry = CacheEntry(slot.name, slot.profile.total_bytes, now, old.pinned if old else False)
+        if old is None:
+            decision = admit(tuple(cache.values()), entry, self.settings[machine])
+            if not decision.admit:
+                return False
+            for victim in decision.evict:
+                self._evict(machine, victim)
+            self.since[(machine, slot.name)] = now
+        cache[slot.name] = entry
+        return True
+
+    def expire(self) -> None:
+        """Drop entries past their keep-alive (`lru` with a keep-alive only)."""
+        sys = self.world.system
+        if sys.host_cache != "lru" or sys.keep_alive_s is None:
+            return
+        now = self.world.loop.now_s
+        for m, cache in enumerate(self.world.state.host_cache):
+            for model in expired(tuple(cache.values()), now, self.settings[m]):
+                self._evict(m, model)
+
+    def _evict(self, machine: int, model: str) -> None:
+        del self.world.state.host_cache[machine][model]
+        since = self.since.pop((machine, model), None)
+        if since is not None:
+            self.world.result.cache_lifetimes_s.append(self.world.loop.now_s - since)

@@ -1,0 +1,363 @@
+"""Loading new instances' weights: local loads and multicasts, serving while loading.
+
+In: new instances of a pool (`load`). Out: flows on the cluster's links and the
+instances (or execution pipelines) serving when the policy says so. Every decision is a
+policy call:
+- where each destination's weights come from, which copies are multicast sources (GPU
+  copies of serving instances and host copies in machines' memory alike, FaaScale §5),
+  and which destination is the cold leader: `surge.policy.startup.plan_startup`;
+- the multicast plan and its execution pipelines: `surge.policy.multicast.plan_scale_out`
+  (executed as flows by `MulticastRun`);
+- what opens, goes live, goes local and retires as blocks arrive:
+  `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4).
+Plan nodes are start-up ids: an instance's id, or `HOST_NODE + m` for the host copy of
+machine m. A host source's blocks leave its machine's NIC from host memory; a
+warm-local destination or a cold leader is a host source too (its own GPU loads over
+PCIe meanwhile).
+"""
+
+import functools
+import math
+from collections.abc import Callable
+
+from surge.policy.cluster import Cluster
+from surge.policy.loading import (
+    GoLive,
+    GoLocal,
+    LoadingSettings,
+    LoadingState,
+    OpenPipeline,
+    RetirePipeline,
+)
+from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.startup import Copy, Destination, StartupPlan, StartupRequest, plan_startup
+from surge.sim.events import Priority
+from surge.sim.flows import Link
+from surge.sim.host_cache import HostCache
+from surge.sim.instance import Instance, Placement
+from surge.sim.multicast_run import MulticastRun
+from surge.sim.pools import Pool, Requests
+from surge.sim.world import HOST_NODE, World
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(request: MulticastRequest) -> MulticastOutcome:
+    return plan_scale_out(request)
+
+
+class Loader:
+    """Local loads and multicasts of every pool."""
+
+    def __init__(
+        self,
+        world: World,
+        pools: dict[tuple[int, str], Pool],
+        requests: Requests,
+        cache: HostCache,
+        make_endpoint: Callable[[Pool, Placement, bool], Instance],
+        on_transfers: Callable[[int], None],
+        num_blocks: Callable[[int, int, int], int],
+    ) -> None:
+        self.world = world
+        self.pools = pools
+        self.requests = requests
+        self.cache = cache
+        self.make_endpoint = make_endpoint
+        self.on_transfers = on_transfers
+        self.num_blocks = num_blocks
+        """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
+        self.staging: dict[int, list[Instance]] = {}
+        """Per model: instances waiting for a cold leader's host copy."""
+        self.staged: set[tuple[int, int]] = set()
+        """(machine, model) whose host copy a cold leader brought in (counts as a host
+        copy even where the cache policy did not keep it)."""
+
+    # --- readiness ------------------------------------------------------------------
+    def ready(self, pool: Pool, inst: Instance, delay_s: float = 0.0) -> None:
+        """`inst` holds the whole model: after `delay_s` (engine start) it serves alone."""
+
+        def go() -> None:
+            if inst.released:
+                return
+            inst.serving = True
+            inst.loaded = True
+            inst.set_speed(1.0)
+            inst.idle_since_s = self.world.loop.now_s if inst.outstanding == 0 else None
+            self.requests.drain(pool)
+
+        if delay_s > 0:
+            self.world.loop.schedule(
+                self.world.loop.now_s + delay_s, Priority.INSTANCE, inst.id, go
+            )
+        else:
+            go()
+
+    # --- start-up -------------------------------------------------------------------
+    def load(self, pool: Pool, instances: list[Instance]) -> None:
+        """Bring `instances` up as the system's start-up plan says."""
+        sys = self.world.system
+        if sys.load in ("local", "allcache"):
+            for inst in instances:
+                self.load_local(
+                    pool, inst, "host" if self._own_tier(inst, pool) == "host" else "store"
+                )
+            return
+        waiting = self.staging.get(pool.model)
+        if waiting is not None:  # a cold leader is bringing the first host copy in
+            waiting.extend(instances)
+            return
+        self._start(pool, instances)
+
+    def _own_tier(self, inst: Instance, pool: Pool) -> str:
+        if self.world.system.load == "allcache":
+            return "host"
+        m = inst.machine
+        if self.cache.has_copy(m, pool.model) or (m, pool.model) in self.staged:
+            return "host"
+        return "disk" if self.world.models[pool.model].group.model_store == "ssd" else "remote"
+
+    def _start(self, pool: Pool, instances: list[Instance]) -> None:
+        world = self.world
+        dest_machines = {i.machine for i in instances}
+        gpu_copies = [
+            Copy(i.id, "gpu", i.outstanding)
+            for (m, _), p in self.pools.items()
+            if m == pool.model
+            for i in p.instances
+            if i.loaded and i.serving and not i.released
+        ]
+        host_copies = [
+            Copy(HOST_NODE + m, "host")
+            for m in self.cache.machines_with(pool.model)
+            if m not in dest_machines
+        ]
+        request = StartupRequest(
+            world.system,
+            tuple(Destination(i.id, self._own_tier(i, pool)) for i in instances),
+            tuple(gpu_copies + host_copies),
+        )
+        plan = plan_startup(request)
+        by_id = {i.id: i for i in instances}
+        leader = plan.cold_leader
+        if leader is not None:
+            self._cold_leader(pool, by_id[leader.node], instances)
+            return
+        for load in plan.local:
+            self.load_local(pool, by_id[load.node], "host" if load.source == "host" else "store")
+        if plan.receivers:
+            world.result.network_loads += len(plan.receivers)
+            run = functools.partial(self._multicast, pool, plan, by_id)
+            if world.system.group_setup_s > 0:
+                at = world.loop.now_s + world.system.group_setup_s
+                world.loop.schedule(at, Priority.CONTROL, instances[0].id, run)
+            else:
+                run()
+
+    def _cold_leader(self, pool: Pool, leader: Instance, instances: list[Instance]) -> None:
+        """No copy in memory anywhere: the leader brings the model from the store into
+        its host memory, then the start-up is planned again (the leader is now a host
+        source, BlitzScale §5.1's one-host-copy invariant restored)."""
+        world = self.world
+        slot = world.models[pool.model]
+        self.staging[pool.model] = list(instances)
+        path = world.state.store_to_host(leader.machine, slot.group.model_store)
+        world.result.cache_misses += 1
+
+        def landed() -> None:
+            self.staged.add((leader.machine, pool.model))
+            self.cache.touch(leader.machine, pool.model)
+            waiting = [i for i in self.staging.pop(pool.model) if not i.released]
+            if waiting:
+                self._start(pool, waiting)
+
+        world.net.start(path, slot.profile.total_bytes, landed)
+
+    def load_local(self, pool: Pool, inst: Instance, source: str) -> None:
+        """Every GPU of `inst` loads its share from host memory or the model store."""
+        world = self.world
+        slot = world.models[pool.model]
+        if source == "host":
+            world.result.cache_hits += 1
+        else:
+            world.result.cache_misses += 1
+        self.cache.touch(inst.machine, pool.model)
+        gpus = inst.all_gpus
+        left = [len(gpus)]
+
+        def one_done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.ready(pool, inst, world.system.init_s)
+
+        for g in gpus:
+            path = (
+                world.state.host_to_gpu(g)
+                if source == "host"
+                else world.state.store_to_gpu(g, slot.group.model_store)
+            )
+            world.net.start(path, slot.profile.total_bytes / len(gpus), one_done)
+
+    # --- multicast ------------------------------------------------------------------
+    def _multicast(self, pool: Pool, plan: StartupPlan, by_id: dict[int, Instance]) -> None:
+        world, sys = self.world, self.world.system
+        state = world.state
+        slot = world.models[pool.model]
+        gpu_nodes: dict[int, Instance] = {}
+        host_nodes: dict[int, int] = {}
+        for src in plan.sources:
+            if src.tier == "host":
+                node = by_id.get(src.node)
+                host_nodes[src.node] = node.machine if node else src.node - HOST_NODE
+            else:
+                gpu_nodes[src.node] = self._instance(src.node)
+        nodes = plan.multicast_nodes
+        live_sources = [
+            v for v in nodes[: len(plan.sources)] if v in host_nodes or not gpu_nodes[v].released
+        ]
+        receivers = [by_id[v] for v in plan.receivers if not by_id[v].released]
+        if not live_sources or not receivers:
+            for inst in receivers:
+                self.load_local(pool, inst, "store")
+            return
+        gpu_nodes.update({i.id: i for i in receivers})
+        nodes = tuple(live_sources) + tuple(i.id for i in receivers)
+        k = len(live_sources)
+
+        def gbps(v: int) -> float:
+            if v in host_nodes:
+                return state.host_network_gbps(host_nodes[v])
+            return state.network_gbps(gpu_nodes[v].gpus[0])
+
+        rates = tuple(gbps(v) for v in nodes)
+        by_machine: dict[int, list[int]] = {}
+        for i, v in enumerate(nodes):
+            if v in gpu_nodes:
+                by_machine.setdefault(gpu_nodes[v].machine, []).append(i)
+        groups = tuple(tuple(g) for g in by_machine.values() if len(g) > 1)
+        intra = min(m.group.intra_gpu_gbps for m in state.machines)
+        busy = frozenset(
+            i
+            for i, v in enumerate(nodes[:k])
+            if v in gpu_nodes and gpu_nodes[v].role == "prefill" and gpu_nodes[v].outstanding
+        )
+        if len(busy) == k:
+            busy = frozenset()
+        blocks = self.num_blocks(pool.model, len(nodes), k)
+        request = MulticastRequest(
+            num_nodes=len(nodes),
+            num_blocks=blocks,
+            num_sources=k,
+            strategy=sys.multicast_strategy,
+            cluster=Cluster(rates, rates, groups, intra, busy),
+        )
+        outcome = _plan(request)
+        senders = [gpu_nodes[v] for v in nodes[:k] if v in gpu_nodes]
+        for s in senders:
+            s.sending += 1
+
+        def path(src: int, dst: int) -> tuple[Link, ...]:
+            to = gpu_nodes[nodes[dst]].gpus[0]
+            if nodes[src] in host_nodes:
+                return state.host_to_remote_gpu(host_nodes[nodes[src]], to)
+            return state.gpu_to_gpu(gpu_nodes[nodes[src]].gpus[0], to)
+
+        loading = LoadingState(
+            LoadingSettings(
+                num_nodes=len(nodes),
+                num_blocks=blocks,
+                num_sources=k,
+                pipelines=outcome.pipelines,
+                mode=sys.serve_while_loading,
+                live_start_fraction=sys.live_start_fraction,
+            )
+        )
+        opened: dict[int, Instance] = {}
+        # Plan node -> instance (None for a host source; actions name receivers only).
+        plan_nodes = [gpu_nodes.get(v) for v in nodes]
+
+        def on_arrival(node: int, block: int) -> None:
+            for action in loading.arrive(node, block):
+                self._carry_out(pool, action, plan_nodes, opened)
+
+        def on_finished() -> None:
+            for s in senders:
+                s.sending -= 1
+
+        MulticastRun(
+            world.net,
+            outcome.plan,
+            path,
+            math.ceil(slot.profile.total_bytes / blocks),
+            on_arrival,
+            on_finished,
+            self.on_transfers,
+        ).start()
+
+    def _instance(self, iid: int) -> Instance:
+        for p in self.pools.values():
+            for i in p.instances:
+                if i.id == iid:
+                    return i
+        raise KeyError(iid)
+
+    def _carry_out(
+        self,
+        pool: Pool,
+        action: object,
+        plan_nodes: list[Instance | None],
+        opened: dict[int, Instance],
+    ) -> None:
+        """One `surge.policy.loading` action."""
+
+        def node(v: int) -> Instance:
+            inst = plan_nodes[v]
+            assert inst is not None, "loading actions name receivers, never host sources"
+            return inst
+
+        sys = self.world.system
+        if isinstance(action, OpenPipeline):
+            members = [node(v) for v in action.pipeline.nodes]
+            if any(m.released for m in members):
+                return
+            placement = Placement(tuple(m.gpus for m in members), members[0].machine)
+            ep = self.make_endpoint(pool, placement, True)
+            ep.serving = True
+            opened[action.index] = ep
+            pool.pipelines.append(ep)
+            self.world.event(pool.model, pool.role, "pipeline")
+            self.requests.drain(pool)
+        elif isinstance(action, RetirePipeline):
+            ep = opened.pop(action.index, None)
+            if ep is not None:
+                pool.pipelines.remove(ep)
+                ep.released = True
+                self.requests.requeue(pool, ep.drain())
+        elif isinstance(action, GoLive):
+            inst = node(action.node)
+            if not inst.released and not inst.serving:
+                inst.serving = True
+                inst.set_speed(sys.live_speed)
+                self.requests.drain(pool)
+        elif isinstance(action, GoLocal):
+            self._fan_out(pool, node(action.node))
+
+    def _fan_out(self, pool: Pool, inst: Instance) -> None:
+        """The lead GPU holds the model: it forwards the other GPUs' shards inside the
+        machine (λScale §4.3), then the instance starts."""
+        if inst.released:
+            return
+        world = self.world
+        rest = inst.gpus[1:]
+        if not rest:
+            self.ready(pool, inst, world.system.init_s)
+            return
+        left = [len(rest)]
+
+        def fan_done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.ready(pool, inst, world.system.init_s)
+
+        share = world.models[pool.model].profile.total_bytes / len(inst.gpus)
+        for g in rest:
+            world.net.start(world.state.gpu_to_gpu(inst.gpus[0], g), share, fan_done)

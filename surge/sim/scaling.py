@@ -1,0 +1,265 @@
+"""Scaling: the autoscaler's decisions carried out, GPUs accounted, instances built.
+
+In: autoscaler checks (`check_soon` at the next decision tick, `check_after_idle` after
+the downscale delay, or a `wake_at_s` the policy asks for). Out: scale-outs (placement by
+`surge.policy.placement.place`, then the loads `start_load` carries out), releases,
+BlitzScale §5.2 mutation (idle prefill instances become decode ones), and the GPU
+time series. Every decision is `surge.policy.autoscale.decide` with the pool's
+`AutoscaleState`; the system's settings (decode pools under P/D have their own) are
+read from `SystemConfig`.
+
+`InstanceFactory` builds every endpoint (plain instances, execution pipelines, ParaServe
+groups and the instances they consolidate into) with every field declared in
+`Instance.__init__`.
+"""
+
+import math
+from collections.abc import Callable
+
+from surge.policy.autoscale import InstanceLoad, PoolLoad, decide
+from surge.policy.placement import MachineView, PlacementRequest, place
+from surge.sim.compute_sharing import ComputeSharing
+from surge.sim.costs import cost_model
+from surge.sim.events import Priority
+from surge.sim.hardware import NodeGroup
+from surge.sim.host_cache import HostCache
+from surge.sim.instance import Instance, Placement
+from surge.sim.pools import Pool, Requests
+from surge.sim.world import KEY_STRIDE, World
+
+WEIGHT_HEADROOM = 1.1
+"""Weights plus activations take this much of their size in GPU memory."""
+MIN_KV_FRACTION = 0.1
+"""An instance needs at least this fraction of its GPU memory left for KV cache."""
+
+
+class Gpus:
+    """GPU allocation and its time series (`SimResult.gpu_changes`)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.allocated = 0
+
+    def take(self, gpus: tuple[int, ...]) -> None:
+        """Allocate `gpus` (free ones)."""
+        self.world.state.free_gpus.difference_update(gpus)
+        self._change(len(gpus))
+
+    def give_back(self, gpus: tuple[int, ...]) -> None:
+        """Free `gpus`."""
+        self.world.state.free_gpus.update(gpus)
+        self._change(-len(gpus))
+
+    def _change(self, delta: int) -> None:
+        self.allocated += delta
+        self.world.result.gpu_changes.append((self.world.loop.now_s, self.allocated))
+
+
+class InstanceFactory:
+    """Builds endpoints: cost model, KV capacity and limits from the model and GPUs."""
+
+    def __init__(
+        self,
+        world: World,
+        requests: Requests,
+        sharing: ComputeSharing,
+    ) -> None:
+        self.world = world
+        self.requests = requests
+        self.sharing = sharing
+        self.next_id = 0
+
+    def make(self, pool: Pool, placement: Placement, pipeline: bool = False) -> Instance:
+        """A new endpoint of `pool` on `placement`; its workers run in stage order (one
+        activation hop per stage boundary). `pipeline`: an execution pipeline, whose
+        capacity is `pipeline_micro_batches` times the batch limit."""
+        world, settings = self.world, self.world.settings
+        slot = world.models[pool.model]
+        tp = len(placement.gpus)
+        mem = slot.group.gpu.memory_bytes * settings.kv_memory_fraction * len(placement.all_gpus)
+        kv_bytes = max(mem - slot.profile.total_bytes * WEIGHT_HEADROOM, mem * MIN_KV_FRACTION)
+        self.next_id += 1
+        inst = Instance(
+            KEY_STRIDE + self.next_id,
+            world.loop,
+            cost_model(slot.profile, slot.group.gpu, tp),
+            pool.role,
+            settings.max_batch * (settings.pipeline_micro_batches if pipeline else 1),
+            int(kv_bytes // slot.profile.kv_bytes_per_token),
+            settings.max_prefill_tokens,
+            self.requests.on_done,
+            self.requests.on_prefilled,
+            hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
+            placement=placement,
+            pool_key=pool.key,
+        )
+        if self.sharing.enabled:
+            inst.on_busy = self.sharing.on_busy
+        return inst
+
+
+class Scaler:
+    """Autoscaling of every pool."""
+
+    def __init__(
+        self,
+        world: World,
+        pools: dict[tuple[int, str], Pool],
+        requests: Requests,
+        gpus: Gpus,
+        factory: InstanceFactory,
+        cache: HostCache,
+        start_load: Callable[[Pool, list[Instance]], None],
+        start_groups: Callable[[Pool, int], int],
+        ready: Callable[[Pool, Instance, float], None],
+    ) -> None:
+        self.world = world
+        self.pools = pools
+        self.requests = requests
+        self.gpus = gpus
+        self.factory = factory
+        self.cache = cache
+        self.start_load = start_load
+        """Load new instances' weights (local or multicast)."""
+        self.start_groups = start_groups
+        """Start ParaServe-style groups (`registry-parallel`); how many started."""
+        self.ready = ready
+        """Bring an instance up after a delay (warm or `ideal` starts)."""
+        self.check_pending: set[int] = set()
+
+    # --- when to decide -------------------------------------------------------------
+    def _at(self, pool: Pool, time_s: float) -> None:
+        self.world.loop.schedule(
+            time_s, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, lambda: self.autoscale(pool)
+        )
+
+    def check_soon(self, pool: Pool) -> None:
+        """Decide at the next decision tick (arrivals of one tick batch into one check)."""
+        if pool.index in self.check_pending:
+            return
+        self.check_pending.add(pool.index)
+        tick = self.world.system.decision_interval_s
+        at = (math.floor(self.world.loop.now_s / tick) + 1) * tick
+
+        def check() -> None:
+            self.check_pending.discard(pool.index)
+            self.autoscale(pool)
+
+        self.world.loop.schedule(at, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, check)
+
+    def check_after_idle(self, pool: Pool) -> None:
+        """An endpoint emptied: decide once the downscale delay has passed."""
+        delay = self.world.system.autoscale.downscale_delay_s
+        self._at(pool, self.world.loop.now_s + delay + 1e-9)
+
+    # --- deciding -------------------------------------------------------------------
+    def autoscale(self, pool: Pool) -> None:
+        """One `surge.policy.autoscale.decide` call for `pool`, carried out."""
+        sys, now = self.world.system, self.world.loop.now_s
+        settings = sys.decode_autoscale if pool.role == "decode" else sys.autoscale
+        queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
+        loads = tuple(
+            InstanceLoad(
+                i.id,
+                i.outstanding + i.reserved,
+                not i.loaded or i.sending > 0,
+                i.idle_since_s if i.sending == 0 and i.reserved == 0 else None,
+            )
+            for i in pool.instances
+        )
+        decision = decide(PoolLoad(now, queued, loads), settings, pool.autoscale_state)
+        pool.autoscale_state = decision.state
+        if decision.wake_at_s is not None and decision.wake_at_s > now:
+            self._at(pool, decision.wake_at_s + 1e-9)
+        if decision.scale_out:
+            self.scale_out(pool, decision.scale_out)
+        for iid in decision.release:
+            self.release(pool, next(i for i in pool.instances if i.id == iid))
+
+    # --- carrying out ---------------------------------------------------------------
+    def place(self, pool: Pool, count: int, gpus_per_instance: int) -> tuple[tuple[int, ...], ...]:
+        """GPUs for `count` instances of `pool` (`surge.policy.placement`)."""
+        state = self.world.state
+        slot = self.world.models[pool.model]
+        views = [
+            MachineView(
+                m.index,
+                state.free_on(m),
+                self.cache.has_copy(m.index, pool.model),
+                state.nic_load(m.index),
+            )
+            for m in state.machines
+            if m.group is slot.group
+        ]
+        prefer_host = self.world.system.load in ("local", "multicast")
+        return place(views, PlacementRequest(gpus_per_instance, count, prefer_host))
+
+    def scale_out(self, pool: Pool, count: int, warm: bool = False) -> None:
+        """Add `count` instances to `pool` (fewer when GPUs run out)."""
+        sys, world = self.world.system, self.world
+        if pool.role == "decode" and sys.mutation and not warm:
+            count -= self._mutate(pool, count)
+            if count <= 0:
+                return
+        if sys.load == "registry-parallel" and not warm:
+            started = self.start_groups(pool, count)
+            if started:
+                world.event(pool.model, pool.role, "scale-out", started)
+            return
+        slot = world.models[pool.model]
+        instances = []
+        for gpus in self.place(pool, count, slot.tp):
+            self.gpus.take(gpus)
+            placement = Placement((gpus,), world.state.machine_of_gpu[gpus[0]].index)
+            instances.append(self.factory.make(pool, placement))
+        if not instances:
+            return
+        pool.instances.extend(instances)
+        world.event(pool.model, pool.role, "scale-out", len(instances))
+        if warm or sys.load == "ideal":
+            for inst in instances:
+                self.ready(pool, inst, 0.0 if warm else sys.init_s)
+            return
+        self.start_load(pool, instances)
+
+    def release(self, pool: Pool, inst: Instance) -> None:
+        """Give `inst` back; other pools waiting for GPUs get a chance at once."""
+        inst.released = True
+        pool.instances.remove(inst)
+        self.gpus.give_back(inst.all_gpus)
+        self.world.event(pool.model, pool.role, "release")
+        self.cache.touch(inst.machine, pool.model)
+        for other in self.pools.values():
+            if other.queue and other is not pool:
+                self.autoscale(other)
+
+    def _mutate(self, decode: Pool, count: int) -> int:
+        """Turn idle prefill instances into decode ones (BlitzScale §5.2); how many."""
+        prefill = self.pools[(decode.model, "prefill")]
+        idle = [
+            i
+            for i in prefill.instances
+            if i.serving and i.outstanding == 0 and not i.sending and i.reserved == 0
+        ][:count]
+        for inst in idle:
+            prefill.instances.remove(inst)
+            inst.role = "decode"
+            inst.pool_key = decode.key
+            decode.instances.append(inst)
+        if idle:
+            self.world.event(decode.model, decode.role, "mutate", len(idle))
+            self.requests.drain(decode)
+        return len(idle)
+
+
+def tp_for(group: NodeGroup, nbytes: int, kv_memory_fraction: float) -> int | None:
+    """Fewest GPUs (a power of two, on one machine of `group`) whose memory holds
+    `nbytes` of weights with headroom and still leaves `MIN_KV_FRACTION` for KV cache;
+    None if a whole machine cannot."""
+    usable = group.gpu.memory_bytes * kv_memory_fraction
+    tp = 1
+    while tp <= group.gpus_per_node:
+        if nbytes * WEIGHT_HEADROOM / tp <= usable * (1 - MIN_KV_FRACTION):
+            return tp
+        tp *= 2
+    return None

@@ -1,0 +1,57 @@
+"""What every part of one simulation run shares: clock, links, cluster, system, models.
+
+In: built once by `simulator.Simulation`. Out: a `World` that pools, scaling, loading,
+host caches and groups read (none of them owns it, none of them holds another's state).
+"""
+
+from dataclasses import dataclass
+
+from surge.policy.systems import SystemConfig
+from surge.sim.cluster_state import ClusterState
+from surge.sim.events import EventLoop
+from surge.sim.flows import FlowNetwork
+from surge.sim.hardware import NodeGroup
+from surge.sim.models import ModelProfile
+from surge.sim.result import SimResult
+from surge.sim.settings import SimSettings
+
+KEY_STRIDE = 1_000_000
+"""Event keys: requests use their id, instances KEY_STRIDE + id, pools 2*KEY_STRIDE + i."""
+HOST_NODE = 3 * KEY_STRIDE
+"""Start-up node ids: instances use their id, a host copy on machine m HOST_NODE + m."""
+
+
+@dataclass(frozen=True)
+class ModelSlot:
+    """One model of the run and where it runs."""
+
+    name: str
+    """Distinct name (`NAME#i` for copies of one profile)."""
+    profile: ModelProfile
+    """Its size, layers and costs."""
+    group: NodeGroup
+    """The node group its instances run on."""
+    tp: int
+    """GPUs of one worker (tensor parallelism) there."""
+
+
+@dataclass(frozen=True)
+class World:
+    """Shared references of one run (the objects inside change; the references don't)."""
+
+    loop: EventLoop
+    net: FlowNetwork
+    state: ClusterState
+    system: SystemConfig
+    settings: SimSettings
+    models: tuple[ModelSlot, ...]
+    result: SimResult
+
+    def pool_name(self, model: int, role: str) -> str:
+        """How scale events name a pool."""
+        name = self.models[model].name
+        return name if role == "both" else f"{name}/{role}"
+
+    def event(self, model: int, role: str, kind: str, count: int = 1) -> None:
+        """Record a scale event (scale-out, release, mutate, pipeline, consolidate)."""
+        self.result.scale_events.append((self.loop.now_s, self.pool_name(model, role), kind, count))
