@@ -18,13 +18,20 @@ Controller side; KV bytes travel stage -> controller -> target (one extra hop, s
 import asyncio
 import logging
 import secrets
-from typing import Any
 
 import torch
 
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
+from surge.runtime.protocol import (
+    InstanceAdoptOp,
+    KvExportOp,
+    KvPart,
+    StageCloseOp,
+    StageOpenOp,
+    StageStepOp,
+)
 from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server, ServeRequest
 
 log = logging.getLogger(__name__)
@@ -34,38 +41,30 @@ async def _adopt(
     server: Server,
     target: LocalEndpoint,
     req: ServeRequest,
-    parts: list[dict[str, Any]],
+    parts: list[KvPart],
     payload: bytes,
     num_cached: int,
 ) -> None:
     target.requests[req.req_id] = req  # before the call: tokens may stream at once
     req.endpoint = target.name
     req.hops.append(target.name)
-    await server.client.exchange(
-        target.node,
-        {
-            "op": "instance_adopt",
-            "instance": target.name,
-            "req_id": req.req_id,
-            "prompt_token_ids": req.prompt_token_ids,
-            "output_token_ids": req.output_token_ids,
-            "params": req.params_json,
-            "num_cached": num_cached,
-            "parts": parts,
-        },
-        payload,
+    adopt = InstanceAdoptOp(
+        instance=target.name,
+        req_id=req.req_id,
+        prompt_token_ids=tuple(req.prompt_token_ids),
+        output_token_ids=tuple(req.output_token_ids),
+        num_cached=num_cached,
+        parts=tuple(parts),
+        params=req.params,
     )
+    await server.client.call_bytes(target.node, adopt, payload)
 
 
-async def _export(server: Server, node: int, pipeline: str, seq_id: int, num_tokens: int):
-    reply, body = await server.client.exchange(
-        node, {"op": "kv_export", "pipeline": pipeline, "seq_id": seq_id, "num_tokens": num_tokens}
-    )
-    part = {
-        "first_layer": reply["first_layer"],
-        "end_layer": reply["end_layer"],
-        "shape": reply["shape"],
-    }
+async def _export(
+    server: Server, node: int, pipeline: str, seq_id: int, num_tokens: int
+) -> tuple[KvPart, bytes]:
+    op = KvExportOp(pipeline=pipeline, seq_id=seq_id, num_tokens=num_tokens)
+    part, body = await server.client.call_bytes(node, op)
     return part, bytes(body)
 
 
@@ -129,27 +128,14 @@ async def live_prefill(
         raise ValueError(f"the new instance must run 1..{L - 1} layers (got {T})")
     client = server.client
     name = f"live-{secrets.token_hex(3)}"
-    await client.request(
+    await client.call(
         new_node,
-        {
-            "op": "stage_open",
-            "pipeline": name,
-            "model": server.model,
-            "first_layer": 0,
-            "end_layer": T,
-            "next_node": old.node,
-        },
+        StageOpenOp(
+            pipeline=name, model=server.model, first_layer=0, end_layer=T, next_node=old.node
+        ),
     )
-    await client.request(
-        old.node,
-        {
-            "op": "stage_open",
-            "pipeline": name,
-            "model": server.model,
-            "first_layer": T,
-            "end_layer": L,
-            "next_node": None,
-        },
+    await client.call(
+        old.node, StageOpenOp(pipeline=name, model=server.model, first_layer=T, end_layer=L)
     )
     try:
         seq_ids = tuple(range(len(reqs)))
@@ -158,18 +144,9 @@ async def live_prefill(
         for b, r in enumerate(reqs):
             tokens[b, : len(r.prompt_token_ids)] = torch.tensor(r.prompt_token_ids)
         batch = BatchMeta(seq_ids, (0,) * len(reqs), tuple(len(r.prompt_token_ids) for r in reqs))
-        reply, body = await client.exchange(
-            new_node,
-            {
-                "op": "stage_step",
-                "pipeline": name,
-                "kind": "tokens",
-                "shape": list(tokens.shape),
-                "batch": batch.to_json(),
-            },
-            tokens.numpy(),
-        )
-        logits = torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply["shape"])
+        step = StageStepOp(pipeline=name, kind="tokens", shape=tuple(tokens.shape), batch=batch)
+        reply, body = await client.call_bytes(new_node, step, tokens.numpy())
+        logits = torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
         gens = [None if r.params.greedy else make_generator(r.params.seed) for r in reqs]
         first = Sampler()(logits, [r.params for r in reqs], gens)
         for b, (r, tok) in enumerate(zip(reqs, first, strict=True)):
@@ -185,4 +162,4 @@ async def live_prefill(
             await _adopt(server, old, r, [p for p, _ in parts], b"".join(x for _, x in parts), n)
     finally:
         for node in (new_node, old.node):
-            await client.request(node, {"op": "stage_close", "pipeline": name})
+            await client.call(node, StageCloseOp(pipeline=name))

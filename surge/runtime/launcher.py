@@ -22,6 +22,7 @@ from pathlib import Path
 
 from surge.errors import SurgeError
 from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import SetPeersOp
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,7 @@ class LocalCluster:
 
     async def wire_peers(self, client: ClusterClient) -> None:
         """Tell every agent where its peers listen, and pre-open the connection pool."""
-        peers = {str(n): list(a) for n, a in self.addresses.items()}
-        await client.broadcast({"op": "set_peers", "peers": peers})
+        await client.broadcast(SetPeersOp(peers=dict(self.addresses)))
 
     def kill(self, node: int) -> None:
         """Kill one agent abruptly (failure tests)."""

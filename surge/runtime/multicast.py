@@ -7,7 +7,7 @@ completion time, the measured first-serving-capacity time for the plan's pipelin
 re-plans made.
 
 Each agent gets only its own receive list and runs it without a global barrier (see
-`runtime/agent.py`). This module watches the merged event stream; when a pull fails —
+`runtime/agent_transfer.py`). This module subscribes to the plan's events; when a pull fails —
 the source died or kept sending corrupt bytes — it names another live holder of that block
 (sources first, then the earliest receiver), waiting for one to exist if none does yet.
 Nodes that were downstream of a dead node recover the same way, transitively.
@@ -25,6 +25,16 @@ from surge.policy.pipelines import Pipeline
 from surge.policy.plan import Plan
 from surge.policy.timing import first_capacity_s
 from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import (
+    AgentDown,
+    BlockArrived,
+    BlockCorrupt,
+    Event,
+    LandingTier,
+    MulticastOp,
+    PullFailed,
+    PullFromOp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +56,8 @@ class MulticastResult:
     dead_nodes: list[int] = field(default_factory=list)
     replans: list[dict[str, Any]] = field(default_factory=list)
     corrupt_refetches: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    """This multicast's events (arrivals, failed pulls, corrupt blocks, agents down)."""
 
 
 class MulticastExecutor:
@@ -58,7 +69,7 @@ class MulticastExecutor:
         model: str,
         plan: Plan,
         agents: Sequence[int] | None = None,
-        tier: str = "host",
+        tier: LandingTier = "host",
         pipelines: Sequence[Pipeline] = (),
         timeout_s: float = 300.0,
     ) -> None:
@@ -81,20 +92,19 @@ class MulticastExecutor:
         self.pending: list[tuple[int, int, int]] = []
         """(node, block, failed_src) deliveries waiting for another holder."""
 
-    def _orders(self) -> dict[int, dict[str, Any]]:
-        recv: dict[int, list[list[int]]] = {v: [] for v in range(self.plan.num_nodes)}
+    def _orders(self) -> dict[int, MulticastOp]:
+        recv: dict[int, list[tuple[int, int, int]]] = {v: [] for v in range(self.plan.num_nodes)}
         for step, transfers in enumerate(self.plan.steps, start=1):
             for tr in transfers:
-                recv[tr.dst].append([step, tr.block, self.agents[tr.src]])
+                recv[tr.dst].append((step, tr.block, self.agents[tr.src]))
         return {
-            self.agents[v]: {
-                "op": "multicast",
-                "mc_id": self.mc_id,
-                "model": self.model,
-                "tier": self.tier,
-                "recv": recv[v],
-                "wait_s": self.timeout_s,
-            }
+            self.agents[v]: MulticastOp(
+                mc_id=self.mc_id,
+                model=self.model,
+                recv=tuple(recv[v]),
+                tier=self.tier,
+                wait_s=self.timeout_s,
+            )
             for v in range(self.plan.num_nodes)
         }
 
@@ -123,17 +133,16 @@ class MulticastExecutor:
             self.replans.append({"node": node, "block": block, "from": src, "instead_of": bad_src})
             log.info("re-plan: node %d pulls block %d from %d (not %d)", node, block, src, bad_src)
             try:
-                await self.client.request(
+                await self.client.call(
                     self.agents[node],
-                    {
-                        "op": "pull_from",
-                        "mc_id": self.mc_id,
-                        "model": self.model,
-                        "tier": self.tier,
-                        "block": block,
-                        "src": self.agents[src],
-                        "wait_s": self.timeout_s,
-                    },
+                    PullFromOp(
+                        mc_id=self.mc_id,
+                        model=self.model,
+                        block=block,
+                        src=self.agents[src],
+                        tier=self.tier,
+                        wait_s=self.timeout_s,
+                    ),
                 )
             except Exception as e:  # the receiver died meanwhile: its events will say so
                 log.info("re-plan to node %d failed: %s", node, e)
@@ -146,14 +155,16 @@ class MulticastExecutor:
             [0.0 if v < self.plan.num_sources else None for _ in range(b)] for v in range(n)
         ]
         order: list[list[int]] = [[] for _ in range(n)]
-        events: list[dict[str, Any]] = []
+        events: list[Event] = []
         corrupt = 0
-        events_q = self.client.listen()
+        events_q = self.client.subscribe(
+            (BlockArrived, PullFailed, BlockCorrupt, AgentDown), model=self.model
+        )
         start = time.time()
         await asyncio.gather(
             *(
-                self.client.request(a, h)
-                for a, h in self._orders().items()
+                self.client.call(a, op)
+                for a, op in self._orders().items()
                 if a not in self.client.down
             )
         )
@@ -167,32 +178,30 @@ class MulticastExecutor:
                 ev = await asyncio.wait_for(events_q.get(), remaining)
             except TimeoutError:
                 break
-            kind = ev.get("type")
-            if kind == "agent_down":
-                v = self.node_of.get(ev["node"])
-                if v is not None:
-                    events.append(ev)
-                    log.warning("node %d (agent %d) went down during the multicast", v, ev["node"])
-                    await self._assign_pending()
+            v = self.node_of.get(ev.node)
+            if v is None:
                 continue
-            if ev.get("mc_id") != self.mc_id or ev.get("node") not in self.node_of:
+            if isinstance(ev, AgentDown):
+                events.append(ev)
+                log.warning("node %d (agent %d) went down during the multicast", v, ev.node)
+                await self._assign_pending()
+                continue
+            if getattr(ev, "mc_id", None) != self.mc_id:
                 continue
             events.append(ev)
-            v = self.node_of[ev["node"]]
-            if kind == "arrival":
-                blk = ev["block"]
-                if blk not in self.holds[v]:
-                    self.holds[v].add(blk)
-                    arrival[v][blk] = max(0.0, ev["t"] - start)
-                    order[v].append(blk)
+            if isinstance(ev, BlockArrived):
+                if ev.block not in self.holds[v]:
+                    self.holds[v].add(ev.block)
+                    arrival[v][ev.block] = max(0.0, ev.t - start)
+                    order[v].append(ev.block)
                 await self._assign_pending()
-            elif kind == "pull_failed":
-                src = self.node_of.get(ev["src"], -1)
-                self.pending.append((v, ev["block"], src))
+            elif isinstance(ev, PullFailed):
+                src = self.node_of.get(ev.src, -1)
+                self.pending.append((v, ev.block, src))
                 await self._assign_pending()
-            elif kind == "corrupt":
+            elif isinstance(ev, BlockCorrupt):
                 corrupt += 1
-        self.client.unlisten(events_q)
+        self.client.unsubscribe(events_q)
         if self._done():
             complete = max((t for row in arrival for t in row if t is not None), default=0.0)
         dead = sorted(v for v in range(n) if not self._alive(v))

@@ -83,8 +83,8 @@ class LoadReply(Reply):
 
 @dataclass(frozen=True)
 class ChecksumsReply(Reply):
-    checksums: dict[int, int]
-    """crc32 of each block held in host or gpu memory."""
+    checksums: dict[int, str]
+    """Checksum ("crc32:<hex>", as in the manifest) of each block held in host or gpu memory."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.runtime.client import ClusterClient
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.protocol import LoadOp, RegisterOp, Tier
 
 MODEL = "tiny"
 
@@ -58,22 +59,19 @@ async def connected(
     cluster: LocalCluster,
     manifest: Manifest,
     loads: dict[int, list[int]] | None = None,
-    tier: str = "host",
+    tier: Tier = "host",
 ) -> ClusterClient:
     """A client with peers wired and the model registered everywhere; `loads` says which
     blocks each node reads from the registry into `tier` (default: all blocks on node 0)."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
-    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    await client.broadcast(RegisterOp(model=MODEL, manifest=manifest))
     if loads is None:
         loads = {0: list(range(manifest.num_blocks))}
     await asyncio.gather(
         *(
-            client.request(
-                node,
-                {"op": "load", "model": MODEL, "blocks": blocks, "source": "remote", "tier": tier},
-            )
+            client.call(node, LoadOp(model=MODEL, blocks=tuple(blocks), source="remote", tier=tier))
             for node, blocks in loads.items()
         )
     )

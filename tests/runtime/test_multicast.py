@@ -9,10 +9,11 @@ from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
 from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.protocol import ChecksumsOp, GenerateOp, StatusOp
 from tests.runtime.conftest import MODEL, connected
 
 PROMPT = [0, 5, 9, 200, 31]
-PARAMS = {"max_tokens": 8, "ignore_eos": True}
+PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
 
 
 def expected_order(plan, node: int) -> list[int]:
@@ -25,7 +26,7 @@ def test_every_strategy_delivers_identical_blocks_in_plan_order(
 ) -> None:
     num_nodes = 5
     cluster = make_cluster(num_nodes, link_gbps=0.4, preload_engine=True)
-    reference = LLMEngine(manifest).generate([PROMPT], SamplingParams(**PARAMS))[0].token_ids
+    reference = LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
 
     async def run():
         client = await connected(cluster, manifest)
@@ -38,30 +39,18 @@ def test_every_strategy_delivers_identical_blocks_in_plan_order(
             result = await MulticastExecutor(
                 client, MODEL, out.plan, tier="gpu", pipelines=out.pipelines, timeout_s=60
             ).run()
-            sums = await client.broadcast({"op": "checksums", "model": MODEL})
-            tokens = await asyncio.gather(
-                *(
-                    client.request(
-                        n,
-                        {
-                            "op": "generate",
-                            "model": MODEL,
-                            "prompt_token_ids": PROMPT,
-                            "params": PARAMS,
-                        },
-                    )
-                    for n in range(1, num_nodes)
-                )
-            )
+            sums = await client.broadcast(ChecksumsOp(model=MODEL))
+            ask = GenerateOp(model=MODEL, prompt_token_ids=tuple(PROMPT), params=PARAMS)
+            tokens = await asyncio.gather(*(client.call(n, ask) for n in range(1, num_nodes)))
             return out, result, sums, tokens
         finally:
             await client.close()
 
     out, result, sums, tokens = asyncio.run(run())
     assert result.complete_s is not None and not result.dead_nodes and not result.replans
-    want = {str(b.index): b.checksum for b in manifest.blocks}
+    want = {b.index: b.checksum for b in manifest.blocks}
     for node in range(num_nodes):
-        assert sums[node]["checksums"] == want, f"node {node} holds different bytes"
+        assert sums[node].checksums == want, f"node {node} holds different bytes"
     for node in range(1, num_nodes):
         # Each receiver pulls in its plan order, one block at a time...
         assert result.arrival_order[node] == expected_order(out.plan, node)
@@ -70,7 +59,7 @@ def test_every_strategy_delivers_identical_blocks_in_plan_order(
             # ...and nobody forwards a block before it has arrived there.
             assert result.arrival_s[tr.dst][tr.block] >= result.arrival_s[tr.src][tr.block]
     assert result.first_pipeline_s is not None and result.first_pipeline_s <= result.complete_s
-    assert [t["token_ids"] for t in tokens] == [reference] * (num_nodes - 1)
+    assert [list(t.token_ids) for t in tokens] == [reference] * (num_nodes - 1)
 
 
 def test_blocks_land_in_the_host_tier_and_status_reports_them(make_cluster, manifest) -> None:
@@ -81,14 +70,14 @@ def test_blocks_land_in_the_host_tier_and_status_reports_them(make_cluster, mani
         try:
             out = plan_scale_out(MulticastRequest(num_nodes=3, num_blocks=manifest.num_blocks))
             result = await MulticastExecutor(client, MODEL, out.plan, tier="host").run()
-            return result, await client.broadcast({"op": "status"})
+            return result, await client.broadcast(StatusOp())
         finally:
             await client.close()
 
     result, status = asyncio.run(run())
     assert result.complete_s is not None
     for node in range(3):
-        held = status[node]["models"][MODEL]
-        assert held["host"] == list(range(manifest.num_blocks)) and held["gpu"] == []
-    assert sum(s["bytes_in"] for s in status.values()) == 2 * manifest.total_bytes
+        held = status[node].models[MODEL]
+        assert held.host == tuple(range(manifest.num_blocks)) and held.gpu == ()
+    assert sum(s.bytes_in for s in status.values()) == 2 * manifest.total_bytes
     assert list(itertools.chain(*result.arrival_order)) != []

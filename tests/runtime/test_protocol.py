@@ -62,7 +62,7 @@ REPLIES = [
     p.RegisterReply(model="m", num_blocks=4),
     p.SetPeersReply(peers=(0, 1)),
     p.LoadReply(seconds=1.0, fetch_seconds=0.5),
-    p.ChecksumsReply(checksums={0: 123, 3: 456}),
+    p.ChecksumsReply(checksums={0: "crc32:0000007b", 3: "crc32:000001c8"}),
     p.GenerateReply(token_ids=(1, 2)),
     p.BlockReply(model="m", block=1),
     p.MulticastReply(mc_id="x", num_recv=3),

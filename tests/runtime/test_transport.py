@@ -13,6 +13,7 @@ from surge.model.manifest import read_manifest
 from surge.model.tiny import TinyModelConfig, create_tiny_model
 from surge.policy.multicast import MulticastRequest, plan_scale_out
 from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.protocol import ChecksumsOp, StatusOp
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import AuthError, connect
 from tests.runtime.conftest import MODEL, connected
@@ -56,12 +57,12 @@ def test_wrong_token_is_refused_and_bad_peers_do_not_crash_the_agent(make_cluste
         client = cluster.client()
         await client.connect()
         try:
-            return await client.request(0, {"op": "status"})
+            return await client.call(0, StatusOp())
         finally:
             await client.close()
 
     status = asyncio.run(run())
-    assert status["ok"] and status["node"] == 0
+    assert status.node == 0
     assert cluster.alive() == [0]
 
 
@@ -74,14 +75,14 @@ def test_corrupted_block_on_the_wire_is_detected_and_fetched_again(make_cluster,
         try:
             out = plan_scale_out(MulticastRequest(num_nodes=3, num_blocks=manifest.num_blocks))
             result = await MulticastExecutor(client, MODEL, out.plan, timeout_s=60).run()
-            return result, await client.broadcast({"op": "checksums", "model": MODEL})
+            return result, await client.broadcast(ChecksumsOp(model=MODEL))
         finally:
             await client.close()
 
     result, sums = asyncio.run(run())
     assert result.corrupt_refetches == 1 and result.complete_s is not None
-    want = {str(b.index): b.checksum for b in manifest.blocks}
-    assert all(s["checksums"] == want for s in sums.values())
+    want = {b.index: b.checksum for b in manifest.blocks}
+    assert all(s.checksums == want for s in sums.values())
 
 
 def test_a_dead_agent_does_not_stop_the_others(make_cluster, manifest) -> None:
@@ -101,7 +102,7 @@ def test_a_dead_agent_does_not_stop_the_others(make_cluster, manifest) -> None:
             await asyncio.to_thread(cluster.kill, victim)
             result = await task
             alive = [n for n in range(num_nodes) if n != victim]
-            return result, await client.broadcast({"op": "checksums", "model": MODEL}, alive)
+            return result, await client.broadcast(ChecksumsOp(model=MODEL), alive)
         finally:
             await client.close()
 
@@ -109,8 +110,8 @@ def test_a_dead_agent_does_not_stop_the_others(make_cluster, manifest) -> None:
     assert result.dead_nodes == [victim]
     assert result.complete_s is not None, "the surviving nodes did not finish"
     assert result.replans, "deliveries from the dead node were not re-planned"
-    want = {str(b.index): b.checksum for b in manifest.blocks}
-    assert all(s["checksums"] == want for s in sums.values())
+    want = {b.index: b.checksum for b in manifest.blocks}
+    assert all(s.checksums == want for s in sums.values())
 
 
 @pytest.fixture(scope="module")
