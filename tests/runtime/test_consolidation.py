@@ -105,3 +105,74 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
     reqs = asyncio.run(run())
     assert all(r.hops[0].startswith("live-") and r.hops[-1] == "old" for r in reqs)
     check_against_reference(tiny_hf, reqs, 20)
+
+
+@pytest.mark.parametrize("num_requests", [1, 6], ids=["quiet-scale-down", "busy-scale-up"])
+def test_paraserve_single_cold_start_fetches_in_parallel(
+    num_requests, make_cluster, manifest, tiny_hf
+) -> None:
+    """One instance wanted on node 0, nodes 1-2 spare, a 0.02 Gbit/s registry: one worker
+    would take ~1.6 s to fetch the model, over the 1.5 s TTFT SLO, so Alg. 1 picks a group of
+    two that fetch disjoint halves. The §6.1 predictor then keeps one member (one arrival in
+    the window) or both (a busy window), and the requests move with their KV caches."""
+    from surge.policy.startup import Destination
+    from surge.policy.systems import system_config
+    from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+
+    cluster = make_cluster(3, remote_gbps=0.02, preload_engine=True)
+    # Long enough to be running when the kept members have fetched the rest (~0.8 s).
+    params = SamplingParams(max_tokens=240, ignore_eos=True)
+    booked: list[int] = []
+    released: list[int] = []
+    serving: list[int] = []
+
+    async def on_local(node: int, ep) -> None:
+        serving.append(node)
+
+    async def release(node: int) -> None:
+        released.append(node)
+
+    def book(node: int) -> bool:
+        booked.append(node)
+        return True
+
+    async def run():
+        client, server = await _setup(cluster, manifest, {})
+        try:
+            reqs = [server.new_request(p, params) for p in (PROMPTS * 2)[:num_requests]]
+            for r in reqs:
+                await server.submit(r)
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                system_config("paraserve"),
+                (Destination(0),),
+                ControllerHooks(on_local=on_local, book=book, release=release),
+                spares=(Destination(1), Destination(2)),
+                ttft_slo_s=1.5,
+                fetch_gbps=0.02,
+            )
+            await run_scale_out(ctx)
+            await server.wait_all(60)
+            return reqs, ctx
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, ctx = asyncio.run(run())
+    (group,) = ctx.groups
+    assert len(group.members) == 2 and group.sizing.pipeline_size == 2, group
+    (first, second) = group.parts
+    assert set(first).isdisjoint(second) and sorted(first + second) == list(range(4))
+    assert all(r.hops[0].startswith(f"{MODEL}-pgroup-") for r in reqs)
+    (decision,) = ctx.consolidations
+    if num_requests == 1:
+        assert decision.mode == "scale_down" and len(serving) == 1
+        assert released == [n for n in group.members if n not in serving]
+    else:
+        assert decision.mode == "scale_up" and sorted(serving) == sorted(group.members)
+        assert not released
+    assert sorted(booked) == sorted(n for n in group.members if n != 0)
+    assert ctx.kv_migrated >= 1 and all(r.hops[-1].startswith(f"{MODEL}-node") for r in reqs)
+    check_against_reference(tiny_hf, reqs, 240)
