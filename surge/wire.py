@@ -17,6 +17,25 @@ class FrameError(ValueError):
     """A frame that does not parse: wrong lengths or a bad header."""
 
 
+def check_header_len(n: int) -> None:
+    """A frame's header length prefix must be within bounds."""
+    if not 0 < n <= MAX_HEADER_BYTES:
+        raise FrameError(f"frame header length {n} is invalid")
+
+
+def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A frame header: a JSON object with a non-negative integer `length` (the only parser
+    of headers; every reader of frames uses it)."""
+    try:
+        header = json.loads(bytes(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FrameError(f"frame header is not JSON: {e}") from None
+    length = header.get("length") if isinstance(header, dict) else None
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        raise FrameError("frame header must be an object with a non-negative integer length")
+    return header
+
+
 def encode_frame(header: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> bytes:
     """One frame as bytes (header gets `length` = payload size)."""
     payload = memoryview(payload).cast("B")
@@ -30,14 +49,10 @@ def decode_frame(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], m
     if len(view) < HEADER_LEN.size:
         raise FrameError("frame shorter than its length prefix")
     (n,) = HEADER_LEN.unpack_from(view)
-    if n > MAX_HEADER_BYTES or HEADER_LEN.size + n > len(view):
-        raise FrameError(f"frame header length {n} is invalid")
-    try:
-        header = json.loads(bytes(view[HEADER_LEN.size : HEADER_LEN.size + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FrameError(f"frame header is not JSON: {e}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("length"), int):
-        raise FrameError("frame header must be an object with an integer length")
+    check_header_len(n)
+    if HEADER_LEN.size + n > len(view):
+        raise FrameError(f"frame header length {n} is longer than the frame")
+    header = parse_header(view[HEADER_LEN.size : HEADER_LEN.size + n])
     start = HEADER_LEN.size + n
     payload = view[start : start + header["length"]]
     if len(payload) != header["length"]:
@@ -53,9 +68,11 @@ def read_frame(stream) -> tuple[dict[str, Any], bytearray] | None:
     if len(prefix) != HEADER_LEN.size:
         raise FrameError("stream ended inside a frame prefix")
     (n,) = HEADER_LEN.unpack(prefix)
-    if n > MAX_HEADER_BYTES:
-        raise FrameError(f"frame header length {n} is invalid")
-    header = json.loads(stream.read(n))
+    check_header_len(n)
+    raw = stream.read(n)
+    if len(raw) != n:
+        raise FrameError("stream ended inside a frame header")
+    header = parse_header(raw)
     payload = bytearray(header["length"])
     view = memoryview(payload)
     got = 0

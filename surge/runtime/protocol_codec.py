@@ -153,6 +153,22 @@ class Message:
         return cls(**kwargs)
 
 
+def register(registry: dict[str, type], name: str, cls: type, what: str) -> None:
+    """Add a message class to its registry (op or event names), once."""
+    if name in registry:
+        raise TypeError(f"{what} {name!r} is defined twice")
+    registry[name] = cls
+
+
+def decode_named(registry: dict[str, type[Message]], key: str, d: Any, what: str) -> Any:
+    """The message of the class `d[key]` names; a SurgeError names an unknown name."""
+    name = d.get(key) if isinstance(d, Mapping) else None
+    cls = registry.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise SurgeError(f"unknown {what} {name!r}; known: {sorted(registry)}")
+    return cls.from_json(d)
+
+
 def require(ok: bool, where: str, message: str) -> None:
     """A range check of `__post_init__`: raise a SurgeError naming the message."""
     if not ok:

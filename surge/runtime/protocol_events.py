@@ -9,8 +9,7 @@ dicts before. Owned by the runtime (see docs/runtime.md, Protocol).
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from surge.errors import SurgeError
-from surge.runtime.protocol_codec import Message
+from surge.runtime.protocol_codec import Message, decode_named, register
 
 EVENTS: dict[str, type["Event"]] = {}
 """Event type name -> its class. Filled by each class definition."""
@@ -30,10 +29,8 @@ class Event(Message):
     def __init_subclass__(cls, name: str = "", **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if name:
-            if name in EVENTS:
-                raise TypeError(f"event {name!r} is defined twice")
             cls.NAME = name
-            EVENTS[name] = cls
+            register(EVENTS, name, cls, "event")
 
     @classmethod
     def _where(cls) -> str:
@@ -50,11 +47,7 @@ class Event(Message):
 
 def decode_event(d: dict[str, Any]) -> Event:
     """The typed event of an event frame; a SurgeError names an unknown type or bad field."""
-    name = d.get("type")
-    cls = EVENTS.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise SurgeError(f"unknown event type {name!r}; known: {sorted(EVENTS)}")
-    return cls.from_json(d)
+    return decode_named(EVENTS, "type", d, "event type")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,9 +12,8 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import SamplingParams
-from surge.errors import SurgeError
 from surge.model.manifest import Manifest
-from surge.runtime.protocol_codec import Message, require
+from surge.runtime.protocol_codec import Message, decode_named, register, require
 
 Tier = Literal["host", "gpu", "disk"]
 """Where blocks are held: shared host memory, the engine's (gpu) buffers, local disk."""
@@ -172,10 +171,8 @@ class Op(Message, Generic[R]):
     def __init_subclass__(cls, name: str = "", reply: type[Reply] = Ack, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if name:
-            if name in OPS:
-                raise TypeError(f"op {name!r} is defined twice")
             cls.NAME, cls.REPLY = name, reply
-            OPS[name] = cls
+            register(OPS, name, cls, "op")
 
     @classmethod
     def _where(cls) -> str:
@@ -187,11 +184,7 @@ class Op(Message, Generic[R]):
 
 def decode_op(header: dict[str, Any]) -> Op:
     """The typed op of a request header; a SurgeError names an unknown op or a bad field."""
-    name = header.get("op")
-    cls = OPS.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise SurgeError(f"unknown op {name!r}; this agent knows {sorted(OPS)}")
-    return cls.from_json(header)
+    return decode_named(OPS, "op", header, "op")
 
 
 def _blocks_ok(where: str, blocks: tuple[int, ...]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from surge.runtime.token_bucket import TokenBucket
-from surge.wire import HEADER_LEN, MAX_HEADER_BYTES, FrameError
+from surge.wire import HEADER_LEN, FrameError, check_header_len, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -111,16 +111,10 @@ class Connection:
             prefix = bytearray(HEADER_LEN.size)
             await self._recv_exactly(memoryview(prefix), paced=False)
             (n,) = HEADER_LEN.unpack(prefix)
-            if n > MAX_HEADER_BYTES:
-                raise FrameError(f"frame header length {n} is invalid")
+            check_header_len(n)
             raw = bytearray(n)
             await self._recv_exactly(memoryview(raw), paced=False)
-            try:
-                header = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise FrameError(f"frame header is not JSON: {e}") from None
-            if not isinstance(header, dict) or not isinstance(header.get("length"), int):
-                raise FrameError("frame header must be an object with an integer length")
+            header = parse_header(raw)
             length = header["length"]
             target = sink(header) if sink is not None and length else None
             view = memoryview(target if target is not None else bytearray(length)).cast("B")

@@ -171,6 +171,13 @@ def test_sampling_params_json() -> None:
             SamplingParams.from_json(bad)
 
 
+def token_of(model: str, req_id: str) -> p.TokenGenerated:
+    return p.TokenGenerated(
+        node=0, t=1.0, instance=model, req_id=req_id, token=1, finished=False,
+        finish_reason=None, model=model,
+    )  # fmt: skip
+
+
 def test_subscriptions_are_filtered_at_publish() -> None:
     async def run() -> tuple[list, list, list, list]:
         client = ClusterClient({}, "token")
@@ -181,26 +188,8 @@ def test_subscriptions_are_filtered_at_publish() -> None:
         client.unsubscribe(gone)
         for ev in [
             p.BlockArrived(node=0, t=1.0, model="a", block=0, tier="host"),
-            p.TokenGenerated(
-                node=0,
-                t=1.0,
-                instance="i",
-                req_id="r",
-                token=1,
-                finished=False,
-                finish_reason=None,
-                model="a",
-            ),
-            p.TokenGenerated(
-                node=0,
-                t=1.0,
-                instance="j",
-                req_id="s",
-                token=1,
-                finished=False,
-                finish_reason=None,
-                model="b",
-            ),
+            token_of("a", "r"),
+            token_of("b", "s"),
             p.AgentDown(node=0, t=2.0),
         ]:
             client._publish(ev, ev.to_json())
