@@ -3,14 +3,21 @@ the next token of each sequence.
 
 Greedy (temperature 0) is one argmax over the batch. Otherwise each sequence samples with its
 own `torch.Generator`, so a seeded request gives the same tokens whatever it is batched with.
+
+torch is imported where it is used, not at the top: `SamplingParams` is part of the agent
+protocol, and processes that only move bytes (agents started without the engine, the
+controller's client) must not pay ~1.5 s to import it.
 """
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from surge.errors import SurgeError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default=())
     """Extra token ids that end generation."""
 
-    def validate(self) -> "SamplingParams":
+    def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
             raise SurgeError(f"max_tokens must be >= 1 (got {self.max_tokens})")
         if self.temperature < 0:
@@ -56,7 +63,7 @@ class SamplingParams:
         }
 
     @staticmethod
-    def from_json(d: dict[str, Any]) -> "SamplingParams":
+    def from_json(d: dict[str, Any]) -> SamplingParams:
         """Parse and validate the wire form; missing fields take the defaults above."""
         unknown = sorted(set(d) - _FIELDS)
         if unknown:
@@ -99,6 +106,8 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
 
 def make_generator(seed: int | None) -> torch.Generator:
     """A CPU generator for one request: seeded, or from fresh OS randomness."""
+    import torch
+
     g = torch.Generator()
     if seed is None:
         g.seed()
@@ -108,6 +117,8 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 
 def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    import torch
+
     logits = logits.float().cpu() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
