@@ -8,7 +8,10 @@ the BlitzScale invariant (one complete host copy per deployed model) holds.
 """
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from surge.runtime.protocol import StatusReply
 
 TIERS = ("gpu", "host", "disk")
 
@@ -29,11 +32,11 @@ class ParameterPool:
         self.num_blocks.pop(model, None)
         self.copies.pop(model, None)
 
-    def add(self, model: str, node: int, tier: str, blocks: list[int] | range) -> None:
+    def add(self, model: str, node: int, tier: str, blocks: Iterable[int]) -> None:
         for b in blocks:
             self.copies[model][b].add((node, tier))
 
-    def remove(self, model: str, node: int, tier: str, blocks: list[int] | range) -> None:
+    def remove(self, model: str, node: int, tier: str, blocks: Iterable[int]) -> None:
         for b in blocks:
             self.copies[model][b].discard((node, tier))
 
@@ -44,13 +47,13 @@ class ParameterPool:
                 for tier in TIERS:
                     holders.discard((node, tier))
 
-    def load_status(self, node: int, status: dict) -> None:
+    def load_status(self, node: int, status: StatusReply) -> None:
         """Take in one agent's `status` answer (what it holds, tier by tier)."""
-        for model, tiers in status.get("models", {}).items():
+        for model, holding in status.models.items():
             if model not in self.num_blocks:
                 continue
             for tier in TIERS:
-                self.add(model, node, tier, tiers.get(tier, []))
+                self.add(model, node, tier, getattr(holding, tier))
 
     def blocks_at(self, model: str, node: int, tier: str) -> set[int]:
         return {b for b, holders in self.copies[model].items() if (node, tier) in holders}

@@ -83,7 +83,7 @@ def test_controller_restart_brings_deployments_back(serve_factory, tiny_store_di
     a = serve_factory(cfg, sub="state")
     r = a.http.post(
         "/v1/deployments",
-        json={"name": "kept", "model": str(tiny_store_dir), "strategy": "serverlessllm"},
+        json={"name": "kept", "model": str(tiny_store_dir), "strategy": "load-then-serve"},
     )
     assert r.status_code == 201, r.text
     a.stop()
@@ -91,7 +91,7 @@ def test_controller_restart_brings_deployments_back(serve_factory, tiny_store_di
     c = openai.OpenAI(base_url=b.url + "/v1", api_key="x", max_retries=0)
     assert sorted(m.id for m in c.models.list().data) == ["kept", MODEL]
     dep = b.http.get("/v1/deployments/kept").json()
-    assert dep["strategy"] == "load-then-serve"
+    assert dep["strategy"] == "serverlessllm"  # the older name is an alias
     out = c.completions.create(model="kept", prompt="Back again", max_tokens=8, **GREEDY)
     assert out.choices[0].text == reference("Back again", 8)
     assert all(n["up"] for n in b.http.get("/v1/nodes").json()["data"])

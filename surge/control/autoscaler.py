@@ -1,0 +1,272 @@
+"""The autoscaler tick: observe each deployment, let `surge.policy` decide, carry it out.
+
+What flows, every `tick_s` (and at once when a request reaches a model at zero), per
+deployment: its instances' load (outstanding requests, loading or not, idle since when)
+-> `policy.autoscale.decide` (state kept in `Deployment.autoscale_state`) -> for a
+scale-out, destinations by `policy.placement.place` (host copies first, then the least
+busy NICs) -> `start_scale_out` (the runtime brings them up by the deployment's strategy);
+for a release, the instance is retired from the router and its slot released
+(`copies.py`). After the deployments, the pinned-copy invariant and host-copy expiry
+(`copies.py`, by `policy.host_copies`). Prometheus gauges are set from what it observed.
+Dependencies are passed in by `control/controller.py`. Owned by control/.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from surge.config import EngineConfig
+from surge.control.copies import Copies
+from surge.control.metrics import Metrics
+from surge.control.pool import ParameterPool
+from surge.control.scaleout import ScaleOutContext, run_scale_out
+from surge.control.settings import ControllerConfig
+from surge.control.state import Deployment, Instance
+from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.placement import MachineView, PlacementRequest, place
+from surge.runtime.client import ClusterClient
+from surge.runtime.serving import LocalEndpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScaleOutResult:
+    """What one scale-out reports back (the counters are filled even when it fails)."""
+
+    kind: str | None = None
+    """Start kind (hot, warm, cold); None when it failed."""
+    kv_migrated: int = 0
+    """Requests moved with their KV cache (ParaServe consolidation)."""
+    live_prefilled: int = 0
+    """Requests prefilled cooperatively (BlitzScale live scaling)."""
+
+
+# built with surge.runtime.scaleout (its owner may change this function)
+async def start_scale_out(
+    client: ClusterClient,
+    pool: ParameterPool,
+    dep: Deployment,
+    dests: list[int],
+    *,
+    engine: EngineConfig,
+    timeout_s: float,
+    serve_while_loading: bool,
+    on_local: Callable[[int, LocalEndpoint], Awaitable[None]],
+    make_host_copy: Callable[[int], Awaitable[None]],
+    result: ScaleOutResult,
+) -> None:
+    """Bring `dests` up as local instances of `dep` by its strategy; fills `result`."""
+    name = dep.name
+    hosts = pool.complete(name, "host")
+    ctx = ScaleOutContext(
+        client=client,
+        server=dep.server,
+        manifest=dep.manifest,
+        model=name,
+        strategy=dep.spec.strategy,
+        hot=[n for n in pool.complete(name, "gpu") if n not in dests],
+        warm=[n for n in hosts if n not in dests],
+        local_host={d for d in dests if d in hosts},
+        local_disk={d for d in dests if d in pool.complete(name, "disk")},
+        on_local=on_local,
+        make_host_copy=make_host_copy,
+        engine=engine,
+        timeout_s=timeout_s,
+        serve_while_loading=serve_while_loading,
+    )
+    try:
+        result.kind = await run_scale_out(ctx, dests)
+    finally:
+        result.kv_migrated, result.live_prefilled = ctx.kv_migrated, ctx.live_prefilled
+
+
+class Autoscaler:
+    """The tick loop over the controller's deployments."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        pool: ParameterPool,
+        metrics: Metrics,
+        config: ControllerConfig,
+        engine: EngineConfig,
+        deployments: dict[str, Deployment],
+        copies: Copies,
+        live_nodes: Callable[[], list[int]],
+    ) -> None:
+        self.client, self.pool, self.metrics = client, pool, metrics
+        self.config, self.engine, self.deployments = config, engine, deployments
+        self.copies, self.live_nodes = copies, live_nodes
+        self.nic_load: dict[int, int] = {}
+        """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Tick now instead of at the end of the period (a request reached a model at zero)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Tick every `tick_s` until cancelled; a failing tick is logged, not fatal."""
+        last_s = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
+            self._wake.clear()
+            now_s = time.monotonic()
+            dt_s, last_s = now_s - last_s, now_s
+            try:
+                await self.tick(now_s, dt_s)
+            except Exception:  # a bug must not stop autoscaling for every model
+                log.exception("autoscaler tick failed")
+
+    async def tick(self, now_s: float, dt_s: float) -> None:
+        self.metrics.nodes_up.set(len(self.live_nodes()))
+        for dep in list(self.deployments.values()):
+            self._observe(dep, now_s, dt_s)
+            await self._autoscale(dep, now_s)
+            if not dep.restoring and not self.copies.invariant_holds(dep):
+                await self.copies.restore_invariant(dep)
+        self.copies.expire(now_s)
+
+    def settings(self, dep: Deployment) -> AutoscaleSettings:
+        """The deployment's knobs within the cluster's instance slots."""
+        slots = len(self.live_nodes()) * self.config.slots_per_node
+        return dep.spec.autoscaling.capped(slots)
+
+    def _observe(self, dep: Deployment, now_s: float, dt_s: float) -> None:
+        m, name = self.metrics, dep.name
+        for inst in dep.instances.values():
+            ep = inst.endpoint
+            if ep is None or ep.outstanding > 0:
+                inst.idle_since_s = None
+            elif inst.idle_since_s is None:
+                inst.idle_since_s = now_s
+            if ep is not None:  # a serving instance keeps its node's host copy in use
+                dep.host_last_used_s[inst.node] = now_s
+        serving = len(dep.serving())
+        m.queue.labels(name).set(len(dep.server.queue))
+        m.ongoing.labels(name).set(len(dep.requests))
+        m.instances.labels(name).set(serving)
+        m.loading.labels(name).set(len(dep.instances) - serving)
+        m.pipelines.labels(name).set(dep.num_pipelines())
+        if dep.instances:
+            m.gpu_seconds.labels(name).inc(len(dep.instances) * dt_s)
+
+    async def _autoscale(self, dep: Deployment, now_s: float) -> None:
+        """One decision of `surge.policy.autoscale` for the deployment, carried out."""
+        loads = tuple(
+            InstanceLoad(
+                instance_id=i.node,
+                outstanding=i.endpoint.outstanding if i.endpoint else 0,
+                loading=i.endpoint is None,
+                idle_since_s=i.idle_since_s,
+            )
+            for i in dep.instances.values()
+        )
+        ongoing = sum(1 for r in dep.requests.values() if not r.done.is_set())
+        queued = max(0, ongoing - sum(x.outstanding for x in loads))
+        decision = decide(PoolLoad(now_s, queued, loads), self.settings(dep), dep.autoscale_state)
+        dep.autoscale_state = decision.state
+        if decision.scale_out > 0:
+            self._scale_out(dep, decision.scale_out)
+        for node in decision.release:
+            await self.release(dep, node)
+
+    def _free_slots(self, node: int) -> int:
+        used = sum(node in d.instances for d in self.deployments.values())
+        return self.config.slots_per_node - used
+
+    def _scale_out(self, dep: Deployment, count: int) -> None:
+        """Place `count` new instances by `policy.placement` and start their scale-out."""
+        hosts = set(self.pool.complete(dep.name, "host"))
+        slots = self.config.slots_per_node
+        machines = [
+            MachineView(
+                machine=n,
+                # Global slot ids (node * slots + i), so a placed id names its node.
+                free_gpus=tuple(n * slots + i for i in range(max(0, self._free_slots(n)))),
+                has_host_copy=n in hosts,
+                nic_load=self.nic_load.get(n, 0),
+            )
+            for n in self.live_nodes()
+            if n not in dep.instances
+        ]
+        placed = place(machines, PlacementRequest(gpus_per_instance=1, num_instances=count))
+        dests = [gpus[0] // slots for gpus in placed]
+        if not dests:
+            return
+        for d in dests:
+            dep.instances[d] = Instance(d)
+            self.nic_load[d] = self.nic_load.get(d, 0) + 1
+        # Pipelines are named by plan index in the runtime: one serve-while-loading
+        # multicast per model at a time; the others load, then serve.
+        owns_multicast = not dep.multicasting
+        dep.multicasting = True
+        dep.scale_outs += 1
+        dep.spawn(self._run_scale_out(dep, dests, owns_multicast))
+
+    async def _run_scale_out(self, dep: Deployment, dests: list[int], owns_multicast: bool) -> None:
+        """One scale-out and its bookkeeping (metrics, NIC load, slots that never came up)."""
+        name, m = dep.name, self.metrics
+        in_flight = len(dests) * dep.manifest.num_blocks
+        m.blocks_in_flight.labels(name).inc(in_flight)
+        result = ScaleOutResult()
+        t0_s = time.monotonic()
+        try:
+            await start_scale_out(
+                self.client,
+                self.pool,
+                dep,
+                dests,
+                engine=self.engine,
+                timeout_s=self.config.scale_out_timeout_s,
+                serve_while_loading=owns_multicast,
+                on_local=lambda node, ep: self._on_local(dep, node, ep),
+                make_host_copy=lambda node: self.copies.make_host_copy(dep, node, pin=True),
+                result=result,
+            )
+            kind = result.kind or "unknown"
+            dep.last_start = kind
+            m.scale_outs.labels(name, kind).inc()
+            log.info("%s: %s scale-out to %s in %.2f s", name, kind, dests, time.monotonic() - t0_s)
+        except Exception as e:
+            log.warning("%s: scale-out to %s failed: %s", name, dests, e)
+        finally:
+            if owns_multicast:
+                dep.multicasting = False
+            m.kv_migrated.labels(name).inc(result.kv_migrated)
+            m.live_prefilled.labels(name).inc(result.live_prefilled)
+            dep.kv_migrated += result.kv_migrated
+            dep.live_prefilled += result.live_prefilled
+            m.blocks_in_flight.labels(name).dec(in_flight)
+            for d in dests:
+                self.nic_load[d] = max(0, self.nic_load.get(d, 0) - 1)
+                inst = dep.instances.get(d)
+                if inst is not None and inst.endpoint is None:  # never came up
+                    dep.instances.pop(d, None)
+                    await self.copies.release_slot(name, d, dep.manifest.num_blocks)
+
+    async def _on_local(self, dep: Deployment, node: int, ep: LocalEndpoint) -> None:
+        """A destination serves as a local instance (called by the scale-out)."""
+        inst = dep.instances.get(node)
+        if inst is None or dep.name not in self.deployments:  # released or deleted meanwhile
+            await dep.server.retire(ep.name)
+            await self.copies.release_slot(dep.name, node, dep.manifest.num_blocks)
+            return
+        inst.endpoint = ep
+        inst.idle_since_s = None
+        dep.host_last_used_s[node] = time.monotonic()
+
+    async def release(self, dep: Deployment, node: int) -> None:
+        """Retire the deployment's instance on `node` and free its slot."""
+        inst = dep.instances.pop(node, None)
+        if inst is None:
+            return
+        if inst.endpoint is not None:
+            await dep.server.retire(inst.endpoint.name)
+        await self.copies.release_slot(dep.name, node, dep.manifest.num_blocks)
+        self.metrics.released.labels(dep.name).inc()

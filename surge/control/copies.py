@@ -1,0 +1,164 @@
+"""Copies of deployed models on the agents: host copies (keep-alive, LRU, the pinned copy)
+and the release of a slot's GPU copy.
+
+What flows: the controller's deployments and the parameter pool in; agent ops out (`load`
+into the host tier, `evict`, `instance_close`), with the pool updated from what the agents
+did. Every choice is `surge.policy`'s: which node keeps the pinned copy and which copies
+expire (`policy.host_copies`), which copies make room for a new one (`policy.keepalive`).
+Dependencies are passed in by `control/controller.py`. Owned by control/.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from surge.control.pool import ParameterPool
+from surge.control.scaleout import instance_name
+from surge.control.settings import ControllerConfig
+from surge.control.state import Deployment
+from surge.policy.host_copies import (
+    NodeHostCache,
+    expired_copies,
+    host_copy_source,
+    pinned_copy,
+)
+from surge.policy.keepalive import CacheEntry, CacheSettings, admit
+from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp
+
+log = logging.getLogger(__name__)
+
+
+class Copies:
+    """Host copies and GPU-slot release for every deployment."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        pool: ParameterPool,
+        deployments: dict[str, Deployment],
+        config: ControllerConfig,
+        live_nodes: Callable[[], list[int]],
+        started_s: float,
+    ) -> None:
+        self.client, self.pool, self.deployments = client, pool, deployments
+        self.live_nodes = live_nodes
+        self.settings = CacheSettings(config.host_cache_bytes, config.host_keep_alive_s)
+        self.started_s = started_s
+        """Last use assumed for copies found at start (agents that outlived a controller)."""
+
+    # ---- GPU copies --------------------------------------------------------------
+
+    async def release_slot(self, model: str, node: int, num_blocks: int) -> None:
+        """Close the model's local instance on the node and evict its GPU copy.
+
+        Takes the model's block count, not its deployment: a new controller releases the
+        copies an old one left before it registers the deployment. A failing close must not
+        skip the eviction, and the pool forgets the GPU copy only once it is evicted."""
+        if node in self.client.down:
+            return
+        try:
+            await self.client.call(node, InstanceCloseOp(instance=instance_name(model, node)))
+        except Exception as e:  # none open there (never came up, or closed already)
+            log.debug("%s: instance_close on node %d: %s", model, node, e)
+        blocks = tuple(range(num_blocks))
+        try:
+            await self.client.call(node, EvictOp(model=model, blocks=blocks, tier="gpu"))
+        except Exception as e:
+            log.warning("%s: gpu copy on node %d not evicted: %s", model, node, e)
+            return
+        self.pool.remove(model, node, "gpu", blocks)
+
+    # ---- host copies -------------------------------------------------------------
+
+    def _entries(self, node: int) -> tuple[CacheEntry, ...]:
+        out = []
+        for dep in self.deployments.values():
+            if self.pool.blocks_at(dep.name, node, "host"):
+                out.append(
+                    CacheEntry(
+                        dep.name,
+                        dep.manifest.total_bytes,
+                        dep.host_last_used_s.get(node, self.started_s),
+                        pinned=dep.pinned_node == node,
+                    )
+                )
+        return tuple(out)
+
+    def _caches(self) -> list[NodeHostCache]:
+        return [
+            NodeHostCache(
+                n,
+                self._entries(n),
+                frozenset(d.name for d in self.deployments.values() if n in d.instances),
+            )
+            for n in self.live_nodes()
+        ]
+
+    def expire(self, now_s: float) -> None:
+        """Evict the host copies `policy.host_copies` says have expired."""
+        for node, model in expired_copies(self._caches(), now_s, self.settings):
+            self.evict_host(self.deployments[model], node)
+
+    def evict_host(self, dep: Deployment, node: int) -> None:
+        blocks = tuple(range(dep.manifest.num_blocks))
+        self.pool.remove(dep.name, node, "host", blocks)
+        dep.spawn(self.client.call(node, EvictOp(model=dep.name, blocks=blocks, tier="host")))
+
+    async def make_host_copy(self, dep: Deployment, node: int, pin: bool) -> None:
+        """Load the model into a node's host tier (from its disk or the registry, by
+        `policy.host_copies`), evicting the copies `policy.keepalive.admit` names first."""
+        now = time.monotonic()
+        entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=pin)
+        decision = admit(self._entries(node), entry, self.settings)
+        for victim in decision.evict:
+            if victim in self.deployments:
+                self.evict_host(self.deployments[victim], node)
+        num_blocks = dep.manifest.num_blocks
+        source = host_copy_source(num_blocks, self.pool.blocks_at(dep.name, node, "disk"))
+        blocks = tuple(range(num_blocks))
+        await self.client.call(
+            node, LoadOp(model=dep.name, blocks=blocks, source=source, tier="host")
+        )
+        self.pool.add(dep.name, node, "host", blocks)
+        dep.host_last_used_s[node] = now
+        if pin:
+            dep.pinned_node = node
+
+    async def restore_invariant(self, dep: Deployment) -> None:
+        """BlitzScale §5.3: give the model a complete, pinned host copy where
+        `policy.host_copies.pinned_copy` says (an existing copy, else the roomiest node)."""
+        choice = pinned_copy(self._caches(), self.settings, self.pool.complete(dep.name, "host"))
+        if choice is None:
+            return
+        if not choice.needs_load:
+            dep.pinned_node = choice.node
+            return
+        dep.restoring = True
+
+        async def run() -> None:
+            try:
+                await self.make_host_copy(dep, choice.node, pin=True)
+            except Exception as e:
+                log.warning("%s: host copy on node %d failed: %s", dep.name, choice.node, e)
+            finally:
+                dep.restoring = False
+
+        task = dep.spawn(run())
+        if dep.scale_outs == 0:
+            await asyncio.shield(task)  # at creation: the first start is warm
+
+    def invariant_holds(self, dep: Deployment) -> bool:
+        """The deployment's pinned host copy is complete on a live node."""
+        return dep.pinned_node is not None and dep.pinned_node in self.pool.complete(
+            dep.name, "host"
+        )
+
+    def node_down(self, node: int) -> None:
+        """A node died: its copies are gone (the invariant is restored on the next tick)."""
+        self.pool.drop_node(node)
+        for dep in self.deployments.values():
+            if dep.pinned_node == node:
+                dep.pinned_node = None
+            dep.host_last_used_s.pop(node, None)

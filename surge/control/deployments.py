@@ -1,0 +1,175 @@
+"""Deployments: create, delete, bring back after a restart, tear down, describe.
+
+What flows: a `DeploymentSpec` in (API, config file, the SQLite store on restart); out, a
+`Deployment` record registered on every live agent, its model in the registry the agents
+read (`registry/<name>`: a link to a store, or a store imported from a Hugging Face
+checkpoint), GPU copies left by an older controller released, and its pinned host copy
+(BlitzScale §5.3, through `copies.py`). Deletion closes its instances and evicts every copy.
+Dependencies are passed in by `control/controller.py`. Owned by control/.
+"""
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from surge.control.copies import Copies
+from surge.control.metrics import Metrics
+from surge.control.pool import ParameterPool
+from surge.control.spec import DeploymentSpec
+from surge.control.state import Deployment
+from surge.control.store import DeploymentStore
+from surge.errors import SurgeError
+from surge.model.manifest import MANIFEST_NAME, read_manifest
+from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
+from surge.runtime.serving import Server
+
+log = logging.getLogger(__name__)
+
+
+def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
+    """Put the model in the registry as `registry/<name>` (link a store, import HF)."""
+    target = registry / spec.name
+    src = Path(spec.model).expanduser()
+    if target.is_symlink():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
+    if (src / MANIFEST_NAME).is_file():
+        read_manifest(src)  # a clear error if it is not a valid store
+        target.symlink_to(src.resolve(), target_is_directory=True)
+    elif (src / "config.json").is_file():
+        from surge.model.importer import import_checkpoint
+
+        import_checkpoint(src, target, name=spec.name, progress=False)
+    else:
+        raise SurgeError(
+            f"model {spec.model!r} is neither a surge store (manifest.json) nor a "
+            "Hugging Face checkpoint directory (config.json) on the controller's machine"
+        )
+
+
+class Deployments:
+    """The deployments' lifecycle; `deployments` is the controller's registry of them."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        pool: ParameterPool,
+        metrics: Metrics,
+        store: DeploymentStore,
+        registry: Path,
+        deployments: dict[str, Deployment],
+        copies: Copies,
+        live_nodes: Callable[[], list[int]],
+    ) -> None:
+        self.client, self.pool, self.metrics = client, pool, metrics
+        self.store, self.registry, self.deployments = store, registry, deployments
+        self.copies, self.live_nodes = copies, live_nodes
+        self._lock = asyncio.Lock()
+        """Creations and deletions one at a time (a name is checked, then taken)."""
+
+    async def restore_all(self) -> None:
+        """Bring back every stored deployment (a controller restart)."""
+        for spec in self.store.all():
+            try:
+                await self.activate(spec)
+            except SurgeError as e:
+                log.error("deployment %s cannot come back: %s", spec.name, e)
+
+    async def create(self, body: Any) -> Deployment:
+        spec = DeploymentSpec.from_json(body)
+        async with self._lock:
+            if spec.name in self.deployments:
+                raise SurgeError(f"deployment {spec.name!r} already exists")
+            await asyncio.to_thread(prepare_store, self.registry, spec)
+            self.store.add(spec)
+            try:
+                return await self.activate(spec)
+            except BaseException:
+                self.store.remove(spec.name)
+                raise
+
+    async def delete(self, name: str) -> None:
+        async with self._lock:
+            dep = self.deployments.get(name)
+            if dep is None:
+                raise KeyError(name)
+            await self.teardown(dep, evict=True)
+            self.store.remove(name)
+            link = self.registry / name
+            if link.is_symlink():
+                link.unlink()
+
+    async def activate(self, spec: DeploymentSpec) -> Deployment:
+        """Register a stored deployment on every agent and give it its pinned host copy."""
+        store = self.registry / spec.name
+        if not (store / MANIFEST_NAME).is_file():
+            await asyncio.to_thread(prepare_store, self.registry, spec)
+        manifest = read_manifest(store)
+        tokenizer = None
+        if manifest.tokenizer_file and (store / manifest.tokenizer_file).is_file():
+            from surge.model.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(store / manifest.tokenizer_file)
+        name, live = spec.name, self.live_nodes()
+        await self.client.broadcast(RegisterOp(model=name, manifest=manifest), live)
+        self.pool.add_model(name, manifest.num_blocks)
+        for node, status in (await self.client.broadcast(StatusOp(), live)).items():
+            self.pool.load_status(node, status)
+        # A new controller adopts no instance of an old one: close them and evict their GPU
+        # copies (host and disk copies stay: they are warm starts).
+        for node in live:
+            if self.pool.blocks_at(name, node, "gpu"):
+                await self.copies.release_slot(name, node, manifest.num_blocks)
+        dep = Deployment(spec, manifest, tokenizer, Server(self.client, name))
+        self.deployments[name] = dep
+        await self.copies.restore_invariant(dep)
+        return dep
+
+    async def teardown(self, dep: Deployment, evict: bool) -> None:
+        """Forget the deployment: cancel its work, end its requests, close its router;
+        with `evict`, close its instances and drop every copy from the agents."""
+        self.deployments.pop(dep.name, None)
+        for t in list(dep.tasks):
+            t.cancel()
+        for req in list(dep.requests.values()):
+            req.finish("abort")
+        await dep.server.close()
+        self.metrics.forget(dep.name)
+        if not evict:
+            return
+        num_blocks = dep.manifest.num_blocks
+        for node in self.live_nodes():
+            await self.copies.release_slot(dep.name, node, num_blocks)
+            for tier in ("host", "disk"):
+                op = EvictOp(model=dep.name, blocks=tuple(range(num_blocks)), tier=tier)
+                with contextlib.suppress(Exception):  # the model goes anyway
+                    await self.client.call(node, op)
+        self.pool.drop_model(dep.name)
+
+    def describe(self, dep: Deployment) -> dict[str, Any]:
+        """The deployment's spec and status (the admin API's JSON)."""
+        return {
+            **dep.spec.to_json(),
+            "status": {
+                "instances": len(dep.serving()),
+                "loading": len(dep.instances) - len(dep.serving()),
+                "nodes": sorted(dep.instances),
+                "pipelines": dep.num_pipelines(),
+                "queued": len(dep.server.queue),
+                "ongoing": len(dep.requests),
+                "host_copies": self.pool.complete(dep.name, "host"),
+                "pinned_host_copy": dep.pinned_node,
+                "last_start": dep.last_start,
+                "scale_outs": dep.scale_outs,
+                "kv_migrated": dep.kv_migrated,
+                "live_prefilled": dep.live_prefilled,
+                "num_blocks": dep.manifest.num_blocks,
+                "bytes": dep.manifest.total_bytes,
+            },
+        }

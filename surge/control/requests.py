@@ -1,0 +1,83 @@
+"""Requests of the HTTP API: submit to a deployment's router, book-keep when done, abort.
+
+What flows: prompt token ids and `SamplingParams` in (from `surge/api/app.py`); a
+`TrackedRequest` out, queued on the deployment's `Server` (runtime), which routes it by
+`surge.policy.router`. When the API is done with it, its Prometheus metrics (requests,
+tokens, TTFT, TPOT, SLO) are recorded and, if it still runs (stop string hit, client
+gone), it is aborted on its instance (`instance_abort`). A request reaching a model at
+zero wakes the autoscaler at once (the activator). Owned by control/.
+"""
+
+import time
+from collections.abc import Callable
+
+from surge.control.metrics import Metrics
+from surge.control.state import Deployment, TrackedRequest
+from surge.engine.sampling import SamplingParams
+from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import InstanceAbortOp
+from surge.runtime.serving import LocalEndpoint
+
+
+class Requests:
+    """Submit, finish and abort requests of the controller's deployments."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        deployments: dict[str, Deployment],
+        metrics: Metrics,
+        wake_autoscaler: Callable[[], None],
+    ) -> None:
+        self.client, self.deployments, self.metrics = client, deployments, metrics
+        self.wake_autoscaler = wake_autoscaler
+
+    async def submit(
+        self, dep: Deployment, prompt_token_ids: list[int], params: SamplingParams
+    ) -> TrackedRequest:
+        req = TrackedRequest(f"{dep.name}-{time.monotonic_ns()}", list(prompt_token_ids), params)
+        req.deployment = dep.name
+        dep.requests[req.req_id] = req
+        dep.server.requests[req.req_id] = req
+        await dep.server.submit(req)
+        if not dep.instances:
+            self.wake_autoscaler()  # a request at zero: scale out at once (activator)
+        return req
+
+    def finished(self, req: TrackedRequest, status: str = "ok") -> None:
+        """Book-keeping when the API is done with a request (metrics, forget it)."""
+        dep = self.deployments.get(req.deployment)
+        self._record(dep, req, status)
+        if dep is None:
+            return
+        dep.requests.pop(req.req_id, None)
+        dep.server.requests.pop(req.req_id, None)
+        if not req.done.is_set() or req.finish_reason in ("stop_string", "abort"):
+            self._abort(dep, req)
+
+    def _record(self, dep: Deployment | None, req: TrackedRequest, status: str) -> None:
+        m, name = self.metrics, req.deployment
+        m.requests.labels(name, status).inc()
+        m.tokens.labels(name).inc(len(req.output_token_ids))
+        if req.first_token_t is None:
+            return
+        ttft_s = req.first_token_t - req.arrival_t
+        m.ttft.labels(name).observe(ttft_s)
+        slo_ms = dep.spec.slo.ttft_ms if dep is not None else None
+        if slo_ms and ttft_s * 1000 <= slo_ms:
+            m.slo_ttft_ok.labels(name).inc()
+        n = len(req.token_times)
+        if n > 1:
+            m.tpot.labels(name).observe((req.token_times[-1] - req.token_times[0]) / (n - 1))
+
+    def _abort(self, dep: Deployment, req: TrackedRequest) -> None:
+        """Stop generating a request nobody waits for (stop string hit, client gone)."""
+        req.finish(req.finish_reason or "abort")
+        for ep in list(dep.server.endpoints.values()):
+            if req.req_id not in ep.requests:
+                continue
+            ep.requests.pop(req.req_id, None)
+            if isinstance(ep, LocalEndpoint):
+                op = InstanceAbortOp(instance=ep.name, req_ids=(req.req_id,))
+                dep.spawn(self.client.call(ep.node, op))
+        dep.server.queue[:] = [r for r in dep.server.queue if r is not req]

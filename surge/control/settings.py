@@ -1,0 +1,38 @@
+"""The control plane's settings: what `surge serve` (flags, config file) passes to the controller.
+
+Plain frozen data, read by `control/controller.py` and handed to its collaborators
+(`deployments.py`, `requests.py`, `autoscaler.py`, `copies.py`). Owned by control/.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of the control plane."""
+
+    state_dir: Path
+    """Deployments database (`deployments.sqlite`) and the model registry (`registry/`)."""
+    nodes: int = 4
+    """Agents to start when no running agents are given (`LocalCluster` / `RayCluster`)."""
+    link_gbps: float | None = None
+    """Per-node link cap of started agents, Gbit/s (None: uncapped)."""
+    slots_per_node: int = 1
+    """Instances (of any models) one node runs at once (its GPUs)."""
+    host_cache_bytes: int = 4 << 30
+    """Host memory of each node given to cached models."""
+    host_keep_alive_s: float | None = 600.0
+    """An unpinned host copy unused this long is evicted (None: only LRU)."""
+    tick_s: float = 0.1
+    """Autoscaler period; a request reaching a model at zero ticks at once."""
+    max_num_seqs: int = 64
+    """Sequences one engine runs at once: an instance's routing capacity."""
+    preload_engine: bool = True
+    """Started agents import the engine at start, not on their first instance."""
+    scale_out_timeout_s: float = 120.0
+    """A scale-out not done in this long fails (its slots are released)."""
+    launcher: str = "local"
+    """Where agents run without `addresses`: "local" (processes here) or "ray" (actors)."""
+    ray_address: str | None = None
+    """With launcher "ray": a running Ray cluster; None starts a local one on loopback."""

@@ -1,0 +1,111 @@
+"""The controller's records: one `Deployment` per served model, one `Instance` per slot it holds,
+and the `TrackedRequest` the HTTP API streams from.
+
+Mutable records shared by the collaborators of `control/controller.py` (deployments,
+requests, autoscaler, copies): each field says who writes it. Times are `time.monotonic()`
+seconds. Owned by control/.
+"""
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.control.spec import DeploymentSpec
+from surge.model.manifest import Manifest
+from surge.policy.autoscale import AutoscaleState
+from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server, ServeRequest
+
+
+class TrackedRequest(ServeRequest):
+    """A `ServeRequest` that also wakes a streamer on every token."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.progress = asyncio.Event()
+        """Set on every token and at the end; the API clears it after reading."""
+        self.deployment = ""
+        """Name of the deployment it was submitted to."""
+
+    def add_token(self, token: int, finished: bool, reason: str | None) -> None:
+        super().add_token(token, finished, reason)
+        self.progress.set()
+
+    def finish(self, reason: str) -> None:
+        """End it from the controller's side (stop string, deletion, client gone)."""
+        if not self.done.is_set():
+            self.done_t = time.monotonic()
+            self.finish_reason = reason
+            self.done.set()
+            self.progress.set()
+
+
+@dataclass
+class Instance:
+    """One slot of a deployment on one node, from placement until release."""
+
+    node: int
+    """The node whose slot it holds."""
+    endpoint: LocalEndpoint | None = None
+    """The serving local instance; None while the scale-out still loads it."""
+    idle_since_s: float | None = None
+    """Since when it has had no outstanding request (None: busy or loading)."""
+
+
+@dataclass
+class Deployment:
+    """A served model: its spec and store, its router, its slots and its bookkeeping."""
+
+    spec: DeploymentSpec
+    """What the user asked for (stored in SQLite)."""
+    manifest: Manifest
+    """The model store's manifest (blocks, sizes, architecture)."""
+    tokenizer: Any
+    """The store's tokenizer (None when the store has none)."""
+    server: Server
+    """Routes its requests over its endpoints (runtime)."""
+    instances: dict[int, Instance] = field(default_factory=dict)
+    """Slots by node, loading or serving (written by the autoscaler)."""
+    requests: dict[str, TrackedRequest] = field(default_factory=dict)
+    """Requests the API still streams, by id (written by `requests.py`)."""
+    autoscale_state: AutoscaleState = field(default_factory=AutoscaleState)
+    """What `surge.policy.autoscale` remembers between ticks (stable and panic windows)."""
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    """Background work of this deployment (scale-outs, host copies, aborts); cancelled on
+    teardown."""
+    restoring: bool = False
+    """A pinned host copy is being made (the invariant is not checked meanwhile)."""
+    last_start: str | None = None
+    """Start kind of the last scale-out that completed: hot, warm or cold."""
+    scale_outs: int = 0
+    """Scale-outs started."""
+    pinned_node: int | None = None
+    """The node whose host copy is pinned (BlitzScale §5.3), None while there is none."""
+    host_last_used_s: dict[int, float] = field(default_factory=dict)
+    """Last use of the host copy on each node (keep-alive and LRU, `copies.py`)."""
+    kv_migrated: int = 0
+    """Requests moved onto new instances with their KV cache (ParaServe consolidation)."""
+    live_prefilled: int = 0
+    """Requests prefilled by live scaling (BlitzScale)."""
+    multicasting: bool = False
+    """A serve-while-loading scale-out of this deployment is running."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def serving(self) -> list[Instance]:
+        """Instances whose local endpoint is open."""
+        return [i for i in self.instances.values() if i.endpoint is not None]
+
+    def num_pipelines(self) -> int:
+        """Execution pipelines serving now (λScale §4.3)."""
+        return sum(isinstance(e, PipelineEndpoint) for e in self.server.endpoints.values())
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Run `coro` as this deployment's background task (cancelled on teardown)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task

@@ -1,0 +1,86 @@
+"""Host copies of deployed models: which node keeps the pinned copy, which copies expire, and
+where a new host copy is read from.
+
+In: each live node's host cache as `NodeHostCache` (its `CacheEntry`s from
+`surge.policy.keepalive`, and the models with an instance on it), the cache settings, the
+nodes already holding a complete host copy of a model. Out: a `PinnedCopy` (the node and
+whether the copy must be loaded there), the (node, model) copies to evict now, and the
+`load` source of a new copy. `surge serve`'s controller (`control/copies.py`) carries them
+out; it decides nothing itself.
+
+Rules:
+- BlitzScale §5.3 O(1) host caching: every deployed model keeps one complete copy in some
+  node's host memory, pinned (never evicted). An existing complete copy is pinned (the
+  lowest node id: no load at all); with none, a copy is loaded on the node with the most
+  free host memory (ties: lowest node id), so the pinned copies spread over the cluster.
+- Keep-alive (ServerlessLLM, `policy.keepalive.expired`): an unpinned copy unused for the
+  keep-alive leaves host memory, but never from a node where the model has an instance
+  (loading or serving: its host copy is in use).
+- A new copy is read from the node's own disk when every block is there, else from the
+  registry.
+Pure and deterministic.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from surge.policy.keepalive import CacheEntry, CacheSettings, expired
+
+
+@dataclass(frozen=True)
+class NodeHostCache:
+    """One live node's host memory, as this policy sees it."""
+
+    node: int
+    """Node id."""
+    entries: tuple[CacheEntry, ...]
+    """Models held (wholly or in part) in its host memory."""
+    busy_models: frozenset[str] = frozenset()
+    """Models with an instance (loading or serving) on this node."""
+
+    def free_bytes(self, capacity_bytes: int) -> int:
+        """Host cache bytes not taken by the entries (negative when over capacity)."""
+        return capacity_bytes - sum(e.size_bytes for e in self.entries)
+
+
+@dataclass(frozen=True)
+class PinnedCopy:
+    """Where a model's pinned host copy is."""
+
+    node: int
+    """The node holding (or to hold) the pinned copy."""
+    needs_load: bool
+    """True: no complete host copy exists; load one there first."""
+
+
+def pinned_copy(
+    caches: Sequence[NodeHostCache], settings: CacheSettings, complete_on: Sequence[int]
+) -> PinnedCopy | None:
+    """The pinned copy of a model whose complete host copies are on `complete_on` (live nodes
+    only count); None when no node is live."""
+    live = {c.node for c in caches}
+    held = sorted(n for n in complete_on if n in live)
+    if held:
+        return PinnedCopy(held[0], needs_load=False)
+    if not caches:
+        return None
+    best = min(caches, key=lambda c: (-c.free_bytes(settings.capacity_bytes), c.node))
+    return PinnedCopy(best.node, needs_load=True)
+
+
+def expired_copies(
+    caches: Sequence[NodeHostCache], now_s: float, settings: CacheSettings
+) -> tuple[tuple[int, str], ...]:
+    """(node, model) host copies to evict now, by node then model."""
+    out: list[tuple[int, str]] = []
+    for c in sorted(caches, key=lambda c: c.node):
+        for model in expired(c.entries, now_s, settings):
+            if model not in c.busy_models:
+                out.append((c.node, model))
+    return tuple(out)
+
+
+def host_copy_source(num_blocks: int, blocks_on_disk: set[int]) -> Literal["disk", "remote"]:
+    """Where a node reads a new host copy from: its disk when it holds every block."""
+    return "disk" if set(range(num_blocks)) <= blocks_on_disk else "remote"

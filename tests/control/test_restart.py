@@ -1,0 +1,66 @@
+"""A controller restart on running agents: GPU copies and instances the old controller left
+behind are released, and the parameter pool agrees with what the agents hold."""
+
+import asyncio
+
+from surge.control.controller import Controller, ControllerConfig
+from surge.engine.sampling import SamplingParams
+from surge.model.tokenizer import load_tokenizer
+from surge.runtime.client import ClusterClient
+from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.protocol import StatusOp
+from tests.control.test_serve_openai import MODEL
+
+
+async def _gpu_blocks(cluster: LocalCluster) -> dict[int, tuple[int, ...]]:
+    """GPU blocks of MODEL on each agent, asked directly (not through a controller)."""
+    client = ClusterClient(cluster.addresses, cluster.token)
+    await client.connect()
+    try:
+        statuses = await client.broadcast(StatusOp())
+    finally:
+        await client.close()
+    return {n: s.models[MODEL].gpu if MODEL in s.models else () for n, s in statuses.items()}
+
+
+def test_new_controller_evicts_the_gpu_copies_an_old_one_left(tmp_path, tiny_store_dir):
+    state = tmp_path / "state"
+    (state / "registry").mkdir(parents=True)
+    tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
+    cluster = LocalCluster(LocalClusterConfig(num_nodes=2, remote_dir=state / "registry"))
+    cfg = ControllerConfig(state_dir=state, nodes=2)
+    spec = {"name": MODEL, "model": str(tiny_store_dir), "autoscaling": {"keep_alive_s": 600}}
+
+    async def run() -> None:
+        first = Controller(cfg, cluster.addresses, cluster.token)
+        await first.start()
+        try:
+            dep = await first.create(spec)
+            ids = tok.encode("Leave a copy").ids
+            req = await first.submit(dep, ids, SamplingParams(max_tokens=4, ignore_eos=True))
+            await asyncio.wait_for(req.done.wait(), 60)
+            first.finished(req)
+            served_on = sorted(dep.instances)
+        finally:
+            await first.stop()  # the agents keep running, with the instance and its copy
+        left = await _gpu_blocks(cluster)
+        assert served_on and all(left[n] for n in served_on), "nothing left to clean up"
+
+        second = Controller(cfg, cluster.addresses, cluster.token)
+        await second.start()
+        try:
+            assert MODEL in second.deployments
+            assert await _gpu_blocks(cluster) == {0: (), 1: ()}
+            for node in second.nodes:
+                assert not second.pool.blocks_at(MODEL, node, "gpu"), node
+            # The released slot is usable again: the model serves after the restart.
+            dep = second.deployments[MODEL]
+            ids = tok.encode("Back").ids
+            req = await second.submit(dep, ids, SamplingParams(max_tokens=4, ignore_eos=True))
+            await asyncio.wait_for(req.done.wait(), 60)
+            assert len(req.output_token_ids) == 4
+        finally:
+            await second.stop()
+
+    with cluster:
+        asyncio.run(run())
