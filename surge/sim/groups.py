@@ -9,6 +9,8 @@ and then (§6.1) consolidation into standalone instances. Decisions:
   times from the cost model) when `group_sizing` is `alg1`; `pipeline_size` workers
   placed by `surge.policy.placement` when `fixed`; parts by bytes
   (`surge.policy.startup.split_blocks`);
+- FlexPipe systems: stage count, layers and GPUs from `sim.flexpipe.FlexPipe.shape`
+  (and in-flight refactoring at every autoscaler check: `FlexPipe.retune`);
 - consolidation: `surge.policy.paraserve_predictor.decide_consolidation` (`predictor`:
   scale down to one worker or up to several) or every member (`scale-up`); kept members
   fetch the rest of the model (taking more GPUs of their machine if the whole model needs
@@ -24,6 +26,7 @@ from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import GroupRequest, plan_group, split_blocks
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
+from surge.sim.flexpipe import FlexPipe
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance, Placement
 from surge.sim.pools import Pool, Requests
@@ -46,8 +49,10 @@ class Groups:
         make_endpoint: Callable[[Pool, Placement, bool], Instance],
         place: Callable[[Pool, int, int], tuple[tuple[int, ...], ...]],
         ready: Callable[[Pool, Instance, float], None],
+        flexpipe: FlexPipe,
     ) -> None:
         self.world = world
+        self.flexpipe = flexpipe
         self.requests = requests
         self.cache = cache
         self.gpus = gpus
@@ -137,16 +142,20 @@ class Groups:
         slot = world.models[pool.model]
         blocks = self._block_bytes(pool.model)
         workers: list[tuple[int, ...]] = []
-        parts: tuple[tuple[int, ...], ...]
+        member_bytes: list[int] = []
         tracked: list[int] = []
+        model_id = ""
         chosen = self._alg1(pool, blocks) if sys.group_sizing == "alg1" else []
+        shaped = self.flexpipe.shape(pool) if self.flexpipe.enabled else None
         if chosen:
-            for m, nbytes, _ in chosen:
+            for m, nbytes, part in chosen:
                 tp = tp_for(slot.group, nbytes, world.settings.kv_memory_fraction) or 1
                 workers.append(world.state.free_on(world.state.machines[m])[:tp])
-            parts = tuple(part for _, _, part in chosen)
+                member_bytes.append(sum(blocks[b] for b in part))
             tracked = [m for m, _, _ in chosen]
             model_id = f"{slot.name}@{self.started}"
+        elif shaped is not None:
+            workers, member_bytes, spans = shaped
         else:
             # `fixed`, or Alg. 1 found no group: its fallback (one full-memory worker)
             # needs a server that holds the whole model; then `pipeline_size` workers
@@ -157,8 +166,7 @@ class Groups:
             workers = list(self.place(pool, size, tp))
             if len(workers) < size:
                 return False
-            parts = split_blocks(blocks, size)
-            model_id = ""
+            member_bytes = [sum(blocks[b] for b in part) for part in split_blocks(blocks, size)]
         if not workers:
             return False
         for w in workers:
@@ -168,6 +176,8 @@ class Groups:
             pool, Placement(tuple(workers), machine_of[workers[0][0]].index), False
         )
         pool.instances.append(inst)
+        if shaped is not None and not chosen:
+            self.flexpipe.register(inst, spans)
         left = [len(workers)]
 
         def member_done(i: int) -> None:
@@ -182,11 +192,10 @@ class Groups:
                     world.loop.now_s + sys.init_s,
                     Priority.INSTANCE,
                     inst.id,
-                    lambda: self._serving(pool, inst, parts, blocks),
+                    lambda: self._serving(pool, inst, member_bytes),
                 )
 
-        for i, (w, part) in enumerate(zip(workers, parts, strict=True)):
-            nbytes = sum(blocks[b] for b in part)
+        for i, (w, nbytes) in enumerate(zip(workers, member_bytes, strict=True)):
             self._fetch(pool, w, nbytes, lambda i=i: member_done(i), count=True)
         return True
 
@@ -225,15 +234,14 @@ class Groups:
         self,
         pool: Pool,
         group: Instance,
-        parts: tuple[tuple[int, ...], ...],
-        blocks: tuple[int, ...],
+        member_bytes: list[int],
     ) -> None:
         if group.released:
             return
         self.ready(pool, group, 0.0)
         workers = group.placement.workers
         if len(workers) > 1 and self.world.system.consolidation != "none":
-            self._consolidate(pool, group, parts, blocks)
+            self._consolidate(pool, group, member_bytes)
 
     def _keep(self, pool: Pool, size: int) -> int:
         sys = self.world.system
@@ -256,8 +264,7 @@ class Groups:
         self,
         pool: Pool,
         group: Instance,
-        parts: tuple[tuple[int, ...], ...],
-        blocks: tuple[int, ...],
+        member_bytes: list[int],
     ) -> None:
         """ParaServe §6.1: kept members fetch the rest and become instances."""
         world = self.world
@@ -265,7 +272,7 @@ class Groups:
         full_tp = tp_for(slot.group, slot.profile.total_bytes, world.settings.kv_memory_fraction)
         if full_tp is None:
             return  # no machine of the group holds the whole model: it serves as a group
-        wanted = self._keep(pool, len(parts))
+        wanted = self._keep(pool, len(member_bytes))
         kept: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
         for i, w in enumerate(group.placement.workers):
             if len(kept) == wanted:
@@ -286,10 +293,9 @@ class Groups:
             if left[0] == 0:
                 self._switch(pool, group, kept)
 
-        total = sum(blocks)
+        total = slot.profile.total_bytes
         for i, w, extra in kept:
-            rest = total - sum(blocks[b] for b in parts[i])
-            self._fetch(pool, w + extra, rest, one_done, count=False)
+            self._fetch(pool, w + extra, total - member_bytes[i], one_done, count=False)
 
     def _switch(
         self,

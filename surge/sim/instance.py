@@ -198,6 +198,10 @@ class Instance:
         """Change relative speed (live loading finished, pipeline hop changed)."""
         self._rate_change(lambda: setattr(self, "speed", speed))
 
+    def set_hop(self, hop_s: float) -> None:
+        """Change the per-step activation hop (a pipeline's stages changed)."""
+        self._rate_change(lambda: setattr(self, "hop_s", hop_s))
+
     def set_share(self, share: float) -> None:
         """Change the fraction of a compute unit this instance gets (0 < share <= 1)."""
         self._rate_change(lambda: setattr(self, "share", share))

@@ -112,8 +112,11 @@ class Scaler:
         start_load: Callable[[Pool, list[Instance]], None],
         start_groups: Callable[[Pool, int], int],
         ready: Callable[[Pool, Instance, float], None],
+        on_decide: Callable[[Pool], None] = lambda pool: None,
     ) -> None:
         self.world = world
+        self.on_decide = on_decide
+        """Called at every decision (FlexPipe's granularity controller runs then)."""
         self.pools = pools
         self.requests = requests
         self.gpus = gpus
@@ -175,6 +178,7 @@ class Scaler:
             self.scale_out(pool, decision.scale_out)
         for iid in decision.release:
             self.release(pool, next(i for i in pool.instances if i.id == iid))
+        self.on_decide(pool)
 
     # --- carrying out ---------------------------------------------------------------
     def place(self, pool: Pool, count: int, gpus_per_instance: int) -> tuple[tuple[int, ...], ...]:

@@ -29,6 +29,7 @@ from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.events import EventLoop, Priority
+from surge.sim.flexpipe import FlexPipe
 from surge.sim.flows import FlowNetwork
 from surge.sim.groups import Groups
 from surge.sim.hardware import ClusterProfile, NodeGroup, load_cluster
@@ -141,6 +142,7 @@ class Simulation:
             self.sharing.on_transfers,
             self._num_blocks,
         )
+        self.flexpipe = FlexPipe(world, self.gpus)
         self.groups = Groups(
             world,
             self.router,
@@ -149,6 +151,7 @@ class Simulation:
             factory.make,
             lambda pool, n, tp: self.scaler.place(pool, n, tp),
             self.loader.ready,
+            self.flexpipe,
         )
         self.scaler = Scaler(
             world,
@@ -160,6 +163,7 @@ class Simulation:
             self.loader.load,
             self.groups.start,
             self.loader.ready,
+            self.flexpipe.retune,
         )
 
     def _num_blocks(self, model: int, num_nodes: int, num_sources: int) -> int:

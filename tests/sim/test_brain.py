@@ -133,3 +133,27 @@ def test_block_count_elbow_is_used_when_asked():
     res = sim.run()
     assert np.all(res.done_s > 0)
     assert sim._elbows and all(1 <= b <= 40 for b in sim._elbows.values())
+
+
+def test_flexpipe_refactors_when_the_arrivals_turn_bursty():
+    from surge.traces.gamma import gamma_trace
+    from surge.traces.request import Trace
+
+    a = gamma_trace(10.0, 0.2, 60.0, 1, input_tokens=512, output_tokens=64)
+    b = gamma_trace(10.0, 6.0, 60.0, 2, input_tokens=512, output_tokens=64)
+    trace = Trace(
+        "steady-then-bursty",
+        np.r_[a.arrival_s, b.arrival_s + 60.0],
+        np.r_[a.input_tokens, b.input_tokens],
+        np.r_[a.output_tokens, b.output_tokens],
+    )
+    sim = Simulation(trace, SimSettings("lambdascale-testbed1", ("llama2-13b",), "flexpipe"))
+    res = sim.run()
+    assert np.all(res.done_s > 0)
+    first = next(t for t, _, kind, _ in res.scale_events if kind == "scale-out")
+    refactors = [t for t, _, kind, _ in res.scale_events if kind == "refactor"]
+    assert refactors and min(refactors) > 60.0  # the steady minute kept its stages
+    assert sim.flexpipe.spans  # groups were shaped by the policy
+    # The first group started on one GPU (steady: coarse), the bursty phase split stages.
+    assert [n for t, n in res.gpu_changes if t == first][-1] == 1
+    assert max(len(s) for s in sim.flexpipe.spans.values()) > 1

@@ -1,0 +1,172 @@
+"""FlexPipe as one system: granularity, partition, placement and refactoring composed.
+
+In: a model's per-layer profile (compute, parameter and activation bytes), its recent
+arrival times, free slots (GPUs) and a `FlexPipeSettings`. Out:
+- `choose_num_stages`: the number of stages from the arrivals' CV (§6.1 Eq. 4, through
+  `flexpipe_granularity.update_granularity`, state passed in and returned), over
+  candidates whose throughput and latency come from the layer profile;
+- `stage_layers`: the layers of each stage (§5 Eq. 2, `flexpipe_partition.partition_model`);
+- `place_stages`: the slot of each stage (§6.2 Eq. 6, `flexpipe_placement.allocate_slots`);
+- `refactor`: the layer moves and KV copies that turn the running stages into the chosen
+  ones (§6 Fig. 6, Eq. 10, `flexpipe_refactor.plan_refactor`).
+The simulator (`surge.sim.groups`) carries these out for systems listed in
+`FLEXPIPE_SYSTEMS`. Pure and deterministic.
+
+Which systems are FlexPipe: `FLEXPIPE_SYSTEMS` names them until `SystemConfig` carries a
+field for it (owned by `policy/systems.py`; asked for). Candidate profiles are ours: an
+η-stage pipeline's latency is the prefill plus η − 1 hops; its throughput is one
+micro-batch step per stage step (each stage runs 1/η of the layers, plus one hop).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from surge.errors import SurgeError
+from surge.policy.flexpipe_granularity import (
+    GranularityCandidate,
+    GranularitySettings,
+    GranularityState,
+    cv_of_arrivals,
+    update_granularity,
+)
+from surge.policy.flexpipe_partition import OperatorProfile, PartitionSettings, partition_model
+from surge.policy.flexpipe_placement import (
+    MultiplexSettings,
+    SlotState,
+    StageDemand,
+    allocate_slots,
+)
+from surge.policy.flexpipe_refactor import RefactorPlan, RunningRequest, StageSpan, plan_refactor
+
+
+@dataclass(frozen=True)
+class FlexPipeSettings:
+    """FlexPipe's knobs. Validated at construction."""
+
+    stage_counts: tuple[int, ...] = (1, 2, 4, 8)
+    """Granularities η_k to choose among, coarse to fine."""
+    cv_targets: tuple[float, ...] = (0.0, 1.0, 2.0, 4.0)
+    """ν_k: the arrival CV each granularity suits (bursty traffic wants finer stages)."""
+    granularity: GranularitySettings = field(default_factory=GranularitySettings)
+    """Eq. 4's constants and our hysteresis."""
+    multiplex: MultiplexSettings = field(default_factory=MultiplexSettings)
+    """Eq. 6/9's constants."""
+    boundary_penalty_s: float = 0.0
+    """λ of Eq. 2 (layers are the blocks here: every cut is at a block boundary)."""
+
+    def __post_init__(self) -> None:
+        if not self.stage_counts or len(self.stage_counts) != len(self.cv_targets):
+            raise SurgeError("give one CV target per stage count")
+        if min(self.stage_counts) < 1 or list(self.stage_counts) != sorted(self.stage_counts):
+            raise SurgeError("stage counts must be >= 1 and ascending (coarse to fine)")
+
+
+FLEXPIPE_SYSTEMS: dict[str, FlexPipeSettings] = {"flexpipe": FlexPipeSettings()}
+"""Systems whose pipeline groups FlexPipe shapes (see module docstring)."""
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """The model as FlexPipe profiles it, per layer (all layers alike)."""
+
+    num_layers: int
+    """Layers (the blocks FlexPipe cuts at)."""
+    prefill_s: float
+    """One layer's prefill of a typical prompt (s)."""
+    decode_s: float
+    """One layer's decode step of a typical batch (s)."""
+    param_bytes: int
+    """One layer's weights."""
+    activation_bytes: int
+    """What one layer hands to the next for a typical prompt."""
+    hop_s: float
+    """One activation hop between stages (s)."""
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1 or min(self.prefill_s, self.decode_s, self.hop_s) < 0:
+            raise SurgeError("a layer profile needs >= 1 layer and times >= 0")
+
+
+def candidates(
+    profile: LayerProfile, settings: FlexPipeSettings
+) -> tuple[GranularityCandidate, ...]:
+    """One Eq. 4 candidate per stage count that the layers allow."""
+    out = []
+    n = profile.num_layers
+    for eta, cv in zip(settings.stage_counts, settings.cv_targets, strict=True):
+        if eta > n:
+            break
+        latency = n * profile.prefill_s + (eta - 1) * profile.hop_s
+        stage_step = n * profile.decode_s / eta + profile.hop_s
+        out.append(GranularityCandidate(eta, 1, 1.0 / stage_step, latency, cv))
+    return tuple(out)
+
+
+def choose_num_stages(
+    arrival_times_s: Sequence[float],
+    profile: LayerProfile,
+    state: GranularityState,
+    settings: FlexPipeSettings,
+) -> tuple[int, GranularityState]:
+    """§6.1: the number of stages for the arrivals' CV, and the controller's new state."""
+    cands = candidates(profile, settings)
+    new = update_granularity(cands, state, cv_of_arrivals(arrival_times_s), settings.granularity)
+    assert new.current is not None
+    return cands[new.current].num_stages, new
+
+
+def stage_layers(
+    profile: LayerProfile,
+    num_stages: int,
+    bandwidth_gbps: float,
+    max_slot_memory_bytes: int,
+    settings: FlexPipeSettings,
+) -> tuple[tuple[int, int], ...]:
+    """§5: layers [start, end) of each stage (Eq. 2's partition)."""
+    ops = tuple(
+        OperatorProfile(profile.prefill_s, profile.param_bytes, profile.activation_bytes, i)
+        for i in range(profile.num_layers)
+    )
+    part = partition_model(
+        ops,
+        PartitionSettings(
+            num_stages=num_stages,
+            bandwidth_gbps=bandwidth_gbps,
+            max_slot_memory_bytes=max_slot_memory_bytes,
+            boundary_penalty_s=settings.boundary_penalty_s,
+        ),
+    )
+    return part.bounds
+
+
+def place_stages(
+    model_id: str,
+    stage_bytes: Sequence[int],
+    throughput_rps: float,
+    cv: float,
+    slots: Sequence[SlotState],
+    settings: FlexPipeSettings,
+) -> tuple[int, ...] | None:
+    """§6.2: the slot of each stage, in stage order; None if a stage fits nowhere."""
+    demands = [
+        StageDemand(model_id, i, max(b, 1), throughput_rps, cv) for i, b in enumerate(stage_bytes)
+    ]
+    alloc = allocate_slots(demands, slots, settings.multiplex)
+    if alloc.unplaced:
+        return None
+    by_stage = {i: slot for _, i, slot in alloc.assignments}
+    return tuple(by_stage[i] for i in range(len(stage_bytes)))
+
+
+def refactor(
+    current: Sequence[tuple[int, tuple[int, int]]],
+    target: Sequence[tuple[int, tuple[int, int]]],
+    valid_tokens: Sequence[tuple[str, int]],
+) -> RefactorPlan:
+    """§6: moves from `current` to `target` stages, each (slot, (first layer, end layer)),
+    for running requests (id, valid KV tokens)."""
+    return plan_refactor(
+        [StageSpan(s, a, b) for s, (a, b) in current],
+        [StageSpan(s, a, b) for s, (a, b) in target],
+        [RunningRequest(r, n) for r, n in valid_tokens],
+    )

@@ -1,0 +1,190 @@
+"""FlexPipe's groups (`surge.policy.flexpipe_system`): stage count, stages, slots, refactoring.
+
+In: a pool's scale-out of a FlexPipe system (`shape`) and every autoscaler check
+(`retune`). Out: the workers and bytes of a new group (one GPU per stage: stages chosen
+by §6.1's granularity from the arrivals' CV, layers cut by §5's partition, GPUs chosen by
+§6.2's slot allocation), and, when the chosen granularity changes, in-flight refactoring
+of serving groups (§6: layers and valid KV entries copied between GPUs as flows while the
+group keeps serving, then it runs with the new stages and the freed GPUs go back).
+`groups.Groups` fetches and serves what `shape` returns.
+"""
+
+from surge.errors import SurgeError
+from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe_placement import SlotState
+from surge.policy.flexpipe_system import (
+    FLEXPIPE_SYSTEMS,
+    LayerProfile,
+    choose_num_stages,
+    place_stages,
+    refactor,
+    stage_layers,
+)
+from surge.sim.costs import cost_model
+from surge.sim.instance import Instance, Placement
+from surge.sim.pools import Pool
+from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM, Gpus
+from surge.sim.world import World
+
+PROFILE_PROMPT_TOKENS = 512
+"""Prompt length of the layer profile (prefill time, activation bytes)."""
+PROFILE_BATCH = 8
+"""Decode batch of the layer profile."""
+
+Spans = tuple[tuple[int, tuple[int, int]], ...]
+"""Per stage: (GPU, (first layer, end layer))."""
+
+
+class FlexPipe:
+    """Stage shaping and refactoring of FlexPipe groups (a no-op for other systems)."""
+
+    def __init__(self, world: World, gpus: Gpus) -> None:
+        self.world = world
+        self.gpus = gpus
+        self.settings = FLEXPIPE_SYSTEMS.get(world.system.name)
+        self.states: dict[int, GranularityState] = {}
+        """Per pool: the granularity controller's state."""
+        self.spans: dict[int, Spans] = {}
+        """Per group endpoint: its stages."""
+        self.refactoring: set[int] = set()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run's system is a FlexPipe system."""
+        return self.settings is not None
+
+    def _profile(self, model: int) -> LayerProfile:
+        slot = self.world.models[model]
+        prof = slot.profile
+        cost = cost_model(prof, slot.group.gpu, 1)
+        return LayerProfile(
+            num_layers=prof.num_layers,
+            prefill_s=cost.prefill_s(PROFILE_PROMPT_TOKENS, layers=1),
+            decode_s=cost.decode_s(PROFILE_BATCH, layers=1),
+            param_bytes=prof.layer_bytes,
+            activation_bytes=prof.hidden_size * prof.dtype_bytes * PROFILE_PROMPT_TOKENS,
+            hop_s=self.world.system.stage_hop_s,
+        )
+
+    def _slot_bytes(self, model: int) -> int:
+        group = self.world.models[model].group
+        per_gpu = group.gpu.memory_bytes * self.world.settings.kv_memory_fraction
+        return int(per_gpu * (1 - MIN_KV_FRACTION) / WEIGHT_HEADROOM)
+
+    def _stage_bytes(self, model: int, bounds: tuple[tuple[int, int], ...]) -> list[int]:
+        prof = self.world.models[model].profile
+        out = [(b - a) * prof.layer_bytes for a, b in bounds]
+        out[0] += prof.embedding_bytes
+        return out
+
+    def _num_stages(self, pool: Pool) -> int:
+        assert self.settings is not None
+        state = self.states.get(pool.index, GranularityState())
+        eta, state = choose_num_stages(
+            pool.arrivals_s, self._profile(pool.model), state, self.settings
+        )
+        self.states[pool.index] = state
+        return eta
+
+    def _cut_and_place(
+        self, pool: Pool, eta: int, exclude: tuple[int, ...] = ()
+    ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]] | None:
+        """Layers of `eta` stages and GPUs for the stages beyond the `exclude`d ones."""
+        assert self.settings is not None
+        world = self.world
+        slot = world.models[pool.model]
+        first = next(m for m in world.state.machines if m.group is slot.group)
+        try:
+            bounds = stage_layers(
+                self._profile(pool.model),
+                eta,
+                first.group.nic_gbps,
+                self._slot_bytes(pool.model),
+                self.settings,
+            )
+        except SurgeError:
+            return None  # a stage of this size fits no GPU
+        sizes = self._stage_bytes(pool.model, bounds)[len(exclude) :]
+        if not sizes:
+            return bounds, ()
+        free = [
+            SlotState(g, self._slot_bytes(pool.model))
+            for m in world.state.machines
+            if m.group is slot.group
+            for g in world.state.free_on(m)
+        ]
+        cv = cv_of_arrivals(pool.arrivals_s)
+        placed = place_stages(slot.name, sizes, 1.0, cv, free, self.settings)
+        return None if placed is None else (bounds, placed)
+
+    def shape(self, pool: Pool) -> tuple[list[tuple[int, ...]], list[int], Spans] | None:
+        """A new group's workers (one GPU each), bytes per worker and stages; None if
+        the stages do not fit the free GPUs."""
+        eta = self._num_stages(pool)
+        cut = self._cut_and_place(pool, eta)
+        if cut is None:
+            return None
+        bounds, gpus = cut
+        spans = tuple(zip(gpus, bounds, strict=True))
+        return [(g,) for g in gpus], self._stage_bytes(pool.model, bounds), spans
+
+    def register(self, inst: Instance, spans: Spans) -> None:
+        """`inst` serves with `spans`."""
+        self.spans[inst.id] = spans
+
+    def retune(self, pool: Pool) -> None:
+        """One granularity decision; serving groups whose stage count differs refactor."""
+        if not self.enabled or not any(i.id in self.spans for i in pool.instances):
+            return
+        eta = self._num_stages(pool)
+        for inst in list(pool.instances):
+            spans = self.spans.get(inst.id)
+            if spans is None or not inst.loaded or inst.id in self.refactoring:
+                continue
+            if len(spans) != eta:
+                self._refactor(pool, inst, spans, eta)
+
+    def _refactor(self, pool: Pool, inst: Instance, spans: Spans, eta: int) -> None:
+        world = self.world
+        kept = tuple(g for g, _ in spans)[:eta]
+        cut = self._cut_and_place(pool, eta, kept)
+        if cut is None:
+            return
+        bounds, added = cut
+        self.gpus.take(tuple(added))
+        target = tuple(zip(kept + added, bounds, strict=True))
+        valid = [(str(r.id), r.input_tokens + r.generated) for _, _, r in inst.running]
+        plan = refactor(spans, target, valid)
+        prof = world.models[pool.model].profile
+        kv_per_layer_token = prof.kv_bytes_per_token // prof.num_layers
+        moved: dict[tuple[int, int], int] = {}
+        for mv in plan.block_moves:
+            key = (mv.src_slot, mv.dst_slot)
+            moved[key] = moved.get(key, 0) + prof.layer_bytes
+        for kv in plan.kv_copies:
+            key = (kv.src_slot, kv.dst_slot)
+            moved[key] = moved.get(key, 0) + kv_per_layer_token * kv.num_tokens
+        self.refactoring.add(inst.id)
+        inst.sending += 1
+        left = [len(moved)]
+
+        def done() -> None:
+            left[0] -= 1
+            if left[0] > 0:
+                return
+            inst.sending -= 1
+            self.refactoring.discard(inst.id)
+            new_gpus = {g for g, _ in target}
+            self.gpus.give_back(tuple(g for g, _ in spans if g not in new_gpus))
+            machine = world.state.machine_of_gpu[target[0][0]].index
+            inst.placement = Placement(tuple((g,) for g, _ in target), machine)
+            inst.set_hop((len(target) - 1) * world.system.stage_hop_s)
+            self.spans[inst.id] = target
+            world.event(pool.model, pool.role, "refactor")
+
+        if not moved:
+            left[0] = 1
+            done()
+            return
+        for (src, dst), nbytes in sorted(moved.items()):
+            world.net.start(world.state.gpu_to_gpu(src, dst), nbytes, done)

@@ -1,0 +1,62 @@
+"""FlexPipe composed: stage count from the CV, layers, slots, refactoring plan."""
+
+import pytest
+
+from surge.errors import SurgeError
+from surge.policy.flexpipe_granularity import GranularityState
+from surge.policy.flexpipe_placement import SlotState
+from surge.policy.flexpipe_system import (
+    FlexPipeSettings,
+    LayerProfile,
+    candidates,
+    choose_num_stages,
+    place_stages,
+    refactor,
+    stage_layers,
+)
+
+PROFILE = LayerProfile(
+    num_layers=8, prefill_s=0.01, decode_s=0.002, param_bytes=100, activation_bytes=10, hop_s=0.001
+)
+SETTINGS = FlexPipeSettings()
+
+
+def test_finer_stages_for_burstier_arrivals():
+    steady = [i * 1.0 for i in range(50)]
+    bursty = [0.0] * 20 + [30.0] * 20 + [30.0 + 0.01 * i for i in range(10)] + [90.0]
+    eta_steady, _ = choose_num_stages(steady, PROFILE, GranularityState(), SETTINGS)
+    eta_bursty, _ = choose_num_stages(bursty, PROFILE, GranularityState(), SETTINGS)
+    assert eta_steady == 1 and eta_bursty > eta_steady
+
+
+def test_candidates_stop_at_the_layer_count_and_trade_latency_for_throughput():
+    few = LayerProfile(2, 0.01, 0.002, 100, 10, 0.001)
+    assert [c.num_stages for c in candidates(few, SETTINGS)] == [1, 2]
+    cands = candidates(PROFILE, SETTINGS)
+    assert cands[-1].throughput_rps > cands[0].throughput_rps
+    assert cands[-1].latency_s > cands[0].latency_s
+
+
+def test_stage_layers_cover_the_model_within_slot_memory():
+    bounds = stage_layers(PROFILE, 4, 100.0, 250, SETTINGS)
+    assert bounds[0][0] == 0 and bounds[-1][1] == 8 and len(bounds) == 4
+    assert all(b - a <= 2 for a, b in bounds)  # 250 bytes hold 2 layers of 100
+    with pytest.raises(SurgeError):
+        stage_layers(PROFILE, 2, 100.0, 250, SETTINGS)
+
+
+def test_stages_take_distinct_slots_or_none():
+    slots = [SlotState(g, 1000) for g in (5, 6, 7)]
+    placed = place_stages("m", [300, 300], 1.0, 0.5, slots, SETTINGS)
+    assert placed is not None and len(set(placed)) == 2
+    assert place_stages("m", [300, 300, 300, 300], 1.0, 0.5, slots, SETTINGS) is None
+
+
+def test_refactor_moves_only_layers_whose_slot_changes():
+    current = [(0, (0, 4)), (1, (4, 8))]
+    target = [(0, (0, 2)), (1, (2, 4)), (2, (4, 6)), (3, (6, 8))]
+    plan = refactor(current, target, [("r", 5)])
+    assert {(m.block, m.src_slot, m.dst_slot) for m in plan.block_moves} == {
+        (2, 0, 1), (3, 0, 1), (4, 1, 2), (5, 1, 2), (6, 1, 3), (7, 1, 3),
+    }  # fmt: skip
+    assert len(plan.kv_copies) == 6 and all(c.num_tokens == 5 for c in plan.kv_copies)
