@@ -47,6 +47,13 @@ def simulate(
     slo_ttft_s: Annotated[float, typer.Option(help="TTFT SLO of every model")] = 5.0,
     slo_tpot_s: Annotated[float, typer.Option(help="TPOT SLO of every model")] = 0.2,
     warm: Annotated[int, typer.Option(help="Instances per model serving at t=0")] = 0,
+    block_count: Annotated[
+        str,
+        typer.Option(
+            help="Blocks per multicast: system (the system's num_blocks) or elbow "
+            "(λScale §4.2 selective block size, chosen per scale-out size)"
+        ),
+    ] = "system",
     traces_dir: Annotated[Path | None, typer.Option(help="Directory of the shared traces")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the JSON here")] = None,
     png: Annotated[Path | None, typer.Option(help="Write the PNG here")] = None,
@@ -64,6 +71,8 @@ def simulate(
     from surge.traces.resolve import load_trace
     from surge.traces.transform import scale_rate, time_slice
 
+    if block_count not in ("system", "elbow"):
+        raise SurgeError(f"--block-count must be system or elbow (got {block_count!r})")
     if rate_scale <= 0:
         raise SurgeError(f"--rate-scale must be > 0 (got {rate_scale})")
     if duration_s is not None and duration_s <= 0:
@@ -84,7 +93,9 @@ def simulate(
     horizon = loaded.duration_s or 1.0
     with Progress(transient=True) as progress:
         for name in systems:
-            settings = SimSettings(cluster, models, name, seed, slo, warm_instances=warm)
+            settings = SimSettings(
+                cluster, models, name, seed, slo, warm_instances=warm, block_count=block_count
+            )
             sim = Simulation(loaded, settings)
             task = progress.add_task(f"{name}", total=horizon)
             res = sim.run(lambda now, task=task: progress.update(task, completed=min(now, horizon)))

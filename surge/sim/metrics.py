@@ -106,6 +106,8 @@ def summarize(res: SimResult, settings: SimSettings) -> dict:
         "scale_outs": sum(c for _, _, k, c in res.scale_events if k == "scale-out"),
         "mutations": sum(c for _, _, k, c in res.scale_events if k == "mutate"),
         "pipelines": sum(c for _, _, k, c in res.scale_events if k == "pipeline"),
+        "consolidations": sum(1 for _, _, k, _ in res.scale_events if k == "consolidate"),
+        "refactors": sum(1 for _, _, k, _ in res.scale_events if k == "refactor"),
         "max_host_cache_bytes": max((b for _, _, b in res.samples), default=0),
         "sim_end_s": res.end_s,
         "events": res.num_events,

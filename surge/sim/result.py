@@ -32,7 +32,9 @@ class SimResult:
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, GPUs allocated, host-cache bytes), every sample interval."""
     scale_events: list[tuple[float, str, str, int]] = field(default_factory=list)
-    """(time, model, kind, count): kind is scale-out, release, mutate, pipeline."""
+    """(time, model, kind, count): kind is scale-out, release, mutate, pipeline,
+    consolidate (a ParaServe group became `count` instances) or refactor (a FlexPipe
+    group changed its stages)."""
     cache_hits: int = 0
     """Instance loads served from host memory."""
     cache_misses: int = 0

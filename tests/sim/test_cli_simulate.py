@@ -57,6 +57,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         ("--trace", str(bad)),
         ("--rate-scale", "-1"),
         ("--system", "nope"),
+        ("--block-count", "nope"),
     ):
         r = run_surge("simulate", *args)
         assert r.returncode == 2, args
