@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from surge.cli.serve import SERVE_STRATEGIES
 from surge.errors import SurgeError
 
 UrlOpt = Annotated[
@@ -40,7 +41,7 @@ def deploy(
     model: Annotated[str, typer.Option(help="Store or Hugging Face checkpoint directory.")],
     strategy: Annotated[
         str,
-        typer.Option(help="lambdascale, blitzscale, paraserve or serverlessllm."),
+        typer.Option(help=f"A system surge serve runs: {', '.join(SERVE_STRATEGIES)}."),
     ] = "lambdascale",
     min_replicas: Annotated[int, typer.Option(help="0 = scale to zero.")] = 0,
     max_replicas: Annotated[int | None, typer.Option(help="Default: every slot.")] = None,

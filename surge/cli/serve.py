@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from surge.errors import SurgeError
+from surge.policy.systems import SYSTEMS, serve_system
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,12 @@ SERVE_KEYS = {
     "host_cache_gb": float,
     "tick_s": float,
     "log_level": str,
+    "strategy": str,
     "deployments": list,
 }
+"""Settings a config file may hold, and their types."""
+SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)
+"""The `surge.policy.systems` entries `surge serve` carries out (a deployment's strategy)."""
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -71,6 +76,11 @@ def load_config(path: Path) -> dict[str, Any]:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
             raise SurgeError(f"config file {path}: {key} must be a {want.__name__}")
+    if "strategy" in data:
+        try:
+            serve_system(data["strategy"])
+        except SurgeError as e:
+            raise SurgeError(f"config file {path}: {e}") from None
     from surge.control.spec import DeploymentSpec
 
     for d in data.get("deployments", []):
@@ -87,7 +97,13 @@ def serve(
         typer.Option(help="Store or HF checkpoint to deploy (default: the tiny model)."),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Deployment name for --model.")] = None,
-    strategy: Annotated[str, typer.Option(help="Scale-out strategy for --model.")] = "lambdascale",
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="Scale-out strategy of --model or the default model: "
+            f"{', '.join(SERVE_STRATEGIES)} (default lambdascale)."
+        ),
+    ] = None,
     nodes: Annotated[int | None, typer.Option(help="Local node agents (default 4).")] = None,
     link_gbps: Annotated[
         float | None, typer.Option(help="Per-node link cap, Gbit/s (default: none).")
@@ -130,6 +146,10 @@ def serve(
         "state_dir": str(state_dir) if state_dir else None,
     }
     cfg.update({k: v for k, v in flags.items() if v is not None})
+    if strategy is not None:
+        cfg["strategy"] = strategy
+    strategy_ = cfg.get("strategy", "lambdascale")
+    serve_system(strategy_)  # before any agent starts: one error line naming the choices
     num_nodes = int(cfg.get("nodes", 4))
     if num_nodes < 1:
         raise SurgeError(f"--nodes must be >= 1 (got {num_nodes})")
@@ -138,16 +158,19 @@ def serve(
     port_ = int(cfg.get("port", 8000))
     if not 0 <= port_ < 65536:
         raise SurgeError(f"--port must be 0..65535 (got {port_})")
-    deployments = list(cfg.get("deployments", []))
+    # The default strategy (flag, else config file) applies to deployments naming none.
+    deployments = [{"strategy": strategy_, **d} for d in cfg.get("deployments", [])]
     if model is not None:
         path = Path(model).expanduser().resolve()
-        deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy})
+        deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy_})
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
-    asyncio.run(_serve(cfg, num_nodes, port_, deployments))
+    asyncio.run(_serve(cfg, num_nodes, port_, deployments, strategy_))
 
 
-async def _serve(cfg: dict[str, Any], num_nodes: int, port: int, deployments: list) -> None:
+async def _serve(
+    cfg: dict[str, Any], num_nodes: int, port: int, deployments: list, strategy: str
+) -> None:
     import uvicorn
 
     from surge.api.app import create_app
@@ -174,7 +197,9 @@ async def _serve(cfg: dict[str, Any], num_nodes: int, port: int, deployments: li
                 await controller.create(d)
         if not controller.deployments:
             store = await asyncio.to_thread(default_store)
-            await controller.create({"name": DEFAULT_MODEL_NAME, "model": str(store)})
+            await controller.create(
+                {"name": DEFAULT_MODEL_NAME, "model": str(store), "strategy": strategy}
+            )
         app = create_app(controller, cfg.get("api_key"))
         server = uvicorn.Server(
             uvicorn.Config(

@@ -103,6 +103,8 @@ def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
         ("typo.yaml", "nodez: 3\n", "unknown setting 'nodez'"),
         ("type.yaml", "nodes: four\n", "nodes must be a int"),
         ("dep.yaml", "deployments:\n  - {name: x, model: /m, strategy: magic}\n", "strategy"),
+        ("strategy.yaml", "strategy: magic\n", "unknown strategy 'magic'"),
+        ("sim.yaml", "strategy: faasnet\n", "only in the simulator"),
         ("list.yaml", "- 1\n- 2\n", "mapping"),
         ("bad.ini", "x=1\n", ".yaml, .yml or .toml"),
     ],
@@ -116,6 +118,18 @@ def test_bad_config_file_is_one_line_exit_2(tmp_path: Path, name, text, words) -
     assert len(r.stderr.strip().splitlines()) == 1
     r = run_surge("serve", "--config", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("magic", "choose one of lambdascale, blitzscale, paraserve"), ("nccl", "simulator")],
+)
+def test_bad_strategy_flag_is_one_line_exit_2(tmp_path: Path, value, words) -> None:
+    """Checked before any agent starts: `surge serve` runs the served `policy.systems`."""
+    r = run_surge("serve", "--strategy", value, "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and words in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_thin_client_without_a_server_is_one_line(tmp_path: Path) -> None:
