@@ -23,11 +23,21 @@ at any time, so one extra exchange step finishes: B + l steps = B + ceil(log2 L)
 With K sources the nodes form K sub-groups (`split_subgroups`), each a 1 -> L
 multicast in λScale's k-way block order (`kway_block_orders`), all in parallel.
 Given link speeds, the fastest destinations take the positions that receive first.
+
+Speed (issue 12): a sub-group's steps are computed once per sub-group size, with numpy
+over all hypercube vertices at once, in block positions (which block comes i-th in
+the group's order); each sub-group then maps positions to its blocks and roles to its
+nodes. Positions are enough because a twin never lacks more than one block of its
+vertex, so "the smallest missing block" never depends on the order.
 """
+
+import functools
+
+import numpy as np
 
 from surge.errors import SurgeError
 from surge.policy.cluster import Cluster
-from surge.policy.plan import Plan, PlanInvariantError, Transfer, make_plan
+from surge.policy.plan import Plan, PlanInvariantError, plan_from_arrays
 from surge.policy.subgroups import check_sizes, kway_block_orders, split_subgroups
 
 STRATEGY = "binomial"
@@ -45,115 +55,129 @@ def binomial_step_bound(num_nodes: int, num_blocks: int, num_sources: int = 1) -
     return num_blocks + (largest_subgroup - 1).bit_length() - 1
 
 
-def _hypercube_step(step: int, num_dims: int) -> list[tuple[int, int, int]]:
-    """(src vertex, dst vertex, virtual block) of one hypercube step.  # λScale §3, RDMC
+def _hypercube_step(step: int, num_dims: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src vertices, dst vertices, virtual blocks) of one hypercube step.  # λScale §3, RDMC
 
     Virtual block x >= B stands for the last block; callers clamp it.
     """
-    dim = step % num_dims
-    moves: list[tuple[int, int, int]] = []
-    for high in range(1 << num_dims):
-        if not high >> dim & 1:
-            continue
-        low = high ^ (1 << dim)
-        if low == 0:
-            moves.append((0, high, step))  # the source injects a new block
-        else:
-            # Block step-m spreads across d_step to the vertices whose first set bit,
-            # scanning dimensions d_{step-l+1} .. d_{step-1}, is d_{step-m}.
-            for m in range(num_dims - 1, 0, -1):
-                if high >> ((step - m) % num_dims) & 1:
-                    if step - m >= 0:
-                        moves.append((low, high, step - m))
-                    break
-            if step - num_dims >= 0:
-                # Block step-l, held by the whole half with bit d set, crosses back.
-                moves.append((high, low, step - num_dims))
-    return moves
+    bit = 1 << (step % num_dims)
+    vertices = np.arange(1 << num_dims, dtype=np.int64)
+    high = vertices[(vertices & bit) != 0]
+    low = high ^ bit
+    inner = low != 0
+    # Block step-m spreads across d_step to the vertices whose first set bit, scanning
+    # dimensions d_{step-l+1} .. d_{step-1}, is d_{step-m}: the largest such m wins.
+    spread_m = np.zeros(high.size, dtype=np.int64)
+    for m in range(num_dims - 1, 0, -1):
+        unset = (spread_m == 0) & ((high >> ((step - m) % num_dims)) & 1 == 1)
+        spread_m[unset] = m
+    spreads = inner & (spread_m > 0) & (step - spread_m >= 0)
+    srcs = [np.zeros(1, dtype=np.int64), low[spreads]]  # the source injects a new block
+    dsts = [np.array([bit], dtype=np.int64), high[spreads]]
+    blocks = [np.array([step], dtype=np.int64), step - spread_m[spreads]]
+    if step - num_dims >= 0:
+        # Block step-l, held by the whole half with bit d set, crosses back.
+        srcs.append(high[inner])
+        dsts.append(low[inner])
+        blocks.append(np.full(int(inner.sum()), step - num_dims, dtype=np.int64))
+    return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(blocks)
 
 
-def _subgroup_steps(group_size: int, order: list[int]) -> list[list[tuple[int, int, int]]]:
-    """Steps of a 1 -> L binomial multicast in local node ids (0 = source)."""
-    num_blocks = len(order)
+def _first_missing(
+    held: np.ndarray, src: np.ndarray, dst: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair, whether src holds a block dst lacks, and the smallest such block."""
+    missing = held[src] & ~held[dst]
+    return missing.any(axis=1), missing.argmax(axis=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _subgroup_steps(group_size: int, num_blocks: int) -> tuple[np.ndarray, ...]:
+    """Transfers of a 1 -> L binomial multicast in local node ids (0 = source).
+
+    Returns arrays (step index from 0, src, dst, block position); position i stands for
+    the i-th block of the group's order.
+    """
+    empty = np.zeros(0, dtype=np.int64)
     if group_size == 1:
-        return []
+        return empty, empty, empty, empty
     num_dims = group_size.bit_length() - 1
     num_vertices = 1 << num_dims
-    twin_of = {v: v + num_vertices - 1 for v in range(1, group_size - num_vertices + 1)}
-    held: list[set[int]] = [set(order) if n == 0 else set() for n in range(group_size)]
-    steps: list[list[tuple[int, int, int]]] = []
+    twin_a = np.arange(1, group_size - num_vertices + 1, dtype=np.int64)
+    twin_b = twin_a + num_vertices - 1
+    held = np.zeros((group_size, num_blocks), dtype=bool)
+    held[0] = True
+    out: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
 
     for step in range(num_blocks + num_dims - 1):
-        moves = [
-            (src, dst, order[min(x, num_blocks - 1)])
-            for src, dst, x in _hypercube_step(step, num_dims)
-        ]
-        outgoing = {src: block for src, _, block in moves}
-        sender: dict[int, int] = {}
-        receiver: dict[int, int] = {}
-        for vertex in range(num_vertices):
-            if vertex not in twin_of:
-                sender[vertex] = receiver[vertex] = vertex
-                continue
-            a, b = vertex, twin_of[vertex]
-            block = outgoing.get(vertex)
-            if block is None or block in held[a]:
-                sender[vertex], receiver[vertex] = a, b
-            else:
-                sender[vertex], receiver[vertex] = b, a
-        transfers: list[tuple[int, int, int]] = []
-        busy_in: set[int] = set()
-        busy_out: set[int] = set()
-        for src_v, dst_v, block in moves:
-            src, dst = sender[src_v], receiver[dst_v]
-            if block not in held[dst]:
-                transfers.append((src, dst, block))
-                busy_out.add(src)
-                busy_in.add(dst)
-        for vertex in twin_of:
-            for src, dst in (
-                (receiver[vertex], sender[vertex]),
-                (sender[vertex], receiver[vertex]),
-            ):
-                missing = sorted(held[src] - held[dst])
-                if missing and src not in busy_out and dst not in busy_in:
-                    transfers.append((src, dst, missing[0]))
-                    busy_out.add(src)
-                    busy_in.add(dst)
-        _apply(held, transfers)
-        steps.append(transfers)
-        _check_twins(held, twin_of)
+        move_src, move_dst, virtual = _hypercube_step(step, num_dims)
+        move_block = np.minimum(virtual, num_blocks - 1)
+        # Per vertex the twin that sends and the twin that receives: the first twin
+        # sends unless it lacks the vertex's outgoing block.
+        sender = np.arange(num_vertices, dtype=np.int64)
+        receiver = sender.copy()
+        if twin_a.size:
+            outgoing = np.full(num_vertices, -1, dtype=np.int64)
+            outgoing[move_src] = move_block
+            out_block = outgoing[twin_a]
+            a_sends = (out_block < 0) | held[twin_a, np.maximum(out_block, 0)]
+            sender[twin_a] = np.where(a_sends, twin_a, twin_b)
+            receiver[twin_a] = np.where(a_sends, twin_b, twin_a)
+        src, dst = sender[move_src], receiver[move_dst]
+        keep = ~held[dst, move_block]
+        srcs, dsts, blocks = [src[keep]], [dst[keep]], [move_block[keep]]
+        if twin_a.size:
+            busy_out = np.zeros(group_size, dtype=bool)
+            busy_in = np.zeros(group_size, dtype=bool)
+            busy_out[srcs[0]] = True
+            busy_in[dsts[0]] = True
+            s, r = sender[twin_a], receiver[twin_a]
+            # The twins swap what one lacks, each way where both ports are still free.
+            for a, b in ((r, s), (s, r)):
+                has, first = _first_missing(held, a, b)
+                ok = has & ~busy_out[a] & ~busy_in[b]
+                srcs.append(a[ok])
+                dsts.append(b[ok])
+                blocks.append(first[ok])
+                busy_out[a[ok]] = True
+                busy_in[b[ok]] = True
+        step_src, step_dst, step_block = map(np.concatenate, (srcs, dsts, blocks))
+        held[step_dst, step_block] = True
+        out.append((step, step_src, step_dst, step_block))
+        _check_twins(held, twin_a, twin_b)
 
     # One exchange step gives each twin the single block it still lacks.
-    final = []
-    for a, b in twin_of.items():
-        for src, dst in ((a, b), (b, a)):
-            missing = sorted(held[src] - held[dst])
-            if missing:
-                final.append((src, dst, missing[0]))
-    _apply(held, final)
-    if final:
-        steps.append(final)
-    if any(len(h) != num_blocks for h in held):
+    final = [(*_first_missing(held, a, b), a, b) for a, b in ((twin_a, twin_b), (twin_b, twin_a))]
+    final_src = np.concatenate([a[has] for has, _, a, _ in final])
+    if final_src.size:
+        final_dst = np.concatenate([b[has] for has, _, _, b in final])
+        final_block = np.concatenate([first[has] for has, first, _, _ in final])
+        held[final_dst, final_block] = True
+        out.append((num_blocks + num_dims - 1, final_src, final_dst, final_block))
+    if not held.all():
         raise PlanInvariantError(f"binomial sub-group of {group_size} left nodes incomplete")
-    return steps
+    step_ids = np.concatenate([np.full(s.size, t, dtype=np.int64) for t, s, _, _ in out])
+    result = (step_ids, *(np.concatenate([o[i] for o in out]) for i in (1, 2, 3)))
+    for array in result:
+        array.flags.writeable = False  # cached: shared by every call
+    return result
 
 
-def _apply(held: list[set[int]], transfers: list[tuple[int, int, int]]) -> None:
-    for _, dst, block in transfers:
-        held[dst].add(block)
-
-
-def _check_twins(held: list[set[int]], twin_of: dict[int, int]) -> None:
+def _check_twins(held: np.ndarray, twin_a: np.ndarray, twin_b: np.ndarray) -> None:
     """Each twin lacks at most one block of its vertex, and never the same one."""
-    for a, b in twin_of.items():
-        only_a, only_b = held[a] - held[b], held[b] - held[a]
-        if len(only_a) > 1 or len(only_b) > 1:
-            raise PlanInvariantError(f"twins {a},{b} drifted apart: {only_a} vs {only_b}")
+    only_a = (held[twin_a] & ~held[twin_b]).sum(axis=1)
+    only_b = (held[twin_b] & ~held[twin_a]).sum(axis=1)
+    drifted = np.flatnonzero((only_a > 1) | (only_b > 1))
+    if drifted.size:
+        a, b = int(twin_a[drifted[0]]), int(twin_b[drifted[0]])
+        raise PlanInvariantError(
+            f"twins {a},{b} drifted apart: {only_a[drifted[0]]} vs "
+            f"{only_b[drifted[0]]} blocks only one of them holds"
+        )
 
 
 def _place_by_speed(
-    group: list[int], local_steps: list[list[tuple[int, int, int]]], cluster: Cluster
+    group: list[int], local_dst: np.ndarray, local_step: np.ndarray, cluster: Cluster
 ) -> list[int]:
     """Map local roles to nodes so the fastest destinations take the earliest roles.
 
@@ -166,11 +190,10 @@ def _place_by_speed(
     speed = {n: min(cluster.egress_gbps[n], cluster.ingress_gbps[n]) for n in destinations}
     if len(set(speed.values())) <= 1:
         return group
-    first_step: dict[int, int] = {}
-    for index, transfers in enumerate(local_steps):
-        for _, dst, _ in transfers:
-            first_step.setdefault(dst, index)
-    roles = sorted(range(1, len(group)), key=lambda r: (first_step[r], r))
+    first_step = np.full(len(group), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_step, local_dst, local_step)
+    roles = np.arange(1, len(group), dtype=np.int64)
+    roles = roles[np.lexsort((roles, first_step[1:]))].tolist()
     fastest = sorted(destinations, key=lambda n: (-speed[n], n))
     placed = [group[0], *destinations]
     for role, node in zip(roles, fastest, strict=True):
@@ -190,16 +213,31 @@ def plan_binomial(
     if cluster is not None and cluster.num_nodes != num_nodes:
         raise SurgeError(f"cluster describes {cluster.num_nodes} nodes, plan has {num_nodes}")
     groups = split_subgroups(num_nodes, num_sources)
-    orders = kway_block_orders(num_blocks, num_sources)
-    steps: list[list[Transfer]] = []
-    for group, order in zip(groups, orders, strict=True):
-        local_steps = _subgroup_steps(len(group), order)
-        nodes = group if cluster is None else _place_by_speed(group, local_steps, cluster)
-        for index, local in enumerate(local_steps):
-            if index == len(steps):
-                steps.append([])
-            steps[index].extend(Transfer(nodes[s], nodes[d], blk) for s, d, blk in local)
-    plan = make_plan(STRATEGY, num_nodes, num_blocks, num_sources, steps)
+    orders = np.array(kway_block_orders(num_blocks, num_sources), dtype=np.int64)
+    parts: list[tuple[np.ndarray, ...]] = []
+    for size in sorted({len(g) for g in groups}):
+        local_step, local_src, local_dst, local_pos = _subgroup_steps(size, num_blocks)
+        picked = [i for i, g in enumerate(groups) if len(g) == size]
+        nodes = np.array(
+            [
+                groups[i]
+                if cluster is None
+                else _place_by_speed(groups[i], local_dst, local_step, cluster)
+                for i in picked
+            ],
+            dtype=np.int64,
+        )
+        # One row per sub-group of this size, one column per local transfer.
+        parts.append(
+            (
+                np.broadcast_to(local_step, (len(picked), local_step.size)).ravel(),
+                nodes[:, local_src].ravel(),
+                nodes[:, local_dst].ravel(),
+                orders[picked][:, local_pos].ravel(),
+            )
+        )
+    step, src, dst, block = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    plan = plan_from_arrays(STRATEGY, num_nodes, num_blocks, num_sources, step + 1, src, dst, block)
     bound = binomial_step_bound(num_nodes, num_blocks, num_sources)
     if plan.complete_step != bound:
         raise PlanInvariantError(f"binomial took {plan.complete_step} steps, bound is {bound}")

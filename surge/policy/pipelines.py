@@ -14,14 +14,23 @@ Two generators:
   complete nor in a live pipeline, form as many disjoint fewest-stage covers as the
   greedy search finds (`find_stage_cover`). Nodes of a dissolved pipeline are free again.
 Sources are never stages: they already serve a whole copy.
+
+Speed (issue 12): holdings are one (N, B) arrival matrix; a step is searched only if
+a free node received a block or a pipeline dissolved since the last search that found
+nothing (the same inputs give the same None); a plan whose every destination receives
+its blocks in layer order (chain, binary tree, naive) holds only prefixes, so no set
+of incomplete nodes covers every block and it forms no pipeline.
 """
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from surge.errors import SurgeError
-from surge.policy.plan import Plan, PlanInvariantError, arrival_steps
-from surge.policy.stage_cover import Stage, find_stage_cover
+from surge.policy.plan import Plan, PlanInvariantError, arrival_matrix
+from surge.policy.stage_cover import CoverIndex, Stage, search_cover
 
 
 @dataclass(frozen=True)
@@ -57,14 +66,17 @@ class Pipeline:
         return tuple(s.node for s in self.stages)
 
 
-def _holdings_at(arrival: list[list[int]], step: int) -> dict[int, set[int]]:
-    return {
-        node: {b for b, at in enumerate(row) if 0 <= at <= step} for node, row in enumerate(arrival)
-    }
+def _receives_in_layer_order(arrival: np.ndarray, num_sources: int) -> bool:
+    """True if every destination gets block i+1 no earlier than block i.
+
+    Then at every step each destination holds a prefix 0..j; the longest prefix among
+    incomplete nodes misses block j+1 and nobody else holds it, so no cover exists.
+    """
+    return bool(np.all(arrival[num_sources:, 1:] >= arrival[num_sources:, :-1]))
 
 
-def _completion(arrival: list[list[int]]) -> list[int]:
-    return [max(row) for row in arrival]
+def _index_at(arrival: np.ndarray, nodes: np.ndarray, step: int) -> CoverIndex:
+    return CoverIndex(nodes.tolist(), arrival[nodes] <= step)
 
 
 def pipelines_earliest(
@@ -72,32 +84,44 @@ def pipelines_earliest(
 ) -> tuple[Pipeline, ...]:
     """Greedy earliest disjoint covers at every step (general case of λScale §4.3)."""
     settings = settings or PipelineSettings()
-    arrival = arrival_steps(plan)
-    completion = _completion(arrival)
+    arrival = arrival_matrix(plan)
+    if _receives_in_layer_order(arrival, plan.num_sources):
+        return ()
+    completion = arrival.max(axis=1)
+    arrays = plan.arrays
+    starts = arrays.step_starts.tolist()
+    is_destination = np.arange(plan.num_nodes) >= plan.num_sources
+    busy = np.zeros(plan.num_nodes, dtype=bool)  # in a live pipeline
     formed: list[Pipeline] = []
     live: list[Pipeline] = []
-    destinations = range(plan.num_sources, plan.num_nodes)
+    # Free nodes when the last search found nothing; before step 1 nobody holds a block.
+    settled = is_destination.copy()
     for step in range(1, plan.complete_step + 1):
+        dissolved = [p for p in live if p.until_step <= step]
         live = [p for p in live if p.until_step > step]
-        busy = {node for p in live for node in p.nodes}
-        free = [v for v in destinations if completion[v] > step and v not in busy]
-        if len(free) < 2:
-            continue
-        holdings = _holdings_at(arrival, step)
-        while len(free) >= 2:
-            stages = find_stage_cover(
-                holdings,
-                free,
-                plan.num_blocks,
-                settings.max_stages,
-                settings.max_search_states,
-            )
-            if stages is None:
-                break
-            pipeline = Pipeline(step, stages, min(completion[s.node] for s in stages))
-            formed.append(pipeline)
-            live.append(pipeline)
-            free = [v for v in free if v not in pipeline.nodes]
+        for p in dissolved:
+            busy[list(p.nodes)] = False
+        received = arrays.dst[starts[step - 1] : starts[step]]
+        if not dissolved and not settled[received].any():
+            continue  # same free nodes, same holdings: the search would find nothing again
+        free = np.flatnonzero(is_destination & (completion > step) & ~busy)
+        held = arrival[free] <= step
+        if len(free) >= 2 and held.any(axis=0).all():
+            index = CoverIndex(free.tolist(), held)
+            free_left = len(free)
+            while free_left >= 2:
+                stages = search_cover(
+                    index, plan.num_blocks, settings.max_stages, settings.max_search_states
+                )
+                if stages is None:
+                    break
+                pipeline = Pipeline(step, stages, int(min(completion[s.node] for s in stages)))
+                formed.append(pipeline)
+                live.append(pipeline)
+                busy[list(pipeline.nodes)] = True
+                index.drop(pipeline.nodes)
+                free_left -= len(stages)
+        settled[:] = is_destination & (completion > step) & ~busy
     result = tuple(formed)
     validate_pipelines(plan, result)
     return result
@@ -134,24 +158,29 @@ def pipelines_kway(
 ) -> tuple[Pipeline, ...]:
     """Pipelines of λScale Alg. 2: each fixed group forms at its earliest covering step."""
     settings = settings or PipelineSettings()
-    arrival = arrival_steps(plan)
-    completion = _completion(arrival)
+    arrival = arrival_matrix(plan)
+    completion = arrival.max(axis=1)
     formed: list[Pipeline] = []
     for group in kway_pipeline_groups(subgroups):
-        for step in range(1, plan.complete_step + 1):
-            candidates = [v for v in group if completion[v] > step]
+        nodes = np.asarray(group, dtype=np.int64)
+        # Before every block is somewhere in the group no cover exists: start there,
+        # unless fewer than two incomplete nodes are left by then (nothing forms).
+        first = max(1, int(arrival[nodes].min(axis=0).max()))
+        if first > 1 and np.count_nonzero(completion[nodes] > first - 1) < 2:
+            continue
+        for step in range(first, plan.complete_step + 1):
+            candidates = nodes[completion[nodes] > step]
             if len(candidates) < 2:
                 break
-            holdings = {v: {b for b, at in enumerate(arrival[v]) if at <= step} for v in group}
-            stages = find_stage_cover(
-                holdings,
-                candidates,
+            stages = search_cover(
+                _index_at(arrival, np.sort(candidates), step),
                 plan.num_blocks,
                 settings.max_stages,
                 settings.max_search_states,
             )
             if stages is not None:
-                formed.append(Pipeline(step, stages, min(completion[s.node] for s in stages)))
+                until = int(min(completion[s.node] for s in stages))
+                formed.append(Pipeline(step, stages, until))
                 break
     formed.sort(key=lambda p: (p.step, p.nodes))
     result = tuple(formed)
@@ -166,8 +195,10 @@ def validate_pipelines(plan: Plan, pipelines: Sequence[Pipeline]) -> None:
     destination that holds its blocks at `step` and is not yet complete; `until_step`
     is when a stage node completes; pipelines live at the same step share no node.
     """
-    arrival = arrival_steps(plan)
-    completion = _completion(arrival)
+    if not pipelines:
+        return
+    arrival = arrival_matrix(plan)
+    completion = arrival.max(axis=1).tolist()
     for p in pipelines:
         if len(p.stages) < 2:
             raise PlanInvariantError(f"pipeline {p} has fewer than two stages")
@@ -177,7 +208,7 @@ def validate_pipelines(plan: Plan, pipelines: Sequence[Pipeline]) -> None:
                 raise PlanInvariantError(f"pipeline {p}: stages not contiguous in layer order")
             if s.node < plan.num_sources:
                 raise PlanInvariantError(f"pipeline {p}: source {s.node} used as a stage")
-            if any(arrival[s.node][b] > p.step for b in range(s.first_block, s.last_block + 1)):
+            if arrival[s.node, s.first_block : s.last_block + 1].max() > p.step:
                 raise PlanInvariantError(f"pipeline {p}: node {s.node} lacks its blocks")
             if completion[s.node] <= p.step:
                 raise PlanInvariantError(f"pipeline {p}: node {s.node} is already complete")
@@ -188,7 +219,28 @@ def validate_pipelines(plan: Plan, pipelines: Sequence[Pipeline]) -> None:
             raise PlanInvariantError(f"pipeline {p}: a node runs two stages")
         if p.until_step != min(completion[n] for n in p.nodes):
             raise PlanInvariantError(f"pipeline {p}: until_step is not the first mode switch")
-    for step in range(1, plan.complete_step + 1):
+    _check_live_pipelines_disjoint(plan.complete_step, pipelines)
+
+
+def _check_live_pipelines_disjoint(num_steps: int, pipelines: Sequence[Pipeline]) -> None:
+    """No node in two pipelines live at one step of 1..S (live: step <= t < until_step).
+
+    Per node, its pipelines' live intervals sorted by start must not overlap; only on
+    an overlap are the steps walked one by one, to name the first shared step.
+    """
+    intervals: dict[int, list[tuple[int, int]]] = {}
+    for p in pipelines:
+        first, stop = max(p.step, 1), min(p.until_step, num_steps + 1)
+        if first < stop:
+            for node in p.nodes:
+                intervals.setdefault(node, []).append((first, stop))
+    for spans in intervals.values():
+        spans.sort()
+        if any(first < stop for (_, stop), (first, _) in itertools.pairwise(spans)):
+            break
+    else:
+        return
+    for step in range(1, num_steps + 1):
         seen: set[int] = set()
         for p in pipelines:
             if p.step <= step < p.until_step:
