@@ -6,23 +6,24 @@ period — so no process outlives a test, even a failing one. Agents also exit o
 if the launching process dies.
 """
 
-import json
 import logging
 import os
 import secrets
-import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from surge.config import EngineConfig
 from surge.errors import SurgeError
+from surge.runtime.agent_context import AgentConfig
+from surge.runtime.agent_process import agent_argv, agent_env, wait_ready
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import SetPeersOp
+from surge.runtime.transport import DEFAULT_HOST
 
 log = logging.getLogger(__name__)
 
@@ -99,64 +100,31 @@ class LocalCluster:
         threads = self.config.threads_per_agent or max(
             1, (os.cpu_count() or 1) // self.config.num_nodes
         )
-        env = {
-            **os.environ,
-            "SURGE_TOKEN": self.token,
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-        }
+        env = agent_env(self.token, threads)
         for node in range(self.config.num_nodes):
-            eg, ig = self.config.caps(node)
-            cmd = [
-                sys.executable,
-                "-m",
-                "surge.cli",
-                "node",
-                "run",
-                "--node-id",
-                str(node),
-                "--cluster-id",
-                self.cluster_id,
-                "--disk-dir",
-                str(self.work_dir / f"node{node}"),
-            ]
-            if eg:
-                cmd += ["--egress-gbps", str(eg)]
-            if ig:
-                cmd += ["--ingress-gbps", str(ig)]
-            if self.config.remote_dir:
-                cmd += ["--remote-dir", str(self.config.remote_dir)]
-            if self.config.remote_gbps:
-                cmd += ["--remote-gbps", str(self.config.remote_gbps)]
-            cmd += ["--max-num-seqs", str(self.config.max_num_seqs)]
-            cmd += ["--max-kv-tokens", str(self.config.max_kv_tokens)]
-            if not self.config.preload_engine:
-                cmd.append("--no-preload-engine")
-            cmd += self.config.extra_args.get(node, [])
+            cmd = agent_argv(self.agent_config(node)) + self.config.extra_args.get(node, [])
             self.procs[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
         deadline = time.monotonic() + self.config.start_timeout_s
         for node, proc in self.procs.items():
-            self.addresses[node] = ("127.0.0.1", self._wait_ready(node, proc, deadline))
+            self.addresses[node] = (DEFAULT_HOST, wait_ready(node, proc, deadline))
 
-    def _wait_ready(self, node: int, proc: subprocess.Popen, deadline: float) -> int:
-        assert proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        try:
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise SurgeError(f"node agent {node} exited with {proc.returncode} at start")
-                if sel.select(timeout=0.2):
-                    line = proc.stdout.readline()
-                    if line:
-                        msg = json.loads(line)
-                        if msg.get("ready"):
-                            return int(msg["port"])
-            raise SurgeError(
-                f"node agent {node} did not start within {self.config.start_timeout_s} s"
-            )
-        finally:
-            sel.close()
+    def agent_config(self, node: int) -> AgentConfig:
+        """The settings of one of this cluster's agents."""
+        eg, ig = self.config.caps(node)
+        return AgentConfig(
+            node=node,
+            cluster_id=self.cluster_id,
+            token=self.token,
+            disk_dir=self.work_dir / f"node{node}",
+            egress_gbps=eg,
+            ingress_gbps=ig,
+            remote_dir=self.config.remote_dir,
+            remote_gbps=self.config.remote_gbps,
+            engine=EngineConfig(
+                max_num_seqs=self.config.max_num_seqs, max_kv_tokens=self.config.max_kv_tokens
+            ),
+            preload_engine=self.config.preload_engine,
+        )
 
     def client(self) -> ClusterClient:
         """A controller-side client of every agent (call `await client.connect()`)."""

@@ -13,22 +13,21 @@ An agent exits on its own when its actor's process dies (it watches its parent),
 killing the job or the Ray cluster leaves no agent behind.
 """
 
-import json
 import logging
-import os
 import secrets
-import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from surge.config import EngineConfig
 from surge.errors import SurgeError
+from surge.runtime.agent_context import AgentConfig
+from surge.runtime.agent_process import agent_argv, agent_env, wait_ready
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +44,39 @@ class RayClusterConfig:
     link_gbps: float | None = None
     remote_dir: Path | None = None
     """Model registry directory; must be readable at the same path on every Ray node."""
+    remote_gbps: float | None = None
+    """Read cap of the registry as seen from each agent."""
     max_num_seqs: int = 64
+    max_kv_tokens: int = 16384
+    """KV-cache capacity (tokens) of every runner on every agent."""
     preload_engine: bool = True
     num_cpus_per_agent: float = 0.0
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
     start_timeout_s: float = 120.0
 
 
-def agent_command(node: int, cluster_id: str, disk_dir: str, host: str, opts: dict) -> list[str]:
-    """`surge node run` for one agent; `opts` holds link_gbps, remote_dir, max_num_seqs and
-    preload_engine (JSON values, as they cross to the actor)."""
-    cmd = [sys.executable, "-m", "surge.cli", "node", "run", "--node-id", str(node)]
-    cmd += ["--cluster-id", cluster_id, "--disk-dir", disk_dir, "--host", host]
-    if opts.get("link_gbps"):
-        cmd += ["--egress-gbps", str(opts["link_gbps"]), "--ingress-gbps", str(opts["link_gbps"])]
-    if opts.get("remote_dir"):
-        cmd += ["--remote-dir", str(opts["remote_dir"])]
-    cmd += ["--max-num-seqs", str(opts.get("max_num_seqs", 64))]
-    if not opts.get("preload_engine", True):
-        cmd.append("--no-preload-engine")
-    return cmd
+def agent_config(
+    node: int, cluster_id: str, token: str, disk_dir: str, host: str, opts: dict
+) -> AgentConfig:
+    """One agent's settings, made inside its actor; `opts` holds the JSON values of
+    `RayClusterConfig` that cross to the actor (link_gbps, remote_dir, remote_gbps,
+    max_num_seqs, max_kv_tokens, preload_engine)."""
+    return AgentConfig(
+        node=node,
+        cluster_id=cluster_id,
+        token=token,
+        disk_dir=Path(disk_dir),
+        host=host,
+        egress_gbps=opts["link_gbps"],
+        ingress_gbps=opts["link_gbps"],
+        remote_dir=Path(opts["remote_dir"]) if opts["remote_dir"] else None,
+        remote_gbps=opts["remote_gbps"],
+        engine=EngineConfig(max_num_seqs=opts["max_num_seqs"], max_kv_tokens=opts["max_kv_tokens"]),
+        preload_engine=opts["preload_engine"],
+    )
 
 
-class NodeAgent:
+class NodeAgentActor:
     """The body of one Ray actor: owns one `surge node run` child process."""
 
     def __init__(self) -> None:
@@ -84,24 +93,12 @@ class NodeAgent:
 
             host = ray.util.get_node_ip_address()
         self.work_dir = tempfile.mkdtemp(prefix=f"surge-ray-node{node}-")
-        cmd = agent_command(node, cluster_id, self.work_dir, host, opts)
-        env = {**os.environ, "SURGE_TOKEN": token}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"node agent {node} exited with {self.proc.returncode}")
-                if sel.select(0.2):
-                    msg = json.loads(self.proc.stdout.readline() or "{}")
-                    if msg.get("ready"):
-                        return {"host": host, "port": int(msg["port"]), "pid": self.proc.pid}
-            raise RuntimeError(f"node agent {node} did not start within {timeout_s} s")
-        finally:
-            sel.close()
+        config = agent_config(node, cluster_id, token, self.work_dir, host, opts)
+        self.proc = subprocess.Popen(
+            agent_argv(config), stdout=subprocess.PIPE, env=agent_env(token)
+        )
+        port = wait_ready(node, self.proc, time.monotonic() + timeout_s)
+        return {"host": host, "port": port, "pid": self.proc.pid}
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after `grace_s`; remove the disk tier."""
@@ -179,14 +176,16 @@ class RayCluster:
         ray = self._init_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        actor_cls = ray.remote(NodeAgent)
+        actor_cls = ray.remote(NodeAgentActor)
         ray_nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         one_each = len(ray_nodes) >= self.config.num_nodes
         c = self.config
         opts = {
             "link_gbps": c.link_gbps,
             "remote_dir": str(c.remote_dir) if c.remote_dir else None,
+            "remote_gbps": c.remote_gbps,
             "max_num_seqs": c.max_num_seqs,
+            "max_kv_tokens": c.max_kv_tokens,
             "preload_engine": c.preload_engine,
         }
         started = {}
