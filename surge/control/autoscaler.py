@@ -28,7 +28,7 @@ from surge.control.state import Deployment, Instance
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.runtime.client import ClusterClient
-from surge.runtime.serving import LocalEndpoint
+from surge.runtime.endpoints import LocalEndpoint
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 
 from surge.control.pool import ParameterPool
-from surge.control.scaleout import instance_name
 from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment
 from surge.policy.host_copies import (
@@ -26,6 +25,7 @@ from surge.policy.host_copies import (
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp
+from surge.runtime.scaleout.context import instance_name
 
 log = logging.getLogger(__name__)
 

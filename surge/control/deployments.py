@@ -26,7 +26,7 @@ from surge.errors import SurgeError
 from surge.model.manifest import MANIFEST_NAME, read_manifest
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
-from surge.runtime.serving import Server
+from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
 

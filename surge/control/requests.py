@@ -15,8 +15,8 @@ from surge.control.metrics import Metrics
 from surge.control.state import Deployment, TrackedRequest
 from surge.engine.sampling import SamplingParams
 from surge.runtime.client import ClusterClient
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.protocol import InstanceAbortOp
-from surge.runtime.serving import LocalEndpoint
 
 
 class Requests:

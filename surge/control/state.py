@@ -15,7 +15,9 @@ from typing import Any
 from surge.control.spec import DeploymentSpec
 from surge.model.manifest import Manifest
 from surge.policy.autoscale import AutoscaleState
-from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server, ServeRequest
+from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.request import ServeRequest
+from surge.runtime.server import Server
 
 
 class TrackedRequest(ServeRequest):
