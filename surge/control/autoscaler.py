@@ -45,18 +45,38 @@ class ScaleOutResult:
     """Requests prefilled cooperatively (BlitzScale live scaling)."""
 
 
+@dataclass(frozen=True)
+class ScaleOutOffer:
+    """What the controller offers one scale-out of a deployment (see `start_scale_out`)."""
+
+    on_local: Callable[[int, LocalEndpoint], Awaitable[None]]
+    """A node serves as a local instance now (recorded on its slot)."""
+    make_host_copy: Callable[[int], Awaitable[None]]
+    """Load the model into a node's host tier, pinned (a cold leader; `copies.py`)."""
+    book: Callable[[int], bool]
+    """Take a free slot on one of `spares` for this deployment (a ParaServe group member);
+    False when it is no longer free."""
+    release: Callable[[int], Awaitable[None]]
+    """Give back a booked slot that did not become an instance."""
+    spares: tuple[int, ...]
+    """Live nodes other than the destinations with a free slot and no instance of it."""
+    nic_load: dict[int, int]
+    """Other scale-outs each node's NIC takes part in now (network contention)."""
+    link_gbps: float | None
+    """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
+
+
 # built with surge.runtime.scaleout (its owner may change this function)
 async def start_scale_out(
     client: ClusterClient,
     pool: ParameterPool,
     dep: Deployment,
     dests: list[int],
+    offer: ScaleOutOffer,
     *,
     engine: EngineConfig,
     timeout_s: float,
     serve_while_loading: bool,
-    on_local: Callable[[int, LocalEndpoint], Awaitable[None]],
-    make_host_copy: Callable[[int], Awaitable[None]],
     result: ScaleOutResult,
 ) -> None:
     """Bring `dests` up as local instances of `dep` by its strategy; fills `result`."""
@@ -72,8 +92,8 @@ async def start_scale_out(
         warm=[n for n in hosts if n not in dests],
         local_host={d for d in dests if d in hosts},
         local_disk={d for d in dests if d in pool.complete(name, "disk")},
-        on_local=on_local,
-        make_host_copy=make_host_copy,
+        on_local=offer.on_local,
+        make_host_copy=offer.make_host_copy,
         engine=engine,
         timeout_s=timeout_s,
         serve_while_loading=serve_while_loading,
@@ -209,12 +229,44 @@ class Autoscaler:
         dep.scale_outs += 1
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast))
 
+    def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
+        def book(node: int) -> bool:
+            if node in dep.instances or node not in self.live_nodes():
+                return False
+            if self._free_slots(node) < 1:
+                return False
+            dep.instances[node] = Instance(node)
+            self.nic_load[node] = self.nic_load.get(node, 0) + 1
+            booked.append(node)
+            return True
+
+        async def release(node: int) -> None:
+            inst = dep.instances.get(node)
+            if inst is not None and inst.endpoint is None:
+                dep.instances.pop(node, None)
+                await self.copies.release_slot(dep.name, node, dep.manifest.num_blocks)
+
+        return ScaleOutOffer(
+            on_local=lambda node, ep: self._on_local(dep, node, ep),
+            make_host_copy=lambda node: self.copies.make_host_copy(dep, node, pin=True),
+            book=book,
+            release=release,
+            spares=tuple(
+                n
+                for n in self.live_nodes()
+                if n not in dests and n not in dep.instances and self._free_slots(n) > 0
+            ),
+            nic_load={n: k for n, k in self.nic_load.items() if k > 0 and n not in dests},
+            link_gbps=self.config.link_gbps,
+        )
+
     async def _run_scale_out(self, dep: Deployment, dests: list[int], owns_multicast: bool) -> None:
         """One scale-out and its bookkeeping (metrics, NIC load, slots that never came up)."""
         name, m = dep.name, self.metrics
         in_flight = len(dests) * dep.manifest.num_blocks
         m.blocks_in_flight.labels(name).inc(in_flight)
         result = ScaleOutResult()
+        booked: list[int] = []  # spare slots the scale-out took (ParaServe group members)
         t0_s = time.monotonic()
         try:
             await start_scale_out(
@@ -222,11 +274,10 @@ class Autoscaler:
                 self.pool,
                 dep,
                 dests,
+                self._offer(dep, dests, booked),
                 engine=self.engine,
                 timeout_s=self.config.scale_out_timeout_s,
                 serve_while_loading=owns_multicast,
-                on_local=lambda node, ep: self._on_local(dep, node, ep),
-                make_host_copy=lambda node: self.copies.make_host_copy(dep, node, pin=True),
                 result=result,
             )
             kind = result.kind or "unknown"
@@ -243,7 +294,7 @@ class Autoscaler:
             dep.kv_migrated += result.kv_migrated
             dep.live_prefilled += result.live_prefilled
             m.blocks_in_flight.labels(name).dec(in_flight)
-            for d in dests:
+            for d in [*dests, *booked]:
                 self.nic_load[d] = max(0, self.nic_load.get(d, 0) - 1)
                 inst = dep.instances.get(d)
                 if inst is not None and inst.endpoint is None:  # never came up
