@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from surge.policy.pipelines import Pipeline
 from surge.policy.plan import Plan
@@ -207,7 +207,8 @@ class MulticastExecutor:
         dead = sorted(v for v in range(n) if not self._alive(v))
         first = None
         if all(t is not None for row in arrival for t in row):
-            first = first_capacity_s(arrival, self.pipelines, self.plan.num_sources)  # type: ignore[arg-type]
+            every = cast(list[list[float]], arrival)  # no None left: checked just above
+            first = first_capacity_s(every, self.pipelines, self.plan.num_sources)
         return MulticastResult(
             plan=self.plan,
             arrival_s=arrival,

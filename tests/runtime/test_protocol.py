@@ -208,36 +208,61 @@ def test_subscriptions_are_filtered_at_publish() -> None:
 def test_a_real_agent_answers_bad_ops_with_errors_and_keeps_serving(make_cluster, manifest) -> None:
     cluster = make_cluster(1)
 
-    async def run() -> tuple[list[str], p.StatusReply, list, list]:
+    async def run() -> tuple[list[str], p.StatusReply]:
         client = await connected(cluster, manifest, loads={})
-        arrivals = client.subscribe((p.BlockArrived,), model=MODEL)
-        tokens = client.subscribe((p.TokenGenerated,))
         errors = []
         try:
             for bad in (
                 {"op": "teleport"},
                 {"op": "load", "model": MODEL, "blocks": "all"},
                 {"op": "load", "model": MODEL, "blocks": [0], "tier": "ram"},
+                {"op": "load", "model": MODEL, "blocks": [99]},
                 {"op": "evict", "model": "nope", "blocks": [0]},
+                {"op": "instance_submit", "instance": "x", "req_id": "r", "prompt_token_ids": [1]},
             ):
                 with pytest.raises(RemoteError) as e:
                     await client.request(0, bad)
                 errors.append(str(e.value))
             await client.call(0, p.LoadOp(model=MODEL, blocks=(0, 1), source="remote"))
-            status = await client.call(0, p.StatusOp())
-            got = [await asyncio.wait_for(arrivals.get(), 10) for _ in range(2)]
-            return errors, status, got, [tokens.qsize()]
+            return errors, await client.call(0, p.StatusOp())
         finally:
             await client.close()
 
-    errors, status, got, tokens = asyncio.run(run())
+    errors, status = asyncio.run(run())
     assert "unknown op 'teleport'" in errors[0]
     assert "field 'blocks' must be a list" in errors[1]
     assert "field 'tier' must be" in errors[2]
-    assert "not registered" in errors[3]
-    assert status.models[MODEL].host == (0, 1)
-    assert [(e.block, e.tier, e.source) for e in got] == [
-        (0, "host", "remote"),
-        (1, "host", "remote"),
-    ]
-    assert tokens == [0]
+    assert "block 99 is out of range" in errors[3]
+    assert "'nope' is not registered" in errors[4]
+    assert "no instance x" in errors[5]
+    assert status.models[MODEL].host == (0, 1)  # still serving after every bad request
+
+
+def test_a_subscriber_of_arrivals_never_sees_tokens(make_cluster, manifest) -> None:
+    cluster = make_cluster(1)
+
+    async def run() -> tuple[list[p.Event], list[p.Event]]:
+        client = await connected(cluster, manifest, loads={})
+        arrivals = client.subscribe((p.BlockArrived,), model=MODEL)
+        tokens = client.subscribe((p.TokenGenerated,))
+        try:
+            every = tuple(range(manifest.num_blocks))
+            await client.call(0, p.LoadOp(model=MODEL, blocks=every, tier="gpu", source="remote"))
+            await client.call(0, p.InstanceOpenOp(instance="i", model=MODEL))
+            params = SamplingParams(max_tokens=3, ignore_eos=True)
+            ask = p.InstanceSubmitOp(
+                instance="i", req_id="r", prompt_token_ids=(0, 5), params=params
+            )
+            await client.call(0, ask)
+            got_tokens = [await asyncio.wait_for(tokens.get(), 30) for _ in range(3)]
+            await client.call(0, p.InstanceCloseOp(instance="i"))
+            return [arrivals.get_nowait() for _ in range(arrivals.qsize())], got_tokens
+        finally:
+            await client.close()
+
+    arrivals, tokens = asyncio.run(run())
+    assert [type(e) for e in arrivals] == [p.BlockArrived] * manifest.num_blocks
+    assert sorted(e.block for e in arrivals) == list(range(manifest.num_blocks))
+    assert all(isinstance(e, p.TokenGenerated) and e.req_id == "r" for e in tokens)
+    assert [e.finished for e in tokens] == [False, False, True]
+    assert tokens[0].model == MODEL and tokens[-1].finish_reason == "length"
