@@ -26,6 +26,7 @@ from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import GroupRequest, plan_group, split_blocks
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
+from surge.sim.fetch import fetch
 from surge.sim.flexpipe import FlexPipe
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance, Placement
@@ -207,27 +208,11 @@ class Groups:
         done: Callable[[], None],
         count: bool,
     ) -> None:
-        """`nbytes` into `gpus` (split evenly) from host memory or the model store."""
+        """`nbytes` into `gpus` from host memory (a host copy there) or the model store."""
         world = self.world
         machine = world.state.machine_of_gpu[gpus[0]].index
         hit = world.system.load == "allcache" or self.cache.has_copy(machine, pool.model)
-        if count:
-            if hit:
-                world.result.cache_hits += 1
-            else:
-                world.result.cache_misses += 1
-        self.cache.touch(machine, pool.model)
-        store = world.models[pool.model].group.model_store
-        left = [len(gpus)]
-
-        def one() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                done()
-
-        for g in gpus:
-            path = world.state.host_to_gpu(g) if hit else world.state.store_to_gpu(g, store)
-            world.net.start(path, nbytes / len(gpus), one)
+        fetch(world, self.cache, pool.model, gpus, nbytes, hit, done, count)
 
     # --- serving and consolidating ------------------------------------------------------
     def _serving(

@@ -32,6 +32,7 @@ from surge.policy.loading import (
 from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.startup import Copy, Destination, StartupPlan, StartupRequest, plan_startup
 from surge.sim.events import Priority
+from surge.sim.fetch import fetch
 from surge.sim.flows import Link
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance, Placement
@@ -175,27 +176,15 @@ class Loader:
     def load_local(self, pool: Pool, inst: Instance, source: str) -> None:
         """Every GPU of `inst` loads its share from host memory or the model store."""
         world = self.world
-        slot = world.models[pool.model]
-        if source == "host":
-            world.result.cache_hits += 1
-        else:
-            world.result.cache_misses += 1
-        self.cache.touch(inst.machine, pool.model)
-        gpus = inst.all_gpus
-        left = [len(gpus)]
-
-        def one_done() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                self.ready(pool, inst, world.system.init_s)
-
-        for g in gpus:
-            path = (
-                world.state.host_to_gpu(g)
-                if source == "host"
-                else world.state.store_to_gpu(g, slot.group.model_store)
-            )
-            world.net.start(path, slot.profile.total_bytes / len(gpus), one_done)
+        fetch(
+            world,
+            self.cache,
+            pool.model,
+            inst.all_gpus,
+            world.models[pool.model].profile.total_bytes,
+            source == "host",
+            lambda: self.ready(pool, inst, world.system.init_s),
+        )
 
     # --- multicast ------------------------------------------------------------------
     def _multicast(self, pool: Pool, plan: StartupPlan, by_id: dict[int, Instance]) -> None:
