@@ -132,10 +132,6 @@ class Controller:
             raise SurgeError("the controller is not started: call `await controller.start()`")
         return self._wiring
 
-    @property
-    def client(self) -> ClusterClient:
-        return self._w.client
-
     async def start(self) -> None:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         self.registry.mkdir(parents=True, exist_ok=True)
