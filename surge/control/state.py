@@ -7,6 +7,7 @@ seconds. Owned by control/.
 """
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from surge.policy.autoscale import AutoscaleState
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
+
+log = logging.getLogger(__name__)
 
 
 class TrackedRequest(ServeRequest):
@@ -109,5 +112,10 @@ class Deployment:
         """Run `coro` as this deployment's background task (cancelled on teardown)."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._done)
         return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # nobody awaits it
+            log.warning("%s: background task failed: %s", self.name, task.exception())
