@@ -96,13 +96,6 @@ class Loader:
     # --- start-up -------------------------------------------------------------------
     def load(self, pool: Pool, instances: list[Instance]) -> None:
         """Bring `instances` up as the system's start-up plan says."""
-        sys = self.world.system
-        if sys.load in ("local", "allcache"):
-            for inst in instances:
-                self.load_local(
-                    pool, inst, "host" if self._own_tier(inst, pool) == "host" else "store"
-                )
-            return
         waiting = self.staging.get(pool.model)
         if waiting is not None:  # a cold leader is bringing the first host copy in
             waiting.extend(instances)
