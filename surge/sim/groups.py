@@ -270,7 +270,8 @@ class Groups:
             kept.append((i, w, extra))
         if not kept:
             return
-        group.sending += 1
+        # The group stays releasable meanwhile: if the autoscaler gives it back first,
+        # the consolidation is abandoned (`_switch` returns the extra GPUs).
         left = [len(kept)]
 
         def one_done() -> None:
@@ -289,7 +290,6 @@ class Groups:
         kept: list[tuple[int, tuple[int, ...], tuple[int, ...]]],
     ) -> None:
         world = self.world
-        group.sending -= 1
         if group.released:
             for _, _, extra in kept:
                 self.gpus.give_back(extra)
