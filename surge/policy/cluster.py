@@ -5,6 +5,7 @@ already carries serving traffic (BlitzScale §5.1).
 Out: a validated, immutable `Cluster` that the chain strategy and the timing model read.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
@@ -63,12 +64,14 @@ class Cluster:
         """N, the number of nodes described."""
         return len(self.egress_gbps)
 
+    @functools.cached_property
+    def _group_of(self) -> dict[int, tuple[int, ...]]:
+        """node -> its NVLink group, built once (lookups are per transfer)."""
+        return {node: group for group in self.nvlink_groups for node in group}
+
     def nvlink_group_of(self, node: int) -> tuple[int, ...] | None:
         """The NVLink group holding `node`, if any."""
-        for group in self.nvlink_groups:
-            if node in group:
-                return group
-        return None
+        return self._group_of.get(node)
 
     def link_gbps(self, src: int, dst: int) -> float:
         """Bandwidth of one transfer src -> dst: NVLink inside a group, else the slower NIC."""

@@ -11,8 +11,10 @@ binomial strategy (`split_subgroups`), one source each.
   destination by destination: ceil((N-K)/K) * B steps.
 """
 
-from surge.policy.plan import Plan, make_plan
-from surge.policy.send_queues import forest_queues, schedule_queues
+import numpy as np
+
+from surge.policy.plan import Plan, plan_from_arrays
+from surge.policy.send_queues import plan_forest
 from surge.policy.subgroups import check_sizes, split_subgroups
 
 BINARY_TREE = "binary-tree"
@@ -26,17 +28,24 @@ def plan_binary_tree(num_nodes: int, num_blocks: int, num_sources: int = 1) -> P
     for group in split_subgroups(num_nodes, num_sources):
         for index, node in enumerate(group):
             children[node] = [group[c] for c in (2 * index + 1, 2 * index + 2) if c < len(group)]
-    queues = forest_queues(children, range(num_blocks))
-    steps = schedule_queues(num_nodes, num_blocks, num_sources, queues)
-    return make_plan(BINARY_TREE, num_nodes, num_blocks, num_sources, steps)
+    return plan_forest(BINARY_TREE, num_nodes, num_blocks, num_sources, children)
 
 
 def plan_naive(num_nodes: int, num_blocks: int, num_sources: int = 1) -> Plan:
     """Sources send all blocks to one destination after another; destinations never forward."""
     check_sizes(num_nodes, num_blocks, num_sources)
-    queues = {
-        group[0]: [(dst, block) for dst in group[1:] for block in range(num_blocks)]
-        for group in split_subgroups(num_nodes, num_sources)
-    }
-    steps = schedule_queues(num_nodes, num_blocks, num_sources, queues)
-    return make_plan(NAIVE, num_nodes, num_blocks, num_sources, steps)
+    # Each source holds everything and is its destinations' only sender, so it sends
+    # its i-th (destination, block) in step i+1 (what `schedule_queues` gives).
+    parts = []
+    for group in split_subgroups(num_nodes, num_sources):
+        dsts = np.repeat(np.asarray(group[1:], dtype=np.int64), num_blocks)
+        parts.append(
+            (
+                np.arange(1, dsts.size + 1, dtype=np.int64),
+                np.full(dsts.size, group[0], dtype=np.int64),
+                dsts,
+                np.tile(np.arange(num_blocks, dtype=np.int64), len(group) - 1),
+            )
+        )
+    step, src, dst, block = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return plan_from_arrays(NAIVE, num_nodes, num_blocks, num_sources, step, src, dst, block)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from surge.errors import SurgeError
 from surge.policy.cluster import Cluster
-from surge.policy.plan import Plan, make_plan
-from surge.policy.send_queues import forest_queues, schedule_queues
+from surge.policy.plan import Plan
+from surge.policy.send_queues import plan_forest
 from surge.policy.subgroups import check_sizes
 
 STRATEGY = "chain"
@@ -114,6 +114,4 @@ def plan_chain(num_nodes: int, num_blocks: int, num_sources: int, cluster: Clust
     """Plan BlitzScale chains; every chain forwards blocks in layer order."""
     check_sizes(num_nodes, num_blocks, num_sources)
     chains = build_chains(num_nodes, num_sources, cluster)
-    queues = forest_queues(chains.children, range(num_blocks))
-    steps = schedule_queues(num_nodes, num_blocks, num_sources, queues)
-    return make_plan(STRATEGY, num_nodes, num_blocks, num_sources, steps)
+    return plan_forest(STRATEGY, num_nodes, num_blocks, num_sources, chains.children)

@@ -4,12 +4,23 @@ In: for each node, the ordered list of (dst, block) it must send.
 Out: the steps, built greedily: in every step each node sends the head of its queue
 as soon as it holds that block and the receiver is not already receiving.
 Also `forest_queues`: the queues of a forest where each node forwards every block,
-in block order, to each of its children in turn.
+in block order, to each of its children in turn, and `plan_forest`, which plans such
+a forest in numpy, level by level (issue 12: the step-by-step loop is the fallback
+for queues that are not a forest rooted at sources).
 """
 
 from collections.abc import Mapping, Sequence
 
-from surge.policy.plan import PlanInvariantError, Transfer, initial_holdings
+import numpy as np
+
+from surge.policy.plan import (
+    Plan,
+    PlanInvariantError,
+    Transfer,
+    initial_holdings,
+    make_plan,
+    plan_from_arrays,
+)
 
 
 def forest_queues(
@@ -78,3 +89,81 @@ def _enqueue_head(
         ready.add(node)
     else:
         waiting[node] = block
+
+
+def forest_steps(
+    num_nodes: int,
+    num_blocks: int,
+    num_sources: int,
+    children: Mapping[int, Sequence[int]],
+    block_order: Sequence[int],
+) -> tuple[np.ndarray, ...] | None:
+    """`schedule_queues(forest_queues(children, block_order))` as arrays, level by level.
+
+    Returns (step, src, dst, block) arrays, or None unless `children` is a forest rooted
+    at sources and `block_order` orders every block once (then use `schedule_queues`).
+    In a forest every node has one sender, so no two heads ever want one receiver and
+    each node sends its j-th item at s(j) = max(s(j-1) + 1, arrival of its block + 1):
+    s(j) = j + max_{i<=j}(arrival_i + 1 - i), a cumulative max over the queue.
+    """
+    order = np.asarray(list(block_order), dtype=np.int64)
+    if not np.array_equal(np.sort(order), np.arange(num_blocks)):
+        return None
+    kids = {node: list(c) for node, c in children.items() if c}
+    parent: dict[int, int] = {}
+    for node, cs in kids.items():
+        for child in cs:
+            if child in parent or child == node or not num_sources <= child < num_nodes:
+                return None
+            parent[child] = node
+    level = sorted(node for node in kids if node not in parent)
+    if any(node >= num_sources for node in level):
+        return None
+    arrival = np.zeros((len(level), num_blocks), dtype=np.int64)  # roots hold every block
+    parts: list[tuple[np.ndarray, ...]] = []
+    num_done = 0
+    while level:
+        num_done += len(level)
+        next_level: list[int] = []
+        next_arrival: list[np.ndarray] = []
+        for count in sorted({len(kids[node]) for node in level}):
+            rows = [i for i, node in enumerate(level) if len(kids[node]) == count]
+            senders = np.asarray([level[i] for i in rows], dtype=np.int64)
+            receivers = np.asarray([kids[level[i]] for i in rows], dtype=np.int64)
+            item = np.arange(count * num_blocks, dtype=np.int64)
+            ready = arrival[rows][:, item // count] + 1 - item
+            step = item + np.maximum.accumulate(ready, axis=1)
+            parts.append(
+                (
+                    step.ravel(),
+                    np.repeat(senders, item.size),
+                    receivers[:, item % count].ravel(),
+                    np.broadcast_to(order[item // count], step.shape).ravel(),
+                )
+            )
+            for row, node in enumerate(senders.tolist()):
+                for rank, child in enumerate(kids[node]):
+                    if child in kids:
+                        next_level.append(child)
+                        next_arrival.append(step[row, rank::count])
+        level = next_level
+        arrival = np.array(next_arrival, dtype=np.int64).reshape(len(level), num_blocks)
+    if num_done != len(kids):
+        return None  # a cycle: nodes no source reaches
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+
+
+def plan_forest(
+    strategy: str,
+    num_nodes: int,
+    num_blocks: int,
+    num_sources: int,
+    children: Mapping[int, Sequence[int]],
+) -> Plan:
+    """The validated plan of a forest where every node forwards each block in layer order."""
+    arrays = forest_steps(num_nodes, num_blocks, num_sources, children, range(num_blocks))
+    if arrays is None:
+        queues = forest_queues(children, range(num_blocks))
+        steps = schedule_queues(num_nodes, num_blocks, num_sources, queues)
+        return make_plan(strategy, num_nodes, num_blocks, num_sources, steps)
+    return plan_from_arrays(strategy, num_nodes, num_blocks, num_sources, *arrays)

@@ -12,11 +12,19 @@ is at the sender, the sender's egress is free and the receiver's ingress is free
 takes overhead + bits / min(sender egress, receiver ingress) (NVLink speed inside a
 group). On uniform links every transfer takes the same block time, so a plan of S steps
 takes at most S block times, exactly S for the binomial plan.
+
+Speed (issue 12): durations are computed for all transfers at once (numpy); a plan of
+wide steps runs one step at a time in numpy (its transfers are independent: each
+reads only earlier steps), a plan of narrow steps (naive) in a plain loop. Both do
+the same float operations as one transfer at a time, so the seconds are identical.
 """
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from surge.errors import SurgeError
 from surge.policy.cluster import Cluster
@@ -108,30 +116,107 @@ def _check_fits(plan: Plan, model: TimingModel) -> None:
         )
 
 
+_NUMPY_MIN_STEP_WIDTH = 8
+"""Mean transfers per step from which stepping in numpy beats a plain loop."""
+
+
+def transfer_seconds(
+    model: TimingModel, src: np.ndarray, dst: np.ndarray, block: np.ndarray
+) -> np.ndarray:
+    """`model.transfer_s` of many transfers at once (same float operations)."""
+    cluster = model.cluster
+    egress = np.asarray(cluster.egress_gbps, dtype=np.float64)
+    ingress = np.asarray(cluster.ingress_gbps, dtype=np.float64)
+    gbps = np.minimum(egress[src], ingress[dst])
+    if cluster.nvlink_groups:
+        group = np.full(cluster.num_nodes, -1, dtype=np.int64)
+        for number, members in enumerate(cluster.nvlink_groups):
+            group[list(members)] = number
+        inside = (group[src] >= 0) & (group[src] == group[dst])
+        gbps = np.where(inside, float(cluster.nvlink_gbps), gbps)
+    bits = np.asarray(model.block_bytes, dtype=np.int64)[block] * BITS_PER_BYTE
+    return model.transfer_overhead_s + bits / (gbps * BITS_PER_GBIT)
+
+
+def _run_numpy(
+    plan: Plan, duration_s: np.ndarray, arrival: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Self-timed run, one step at a time; fills `arrival` (flat N*B), returns start/end."""
+    arr, b = plan.arrays, plan.num_blocks
+    src, dst = arr.src, arr.dst
+    src_cell, dst_cell = src * b + arr.block, dst * b + arr.block
+    egress_free = np.zeros(plan.num_nodes)
+    ingress_free = np.zeros(plan.num_nodes)
+    start_s = np.empty(src.size)
+    end_s = np.empty(src.size)
+    bounds = arr.step_starts.tolist()
+    for first, stop in itertools.pairwise(bounds):
+        s, d = src[first:stop], dst[first:stop]
+        start = np.maximum(
+            np.maximum(arrival[src_cell[first:stop]], egress_free[s]), ingress_free[d]
+        )
+        end = start + duration_s[first:stop]
+        egress_free[s] = end
+        ingress_free[d] = end
+        cells = dst_cell[first:stop]
+        arrival[cells] = np.minimum(arrival[cells], end)
+        start_s[first:stop] = start
+        end_s[first:stop] = end
+    return start_s, end_s
+
+
+def _run_loop(
+    plan: Plan, duration_s: np.ndarray, arrival: list[float]
+) -> tuple[list[float], list[float]]:
+    """Self-timed run, one transfer at a time; fills `arrival` (flat N*B)."""
+    arr, b = plan.arrays, plan.num_blocks
+    egress_free = [0.0] * plan.num_nodes
+    ingress_free = [0.0] * plan.num_nodes
+    starts: list[float] = []
+    ends: list[float] = []
+    src_cells = (arr.src * b + arr.block).tolist()
+    dst_cells = (arr.dst * b + arr.block).tolist()
+    for src, dst, src_cell, dst_cell, took in zip(
+        arr.src.tolist(), arr.dst.tolist(), src_cells, dst_cells, duration_s.tolist(), strict=True
+    ):
+        start = max(arrival[src_cell], egress_free[src], ingress_free[dst])
+        end = start + took
+        egress_free[src] = end
+        ingress_free[dst] = end
+        arrival[dst_cell] = min(arrival[dst_cell], end)
+        starts.append(start)
+        ends.append(end)
+    return starts, ends
+
+
 def simulate(plan: Plan, pipelines: tuple[Pipeline, ...], model: TimingModel) -> Timeline:
-    """Self-timed execution of `plan` on `model` (see module docstring)."""
+    """Self-timed execution of `plan` on `model` (see module docstring).
+
+    `plan` must obey the step model (as every `make_plan` result does): then the
+    transfers of one step never read what another transfer of that step writes.
+    """
     _check_fits(plan, model)
-    n, b = plan.num_nodes, plan.num_blocks
-    arrival = [[0.0 if v < plan.num_sources else math.inf for _ in range(b)] for v in range(n)]
-    egress_free = [0.0] * n
-    ingress_free = [0.0] * n
-    timed: list[TimedTransfer] = []
-    for step, transfers in enumerate(plan.steps, start=1):
-        for tr in transfers:  # each depends only on earlier steps
-            start = max(arrival[tr.src][tr.block], egress_free[tr.src], ingress_free[tr.dst])
-            end = start + model.transfer_s(tr.src, tr.dst, tr.block)
-            egress_free[tr.src] = end
-            ingress_free[tr.dst] = end
-            arrival[tr.dst][tr.block] = min(arrival[tr.dst][tr.block], end)
-            timed.append(TimedTransfer(step, tr, start, end))
-    complete = max(max(row) for row in arrival)
+    n, b, k = plan.num_nodes, plan.num_blocks, plan.num_sources
+    arr = plan.arrays
+    duration_s = transfer_seconds(model, arr.src, arr.dst, arr.block)
+    arrival = np.full(n * b, math.inf)
+    arrival[: k * b] = 0.0
+    if arr.src.size >= _NUMPY_MIN_STEP_WIDTH * max(plan.complete_step, 1):
+        start_s, end_s = _run_numpy(plan, duration_s, arrival)
+        starts, ends, arrival_flat = start_s.tolist(), end_s.tolist(), arrival.tolist()
+    else:
+        arrival_flat = arrival.tolist()
+        starts, ends = _run_loop(plan, duration_s, arrival_flat)
+    flat = [tr for transfers in plan.steps for tr in transfers]
+    timed = tuple(map(TimedTransfer, arr.step.tolist(), flat, starts, ends))
+    arrival_s = tuple(tuple(arrival_flat[v * b : (v + 1) * b]) for v in range(n))
     return Timeline(
-        transfers=tuple(timed),
-        arrival_s=tuple(tuple(row) for row in arrival),
-        complete_s=complete,
-        first_pipeline_s=first_capacity_s(arrival, pipelines, plan.num_sources),
-        optimal_s=complete_lower_bound_s(model, plan.num_sources),
-        optimal_first_pipeline_s=first_capacity_lower_bound_s(model, plan.num_sources),
+        transfers=timed,
+        arrival_s=arrival_s,
+        complete_s=max(arrival_flat),
+        first_pipeline_s=first_capacity_s(arrival_s, pipelines, k),
+        optimal_s=complete_lower_bound_s(model, k),
+        optimal_first_pipeline_s=first_capacity_lower_bound_s(model, k),
     )
 
 
@@ -143,7 +228,7 @@ def first_capacity_s(
     every block. Shared by the timing model and the runtime's measured multicasts."""
     ready = [max(arrival_s[v]) for v in range(num_sources, len(arrival_s))]
     ready += [
-        max(arrival_s[s.node][k] for s in p.stages for k in range(s.first_block, s.last_block + 1))
+        max(max(arrival_s[s.node][s.first_block : s.last_block + 1]) for s in p.stages)
         for p in pipelines
     ]
     return min(ready)
@@ -155,23 +240,30 @@ def _fastest_link_gbps(cluster: Cluster) -> float:
     return max(network, cluster.nvlink_gbps) if cluster.nvlink_groups else network
 
 
-def _port_s(model: TimingModel, node: int, block: int, nic_gbps: float) -> float:
-    """Least time `node` can spend moving `block` through a port of `nic_gbps`."""
-    gbps = nic_gbps
+def _port_gbps(model: TimingModel, node: int, nic_gbps: float) -> float:
+    """Fastest a port of `node` with a NIC of `nic_gbps` can move a block (NVLink counts)."""
     if model.cluster.nvlink_group_of(node) is not None:
-        gbps = max(gbps, model.cluster.nvlink_gbps)
-    bits = model.block_bytes[block] * BITS_PER_BYTE
-    return model.transfer_overhead_s + bits / (gbps * BITS_PER_GBIT)
+        return max(nic_gbps, model.cluster.nvlink_gbps)
+    return nic_gbps
 
 
-def _recv_s(model: TimingModel, node: int, block: int) -> float:
-    """Least time `node` can spend receiving `block`."""
-    return _port_s(model, node, block, model.cluster.ingress_gbps[node])
+def _block_times_s(model: TimingModel, gbps: float) -> list[float]:
+    """Least time each block takes through a port of `gbps`, in block order."""
+    return [
+        model.transfer_overhead_s + size * BITS_PER_BYTE / (gbps * BITS_PER_GBIT)
+        for size in model.block_bytes
+    ]
 
 
-def _send_s(model: TimingModel, node: int, block: int) -> float:
-    """Least time `node` can spend sending `block`."""
-    return _port_s(model, node, block, model.cluster.egress_gbps[node])
+def _first_sends_s(model: TimingModel, num_sources: int) -> list[float]:
+    """Per block, the least time any source takes to send it.
+
+    A block's time only falls as the port gets faster (float rounding is monotone),
+    so the fastest source port gives the minimum for every block.
+    """
+    cluster = model.cluster
+    fastest = max(_port_gbps(model, s, cluster.egress_gbps[s]) for s in range(num_sources))
+    return _block_times_s(model, fastest)
 
 
 def complete_lower_bound_s(model: TimingModel, num_sources: int) -> float:
@@ -189,15 +281,20 @@ def complete_lower_bound_s(model: TimingModel, num_sources: int) -> float:
     """
     cluster = model.cluster
     n, b = cluster.num_nodes, model.num_blocks
-    dests = range(num_sources, n)
     tau = model.transfer_overhead_s + min(model.block_bytes) * BITS_PER_BYTE / (
         _fastest_link_gbps(cluster) * BITS_PER_GBIT
     )
     rounds = math.ceil(math.log2(n / num_sources) - 1e-12)
-    recv = {v: sorted(_recv_s(model, v, k) for k in range(b)) for v in dests}
-    spread = rounds * tau + min(sum(times[: b - 1]) for times in recv.values())
-    ingress = max(sum(times) for times in recv.values())
-    first_sends = [min(_send_s(model, s, k) for s in range(num_sources)) for k in range(b)]
+    # Destinations with the same receive port share their sums (computed once per speed).
+    sums: dict[float, tuple[float, float]] = {}
+    for v in range(num_sources, n):
+        gbps = _port_gbps(model, v, cluster.ingress_gbps[v])
+        if gbps not in sums:
+            times = sorted(_block_times_s(model, gbps))
+            sums[gbps] = (sum(times[: b - 1]), sum(times))
+    spread = rounds * tau + min(all_but_last for all_but_last, _ in sums.values())
+    ingress = max(total for _, total in sums.values())
+    first_sends = _first_sends_s(model, num_sources)
     if num_sources == 1:
         egress = sum(first_sends) + max(rounds - 1, 0) * tau
     else:
@@ -212,5 +309,5 @@ def first_capacity_lower_bound_s(model: TimingModel, num_sources: int) -> float:
     source sends >= ceil(B/K) distinct blocks one after another (λScale §4.2: b/k steps).
     """
     b = model.num_blocks
-    first_sends = sorted(min(_send_s(model, s, k) for s in range(num_sources)) for k in range(b))
+    first_sends = sorted(_first_sends_s(model, num_sources))
     return sum(first_sends[: -(-b // num_sources)])
