@@ -79,27 +79,51 @@ async def start_scale_out(
     serve_while_loading: bool,
     result: ScaleOutResult,
 ) -> None:
-    """Bring `dests` up as local instances of `dep` by its strategy; fills `result`."""
+    """Bring `dests` up as local instances of `dep` by its system; fills `result`.
+
+    Hands `surge.runtime.scaleout` the facts it plans with: each destination's (and spare
+    node's) own best tier, the complete copies elsewhere (one per node, `gpu` where a node
+    has both: one egress port serves either), the SLOs in seconds (`slo` is in ms; unset:
+    the runtime's documented defaults), the link speed and NIC load (ParaServe Alg. 1/2),
+    and the offer's hooks (a ParaServe group books spare slots and releases unused ones)."""
+    # Imported here so that this function is the whole of the change (see the owner note).
+    from surge.policy.startup import Copy, Destination
+    from surge.policy.systems import serve_system
+    from surge.runtime.scaleout import context as sc
+
     name = dep.name
-    hosts = pool.complete(name, "host")
+    gpu, host = set(pool.complete(name, "gpu")), set(pool.complete(name, "host"))
+    disk = set(pool.complete(name, "disk"))
+    live = set(client.addresses) - client.down
+
+    def own(node: int) -> Destination:
+        return Destination(node, "host" if node in host else "disk" if node in disk else "remote")
+
+    outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
+    slo = dep.spec.slo
     ctx = ScaleOutContext(
         client=client,
         server=dep.server,
         manifest=dep.manifest,
-        model=name,
-        strategy=dep.spec.strategy,
-        hot=[n for n in pool.complete(name, "gpu") if n not in dests],
-        warm=[n for n in hosts if n not in dests],
-        local_host={d for d in dests if d in hosts},
-        local_disk={d for d in dests if d in pool.complete(name, "disk")},
-        on_local=offer.on_local,
-        make_host_copy=offer.make_host_copy,
+        system=serve_system(dep.spec.strategy),
+        destinations=tuple(own(d) for d in dests),
+        hooks=sc.ControllerHooks(offer.on_local, offer.make_host_copy, offer.book, offer.release),
+        copies=tuple(
+            Copy(n, "gpu", outstanding.get(n, 0)) if n in gpu else Copy(n, "host")
+            for n in sorted(gpu | host)
+            if n not in dests and n in live
+        ),
         engine=engine,
         timeout_s=timeout_s,
         serve_while_loading=serve_while_loading,
+        spares=tuple(own(n) for n in offer.spares),
+        fetching=dict(offer.nic_load),
+        ttft_slo_s=slo.ttft_ms / 1e3 if slo.ttft_ms else sc.DEFAULT_TTFT_SLO_S,
+        tpot_slo_s=slo.tpot_ms / 1e3 if slo.tpot_ms else sc.DEFAULT_TPOT_SLO_S,
+        fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
     )
     try:
-        result.kind = await run_scale_out(ctx, dests)
+        result.kind = await run_scale_out(ctx)
     finally:
         result.kv_migrated, result.live_prefilled = ctx.kv_migrated, ctx.live_prefilled
 

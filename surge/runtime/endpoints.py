@@ -105,8 +105,12 @@ class LocalEndpoint(Endpoint):
             del self.requests[req.req_id]
 
     async def take_back(self) -> list[ServeRequest]:
-        reqs = list(self.requests.values())
-        self.requests = {}
+        return await self.abort(list(self.requests.values()))
+
+    async def abort(self, reqs: list[ServeRequest]) -> list[ServeRequest]:
+        """Stop serving these requests here (those it has; whether or not the agent ever
+        got them) and return them; their tokens are what arrived so far."""
+        reqs = [r for r in reqs if self.requests.pop(r.req_id, None) is not None]
         if not self.failed and reqs:
             op = InstanceAbortOp(instance=self.name, req_ids=tuple(r.req_id for r in reqs))
             with contextlib.suppress(Exception):  # it may have died meanwhile

@@ -1,74 +1,160 @@
-"""The strategies' own mechanisms inside the controller, token-exact against a local greedy
-run: `paraserve` consolidates its pipeline group by KV migration (ParaServe §6) and
-`blitzscale` prefills queued requests cooperatively while a new instance loads (BlitzScale
-live scaling, §4). Agents run on loopback with slow links so the overlap is real."""
+"""Each strategy's own mechanism inside `surge serve`'s controller, token-exact against a
+local greedy run, on loopback agents with slow links so the overlap is real. Each test fails
+if its strategy degrades to load-then-serve:
+- `lambdascale`: with two copies (two serving instances), a capped-link scale-out opens an
+  execution pipeline that serves requests, which then move to a local instance (mode
+  switch): a request's `hops` shows `<model>-pipe...` then `<model>-node...`;
+- `paraserve`: a single cold start is fetched in parallel by a group Alg. 1 sizes from the
+  SLO (the pipeline group's name lists its members; each member's first arrivals are its
+  own part), then consolidates by KV migration: scale-down after a quiet window (one
+  instance left), scale-up after a busy one (every member an instance);
+- `blitzscale`: queued requests are prefilled on a loading node (`live-...` hops).
+"""
 
 import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from surge.control.controller import Controller, ControllerConfig, Deployment, TrackedRequest
+import pytest
+
+from surge.control.controller import Controller, ControllerConfig
+from surge.control.state import Deployment, TrackedRequest
 from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import load_tokenizer
+from surge.policy.startup import split_blocks
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.protocol import BlockArrived
 from tests.control.test_serve_openai import MODEL
 
 PROMPTS = [f"Tale {i}: a model wakes up" for i in range(8)]
 
 
 async def _run_burst(
-    ctl: Controller, dep: Deployment, tok, max_tokens: int
+    ctl: Controller, dep: Deployment, tok, max_tokens: int, prompts: list[str] = PROMPTS
 ) -> list[TrackedRequest]:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    reqs = [await ctl.submit(dep, tok.encode(p).ids, params) for p in PROMPTS]
+    # All at once: the autoscaler's next tick sees the whole burst (one scale-out).
+    reqs = await asyncio.gather(*(ctl.submit(dep, tok.encode(p).ids, params) for p in prompts))
     await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
     return reqs
 
 
-def _cluster(state: Path, **kw) -> LocalCluster:
+async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def _deploy(
+    ctl: Controller, store: Path, strategy: str, autoscaling: dict, **spec: dict
+) -> Deployment:
+    """Create the test model's deployment with this strategy (instances kept for 60 s)."""
+    autoscaling = {"keep_alive_s": 60, "downscale_delay_s": 60, **autoscaling}
+    body = {"name": MODEL, "model": str(store), "strategy": strategy, **spec}
+    return await ctl.create({**body, "autoscaling": autoscaling})
+
+
+def _cluster(state: Path, num_nodes: int = 2, **kw) -> LocalCluster:
     (state / "registry").mkdir(parents=True, exist_ok=True)
-    return LocalCluster(LocalClusterConfig(num_nodes=2, remote_dir=state / "registry", **kw))
+    return LocalCluster(
+        LocalClusterConfig(num_nodes=num_nodes, remote_dir=state / "registry", **kw)
+    )
 
 
-def _check(reqs: list[TrackedRequest], tok, reference: Callable, max_tokens: int) -> None:
-    for p, r in zip(PROMPTS, reqs, strict=True):
+def _check(
+    reqs: list[TrackedRequest], tok, reference: Callable, max_tokens: int, prompts=PROMPTS
+) -> None:
+    for p, r in zip(prompts, reqs, strict=True):
         assert tok.decode(r.output_token_ids) == reference(p, max_tokens), (p, r.hops)
 
 
-def test_paraserve_consolidates_by_kv_migration(tmp_path, tiny_store_dir, reference) -> None:
-    """Two nodes fetch half the model each (one from its host copy, one from a slow
-    registry), serve as one pipeline group, fetch the rest, then the running requests move
-    with their KV caches onto both new instances and decode on."""
+def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, reference) -> None:
+    """Two instances serve (a cold leader's host + GPU copy, and one it multicast to); a
+    burst scales out to the two other nodes over 0.02 Gbit/s links with both copies as
+    sources (K=2), so the binomial plan has an execution pipeline across the receivers.
+    Requests run on it while the blocks arrive and finish on a local instance."""
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
-    cluster = _cluster(state, remote_gbps=0.02)  # ~0.8 s per half of the 4 MB model
+    cluster = _cluster(state, num_nodes=4, link_gbps=0.02)  # ~0.4 s per block per link
 
     async def run():
-        ctl = Controller(
-            ControllerConfig(state_dir=state, nodes=2), cluster.addresses, cluster.token
-        )
+        cfg = ControllerConfig(state_dir=state, nodes=4, max_num_seqs=2)
+        ctl = Controller(cfg, cluster.addresses, cluster.token)
         await ctl.start()
         try:
-            dep = await ctl.create(
-                {
-                    "name": MODEL,
-                    "model": str(tiny_store_dir),
-                    "strategy": "paraserve",
-                    "autoscaling": {"target_ongoing_requests": 4, "keep_alive_s": 60},
-                }
-            )
-            reqs = await _run_burst(ctl, dep, tok, 320)
-            return reqs, ctl.describe(dep)["status"]
+            scaling = {"min_replicas": 2, "max_replicas": 4, "target_ongoing_requests": 2}
+            dep = await _deploy(ctl, tiny_store_dir, "lambdascale", scaling)
+            await _until(lambda: len(dep.serving()) == 2, "two first instances")
+            reqs = await _run_burst(ctl, dep, tok, 200)
+            return reqs
         finally:
             await ctl.stop()
 
     with cluster:
-        reqs, status = asyncio.run(run())
-    _check(reqs, tok, reference, 320)
-    assert status["kv_migrated"] >= 1, status
-    moved = [r for r in reqs if "-pgroup-" in r.hops[0] and len(r.hops) > 1]
-    assert moved and all(h.startswith(f"{MODEL}-node") for r in moved for h in r.hops[1:])
+        reqs = asyncio.run(run())
+    _check(reqs, tok, reference, 200)
+    switched = [
+        r
+        for r in reqs
+        if any(h.startswith(f"{MODEL}-pipe") for h in r.hops)
+        and r.hops[-1].startswith(f"{MODEL}-node")
+    ]
+    assert switched, [r.hops for r in reqs]  # pipeline, then a local instance
+
+
+@pytest.mark.parametrize("num_requests", [1, 6], ids=["quiet-scale-down", "busy-scale-up"])
+def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
+    num_requests, tmp_path, tiny_store_dir, reference
+) -> None:
+    """One instance wanted (target 100 ongoing), three nodes, a 0.02 Gbit/s registry: one
+    worker would fetch the 4 MB model in ~1.6 s, over the 1.5 s TTFT SLO, so Alg. 1 sizes a
+    group of two, fetching halves in parallel. The §6.1 window then holds one arrival
+    (scale-down: one instance stays) or six (scale-up: both members stay)."""
+    tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
+    state = tmp_path / "state"
+    # Every link 0.02 Gbit/s, the registry's too; the controller plans with that speed.
+    cluster = _cluster(state, num_nodes=3, link_gbps=0.02, remote_gbps=0.02)
+    prompts = PROMPTS[:num_requests]
+
+    async def run():
+        ctl = Controller(
+            ControllerConfig(state_dir=state, nodes=3, link_gbps=0.02),
+            cluster.addresses,
+            cluster.token,
+        )
+        await ctl.start()
+        arrivals = ctl.client.subscribe((BlockArrived,), model=MODEL)
+        try:
+            scaling = {"target_ongoing_requests": 100}
+            dep = await _deploy(ctl, tiny_store_dir, "paraserve", scaling, slo={"ttft_ms": 1500})
+            reqs = await _run_burst(ctl, dep, tok, 240, prompts)
+            await _until(lambda: all(i.endpoint for i in dep.instances.values()), "settled")
+            got = []
+            while not arrivals.empty():
+                got.append(arrivals.get_nowait())
+            return reqs, sorted(i.node for i in dep.serving()), dep.manifest, got
+        finally:
+            await ctl.stop()
+
+    with cluster:
+        reqs, serving, manifest, events = asyncio.run(run())
+    _check(reqs, tok, reference, 240, prompts)
+    group_hop = reqs[0].hops[0]
+    assert group_hop.startswith(f"{MODEL}-pgroup-"), reqs[0].hops
+    members = [int(x) for x in group_hop.removeprefix(f"{MODEL}-pgroup-").split("-")[:-1]]
+    assert len(members) == 2, members  # Alg. 1: the smallest group meeting the SLO
+    # Each member's first gpu arrivals are its own part: disjoint, together the model.
+    parts = split_blocks(tuple(b.size_bytes for b in manifest.blocks), 2)
+    for member, part in zip(members, parts, strict=True):
+        order = [e.block for e in events if e.node == member and e.tier == "gpu"]
+        assert sorted(order[: len(part)]) == list(part), (member, order)
+    assert all(r.hops[-1].startswith(f"{MODEL}-node") for r in reqs), [r.hops for r in reqs]
+    if num_requests == 1:
+        assert serving == members[:1]  # scale-down: the other member's slot was released
+    else:
+        assert serving == sorted(members)  # scale-up: every member is an instance
 
 
 def test_blitzscale_live_scaling_while_the_new_instance_loads(
@@ -86,23 +172,9 @@ def test_blitzscale_live_scaling_while_the_new_instance_loads(
         ctl = Controller(cfg, cluster.addresses, cluster.token)
         await ctl.start()
         try:
-            dep = await ctl.create(
-                {
-                    "name": MODEL,
-                    "model": str(tiny_store_dir),
-                    "strategy": "blitzscale",
-                    "autoscaling": {
-                        "min_replicas": 1,
-                        "target_ongoing_requests": 1,
-                        "keep_alive_s": 60,
-                        "downscale_delay_s": 60,
-                    },
-                }
-            )
-            deadline = time.monotonic() + 60
-            while not dep.serving():
-                assert time.monotonic() < deadline, "no first instance"
-                await asyncio.sleep(0.05)
+            scaling = {"min_replicas": 1, "target_ongoing_requests": 1}
+            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling)
+            await _until(lambda: bool(dep.serving()), "no first instance")
             reqs = await _run_burst(ctl, dep, tok, 256)
             return reqs, ctl.describe(dep)["status"]
         finally:

@@ -176,3 +176,53 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
     assert sorted(booked) == sorted(n for n in group.members if n != 0)
     assert ctx.kv_migrated >= 1 and all(r.hops[-1].startswith(f"{MODEL}-node") for r in reqs)
     check_against_reference(tiny_hf, reqs, 240)
+
+
+def test_blitzscale_scale_out_live_prefills_on_the_loading_node(
+    make_cluster, manifest, tiny_hf
+) -> None:
+    """Node 0 serves one request at a time; node 1 receives the model over a 0.05 Gbit/s
+    link. Once it holds half the blocks (`GoLive`), queued requests are prefilled with their
+    first layers on it and decoded on node 0."""
+    from surge.config import EngineConfig
+    from surge.policy.startup import Copy, Destination
+    from surge.policy.systems import system_config
+    from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+
+    cluster = make_cluster(2, link_gbps=0.05, preload_engine=True)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+
+    async def on_local(node: int, ep) -> None:
+        return None
+
+    async def run():
+        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3]})
+        try:
+            old = LocalEndpoint(client, 0, MODEL, f"{MODEL}-node0", capacity=1)
+            await old.open()
+            await server.add_endpoint(old)
+            reqs = [server.new_request(p, params) for p in PROMPTS * 4]
+            for r in reqs:
+                await server.submit(r)
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                system_config("blitzscale"),
+                (Destination(1),),
+                ControllerHooks(on_local=on_local),
+                copies=(Copy(0, "gpu", outstanding=1),),
+                engine=EngineConfig(max_num_seqs=1),
+            )
+            await run_scale_out(ctx)
+            await server.wait_all(60)
+            return reqs, ctx
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, ctx = asyncio.run(run())
+    live = [r for r in reqs if r.hops[0].startswith("live-")]
+    assert ctx.live_prefilled == len(live) >= 1, [r.hops for r in reqs]
+    assert all(r.hops[-1] == f"{MODEL}-node0" for r in live)
+    check_against_reference(tiny_hf, reqs, 40)

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 """How often the queue is looked at (requests arrive without telling this loop)."""
+STOP_WAIT_S = 30.0
+"""How long `stop` lets a step in progress finish before cancelling it."""
 
 
 class LiveScaling:
@@ -37,6 +39,7 @@ class LiveScaling:
         """Receiver agent -> blocks it holds (the loading state's sets, read only)."""
         self.live: set[int] = set()
         self._splits: list[tuple[int, int]] = []
+        self._stopping = False
 
     def go_live(self, node: int) -> None:
         self.live.add(node)
@@ -48,14 +51,23 @@ class LiveScaling:
         return asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self, task: asyncio.Task) -> None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        """Stop after the step in progress: cancelling a step midway would leave its
+        requests neither queued nor on an instance."""
+        self._stopping = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT_S)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        except Exception as e:  # the loop itself failed: nothing is left in flight
+            log.warning("live scaling ended with %s", e)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(POLL_S)
-            await self.step()
+            if not self._stopping:
+                await self.step()
 
     async def step(self) -> None:
         """One look at the queue: prefill one batch cooperatively if it can be."""
@@ -95,6 +107,12 @@ class LiveScaling:
         try:
             await live_prefill(server, manifest, new, old, t, batch)
             ctx.live_prefilled += len(batch)
-        except Exception as e:
-            log.info("live prefill on node %d failed (%s); requests re-queued", new, e)
+        except BaseException as e:  # failed, or cancelled by a stop that could not wait
+            log.info("live prefill on node %d failed (%r); requests re-queued", new, e)
+            # An adoption that failed midway left its request on `old` without the agent
+            # holding it: take the batch off `old` and route it again (a prefill rebuilds
+            # the cache from the tokens it has; none is lost or repeated).
+            await old.abort(batch)
             await server.requeue(batch)
+            if not isinstance(e, Exception):
+                raise

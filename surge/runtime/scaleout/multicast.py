@@ -17,7 +17,6 @@ retired, recorded on the context. The state machine is the same one the simulato
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 from surge.policy.loading import (
     GoLive,
@@ -35,10 +34,9 @@ from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout.context import ScaleOutContext, pipeline_name, stage_layers
 from surge.runtime.scaleout.live import LiveScaling
+from surge.runtime.scaleout.local import open_local
 
 log = logging.getLogger(__name__)
-
-OpenLocal = Callable[[ScaleOutContext, int], Awaitable[None]]
 
 
 def plan_multicast(ctx: ScaleOutContext, num_nodes: int, num_sources: int) -> MulticastOutcome:
@@ -62,11 +60,10 @@ class _Carrier:
         ctx: ScaleOutContext,
         agents: list[int],
         mc_id: str,
-        open_local: OpenLocal,
         live: LiveScaling | None,
     ) -> None:
         self.ctx, self.agents, self.mc_id = ctx, agents, mc_id
-        self.open_local, self.live = open_local, live
+        self.live = live
         self.names: dict[int, str] = {}
         """Open pipelines: plan index -> endpoint name."""
 
@@ -89,7 +86,7 @@ class _Carrier:
             node = self.agents[action.node]
             if self.live is not None:
                 self.live.go_local(node)
-            await self.open_local(ctx, node)
+            await open_local(ctx, node)
         elif isinstance(action, RetirePipeline):
             await self.retire(action.index)
 
@@ -102,7 +99,7 @@ class _Carrier:
         log.info("retired %s (%d moved)", name, len(moved))
 
 
-async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan, open_local: OpenLocal) -> None:
+async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Multicast to `plan.receivers` into the gpu tier, serving while it loads."""
     agents = list(plan.multicast_nodes)
     k, b = len(plan.sources), ctx.manifest.num_blocks
@@ -131,7 +128,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan, open_local: Ope
     live = None
     if mode == "live":  # receivers only: the sources already serve
         live = LiveScaling(ctx, {a: state.held[v] for a, v in plan_node.items() if v >= k})
-    carrier = _Carrier(ctx, agents, executor.mc_id, open_local, live)
+    carrier = _Carrier(ctx, agents, executor.mc_id, live)
     events = ctx.client.subscribe((BlockArrived,), model=ctx.model)
     task = asyncio.get_running_loop().create_task(executor.run())
     live_task = live.start() if live is not None else None

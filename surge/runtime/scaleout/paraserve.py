@@ -30,7 +30,6 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
 
 from surge.errors import SurgeError
 from surge.policy.paraserve_placement import FetchingWorker, ServerNetwork
@@ -49,8 +48,8 @@ from surge.policy.startup import (
 )
 from surge.runtime.consolidation import consolidate
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
-from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
+from surge.runtime.scaleout.local import load_blocks, open_local
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,6 @@ WEIGHT_READ_BYTES_PER_S = 10e9
 """Weights read per second by one decode step (memory bound), for t_d."""
 PREFILL_OVER_DECODE = 4.0
 """t_p / t_d for a short prompt (a prefill reads the weights once and computes more)."""
-
-OpenLocal = Callable[[ScaleOutContext, int], Awaitable[None]]
 
 
 def stage_times(ctx: ScaleOutContext) -> StageTimes:
@@ -139,12 +136,7 @@ def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
     return groups
 
 
-async def _load(ctx: ScaleOutContext, node: int, blocks: list[int], source: str) -> None:
-    op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source)  # type: ignore[arg-type]
-    await ctx.client.call(node, op)
-
-
-async def run_groups(ctx: ScaleOutContext, plan: StartupPlan, open_local: OpenLocal) -> None:
+async def run_groups(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Every destination's instance comes up through a group (see the module docstring)."""
     groups = plan_groups(ctx)
     ctx.groups.extend(groups)
@@ -160,25 +152,23 @@ async def run_groups(ctx: ScaleOutContext, plan: StartupPlan, open_local: OpenLo
         await ctx.hooks.release(d)
     log.info("%s: groups %s", ctx.model, [(g.members, g.parts) for g in groups])
     results = await asyncio.gather(
-        *(_run_group(ctx, g, tiers, open_local) for g in groups), return_exceptions=True
+        *(_run_group(ctx, g, tiers) for g in groups), return_exceptions=True
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
 
 
-async def _run_group(
-    ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, str], open_local: OpenLocal
-) -> None:
+async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, str]) -> None:
     members, parts = group.members, group.parts
     if len(members) == 1:
-        await _load(ctx, members[0], list(range(ctx.manifest.num_blocks)), tiers[members[0]])
+        await load_blocks(ctx, members[0], list(range(ctx.manifest.num_blocks)), tiers[members[0]])
         ctx.consolidations.append(_decide(ctx, 1))
         await open_local(ctx, members[0])
         return
     try:
         await asyncio.gather(
-            *(_load(ctx, m, list(p), tiers[m]) for m, p in zip(members, parts, strict=True))
+            *(load_blocks(ctx, m, list(p), tiers[m]) for m, p in zip(members, parts, strict=True))
         )
     except BaseException:
         for m in members:
@@ -228,7 +218,7 @@ async def _consolidate(
     b = ctx.manifest.num_blocks
 
     async def fetch_rest(m: int) -> LocalEndpoint:
-        await _load(ctx, m, [x for x in range(b) if x not in part_of[m]], tiers[m])
+        await load_blocks(ctx, m, [x for x in range(b) if x not in part_of[m]], tiers[m])
         ep = ctx.local_endpoint(m)
         await ep.open()
         return ep

@@ -9,7 +9,7 @@ What the plan says, and who carries it out (λScale §5, FaaScale §5):
 - `cold_leader`: first bring the model into that node's host tier (`hooks.make_host_copy`:
   the controller owns the host cache); it is then a host source;
 - `local`: each such destination loads the whole model from its own tier, then serves
-  (`load_then_serve`);
+  (`scaleout/local.py`);
 - `sources` / `receivers`: one multicast, plan node i = `plan.multicast_nodes[i]`
   (`scaleout/multicast.py`), serving while loading as the system says.
 Systems whose `load` is `registry-parallel` (ParaServe) fetch as pipeline groups instead
@@ -21,32 +21,12 @@ import asyncio
 import logging
 
 from surge.policy.startup import StartupPlan, StartupRequest, plan_startup
-from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext
+from surge.runtime.scaleout.local import load_then_serve
 from surge.runtime.scaleout.multicast import run_multicast
 from surge.runtime.scaleout.paraserve import run_groups
 
 log = logging.getLogger(__name__)
-
-
-async def load_blocks(ctx: ScaleOutContext, node: int, blocks: list[int], source: str) -> None:
-    """Read `blocks` from the node's own `source` tier into its gpu tier."""
-    op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source)  # type: ignore[arg-type]
-    await ctx.client.call(node, op)
-
-
-async def open_local(ctx: ScaleOutContext, node: int) -> None:
-    """The node holds every block: open its instance, route to it, tell the controller."""
-    ep = ctx.local_endpoint(node)
-    await ep.open()
-    await ctx.server.add_endpoint(ep)
-    ctx.record_open(ep.name, ep.nodes)
-    await ctx.hooks.on_local(node, ep)
-
-
-async def load_then_serve(ctx: ScaleOutContext, node: int, source: str) -> None:
-    await load_blocks(ctx, node, list(range(ctx.manifest.num_blocks)), source)
-    await open_local(ctx, node)
 
 
 def startup_plan(ctx: ScaleOutContext) -> StartupPlan:
@@ -58,7 +38,7 @@ async def run_scale_out(ctx: ScaleOutContext) -> str:
     plan = startup_plan(ctx)
     ctx.kind = plan.kind
     if ctx.system.load == "registry-parallel":
-        await run_groups(ctx, plan, open_local)
+        await run_groups(ctx, plan)
         return plan.kind
     leader = plan.cold_leader
     # Warm-local loads start at once; the leader's own load waits for its host copy.
@@ -73,7 +53,7 @@ async def run_scale_out(ctx: ScaleOutContext) -> str:
             tasks.append(asyncio.ensure_future(load_then_serve(ctx, leader.node, "host")))
         if plan.receivers:
             ctx.sources = tuple(s.node for s in plan.sources)
-            tasks.append(asyncio.ensure_future(run_multicast(ctx, plan, open_local)))
+            tasks.append(asyncio.ensure_future(run_multicast(ctx, plan)))
     finally:
         results = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]

@@ -1,0 +1,32 @@
+"""A destination loading from its own tier and serving alone.
+
+What flows: a node id and where its blocks come from (its own `host`, `disk` or `remote`
+tier, as `policy.startup` said); a `LoadOp` into the gpu tier, then an instance
+(`InstanceOpenOp` through `LocalEndpoint.open`), which the server routes to and the
+controller hears about (`hooks.on_local`). Used by `run.py`, `multicast.py` (`GoLocal`) and
+`paraserve.py` (parts and the rest).
+"""
+
+from surge.runtime.protocol import LoadOp
+from surge.runtime.scaleout.context import ScaleOutContext
+
+
+async def load_blocks(ctx: ScaleOutContext, node: int, blocks: list[int], source: str) -> None:
+    """Read `blocks` from the node's own `source` tier into its gpu tier."""
+    op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source)  # type: ignore[arg-type]
+    await ctx.client.call(node, op)
+
+
+async def open_local(ctx: ScaleOutContext, node: int) -> None:
+    """The node holds every block: open its instance, route to it, tell the controller."""
+    ep = ctx.local_endpoint(node)
+    await ep.open()
+    await ctx.server.add_endpoint(ep)
+    ctx.record_open(ep.name, ep.nodes)
+    await ctx.hooks.on_local(node, ep)
+
+
+async def load_then_serve(ctx: ScaleOutContext, node: int, source: str) -> None:
+    """Load the whole model from the node's own tier, then serve."""
+    await load_blocks(ctx, node, list(range(ctx.manifest.num_blocks)), source)
+    await open_local(ctx, node)
