@@ -22,13 +22,16 @@ from surge.config import EngineConfig
 from surge.control.copies import Copies
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
-from surge.control.scaleout import ScaleOutContext, run_scale_out
 from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment, Instance
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
+from surge.policy.startup import Copy, Destination
+from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.scaleout import context as sc
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +89,6 @@ async def start_scale_out(
     has both: one egress port serves either), the SLOs in seconds (`slo` is in ms; unset:
     the runtime's documented defaults), the link speed and NIC load (ParaServe Alg. 1/2),
     and the offer's hooks (a ParaServe group books spare slots and releases unused ones)."""
-    # Imported here so that this function is the whole of the change (see the owner note).
-    from surge.policy.startup import Copy, Destination
-    from surge.policy.systems import serve_system
-    from surge.runtime.scaleout import context as sc
-
     name = dep.name
     gpu, host = set(pool.complete(name, "gpu")), set(pool.complete(name, "host"))
     disk = set(pool.complete(name, "disk"))
@@ -107,7 +105,7 @@ async def start_scale_out(
         manifest=dep.manifest,
         system=serve_system(dep.spec.strategy),
         destinations=tuple(own(d) for d in dests),
-        hooks=sc.ControllerHooks(offer.on_local, offer.make_host_copy, offer.book, offer.release),
+        hooks=ControllerHooks(offer.on_local, offer.make_host_copy, offer.book, offer.release),
         copies=tuple(
             Copy(n, "gpu", outstanding.get(n, 0)) if n in gpu else Copy(n, "host")
             for n in sorted(gpu | host)
