@@ -24,6 +24,7 @@ import torch
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
+from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import (
     InstanceAdoptOp,
     KvExportOp,
@@ -32,7 +33,8 @@ from surge.runtime.protocol import (
     StageOpenOp,
     StageStepOp,
 )
-from surge.runtime.serving import LocalEndpoint, PipelineEndpoint, Server, ServeRequest
+from surge.runtime.request import ServeRequest
+from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
 
