@@ -9,11 +9,10 @@ arrival times, free slots (GPUs) and a `FlexPipeSettings`. Out:
 - `place_stages`: the slot of each stage (§6.2 Eq. 6, `flexpipe_placement.allocate_slots`);
 - `refactor`: the layer moves and KV copies that turn the running stages into the chosen
   ones (§6 Fig. 6, Eq. 10, `flexpipe_refactor.plan_refactor`).
-The simulator (`surge.sim.groups`) carries these out for systems listed in
-`FLEXPIPE_SYSTEMS`. Pure and deterministic.
+The simulator (`surge.sim.flexpipe`) carries these out for systems whose
+`SystemConfig.group_sizing` is `flexpipe`. Pure and deterministic.
 
-Which systems are FlexPipe: `FLEXPIPE_SYSTEMS` names them until `SystemConfig` carries a
-field for it (owned by `policy/systems.py`; asked for). Candidate profiles are ours: an
+Candidate profiles are ours: an
 η-stage pipeline's latency is the prefill plus η − 1 hops; its throughput is one
 micro-batch step per stage step (each stage runs 1/η of the layers, plus one hop).
 """
@@ -59,10 +58,6 @@ class FlexPipeSettings:
             raise SurgeError("give one CV target per stage count")
         if min(self.stage_counts) < 1 or list(self.stage_counts) != sorted(self.stage_counts):
             raise SurgeError("stage counts must be >= 1 and ascending (coarse to fine)")
-
-
-FLEXPIPE_SYSTEMS: dict[str, FlexPipeSettings] = {"flexpipe": FlexPipeSettings()}
-"""Systems whose pipeline groups FlexPipe shapes (see module docstring)."""
 
 
 @dataclass(frozen=True)

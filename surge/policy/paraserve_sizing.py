@@ -244,8 +244,11 @@ def select_parallelism(request: SizingRequest) -> SizingDecision | None:
     """Alg. 1: the smallest (s, w) whose predicted TTFT and TPOT meet the SLOs.
 
     Falls back to one full-memory worker on the best server that fits the model
-    (`meets_slo` False); None if no server can hold the whole model.
+    (`meets_slo` False); when no server holds the whole model, to the first feasible
+    (s, w) in the same order — the smallest group whose parts fit (a model larger than
+    any one GPU still starts); None if no group of up to `max_pipeline_size` fits.
     """
+    first_feasible: SizingDecision | None = None
     for pipeline_size in range(1, request.settings.max_pipeline_size + 1):
         for num_full in range(pipeline_size + 1):
             chosen = _choose_servers(request, pipeline_size, num_full)
@@ -254,7 +257,9 @@ def select_parallelism(request: SizingRequest) -> SizingDecision | None:
             decision = _decision(request, pipeline_size, num_full, *chosen)
             if decision.meets_slo:
                 return decision
+            if first_feasible is None:
+                first_feasible = decision
     single = _choose_servers(request, 1, 1)
     if single is None:
-        return None
+        return first_feasible
     return _decision(request, 1, 1, *single, meets_slo=False)

@@ -11,7 +11,9 @@ Out: a `StartupPlan`:
   copy in host memory is a multicast source by itself), so K > 1 whenever two copies
   exist; sources are ordered GPU copies first (least loaded first), then host copies, and
   there are never more sources than receivers (more buy nothing) nor more than the
-  system's `max_sources`;
+  system's `max_sources`, and one host copy per machine (its NIC is the bottleneck);
+  systems with `host_sources_when_hot` off use host copies only when no GPU copy exists
+  (BlitzScale §2: multicast from deployed instances);
 - `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first)
   brings the model into its host tier from its disk or the registry, restoring the
   one-host-copy invariant (BlitzScale §5.1), and then leads the multicast as a host source;
@@ -55,6 +57,8 @@ class Destination:
     """Id the caller understands (runtime: agent node; simulator: its own id space)."""
     own_tier: str = "remote"
     """Its best complete copy: `host`, `disk` or `remote` (none)."""
+    machine: int | None = None
+    """The machine whose host memory and NIC it uses; None = a machine of its own."""
 
     def __post_init__(self) -> None:
         if self.own_tier not in OWN_TIERS:
@@ -71,6 +75,8 @@ class Copy:
     """`gpu` (a serving instance) or `host` (host memory)."""
     outstanding: int = 0
     """Requests on the instance that holds a GPU copy (less loaded sources go first)."""
+    machine: int | None = None
+    """The machine it is on; None = a machine of its own."""
 
     def __post_init__(self) -> None:
         if self.tier not in COPY_TIERS:
@@ -137,6 +143,10 @@ class StartupPlan:
         return tuple(s.node for s in self.sources) + self.receivers
 
 
+def _machine(node: int, machine: int | None) -> tuple[str, int]:
+    return ("machine", machine) if machine is not None else ("node", node)
+
+
 def plan_startup(request: StartupRequest) -> StartupPlan:
     """The start-up of `request` (see module docstring)."""
     system = request.system
@@ -145,17 +155,26 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         (c for c in request.copies if c.tier == "gpu"), key=lambda c: (c.outstanding, c.node)
     )
     host = sorted((c for c in request.copies if c.tier == "host"), key=lambda c: c.node)
-    kind = "hot" if gpu else "warm" if host or any(d.own_tier == "host" for d in dests) else "cold"
+    own_host = any(d.own_tier == "host" for d in dests)
+    kind = "hot" if gpu else "warm" if host or own_host else "cold"
     if system.load != "multicast":
         # Local systems (and the ParaServe group's members, which `plan_group` splits) load
         # from their own best tier.
         return StartupPlan(kind, tuple(LocalLoad(d.node, d.own_tier) for d in dests))
-    warm_local = [d for d in dests if d.own_tier == "host"]
-    receivers = [d for d in dests if d.own_tier != "host"]
+    use_host = system.host_sources_when_hot or not gpu
+    warm_local = [d for d in dests if d.own_tier == "host" and use_host]
+    receivers = [d for d in dests if d not in warm_local]
     local = [LocalLoad(d.node, "host") for d in warm_local]
-    candidates = [Source(c.node, "gpu") for c in gpu] + [Source(c.node, "host") for c in host]
-    # A warm-local destination serves its host copy to the others while it loads (λScale §5).
-    candidates += [Source(d.node, "host") for d in warm_local]
+    candidates = [Source(c.node, "gpu") for c in gpu]
+    if use_host:
+        # A warm-local destination serves its host copy to the others while it loads
+        # (λScale §5); one host source per machine.
+        hosts = [(c.node, c.machine) for c in host] + [(d.node, d.machine) for d in warm_local]
+        seen: set[tuple[str, int]] = set()
+        for node, machine in hosts:
+            if _machine(node, machine) not in seen:
+                seen.add(_machine(node, machine))
+                candidates.append(Source(node, "host"))
     leader: LocalLoad | None = None
     if receivers and not candidates:
         if system.cold_fallback == "local":
@@ -169,8 +188,6 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     if not receivers:
         return StartupPlan(kind, tuple(local), cold_leader=leader)
     sources = candidates[: min(system.max_sources, len(receivers))]
-    if leader is not None and not sources:
-        sources = candidates[:1]
     return StartupPlan(kind, tuple(local), tuple(sources), tuple(d.node for d in receivers), leader)
 
 

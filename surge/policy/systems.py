@@ -20,7 +20,7 @@ LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
 HOST_CACHES = ("lru", "pinned-one", "all", "none")
 COLD_FALLBACKS = ("host-then-multicast", "local")
-GROUP_SIZINGS = ("fixed", "alg1")
+GROUP_SIZINGS = ("fixed", "alg1", "flexpipe")
 CONSOLIDATIONS = ("none", "scale-up", "predictor")
 ALIASES = {"load-then-serve": "serverlessllm"}
 """Older names still accepted (deployments stored before the names were unified)."""
@@ -68,9 +68,15 @@ class SystemConfig:
     """Workers of one instance for `registry-parallel` loads with `group_sizing` "fixed";
     the most workers Alg. 1 may pick with "alg1" (ParaServe parallelism size)."""
     group_sizing: str = "fixed"
-    """`fixed` (`pipeline_size` workers) or `alg1` (ParaServe §4.1 Alg. 1 picks the
+    """`fixed` (`pipeline_size` workers), `alg1` (ParaServe §4.1 Alg. 1 picks the
     smallest group that meets the SLOs, placed by §4.2 Alg. 2's contention-aware shares;
-    a single cold start is fetched in parallel by the group)."""
+    a single cold start is fetched in parallel by the group) or `flexpipe` (FlexPipe §5-§6:
+    stage count from the arrivals' CV, `surge.policy.flexpipe_system`)."""
+    host_sources_when_hot: bool = True
+    """Host copies (elsewhere, or a destination's own) are used even when a GPU copy
+    exists (λScale §5 locality-driven start-up). False: only when no instance holds the
+    model (BlitzScale §2/§5.3: multicast from deployed instances over the compute
+    network; the O(1) host copy is for 0->N)."""
     consolidation: str = "none"
     """After a `registry-parallel` group serves: `none` (it serves as a group for life),
     `scale-up` (every member fetches the rest and becomes an instance), `predictor`
@@ -154,6 +160,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         multicast_strategy="chain",
         max_sources=4,
         serve_while_loading="live",
+        host_sources_when_hot=False,
         host_cache="pinned-one",
         pd_disaggregation=True,
         mutation=True,
@@ -179,6 +186,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         "flexpipe",
         "registry-parallel",
         pipeline_size=4,
+        group_sizing="flexpipe",
         host_cache="all",
         init_s=0.1,
         autoscale=_AUTOSCALE,

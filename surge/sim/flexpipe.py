@@ -13,7 +13,7 @@ from surge.errors import SurgeError
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
-    FLEXPIPE_SYSTEMS,
+    FlexPipeSettings,
     LayerProfile,
     choose_num_stages,
     place_stages,
@@ -41,7 +41,8 @@ class FlexPipe:
     def __init__(self, world: World, gpus: Gpus) -> None:
         self.world = world
         self.gpus = gpus
-        self.settings = FLEXPIPE_SYSTEMS.get(world.system.name)
+        flexpipe = world.system.group_sizing == "flexpipe"
+        self.settings = FlexPipeSettings() if flexpipe else None
         self.states: dict[int, GranularityState] = {}
         """Per pool: the granularity controller's state."""
         self.spans: dict[int, Spans] = {}

@@ -114,20 +114,20 @@ class Loader:
         world = self.world
         dest_machines = {i.machine for i in instances}
         gpu_copies = [
-            Copy(i.id, "gpu", i.outstanding)
+            Copy(i.id, "gpu", i.outstanding, machine=i.machine)
             for (m, _), p in self.pools.items()
             if m == pool.model
             for i in p.instances
             if i.loaded and i.serving and not i.released
         ]
         host_copies = [
-            Copy(HOST_NODE + m, "host")
+            Copy(HOST_NODE + m, "host", machine=m)
             for m in self.cache.machines_with(pool.model)
             if m not in dest_machines
         ]
         request = StartupRequest(
             world.system,
-            tuple(Destination(i.id, self._own_tier(i, pool)) for i in instances),
+            tuple(Destination(i.id, self._own_tier(i, pool), machine=i.machine) for i in instances),
             tuple(gpu_copies + host_copies),
         )
         plan = plan_startup(request)

@@ -166,3 +166,16 @@ def test_live_and_load_then_serve_modes() -> None:
         none.arrive(7, 0)
     with pytest.raises(SurgeError):
         LoadingSettings(2, 4, 1, (), "eager")
+
+
+def test_one_host_source_per_machine_and_blitzscale_prefers_instances() -> None:
+    dests = (Destination(1, "host", machine=0), Destination(2, "host", machine=0), Destination(3))
+    plan = plan_startup(StartupRequest(LAMBDA, dests, (Copy(9, "host", machine=0),)))
+    assert plan.sources == (Source(9, "host"),)  # machine 0's NIC once
+    assert {x.node for x in plan.local} == {1, 2} and plan.receivers == (3,)
+    blitz = system_config("blitzscale")
+    hot = plan_startup(StartupRequest(blitz, dests, (Copy(7, "gpu"), Copy(9, "host"))))
+    assert hot.sources == (Source(7, "gpu"),)  # BlitzScale §2: from deployed instances
+    assert hot.local == () and hot.receivers == (1, 2, 3)
+    warm = plan_startup(StartupRequest(blitz, dests, (Copy(9, "host", machine=0),)))
+    assert warm.sources == (Source(9, "host"),) and len(warm.local) == 2

@@ -76,6 +76,11 @@ def test_falls_back_to_one_full_worker_and_gives_up_without_memory() -> None:
     assert (fallback.pipeline_size, fallback.full_memory_servers) == (1, (1,))  # the faster
     small = (GpuServer(0, 5 * GB, 16.0, 10.0),)
     assert select_parallelism(SizingRequest(13 * GB, small, TIMES, 0.1, 0.001)) is None
+    # No GPU holds 13 GB, but three 5 GB parts fit: the smallest such group starts it.
+    three = tuple(GpuServer(i, 5 * GB, 16.0, 10.0) for i in range(4))
+    group = select_parallelism(SizingRequest(13 * GB, three, TIMES, 0.1, 0.001))
+    assert group is not None and not group.meets_slo
+    assert (group.pipeline_size, group.num_full_memory_workers) == (3, 0)
 
 
 def test_servers_refusing_workers_are_never_chosen() -> None:
@@ -168,5 +173,17 @@ def test_choice_is_the_smallest_feasible_s_then_w_with_the_fastest_servers(
     elif any(s.network_gbps > 0 and s.free_memory_bytes >= request.model_bytes for s in servers):
         assert decision is not None and not decision.meets_slo
         assert (decision.pipeline_size, decision.num_full_memory_workers) == (1, 1)
+    elif decision is not None:  # no GPU holds the model: the smallest group whose parts fit
+        assert not decision.meets_slo and decision.num_full_memory_workers == 0
+        part = partition_bytes(request.model_bytes, decision.pipeline_size)
+        fits = [s for s in servers if s.network_gbps > 0 and s.free_memory_bytes >= part]
+        assert len(fits) >= decision.pipeline_size
+        for smaller in range(1, decision.pipeline_size):
+            part = partition_bytes(request.model_bytes, smaller)
+            fit = [s for s in servers if s.network_gbps > 0 and s.free_memory_bytes >= part]
+            assert len(fit) < smaller
     else:
-        assert decision is None
+        for size in range(1, SizingSettings().max_pipeline_size + 1):
+            part = partition_bytes(request.model_bytes, size)
+            fit = [s for s in servers if s.network_gbps > 0 and s.free_memory_bytes >= part]
+            assert len(fit) < size
