@@ -183,7 +183,7 @@ def test_subscriptions_are_filtered_at_publish() -> None:
         client = ClusterClient({}, "token")
         arrivals = client.subscribe((p.BlockArrived,))
         tokens_of_a = client.subscribe((p.TokenGenerated, p.AgentDown), model="a")
-        everything = client.listen()
+        everything = client.subscribe(tuple(p.EVENTS.values()))
         gone = client.subscribe((p.BlockArrived,))
         client.unsubscribe(gone)
         for ev in [
@@ -201,7 +201,7 @@ def test_subscriptions_are_filtered_at_publish() -> None:
     assert [type(e) for e in arrivals] == [p.BlockArrived]
     assert [type(e) for e in tokens_of_a] == [p.TokenGenerated, p.AgentDown]
     assert tokens_of_a[0].req_id == "r"
-    assert [e["type"] for e in everything] == ["arrival", "token", "token", "agent_down"]
+    assert [e.NAME for e in everything] == ["arrival", "token", "token", "agent_down"]
     assert gone == [0]
 
 
@@ -221,7 +221,7 @@ def test_a_real_agent_answers_bad_ops_with_errors_and_keeps_serving(make_cluster
                 {"op": "instance_submit", "instance": "x", "req_id": "r", "prompt_token_ids": [1]},
             ):
                 with pytest.raises(RemoteError) as e:
-                    await client.request(0, bad)
+                    await client.conns[0].request(bad)  # raw dicts: typed ops cannot be bad
                 errors.append(str(e.value))
             await client.call(0, p.LoadOp(model=MODEL, blocks=(0, 1), source="remote"))
             return errors, await client.call(0, p.StatusOp())
