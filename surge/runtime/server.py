@@ -64,11 +64,11 @@ class Server:
     async def dispatch(self) -> None:
         """Give queued requests, oldest first, to the endpoints the router picks."""
         while self.queue:
-            live = sorted(
-                (e for e in self.endpoints.values() if not e.failed), key=lambda e: e.name
-            )
+            # Endpoint ids are their age (`endpoints` keeps insertion order): the router
+            # breaks ties to the oldest, as in the simulator, whose ids count up too.
+            live = {i: e for i, e in enumerate(self.endpoints.values()) if not e.failed}
             choice = router.route(
-                [router.Endpoint(i, e.outstanding, e.capacity, e.speed) for i, e in enumerate(live)]
+                [router.Endpoint(i, e.outstanding, e.capacity, e.speed) for i, e in live.items()]
             )
             if choice is None:
                 return

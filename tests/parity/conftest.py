@@ -1,0 +1,27 @@
+"""Shared fakes for parity tests: the same scenario, described once, built in each body."""
+
+import asyncio
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """One endpoint of a scenario, in the order it came up (oldest first)."""
+
+    name: str
+    outstanding: int
+    capacity: int
+    speed: float = 1.0
+
+
+class FakeClient:
+    """Just enough of `ClusterClient` for a `Server`: subscriptions that never fire."""
+
+    def __init__(self) -> None:
+        self.down: set[int] = set()
+
+    def subscribe(self, event_types, model=None) -> asyncio.Queue:  # noqa: ANN001
+        return asyncio.Queue()
+
+    def unsubscribe(self, q: asyncio.Queue) -> None:
+        pass
