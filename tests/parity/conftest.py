@@ -20,7 +20,7 @@ class FakeClient:
     def __init__(self) -> None:
         self.down: set[int] = set()
 
-    def subscribe(self, event_types, model=None) -> asyncio.Queue:  # noqa: ANN001
+    def subscribe(self, event_types: tuple[type, ...], model: str | None = None) -> asyncio.Queue:
         return asyncio.Queue()
 
     def unsubscribe(self, q: asyncio.Queue) -> None:
