@@ -11,7 +11,7 @@ runtime; nothing here knows any op by name.
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Literal, Self, Union
 
@@ -22,9 +22,10 @@ ENVELOPE_KEYS = frozenset({"op", "type", "kind", "length", "ok"})
 the reply status); never treated as fields."""
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+Decode = Callable[[Any, str, str], Any]
+"""A field decoder: (JSON value, message name, field name) -> the typed value."""
+
+_SCALARS = (int, float, str, bool, type(None))
 
 
 def _bad(where: str, name: str, want: str, v: Any) -> SurgeError:
@@ -32,48 +33,70 @@ def _bad(where: str, name: str, want: str, v: Any) -> SurgeError:
     return SurgeError(f"{where}: field {name!r} must be {want} (got {shown})")
 
 
-def decode_value(tp: Any, v: Any, where: str, name: str) -> Any:
-    """`v` (parsed JSON) as a value of type `tp`, or a SurgeError naming the field."""
+def _scalar(kind: type, want: str) -> Decode:
+    def decode(v: Any, where: str, name: str) -> Any:
+        if type(v) is kind:  # exact: bool is not an int here
+            return v
+        if kind is float and type(v) is int:
+            return float(v)
+        raise _bad(where, name, want, v)
+
+    return decode
+
+
+@functools.cache
+def decoder(tp: Any) -> Decode:
+    """The decoder of a field type (built once per type: decoding is on the block path)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
-        return v
+        return lambda v, where, name: v
     if origin in (Union, types.UnionType):
-        if v is None and type(None) in args:
-            return None
         (inner,) = [a for a in args if a is not type(None)]
-        return decode_value(inner, v, where, name)
+        dec = decoder(inner)
+        return lambda v, where, name: None if v is None else dec(v, where, name)
     if origin is Literal:
-        if v not in args:
-            raise _bad(where, name, " or ".join(map(repr, args)), v)
-        return v
-    if tp is bool:
-        if not isinstance(v, bool):
-            raise _bad(where, name, "true or false", v)
-        return v
-    if tp is int:
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise _bad(where, name, "an integer", v)
-        return v
-    if tp is float:
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            raise _bad(where, name, "a number", v)
-        return float(v)
-    if tp is str:
-        if not isinstance(v, str):
-            raise _bad(where, name, "a string", v)
-        return v
+        want = " or ".join(map(repr, args))
+
+        def literal(v: Any, where: str, name: str) -> Any:
+            if v not in args:
+                raise _bad(where, name, want, v)
+            return v
+
+        return literal
+    wants = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if tp in wants:
+        return _scalar(tp, wants[tp])
     if origin is tuple:
+        return _tuple_decoder(args)
+    if origin is dict:
+        return _dict_decoder(*args)
+    if hasattr(tp, "from_json"):
+        return _object_decoder(tp)
+    raise TypeError(f"no JSON decoding for type {tp!r}")
+
+
+def _tuple_decoder(args: tuple) -> Decode:
+    homogeneous = len(args) == 2 and args[1] is Ellipsis
+    decs = [decoder(args[0])] if homogeneous else [decoder(a) for a in args]
+
+    def decode(v: Any, where: str, name: str) -> tuple:
         if not isinstance(v, list | tuple):
             raise _bad(where, name, "a list", v)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode_value(args[0], x, where, name) for x in v)
-        if len(v) != len(args):
-            raise _bad(where, name, f"a list of {len(args)}", v)
-        return tuple(decode_value(a, x, where, name) for a, x in zip(args, v, strict=True))
-    if origin is dict:
+        if homogeneous:
+            return tuple(decs[0](x, where, name) for x in v)
+        if len(v) != len(decs):
+            raise _bad(where, name, f"a list of {len(decs)}", v)
+        return tuple(d(x, where, name) for d, x in zip(decs, v, strict=True))
+
+    return decode
+
+
+def _dict_decoder(key_tp: Any, val_tp: Any) -> Decode:
+    dec = decoder(val_tp)
+
+    def decode(v: Any, where: str, name: str) -> dict:
         if not isinstance(v, dict):
             raise _bad(where, name, "an object", v)
-        key_tp, val_tp = args
         out = {}
         for k, x in v.items():
             if key_tp is int:  # JSON object keys are strings
@@ -81,9 +104,14 @@ def decode_value(tp: Any, v: Any, where: str, name: str) -> Any:
                     k = int(k)
                 except ValueError:
                     raise _bad(where, name, "an object with integer keys", v) from None
-            out[k] = decode_value(val_tp, x, where, f"{name}[{k!r}]")
+            out[k] = dec(x, where, f"{name}[{k!r}]")
         return out
-    if hasattr(tp, "from_json"):
+
+    return decode
+
+
+def _object_decoder(tp: Any) -> Decode:
+    def decode(v: Any, where: str, name: str) -> Any:
         if not isinstance(v, dict):
             raise _bad(where, name, f"a {tp.__name__} object", v)
         try:
@@ -92,11 +120,14 @@ def decode_value(tp: Any, v: Any, where: str, name: str) -> Any:
             raise SurgeError(f"{where}: field {name!r}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise SurgeError(f"{where}: field {name!r} is not a valid {tp.__name__}: {e}") from None
-    raise TypeError(f"{where}: no JSON decoding for field {name!r} of type {tp!r}")
+
+    return decode
 
 
 def encode_value(v: Any) -> Any:
     """A field value as plain JSON data (tuples as lists, integer keys as strings)."""
+    if type(v) in _SCALARS:
+        return v
     if hasattr(v, "to_json"):
         return v.to_json()
     if isinstance(v, tuple | list):
@@ -104,6 +135,31 @@ def encode_value(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): encode_value(x) for k, x in v.items()}
     return v
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    decode: Decode
+    required: bool
+    omit_none: bool
+    """Left out of the JSON when None (its default is None)."""
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[tuple[_Field, ...], frozenset[str]]:
+    """A message class's fields, decoders and names, worked out once."""
+    hints = typing.get_type_hints(cls)
+    out = tuple(
+        _Field(
+            f.name,
+            decoder(hints[f.name]),
+            f.default is MISSING and f.default_factory is MISSING,
+            f.default is None,
+        )
+        for f in fields(cls)
+    )
+    return out, frozenset(f.name for f in out)
 
 
 @dataclass(frozen=True)
@@ -120,9 +176,9 @@ class Message:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for f in fields(self):
+        for f in _schema(type(self))[0]:
             v = getattr(self, f.name)
-            if v is None and f.default is None:
+            if v is None and f.omit_none:
                 continue
             out[f.name] = encode_value(v)
         return out
@@ -136,19 +192,15 @@ class Message:
         where = cls._where()
         if not isinstance(d, Mapping):
             raise SurgeError(f"{where}: expected a JSON object (got {type(d).__name__})")
-        hints = _hints(cls)
-        known = {f.name for f in fields(cls)}
-        if cls.STRICT:
+        schema, known = _schema(cls)
+        if cls.STRICT and not known.issuperset(d.keys() - ENVELOPE_KEYS):
             extra = sorted(set(d) - known - ENVELOPE_KEYS)
-            if extra:
-                raise SurgeError(
-                    f"{where}: unknown field(s) {extra}; known fields are {sorted(known)}"
-                )
+            raise SurgeError(f"{where}: unknown field(s) {extra}; known fields are {sorted(known)}")
         kwargs = {}
-        for f in fields(cls):
+        for f in schema:
             if f.name in d:
-                kwargs[f.name] = decode_value(hints[f.name], d[f.name], where, f.name)
-            elif f.default is MISSING and f.default_factory is MISSING:
+                kwargs[f.name] = f.decode(d[f.name], where, f.name)
+            elif f.required:
                 raise SurgeError(f"{where}: missing field {f.name!r}")
         return cls(**kwargs)
 
