@@ -4,7 +4,8 @@ What flows: ops (controller or peer -> agent), replies (agent -> sender), events
 subscribers). Each is a frozen dataclass, validated at construction (a bad value raises
 `SurgeError`), with `to_json()` / `from_json(d)`; its JSON is the frame header (payload
 bytes, where an op has them, travel beside it). Defaults live in the dataclasses only.
-The definitions are in `protocol_ops.py` and `protocol_events.py`; import from here.
+The definitions are in `protocol_ops.py`, `protocol_replies.py` and `protocol_events.py`
+(JSON codec: `protocol_codec.py`); import from here.
 
 Usage (controller side, `ClusterClient`):
 
@@ -37,51 +38,53 @@ from surge.runtime.protocol_ops import (
     MULTICAST_WAIT_S,
     NO_STEP,
     OPS,
-    AbortReply,
-    Ack,
-    AdoptReply,
-    BlockReply,
     ChecksumsOp,
-    ChecksumsReply,
     EvictOp,
     GenerateOp,
-    GenerateReply,
     GetBlockOp,
     InstanceAbortOp,
     InstanceAdoptOp,
     InstanceCloseOp,
     InstanceOpenOp,
-    InstanceReply,
     InstanceSubmitOp,
     KvExportOp,
-    KvPart,
     LandingTier,
     LoadOp,
-    LoadReply,
-    ModelHolding,
     MulticastOp,
-    MulticastReply,
     Op,
-    PipelineReply,
     PullFromOp,
     RegisterOp,
-    RegisterReply,
-    Reply,
     SetPeersOp,
-    SetPeersReply,
     ShutdownOp,
     Source,
     StageCloseOp,
     StageFreeOp,
     StageOpenOp,
     StageStepOp,
-    StageStepReply,
     StatusOp,
-    StatusReply,
-    SubmitReply,
     SubscribeOp,
     Tier,
     decode_op,
+)
+from surge.runtime.protocol_replies import (
+    AbortReply,
+    Ack,
+    AdoptReply,
+    BlockReply,
+    ChecksumsReply,
+    GenerateReply,
+    InstanceReply,
+    KvPart,
+    LoadReply,
+    ModelHolding,
+    MulticastReply,
+    PipelineReply,
+    RegisterReply,
+    Reply,
+    SetPeersReply,
+    StageStepReply,
+    StatusReply,
+    SubmitReply,
 )
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Every request a node agent answers, and its reply, as frozen dataclasses.
+"""Every request a node agent answers, as a frozen dataclass naming its reply class.
 
 What flows: the controller (and peers) send an `Op`; the agent decodes it with `decode_op`,
 runs the handler registered for its class, and answers with the op's `REPLY` (plus
@@ -14,6 +14,25 @@ from surge.engine.batch import BatchMeta
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import Manifest
 from surge.runtime.protocol_codec import Message, decode_named, register, require
+from surge.runtime.protocol_replies import (
+    AbortReply,
+    Ack,
+    AdoptReply,
+    BlockReply,
+    ChecksumsReply,
+    GenerateReply,
+    InstanceReply,
+    KvPart,
+    LoadReply,
+    MulticastReply,
+    PipelineReply,
+    RegisterReply,
+    Reply,
+    SetPeersReply,
+    StageStepReply,
+    StatusReply,
+    SubmitReply,
+)
 
 Tier = Literal["host", "gpu", "disk"]
 """Where blocks are held: shared host memory, the engine's (gpu) buffers, local disk."""
@@ -27,129 +46,6 @@ MULTICAST_WAIT_S = 120.0
 pull_from). A pull in a plan may be issued long before its source has the block."""
 NO_STEP = 1e9
 """The plan step of a `get_block` outside any plan: served after every planned send."""
-
-
-# ---- replies -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reply(Message):
-    """The fields of a successful answer (the agent adds `"ok": true`)."""
-
-
-@dataclass(frozen=True)
-class Ack(Reply):
-    """An answer with no fields."""
-
-
-@dataclass(frozen=True)
-class ModelHolding(Reply):
-    """Blocks of one model held on a node, by tier."""
-
-    host: tuple[int, ...]
-    gpu: tuple[int, ...]
-    disk: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class StatusReply(Reply):
-    node: int
-    port: int
-    models: dict[str, ModelHolding]
-    bytes_in: int
-    bytes_out: int
-    peers: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class RegisterReply(Reply):
-    model: str
-    num_blocks: int
-
-
-@dataclass(frozen=True)
-class SetPeersReply(Reply):
-    peers: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class LoadReply(Reply):
-    seconds: float
-    """Until every block was usable in its tier."""
-    fetch_seconds: float
-    """Until every block was read (the engine may still have been taking them in)."""
-
-
-@dataclass(frozen=True)
-class ChecksumsReply(Reply):
-    checksums: dict[int, str]
-    """Checksum ("crc32:<hex>", as in the manifest) of each block held in host or gpu memory."""
-
-
-@dataclass(frozen=True)
-class GenerateReply(Reply):
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class BlockReply(Reply):
-    """Header of a block send; the block's bytes are the frame payload."""
-
-    model: str
-    block: int
-
-
-@dataclass(frozen=True)
-class MulticastReply(Reply):
-    mc_id: str
-    num_recv: int
-
-
-@dataclass(frozen=True)
-class PipelineReply(Reply):
-    pipeline: str
-
-
-@dataclass(frozen=True)
-class StageStepReply(Reply):
-    """The last stage's logits (float32, row-major) are the frame payload."""
-
-    shape: tuple[int, ...]
-    kind: Literal["logits"] = "logits"
-
-
-@dataclass(frozen=True)
-class InstanceReply(Reply):
-    instance: str
-
-
-@dataclass(frozen=True)
-class SubmitReply(Reply):
-    queued: bool = True
-
-
-@dataclass(frozen=True)
-class AdoptReply(Reply):
-    seq_id: int
-
-
-@dataclass(frozen=True)
-class AbortReply(Reply):
-    outputs: dict[str, tuple[int, ...]]
-    """req_id -> tokens generated so far, of each request taken out."""
-
-
-@dataclass(frozen=True)
-class KvPart(Reply):
-    """K/V of one sequence at one stage: the reply of `kv_export` (bytes in the payload)
-    and one entry of `instance_adopt.parts` (bytes concatenated in the payload)."""
-
-    first_layer: int
-    end_layer: int
-    shape: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        require(0 <= self.first_layer < self.end_layer, "KvPart", "needs first < end layer")
 
 
 # ---- ops -----------------------------------------------------------------------------
