@@ -33,6 +33,17 @@ DEFAULT_GBPS = 100.0
 DEFAULT_BLOCK_BYTES = 100_000_000
 """Block size when none is given (100 MB)."""
 
+# Planner limits (issue 12), from benchmarks/planner_speed.py: a plan holds (N-K)*B
+# transfers, each a Python object twice (plan, timeline), so time and memory grow with
+# that product; 16,384 nodes x 64 blocks plans in a few seconds, twice that in ~10 s
+# on a busy 2-core machine. Past the limits a request fails at once with the fix.
+MAX_NODES = 65_536
+"""Most nodes one scale-out plan may hold."""
+MAX_BLOCKS = 4_096
+"""Most blocks a model may be split into (the binomial plan steps once per block)."""
+MAX_BLOCK_TRANSFERS = 1 << 20
+"""Most block transfers, (N - K) x B, one plan may hold (16,384 nodes x 64 blocks fit)."""
+
 
 @dataclass(frozen=True)
 class MulticastRequest:
@@ -68,6 +79,7 @@ class MulticastRequest:
             )
         if self.block_bytes <= 0:
             raise SurgeError(f"block size must be > 0 bytes (got {self.block_bytes})")
+        check_planner_limits(self.num_nodes, self.num_blocks, self.num_sources)
 
     @property
     def links(self) -> Cluster:
@@ -94,6 +106,31 @@ class MulticastOutcome:
     """Execution pipelines in the order they form."""
     timeline: Timeline
     """The plan in seconds on the request's links."""
+
+
+def check_planner_limits(num_nodes: int, num_blocks: int, num_sources: int) -> None:
+    """Raise `SurgeError`, naming the limit and the fix, if the plan would be too large."""
+    if num_nodes > MAX_NODES:
+        raise SurgeError(
+            f"{num_nodes:,} nodes is over the planner's limit of {MAX_NODES:,} nodes per "
+            f"scale-out; plan at most {MAX_NODES:,} nodes and split the scale-out into "
+            "several (each new node can act as a source for the next)"
+        )
+    if num_blocks > MAX_BLOCKS:
+        raise SurgeError(
+            f"{num_blocks:,} blocks is over the planner's limit of {MAX_BLOCKS:,}; "
+            "split the model into fewer, larger blocks"
+        )
+    transfers = (num_nodes - num_sources) * num_blocks
+    if transfers > MAX_BLOCK_TRANSFERS:
+        most_nodes = MAX_BLOCK_TRANSFERS // num_blocks + num_sources
+        raise SurgeError(
+            f"{num_nodes:,} nodes x {num_blocks} blocks from {num_sources} source(s) is "
+            f"{transfers:,} block transfers, over the planner's limit of "
+            f"{MAX_BLOCK_TRANSFERS:,} (about 10 s to plan); plan at most {most_nodes:,} "
+            f"nodes with {num_blocks} blocks and split the scale-out, or use fewer, "
+            "larger blocks"
+        )
 
 
 def plan_multicast(request: MulticastRequest) -> Plan:

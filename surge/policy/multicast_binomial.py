@@ -144,7 +144,8 @@ def _subgroup_steps(group_size: int, num_blocks: int) -> tuple[np.ndarray, ...]:
         step_src, step_dst, step_block = map(np.concatenate, (srcs, dsts, blocks))
         held[step_dst, step_block] = True
         out.append((step, step_src, step_dst, step_block))
-        _check_twins(held, twin_a, twin_b)
+        if twin_a.size:
+            _check_twins(held, twin_a, twin_b)
 
     # One exchange step gives each twin the single block it still lacks.
     final = [(*_first_missing(held, a, b), a, b) for a, b in ((twin_a, twin_b), (twin_b, twin_a))]

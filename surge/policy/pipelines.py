@@ -94,9 +94,12 @@ def pipelines_earliest(
     busy = np.zeros(plan.num_nodes, dtype=bool)  # in a live pipeline
     formed: list[Pipeline] = []
     live: list[Pipeline] = []
-    # Free nodes when the last search found nothing; before step 1 nobody holds a block.
-    settled = is_destination.copy()
-    for step in range(1, plan.complete_step + 1):
+    # Free nodes when the last search found nothing (the first search always runs).
+    settled = np.ones(plan.num_nodes, dtype=bool)
+    # Until the step at which the destinations between them hold every block, no set
+    # of them covers the blocks: nothing forms, so the search starts there.
+    first_covered = max(1, int(arrival[plan.num_sources :].min(axis=0).max()))
+    for step in range(first_covered, plan.complete_step + 1):
         dissolved = [p for p in live if p.until_step <= step]
         live = [p for p in live if p.until_step > step]
         for p in dissolved:

@@ -104,7 +104,10 @@ def forest_steps(
     at sources and `block_order` orders every block once (then use `schedule_queues`).
     In a forest every node has one sender, so no two heads ever want one receiver and
     each node sends its j-th item at s(j) = max(s(j-1) + 1, arrival of its block + 1):
-    s(j) = j + max_{i<=j}(arrival_i + 1 - i), a cumulative max over the queue.
+    s(j) = j + max_{i<=j}(arrival_i + 1 - i), a cumulative max over the queue. So
+    s(j) - j never falls, hence a node with one child, fed by any sender, gets block i
+    no sooner than i steps after block 0: the max is its own term and it forwards each
+    block the step after it arrives. A run of such relays (a chain) is done in one go.
     """
     order = np.asarray(list(block_order), dtype=np.int64)
     if not np.array_equal(np.sort(order), np.arange(num_blocks)):
@@ -123,11 +126,34 @@ def forest_steps(
     parts: list[tuple[np.ndarray, ...]] = []
     num_done = 0
     while level:
-        num_done += len(level)
         next_level: list[int] = []
         next_arrival: list[np.ndarray] = []
+        relays = [i for i, node in enumerate(level) if len(kids[node]) == 1 and node in parent]
+        for row in relays:
+            path = _relay_path(level[row], kids)
+            num_done += len(path)
+            exit_node = kids[path[-1]][0]
+            hops = np.arange(1, len(path) + 1, dtype=np.int64)
+            step = arrival[row][None, :] + hops[:, None]
+            parts.append(
+                (
+                    step.ravel(),
+                    np.repeat(np.asarray(path, dtype=np.int64), num_blocks),
+                    np.repeat(np.asarray([*path[1:], exit_node], dtype=np.int64), num_blocks),
+                    np.tile(order, len(path)),
+                )
+            )
+            if exit_node in kids:
+                next_level.append(exit_node)
+                next_arrival.append(step[-1])
+        is_relay = set(relays)
         for count in sorted({len(kids[node]) for node in level}):
-            rows = [i for i, node in enumerate(level) if len(kids[node]) == count]
+            rows = [
+                i for i, node in enumerate(level) if len(kids[node]) == count and i not in is_relay
+            ]
+            if not rows:
+                continue
+            num_done += len(rows)
             senders = np.asarray([level[i] for i in rows], dtype=np.int64)
             receivers = np.asarray([kids[level[i]] for i in rows], dtype=np.int64)
             item = np.arange(count * num_blocks, dtype=np.int64)
@@ -151,6 +177,16 @@ def forest_steps(
     if num_done != len(kids):
         return None  # a cycle: nodes no source reaches
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+
+
+def _relay_path(first: int, kids: Mapping[int, Sequence[int]]) -> list[int]:
+    """`first` and the one-child nodes below it, down to the last one."""
+    path = [first]
+    while True:
+        child = kids[path[-1]][0]
+        if len(kids.get(child, ())) != 1 or len(path) > len(kids):
+            return path
+        path.append(child)
 
 
 def plan_forest(
