@@ -6,6 +6,9 @@ This is the planner's front door; the CLI, the benchmark, the runtime and the
 simulator all come through here.
 """
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
@@ -153,8 +156,28 @@ def plan_pipelines(plan: Plan, settings: PipelineSettings | None = None) -> tupl
     return pipelines_earliest(plan, settings)
 
 
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a plan is built.
+
+    A large plan is millions of small acyclic objects (transfers, timed transfers);
+    the collector would walk them again and again as they are made, about a third
+    of the planning time at 16,384 nodes x 64 blocks. Reference counting still frees
+    everything; the collector resumes (if it was on) when planning ends.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def plan_scale_out(request: MulticastRequest) -> MulticastOutcome:
     """Plan, pipelines and timeline of `request`."""
-    plan = plan_multicast(request)
-    pipelines = plan_pipelines(plan, request.pipelines)
-    return MulticastOutcome(request, plan, pipelines, simulate(plan, pipelines, request.timing))
+    with _cyclic_gc_paused():
+        plan = plan_multicast(request)
+        pipelines = plan_pipelines(plan, request.pipelines)
+        timeline = simulate(plan, pipelines, request.timing)
+    return MulticastOutcome(request, plan, pipelines, timeline)
