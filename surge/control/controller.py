@@ -132,6 +132,11 @@ class Controller:
             raise SurgeError("the controller is not started: call `await controller.start()`")
         return self._wiring
 
+    @property
+    def client(self) -> ClusterClient:
+        """The agents' client (tests and tools subscribe to agent events through it)."""
+        return self._w.client
+
     async def start(self) -> None:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         self.registry.mkdir(parents=True, exist_ok=True)

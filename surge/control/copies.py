@@ -112,6 +112,9 @@ class Copies:
         now = time.monotonic()
         entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=pin)
         decision = admit(self._entries(node), entry, self.settings)
+        if not decision.admit:  # only an unpinned copy can be refused
+            log.info("%s: no room for a host copy on node %d", dep.name, node)
+            return
         for victim in decision.evict:
             if victim in self.deployments:
                 self.evict_host(self.deployments[victim], node)
