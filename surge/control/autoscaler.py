@@ -42,9 +42,9 @@ class ScaleOutResult:
 
     kind: str | None = None
     """Start kind (hot, warm, cold); None when it failed."""
-    kv_migrated: int = 0
+    num_kv_migrated: int = 0
     """Requests moved with their KV cache (ParaServe consolidation)."""
-    live_prefilled: int = 0
+    num_live_prefilled: int = 0
     """Requests prefilled cooperatively (BlitzScale live scaling)."""
 
 
@@ -123,7 +123,7 @@ async def start_scale_out(
     try:
         result.kind = await run_scale_out(ctx)
     finally:
-        result.kv_migrated, result.live_prefilled = ctx.kv_migrated, ctx.live_prefilled
+        result.num_kv_migrated, result.num_live_prefilled = ctx.kv_migrated, ctx.live_prefilled
 
 
 class Autoscaler:
@@ -248,7 +248,7 @@ class Autoscaler:
         # multicast per model at a time; the others load, then serve.
         owns_multicast = not dep.multicasting
         dep.multicasting = True
-        dep.scale_outs += 1
+        dep.num_scale_outs += 1
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast))
 
     def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
@@ -311,10 +311,10 @@ class Autoscaler:
         finally:
             if owns_multicast:
                 dep.multicasting = False
-            m.kv_migrated.labels(name).inc(result.kv_migrated)
-            m.live_prefilled.labels(name).inc(result.live_prefilled)
-            dep.kv_migrated += result.kv_migrated
-            dep.live_prefilled += result.live_prefilled
+            m.kv_migrated.labels(name).inc(result.num_kv_migrated)
+            m.live_prefilled.labels(name).inc(result.num_live_prefilled)
+            dep.num_kv_migrated += result.num_kv_migrated
+            dep.num_live_prefilled += result.num_live_prefilled
             m.blocks_in_flight.labels(name).dec(in_flight)
             for d in [*dests, *booked]:
                 self.nic_load[d] = max(0, self.nic_load.get(d, 0) - 1)

@@ -149,7 +149,7 @@ class Copies:
                 dep.restoring = False
 
         task = dep.spawn(run())
-        if dep.scale_outs == 0:
+        if dep.num_scale_outs == 0:
             await asyncio.shield(task)  # at creation: the first start is warm
 
     def invariant_holds(self, dep: Deployment) -> bool:

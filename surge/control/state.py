@@ -83,15 +83,15 @@ class Deployment:
     """A pinned host copy is being made (the invariant is not checked meanwhile)."""
     last_start: str | None = None
     """Start kind of the last scale-out that completed: hot, warm or cold."""
-    scale_outs: int = 0
+    num_scale_outs: int = 0
     """Scale-outs started."""
     pinned_node: int | None = None
     """The node whose host copy is pinned (BlitzScale §5.3), None while there is none."""
     host_last_used_s: dict[int, float] = field(default_factory=dict)
     """Last use of the host copy on each node (keep-alive and LRU, `copies.py`)."""
-    kv_migrated: int = 0
+    num_kv_migrated: int = 0
     """Requests moved onto new instances with their KV cache (ParaServe consolidation)."""
-    live_prefilled: int = 0
+    num_live_prefilled: int = 0
     """Requests prefilled by live scaling (BlitzScale)."""
     multicasting: bool = False
     """A serve-while-loading scale-out of this deployment is running."""
