@@ -11,7 +11,8 @@ Out: a `StartupPlan`:
   copy in host memory is a multicast source by itself), so K > 1 whenever two copies
   exist; sources are ordered GPU copies first (least loaded first), then host copies, and
   there are never more sources than receivers (more buy nothing) nor more than the
-  system's `max_sources`, and one host copy per machine (its NIC is the bottleneck);
+  system's `max_sources`, and one host copy per machine, none on a machine that already
+  sends from a GPU copy (its NIC is the bottleneck);
   systems with `host_sources_when_hot` off use host copies only when no GPU copy exists
   (BlitzScale §2: multicast from deployed instances);
 - `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first)
@@ -170,7 +171,8 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         # A warm-local destination serves its host copy to the others while it loads
         # (λScale §5); one host source per machine.
         hosts = [(c.node, c.machine) for c in host] + [(d.node, d.machine) for d in warm_local]
-        seen: set[tuple[str, int]] = set()
+        # A machine already sending from a GPU copy has no egress left for its host copy.
+        seen = {("machine", c.machine) for c in gpu if c.machine is not None}
         for node, machine in hosts:
             if _machine(node, machine) not in seen:
                 seen.add(_machine(node, machine))

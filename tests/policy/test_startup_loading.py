@@ -177,5 +177,10 @@ def test_one_host_source_per_machine_and_blitzscale_prefers_instances() -> None:
     hot = plan_startup(StartupRequest(blitz, dests, (Copy(7, "gpu"), Copy(9, "host"))))
     assert hot.sources == (Source(7, "gpu"),)  # BlitzScale §2: from deployed instances
     assert hot.local == () and hot.receivers == (1, 2, 3)
+    both = (Copy(7, "gpu", machine=5), Copy(8, "host", machine=5), Copy(9, "host", machine=6))
+    lam = plan_startup(
+        StartupRequest(LAMBDA, (Destination(1), Destination(2), Destination(3)), both)
+    )
+    assert lam.sources == (Source(7, "gpu"), Source(9, "host"))  # machine 5's NIC sends once
     warm = plan_startup(StartupRequest(blitz, dests, (Copy(9, "host", machine=0),)))
     assert warm.sources == (Source(9, "host"),) and len(warm.local) == 2
