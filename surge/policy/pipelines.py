@@ -15,11 +15,12 @@ Two generators:
   greedy search finds (`find_stage_cover`). Nodes of a dissolved pipeline are free again.
 Sources are never stages: they already serve a whole copy.
 
-Speed (issue 12): holdings are one (N, B) arrival matrix; a step is searched only if
-a free node received a block or a pipeline dissolved since the last search that found
-nothing (the same inputs give the same None); a plan whose every destination receives
-its blocks in layer order (chain, binary tree, naive) holds only prefixes, so no set
-of incomplete nodes covers every block and it forms no pipeline.
+Speed (issue 12): holdings are one (N, B) arrival matrix; the search starts at the
+first step at which the destinations between them hold every block, and a step is
+searched only if a free node received a block or a pipeline dissolved since the last
+search that found nothing (the same inputs give the same None); a plan whose every
+destination receives its blocks in layer order (chain, binary tree, naive) holds only
+prefixes, so no set of incomplete nodes covers every block and it forms no pipeline.
 """
 
 import itertools
