@@ -18,11 +18,9 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from surge.errors import SurgeError
-from surge.runtime.agent_context import AgentConfig, NodeContext, import_engine
+from surge.runtime.agent_context import AgentConfig, Handlers, NodeContext, import_engine
 from surge.runtime.agent_serving import AgentServing
 from surge.runtime.agent_store import AgentStore, ModelState
 from surge.runtime.agent_transfer import AgentTransfer
@@ -30,7 +28,6 @@ from surge.runtime.protocol import (
     Ack,
     Event,
     Op,
-    Reply,
     ShutdownOp,
     StatusOp,
     StatusReply,
@@ -53,10 +50,6 @@ log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 1.0
 
-Handler = Callable[[Any, Connection, memoryview], Awaitable[Reply | None]]
-"""An op handler: (typed op, its connection, its payload) -> the reply, or None when the
-handler sent its own answer (one with a payload)."""
-
 
 class NodeAgent:
     """The server side of one node."""
@@ -75,7 +68,7 @@ class NodeAgent:
         self.store = AgentStore(self.ctx)
         self.transfer = AgentTransfer(self.ctx, self.store)
         self.serving = AgentServing(self.ctx, self.store)
-        self.handlers: dict[type[Op], Handler] = {
+        self.handlers: Handlers = {
             StatusOp: self.op_status,
             ShutdownOp: self.op_shutdown,
             **self.store.handlers(),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.config import EngineConfig
-from surge.runtime.protocol import Event
+from surge.runtime.protocol import Event, Op, Reply
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed, connect
 
@@ -46,6 +46,13 @@ class AgentConfig:
     in the gpu tier does not wait ~1.5 s for it."""
     fault_corrupt_sends: int = 0
     """Testing only: corrupt the payload of this many block sends."""
+
+
+Handler = Callable[[Any, Connection, memoryview], Awaitable[Reply | None]]
+"""An op handler: (typed op, its connection, its payload) -> the reply, or None when the
+handler sent its own answer (one with a payload)."""
+Handlers = dict[type[Op], Handler]
+"""A part's ops: {op class: handler}; the server merges every part's table."""
 
 
 def import_engine() -> None:

@@ -23,11 +23,12 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from surge.errors import SurgeError
-from surge.runtime.agent_context import NodeContext
+from surge.runtime.agent_context import Handlers, NodeContext
 from surge.runtime.agent_store import AgentStore
 from surge.runtime.protocol import (
     AbortReply,
@@ -54,6 +55,11 @@ from surge.runtime.protocol import (
 )
 from surge.runtime.transport import Connection
 
+if TYPE_CHECKING:
+    from surge.engine.llm_engine import LLMEngine
+    from surge.engine.runner import ModelRunner
+    from surge.runtime.agent_store import ModelState
+
 log = logging.getLogger(__name__)
 
 
@@ -66,7 +72,7 @@ class Stage:
     first_layer: int
     end_layer: int
     next_node: int | None
-    runner: Any
+    runner: "ModelRunner"
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -76,15 +82,15 @@ class LocalInstance:
 
     name: str
     model: str
-    engine: Any
+    engine: "LLMEngine"
     requests: dict[int, str] = field(default_factory=dict)
     """seq_id -> the controller's request id."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
-    inbox: list[tuple[Any, asyncio.Future]] = field(default_factory=list)
+    inbox: list[tuple[Callable[["LLMEngine"], Any], asyncio.Future]] = field(default_factory=list)
     """Changes to the engine, applied by its loop between steps (never during one)."""
 
-    async def call(self, fn: Any) -> Any:
+    async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
         """Run `fn(engine)` between two steps and return its result."""
         fut = asyncio.get_running_loop().create_future()
         self.inbox.append((fn, fut))
@@ -101,7 +107,7 @@ class AgentServing:
         self.instances: dict[str, LocalInstance] = {}
         self._stage_pool: dict[int, list[Connection]] = {}
 
-    def handlers(self) -> dict[type, Any]:
+    def handlers(self) -> Handlers:
         return {
             StageOpenOp: self.op_stage_open,
             StageStepOp: self.op_stage_step,
@@ -133,7 +139,7 @@ class AgentServing:
             raise SurgeError(f"no instance {name} on node {self.ctx.node} (instance_open first)")
         return inst
 
-    def _complete_model(self, model: str) -> Any:
+    def _complete_model(self, model: str) -> "ModelState":
         state = self.store.model(model)
         if not state.complete_in_gpu:
             raise SurgeError(f"node {self.ctx.node} does not hold every block of {model} in gpu")
@@ -141,7 +147,7 @@ class AgentServing:
 
     # ---- pipeline stages ---------------------------------------------------------
 
-    def _stage_runner(self, model: str, first: int, end: int):
+    def _stage_runner(self, model: str, first: int, end: int) -> "ModelRunner":
         from surge.engine.runner import ModelRunner
 
         state = self.store.model(model)
@@ -248,7 +254,7 @@ class AgentServing:
         prompt = list(op.prompt_token_ids)
         inst.engine.check_prompt(prompt)  # bad input is refused now, not at the next step
 
-        def add(engine: Any) -> int:
+        def add(engine: "LLMEngine") -> int:
             sid = engine.add_request(prompt, op.params, list(op.output_token_ids))
             inst.requests[sid] = op.req_id
             return sid
@@ -277,7 +283,7 @@ class AgentServing:
             parts.append((part.first_layer, kv.view(part.shape)))
             offset += n
 
-        def adopt(engine: Any) -> int:
+        def adopt(engine: "LLMEngine") -> int:
             sid = engine.adopt(
                 list(op.prompt_token_ids), op.params, list(op.output_token_ids), op.num_cached
             )
@@ -296,7 +302,7 @@ class AgentServing:
         inst = self._instance(op.instance)
         wanted = set(op.req_ids)
 
-        def abort(engine: Any) -> dict[str, tuple[int, ...]]:
+        def abort(engine: "LLMEngine") -> dict[str, tuple[int, ...]]:
             out = {}
             for sid, rid in list(inst.requests.items()):
                 if rid in wanted:

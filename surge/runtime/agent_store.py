@@ -14,7 +14,7 @@ from typing import Any
 
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, Manifest, block_checksum, read_manifest
-from surge.runtime.agent_context import NodeContext
+from surge.runtime.agent_context import Handlers, NodeContext
 from surge.runtime.protocol import (
     Ack,
     BlockArrived,
@@ -80,7 +80,7 @@ class AgentStore:
         )
         self.models: dict[str, ModelState] = {}
 
-    def handlers(self) -> dict[type, Any]:
+    def handlers(self) -> Handlers:
         return {
             RegisterOp: self.op_register,
             LoadOp: self.op_load,

@@ -18,11 +18,10 @@ import heapq
 import itertools
 import logging
 import time
-from typing import Any
 
 from surge.errors import SurgeError
 from surge.model.manifest import verify_block
-from surge.runtime.agent_context import NodeContext, import_engine
+from surge.runtime.agent_context import Handlers, NodeContext, import_engine
 from surge.runtime.agent_store import AgentStore
 from surge.runtime.protocol import (
     Ack,
@@ -90,7 +89,7 @@ class AgentTransfer:
         self.bytes_out = 0
         self._corrupt_left = ctx.config.fault_corrupt_sends
 
-    def handlers(self) -> dict[type, Any]:
+    def handlers(self) -> Handlers:
         return {
             GetBlockOp: self.op_get_block,
             MulticastOp: self.op_multicast,
