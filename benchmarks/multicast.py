@@ -27,6 +27,7 @@ from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
 from surge.policy.timing import TimingModel, simulate
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
 from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp
 
 log = logging.getLogger("multicast")
 MODEL = "bench"
@@ -46,12 +47,8 @@ async def run_strategies(
         for i, strategy in enumerate(strategies):
             name = f"{MODEL}{i}"
             # A fresh model name per strategy: every run starts from empty destinations.
-            await client.broadcast(
-                {"op": "register", "model": name, "manifest": manifest.to_json()}
-            )
-            await client.request(
-                0, {"op": "load", "model": name, "blocks": list(range(b)), "source": "disk"}
-            )
+            await client.broadcast(RegisterOp(name, manifest))
+            await client.call(0, LoadOp(name, tuple(range(b)), tier="host", source="disk"))
             planned = plan_scale_out(MulticastRequest(num_nodes=n, num_blocks=b, strategy=strategy))
             predicted = simulate(planned.plan, planned.pipelines, timing)
             t = time.perf_counter()
@@ -79,7 +76,7 @@ async def run_strategies(
                 predicted.optimal_s / result.complete_s,
                 predicted.complete_s,
             )
-            await client.broadcast({"op": "evict", "model": name, "blocks": list(range(b))})
+            await client.broadcast(EvictOp(name, tuple(range(b)), tier="host"))
     finally:
         await client.close()
     return out

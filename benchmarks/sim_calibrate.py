@@ -82,6 +82,7 @@ def measure_engine(model_mb: float, blocks: int, reps: int, real: dict) -> dict:
     from surge.model.tiny import create_tiny_model
     from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.server import Server
 
     torch.set_num_threads(1)
@@ -141,9 +142,8 @@ def measure_engine(model_mb: float, blocks: int, reps: int, real: dict) -> dict:
         async def via_agent(cluster: LocalCluster) -> list[float]:
             client = cluster.client()
             await client.connect()
-            await client.broadcast({"op": "register", "model": "m", "manifest": manifest.to_json()})
-            load = {"op": "load", "model": "m", "blocks": list(range(blocks))}
-            await client.request(0, load | {"source": "disk", "tier": "gpu"})
+            await client.broadcast(RegisterOp("m", manifest))
+            await client.call(0, LoadOp("m", tuple(range(blocks)), tier="gpu", source="disk"))
             server = Server(client, "m")
             ep = LocalEndpoint(client, 0, "m", "m-node0", capacity=batch_limit)
             await ep.open()
@@ -224,6 +224,7 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
     from surge.runtime.multicast import MulticastExecutor
+    from surge.runtime.protocol import LoadOp, RegisterOp
 
     tick = os.sysconf("SC_CLK_TCK")
 
@@ -238,9 +239,9 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
         client = cluster.client()
         await client.connect()
         await cluster.wire_peers(client)
-        await client.broadcast({"op": "register", "model": "m", "manifest": manifest.to_json()})
-        load = {"op": "load", "model": "m", "blocks": list(range(blocks)), "source": "remote"}
-        await asyncio.gather(*(client.request(s, load) for s in range(sources)))
+        await client.broadcast(RegisterOp("m", manifest))
+        load = LoadOp("m", tuple(range(blocks)), tier="host", source="remote")
+        await asyncio.gather(*(client.call(s, load) for s in range(sources)))
         out = plan_scale_out(
             MulticastRequest(num_nodes=nodes, num_blocks=blocks, num_sources=sources)
         )
