@@ -89,7 +89,10 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     strategies = list(report["strategies"])
-    fig, axes = plt.subplots(1, len(strategies), figsize=(4 * len(strategies), 3.6), sharey=True)
+    fig, grid = plt.subplots(
+        1, len(strategies), figsize=(4 * len(strategies), 3.6), sharey=True, squeeze=False
+    )
+    axes = grid[0]
     for ax, name in zip(axes, strategies, strict=True):
         arrival = report["strategies"][name]["arrival_s"]
         for node, row in enumerate(arrival):
