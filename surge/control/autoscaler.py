@@ -126,6 +126,23 @@ async def start_scale_out(
         result.num_kv_migrated, result.num_live_prefilled = ctx.kv_migrated, ctx.live_prefilled
 
 
+def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
+    """The deployment as `policy.autoscale` sees it: its instances (loading until their
+    endpoint is up) and the requests waiting for one — at the router or on an execution
+    pipeline. The simulator builds the same view (`sim/scaling.pool_load`)."""
+    loads = tuple(
+        InstanceLoad(
+            instance_id=i.node,
+            outstanding=i.endpoint.outstanding if i.endpoint else 0,
+            loading=i.endpoint is None,
+            idle_since_s=i.idle_since_s,
+        )
+        for i in dep.instances.values()
+    )
+    ongoing = sum(1 for r in dep.requests.values() if not r.done.is_set())
+    return PoolLoad(now_s, max(0, ongoing - sum(x.outstanding for x in loads)), loads)
+
+
 class Autoscaler:
     """The tick loop over the controller's deployments."""
 
@@ -200,18 +217,7 @@ class Autoscaler:
 
     async def _autoscale(self, dep: Deployment, now_s: float) -> None:
         """One decision of `surge.policy.autoscale` for the deployment, carried out."""
-        loads = tuple(
-            InstanceLoad(
-                instance_id=i.node,
-                outstanding=i.endpoint.outstanding if i.endpoint else 0,
-                loading=i.endpoint is None,
-                idle_since_s=i.idle_since_s,
-            )
-            for i in dep.instances.values()
-        )
-        ongoing = sum(1 for r in dep.requests.values() if not r.done.is_set())
-        queued = max(0, ongoing - sum(x.outstanding for x in loads))
-        decision = decide(PoolLoad(now_s, queued, loads), self.settings(dep), dep.autoscale_state)
+        decision = decide(pool_load(dep, now_s), self.settings(dep), dep.autoscale_state)
         dep.autoscale_state = decision.state
         if decision.scale_out > 0:
             self._scale_out(dep, decision.scale_out)

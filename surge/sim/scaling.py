@@ -160,17 +160,7 @@ class Scaler:
         """One `surge.policy.autoscale.decide` call for `pool`, carried out."""
         sys, now = self.world.system, self.world.loop.now_s
         settings = sys.decode_autoscale if pool.role == "decode" else sys.autoscale
-        queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
-        loads = tuple(
-            InstanceLoad(
-                i.id,
-                i.outstanding + i.reserved,
-                not i.loaded or i.sending > 0,
-                i.idle_since_s if i.sending == 0 and i.reserved == 0 else None,
-            )
-            for i in pool.instances
-        )
-        decision = decide(PoolLoad(now, queued, loads), settings, pool.autoscale_state)
+        decision = decide(pool_load(pool, now), settings, pool.autoscale_state)
         pool.autoscale_state = decision.state
         if decision.wake_at_s is not None and decision.wake_at_s > now:
             self._at(pool, decision.wake_at_s + 1e-9)
@@ -254,6 +244,24 @@ class Scaler:
             self.world.event(decode.model, decode.role, "mutate", len(idle))
             self.requests.drain(decode)
         return len(idle)
+
+
+def pool_load(pool: Pool, now_s: float) -> PoolLoad:
+    """The pool as `policy.autoscale` sees it: its instances (loading until loaded; a
+    multicast source or one awaiting a KV hand-off is busy) and the requests waiting for
+    one — at the router or on an execution pipeline. `surge serve` builds the same view
+    (`control/autoscaler.pool_load`)."""
+    queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
+    loads = tuple(
+        InstanceLoad(
+            i.id,
+            i.outstanding + i.reserved,
+            not i.loaded or i.sending > 0,
+            i.idle_since_s if i.sending == 0 and i.reserved == 0 else None,
+        )
+        for i in pool.instances
+    )
+    return PoolLoad(now_s, queued, loads)
 
 
 def tp_for(group: NodeGroup, nbytes: int, kv_memory_fraction: float) -> int | None:

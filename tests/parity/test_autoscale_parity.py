@@ -1,0 +1,108 @@
+"""Autoscaling parity: the same pool history, seen through each body's observer
+(`control/autoscaler.pool_load` for `surge serve`, `sim/scaling.pool_load` for the
+simulator), gives the same `policy.autoscale` decisions tick by tick — stable window,
+panic window, downscale delay and the last instance's keep-alive included."""
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from surge.control.autoscaler import pool_load as runtime_pool_load
+from surge.policy.autoscale import AutoscaleSettings, AutoscaleState, ScaleDecision, decide
+from surge.sim.pools import Pool
+from surge.sim.scaling import pool_load as sim_pool_load
+
+SETTINGS = AutoscaleSettings(
+    target_ongoing_requests=4,
+    upscale_delay_s=0.3,
+    downscale_delay_s=2.0,
+    keep_alive_s=10.0,
+    panic_window_s=1.0,
+    panic_threshold=2.0,
+)
+
+
+@dataclass(frozen=True)
+class Inst:
+    """One instance at one moment: its id, outstanding requests, loading, idle since."""
+
+    iid: int
+    outstanding: int = 0
+    loading: bool = False
+    idle_since_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Moment:
+    now_s: float
+    instances: tuple[Inst, ...]
+    at_router: int = 0
+    on_pipelines: int = 0
+
+
+HISTORY = (
+    Moment(0.0, (), at_router=3),  # at zero: the activator scales out at once
+    Moment(0.1, (Inst(1, loading=True),), at_router=12),  # 12 >= 2 x 4 x 1: panic
+    Moment(0.2, (Inst(1, 4), Inst(2, loading=True), Inst(3, loading=True)), 2, 2),
+    # Panic is over at 1.1 s: wanting 4 now waits for the stable window.
+    Moment(1.2, (Inst(1, 4), Inst(2, 4), Inst(3, 4)), 4),
+    Moment(1.35, (Inst(1, 4), Inst(2, 4), Inst(3, 4)), 4),
+    Moment(1.6, (Inst(1, 4), Inst(2, 4), Inst(3, 4)), 4),  # 0.4 s later: scale out
+    Moment(3.0, (Inst(1, 0, False, 0.8), Inst(2, 0, False, 2.5), Inst(3, 0, False, 0.5))),
+    Moment(5.0, (Inst(2, 0, False, 2.5),)),
+    Moment(12.6, (Inst(2, 0, False, 2.5),)),  # idle 10.1 s: the last one goes
+)
+
+
+def _runtime_view(m: Moment):
+    done = SimpleNamespace(is_set=lambda: False)
+    instances = {
+        i.iid: SimpleNamespace(
+            node=i.iid,
+            endpoint=None if i.loading else SimpleNamespace(outstanding=i.outstanding),
+            idle_since_s=i.idle_since_s,
+        )
+        for i in m.instances
+    }
+    waiting = m.at_router + m.on_pipelines + sum(i.outstanding for i in m.instances)
+    requests = {f"r{k}": SimpleNamespace(done=done) for k in range(waiting)}
+    return runtime_pool_load(SimpleNamespace(instances=instances, requests=requests), m.now_s)
+
+
+def _sim_view(m: Moment):
+    pool = Pool(0, 0, "both")
+    pool.instances = [  # type: ignore[list-item]
+        SimpleNamespace(
+            id=i.iid,
+            outstanding=i.outstanding,
+            reserved=0,
+            loaded=not i.loading,
+            sending=0,
+            idle_since_s=i.idle_since_s,
+        )
+        for i in m.instances
+    ]
+    pool.pipelines = [SimpleNamespace(outstanding=m.on_pipelines)]  # type: ignore[list-item]
+    pool.queue.extend(range(m.at_router))  # type: ignore[arg-type]
+    return sim_pool_load(pool, m.now_s)
+
+
+def _decisions(view) -> list[ScaleDecision]:
+    state, out = AutoscaleState(), []
+    for m in HISTORY:
+        d = decide(view(m), SETTINGS, state)
+        state = d.state
+        out.append(d)
+    return out
+
+
+def test_both_bodies_observe_and_decide_alike() -> None:
+    for m in HISTORY:
+        assert _runtime_view(m) == _sim_view(m), m
+    runtime, sim = _decisions(_runtime_view), _decisions(_sim_view)
+    assert runtime == sim
+    # The rules really fired (a history that exercised none would prove nothing).
+    outs = [d.scale_out for d in runtime]
+    assert outs[0] == 1 and outs[1] == 2  # activator, then panic
+    assert outs[3] == outs[4] == 0 and outs[5] == 1  # the stable window held, then fired
+    assert runtime[6].release == (3, 1)  # longest idle first, the last one stays
+    assert runtime[7].release == () and runtime[8].release == (2,)  # keep_alive_s
