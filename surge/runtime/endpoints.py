@@ -21,9 +21,10 @@ from typing import Any
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
-from surge.engine.llm_engine import LLMEngine
+from surge.engine.llm_engine import LLMEngine, TokenEvent
 from surge.model.manifest import Manifest
 from surge.runtime.client import ClusterClient
+from surge.runtime.engine_loop import run_engine
 from surge.runtime.protocol import (
     InstanceAbortOp,
     InstanceOpenOp,
@@ -159,7 +160,6 @@ class _Group:
     engine: LLMEngine
     pending: list[ServeRequest] = field(default_factory=list)
     seqs: dict[int, ServeRequest] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
 
@@ -226,34 +226,30 @@ class PipelineEndpoint(Endpoint):
 
     async def _run(self, group: _Group) -> None:
         engine = group.engine
-        while True:
-            async with group.lock:
-                for req in group.pending:
-                    sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
-                    group.seqs[sid] = req
-                group.pending.clear()
-                if not engine.has_unfinished:
-                    group.wake.clear()
-                else:
-                    try:
-                        events = await asyncio.to_thread(engine.step)
-                    except EndpointFailed as e:
-                        log.warning("%s failed: %s", self.name, e)
-                        self.failed = True
-                        if self.on_failure is not None:
-                            asyncio.get_running_loop().create_task(self.on_failure(self))
-                        return
-                    for ev in events:
-                        req = group.seqs.get(ev.seq_id)
-                        if req is None:
-                            continue
-                        req.add_token(ev.token_id, ev.finished, ev.finish_reason)
-                        if ev.finished:
-                            del group.seqs[ev.seq_id]
-                            engine.seqs.pop(ev.seq_id, None)
-                            self.requests.pop(req.req_id, None)
+
+        def admit() -> None:
+            for req in group.pending:
+                sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
+                group.seqs[sid] = req
+            group.pending.clear()
+
+        async def deliver(events: list[TokenEvent]) -> None:
+            for ev in events:
+                req = group.seqs.get(ev.seq_id)
+                if req is None:
                     continue
-            await group.wake.wait()
+                req.add_token(ev.token_id, ev.finished, ev.finish_reason)
+                if ev.finished:
+                    del group.seqs[ev.seq_id]
+                    self.requests.pop(req.req_id, None)
+
+        try:
+            await run_engine(engine, group.wake, admit, deliver)
+        except EndpointFailed as e:
+            log.warning("%s failed: %s", self.name, e)
+            self.failed = True
+            if self.on_failure is not None:
+                asyncio.get_running_loop().create_task(self.on_failure(self))
 
     def detach(self) -> list[tuple[ServeRequest, int]]:
         """Stop the head engines now, keep the stages (and their KV caches) open, and return
