@@ -19,6 +19,7 @@ from surge.policy.multicast import (
     STRATEGIES,
     MulticastOutcome,
     MulticastRequest,
+    check_planner_limits,
     plan_scale_out,
 )
 from surge.policy.report import outcome_to_json
@@ -86,7 +87,9 @@ def _summary(outcome: MulticastOutcome) -> str:
 @app.command("multicast")
 def multicast(
     nodes: Annotated[int, typer.Option("--nodes", help="N, nodes taking part (>= 2).")],
-    blocks: Annotated[int, typer.Option("--blocks", help="B, blocks the model is split into.")],
+    blocks: Annotated[
+        int | None, typer.Option("--blocks", help="B, blocks the model is split into (required).")
+    ] = None,
     sources: Annotated[int, typer.Option("--sources", help="K, nodes 0..K-1 hold the model.")] = 1,
     strategy: Annotated[
         str, typer.Option("--strategy", help=f"One of: {', '.join(STRATEGIES)}.")
@@ -115,6 +118,9 @@ def multicast(
     ] = None,
 ) -> None:
     """Plan a multicast of a model to N nodes and the execution pipelines it allows."""
+    if blocks is None:
+        check_planner_limits(nodes, 1, 1)  # a scale-out too large to plan says so first
+        raise SurgeError("give --blocks B, the number of blocks the model is split into")
     if not block_mb > 0:
         raise SurgeError(f"--block-mb must be > 0 (got {block_mb})")
     if overhead_us < 0:

@@ -120,8 +120,11 @@ def test_a_scale_out_past_the_planner_limit_is_one_error_line() -> None:
     except Exception as e:  # the entry point is owned elsewhere; skip until it imports
         pytest.skip(f"surge.cli.main does not import yet: {e}")
     started = time.monotonic()
-    bad = _surge("plan", "multicast", "--nodes", "100000", "--blocks", "64")
-    assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0 and bad.stderr.startswith("error: ")
-    assert "plan at most 65,536 nodes" in bad.stderr and "split the scale-out" in bad.stderr
-    assert time.monotonic() - started < 30  # refused up front, not after planning
+    for blocks in ([], ["--blocks", "64"]):  # the limit comes first, with or without B
+        bad = _surge("plan", "multicast", "--nodes", "100000", *blocks)
+        assert bad.returncode == 2
+        assert bad.stderr.strip().count("\n") == 0 and bad.stderr.startswith("error: ")
+        assert "plan at most 65,536 nodes" in bad.stderr and "split the scale-out" in bad.stderr
+    assert time.monotonic() - started < 60  # refused up front, not after planning
+    missing = _surge("plan", "multicast", "--nodes", "8")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: give --blocks")
