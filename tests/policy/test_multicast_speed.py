@@ -6,6 +6,7 @@ fast ones (indexed cover search, forest scheduling in numpy, skipped pipeline st
 must return the same answers on random inputs.
 """
 
+import gc
 import random
 import time
 
@@ -223,3 +224,15 @@ def test_pipelines_skip_only_steps_where_nothing_changed(
     plan = plan_binomial(num_nodes, num_blocks)
     pipeline_settings = PipelineSettings(max_stages=max_stages, max_search_states=budget)
     assert pipelines_earliest(plan, pipeline_settings) == _plain_pipelines(plan, pipeline_settings)
+
+
+def test_planning_leaves_the_garbage_collector_as_it_found_it() -> None:
+    assert gc.isenabled()
+    plan_scale_out(MulticastRequest(num_nodes=8, num_blocks=4))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        plan_scale_out(MulticastRequest(num_nodes=8, num_blocks=4))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

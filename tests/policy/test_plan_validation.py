@@ -1,8 +1,18 @@
 """`validate_plan` rejects every way a plan can break the step model."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from surge.policy.plan import Plan, PlanInvariantError, Transfer, make_plan, validate_plan
+from surge.policy.multicast_binomial import plan_binomial
+from surge.policy.plan import (
+    Plan,
+    PlanInvariantError,
+    Transfer,
+    _replay_first_error,
+    make_plan,
+    validate_plan,
+)
 
 
 def _plan(steps: list[list[tuple[int, int, int]]], nodes: int = 3, blocks: int = 2) -> Plan:
@@ -40,3 +50,45 @@ def test_broken_plans_fail_loudly(steps: list[list[tuple[int, int, int]]], messa
 def test_bad_sizes_fail() -> None:
     with pytest.raises(PlanInvariantError, match="sizes"):
         validate_plan(Plan("test", 2, 1, 2, ()))
+
+
+@st.composite
+def _random_plans(draw: st.DrawFn) -> Plan:
+    """Mostly-broken plans: random transfers, sometimes a real plan with one change."""
+    nodes, blocks = draw(st.integers(2, 5)), draw(st.integers(1, 3))
+    sources = draw(st.integers(1, nodes - 1))
+    if draw(st.booleans()):
+        steps = [list(s) for s in plan_binomial(nodes, blocks, sources).steps]
+        if steps and draw(st.booleans()):
+            step = draw(st.integers(0, len(steps) - 1))
+            index = draw(st.integers(0, len(steps[step]) - 1))
+            t = steps[step][index]
+            steps[step][index] = Transfer(
+                t.src, draw(st.integers(-1, nodes)), draw(st.integers(0, blocks))
+            )
+    else:
+        transfer = st.builds(
+            Transfer, st.integers(0, nodes - 1), st.integers(0, nodes - 1), st.integers(0, blocks)
+        )
+        steps = draw(st.lists(st.lists(transfer, max_size=3), max_size=6))
+    return Plan("random", nodes, blocks, sources, tuple(tuple(s) for s in steps))
+
+
+def _replay_accepts(plan: Plan) -> bool:
+    """The transfer-by-transfer check (the planner's original validator)."""
+    try:
+        _replay_first_error(plan)
+    except PlanInvariantError:
+        return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(_random_plans())
+def test_vectorised_validation_agrees_with_a_replay(plan: Plan) -> None:
+    try:
+        validate_plan(plan)
+        accepted = True
+    except PlanInvariantError:
+        accepted = False
+    assert accepted == _replay_accepts(plan)
