@@ -110,8 +110,11 @@ class Loader:
             return "host"
         return "disk" if self.world.models[pool.model].group.model_store == "ssd" else "remote"
 
-    def _start(self, pool: Pool, instances: list[Instance]) -> None:
-        world = self.world
+    def startup_request(self, pool: Pool, instances: list[Instance]) -> StartupRequest:
+        """What `policy.startup` is asked for `instances`: each one's own tier, the GPU
+        copies of serving instances and the host copies of other machines (one id per
+        machine: `HOST_NODE + m`). `surge serve` asks the same question
+        (`control/autoscaler.startup_request`)."""
         dest_machines = {i.machine for i in instances}
         gpu_copies = [
             Copy(i.id, "gpu", i.outstanding, machine=i.machine)
@@ -125,11 +128,15 @@ class Loader:
             for m in self.cache.machines_with(pool.model)
             if m not in dest_machines
         ]
-        request = StartupRequest(
-            world.system,
+        return StartupRequest(
+            self.world.system,
             tuple(Destination(i.id, self._own_tier(i, pool), machine=i.machine) for i in instances),
             tuple(gpu_copies + host_copies),
         )
+
+    def _start(self, pool: Pool, instances: list[Instance]) -> None:
+        world = self.world
+        request = self.startup_request(pool, instances)
         plan = plan_startup(request)
         by_id = {i.id: i for i in instances}
         leader = plan.cold_leader
