@@ -126,8 +126,10 @@ def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
             now_s=now,
             model_id=f"{ctx.model}/{len(groups)}",
         )
-        group = plan_group(request)
+        group = plan_group(request) if free else None
         if group is None:
+            if groups:  # earlier groups took the nodes: fewer instances now, more next tick
+                break
             raise SurgeError(
                 f"{ctx.model}: no free node can take a ParaServe worker; free a slot or add nodes"
             )
