@@ -27,6 +27,7 @@ from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.protocol import LoadOp, RegisterOp
 from surge.runtime.server import Server
 
 log = logging.getLogger("cold_start")
@@ -37,26 +38,18 @@ MODES = ("no_overlap", "overlap")
 async def first_token(cluster: LocalCluster, manifest: Manifest, t0: float) -> dict:
     client = cluster.client()
     await client.connect()
-    await client.request(0, {"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    await client.call(0, RegisterOp(MODEL, manifest))
     server = Server(client, MODEL)
     try:
         req = server.new_request([5, 6, 7, 8], SamplingParams(max_tokens=2, ignore_eos=True))
         await server.submit(req)  # queued until the worker serves
-        reply = await client.request(
-            0,
-            {
-                "op": "load",
-                "model": MODEL,
-                "source": "remote",
-                "tier": "gpu",
-                "blocks": list(range(manifest.num_blocks)),
-            },
-        )
+        blocks = tuple(range(manifest.num_blocks))
+        reply = await client.call(0, LoadOp(MODEL, blocks, tier="gpu", source="remote"))
         ep = LocalEndpoint(client, 0, MODEL, "worker")
         await ep.open()
         await server.add_endpoint(ep)
         await asyncio.wait_for(req.done.wait(), 300)
-        return {"first_token_s": req.first_token_t - t0, "fetch_s": reply["fetch_seconds"]}
+        return {"first_token_s": req.first_token_t - t0, "fetch_s": reply.fetch_seconds}
     finally:
         await server.close()
         await client.close()

@@ -6,9 +6,6 @@
 `subscribe((EventClass, ...), model=...)` gives a queue of typed events, filtered when they
 are published, so a consumer gets only what it asked for. An agent whose event stream ends
 (it died or stopped) yields an `AgentDown` event, so callers never wait on a dead node.
-
-`request(node, dict)`, `exchange`, `listen()` and `unlisten` are the dict forms kept while
-callers move to the typed ones; they share the same connections and event stream.
 """
 
 import asyncio
@@ -16,7 +13,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, cast
 
 from surge.errors import SurgeError
 from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp, decode_event
@@ -32,16 +29,12 @@ class _Subscription:
     """One consumer's queue and what it asked for."""
 
     queue: asyncio.Queue
-    event_types: tuple[type[Event], ...] | None
-    """None: every event (a `listen()` queue)."""
+    event_types: tuple[type[Event], ...]
+    """The event classes it asked for."""
     model: str | None
     """Only events about this model (events about no model, like AgentDown, still pass)."""
-    as_dict: bool
-    """Put the event's JSON dict, not the typed event (`listen()`)."""
 
     def wants(self, event: Event | None) -> bool:
-        if self.event_types is None:
-            return self.model is None or event is None or event.model_name in (None, self.model)
         if event is None or not isinstance(event, self.event_types):
             return False
         return self.model is None or event.model_name in (None, self.model)
@@ -77,22 +70,22 @@ class ClusterClient:
                 header, _ = await sub.recv()
                 try:
                     event: Event | None = decode_event(header)
-                except SurgeError as e:  # a newer agent's event: only dict listeners get it
+                except SurgeError as e:  # a newer agent's event: nobody can read it
                     log.warning("node %d sent an event this client cannot read: %s", node, e)
                     event = None
-                self._publish(event, header)
+                self._publish(event)
         except (ConnectionClosed, OSError) as e:
             log.info("event stream of node %d ended: %s", node, e)
         finally:
             sub.close()
             self.down.add(node)
             down = AgentDown(node=node, t=time.time())
-            self._publish(down, down.to_json())
+            self._publish(down)
 
-    def _publish(self, event: Event | None, raw: dict[str, Any]) -> None:
+    def _publish(self, event: Event | None) -> None:
         for s in self._subs:
             if s.wants(event):
-                s.queue.put_nowait(raw if s.as_dict else event)
+                s.queue.put_nowait(event)
 
     def subscribe(
         self, event_types: tuple[type[Event], ...], model: str | None = None
@@ -102,22 +95,13 @@ class ClusterClient:
         if not event_types or not all(issubclass(t, Event) for t in event_types):
             raise SurgeError(f"subscribe needs Event classes (got {event_types!r})")
         q: asyncio.Queue[Event] = asyncio.Queue()
-        self._subs.append(_Subscription(q, tuple(event_types), model, as_dict=False))
+        self._subs.append(_Subscription(q, tuple(event_types), model))
         return q
 
     def unsubscribe(self, q: asyncio.Queue) -> None:
         self._subs = [s for s in self._subs if s.queue is not q]
 
-    def listen(self) -> asyncio.Queue[dict[str, Any]]:
-        """Every event from now on as its JSON dict (old form; prefer `subscribe`)."""
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._subs.append(_Subscription(q, None, None, as_dict=True))
-        return q
-
-    def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
-        self.unsubscribe(q)
-
-    async def exchange(
+    async def _exchange(
         self, node: int, header: dict[str, Any], payload: bytes | memoryview = b""
     ) -> tuple[dict[str, Any], memoryview]:
         """A request with a payload answer, on a pooled connection of its own, so that many
@@ -145,28 +129,13 @@ class ClusterClient:
         self, node: int, op: Op[R], payload: bytes | memoryview = b""
     ) -> tuple[R, memoryview]:
         """A typed op with a payload and/or a payload answer, on a pooled connection."""
-        reply, body = await self.exchange(node, op.to_json(), payload)
+        reply, body = await self._exchange(node, op.to_json(), payload)
         return cast(R, op.REPLY.from_json(reply)), body
 
-    async def request(
-        self, node: int, header: dict[str, Any], payload: bytes = b""
-    ) -> dict[str, Any]:
-        """The dict form of `call` (old; the reply as a dict)."""
-        reply, _ = await self.conns[node].request(header, payload)
-        return reply
-
-    @overload
-    async def broadcast(self, op: Op[R], nodes: list[int] | None = None) -> dict[int, R]: ...
-    @overload
-    async def broadcast(
-        self, op: dict[str, Any], nodes: list[int] | None = None
-    ) -> dict[int, dict[str, Any]]: ...
-    async def broadcast(self, op: Any, nodes: list[int] | None = None) -> dict[int, Any]:
-        """The same op to several nodes (default: all) at once; replies by node. A dict
-        op (old form) gets dict replies."""
+    async def broadcast(self, op: Op[R], nodes: list[int] | None = None) -> dict[int, R]:
+        """The same op to several nodes (default: all) at once; replies by node."""
         nodes = sorted(self.conns) if nodes is None else nodes
-        send = self.call if isinstance(op, Op) else self.request
-        replies = await asyncio.gather(*(send(n, op) for n in nodes))
+        replies = await asyncio.gather(*(self.call(n, op) for n in nodes))
         return dict(zip(nodes, replies, strict=True))
 
     async def close(self) -> None:

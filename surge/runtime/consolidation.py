@@ -109,7 +109,7 @@ async def consolidate(
         )
         migrated += 1
     await pipeline.close_stages()
-    await server._dispatch()
+    await server.dispatch()
     return {"migrated": migrated, "rerouted": rerouted}
 
 

@@ -83,9 +83,6 @@ class Server:
                 ep.requests.pop(req.req_id, None)
                 self.queue.insert(0, req)
 
-    _dispatch = dispatch
-    """The old name (`runtime/consolidation.py` still calls it)."""
-
     async def requeue(self, reqs: list[ServeRequest]) -> None:
         """Put requests back at the head of the queue (they were admitted before anything
         queued) — only those unfinished, not queued and on no endpoint — and route them."""

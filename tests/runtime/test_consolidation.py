@@ -8,6 +8,7 @@ from surge.engine.sampling import SamplingParams
 from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.consolidation import consolidate, live_prefill
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.protocol import LoadOp
 from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL, connected
 from tests.runtime.test_serving import PROMPTS, check_against_reference
@@ -41,16 +42,7 @@ def test_consolidation_migrates_kv_and_keeps_tokens(
             rest = {0: [2, 3], 1: [0, 1]}
             await asyncio.gather(
                 *(
-                    client.request(
-                        n,
-                        {
-                            "op": "load",
-                            "model": MODEL,
-                            "blocks": rest[n],
-                            "source": "remote",
-                            "tier": "gpu",
-                        },
-                    )
+                    client.call(n, LoadOp(MODEL, tuple(rest[n]), tier="gpu", source="remote"))
                     for n in members
                 )
             )

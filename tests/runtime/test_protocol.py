@@ -192,7 +192,7 @@ def test_subscriptions_are_filtered_at_publish() -> None:
             token_of("b", "s"),
             p.AgentDown(node=0, t=2.0),
         ]:
-            client._publish(ev, ev.to_json())
+            client._publish(ev)
         drain = [[q.get_nowait() for _ in range(q.qsize())] for q in (arrivals, tokens_of_a)]
         rest = [everything.get_nowait() for _ in range(everything.qsize())]
         return drain[0], drain[1], rest, [gone.qsize()]
