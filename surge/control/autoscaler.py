@@ -26,8 +26,8 @@ from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment, Instance
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
-from surge.policy.startup import Copy, Destination
-from surge.policy.systems import serve_system
+from surge.policy.startup import Copy, Destination, StartupRequest
+from surge.policy.systems import SystemConfig, serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
@@ -69,6 +69,35 @@ class ScaleOutOffer:
     """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
 
 
+def startup_request(
+    system: SystemConfig,
+    pool: ParameterPool,
+    model: str,
+    dests: list[int],
+    outstanding: dict[int, int],
+    live: set[int],
+) -> StartupRequest:
+    """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
+    none), and every complete copy on another live node — its GPU copy (with the load of
+    the instance holding it) and its host copy; a node is its own machine, so the policy
+    sends from one of them. The simulator asks the same question
+    (`sim/loading.Loader.startup_request`)."""
+    gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
+    others = [n for n in sorted(gpu | host) if n not in dests and n in live]
+    copies = [Copy(n, "gpu", outstanding.get(n, 0), machine=n) for n in others if n in gpu]
+    copies += [Copy(n, "host", machine=n) for n in others if n in host]
+    return StartupRequest(system, own_tiers(pool, model, dests), tuple(copies))
+
+
+def own_tiers(pool: ParameterPool, model: str, nodes: list[int]) -> tuple[Destination, ...]:
+    """Each node as a destination with its own best complete copy (host, disk or none)."""
+    host, disk = set(pool.complete(model, "host")), set(pool.complete(model, "disk"))
+    return tuple(
+        Destination(n, "host" if n in host else "disk" if n in disk else "remote", machine=n)
+        for n in nodes
+    )
+
+
 # built with surge.runtime.scaleout (its owner may change this function)
 async def start_scale_out(
     client: ClusterClient,
@@ -84,37 +113,27 @@ async def start_scale_out(
 ) -> None:
     """Bring `dests` up as local instances of `dep` by its system; fills `result`.
 
-    Hands `surge.runtime.scaleout` the facts it plans with: each destination's (and spare
-    node's) own best tier, the complete copies elsewhere (one per node, `gpu` where a node
-    has both: one egress port serves either), the SLOs in seconds (`slo` is in ms; unset:
-    the runtime's documented defaults), the link speed and NIC load (ParaServe Alg. 1/2),
-    and the offer's hooks (a ParaServe group books spare slots and releases unused ones)."""
-    name = dep.name
-    gpu, host = set(pool.complete(name, "gpu")), set(pool.complete(name, "host"))
-    disk = set(pool.complete(name, "disk"))
+    Hands `surge.runtime.scaleout` the facts it plans with: the start-up question
+    (`startup_request`), the SLOs in seconds (`slo` is in ms; unset: the runtime's
+    documented defaults), the link speed and NIC load (ParaServe Alg. 1/2), and the offer's
+    hooks (a ParaServe group books spare slots and releases unused ones)."""
+    system = serve_system(dep.spec.strategy)
     live = set(client.addresses) - client.down
-
-    def own(node: int) -> Destination:
-        return Destination(node, "host" if node in host else "disk" if node in disk else "remote")
-
     outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
+    question = startup_request(system, pool, dep.name, dests, outstanding, live)
     slo = dep.spec.slo
     ctx = ScaleOutContext(
         client=client,
         server=dep.server,
         manifest=dep.manifest,
-        system=serve_system(dep.spec.strategy),
-        destinations=tuple(own(d) for d in dests),
+        system=system,
+        destinations=question.destinations,
         hooks=ControllerHooks(offer.on_local, offer.make_host_copy, offer.book, offer.release),
-        copies=tuple(
-            Copy(n, "gpu", outstanding.get(n, 0)) if n in gpu else Copy(n, "host")
-            for n in sorted(gpu | host)
-            if n not in dests and n in live
-        ),
+        copies=question.copies,
         engine=engine,
         timeout_s=timeout_s,
         serve_while_loading=serve_while_loading,
-        spares=tuple(own(n) for n in offer.spares),
+        spares=own_tiers(pool, dep.name, list(offer.spares)),
         fetching=dict(offer.nic_load),
         ttft_slo_s=slo.ttft_ms / 1e3 if slo.ttft_ms else sc.DEFAULT_TTFT_SLO_S,
         tpot_slo_s=slo.tpot_ms / 1e3 if slo.tpot_ms else sc.DEFAULT_TPOT_SLO_S,

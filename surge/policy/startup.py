@@ -15,7 +15,8 @@ Out: a `StartupPlan`:
   sends from a GPU copy (its NIC is the bottleneck);
   systems with `host_sources_when_hot` off use host copies only when no GPU copy exists
   (BlitzScale §2: multicast from deployed instances);
-- `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first)
+- `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first, then
+  the first in placement order)
   brings the model into its host tier from its disk or the registry, restoring the
   one-host-copy invariant (BlitzScale §5.1), and then leads the multicast as a host source;
   systems whose `cold_fallback` is `local` load every destination locally instead.
@@ -152,10 +153,13 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     """The start-up of `request` (see module docstring)."""
     system = request.system
     dests = request.destinations
-    gpu = sorted(
-        (c for c in request.copies if c.tier == "gpu"), key=lambda c: (c.outstanding, c.node)
-    )
-    host = sorted((c for c in request.copies if c.tier == "host"), key=lambda c: c.node)
+
+    # Ties go by machine, then id: ids are each body's own, machines mean the same in both.
+    def order(c: Copy) -> tuple[int, int, int]:
+        return (c.outstanding, c.node if c.machine is None else c.machine, c.node)
+
+    gpu = sorted((c for c in request.copies if c.tier == "gpu"), key=order)
+    host = sorted((c for c in request.copies if c.tier == "host"), key=order)
     own_host = any(d.own_tier == "host" for d in dests)
     kind = "hot" if gpu else "warm" if host or own_host else "cold"
     if system.load != "multicast":
@@ -182,7 +186,8 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         if system.cold_fallback == "local":
             local += [LocalLoad(d.node, d.own_tier) for d in receivers]
             return StartupPlan(kind, tuple(local))
-        first = min(receivers, key=lambda d: (d.own_tier != "disk", d.node))
+        # A disk holder first, then placement order (stable `min`).
+        first = min(receivers, key=lambda d: d.own_tier != "disk")
         leader = LocalLoad(first.node, first.own_tier)
         receivers.remove(first)
         local.append(LocalLoad(first.node, "host"))

@@ -1,0 +1,65 @@
+"""A small simulated cluster for parity tests: N machines of one GPU, one tiny model."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from surge.policy.keepalive import CacheEntry
+from surge.policy.systems import SystemConfig
+from surge.sim.instance import Instance, Placement
+from surge.sim.pools import Pool
+from surge.sim.settings import SimSettings
+from surge.sim.simulator import Simulation
+from surge.traces.request import Trace
+
+
+def simulation(tmp_path: Path, system: SystemConfig, num_machines: int, store: str) -> Simulation:
+    """A simulation of `system` (with no host copies seeded) on `num_machines` machines whose
+    model store is `store` (`ssd`: every machine has a disk copy; `registry`: none)."""
+    gpu = {
+        "name": "g", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
+        "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
+    }  # fmt: skip
+    group = {
+        "num_nodes": num_machines, "gpu": gpu, "gpus_per_node": 1, "nic_gbps": 10,
+        "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gb": 16,
+        "model_store": store,
+    }  # fmt: skip
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"groups": [group]}))
+    model = tmp_path / "tiny.json"
+    model.write_text(
+        json.dumps(
+            {"name": "tiny", "num_layers": 8, "hidden_size": 64, "intermediate_size": 128,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+             "context_tokens": 512, "dtype_bytes": 4}
+        )
+    )  # fmt: skip
+    trace = Trace(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    settings = SimSettings(str(cluster), (str(model),), system.name)
+    return Simulation(trace, settings, replace(system, host_cache="none"))
+
+
+def add_host_copy(sim: Simulation, machine: int) -> None:
+    """Model 0 in `machine`'s host memory."""
+    slot = sim.world.models[0]
+    entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, True)
+    sim.world.state.host_cache[machine][slot.name] = entry
+
+
+def entry_pool(sim: Simulation) -> Pool:
+    """Model 0's pool new requests enter (prefill under P/D disaggregation)."""
+    return sim.pools[(0, "prefill" if sim.system.pd_disaggregation else "both")]
+
+
+def instance_on(sim: Simulation, machine: int, serving: bool) -> Instance:
+    """A new instance of model 0 on `machine`'s GPU (a serving one joins the pool)."""
+    pool = entry_pool(sim)
+    gpu = sim.world.state.machines[machine].first_gpu
+    inst = sim.loader.make_endpoint(pool, Placement(((gpu,),), machine), False)
+    if serving:
+        inst.loaded = inst.serving = True
+        pool.instances.append(inst)
+    return inst
