@@ -67,6 +67,8 @@ class ScaleOutOffer:
     """Other scale-outs each node's NIC takes part in now (network contention)."""
     link_gbps: float | None
     """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
+    sending: Callable[[tuple[int, ...], int], None]
+    """Count nodes' instances busy (+1) or not (-1) as multicast GPU sources."""
 
 
 def startup_request(
@@ -128,7 +130,9 @@ async def start_scale_out(
         manifest=dep.manifest,
         system=system,
         destinations=question.destinations,
-        hooks=ControllerHooks(offer.on_local, offer.make_host_copy, offer.book, offer.release),
+        hooks=ControllerHooks(
+            offer.on_local, offer.make_host_copy, offer.book, offer.release, offer.sending
+        ),
         copies=question.copies,
         engine=engine,
         timeout_s=timeout_s,
@@ -147,14 +151,15 @@ async def start_scale_out(
 
 def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
     """The deployment as `policy.autoscale` sees it: its instances (loading until their
-    endpoint is up) and the requests waiting for one — at the router or on an execution
-    pipeline. The simulator builds the same view (`sim/scaling.pool_load`)."""
+    endpoint is up; a multicast source is busy) and the requests waiting for one — at the
+    router or on an execution pipeline. The simulator builds the same view
+    (`sim/scaling.pool_load`)."""
     loads = tuple(
         InstanceLoad(
             instance_id=i.node,
             outstanding=i.endpoint.outstanding if i.endpoint else 0,
-            loading=i.endpoint is None,
-            idle_since_s=i.idle_since_s,
+            loading=i.endpoint is None or i.num_sending > 0,
+            idle_since_s=i.idle_since_s if i.num_sending == 0 else None,
         )
         for i in dep.instances.values()
     )
@@ -305,7 +310,15 @@ class Autoscaler:
             ),
             nic_load={n: k for n, k in self.nic_load.items() if k > 0 and n not in dests},
             link_gbps=self.config.link_gbps,
+            sending=lambda nodes, delta: self._sending(dep, nodes, delta),
         )
+
+    @staticmethod
+    def _sending(dep: Deployment, nodes: tuple[int, ...], delta: int) -> None:
+        for n in nodes:
+            inst = dep.instances.get(n)
+            if inst is not None:
+                inst.num_sending = max(0, inst.num_sending + delta)
 
     async def _run_scale_out(self, dep: Deployment, dests: list[int], owns_multicast: bool) -> None:
         """One scale-out and its bookkeeping (metrics, NIC load, slots that never came up)."""

@@ -56,6 +56,9 @@ class Instance:
     """The serving local instance; None while the scale-out still loads it."""
     idle_since_s: float | None = None
     """Since when it has had no outstanding request (None: busy or loading)."""
+    num_sending: int = 0
+    """Multicasts it is a GPU source of now: busy, never released mid-send (as in the
+    simulator)."""
 
 
 @dataclass

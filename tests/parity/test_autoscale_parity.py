@@ -29,6 +29,8 @@ class Inst:
     outstanding: int = 0
     loading: bool = False
     idle_since_s: float | None = None
+    sending: bool = False
+    """A GPU source of a multicast now."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ HISTORY = (
     Moment(1.2, (Inst(1, 4), Inst(2, 4), Inst(3, 4)), 4),
     Moment(1.35, (Inst(1, 4), Inst(2, 4), Inst(3, 4)), 4),
     Moment(1.6, (Inst(1, 4), Inst(2, 4), Inst(3, 4)), 4),  # 0.4 s later: scale out
+    # Instance 3 has idled past the delay but sends its copy to a new one: it stays.
+    Moment(2.8, (Inst(1, 0, False, 1.5), Inst(3, 0, False, 0.5, sending=True))),
     Moment(3.0, (Inst(1, 0, False, 0.8), Inst(2, 0, False, 2.5), Inst(3, 0, False, 0.5))),
     Moment(5.0, (Inst(2, 0, False, 2.5),)),
     Moment(12.6, (Inst(2, 0, False, 2.5),)),  # idle 10.1 s: the last one goes
@@ -60,6 +64,7 @@ def _runtime_view(m: Moment):
             node=i.iid,
             endpoint=None if i.loading else SimpleNamespace(outstanding=i.outstanding),
             idle_since_s=i.idle_since_s,
+            num_sending=int(i.sending),
         )
         for i in m.instances
     }
@@ -76,7 +81,7 @@ def _sim_view(m: Moment):
             outstanding=i.outstanding,
             reserved=0,
             loaded=not i.loading,
-            sending=0,
+            sending=int(i.sending),
             idle_since_s=i.idle_since_s,
         )
         for i in m.instances
@@ -104,5 +109,6 @@ def test_both_bodies_observe_and_decide_alike() -> None:
     outs = [d.scale_out for d in runtime]
     assert outs[0] == 1 and outs[1] == 2  # activator, then panic
     assert outs[3] == outs[4] == 0 and outs[5] == 1  # the stable window held, then fired
-    assert runtime[6].release == (3, 1)  # longest idle first, the last one stays
-    assert runtime[7].release == () and runtime[8].release == (2,)  # keep_alive_s
+    assert runtime[6].release == ()  # 1 has not idled 2 s yet; 3 sends
+    assert runtime[7].release == (3, 1)  # longest idle first, the last one stays
+    assert runtime[8].release == () and runtime[9].release == (2,)  # keep_alive_s

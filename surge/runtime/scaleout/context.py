@@ -98,6 +98,9 @@ class ControllerHooks:
     """Take a free slot on a spare node for a ParaServe group member (False: gone)."""
     release: Callable[[int], Awaitable[None]] = _nothing
     """Give back a booked member's slot (it did not become an instance)."""
+    sending: Callable[[tuple[int, ...], int], None] = lambda nodes, delta: None
+    """Nodes whose serving instance starts (+1) or stops (-1) sending its GPU copy to a
+    multicast: the autoscaler counts it busy meanwhile."""
 
 
 @dataclass
@@ -112,8 +115,8 @@ class ScaleOutContext:
     """The new instances' nodes, placement order, each with its own best tier."""
     hooks: ControllerHooks
     copies: tuple[Copy, ...] = ()
-    """Complete copies elsewhere: one per node, `gpu` where a node has both (one egress
-    port serves either)."""
+    """Complete copies elsewhere (GPU and host copies, each with its machine:
+    `policy.startup` sends from one per machine)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     timeout_s: float = 120.0
     serve_while_loading: bool = True

@@ -33,6 +33,16 @@ def startup_plan(ctx: ScaleOutContext) -> StartupPlan:
     return plan_startup(StartupRequest(ctx.system, ctx.destinations, ctx.copies))
 
 
+async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
+    """The multicast, its GPU sources counted busy while it runs (as the simulator does)."""
+    senders = tuple(s.node for s in plan.sources if s.tier == "gpu")
+    ctx.hooks.sending(senders, 1)
+    try:
+        await run_multicast(ctx, plan)
+    finally:
+        ctx.hooks.sending(senders, -1)
+
+
 async def run_scale_out(ctx: ScaleOutContext) -> str:
     """Bring the context's destinations up as local instances; returns the start kind."""
     plan = startup_plan(ctx)
@@ -53,7 +63,7 @@ async def run_scale_out(ctx: ScaleOutContext) -> str:
             tasks.append(asyncio.ensure_future(load_then_serve(ctx, leader.node, "host")))
         if plan.receivers:
             ctx.sources = tuple(s.node for s in plan.sources)
-            tasks.append(asyncio.ensure_future(run_multicast(ctx, plan)))
+            tasks.append(asyncio.ensure_future(_multicast(ctx, plan)))
     finally:
         results = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
