@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from surge.cli.plan_report import outcome_to_json
 from surge.errors import SurgeError
 from surge.policy.cluster import Cluster
 from surge.policy.multicast import (
@@ -22,7 +23,6 @@ from surge.policy.multicast import (
     check_planner_limits,
     plan_scale_out,
 )
-from surge.policy.report import outcome_to_json
 from surge.policy.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
 
 BYTES_PER_MB = 1_000_000
@@ -136,7 +136,7 @@ def multicast(
     )
     outcome = plan_scale_out(request)
     if png is not None:
-        from surge.policy.gantt import write_gantt_png
+        from surge.cli.plan_gantt import write_gantt_png
 
         write_gantt_png(outcome, png)
     if as_json:

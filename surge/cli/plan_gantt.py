@@ -4,7 +4,7 @@ In: a `MulticastOutcome` and a PNG path.
 Out: the PNG. Each transfer is a bar on the receiving node's row from its start to its
 end, coloured by block; a black tick marks when a node holds the whole model (mode
 switch); each pipeline is a labelled bracket over its nodes' rows from when it is
-ready until it dissolves. The only module of `surge.policy` that draws or writes;
+ready until it dissolves. Drawing is the CLI's, not the policy's (`surge plan --png`);
 matplotlib is imported lazily with the Agg backend.
 """
 
