@@ -59,7 +59,11 @@ async def _adopt(
         parts=tuple(parts),
         params=req.params,
     )
-    await server.client.call_bytes(target.node, adopt, payload)
+    try:
+        await server.client.call_bytes(target.node, adopt, payload)
+    except BaseException:
+        target.requests.pop(req.req_id, None)  # the agent does not hold it: not the target's
+        raise
 
 
 async def _export(
