@@ -1,0 +1,273 @@
+"""Kernel resources of an emulated cluster: network namespaces, veths, a bridge, tc, cgroups.
+
+What flows: `NetnsCluster` (`launcher_netns.py`) asks for a node (`add_node`), its link
+shaping (`shape_link`) and its CPU quota (`cpu_group`), and at the end removes everything
+under its prefix (`remove_all`). Every name starts with the launcher's prefix
+`sg<pid:6 hex><instance:1 hex>`, so `sweep_stale` can find what a launcher that died
+(SIGKILL, power loss) left behind and remove it once that pid is gone. Linux only, root only;
+`missing_requirements` says what is absent. iproute2 runs as a subprocess (`ip`, `tc`).
+"""
+
+import contextlib
+import ipaddress
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from surge.errors import SurgeError
+
+log = logging.getLogger(__name__)
+
+BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
+"""RFC 2544's benchmarking range: each launcher takes one free /24 of it."""
+PREFIX_RE = re.compile(r"^sg([0-9a-f]{6})[0-9a-f]")
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+CFS_PERIOD_US = 100_000
+_instances = 0
+
+
+def new_prefix() -> str:
+    """A name prefix unique on this machine while this process lives."""
+    global _instances
+    _instances += 1
+    return f"sg{os.getpid() & 0xFFFFFF:06x}{_instances % 16:x}"
+
+
+def _run(*cmd: str, check: bool = True) -> str:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if check and out.returncode != 0:
+        raise SurgeError(f"{' '.join(cmd)}: {out.stderr.strip() or out.returncode}")
+    return out.stdout
+
+
+def cgroup_mode() -> str | None:
+    """ "v1" (cpu.cfs_quota_us), "v2" (cpu.max) or None (no CPU controller mounted)."""
+    if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
+        return "v1"
+    controllers = CGROUP_V2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return "v2"
+    return None
+
+
+def missing_requirements(cpu_quota: bool = True) -> list[str]:
+    """What this machine lacks for an emulated cluster (empty: nothing)."""
+    missing = []
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        missing.append("root (network namespaces and tc need CAP_NET_ADMIN)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            missing.append(f"`{tool}` (apt-get install iproute2)")
+    if not Path("/proc/self/ns/net").exists():
+        missing.append("network namespace support in the kernel (CONFIG_NET_NS)")
+    if cpu_quota and cgroup_mode() is None:
+        missing.append("a cgroup CPU controller (v1 cpu.cfs_quota_us or v2 cpu.max)")
+    return missing
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_alive(name: str) -> bool:
+    m = PREFIX_RE.match(name)
+    return m is None or _pid_alive(int(m.group(1), 16))
+
+
+def _kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _netns_names() -> list[str]:
+    return [line.split()[0] for line in _run("ip", "netns", "list", check=False).splitlines()]
+
+
+def _link_names() -> list[str]:
+    names = []
+    for line in _run("ip", "-o", "link", "show", check=False).splitlines():
+        parts = line.split(": ")
+        if len(parts) > 1:
+            names.append(parts[1].split("@")[0])
+    return names
+
+
+def _cgroup_dirs() -> list[Path]:
+    mode = cgroup_mode()
+    root = CGROUP_V1_CPU if mode == "v1" else CGROUP_V2 if mode == "v2" else None
+    return sorted(root.glob("sg*")) if root is not None else []
+
+
+def remove_all(prefix: str | None = None, stale_only: bool = False) -> int:
+    """Remove namespaces (and their processes), links and cgroups named `prefix`* — or,
+    with `stale_only`, those of every launcher whose process is gone. Returns the count."""
+
+    def ours(name: str) -> bool:
+        if not PREFIX_RE.match(name):
+            return False
+        if prefix is not None and not name.startswith(prefix):
+            return False
+        return not (stale_only and _owner_alive(name))
+
+    removed = 0
+    for ns in filter(ours, _netns_names()):
+        pids = _run("ip", "netns", "pids", ns, check=False).split()
+        _kill_pids([int(p) for p in pids if p.isdigit()])
+        _run("ip", "netns", "del", ns, check=False)
+        removed += 1
+    for link in filter(ours, _link_names()):
+        # Deleting a node's namespace deletes its veth pair; the bridge remains.
+        _run("ip", "link", "del", link, check=False)
+        removed += 1
+    for group in (g for g in _cgroup_dirs() if ours(g.name)):
+        procs = group / "cgroup.procs"
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                _kill_pids([int(p) for p in procs.read_text().split()])
+                group.rmdir()
+                break
+            time.sleep(0.1)
+        else:
+            log.warning("could not remove cgroup %s", group)
+        removed += 1
+    return removed
+
+
+def sweep_stale() -> int:
+    """Remove what crashed launchers left behind (their pid no longer runs)."""
+    n = remove_all(stale_only=True)
+    if n:
+        log.warning("removed %d resources of emulated clusters whose launcher died", n)
+    return n
+
+
+def free_subnet(seed: int) -> ipaddress.IPv4Network:
+    """A /24 of the benchmarking range that no interface on this machine uses."""
+    used = []
+    for line in _run("ip", "-o", "-4", "addr", "show", check=False).splitlines():
+        m = re.search(r"inet (\S+)", line)
+        if m:
+            used.append(ipaddress.ip_interface(m.group(1)).network)
+    subnets = list(BENCH_NET.subnets(new_prefix=24))
+    for i in range(len(subnets)):
+        net = subnets[(seed + i) % len(subnets)]
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise SurgeError("every /24 of 198.18.0.0/15 is in use on this machine")
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    """One emulated node's network: its namespace, its veth ends, its address."""
+
+    netns: str
+    host_dev: str
+    """The bridge's end: its egress is the node's ingress."""
+    node_dev: str
+    """The node's end, inside the namespace: its egress is the node's egress."""
+    address: str
+
+
+def add_bridge(prefix: str, net: ipaddress.IPv4Network) -> str:
+    bridge = f"{prefix}br"
+    _run("ip", "link", "add", bridge, "type", "bridge")
+    _run("ip", "addr", "add", f"{net[1]}/{net.prefixlen}", "dev", bridge)
+    _run("ip", "link", "set", bridge, "up")
+    return bridge
+
+
+def add_node(prefix: str, bridge: str, net: ipaddress.IPv4Network, node: int) -> NodeNet:
+    """A namespace with a veth into `bridge` and address .(10+node) of `net`."""
+    nn = NodeNet(
+        f"{prefix}-node{node}", f"{prefix}h{node}", f"{prefix}n{node}", str(net[10 + node])
+    )
+    _run("ip", "netns", "add", nn.netns)
+    _run("ip", "link", "add", nn.host_dev, "type", "veth", "peer", "name", nn.node_dev)
+    _run("ip", "link", "set", nn.node_dev, "netns", nn.netns)
+    _run("ip", "link", "set", nn.host_dev, "master", bridge, "up")
+    _run("ip", "-n", nn.netns, "addr", "add", f"{nn.address}/{net.prefixlen}", "dev", nn.node_dev)
+    _run("ip", "-n", nn.netns, "link", "set", nn.node_dev, "up")
+    _run("ip", "-n", nn.netns, "link", "set", "lo", "up")
+    return nn
+
+
+def shape_link(
+    dev: str,
+    netns: str | None,
+    gbps: float | None,
+    latency_ms: float = 0.0,
+    loss_pct: float = 0.0,
+) -> None:
+    """Shape what leaves `dev`: htb at `gbps` (None: unlimited), then netem delay/loss."""
+    tc = ["tc", "-n", netns] if netns else ["tc"]
+    netem = []
+    if latency_ms > 0:
+        netem += ["delay", f"{latency_ms}ms"]
+    if loss_pct > 0:
+        netem += ["loss", f"{loss_pct}%"]
+    if gbps is not None:
+        kbit = max(8, int(gbps * 1e6))
+        # A burst of ~1 ms at the rate (at least a 64 KiB GSO segment): htb then keeps the
+        # rate within a few percent without starving a single TCP flow.
+        burst = max(65536, int(gbps * 1e9 / 8 / 1000))
+        _run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
+        rate = ["rate", f"{kbit}kbit", "ceil", f"{kbit}kbit"]
+        rate += ["burst", str(burst), "cburst", str(burst)]
+        _run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", *rate)
+        parent = ["parent", "1:1", "handle", "10:"]
+    else:
+        parent = ["root"]
+    if netem:
+        try:
+            _run(*tc, "qdisc", "replace", "dev", dev, *parent, "netem", *netem, "limit", "100000")
+        except SurgeError as e:
+            raise SurgeError(
+                "link latency/loss needs tc netem, which this kernel lacks "
+                f"(CONFIG_NET_SCH_NETEM): {e}"
+            ) from None
+
+
+def set_link_up(dev: str, netns: str | None, up: bool) -> None:
+    """Take a node's link down or up (fault injection)."""
+    ns = ["-n", netns] if netns else []
+    _run("ip", *ns, "link", "set", dev, "up" if up else "down")
+
+
+def cpu_group(name: str, cores: float) -> Path:
+    """A cgroup limited to `cores` CPUs; returns the file a pid is written to, to join it."""
+    mode = cgroup_mode()
+    quota_us = max(1000, int(cores * CFS_PERIOD_US))
+    if mode == "v1":
+        group = CGROUP_V1_CPU / name
+        group.mkdir(exist_ok=True)
+        (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+    elif mode == "v2":
+        with contextlib.suppress(OSError):
+            (CGROUP_V2 / "cgroup.subtree_control").write_text("+cpu")
+        group = CGROUP_V2 / name
+        group.mkdir(exist_ok=True)
+        (group / "cpu.max").write_text(f"{quota_us} {CFS_PERIOD_US}")
+    else:
+        raise SurgeError("no cgroup CPU controller is mounted (v1 cpu or v2 with +cpu)")
+    return group / "cgroup.procs"
+
+
+def resources(prefix: str) -> list[str]:
+    """Namespaces, links and cgroups named `prefix`* that exist now (tests: nothing leaked)."""
+    names = _netns_names() + _link_names() + [g.name for g in _cgroup_dirs()]
+    return [n for n in names if n.startswith(prefix)]

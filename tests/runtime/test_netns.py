@@ -1,0 +1,174 @@
+"""The emulated cluster (`NetnsCluster`): agents in network namespaces behind one bridge,
+links shaped by tc, a CPU quota each. Every test removes what it made; skipped where the
+machine cannot make namespaces (not root, no iproute2, no cgroup CPU controller)."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from surge.engine.llm_engine import LLMEngine
+from surge.engine.sampling import SamplingParams
+from surge.errors import SurgeError
+from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.runtime import netns
+from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig, require_netns
+from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.protocol import ChecksumsOp, GenerateOp
+from tests.conftest import REPO
+from tests.runtime.conftest import MODEL, connected
+
+MISSING = netns.missing_requirements()
+needs_netns = pytest.mark.skipif(bool(MISSING), reason="netns cluster needs " + "; ".join(MISSING))
+
+PROMPT = [0, 5, 9, 200, 31]
+PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie whose parent died counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+@pytest.fixture
+def make_netns(registry: Path):
+    """Start netns clusters; each is stopped at teardown and must leave nothing behind."""
+    started: list[NetnsCluster] = []
+
+    def make(num_nodes: int, **kwargs) -> NetnsCluster:
+        kwargs.setdefault("remote_dir", registry)
+        kwargs.setdefault("preload_engine", False)
+        cluster = NetnsCluster(NetnsClusterConfig(num_nodes=num_nodes, **kwargs))
+        started.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in started:
+        pids = [p.pid for p in cluster.procs.values()]
+        cluster.stop()
+        assert netns.resources(cluster.prefix) == [], "namespaces, links or cgroups leaked"
+        assert all(gone(pid) for pid in pids), "an agent outlived its cluster"
+
+
+def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None):
+    """Multicast the model from node 0 to every other node's gpu tier (calling
+    `fault(plan)` mid-way if given), then generate on every receiver."""
+    n = cluster.config.num_nodes
+    out = plan_scale_out(MulticastRequest(num_nodes=n, num_blocks=manifest.num_blocks))
+
+    async def run():
+        client = await connected(cluster, manifest)
+        try:
+            mc = MulticastExecutor(client, MODEL, out.plan, tier="gpu", timeout_s=60)
+            task = asyncio.create_task(mc.run())
+            if fault is not None:
+                await fault(out.plan)
+            result = await asyncio.wait_for(task, 90)
+            sums = await client.broadcast(ChecksumsOp(model=MODEL))
+            ask = GenerateOp(model=MODEL, prompt_token_ids=tuple(PROMPT), params=PARAMS)
+            tokens = await asyncio.gather(*(client.call(v, ask) for v in range(1, n)))
+            return result, sums, [list(t.token_ids) for t in tokens]
+        finally:
+            await client.close()
+
+    result, sums, tokens = asyncio.run(run())
+    want = {b.index: b.checksum for b in manifest.blocks}
+    assert result.complete_s is not None and not result.dead_nodes
+    assert all(s.checksums == want for s in sums.values()), "a node holds different bytes"
+    reference = LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
+    assert tokens == [reference] * (n - 1)
+    return result
+
+
+@needs_netns
+def test_a_shaped_three_node_cluster_multicasts_token_exact_at_the_tc_rate(
+    make_netns, manifest
+) -> None:
+    gbps = 0.05
+    cluster = make_netns(3, link_gbps=gbps, preload_engine=True)
+    hosts = {host for host, _ in cluster.addresses.values()}
+    assert len(hosts) == 3 and all(h.startswith("198.1") for h in hosts)
+    for node in range(3):  # each agent runs in its node's cgroup, under its quota
+        procs = netns.cpu_group(cluster.nets[node].netns, cluster.cores_per_node)
+        assert str(cluster.procs[node].pid) in procs.read_text().split()
+    result = multicast_then_generate(cluster, manifest)
+    # Every receiver takes the whole model in through its own capped ingress: the kernel
+    # rate bounds the multicast from below (the agents' own token buckets are off).
+    floor_s = manifest.total_bytes * 8 / (gbps * 1e9)
+    assert 0.95 * floor_s <= result.complete_s <= 2.5 * floor_s + 1.0, (result.complete_s, floor_s)
+
+
+@needs_netns
+def test_a_link_down_mid_multicast_loses_nothing(make_netns, manifest) -> None:
+    cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
+
+    async def link_down(plan) -> None:
+        victim = plan.steps[0][0].dst  # the first receiver forwards to others
+        await asyncio.sleep(0.3)
+        cluster.set_link(victim, up=False)
+        await asyncio.sleep(1.0)
+        cluster.set_link(victim, up=True)
+
+    multicast_then_generate(cluster, manifest, link_down)
+
+
+@needs_netns
+def test_a_node_frozen_mid_multicast_loses_nothing(make_netns, manifest) -> None:
+    cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
+
+    async def freeze(plan) -> None:
+        pid = cluster.procs[plan.steps[0][0].dst].pid
+        await asyncio.sleep(0.3)
+        os.kill(pid, signal.SIGSTOP)
+        await asyncio.sleep(1.0)
+        os.kill(pid, signal.SIGCONT)
+
+    multicast_then_generate(cluster, manifest, freeze)
+
+
+LAUNCHER = """
+import json, sys, time
+from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
+c = NetnsCluster(NetnsClusterConfig(num_nodes=2, link_gbps=0.1, preload_engine=False))
+c.start()
+print(json.dumps({"prefix": c.prefix, "pids": [p.pid for p in c.procs.values()]}), flush=True)
+time.sleep(120)
+"""
+
+
+@needs_netns
+def test_what_a_killed_launcher_left_is_swept_by_the_next(make_netns) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        started = json.loads(proc.stdout.readline())
+    finally:
+        proc.kill()  # SIGKILL: no cleanup runs in the launcher
+        proc.wait(10)
+        proc.stdout.close()
+    prefix = started["prefix"]
+    assert netns.resources(prefix), "the killed launcher had made nothing"
+    make_netns(1)  # a new launcher sweeps at start
+    assert netns.resources(prefix) == []
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in started["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in started["pids"]), "an orphaned agent survived the sweep"
+
+
+def test_a_missing_requirement_is_one_clear_error(monkeypatch) -> None:
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    with pytest.raises(SurgeError, match=r"needs root .*`ip` \(apt-get install iproute2\)"):
+        require_netns()
