@@ -125,12 +125,27 @@ def serve(
         str | None,
         typer.Option(help="With --launcher ray: a running cluster (default: a local one)."),
     ] = None,
+    cluster: Annotated[
+        str,
+        typer.Option(
+            help="With --launcher local: loopback (processes here) or netns (each agent in "
+            "its own network namespace, tc-shaped links, a CPU quota each; needs root)."
+        ),
+    ] = "loopback",
 ) -> None:
     """Serve models over an OpenAI-compatible API on a cluster of node agents."""
     if launcher not in ("local", "ray"):
         raise SurgeError(f"launcher {launcher!r} is not one of local, ray")
     if ray_address is not None and launcher != "ray":
         raise SurgeError("--ray-address needs --launcher ray")
+    if cluster not in ("loopback", "netns"):
+        raise SurgeError(f"--cluster {cluster!r} is not one of loopback, netns")
+    if cluster == "netns":
+        if launcher != "local":
+            raise SurgeError("--cluster netns needs --launcher local")
+        from surge.runtime.launcher_netns import require_netns
+
+        require_netns()  # before anything starts: one line naming what this machine lacks
     if launcher == "ray":
         import importlib.util
 
@@ -165,6 +180,7 @@ def serve(
         deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy_})
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
+    cfg["cluster"] = cluster
     asyncio.run(_serve(cfg, num_nodes, port_, deployments, strategy_))
 
 
@@ -188,6 +204,7 @@ async def _serve(
         tick_s=float(cfg.get("tick_s", 0.1)),
         launcher=cfg.get("launcher", "local"),
         ray_address=cfg.get("ray_address"),
+        cluster=cfg.get("cluster", "loopback"),
     )
     controller = Controller(ccfg)
     try:

@@ -68,6 +68,12 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         return RayCluster(RayClusterConfig(address=config.ray_address, **common))
     if config.launcher != "local":
         raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray")
+    if config.cluster == "netns":
+        from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
+
+        return NetnsCluster(NetnsClusterConfig(**common))
+    if config.cluster != "loopback":
+        raise SurgeError(f"cluster {config.cluster!r} is not one of loopback, netns")
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
 
     return LocalCluster(LocalClusterConfig(**common))

@@ -36,3 +36,6 @@ class ControllerConfig:
     """Where agents run without `addresses`: "local" (processes here) or "ray" (actors)."""
     ray_address: str | None = None
     """With launcher "ray": a running Ray cluster; None starts a local one on loopback."""
+    cluster: str = "loopback"
+    """With launcher "local": "loopback" (processes here) or "netns" (`NetnsCluster`: a
+    network namespace per agent, tc-shaped links, a CPU quota each)."""

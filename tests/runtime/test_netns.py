@@ -22,6 +22,12 @@ from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig, requi
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import ChecksumsOp, GenerateOp
 from tests.conftest import REPO
+from tests.control.conftest import (  # noqa: F401 (fixtures of surge serve)
+    reference,
+    start_serve,
+    surge_home,
+    tiny_store_dir,
+)
 from tests.runtime.conftest import MODEL, connected
 
 MISSING = netns.missing_requirements()
@@ -85,8 +91,8 @@ def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None):
     want = {b.index: b.checksum for b in manifest.blocks}
     assert result.complete_s is not None and not result.dead_nodes
     assert all(s.checksums == want for s in sums.values()), "a node holds different bytes"
-    reference = LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
-    assert tokens == [reference] * (n - 1)
+    want_tokens = LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
+    assert tokens == [want_tokens] * (n - 1)
     return result
 
 
@@ -172,3 +178,49 @@ def test_a_missing_requirement_is_one_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(SurgeError, match=r"needs root .*`ip` \(apt-get install iproute2\)"):
         require_netns()
+
+
+@needs_netns
+@pytest.mark.timeout(240)
+def test_serve_on_a_netns_cluster(tmp_path, surge_home, tiny_store_dir, reference) -> None:  # noqa: F811
+    import httpx
+
+    config = {"nodes": 2, "deployments": [{"name": "tiny", "model": str(tiny_store_dir)}]}
+    s = start_serve(tmp_path, surge_home, config, "--cluster", "netns", "--link-gbps", "1")
+    try:
+        nodes = s.http.get("/v1/nodes").json()["data"]
+        assert [n["up"] for n in nodes] == [True, True]
+        spaces = [
+            subprocess.run(
+                ["ip", "netns", "identify", str(n["pid"])], capture_output=True, text=True
+            ).stdout.strip()
+            for n in nodes
+        ]
+        assert all(spaces) and len(set(spaces)) == 2, spaces
+        # Agents listen on their namespaces' addresses; the API stays on loopback.
+        assert all(n["address"][0].startswith("198.1") for n in nodes)
+        assert s.url.startswith("http://127.0.0.1:")
+        body = {"model": "tiny", "prompt": "netns says", "max_tokens": 8, "temperature": 0}
+        out = httpx.post(s.url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=120)
+        assert out.json()["choices"][0]["text"] == reference("netns says", 8)
+    finally:
+        s.stop()  # fails the test if an agent outlived surge serve
+    assert netns.resources(spaces[0].split("-")[0]) == [], "surge serve left its netns cluster"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cluster", "mininet"], "--cluster 'mininet' is not one of loopback, netns"),
+        (["--cluster", "netns", "--launcher", "ray"], "--cluster netns needs --launcher local"),
+    ],
+)
+def test_serve_rejects_a_bad_cluster_in_one_line(args, message) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "surge.cli", "serve", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
