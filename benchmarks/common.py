@@ -1,11 +1,52 @@
-"""Pieces the runtime benchmarks share: model shapes of a chosen size, and seeding an
-agent's disk tier with a store without copying it."""
+"""Pieces the runtime benchmarks share: model shapes of a chosen size, seeding an
+agent's disk tier with a store without copying it, and the cluster to run on
+(`--cluster loopback`: agents on 127.0.0.1 with token-bucket caps; `--cluster netns`: agents
+in network namespaces with tc-shaped links and a CPU quota each, see docs/testbed.md)."""
 
+import argparse
+import os
+import platform
 from pathlib import Path
+from typing import Any
 
 from surge.model.manifest import Manifest
 from surge.model.tiny import TinyModelConfig
-from surge.runtime.launcher import LocalCluster
+from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+
+
+def add_cluster_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--cluster", choices=("loopback", "netns"), default="loopback")
+    ap.add_argument(
+        "--cpu-per-node",
+        type=float,
+        default=None,
+        help="netns: CPU quota of each node in cores (default: this machine's cores / nodes; "
+        "0: none)",
+    )
+
+
+def make_cluster(args: argparse.Namespace, **config: Any) -> LocalCluster:
+    """A `LocalCluster` or, with `--cluster netns`, a `NetnsCluster` (same surface)."""
+    if args.cluster == "netns":
+        from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
+
+        return NetnsCluster(NetnsClusterConfig(cpu_cores_per_node=args.cpu_per_node, **config))
+    return LocalCluster(LocalClusterConfig(**config))
+
+
+def machine(args: argparse.Namespace, cluster: LocalCluster | None = None) -> dict:
+    """Where a benchmark ran: the machine and the emulated cluster's settings."""
+    out: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "cluster": args.cluster,
+    }
+    if cluster is not None and args.cluster == "netns":
+        out["cpu_cores_per_node"] = cluster.cores_per_node  # type: ignore[attr-defined]
+        out["links"] = "tc htb on each veth (egress: node end, ingress: bridge end)"
+    else:
+        out["links"] = "user-space token buckets on loopback"
+    return out
 
 
 def model_config(model_mb: float, num_layers: int) -> TinyModelConfig:

@@ -1,31 +1,32 @@
 """Real multicasts through local agents: every strategy, same cluster, same run.
 
 Multicasts a model's real block bytes from 1 source to N-1 nodes through `surge node`
-agents whose NICs are capped at --link-gbps (token buckets), once per strategy, and
+agents whose NICs are capped at --link-gbps (token buckets; with --cluster netns, tc on
+each node's veth pair in its own network namespace), once per strategy, and
 compares each with the timing model's optimum for the same links and block sizes:
 efficiency = optimal_s / complete_s. Writes JSON (and a PNG of block arrivals per node).
 
 Usage: python -m benchmarks.multicast --nodes 8 --model-mb 64 --blocks 16 --link-gbps 0.5 \
            --json benchmarks/results/multicast.json --png benchmarks/results/multicast.png
+       python -m benchmarks.multicast --cluster netns ... (root; see docs/testbed.md)
 """
 
 import argparse
 import asyncio
 import json
 import logging
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import model_config, seed_disk
+from benchmarks.common import add_cluster_args, machine, make_cluster, model_config, seed_disk
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import read_manifest
 from surge.model.tiny import create_tiny_model
 from surge.policy.cluster import Cluster
 from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
 from surge.policy.timing import TimingModel, simulate
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launcher import LocalCluster
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp
 
@@ -104,7 +105,8 @@ def plot(report: dict, path: Path) -> None:
     axes[0].set_ylabel("node")
     fig.suptitle(
         f"{report['nodes']} agents, {report['model_bytes'] / 1e6:.0f} MB in {report['blocks']} "
-        f"blocks, {report['link_gbps']} Gbit/s links (dashed: optimum)"
+        f"blocks, {report['link_gbps']} Gbit/s links, {report['machine']['cluster']} "
+        "(dashed: optimum)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -119,6 +121,7 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/multicast.json"))
     ap.add_argument("--png", type=Path, default=None)
+    add_cluster_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     strategies = args.strategies.split(",")
@@ -128,10 +131,10 @@ def main() -> None:
         create_tiny_model(tmp / "hf", model_config(args.model_mb, 4 * args.blocks))
         import_checkpoint(tmp / "hf", tmp / "store", num_blocks=args.blocks, progress=False)
         manifest = read_manifest(tmp / "store")
-        cfg = LocalClusterConfig(
-            num_nodes=args.nodes, link_gbps=args.link_gbps, preload_engine=False
+        cluster = make_cluster(
+            args, num_nodes=args.nodes, link_gbps=args.link_gbps, preload_engine=False
         )
-        with LocalCluster(cfg) as cluster:
+        with cluster:
             # The source's disk tier holds the model (disk reads are not capped).
             for i in range(len(strategies)):
                 seed_disk(cluster, 0, f"{MODEL}{i}", tmp / "store", manifest)
@@ -142,7 +145,7 @@ def main() -> None:
         "model_bytes": manifest.total_bytes,
         "link_gbps": args.link_gbps,
         "strategies": results,
-        "machine": {"platform": platform.platform(), "cpus": 2},
+        "machine": machine(args, cluster),
         "goals": {"binomial_efficiency": 0.85, "binomial_vs_naive_speedup": 3.0},
         "binomial_vs_naive_speedup": round(
             results["naive"]["complete_s"] / results["binomial"]["complete_s"], 3

@@ -29,7 +29,8 @@ BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 PREFIX_RE = re.compile(r"^sg([0-9a-f]{6})[0-9a-f]")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
-CFS_PERIOD_US = 100_000
+CFS_PERIOD_US = 10_000
+"""A short period: a node over its quota waits at most ~10 ms, not ~100 ms (pacing)."""
 _instances = 0
 
 
@@ -182,9 +183,13 @@ class NodeNet:
     address: str
 
 
+MTU = 9000
+"""Jumbo frames, as on a datacenter fabric: headers cost 0.7% of a shaped link, not 4.4%."""
+
+
 def add_bridge(prefix: str, net: ipaddress.IPv4Network) -> str:
     bridge = f"{prefix}br"
-    _run("ip", "link", "add", bridge, "type", "bridge")
+    _run("ip", "link", "add", bridge, "mtu", str(MTU), "type", "bridge")
     _run("ip", "addr", "add", f"{net[1]}/{net.prefixlen}", "dev", bridge)
     _run("ip", "link", "set", bridge, "up")
     return bridge
@@ -196,12 +201,29 @@ def add_node(prefix: str, bridge: str, net: ipaddress.IPv4Network, node: int) ->
         f"{prefix}-node{node}", f"{prefix}h{node}", f"{prefix}n{node}", str(net[10 + node])
     )
     _run("ip", "netns", "add", nn.netns)
-    _run("ip", "link", "add", nn.host_dev, "type", "veth", "peer", "name", nn.node_dev)
+    _run(
+        "ip",
+        "link",
+        "add",
+        nn.host_dev,
+        "mtu",
+        str(MTU),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        nn.node_dev,
+        "mtu",
+        str(MTU),
+    )
     _run("ip", "link", "set", nn.node_dev, "netns", nn.netns)
     _run("ip", "link", "set", nn.host_dev, "master", bridge, "up")
     _run("ip", "-n", nn.netns, "addr", "add", f"{nn.address}/{net.prefixlen}", "dev", nn.node_dev)
     _run("ip", "-n", nn.netns, "link", "set", nn.node_dev, "up")
     _run("ip", "-n", nn.netns, "link", "set", "lo", "up")
+    # A pooled peer connection idles between blocks; restarting slow start after each idle
+    # spell would cost every block transfer several round trips (datacenter hosts turn it off).
+    _run("ip", "netns", "exec", nn.netns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
     return nn
 
 
@@ -220,15 +242,24 @@ def shape_link(
     if loss_pct > 0:
         netem += ["loss", f"{loss_pct}%"]
     if gbps is not None:
-        kbit = max(8, int(gbps * 1e6))
+        kbit = max(16, int(gbps * 1e6))
         # A burst of ~1 ms at the rate (at least a 64 KiB GSO segment): htb then keeps the
         # rate within a few percent without starving a single TCP flow.
-        burst = max(65536, int(gbps * 1e9 / 8 / 1000))
-        _run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
-        rate = ["rate", f"{kbit}kbit", "ceil", f"{kbit}kbit"]
-        rate += ["burst", str(burst), "cburst", str(burst)]
-        _run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", *rate)
-        parent = ["parent", "1:1", "handle", "10:"]
+        burst = ["burst", str(max(65536, int(gbps * 1e9 / 8 / 1000)))]
+        burst += ["cburst", burst[1]]
+        _run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
+        _run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+             "rate", f"{kbit}kbit", "ceil", f"{kbit}kbit", *burst)  # fmt: skip
+        # Small packets (ACKs of the node's downloads, requests, control frames) go first,
+        # as a NIC's per-flow queueing would let them: behind a deep bulk queue they would
+        # slow every transfer into this node by its queueing delay.
+        for cls, prio, share in (("1:10", "0", 0.1), ("1:20", "1", 0.9)):
+            _run(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", cls, "htb",
+                 "rate", f"{max(8, int(kbit * share))}kbit", "ceil", f"{kbit}kbit",
+                 "prio", prio, *burst)  # fmt: skip
+        _run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+             "u32", "match", "u16", "0x0000", "0xfc00", "at", "2", "flowid", "1:10")  # fmt: skip
+        parent = ["parent", "1:20", "handle", "20:"]
     else:
         parent = ["root"]
     if netem:
