@@ -26,7 +26,7 @@ from surge.model.tiny import create_tiny_model
 from surge.policy.cluster import Cluster
 from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
 from surge.policy.timing import TimingModel, simulate
-from surge.runtime.launcher import LocalCluster
+from surge.runtime.launcher import LocalCluster, LocalClusterConfig
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp
 
@@ -122,6 +122,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/multicast.json"))
     ap.add_argument("--png", type=Path, default=None)
     add_cluster_args(ap)
+    ap.add_argument(
+        "--compare-loopback",
+        action="store_true",
+        help="with --cluster netns: run the same multicasts on loopback agents too",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     strategies = args.strategies.split(",")
@@ -139,6 +144,18 @@ def main() -> None:
             for i in range(len(strategies)):
                 seed_disk(cluster, 0, f"{MODEL}{i}", tmp / "store", manifest)
             results = asyncio.run(run_strategies(cluster, manifest, strategies, args.link_gbps))
+        loopback = None
+        if args.compare_loopback and args.cluster != "loopback":
+            # The same multicasts on loopback agents right after: a same-run reference.
+            ref = LocalCluster(
+                LocalClusterConfig(
+                    num_nodes=args.nodes, link_gbps=args.link_gbps, preload_engine=False
+                )
+            )
+            with ref:
+                for i in range(len(strategies)):
+                    seed_disk(ref, 0, f"{MODEL}{i}", tmp / "store", manifest)
+                loopback = asyncio.run(run_strategies(ref, manifest, strategies, args.link_gbps))
     report = {
         "nodes": args.nodes,
         "blocks": manifest.num_blocks,
@@ -146,6 +163,12 @@ def main() -> None:
         "link_gbps": args.link_gbps,
         "strategies": results,
         "machine": machine(args, cluster),
+        "loopback_same_run": {
+            k: {f: v[f] for f in ("complete_s", "optimal_s", "efficiency")}
+            for k, v in loopback.items()
+        }
+        if loopback
+        else None,
         "goals": {"binomial_efficiency": 0.85, "binomial_vs_naive_speedup": 3.0},
         "binomial_vs_naive_speedup": round(
             results["naive"]["complete_s"] / results["binomial"]["complete_s"], 3
