@@ -243,7 +243,7 @@ class Controller:
         return await self._w.deployments.create(body)
 
     async def delete(self, name: str) -> None:
-        """Delete a deployment (KeyError if there is none): instances and copies go."""
+        """Delete a deployment (`NotFound` if there is none): instances and copies go."""
         await self._w.deployments.delete(name)
 
     def describe(self, dep: Deployment) -> dict[str, Any]:

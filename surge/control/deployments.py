@@ -22,7 +22,7 @@ from surge.control.pool import ParameterPool
 from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment
 from surge.control.store import DeploymentStore
-from surge.errors import SurgeError
+from surge.errors import Conflict, NotFound, SurgeError
 from surge.model.manifest import MANIFEST_NAME, read_manifest
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
@@ -85,7 +85,7 @@ class Deployments:
         spec = DeploymentSpec.from_json(body)
         async with self._lock:
             if spec.name in self.deployments:
-                raise SurgeError(f"deployment {spec.name!r} already exists")
+                raise Conflict(f"deployment {spec.name!r} already exists")
             await asyncio.to_thread(prepare_store, self.registry, spec)
             self.store.add(spec)
             try:
@@ -98,7 +98,7 @@ class Deployments:
         async with self._lock:
             dep = self.deployments.get(name)
             if dep is None:
-                raise KeyError(name)
+                raise NotFound(f"no deployment {name!r}")
             await self.teardown(dep, evict=True)
             self.store.remove(name)
             link = self.registry / name

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     import torch
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""Seeds are int64 (what every OpenAI-compatible server and torch's generator take)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is decoded."""
@@ -48,6 +52,7 @@ class SamplingParams:
             raise SurgeError(f"top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:
             raise SurgeError(f"top_k must be >= 0 (got {self.top_k})")
+        check_seed(self.seed)
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -104,9 +109,17 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
 """JSON types of the numeric fields (bool is refused although it is an int)."""
 
 
+def check_seed(seed: int | None) -> None:
+    """A SurgeError for a seed outside int64 (torch would raise a bare overflow)."""
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise SurgeError(f"seed must be between {SEED_MIN} and {SEED_MAX} (got {seed})")
+
+
 def make_generator(seed: int | None) -> torch.Generator:
     """A CPU generator for one request: seeded, or from fresh OS randomness."""
     import torch
+
+    check_seed(seed)
 
     g = torch.Generator()
     if seed is None:

@@ -36,11 +36,16 @@ from surge.runtime.protocol import (
     TokenGenerated,
 )
 from surge.runtime.request import ServeRequest
+from surge.runtime.transport import RemoteError
 
 log = logging.getLogger(__name__)
 
 SEQ_IDS_PER_GROUP = 1 << 40
 """Engines sharing a pipeline's KV caches use disjoint sequence-id ranges of this size."""
+
+
+MAX_REFUSALS = 3
+"""Agent refusals after which a request fails instead of being routed again."""
 
 
 class EndpointFailed(RuntimeError):
@@ -95,7 +100,18 @@ class LocalEndpoint(Endpoint):
             params=req.params,
             output_token_ids=tuple(req.output_token_ids),
         )
-        await self.client.call(self.node, op)
+        try:
+            await self.client.call(self.node, op)
+        except RemoteError as e:
+            # The agent answered and refused it. Once may be a race (the instance closing:
+            # the server routes it again); refused again and again, it is the request (a
+            # bad field) and routing it forever would hang it: fail it with the reason.
+            req.refusals += 1
+            if req.refusals < MAX_REFUSALS:
+                raise
+            self.requests.pop(req.req_id, None)
+            log.warning("%s refused request %s: %s", self.name, req.req_id, e)
+            req.fail(str(e))
 
     def on_token(self, ev: TokenGenerated) -> None:
         req = self.requests.get(ev.req_id)

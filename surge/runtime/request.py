@@ -37,6 +37,10 @@ class ServeRequest:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     on_done: Callable[[], None] | None = None
     """Called when the request finishes (the server dispatches queued work then)."""
+    error: str | None = None
+    refusals: int = 0
+    """How many times an agent refused it (`LocalEndpoint.submit`)."""
+    """Why it failed (finish_reason "error"), e.g. an agent refused it."""
 
     def add_token(self, token: int, finished: bool, reason: str | None) -> None:
         now = time.monotonic()
@@ -50,6 +54,16 @@ class ServeRequest:
             self.done.set()
             if self.on_done is not None:
                 self.on_done()
+
+    def fail(self, message: str) -> None:
+        """End it with finish_reason "error": it can never be served (the agent refused
+        it), so whoever waits on `done` sees the reason instead of waiting forever."""
+        if self.done.is_set():
+            return
+        self.error, self.finish_reason, self.done_t = message, "error", time.monotonic()
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
 
     @property
     def params_json(self) -> dict[str, Any]:

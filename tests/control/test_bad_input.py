@@ -1,5 +1,6 @@
 """Bad input gets a 4xx JSON error with a message, never a 500 or a traceback."""
 
+import socket
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,13 @@ def check_error(r: httpx.Response, status: int, *words: str) -> None:
     ("path", "body", "status", "words"),
     [
         ("/v1/completions", {"model": "nope", "prompt": "x"}, 404, ["nope"]),
-        ("/v1/chat/completions", {"model": "nope", "messages": []}, 404, ["nope"]),
+        (
+            "/v1/chat/completions",
+            {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+            404,
+            ["nope"],
+        ),
+        ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, ["messages"]),
         ("/v1/completions", {"prompt": "x"}, 400, ["model"]),
         ("/v1/completions", {"model": MODEL}, 400, ["prompt"]),
         ("/v1/chat/completions", {"model": MODEL}, 400, ["messages"]),
@@ -44,10 +51,51 @@ def check_error(r: httpx.Response, status: int, *words: str) -> None:
         ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, 400, []),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 9}, 400, []),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, 400, ["top_p"]),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, ["n=1"]),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 99}, 400, ["n"]),
+        # defect 1: a seed outside int64 is a 400, not a hang
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**64}, 400, ["seed"]),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "seed": -(2**63) - 1}, 400, ["seed"]),
+        # defect 7: top_k below -1, unsupported fields named, never ignored
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "top_k": -5}, 400, ["top_k"]),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "suffix": "!"}, 400, ["suffix"]),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "logit_bias": {"5": 1}},
+            400,
+            ["logit_bias"],
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "colour": 1}, 400, ["colour"]),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            400,
+            ["tools"],
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"},
+            400,
+            ["tool_choice"],
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_object"},
+            },
+            400,
+            ["response_format"],
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": "yes"}, 400, ["stream"]),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": 3}, 400, ["stop"]),
         ("/v1/completions", {"model": MODEL, "prompt": [0, 99999]}, 400, ["vocabulary"]),
+        ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, ["empty"]),
+        ("/v1/completions", {"model": MODEL, "prompt": []}, 400, ["empty"]),
         ("/v1/completions", {"model": MODEL, "prompt": [1] * 5000}, 400, ["context"]),
         ("/v1/completions", {"model": MODEL, "prompt": "x" * 40000}, 400, ["context"]),
         ("/v1/deployments", {"name": MODEL, "model": "/x"}, 409, ["already exists"]),
@@ -72,6 +120,74 @@ def check_error(r: httpx.Response, status: int, *words: str) -> None:
 )
 def test_bad_requests_get_4xx_json(server, path, body, status, words) -> None:  # noqa: F811
     check_error(server.http.post(path, json=body), status, *words)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "code"),
+    [("", None), ([0, 99999], "invalid_token"), ([1] * 5000, "context_length_exceeded")],
+)
+def test_prompt_errors_carry_the_right_code(server, prompt, code) -> None:  # noqa: F811 (defect 7)
+    r = server.http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
+    check_error(r, 400)
+    assert r.json()["error"]["code"] == code, r.text
+    assert r.json()["error"]["param"] == "prompt"
+
+
+def _exchange(sock: socket.socket, path: str, body: bytes) -> tuple[int, bytes]:
+    """One HTTP/1.1 keep-alive request on `sock`; (status, body) of its answer."""
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = sock.recv(65536)
+        assert got, "the server closed the keep-alive connection"
+        buf += got
+    header, rest = buf.split(b"\r\n\r\n", 1)
+    length = int(next(h for h in header.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                 .split(b":")[1])  # fmt: skip
+    while len(rest) < length:
+        got = sock.recv(65536)
+        assert got, "the server closed the connection mid-answer"
+        rest += got
+    return int(header.split(b" ")[1]), rest
+
+
+def test_hostile_bodies_are_400_and_the_connection_lives_on(server) -> None:  # noqa: F811 (defect 4)
+    surrogate = b'{"model": "surge-tiny", "prompt": "a\\ud800b", "max_tokens": 2}'
+    deep = b'{"model": "surge-tiny", "prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+    deep_chat = b'{"model": "surge-tiny", "messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+    good = b'{"model": "surge-tiny", "prompt": "hi", "max_tokens": 2}'
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        for path, raw in [
+            ("/v1/completions", surrogate),
+            ("/v1/completions", deep),
+            ("/v1/chat/completions", deep_chat),
+            ("/v1/deployments", deep),
+        ]:
+            status, body = _exchange(sock, path, raw)
+            assert status == 400 and b"JSON" in body and b"Traceback" not in body, body
+            status, body = _exchange(sock, "/v1/completions", good)  # the same connection
+            assert status == 200, body
+
+
+def test_errors_are_counted_by_status(server) -> None:  # noqa: F811
+    def count(status: str) -> float:
+        text = server.http.get("/metrics").text
+        key = f'surge_http_responses_total{{status="{status}"}}'
+        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(key))
+
+    before = count("404"), count("400")
+    server.http.get("/v1/models/ghost")
+    server.http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "top_k": -5})
+    assert count("404") == before[0] + 1 and count("400") == before[1] + 1
+
+
+def test_generate_seed_out_of_range_is_one_line_exit_2() -> None:  # defect 1
+    r = run_surge("generate", "--prompt", "hi", "--temperature", "1", "--seed", str(2**64))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error:") and "seed" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 def test_malformed_json_unknown_routes_and_deployments(server) -> None:  # noqa: F811

@@ -178,3 +178,52 @@ def test_thin_clients_deploy_status_delete(server, tiny_store_dir, reference) ->
     r = run_surge("delete", "second", *env_args)
     assert r.returncode == 2 and "no deployment" in r.stderr
     assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_n_choices_echo_and_prompt_batches(client, reference) -> None:
+    kw = {"model": MODEL, "prompt": "Hello world", "max_tokens": 12, "temperature": 1.0}
+    r = client.completions.create(**kw, n=3, seed=11)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    texts = [c.text for c in r.choices]
+    assert len(set(texts)) > 1, "n choices with a seed get distinct seeds"
+    again = client.completions.create(**kw, n=3, seed=11)
+    assert [c.text for c in again.choices] == texts, "and stay reproducible"
+    assert 3 <= r.usage.completion_tokens <= 36 and r.usage.prompt_tokens > 0
+    streamed = client.completions.create(**kw, n=3, seed=11, stream=True)
+    parts = ["", "", ""]
+    for ch in streamed:
+        for c in ch.choices:
+            parts[c.index] += c.text
+    assert parts == texts
+    # echo puts the prompt before the answer; a batch of prompts gives a choice each
+    want = reference("The quick brown fox", 6)
+    e = client.completions.create(
+        model=MODEL, prompt="The quick brown fox", max_tokens=6, echo=True, **GREEDY
+    )
+    assert e.choices[0].text == "The quick brown fox" + want
+    b = client.completions.create(
+        model=MODEL, prompt=["The quick brown fox", "Hello"], max_tokens=6, **GREEDY
+    )
+    assert [c.text for c in b.choices] == [want, reference("Hello", 6)]
+
+
+def test_chat_history_with_tool_calls(client, reference) -> None:
+    msgs = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    prompt = (
+        "<|user|>\nWeather?\n<|assistant|>\n[call c1: w({})]\n<|tool|>\n[result c1] sunny\n"
+        "<|assistant|>\n"
+    )
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, **GREEDY)
+    assert r.choices[0].message.content == reference(prompt, 6)
+    n2 = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, n=2, **GREEDY)
+    assert [c.message.content for c in n2.choices] == [reference(prompt, 6)] * 2

@@ -1,0 +1,270 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+What flows: raw body -> `protocol.parse` (a 400 naming the field for anything wrong or
+unsupported) -> prompt token ids (tokenizer of the deployment, checked against the
+vocabulary and context) -> one `TrackedRequest` per choice (`n` per prompt, seeds
+seed+i) submitted to the controller -> a `RequestStream` per choice -> a JSON answer or
+SSE chunks ending `data: [DONE]`. Every request handed to the controller is handed back
+with `controller.finished` whatever happens. Owned by the API layer.
+"""
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from surge.api.chat import ChatTemplates
+from surge.api.protocol import (
+    DEFAULT_CHAT_TOKENS,
+    DEFAULT_COMPLETION_TOKENS,
+    MAX_CHOICES,
+    ChatRequest,
+    CompletionRequest,
+    parse,
+)
+from surge.api.streaming import SSE_DONE, Delta, IncrementalDetokenizer, RequestStream, sse
+from surge.control.controller import Controller, Deployment
+from surge.errors import InvalidInput, NotFound
+
+
+@dataclass
+class Call:
+    """One parsed generation request: its choices' prompts and settings."""
+
+    dep: Deployment
+    body: CompletionRequest | ChatRequest
+    chat: bool
+    prompts: list[list[int]]
+    """Token ids of each prompt (completions may batch several)."""
+    echo_texts: list[str] = field(default_factory=list)
+    """Per prompt, the text `echo` puts before the answer ("" without echo)."""
+    rid: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        obj = self.object + (".chunk" if chunk and self.chat else "")
+        return {
+            "id": self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.dep.name,
+            "choices": choices,
+        }
+
+
+def check_prompt_ids(dep: Deployment, ids: list[int], limit: int, param: str = "prompt") -> None:
+    """A 400 with OpenAI's code for a prompt the model cannot take."""
+    if not ids:
+        raise InvalidInput("the prompt is empty; send at least one token", param=param)
+    vocab = dep.manifest.arch.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidInput(
+            f"token id {bad} is outside the vocabulary (0..{vocab - 1})",
+            param=param,
+            code="invalid_token",
+        )
+    if len(ids) >= limit:
+        raise InvalidInput(
+            f"the prompt has {len(ids)} tokens but the model's context holds {limit}; "
+            f"shorten it to at most {limit - 1} tokens",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def openai_router(controller: Controller) -> APIRouter:
+    router = APIRouter()
+    templates = ChatTemplates(controller.registry)
+    router.templates = templates  # type: ignore[attr-defined]  (tests read `loads`)
+
+    def deployment(name: str) -> Deployment:
+        dep = controller.deployments.get(name)
+        if dep is None:
+            raise NotFound(
+                f"the model {name!r} does not exist; GET /v1/models lists the deployed ones",
+                param="model",
+                code="model_not_found",
+            )
+        return dep
+
+    def tokenize(dep: Deployment, text: str) -> list[int]:
+        if dep.tokenizer is None:
+            raise InvalidInput(f"{dep.name} has no tokenizer; send the prompt as token ids")
+        return dep.tokenizer.encode(text).ids
+
+    def model_card(dep: Deployment) -> dict[str, Any]:
+        return {"id": dep.name, "object": "model", "created": 0, "owned_by": "surge"}
+
+    @router.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card(d) for d in controller.deployments.values()]}
+
+    @router.get("/v1/models/{name}")
+    async def get_model(name: str):
+        return model_card(deployment(name))
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        body = parse(CompletionRequest, await request.body())
+        if body.logprobs is not None:
+            raise InvalidInput("logprobs are not supported yet; leave it out", param="logprobs")
+        dep = deployment(body.model)
+        limit = controller.context_limit(dep)
+        prompts, echoes = [], []
+        for p in body.prompts:
+            ids = tokenize(dep, p) if isinstance(p, str) else p
+            check_prompt_ids(dep, ids, limit)
+            prompts.append(ids)
+            if body.echo:
+                echoes.append(p if isinstance(p, str) else IncrementalDetokenizer(
+                    dep.tokenizer).push(ids, final=True))  # fmt: skip
+            else:
+                echoes.append("")
+        call = Call(dep, body, False, prompts, echoes, "cmpl-" + secrets.token_hex(12))
+        return await respond(call, DEFAULT_COMPLETION_TOKENS)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = parse(ChatRequest, await request.body())
+        if body.logprobs:
+            raise InvalidInput("logprobs are not supported yet; leave it out", param="logprobs")
+        dep = deployment(body.model)
+        text = templates.get(dep.name, dep).render([m.for_template() for m in body.messages])
+        ids = tokenize(dep, text)
+        check_prompt_ids(dep, ids, controller.context_limit(dep), param="messages")
+        call = Call(dep, body, True, [ids], [""], "chatcmpl-" + secrets.token_hex(12))
+        return await respond(call, DEFAULT_CHAT_TOKENS)
+
+    async def respond(call: Call, default_max: int) -> Response:
+        body, n = call.body, call.body.num_choices
+        if n * len(call.prompts) > MAX_CHOICES:
+            raise InvalidInput(
+                f"n x prompts is {n * len(call.prompts)}; at most {MAX_CHOICES} per request",
+                param="n",
+            )
+        limit = controller.context_limit(call.dep)
+        jobs = [
+            (ids, body.to_sampling_params(len(ids), limit, default_max, index=i * n + j))
+            for i, ids in enumerate(call.prompts)
+            for j in range(n)
+        ]
+        reqs: list[Any] = []
+        try:
+            for ids, params in jobs:
+                reqs.append(await controller.submit(call.dep, ids, params))
+        except BaseException:
+            for r in reqs:
+                controller.finished(r, "cancelled")
+            raise
+        streams = [RequestStream(r, call.dep.tokenizer, body.stops) for r in reqs]
+        if body.stream:
+            return StreamingResponse(
+                stream_events(call, streams, n), media_type="text/event-stream"
+            )
+        return await whole_answer(call, streams, n)
+
+    def usage(call: Call, streams: list[RequestStream], n: int) -> dict[str, int]:
+        p = sum(len(ids) for ids in call.prompts)
+        c = sum(len(s.req.output_token_ids) for s in streams)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    async def whole_answer(call: Call, streams: list[RequestStream], n: int) -> Response:
+        texts = [[call.echo_texts[i // n]] for i in range(len(streams))]
+        reasons = ["stop"] * len(streams)
+        async for i, d in merged(streams):
+            texts[i].append(d.text)
+            if d.finish_reason:
+                reasons[i] = d.finish_reason
+        choices = []
+        for i, parts in enumerate(texts):
+            text = "".join(parts)
+            if call.chat:
+                msg = {"role": "assistant", "content": text, "refusal": None}
+                ch = {"index": i, "message": msg, "logprobs": None, "finish_reason": reasons[i]}
+            else:
+                ch = {"index": i, "text": text, "logprobs": None, "finish_reason": reasons[i]}
+            choices.append(ch)
+        out = call.envelope(choices, chunk=False)
+        out["usage"] = usage(call, streams, n)
+        return JSONResponse(out)
+
+    async def stream_events(call: Call, streams: list[RequestStream], n: int) -> AsyncIterator[str]:
+        include_usage = call.body.include_usage
+
+        def chunk(choices: list[dict[str, Any]]) -> str:
+            body = call.envelope(choices, chunk=True)
+            if include_usage:
+                body["usage"] = None
+            return sse(body)
+
+        def choice(i: int, text: str, reason: str | None, first: bool) -> dict[str, Any]:
+            if not call.chat:
+                return {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {}
+            if text:
+                delta["content"] = text
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+        if call.chat or any(call.echo_texts):
+            for i in range(len(streams)):
+                yield chunk([choice(i, call.echo_texts[i // n], None, call.chat)])
+        async for i, d in merged(streams):
+            yield chunk([choice(i, d.text, d.finish_reason, False)])
+        if include_usage:
+            last = call.envelope([], chunk=True)
+            last["usage"] = usage(call, streams, n)
+            yield sse(last)
+        yield SSE_DONE
+
+    async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Delta]]:
+        """Every choice's deltas as they come, tagged with the choice's index; each request
+        is handed back to the controller at the end, however it ends."""
+        status = {id(s): "ok" for s in streams}
+        queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, s: RequestStream) -> None:
+            try:
+                async for d in s.deltas():
+                    await queue.put((i, d))
+            except Exception as e:
+                await queue.put((i, e))
+            finally:
+                await queue.put((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            left = len(streams)
+            while left:
+                i, got = await queue.get()
+                if got is None:
+                    left -= 1
+                elif isinstance(got, BaseException):
+                    status[id(streams[i])] = "error"
+                    raise got
+                else:
+                    yield i, got
+        except BaseException:
+            for s in streams:
+                if status[id(s)] == "ok":
+                    status[id(s)] = "cancelled"
+            raise
+        finally:
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                st = status[id(s)]
+                if st == "ok" and s.req.finish_reason == "abort":
+                    st = "aborted"
+                controller.finished(s.req, st)
+
+    return router

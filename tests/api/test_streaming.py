@@ -1,0 +1,148 @@
+"""Streaming text equals the whole decode, stop strings cut exactly, and detokenizing a
+2,000-token answer costs O(n): the ids decoded per token do not grow with position
+(defect 9: the old API re-decoded the whole output on every token)."""
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from surge.api.streaming import IncrementalDetokenizer, RequestStream, StopCutter
+from surge.model.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(400)
+
+
+class Counting:
+    """A tokenizer that records how many ids each decode call got."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.sizes = tok, []
+
+    def decode(self, ids):
+        self.sizes.append(len(ids))
+        return self.tok.decode(ids)
+
+
+def _ids(tok, n: int, seed: int = 0) -> list[int]:
+    text = "héllo wörld, ünïcode ✓ 日本語 and the quick brown fox jumps. "
+    ids = tok.encode(text * (n // 10 + 1)).ids
+    rng = random.Random(seed)
+    ids += [rng.randrange(2, tok.get_vocab_size()) for _ in range(n // 4)]  # odd byte runs
+    return ids[:n]
+
+
+def test_incremental_text_equals_the_whole_decode(tok) -> None:
+    for seed in range(5):
+        ids = _ids(tok, 300, seed)
+        d = IncrementalDetokenizer(tok)
+        text = "".join(d.push([t]) for t in ids[:-1]) + d.push(ids[-1:], final=True)
+        assert text == tok.decode(ids)
+        d = IncrementalDetokenizer(tok)  # in uneven batches
+        parts, i = [], 0
+        while i < len(ids):
+            k = random.Random(i).randint(1, 7)
+            parts.append(d.push(ids[i : i + k], final=i + k >= len(ids)))
+            i += k
+        assert "".join(parts) == tok.decode(ids)
+
+
+def test_per_token_cost_does_not_grow_with_position(tok) -> None:
+    ids = _ids(tok, 2000)
+    counting = Counting(tok)
+    d = IncrementalDetokenizer(counting)
+    per_token: list[int] = []
+    times: list[float] = []
+    for t in ids:
+        before = len(counting.sizes)
+        t0 = time.perf_counter()
+        d.push([t])
+        times.append(time.perf_counter() - t0)
+        per_token.append(sum(counting.sizes[before:]))
+    total = sum(per_token)
+    print(f"ids decoded for 2000 tokens: {total} ({total / 2000:.1f}/token); "
+          f"max window {max(counting.sizes)}; "
+          f"time/token at 100: {sum(times[50:150]) / 100 * 1e6:.1f} us, "
+          f"at 1900: {sum(times[1850:1950]) / 100 * 1e6:.1f} us")  # fmt: skip
+    assert total < 20 * len(ids), "decoding must be O(n) overall"
+    assert max(counting.sizes) < 20, "each decode sees a short window, not the whole output"
+    early, late = sum(per_token[50:150]), sum(per_token[1850:1950])
+    assert late <= 2 * early + 50, (early, late)
+    # The old way (whole output per token) would have decoded ~n²/2 ids.
+    assert total < len(ids) ** 2 / 2 / 50
+
+
+def test_stop_cutter_holds_back_a_possible_stop_start() -> None:
+    c = StopCutter(["STOP"])
+    assert c.push("abcST", False) == ("ab", False)  # "cST" may begin STOP
+    assert c.push("O", False) == ("c", False)  # only 3 characters are held
+    assert c.push("Px", False) == ("", True)
+    c = StopCutter(["zz"])
+    assert c.push("az", False) == ("a", False)
+    assert c.push("b", True) == ("zb", False)
+    assert StopCutter([]).push("abc", False) == ("abc", False)
+
+
+class FakeRequest:
+    """What a `RequestStream` reads of a `TrackedRequest`."""
+
+    def __init__(self) -> None:
+        self.output_token_ids: list[int] = []
+        self.progress, self.done = asyncio.Event(), asyncio.Event()
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+
+    def add(self, ids: list[int], reason: str | None = None) -> None:
+        self.output_token_ids += ids
+        if reason:
+            self.finish_reason = reason
+            self.done.set()
+        self.progress.set()
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.done.set()
+
+
+def test_request_stream_cuts_at_a_stop_string_and_ends_the_request(tok) -> None:
+    ids = tok.encode("one, two, three, four").ids
+
+    async def run():
+        req = FakeRequest()
+        stream = RequestStream(req, tok, ["three"])
+        out = []
+
+        async def feed():
+            for t in ids:
+                if req.done.is_set():
+                    return
+                req.add([t])
+                await asyncio.sleep(0)
+            req.add([], "length")
+
+        task = asyncio.ensure_future(feed())
+        async for d in stream.deltas():
+            out.append(d)
+        await task
+        return req, out
+
+    req, out = asyncio.run(run())
+    assert "".join(d.text for d in out) == "one, two, "
+    assert out[-1].finish_reason == "stop" and req.finish_reason == "stop_string"
+
+
+def test_a_failed_request_ends_the_stream_with_its_reason(tok) -> None:
+    from surge.errors import Unavailable
+
+    async def run():
+        req = FakeRequest()
+        req.error, req.finish_reason = "seed must be between", "error"
+        req.done.set()  # an endpoint failed it: only `done` is set
+        return [d async for d in RequestStream(req, tok, []).deltas()]
+
+    with pytest.raises(Unavailable, match="seed"):
+        asyncio.run(asyncio.wait_for(run(), 5))
