@@ -1,6 +1,8 @@
 """A burst on one hot instance, scaled out to the other nodes: serve while loading or not.
 
-Same run, two modes over fresh local clusters (`surge node` agents with capped links):
+Same run, two modes over fresh local clusters (`surge node` agents with capped links;
+with `--cluster netns` each agent is a node of an emulated cluster: its own network namespace,
+tc-shaped links and a CPU quota, so every node brings its own compute; docs/testbed.md):
 - `execute_while_load`: execution pipelines open as soon as their members hold their
   stages (λScale §4.3), local instances when a node holds the whole model (mode switch);
 - `stop_the_world`: a node serves only once it holds the whole model.
@@ -13,13 +15,14 @@ fetching the whole model.
 
 Usage: python -m benchmarks.scale_burst --nodes 8 --blocks 16 --link-gbps 0.5 --requests 64 \
            --json benchmarks/results/scale_burst.json --png benchmarks/results/scale_burst.png
+       python -m benchmarks.scale_burst --cluster netns --sources 1,2,4 ... (one report per K
+           under "by_sources", each with both modes of the same run)
 """
 
 import argparse
 import asyncio
 import json
 import logging
-import platform
 import random
 import statistics
 import tempfile
@@ -27,7 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import model_config, seed_disk
+from benchmarks.common import add_cluster_args, machine, make_cluster, model_config, seed_disk
 from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
@@ -36,7 +39,8 @@ from surge.model.tiny import create_tiny_model
 from surge.policy.startup import Copy, Destination
 from surge.policy.systems import system_config
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launcher import LocalCluster
+from surge.runtime.protocol import LoadOp, RegisterOp
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
 from surge.runtime.server import Server
 
@@ -72,12 +76,10 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
-    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
-    blocks = list(range(manifest.num_blocks))
+    await client.broadcast(RegisterOp(model=MODEL, manifest=manifest))
+    blocks = tuple(range(manifest.num_blocks))
     for src in range(args.sources):
-        await client.request(
-            src, {"op": "load", "model": MODEL, "blocks": blocks, "source": "disk", "tier": "gpu"}
-        )
+        await client.call(src, LoadOp(model=MODEL, blocks=blocks, source="disk", tier="gpu"))
     server = Server(client, MODEL)
     engine = EngineConfig(max_num_seqs=args.max_num_seqs, max_kv_tokens=2048)
     try:
@@ -138,7 +140,7 @@ async def cold_start(cluster: LocalCluster, manifest: Manifest, group: int) -> f
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
-    await client.broadcast({"op": "register", "model": MODEL, "manifest": manifest.to_json()})
+    await client.broadcast(RegisterOp(model=MODEL, manifest=manifest))
     server = Server(client, MODEL)
     b = manifest.num_blocks
     parts = [list(range(i * b // group, (i + 1) * b // group)) for i in range(group)]
@@ -149,15 +151,8 @@ async def cold_start(cluster: LocalCluster, manifest: Manifest, group: int) -> f
         # Each member fetches only its part first (parallel fetch).
         await asyncio.gather(
             *(
-                client.request(
-                    node,
-                    {
-                        "op": "load",
-                        "model": MODEL,
-                        "blocks": part,
-                        "source": "remote",
-                        "tier": "gpu",
-                    },
+                client.call(
+                    node, LoadOp(model=MODEL, blocks=tuple(part), source="remote", tier="gpu")
                 )
                 for node, part in enumerate(parts)
             )
@@ -198,11 +193,67 @@ def plot(report: dict, path: Path) -> None:
     ax.set_xlabel("time since the burst (s)")
     ax.set_ylabel("tokens/s")
     ax.set_title(
-        f"Burst of {report['requests']} on 1 hot instance, scale-out to {report['nodes']} nodes"
+        f"Burst of {report['requests']} on K={report['sources']} hot, to {report['nodes']} nodes "
+        f"({report['machine']['cluster']})"
     )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def run_modes(args, tmp: Path, manifest: Manifest, sources: int) -> dict:
+    """Both modes (same run) with `sources` hot instances; the p90 TTFT ratio between them."""
+    out: dict = {"modes": {}}
+    args = argparse.Namespace(**{**vars(args), "sources": sources})
+    for mode in args.modes.split(","):
+        cluster = make_cluster(
+            args,
+            num_nodes=args.nodes,
+            link_gbps=args.link_gbps,
+            max_num_seqs=args.max_num_seqs,
+            max_kv_tokens=2048,
+            remote_dir=tmp / "reg",
+        )
+        with cluster:
+            for node in range(sources):
+                seed_disk(cluster, node, MODEL, tmp / "reg" / MODEL, manifest)
+            out["modes"][mode] = asyncio.run(burst(cluster, manifest, mode, args))
+        out["machine"] = machine(args, cluster)
+        log.info(
+            "K=%d %s: %s",
+            sources,
+            mode,
+            {
+                k: v
+                for k, v in out["modes"][mode].items()
+                if k.startswith(("ttft", "all_", "multicast", "requests_via"))
+            },
+        )
+    if set(MODES) <= set(out["modes"]):
+        m = out["modes"]
+        out["p90_ttft_speedup"] = round(
+            m["stop_the_world"]["ttft_p90_s"] / m["execute_while_load"]["ttft_p90_s"], 3
+        )
+    return out
+
+
+def cold_starts(args, tmp: Path, manifest: Manifest) -> dict:
+    """ParaServe §4: first token with 4 workers fetching a quarter each vs 1 fetching all."""
+    cold = {}
+    for group in (1, 4):
+        cluster = make_cluster(
+            args, num_nodes=group, remote_dir=tmp / "reg", remote_gbps=args.remote_gbps
+        )
+        with cluster:
+            cold[f"workers_{group}_first_token_s"] = round(
+                asyncio.run(cold_start(cluster, manifest, group)), 4
+            )
+    cold["ratio_1_over_4"] = round(
+        cold["workers_1_first_token_s"] / cold["workers_4_first_token_s"], 3
+    )
+    cold["remote_gbps_per_node"] = args.remote_gbps
+    log.info("cold start: %s", cold)
+    return cold
 
 
 def main() -> None:
@@ -215,25 +266,29 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(4, 12), metavar=("MIN", "MAX"))
-    ap.add_argument("--sources", type=int, default=1, help="hot instances at the start (K)")
+    ap.add_argument(
+        "--sources", default="1", help="hot instances at the start (K); a list runs each: 1,2,4"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=4, help="batch limit per instance")
     ap.add_argument("--bucket-s", type=float, default=0.25)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--no-cold-start", action="store_true", help="skip the ParaServe part")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_burst.json"))
     ap.add_argument("--png", type=Path, default=None)
+    add_cluster_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ks = [int(k) for k in str(args.sources).split(",")]
     report: dict = {
         "nodes": args.nodes,
         "blocks": args.blocks,
         "link_gbps": args.link_gbps,
         "requests": args.requests,
         "max_tokens": args.max_tokens,
-        "sources": args.sources,
+        "sources": ks[0] if len(ks) == 1 else ks,
         "prompt_len": list(args.prompt_len),
         "max_num_seqs": args.max_num_seqs,
-        "machine": {"platform": platform.platform(), "cpus": 2},
-        "modes": {},
+        "machine": machine(args),
     }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -241,60 +296,30 @@ def main() -> None:
         import_checkpoint(tmp / "hf", tmp / "reg" / MODEL, num_blocks=args.blocks, progress=False)
         manifest = read_manifest(tmp / "reg" / MODEL)
         report["model_bytes"] = manifest.total_bytes
-        for mode in args.modes.split(","):
-            cfg = LocalClusterConfig(
-                num_nodes=args.nodes,
-                link_gbps=args.link_gbps,
-                max_num_seqs=args.max_num_seqs,
-                max_kv_tokens=2048,
-                remote_dir=tmp / "reg",
-            )
-            with LocalCluster(cfg) as cluster:
-                for node in range(args.sources):
-                    seed_disk(cluster, node, MODEL, tmp / "reg" / MODEL, manifest)
-                report["modes"][mode] = asyncio.run(burst(cluster, manifest, mode, args))
-            log.info(
-                "%s: %s",
-                mode,
-                {
-                    k: v
-                    for k, v in report["modes"][mode].items()
-                    if k.startswith(("ttft", "all_", "multicast", "requests_via"))
-                },
-            )
-        if set(MODES) <= set(report["modes"]):
-            m = report["modes"]
-            report["p90_ttft_speedup"] = round(
-                m["stop_the_world"]["ttft_p90_s"] / m["execute_while_load"]["ttft_p90_s"], 3
-            )
-        cold = {}
-        for group in (1, 4):
-            cfg = LocalClusterConfig(
-                num_nodes=group, remote_dir=tmp / "reg", remote_gbps=args.remote_gbps
-            )
-            with LocalCluster(cfg) as cluster:
-                cold[f"workers_{group}_first_token_s"] = round(
-                    asyncio.run(cold_start(cluster, manifest, group)), 4
-                )
-        cold["ratio_1_over_4"] = round(
-            cold["workers_1_first_token_s"] / cold["workers_4_first_token_s"], 3
-        )
-        cold["remote_gbps_per_node"] = args.remote_gbps
-        report["paraserve_cold_start"] = cold
-        log.info("cold start: %s", cold)
+        runs = {k: run_modes(args, tmp, manifest, k) for k in ks}
+        report["machine"] = runs[ks[0]].pop("machine")
+        if len(ks) == 1:
+            report.update(runs[ks[0]])
+        else:
+            report["by_sources"] = {str(k): r for k, r in runs.items()}
+            report["p90_ttft_speedup"] = {
+                str(k): r.get("p90_ttft_speedup") for k, r in runs.items()
+            }
+            report["modes"] = runs[ks[-1]]["modes"]  # the plot shows the largest K
+        if not args.no_cold_start:
+            report["paraserve_cold_start"] = cold_starts(args, tmp, manifest)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.png:
         plot(report, args.png)
+    brief = {
+        m: {k: v for k, v in r.items() if k != "tokens_per_s_timeline"}
+        for m, r in report["modes"].items()
+    }
     print(
         json.dumps(
-            {k: v for k, v in report.items() if k != "modes"}
-            | {
-                "modes": {
-                    m: {k: v for k, v in r.items() if k != "tokens_per_s_timeline"}
-                    for m, r in report["modes"].items()
-                }
-            },
+            {k: v for k, v in report.items() if k not in ("modes", "by_sources")}
+            | {"modes": brief},
             indent=1,
         )
     )
