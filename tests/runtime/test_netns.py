@@ -145,32 +145,53 @@ def test_a_node_frozen_mid_multicast_loses_nothing(make_netns, manifest) -> None
 LAUNCHER = """
 import json, sys, time
 from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
-c = NetnsCluster(NetnsClusterConfig(num_nodes=2, link_gbps=0.1, preload_engine=False))
-c.start()
-print(json.dumps({"prefix": c.prefix, "pids": [p.pid for p in c.procs.values()]}), flush=True)
-time.sleep(120)
+with NetnsCluster(NetnsClusterConfig(num_nodes=2, link_gbps=0.1, preload_engine=False)) as c:
+    print(json.dumps({"prefix": c.prefix, "pids": [p.pid for p in c.procs.values()]}), flush=True)
+    time.sleep(120)
 """
 
 
-@needs_netns
-def test_what_a_killed_launcher_left_is_swept_by_the_next(make_netns) -> None:
+def start_launcher() -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, cwd=REPO
     )
     try:
         started = json.loads(proc.stdout.readline())
-    finally:
-        proc.kill()  # SIGKILL: no cleanup runs in the launcher
+    except BaseException:
+        proc.kill()
         proc.wait(10)
-        proc.stdout.close()
-    prefix = started["prefix"]
-    assert netns.resources(prefix), "the killed launcher had made nothing"
-    make_netns(1)  # a new launcher sweeps at start
-    assert netns.resources(prefix) == []
-    deadline = time.monotonic() + 10
-    while not all(gone(pid) for pid in started["pids"]) and time.monotonic() < deadline:
+        raise
+    assert netns.resources(started["prefix"]), "the launcher had made nothing"
+    return proc, started
+
+
+def wait_gone(pids: list[int], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(gone(pid) for pid in started["pids"]), "an orphaned agent survived the sweep"
+    return all(gone(pid) for pid in pids)
+
+
+@needs_netns
+def test_ctrl_c_removes_everything() -> None:
+    proc, started = start_launcher()
+    proc.send_signal(signal.SIGINT)  # KeyboardInterrupt in the launcher: its `with` stops
+    proc.wait(30)
+    proc.stdout.close()
+    assert netns.resources(started["prefix"]) == [], "Ctrl-C left namespaces, links or cgroups"
+    assert wait_gone(started["pids"], 1.0), "an agent outlived Ctrl-C"
+
+
+@needs_netns
+def test_what_a_killed_launcher_left_is_swept_by_the_next(make_netns) -> None:
+    proc, started = start_launcher()
+    proc.kill()  # SIGKILL: no cleanup runs in the launcher
+    proc.wait(10)
+    proc.stdout.close()
+    assert netns.resources(started["prefix"]), "nothing to sweep: the test proves nothing"
+    make_netns(1)  # a new launcher sweeps at start
+    assert netns.resources(started["prefix"]) == []
+    assert wait_gone(started["pids"]), "an orphaned agent survived the sweep"
 
 
 def test_a_missing_requirement_is_one_clear_error(monkeypatch) -> None:
