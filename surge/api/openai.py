@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from surge.api.chat import ChatTemplates
+from surge.api.logprobs import CompletionLogprobs, chat_logprobs
 from surge.api.protocol import (
     DEFAULT_CHAT_TOKENS,
     DEFAULT_COMPLETION_TOKENS,
@@ -116,8 +117,6 @@ def openai_router(controller: Controller) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request):
         body = parse(CompletionRequest, await request.body())
-        if body.logprobs is not None:
-            raise InvalidInput("logprobs are not supported yet; leave it out", param="logprobs")
         dep = deployment(body.model)
         limit = controller.context_limit(dep)
         prompts, echoes = [], []
@@ -136,8 +135,6 @@ def openai_router(controller: Controller) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = parse(ChatRequest, await request.body())
-        if body.logprobs:
-            raise InvalidInput("logprobs are not supported yet; leave it out", param="logprobs")
         dep = deployment(body.model)
         text = templates.get(dep.name, dep).render([m.for_template() for m in body.messages])
         ids = tokenize(dep, text)
@@ -173,6 +170,23 @@ def openai_router(controller: Controller) -> APIRouter:
             )
         return await whole_answer(call, streams, n)
 
+    def logprob_builders(call: Call, streams: list[RequestStream], n: int) -> list[Any]:
+        """Per choice, a function (start, end) -> its `logprobs` object (None: not asked)."""
+        if call.body.wanted_logprobs() is None:
+            return [None] * len(streams)
+        tok = call.dep.tokenizer
+        out: list[Any] = []
+        for i, s in enumerate(streams):
+            req = s.req
+            if call.chat:
+                out.append(
+                    lambda a, b, r=req: chat_logprobs(tok, r.output_token_ids, r.logprobs, a, b)
+                )
+            else:
+                build = CompletionLogprobs(tok, len(call.echo_texts[i // n]))
+                out.append(lambda a, b, r=req, f=build: f(r.output_token_ids, r.logprobs, a, b))
+        return out
+
     def usage(call: Call, streams: list[RequestStream], n: int) -> dict[str, int]:
         p = sum(len(ids) for ids in call.prompts)
         c = sum(len(s.req.output_token_ids) for s in streams)
@@ -181,18 +195,22 @@ def openai_router(controller: Controller) -> APIRouter:
     async def whole_answer(call: Call, streams: list[RequestStream], n: int) -> Response:
         texts = [[call.echo_texts[i // n]] for i in range(len(streams))]
         reasons = ["stop"] * len(streams)
+        ends = [0] * len(streams)
         async for i, d in merged(streams):
             texts[i].append(d.text)
+            ends[i] = d.num_tokens
             if d.finish_reason:
                 reasons[i] = d.finish_reason
+        builders = logprob_builders(call, streams, n)
         choices = []
         for i, parts in enumerate(texts):
             text = "".join(parts)
+            lp = builders[i](0, ends[i]) if builders[i] else None
             if call.chat:
                 msg = {"role": "assistant", "content": text, "refusal": None}
-                ch = {"index": i, "message": msg, "logprobs": None, "finish_reason": reasons[i]}
+                ch = {"index": i, "message": msg, "logprobs": lp, "finish_reason": reasons[i]}
             else:
-                ch = {"index": i, "text": text, "logprobs": None, "finish_reason": reasons[i]}
+                ch = {"index": i, "text": text, "logprobs": lp, "finish_reason": reasons[i]}
             choices.append(ch)
         out = call.envelope(choices, chunk=False)
         out["usage"] = usage(call, streams, n)
@@ -207,19 +225,24 @@ def openai_router(controller: Controller) -> APIRouter:
                 body["usage"] = None
             return sse(body)
 
-        def choice(i: int, text: str, reason: str | None, first: bool) -> dict[str, Any]:
+        builders = logprob_builders(call, streams, n)
+
+        def choice(
+            i: int, text: str, reason: str | None, first: bool, lp: Any = None
+        ) -> dict[str, Any]:
             if not call.chat:
-                return {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                return {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {}
             if text:
                 delta["content"] = text
-            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": reason}
 
         if call.chat or any(call.echo_texts):
             for i in range(len(streams)):
                 yield chunk([choice(i, call.echo_texts[i // n], None, call.chat)])
         async for i, d in merged(streams):
-            yield chunk([choice(i, d.text, d.finish_reason, False)])
+            lp = builders[i](d.first_token, d.num_tokens) if builders[i] else None
+            yield chunk([choice(i, d.text, d.finish_reason, False, lp)])
         if include_usage:
             last = call.envelope([], chunk=True)
             last["usage"] = usage(call, streams, n)

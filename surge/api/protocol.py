@@ -119,7 +119,12 @@ class _Sampling(_Strict):
             top_k=max(0, self.top_k or 0),
             seed=seed,
             ignore_eos=self.ignore_eos,
+            logprobs=self.wanted_logprobs(),
         ).validate()
+
+    def wanted_logprobs(self) -> int | None:
+        """How many alternatives per token the engine reports (None: no logprobs)."""
+        return None
 
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -177,6 +182,15 @@ class CompletionRequest(_Sampling):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None
     best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _completion(self):
+        if self.echo and self.logprobs is not None:
+            raise ValueError("logprobs with echo is not supported (prompt logprobs); pick one")
+        return self
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
 
     @property
     def prompts(self) -> list[str | list[int]]:
@@ -284,6 +298,9 @@ class ChatRequest(_Sampling):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def max_new_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:

@@ -82,8 +82,10 @@ class Delta:
 
     text: str
     finish_reason: str | None
+    first_token: int
+    """Output position of the first token this delta covers."""
     num_tokens: int
-    """Tokens generated so far."""
+    """Tokens generated so far (the delta covers positions first_token..num_tokens-1)."""
 
 
 async def _next_event(req: Any) -> None:
@@ -108,6 +110,8 @@ class RequestStream:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.cutter = StopCutter(stops)
         self.read = 0
+        self.with_logprobs = req.params.logprobs is not None
+        """Every token then gets a delta (its logprobs go out even before its text)."""
 
     async def deltas(self) -> AsyncIterator[Delta]:
         req = self.req
@@ -115,21 +119,21 @@ class RequestStream:
             await _next_event(req)
             done = req.done.is_set()
             ids = req.output_token_ids
-            new = ids[self.read :]
+            new, first = ids[self.read :], self.read
             self.read = len(ids)
             if done and req.finish_reason == "error":
                 raise Unavailable(f"the request failed: {getattr(req, 'error', None) or 'error'}")
             text, hit = self.cutter.push(self.detok.push(new, final=done), final=done)
             if hit:
                 req.finish("stop_string")
-                yield Delta(text, "stop", self.read)
+                yield Delta(text, "stop", first, self.read)
                 return
             if done:
                 reason = req.finish_reason if req.finish_reason in ("stop", "length") else "stop"
-                yield Delta(text, reason, self.read)
+                yield Delta(text, reason, first, self.read)
                 return
-            if text:
-                yield Delta(text, None, self.read)
+            if text or (new and self.with_logprobs):
+                yield Delta(text, None, first, self.read)
 
 
 def sse(body: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ import torch
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.runner import ModelRunner
-from surge.engine.sampling import Sampler, SamplingParams
+from surge.engine.sampling import Sampler, SamplingParams, TokenLogprobs, token_logprobs
 from surge.engine.scheduler import Scheduler, Sequence
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch
@@ -35,6 +35,8 @@ class TokenEvent:
     token_id: int
     finished: bool
     finish_reason: str | None
+    logprobs: TokenLogprobs | None = None
+    """Only when the request asked (`SamplingParams.logprobs`)."""
 
 
 @dataclass(frozen=True)
@@ -193,18 +195,18 @@ class LLMEngine:
         if step.preempted:
             self.executor.free([seq.seq_id for seq in step.preempted])
         logits = self.executor.forward(step.token_ids, step.batch)
-        tokens = self.sampler(
-            logits, [s.params for s in step.seqs], [s.generator for s in step.seqs]
-        )
+        params = [s.params for s in step.seqs]
+        tokens = self.sampler(logits, params, [s.generator for s in step.seqs])
+        logprobs = token_logprobs(logits, params, tokens)  # nothing unless a request asked
         events, finished = [], []
-        for seq, token in zip(step.seqs, tokens, strict=True):
+        for seq, token, lp in zip(step.seqs, tokens, logprobs, strict=True):
             seq.num_cached = seq.num_tokens
             seq.output_token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 finished.append(seq.seq_id)
-            events.append(TokenEvent(seq.seq_id, token, reason is not None, reason))
+            events.append(TokenEvent(seq.seq_id, token, reason is not None, reason, lp))
         if finished:
             self.executor.free(finished)
         return events

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20
+"""Most alternatives per token (OpenAI's `top_logprobs` cap)."""
+LOGPROB_FLOOR = -9999.0
+"""What -inf becomes (JSON has no infinity), as vLLM does."""
 """Seeds are int64 (what every OpenAI-compatible server and torch's generator take)."""
 
 
@@ -42,6 +46,9 @@ class SamplingParams:
     """Keep generating past the end-of-sequence token."""
     stop_token_ids: tuple[int, ...] = field(default=())
     """Extra token ids that end generation."""
+    logprobs: int | None = None
+    """Return each chosen token's log-probability and this many most likely alternatives
+    (None: none, and no cost)."""
 
     def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
@@ -53,6 +60,8 @@ class SamplingParams:
         if self.top_k < 0:
             raise SurgeError(f"top_k must be >= 0 (got {self.top_k})")
         check_seed(self.seed)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SurgeError(f"logprobs must be in 0..{MAX_LOGPROBS} (got {self.logprobs})")
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -65,6 +74,7 @@ class SamplingParams:
             "seed": self.seed,
             "ignore_eos": self.ignore_eos,
             "stop_token_ids": list(self.stop_token_ids),
+            "logprobs": self.logprobs,
         }
 
     @staticmethod
@@ -76,7 +86,7 @@ class SamplingParams:
         kw = dict(d)
         for name, kinds in _KINDS.items():
             v = kw.get(name)
-            if name == "seed" and v is None:
+            if name in ("seed", "logprobs") and v is None:
                 continue
             if name in kw and (isinstance(v, bool) or not isinstance(v, kinds)):
                 raise SurgeError(f"sampling field {name!r} has a bad value {v!r}")
@@ -105,6 +115,7 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
     "top_p": _NUMBER,
     "top_k": int,
     "seed": int,
+    "logprobs": int,
 }
 """JSON types of the numeric fields (bool is refused although it is an int)."""
 
@@ -144,6 +155,41 @@ def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The log-probability of a chosen token and the `logprobs` most likely tokens, under
+    the model's distribution (before temperature, top-k and top-p, as vLLM reports)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    """(token id, log-probability), most likely first."""
+
+
+def token_logprobs(
+    logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]
+) -> list[TokenLogprobs | None]:
+    """Per row, its `TokenLogprobs` when its request asked (None otherwise). Only rows
+    that asked are computed: a batch without logprobs pays nothing."""
+    import torch
+
+    out: list[TokenLogprobs | None] = [None] * len(tokens)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return out
+    lp = torch.log_softmax(logits[rows].float(), dim=-1).cpu()
+    for j, i in enumerate(rows):
+        k = params[i].logprobs or 0
+        top: tuple[tuple[int, float], ...] = ()
+        if k:
+            vals, ids = torch.topk(lp[j], min(k, lp.shape[-1]))
+            top = tuple(
+                (int(t), max(float(v), LOGPROB_FLOOR))
+                for t, v in zip(ids.tolist(), vals.tolist(), strict=True)
+            )
+        out[i] = TokenLogprobs(max(float(lp[j, tokens[i]]), LOGPROB_FLOOR), top)
+    return out
 
 
 class Sampler:

@@ -362,6 +362,8 @@ class AgentServing:
                         finished=ev.finished,
                         finish_reason=ev.finish_reason,
                         model=inst.model,
+                        logprob=ev.logprobs.logprob if ev.logprobs else None,
+                        top_logprobs=ev.logprobs.top if ev.logprobs else None,
                     )
                 )
 

@@ -22,6 +22,7 @@ from typing import Any
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine, TokenEvent
+from surge.engine.sampling import TokenLogprobs
 from surge.model.manifest import Manifest
 from surge.runtime.client import ClusterClient
 from surge.runtime.engine_loop import run_engine
@@ -117,6 +118,8 @@ class LocalEndpoint(Endpoint):
         req = self.requests.get(ev.req_id)
         if req is None:
             return
+        if ev.logprob is not None:
+            req.add_logprobs(TokenLogprobs(ev.logprob, ev.top_logprobs or ()))
         req.add_token(ev.token, ev.finished, ev.finish_reason)
         if ev.finished:
             del self.requests[req.req_id]
@@ -254,6 +257,8 @@ class PipelineEndpoint(Endpoint):
                 req = group.seqs.get(ev.seq_id)
                 if req is None:
                     continue
+                if ev.logprobs is not None:
+                    req.add_logprobs(ev.logprobs)
                 req.add_token(ev.token_id, ev.finished, ev.finish_reason)
                 if ev.finished:
                     del group.seqs[ev.seq_id]

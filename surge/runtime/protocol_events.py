@@ -106,6 +106,10 @@ class TokenGenerated(Event, name="token"):
     """Why it finished ("stop", "length"; None while it goes on). Always sent."""
     model: str | None = None
     """The instance's model (so a subscriber can ask for one model's tokens)."""
+    logprob: float | None = None
+    """The token's log-probability, only when the request asked (`SamplingParams.logprobs`)."""
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+    """The most likely (token id, log-probability) pairs, when asked."""
 
 
 @dataclass(frozen=True, kw_only=True)

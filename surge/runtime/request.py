@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import SamplingParams, TokenLogprobs
 
 
 @dataclass
@@ -38,6 +38,10 @@ class ServeRequest:
     on_done: Callable[[], None] | None = None
     """Called when the request finishes (the server dispatches queued work then)."""
     error: str | None = None
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    """Output position -> its token's log-probabilities (only when the request asked;
+    keyed by position so a token added without them, e.g. by a KV migration, leaves a
+    gap instead of shifting the rest)."""
     refusals: int = 0
     """How many times an agent refused it (`LocalEndpoint.submit`)."""
     """Why it failed (finish_reason "error"), e.g. an agent refused it."""
@@ -54,6 +58,10 @@ class ServeRequest:
             self.done.set()
             if self.on_done is not None:
                 self.on_done()
+
+    def add_logprobs(self, lp: TokenLogprobs) -> None:
+        """The log-probabilities of the token `add_token` appends next."""
+        self.logprobs[len(self.output_token_ids)] = lp
 
     def fail(self, message: str) -> None:
         """End it with finish_reason "error": it can never be served (the agent refused

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from surge.api.streaming import IncrementalDetokenizer, RequestStream, StopCutter
+from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import build_tokenizer
 
 
@@ -95,6 +96,7 @@ class FakeRequest:
         self.progress, self.done = asyncio.Event(), asyncio.Event()
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.params = SamplingParams()
 
     def add(self, ids: list[int], reason: str | None = None) -> None:
         self.output_token_ids += ids

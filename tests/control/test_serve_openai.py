@@ -227,3 +227,28 @@ def test_chat_history_with_tool_calls(client, reference) -> None:
     assert r.choices[0].message.content == reference(prompt, 6)
     n2 = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, n=2, **GREEDY)
     assert [c.message.content for c in n2.choices] == [reference(prompt, 6)] * 2
+
+
+def test_logprobs_completions_and_chat(client) -> None:
+    kw = {"model": MODEL, "max_tokens": 8, **GREEDY}
+    c = client.completions.create(prompt="The quick brown fox", logprobs=2, **kw).choices[0]
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    assert "".join(lp.tokens) == c.text
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs)
+    # greedy picks the most likely token (two alternatives may decode to the same text,
+    # e.g. halves of one character, and then share one key)
+    assert all(1 <= len(top) <= 2 and max(top.values()) <= v + 1e-5
+               for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))  # fmt: skip
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert client.completions.create(prompt="Hi", **kw).choices[0].logprobs is None
+
+    msgs = [{"role": "user", "content": "Hello!"}]
+    r = client.chat.completions.create(messages=msgs, logprobs=True, top_logprobs=3, **kw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 8 and all(len(t.top_logprobs) == 3 for t in content)
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    chunks = client.chat.completions.create(messages=msgs, logprobs=True, stream=True, **kw)
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.content]  # fmt: skip
+    assert [t.logprob for t in streamed] == [t.logprob for t in content]
