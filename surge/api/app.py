@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.api.admin import admin_router
 from surge.api.openai import openai_router
+from surge.api.protocol import ChatRequest, CompletionRequest
 from surge.control.controller import Controller
 from surge.errors import (
     Conflict,
@@ -128,6 +129,28 @@ class AccessLog:
             )
 
 
+def openapi_with_bodies(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the request bodies of the generation routes (they parse their
+    raw body with `protocol.parse`, so FastAPI cannot see the models itself)."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, model in BODIES.items():
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(body.pop("$defs", {}))
+            comps[model.__name__] = body
+            ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref}},
+            }
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
+
+
 def create_app(controller: Controller, api_key: str | None = None, manage: bool = False) -> FastAPI:
     """The app over `controller`; with `manage`, the app's lifespan starts and stops it."""
 
@@ -178,5 +201,6 @@ def create_app(controller: Controller, api_key: str | None = None, manage: bool 
 
     app.include_router(openai_router(controller))
     app.include_router(admin_router(controller))
+    app.openapi = lambda: openapi_with_bodies(app)  # type: ignore[method-assign]
     app.add_middleware(AccessLog, counter=responses_counter(controller.metrics.registry))
     return app
