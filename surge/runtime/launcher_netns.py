@@ -14,11 +14,12 @@ the next launcher's sweep of prefixes whose pid is gone.
 """
 
 import atexit
+import ipaddress
 import logging
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
 from surge.runtime import netns
@@ -59,7 +60,7 @@ class NetnsCluster(LocalCluster):
         self.prefix = netns.new_prefix()
         self.nets: dict[int, netns.NodeNet] = {}
         self.bridge: str | None = None
-        self.subnet = None
+        self.subnet: ipaddress.IPv4Network | None = None
 
     @property
     def cores_per_node(self) -> float | None:
@@ -103,13 +104,11 @@ class NetnsCluster(LocalCluster):
     def agent_config(self, node: int) -> AgentConfig:
         base = super().agent_config(node)
         # The kernel shapes the links; the agent's token buckets would only double-count.
-        return AgentConfig(
-            **{
-                **base.__dict__,
-                "host": self.nets[node].address if node in self.nets else base.host,
-                "egress_gbps": None,
-                "ingress_gbps": None,
-            }
+        return replace(
+            base,
+            host=self.nets[node].address if node in self.nets else base.host,
+            egress_gbps=None,
+            ingress_gbps=None,
         )
 
     def set_link(self, node: int, up: bool) -> None:
