@@ -213,7 +213,8 @@ def main() -> None:
     for name, report in (("constant", constant), ("replay", replay)):
         errored = report["benchmarks"][0]["requests"].get("errored") or []
         if errored:  # the client's requests must all be served, or the percentiles lie
-            raise SystemExit(f"error: {len(errored)} {name} requests failed: {errored[0].get('info')}")
+            first = errored[0].get("info")
+            raise SystemExit(f"error: {len(errored)} {name} requests failed: {first}")
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "settings": {
