@@ -26,48 +26,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.api.admin import admin_router
+from surge.api.error_map import body, classify
 from surge.api.openai import openai_router
 from surge.api.protocol import ChatRequest, CompletionRequest
 from surge.control.controller import Controller
-from surge.errors import (
-    Conflict,
-    InvalidInput,
-    NotFound,
-    Overloaded,
-    SurgeError,
-    Unavailable,
-)
+from surge.errors import SurgeError
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("surge.access")
-
-ERRORS: list[tuple[type[SurgeError], int, str, str | None]] = [
-    (Overloaded, 429, "rate_limit_error", "rate_limit_exceeded"),
-    (Unavailable, 503, "server_error", "service_unavailable"),
-    (NotFound, 404, "invalid_request_error", "not_found"),
-    (Conflict, 409, "invalid_request_error", "conflict"),
-    (InvalidInput, 400, "invalid_request_error", None),
-    (SurgeError, 400, "invalid_request_error", None),
-]
-"""Exception class -> (HTTP status, OpenAI error type, default code); first match wins."""
 
 
 def error_response(
     status: int, message: str, kind: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
-
-
-def surge_error_response(e: SurgeError) -> JSONResponse:
-    status, kind, code = next((s, k, c) for cls, s, k, c in ERRORS if isinstance(e, cls))
-    r = error_response(
-        status, str(e), kind, getattr(e, "param", None), getattr(e, "code", None) or code
-    )
-    retry = getattr(e, "retry_after_s", None)
-    if retry is not None:
-        r.headers["Retry-After"] = str(max(1, round(retry)))
-    return r
+    return JSONResponse(body(message, kind, param, code), status_code=status)
 
 
 _COUNTERS: "weakref.WeakKeyDictionary[CollectorRegistry, Counter]" = weakref.WeakKeyDictionary()
@@ -169,7 +141,8 @@ def create_app(controller: Controller, api_key: str | None = None, manage: bool 
 
     @app.exception_handler(SurgeError)
     async def _surge_error(request: Request, e: SurgeError):
-        return surge_error_response(e)
+        status, content, headers = classify(e)
+        return JSONResponse(content, status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError):

@@ -8,7 +8,6 @@ SSE chunks ending `data: [DONE]`. Every request handed to the controller is hand
 with `controller.finished` whatever happens. Owned by the API layer.
 """
 
-import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from surge.api.chat import ChatTemplates
+from surge.api.error_map import error_body
 from surge.api.logprobs import CompletionLogprobs, chat_logprobs
 from surge.api.protocol import (
     DEFAULT_CHAT_TOKENS,
@@ -28,9 +28,20 @@ from surge.api.protocol import (
     CompletionRequest,
     parse,
 )
-from surge.api.streaming import SSE_DONE, Delta, IncrementalDetokenizer, RequestStream, sse
+from surge.api.streaming import (
+    SSE_DONE,
+    SSE_KEEPALIVE,
+    IncrementalDetokenizer,
+    RequestStream,
+    merged,
+    sse,
+)
 from surge.control.controller import Controller, Deployment
-from surge.errors import InvalidInput, NotFound
+from surge.errors import InvalidInput, NotFound, SurgeError
+
+KEEPALIVE_S = 5.0
+"""A streamed request with nothing to send for this long gets an SSE comment, so proxies
+and clients keep the connection while it is held (a scale-out from zero)."""
 
 
 @dataclass
@@ -196,7 +207,8 @@ def openai_router(controller: Controller) -> APIRouter:
         texts = [[call.echo_texts[i // n]] for i in range(len(streams))]
         reasons = ["stop"] * len(streams)
         ends = [0] * len(streams)
-        async for i, d in merged(streams):
+        async for i, d in merged(streams, controller.finished):
+            assert d is not None  # no keep-alive ticks asked
             texts[i].append(d.text)
             ends[i] = d.num_tokens
             if d.finish_reason:
@@ -240,54 +252,21 @@ def openai_router(controller: Controller) -> APIRouter:
         if call.chat or any(call.echo_texts):
             for i in range(len(streams)):
                 yield chunk([choice(i, call.echo_texts[i // n], None, call.chat)])
-        async for i, d in merged(streams):
-            lp = builders[i](d.first_token, d.num_tokens) if builders[i] else None
-            yield chunk([choice(i, d.text, d.finish_reason, False, lp)])
+        try:
+            async for i, d in merged(streams, controller.finished, KEEPALIVE_S):
+                if d is None:  # held (e.g. for a scale-out from zero): keep the stream open
+                    yield SSE_KEEPALIVE
+                    continue
+                lp = builders[i](d.first_token, d.num_tokens) if builders[i] else None
+                yield chunk([choice(i, d.text, d.finish_reason, False, lp)])
+        except SurgeError as e:  # the status is sent already: the error goes in the stream
+            yield sse(error_body(e))
+            yield SSE_DONE
+            return
         if include_usage:
             last = call.envelope([], chunk=True)
             last["usage"] = usage(call, streams, n)
             yield sse(last)
         yield SSE_DONE
-
-    async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Delta]]:
-        """Every choice's deltas as they come, tagged with the choice's index; each request
-        is handed back to the controller at the end, however it ends."""
-        status = {id(s): "ok" for s in streams}
-        queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
-
-        async def pump(i: int, s: RequestStream) -> None:
-            try:
-                async for d in s.deltas():
-                    await queue.put((i, d))
-            except Exception as e:
-                await queue.put((i, e))
-            finally:
-                await queue.put((i, None))
-
-        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-        try:
-            left = len(streams)
-            while left:
-                i, got = await queue.get()
-                if got is None:
-                    left -= 1
-                elif isinstance(got, BaseException):
-                    status[id(streams[i])] = "error"
-                    raise got
-                else:
-                    yield i, got
-        except BaseException:
-            for s in streams:
-                if status[id(s)] == "ok":
-                    status[id(s)] = "cancelled"
-            raise
-        finally:
-            for t in tasks:
-                t.cancel()
-            for s in streams:
-                st = status[id(s)]
-                if st == "ok" and s.req.finish_reason == "abort":
-                    st = "aborted"
-                controller.finished(s.req, st)
 
     return router

@@ -10,11 +10,11 @@ cuts it at the first stop string, and holds back what could still be the start o
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from surge.errors import Unavailable
+from surge.errors import SurgeError, Unavailable
 
 REPLACEMENT = "\ufffd"
 """What a decoder yields for an incomplete UTF-8 sequence: wait for more tokens."""
@@ -122,6 +122,9 @@ class RequestStream:
             new, first = ids[self.read :], self.read
             self.read = len(ids)
             if done and req.finish_reason == "error":
+                exc = getattr(req, "exception", None)  # the controller's reason (hold timeout)
+                if isinstance(exc, SurgeError):
+                    raise exc
                 raise Unavailable(f"the request failed: {getattr(req, 'error', None) or 'error'}")
             text, hit = self.cutter.push(self.detok.push(new, final=done), final=done)
             if hit:
@@ -136,9 +139,63 @@ class RequestStream:
                 yield Delta(text, None, first, self.read)
 
 
+async def merged(
+    streams: list[RequestStream],
+    finished: Callable[[Any, str], None],
+    keepalive_s: float | None = None,
+) -> AsyncIterator[tuple[int, Delta | None]]:
+    """Every choice's deltas as they come, tagged with the choice's index; with
+    `keepalive_s`, (-1, None) whenever nothing came for that long. Each request is handed
+    to `finished(req, status)` at the end, however it ends (status "ok", "aborted",
+    "error" or "cancelled")."""
+    status = {id(s): "ok" for s in streams}
+    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        try:
+            async for d in s.deltas():
+                await queue.put((i, d))
+        except Exception as e:
+            await queue.put((i, e))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            try:
+                i, got = await asyncio.wait_for(queue.get(), keepalive_s)
+            except TimeoutError:
+                yield -1, None
+                continue
+            if got is None:
+                left -= 1
+            elif isinstance(got, BaseException):
+                status[id(streams[i])] = "error"
+                raise got
+            else:
+                yield i, got
+    except BaseException:
+        for s in streams:
+            if status[id(s)] == "ok":
+                status[id(s)] = "cancelled"
+        raise
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            st = status[id(s)]
+            if st == "ok" and s.req.finish_reason == "abort":
+                st = "aborted"
+            finished(s.req, st)
+
+
 def sse(body: dict[str, Any]) -> str:
     """One Server-Sent Events frame."""
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
+SSE_KEEPALIVE = ": keep-alive\n\n"
+"""An SSE comment: clients ignore it, connections stay open."""

@@ -40,3 +40,46 @@ def test_errors_by_type_and_one_access_line(caplog) -> None:
     assert len(lines) == 1 and '"POST /v1/completions" 404' in lines[0]
     r = c.get("/v1/nothing")
     assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+
+
+def _refusing_client(tok):
+    """A stand-in controller whose every request ends refused (as a hold timeout does)."""
+    import asyncio
+
+    from surge.engine.sampling import SamplingParams
+    from surge.errors import Unavailable
+
+    class Refused:
+        def __init__(self, params: SamplingParams) -> None:
+            self.params, self.output_token_ids = params, []
+            self.progress, self.done = asyncio.Event(), asyncio.Event()
+            self.exception = Unavailable("held past hold_timeout_s", retry_after_s=2)
+            self.finish_reason = "error"
+            self.done.set()
+
+    async def submit(dep, ids, params):
+        return Refused(params)
+
+    controller = MagicMock()
+    controller.metrics.registry = CollectorRegistry()
+    dep = MagicMock()
+    dep.name, dep.tokenizer, dep.manifest.arch.vocab_size = "m", tok, 400
+    controller.deployments = {"m": dep}
+    controller.context_limit.return_value = 256
+    controller.submit = submit
+    return TestClient(create_app(controller)), controller
+
+
+def test_a_refused_request_is_503_or_an_error_event_in_the_stream() -> None:
+    from surge.model.tokenizer import build_tokenizer
+
+    c, controller = _refusing_client(build_tokenizer(400))
+    body = {"model": "m", "prompt": "hello", "max_tokens": 4}
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert r.json()["error"]["code"] == "service_unavailable"
+    r = c.post("/v1/completions", json={**body, "stream": True})
+    assert r.status_code == 200  # the status went out before the refusal
+    frames = [x for x in r.text.split("\n\n") if x]
+    assert '"service_unavailable"' in frames[-2] and frames[-1] == "data: [DONE]"
+    assert controller.finished.call_count == 2  # every request handed back

@@ -148,3 +148,48 @@ def test_a_failed_request_ends_the_stream_with_its_reason(tok) -> None:
 
     with pytest.raises(Unavailable, match="seed"):
         asyncio.run(asyncio.wait_for(run(), 5))
+
+
+def test_merged_ticks_while_held_and_hands_every_request_back(tok) -> None:
+    from surge.api.streaming import merged
+
+    async def run():
+        held, quick = FakeRequest(), FakeRequest()
+        streams = [RequestStream(held, tok, []), RequestStream(quick, tok, [])]
+        finished: list[str] = []
+        out = []
+
+        async def later():
+            quick.add(tok.encode("hi").ids, "stop")
+            await asyncio.sleep(0.25)  # held, as for a scale-out from zero
+            held.add(tok.encode("yo").ids, "length")
+
+        task = asyncio.ensure_future(later())
+        async for i, d in merged(streams, lambda r, st: finished.append(st), 0.05):
+            out.append((i, d))
+        await task
+        return out, finished
+
+    out, finished = asyncio.run(run())
+    ticks = [x for x in out if x[1] is None]
+    assert len(ticks) >= 2 and all(i == -1 for i, _ in ticks)
+    texts = {i: d.text for i, d in out if d is not None}
+    assert texts == {0: "yo", 1: "hi"} and finished == ["ok", "ok"]
+
+
+def test_a_refused_request_raises_the_controllers_error(tok) -> None:
+    from surge.api.streaming import merged
+    from surge.errors import Unavailable
+
+    async def run():
+        req = FakeRequest()
+        req.exception = Unavailable("held past hold_timeout_s", retry_after_s=3)
+        req.finish("error")
+        finished: list[str] = []
+        with pytest.raises(Unavailable) as e:
+            async for _ in merged([RequestStream(req, tok, [])], lambda r, s: finished.append(s)):
+                pass
+        return e.value, finished
+
+    err, finished = asyncio.run(run())
+    assert err.retry_after_s == 3 and finished == ["error"]
