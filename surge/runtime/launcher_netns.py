@@ -41,6 +41,10 @@ class NetnsClusterConfig(LocalClusterConfig):
     """Packets dropped at random on every node's egress (tc netem)."""
     cpu_cores_per_node: float | None = None
     """CPU quota of each node (None: this machine's cores / num_nodes; 0: no quota)."""
+    host_groups: tuple[tuple[int, ...], ...] = ()
+    """Nodes of one group reach each other over a fast link of their own (`group_gbps`)
+    that bypasses their NIC caps: GPUs of one host over NVLink."""
+    group_gbps: float = 40.0
 
 
 def require_netns(cpu_quota: bool = True) -> None:
@@ -71,6 +75,11 @@ class NetnsCluster(LocalCluster):
 
     def start(self) -> None:
         require_netns(self.cores_per_node is not None)
+        grouped = [n for g in self.config.host_groups for n in g]
+        if len(grouped) != len(set(grouped)) or not set(grouped) <= set(
+            range(self.config.num_nodes)
+        ):
+            raise SurgeError(f"host groups {self.config.host_groups} must be disjoint node ids")
         netns.sweep_stale()
         atexit.register(self.stop)
         self.subnet = netns.free_subnet(os.getpid() * 16 + int(self.prefix[-1], 16))
@@ -82,6 +91,8 @@ class NetnsCluster(LocalCluster):
             eg, ig = cfg.caps(node)
             netns.shape_link(nn.node_dev, nn.netns, eg, cfg.latency_ms, cfg.loss_pct)
             netns.shape_link(nn.host_dev, None, ig)
+        for group in cfg.host_groups:
+            self._group(group)
         threads = cfg.threads_per_agent or max(1, round(self.cores_per_node or 1))
         env = agent_env(self.token, threads)
         for node, nn in self.nets.items():
@@ -100,6 +111,19 @@ class NetnsCluster(LocalCluster):
             "netns cluster %s: %d nodes on %s, %s cores each",
             self.prefix, cfg.num_nodes, self.subnet, self.cores_per_node,
         )  # fmt: skip
+
+    def _group(self, group: tuple[int, ...]) -> None:
+        cfg = self.config
+        for node in group:
+            nn = self.nets[node]
+            mates = [self.nets[m].address for m in group if m != node]
+            eg, ig = cfg.caps(node)
+            # The fast class hangs off the htb root, so a capped link is needed to hang it on;
+            # an uncapped direction is fast already.
+            if eg is not None:
+                netns.fast_path(nn.node_dev, nn.netns, "dst", mates, cfg.group_gbps)
+            if ig is not None:
+                netns.fast_path(nn.host_dev, None, "src", mates, cfg.group_gbps)
 
     def agent_config(self, node: int) -> AgentConfig:
         base = super().agent_config(node)

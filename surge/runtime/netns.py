@@ -236,6 +236,8 @@ def shape_link(
 ) -> None:
     """Shape what leaves `dev`: htb at `gbps` (None: unlimited), then netem delay/loss."""
     tc = ["tc", "-n", netns] if netns else ["tc"]
+    # Re-shaping replaces the whole tree (root qdisc, classes, filters).
+    _run(*tc, "qdisc", "del", "dev", dev, "root", check=False)
     netem = []
     if latency_ms > 0:
         netem += ["delay", f"{latency_ms}ms"]
@@ -302,3 +304,16 @@ def resources(prefix: str) -> list[str]:
     """Namespaces, links and cgroups named `prefix`* that exist now (tests: nothing leaked)."""
     names = _netns_names() + _link_names() + [g.name for g in _cgroup_dirs()]
     return [n for n in names if n.startswith(prefix)]
+
+
+def fast_path(dev: str, netns: str | None, match: str, peers: list[str], gbps: float) -> None:
+    """Traffic on `dev` to (`match` "dst") or from ("src") `peers` bypasses the node's link
+    cap in a class of its own at `gbps`: a host group's fast link (the NVLink analogue)."""
+    tc = ["tc", "-n", netns] if netns else ["tc"]
+    kbit = f"{max(16, int(gbps * 1e6))}kbit"
+    burst = ["burst", str(max(65536, int(gbps * 1e9 / 8 / 1000)))]
+    _run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:30", "htb",
+         "rate", kbit, "ceil", kbit, *burst)  # fmt: skip
+    for peer in peers:
+        _run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "0",
+             "u32", "match", "ip", match, f"{peer}/32", "flowid", "1:30")  # fmt: skip

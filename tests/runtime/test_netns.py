@@ -114,6 +114,59 @@ def test_a_shaped_three_node_cluster_multicasts_token_exact_at_the_tc_rate(
     assert 0.95 * floor_s <= result.complete_s <= 2.5 * floor_s + 1.0, (result.complete_s, floor_s)
 
 
+SINK = """
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+n = 0
+while n < int(sys.argv[2]):
+    n += len(c.recv(1 << 20))
+c.sendall(b"k")
+"""
+SEND = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+t = time.monotonic()
+c.sendall(bytes(int(sys.argv[3])))
+c.recv(1)
+print(time.monotonic() - t)
+"""
+
+
+def tcp_seconds(cluster: NetnsCluster, src: int, dst: int, num_bytes: int) -> float:
+    """Seconds to send `num_bytes` over one TCP connection from node src to node dst."""
+
+    def in_node(node: int, code: str, *args: object) -> subprocess.Popen:
+        argv = [sys.executable, "-c", code, *map(str, args)]
+        cmd = ["ip", "netns", "exec", cluster.nets[node].netns, *argv]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+    sink = in_node(dst, SINK, cluster.nets[dst].address, num_bytes)
+    try:
+        port = int(sink.stdout.readline())
+        send = in_node(src, SEND, cluster.nets[dst].address, port, num_bytes)
+        out, _ = send.communicate(timeout=30)
+        return float(out)
+    finally:
+        sink.kill()
+        sink.wait(10)
+        sink.stdout.close()
+
+
+@needs_netns
+def test_a_host_group_has_a_fast_link_of_its_own(make_netns) -> None:
+    gbps, num_bytes = 0.05, 4_000_000
+    cluster = make_netns(3, link_gbps=gbps, host_groups=((0, 1),), cpu_cores_per_node=0)
+    floor_s = num_bytes * 8 / (gbps * 1e9)
+    across = tcp_seconds(cluster, 0, 2, num_bytes)
+    within = tcp_seconds(cluster, 0, 1, num_bytes)
+    assert 0.85 * floor_s <= across <= 2 * floor_s, (across, floor_s)
+    assert within < across / 5, (within, across)
+
+
 @needs_netns
 def test_a_link_down_mid_multicast_loses_nothing(make_netns, manifest) -> None:
     cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
