@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from surge.api.chat import ChatTemplates
 from surge.api.error_map import error_body
@@ -33,6 +34,7 @@ from surge.api.streaming import (
     SSE_KEEPALIVE,
     IncrementalDetokenizer,
     RequestStream,
+    hand_back,
     merged,
     sse,
 )
@@ -97,7 +99,6 @@ def check_prompt_ids(dep: Deployment, ids: list[int], limit: int, param: str = "
 def openai_router(controller: Controller) -> APIRouter:
     router = APIRouter()
     templates = ChatTemplates(controller.registry)
-    router.templates = templates  # type: ignore[attr-defined]  (tests read `loads`)
 
     def deployment(name: str) -> Deployment:
         dep = controller.deployments.get(name)
@@ -177,7 +178,9 @@ def openai_router(controller: Controller) -> APIRouter:
         streams = [RequestStream(r, call.dep.tokenizer, body.stops) for r in reqs]
         if body.stream:
             return StreamingResponse(
-                stream_events(call, streams, n), media_type="text/event-stream"
+                stream_events(call, streams, n),
+                media_type="text/event-stream",
+                background=BackgroundTask(hand_back, streams, controller.finished),
             )
         return await whole_answer(call, streams, n)
 

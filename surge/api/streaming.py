@@ -110,6 +110,8 @@ class RequestStream:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.cutter = StopCutter(stops)
         self.read = 0
+        self.handed_back = False
+        """`finished` was called for its request (by `merged` or `hand_back`)."""
         self.with_logprobs = req.params.logprobs is not None
         """Every token then gets a delta (its logprobs go out even before its text)."""
 
@@ -188,7 +190,18 @@ async def merged(
             st = status[id(s)]
             if st == "ok" and s.req.finish_reason == "abort":
                 st = "aborted"
-            finished(s.req, st)
+            if not s.handed_back:
+                s.handed_back = True
+                finished(s.req, st)
+
+
+def hand_back(streams: list[RequestStream], finished: Callable[[Any, str], None]) -> None:
+    """Hand back the requests `merged` never got to (a client gone before its stream
+    started iterating), so none stays ongoing."""
+    for s in streams:
+        if not s.handed_back:
+            s.handed_back = True
+            finished(s.req, "cancelled")
 
 
 def sse(body: dict[str, Any]) -> str:

@@ -193,3 +193,22 @@ def test_a_refused_request_raises_the_controllers_error(tok) -> None:
 
     err, finished = asyncio.run(run())
     assert err.retry_after_s == 3 and finished == ["error"]
+
+
+def test_hand_back_covers_streams_never_iterated(tok) -> None:
+    from surge.api.streaming import hand_back, merged
+
+    async def run():
+        a, b = FakeRequest(), FakeRequest()
+        a.add([5], "stop")
+        streams = [RequestStream(a, tok, []), RequestStream(b, tok, [])]
+        got: list[tuple[object, str]] = []
+        it = merged(streams[:1], lambda r, s: got.append((r, s)))
+        async for _ in it:
+            pass
+        hand_back(streams, lambda r, s: got.append((r, s)))  # b was never streamed
+        hand_back(streams, lambda r, s: got.append((r, s)))  # idempotent
+        return a, b, got
+
+    a, b, got = asyncio.run(run())
+    assert got == [(a, "ok"), (b, "cancelled")]
