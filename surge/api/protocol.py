@@ -58,7 +58,7 @@ class _Sampling(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
-    """An end-user id (logged in the access log, nothing else)."""
+    """An end-user id: accepted, as OpenAI takes it (surge keeps no per-user state)."""
     ignore_eos: bool = False
     """vLLM's extension: keep generating past the end-of-sequence token."""
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
