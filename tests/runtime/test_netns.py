@@ -298,3 +298,52 @@ def test_serve_rejects_a_bad_cluster_in_one_line(args, message) -> None:
         timeout=60,
     )
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@needs_netns
+@pytest.mark.parametrize("fault", ["link_down", "sigstop"])
+def test_a_pipeline_member_cut_off_mid_generation_loses_nothing(
+    fault, make_netns, manifest, tiny_hf
+) -> None:
+    from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+    from surge.runtime.server import Server
+    from tests.runtime.test_serving import PROMPTS, check_against_reference, ready_cluster
+
+    cluster = make_netns(3, link_gbps=0.5, preload_engine=True, cpu_cores_per_node=0)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+
+    async def cut(node: int, off: bool) -> None:
+        if fault == "link_down":
+            cluster.set_link(node, up=not off)
+        else:
+            os.kill(cluster.procs[node].pid, signal.SIGSTOP if off else signal.SIGCONT)
+
+    async def run():
+        client = await ready_cluster(cluster, manifest)
+        server = Server(client, MODEL)
+        try:
+            local = LocalEndpoint(client, 0, MODEL, "local-0")
+            await local.open()
+            ep = PipelineEndpoint(client, manifest, MODEL, "p", [(1, 0, 2), (2, 2, 4)])
+            await ep.open()
+            await server.add_endpoint(ep)
+            reqs = [server.new_request(p, params) for p in PROMPTS]
+            for r in reqs:
+                await server.submit(r)
+            while min(len(r.output_token_ids) for r in reqs) < 5:
+                await asyncio.sleep(0.01)
+            await server.add_endpoint(local)  # somewhere to go if the pipeline is retired
+            await cut(2, off=True)
+            cut_off = [r.req_id for r in reqs if not r.done.is_set()]
+            await asyncio.sleep(1.0)
+            await cut(2, off=False)
+            await server.wait_all(60)
+            return reqs, cut_off
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, cut_off = asyncio.run(run())
+    assert cut_off, "every request had finished before the fault: it tested nothing"
+    assert all(r.hops[0] == "p" for r in reqs)
+    check_against_reference(tiny_hf, reqs, 40)
