@@ -6,9 +6,13 @@ Ctrl-C (or SIGTERM) stops the server, the controller and every agent it started.
 """
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
 import os
+import signal
+import socket
 import sys
 import tomllib
 from pathlib import Path
@@ -181,11 +185,41 @@ def serve(
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
     cfg["cluster"] = cluster
-    asyncio.run(_serve(cfg, num_nodes, port_, deployments, strategy_))
+    # Bind before anything starts: a busy port is one error line, not a started cluster.
+    sock = bind_listener(cfg.get("host", "127.0.0.1"), port_)
+    # Agents inherit SIGINT ignored: a terminal's Ctrl-C reaches the whole process group,
+    # and agents it killed would leave their shared memory to their resource trackers
+    # ("leaked shared_memory" warnings) and look like failed nodes to the controller. This
+    # process handles SIGINT again once they are spawned, and stops them itself (SIGTERM).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        asyncio.run(_serve(cfg, num_nodes, sock, deployments, strategy_))
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sock.close()
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port for the API, or one `SurgeError` line saying why not."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        why = os.strerror(e.errno) if e.errno else str(e)
+        hint = (
+            "; stop what listens there or pick another --port (0: any free port)"
+            if e.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise SurgeError(f"cannot listen on {host}:{port}: {why}{hint}") from None
+
+
+SHUTDOWN_GRACE_S = 5.0
+"""On Ctrl-C, how long open responses may finish before they are cut."""
 
 
 async def _serve(
-    cfg: dict[str, Any], num_nodes: int, port: int, deployments: list, strategy: str
+    cfg: dict[str, Any], num_nodes: int, sock: socket.socket, deployments: list, strategy: str
 ) -> None:
     import uvicorn
 
@@ -206,32 +240,35 @@ async def _serve(
         ray_address=cfg.get("ray_address"),
         cluster=cfg.get("cluster", "loopback"),
     )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
     controller = Controller(ccfg)
     try:
-        await controller.start()
-        for d in deployments:
-            if d["name"] not in controller.deployments:
-                await controller.create(d)
-        if not controller.deployments:
-            store = await asyncio.to_thread(default_store)
-            await controller.create(
-                {"name": DEFAULT_MODEL_NAME, "model": str(store), "strategy": strategy}
-            )
+        start = loop.create_task(controller.start())
+        while not start.done() and not _agents_spawned(controller, num_nodes):
+            await asyncio.sleep(0.01)
+        loop.add_signal_handler(signal.SIGINT, stop.set)  # agents have SIGINT ignored now
+        await _until(start, stop)
+        setup = loop.create_task(
+            _deploy(controller, deployments, strategy, default_store, DEFAULT_MODEL_NAME)
+        )
+        await _until(setup, stop)
         app = create_app(controller, cfg.get("api_key"))
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
-                host=cfg.get("host", "127.0.0.1"),
-                port=port,
                 log_level="warning",
                 lifespan="off",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             )
         )
-        task = asyncio.get_running_loop().create_task(server.serve())
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        task = loop.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            bound = server.servers[0].sockets[0].getsockname()
+            bound = sock.getsockname()
             print(
                 json.dumps(
                     {
@@ -245,9 +282,53 @@ async def _serve(
                 ),
                 flush=True,
             )
+        waiter = loop.create_task(stop.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        server.should_exit = True
         await task
-        if not server.started:
-            raise SurgeError(f"cannot listen on {cfg.get('host', '127.0.0.1')}:{port}")
+    except _Stopped:
+        pass  # Ctrl-C before the API was up: stop what started, quietly
     finally:
         await controller.stop()
         sys.stdout.flush()
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM arrived while starting."""
+
+
+def _agents_spawned(controller: Any, num_nodes: int) -> bool:
+    """Every agent process of a local launcher exists (they inherited SIGINT ignored); other
+    launchers are waited for until the controller has started."""
+    procs = getattr(controller.cluster, "procs", None)
+    return isinstance(procs, dict) and len(procs) >= num_nodes
+
+
+async def _until(task: asyncio.Task, stop: asyncio.Event):
+    """Wait for `task`; cancel it and raise `_Stopped` if `stop` is set first."""
+    waiter = asyncio.get_running_loop().create_task(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise _Stopped
+        result = task.result()
+        if stop.is_set():
+            raise _Stopped
+        return result
+    finally:
+        waiter.cancel()
+
+
+async def _deploy(controller, deployments: list, strategy: str, default_store, default_name):
+    """The configured deployments not stored yet, else the default tiny model."""
+    known = {d["name"] for d in controller.describe_all()}
+    for d in deployments:
+        if d["name"] not in known:
+            await controller.create(d)
+    if not controller.deployments:
+        store = await asyncio.to_thread(default_store)
+        await controller.create({"name": default_name, "model": str(store), "strategy": strategy})

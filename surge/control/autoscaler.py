@@ -12,7 +12,6 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -149,6 +148,15 @@ async def start_scale_out(
         result.num_kv_migrated, result.num_live_prefilled = ctx.kv_migrated, ctx.live_prefilled
 
 
+async def _first_endpoint(dep: Deployment, t0_s: float, poll_s: float = 0.005) -> float:
+    """Seconds from `t0_s` until an endpoint not there at the start serves `dep` (a
+    pipeline or a local instance): the scale-out's first-endpoint phase."""
+    before = set(dep.server.endpoints)
+    while not set(dep.server.endpoints) - before:
+        await asyncio.sleep(poll_s)
+    return time.monotonic() - t0_s
+
+
 def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
     """The deployment as `policy.autoscale` sees it: its instances (loading until their
     endpoint is up; a multicast source is busy) and the requests waiting for one — at the
@@ -180,10 +188,13 @@ class Autoscaler:
         deployments: dict[str, Deployment],
         copies: Copies,
         live_nodes: Callable[[], list[int]],
+        load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
         self.config, self.engine, self.deployments = config, engine, deployments
         self.copies, self.live_nodes = copies, live_nodes
+        self.load_failed = load_failed
+        """Told of a failed scale-out (it checks the store; a bad one fails the deployment)."""
         self.nic_load: dict[int, int] = {}
         """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
         self._wake = asyncio.Event()
@@ -196,8 +207,13 @@ class Autoscaler:
         """Tick every `tick_s` until cancelled; a failing tick is logged, not fatal."""
         last_s = time.monotonic()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
+            # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow a cancel that
+            # lands as its timeout fires, and the controller's stop would wait forever.
+            waiter = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=self.config.tick_s)
+            finally:
+                waiter.cancel()
             self._wake.clear()
             now_s = time.monotonic()
             dt_s, last_s = now_s - last_s, now_s
@@ -209,6 +225,8 @@ class Autoscaler:
     async def tick(self, now_s: float, dt_s: float) -> None:
         self.metrics.nodes_up.set(len(self.live_nodes()))
         for dep in list(self.deployments.values()):
+            if dep.failure is not None:
+                continue
             self._observe(dep, now_s, dt_s)
             await self._autoscale(dep, now_s)
             if not dep.restoring and not self.copies.invariant_holds(dep):
@@ -231,8 +249,18 @@ class Autoscaler:
             if ep is not None:  # a serving instance keeps its node's host copy in use
                 dep.host_last_used_s[inst.node] = now_s
         serving = len(dep.serving())
-        m.queue.labels(name).set(len(dep.server.queue))
+        queued = len(dep.server.queue)
+        m.queue.labels(name).set(queued)
         m.ongoing.labels(name).set(len(dep.requests))
+        waiting = {id(r) for r in dep.server.queue}
+        running = [r for r in dep.requests.values() if not r.done.is_set() and id(r) not in waiting]
+        m.vllm_running.labels(name).set(len(running))
+        m.vllm_waiting.labels(name).set(queued)
+        # Approximate: tokens held by running requests over the serving instances' KV
+        # capacity (the agents do not report their page tables).
+        kv_tokens = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in running)
+        capacity = serving * self.engine.max_kv_tokens
+        m.vllm_kv_usage.labels(name).set(min(1.0, kv_tokens / capacity) if capacity else 0.0)
         m.instances.labels(name).set(serving)
         m.loading.labels(name).set(len(dep.instances) - serving)
         m.pipelines.labels(name).set(dep.num_pipelines())
@@ -254,6 +282,7 @@ class Autoscaler:
 
     def _scale_out(self, dep: Deployment, count: int) -> None:
         """Place `count` new instances by `policy.placement` and start their scale-out."""
+        t0_s = time.monotonic()
         hosts = set(self.pool.complete(dep.name, "host"))
         slots = self.config.slots_per_node
         machines = [
@@ -279,7 +308,8 @@ class Autoscaler:
         owns_multicast = not dep.multicasting
         dep.multicasting = True
         dep.num_scale_outs += 1
-        dep.spawn(self._run_scale_out(dep, dests, owns_multicast))
+        placement_s = time.monotonic() - t0_s
+        dep.spawn(self._run_scale_out(dep, dests, owns_multicast, placement_s))
 
     def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
         def book(node: int) -> bool:
@@ -320,14 +350,18 @@ class Autoscaler:
             if inst is not None:
                 inst.num_sending = max(0, inst.num_sending + delta)
 
-    async def _run_scale_out(self, dep: Deployment, dests: list[int], owns_multicast: bool) -> None:
-        """One scale-out and its bookkeeping (metrics, NIC load, slots that never came up)."""
+    async def _run_scale_out(
+        self, dep: Deployment, dests: list[int], owns_multicast: bool, placement_s: float = 0.0
+    ) -> None:
+        """One scale-out and its bookkeeping (metrics and phases, NIC load, slots that never
+        came up); a failure is handed to `load_failed` (a damaged store fails the model)."""
         name, m = dep.name, self.metrics
         in_flight = len(dests) * dep.manifest.num_blocks
         m.blocks_in_flight.labels(name).inc(in_flight)
         result = ScaleOutResult()
         booked: list[int] = []  # spare slots the scale-out took (ParaServe group members)
         t0_s = time.monotonic()
+        first = asyncio.get_running_loop().create_task(_first_endpoint(dep, t0_s))
         try:
             await start_scale_out(
                 self.client,
@@ -343,10 +377,20 @@ class Autoscaler:
             kind = result.kind or "unknown"
             dep.last_start = kind
             m.scale_outs.labels(name, kind).inc()
-            log.info("%s: %s scale-out to %s in %.2f s", name, kind, dests, time.monotonic() - t0_s)
+            load_s = time.monotonic() - t0_s
+            log.info("%s: %s scale-out to %s in %.2f s", name, kind, dests, load_s)
+            phase = m.scale_out_phase
+            phase.labels(name, kind, "placement").observe(placement_s)
+            phase.labels(name, kind, "load").observe(load_s)
+            first_s = first.result() if first.done() else None
+            phase.labels(name, kind, "first_endpoint").observe(first_s or load_s)
         except Exception as e:
-            log.warning("%s: scale-out to %s failed: %s", name, dests, e)
+            if self.load_failed is not None:
+                await self.load_failed(dep, e)
+            if dep.failure is None:
+                log.warning("%s: scale-out to %s failed: %s", name, dests, e)
         finally:
+            first.cancel()
             if owns_multicast:
                 dep.multicasting = False
             m.kv_migrated.labels(name).inc(result.num_kv_migrated)

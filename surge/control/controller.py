@@ -4,6 +4,8 @@ What flows: at `start`, agents are launched (`LocalCluster`, `RayCluster`) or ru
 are joined, and the collaborators are wired with what they need passed in:
 - `deployments.py`: create / delete / restore after a restart / teardown / describe;
 - `requests.py`: submit to a deployment's router, metrics and aborts when done;
+- `admission.py`: the hold queue's bound (429) at submit and its timeout (503), checked
+  every tick by `_hold_loop` (`policy.admission`);
 - `autoscaler.py`: the tick (observe -> `policy.autoscale` -> `policy.placement` -> the
   runtime's scale-out; releases);
 - `copies.py`: host copies, GPU-slot release, the pinned-copy invariant (`policy.host_copies`,
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from surge.config import EngineConfig
+from surge.control import admission
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
@@ -30,11 +33,13 @@ from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.requests import Requests
 from surge.control.settings import ControllerConfig
+from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, TrackedRequest
 from surge.control.store import DeploymentStore
 from surge.engine.llm_engine import context_limit
 from surge.engine.sampling import SamplingParams
-from surge.errors import SurgeError
+from surge.errors import NotFound, SurgeError
+from surge.policy.admission import check_min_replicas
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import AgentDown, BlockArrived, Event, SetPeersOp
 
@@ -65,7 +70,12 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
     if config.launcher == "ray":
         from surge.runtime.launcher_ray import RayCluster, RayClusterConfig
 
-        return RayCluster(RayClusterConfig(address=config.ray_address, **common))
+        # A cluster reached at a non-loopback address may span hosts: each agent binds its
+        # Ray node's own address. A loopback (or "auto") cluster keeps agents on 127.0.0.1.
+        ray_host = (config.ray_address or "").removeprefix("ray://").rpartition(":")[0]
+        spans = ray_host not in ("", "localhost") and not ray_host.startswith("127.")
+        host = "node-ip" if spans else "127.0.0.1"
+        return RayCluster(RayClusterConfig(address=config.ray_address, agent_host=host, **common))
     if config.launcher != "local":
         raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray")
     if config.cluster == "netns":
@@ -124,6 +134,8 @@ class Controller:
         self.started_s = time.monotonic()
         self._wiring: _Wiring | None = None
         self._tasks: list[asyncio.Task] = []
+        self.stopping = False
+        """`stop` has begun: agents going away are expected, not warned about."""
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -167,6 +179,18 @@ class Controller:
         self._tasks.append(loop.create_task(self._pump(events)))
         await self._w.deployments.restore_all()
         self._tasks.append(loop.create_task(self._w.autoscaler.run()))
+        self._tasks.append(loop.create_task(self._hold_loop()))
+
+    async def _hold_loop(self) -> None:
+        """Every tick: end the requests held past their deployment's hold timeout (503)."""
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            now_s = time.monotonic()
+            for dep in list(self.deployments.values()):
+                try:
+                    admission.expire(dep, now_s, self.metrics)
+                except Exception:  # a bug must not stop the timeouts of every model
+                    log.exception("%s: hold timeout check failed", dep.name)
 
     def _wire(self, client: ClusterClient, store: DeploymentStore) -> _Wiring:
         copies = Copies(
@@ -193,11 +217,14 @@ class Controller:
             self.live_nodes,
         )
         requests = Requests(client, self.deployments, self.metrics, autoscaler.wake)
+        deployments.check_capacity = self._check_capacity
+        copies.load_failed = autoscaler.load_failed = deployments.load_failed
         return _Wiring(client, store, copies, deployments, requests, autoscaler)
 
     async def stop(self) -> None:
         """Stop the loops and forget the deployments (agents keep their copies); stop the
         agents this controller launched."""
+        self.stopping = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -231,7 +258,7 @@ class Controller:
                 size = dep.manifest.blocks[ev.block].size_bytes
                 self.metrics.bytes_moved.labels(ev.model, ev.tier).inc(size)
             elif isinstance(ev, AgentDown):
-                log.warning("node %d is down", ev.node)
+                (log.info if self.stopping else log.warning)("node %d is down", ev.node)
                 self._w.copies.node_down(ev.node)
                 for dep in self.deployments.values():
                     dep.instances.pop(ev.node, None)
@@ -248,6 +275,35 @@ class Controller:
 
     def describe(self, dep: Deployment) -> dict[str, Any]:
         return self._w.deployments.describe(dep)
+
+    def deployment(self, name: str) -> Deployment:
+        """The deployment serving `name`: `NotFound` (404) if there is none, `Unavailable`
+        (503, with the reason) if it has failed (its store is missing or damaged)."""
+        return self._w.deployments.lookup(name)
+
+    def describe_all(self) -> list[dict[str, Any]]:
+        """Every deployment as the admin API lists it, failed ones included (their
+        `status.state` is "failed" and `status.failure` says why)."""
+        w = self._w.deployments
+        return [w.describe(d) for d in self.deployments.values()] + [
+            w.describe_failed(f) for f in w.failed.values()
+        ]
+
+    def describe_named(self, name: str) -> dict[str, Any]:
+        """One deployment as `describe_all` shows it (`NotFound` if there is none)."""
+        w = self._w.deployments
+        if name in w.failed:
+            return w.describe_failed(w.failed[name])
+        dep = self.deployments.get(name)
+        if dep is None:
+            raise NotFound(f"no deployment {name!r}")
+        return w.describe(dep)
+
+    def _check_capacity(self, spec: DeploymentSpec) -> None:
+        """Refuse a `min_replicas` the cluster can never hold (`policy.admission`)."""
+        check_min_replicas(
+            spec.autoscaling.min_replicas, len(self.nodes), self.config.slots_per_node
+        )
 
     def context_limit(self, dep: Deployment) -> int:
         """Most tokens (prompt + output) one request of `dep` may hold."""

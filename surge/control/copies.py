@@ -11,7 +11,7 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
@@ -47,6 +47,8 @@ class Copies:
         self.settings = CacheSettings(config.host_cache_bytes, config.host_keep_alive_s)
         self.started_s = started_s
         """Last use assumed for copies found at start (agents that outlived a controller)."""
+        self.load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None
+        """Told of a failed host copy (a damaged store fails the deployment: no retries)."""
 
     # ---- GPU copies --------------------------------------------------------------
 
@@ -144,7 +146,10 @@ class Copies:
             try:
                 await self.make_host_copy(dep, choice.node, pin=True)
             except Exception as e:
-                log.warning("%s: host copy on node %d failed: %s", dep.name, choice.node, e)
+                if self.load_failed is not None:
+                    await self.load_failed(dep, e)
+                if dep.failure is None:
+                    log.warning("%s: host copy on node %d failed: %s", dep.name, choice.node, e)
             finally:
                 dep.restoring = False
 

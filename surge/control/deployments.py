@@ -5,6 +5,10 @@ What flows: a `DeploymentSpec` in (API, config file, the SQLite store on restart
 read (`registry/<name>`: a link to a store, or a store imported from a Hugging Face
 checkpoint), GPU copies left by an older controller released, and its pinned host copy
 (BlitzScale §5.3, through `copies.py`). Deletion closes its instances and evicts every copy.
+A store is verified when deployed (every block's checksum: a bad one is refused with one
+error); a stored deployment that cannot come back after a restart (its store missing or
+damaged), or whose store goes bad later (a load fails and the store no longer verifies),
+is *failed*: torn down, listed with its reason in `failed`, deletable, never retried.
 Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 
@@ -20,10 +24,10 @@ from surge.control.copies import Copies
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.spec import DeploymentSpec
-from surge.control.state import Deployment
+from surge.control.state import Deployment, FailedDeployment
 from surge.control.store import DeploymentStore
-from surge.errors import Conflict, NotFound, SurgeError
-from surge.model.manifest import MANIFEST_NAME, read_manifest
+from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable
+from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
 from surge.runtime.server import Server
@@ -40,7 +44,11 @@ def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
     elif target.exists():
         shutil.rmtree(target)
     if (src / MANIFEST_NAME).is_file():
-        read_manifest(src)  # a clear error if it is not a valid store
+        # A clear error if it is not a valid store, or if a block is missing or damaged.
+        try:
+            verify_store(read_manifest(src))
+        except SurgeError as e:
+            raise InvalidInput(str(e), param="model") from None
         target.symlink_to(src.resolve(), target_is_directory=True)
     elif (src / "config.json").is_file():
         from surge.model.importer import import_checkpoint
@@ -70,20 +78,35 @@ class Deployments:
         self.client, self.pool, self.metrics = client, pool, metrics
         self.store, self.registry, self.deployments = store, registry, deployments
         self.copies, self.live_nodes = copies, live_nodes
+        self.failed: dict[str, FailedDeployment] = {}
+        """Stored deployments that cannot serve, by name (listed, deletable, not retried)."""
+        self.check_capacity: Callable[[DeploymentSpec], None] = lambda spec: None
+        """Refuses a spec the cluster can never hold (set by the controller)."""
         self._lock = asyncio.Lock()
         """Creations and deletions one at a time (a name is checked, then taken)."""
+        self._verified: dict[str, tuple] = {}
+        """Per deployment, the store's file stamps when it last verified (no re-read while
+        nothing changed)."""
 
     async def restore_all(self) -> None:
-        """Bring back every stored deployment (a controller restart)."""
+        """Bring back every stored deployment (a controller restart); one that cannot
+        come back is listed as failed with its reason."""
         for spec in self.store.all():
             try:
-                await self.activate(spec)
+                await self.activate(spec, restoring=True)
             except SurgeError as e:
                 log.error("deployment %s cannot come back: %s", spec.name, e)
+                self.failed[spec.name] = FailedDeployment(spec, str(e))
 
     async def create(self, body: Any) -> Deployment:
         spec = DeploymentSpec.from_json(body)
+        self.check_capacity(spec)
         async with self._lock:
+            if spec.name in self.failed:
+                raise Conflict(
+                    f"deployment {spec.name!r} exists and has failed "
+                    f"({self.failed[spec.name].reason}); delete it first"
+                )
             if spec.name in self.deployments:
                 raise Conflict(f"deployment {spec.name!r} already exists")
             await asyncio.to_thread(prepare_store, self.registry, spec)
@@ -97,20 +120,28 @@ class Deployments:
     async def delete(self, name: str) -> None:
         async with self._lock:
             dep = self.deployments.get(name)
-            if dep is None:
+            if dep is None and self.failed.pop(name, None) is None:
                 raise NotFound(f"no deployment {name!r}")
-            await self.teardown(dep, evict=True)
+            if dep is not None:
+                await self.teardown(dep, evict=True)
+            self.failed.pop(name, None)
+            self._verified.pop(name, None)
             self.store.remove(name)
             link = self.registry / name
             if link.is_symlink():
                 link.unlink()
 
-    async def activate(self, spec: DeploymentSpec) -> Deployment:
-        """Register a stored deployment on every agent and give it its pinned host copy."""
+    async def activate(self, spec: DeploymentSpec, restoring: bool = False) -> Deployment:
+        """Register a stored deployment on every agent and give it its pinned host copy.
+        After a restart (`restoring`) the store's block files are checked by size only (a
+        checksum read of every block would slow every restart; a damaged block is found
+        when it is loaded)."""
         store = self.registry / spec.name
         if not (store / MANIFEST_NAME).is_file():
             await asyncio.to_thread(prepare_store, self.registry, spec)
         manifest = read_manifest(store)
+        if restoring:
+            await asyncio.to_thread(verify_store, manifest, False)
         tokenizer = None
         if manifest.tokenizer_file and (store / manifest.tokenizer_file).is_file():
             from surge.model.tokenizer import load_tokenizer
@@ -131,12 +162,70 @@ class Deployments:
         await self.copies.restore_invariant(dep)
         return dep
 
+    async def load_failed(self, dep: Deployment, error: Exception) -> None:
+        """A load of `dep` failed (a host copy or a scale-out): if its store no longer
+        verifies, the deployment fails (one log line, no more retries); else it is left to
+        retry (a node went down, a timeout)."""
+        if dep.failure is not None or dep.name not in self.deployments:
+            return
+        try:
+            await asyncio.to_thread(self._verify_changed, dep)
+        except SurgeError as e:
+            await self.fail(dep, str(e))
+
+    def _verify_changed(self, dep: Deployment) -> None:
+        """Verify the store's checksums unless its files are as they were when it last
+        verified (size and modification time of each)."""
+        m = dep.manifest
+        try:
+            stamps = tuple(
+                (s.st_size, s.st_mtime_ns) for s in (m.block_path(b.index).stat() for b in m.blocks)
+            )
+        except OSError:
+            stamps = None
+        if stamps is not None and self._verified.get(dep.name) == stamps:
+            return
+        verify_store(m)
+        self._verified[dep.name] = stamps
+
+    async def fail(self, dep: Deployment, reason: str) -> None:
+        """Mark `dep` failed: its requests answer 503 with the reason, its instances and
+        copies go, and it stays listed (failed) until deleted."""
+        if dep.failure is not None:
+            return
+        dep.failure = reason
+        log.error("deployment %s failed: %s; delete it and deploy it again", dep.name, reason)
+        self.failed[dep.name] = FailedDeployment(dep.spec, reason)
+        error = Unavailable(f"deployment {dep.name!r} has failed: {reason}")
+        for req in list(dep.requests.values()):
+            req.refuse(error)
+        await self.teardown(dep, evict=True)
+
+    def lookup(self, name: str) -> Deployment:
+        """The serving deployment `name`: `NotFound` if there is none, `Unavailable` (503)
+        with the reason if it has failed."""
+        dep = self.deployments.get(name)
+        if dep is not None:
+            return dep
+        failed = self.failed.get(name)
+        if failed is not None:
+            raise Unavailable(
+                f"deployment {name!r} has failed: {failed.reason}; delete it and deploy it again"
+            )
+        raise NotFound(
+            f"the model {name!r} does not exist; GET /v1/models lists the deployed ones",
+            param="model",
+            code="model_not_found",
+        )
+
     async def teardown(self, dep: Deployment, evict: bool) -> None:
         """Forget the deployment: cancel its work, end its requests, close its router;
         with `evict`, close its instances and drop every copy from the agents."""
         self.deployments.pop(dep.name, None)
+        me = asyncio.current_task()
         for t in list(dep.tasks):
-            t.cancel()
+            if t is not me:  # a failing load of its own may be what tears it down
+                t.cancel()
         for req in list(dep.requests.values()):
             req.finish("abort")
         await dep.server.close()
@@ -152,11 +241,21 @@ class Deployments:
                     await self.client.call(node, op)
         self.pool.drop_model(dep.name)
 
+    def describe_failed(self, failed: FailedDeployment) -> dict[str, Any]:
+        """A failed deployment as the admin API shows it: the same keys, nothing running."""
+        zero = {k: 0 for k in ("instances", "loading", "pipelines", "queued", "ongoing")}
+        return {
+            **failed.spec.to_json(),
+            "status": {**zero, "state": "failed", "failure": failed.reason, "nodes": []},
+        }
+
     def describe(self, dep: Deployment) -> dict[str, Any]:
         """The deployment's spec and status (the admin API's JSON)."""
         return {
             **dep.spec.to_json(),
             "status": {
+                "state": "failed" if dep.failure else "serving",
+                "failure": dep.failure,
                 "instances": len(dep.serving()),
                 "loading": len(dep.instances) - len(dep.serving()),
                 "nodes": sorted(dep.instances),

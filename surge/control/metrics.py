@@ -1,8 +1,19 @@
-"""Prometheus metrics of the control plane (one registry per controller)."""
+"""Prometheus metrics of the control plane (one registry per controller).
+
+Beside surge's own `surge_*` series, the names the ecosystem's dashboards and autoscalers
+read from vLLM (`vllm:*`, labelled `model_name`), and cold-start series: how long requests
+waited for a scale-out, and each scale-out's phases. Written by `requests.py` (per request),
+`autoscaler.py` (per tick and per scale-out) and `admission.py` (refusals). Owned by control/.
+"""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+SCALE_OUT_PHASES = ("placement", "load", "first_endpoint")
+"""Phases of one scale-out: choosing its nodes; until every destination is loaded (local
+loads and multicasts); until its first endpoint (a pipeline or a local instance) serves."""
 
 
 class Metrics:
@@ -87,9 +98,74 @@ class Metrics:
             registry=r,
         )
 
+        self.refused = Counter(
+            "surge_requests_refused",
+            "Requests refused by the hold queue: 429 (full) or 503 (held past hold_timeout_s)",
+            ["model", "status"],
+            registry=r,
+        )
+        self.scale_out_wait = Histogram(
+            "surge_scale_out_wait_seconds",
+            "Arrival to first token of requests that arrived while the model had no serving "
+            "instance, by the start kind of its last scale-out (hot/warm/cold)",
+            ["model", "start"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.scale_out_phase = Histogram(
+            "surge_scale_out_phase_seconds",
+            "Scale-out phases: placement, load (until every destination is loaded), "
+            "first_endpoint (until its first endpoint serves); by start kind",
+            ["model", "start", "phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # vLLM's names (model_name label), so dashboards and autoscalers built for vLLM work.
+        self.vllm_running = Gauge(
+            "vllm:num_requests_running",
+            "Requests on an instance or pipeline (not waiting)",
+            ["model_name"],
+            registry=r,
+        )
+        self.vllm_waiting = Gauge(
+            "vllm:num_requests_waiting",
+            "Requests waiting for an instance (the hold queue)",
+            ["model_name"],
+            registry=r,
+        )
+        self.vllm_ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            ["model_name"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.vllm_itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between consecutive output tokens",
+            ["model_name"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.vllm_e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Arrival to last token",
+            ["model_name"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.vllm_kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache use, 0..1 (approximate: tokens of running requests over the serving "
+            "instances' KV capacity; agents do not report their block tables)",
+            ["model_name"],
+            registry=r,
+        )
+
     def forget(self, model: str) -> None:
         """Drop a deleted deployment's gauges (counters keep their history)."""
-        for g in (self.queue, self.ongoing, self.instances, self.loading, self.pipelines):
+        gauges = (self.queue, self.ongoing, self.instances, self.loading, self.pipelines)
+        for g in (*gauges, self.vllm_running, self.vllm_waiting, self.vllm_kv_usage):
             for labels in list(g._metrics):  # prometheus_client has no public way
                 if labels[0] == model:
                     g.remove(*labels)

@@ -5,12 +5,16 @@ What flows: prompt token ids and `SamplingParams` in (from `surge/api/app.py`); 
 `surge.policy.router`. When the API is done with it, its Prometheus metrics (requests,
 tokens, TTFT, TPOT, SLO) are recorded and, if it still runs (stop string hit, client
 gone), it is aborted on its instance (`instance_abort`). A request reaching a model at
-zero wakes the autoscaler at once (the activator). Owned by control/.
+zero wakes the autoscaler at once (the activator). Before a request is queued, the hold
+queue's bound is checked (`admission.check`: 429 when full, 503 when the deployment has
+failed). Owned by control/.
 """
 
+import itertools
 import time
 from collections.abc import Callable
 
+from surge.control import admission
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment, TrackedRequest
 from surge.engine.sampling import SamplingParams
@@ -35,8 +39,10 @@ class Requests:
     async def submit(
         self, dep: Deployment, prompt_token_ids: list[int], params: SamplingParams
     ) -> TrackedRequest:
+        admission.check(dep, self.metrics)
         req = TrackedRequest(f"{dep.name}-{time.monotonic_ns()}", list(prompt_token_ids), params)
         req.deployment = dep.name
+        req.at_zero = not dep.serving() and not dep.server.endpoints
         dep.requests[req.req_id] = req
         dep.server.requests[req.req_id] = req
         await dep.server.submit(req)
@@ -63,6 +69,14 @@ class Requests:
             return
         ttft_s = req.first_token_t - req.arrival_t
         m.ttft.labels(name).observe(ttft_s)
+        m.vllm_ttft.labels(name).observe(ttft_s)
+        times = req.token_times
+        for a, b in itertools.pairwise(times):
+            m.vllm_itl.labels(name).observe(b - a)
+        m.vllm_e2e.labels(name).observe((req.done_t or times[-1]) - req.arrival_t)
+        if req.at_zero:  # it waited for a scale-out from zero
+            start = (dep.last_start if dep is not None else None) or "unknown"
+            m.scale_out_wait.labels(name, start).observe(ttft_s)
         slo_ms = dep.spec.slo.ttft_ms if dep is not None else None
         if slo_ms and ttft_s * 1000 <= slo_ms:
             m.slo_ttft_ok.labels(name).inc()

@@ -1,4 +1,5 @@
-"""What a deployment is: a model, its autoscaling knobs, its SLOs and its scale-out strategy.
+"""What a deployment is: a model, its autoscaling knobs, its overload knobs (`admission`), its
+SLOs and its scale-out strategy.
 
 Plain data, validated on construction from JSON-like dicts (the HTTP API, the config file
 and the SQLite store all go through `DeploymentSpec.from_json`). Every bad value raises a
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from surge.errors import SurgeError
+from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.systems import ALIASES, serve_system
 
@@ -71,6 +73,22 @@ def autoscaling_from_json(d: Any) -> AutoscaleSettings:
     )
 
 
+def admission_from_json(d: Any) -> AdmissionSettings:
+    """A deployment's overload knobs (`surge.policy.admission.AdmissionSettings`: the hold
+    queue's bound and timeout) from JSON; bad values raise `SurgeError` naming the field."""
+    if d is None:
+        return AdmissionSettings()
+    if not isinstance(d, dict):
+        raise SurgeError(f"admission must be an object (got {d!r})")
+    _unknown(d, {f.name for f in fields(AdmissionSettings)}, "admission")
+    base = AdmissionSettings()
+    return AdmissionSettings(
+        max_queued_requests=_int(d, "max_queued_requests", base.max_queued_requests, 1)
+        or base.max_queued_requests,
+        hold_timeout_s=_number(d, "hold_timeout_s", base.hold_timeout_s, 0, inclusive=False),
+    )
+
+
 @dataclass(frozen=True)
 class Slo:
     """Latency objectives (reported against in /metrics; the autoscaler's target is the
@@ -104,12 +122,14 @@ class DeploymentSpec:
     """A `surge.policy.systems` entry that `surge serve` carries out."""
     autoscaling: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     slo: Slo = field(default_factory=Slo)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    """The hold queue: its bound (429 past it) and its timeout (503 past it)."""
 
     @staticmethod
     def from_json(d: Any) -> "DeploymentSpec":
         if not isinstance(d, dict):
             raise SurgeError("a deployment must be a JSON object")
-        _unknown(d, {"name", "model", "strategy", "autoscaling", "slo"}, "deployment")
+        _unknown(d, {"name", "model", "strategy", "autoscaling", "slo", "admission"}, "deployment")
         name, model = d.get("name"), d.get("model")
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise SurgeError(
@@ -128,6 +148,7 @@ class DeploymentSpec:
             strategy=strategy,
             autoscaling=autoscaling_from_json(d.get("autoscaling")),
             slo=Slo.from_json(d.get("slo")),
+            admission=admission_from_json(d.get("admission")),
         )
 
     def to_json(self) -> dict[str, Any]:

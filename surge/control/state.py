@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from surge.control.spec import DeploymentSpec
+from surge.errors import Unavailable
 from surge.model.manifest import Manifest
 from surge.policy.autoscale import AutoscaleState
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
@@ -32,10 +33,23 @@ class TrackedRequest(ServeRequest):
         """Set on every token and at the end; the API clears it after reading."""
         self.deployment = ""
         """Name of the deployment it was submitted to."""
+        self.at_zero = False
+        """It arrived while its deployment had no serving endpoint (waited for a scale-out)."""
+        self.exception: Unavailable | None = None
+        """Why the controller ended it unserved (`refuse`); the API raises it."""
 
     def add_token(self, token: int, finished: bool, reason: str | None) -> None:
         super().add_token(token, finished, reason)
         self.progress.set()
+
+    def refuse(self, error: Unavailable) -> None:
+        """End it unserved with finish_reason "error" (held past its timeout, or its
+        deployment failed); `error` is what the API answers (503, `Retry-After`)."""
+        if self.done.is_set():
+            return
+        self.exception = error
+        self.error = str(error)
+        self.finish("error")
 
     def finish(self, reason: str) -> None:
         """End it from the controller's side (stop string, deletion, client gone)."""
@@ -59,6 +73,15 @@ class Instance:
     num_sending: int = 0
     """Multicasts it is a GPU source of now: busy, never released mid-send (as in the
     simulator)."""
+
+
+@dataclass(frozen=True)
+class FailedDeployment:
+    """A stored deployment that cannot serve (its store is missing or damaged): listed with
+    its reason, deletable, and never retried until it is deleted and deployed again."""
+
+    spec: DeploymentSpec
+    reason: str
 
 
 @dataclass
@@ -98,6 +121,8 @@ class Deployment:
     """Requests prefilled by live scaling (BlitzScale)."""
     multicasting: bool = False
     """A serve-while-loading scale-out of this deployment is running."""
+    failure: str | None = None
+    """Why it failed (its store went bad); set once, by `deployments.py` `fail`."""
 
     @property
     def name(self) -> str:

@@ -208,3 +208,28 @@ def verify_block(info: BlockInfo, buf: bytes | bytearray | memoryview) -> None:
             f"block {info.index} ({info.file}) failed its checksum ({got} != {info.checksum}); "
             f"the block is corrupted: fetch or import it again"
         )
+
+
+def verify_store(manifest: Manifest, checksums: bool = True) -> None:
+    """Raise a `SurgeError` naming the first bad block of `manifest`'s store: a block file
+    missing, of the wrong size, or (with `checksums`) failing its checksum — the checks of
+    `surge model inspect --verify`. Without `checksums` only sizes are read (a stat each)."""
+    for info in manifest.blocks:
+        path = manifest.block_path(info.index)
+        if not path.is_file():
+            raise SurgeError(
+                f"store {manifest.root} is damaged: block {info.index} ({info.file}) is "
+                "missing; import the model again (`surge model import`)"
+            )
+        size = path.stat().st_size
+        if size != info.size_bytes:
+            raise SurgeError(
+                f"store {manifest.root} is damaged: block {info.index} ({info.file}) has "
+                f"{size} bytes, the manifest says {info.size_bytes}; import the model again"
+            )
+        if not checksums:
+            continue
+        try:
+            verify_block(info, path.read_bytes())
+        except SurgeError as e:
+            raise SurgeError(f"store {manifest.root} is damaged: {e}") from None
