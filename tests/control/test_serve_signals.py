@@ -1,0 +1,113 @@
+"""`surge serve` start and stop (issue 14 #6, #8): a busy port is one `error:` line and exit 2
+before anything starts; a terminal's Ctrl-C (SIGINT to the whole process group) stops it
+cleanly: exit 0, no traceback, no "node N is down", no resource_tracker warnings, no agent
+or shared-memory segment left."""
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import REPO
+from tests.control.conftest import _alive
+
+
+def _serve_cmd(tmp: Path, port: int, *args: str) -> list[str]:
+    state = tmp / "state"
+    cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", str(port)]
+    return [*cmd, "--state-dir", str(state), *args]
+
+
+def test_a_busy_port_is_one_error_line_before_anything_starts(tmp_path, surge_home):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        env = {**os.environ, "SURGE_HOME": str(surge_home)}
+        t0 = time.monotonic()
+        r = subprocess.run(
+            _serve_cmd(tmp_path, port, "--nodes", "2"),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=60,
+        )
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0] and "--port" in lines[0]
+    assert not (tmp_path / "state").exists(), "the controller started before the port check"
+    assert time.monotonic() - t0 < 30
+
+
+def test_ctrl_c_stops_serve_cleanly(tmp_path, surge_home):
+    env = {**os.environ, "SURGE_HOME": str(surge_home)}
+    before = {f.name for f in Path("/dev/shm").glob("surge_*")}
+    err = tmp_path / "serve.err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            _serve_cmd(tmp_path, 0, "--nodes", "2"),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            cwd=REPO,
+            text=True,
+            start_new_session=True,  # its own process group, like a terminal's foreground job
+            # A terminal's job gets SIGINT's default action (a test runner may ignore it).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    try:
+        sel = selectors.DefaultSelector()
+        assert proc.stdout is not None
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 120
+        info = None
+        while info is None and time.monotonic() < deadline and proc.poll() is None:
+            if sel.select(0.2):
+                line = proc.stdout.readline()
+                if line.startswith("{"):
+                    info = json.loads(line)
+        sel.close()
+        assert info is not None, err.read_text()[-2000:]
+        with httpx.Client(base_url=info["url"], timeout=60) as http:
+            pids = [n["pid"] for n in http.get("/v1/nodes").json()["data"]]
+            r = http.post(
+                "/v1/completions",
+                json={"model": "surge-tiny", "prompt": "hi", "max_tokens": 8},
+            )
+            assert r.status_code == 200, r.text
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        proc.stdout.close()
+    text = err.read_text()
+    assert rc == 0, text
+    for bad in ("Traceback", "is down", "leaked", "resource_tracker", "Aborted", "WARNING"):
+        assert bad not in text, text
+    time.sleep(0.5)
+    assert not [p for p in pids if p and _alive(p)], "an agent outlived surge serve"
+    new = [f for f in Path("/dev/shm").glob("surge_*") if f.name not in before]
+    left = [f.name for f in new if _owner_gone(f)]
+    assert not left, left
+
+
+def _owner_gone(f: Path) -> bool:
+    """A segment no live process maps (segments of other tests' clusters are in use)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if f.name in Path(f"/proc/{pid}/maps").read_text():
+                return False
+        except OSError:
+            continue
+    return True
