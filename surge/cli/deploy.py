@@ -49,6 +49,12 @@ def deploy(
     upscale_delay_s: Annotated[float, typer.Option()] = 0.0,
     downscale_delay_s: Annotated[float, typer.Option()] = 2.0,
     keep_alive_s: Annotated[float, typer.Option(help="Idle time before zero.")] = 10.0,
+    max_queued_requests: Annotated[
+        int, typer.Option(help="Requests held while no instance has room; past it: 429.")
+    ] = 256,
+    hold_timeout_s: Annotated[
+        float, typer.Option(help="Longest wait for an instance; past it: 503.")
+    ] = 60.0,
     ttft_ms: Annotated[float | None, typer.Option(help="TTFT SLO.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="TPOT SLO.")] = None,
     url: UrlOpt = None,
@@ -69,6 +75,7 @@ def deploy(
             "keep_alive_s": keep_alive_s,
         },
         "slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
+        "admission": {"max_queued_requests": max_queued_requests, "hold_timeout_s": hold_timeout_s},
     }
     out = _call("POST", "/v1/deployments", url, api_key, body)
     typer.echo(f"deployed {out['name']} ({out['strategy']}, {out['status']['num_blocks']} blocks)")
@@ -94,6 +101,8 @@ def status(
             f"{d['name']:<20} {d['strategy']:<16} {s['instances']:>4} {s['loading']:>4} "
             f"{s['queued']:>5} {s['ongoing']:>7}"
         )
+        if s.get("state") == "failed":
+            typer.echo(f"  failed: {s.get('failure')} (surge delete {d['name']}, then deploy)")
     up = sum(n["up"] for n in nodes)
     typer.echo(f"nodes: {up}/{len(nodes)} up")
 
