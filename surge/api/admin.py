@@ -5,9 +5,9 @@ What flows: JSON bodies to the controller's facade (`create`, `delete`, `describ
 `api/app.py` by type. Owned by the API layer.
 """
 
-import json
 from typing import Any
 
+import pydantic_core
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -17,9 +17,9 @@ from surge.errors import InvalidInput, NotFound
 
 async def json_object(request: Request) -> dict[str, Any]:
     raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+    try:  # pydantic's parser, as for the OpenAI routes: no lone surrogates, bounded depth
+        body = pydantic_core.from_json(raw)
+    except ValueError as e:
         raise InvalidInput(f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise InvalidInput("the request body must be a JSON object")

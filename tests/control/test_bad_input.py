@@ -164,6 +164,7 @@ def test_hostile_bodies_are_400_and_the_connection_lives_on(server) -> None:  # 
             ("/v1/completions", deep),
             ("/v1/chat/completions", deep_chat),
             ("/v1/deployments", deep),
+            ("/v1/deployments", b'{"name": "d", "model": "/x\\ud800"}'),
         ]:
             status, body = _exchange(sock, path, raw)
             assert status == 400 and b"JSON" in body and b"Traceback" not in body, body
