@@ -129,6 +129,13 @@ def serve(
         str | None,
         typer.Option(help="With --launcher ray: a running cluster (default: a local one)."),
     ] = None,
+    agent_host: Annotated[
+        str | None,
+        typer.Option(
+            help="With --launcher ray: node-ip makes each agent listen on its Ray node's own "
+            "address (a cluster across hosts; default 127.0.0.1)."
+        ),
+    ] = None,
     cluster: Annotated[
         str,
         typer.Option(
@@ -142,6 +149,8 @@ def serve(
         raise SurgeError(f"launcher {launcher!r} is not one of local, ray")
     if ray_address is not None and launcher != "ray":
         raise SurgeError("--ray-address needs --launcher ray")
+    if agent_host is not None and launcher != "ray":
+        raise SurgeError("--agent-host needs --launcher ray")
     if cluster not in ("loopback", "netns"):
         raise SurgeError(f"--cluster {cluster!r} is not one of loopback, netns")
     if cluster == "netns":
@@ -185,6 +194,7 @@ def serve(
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
     cfg["cluster"] = cluster
+    cfg["agent_host"] = agent_host or "127.0.0.1"
     # Bind before anything starts: a busy port is one error line, not a started cluster.
     sock = bind_listener(cfg.get("host", "127.0.0.1"), port_)
     # Agents inherit SIGINT ignored: a terminal's Ctrl-C reaches the whole process group,
@@ -239,6 +249,7 @@ async def _serve(
         launcher=cfg.get("launcher", "local"),
         ray_address=cfg.get("ray_address"),
         cluster=cfg.get("cluster", "loopback"),
+        agent_host=cfg.get("agent_host", "127.0.0.1"),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

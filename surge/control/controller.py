@@ -70,11 +70,7 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
     if config.launcher == "ray":
         from surge.runtime.launcher_ray import RayCluster, RayClusterConfig
 
-        # A cluster reached at a non-loopback address may span hosts: each agent binds its
-        # Ray node's own address. A loopback (or "auto") cluster keeps agents on 127.0.0.1.
-        ray_host = (config.ray_address or "").removeprefix("ray://").rpartition(":")[0]
-        spans = ray_host not in ("", "localhost") and not ray_host.startswith("127.")
-        host = "node-ip" if spans else "127.0.0.1"
+        host = config.agent_host  # "node-ip": a cluster across hosts, each agent on its own
         return RayCluster(RayClusterConfig(address=config.ray_address, agent_host=host, **common))
     if config.launcher != "local":
         raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray")

@@ -36,6 +36,9 @@ class ControllerConfig:
     """Where agents run without `addresses`: "local" (processes here) or "ray" (actors)."""
     ray_address: str | None = None
     """With launcher "ray": a running Ray cluster; None starts a local one on loopback."""
+    agent_host: str = "127.0.0.1"
+    """With launcher "ray": where agents listen; "node-ip" is each Ray node's own address
+    (a Ray cluster across hosts or network namespaces)."""
     cluster: str = "loopback"
     """With launcher "local": "loopback" (processes here) or "netns" (`NetnsCluster`: a
     network namespace per agent, tc-shaped links, a CPU quota each)."""
