@@ -6,6 +6,7 @@ or shared-memory segment left."""
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import REPO
+from surge.model.manifest import read_manifest
+from tests.conftest import REPO, run_surge
 from tests.control.conftest import _alive
 
 
@@ -46,7 +48,9 @@ def test_a_busy_port_is_one_error_line_before_anything_starts(tmp_path, surge_ho
     assert time.monotonic() - t0 < 30
 
 
-def test_ctrl_c_stops_serve_cleanly(tmp_path, surge_home):
+def test_ctrl_c_stops_serve_cleanly(tmp_path, surge_home, tiny_store_dir):
+    """Also: `surge deploy` of a damaged store, or of a min_replicas beyond the cluster, is
+    one error line and exit 2 (issue 14 #2, #3)."""
     env = {**os.environ, "SURGE_HOME": str(surge_home)}
     before = {f.name for f in Path("/dev/shm").glob("surge_*")}
     err = tmp_path / "serve.err"
@@ -82,6 +86,24 @@ def test_ctrl_c_stops_serve_cleanly(tmp_path, surge_home):
                 json={"model": "surge-tiny", "prompt": "hi", "max_tokens": 8},
             )
             assert r.status_code == 200, r.text
+        bad = tmp_path / "bad"
+        shutil.copytree(tiny_store_dir, bad)
+        block = bad / read_manifest(bad).blocks[0].file
+        data = bytearray(block.read_bytes())
+        data[-1] ^= 0xFF
+        block.write_bytes(bytes(data))
+        cli_env = {**env, "SURGE_URL": info["url"]}
+        for args, words in (
+            (("bad", "--model", str(bad)), ("block 0", "checksum", "HTTP 400")),
+            (
+                ("many", "--model", str(tiny_store_dir), "--min-replicas", "1000"),
+                ("2 nodes x 1 slots", "at most 2 instances"),
+            ),
+        ):
+            out = run_surge("deploy", *args, env=cli_env)
+            lines = out.stderr.strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1, out.stderr
+            assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         rc = proc.wait(60)
     finally:
