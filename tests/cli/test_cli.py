@@ -176,3 +176,12 @@ def test_corrupted_store_is_refused_by_inspect(tiny_store: Path, tmp_path: Path)
 def test_plan_command_is_mounted() -> None:
     proc = run_surge("plan", "--help")
     assert proc.returncode == 0 and "multicast" in proc.stdout
+
+
+def test_store_missing_a_block_is_refused_by_inspect(tiny_store: Path, tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    shutil.copytree(tiny_store, store)
+    (store / "block-0002.bin").unlink()
+    assert_one_line_error(
+        run_surge("model", "inspect", str(store), "--verify"), "block 2", "missing"
+    )
