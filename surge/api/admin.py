@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from surge.control.controller import Controller
-from surge.errors import InvalidInput, NotFound
+from surge.errors import InvalidInput
 
 
 async def json_object(request: Request) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def admin_router(controller: Controller) -> APIRouter:
 
     @router.get("/v1/deployments")
     async def list_deployments():
-        return {"data": [controller.describe(d) for d in controller.deployments.values()]}
+        return {"data": controller.describe_all()}
 
     @router.post("/v1/deployments", status_code=201)
     async def create_deployment(request: Request):
@@ -40,10 +40,7 @@ def admin_router(controller: Controller) -> APIRouter:
 
     @router.get("/v1/deployments/{name}")
     async def get_deployment(name: str):
-        dep = controller.deployments.get(name)
-        if dep is None:
-            raise NotFound(f"no deployment {name!r}")
-        return controller.describe(dep)
+        return controller.describe_named(name)
 
     @router.delete("/v1/deployments/{name}")
     async def delete_deployment(name: str):

@@ -39,7 +39,7 @@ from surge.api.streaming import (
     sse,
 )
 from surge.control.controller import Controller, Deployment
-from surge.errors import InvalidInput, NotFound, SurgeError
+from surge.errors import InvalidInput, SurgeError
 
 KEEPALIVE_S = 5.0
 """A streamed request with nothing to send for this long gets an SSE comment, so proxies
@@ -101,14 +101,8 @@ def openai_router(controller: Controller) -> APIRouter:
     templates = ChatTemplates(controller.registry)
 
     def deployment(name: str) -> Deployment:
-        dep = controller.deployments.get(name)
-        if dep is None:
-            raise NotFound(
-                f"the model {name!r} does not exist; GET /v1/models lists the deployed ones",
-                param="model",
-                code="model_not_found",
-            )
-        return dep
+        """The serving deployment (404 if none, 503 with the reason if it has failed)."""
+        return controller.deployment(name)
 
     def tokenize(dep: Deployment, text: str) -> list[int]:
         if dep.tokenizer is None:

@@ -9,8 +9,10 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from surge.api.app import create_app
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.errors import Conflict, InvalidInput, Unavailable
@@ -114,6 +116,16 @@ def test_a_deployment_whose_store_went_missing_comes_back_failed(tmp_path, tiny_
             (listed,) = second.describe_all()
             assert listed["name"] == "gone" and listed["status"]["state"] == "failed"
             assert str(gone) in listed["status"]["failure"]
+            # Over HTTP too: listed as failed, and its requests get 503 with the reason.
+            transport = httpx.ASGITransport(app=create_app(second))
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+                listed_http = (await http.get("/v1/deployments")).json()["data"]
+                assert [d["status"]["state"] for d in listed_http] == ["failed"]
+                assert (await http.get("/v1/deployments/gone")).json()["status"][
+                    "state"
+                ] == "failed"
+                r = await http.post("/v1/completions", json={"model": "gone", "prompt": "hi"})
+                assert r.status_code == 503 and "has failed" in r.json()["error"]["message"]
             with pytest.raises(Unavailable, match="has failed"):
                 second.deployment("gone")
             with pytest.raises(Conflict):
