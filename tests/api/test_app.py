@@ -14,6 +14,13 @@ def _client() -> TestClient:
     controller = MagicMock()
     controller.metrics.registry = CollectorRegistry()
     controller.deployments = {}
+
+    def missing(name: str) -> None:  # as `Controller.deployment` answers an unknown name
+        from surge.errors import NotFound
+
+        raise NotFound(f"the model {name!r} does not exist", param="model", code="model_not_found")
+
+    controller.deployment.side_effect = missing
     return TestClient(create_app(controller))
 
 
@@ -65,6 +72,7 @@ def _refusing_client(tok):
     dep = MagicMock()
     dep.name, dep.tokenizer, dep.manifest.arch.vocab_size = "m", tok, 400
     controller.deployments = {"m": dep}
+    controller.deployment.side_effect = lambda name: controller.deployments[name]
     controller.context_limit.return_value = 256
     controller.submit = submit
     return TestClient(create_app(controller)), controller
