@@ -227,11 +227,12 @@ def openai_router(controller: Controller) -> APIRouter:
 
     async def stream_events(call: Call, streams: list[RequestStream], n: int) -> AsyncIterator[str]:
         include_usage = call.body.include_usage
+        continuous = include_usage and call.body.continuous_usage
 
         def chunk(choices: list[dict[str, Any]]) -> str:
             body = call.envelope(choices, chunk=True)
-            if include_usage:
-                body["usage"] = None
+            if include_usage:  # vLLM's continuous_usage_stats: the usage so far in each
+                body["usage"] = usage(call, streams, n) if continuous else None
             return sse(body)
 
         builders = logprob_builders(call, streams, n)

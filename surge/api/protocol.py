@@ -41,6 +41,10 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    """A last chunk with the request's usage (OpenAI)."""
+    continuous_usage_stats: bool = False
+    """vLLM's extension (load clients such as GuideLLM send it): every chunk carries the
+    usage so far."""
 
 
 class _Sampling(_Strict):
@@ -81,6 +85,10 @@ class _Sampling(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def num_choices(self) -> int:

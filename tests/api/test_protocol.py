@@ -167,3 +167,18 @@ def test_prompt_forms() -> None:
     assert comp(prompt=[[1], [2, 3]]).prompts == [[1], [2, 3]]
     refused(lambda: comp(prompt=5), param="prompt")
     refused(lambda: comp(prompt=[1, "a"]), param="prompt")
+
+
+def test_what_load_clients_send_is_accepted() -> None:
+    """GuideLLM's streaming chat body (vLLM extensions: ignore_eos, continuous usage)."""
+    body = {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_completion_tokens": 16,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+    }
+    req = ChatRequest.model_validate(body)
+    assert req.include_usage and req.continuous_usage and req.ignore_eos
+    assert req.messages[0].text == "hello"
