@@ -185,3 +185,24 @@ def test_store_missing_a_block_is_refused_by_inspect(tiny_store: Path, tmp_path:
     assert_one_line_error(
         run_surge("model", "inspect", str(store), "--verify"), "block 2", "missing"
     )
+
+
+def test_every_flag_the_readme_shows_exists() -> None:
+    """The README's command table (issue 14 #10): each `--flag` it shows for a command is
+    one that command's --help lists, and it points at no file outside the repository."""
+    import re
+
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    assert "../shared/DESIGN.md" not in readme
+    rows = re.findall(r"^\| `surge ((?:model |plan |node )?[a-z-]+)([^`]*)`", readme, re.M)
+    assert len(rows) >= 8, rows
+    for command, usage in rows:
+        flags = set(re.findall(r"--[a-z][a-z-]*", usage))
+        if not flags:
+            continue
+        proc = run_surge(*command.split(), "--help")
+        assert proc.returncode == 0, (command, proc.stderr)
+        missing = {f for f in flags if f not in proc.stdout}
+        assert not missing, (command, missing)
