@@ -111,6 +111,10 @@ def test_sampling_knobs_and_stop(client) -> None:
 def test_burst_on_a_scaled_to_zero_model_scales_out_and_back(server, reference) -> None:
     wait_for(lambda: server.metric("surge_instances", MODEL) == 0, 30, "scale to zero")
     prompts = [f"Request {i}: once upon a time" for i in range(12)]
+    # Long enough that the first instance cannot finish the burst before the autoscaler's
+    # next tick sees it (48 tokens could, on a fast run: the activator's first decision
+    # may see only the first request).
+    num_tokens = 160
     peak = {"instances": 0.0, "capacity": 0.0}
 
     async def burst():
@@ -120,7 +124,7 @@ def test_burst_on_a_scaled_to_zero_model_scales_out_and_back(server, reference) 
 
         async def one(p: str) -> str:
             stream = await aclient.completions.create(
-                model=MODEL, prompt=p, max_tokens=48, stream=True, **GREEDY
+                model=MODEL, prompt=p, max_tokens=num_tokens, stream=True, **GREEDY
             )
             parts = []
             async for ch in stream:
@@ -139,7 +143,7 @@ def test_burst_on_a_scaled_to_zero_model_scales_out_and_back(server, reference) 
 
     outs, ttft = asyncio.run(burst())
     for p, out in zip(prompts, outs, strict=True):
-        assert out == reference(p, 48), p
+        assert out == reference(p, num_tokens), p
     # Scaling out means the autoscaler brought up more capacity: instances serving, still
     # loading, or pipelines serving while loading (a short burst may end before they serve).
     assert peak["capacity"] >= 2, f"no scale-out seen: {peak}"
