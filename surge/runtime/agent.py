@@ -147,7 +147,7 @@ class NodeAgent:
                     continue
                 if isinstance(op, SubscribeOp):
                     self.subscribers.append(conn)
-                    await conn.send({"ok": True, "op": "subscribed"})
+                    await conn.send({"ok": True, **Ack().to_json()})
                     return  # the connection now belongs to the event stream
                 await self._dispatch(conn, op, payload)
         except (TimeoutError, ConnectionClosed, AuthError, FrameError, OSError) as e:

@@ -89,7 +89,7 @@ def _blocks_ok(where: str, blocks: tuple[int, ...]) -> None:
 
 @dataclass(frozen=True)
 class SubscribeOp(Op[Ack], name="subscribe"):
-    """Turn this connection into the agent's event stream (the agent answers `subscribed`)."""
+    """Turn this connection into the agent's event stream (answered with an `Ack`)."""
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ class Loader:
         """What `policy.startup` is asked for `instances`: each one's own tier, the GPU
         copies of serving instances and the host copies of other machines (one id per
         machine: `HOST_NODE + m`). `surge serve` asks the same question
-        (`control/autoscaler.startup_request`)."""
+        (`control/scaleouts.startup_request`)."""
         dest_machines = {i.machine for i in instances}
         gpu_copies = [
             Copy(i.id, "gpu", i.outstanding, machine=i.machine)

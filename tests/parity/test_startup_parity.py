@@ -2,7 +2,7 @@
 which nodes are new) asked of each body gives the same `policy.startup` plan — the same
 local loads, multicast sources in the same order, receivers and cold leader.
 
-`surge serve` asks through `control/autoscaler.startup_request` (agents are nodes), the
+`surge serve` asks through `control/scaleouts.startup_request` (agents are nodes), the
 simulator through `sim/loading.Loader.startup_request` (instances on machines, host copies
 named `HOST_NODE + machine`); ids are mapped to machines before comparing."""
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from surge.control.autoscaler import startup_request as runtime_request
 from surge.control.pool import ParameterPool
+from surge.control.scaleouts import startup_request as runtime_request
 from surge.policy.startup import LocalLoad, Source, StartupPlan, plan_startup
 from surge.policy.systems import system_config
 from surge.sim.world import HOST_NODE

@@ -1,6 +1,6 @@
 """What one scale-out is given, what it reports, and how its endpoints are named.
 
-What flows: the controller (`control/autoscaler.py` `start_scale_out`) builds a
+What flows: the controller (`control/scaleouts.py` `start_scale_out`) builds a
 `ScaleOutContext` — the deployment's `Server`, manifest and system (`policy.systems`),
 the destinations placement chose (each with its own best tier), the complete copies
 elsewhere, the ParaServe spare slots, the SLOs and link speed, and `ControllerHooks` (the

@@ -1,0 +1,148 @@
+"""Handing one scale-out to the runtime: what the controller knows, in the runtime's terms.
+
+What flows: the autoscaler (`control/autoscaler.py`) has placed destinations for a
+deployment; `start_scale_out` turns the parameter pool into the start-up question of
+`policy.startup` (`startup_request`: each destination's own tier, the complete GPU and host
+copies elsewhere), adds the SLOs and link speed ParaServe's Alg. 1/2 need and the
+controller's hooks (`ScaleOutOffer`), builds the `ScaleOutContext` and awaits
+`surge.runtime.scaleout.run_scale_out`; what happened comes back in a `ScaleOutResult`.
+The simulator asks the same start-up question (`sim/loading.Loader.startup_request`).
+Owned by control/.
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from surge.config import EngineConfig
+from surge.control.pool import ParameterPool
+from surge.control.state import Deployment
+from surge.policy.startup import Copy, Destination, StartupRequest
+from surge.policy.systems import SystemConfig, serve_system
+from surge.runtime.client import ClusterClient
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.scaleout import context as sc
+
+
+@dataclass
+class ScaleOutResult:
+    """What one scale-out reports back (the counters are filled even when it fails)."""
+
+    kind: str | None = None
+    """Start kind (hot, warm, cold); None when it failed."""
+    num_kv_migrated: int = 0
+    """Requests moved with their KV cache (ParaServe consolidation)."""
+    num_live_prefilled: int = 0
+    """Requests prefilled cooperatively (BlitzScale live scaling)."""
+
+
+@dataclass(frozen=True)
+class ScaleOutOffer:
+    """What the controller offers one scale-out of a deployment (see `start_scale_out`)."""
+
+    on_local: Callable[[int, LocalEndpoint], Awaitable[None]]
+    """A node serves as a local instance now (recorded on its slot)."""
+    make_host_copy: Callable[[int], Awaitable[None]]
+    """Load the model into a node's host tier, pinned (a cold leader; `copies.py`)."""
+    book: Callable[[int], bool]
+    """Take a free slot on one of `spares` for this deployment (a ParaServe group member);
+    False when it is no longer free."""
+    release: Callable[[int], Awaitable[None]]
+    """Give back a booked slot that did not become an instance."""
+    spares: tuple[int, ...]
+    """Live nodes other than the destinations with a free slot and no instance of it."""
+    nic_load: dict[int, int]
+    """Other scale-outs each node's NIC takes part in now (network contention)."""
+    link_gbps: float | None
+    """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
+    sending: Callable[[tuple[int, ...], int], None]
+    """Count nodes' instances busy (+1) or not (-1) as multicast GPU sources."""
+
+
+def startup_request(
+    system: SystemConfig,
+    pool: ParameterPool,
+    model: str,
+    dests: list[int],
+    outstanding: dict[int, int],
+    live: set[int],
+) -> StartupRequest:
+    """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
+    none), and every complete copy on another live node — its GPU copy (with the load of
+    the instance holding it) and its host copy; a node is its own machine, so the policy
+    sends from one of them. The simulator asks the same question
+    (`sim/loading.Loader.startup_request`)."""
+    gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
+    others = [n for n in sorted(gpu | host) if n not in dests and n in live]
+    copies = [Copy(n, "gpu", outstanding.get(n, 0), machine=n) for n in others if n in gpu]
+    copies += [Copy(n, "host", machine=n) for n in others if n in host]
+    return StartupRequest(system, own_tiers(pool, model, dests), tuple(copies))
+
+
+def own_tiers(pool: ParameterPool, model: str, nodes: list[int]) -> tuple[Destination, ...]:
+    """Each node as a destination with its own best complete copy (host, disk or none)."""
+    host, disk = set(pool.complete(model, "host")), set(pool.complete(model, "disk"))
+    return tuple(
+        Destination(n, "host" if n in host else "disk" if n in disk else "remote", machine=n)
+        for n in nodes
+    )
+
+
+# built with surge.runtime.scaleout (its owner may change this function)
+async def start_scale_out(
+    client: ClusterClient,
+    pool: ParameterPool,
+    dep: Deployment,
+    dests: list[int],
+    offer: ScaleOutOffer,
+    *,
+    engine: EngineConfig,
+    timeout_s: float,
+    serve_while_loading: bool,
+    result: ScaleOutResult,
+) -> None:
+    """Bring `dests` up as local instances of `dep` by its system; fills `result`.
+
+    Hands `surge.runtime.scaleout` the facts it plans with: the start-up question
+    (`startup_request`), the SLOs in seconds (`slo` is in ms; unset: the runtime's
+    documented defaults), the link speed and NIC load (ParaServe Alg. 1/2), and the offer's
+    hooks (a ParaServe group books spare slots and releases unused ones)."""
+    system = serve_system(dep.spec.strategy)
+    live = set(client.addresses) - client.down
+    outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
+    question = startup_request(system, pool, dep.name, dests, outstanding, live)
+    slo = dep.spec.slo
+    ctx = ScaleOutContext(
+        client=client,
+        server=dep.server,
+        manifest=dep.manifest,
+        system=system,
+        destinations=question.destinations,
+        hooks=ControllerHooks(
+            offer.on_local, offer.make_host_copy, offer.book, offer.release, offer.sending
+        ),
+        copies=question.copies,
+        engine=engine,
+        timeout_s=timeout_s,
+        serve_while_loading=serve_while_loading,
+        spares=own_tiers(pool, dep.name, list(offer.spares)),
+        fetching=dict(offer.nic_load),
+        ttft_slo_s=slo.ttft_ms / 1e3 if slo.ttft_ms else sc.DEFAULT_TTFT_SLO_S,
+        tpot_slo_s=slo.tpot_ms / 1e3 if slo.tpot_ms else sc.DEFAULT_TPOT_SLO_S,
+        fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
+    )
+    try:
+        result.kind = await run_scale_out(ctx)
+    finally:
+        result.num_kv_migrated, result.num_live_prefilled = ctx.kv_migrated, ctx.live_prefilled
+
+
+async def first_endpoint_s(dep: Deployment, t0_s: float, poll_s: float = 0.005) -> float:
+    """Seconds from `t0_s` until an endpoint not there at the start serves `dep` (a
+    pipeline or a local instance): the scale-out's first-endpoint phase."""
+    before = set(dep.server.endpoints)
+    while not set(dep.server.endpoints) - before:
+        await asyncio.sleep(poll_s)
+    return time.monotonic() - t0_s
