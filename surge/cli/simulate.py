@@ -1,7 +1,8 @@
 """`surge simulate`: run systems on a trace and cluster in virtual time, compare them.
 
 In: command-line options (trace, cluster, models, systems, duration, rate scale, seed,
-outputs). Out: a rich comparison table on stdout; optionally the comparison JSON and a
+outputs), or a multi-model scenario (`surge.sim.scenario`) in place of trace, cluster
+and models. Out: a rich comparison table on stdout; optionally the comparison JSON and a
 PNG (GPUs over time per system above the request rate, TTFT CDFs). A progress bar runs
 while it simulates. Bad inputs raise `SurgeError` (one-line error, exit 2).
 """
@@ -21,16 +22,29 @@ log = logging.getLogger(__name__)
 
 def simulate(
     trace: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="azure-code, azure-conv, gamma:rate=R,cv=C,duration=D, "
-            "servegen:NAME, or a CSV file (Azure, BurstGPT or arrival_s,input_tokens,"
-            "output_tokens[,model])"
+            "servegen:NAME, alibaba-genai, or a CSV file (Azure, BurstGPT or arrival_s,"
+            "input_tokens,output_tokens[,model]; a relative path is also looked up under "
+            "--traces-dir) [default: azure-conv]"
         ),
-    ] = "azure-conv",
+    ] = None,
     cluster: Annotated[
-        str, typer.Option(help="Cluster preset (e.g. lambdascale-testbed1) or JSON file")
-    ] = "lambdascale-testbed1",
+        str | None,
+        typer.Option(
+            help="Cluster preset (e.g. lambdascale-testbed1) or JSON file "
+            "[default: lambdascale-testbed1]"
+        ),
+    ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            help="Multi-model scenario: a JSON file (models, sizes, cluster, trace mapping; "
+            "docs/simulator.md) or a bundled one (lambdascale-multi, ...); replaces "
+            "--trace/--cluster/--model"
+        ),
+    ] = None,
     model: Annotated[
         list[str] | None,
         typer.Option(help="Model name (repeat for several; NAME*N for N copies)"),
@@ -66,6 +80,8 @@ def simulate(
     from surge.policy.systems import system_config
     from surge.sim.metrics import summarize
     from surge.sim.report import JSON_KEYS, comparison_json, draw_png
+    from surge.sim.scenario import load_scenario
+    from surge.sim.scenario_traffic import build_trace
     from surge.sim.settings import SimSettings, Slo
     from surge.sim.simulator import Simulation
     from surge.traces.resolve import load_trace
@@ -79,31 +95,49 @@ def simulate(
         raise SurgeError(f"--duration-s must be > 0 (got {duration_s})")
     if start_s < 0:
         raise SurgeError(f"--start-s must be >= 0 (got {start_s})")
-    systems = system or ["lambdascale", "serverlessllm"]
-    models = tuple(model or ["llama2-7b"])
+    slo = Slo(slo_ttft_s, slo_tpot_s)
+    if scenario is not None:
+        if trace is not None or cluster is not None or model:
+            raise SurgeError("--scenario replaces --trace, --cluster and --model; drop them")
+        scn = load_scenario(scenario)
+        systems = system or list(scn.systems)
+        loaded = build_trace(scn, traces_dir)
+    else:
+        scn = None
+        systems = system or ["lambdascale", "serverlessllm"]
+        loaded = load_trace(trace or "azure-conv", seed, traces_dir)
     for name in systems:
         system_config(name)
-    loaded = load_trace(trace, seed, traces_dir)
     loaded = time_slice(scale_rate(loaded, rate_scale), start_s, duration_s)
     if loaded.num_requests == 0:
         raise SurgeError("the trace has no requests in the chosen window")
-    slo = Slo(slo_ttft_s, slo_tpot_s)
     results, summaries = {}, {}
     wall = time.perf_counter()
     horizon = loaded.duration_s or 1.0
     with Progress(transient=True) as progress:
         for name in systems:
-            settings = SimSettings(
-                cluster, models, name, seed, slo, warm_instances=warm, block_count=block_count
-            )
-            sim = Simulation(loaded, settings)
+            if scn is not None:
+                settings = scn.settings(name, block_count=block_count)
+                sim = Simulation(loaded, settings, scn.system(name))
+            else:
+                settings = SimSettings(
+                    cluster or "lambdascale-testbed1",
+                    tuple(model or ["llama2-7b"]),
+                    name,
+                    seed,
+                    slo,
+                    warm_instances=warm,
+                    block_count=block_count,
+                )
+                sim = Simulation(loaded, settings)
             task = progress.add_task(f"{name}", total=horizon)
             res = sim.run(lambda now, task=task: progress.update(task, completed=min(now, horizon)))
             progress.update(task, completed=horizon)
             results[name] = res
             summaries[name] = summarize(res, settings)
     wall_s = time.perf_counter() - wall
-    table = Table(title=f"{loaded.name} ({loaded.num_requests} requests) on {cluster}")
+    where = scn.cluster.name if scn is not None else cluster or "lambdascale-testbed1"
+    table = Table(title=f"{loaded.name} ({loaded.num_requests} requests) on {where}")
     cols = JSON_KEYS
     table.add_column("system")
     for c in cols:

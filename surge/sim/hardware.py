@@ -205,8 +205,8 @@ def cluster_presets() -> tuple[str, ...]:
     return tuple(k for k in _load_json("clusters.json") if not k.startswith("_"))
 
 
-def load_cluster(name_or_file: str) -> ClusterProfile:
-    """A bundled preset by name, or a JSON file shaped like one preset."""
+def cluster_spec(name_or_file: str) -> dict:
+    """The JSON of a bundled preset by name, or of a JSON file shaped like one preset."""
     table = _load_json("clusters.json")
     if name_or_file in table and not name_or_file.startswith("_"):
         spec = table[name_or_file]
@@ -221,7 +221,19 @@ def load_cluster(name_or_file: str) -> ClusterProfile:
             spec = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise SurgeError(f"cluster file {path} is not valid JSON ({e})") from None
+    return spec
+
+
+def cluster_from_spec(name: str, spec: object) -> ClusterProfile:
+    """A cluster from the JSON shape of one preset (a dict with a `groups` list)."""
     if not isinstance(spec, dict) or not isinstance(spec.get("groups"), list):
-        raise SurgeError(f"cluster {name_or_file}: needs a 'groups' list of node groups")
-    groups = tuple(_group(g, name_or_file) for g in spec["groups"])
-    return ClusterProfile(name_or_file, groups)
+        raise SurgeError(f"cluster {name}: needs a 'groups' list of node groups")
+    for g in spec["groups"]:
+        if not isinstance(g, dict):
+            raise SurgeError(f"cluster {name}: every node group must be an object")
+    return ClusterProfile(name, tuple(_group(g, name) for g in spec["groups"]))
+
+
+def load_cluster(name_or_file: str) -> ClusterProfile:
+    """A bundled preset by name, or a JSON file shaped like one preset."""
+    return cluster_from_spec(name_or_file, cluster_spec(name_or_file))

@@ -6,6 +6,7 @@ In: values from the CLI or a benchmark. Out: a frozen `SimSettings` the simulato
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
+from surge.sim.hardware import ClusterProfile
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,9 @@ class Slo:
 class SimSettings:
     """One run: which cluster, models and system, and the serving limits."""
 
-    cluster: str
-    """Cluster preset name or JSON file (`surge.sim.hardware.load_cluster`)."""
+    cluster: str | ClusterProfile
+    """Cluster preset name or JSON file (`surge.sim.hardware.load_cluster`), or a built
+    profile (a scenario's cluster with its overrides, `surge.sim.scenario`)."""
     models: tuple[str, ...]
     """Model names; request with model index i uses models[i % len(models)]. A name may
     be `NAME*N` for N distinct models of one profile (multi-model clusters)."""
@@ -65,6 +67,10 @@ class SimSettings:
     pipeline_micro_batches: int = 1
     """Micro-batch groups an execution pipeline runs at once; its capacity is this times
     `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
+
+    model_names: tuple[str, ...] = ()
+    """Distinct names of the expanded models (a scenario's `code/0`, `code/1`, ...);
+    empty: `NAME` or `NAME#i` (`simulator.expand_models`)."""
 
     block_count: str = "system"
     """B of each multicast: `system` (`SystemConfig.num_blocks`) or `elbow`

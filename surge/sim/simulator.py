@@ -93,10 +93,18 @@ class Simulation:
         """The system's policies; `system` overrides the name (variants in benchmarks)."""
         loop = EventLoop()
         net = FlowNetwork(loop)
-        profile = load_cluster(settings.cluster)
+        profile = (
+            settings.cluster
+            if isinstance(settings.cluster, ClusterProfile)
+            else load_cluster(settings.cluster)
+        )
+        expanded = expand_models(settings.models)
+        names = settings.model_names or tuple(n for n, _ in expanded)
+        if len(names) != len(expanded) or len(set(names)) != len(names):
+            raise SurgeError("model_names must name every expanded model once")
         models = tuple(
             model_slot(n, p, profile, self.system, settings.kv_memory_fraction)
-            for n, p in expand_models(settings.models)
+            for n, (_, p) in zip(names, expanded, strict=True)
         )
         result = SimResult(
             settings.system,

@@ -5,16 +5,23 @@ In: NAME_OR_FILE and the traces directory (default `<repo>/../shared/traces`, or
 - `azure-code`, `azure-conv`: the Azure LLM 2023 traces;
 - `gamma:rate=R,cv=C,duration=D[,in=I,out=O]`: Gamma arrivals (token lengths resampled
   from azure-conv when it is present and `in`/`out` are not given);
-- `servegen:CATEGORY_MODEL[,start=S,duration=D]`: ServeGen per-client windows.
-A path is read by its header: Azure (TIMESTAMP, ContextTokens, GeneratedTokens),
-BurstGPT (Timestamp, Model, Request tokens, Response tokens) or the generic CSV
-(arrival_s, input_tokens, output_tokens[, model]).
+- `servegen:CATEGORY_MODEL[,start=S,duration=D,scale=F]`: ServeGen per-client windows
+  (each request's model index is its client's rank);
+- `alibaba-genai`: the Alibaba serverless GenAI request trace (model index = base model
+  rank; tokens resampled from azure-conv).
+Anything else is a file: the path as given (from the current directory), else the same
+path under the traces directory (`--traces-dir DIR` + `azure_llm_2023/...csv` works, and
+so does a BurstGPT file a user put there). A file is read by its header: Azure
+(TIMESTAMP, ContextTokens, GeneratedTokens), BurstGPT (Timestamp, Model, Request
+tokens, Response tokens) or the generic CSV (arrival_s, input_tokens, output_tokens[, model]).
 """
 
 import os
 from pathlib import Path
 
 from surge.errors import SurgeError
+from surge.traces.alibaba_genai import FILE as ALIBABA_FILE
+from surge.traces.alibaba_genai import load_alibaba_genai
 from surge.traces.azure import load_azure
 from surge.traces.burstgpt import load_burstgpt
 from surge.traces.csv_columns import open_text
@@ -28,6 +35,8 @@ AZURE_FILES = {
     "azure-conv": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
 }
 """Bundled trace names -> path inside the traces directory."""
+NAMES = (*AZURE_FILES, "alibaba-genai")
+"""Every plain trace name."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,10 +121,17 @@ def load_trace(spec: str, seed: int = 0, traces_dir: Path | None = None) -> Trac
             _num(opts, "scale", 1.0),
             _donor(traces_dir),
         )
+    if spec == "alibaba-genai":
+        path = traces_dir / ALIBABA_FILE
+        if not path.is_file():
+            raise SurgeError(f"trace {spec} not found at {path}; pass --traces-dir")
+        return load_alibaba_genai(path, seed, _donor(traces_dir))
     path = Path(spec)
+    if not path.is_file() and not path.is_absolute() and (traces_dir / path).is_file():
+        path = traces_dir / path
     if not path.is_file():
         raise SurgeError(
-            f"unknown trace {spec!r}: not a file and not one of {', '.join(AZURE_FILES)}, "
-            "gamma:rate=R,cv=C,duration=D, servegen:NAME"
+            f"unknown trace {spec!r}: not a file (here or under {traces_dir}) and not one "
+            f"of {', '.join(NAMES)}, gamma:rate=R,cv=C,duration=D, servegen:NAME"
         )
     return load_file(path)
