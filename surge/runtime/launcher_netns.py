@@ -5,7 +5,7 @@ What flows: a `NetnsClusterConfig` in; out, the `LocalCluster` surface (`start`,
 `addresses`, `token`, `procs`, `client`, `wire_peers`, `kill`, `alive`) over agents that
 listen on their node's address in a private 198.18.0.0/15 /24 behind one bridge. Each
 node's egress and ingress caps are htb qdiscs on its veth pair (egress: the node's end;
-ingress: the bridge's end), latency and loss netem under them; the agents' own token
+ingress: the bridge's end), latency netem under them, random loss by nftables; the agents' own token
 buckets are off. Each agent runs in a cgroup with a CPU quota (default: this machine's
 cores / N, so N nodes together are the machine). The registry is a directory every
 namespace sees (namespaces do not isolate the filesystem). The kernel resources live in
@@ -38,7 +38,7 @@ class NetnsClusterConfig(LocalClusterConfig):
     latency_ms: float = 0.0
     """One-way delay added to every node's egress (tc netem; RTT is twice this)."""
     loss_pct: float = 0.0
-    """Packets dropped at random on every node's egress (tc netem)."""
+    """Percent of packets dropped at random on every node's link, each direction (nftables)."""
     cpu_cores_per_node: float | None = None
     """CPU quota of each node (None: this machine's cores / num_nodes; 0: no quota)."""
     host_groups: tuple[tuple[int, ...], ...] = ()
@@ -89,8 +89,10 @@ class NetnsCluster(LocalCluster):
             nn = netns.add_node(self.prefix, self.bridge, self.subnet, node)
             self.nets[node] = nn
             eg, ig = cfg.caps(node)
-            netns.shape_link(nn.node_dev, nn.netns, eg, cfg.latency_ms, cfg.loss_pct)
+            netns.shape_link(nn.node_dev, nn.netns, eg, cfg.latency_ms)
             netns.shape_link(nn.host_dev, None, ig)
+            if cfg.loss_pct:
+                netns.set_loss(nn.netns, cfg.loss_pct)
         for group in cfg.host_groups:
             self._group(group)
         threads = cfg.threads_per_agent or max(1, round(self.cores_per_node or 1))
@@ -138,6 +140,10 @@ class NetnsCluster(LocalCluster):
     def set_link(self, node: int, up: bool) -> None:
         """Take node's link down (its veth on the bridge side) or back up: fault injection."""
         netns.set_link_up(self.nets[node].host_dev, None, up)
+
+    def set_loss(self, node: int, loss_pct: float) -> None:
+        """Drop `loss_pct`% of node's packets each way from now on (0: stop): fault injection."""
+        netns.set_loss(self.nets[node].netns, loss_pct)
 
     def stop(self, grace_s: float = 5.0) -> None:
         super().stop(grace_s)

@@ -2,10 +2,11 @@
 
 What flows: `NetnsCluster` (`launcher_netns.py`) asks for a node (`add_node`), its link
 shaping (`shape_link`) and its CPU quota (`cpu_group`), and at the end removes everything
-under its prefix (`remove_all`). Every name starts with the launcher's prefix
-`sg<pid:6 hex><instance:1 hex>`, so `sweep_stale` can find what a launcher that died
-(SIGKILL, power loss) left behind and remove it once that pid is gone. Linux only, root only;
-`missing_requirements` says what is absent. iproute2 runs as a subprocess (`ip`, `tc`).
+under its prefix (`remove_all`); `set_loss` drops packets at random (nftables). Every
+name starts with the launcher's prefix `sg<pid:6 hex><instance:1 hex>`, so `sweep_stale` can
+find what a launcher that died (SIGKILL, power loss) left behind and remove it once that pid
+is gone. Linux only, root only; `missing_requirements` says what is absent. iproute2 and
+nftables run as subprocesses (`ip`, `tc`, `nft`).
 """
 
 import contextlib
@@ -227,22 +228,11 @@ def add_node(prefix: str, bridge: str, net: ipaddress.IPv4Network, node: int) ->
     return nn
 
 
-def shape_link(
-    dev: str,
-    netns: str | None,
-    gbps: float | None,
-    latency_ms: float = 0.0,
-    loss_pct: float = 0.0,
-) -> None:
-    """Shape what leaves `dev`: htb at `gbps` (None: unlimited), then netem delay/loss."""
+def shape_link(dev: str, netns: str | None, gbps: float | None, latency_ms: float = 0.0) -> None:
+    """Shape what leaves `dev`: htb at `gbps` (None: unlimited), then netem delay."""
     tc = ["tc", "-n", netns] if netns else ["tc"]
     # Re-shaping replaces the whole tree (root qdisc, classes, filters).
     _run(*tc, "qdisc", "del", "dev", dev, "root", check=False)
-    netem = []
-    if latency_ms > 0:
-        netem += ["delay", f"{latency_ms}ms"]
-    if loss_pct > 0:
-        netem += ["loss", f"{loss_pct}%"]
     if gbps is not None:
         kbit = max(16, int(gbps * 1e6))
         # A burst of ~1 ms at the rate (at least a 64 KiB GSO segment): htb then keeps the
@@ -264,14 +254,45 @@ def shape_link(
         parent = ["parent", "1:20", "handle", "20:"]
     else:
         parent = ["root"]
-    if netem:
+    if latency_ms > 0:
         try:
-            _run(*tc, "qdisc", "replace", "dev", dev, *parent, "netem", *netem, "limit", "100000")
+            _run(*tc, "qdisc", "replace", "dev", dev, *parent, "netem",
+                 "delay", f"{latency_ms}ms", "limit", "100000")  # fmt: skip
         except SurgeError as e:
             raise SurgeError(
-                "link latency/loss needs tc netem, which this kernel lacks "
-                f"(CONFIG_NET_SCH_NETEM): {e}"
+                f"link latency needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM): {e}"
             ) from None
+
+
+LOSS_TABLE = "surge_loss"
+
+
+def set_loss(netns: str, loss_pct: float) -> None:
+    """Drop `loss_pct`% of the packets a node sends and of those it receives, at random
+    (nftables `numgen random` in the node's namespace; not netem, which some kernels lack).
+    0 removes the rule. The table lives in the namespace and goes with it."""
+    if not 0.0 <= loss_pct < 100.0:
+        raise SurgeError(f"loss_pct must be in [0, 100) (got {loss_pct})")
+    nft = ["ip", "netns", "exec", netns, "nft"]
+    _run(*nft, "delete", "table", "inet", LOSS_TABLE, check=False)
+    if loss_pct == 0:
+        return
+    if shutil.which("nft") is None:
+        raise SurgeError("packet loss needs `nft` (apt-get install nftables)")
+    per_10k = str(max(1, round(loss_pct * 100)))
+    _run(*nft, "add", "table", "inet", LOSS_TABLE)
+    for chain, hook, iface in (("out", "output", "oifname"), ("in", "input", "iifname")):
+        _run(*nft, "add", "chain", "inet", LOSS_TABLE, chain,
+             f"{{ type filter hook {hook} priority 0 ; }}")  # fmt: skip
+        _run(*nft, "add", "rule", "inet", LOSS_TABLE, chain, iface, "!=", "lo",
+             "numgen", "random", "mod", "10000", "<", per_10k, "counter", "drop")  # fmt: skip
+
+
+def dropped_packets(netns: str) -> int:
+    """Packets `set_loss` has dropped in this namespace so far (tests: the fault was real)."""
+    out = _run("ip", "netns", "exec", netns, "nft", "list", "table", "inet", LOSS_TABLE,
+               check=False)  # fmt: skip
+    return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
 
 
 def set_link_up(dev: str, netns: str | None, up: bool) -> None:

@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 DEFAULT_HOST = "127.0.0.1"
+STALL_TIMEOUT_S = 8.0
+"""A peer whose kernel acknowledges nothing for this long is dead (a link down for good, a
+host gone): the socket fails with ETIMEDOUT and the connection counts as closed, so a pull
+from it is re-planned and the controller marks the agent down. Idle connections are probed
+(TCP keepalive) so a pull waiting for its reply notices too. A frozen process on a live host
+still has its kernel answer: that case is bounded by the operation's own wait."""
 
 
 class ConnectionClosed(ConnectionError):
@@ -42,6 +48,23 @@ PayloadSink = Callable[[dict[str, Any]], memoryview | bytearray | None]
 """Given a frame header, where to put its payload (None: a fresh bytearray)."""
 
 
+def _detect_stalls(sock: socket.socket, timeout_s: float) -> None:
+    """Keepalive probes every second after 2 s idle, and a bound on unacknowledged data:
+    either way a silent peer fails the socket after about `timeout_s` (Linux; elsewhere
+    whatever of this the platform has)."""
+    opts = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), 2),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), max(1, int(timeout_s) - 2)),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), int(timeout_s * 1000)),
+    ]
+    for level, opt, value in opts:
+        if opt is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, opt, value)
+
+
 class Connection:
     """One TCP connection carrying frames, usable from one asyncio loop."""
 
@@ -53,6 +76,7 @@ class Connection:
     ) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _detect_stalls(sock, STALL_TIMEOUT_S)
         self.sock = sock
         self.egress = egress or TokenBucket(None)
         self.ingress = ingress or TokenBucket(None)
@@ -101,7 +125,7 @@ class Connection:
             await self._send_all(memoryview(HEADER_LEN.pack(len(head)) + head), paced=False)
             if len(body):
                 await self._send_all(body, paced=True)
-        except (BrokenPipeError, ConnectionResetError) as e:
+        except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:
             self.closed = True
             raise ConnectionClosed(str(e)) from None
 
@@ -125,7 +149,9 @@ class Connection:
             if length:
                 await self._recv_exactly(view, paced=True)
             return header, view
-        except (ConnectionResetError, BrokenPipeError) as e:
+        except (ConnectionResetError, BrokenPipeError, TimeoutError) as e:
+            # TimeoutError here is the kernel's ETIMEDOUT (`STALL_TIMEOUT_S`): no asyncio
+            # timeout runs inside recv, a caller's wait_for cancels it instead.
             self.closed = True
             raise ConnectionClosed(str(e)) from None
         except ConnectionClosed:

@@ -5,10 +5,12 @@ machine cannot make namespaces (not root, no iproute2, no cgroup CPU controller)
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -66,9 +68,10 @@ def make_netns(registry: Path):
         assert all(gone(pid) for pid in pids), "an agent outlived its cluster"
 
 
-def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None):
+def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None, dead: Sequence[int] = ()):
     """Multicast the model from node 0 to every other node's gpu tier (calling
-    `fault(plan)` mid-way if given), then generate on every receiver."""
+    `fault(plan)` mid-way if given), then generate on every receiver but those in `dead`
+    (filled by the fault: nodes it cut off for good)."""
     n = cluster.config.num_nodes
     out = plan_scale_out(MulticastRequest(num_nodes=n, num_blocks=manifest.num_blocks))
 
@@ -80,19 +83,20 @@ def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None):
             if fault is not None:
                 await fault(out.plan)
             result = await asyncio.wait_for(task, 90)
-            sums = await client.broadcast(ChecksumsOp(model=MODEL))
+            live = [v for v in range(n) if v not in dead]
+            sums = {v: await client.call(v, ChecksumsOp(model=MODEL)) for v in live}
             ask = GenerateOp(model=MODEL, prompt_token_ids=tuple(PROMPT), params=PARAMS)
-            tokens = await asyncio.gather(*(client.call(v, ask) for v in range(1, n)))
+            tokens = await asyncio.gather(*(client.call(v, ask) for v in live if v != 0))
             return result, sums, [list(t.token_ids) for t in tokens]
         finally:
             await client.close()
 
     result, sums, tokens = asyncio.run(run())
     want = {b.index: b.checksum for b in manifest.blocks}
-    assert result.complete_s is not None and not result.dead_nodes
+    assert result.complete_s is not None and result.dead_nodes == sorted(dead)
     assert all(s.checksums == want for s in sums.values()), "a node holds different bytes"
     want_tokens = LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
-    assert tokens == [want_tokens] * (n - 1)
+    assert tokens == [want_tokens] * (n - 1 - len(dead))
     return result
 
 
@@ -193,6 +197,43 @@ def test_a_node_frozen_mid_multicast_loses_nothing(make_netns, manifest) -> None
         os.kill(pid, signal.SIGCONT)
 
     multicast_then_generate(cluster, manifest, freeze)
+
+
+@needs_netns
+def test_a_link_down_for_good_mid_multicast_is_noticed_and_the_rest_finish(
+    make_netns, manifest
+) -> None:
+    """No 'up' again: the kernel's stall bound (transport.STALL_TIMEOUT_S) fails every socket to
+    the cut-off node, the controller marks it down and its dependants pull from other holders."""
+    cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
+    victim: list[int] = []
+
+    async def cut_for_good(plan) -> None:
+        victim.append(plan.steps[0][0].dst)  # the first receiver forwards to others
+        await asyncio.sleep(0.3)
+        cluster.set_link(victim[0], up=False)
+
+    result = multicast_then_generate(cluster, manifest, cut_for_good, dead=victim)
+    assert result.dead_nodes == victim
+    assert any(r["instead_of"] == victim[0] for r in result.replans), result.replans
+
+
+@needs_netns
+@pytest.mark.skipif(shutil.which("nft") is None, reason="packet loss needs nft (nftables)")
+def test_five_percent_loss_on_one_link_during_a_scale_out_loses_nothing(
+    make_netns, manifest
+) -> None:
+    cluster = make_netns(4, link_gbps=0.2, preload_engine=True, cpu_cores_per_node=0)
+
+    lossy_node: list[int] = []
+
+    async def lossy(plan) -> None:
+        lossy_node.append(plan.steps[0][0].dst)
+        cluster.set_loss(lossy_node[0], 5.0)
+
+    result = multicast_then_generate(cluster, manifest, lossy)
+    assert netns.dropped_packets(cluster.nets[lossy_node[0]].netns) > 0, "nothing was dropped"
+    assert not result.replans, "TCP should carry a 5% lossy link without giving up on it"
 
 
 LAUNCHER = """
