@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from surge.errors import SurgeError
 from surge.runtime.agent_context import Handlers, NodeContext
+from surge.runtime.agent_refactor import refactor_handlers
 from surge.runtime.agent_store import AgentStore
 from surge.runtime.protocol import (
     AbortReply,
@@ -120,6 +121,7 @@ class AgentServing:
             InstanceAbortOp: self.op_instance_abort,
             InstanceCloseOp: self.op_instance_close,
             GenerateOp: self.op_generate,
+            **refactor_handlers(self._stage),  # FlexPipe refactoring and profiling
         }
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from surge.runtime.protocol_replies import (
     GenerateReply,
     InstanceReply,
     KvPart,
+    LayerTimesReply,
     LoadReply,
     MulticastReply,
     PipelineReply,
@@ -297,3 +298,37 @@ class KvExportOp(Op[KvPart], name="kv_export", reply=KvPart):
     pipeline: str
     seq_id: int
     num_tokens: int
+
+
+@dataclass(frozen=True)
+class KvImportOp(Op[Ack], name="kv_import"):
+    """Write one sequence's migrated K/V into this node's stage of `pipeline`: `parts`
+    (layers within the stage, bytes concatenated in the payload) for its first tokens
+    (FlexPipe §6 refactoring: only valid tokens travel, Eq. 10)."""
+
+    pipeline: str
+    seq_id: int
+    parts: tuple[KvPart, ...]
+
+
+@dataclass(frozen=True)
+class StageKvCopyOp(Op[Ack], name="stage_kv_copy"):
+    """Copy, inside this node, the K/V of the layers stage `source` and stage `pipeline`
+    share, for each (seq_id, num_tokens) (FlexPipe refactoring: layers that stay put)."""
+
+    pipeline: str
+    source: str
+    seqs: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class StageProfileOp(Op[LayerTimesReply], name="stage_profile", reply=LayerTimesReply):
+    """Time each layer of this node's stage of `pipeline` (FlexPipe §5 profiling)."""
+
+    pipeline: str
+    num_tokens: int = 32
+    repeats: int = 2
+
+    def __post_init__(self) -> None:
+        ok = self.num_tokens >= 1 and self.repeats >= 1
+        require(ok, "op stage_profile", "needs num_tokens >= 1 and repeats >= 1")

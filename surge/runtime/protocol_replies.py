@@ -130,3 +130,15 @@ class KvPart(Reply):
 
     def __post_init__(self) -> None:
         require(0 <= self.first_layer < self.end_layer, "KvPart", "needs first < end layer")
+
+
+@dataclass(frozen=True)
+class LayerTimesReply(Reply):
+    """The reply of `stage_profile`: measured seconds of each layer of a stage (FlexPipe §5's
+    t_c), at a prefill of `num_tokens` tokens and at a one-token decode step, and the bytes
+    one token's hidden state takes between stages (s_a per token)."""
+
+    first_layer: int
+    prefill_s: tuple[float, ...]
+    decode_s: tuple[float, ...]
+    activation_bytes_per_token: int

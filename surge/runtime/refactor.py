@@ -1,0 +1,301 @@
+"""FlexPipe's live pipelines: stages re-cut between two steps, requests running (paper 003 §6).
+
+What flows: a `FlexPipeline` is a `PipelineEndpoint` (stages on agents, head engines here)
+whose head engines step through a `StepGate`. `refactor_pipeline` turns its stages into new
+ones (split: coarse -> fine, merge: fine -> coarse):
+1. the nodes of the new stages load the blocks they lack (`load`, the caller's: from their
+   own tier) while the pipeline keeps serving;
+2. the gate closes between two engine steps (none in flight, none starts); the new stages
+   open under a new stage key next to the old ones;
+3. the K/V of every running sequence follows its layers: layers that stay on a node are
+   copied inside it (`stage_kv_copy`); layers that change node travel over the transport
+   as `flexpipe_system.refactor` (Eq. 10) lists them, valid tokens only (`kv_export` from
+   the old stage, `kv_import` into the new one);
+4. the head engines' executors point at the new first stage, the old stages close, the
+   gate opens. The engines' sequences (ids, tokens, positions) never change, so each
+   request continues token-exact, without recomputation.
+Any failure before step 4 closes the new stages and leaves the old ones serving (the
+refactoring did not happen); the caller gives back the slots it had booked.
+Owned by the runtime; the decision (stage count, layers, nodes) is the controller's,
+from `surge.policy.flexpipe_system`.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from surge.engine.llm_engine import TokenEvent
+from surge.model.manifest import Manifest
+from surge.policy.flexpipe_refactor import RefactorPlan
+from surge.policy.flexpipe_system import refactor
+from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint, _Group
+from surge.runtime.protocol_ops import (
+    KvExportOp,
+    KvImportOp,
+    StageCloseOp,
+    StageKvCopyOp,
+    StageOpenOp,
+)
+from surge.runtime.protocol_replies import KvPart
+
+log = logging.getLogger(__name__)
+
+Stages = list[tuple[int, int, int]]
+"""(node, first_layer, end_layer) per stage, in layer order."""
+
+
+class StepGate:
+    """Engine steps share it; a refactoring holds it alone, between two steps."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._in_flight = 0
+        self._paused = False
+
+    @contextlib.asynccontextmanager
+    async def step(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._paused)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._paused)
+            self._paused = True
+            await self._cond.wait_for(lambda: self._in_flight == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._paused = False
+                self._cond.notify_all()
+
+
+class FlexPipeline(PipelineEndpoint):
+    """An execution pipeline whose stages can be re-cut while it serves."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.version = 0
+        """How many refactorings it went through (the stage key's suffix)."""
+        self.gate = StepGate()
+        self.refactoring = False
+        """A refactoring is under way (the controller starts no second one)."""
+
+    @property
+    def stage_key(self) -> str:
+        """The name its current stages are opened under on the agents."""
+        return self.name if self.version == 0 else f"{self.name}@{self.version}"
+
+    async def close_stages(self) -> None:
+        for node, _, _ in self.stages:
+            with contextlib.suppress(Exception):
+                await self.client.call(node, StageCloseOp(pipeline=self.stage_key))
+
+    async def _run(self, group: _Group) -> None:
+        """`PipelineEndpoint._run` with each engine step taken inside the gate."""
+        engine = group.engine
+
+        def admit() -> None:
+            for req in group.pending:
+                sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
+                group.seqs[sid] = req
+            group.pending.clear()
+
+        async def deliver(events: list[TokenEvent]) -> None:
+            for ev in events:
+                req = group.seqs.get(ev.seq_id)
+                if req is None:
+                    continue
+                if ev.logprobs is not None:
+                    req.add_logprobs(ev.logprobs)
+                req.add_token(ev.token_id, ev.finished, ev.finish_reason)
+                if ev.finished:
+                    del group.seqs[ev.seq_id]
+                    self.requests.pop(req.req_id, None)
+
+        try:
+            while True:
+                admit()
+                if not engine.has_unfinished:
+                    group.wake.clear()
+                    admit()
+                    if not engine.has_unfinished:
+                        await group.wake.wait()
+                    continue
+                async with self.gate.step():
+                    admit()  # work that came while the gate was closed
+                    events = await asyncio.to_thread(engine.step)
+                for ev in events:
+                    if ev.finished:
+                        engine.seqs.pop(ev.seq_id, None)
+                await deliver(events)
+        except EndpointFailed as e:
+            log.warning("%s failed: %s", self.name, e)
+            self.failed = True
+            if self.on_failure is not None:
+                asyncio.get_running_loop().create_task(self.on_failure(self))
+
+    def valid_tokens(self) -> list[tuple[int, int]]:
+        """(seq id, tokens whose K/V the stages hold) of every running sequence (Eq. 10's
+        M_valid); exact only between steps (inside the gate)."""
+        return [
+            (sid, seq.num_cached)
+            for g in self.groups
+            for sid, seq in g.engine.seqs.items()
+            if seq.num_cached > 0
+        ]
+
+
+@dataclass(frozen=True)
+class RefactorResult:
+    """What one refactoring did."""
+
+    direction: str
+    """`split` (more stages), `merge` (fewer) or `recut` (as many, other layers)."""
+    num_stages_before: int
+    num_stages_after: int
+    num_seqs: int
+    """Running sequences whose K/V moved with their layers."""
+    num_kv_copies: int
+    """Eq. 10's (request, layer) copies carried over the transport."""
+    kv_bytes: int
+    """K/V bytes that crossed the transport."""
+    load_s: float
+    """Loading the new stages' blocks (the pipeline served meanwhile)."""
+    pause_s: float
+    """The gate closed: no step ran."""
+
+
+def direction_of(before: int, after: int) -> str:
+    return "split" if after > before else "merge" if after < before else "recut"
+
+
+def blocks_of_stage(manifest: Manifest, first: int, end: int) -> list[int]:
+    """Blocks a stage over layers [first, end) needs (the embedding and head blocks too)."""
+    needed = set(manifest.blocks_for_layers(first, end))
+    if first == 0:
+        needed.add(0)
+    if end == manifest.arch.num_layers:
+        needed.add(manifest.num_blocks - 1)
+    return sorted(needed)
+
+
+def _spans(stages: Stages) -> list[tuple[int, tuple[int, int]]]:
+    return [(node, (a, b)) for node, a, b in stages]
+
+
+async def _open(pipe: FlexPipeline, key: str, stages: Stages) -> None:
+    for i, (node, first, end) in enumerate(stages):
+        nxt = stages[i + 1][0] if i + 1 < len(stages) else None
+        op = StageOpenOp(
+            pipeline=key, model=pipe.model, first_layer=first, end_layer=end, next_node=nxt
+        )
+        await pipe.client.call(node, op)
+
+
+async def _close(pipe: FlexPipeline, key: str, nodes: list[int]) -> None:
+    for node in nodes:
+        with contextlib.suppress(Exception):  # a dead node has nothing left to close
+            await pipe.client.call(node, StageCloseOp(pipeline=key))
+
+
+async def _move_kv(
+    pipe: FlexPipeline, old_key: str, new_key: str, target: Stages, plan: RefactorPlan
+) -> int:
+    """Carry out Eq. 10's copies: per (sequence, source stage) one export, then each
+    destination's contiguous layers of it imported. Returns the bytes moved."""
+    old = {node: (a, b) for node, a, b in pipe.stages}
+    wanted: dict[tuple[int, int], dict[int, list[int]]] = {}
+    tokens: dict[int, int] = {}
+    for kv in plan.kv_copies:
+        sid = int(kv.request_id)
+        tokens[sid] = kv.num_tokens
+        wanted.setdefault((sid, kv.src_slot), {}).setdefault(kv.dst_slot, []).append(kv.block)
+    moved = 0
+    for (sid, src), per_dst in sorted(wanted.items()):
+        op = KvExportOp(pipeline=old_key, seq_id=sid, num_tokens=tokens[sid])
+        part, body = await pipe.client.call_bytes(src, op)
+        first, end = old[src]
+        per_layer = len(body) // (end - first)
+        for dst, layers in sorted(per_dst.items()):
+            lo, hi = min(layers), max(layers) + 1  # contiguous: both cuts are contiguous
+            chunk = bytes(body[(lo - first) * per_layer : (hi - first) * per_layer])
+            shape = (hi - lo, *part.shape[1:])
+            imp = KvImportOp(pipeline=new_key, seq_id=sid, parts=(KvPart(lo, hi, shape),))
+            await pipe.client.call_bytes(dst, imp, chunk)
+            moved += len(chunk)
+    return moved
+
+
+async def refactor_pipeline(
+    pipe: FlexPipeline,
+    target: Stages,
+    load: Callable[[int, list[int]], Awaitable[None]],
+    alive: Callable[[], bool] = lambda: True,
+) -> RefactorResult:
+    """Re-cut `pipe` into `target` stages while it serves (see the module docstring).
+    `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the
+    pipeline still serves (the server may retire it meanwhile). Raises on failure, with the
+    old stages still serving unless the pipeline itself failed."""
+    if pipe.refactoring:
+        raise RuntimeError(f"{pipe.name} is already refactoring")
+    pipe.refactoring = True
+    try:
+        t0 = time.monotonic()
+        await asyncio.gather(
+            *(load(node, blocks_of_stage(pipe.manifest, a, b)) for node, a, b in target)
+        )
+        load_s = time.monotonic() - t0
+        async with pipe.gate.exclusive():
+            t1 = time.monotonic()
+            if pipe.failed or not alive():
+                raise EndpointFailed(f"{pipe.name} stopped serving before its refactoring")
+            before = list(pipe.stages)
+            old_key, new_key = pipe.stage_key, f"{pipe.name}@{pipe.version + 1}"
+            valid = pipe.valid_tokens()
+            plan = refactor(_spans(before), _spans(target), [(str(s), n) for s, n in valid])
+            try:
+                await _open(pipe, new_key, target)
+                stay = sorted({n for n, _, _ in before} & {n for n, _, _ in target})
+                for node in stay:
+                    copy = StageKvCopyOp(pipeline=new_key, source=old_key, seqs=tuple(valid))
+                    await pipe.client.call(node, copy)
+                kv_bytes = await _move_kv(pipe, old_key, new_key, target, plan)
+                if pipe.failed or not alive():
+                    raise EndpointFailed(f"{pipe.name} stopped serving during its refactoring")
+            except BaseException:
+                await _close(pipe, new_key, [n for n, _, _ in target])
+                raise
+            for g in pipe.groups:  # the switch: the next step goes to the new stages
+                executor = g.engine.executor
+                executor.pipeline, executor.head = new_key, target[0][0]  # type: ignore[attr-defined]
+            pipe.stages = list(target)
+            pipe.nodes = tuple(n for n, _, _ in target)
+            pipe.version += 1
+            await _close(pipe, old_key, [n for n, _, _ in before])
+            pause_s = time.monotonic() - t1
+        result = RefactorResult(
+            direction=direction_of(len(before), len(target)),
+            num_stages_before=len(before),
+            num_stages_after=len(target),
+            num_seqs=len(valid),
+            num_kv_copies=len(plan.kv_copies),
+            kv_bytes=kv_bytes,
+            load_s=load_s,
+            pause_s=pause_s,
+        )
+        log.info("%s refactored %s -> %s: %s", pipe.name, before, target, result)
+        return result
+    finally:
+        pipe.refactoring = False
