@@ -47,10 +47,19 @@ OPS = [
     p.InstanceAbortOp(instance="i", req_ids=("r1", "r2")),
     p.InstanceCloseOp(instance="i"),
     p.KvExportOp(pipeline="pp", seq_id=0, num_tokens=5),
+    p.KvImportOp(pipeline="pp", seq_id=0, parts=(PART,)),
+    p.StageKvCopyOp(pipeline="pp@1", source="pp", seqs=((0, 5), (1, 3))),
+    p.StageProfileOp(pipeline="pp", num_tokens=8, repeats=1),
 ]
 
 REPLIES = [
     p.Ack(),
+    p.LayerTimesReply(
+        first_layer=2,
+        prefill_s=(0.5, 0.25),
+        decode_s=(0.125, 0.0625),
+        activation_bytes_per_token=64,
+    ),
     p.StatusReply(
         node=0,
         port=1,
