@@ -1,0 +1,134 @@
+"""λScale under a burst: TTFT scaling via GDR (Fig. 12), via the local cache (Fig. 13),
+and k-way transmission (Fig. 16), Llama-2 13B on Testbed1 (12 nodes, one H800 each).
+
+- Fig. 12: K warm instances hold the model on GPU, then 50 requests arrive at once;
+  λScale, FaaSNet and NCCL scale out over GDR from the GPU copies, ServerlessLLM-SSD loads
+  from each node's SSD. Headline: the time until all 50 requests have their first token
+  (paper: λScale 1.1 s, 2x / 1.4x / 8x faster than FaaSNet / NCCL / ServerlessLLM).
+- Fig. 13: the same burst with every node's host memory holding the model (AllCache-like
+  host caches for both systems); headline: p90 TTFT, ServerlessLLM over λScale (1.63x).
+- Fig. 16: λScale with k = 1, 2, 4 sources (k warm instances), 100 requests at once;
+  headline: mean TTFT over the burst (paper: k=4 fastest, then k=2, then k=1; no number).
+Run: python benchmarks/paper/lambdascale_bursts.py (about 10 s).
+"""
+
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ratio, run, write
+
+from surge.policy.systems import system_config
+from surge.sim.metrics import ttft_s
+from surge.sim.settings import SimSettings
+from surge.traces.request import make_trace
+
+log = logging.getLogger("lambdascale_bursts")
+CLUSTER, MODEL = "lambdascale-testbed1", "llama2-13b"
+MAX_BATCH = 8
+"""Sequences per instance: the burst must exceed the warm instances' capacity, else the
+router hands every request to them at once and nothing scales (the paper's runs push
+RPS until it must)."""
+
+
+def burst(n: int, input_tokens: int = 1024, output_tokens: int = 64):
+    """`n` requests at t = 0."""
+    return make_trace(f"burst{n}", np.zeros(n), np.full(n, input_tokens), np.full(n, output_tokens))
+
+
+def _one(trace, name: str, cfg, warm: int) -> dict:
+    settings = SimSettings(CLUSTER, (MODEL,), cfg.name, warm_instances=warm, max_batch=MAX_BATCH)
+    summary, res = run(trace, settings, cfg)
+    t = ttft_s(res)
+    done = res.done_s >= 0
+    early = res.output_tokens[done & (res.done_s <= 5.0)].sum()
+    return {
+        **summary,
+        "all_first_token_s": float(t.max()) if len(t) else None,
+        "tokens_in_5s": int(early),
+        "ttft_cdf_s": np.sort(t).tolist(),
+    }
+
+
+def fig12(warm: int = 1) -> dict:
+    trace = burst(50)
+    sllm_ssd = replace(system_config("serverlessllm"), host_cache="none")
+    out = {
+        "lambdascale": _one(trace, "lambdascale", system_config("lambdascale"), warm),
+        "faasnet": _one(trace, "faasnet", system_config("faasnet"), warm),
+        "nccl": _one(trace, "nccl", system_config("nccl"), warm),
+        "serverlessllm-ssd": _one(trace, "serverlessllm", sllm_ssd, warm),
+    }
+    lam = out["lambdascale"]["all_first_token_s"]
+    return {
+        "systems": out,
+        "speedup": {k: ratio(v["all_first_token_s"], lam) for k, v in out.items()},
+        "paper": {"lambdascale_s": 1.1, "faasnet": 2.0, "nccl": 1.4, "serverlessllm-ssd": 8.0},
+    }
+
+
+def fig13(warm: int = 4) -> dict:
+    trace = burst(50)
+    lam = replace(system_config("lambdascale"), host_cache="all")
+    sllm = replace(system_config("serverlessllm"), host_cache="all")
+    out = {
+        "lambdascale": _one(trace, "lambdascale", lam, warm),
+        "serverlessllm": _one(trace, "serverlessllm", sllm, warm),
+    }
+    return {
+        "systems": out,
+        "p90_ratio_serverlessllm": ratio(
+            out["serverlessllm"]["ttft_p90_s"], out["lambdascale"]["ttft_p90_s"]
+        ),
+        "paper": {"p90_ratio_serverlessllm": 1.63},
+    }
+
+
+def fig16() -> dict:
+    trace = burst(100)
+    out = {}
+    for k in (1, 2, 4):
+        cfg = replace(system_config("lambdascale"), max_sources=k)
+        out[f"k{k}"] = _one(trace, "lambdascale", cfg, k)
+    return {
+        "systems": out,
+        "ordering_holds": out["k4"]["ttft_mean_s"]
+        < out["k2"]["ttft_mean_s"]
+        < out["k1"]["ttft_mean_s"],
+        "mean_ttft_k1_over_k4": ratio(out["k1"]["ttft_mean_s"], out["k4"]["ttft_mean_s"]),
+        "paper": {"ordering": "k=4 scales fastest, then k=2, then k=1"},
+    }
+
+
+def draw(doc: dict) -> object:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4))
+    for i, key in enumerate(("fig12", "fig13", "fig16")):
+        for name, d in doc[key]["systems"].items():
+            cdf = d["ttft_cdf_s"]
+            ax[i].plot(cdf, np.linspace(0, 1, len(cdf)), label=name)
+        ax[i].set(title=key, xlabel="TTFT (s)", ylabel="CDF")
+        ax[i].legend()
+    return fig
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    doc = {}
+    for name, fn in (("fig12", fig12), ("fig13", fig13), ("fig16", fig16)):
+        log.info("running %s", name)
+        doc[name] = fn()
+    write("lambdascale_bursts", doc, draw(doc))
+
+
+if __name__ == "__main__":
+    main()
