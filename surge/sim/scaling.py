@@ -167,7 +167,11 @@ class Scaler:
         if decision.scale_out:
             self.scale_out(pool, decision.scale_out)
         for iid in decision.release:
-            self.release(pool, next(i for i in pool.instances if i.id == iid))
+            # a release lets other pools decide at once, and a decode pool's scale-out may
+            # mutate (take over) an idle prefill instance this decision meant to release
+            inst = next((i for i in pool.instances if i.id == iid), None)
+            if inst is not None:
+                self.release(pool, inst)
         self.on_decide(pool)
 
     # --- carrying out ---------------------------------------------------------------
