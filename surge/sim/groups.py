@@ -173,8 +173,9 @@ class Groups:
         for w in workers:
             self.gpus.take(w)
         machine_of = world.state.machine_of_gpu
+        # a multi-worker group is a pipeline: `pipeline_micro_batches` batches in flight
         inst = self.make_endpoint(
-            pool, Placement(tuple(workers), machine_of[workers[0][0]].index), False
+            pool, Placement(tuple(workers), machine_of[workers[0][0]].index), len(workers) > 1
         )
         pool.instances.append(inst)
         if shaped is not None and not chosen:

@@ -20,8 +20,10 @@ Shape (units in names):
 `round-robin`, `zipf` (Zipf(`zipf_s`) popularity, model 0 the most popular) or `trace`
 (the source's own models: BurstGPT's `Model`, the Alibaba GenAI trace's base models,
 ServeGen's clients, ranked busiest first; model i takes the trace's i-th, the rest are
-dropped). Host memory, GPUs per host and the host cache's keep-alive and size (the LRU
-of `policy.keepalive`) come from the cluster and the system overrides.
+dropped) or `each` (every model its own draw of a generator, seeds apart: per-model
+Gamma processes, ParaServe §8.3's method). Host memory, GPUs per host and the host
+cache's keep-alive and size (the LRU of `policy.keepalive`) come from the cluster and
+the system overrides.
 """
 
 import copy
@@ -36,7 +38,7 @@ from surge.sim.models import load_model
 from surge.sim.settings import SimSettings, Slo
 
 SCENARIOS_DIR = Path(__file__).resolve().parent / "profiles" / "scenarios"
-SPLITS = ("uniform", "round-robin", "zipf", "trace")
+SPLITS = ("uniform", "round-robin", "zipf", "trace", "each")
 GROUP_FIELDS = (
     "num_nodes",
     "gpus_per_node",
@@ -63,6 +65,8 @@ OVERRIDABLE = (
     "consolidation",
 )
 """`SystemConfig` fields a scenario may set per system."""
+SIM_FIELDS = ("max_batch", "max_prefill_tokens", "kv_memory_fraction", "max_drain_s")
+"""`SimSettings` fields a scenario may set (its `sim` object)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class Arrivals:
     """Multiply the source's rate by this (arrival times divided)."""
     start_s: float = 0.0
     """Skip this much of the (scaled) source."""
+    seed: int | None = None
+    """Seed of a generated source (`gamma:`, `servegen:`); None: the scenario's seed plus
+    the group's position, so two groups naming one generator get different arrivals."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ class ModelGroup:
     """Model preset or JSON file (`surge.sim.models.load_model`)."""
     count: int
     arrivals: Arrivals
+    slo: Slo | None = None
+    """This group's SLO (ParaServe §8.3 Table 2: per application); None: the scenario's."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ class Scenario:
     slo: Slo
     warm: int
     seed: int
+    sim: tuple[tuple[str, float], ...] = ()
+    """`SimSettings` fields (SIM_FIELDS) of every run, e.g. ParaServe's batch of 8."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -125,7 +136,10 @@ class Scenario:
             self.slo,
             warm_instances=self.warm,
             model_names=self.model_names,
-            **extra,  # type: ignore[arg-type]
+            model_slos=tuple(
+                (f"{g.name}/{i}", g.slo) for g in self.groups if g.slo for i in range(g.count)
+            ),
+            **{**dict(self.sim), **extra},  # type: ignore[arg-type]
         )
 
     def system(self, name: str) -> SystemConfig:
@@ -197,7 +211,7 @@ def _cluster(value: object, where: str) -> ClusterProfile:
 
 def _arrivals(value: object, where: str) -> Arrivals:
     d = _obj(value, where)
-    _known(d, ("trace", "split", "zipf_s", "share", "rate_scale", "start_s"), where)
+    _known(d, ("trace", "split", "zipf_s", "share", "rate_scale", "start_s", "seed"), where)
     if not isinstance(d.get("trace"), str) or not d["trace"]:
         raise SurgeError(f"{where}: field trace is required (a --trace value)")
     split = d.get("split", "uniform")
@@ -216,12 +230,13 @@ def _arrivals(value: object, where: str) -> Arrivals:
         share,
         rate,
         _num(d, "start_s", 0.0, where),
+        None if d.get("seed") is None else int(_num(d, "seed", None, where)),
     )
 
 
 def _group(value: object, where: str) -> ModelGroup:
     d = _obj(value, where)
-    _known(d, ("name", "profile", "count", "arrivals"), where)
+    _known(d, ("name", "profile", "count", "arrivals", "slo"), where)
     name = d.get("name")
     if not isinstance(name, str) or not name or "/" in name:
         raise SurgeError(f"{where}: name must be a non-empty string without '/'")
@@ -232,7 +247,14 @@ def _group(value: object, where: str) -> ModelGroup:
     count = d.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise SurgeError(f"{where}: count must be an integer >= 1 (got {count!r})")
-    return ModelGroup(name, profile, count, _arrivals(d.get("arrivals"), f"{where}.arrivals"))
+    slo = None if d.get("slo") is None else _slo(d["slo"], f"{where}.slo")
+    return ModelGroup(name, profile, count, _arrivals(d.get("arrivals"), f"{where}.arrivals"), slo)
+
+
+def _slo(value: object, where: str) -> Slo:
+    d = _obj(value, where)
+    _known(d, ("ttft_s", "tpot_s"), where)
+    return Slo(_num(d, "ttft_s", 5.0, where), _num(d, "tpot_s", 0.2, where))
 
 
 def _overrides(value: object, where: str) -> tuple:
@@ -265,8 +287,17 @@ def parse_scenario(doc: object, where: str = "scenario") -> Scenario:
             "slo",
             "warm",
             "seed",
+            "sim",
         ),
         where,
+    )
+    sim = _obj(d.get("sim", {}), f"{where}.sim")
+    _known(sim, SIM_FIELDS, f"{where}.sim")
+    for key in sim:
+        _num(sim, key, None, f"{where}.sim", 1e-9)
+    sim_items = tuple(
+        (k, int(v) if k in ("max_batch", "max_prefill_tokens") else float(v))
+        for k, v in sorted(sim.items())
     )
     groups = d.get("models")
     if not isinstance(groups, list) or not groups:
@@ -279,8 +310,6 @@ def parse_scenario(doc: object, where: str = "scenario") -> Scenario:
         raise SurgeError(f"{where}: systems must be a list of system names")
     for s in systems:
         system_config(s)
-    slo = _obj(d.get("slo", {}), f"{where}.slo")
-    _known(slo, ("ttft_s", "tpot_s"), f"{where}.slo")
     duration = d.get("duration_s")
     warm, seed = d.get("warm", 0), d.get("seed", 0)
     for key, value in (("warm", warm), ("seed", seed)):
@@ -296,7 +325,8 @@ def parse_scenario(doc: object, where: str = "scenario") -> Scenario:
         None if duration is None else _num(d, "duration_s", None, where, 1e-9),
         tuple(systems),
         _overrides(d.get("system_overrides", {}), f"{where}.system_overrides"),
-        Slo(_num(slo, "ttft_s", 5.0, f"{where}.slo"), _num(slo, "tpot_s", 0.2, f"{where}.slo")),
+        _slo(d.get("slo", {}), f"{where}.slo"),
         warm,
         seed,
+        sim_items,
     )

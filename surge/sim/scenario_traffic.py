@@ -3,10 +3,12 @@
 In: a `Scenario` (its groups' `Arrivals`), the traces directory and the seed. Out: one
 `Trace` whose `model_index` is the scenario's model index (group by group, in
 `Scenario.model_names` order), cut to the scenario's duration. Sources are loaded once
-each (two groups naming one source share the file read, not the requests: each takes
-its own `share`). Splits: `uniform` (random model per request), `round-robin` (request
-i to model i mod count, like ParaServe §8.3 maps functions), `zipf` (skewed
-popularity), `trace` (the source's own model ranks; ranks >= count are dropped).
+per seed (two groups naming one generator get different seeds unless they name one;
+two naming one file each take their own `share` of the same requests). Splits:
+`uniform` (random model per request), `round-robin` (request i to model i mod count,
+like ParaServe §8.3 maps functions), `zipf` (skewed popularity), `trace` (the source's
+own model ranks; ranks >= count are dropped), `each` (each model its own draw of a
+generator, seed + model number: independent per-model processes).
 """
 
 from pathlib import Path
@@ -40,22 +42,30 @@ def split_models(trace: Trace, count: int, arrivals: Arrivals, rng: np.random.Ge
 def build_trace(scenario: Scenario, traces_dir: Path | None = None) -> Trace:
     """The merged trace of every model of `scenario` (see module docstring)."""
     rng = np.random.default_rng(scenario.seed)
-    sources: dict[str, Trace] = {}
+    sources: dict[tuple[str, int], Trace] = {}
     parts: list[Trace] = []
     offsets: list[int] = []
     base = 0
-    for group in scenario.groups:
+    for position, group in enumerate(scenario.groups):
         arr = group.arrivals
-        if arr.trace not in sources:
-            sources[arr.trace] = load_trace(arr.trace, scenario.seed, traces_dir)
-        src = time_slice(scale_rate(sources[arr.trace], arr.rate_scale), arr.start_s, None)
-        if scenario.duration_s is not None:
-            src = time_slice(src, 0.0, scenario.duration_s)
-        if arr.share < 1:
-            src = src.take(rng.random(src.num_requests) < arr.share)
-        part = split_models(src, group.count, arr, rng)
-        parts.append(part)
-        offsets.append(base)
+        seed = scenario.seed + position if arr.seed is None else arr.seed
+        draws = range(group.count) if arr.split == "each" else range(1)
+        for draw in draws:
+            key = (arr.trace, seed + 1000 * draw)
+            if key not in sources:
+                sources[key] = load_trace(arr.trace, key[1], traces_dir)
+            src = time_slice(scale_rate(sources[key], arr.rate_scale), arr.start_s, None)
+            if scenario.duration_s is not None:
+                src = time_slice(src, 0.0, scenario.duration_s)
+            if arr.share < 1:
+                src = src.take(rng.random(src.num_requests) < arr.share)
+            if arr.split == "each":
+                index = np.full(src.num_requests, draw, dtype=np.int64)
+                part = Trace(src.name, src.arrival_s, src.input_tokens, src.output_tokens, index)
+            else:
+                part = split_models(src, group.count, arr, rng)
+            parts.append(part)
+            offsets.append(base)
         base += group.count
     merged = make_trace(
         scenario.name,

@@ -133,3 +133,24 @@ def test_cli_scenario_file_and_errors(tmp_path):
         r = run_surge("simulate", *args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_group_slos_and_generator_seeds(tmp_path):
+    gen = {"trace": "gamma:rate=2,cv=2,duration=60,in=64,out=8"}
+    doc = _doc(_trace(tmp_path, [0]))
+    doc["models"] = [
+        {"name": "a", "profile": "llama2-7b", "count": 2, "arrivals": gen},
+        {"name": "b", "profile": "llama2-7b", "arrivals": gen, "slo": {"ttft_s": 15.0}},
+    ]
+    sc = parse_scenario(doc)
+    settings = sc.settings("serverlessllm")
+    assert settings.slo_of("b/0").ttft_s == 15.0
+    assert settings.slo_of("a/1").ttft_s == sc.slo.ttft_s == 5.0
+    tr = build_trace(sc)
+    a, b = tr.arrival_s[tr.model_index < 2], tr.arrival_s[tr.model_index == 2]
+    assert len(a) and len(b) and not np.array_equal(a[: len(b)], b[: len(a)])
+    doc["models"][1]["arrivals"] = {**gen, "seed": 0}
+    doc["models"][0]["arrivals"] = {**gen, "seed": 0}
+    tr = build_trace(parse_scenario(doc))
+    a, b = tr.arrival_s[tr.model_index < 2], tr.arrival_s[tr.model_index == 2]
+    assert np.array_equal(a, b)  # one seed named: one arrival process

@@ -1,0 +1,200 @@
+"""ParaServe §8.3 (end-to-end TTFT SLO attainment), §8.4 (pipeline consolidation:
+scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
+
+- §8.3: scenario `paraserve-e2e` (384 models: 3 applications x Llama-2 7B/13B x 64,
+  Table 2 SLOs, a Gamma process per model, testbed (ii)); CV 2/4/8 at 0.6 req/s and
+  0.3/0.6/1.2 req/s at CV 8. Headline: ParaServe's TTFT SLO attainment over the best
+  baseline's (paper: up to 1.74x), serverless vLLM and ServerlessLLM.
+- §8.4 scale-down: one cold request (512 in, 512 out), Llama-2 13B on the V100 servers
+  of testbed (i), a 4-worker group with the §6.1 consolidation vs serving as a group for
+  life; headline: end-to-end generation time, without / with (paper 2.29x).
+- §8.4 scale-up: 128 requests at once (512/512), batch 8 per worker (a group of w workers
+  keeps w micro-batches of 8 in flight), 16 V100 GPUs, groups of 4 vs 1 worker;
+  headline: mean TTFT 1 / 4 (paper 1.87x) and TPOT 4 / 1 (1.08-1.19x).
+- §8.5 brownfield: Llama-2 7B on A10s with 5 Gb/s per function; 20 cold starts 400 s
+  apart (past the 5-minute grace period); ParaServe (Alg. 1 sizing at the Table 2 7B
+  chatbot SLO, 7.5 s) vs serverless vLLM;
+  headline: mean cold-start TTFT ratio (paper 2.6x).
+Run: python benchmarks/paper/paraserve_eval.py (about a minute on one core).
+"""
+
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ratio, run, run_scenario, write
+
+from surge.policy.systems import system_config
+from surge.sim.hardware import cluster_from_spec, cluster_spec
+from surge.sim.metrics import tpot_s, ttft_s
+from surge.sim.scenario import load_scenario
+from surge.sim.scenario_traffic import build_trace
+from surge.sim.settings import SimSettings, Slo
+from surge.traces.request import make_trace
+
+log = logging.getLogger("paraserve_eval")
+BASELINES = ("serverless-vllm", "serverlessllm")
+LOOSE = Slo(1000.0, 10.0)
+"""§8.4 measures latency, not attainment."""
+CHATBOT_7B = Slo(7.5, 0.2)
+"""Table 2: Llama-2 7B chatbot (what Alg. 1 sizes the brownfield group by)."""
+
+
+def _with_gamma(scn, rate_rps: float, cv: float):
+    per_model = rate_rps / sum(g.count for g in scn.groups)
+    groups = []
+    for g in scn.groups:
+        spec = g.arrivals.trace
+        opts = dict(p.split("=") for p in spec.removeprefix("gamma:").split(","))
+        opts.update(rate=f"{per_model:.8g}", cv=f"{cv:g}")
+        burn = 20 * cv * cv / per_model / 64 if cv > 1 else 20 / per_model
+        opts["duration"] = f"{burn + (scn.duration_s or 600):.0f}"
+        new = "gamma:" + ",".join(f"{k}={v}" for k, v in opts.items())
+        groups.append(replace(g, arrivals=replace(g.arrivals, trace=new, start_s=burn)))
+    return replace(scn, groups=tuple(groups))
+
+
+def e2e() -> dict:
+    base = load_scenario("paraserve-e2e")
+    points = [(0.6, cv) for cv in (2.0, 4.0, 8.0)] + [(r, 8.0) for r in (0.3, 1.2)]
+    rows = []
+    for rate, cv in points:
+        scn = _with_gamma(base, rate, cv)
+        trace = build_trace(scn)
+        row: dict = {"rate_rps": rate, "cv": cv, "requests": trace.num_requests}
+        for name in scn.systems:
+            s, _ = run_scenario(scn, trace, name)
+            row[name] = {k: s[k] for k in ("slo_attainment", "ttft_mean_s", "ttft_p90_s")}
+        best = max(row[b]["slo_attainment"] for b in BASELINES)
+        row["ratio_vs_best_baseline"] = ratio(row["paraserve"]["slo_attainment"], best)
+        for b in BASELINES:
+            row[f"ratio_vs_{b}"] = ratio(
+                row["paraserve"]["slo_attainment"], row[b]["slo_attainment"]
+            )
+        rows.append(row)
+    return {
+        "rows": rows,
+        "max_ratio_vs_best_baseline": max(r["ratio_vs_best_baseline"] for r in rows),
+        "max_ratio_vs_any_baseline": max(max(r[f"ratio_vs_{b}"] for b in BASELINES) for r in rows),
+        "paper": {"max_ratio": 1.74},
+    }
+
+
+def _v100_only():
+    spec = cluster_spec("paraserve-1")
+    v100 = [g for g in spec["groups"] if g["gpu"] == "V100"]
+    return cluster_from_spec("paraserve-1/V100", {"groups": v100})
+
+
+def scale_down() -> dict:
+    one = make_trace("one", [0.0], [512], [512])
+    out = {}
+    for mode in ("predictor", "none"):
+        cfg = replace(
+            system_config("paraserve"), group_sizing="fixed", pipeline_size=4, consolidation=mode
+        )
+        settings = SimSettings(_v100_only(), ("llama2-13b",), "paraserve", slo=LOOSE)
+        _, res = run(one, settings, cfg)
+        out[mode] = {
+            "ttft_s": float(ttft_s(res)[0]),
+            "generation_s": float(res.done_s[0] - res.arrival_s[0]),
+        }
+    return {
+        "systems": out,
+        "generation_ratio": ratio(out["none"]["generation_s"], out["predictor"]["generation_s"]),
+        "paper": {"generation_ratio": 2.29},
+    }
+
+
+def scale_up() -> dict:
+    burst = make_trace("burst128", np.zeros(128), np.full(128, 512), np.full(128, 512))
+    out = {}
+    for size in (1, 4):
+        cfg = replace(system_config("paraserve"), group_sizing="fixed", pipeline_size=size)
+        settings = SimSettings(
+            _v100_only(),
+            ("llama2-13b",),
+            "paraserve",
+            slo=LOOSE,
+            max_batch=8,
+            pipeline_micro_batches=size,
+        )
+        _, res = run(burst, settings, cfg)
+        out[f"workers{size}"] = {
+            "ttft_mean_s": float(ttft_s(res).mean()),
+            "tpot_mean_s": float(tpot_s(res).mean()),
+        }
+    one, four = out["workers1"], out["workers4"]
+    return {
+        "systems": out,
+        "ttft_ratio": ratio(one["ttft_mean_s"], four["ttft_mean_s"]),
+        "tpot_ratio": ratio(four["tpot_mean_s"], one["tpot_mean_s"]),
+        "paper": {"ttft_ratio": 1.87, "tpot_ratio": "1.08-1.19"},
+    }
+
+
+def brownfield() -> dict:
+    spec = cluster_spec("paraserve-1")
+    a10 = [{**g, "nic_gbps": 5.0} for g in spec["groups"] if g["gpu"] == "A10"]
+    cluster = cluster_from_spec("paraserve-1/A10-5gbps", {"groups": a10})
+    n = 20
+    trace = make_trace("cold20", np.arange(n) * 400.0, np.full(n, 512), np.full(n, 64))
+    out = {}
+    for name in ("paraserve", "serverless-vllm"):
+        settings = SimSettings(cluster, ("llama2-7b",), name, slo=CHATBOT_7B)
+        _, res = run(trace, settings, system_config(name))
+        out[name] = {"ttft_mean_s": float(ttft_s(res).mean())}
+    return {
+        "systems": out,
+        "ttft_ratio": ratio(out["serverless-vllm"]["ttft_mean_s"], out["paraserve"]["ttft_mean_s"]),
+        "paper": {"ttft_ratio": 2.6},
+    }
+
+
+def draw(doc: dict) -> object:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    rows = doc["e2e"]["rows"]
+    labels = [f"{r['rate_rps']}/CV{r['cv']:g}" for r in rows]
+    x = np.arange(len(rows))
+    for i, name in enumerate(("paraserve", *BASELINES)):
+        ax[0].bar(x + (i - 1) * 0.27, [r[name]["slo_attainment"] for r in rows], 0.27, label=name)
+    ax[0].set_xticks(x, labels)
+    ax[0].set(title="§8.3 TTFT SLO attainment (req/s / CV)", ylim=(0, 1))
+    ax[0].legend()
+    heads = {
+        "§8.4 down": doc["scale_down"]["generation_ratio"],
+        "§8.4 up": doc["scale_up"]["ttft_ratio"],
+        "§8.5": doc["brownfield"]["ttft_ratio"],
+    }
+    paper = [2.29, 1.87, 2.6]
+    xs = np.arange(3)
+    ax[1].bar(xs - 0.2, list(heads.values()), 0.4, label="simulated")
+    ax[1].bar(xs + 0.2, paper, 0.4, label="paper")
+    ax[1].set_xticks(xs, list(heads))
+    ax[1].set(title="ParaServe speedups")
+    ax[1].legend()
+    return fig
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    doc = {}
+    parts = (("e2e", e2e), ("scale_down", scale_down), ("scale_up", scale_up))
+    for name, fn in (*parts, ("brownfield", brownfield)):
+        log.info("running %s", name)
+        doc[name] = fn()
+    write("paraserve_eval", doc, draw(doc))
+
+
+if __name__ == "__main__":
+    main()
