@@ -101,6 +101,11 @@ def status(
             f"{d['name']:<20} {d['strategy']:<16} {s['instances']:>4} {s['loading']:>4} "
             f"{s['queued']:>5} {s['ongoing']:>7}"
         )
+        fp = s.get("flexpipe")
+        if fp:
+            stages = [len(p["stages"]) for p in fp["pipelines"]]
+            refactors = " ".join(f"{k}={v}" for k, v in sorted(fp["refactors"].items()))
+            typer.echo(f"  flexpipe: cv {fp['cv']} stages {stages} refactors {refactors}")
         if s.get("state") == "failed":
             typer.echo(f"  failed: {s.get('failure')} (surge delete {d['name']}, then deploy)")
     up = sum(n["up"] for n in nodes)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from surge.config import EngineConfig
 from surge.control.copies import Copies
+from surge.control.flexpipe import FlexPipeControl
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.scaleouts import (
@@ -41,6 +42,8 @@ def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
     endpoint is up; a multicast source is busy) and the requests waiting for one — at the
     router or on an execution pipeline. The simulator builds the same view
     (`sim/scaling.pool_load`)."""
+    # A FlexPipe pipeline's members share its endpoint: one instance, counted once.
+    first = {id(i.endpoint): i.node for i in reversed(dep.instances.values()) if i.endpoint}
     loads = tuple(
         InstanceLoad(
             instance_id=i.node,
@@ -49,6 +52,7 @@ def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
             idle_since_s=i.idle_since_s if i.num_sending == 0 else None,
         )
         for i in dep.instances.values()
+        if i.endpoint is None or first[id(i.endpoint)] == i.node
     )
     ongoing = sum(1 for r in dep.requests.values() if not r.done.is_set())
     return PoolLoad(now_s, max(0, ongoing - sum(x.outstanding for x in loads)), loads)
@@ -77,6 +81,10 @@ class Autoscaler:
         self.nic_load: dict[int, int] = {}
         """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
         self._wake = asyncio.Event()
+        self.flexpipe = FlexPipeControl(
+            client, pool, metrics, copies, live_nodes, self._free_slots, config.link_gbps
+        )
+        """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""
@@ -108,6 +116,7 @@ class Autoscaler:
                 continue
             self._observe(dep, now_s, dt_s)
             await self._autoscale(dep, now_s)
+            await self.flexpipe.tick(dep, now_s)
             if not dep.restoring and not self.copies.invariant_holds(dep):
                 await self.copies.restore_invariant(dep)
         self.copies.expire(now_s)
@@ -304,3 +313,7 @@ class Autoscaler:
             await dep.server.retire(inst.endpoint.name)
         await self.copies.release_slot(dep.name, node, dep.manifest.num_blocks)
         self.metrics.released.labels(dep.name).inc()
+        for other, o in list(dep.instances.items()):  # a FlexPipe pipeline's other members
+            if inst.endpoint is not None and o.endpoint is inst.endpoint:
+                dep.instances.pop(other, None)
+                await self.copies.release_slot(dep.name, other, dep.manifest.num_blocks)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.control.copies import Copies
+from surge.control.flexpipe import describe_flexpipe
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.spec import DeploymentSpec
@@ -270,5 +271,6 @@ class Deployments:
                 "live_prefilled": dep.num_live_prefilled,
                 "num_blocks": dep.manifest.num_blocks,
                 "bytes": dep.manifest.total_bytes,
+                "flexpipe": describe_flexpipe(dep),
             },
         }

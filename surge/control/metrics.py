@@ -90,6 +90,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.refactors = Counter(
+            "surge_pipeline_refactors",
+            "FlexPipe inflight refactorings of live pipelines (split: more stages, merge: fewer)",
+            ["model", "direction"],
+            registry=r,
+        )
         self.nodes_up = Gauge("surge_nodes_up", "Node agents alive", registry=r)
         self.slo_ttft_ok = Counter(
             "surge_slo_ttft_met",

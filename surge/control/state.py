@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from surge.control.spec import DeploymentSpec
 from surge.errors import Unavailable
@@ -20,6 +20,9 @@ from surge.policy.autoscale import AutoscaleState
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
+
+if TYPE_CHECKING:
+    from surge.control.flexpipe import FlexPipeRecord
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,8 @@ class Deployment:
     """A serve-while-loading scale-out of this deployment is running."""
     failure: str | None = None
     """Why it failed (its store went bad); set once, by `deployments.py` `fail`."""
+    flexpipe: "FlexPipeRecord | None" = None
+    """FlexPipe's granularity loop state (`control/flexpipe.py`); None for other strategies."""
 
     @property
     def name(self) -> str:

@@ -52,12 +52,19 @@ class FlexPipeSettings:
     """Eq. 6/9's constants."""
     boundary_penalty_s: float = 0.0
     """λ of Eq. 2 (layers are the blocks here: every cut is at a block boundary)."""
+    cv_window_s: float = 30.0
+    """Sliding window of arrivals whose CV ν_t is measured (§6.1)."""
+    decision_interval_s: float = 1.0
+    """How often the granularity controller takes a CV sample and decides (§6.1 Alg. 1's
+    interval; the smoothing in `granularity` counts these samples)."""
 
     def __post_init__(self) -> None:
         if not self.stage_counts or len(self.stage_counts) != len(self.cv_targets):
             raise SurgeError("give one CV target per stage count")
         if min(self.stage_counts) < 1 or list(self.stage_counts) != sorted(self.stage_counts):
             raise SurgeError("stage counts must be >= 1 and ascending (coarse to fine)")
+        if not (self.cv_window_s > 0 and self.decision_interval_s > 0):
+            raise SurgeError("cv_window_s and decision_interval_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -76,10 +83,17 @@ class LayerProfile:
     """What one layer hands to the next for a typical prompt."""
     hop_s: float
     """One activation hop between stages (s)."""
+    layer_prefill_s: tuple[float, ...] = ()
+    """Measured prefill time of each layer (§5's t_c, profiled on the node); empty: every
+    layer takes `prefill_s`."""
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or min(self.prefill_s, self.decode_s, self.hop_s) < 0:
             raise SurgeError("a layer profile needs >= 1 layer and times >= 0")
+        if self.layer_prefill_s and len(self.layer_prefill_s) != self.num_layers:
+            raise SurgeError("layer_prefill_s needs one time per layer")
+        if any(t < 0 for t in self.layer_prefill_s):
+            raise SurgeError("layer times must be >= 0")
 
 
 def candidates(
@@ -118,9 +132,10 @@ def stage_layers(
     settings: FlexPipeSettings,
 ) -> tuple[tuple[int, int], ...]:
     """§5: layers [start, end) of each stage (Eq. 2's partition)."""
+    times = profile.layer_prefill_s or (profile.prefill_s,) * profile.num_layers
     ops = tuple(
-        OperatorProfile(profile.prefill_s, profile.param_bytes, profile.activation_bytes, i)
-        for i in range(profile.num_layers)
+        OperatorProfile(t, profile.param_bytes, profile.activation_bytes, i)
+        for i, t in enumerate(times)
     )
     part = partition_model(
         ops,
@@ -165,3 +180,58 @@ def refactor(
         [StageSpan(s, a, b) for s, (a, b) in target],
         [RunningRequest(r, n) for r, n in valid_tokens],
     )
+
+
+def arrivals_in_window(
+    arrival_times_s: Sequence[float], now_s: float, settings: FlexPipeSettings
+) -> tuple[float, ...]:
+    """The arrivals of the last `cv_window_s` seconds (§6.1's sliding window)."""
+    return tuple(t for t in arrival_times_s if now_s - settings.cv_window_s < t <= now_s)
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """The stages of a pipeline: layers [first, end) and slot of each, in stage order."""
+
+    bounds: tuple[tuple[int, int], ...]
+    slots: tuple[int, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.bounds)
+
+
+def choose_stages(
+    profile: LayerProfile,
+    num_stages: int,
+    kept_slots: Sequence[int],
+    free_slots: Sequence[SlotState],
+    cv: float,
+    bandwidth_gbps: float,
+    max_slot_memory_bytes: int,
+    settings: FlexPipeSettings,
+) -> StageChoice | None:
+    """The layers (§5 Eq. 2) and slots (§6.2 Eq. 6) of a `num_stages` pipeline. The first
+    stages stay on `kept_slots` (the pipeline's slots now, in stage order: a refactoring
+    moves as little as it can), the others go where `place_stages` puts them among
+    `free_slots`. When the free slots cannot take them, the next coarser granularity of
+    `settings.stage_counts` is tried (fewer stages than wanted beats none); None if not
+    even one stage fits."""
+    counts = [c for c in settings.stage_counts if c <= min(num_stages, profile.num_layers)]
+    for eta in sorted(set(counts) | {1}, reverse=True):
+        try:
+            bounds = stage_layers(profile, eta, bandwidth_gbps, max_slot_memory_bytes, settings)
+        except SurgeError:
+            continue  # a stage of this size fits no slot
+        kept = tuple(kept_slots[:eta])
+        extra = [(b - a) * profile.param_bytes for a, b in bounds[len(kept) :]]
+        if not extra:
+            return StageChoice(bounds, kept)
+        throughput = 1.0 / max(profile.decode_s * profile.num_layers / eta, 1e-9)
+        placed = place_stages(
+            "pipeline", extra, throughput, cv, [f for f in free_slots if f.slot_id not in kept],
+            settings,
+        )  # fmt: skip
+        if placed is not None:
+            return StageChoice(bounds, kept + placed)
+    return None

@@ -181,7 +181,9 @@ SYSTEMS: dict[str, SystemConfig] = {
         autoscale=_AUTOSCALE,
         serve=True,
     ),
-    # FlexPipe §5-§7 (approximation): fine-grained stages loaded in parallel from host memory.
+    # FlexPipe §5-§7: each instance is a pipeline whose stage count follows the arrivals' CV
+    # (Eq. 4), cut by the partition DP (Eq. 2), placed by Eq. 6, refactored in flight (Eq. 10);
+    # stages load in parallel from host copies (§7). `policy/flexpipe_system.py`.
     "flexpipe": SystemConfig(
         "flexpipe",
         "registry-parallel",
@@ -190,6 +192,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         host_cache="all",
         init_s=0.1,
         autoscale=_AUTOSCALE,
+        serve=True,
     ),
     # ServerlessLLM: host cache with keep-alive, SSD on a miss, load-then-serve.
     "serverlessllm": SystemConfig(

@@ -91,6 +91,10 @@ class FlexPipeline(PipelineEndpoint):
         self.gate = StepGate()
         self.refactoring = False
         """A refactoring is under way (the controller starts no second one)."""
+        self.layer_times: dict[int, tuple[float, float]] = {}
+        """Layer -> (prefill s, decode s) as profiled on its node (`stage_profile`)."""
+        self.activation_bytes_per_token = 0
+        """Hidden-state bytes per token between stages (profiled)."""
 
     @property
     def stage_key(self) -> str:

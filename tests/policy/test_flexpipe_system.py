@@ -8,8 +8,10 @@ from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
     FlexPipeSettings,
     LayerProfile,
+    arrivals_in_window,
     candidates,
     choose_num_stages,
+    choose_stages,
     place_stages,
     refactor,
     stage_layers,
@@ -60,3 +62,36 @@ def test_refactor_moves_only_layers_whose_slot_changes():
         (2, 0, 1), (3, 0, 1), (4, 1, 2), (5, 1, 2), (6, 1, 3), (7, 1, 3),
     }  # fmt: skip
     assert len(plan.kv_copies) == 6 and all(c.num_tokens == 5 for c in plan.kv_copies)
+
+
+def test_measured_layer_times_move_the_cuts():
+    """§5: with one slow layer, the balanced 2-stage cut isolates it (uniform: 4 + 4)."""
+    assert stage_layers(PROFILE, 2, 100.0, 10_000, SETTINGS) == ((0, 4), (4, 8))
+    slow_first = LayerProfile(8, 0.01, 0.002, 100, 10, 0.001, layer_prefill_s=(0.07,) + (0.01,) * 7)
+    bounds = stage_layers(slow_first, 2, 100.0, 10_000, SETTINGS)
+    assert bounds[0][1] < 4 and bounds[-1][1] == 8
+    with pytest.raises(SurgeError):
+        LayerProfile(8, 0.01, 0.002, 100, 10, 0.001, layer_prefill_s=(0.01,))
+
+
+def test_arrivals_in_window_keeps_the_last_seconds_only():
+    s = FlexPipeSettings(cv_window_s=5.0)
+    assert arrivals_in_window([1.0, 4.0, 6.0, 10.0, 11.0], 10.0, s) == (6.0, 10.0)
+    with pytest.raises(SurgeError):
+        FlexPipeSettings(cv_window_s=0.0)
+
+
+def test_choose_stages_keeps_the_running_slots_and_places_the_rest():
+    free = [SlotState(7, 10_000), SlotState(9, 10_000)]
+    split = choose_stages(PROFILE, 2, (3,), free, 4.0, 100.0, 10_000, SETTINGS)
+    assert split is not None and split.slots[0] == 3 and split.slots[1] in (7, 9)
+    assert split.bounds == ((0, 4), (4, 8))
+    merge = choose_stages(PROFILE, 1, (3, 7), free, 0.0, 100.0, 10_000, SETTINGS)
+    assert merge is not None and merge.slots == (3,) and merge.bounds == ((0, 8),)
+
+
+def test_choose_stages_falls_back_to_a_coarser_granularity_without_free_slots():
+    one_free = [SlotState(7, 10_000)]
+    got = choose_stages(PROFILE, 8, (3,), one_free, 4.0, 100.0, 10_000, SETTINGS)
+    assert got is not None and got.num_stages == 2 and got.slots == (3, 7)
+    assert choose_stages(PROFILE, 4, (3,), [], 4.0, 100.0, 10_000, SETTINGS).num_stages == 1

@@ -50,6 +50,11 @@ def group_name(model: str, members: tuple[int, ...]) -> str:
     return f"{model}-pgroup-{'-'.join(map(str, members))}-{time.monotonic_ns()}"
 
 
+def flexpipe_name(model: str) -> str:
+    """A FlexPipe pipeline of `model` (its stages change; its name does not)."""
+    return f"{model}-flex-{time.monotonic_ns()}"
+
+
 def layer_span(manifest: Manifest, first_block: int, last_block: int) -> tuple[int, int]:
     """[first_layer, end_layer) covered by blocks first_block..last_block."""
     return manifest.blocks[first_block].first_layer, manifest.blocks[last_block].end_layer

@@ -13,7 +13,8 @@ What the plan says, and who carries it out (λScale §5, FaaScale §5):
 - `sources` / `receivers`: one multicast, plan node i = `plan.multicast_nodes[i]`
   (`scaleout/multicast.py`), serving while loading as the system says.
 Systems whose `load` is `registry-parallel` (ParaServe) fetch as pipeline groups instead
-(`scaleout/paraserve.py`). No choice is made here: sources, leader and groups come from
+(`scaleout/paraserve.py`); FlexPipe's instances are live pipelines (`scaleout/flexpipe.py`).
+No choice is made here: sources, leader and groups come from
 `policy/`.
 """
 
@@ -22,6 +23,7 @@ import logging
 
 from surge.policy.startup import StartupPlan, StartupRequest, plan_startup
 from surge.runtime.scaleout.context import ScaleOutContext
+from surge.runtime.scaleout.flexpipe import run_flexpipe
 from surge.runtime.scaleout.local import load_then_serve
 from surge.runtime.scaleout.multicast import run_multicast
 from surge.runtime.scaleout.paraserve import run_groups
@@ -47,6 +49,9 @@ async def run_scale_out(ctx: ScaleOutContext) -> str:
     """Bring the context's destinations up as local instances; returns the start kind."""
     plan = startup_plan(ctx)
     ctx.kind = plan.kind
+    if ctx.system.group_sizing == "flexpipe":
+        await run_flexpipe(ctx, plan)
+        return plan.kind
     if ctx.system.load == "registry-parallel":
         await run_groups(ctx, plan)
         return plan.kind

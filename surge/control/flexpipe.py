@@ -1,0 +1,207 @@
+"""FlexPipe's granularity loop in the controller: arrivals' CV -> stage count -> live refactoring.
+
+What flows (paper 003 §6): every autoscaler tick calls `tick` for each deployment whose
+system's `group_sizing` is `flexpipe`; at most every `decision_interval_s` it takes the
+arrivals of the last `cv_window_s` (the deployment's `Server` keeps them) to
+`flexpipe_system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
+deployment's `FlexPipeRecord`). Each serving `FlexPipeline` whose stage count differs is
+re-cut: `choose_stages` keeps its first nodes and places new stages on free slots (Eq. 6),
+their slots are booked (`Deployment.instances`, the pipeline as their endpoint), and
+`runtime.refactor.refactor_pipeline` splits or merges it in flight (K/V follows the layers,
+Eq. 10). Slots the pipeline no longer uses are released afterwards; on a failure the booked
+ones are. `surge_pipeline_refactors_total{model,direction}` counts refactorings and
+`describe_flexpipe` is the deployment status' `flexpipe` entry (`surge status`). Slots of a
+pipeline that failed or was retired (an agent died) are released here too, so the
+autoscaler starts a new one. Every decision is `surge.policy.flexpipe_system`'s. Owned by
+control/.
+"""
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.control.copies import Copies
+from surge.control.metrics import Metrics
+from surge.control.pool import ParameterPool
+from surge.control.scaleouts import own_tiers
+from surge.control.state import Deployment, Instance
+from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe_system import (
+    FlexPipeSettings,
+    arrivals_in_window,
+    choose_num_stages,
+    choose_stages,
+)
+from surge.policy.systems import serve_system
+from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import LoadOp
+from surge.runtime.refactor import FlexPipeline, Stages, refactor_pipeline
+from surge.runtime.scaleout.context import DEFAULT_FETCH_GBPS
+from surge.runtime.scaleout.flexpipe import free_slots, layer_profile, profile_stages
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FlexPipeRecord:
+    """What the granularity loop remembers about one deployment."""
+
+    state: GranularityState = field(default_factory=GranularityState)
+    """The Eq. 4 controller's state (smoothed CV, granularity in use)."""
+    last_decision_s: float = -math.inf
+    cv: float = 0.0
+    """The last CV sample (inter-arrival times of the window)."""
+    num_stages: int | None = None
+    """The stage count chosen last."""
+    refactors: dict[str, int] = field(default_factory=lambda: {"split": 0, "merge": 0})
+    """Refactorings that completed, by direction."""
+    failed_refactors: int = 0
+    booked: set[int] = field(default_factory=set)
+    """Nodes booked for a refactoring under way (not yet in their pipeline)."""
+
+
+def is_flexpipe(dep: Deployment) -> bool:
+    return serve_system(dep.spec.strategy).group_sizing == "flexpipe"
+
+
+def describe_flexpipe(dep: Deployment) -> dict[str, Any] | None:
+    """The status entry of a FlexPipe deployment (None for other strategies)."""
+    if not is_flexpipe(dep):
+        return None
+    rec = dep.flexpipe or FlexPipeRecord()
+    pipes = [e for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)]
+    return {
+        "cv": round(rec.cv, 3),
+        "num_stages_wanted": rec.num_stages,
+        "pipelines": [{"name": p.name, "stages": [list(s) for s in p.stages]} for p in pipes],
+        "refactors": dict(rec.refactors),
+        "failed_refactors": rec.failed_refactors,
+    }
+
+
+class FlexPipeControl:
+    """The loop above, for every FlexPipe deployment (called by the autoscaler's tick)."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        pool: ParameterPool,
+        metrics: Metrics,
+        copies: Copies,
+        live_nodes: Callable[[], list[int]],
+        free_slots_of: Callable[[int], int],
+        link_gbps: float | None = None,
+    ) -> None:
+        self.client, self.pool, self.metrics, self.copies = client, pool, metrics, copies
+        self.live_nodes, self.free_slots_of = live_nodes, free_slots_of
+        self.link_gbps = link_gbps or DEFAULT_FETCH_GBPS
+        self.settings = FlexPipeSettings()
+        """The policy's knobs (tests shorten the window and the interval)."""
+
+    async def tick(self, dep: Deployment, now_s: float) -> None:
+        if not is_flexpipe(dep):
+            return
+        if dep.flexpipe is None:
+            dep.flexpipe = FlexPipeRecord()
+        rec = dep.flexpipe
+        await self._reap(dep, rec)
+        if now_s - rec.last_decision_s < self.settings.decision_interval_s:
+            return
+        rec.last_decision_s = now_s
+        pipes = [
+            e for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline) and not e.failed
+        ]
+        system = serve_system(dep.spec.strategy)
+        profile = layer_profile(dep.manifest, system, pipes[0] if pipes else None)
+        arrivals = arrivals_in_window(tuple(dep.server.arrivals), now_s, self.settings)
+        rec.cv = cv_of_arrivals(arrivals)
+        rec.num_stages, rec.state = choose_num_stages(arrivals, profile, rec.state, self.settings)
+        for pipe in pipes:
+            if pipe.refactoring or len(pipe.stages) == rec.num_stages:
+                continue
+            kept = [n for n, _, _ in pipe.stages]
+            free = [
+                n
+                for n in self.live_nodes()
+                if n not in dep.instances and n not in rec.booked and self.free_slots_of(n) > 0
+            ]
+            choice = choose_stages(
+                profile,
+                rec.num_stages,
+                kept,
+                free_slots(free, dep.manifest),
+                rec.cv,
+                self.link_gbps,
+                2 * dep.manifest.total_bytes,
+                self.settings,
+            )
+            if choice is None:
+                continue
+            target = [(n, a, b) for n, (a, b) in zip(choice.slots, choice.bounds, strict=True)]
+            if target == list(pipe.stages):
+                continue  # no free slot for a finer cut now
+            new = [n for n in choice.slots if n not in kept]
+            for n in new:
+                dep.instances[n] = Instance(n, endpoint=pipe)  # type: ignore[arg-type]
+                rec.booked.add(n)
+            pipe.refactoring = True  # until the task below runs it (no second one meanwhile)
+            dep.spawn(self._refactor(dep, rec, pipe, target, new))
+
+    async def _refactor(
+        self,
+        dep: Deployment,
+        rec: FlexPipeRecord,
+        pipe: FlexPipeline,
+        target: Stages,
+        new: list[int],
+    ) -> None:
+        before = [n for n, _, _ in pipe.stages]
+
+        async def load(node: int, blocks: list[int]) -> None:
+            held = self.pool.blocks_at(dep.name, node, "gpu")
+            missing = tuple(b for b in blocks if b not in held)
+            if missing:
+                source = own_tiers(self.pool, dep.name, [node])[0].own_tier
+                op = LoadOp(dep.name, missing, tier="gpu", source=source)  # type: ignore[arg-type]
+                await self.client.call(node, op)
+
+        def alive() -> bool:
+            return dep.server.endpoints.get(pipe.name) is pipe
+
+        pipe.refactoring = False  # refactor_pipeline takes it from here
+        try:
+            result = await refactor_pipeline(pipe, target, load, alive)
+        except Exception as e:
+            log.warning("%s: refactoring %s to %s failed: %s", dep.name, pipe.name, target, e)
+            rec.failed_refactors += 1
+            leaving = new
+        else:
+            rec.refactors[result.direction] = rec.refactors.get(result.direction, 0) + 1
+            self.metrics.refactors.labels(dep.name, result.direction).inc()
+            leaving = [n for n in before if n not in pipe.nodes]
+            try:
+                await profile_stages(pipe)
+            except Exception as e:  # the last profile stays in use
+                log.info("%s: profiling after the refactoring failed: %s", pipe.name, e)
+        finally:
+            rec.booked.difference_update(new)
+        for n in leaving:
+            inst = dep.instances.get(n)
+            if inst is not None and inst.endpoint is pipe:
+                dep.instances.pop(n, None)
+                await self.copies.release_slot(dep.name, n, dep.manifest.num_blocks)
+
+    async def _reap(self, dep: Deployment, rec: FlexPipeRecord) -> None:
+        """Release the slots of pipelines that no longer serve, and of nodes a pipeline
+        left (outside a refactoring, which releases its own)."""
+        for node, inst in list(dep.instances.items()):
+            ep = inst.endpoint
+            if not isinstance(ep, FlexPipeline) or node in rec.booked:
+                continue
+            serving = dep.server.endpoints.get(ep.name) is ep and not ep.failed
+            if serving and (node in ep.nodes or ep.refactoring):
+                continue
+            dep.instances.pop(node, None)
+            await self.copies.release_slot(dep.name, node, dep.manifest.num_blocks)

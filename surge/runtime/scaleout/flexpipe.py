@@ -1,0 +1,165 @@
+"""FlexPipe scale-out: each new instance is a live pipeline whose shape can change (paper 003).
+
+In: the context (destinations, spare nodes with a free slot and their own tiers, the
+system, the server's arrivals). For each destination, one `FlexPipeline`:
+- the stage count from the arrivals' CV over the last `cv_window_s` (§6.1 Eq. 4,
+  `flexpipe_system.choose_num_stages`, a fresh controller state: the controller's
+  granularity loop, `control/flexpipe.py`, owns it from then on);
+- layers (§5 Eq. 2) and nodes (§6.2 Eq. 6) by `flexpipe_system.choose_stages`: the
+  destination runs the first stage, spares (booked with `hooks.book`) the others;
+- the members load their stages' blocks from their own tier in parallel (§7: new
+  fine-grained stages load from host copies in parallel), the pipeline opens and serves,
+  every member's slot records it (`hooks.on_local`);
+- then each stage is profiled on its node (`stage_profile`: per-layer prefill and decode
+  times, activation bytes), which the partition DP uses from then on (`layer_profile`).
+Before a model has been profiled, `layer_profile` estimates, documented in
+docs/flexpipe.md: a decode step reads the weights once at `WEIGHT_READ_BYTES_PER_S`, a
+prefill of `PROFILE_TOKENS` costs `PREFILL_OVER_DECODE` decodes.
+"""
+
+import asyncio
+import logging
+import time
+
+from surge.model.manifest import Manifest
+from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe_placement import SlotState
+from surge.policy.flexpipe_system import (
+    FlexPipeSettings,
+    LayerProfile,
+    StageChoice,
+    arrivals_in_window,
+    choose_num_stages,
+    choose_stages,
+)
+from surge.policy.startup import StartupPlan
+from surge.policy.systems import SystemConfig
+from surge.runtime.protocol_ops import StageProfileOp
+from surge.runtime.refactor import FlexPipeline, blocks_of_stage
+from surge.runtime.scaleout.context import ScaleOutContext, flexpipe_name
+from surge.runtime.scaleout.local import load_blocks
+from surge.runtime.scaleout.paraserve import PREFILL_OVER_DECODE, WEIGHT_READ_BYTES_PER_S
+
+log = logging.getLogger(__name__)
+
+PROFILE_TOKENS = 32
+"""Prompt tokens of a profiling prefill (and of the activation the partition charges)."""
+SETTINGS = FlexPipeSettings()
+"""The runtime's FlexPipe settings (the controller may be given others)."""
+
+
+def layer_profile(
+    manifest: Manifest, system: SystemConfig, pipe: FlexPipeline | None
+) -> LayerProfile:
+    """The model's layer profile: measured on the nodes once `pipe` has been profiled
+    (every layer), else the estimates of the module docstring."""
+    n = manifest.arch.num_layers
+    param_bytes = max(1, manifest.total_bytes // n)
+    measured = pipe.layer_times if pipe is not None else {}
+    if len(measured) == n:
+        prefill = tuple(measured[i][0] for i in range(n))
+        decode = [measured[i][1] for i in range(n)]
+        return LayerProfile(
+            num_layers=n,
+            prefill_s=sum(prefill) / n,
+            decode_s=sum(decode) / n,
+            param_bytes=param_bytes,
+            activation_bytes=pipe.activation_bytes_per_token * PROFILE_TOKENS,  # type: ignore[union-attr]
+            hop_s=system.stage_hop_s,
+            layer_prefill_s=prefill,
+        )
+    decode_s = manifest.total_bytes / WEIGHT_READ_BYTES_PER_S / n
+    return LayerProfile(
+        num_layers=n,
+        prefill_s=PREFILL_OVER_DECODE * decode_s,
+        decode_s=decode_s,
+        param_bytes=param_bytes,
+        activation_bytes=manifest.arch.hidden_size * 4 * PROFILE_TOKENS,
+        hop_s=system.stage_hop_s,
+    )
+
+
+def free_slots(nodes: list[int], manifest: Manifest) -> list[SlotState]:
+    """Each node as a slot that can take any stage (one instance slot per node)."""
+    return [SlotState(n, 2 * manifest.total_bytes) for n in nodes]
+
+
+async def profile_stages(pipe: FlexPipeline) -> None:
+    """Time every layer on the node that runs it (§5's t_c and s_a, measured)."""
+    for node, _, _ in list(pipe.stages):
+        op = StageProfileOp(pipeline=pipe.stage_key, num_tokens=PROFILE_TOKENS)
+        reply = await pipe.client.call(node, op)
+        for i, (p, d) in enumerate(zip(reply.prefill_s, reply.decode_s, strict=True)):
+            pipe.layer_times[reply.first_layer + i] = (p, d)
+        pipe.activation_bytes_per_token = reply.activation_bytes_per_token
+
+
+def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
+    profile = layer_profile(ctx.manifest, ctx.system, None)
+    arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), SETTINGS)
+    eta, _ = choose_num_stages(arrivals, profile, GranularityState(), SETTINGS)
+    choice = choose_stages(
+        profile,
+        eta,
+        (dest,),
+        free_slots(spares, ctx.manifest),
+        cv_of_arrivals(arrivals),
+        ctx.fetch_gbps,
+        2 * ctx.manifest.total_bytes,
+        SETTINGS,
+    )
+    assert choice is not None  # one stage on the destination always fits
+    return choice
+
+
+async def run_flexpipe(ctx: ScaleOutContext, plan: StartupPlan) -> None:
+    """Every destination's instance comes up as a FlexPipe pipeline (module docstring)."""
+    tiers = {d.node: d.own_tier for d in (*ctx.destinations, *ctx.spares)}
+    for local in plan.local:
+        tiers[local.node] = local.source
+    spares = [d.node for d in ctx.spares]
+    results = []
+    for dest in ctx.destinations:
+        choice = _choose(ctx, dest.node, spares)
+        members = list(choice.slots)
+        booked = [m for m in members[1:] if ctx.hooks.book(m)]
+        if len(booked) < len(members) - 1:  # a spare was taken meanwhile: one stage
+            for m in booked:
+                await ctx.hooks.release(m)
+            choice = StageChoice(((0, ctx.manifest.arch.num_layers),), (dest.node,))
+            members = [dest.node]
+        spares = [s for s in spares if s not in members]
+        results.append(await _open_pipeline(ctx, choice, tiers))
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+
+
+async def _open_pipeline(
+    ctx: ScaleOutContext, choice: StageChoice, tiers: dict[int, str]
+) -> BaseException | None:
+    stages = [(n, a, b) for n, (a, b) in zip(choice.slots, choice.bounds, strict=True)]
+    try:
+        await asyncio.gather(
+            *(
+                load_blocks(ctx, n, blocks_of_stage(ctx.manifest, a, b), tiers.get(n, "remote"))
+                for n, a, b in stages
+            )
+        )
+        name = flexpipe_name(ctx.model)
+        pipe = FlexPipeline(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
+        await pipe.open()
+    except BaseException as e:
+        for m in choice.slots:
+            await ctx.hooks.release(m)
+        return e
+    await ctx.server.add_endpoint(pipe)
+    ctx.record_open(name, pipe.nodes)
+    for m in choice.slots:
+        await ctx.hooks.on_local(m, pipe)  # type: ignore[arg-type]
+    log.info("%s: flexpipe %s opened with stages %s", ctx.model, name, stages)
+    try:
+        await profile_stages(pipe)
+    except Exception as e:  # estimates stay in use
+        log.warning("%s: profiling %s failed: %s", ctx.model, name, e)
+    return None

@@ -1,0 +1,88 @@
+"""FlexPipe through the controller: the granularity loop, not a static pipeline.
+
+One coarse pipeline serves (one stage, no arrivals yet). A burst (two clumps of requests:
+inter-arrival CV ~3) makes the loop split it into two stages on two nodes while the
+requests generate; a quiet period (the CV window empties) makes it merge back to one
+stage. Both show in `/metrics` (`surge_pipeline_refactors_total{direction}`) and in the
+deployment status that `surge status` prints; every request matches a local greedy run.
+A static pipeline (no split, or no merge) fails this test.
+"""
+
+import asyncio
+
+from surge.control.controller import Controller, ControllerConfig
+from surge.engine.sampling import SamplingParams
+from surge.model.tokenizer import load_tokenizer
+from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.runtime.refactor import FlexPipeline
+from tests.control.test_strategies import PROMPTS, _check, _cluster, _deploy, _until
+
+MAX_TOKENS = 96
+
+
+def _refactors(metrics_text: str, direction: str) -> float:
+    for line in metrics_text.splitlines():
+        if line.startswith("surge_pipeline_refactors_total{") and f'"{direction}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _stage_counts(dep) -> list[int]:
+    return [len(e.stages) for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)]
+
+
+def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, reference) -> None:
+    tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
+    state = tmp_path / "state"
+    cluster = _cluster(state, num_nodes=2)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    async def run():
+        ctl = Controller(
+            ControllerConfig(state_dir=state, nodes=2), cluster.addresses, cluster.token
+        )
+        await ctl.start()
+        # A short window and interval so the test takes seconds (defaults: 30 s, 1 s).
+        ctl._w.autoscaler.flexpipe.settings = FlexPipeSettings(
+            cv_window_s=2.0, decision_interval_s=0.2
+        )
+        try:
+            scaling = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 100}
+            dep = await _deploy(ctl, tiny_store_dir, "flexpipe", scaling)
+            await _until(lambda: _stage_counts(dep) == [1], "a coarse pipeline")
+            coarse_nodes = sorted(dep.instances)
+            reqs = []
+            for clump in (PROMPTS[:4], PROMPTS[4:]):  # a burst: two clumps 0.5 s apart
+                reqs += await asyncio.gather(
+                    *(ctl.submit(dep, tok.encode(p).ids, params) for p in clump)
+                )
+                await asyncio.sleep(0.5)
+            await _until(lambda: _stage_counts(dep) == [2], "split on the burst", 30)
+            split_status = ctl.describe(dep)["status"]
+            mid = [len(r.output_token_ids) for r in reqs]
+            split_nodes = sorted(dep.instances)
+            await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
+            await _until(lambda: _stage_counts(dep) == [1], "merge when quiet", 30)
+            await _until(lambda: len(dep.instances) == 1, "the merged-away slot released")
+            return (
+                reqs,
+                mid,
+                coarse_nodes,
+                split_nodes,
+                split_status,
+                ctl.describe(dep)["status"],
+                ctl.metrics.render().decode(),
+            )
+        finally:
+            await ctl.stop()
+
+    with cluster:
+        reqs, mid, coarse_nodes, split_nodes, split_status, status, metrics = asyncio.run(run())
+    _check(reqs, tok, reference, MAX_TOKENS)
+    assert len(coarse_nodes) == 1 and len(split_nodes) == 2
+    assert any(0 < n < MAX_TOKENS for n in mid), mid  # the split came mid-generation
+    assert split_status["flexpipe"]["refactors"]["split"] >= 1, split_status
+    assert status["flexpipe"]["refactors"]["merge"] >= 1, status
+    assert [len(p["stages"]) for p in status["flexpipe"]["pipelines"]] == [1]
+    assert _refactors(metrics, "split") >= 1 and _refactors(metrics, "merge") >= 1, metrics
+    assert all(len(r.hops) == 1 for r in reqs), [r.hops for r in reqs]  # none re-routed
