@@ -15,16 +15,18 @@ from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
     FlexPipeSettings,
     LayerProfile,
+    arrivals_in_window,
     choose_num_stages,
     place_stages,
     refactor,
     stage_layers,
 )
 from surge.sim.costs import cost_model
+from surge.sim.events import Priority
 from surge.sim.instance import Instance, Placement
 from surge.sim.pools import Pool
 from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM, Gpus
-from surge.sim.world import World
+from surge.sim.world import KEY_STRIDE, World
 
 PROFILE_PROMPT_TOKENS = 512
 """Prompt length of the layer profile (prefill time, activation bytes)."""
@@ -48,6 +50,11 @@ class FlexPipe:
         self.spans: dict[int, Spans] = {}
         """Per group endpoint: its stages."""
         self.refactoring: set[int] = set()
+        self.last_decision_s: dict[int, float] = {}
+        """Per pool: when the granularity controller last decided."""
+        self.pending: set[int] = set()
+        """Pools with a re-decision scheduled (a quiet pool still merges)."""
+        self.num_refactors = {"split": 0, "merge": 0}
 
     @property
     def enabled(self) -> bool:
@@ -81,11 +88,15 @@ class FlexPipe:
     def _num_stages(self, pool: Pool) -> int:
         assert self.settings is not None
         state = self.states.get(pool.index, GranularityState())
-        eta, state = choose_num_stages(
-            pool.arrivals_s, self._profile(pool.model), state, self.settings
-        )
+        arrivals = self._window(pool)
+        eta, state = choose_num_stages(arrivals, self._profile(pool.model), state, self.settings)
         self.states[pool.index] = state
         return eta
+
+    def _window(self, pool: Pool) -> tuple[float, ...]:
+        """The arrivals of the last `cv_window_s` (§6.1's window; the runtime's too)."""
+        assert self.settings is not None
+        return arrivals_in_window(tuple(pool.arrivals_s), self.world.loop.now_s, self.settings)
 
     def _cut_and_place(
         self, pool: Pool, eta: int, exclude: tuple[int, ...] = ()
@@ -114,7 +125,7 @@ class FlexPipe:
             if m.group is slot.group
             for g in world.state.free_on(m)
         ]
-        cv = cv_of_arrivals(pool.arrivals_s)
+        cv = cv_of_arrivals(self._window(pool))
         placed = place_stages(slot.name, sizes, 1.0, cv, free, self.settings)
         return None if placed is None else (bounds, placed)
 
@@ -134,9 +145,20 @@ class FlexPipe:
         self.spans[inst.id] = spans
 
     def retune(self, pool: Pool) -> None:
-        """One granularity decision; serving groups whose stage count differs refactor."""
+        """One granularity decision (at most every `decision_interval_s`, as in the
+        runtime's controller); serving groups whose stage count differs refactor. While a
+        group runs, the next decision is scheduled, so a quiet pool (no arrivals, hence no
+        autoscaler checks) still merges its stages."""
         if not self.enabled or not any(i.id in self.spans for i in pool.instances):
             return
+        assert self.settings is not None
+        now = self.world.loop.now_s
+        interval = self.settings.decision_interval_s
+        if now - self.last_decision_s.get(pool.index, -interval) < interval - 1e-9:
+            self._again(pool)
+            return
+        self.last_decision_s[pool.index] = now
+        self._again(pool)
         eta = self._num_stages(pool)
         for inst in list(pool.instances):
             spans = self.spans.get(inst.id)
@@ -144,6 +166,19 @@ class FlexPipe:
                 continue
             if len(spans) != eta:
                 self._refactor(pool, inst, spans, eta)
+
+    def _again(self, pool: Pool) -> None:
+        if pool.index in self.pending:
+            return
+        assert self.settings is not None
+        self.pending.add(pool.index)
+
+        def again() -> None:
+            self.pending.discard(pool.index)
+            self.retune(pool)
+
+        at = self.last_decision_s[pool.index] + self.settings.decision_interval_s
+        self.world.loop.schedule(at, Priority.CONTROL, 5 * KEY_STRIDE + pool.index, again)
 
     def _refactor(self, pool: Pool, inst: Instance, spans: Spans, eta: int) -> None:
         world = self.world
@@ -181,6 +216,8 @@ class FlexPipe:
             inst.placement = Placement(tuple((g,) for g, _ in target), machine)
             inst.set_hop((len(target) - 1) * world.system.stage_hop_s)
             self.spans[inst.id] = target
+            direction = "split" if len(target) > len(spans) else "merge"
+            self.num_refactors[direction] += 1
             world.event(pool.model, pool.role, "refactor")
 
         if not moved:
