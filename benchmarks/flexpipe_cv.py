@@ -1,0 +1,287 @@
+"""FlexPipe under load variability: Gamma arrivals of CV 1, 2, 4, 8 at the same mean rate.
+
+Four variants compared in the same run (paper 003 §9):
+- `flexpipe`: the `flexpipe` strategy, the granularity loop free to split and merge;
+- `static-fine`: the same strategy held at `--fine-stages` stages (one granularity);
+- `static-coarse`: the same strategy held at one stage per pipeline (each node a full copy;
+  more pipelines only by autoscaling);
+- `load-then-serve`: the `serverlessllm` strategy (local instances load, then serve).
+Two bodies:
+1. the runtime (`surge serve`'s controller in process, loopback agents, a tiny Llama built
+   here): per variant a fresh cluster, then one phase per CV (arrivals for `--duration` s,
+   drained, then `--gap` s idle). Per phase: p50/p99 end-to-end latency, p50/p99 queue time
+   (arrival until an endpoint took the request, polled every 10 ms), p50/p99 TTFT, goodput
+   (requests meeting `--slo-e2e` per second of the phase), GPU-seconds (slots held x time,
+   sampled every 50 ms), the slots always held (10th percentile) and the peak, and the
+   refactorings by direction. The static variants set the strategy's settings in the
+   controller (`autoscaler.flexpipe.settings`) and the scale-out
+   (`runtime.scaleout.flexpipe.SETTINGS`) to one granularity;
+2. the simulator at the paper's scale (`benchmarks/flexpipe_sim.py`: the `flexpipe`
+   cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4).
+Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
+flexpipe's GPU-seconds over the best static shape's.
+
+Usage: python -m benchmarks.flexpipe_cv --json benchmarks/results/flexpipe_cv.json \
+           --png benchmarks/results/flexpipe_cv.png
+       (--skip-sim / --skip-runtime; short: --duration 6 --cvs 1,4 --sim-duration 120)
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import model_config
+from benchmarks.flexpipe_sim import VARIANTS, run_all
+from surge.control.controller import Controller, ControllerConfig
+from surge.engine.sampling import SamplingParams
+from surge.model.importer import import_checkpoint
+from surge.model.tiny import create_tiny_model
+from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.runtime.refactor import FlexPipeline
+from surge.runtime.scaleout import flexpipe as flexpipe_scaleout
+from surge.sim.settings import Slo
+from surge.traces.gamma import gamma_arrivals
+
+MODEL = "fpcv"
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def _settings(variant: str, args: argparse.Namespace) -> FlexPipeSettings:
+    base = {"cv_window_s": args.cv_window, "decision_interval_s": 0.5}
+    if variant == "static-fine":
+        return FlexPipeSettings(stage_counts=(args.fine_stages,), cv_targets=(0.0,), **base)
+    if variant == "static-coarse":
+        return FlexPipeSettings(stage_counts=(1,), cv_targets=(0.0,), **base)
+    return FlexPipeSettings(**base)
+
+
+async def _phase(ctl, dep, args, cv: float, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    arrivals = gamma_arrivals(rng, args.rate, cv, args.duration)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    prompts = [list(rng.integers(1, 500, size=args.prompt_tokens)) for _ in arrivals]
+    reqs, taken = [], {}
+    held: list[int] = []
+    start = time.monotonic()
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            held.append(len(dep.instances))
+            for r in reqs:
+                if id(r) not in taken and r.endpoint is not None:
+                    taken[id(r)] = time.monotonic()
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.ensure_future(watch())
+    for at, prompt in zip(arrivals, prompts, strict=True):
+        await asyncio.sleep(max(0.0, start + float(at) - time.monotonic()))
+        reqs.append(await ctl.submit(dep, [int(x) for x in prompt], params))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), args.drain)
+    end = time.monotonic()
+    stop.set()
+    await watcher
+    done = [r for r in reqs if r.done_t is not None and r.error is None]
+    e2e = [r.done_t - r.arrival_t for r in done]
+    ttft = [r.first_token_t - r.arrival_t for r in done if r.first_token_t is not None]
+    queue = [taken[id(r)] - r.arrival_t for r in reqs if id(r) in taken]
+    slots = np.array(held or [0])
+    return {
+        "requests": len(reqs),
+        "finished": len(done),
+        "e2e_p50_s": _pct(e2e, 50),
+        "e2e_p99_s": _pct(e2e, 99),
+        "queue_p50_s": _pct(queue, 50),
+        "queue_p99_s": _pct(queue, 99),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p99_s": _pct(ttft, 99),
+        "goodput_rps": sum(x <= args.slo_e2e for x in e2e) / (end - start),
+        "gpu_seconds": float(slots.mean() * (end - start)),
+        "slots_peak": int(slots.max()),
+        "slots_always_held": float(np.percentile(slots, 10)),
+    }
+
+
+async def _variant(variant: str, store: Path, state: Path, args: argparse.Namespace) -> dict:
+    settings = _settings(variant, args)
+    flexpipe_scaleout.SETTINGS = settings
+    cfg = ControllerConfig(state_dir=state, nodes=args.nodes, max_num_seqs=args.max_num_seqs)
+    ctl = Controller(cfg)
+    await ctl.start()
+    ctl._w.autoscaler.flexpipe.settings = settings
+    out: dict = {}
+    try:
+        strategy = "serverlessllm" if variant == "load-then-serve" else "flexpipe"
+        body = {
+            "name": MODEL,
+            "model": str(store),
+            "strategy": strategy,
+            "autoscaling": {
+                "min_replicas": 1,
+                "max_replicas": args.nodes,
+                "target_ongoing_requests": args.target_ongoing,
+                "downscale_delay_s": 3,
+                "keep_alive_s": 60,
+            },
+        }
+        dep = await ctl.create(body)
+        deadline = time.monotonic() + 120
+        while not dep.server.endpoints and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for i, cv in enumerate(args.cvs):
+            before = dict(dep.flexpipe.refactors) if dep.flexpipe else {}
+            row = await _phase(ctl, dep, args, cv, seed=100 + i)
+            after = dict(dep.flexpipe.refactors) if dep.flexpipe else {}
+            row["refactors"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            row["stages_after"] = [
+                len(e.stages) for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)
+            ]
+            out[str(cv)] = row
+            logging.info("%s cv=%s: %s", variant, cv, row)
+            await asyncio.sleep(args.gap)
+    finally:
+        await ctl.stop()
+    return out
+
+
+def _ratios(by_variant: dict, cvs: list[str], p99_key: str, gpu_key: str) -> dict:
+    out = {}
+    for cv in cvs:
+        fp = by_variant["flexpipe"][cv]
+        statics = [by_variant[v][cv] for v in ("static-fine", "static-coarse")]
+        best_p99 = min(s[p99_key] for s in statics if s[p99_key] is not None)
+        best_gpu = min(s[gpu_key] for s in statics)
+        out[cv] = {
+            "best_static_over_flexpipe_e2e_p99": best_p99 / fp[p99_key] if fp[p99_key] else None,
+            "flexpipe_over_best_static_gpu_seconds": fp[gpu_key] / best_gpu if best_gpu else None,
+        }
+    return out
+
+
+def runtime(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        create_tiny_model(tmp / "hf", model_config(args.model_mb, args.layers))
+        store = tmp / "store" / MODEL
+        import_checkpoint(tmp / "hf", store, num_blocks=args.layers, progress=False)
+        by_variant = {}
+        for v in VARIANTS:
+            by_variant[v] = asyncio.run(_variant(v, store, tmp / f"state-{v}", args))
+    cvs = [str(c) for c in args.cvs]
+    return {
+        "by_variant": by_variant,
+        "ratios": _ratios(by_variant, cvs, "e2e_p99_s", "gpu_seconds"),
+    }
+
+
+def draw(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    if "runtime" in report:
+        panels += [
+            ("runtime", "e2e_p99_s", "p99 end-to-end (s)"),
+            ("runtime", "gpu_seconds", "slot-seconds"),
+        ]
+    if "sim" in report:
+        panels += [
+            ("sim", "e2e_p99_s", "p99 end-to-end (s)"),
+            ("sim", "gpu_seconds", "GPU-seconds"),
+        ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    axes = np.atleast_1d(axes)
+    for ax, (body, key, label) in zip(axes, panels, strict=True):
+        data = report[body]["by_variant"] if body == "runtime" else report[body]["by_cv"]
+        for v in VARIANTS:
+            if body == "runtime":
+                cvs = list(data[v])
+                ys = [data[v][c][key] for c in cvs]
+            else:
+                cvs = list(data)
+                ys = [data[c][v][key] for c in cvs]
+            ax.plot([float(c) for c in cvs], ys, marker="o", label=v)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("arrival CV")
+        ax.set_ylabel(label)
+        ax.set_title(f"{body}: {label}")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--model-mb", type=float, default=8.0)
+    ap.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second")
+    ap.add_argument("--cvs", type=lambda s: [float(x) for x in s.split(",")], default=[1, 2, 4, 8])
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per CV")
+    ap.add_argument("--drain", type=float, default=60.0)
+    ap.add_argument("--gap", type=float, default=4.0, help="idle seconds between phases")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--prompt-tokens", type=int, default=24)
+    ap.add_argument("--max-num-seqs", type=int, default=4, help="sequences per engine")
+    ap.add_argument("--target-ongoing", type=float, default=4.0)
+    ap.add_argument("--fine-stages", type=int, default=3)
+    ap.add_argument("--cv-window", type=float, default=10.0)
+    ap.add_argument("--slo-e2e", type=float, default=5.0)
+    ap.add_argument("--sim-rate", type=float, default=20.0)
+    ap.add_argument("--sim-cvs", type=lambda s: [float(x) for x in s.split(",")], default=[1, 2, 4])
+    ap.add_argument("--sim-duration", type=float, default=600.0)
+    ap.add_argument("--sim-model", default="llama2-7b")
+    ap.add_argument("--sim-fine-stages", type=int, default=4)
+    ap.add_argument("--skip-sim", action="store_true")
+    ap.add_argument("--skip-runtime", action="store_true")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    report: dict = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
+    }
+    if not args.skip_sim:
+        slo = Slo(ttft_s=5.0, tpot_s=0.2)
+        by_cv = run_all(
+            args.sim_cvs,
+            cluster="flexpipe",
+            model=args.sim_model,
+            rate_rps=args.sim_rate,
+            duration_s=args.sim_duration,
+            seed=1,
+            slo=slo,
+            fine_stages=args.sim_fine_stages,
+            input_tokens=512,
+            output_tokens=128,
+        )
+        report["sim"] = {"by_cv": by_cv}
+        print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
+    if not args.skip_runtime:
+        report["runtime"] = runtime(args)
+        print(json.dumps(report["runtime"]["ratios"], indent=1))
+    report["settings"]["cvs"] = [str(c) for c in args.cvs]
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    if args.png:
+        draw(report, args.png)
+
+
+if __name__ == "__main__":
+    main()
