@@ -27,6 +27,11 @@ def _refactors(metrics_text: str, direction: str) -> float:
     return 0.0
 
 
+def _done(dep, direction: str) -> bool:
+    """A refactoring in `direction` completed (counted once the switch is over)."""
+    return dep.flexpipe is not None and dep.flexpipe.refactors.get(direction, 0) >= 1
+
+
 def _stage_counts(dep) -> list[int]:
     return [len(e.stages) for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)]
 
@@ -57,12 +62,12 @@ def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, r
                     *(ctl.submit(dep, tok.encode(p).ids, params) for p in clump)
                 )
                 await asyncio.sleep(0.5)
-            await _until(lambda: _stage_counts(dep) == [2], "split on the burst", 30)
+            await _until(lambda: _done(dep, "split") and _stage_counts(dep) == [2], "split", 30)
             split_status = ctl.describe(dep)["status"]
             mid = [len(r.output_token_ids) for r in reqs]
             split_nodes = sorted(dep.instances)
             await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
-            await _until(lambda: _stage_counts(dep) == [1], "merge when quiet", 30)
+            await _until(lambda: _done(dep, "merge") and _stage_counts(dep) == [1], "merge", 30)
             await _until(lambda: len(dep.instances) == 1, "the merged-away slot released")
             return (
                 reqs,
