@@ -12,4 +12,9 @@ fi
 # else can pull a different build.
 .venv/bin/python -m pip install --quiet torch==2.13.0
 .venv/bin/python -m pip install --quiet -e '.[dev]'
+# Dev step: Debian's chromium for the dashboard's browser test (skipped, saying why, without it).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 ||
+    echo "chromium could not be installed: tests/dashboard/test_browser.py will skip"
+fi
 echo "surge is set up: .venv/bin/surge --help"

@@ -4,6 +4,7 @@
   `POST /v1/chat/completions`; request and response fields in `api/protocol.py`.
 - Admin routes (`api/admin.py`): `/v1/deployments[/{name}]`, `/v1/nodes`, `/health`,
   `/metrics` (Prometheus text format).
+- The live dashboard (`api/dashboard.py`): `/dashboard`, its assets, its event stream.
 
 Every error is JSON `{"error": {"message", "type", "param", "code"}}`, its status chosen
 by the exception's *type* (`surge/errors.py`), never its message. A bug is a 500 with
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.api.admin import admin_router
+from surge.api.dashboard import dashboard_router
 from surge.api.error_map import body, classify
 from surge.api.openai import openai_router
 from surge.api.protocol import ChatRequest, CompletionRequest
@@ -160,13 +162,18 @@ def create_app(controller: Controller, api_key: str | None = None, manage: bool 
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
+        path = request.url.path
+        page = path.startswith("/dashboard") and not path.startswith("/dashboard/static/")
+        if api_key and (path.startswith("/v1/") or page):
             header = request.headers.get("authorization", "")
             token = header[7:] if header.lower().startswith("bearer ") else ""
+            if page and not token:  # a browser's page and EventSource send no header
+                token = request.query_params.get("key", "")
             if not secrets.compare_digest(token.encode(), api_key.encode()):
                 return error_response(
                     401,
-                    "missing or wrong API key (Authorization: Bearer KEY)",
+                    "missing or wrong API key (Authorization: Bearer KEY"
+                    + (", or ?key=KEY)" if page else ")"),
                     "authentication_error",
                     code="invalid_api_key",
                 )
@@ -174,6 +181,7 @@ def create_app(controller: Controller, api_key: str | None = None, manage: bool 
 
     app.include_router(openai_router(controller))
     app.include_router(admin_router(controller))
+    app.include_router(dashboard_router(controller.events, controller.timeline_now))
     app.openapi = lambda: openapi_with_bodies(app)  # type: ignore[method-assign]
     app.add_middleware(AccessLog, counter=responses_counter(controller.metrics.registry))
     return app

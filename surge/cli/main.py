@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from surge.cli import dashboard as dashboard_cmd
 from surge.cli import deploy as deploy_cmds
 from surge.cli import generate, model, node, plan, simulate
 from surge.cli import serve as serve_cmd
@@ -33,6 +34,7 @@ app.command("serve")(serve_cmd.serve)
 app.command("deploy")(deploy_cmds.deploy)
 app.command("status")(deploy_cmds.status)
 app.command("delete")(deploy_cmds.delete)
+app.command("dashboard")(dashboard_cmd.dashboard)
 
 
 def main() -> None:

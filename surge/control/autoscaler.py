@@ -29,6 +29,15 @@ from surge.control.scaleouts import (
 )
 from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment, Instance
+from surge.events import (
+    NO_BUS,
+    EventBus,
+    InstanceDrained,
+    InstanceUp,
+    Load,
+    ScaleOutDone,
+    ScaleOutStarted,
+)
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.runtime.client import ClusterClient
@@ -72,6 +81,7 @@ class Autoscaler:
         copies: Copies,
         live_nodes: Callable[[], list[int]],
         load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None,
+        events: EventBus = NO_BUS,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
         self.config, self.engine, self.deployments = config, engine, deployments
@@ -85,6 +95,8 @@ class Autoscaler:
             client, pool, metrics, copies, live_nodes, self._free_slots, config.link_gbps
         )
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
+        self.events = events
+        """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""
@@ -154,6 +166,16 @@ class Autoscaler:
         m.pipelines.labels(name).set(dep.num_pipelines())
         if dep.instances:
             m.gpu_seconds.labels(name).inc(len(dep.instances) * dt_s)
+        if self.events.active:
+            load = Load(
+                model=name,
+                queued=queued,
+                ongoing=len(dep.requests),
+                instances=serving,
+                loading=len(dep.instances) - serving,
+                pipelines=dep.num_pipelines(),
+            )
+            self.events.publish(load)
 
     async def _autoscale(self, dep: Deployment, now_s: float) -> None:
         """One decision of `surge.policy.autoscale` for the deployment, carried out."""
@@ -196,6 +218,7 @@ class Autoscaler:
         owns_multicast = not dep.multicasting
         dep.multicasting = True
         dep.num_scale_outs += 1
+        self.events.publish(ScaleOutStarted(model=dep.name, nodes=tuple(dests)))
         placement_s = time.monotonic() - t0_s
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast, placement_s))
 
@@ -229,6 +252,7 @@ class Autoscaler:
             nic_load={n: k for n, k in self.nic_load.items() if k > 0 and n not in dests},
             link_gbps=self.config.link_gbps,
             sending=lambda nodes, delta: self._sending(dep, nodes, delta),
+            events=self.events,
         )
 
     @staticmethod
@@ -267,12 +291,19 @@ class Autoscaler:
             m.scale_outs.labels(name, kind).inc()
             load_s = time.monotonic() - t0_s
             log.info("%s: %s scale-out to %s in %.2f s", name, kind, dests, load_s)
+            self.events.publish(
+                ScaleOutDone(model=name, nodes=tuple(dests), kind=kind, load_s=load_s)
+            )
             phase = m.scale_out_phase
             phase.labels(name, kind, "placement").observe(placement_s)
             phase.labels(name, kind, "load").observe(load_s)
             first_s = first.result() if first.done() else None
             phase.labels(name, kind, "first_endpoint").observe(first_s or load_s)
         except Exception as e:
+            load_s = time.monotonic() - t0_s
+            self.events.publish(
+                ScaleOutDone(model=name, nodes=tuple(dests), kind="failed", load_s=load_s)
+            )
             if self.load_failed is not None:
                 await self.load_failed(dep, e)
             if dep.failure is None:
@@ -302,6 +333,7 @@ class Autoscaler:
             return
         inst.endpoint = ep
         inst.idle_since_s = None
+        self.events.publish(InstanceUp(model=dep.name, node=node, name=ep.name))
         dep.host_last_used_s[node] = time.monotonic()
 
     async def release(self, dep: Deployment, node: int) -> None:
@@ -317,3 +349,4 @@ class Autoscaler:
             if inst.endpoint is not None and o.endpoint is inst.endpoint:
                 dep.instances.pop(other, None)
                 await self.copies.release_slot(dep.name, other, dep.manifest.num_blocks)
+        self.events.publish(InstanceDrained(model=dep.name, node=node))

@@ -36,9 +36,11 @@ from surge.control.settings import ControllerConfig
 from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, TrackedRequest
 from surge.control.store import DeploymentStore
+from surge.control.timeline import deployment_up, request_done, snapshot
 from surge.engine.llm_engine import context_limit
 from surge.engine.sampling import SamplingParams
 from surge.errors import NotFound, SurgeError
+from surge.events import BlockLanded, DeploymentGone, EventBus, TimelineEvent
 from surge.policy.admission import check_min_replicas
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import AgentDown, BlockArrived, Event, SetPeersOp
@@ -123,6 +125,8 @@ class Controller:
         self.cluster: AgentCluster | None = None
         self.pool = ParameterPool()
         self.metrics = Metrics()
+        self.events = EventBus()
+        """What happens, as typed events (`surge/events.py`): the dashboard subscribes."""
         self.deployments: dict[str, Deployment] = {}
         """Deployments by name (shared with the collaborators)."""
         self.engine = EngineConfig(max_num_seqs=config.max_num_seqs)
@@ -201,6 +205,7 @@ class Controller:
             self.deployments,
             copies,
             self.live_nodes,
+            events=self.events,
         )
         deployments = Deployments(
             client,
@@ -253,6 +258,9 @@ class Controller:
                 self.pool.add(ev.model, ev.node, ev.tier, (ev.block,))
                 size = dep.manifest.blocks[ev.block].size_bytes
                 self.metrics.bytes_moved.labels(ev.model, ev.tier).inc(size)
+                self.events.publish(
+                    BlockLanded(model=ev.model, node=ev.node, block=ev.block, tier=ev.tier)
+                )
             elif isinstance(ev, AgentDown):
                 (log.info if self.stopping else log.warning)("node %d is down", ev.node)
                 self._w.copies.node_down(ev.node)
@@ -263,11 +271,14 @@ class Controller:
 
     async def create(self, body: Any) -> Deployment:
         """A new deployment from its JSON spec (`DeploymentSpec.from_json`)."""
-        return await self._w.deployments.create(body)
+        dep = await self._w.deployments.create(body)
+        self.events.publish(deployment_up(dep))
+        return dep
 
     async def delete(self, name: str) -> None:
         """Delete a deployment (`NotFound` if there is none): instances and copies go."""
         await self._w.deployments.delete(name)
+        self.events.publish(DeploymentGone(model=name))
 
     def describe(self, dep: Deployment) -> dict[str, Any]:
         return self._w.deployments.describe(dep)
@@ -313,6 +324,12 @@ class Controller:
     def finished(self, req: TrackedRequest, status: str = "ok") -> None:
         """The API is done with `req`: record its metrics, abort it if it still runs."""
         self._w.requests.finished(req, status)
+        if self.events.active:  # the serving path: nothing is built when nobody listens
+            self.events.publish(request_done(req))
+
+    def timeline_now(self) -> list[TimelineEvent]:
+        """What holds now as timeline events (a dashboard's first picture)."""
+        return snapshot(self.nodes, self.deployments, self.pool, self.events.t0)
 
     def nodes_view(self) -> list[dict[str, Any]]:
         """The agents as the admin API shows them."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
 from surge.control.state import Deployment
+from surge.events import NO_BUS, EventBus
 from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig, serve_system
 from surge.runtime.client import ClusterClient
@@ -59,6 +60,8 @@ class ScaleOutOffer:
     """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
     sending: Callable[[tuple[int, ...], int], None]
     """Count nodes' instances busy (+1) or not (-1) as multicast GPU sources."""
+    events: EventBus = NO_BUS
+    """Where the scale-out publishes what it does (the dashboard's stream)."""
 
 
 def startup_request(
@@ -132,6 +135,7 @@ async def start_scale_out(
         ttft_slo_s=slo.ttft_ms / 1e3 if slo.ttft_ms else sc.DEFAULT_TTFT_SLO_S,
         tpot_slo_s=slo.tpot_ms / 1e3 if slo.tpot_ms else sc.DEFAULT_TPOT_SLO_S,
         fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
+        events=offer.events,
     )
     try:
         result.kind = await run_scale_out(ctx)

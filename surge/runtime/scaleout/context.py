@@ -12,10 +12,11 @@ that a strategy really ran. Endpoint names are made here and only here.
 """
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from surge.config import EngineConfig
+from surge.events import NO_BUS, EventBus, PipelineOpened
 from surge.model.manifest import Manifest
 from surge.policy.paraserve_predictor import ConsolidationDecision
 from surge.policy.pipelines import Pipeline
@@ -137,6 +138,8 @@ class ScaleOutContext:
     tpot_slo_s: float = DEFAULT_TPOT_SLO_S
     fetch_gbps: float = DEFAULT_FETCH_GBPS
     """Network rate one worker's fetch gets (ParaServe's b_i before contention)."""
+    events: EventBus = NO_BUS
+    """Where what happens is published for the dashboard (`surge/events.py`)."""
     # ---- what happened (written by the scale-out) ----
     kind: str | None = None
     """`hot`, `warm` or `cold` (the start-up plan's kind)."""
@@ -175,7 +178,11 @@ class ScaleOutContext:
             capacity=self.engine.max_num_seqs,
         )
 
-    def record_open(self, name: str, nodes: tuple[int, ...]) -> None:
+    def record_open(
+        self, name: str, nodes: tuple[int, ...], stages: Sequence[tuple[int, int, int]] = ()
+    ) -> None:
+        """An endpoint serves; a pipeline's `stages` are (node, first_layer, end_layer)."""
         if len(nodes) > 1:
             self.pipelines_opened += 1
+            self.events.publish(PipelineOpened(model=self.model, name=name, stages=tuple(stages)))
         self.opened.append((name, time.monotonic(), nodes))

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 
+from surge.events import LiveBatch
 from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.consolidation import live_prefill
 from surge.runtime.endpoints import LocalEndpoint
@@ -107,6 +108,14 @@ class LiveScaling:
         try:
             await live_prefill(server, manifest, new, old, t, batch)
             ctx.live_prefilled += len(batch)
+            ev = LiveBatch(
+                model=ctx.model,
+                new_node=new,
+                old_node=old.node,
+                split_layer=t,
+                num_requests=len(batch),
+            )
+            ctx.events.publish(ev)
         except BaseException as e:  # failed, or cancelled by a stop that could not wait
             log.info("live prefill on node %d failed (%r); requests re-queued", new, e)
             # An adoption that failed midway left its request on `old` without the agent

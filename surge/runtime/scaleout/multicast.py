@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 
+from surge.events import ModeSwitch, PipelineRetired
 from surge.policy.loading import (
     GoLive,
     GoLocal,
@@ -77,13 +78,17 @@ class _Carrier:
             await ep.open()
             await ctx.server.add_endpoint(ep)
             self.names[action.index] = name
-            ctx.record_open(name, ep.nodes)
+            ctx.record_open(name, ep.nodes, ep.stages)
             log.info("opened %s on %s in %.3f s", name, ep.nodes, time.monotonic() - t0)
         elif isinstance(action, GoLive):
             if self.live is not None:
                 self.live.go_live(self.agents[action.node])
+                ctx.events.publish(
+                    ModeSwitch(model=ctx.model, node=self.agents[action.node], mode="live")
+                )
         elif isinstance(action, GoLocal):
             node = self.agents[action.node]
+            ctx.events.publish(ModeSwitch(model=ctx.model, node=node, mode="local"))
             if self.live is not None:
                 self.live.go_local(node)
             await open_local(ctx, node)
@@ -96,6 +101,9 @@ class _Carrier:
             return
         moved = await self.ctx.server.retire(name)
         self.ctx.retired.append((name, time.monotonic(), len(moved)))
+        self.ctx.events.publish(
+            PipelineRetired(model=self.ctx.model, name=name, num_moved=len(moved))
+        )
         log.info("retired %s (%d moved)", name, len(moved))
 
 

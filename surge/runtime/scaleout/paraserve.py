@@ -32,6 +32,7 @@ import math
 import time
 
 from surge.errors import SurgeError
+from surge.events import Consolidation, PipelineRetired
 from surge.policy.paraserve_placement import FetchingWorker, ServerNetwork
 from surge.policy.paraserve_predictor import (
     ConsolidationDecision,
@@ -183,7 +184,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     pipe = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
     await pipe.open()
     await ctx.server.add_endpoint(pipe)
-    ctx.record_open(name, pipe.nodes)
+    ctx.record_open(name, pipe.nodes, pipe.stages)
     decision = _decide(ctx, len(members))
     ctx.consolidations.append(decision)
     keep = len(members)
@@ -195,6 +196,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
         await _consolidate(ctx, pipe, group, keepers, tiers)
     finally:
         await ctx.server.retire(name)  # no-op once consolidated
+        ctx.events.publish(PipelineRetired(model=ctx.model, name=name))
         for m in others:
             await ctx.hooks.release(m)
 
@@ -232,6 +234,11 @@ async def _consolidate(
         try:
             counts = await consolidate(ctx.server, pipe, targets)
             ctx.kv_migrated += counts["migrated"]
+            nodes = tuple(t.node for t in targets)
+            ev = Consolidation(
+                model=ctx.model, name=pipe.name, targets=nodes, num_migrated=counts["migrated"]
+            )
+            ctx.events.publish(ev)
             log.info("%s consolidated onto %s: %s", pipe.name, [t.node for t in targets], counts)
         except Exception as e:  # a target died mid-way: nothing may be lost
             log.warning("consolidation of %s failed (%s); re-routing", pipe.name, e)
