@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from surge.errors import SurgeError
+from surge.events import Recorder, RequestDone
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ def simulate(
     traces_dir: Annotated[Path | None, typer.Option(help="Directory of the shared traces")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the JSON here")] = None,
     png: Annotated[Path | None, typer.Option(help="Write the PNG here")] = None,
+    timeline: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the dashboard's timeline of the one --system here (replay it: "
+            "surge dashboard FILE)"
+        ),
+    ] = None,
 ) -> None:
     """Simulate serverless LLM systems on a trace at cluster scale and compare them."""
     from rich.console import Console
@@ -108,6 +116,9 @@ def simulate(
         loaded = load_trace(trace or "azure-conv", seed, traces_dir)
     for name in systems:
         system_config(name)
+    if timeline is not None and len(systems) != 1:
+        raise SurgeError("--timeline records one system: pass exactly one --system")
+    recorder = Recorder() if timeline is not None else None
     loaded = time_slice(scale_rate(loaded, rate_scale), start_s, duration_s)
     if loaded.num_requests == 0:
         raise SurgeError("the trace has no requests in the chosen window")
@@ -118,7 +129,7 @@ def simulate(
         for name in systems:
             if scn is not None:
                 settings = scn.settings(name, block_count=block_count)
-                sim = Simulation(loaded, settings, scn.system(name))
+                sim = Simulation(loaded, settings, scn.system(name), timeline=recorder)
             else:
                 settings = SimSettings(
                     cluster or "lambdascale-testbed1",
@@ -129,7 +140,7 @@ def simulate(
                     warm_instances=warm,
                     block_count=block_count,
                 )
-                sim = Simulation(loaded, settings)
+                sim = Simulation(loaded, settings, timeline=recorder)
             task = progress.add_task(f"{name}", total=horizon)
             res = sim.run(lambda now, task=task: progress.update(task, completed=min(now, horizon)))
             progress.update(task, completed=horizon)
@@ -149,6 +160,30 @@ def simulate(
         json_out.write_text(json.dumps(comparison_json(summaries, wall_s), indent=2) + "\n")
     if png is not None:
         draw_png(results, png)
+    if timeline is not None and recorder is not None:
+        (res,) = results.values()
+        add_requests(recorder, res)
+        recorder.timeline(f"surge simulate --system {systems[0]} on {where}").write(timeline)
+
+
+def add_requests(recorder: Recorder, res) -> None:
+    """Each finished request as the dashboard's `request` event, at its completion."""
+    import numpy as np
+
+    done = np.flatnonzero(res.done_s >= 0)
+    for i in done[np.argsort(res.done_s[done], kind="stable")]:
+        first, n = float(res.first_token_s[i]), int(res.output_tokens[i])
+        itl = (float(res.done_s[i]) - first) / (n - 1) if n > 1 else None
+        recorder.publish(
+            RequestDone(
+                t_s=float(res.done_s[i]),
+                model=res.model_names[int(res.model_index[i])],
+                ttft_s=first - float(res.arrival_s[i]),
+                itl_s=itl,
+                num_tokens=n,
+            )
+        )
+    recorder.events.sort(key=lambda e: e.t_s)
 
 
 def _fmt(value: object) -> str:

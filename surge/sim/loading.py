@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Callable
 
+from surge.events import BlockLanded, InstanceUp, ModeSwitch, PipelineOpened, PipelineRetired
 from surge.policy.cluster import Cluster
 from surge.policy.loading import (
     GoLive,
@@ -84,6 +85,10 @@ class Loader:
             inst.loaded = True
             inst.set_speed(1.0)
             inst.idle_since_s = self.world.loop.now_s if inst.outstanding == 0 else None
+            name = self.world.models[pool.model].name
+            self.world.publish(
+                InstanceUp, model=name, node=inst.machine, name=f"{name}-m{inst.machine}"
+            )
             self.requests.drain(pool)
 
         if delay_s > 0:
@@ -265,6 +270,9 @@ class Loader:
         plan_nodes = [gpu_nodes.get(v) for v in nodes]
 
         def on_arrival(node: int, block: int) -> None:
+            if world.timeline is not None and plan_nodes[node] is not None:
+                where = plan_nodes[node].machine  # type: ignore[union-attr]
+                world.publish(BlockLanded, model=slot.name, node=where, block=block, tier="gpu")
             for action in loading.arrive(node, block):
                 self._carry_out(pool, action, plan_nodes, opened)
 
@@ -314,21 +322,40 @@ class Loader:
             opened[action.index] = ep
             pool.pipelines.append(ep)
             self.world.event(pool.model, pool.role, "pipeline")
+            self._publish_pipeline(pool, action, members, f"pipe{ep.id}")
             self.requests.drain(pool)
         elif isinstance(action, RetirePipeline):
             ep = opened.pop(action.index, None)
             if ep is not None:
                 pool.pipelines.remove(ep)
                 ep.released = True
+                name = self.world.models[pool.model].name
+                self.world.publish(PipelineRetired, model=name, name=f"{name}-pipe{ep.id}")
                 self.requests.requeue(pool, ep.drain())
         elif isinstance(action, GoLive):
             inst = node(action.node)
             if not inst.released and not inst.serving:
                 inst.serving = True
                 inst.set_speed(sys.live_speed)
+                name = self.world.models[pool.model].name
+                self.world.publish(ModeSwitch, model=name, node=inst.machine, mode="live")
                 self.requests.drain(pool)
         elif isinstance(action, GoLocal):
             self._fan_out(pool, node(action.node))
+
+    def _publish_pipeline(self, pool: Pool, action: OpenPipeline, members: list, tag: str) -> None:
+        """The dashboard's view of an opened pipeline: (machine, first_layer, end_layer)."""
+        if self.world.timeline is None:
+            return
+        slot = self.world.models[pool.model]
+        n, b = slot.profile.num_layers, max(s.last_block for s in action.pipeline.stages) + 1
+        stages = tuple(
+            (members[i].machine, s.first_block * n // b, (s.last_block + 1) * n // b)
+            for i, s in enumerate(action.pipeline.stages)
+        )
+        self.world.publish(
+            PipelineOpened, model=slot.name, name=f"{slot.name}-{tag}", stages=stages
+        )
 
     def _fan_out(self, pool: Pool, inst: Instance) -> None:
         """The lead GPU holds the model: it forwards the other GPUs' shards inside the

@@ -16,6 +16,7 @@ groups and the instances they consolidate into) with every field declared in
 import math
 from collections.abc import Callable
 
+from surge.events import InstanceDrained, ScaleOutStarted
 from surge.policy.autoscale import InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.sim.compute_sharing import ComputeSharing
@@ -214,6 +215,8 @@ class Scaler:
             return
         pool.instances.extend(instances)
         world.event(pool.model, pool.role, "scale-out", len(instances))
+        machines = tuple(i.machine for i in instances)
+        world.publish(ScaleOutStarted, model=slot.name, nodes=machines)
         if warm or sys.load == "ideal":
             for inst in instances:
                 self.ready(pool, inst, 0.0 if warm else sys.init_s)
@@ -226,6 +229,8 @@ class Scaler:
         pool.instances.remove(inst)
         self.gpus.give_back(inst.all_gpus)
         self.world.event(pool.model, pool.role, "release")
+        name = self.world.models[pool.model].name
+        self.world.publish(InstanceDrained, model=name, node=inst.machine)
         self.cache.touch(inst.machine, pool.model)
         for other in self.pools.values():
             if other.queue and other is not pool:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from surge.errors import SurgeError
+from surge.events import DeploymentUp, NodesKnown, Recorder
 from surge.policy.block_count import BlockCountSettings, choose_block_count
 from surge.policy.cluster import Cluster
 from surge.policy.systems import SystemConfig, system_config
@@ -86,7 +87,11 @@ class Simulation:
     """One run of one system on one trace."""
 
     def __init__(
-        self, trace: Trace, settings: SimSettings, system: SystemConfig | None = None
+        self,
+        trace: Trace,
+        settings: SimSettings,
+        system: SystemConfig | None = None,
+        timeline: Recorder | None = None,
     ) -> None:
         self.settings = settings
         self.system: SystemConfig = system or system_config(settings.system)
@@ -116,8 +121,9 @@ class Simulation:
             np.zeros(0, dtype=np.int64),
         )
         self.world = World(
-            loop, net, ClusterState(profile, net), self.system, settings, models, result
+            loop, net, ClusterState(profile, net), self.system, settings, models, result, timeline
         )
+        self._publish_start()
         self.requests = self._requests(trace)
         roles = ("prefill", "decode") if self.system.pd_disaggregation else ("both",)
         self._elbows: dict[tuple[int, int, int], int] = {}
@@ -126,6 +132,22 @@ class Simulation:
             for role in roles:
                 self.pools[(m, role)] = Pool(len(self.pools), m, role)
         self._wire()
+
+    def _publish_start(self) -> None:
+        """The dashboard's first picture (`--timeline`): machines as nodes, each model."""
+        world = self.world
+        world.publish(NodesKnown, nodes=tuple(m.index for m in world.state.machines))
+        for slot in world.models:
+            n, b = slot.profile.num_layers, self.system.num_blocks
+            layers = tuple((i * n // b, (i + 1) * n // b) for i in range(b))
+            world.publish(
+                DeploymentUp,
+                model=slot.name,
+                strategy=self.settings.system,
+                num_blocks=b,
+                num_layers=n,
+                block_layers=layers,
+            )
 
     def _wire(self) -> None:
         world, settings = self.world, self.settings

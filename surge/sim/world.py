@@ -5,7 +5,9 @@ host caches and groups read (none of them owns it, none of them holds another's 
 """
 
 from dataclasses import dataclass
+from typing import Any
 
+from surge.events import Recorder, TimelineEvent
 from surge.policy.systems import SystemConfig
 from surge.sim.cluster_state import ClusterState
 from surge.sim.events import EventLoop
@@ -46,6 +48,13 @@ class World:
     settings: SimSettings
     models: tuple[ModelSlot, ...]
     result: SimResult
+    timeline: Recorder | None = None
+    """Where `surge simulate --timeline` records the dashboard's events (None: nowhere)."""
+
+    def publish(self, cls: type[TimelineEvent], **fields: Any) -> None:
+        """Record a timeline event at the virtual time now (nothing is built without one)."""
+        if self.timeline is not None:
+            self.timeline.publish(cls(t_s=self.loop.now_s, **fields))
 
     def pool_name(self, model: int, role: str) -> str:
         """How scale events name a pool."""
