@@ -8,7 +8,9 @@ drift of the shared machine's load falls on both alike). "One page" is a reader 
 `GET /dashboard/events` consuming the stream as a browser's EventSource does (the
 snapshot, then every event: blocks, requests, per-tick load). Requests per second and
 tokens per second of each round; the medians and their ratio (page / no page) are written
-to benchmarks/results/dashboard_overhead.json with the machine and settings. The events the
+to benchmarks/results/dashboard_overhead.json with the machine and settings, beside the
+cost per event with no page open (a `publish` nobody hears, and the `active` check the
+per-request publisher makes instead), timed in process. The events the
 reader saw are written as a timeline (benchmarks/results/dashboard_timeline.json), the
 format `surge dashboard FILE` replays.
 
@@ -138,6 +140,26 @@ class Page:
         self._thread.join(10)
 
 
+def idle_publish_ns(n: int = 200_000) -> dict[str, float]:
+    """What the serving path pays per event with no page open, in nanoseconds: a
+    `publish` with no subscriber (the scale-out events), and the `active` check the
+    per-request and per-tick publishers make instead of building an event."""
+    from surge.events import BlockLanded, EventBus
+
+    bus = EventBus()
+    ev = BlockLanded(model="m", node=0, block=0, tier="gpu")
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        bus.publish(ev)
+    publish = (time.perf_counter_ns() - t0) / n
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        if bus.active:
+            raise AssertionError("nobody subscribed")
+    check = (time.perf_counter_ns() - t0) / n
+    return {"publish_no_subscriber_ns": publish, "active_check_ns": check}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2)
@@ -186,11 +208,13 @@ def main() -> None:
         "median": med,
         "ratio_one_page_over_no_page": ratio,
         "events_streamed_to_the_page": num_events,
+        "idle_cost_per_event": idle_publish_ns(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     recorder.timeline("benchmarks/dashboard_overhead (surge serve)").write(args.timeline)
-    print(json.dumps({"median": med, "ratio": ratio, "events": num_events}, indent=2))
+    idle = result["idle_cost_per_event"]
+    print(json.dumps({"median": med, "ratio": ratio, "events": num_events, "idle": idle}, indent=2))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ class _Carrier:
             await ep.open()
             await ctx.server.add_endpoint(ep)
             self.names[action.index] = name
-            ctx.record_open(name, ep.nodes, ep.stages)
+            ctx.record_open(name, ep.nodes, stages)
             log.info("opened %s on %s in %.3f s", name, ep.nodes, time.monotonic() - t0)
         elif isinstance(action, GoLive):
             if self.live is not None:

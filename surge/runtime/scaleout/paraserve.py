@@ -184,7 +184,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     pipe = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
     await pipe.open()
     await ctx.server.add_endpoint(pipe)
-    ctx.record_open(name, pipe.nodes, pipe.stages)
+    ctx.record_open(name, pipe.nodes, stages)
     decision = _decide(ctx, len(members))
     ctx.consolidations.append(decision)
     keep = len(members)
