@@ -35,6 +35,9 @@ class ClusterState:
                 self.machine_of_gpu[g] = m
         self.free_gpus: set[int] = set(self.machine_of_gpu)
         self.host_cache: list[dict[str, CacheEntry]] = [{} for _ in self.machines]
+        self.cached_machines: set[int] = set()
+        """Machines whose host cache holds something (kept by `sim.host_cache`, so the
+        per-second sampler and expiry skip the empty ones of a 1,000-node cluster)."""
         self.registry = net.add_link("registry", REGISTRY_GBPS)
         for m in self.machines:
             grp = m.group
@@ -132,4 +135,4 @@ class ClusterState:
 
     def host_cache_bytes(self) -> int:
         """Bytes of models in host caches, whole cluster."""
-        return sum(e.size_bytes for cache in self.host_cache for e in cache.values())
+        return sum(e.size_bytes for m in self.cached_machines for e in self.host_cache[m].values())

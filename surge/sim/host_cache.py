@@ -38,6 +38,7 @@ class HostCache:
             for m in targets:
                 entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, mode == "pinned-one")
                 self.world.state.host_cache[m.index][slot.name] = entry
+                self.world.state.cached_machines.add(m.index)
 
     def has_copy(self, machine: int, model: int) -> bool:
         """Whether host memory of `machine` holds `model`."""
@@ -46,7 +47,8 @@ class HostCache:
     def machines_with(self, model: int) -> tuple[int, ...]:
         """Machines whose host memory holds `model`, ascending."""
         name = self.world.models[model].name
-        return tuple(m for m, c in enumerate(self.world.state.host_cache) if name in c)
+        state = self.world.state
+        return tuple(m for m in sorted(state.cached_machines) if name in state.host_cache[m])
 
     def touch(self, machine: int, model: int) -> bool:
         """`model` was just used from (or loaded into) host memory of `machine`; with
@@ -68,6 +70,7 @@ class HostCache:
                 self._evict(machine, victim)
             self.since[(machine, slot.name)] = now
         cache[slot.name] = entry
+        world.state.cached_machines.add(machine)
         return True
 
     def expire(self) -> None:
@@ -76,12 +79,16 @@ class HostCache:
         if sys.host_cache != "lru" or sys.keep_alive_s is None:
             return
         now = self.world.loop.now_s
-        for m, cache in enumerate(self.world.state.host_cache):
-            for model in expired(tuple(cache.values()), now, self.settings[m]):
+        state = self.world.state
+        for m in sorted(state.cached_machines):
+            for model in expired(tuple(state.host_cache[m].values()), now, self.settings[m]):
                 self._evict(m, model)
 
     def _evict(self, machine: int, model: str) -> None:
-        del self.world.state.host_cache[machine][model]
+        state = self.world.state
+        del state.host_cache[machine][model]
+        if not state.host_cache[machine]:
+            state.cached_machines.discard(machine)
         since = self.since.pop((machine, model), None)
         if since is not None:
             self.world.result.cache_lifetimes_s.append(self.world.loop.now_s - since)
