@@ -20,7 +20,15 @@ class EngineConfig:
     max_num_seqs: int = 64
     """Most sequences in the running batch at once."""
     max_prefill_tokens: int = 4096
-    """Most prompt tokens prefilled in one step (a prompt is never split)."""
+    """Most prompt tokens prefilled in one step (with `prefill_chunk_tokens` 0, a longer prompt
+    still runs whole, alone)."""
+    prefill_chunk_tokens: int = 512
+    """Chunked prefill: a prompt longer than this is prefilled in pieces of at most this many
+    tokens, and after a piece the running sequences decode one token before the next piece,
+    so a long prompt never stalls decodes for longer than one piece (0: never split)."""
+    enable_prefix_caching: bool = True
+    """Automatic prefix caching: full KV blocks are kept by hash after their sequence ends and
+    reused by later sequences that start with the same tokens (`surge.engine.page_pool`)."""
     device: str = "auto"
     """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""
 
@@ -32,6 +40,8 @@ class EngineConfig:
         for name in ("page_size_tokens", "max_kv_tokens", "max_num_seqs", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise SurgeError(f"engine setting {name} must be >= 1")
+        if self.prefill_chunk_tokens < 0:
+            raise SurgeError("engine setting prefill_chunk_tokens must be >= 0 (0: never split)")
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
             raise SurgeError(f"device {self.device!r} is not auto, cpu or cuda[:N]")
         return self

@@ -2,9 +2,10 @@
 
 Memory is one pre-allocated tensor per layer (λScale §5, pre-allocation), cut into pages of
 `page_size_tokens` slots; each sequence holds a list of pages (its page table), taken from a
-free list as it grows and returned when it finishes. A node running layers i..j keeps only
-the cache of i..j; sequences are known by the `seq_id` the head gives them, so every stage
-of a pipeline keeps its own page table for the same sequences.
+pool as it grows and returned when it finishes; with prefix caching, full pages are shared
+between sequences with the same token prefix (`surge.engine.page_pool`). A node running
+layers i..j keeps only the cache of i..j; sequences are known by the `seq_id` the head gives
+them, so every stage of a pipeline keeps its own page table for the same sequences.
 
 Per step, `prepare` turns a `BatchMeta` into the `AttnContext` every layer uses.
 """
@@ -13,15 +14,14 @@ import torch
 
 from surge.engine.batch import BatchMeta
 from surge.engine.model import AttnContext, RopeTable, rope_for
+from surge.engine.page_pool import OutOfPagesError, PagePool
+
+__all__ = ["OutOfPagesError", "PagedKVCache", "pages_needed"]
 
 
 def pages_needed(num_tokens: int, page_size_tokens: int) -> int:
     """Pages a sequence of `num_tokens` occupies (the scheduler and the cache agree on this)."""
     return -(-num_tokens // page_size_tokens)
-
-
-class OutOfPagesError(RuntimeError):
-    """The cache has no free page left; the scheduler should have prevented this."""
 
 
 class PagedKVCache:
@@ -44,14 +44,14 @@ class PagedKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.device = device
-        self._free = list(range(num_pages - 1, -1, -1))
+        self.pool = PagePool(num_pages)
         self._tables: dict[int, list[int]] = {}
         self._slots: dict[int, list[int]] = {}
         """Each sequence's cache slots in token order (its page table, expanded once)."""
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free)
+        return self.pool.num_free
 
     def seq_len_capacity(self, seq_id: int) -> int:
         return len(self._tables.get(seq_id, ())) * self.page_size
@@ -59,28 +59,49 @@ class PagedKVCache:
     def has(self, seq_id: int) -> bool:
         return seq_id in self._tables
 
+    def _append_pages(self, seq_id: int, pages: list[int]) -> None:
+        self._tables.setdefault(seq_id, []).extend(pages)
+        slots = self._slots.setdefault(seq_id, [])
+        for page in pages:
+            slots.extend(range(page * self.page_size, (page + 1) * self.page_size))
+
     def ensure(self, seq_id: int, num_tokens: int) -> None:
         """Give `seq_id` enough pages for `num_tokens` tokens."""
-        table = self._tables.setdefault(seq_id, [])
-        need = pages_needed(num_tokens, self.page_size) - len(table)
-        if need > len(self._free):
-            raise OutOfPagesError(
-                f"KV cache full: sequence {seq_id} needs {need} more pages, {len(self._free)} free"
-            )
-        slots = self._slots.setdefault(seq_id, [])
-        for _ in range(need):
-            page = self._free.pop()
-            table.append(page)
-            slots.extend(range(page * self.page_size, (page + 1) * self.page_size))
+        need = pages_needed(num_tokens, self.page_size) - len(self._tables.get(seq_id, ()))
+        if need > 0:
+            try:
+                self._append_pages(seq_id, self.pool.allocate(need))
+            except OutOfPagesError as e:
+                raise OutOfPagesError(f"sequence {seq_id}: {e}") from None
+
+    def claim_prefix(self, seq_id: int, hashes: list[int]) -> int:
+        """Map the cached pages of the longest cached prefix of `hashes` (chained block
+        hashes of a new sequence's tokens) into `seq_id`'s table; returns the tokens covered.
+        Those pages are shared, never written again: new tokens go to pages after them."""
+        if self._tables.get(seq_id):
+            raise RuntimeError(f"sequence {seq_id} already has pages; claim before its prefill")
+        pages = self.pool.claim(hashes)
+        if pages:
+            self._append_pages(seq_id, pages)
+        return len(pages) * self.page_size
+
+    def register_blocks(self, batch: BatchMeta) -> None:
+        """Name the full blocks this step fills by their hashes (after `ensure`)."""
+        for sid, ctx_len, hashes in zip(
+            batch.seq_ids, batch.ctx_lens, batch.block_hashes, strict=True
+        ):
+            table = self._tables[sid]
+            first = ctx_len // self.page_size
+            for j, h in enumerate(hashes):
+                self.pool.register(table[first + j], h)
 
     def slots_of(self, seq_id: int) -> list[int]:
         """A sequence's cache slots in token order (empty if it has none)."""
         return self._slots.get(seq_id, [])
 
     def free(self, seq_id: int) -> None:
-        """Return a finished (or migrated) sequence's pages."""
-        for page in reversed(self._tables.pop(seq_id, [])):
-            self._free.append(page)
+        """Return a finished (or migrated) sequence's pages (cached ones stay reusable)."""
+        self.pool.release(list(reversed(self._tables.pop(seq_id, []))))
         self._slots.pop(seq_id, None)
 
     def prepare(self, batch: BatchMeta, rope: RopeTable, dtype: torch.dtype) -> AttnContext:
@@ -89,6 +110,8 @@ class PagedKVCache:
         totals = [c + q for c, q in zip(batch.ctx_lens, batch.q_lens, strict=True)]
         for sid, total in zip(batch.seq_ids, totals, strict=True):
             self.ensure(sid, total)
+        if batch.block_hashes:
+            self.register_blocks(batch)
         K = max(totals)
         # Built as Python lists and converted once: per-sequence tensor ops cost more here.
         gather: list[int] = []

@@ -81,6 +81,16 @@ class Executor(Protocol):
         ...
 
 
+class PrefixCachingExecutor(Executor, Protocol):
+    """An executor whose caches can reuse cached prefix blocks (optional: without
+    `claim_prefix`, every prompt is computed in full)."""
+
+    def claim_prefix(self, seq_id: int, block_hashes: list[int]) -> int:
+        """Map the longest cached prefix of a new sequence's chained block hashes into its
+        caches; the number of tokens it covers."""
+        ...
+
+
 class LocalExecutor:
     """One runner holding every layer of the model, in this process."""
 
@@ -103,6 +113,9 @@ class LocalExecutor:
         for sid in seq_ids:
             self.runner.free(sid)
 
+    def claim_prefix(self, seq_id: int, block_hashes: list[int]) -> int:
+        return self.runner.kv.claim_prefix(seq_id, block_hashes)
+
 
 class LLMEngine:
     """Serves a model with continuous batching (a full local instance by default)."""
@@ -120,7 +133,7 @@ class LLMEngine:
         self.executor = (
             executor if executor is not None else LocalExecutor.from_store(manifest, config)
         )
-        self.scheduler = Scheduler(config)
+        self.scheduler = Scheduler(config, getattr(self.executor, "claim_prefix", None))
         self.sampler = Sampler()
         self._ids = itertools.count(first_seq_id)  # engines sharing caches use disjoint ids
         self.seqs: dict[int, Sequence] = {}
@@ -195,11 +208,21 @@ class LLMEngine:
         if step.preempted:
             self.executor.free([seq.seq_id for seq in step.preempted])
         logits = self.executor.forward(step.token_ids, step.batch)
-        params = [s.params for s in step.seqs]
-        tokens = self.sampler(logits, params, [s.generator for s in step.seqs])
+        seqs = step.seqs
+        if not all(step.samples):  # prompt pieces of a chunked prefill: nothing to sample yet
+            for seq, q, sample in zip(seqs, step.batch.q_lens, step.samples, strict=True):
+                if not sample:
+                    seq.num_cached += q
+            rows = [b for b, sample in enumerate(step.samples) if sample]
+            seqs = [seqs[b] for b in rows]
+            if not seqs:
+                return []
+            logits = logits[rows]
+        params = [s.params for s in seqs]
+        tokens = self.sampler(logits, params, [s.generator for s in seqs])
         logprobs = token_logprobs(logits, params, tokens)  # nothing unless a request asked
         events, finished = [], []
-        for seq, token, lp in zip(step.seqs, tokens, logprobs, strict=True):
+        for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
             seq.num_cached = seq.num_tokens
             seq.output_token_ids.append(token)
             reason = self._finish_reason(seq, token)

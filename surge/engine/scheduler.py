@@ -1,16 +1,27 @@
 """Continuous batching: which sequences run in the next step (nano-vllm style).
 
 Sequences join and leave the running batch every step. A step is either a prefill (new or
-recomputed sequences, their whole uncached token span) or a decode (one token for every
-running sequence); keeping them apart avoids padding short decode rows to prompt length.
-The scheduler keeps its own KV page accounting with the same arithmetic as the cache
-(`pages_needed`), so it can plan for caches it does not own (every stage of a pipeline has
-the same page budget). When a decode would overflow, the most recently admitted sequence is
-preempted: its cache is dropped and it is recomputed later by prefill over prompt + output.
+recomputed sequences, their uncached token span) or a decode (one token for every running
+sequence); keeping them apart avoids padding short decode rows to prompt length. Chunked
+prefill (Sarathi-Serve, Agrawal et al. OSDI '24, §4): a prompt longer than
+`prefill_chunk_tokens` is prefilled piece by piece, and the running sequences decode one token
+between pieces, so a long prompt delays a decode by one piece, not by the whole prompt. (The
+pieces are not mixed into the decode batch: the step layout is padded [B, Q], so a decode row
+in a prefill batch would cost a whole piece of padding.)
+
+Prefix caching: a new sequence's full-block hashes (`page_pool.block_hashes`) go to the
+executor's `claim_prefix`, which maps the cached blocks into the sequence's page table and
+says how many tokens they cover; prefill starts after them. The scheduler keeps its own KV
+page accounting with the same arithmetic as the cache (`pages_needed`), so it can plan for
+caches it does not own (every stage of a pipeline has the same page budget); it counts a
+shared page once per sequence, which can only over-count, never overflow the cache. When a
+decode would overflow, the most recently admitted sequence is preempted: its cache is dropped
+and it is recomputed later by prefill over prompt + output (from its cached blocks, if any).
 """
 
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +29,7 @@ import torch
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.kv_cache import pages_needed
+from surge.engine.page_pool import block_hashes
 from surge.engine.sampling import SamplingParams, make_generator
 
 
@@ -41,6 +53,15 @@ class Sequence:
     finish_reason: str | None = None
     """`stop` (EOS or a stop token) or `length` (max_tokens or the context end)."""
     generator: torch.Generator | None = None
+    num_prefix_hit_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache at its (last) admission."""
+    _hashes: list[int] = field(default_factory=list)
+
+    def block_hashes(self, num_blocks: int, page_size: int) -> list[int]:
+        """Chained hashes of the first `num_blocks` full blocks (computed once, extended)."""
+        if len(self._hashes) < num_blocks:
+            block_hashes(self.all_token_ids[: num_blocks * page_size], page_size, self._hashes)
+        return self._hashes[:num_blocks]
 
     def __post_init__(self) -> None:
         if not self.params.greedy and self.generator is None:
@@ -66,17 +87,29 @@ class ScheduledStep:
     """[B, Q] token ids to feed (padded with 0)."""
     preempted: list[Sequence]
     """Sequences whose KV cache must be dropped before this step."""
+    samples: tuple[bool, ...]
+    """Per sequence: this step reaches its last token, so a token is sampled (False for a
+    prompt piece of a chunked prefill)."""
 
 
 class Scheduler:
     """Admits waiting sequences and batches running ones, within the KV page budget."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self, config: EngineConfig, claim_prefix: Callable[[int, list[int]], int] | None = None
+    ) -> None:
         self.config = config
+        self.claim_prefix = claim_prefix if config.enable_prefix_caching else None
+        """Maps a new sequence's cached prefix blocks in the executor's caches (None: off)."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._pages: dict[int, int] = {}
         self._free_pages = config.num_pages
+        self._last_left_partial = False
+        self.prefix_query_tokens = 0
+        """Prompt tokens looked up in the prefix cache (vLLM's `prefix_cache_queries`)."""
+        self.prefix_hit_tokens = 0
+        """Of those, tokens found cached (vLLM's `prefix_cache_hits`)."""
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (it must fit the KV cache on its own)."""
@@ -114,26 +147,64 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep | None:
         """Pick the next step, or None when there is nothing to run."""
-        prefill: list[Sequence] = []
-        num_tokens = 0
-        while self.waiting and len(self.running) + len(prefill) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            q = seq.num_tokens - seq.num_cached
-            if prefill and num_tokens + q > self.config.max_prefill_tokens:
+        partial = [s for s in self.running if s.num_tokens - s.num_cached > 1]
+        decodable = [s for s in self.running if s.num_tokens - s.num_cached == 1]
+        # After a prompt piece, the running sequences decode before the next piece.
+        if not (self._last_left_partial and decodable):
+            step = self._prefill(partial)
+            if step is not None:
+                return step
+        return self._decode(decodable) or self._prefill(partial)
+
+    def _admit(self, seq: Sequence) -> None:
+        """Start a waiting sequence: its pages are reserved; take its cached prefix."""
+        self.waiting.popleft()
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        seq.num_prefix_hit_tokens = 0
+        if self.claim_prefix is None:
+            return
+        page = self.config.page_size_tokens
+        # At least the last token is computed: its logits give the next token.
+        hashes = seq.block_hashes((seq.num_tokens - 1) // page, page)
+        hit = self.claim_prefix(seq.seq_id, hashes) if hashes else 0
+        seq.num_cached = seq.num_prefix_hit_tokens = hit
+        self.prefix_query_tokens += seq.num_tokens
+        self.prefix_hit_tokens += hit
+
+    def _prefill(self, partial: list[Sequence]) -> ScheduledStep | None:
+        chunk = self.config.prefill_chunk_tokens
+        budget = self.config.max_prefill_tokens
+        seqs: list[Sequence] = []
+        q_lens: list[int] = []
+        for seq in partial:  # prompts already under way go first (they hold their pages)
+            if budget <= 0:
                 break
+            q = min(seq.num_tokens - seq.num_cached, chunk or budget, budget)
+            seqs.append(seq)
+            q_lens.append(q)
+            budget -= q
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not chunk and seqs and seq.num_tokens - seq.num_cached > budget:
+                break  # unchunked: a prompt runs whole (alone if it exceeds the budget)
             if not self._reserve(seq, seq.num_tokens):
                 break
-            self.waiting.popleft()
-            prefill.append(seq)
-            num_tokens += q
-        if prefill:
-            for seq in prefill:
-                seq.status = SeqStatus.RUNNING
-            self.running.extend(prefill)
-            return self._step(True, prefill, [])
+            self._admit(seq)
+            q = seq.num_tokens - seq.num_cached
+            q = min(q, chunk, budget) if chunk else q
+            seqs.append(seq)
+            q_lens.append(q)
+            budget -= q
+        if not seqs:
+            return None
+        step = self._step(True, seqs, q_lens, [])
+        self._last_left_partial = not all(step.samples)
+        return step
 
+    def _decode(self, decode: list[Sequence]) -> ScheduledStep | None:
         preempted: list[Sequence] = []
-        decode = list(self.running)
+        decode = list(decode)
         i = 0
         while i < len(decode):
             seq = decode[i]
@@ -146,7 +217,8 @@ class Scheduler:
             preempted.append(victim)
         if not decode:
             return None
-        return self._step(False, decode, preempted)
+        self._last_left_partial = False
+        return self._step(False, decode, [1] * len(decode), preempted)
 
     def _preempt(self, seq: Sequence) -> None:
         self.release(seq)
@@ -156,19 +228,36 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _step(
-        self, is_prefill: bool, seqs: list[Sequence], preempted: list[Sequence]
+        self,
+        is_prefill: bool,
+        seqs: list[Sequence],
+        q_lens: list[int],
+        preempted: list[Sequence],
     ) -> ScheduledStep:
-        spans = [seq.all_token_ids[seq.num_cached :] for seq in seqs]
-        q_max = max(len(s) for s in spans)
-        token_ids = torch.zeros(len(seqs), q_max, dtype=torch.int64)
+        spans = [
+            seq.all_token_ids[seq.num_cached : seq.num_cached + q]
+            for seq, q in zip(seqs, q_lens, strict=True)
+        ]
+        token_ids = torch.zeros(len(seqs), max(q_lens), dtype=torch.int64)
         for b, span in enumerate(spans):
             token_ids[b, : len(span)] = torch.tensor(span, dtype=torch.int64)
+        hashes: tuple[tuple[int, ...], ...] = ()
+        if self.config.enable_prefix_caching:
+            page = self.config.page_size_tokens
+            per_seq = []
+            for seq, q in zip(seqs, q_lens, strict=True):
+                first, end = seq.num_cached // page, (seq.num_cached + q) // page
+                per_seq.append(tuple(seq.block_hashes(end, page)[first:]) if end > first else ())
+            if any(per_seq):
+                hashes = tuple(per_seq)
         batch = BatchMeta(
             seq_ids=tuple(s.seq_id for s in seqs),
             ctx_lens=tuple(s.num_cached for s in seqs),
-            q_lens=tuple(len(s) for s in spans),
+            q_lens=tuple(q_lens),
+            block_hashes=hashes,
         )
-        return ScheduledStep(is_prefill, seqs, batch, token_ids, preempted)
+        samples = tuple(s.num_cached + q == s.num_tokens for s, q in zip(seqs, q_lens, strict=True))
+        return ScheduledStep(is_prefill, seqs, batch, token_ids, preempted, samples)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SeqStatus.FINISHED
