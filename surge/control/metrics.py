@@ -168,6 +168,36 @@ class Metrics:
             registry=r,
         )
 
+        self.vllm_prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the instances' prefix caches",
+            ["model_name"],
+            registry=r,
+        )
+        self.vllm_prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the instances' prefix caches (not recomputed)",
+            ["model_name"],
+            registry=r,
+        )
+        self.prefix_hit_rate = Gauge(
+            "surge_prefix_cache_hit_rate",
+            "Prefix-cache hits over queries, in prompt tokens, since the controller started",
+            ["model"],
+            registry=r,
+        )
+        self._prefix_totals: dict[str, list[int]] = {}
+        """Model -> [queried, hit] prompt tokens (the gauge's numerator and denominator)."""
+
+    def record_prefix_cache(self, model: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """A prefilled request: `cached_tokens` of its `prompt_tokens` came from the cache."""
+        self.vllm_prefix_queries.labels(model).inc(prompt_tokens)
+        self.vllm_prefix_hits.labels(model).inc(cached_tokens)
+        totals = self._prefix_totals.setdefault(model, [0, 0])
+        totals[0] += prompt_tokens
+        totals[1] += cached_tokens
+        self.prefix_hit_rate.labels(model).set(totals[1] / totals[0] if totals[0] else 0.0)
+
     def forget(self, model: str) -> None:
         """Drop a deleted deployment's gauges (counters keep their history)."""
         gauges = (self.queue, self.ongoing, self.instances, self.loading, self.pipelines)

@@ -65,6 +65,8 @@ class Requests:
         m, name = self.metrics, req.deployment
         m.requests.labels(name, status).inc()
         m.tokens.labels(name).inc(len(req.output_token_ids))
+        if req.cached_tokens is not None:
+            m.record_prefix_cache(name, len(req.prompt_token_ids), req.cached_tokens)
         if req.first_token_t is None:
             return
         ttft_s = req.first_token_t - req.arrival_t

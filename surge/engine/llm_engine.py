@@ -37,6 +37,9 @@ class TokenEvent:
     finish_reason: str | None
     logprobs: TokenLogprobs | None = None
     """Only when the request asked (`SamplingParams.logprobs`)."""
+    num_cached_tokens: int | None = None
+    """On the token a prefill produced: how many of the tokens it had to process came from
+    the prefix cache instead (None on decode tokens)."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,8 @@ class LLMEngine:
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 finished.append(seq.seq_id)
-            events.append(TokenEvent(seq.seq_id, token, reason is not None, reason, lp))
+            cached = seq.num_prefix_hit_tokens if step.is_prefill else None
+            events.append(TokenEvent(seq.seq_id, token, reason is not None, reason, lp, cached))
         if finished:
             self.executor.free(finished)
         return events

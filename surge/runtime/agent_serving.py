@@ -366,6 +366,7 @@ class AgentServing:
                         model=inst.model,
                         logprob=ev.logprobs.logprob if ev.logprobs else None,
                         top_logprobs=ev.logprobs.top if ev.logprobs else None,
+                        cached_tokens=ev.num_cached_tokens,
                     )
                 )
 

@@ -120,6 +120,8 @@ class LocalEndpoint(Endpoint):
             return
         if ev.logprob is not None:
             req.add_logprobs(TokenLogprobs(ev.logprob, ev.top_logprobs or ()))
+        if ev.cached_tokens is not None:
+            req.cached_tokens = ev.cached_tokens
         req.add_token(ev.token, ev.finished, ev.finish_reason)
         if ev.finished:
             del self.requests[req.req_id]
@@ -259,6 +261,8 @@ class PipelineEndpoint(Endpoint):
                     continue
                 if ev.logprobs is not None:
                     req.add_logprobs(ev.logprobs)
+                if ev.num_cached_tokens is not None:
+                    req.cached_tokens = ev.num_cached_tokens
                 req.add_token(ev.token_id, ev.finished, ev.finish_reason)
                 if ev.finished:
                     del group.seqs[ev.seq_id]

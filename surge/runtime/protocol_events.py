@@ -110,6 +110,8 @@ class TokenGenerated(Event, name="token"):
     """The token's log-probability, only when the request asked (`SamplingParams.logprobs`)."""
     top_logprobs: tuple[tuple[int, float], ...] | None = None
     """The most likely (token id, log-probability) pairs, when asked."""
+    cached_tokens: int | None = None
+    """On a request's first token: its prompt tokens served from the prefix cache."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,8 @@ class ServeRequest:
     """Output position -> its token's log-probabilities (only when the request asked;
     keyed by position so a token added without them, e.g. by a KV migration, leaves a
     gap instead of shifting the rest)."""
+    cached_tokens: int | None = None
+    """Prompt tokens its (last) prefill took from the prefix cache (None: not prefilled yet)."""
     refusals: int = 0
     """How many times an agent refused it (`LocalEndpoint.submit`)."""
     """Why it failed (finish_reason "error"), e.g. an agent refused it."""

@@ -87,6 +87,24 @@ def test_batched_and_preempted_hits_are_token_exact(
     assert all(kv.pool.refs(p) == 0 for p in range(kv.num_pages))
 
 
+def test_hits_reach_the_token_events_and_metrics(tiny_store: Path) -> None:
+    from surge.control.metrics import Metrics
+
+    engine = _engine(tiny_store, caching=True)
+    engine.generate([PROMPTS[0]], GREEDY)
+    sid = engine.add_request(PROMPTS[1], GREEDY)
+    first, second = engine.step(), engine.step()
+    assert [(e.seq_id, e.num_cached_tokens) for e in first] == [(sid, 20)]
+    assert [e.num_cached_tokens for e in second] == [None]  # decode tokens carry nothing
+    m = Metrics()
+    m.record_prefix_cache("m", len(PROMPTS[1]), first[0].num_cached_tokens or 0)
+    m.record_prefix_cache("m", 10, 0)
+    text = m.render().decode()
+    assert 'vllm:prefix_cache_hits_total{model_name="m"} 20.0' in text
+    assert 'vllm:prefix_cache_queries_total{model_name="m"} 32.0' in text
+    assert 'surge_prefix_cache_hit_rate{model="m"} 0.625' in text
+
+
 def test_kv_export_import_with_shared_pages(tiny_store: Path, uncached: list[list[int]]) -> None:
     src = _engine(tiny_store, caching=True)
     src.generate([PROMPTS[0]], GREEDY)
