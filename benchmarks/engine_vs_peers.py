@@ -123,6 +123,10 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         if name == "vllm":
             env.pop("PYTHONPATH")
+            # In-process engine core (its worker processes die silently here) and a KV cache
+            # that fits beside the others (its default takes GiBs).
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         cmd = [python, str(HERE), "--worker", name, "--model-dir", str(model_dir)]
         cmd += ["--vocab", str(vocab)]
         self.proc = subprocess.Popen(
