@@ -47,6 +47,7 @@ def add_host_copy(sim: Simulation, machine: int) -> None:
     slot = sim.world.models[0]
     entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, True)
     sim.world.state.host_cache[machine][slot.name] = entry
+    sim.world.state.cached_machines.add(machine)
 
 
 def entry_pool(sim: Simulation) -> Pool:
