@@ -1,0 +1,209 @@
+"""Prefill/decode disaggregation (BlitzScale §5.2, §6): every P/D decision.
+
+In: the serving instances of one P/D deployment as `PdInstance`s (role, requests held,
+tokens/s and KV-cache use measured by the body), the requests waiting at the router, the
+deployment's `PdTargets` and the system's `PdSettings`. Out:
+- `role_for_new`: the role a new instance takes (prefill until the prefill target is met,
+  then decode, then whichever role is furthest below its share of the targets);
+- `routable`: which instances take new requests (prefill ones; every one when none is a
+  prefill instance, so a deployment is never left without a way in);
+- `handoff_target`: which decode instance adopts a finished prefill's KV cache (the least
+  loaded with room, requests per capacity, ties to the oldest; the source itself when none
+  decodes; None when every decode instance is full: the K/V waits on the prefill
+  instance, which then takes fewer new requests — the back-pressure that shows decode is
+  the bottleneck);
+- `decide_mutation` (§5.2 "mutation"): when decode is the bottleneck (hand-offs waiting
+  for decode room, requests per decode instance or KV-cache use at the threshold) and a
+  prefill instance is idle (nothing but parked requests) or
+  overprovisioned, that prefill instance becomes a decode one, keeping its weights;
+  `min_prefill` prefill instances always stay;
+- `monitor` (BlitzScale's load monitor, §5): tokens/s and KV use per instance say whether
+  the pool wants another instance now (KV use at the threshold on every decode instance,
+  or prefill saturated while requests wait).
+Pure and deterministic; `surge serve` (`control/pd.py`, `runtime/pd_handoff.py`) and tests
+call these and carry out what they return.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from surge.errors import SurgeError
+
+PREFILL = "prefill"
+DECODE = "decode"
+ROLES = (PREFILL, DECODE)
+
+
+@dataclass(frozen=True)
+class PdTargets:
+    """How many prefill and decode instances a deployment aims for (its spec's `pd:`, or
+    the system's default 1:1)."""
+
+    prefill: int = 1
+    decode: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise SurgeError(f"pd needs prefill >= 1 and decode >= 1 (got {self})")
+
+
+@dataclass(frozen=True)
+class PdSettings:
+    """The P/D monitor's thresholds (a system's field). Validated at construction."""
+
+    decode_busy_requests: float = 4.0
+    """Requests per decode instance at which decode is the bottleneck."""
+    kv_busy_fraction: float = 0.8
+    """KV-cache use (0..1) of a decode instance at which decode is the bottleneck."""
+    prefill_idle_requests: int = 0
+    """A prefill instance holding at most this many requests is idle."""
+    min_prefill: int = 1
+    """Prefill instances that never mutate."""
+    mutation_cooldown_s: float = 1.0
+    """Least time between two mutations of one deployment (the monitor sees the last one's
+    effect first)."""
+
+    def __post_init__(self) -> None:
+        if not self.decode_busy_requests > 0 or not 0 < self.kv_busy_fraction <= 1:
+            raise SurgeError("pd: decode_busy_requests > 0 and kv_busy_fraction in (0, 1]")
+        if self.prefill_idle_requests < 0 or self.min_prefill < 1:
+            raise SurgeError("pd: prefill_idle_requests >= 0 and min_prefill >= 1")
+        if self.mutation_cooldown_s < 0:
+            raise SurgeError("pd: mutation_cooldown_s >= 0")
+
+
+@dataclass(frozen=True)
+class PdInstance:
+    """One serving instance of a P/D deployment as the monitor sees it."""
+
+    index: int
+    """Stable id, its age: ties go to the lowest (the oldest)."""
+    role: str
+    outstanding: int
+    """Requests it holds (prefilling, parked for hand-off or decoding)."""
+    capacity: int
+    """Most requests it holds at once (> 0)."""
+    tokens_per_s: float = 0.0
+    """Tokens it generated per second over the monitor's window."""
+    kv_usage: float = 0.0
+    """Fraction of its KV cache in use, 0..1."""
+    parked: int = 0
+    """Of `outstanding`, requests prefilled and parked, waiting for a decode instance."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise SurgeError(f"role must be one of {ROLES} (got {self.role!r})")
+        if self.capacity < 1 or self.outstanding < 0:
+            raise SurgeError("PdInstance: capacity >= 1, outstanding >= 0")
+
+
+@dataclass(frozen=True)
+class PdLoad:
+    """A P/D deployment at one instant."""
+
+    instances: tuple[PdInstance, ...]
+    num_waiting: int = 0
+    """Requests waiting at the router (no instance has taken them)."""
+    num_handoffs_waiting: int = 0
+    """Prefilled requests waiting for room on a decode instance."""
+    since_last_mutation_s: float = float("inf")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """Turn prefill instance `index` into a decode instance (weights stay, §5.2)."""
+
+    index: int
+    reason: str
+    """What made decode the bottleneck (for logs and tests)."""
+
+
+@dataclass(frozen=True)
+class MonitorDecision:
+    """What the load monitor asks of the autoscaler now."""
+
+    scale_out: int
+    """Instances wanted on top of what the concurrency target asks (0 or 1)."""
+    reason: str = ""
+
+
+def role_for_new(num_prefill: int, num_decode: int, targets: PdTargets) -> str:
+    """The role of a new instance of a deployment holding these counts."""
+    if num_prefill < targets.prefill:
+        return PREFILL
+    if num_decode < targets.decode:
+        return DECODE
+    # Past both targets: keep the targets' ratio (prefill on ties).
+    if num_prefill * targets.decode <= num_decode * targets.prefill:
+        return PREFILL
+    return DECODE
+
+
+def routable(instances: Sequence[PdInstance]) -> tuple[int, ...]:
+    """Indices of the instances that take new requests."""
+    prefill = tuple(i.index for i in instances if i.role == PREFILL)
+    return prefill if prefill else tuple(i.index for i in instances)
+
+
+def _load(i: PdInstance) -> tuple[float, int]:
+    return (i.outstanding / i.capacity, i.index)
+
+
+def handoff_target(source: int, instances: Sequence[PdInstance]) -> int | None:
+    """The decode instance that adopts a request parked on `source` (which counts it in its
+    `outstanding`), or None while every decode instance is full."""
+    decode = [i for i in instances if i.role == DECODE]
+    if not decode:
+        return source
+    room = [i for i in decode if i.outstanding - (i.index == source) < i.capacity]
+    return min(room, key=_load).index if room else None
+
+
+def _decode_bottleneck(load: PdLoad, s: PdSettings) -> str | None:
+    decode = [i for i in load.instances if i.role == DECODE]
+    if not decode:
+        return "no decode instance"
+    if load.num_handoffs_waiting > 0:
+        return f"{load.num_handoffs_waiting} prefilled requests wait for decode room"
+    per = sum(i.outstanding for i in decode) / len(decode)
+    if per >= s.decode_busy_requests:
+        return f"{per:.1f} requests per decode instance >= {s.decode_busy_requests}"
+    kv = max(i.kv_usage for i in decode)
+    if kv >= s.kv_busy_fraction:
+        return f"decode KV use {kv:.2f} >= {s.kv_busy_fraction}"
+    return None
+
+
+def decide_mutation(load: PdLoad, s: PdSettings) -> Mutation | None:
+    """A prefill instance to turn into a decode one now, or None (§5.2)."""
+    if load.since_last_mutation_s < s.mutation_cooldown_s:
+        return None
+    prefill = [i for i in load.instances if i.role == PREFILL]
+    if len(prefill) <= s.min_prefill:
+        return None
+    reason = _decode_bottleneck(load, s)
+    if reason is None:
+        return None
+    # Idle prefill instances first; else, with nothing waiting at the router, prefill is
+    # overprovisioned and the least loaded one goes. The youngest among equals: the
+    # oldest prefill instances stay prefill.
+    idle = [i for i in prefill if i.outstanding - i.parked <= s.prefill_idle_requests]
+    if idle:
+        return Mutation(max(idle, key=lambda i: i.index).index, reason + "; prefill idle")
+    if load.num_waiting == 0:
+        least = min(prefill, key=lambda i: (i.outstanding / i.capacity, -i.index))
+        return Mutation(least.index, reason + "; prefill overprovisioned")
+    return None
+
+
+def monitor(load: PdLoad, s: PdSettings) -> MonitorDecision:
+    """BlitzScale's load monitor: another instance when every decode instance's KV cache
+    is at the threshold (decode cannot take more), or when requests wait and every
+    prefill instance is full (prefill cannot take more); else none."""
+    decode = [i for i in load.instances if i.role == DECODE]
+    if decode and min(i.kv_usage for i in decode) >= s.kv_busy_fraction:
+        return MonitorDecision(1, "every decode instance's KV cache is at the threshold")
+    prefill = [i for i in load.instances if i.role == PREFILL]
+    if load.num_waiting > 0 and prefill and all(i.outstanding >= i.capacity for i in prefill):
+        return MonitorDecision(1, "requests wait and every prefill instance is full")
+    return MonitorDecision(0)

@@ -1,0 +1,86 @@
+"""`surge.policy.pd`: roles of new instances, routing, hand-off target, mutation, monitor."""
+
+import pytest
+
+from surge.errors import SurgeError
+from surge.policy.pd import (
+    DECODE,
+    PREFILL,
+    PdInstance,
+    PdLoad,
+    PdSettings,
+    PdTargets,
+    decide_mutation,
+    handoff_target,
+    monitor,
+    role_for_new,
+    routable,
+)
+
+S = PdSettings(decode_busy_requests=4, kv_busy_fraction=0.8)
+
+
+def _i(index, role, outstanding=0, capacity=8, kv=0.0) -> PdInstance:
+    return PdInstance(index, role, outstanding, capacity, kv_usage=kv)
+
+
+def test_new_instances_fill_the_targets_then_keep_their_ratio() -> None:
+    t = PdTargets(prefill=2, decode=1)
+    roles, p, d = [], 0, 0
+    for _ in range(6):
+        r = role_for_new(p, d, t)
+        roles.append(r)
+        p, d = p + (r == PREFILL), d + (r == DECODE)
+    assert roles == [PREFILL, PREFILL, DECODE, PREFILL, DECODE, PREFILL]
+    # After a mutation (one prefill fewer) the next instance is a prefill one.
+    assert role_for_new(1, 2, t) == PREFILL
+    with pytest.raises(SurgeError):
+        PdTargets(0, 1)
+
+
+def test_new_requests_go_to_prefill_and_handoffs_to_the_least_loaded_decode() -> None:
+    xs = [_i(0, PREFILL, 3), _i(1, DECODE, 5), _i(2, DECODE, 2), _i(3, DECODE, 2)]
+    assert routable(xs) == (0,)
+    assert routable([_i(1, DECODE), _i(2, DECODE)]) == (1, 2)  # never without a way in
+    assert handoff_target(0, xs) == 2  # least loaded, ties to the oldest
+    assert handoff_target(0, [_i(0, PREFILL)]) == 0  # nobody decodes: decode in place
+    full = [_i(0, PREFILL, 3), _i(1, DECODE, 8), _i(2, DECODE, 8)]
+    assert handoff_target(0, full) is None  # every decode full: the K/V waits
+
+
+def test_mutation_needs_a_decode_bottleneck_and_a_spare_prefill_instance() -> None:
+    busy = [_i(0, PREFILL, 1), _i(1, PREFILL, 0), _i(2, DECODE, 6)]
+    m = decide_mutation(PdLoad(tuple(busy)), S)
+    assert m is not None and m.index == 1 and "idle" in m.reason
+    # Hand-offs waiting for decode room; the prefill instance holding only parked requests
+    # is idle.
+    parked = (_i(0, PREFILL, 1), _i(1, PREFILL, 2), _i(2, DECODE, 1, capacity=1))
+    parked = (*parked[:1], PdInstance(1, PREFILL, 2, 8, parked=2), parked[2])
+    m = decide_mutation(PdLoad(parked, num_handoffs_waiting=2), S)
+    assert m is not None and m.index == 1 and "wait for decode room" in m.reason
+    # Decode keeps up: no mutation.
+    calm = [_i(0, PREFILL, 1), _i(1, PREFILL, 0), _i(2, DECODE, 2)]
+    assert decide_mutation(PdLoad(tuple(calm)), S) is None
+    # KV use at the threshold is a bottleneck too.
+    kv = [_i(0, PREFILL, 1), _i(1, PREFILL, 0), _i(2, DECODE, 1, kv=0.9)]
+    assert decide_mutation(PdLoad(tuple(kv)), S) is not None
+    # The last prefill instance never mutates.
+    assert decide_mutation(PdLoad((_i(0, PREFILL), _i(2, DECODE, 9))), S) is None
+    # Busy prefill with requests waiting: not overprovisioned.
+    both_busy = (_i(0, PREFILL, 3), _i(1, PREFILL, 2), _i(2, DECODE, 9))
+    assert decide_mutation(PdLoad(both_busy, num_waiting=4), S) is None
+    # ... and with nothing waiting it is: the least loaded (youngest among equals) goes.
+    m = decide_mutation(PdLoad(both_busy, num_waiting=0), S)
+    assert m is not None and m.index == 1
+    # Cool-down after a mutation.
+    assert decide_mutation(PdLoad(tuple(busy), since_last_mutation_s=0.1), S) is None
+
+
+def test_monitor_asks_for_capacity_on_kv_pressure_or_saturated_prefill() -> None:
+    full_kv = (_i(0, PREFILL), _i(1, DECODE, kv=0.85), _i(2, DECODE, kv=0.9))
+    assert monitor(PdLoad(full_kv), S).scale_out == 1
+    one_ok = (_i(0, PREFILL), _i(1, DECODE, kv=0.85), _i(2, DECODE, kv=0.1))
+    assert monitor(PdLoad(one_ok), S).scale_out == 0
+    sat = (_i(0, PREFILL, 8), _i(1, DECODE))
+    assert monitor(PdLoad(sat, num_waiting=3), S).scale_out == 1
+    assert monitor(PdLoad(sat, num_waiting=0), S).scale_out == 0
