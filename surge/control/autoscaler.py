@@ -92,7 +92,7 @@ class Autoscaler:
         """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
         self._wake = asyncio.Event()
         self.flexpipe = FlexPipeControl(
-            client, pool, metrics, copies, live_nodes, self._free_slots, config.link_gbps
+            client, pool, metrics, copies, live_nodes, self._free_slots, config.link_gbps, events
         )
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events

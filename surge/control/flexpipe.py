@@ -27,6 +27,7 @@ from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.scaleouts import own_tiers
 from surge.control.state import Deployment, Instance
+from surge.events import NO_BUS, EventBus, Refactor
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_system import (
     FlexPipeSettings,
@@ -93,8 +94,11 @@ class FlexPipeControl:
         live_nodes: Callable[[], list[int]],
         free_slots_of: Callable[[int], int],
         link_gbps: float | None = None,
+        events: EventBus = NO_BUS,
     ) -> None:
         self.client, self.pool, self.metrics, self.copies = client, pool, metrics, copies
+        self.events = events
+        """The dashboard's stream: each completed refactoring (`Refactor`)."""
         self.live_nodes, self.free_slots_of = live_nodes, free_slots_of
         self.link_gbps = link_gbps or DEFAULT_FETCH_GBPS
         self.settings = FlexPipeSettings()
@@ -180,6 +184,8 @@ class FlexPipeControl:
         else:
             rec.refactors[result.direction] = rec.refactors.get(result.direction, 0) + 1
             self.metrics.refactors.labels(dep.name, result.direction).inc()
+            stages = tuple((n, a, b) for n, a, b in pipe.stages)
+            self.events.publish(Refactor(model=dep.name, name=pipe.name, stages=stages))
             leaving = [n for n in before if n not in pipe.nodes]
             try:
                 await profile_stages(pipe)

@@ -12,6 +12,7 @@ import asyncio
 
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
+from surge.events import Refactor
 from surge.model.tokenizer import load_tokenizer
 from surge.policy.flexpipe_system import FlexPipeSettings
 from surge.runtime.refactor import FlexPipeline
@@ -50,6 +51,7 @@ def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, r
             ControllerConfig(state_dir=state, nodes=2), cluster.addresses, cluster.token
         )
         await ctl.start()
+        seen = ctl.events.subscribe()  # what the dashboard would draw
         # A short window and interval so the test takes seconds (defaults: 30 s, 1 s).
         ctl._w.autoscaler.flexpipe.settings = FlexPipeSettings(
             cv_window_s=2.0, decision_interval_s=0.2
@@ -80,12 +82,15 @@ def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, r
                 split_status,
                 ctl.describe(dep)["status"],
                 ctl.metrics.render().decode(),
+                [seen.queue.get_nowait() for _ in range(seen.queue.qsize())],
             )
         finally:
             await ctl.stop()
 
     with cluster:
-        reqs, mid, coarse_nodes, split_nodes, split_status, status, metrics = asyncio.run(run())
+        reqs, mid, coarse_nodes, split_nodes, split_status, status, metrics, events = asyncio.run(
+            run()
+        )
     _check(reqs, tok, reference, MAX_TOKENS)
     assert len(coarse_nodes) == 1 and len(split_nodes) == 2
     assert any(0 < n < MAX_TOKENS for n in mid), mid  # the split came mid-generation
@@ -94,3 +99,6 @@ def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, r
     assert [len(p["stages"]) for p in status["flexpipe"]["pipelines"]] == [1]
     assert _refactors(metrics, "split") >= 1 and _refactors(metrics, "merge") >= 1, metrics
     assert all(len(r.hops) == 1 for r in reqs), [r.hops for r in reqs]  # none re-routed
+    # The dashboard sees both refactorings, with the new stages' nodes.
+    shapes = [len(e.stages) for e in events if isinstance(e, Refactor)]
+    assert shapes[:2] == [2, 1], shapes
