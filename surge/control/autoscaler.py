@@ -20,6 +20,7 @@ from surge.config import EngineConfig
 from surge.control.copies import Copies
 from surge.control.flexpipe import FlexPipeControl
 from surge.control.metrics import Metrics
+from surge.control.pd import PdControl
 from surge.control.pool import ParameterPool
 from surge.control.scaleouts import (
     ScaleOutOffer,
@@ -97,6 +98,7 @@ class Autoscaler:
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
+        self.pd = PdControl(metrics, engine)
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""
@@ -127,7 +129,7 @@ class Autoscaler:
             if dep.failure is not None:
                 continue
             self._observe(dep, now_s, dt_s)
-            await self._autoscale(dep, now_s)
+            await self._autoscale(dep, now_s, await self.pd.tick(dep, now_s))
             await self.flexpipe.tick(dep, now_s)
             if not dep.restoring and not self.copies.invariant_holds(dep):
                 await self.copies.restore_invariant(dep)
@@ -177,12 +179,18 @@ class Autoscaler:
             )
             self.events.publish(load)
 
-    async def _autoscale(self, dep: Deployment, now_s: float) -> None:
-        """One decision of `surge.policy.autoscale` for the deployment, carried out."""
-        decision = decide(pool_load(dep, now_s), self.settings(dep), dep.autoscale_state)
+    async def _autoscale(self, dep: Deployment, now_s: float, monitor_wants: int = 0) -> None:
+        """One decision of `surge.policy.autoscale` for the deployment, carried out; the
+        P/D monitor (`control/pd.py`) may ask for one more when nothing loads."""
+        settings = self.settings(dep)
+        decision = decide(pool_load(dep, now_s), settings, dep.autoscale_state)
         dep.autoscale_state = decision.state
-        if decision.scale_out > 0:
-            self._scale_out(dep, decision.scale_out)
+        scale_out = decision.scale_out
+        if scale_out == 0 and monitor_wants and len(dep.serving()) == len(dep.instances):
+            room = settings.max_replicas is None or len(dep.instances) < settings.max_replicas
+            scale_out = monitor_wants if room else 0
+        if scale_out > 0:
+            self._scale_out(dep, scale_out)
         for node in decision.release:
             await self.release(dep, node)
 

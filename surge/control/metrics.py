@@ -96,6 +96,21 @@ class Metrics:
             ["model", "direction"],
             registry=r,
         )
+        self.pd_handoffs = Counter(
+            "surge_pd_handoffs",
+            "Requests whose KV cache a prefill instance handed to a decode instance (P/D)",
+            ["model"],
+            registry=r,
+        )
+        self.pd_mutations = Counter(
+            "surge_pd_mutations",
+            "Prefill instances turned into decode instances in place (BlitzScale §5.2)",
+            ["model"],
+            registry=r,
+        )
+        self.pd_instances = Gauge(
+            "surge_pd_instances", "Serving instances by P/D role", ["model", "role"], registry=r
+        )
         self.nodes_up = Gauge("surge_nodes_up", "Node agents alive", registry=r)
         self.slo_ttft_ok = Counter(
             "surge_slo_ttft_met",
@@ -201,6 +216,7 @@ class Metrics:
     def forget(self, model: str) -> None:
         """Drop a deleted deployment's gauges (counters keep their history)."""
         gauges = (self.queue, self.ongoing, self.instances, self.loading, self.pipelines)
+        gauges = (*gauges, self.pd_instances)
         for g in (*gauges, self.vllm_running, self.vllm_waiting, self.vllm_kv_usage):
             for labels in list(g._metrics):  # prometheus_client has no public way
                 if labels[0] == model:

@@ -14,6 +14,7 @@ from typing import Any
 from surge.errors import SurgeError
 from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.pd import PdTargets
 from surge.policy.systems import ALIASES, serve_system
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -89,6 +90,17 @@ def admission_from_json(d: Any) -> AdmissionSettings:
     )
 
 
+def pd_from_json(d: Any) -> PdTargets | None:
+    """A deployment's P/D split (`pd: {prefill: n, decode: m}`, BlitzScale §6); None = the
+    system decides (disaggregated with 1:1 targets when it runs P/D, else not)."""
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise SurgeError(f"pd must be an object like {{'prefill': 1, 'decode': 1}} (got {d!r})")
+    _unknown(d, {"prefill", "decode"}, "pd")
+    return PdTargets(prefill=_int(d, "prefill", 1, 1) or 1, decode=_int(d, "decode", 1, 1) or 1)
+
+
 @dataclass(frozen=True)
 class Slo:
     """Latency objectives (reported against in /metrics; the autoscaler's target is the
@@ -124,12 +136,15 @@ class DeploymentSpec:
     slo: Slo = field(default_factory=Slo)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     """The hold queue: its bound (429 past it) and its timeout (503 past it)."""
+    pd: PdTargets | None = None
+    """Prefill/decode disaggregation targets; None = as the strategy's system says."""
 
     @staticmethod
     def from_json(d: Any) -> "DeploymentSpec":
         if not isinstance(d, dict):
             raise SurgeError("a deployment must be a JSON object")
-        _unknown(d, {"name", "model", "strategy", "autoscaling", "slo", "admission"}, "deployment")
+        known = {"name", "model", "strategy", "autoscaling", "slo", "admission", "pd"}
+        _unknown(d, known, "deployment")
         name, model = d.get("name"), d.get("model")
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise SurgeError(
@@ -149,6 +164,7 @@ class DeploymentSpec:
             autoscaling=autoscaling_from_json(d.get("autoscaling")),
             slo=Slo.from_json(d.get("slo")),
             admission=admission_from_json(d.get("admission")),
+            pd=pd_from_json(d.get("pd")),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.pd import PdSettings
 
 LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
@@ -100,6 +101,8 @@ class SystemConfig:
     """Separate prefill and decode pools, KV cache moved over the network (BlitzScale §6)."""
     mutation: bool = False
     """Decode scale-out first turns idle prefill instances into decode ones (§5.2)."""
+    pd: PdSettings = field(default_factory=PdSettings)
+    """The P/D monitor's thresholds (`surge.policy.pd`): when decode is the bottleneck."""
     decision_interval_s: float = 0.1
     """Autoscaler decisions happen on ticks of this period (arrivals batch into one)."""
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from surge.errors import SurgeError
 from surge.runtime.agent_context import Handlers, NodeContext
+from surge.runtime.agent_pd import AgentPd, Parked, step_and_park
 from surge.runtime.agent_refactor import refactor_handlers
 from surge.runtime.agent_store import AgentStore
 from surge.runtime.protocol import (
@@ -54,6 +55,7 @@ from surge.runtime.protocol import (
     SubmitReply,
     TokenGenerated,
 )
+from surge.runtime.protocol_ops import HANDOFF_REASON, InstanceHandoffOp, InstanceRoleOp
 from surge.runtime.transport import Connection
 
 if TYPE_CHECKING:
@@ -90,6 +92,12 @@ class LocalInstance:
     task: asyncio.Task | None = None
     inbox: list[tuple[Callable[["LLMEngine"], Any], asyncio.Future]] = field(default_factory=list)
     """Changes to the engine, applied by its loop between steps (never during one)."""
+    role: str = "decode"
+    """P/D role (`runtime/agent_pd.py`): "prefill" parks requests after their prefill."""
+    fresh: set[int] = field(default_factory=set)
+    """Submitted sequences that have produced no token here yet (their prefill is next)."""
+    parked: dict[str, "Parked"] = field(default_factory=dict)
+    """req_id -> a request parked after its prefill, waiting for `instance_handoff`."""
 
     async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
         """Run `fn(engine)` between two steps and return its result."""
@@ -107,6 +115,7 @@ class AgentServing:
         self.stages: dict[str, Stage] = {}
         self.instances: dict[str, LocalInstance] = {}
         self._stage_pool: dict[int, list[Connection]] = {}
+        self.pd = AgentPd(self.instances)
 
     def handlers(self) -> Handlers:
         return {
@@ -122,6 +131,8 @@ class AgentServing:
             InstanceCloseOp: self.op_instance_close,
             GenerateOp: self.op_generate,
             **refactor_handlers(self._stage),  # FlexPipe refactoring and profiling
+            InstanceRoleOp: self.pd.op_instance_role,
+            InstanceHandoffOp: self.pd.op_instance_handoff,
         }
 
     def close(self) -> None:
@@ -259,6 +270,7 @@ class AgentServing:
         def add(engine: "LLMEngine") -> int:
             sid = engine.add_request(prompt, op.params, list(op.output_token_ids))
             inst.requests[sid] = op.req_id
+            inst.fresh.add(sid)
             return sid
 
         # Answer at once; the loop adds the request at its next step boundary (waiting for
@@ -310,6 +322,8 @@ class AgentServing:
                 if rid in wanted:
                     out[rid] = tuple(engine.abort(sid).output_token_ids)
                     del inst.requests[sid]
+            for rid in wanted & set(inst.parked):
+                out[rid] = inst.parked.pop(rid).reply.output_token_ids
             return out
 
         return AbortReply(outputs=await inst.call(abort))
@@ -346,9 +360,9 @@ class AgentServing:
                     continue
                 await inst.wake.wait()
                 continue
-            events = await asyncio.to_thread(inst.engine.step)
+            events, parked = await asyncio.to_thread(step_and_park, inst)
             for ev in events:
-                rid = inst.requests.get(ev.seq_id)
+                rid = inst.requests.get(ev.seq_id) or parked.get(ev.seq_id)
                 if rid is None:
                     continue
                 if ev.finished:
@@ -362,7 +376,7 @@ class AgentServing:
                         req_id=rid,
                         token=ev.token_id,
                         finished=ev.finished,
-                        finish_reason=ev.finish_reason,
+                        finish_reason=HANDOFF_REASON if ev.seq_id in parked else ev.finish_reason,
                         model=inst.model,
                         logprob=ev.logprobs.logprob if ev.logprobs else None,
                         top_logprobs=ev.logprobs.top if ev.logprobs else None,

@@ -18,6 +18,7 @@ Controller side; KV bytes travel stage -> controller -> target (one extra hop, s
 import asyncio
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 
 import torch
 
@@ -124,10 +125,12 @@ async def live_prefill(
     old: LocalEndpoint,
     num_layers_on_new: int,
     reqs: list[ServeRequest],
+    deliver: Callable[[ServeRequest, list[KvPart], bytes, int], Awaitable[None]] | None = None,
 ) -> None:
     """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
     sample each first token here, then hand the requests (with their whole KV cache) to
-    `old`, which decodes them (BlitzScale §4 live autoscaling)."""
+    `old`, which decodes them (BlitzScale §4 live autoscaling) — or to `deliver(req,
+    parts, payload, num_cached)` (P/D: a decode instance adopts it, `runtime/pd_handoff.py`)."""
     L = manifest.arch.num_layers
     T = num_layers_on_new
     if not 1 <= T < L:
@@ -165,7 +168,11 @@ async def live_prefill(
             parts = await asyncio.gather(
                 _export(server, new_node, name, b, n), _export(server, old.node, name, b, n)
             )
-            await _adopt(server, old, r, [p for p, _ in parts], b"".join(x for _, x in parts), n)
+            kv = [p for p, _ in parts], b"".join(x for _, x in parts)
+            if deliver is not None:
+                await deliver(r, *kv, n)
+            else:
+                await _adopt(server, old, r, *kv, n)
     finally:
         for node in (new_node, old.node):
             await client.call(node, StageCloseOp(pipeline=name))

@@ -21,6 +21,7 @@ from surge.runtime.protocol_replies import (
     BlockReply,
     ChecksumsReply,
     GenerateReply,
+    HandoffReply,
     InstanceReply,
     KvPart,
     LayerTimesReply,
@@ -332,3 +333,28 @@ class StageProfileOp(Op[LayerTimesReply], name="stage_profile", reply=LayerTimes
     def __post_init__(self) -> None:
         ok = self.num_tokens >= 1 and self.repeats >= 1
         require(ok, "op stage_profile", "needs num_tokens >= 1 and repeats >= 1")
+
+
+PdRole = Literal["prefill", "decode"]
+"""A local instance's P/D role (`surge.policy.pd`)."""
+HANDOFF_REASON = "handoff"
+"""`TokenGenerated.finish_reason` of a request's first token on a prefill instance, with
+`finished` false: the request is parked there, its K/V ready for `instance_handoff`."""
+
+
+@dataclass(frozen=True)
+class InstanceRoleOp(Op[Ack], name="instance_role"):
+    """Set a local instance's P/D role between two steps (mutation, BlitzScale §5.2: the
+    weights stay). A prefill instance parks each request after its prefill until the
+    controller takes it (`instance_handoff`); a decode instance runs requests to the end."""
+
+    instance: str
+    role: PdRole
+
+
+@dataclass(frozen=True)
+class InstanceHandoffOp(Op[HandoffReply], name="instance_handoff", reply=HandoffReply):
+    """Take a request parked after its prefill off a prefill instance, K/V in the payload."""
+
+    instance: str
+    req_id: str

@@ -142,3 +142,13 @@ class LayerTimesReply(Reply):
     prefill_s: tuple[float, ...]
     decode_s: tuple[float, ...]
     activation_bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class HandoffReply(Reply):
+    """A parked prefill's K/V (every layer; bytes in the payload) and the tokens it
+    generated, taken off a prefill instance for its decode instance (P/D, BlitzScale §6)."""
+
+    part: KvPart
+    output_token_ids: tuple[int, ...]
+    num_cached: int

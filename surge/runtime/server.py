@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
+from typing import TYPE_CHECKING
 
 from surge.engine.sampling import SamplingParams
 from surge.policy import router
@@ -25,6 +26,9 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import AgentDown, TokenGenerated
 from surge.runtime.request import ServeRequest
+
+if TYPE_CHECKING:
+    from surge.runtime.pd_handoff import PdServing
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,8 @@ class Server:
         self.arrivals: deque[float] = deque(maxlen=MAX_ARRIVALS_KEPT)
         """Arrival times (monotonic) of the requests submitted, oldest first."""
         self._ids = itertools.count()
+        self.pd: PdServing | None = None
+        """P/D disaggregation (`runtime/pd_handoff.py`), when the deployment runs it."""
         self._events = client.subscribe((TokenGenerated, AgentDown), model=model)
         self._pump = asyncio.get_running_loop().create_task(self._pump_events())
 
@@ -67,6 +73,8 @@ class Server:
             # Endpoint ids are their age (`endpoints` keeps insertion order): the router
             # breaks ties to the oldest, as in the simulator, whose ids count up too.
             live = {i: e for i, e in enumerate(self.endpoints.values()) if not e.failed}
+            if self.pd is not None:  # new requests go to prefill instances
+                live = self.pd.routable(live)
             choice = router.route(
                 [router.Endpoint(i, e.outstanding, e.capacity, e.speed) for i, e in live.items()]
             )
@@ -97,6 +105,8 @@ class Server:
         await self.dispatch()
 
     async def add_endpoint(self, ep: Endpoint) -> None:
+        if self.pd is not None and isinstance(ep, LocalEndpoint):
+            await self.pd.assign(ep)  # its P/D role before its first request
         self.endpoints[ep.name] = ep
         if isinstance(ep, PipelineEndpoint):
             ep.on_failure = self._endpoint_failed
@@ -107,6 +117,8 @@ class Server:
         ep = self.endpoints.pop(name, None)
         if ep is None:
             return []
+        if self.pd is not None:
+            self.pd.forget(name)
         moved = [r for r in await ep.take_back() if not r.done.is_set()]
         # Moved requests go first: they were admitted before anything still queued.
         self.queue[:0] = moved
@@ -124,6 +136,8 @@ class Server:
                 ep = self.endpoints.get(ev.instance)
                 if isinstance(ep, LocalEndpoint):
                     ep.on_token(ev)
+                    if self.pd is not None:
+                        self.pd.on_token(ep, ev)
             elif isinstance(ev, AgentDown):
                 for ep in list(self.endpoints.values()):
                     if ev.node in ep.nodes:
@@ -136,6 +150,8 @@ class Server:
         )
 
     async def close(self) -> None:
+        if self.pd is not None:
+            await self.pd.close()
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump

@@ -50,10 +50,13 @@ OPS = [
     p.KvImportOp(pipeline="pp", seq_id=0, parts=(PART,)),
     p.StageKvCopyOp(pipeline="pp@1", source="pp", seqs=((0, 5), (1, 3))),
     p.StageProfileOp(pipeline="pp", num_tokens=8, repeats=1),
+    p.InstanceRoleOp(instance="i", role="prefill"),
+    p.InstanceHandoffOp(instance="i", req_id="r1"),
 ]
 
 REPLIES = [
     p.Ack(),
+    p.HandoffReply(part=PART, output_token_ids=(3, 4), num_cached=5),
     p.LayerTimesReply(
         first_layer=2,
         prefill_s=(0.5, 0.25),

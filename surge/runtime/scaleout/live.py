@@ -5,8 +5,10 @@ so there is one record of who holds what). A receiver joins when the state machi
 `GoLive` and leaves at `GoLocal`. Out: batches of queued requests that have not started
 are prefilled cooperatively — the first T layers on the live receiver, the rest on a
 serving local instance (the overloaded "old" one), which then decodes them with the whole
-KV cache (`runtime/consolidation.py` `live_prefill`). T per batch comes from the paper's
-best-effort zigzag schedule (`policy.zigzag.best_effort`) shaped by the system's
+KV cache (`runtime/consolidation.py` `live_prefill`) — under P/D the K/V goes to a decode
+instance instead, as soon as one has room (`runtime/pd_handoff.py` `PdServing.hold`).
+T per batch comes from the paper's best-effort zigzag schedule (`policy.zigzag.best_effort`)
+shaped by the system's
 `live_load_ratio`, clipped to the layers the receiver holds at that moment; batches are
 `live_batch` requests (both `SystemConfig` fields). A failed step puts its requests back
 at the head of the queue. Counts go to `ctx.live_prefilled`.
@@ -14,6 +16,7 @@ at the head of the queue. Counts go to `ctx.live_prefilled`.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 
@@ -105,8 +108,10 @@ class LiveScaling:
         old = min(olds, key=lambda e: (e.outstanding, e.name))
         batch = waiting[: system.live_batch]
         server.queue[:] = [r for r in server.queue if r not in batch]
+        # P/D: a decode instance adopts each one as soon as one has room.
+        deliver = None if server.pd is None else functools.partial(server.pd.hold, old=old)
         try:
-            await live_prefill(server, manifest, new, old, t, batch)
+            await live_prefill(server, manifest, new, old, t, batch, deliver)
             ctx.live_prefilled += len(batch)
             ev = LiveBatch(
                 model=ctx.model,

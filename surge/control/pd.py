@@ -1,0 +1,79 @@
+"""P/D disaggregation, the controller's part: attach it, run its monitor, carry out mutation.
+
+What flows, every autoscaler tick, per deployment that runs P/D (its spec's `pd:`, or a
+system with `pd_disaggregation`, e.g. blitzscale): the server's `PdServing`
+(`runtime/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
+tokens/s, KV use per instance) -> `policy.pd.decide_mutation` (when the system mutates)
+-> `PdServing.mutate`; then `policy.pd.monitor` says whether the pool wants one more
+instance than the concurrency target asks (the autoscaler adds it). Hand-off and
+mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
+`surge_pd_instances`). Called by `control/autoscaler.py`; decides nothing itself.
+"""
+
+import logging
+
+from surge.config import EngineConfig
+from surge.control.metrics import Metrics
+from surge.control.state import Deployment
+from surge.policy.pd import DECODE, PREFILL, PdTargets, decide_mutation, monitor
+from surge.policy.systems import serve_system
+from surge.runtime.pd_handoff import PdServing
+
+log = logging.getLogger(__name__)
+
+
+class PdControl:
+    """The P/D monitor of every deployment that disaggregates."""
+
+    def __init__(self, metrics: Metrics, engine: EngineConfig) -> None:
+        self.metrics, self.engine = metrics, engine
+        self._reported: dict[str, tuple[int, int]] = {}
+        """Deployment -> (hand-offs, mutations) already counted in the metrics."""
+        self._last_mutation_s: dict[str, float] = {}
+
+    def attach(self, dep: Deployment) -> PdServing | None:
+        """The deployment's `PdServing`, made on first sight (before its first instance)."""
+        if dep.server.pd is not None:
+            return dep.server.pd
+        system = serve_system(dep.spec.strategy)
+        if dep.spec.pd is None and not system.pd_disaggregation:
+            return None
+        targets = dep.spec.pd or PdTargets()
+        dep.server.pd = PdServing(dep.server, targets, self.engine.max_kv_tokens)
+        return dep.server.pd
+
+    async def tick(self, dep: Deployment, now_s: float) -> int:
+        """One look at the deployment; returns the instances the monitor adds (0 or 1)."""
+        pd = self.attach(dep)
+        if pd is None:
+            return 0
+        pd.kick()  # a safety net: hand-offs that wait are retried every tick too
+        system = serve_system(dep.spec.strategy)
+        last_s = self._last_mutation_s.get(dep.name)
+        load = pd.load(now_s, float("inf") if last_s is None else now_s - last_s)
+        if system.mutation:
+            mutation = decide_mutation(load, system.pd)
+            ep = pd.endpoint_at(mutation.index) if mutation is not None else None
+            if mutation is not None and ep is not None:
+                log.info("%s: mutate %s (%s)", dep.name, ep.name, mutation.reason)
+                try:
+                    await pd.mutate(ep)
+                    self._last_mutation_s[dep.name] = now_s
+                except Exception as e:  # its agent died: failover retires it
+                    log.warning("%s: mutation of %s failed: %s", dep.name, ep.name, e)
+                load = pd.load(now_s, 0.0)
+        self._count(dep, pd, load.instances)
+        return monitor(load, system.pd).scale_out
+
+    def _count(self, dep: Deployment, pd: PdServing, instances: tuple) -> None:
+        m, name = self.metrics, dep.name
+        handoffs, mutations = self._reported.get(name, (0, 0))
+        m.pd_handoffs.labels(name).inc(pd.num_handoffs - handoffs)
+        m.pd_mutations.labels(name).inc(pd.num_mutations - mutations)
+        self._reported[name] = (pd.num_handoffs, pd.num_mutations)
+        for role in (PREFILL, DECODE):
+            m.pd_instances.labels(name, role).set(sum(i.role == role for i in instances))
+
+    def forget(self, name: str) -> None:
+        self._reported.pop(name, None)
+        self._last_mutation_s.pop(name, None)

@@ -1,0 +1,69 @@
+"""BlitzScale through the controller (issue 17): a burst on a P/D deployment shows KV-cache
+hand-offs from prefill to decode instances, at least one mutation (a prefill instance
+turned decode in place, §5.2) and at least one live-scaled batch (§4), all in `/metrics`,
+and every request token-exact. Fails if blitzscale degrades to λScale (no P/D roles, no
+hand-off, no mutation) or to load-then-serve (no live batch)."""
+
+import asyncio
+
+from surge.control.controller import Controller, ControllerConfig
+from surge.model.tokenizer import load_tokenizer
+from tests.control.test_serve_openai import MODEL
+from tests.control.test_strategies import _check, _cluster, _deploy, _run_burst, _until
+
+PROMPTS = [f"Story {i}: the quick brown fox jumps over the lazy dog" for i in range(20)]
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")) and f'model="{MODEL}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_blitzscale_burst_hands_off_mutates_and_live_scales(
+    tmp_path, tiny_store_dir, reference
+) -> None:
+    """One prefill (node 0) and one decode instance (node 1), two requests at a time each;
+    twenty requests arrive at once. Decode fills, prefilled K/V waits on the prefill
+    instance and the queue grows: the autoscaler adds node 2 over a 0.02 Gbit/s link, which
+    live-prefills queued batches while it loads, joins as a prefill instance, and the
+    monitor, seeing hand-offs wait for decode room, mutates an idle prefill instance."""
+    tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
+    state = tmp_path / "state"
+    cluster = _cluster(state, num_nodes=3, link_gbps=0.02)  # ~1.6 s to multicast the model
+
+    async def run():
+        cfg = ControllerConfig(state_dir=state, nodes=3, max_num_seqs=2)
+        ctl = Controller(cfg, cluster.addresses, cluster.token)
+        await ctl.start()
+        try:
+            scaling = {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 2}
+            pd = {"prefill": 1, "decode": 1}
+            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling, pd=pd)
+            # ... and their scale-out over (one serve-while-loading multicast at a time).
+            ready = lambda: len(dep.serving()) == 2 and not dep.multicasting  # noqa: E731
+            await _until(ready, "two first instances")
+            reqs = await _run_burst(ctl, dep, tok, 160, PROMPTS)
+            await ctl._w.autoscaler.tick(0.0, 0.0)  # metrics of the last moments
+            return reqs, ctl.metrics.render().decode(), dict(dep.server.pd.roles)
+        finally:
+            await ctl.stop()
+
+    with cluster:
+        reqs, metrics, roles = asyncio.run(run())
+    _check(reqs, tok, reference, 160, PROMPTS)
+    handoffs = _metric(metrics, "surge_pd_handoffs_total")
+    mutations = _metric(metrics, "surge_pd_mutations_total")
+    live = _metric(metrics, "surge_live_prefill_requests_total")
+    assert handoffs >= len(reqs) // 2 and mutations >= 1 and live >= 1, (
+        handoffs,
+        mutations,
+        live,
+        [r.hops for r in reqs],
+    )
+    assert any(r.hops[0].startswith("live-") for r in reqs)
+    assert "decode" in roles.values() and "prefill" in roles.values(), roles
+    # Every request not live-prefilled started on a prefill instance and ended on another.
+    assert all(len(r.hops) >= 2 for r in reqs), [r.hops for r in reqs]
