@@ -98,7 +98,7 @@ class Autoscaler:
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
-        self.pd = PdControl(metrics, engine)
+        self.pd = PdControl(metrics, engine, events)
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""

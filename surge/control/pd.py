@@ -15,6 +15,7 @@ import logging
 from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment
+from surge.events import NO_BUS, EventBus, Mutation
 from surge.policy.pd import DECODE, PREFILL, PdTargets, decide_mutation, monitor
 from surge.policy.systems import serve_system
 from surge.runtime.pd_handoff import PdServing
@@ -25,8 +26,8 @@ log = logging.getLogger(__name__)
 class PdControl:
     """The P/D monitor of every deployment that disaggregates."""
 
-    def __init__(self, metrics: Metrics, engine: EngineConfig) -> None:
-        self.metrics, self.engine = metrics, engine
+    def __init__(self, metrics: Metrics, engine: EngineConfig, events: EventBus = NO_BUS) -> None:
+        self.metrics, self.engine, self.events = metrics, engine, events
         self._reported: dict[str, tuple[int, int]] = {}
         """Deployment -> (hand-offs, mutations) already counted in the metrics."""
         self._last_mutation_s: dict[str, float] = {}
@@ -59,6 +60,10 @@ class PdControl:
                 try:
                     await pd.mutate(ep)
                     self._last_mutation_s[dep.name] = now_s
+                    node = getattr(ep, "node", -1)
+                    self.events.publish(
+                        Mutation(model=dep.name, node=node, from_role=PREFILL, to_role=DECODE)
+                    )
                 except Exception as e:  # its agent died: failover retires it
                     log.warning("%s: mutation of %s failed: %s", dep.name, ep.name, e)
                 load = pd.load(now_s, 0.0)

@@ -7,6 +7,7 @@ hand-off, no mutation) or to load-then-serve (no live batch)."""
 import asyncio
 
 from surge.control.controller import Controller, ControllerConfig
+from surge.events import Mutation
 from surge.model.tokenizer import load_tokenizer
 from tests.control.test_serve_openai import MODEL
 from tests.control.test_strategies import _check, _cluster, _deploy, _run_burst, _until
@@ -38,6 +39,7 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
         cfg = ControllerConfig(state_dir=state, nodes=3, max_num_seqs=2)
         ctl = Controller(cfg, cluster.addresses, cluster.token)
         await ctl.start()
+        seen = ctl.events.subscribe()  # what the dashboard would draw
         try:
             scaling = {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 2}
             pd = {"prefill": 1, "decode": 1}
@@ -47,12 +49,13 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
             await _until(ready, "two first instances")
             reqs = await _run_burst(ctl, dep, tok, 160, PROMPTS)
             await ctl._w.autoscaler.tick(0.0, 0.0)  # metrics of the last moments
-            return reqs, ctl.metrics.render().decode(), dict(dep.server.pd.roles)
+            events = [seen.queue.get_nowait() for _ in range(seen.queue.qsize())]
+            return reqs, ctl.metrics.render().decode(), dict(dep.server.pd.roles), events
         finally:
             await ctl.stop()
 
     with cluster:
-        reqs, metrics, roles = asyncio.run(run())
+        reqs, metrics, roles, events = asyncio.run(run())
     _check(reqs, tok, reference, 160, PROMPTS)
     handoffs = _metric(metrics, "surge_pd_handoffs_total")
     mutations = _metric(metrics, "surge_pd_mutations_total")
@@ -64,6 +67,9 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
         [r.hops for r in reqs],
     )
     assert any(r.hops[0].startswith("live-") for r in reqs)
+    # The dashboard's stream saw each mutation, as a prefill -> decode change of a node.
+    mutated = [e for e in events if isinstance(e, Mutation)]
+    assert len(mutated) == mutations and all(e.to_role == "decode" for e in mutated), mutated
     assert "decode" in roles.values() and "prefill" in roles.values(), roles
     # Every request not live-prefilled started on a prefill instance and ended on another.
     assert all(len(r.hops) >= 2 for r in reqs), [r.hops for r in reqs]
