@@ -16,6 +16,8 @@ runtime; the typed ops are `runtime/protocol.py`'s.
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,12 +271,15 @@ class PipelineEndpoint(Endpoint):
                     self.requests.pop(req.req_id, None)
 
         try:
-            await run_engine(engine, group.wake, admit, deliver)
+            await run_engine(engine, group.wake, admit, deliver, self.step_gate)
         except EndpointFailed as e:
             log.warning("%s failed: %s", self.name, e)
             self.failed = True
             if self.on_failure is not None:
                 asyncio.get_running_loop().create_task(self.on_failure(self))
+
+    step_gate: Callable[[], AbstractAsyncContextManager[None]] | None = None
+    """Wraps each head-engine step (None: none); FlexPipe's pipelines set their gate."""
 
     def detach(self) -> list[tuple[ServeRequest, int]]:
         """Stop the head engines now, keep the stages (and their KV caches) open, and return

@@ -12,7 +12,9 @@ engine keeps a sequence until its owner takes it out), so callers never reach in
 """
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 from surge.engine.llm_engine import LLMEngine, TokenEvent
 
@@ -22,8 +24,11 @@ async def run_engine(
     wake: asyncio.Event,
     admit: Callable[[], None],
     deliver: Callable[[list[TokenEvent]], Awaitable[None]],
+    gate: Callable[[], AbstractAsyncContextManager[None]] | None = None,
 ) -> None:
-    """Drive `engine` until cancelled or a step raises (see the module docstring)."""
+    """Drive `engine` until cancelled or a step raises (see the module docstring). Each
+    step runs inside `gate()` if given (FlexPipe's step gate: no step while a refactoring
+    switches stages), with a last `admit()` for work that came while it was closed."""
     while True:
         admit()
         if not engine.has_unfinished:
@@ -32,7 +37,10 @@ async def run_engine(
             if not engine.has_unfinished:
                 await wake.wait()
             continue
-        events = await asyncio.to_thread(engine.step)
+        async with gate() if gate is not None else contextlib.nullcontext():
+            if gate is not None:
+                admit()
+            events = await asyncio.to_thread(engine.step)
         for ev in events:
             if ev.finished:
                 engine.seqs.pop(ev.seq_id, None)

@@ -27,11 +27,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from surge.engine.llm_engine import TokenEvent
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe_refactor import RefactorPlan
 from surge.policy.flexpipe_system import refactor
-from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint, _Group
+from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
 from surge.runtime.protocol_ops import (
     KvExportOp,
     KvImportOp,
@@ -89,6 +88,7 @@ class FlexPipeline(PipelineEndpoint):
         self.version = 0
         """How many refactorings it went through (the stage key's suffix)."""
         self.gate = StepGate()
+        self.step_gate = self.gate.step  # each head-engine step inside the gate
         self.refactoring = False
         """A refactoring is under way (the controller starts no second one)."""
         self.layer_times: dict[int, tuple[float, float]] = {}
@@ -105,50 +105,6 @@ class FlexPipeline(PipelineEndpoint):
         for node, _, _ in self.stages:
             with contextlib.suppress(Exception):
                 await self.client.call(node, StageCloseOp(pipeline=self.stage_key))
-
-    async def _run(self, group: _Group) -> None:
-        """`PipelineEndpoint._run` with each engine step taken inside the gate."""
-        engine = group.engine
-
-        def admit() -> None:
-            for req in group.pending:
-                sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
-                group.seqs[sid] = req
-            group.pending.clear()
-
-        async def deliver(events: list[TokenEvent]) -> None:
-            for ev in events:
-                req = group.seqs.get(ev.seq_id)
-                if req is None:
-                    continue
-                if ev.logprobs is not None:
-                    req.add_logprobs(ev.logprobs)
-                req.add_token(ev.token_id, ev.finished, ev.finish_reason)
-                if ev.finished:
-                    del group.seqs[ev.seq_id]
-                    self.requests.pop(req.req_id, None)
-
-        try:
-            while True:
-                admit()
-                if not engine.has_unfinished:
-                    group.wake.clear()
-                    admit()
-                    if not engine.has_unfinished:
-                        await group.wake.wait()
-                    continue
-                async with self.gate.step():
-                    admit()  # work that came while the gate was closed
-                    events = await asyncio.to_thread(engine.step)
-                for ev in events:
-                    if ev.finished:
-                        engine.seqs.pop(ev.seq_id, None)
-                await deliver(events)
-        except EndpointFailed as e:
-            log.warning("%s failed: %s", self.name, e)
-            self.failed = True
-            if self.on_failure is not None:
-                asyncio.get_running_loop().create_task(self.on_failure(self))
 
     def valid_tokens(self) -> list[tuple[int, int]]:
         """(seq id, tokens whose K/V the stages hold) of every running sequence (Eq. 10's
