@@ -7,8 +7,9 @@ on authenticated connections. What flows out: replies, block bytes to peers, and
 This file is the agent's server: sockets, the accept loop, dispatch by op class, events and
 lifecycle. Its parts are composed, each given the `NodeContext` (and the store) it needs:
 `AgentStore` (tiers and the register/load/evict/checksums ops), `AgentTransfer` (the block
-data path: get_block, multicast pulls, pull_from, set_peers) and `AgentServing` (pipeline
-stages, local instances). The server answers `status`, `shutdown` and `subscribe` itself.
+data path: get_block, multicast pulls, pull_from, set_peers), `AgentServing` (pipeline
+stages) and `AgentInstances` (full local instances, with their P/D side). The server
+answers `status`, `shutdown` and `subscribe` itself.
 """
 
 import asyncio
@@ -21,6 +22,7 @@ import sys
 
 from surge.errors import SurgeError
 from surge.runtime.agent_context import AgentConfig, Handlers, NodeContext, import_engine
+from surge.runtime.agent_instances import AgentInstances
 from surge.runtime.agent_serving import AgentServing
 from surge.runtime.agent_store import AgentStore, ModelState
 from surge.runtime.agent_transfer import AgentTransfer
@@ -33,6 +35,8 @@ from surge.runtime.protocol import (
     StatusReply,
     SubscribeOp,
     decode_op,
+    error_header,
+    ok_header,
 )
 from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
 from surge.runtime.transport import (
@@ -68,12 +72,14 @@ class NodeAgent:
         self.store = AgentStore(self.ctx)
         self.transfer = AgentTransfer(self.ctx, self.store)
         self.serving = AgentServing(self.ctx, self.store)
+        self.local = AgentInstances(self.ctx, self.store)
         self.handlers: Handlers = {
             StatusOp: self.op_status,
             ShutdownOp: self.op_shutdown,
             **self.store.handlers(),
             **self.transfer.handlers(),
             **self.serving.handlers(),
+            **self.local.handlers(),
         }
         self.subscribers: list[Connection] = []
         self._tasks: set[asyncio.Task] = set()
@@ -143,11 +149,11 @@ class NodeAgent:
                 try:
                     op = decode_op(header)
                 except SurgeError as e:  # unknown op or bad field: say so, keep serving
-                    await conn.send({"ok": False, "error": str(e)})
+                    await conn.send(error_header(str(e)))
                     continue
                 if isinstance(op, SubscribeOp):
                     self.subscribers.append(conn)
-                    await conn.send({"ok": True, **Ack().to_json()})
+                    await conn.send(ok_header(Ack()))
                     return  # the connection now belongs to the event stream
                 await self._dispatch(conn, op, payload)
         except (TimeoutError, ConnectionClosed, AuthError, FrameError, OSError) as e:
@@ -159,16 +165,16 @@ class NodeAgent:
         try:
             reply = await self.handlers[type(op)](op, conn, payload)
         except (SurgeError, RemoteError) as e:
-            await conn.send({"ok": False, "error": f"{op.NAME}: {e}"})
+            await conn.send(error_header(f"{op.NAME}: {e}"))
             return
         except (ConnectionClosed, OSError):
             raise
         except Exception as e:  # a bug in a handler: answer, log, keep serving
             log.exception("node %d: op %s failed", self.node, op.NAME)
-            await conn.send({"ok": False, "error": f"{op.NAME}: internal error: {e!r}"})
+            await conn.send(error_header(f"{op.NAME}: internal error: {e!r}"))
             return
         if reply is not None:  # handlers that stream their own answer return None
-            await conn.send({"ok": True, **reply.to_json()})
+            await conn.send(ok_header(reply))
 
     # ---- events ------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """What every part of a node agent shares: its settings and a `NodeContext`.
 
 The agent (`runtime/agent.py`) is composed of a server, a store (`agent_store.py`), the
-block data path (`agent_transfer.py`) and model execution (`agent_serving.py`). The server
-makes one `NodeContext` and hands it to the others; it is all they know of each other
-besides the store, which transfer and serving are given explicitly.
+block data path (`agent_transfer.py`) and model execution (`agent_serving.py`,
+`agent_instances.py`). The server makes one `NodeContext` and hands it to the others; it
+is all they know of each other besides the store, which the others are given explicitly.
 """
 
 import asyncio

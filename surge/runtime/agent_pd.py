@@ -9,7 +9,7 @@ token goes out as a `TokenGenerated` whose `finish_reason` is `HANDOFF_REASON`; 
 controller then takes the parked K/V (`instance_handoff`: typed header + raw bytes) to
 the decode instance that policy picks, which adopts it (`instance_adopt`). Mutation is
 `instance_role` to "decode" between two steps: the weights stay, requests parked before
-stay parked until taken. Composed into `AgentServing` (`runtime/agent_serving.py`).
+stay parked until taken. Composed into `AgentInstances` (`runtime/agent_instances.py`).
 """
 
 from dataclasses import dataclass
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from surge.errors import SurgeError
 from surge.runtime.protocol_ops import InstanceHandoffOp, InstanceRoleOp
-from surge.runtime.protocol_replies import Ack, HandoffReply, KvPart
+from surge.runtime.protocol_replies import Ack, HandoffReply, KvPart, ok_header
 from surge.runtime.transport import Connection
 
 if TYPE_CHECKING:
     from surge.engine.llm_engine import TokenEvent
-    from surge.runtime.agent_serving import LocalInstance
+    from surge.runtime.agent_instances import LocalInstance
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,11 @@ class AgentPd:
             raise SurgeError(f"no instance {name} here (instance_open first)")
         return inst
 
+    def take_parked(self, inst: "LocalInstance", req_ids: set[str]) -> dict[str, tuple[int, ...]]:
+        """Take parked requests back (an abort): req_id -> tokens generated so far."""
+        taken = req_ids & set(inst.parked)
+        return {rid: inst.parked.pop(rid).reply.output_token_ids for rid in taken}
+
     async def op_instance_role(self, op: InstanceRoleOp, conn: Connection, p: memoryview) -> Ack:
         inst = self._instance(op.instance)
 
@@ -91,4 +96,4 @@ class AgentPd:
         parked = inst.parked.pop(op.req_id, None)
         if parked is None:
             raise SurgeError(f"request {op.req_id} is not parked on {op.instance}")
-        await conn.send({"ok": True, **parked.reply.to_json()}, parked.payload)
+        await conn.send(ok_header(parked.reply), parked.payload)

@@ -15,8 +15,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from surge.errors import SurgeError
 from surge.runtime.agent_context import Handlers
+from surge.runtime.agent_instances import kv_parts
 from surge.runtime.protocol_ops import KvImportOp, StageKvCopyOp, StageProfileOp
 from surge.runtime.protocol_replies import Ack, LayerTimesReply
 from surge.runtime.transport import Connection
@@ -32,18 +32,8 @@ def refactor_handlers(stage_of: Any) -> Handlers:
     """The ops below, over `stage_of(pipeline) -> Stage` (raises for an unknown one)."""
 
     async def op_kv_import(op: KvImportOp, conn: Connection, p: memoryview) -> Ack:
-        import torch
-
         stage: Stage = stage_of(op.pipeline)
-        dtype = stage.runner.dtype
-        parts, offset = [], 0
-        for part in op.parts:
-            n = math.prod(part.shape) * dtype.itemsize
-            if offset + n > len(p):
-                raise SurgeError(f"kv_import: payload holds {len(p)} bytes, parts need more")
-            kv = torch.frombuffer(bytearray(p[offset : offset + n]), dtype=dtype)
-            parts.append((part.first_layer, kv.view(part.shape)))
-            offset += n
+        parts = kv_parts(op.parts, p, stage.runner.dtype, "kv_import")
         async with stage.lock:
             for first_layer, kv in parts:
                 stage.runner.import_kv(op.seq_id, first_layer, kv)

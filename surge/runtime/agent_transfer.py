@@ -36,6 +36,7 @@ from surge.runtime.protocol import (
     ReceiveDone,
     SetPeersOp,
     SetPeersReply,
+    ok_header,
 )
 from surge.runtime.transport import (
     AuthError,
@@ -134,7 +135,7 @@ class AgentTransfer:
                 bad[len(bad) // 2] ^= 0xFF
                 buf = memoryview(bad)
             reply = BlockReply(model=op.model, block=block)
-            await conn.send({"ok": True, **reply.to_json()}, buf)
+            await conn.send(ok_header(reply), buf)
             self.bytes_out += len(buf)
 
     async def _peer(self, node: int) -> Connection:

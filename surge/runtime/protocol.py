@@ -92,6 +92,8 @@ from surge.runtime.protocol_replies import (
     StageStepReply,
     StatusReply,
     SubmitReply,
+    error_header,
+    ok_header,
 )
 
 __all__ = [
@@ -159,4 +161,6 @@ __all__ = [
     "TokenGenerated",
     "decode_event",
     "decode_op",
+    "error_header",
+    "ok_header",
 ]

@@ -1,20 +1,31 @@
 """The replies of the agent ops (`protocol_ops.py`), as frozen dataclasses.
 
-What flows: an agent answers an op with `{"ok": true, **reply.to_json()}` (and, for some,
-bytes in the payload); `ClusterClient.call` gives the caller `Op.REPLY.from_json(...)`.
+What flows: an agent answers an op with the header `ok_header(reply)` (and, for some,
+bytes in the payload), or with `error_header(message)`; `ClusterClient.call` gives the
+caller `Op.REPLY.from_json(...)`.
 Replies accept keys they do not know, so an older client reads a newer agent's answer.
 Owned by the runtime (see docs/runtime.md, Protocol).
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from surge.runtime.protocol_codec import Message, require
 
 
 @dataclass(frozen=True)
 class Reply(Message):
-    """The fields of a successful answer (the agent adds `"ok": true`)."""
+    """The fields of a successful answer (`ok_header` adds `"ok": true`)."""
+
+
+def ok_header(reply: Reply) -> dict[str, Any]:
+    """The frame header of a successful answer (the one place that writes it)."""
+    return {"ok": True, **reply.to_json()}
+
+
+def error_header(message: str) -> dict[str, Any]:
+    """The frame header of a refused or failed op; `ClusterClient` raises `message`."""
+    return {"ok": False, "error": message}
 
 
 @dataclass(frozen=True)
