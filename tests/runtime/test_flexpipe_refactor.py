@@ -1,13 +1,16 @@
 """FlexPipe inflight refactoring on real agents: a live pipeline split (1 -> 3 stages) and
-merged (3 -> 1) while requests generate, token-exact against a local greedy run; a node
-killed while a split loads leaves the old stages serving and every request finishes."""
+merged (3 -> 1) while requests generate, token-exact against a local greedy run; a new node
+killed while a split loads leaves the old stages serving, an old member killed during a merge
+fails the pipeline and its requests finish elsewhere — none lost."""
 
 import asyncio
+import contextlib
 
 from surge.engine.sampling import SamplingParams
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.protocol import LoadOp
 from surge.runtime.protocol_ops import StageProfileOp
-from surge.runtime.refactor import FlexPipeline, refactor_pipeline
+from surge.runtime.refactor import FlexPipeline, blocks_of_stage, refactor_pipeline
 from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL, connected
 from tests.runtime.test_serving import PROMPTS, check_against_reference
@@ -27,21 +30,34 @@ async def _until_tokens(reqs, n: int) -> None:
         await asyncio.sleep(0.005)
 
 
+@contextlib.asynccontextmanager
+async def _serving(cluster, manifest, loads: dict[int, list[int]], stages, params):
+    """A FlexPipeline over `stages` serving every prompt, each with >= 2 tokens already."""
+    client = await connected(cluster, manifest, loads, "gpu")
+    server = Server(client, MODEL)
+    try:
+        pipe = FlexPipeline(client, manifest, MODEL, "fp", stages)
+        await pipe.open()
+        await server.add_endpoint(pipe)
+        reqs = [server.new_request(p, params) for p in PROMPTS]
+        for r in reqs:
+            await server.submit(r)
+        await _until_tokens(reqs, 2)
+        yield client, server, pipe, reqs
+    finally:
+        await server.close()
+        await client.close()
+
+
 def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, tiny_hf) -> None:
     cluster = make_cluster(3, preload_engine=True)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     L = manifest.arch.num_layers
 
     async def run():
-        client = await connected(cluster, manifest, {0: list(range(manifest.num_blocks))}, "gpu")
-        server = Server(client, MODEL)
-        try:
-            pipe = FlexPipeline(client, manifest, MODEL, "fp", [(0, 0, L)])
-            await pipe.open()
-            await server.add_endpoint(pipe)
-            reqs = [server.new_request(p, params) for p in PROMPTS]
-            for r in reqs:
-                await server.submit(r)
+        loads = {0: list(range(manifest.num_blocks))}
+        async with _serving(cluster, manifest, loads, [(0, 0, L)], params) as live:
+            client, server, pipe, reqs = live
             await _until_tokens(reqs, 3)
             fine = [(0, 0, 1), (1, 1, 3), (2, 3, L)]
             split = await refactor_pipeline(pipe, fine, _loader(client))
@@ -52,9 +68,6 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
             at_merge = [len(r.output_token_ids) for r in reqs]
             await server.wait_all(60)
             return reqs, split, merge, at_split, at_merge, profile, pipe
-        finally:
-            await server.close()
-            await client.close()
 
     reqs, split, merge, at_split, at_merge, profile, pipe = asyncio.run(run())
     # Both happened mid-generation: every request had tokens and had more to come.
@@ -81,16 +94,9 @@ def test_node_killed_during_a_split_leaves_the_old_stages_serving(
     L = manifest.arch.num_layers
 
     async def run():
-        client = await connected(cluster, manifest, {0: list(range(manifest.num_blocks))}, "gpu")
-        server = Server(client, MODEL)
-        try:
-            pipe = FlexPipeline(client, manifest, MODEL, "fp", [(0, 0, L)])
-            await pipe.open()
-            await server.add_endpoint(pipe)
-            reqs = [server.new_request(p, params) for p in PROMPTS]
-            for r in reqs:
-                await server.submit(r)
-            await _until_tokens(reqs, 2)
+        loads = {0: list(range(manifest.num_blocks))}
+        async with _serving(cluster, manifest, loads, [(0, 0, L)], params) as live:
+            client, server, pipe, reqs = live
             task = asyncio.ensure_future(
                 refactor_pipeline(pipe, [(0, 0, 2), (1, 2, L)], _loader(client))
             )
@@ -104,11 +110,46 @@ def test_node_killed_during_a_split_leaves_the_old_stages_serving(
                 error = e
             await server.wait_all(60)
             return reqs, error, pipe
-        finally:
-            await server.close()
-            await client.close()
 
     reqs, error, pipe = asyncio.run(run())
     assert error is not None
     assert pipe.nodes == (0,) and pipe.version == 0 and not pipe.failed
+    check_against_reference(tiny_hf, reqs, MAX_TOKENS)
+
+
+def test_old_member_killed_during_a_merge_loses_no_request(make_cluster, manifest, tiny_hf) -> None:
+    """An old member (node 1, leaving in the merge) dies while node 0 loads its layers: the
+    merge fails, the pipeline fails with it, and its requests move to the local instance on
+    node 2, which re-runs them from their tokens (token-exact, none lost)."""
+    cluster = make_cluster(3, preload_engine=True, remote_gbps=0.05)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    L = manifest.arch.num_layers
+    head, tail = blocks_of_stage(manifest, 0, 2), blocks_of_stage(manifest, 2, L)
+
+    async def run():
+        loads = {0: head, 1: tail, 2: list(range(manifest.num_blocks))}
+        stages = [(0, 0, 2), (1, 2, L)]
+        async with _serving(cluster, manifest, loads, stages, params) as live:
+            client, server, pipe, reqs = live
+            local = LocalEndpoint(client, 2, MODEL, "local-2")
+            await local.open()
+            await server.add_endpoint(local)
+            task = asyncio.ensure_future(refactor_pipeline(pipe, [(0, 0, L)], _loader(client)))
+            await asyncio.sleep(0.15)
+            assert not task.done()  # node 0 still loads the tail's blocks
+            at_kill = [len(r.output_token_ids) for r in reqs]
+            await asyncio.to_thread(cluster.kill, 1)
+            error = None
+            try:
+                await task
+            except Exception as e:  # the merge fails with its member
+                error = e
+            await server.wait_all(60)
+            return reqs, error, pipe, at_kill
+
+    reqs, error, pipe, at_kill = asyncio.run(run())
+    assert error is not None
+    assert pipe.failed and pipe.version == 0
+    assert all(0 < n < MAX_TOKENS for n in at_kill), at_kill
+    assert all(r.hops[0] == "fp" and r.hops[-1] == "local-2" for r in reqs), [r.hops for r in reqs]
     check_against_reference(tiny_hf, reqs, MAX_TOKENS)
