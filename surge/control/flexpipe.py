@@ -30,7 +30,6 @@ from surge.control.state import Deployment, Instance
 from surge.events import NO_BUS, EventBus, Refactor
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_system import (
-    FlexPipeSettings,
     arrivals_in_window,
     choose_num_stages,
     choose_stages,
@@ -101,8 +100,6 @@ class FlexPipeControl:
         """The dashboard's stream: each completed refactoring (`Refactor`)."""
         self.live_nodes, self.free_slots_of = live_nodes, free_slots_of
         self.link_gbps = link_gbps or DEFAULT_FETCH_GBPS
-        self.settings = FlexPipeSettings()
-        """The policy's knobs (tests shorten the window and the interval)."""
 
     async def tick(self, dep: Deployment, now_s: float) -> None:
         if not is_flexpipe(dep):
@@ -111,17 +108,18 @@ class FlexPipeControl:
             dep.flexpipe = FlexPipeRecord()
         rec = dep.flexpipe
         await self._reap(dep, rec)
-        if now_s - rec.last_decision_s < self.settings.decision_interval_s:
+        system = serve_system(dep.spec.strategy)
+        settings = system.flexpipe
+        if now_s - rec.last_decision_s < settings.decision_interval_s:
             return
         rec.last_decision_s = now_s
         pipes = [
             e for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline) and not e.failed
         ]
-        system = serve_system(dep.spec.strategy)
         profile = layer_profile(dep.manifest, system, pipes[0] if pipes else None)
-        arrivals = arrivals_in_window(tuple(dep.server.arrivals), now_s, self.settings)
+        arrivals = arrivals_in_window(tuple(dep.server.arrivals), now_s, settings)
         rec.cv = cv_of_arrivals(arrivals)
-        rec.num_stages, rec.state = choose_num_stages(arrivals, profile, rec.state, self.settings)
+        rec.num_stages, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)
         for pipe in pipes:
             if pipe.refactoring or len(pipe.stages) == rec.num_stages:
                 continue
@@ -139,7 +137,7 @@ class FlexPipeControl:
                 rec.cv,
                 self.link_gbps,
                 2 * dep.manifest.total_bytes,
-                self.settings,
+                settings,
             )
             if choice is None:
                 continue

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.flexpipe_system import FlexPipeSettings
 from surge.policy.pd import PdSettings
 
 LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
@@ -113,6 +114,10 @@ class SystemConfig:
         )
     )
     """Autoscaler settings of decode pools under P/D (decode holds requests longer)."""
+    flexpipe: FlexPipeSettings = field(default_factory=FlexPipeSettings)
+    """FlexPipe's granularity knobs (CV window, decision interval, stage counts; read when
+    `group_sizing` is `flexpipe`): the runtime's scale-out, the controller's granularity
+    loop and the simulator all read these, so they decide alike."""
 
     def __post_init__(self) -> None:
         checks = (

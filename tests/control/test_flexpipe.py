@@ -9,12 +9,14 @@ A static pipeline (no split, or no merge) fails this test.
 """
 
 import asyncio
+from dataclasses import replace
 
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.events import Refactor
 from surge.model.tokenizer import load_tokenizer
 from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.policy.systems import SYSTEMS
 from surge.runtime.refactor import FlexPipeline
 from tests.control.test_strategies import PROMPTS, _check, _cluster, _deploy, _until
 
@@ -40,7 +42,13 @@ def _stage_counts(dep) -> list[int]:
     return [len(e.stages) for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)]
 
 
-def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, reference) -> None:
+def test_burst_splits_and_quiet_merges_live_pipeline(
+    tmp_path, tiny_store_dir, reference, monkeypatch
+) -> None:
+    # A short window and interval so the test takes seconds (defaults: 30 s, 1 s); the
+    # controller reads them from the system, as the runtime's scale-out does.
+    fast = FlexPipeSettings(cv_window_s=2.0, decision_interval_s=0.2)
+    monkeypatch.setitem(SYSTEMS, "flexpipe", replace(SYSTEMS["flexpipe"], flexpipe=fast))
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
     cluster = _cluster(state, num_nodes=2)
@@ -52,10 +60,6 @@ def test_burst_splits_and_quiet_merges_live_pipeline(tmp_path, tiny_store_dir, r
         )
         await ctl.start()
         seen = ctl.events.subscribe()  # what the dashboard would draw
-        # A short window and interval so the test takes seconds (defaults: 30 s, 1 s).
-        ctl._w.autoscaler.flexpipe.settings = FlexPipeSettings(
-            cv_window_s=2.0, decision_interval_s=0.2
-        )
         try:
             scaling = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 100}
             dep = await _deploy(ctl, tiny_store_dir, "flexpipe", scaling)

@@ -25,7 +25,6 @@ from surge.model.manifest import Manifest
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
-    FlexPipeSettings,
     LayerProfile,
     StageChoice,
     arrivals_in_window,
@@ -44,8 +43,6 @@ log = logging.getLogger(__name__)
 
 PROFILE_TOKENS = 32
 """Prompt tokens of a profiling prefill (and of the activation the partition charges)."""
-SETTINGS = FlexPipeSettings()
-"""The runtime's FlexPipe settings (the controller may be given others)."""
 
 
 def layer_profile(
@@ -96,8 +93,9 @@ async def profile_stages(pipe: FlexPipeline) -> None:
 
 def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
     profile = layer_profile(ctx.manifest, ctx.system, None)
-    arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), SETTINGS)
-    eta, _ = choose_num_stages(arrivals, profile, GranularityState(), SETTINGS)
+    settings = ctx.system.flexpipe
+    arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), settings)
+    eta, _ = choose_num_stages(arrivals, profile, GranularityState(), settings)
     choice = choose_stages(
         profile,
         eta,
@@ -106,7 +104,7 @@ def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
         cv_of_arrivals(arrivals),
         ctx.fetch_gbps,
         2 * ctx.manifest.total_bytes,
-        SETTINGS,
+        settings,
     )
     assert choice is not None  # one stage on the destination always fits
     return choice
