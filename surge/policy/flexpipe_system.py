@@ -5,6 +5,8 @@ arrival times, free slots (GPUs) and a `FlexPipeSettings`. Out:
 - `choose_num_stages`: the number of stages from the arrivals' CV (§6.1 Eq. 4, through
   `flexpipe_granularity.update_granularity`, state passed in and returned), over
   candidates whose throughput and latency come from the layer profile;
+- `scale_out_num_stages`: the stages of a NEW instance (§7 Eq. 11/12): finer when the
+  queue is long and the traffic bursty, and fine enough to meet the TTFT deadline;
 - `stage_layers`: the layers of each stage (§5 Eq. 2, `flexpipe_partition.partition_model`);
 - `place_stages`: the slot of each stage (§6.2 Eq. 6, `flexpipe_placement.allocate_slots`);
 - `refactor`: the layer moves and KV copies that turn the running stages into the chosen
@@ -18,13 +20,15 @@ micro-batch step per stage step (each stage runs 1/η of the layers, plus one ho
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
 from surge.policy.flexpipe_granularity import (
     GranularityCandidate,
     GranularitySettings,
     GranularityState,
+    ScalingSettings,
+    choose_scaling_granularity,
     cv_of_arrivals,
     update_granularity,
 )
@@ -59,6 +63,13 @@ class FlexPipeSettings:
     decision_interval_s: float = 1.0
     """How often the granularity controller takes a CV sample and decides (§6.1 Alg. 1's
     interval; the smoothing in `granularity` counts these samples)."""
+    scaling: ScalingSettings = field(
+        default_factory=lambda: ScalingSettings(max_granularity=8, sigmoid_offset=7.0)
+    )
+    """Eq. 11/12's constants (§7): the granularity of a new instance under a queue.
+    `max_granularity` beyond the largest of `stage_counts` is clipped to it. Ours: β =
+    G_max − 1, so a steady model with no queue scales out as one coarse stage (m = 1 at
+    cv·q̂ = 0) and m reaches G_max/2 near cv·q̂ = 1 (γ = 2)."""
 
     def __post_init__(self) -> None:
         if not self.stage_counts or len(self.stage_counts) != len(self.cv_targets):
@@ -124,6 +135,41 @@ def choose_num_stages(
     new = update_granularity(cands, state, cv_of_arrivals(arrival_times_s), settings.granularity)
     assert new.current is not None
     return cands[new.current].num_stages, new
+
+
+def scale_out_num_stages(
+    arrival_times_s: Sequence[float],
+    queue_length: int,
+    profile: LayerProfile,
+    deadline_s: float,
+    model_load_s: float,
+    settings: FlexPipeSettings,
+) -> int:
+    """§7: stages of a new instance. Eq. 11 gives m from the arrivals' CV times the
+    normalised queue; Eq. 12 raises m until (T − S(m)) Σ_k μ_k covers the queue within the
+    TTFT deadline T, where S(m) = `model_load_s` / m (each of m stages loads 1/m of the
+    model in parallel, §7) and each stage adds μ = 1 / (one whole-model prefill) requests/s
+    (a pipeline of m stages keeps m micro-batches in flight). Eq. 12's r_j is read as one
+    request per queued one (Σμ (T − S) >= Q). The result is rounded up to a granularity of
+    `stage_counts` (the ones the refactoring moves between) and is never coarser than Eq.
+    4's choice for the same arrivals with a fresh state."""
+    eq4, _ = choose_num_stages(arrival_times_s, profile, GranularityState(), settings)
+    finest = min(max(settings.stage_counts), profile.num_layers)
+    scaling = settings.scaling
+    if scaling.max_granularity > finest:
+        scaling = replace(scaling, max_granularity=finest)
+    decision = choose_scaling_granularity(
+        cv=cv_of_arrivals(arrival_times_s),
+        queue_length=queue_length,
+        deadline_s=deadline_s,
+        fixed_init_s=0.0,
+        model_load_s=model_load_s,
+        stage_throughput_rps=1.0 / max(profile.num_layers * profile.prefill_s, 1e-9),
+        num_requests=1,
+        settings=scaling,
+    )
+    wanted = max(eq4, decision.num_stages)
+    return min((c for c in settings.stage_counts if c >= wanted), default=finest)
 
 
 def stage_layers(

@@ -14,6 +14,7 @@ from surge.policy.flexpipe_system import (
     choose_stages,
     place_stages,
     refactor,
+    scale_out_num_stages,
     stage_layers,
 )
 
@@ -95,3 +96,25 @@ def test_choose_stages_falls_back_to_a_coarser_granularity_without_free_slots():
     got = choose_stages(PROFILE, 8, (3,), one_free, 4.0, 100.0, 10_000, SETTINGS)
     assert got is not None and got.num_stages == 2 and got.slots == (3, 7)
     assert choose_stages(PROFILE, 4, (3,), [], 4.0, 100.0, 10_000, SETTINGS).num_stages == 1
+
+
+def test_scale_out_goes_finer_with_a_bursty_queue_and_a_tight_deadline():
+    """§7 Eq. 11/12: a steady model with no queue scales out as one stage; the same arrivals
+    with a long queue and bursty traffic get more stages; a deadline the coarse start
+    cannot meet (loading takes longer than the TTFT SLO) forces finer stages even when
+    Eq. 11 alone says coarse."""
+    steady = [i * 1.0 for i in range(30)]
+    bursty = [0.0] * 15 + [20.0] * 15 + [29.0]
+    calm = scale_out_num_stages(steady, 0, PROFILE, 5.0, 0.5, SETTINGS)
+    assert calm == 1
+    rushed = scale_out_num_stages(bursty, 64, PROFILE, 5.0, 0.5, SETTINGS)
+    assert rushed > calm and rushed in SETTINGS.stage_counts
+    # Loading the whole model takes 6 s, the deadline is 5 s: one stage cannot start in
+    # time; 2 stages load 3 s each and serve the queued request within the deadline.
+    slow_load = scale_out_num_stages(steady, 1, PROFILE, 5.0, 6.0, SETTINGS)
+    assert slow_load == 2
+    # Never coarser than Eq. 4 for the same arrivals, never finer than the layers allow.
+    eq4, _ = choose_num_stages(bursty, PROFILE, GranularityState(), SETTINGS)
+    assert scale_out_num_stages(bursty, 0, PROFILE, 5.0, 0.5, SETTINGS) >= eq4
+    few = LayerProfile(2, 0.01, 0.002, 100, 10, 0.001)
+    assert scale_out_num_stages(bursty, 64, few, 0.1, 60.0, SETTINGS) == 2

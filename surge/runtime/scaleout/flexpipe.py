@@ -2,9 +2,11 @@
 
 In: the context (destinations, spare nodes with a free slot and their own tiers, the
 system, the server's arrivals). For each destination, one `FlexPipeline`:
-- the stage count from the arrivals' CV over the last `cv_window_s` (§6.1 Eq. 4,
-  `flexpipe_system.choose_num_stages`, a fresh controller state: the controller's
-  granularity loop, `control/flexpipe.py`, owns it from then on);
+- the stage count of a new instance (§7 Eq. 11/12, `flexpipe_system.scale_out_num_stages`:
+  the arrivals' CV over the last `cv_window_s` times the queue length, fine enough that
+  the queue is served within the TTFT SLO when the model loads at `fetch_gbps` split over
+  the stages; never coarser than Eq. 4's choice); the controller's granularity loop,
+  `control/flexpipe.py`, owns the shape from then on;
 - layers (§5 Eq. 2) and nodes (§6.2 Eq. 6) by `flexpipe_system.choose_stages`: the
   destination runs the first stage, spares (booked with `hooks.book`) the others;
 - the members load their stages' blocks from their own tier in parallel (§7: new
@@ -22,14 +24,14 @@ import logging
 import time
 
 from surge.model.manifest import Manifest
-from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe_granularity import cv_of_arrivals
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
     LayerProfile,
     StageChoice,
     arrivals_in_window,
-    choose_num_stages,
     choose_stages,
+    scale_out_num_stages,
 )
 from surge.policy.startup import StartupPlan
 from surge.policy.systems import SystemConfig
@@ -95,7 +97,10 @@ def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
     profile = layer_profile(ctx.manifest, ctx.system, None)
     settings = ctx.system.flexpipe
     arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), settings)
-    eta, _ = choose_num_stages(arrivals, profile, GranularityState(), settings)
+    load_s = ctx.manifest.total_bytes * 8 / (ctx.fetch_gbps * 1e9)
+    eta = scale_out_num_stages(
+        arrivals, len(ctx.server.queue), profile, ctx.ttft_slo_s, load_s, settings
+    )
     choice = choose_stages(
         profile,
         eta,
