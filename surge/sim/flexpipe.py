@@ -13,7 +13,6 @@ from surge.errors import SurgeError
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
-    FlexPipeSettings,
     LayerProfile,
     arrivals_in_window,
     choose_num_stages,
@@ -44,7 +43,7 @@ class FlexPipe:
         self.world = world
         self.gpus = gpus
         flexpipe = world.system.group_sizing == "flexpipe"
-        self.settings = FlexPipeSettings() if flexpipe else None
+        self.settings = world.system.flexpipe if flexpipe else None
         self.states: dict[int, GranularityState] = {}
         """Per pool: the granularity controller's state."""
         self.spans: dict[int, Spans] = {}
