@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
+from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import (
     GranularityCandidate,
     GranularitySettings,
@@ -228,6 +229,15 @@ def refactor(
         [StageSpan(s, a, b) for s, (a, b) in target],
         [RunningRequest(r, n) for r, n in valid_tokens],
     )
+
+
+def pipeline_autoscale(base: AutoscaleSettings, num_stages: float) -> AutoscaleSettings:
+    """The autoscaler's settings for pipelines of `num_stages` stages (their mean): a
+    pipeline of η stages with η micro-batches in flight serves the sum of its stages'
+    throughputs (§7 Eq. 12, Σ_k μ_jk), so it takes η times an instance's target of
+    ongoing requests; counted as one instance it would be scaled out η times too often."""
+    target = base.target_ongoing_requests * max(1.0, num_stages)
+    return replace(base, target_ongoing_requests=target)
 
 
 def arrivals_in_window(

@@ -47,12 +47,11 @@ class SystemConfig:
     """k: most GPU copies a multicast sends from (λScale k-way, §4.2)."""
     serve_while_loading: str = "none"
     """`none` (load-then-serve), `pipelines` (λScale execution pipelines §4.3), `live`
-    (BlitzScale §4 cooperative execution: a target serves at `live_speed` once
-    `live_start_fraction` of its blocks are in, at full speed once complete)."""
+    (BlitzScale §4, §5.2 layer-level cooperative execution: once `live_start_fraction` of
+    its blocks are in, a target runs the first layers of queued batches and an
+    overloaded instance the rest, on the zigzag schedule; alone once complete)."""
     live_start_fraction: float = 0.5
     """Fraction of blocks after which a `live` target starts serving."""
-    live_speed: float = 0.5
-    """Relative speed of a `live` target before it holds every block."""
     group_setup_s: float = 0.0
     """Fixed cost before each multicast (NCCL group creation: 100 ms per BlitzScale §5;
     λScale §7.2 says up to hundreds of ms)."""
@@ -133,8 +132,8 @@ class SystemConfig:
                 raise SurgeError(f"system {self.name}: {name} must be one of {allowed}")
         if self.num_blocks < 1 or self.max_sources < 1 or self.pipeline_size < 1:
             raise SurgeError(f"system {self.name}: blocks, sources, pipeline size must be >= 1")
-        if not 0 < self.live_start_fraction <= 1 or not 0 < self.live_speed <= 1:
-            raise SurgeError(f"system {self.name}: live fraction and speed must be in (0, 1]")
+        if not 0 < self.live_start_fraction <= 1:
+            raise SurgeError(f"system {self.name}: live_start_fraction must be in (0, 1]")
         if not self.decision_interval_s > 0:
             raise SurgeError(f"system {self.name}: decision_interval_s must be > 0")
         if min(self.group_setup_s, self.stage_hop_s, self.init_s) < 0:
@@ -168,6 +167,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         multicast_strategy="chain",
         max_sources=4,
         serve_while_loading="live",
+        live_start_fraction=1 / 16,  # §4: live once the first block (layers) has landed
         host_sources_when_hot=False,
         host_cache="pinned-one",
         pd_disaggregation=True,

@@ -38,6 +38,16 @@ class CostModel:
         n = self.num_layers if layers is None else layers
         return n * (self.prefill_fixed_s + self.prefill_per_token_s * tokens)
 
+    def prefill_parts_s(self, parts: list[tuple[int, int]]) -> float:
+        """Seconds of one prefill step whose requests run different numbers of layers:
+        `parts` is (tokens, layers) per request (BlitzScale live scaling leaves a request
+        only its last layers); the fixed cost is paid once per layer any request runs.
+        With every request at `num_layers` this is `prefill_s` of the total tokens."""
+        layers = max(n for _, n in parts)
+        return layers * self.prefill_fixed_s + self.prefill_per_token_s * sum(
+            t * n for t, n in parts
+        )
+
     def decode_s(self, batch: int, layers: int | None = None) -> float:
         """Seconds of one decode step of `batch` sequences through `layers`."""
         n = self.num_layers if layers is None else layers

@@ -10,12 +10,14 @@ group keeps serving, then it runs with the new stages and the freed GPUs go back
 """
 
 from surge.errors import SurgeError
+from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
     LayerProfile,
     arrivals_in_window,
     choose_num_stages,
+    pipeline_autoscale,
     place_stages,
     refactor,
     stage_layers,
@@ -139,9 +141,24 @@ class FlexPipe:
         spans = tuple(zip(gpus, bounds, strict=True))
         return [(g,) for g in gpus], self._stage_bytes(pool.model, bounds), spans
 
+    def autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
+        """The autoscaler's settings for `pool`: per group, η times the instance target
+        (`policy.flexpipe_system.pipeline_autoscale`, η the mean of its groups)."""
+        stages = [len(self.spans[i.id]) for i in pool.instances if i.id in self.spans]
+        if not self.enabled or not stages:
+            return base
+        return pipeline_autoscale(base, sum(stages) / len(stages))
+
     def register(self, inst: Instance, spans: Spans) -> None:
-        """`inst` serves with `spans`."""
+        """`inst` serves with `spans`: one micro-batch in flight per stage."""
         self.spans[inst.id] = spans
+        self._pipeline(inst, len(spans))
+
+    def _pipeline(self, inst: Instance, num_stages: int) -> None:
+        """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum
+        of its stages' throughputs): η times the batch limit, each step one micro-batch."""
+        inst.max_batch = self.world.settings.max_batch * num_stages
+        inst.set_micro_batches(num_stages)
 
     def retune(self, pool: Pool) -> None:
         """One granularity decision (at most every `decision_interval_s`, as in the
@@ -214,6 +231,7 @@ class FlexPipe:
             machine = world.state.machine_of_gpu[target[0][0]].index
             inst.placement = Placement(tuple((g,) for g, _ in target), machine)
             inst.set_hop((len(target) - 1) * world.system.stage_hop_s)
+            self._pipeline(inst, len(target))
             self.spans[inst.id] = target
             direction = "split" if len(target) > len(spans) else "merge"
             self.num_refactors[direction] += 1

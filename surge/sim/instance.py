@@ -66,6 +66,7 @@ class Instance:
 
     __slots__ = (
         "_event",
+        "_prefill_extra_s",
         "_prefill_left_s",
         "_prefill_rate",
         "cost",
@@ -78,6 +79,7 @@ class Instance:
         "loop",
         "max_batch",
         "max_prefill_tokens",
+        "micro_batches",
         "on_busy",
         "on_done",
         "on_prefilled",
@@ -143,7 +145,11 @@ class Instance:
         self.on_busy: Callable[[Instance], None] | None = None
         """Called when the instance turns busy or idle (compute sharing)."""
         self._prefill_left_s = 0.0
+        self._prefill_extra_s = 0.0
         self._prefill_rate = 1.0
+        self.micro_batches = 1
+        """Micro-batches in flight through its stages (FlexPipe pipelines: one per stage,
+        `set_micro_batches`); 1: the whole batch steps through every layer at once."""
         self.placement = placement
         """Its GPUs."""
         self.pool_key = pool_key
@@ -189,6 +195,30 @@ class Instance:
         if self.phase != PREFILL:
             self._advance()
 
+    def submit_many(self, reqs: list[SimRequest]) -> None:
+        """Take several requests at once (one live-scaled batch: admitted together)."""
+        if not reqs:
+            return
+        self.idle_since_s = None
+        self.waiting.extend(reqs)
+        if self.phase != PREFILL:
+            self._advance()
+
+    def take_waiting(self, count: int) -> list[SimRequest]:
+        """Up to `count` waiting requests that have not started anywhere, oldest first."""
+        taken = [r for r in self.waiting if r.skip_layers == 0 and r.generated == 0][:count]
+        self.remove_waiting({r.id for r in taken})
+        return taken
+
+    def remove_waiting(self, ids: set[int]) -> None:
+        """Drop the waiting requests whose id is in `ids` (another instance runs them)."""
+        if any(r.id in ids for r in self.waiting):
+            kept = [r for r in self.waiting if r.id not in ids]
+            self.waiting.clear()
+            self.waiting.extend(kept)
+            if self.outstanding == 0 and self.idle_since_s is None:
+                self.idle_since_s = self.loop.now_s
+
     @property
     def busy(self) -> bool:
         """Whether a prefill or decode step is under way."""
@@ -201,6 +231,15 @@ class Instance:
     def set_hop(self, hop_s: float) -> None:
         """Change the per-step activation hop (a pipeline's stages changed)."""
         self._rate_change(lambda: setattr(self, "hop_s", hop_s))
+
+    def set_micro_batches(self, count: int) -> None:
+        """Pipeline `count` micro-batches through its stages (FlexPipe §7 Eq. 12: a
+        pipeline's throughput is the sum of its stages'). Each decode step then runs a
+        micro-batch of ⌈running / count⌉ sequences through 1/count of the layers per
+        stage, the stages in parallel: every sequence advances one token per
+        decode_s(⌈running / count⌉) + hops; a prefill holds the pipeline for 1/count of
+        its compute (the first stage), its first token comes after all of it."""
+        self._rate_change(lambda: setattr(self, "micro_batches", max(1, count)))
 
     def set_share(self, share: float) -> None:
         """Change the fraction of a compute unit this instance gets (0 < share <= 1)."""
@@ -255,7 +294,8 @@ class Instance:
         self.v_time_s = now
 
     def _decode_step_s(self) -> float:
-        return self.cost.decode_s(len(self.running)) / (self.speed * self.share) + self.hop_s
+        batch = -(-len(self.running) // self.micro_batches)  # one micro-batch
+        return self.cost.decode_s(batch) / (self.speed * self.share) + self.hop_s
 
     def _schedule_prefill(self) -> None:
         self._prefill_rate = self.speed * self.share
@@ -309,12 +349,12 @@ class Instance:
                 self._event.cancel()
                 self._event = None
             self.prefilling = batch
-            tokens = sum(r.prefill_tokens for r in batch)
             # Work in seconds at rate 1, hop included at the current rate (after a
             # rate change the hop scales too: one number for compute + hop).
-            self._prefill_left_s = self.cost.prefill_s(tokens) + self.hop_s * (
-                self.speed * self.share
-            )
+            work_s = self._prefill_work_s(batch)
+            held_s = work_s / self.micro_batches  # the first stage's share (pipelined)
+            self._prefill_left_s = held_s + self.hop_s * (self.speed * self.share)
+            self._prefill_extra_s = (work_s - held_s) / (self.speed * self.share)
             self._set_phase(PREFILL)
             self._schedule_prefill()
             return
@@ -329,6 +369,13 @@ class Instance:
             if not self.waiting and self.idle_since_s is None:
                 self.idle_since_s = self.loop.now_s
 
+    def _prefill_work_s(self, batch: list[SimRequest]) -> float:
+        """Compute of one prefill step; a live-scaled request runs only its last layers."""
+        if all(r.skip_layers == 0 for r in batch):
+            return self.cost.prefill_s(sum(r.prefill_tokens for r in batch))
+        n = self.cost.num_layers
+        return self.cost.prefill_parts_s([(r.prefill_tokens, n - r.skip_layers) for r in batch])
+
     def _join(self, req: SimRequest) -> None:
         left = req.output_tokens - req.generated
         if left <= 0:
@@ -337,7 +384,7 @@ class Instance:
         heapq.heappush(self.running, (self.v + left, req.id, req))
 
     def _finish(self, req: SimRequest) -> None:
-        req.done_s = self.loop.now_s
+        req.done_s = max(self.loop.now_s, req.first_token_s)
         req.generated = req.output_tokens
         self.kv_tokens -= req.context_tokens
         self.tokens_done += req.output_tokens
@@ -349,8 +396,10 @@ class Instance:
         batch, self.prefilling = self.prefilling, []
         for req in batch:
             req.recompute = False
+            req.skip_layers = 0
             if req.first_token_s < 0:
-                req.first_token_s = self.loop.now_s
+                # the later stages' share of a pipelined prefill (0 when not pipelined)
+                req.first_token_s = self.loop.now_s + self._prefill_extra_s
                 req.generated = 1
             if self.role == "prefill":
                 self.kv_tokens -= req.context_tokens

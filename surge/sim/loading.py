@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from surge.events import BlockLanded, InstanceUp, ModeSwitch, PipelineOpened, PipelineRetired
+from surge.events import BlockLanded, InstanceUp, PipelineOpened, PipelineRetired
 from surge.policy.cluster import Cluster
 from surge.policy.loading import (
     GoLive,
@@ -37,6 +37,7 @@ from surge.sim.fetch import fetch
 from surge.sim.flows import Link
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance, Placement
+from surge.sim.live_scaling import LiveScaling
 from surge.sim.multicast_run import MulticastRun
 from surge.sim.pools import Pool, Requests
 from surge.sim.world import HOST_NODE, World
@@ -70,6 +71,8 @@ class Loader:
         """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
         self.staging: dict[int, list[Instance]] = {}
         """Per model: instances waiting for a cold leader's host copy."""
+        self.live = LiveScaling(world, requests)
+        """BlitzScale live targets (`serve_while_loading="live"`)."""
         self.staged: set[tuple[int, int]] = set()
         """(machine, model) whose host copy a cold leader brought in (counts as a host
         copy even where the cache policy did not keep it)."""
@@ -83,13 +86,13 @@ class Loader:
                 return
             inst.serving = True
             inst.loaded = True
-            inst.set_speed(1.0)
             inst.idle_since_s = self.world.loop.now_s if inst.outstanding == 0 else None
             name = self.world.models[pool.model].name
             self.world.publish(
                 InstanceUp, model=name, node=inst.machine, name=f"{name}-m{inst.machine}"
             )
             self.requests.drain(pool)
+            self.live.redistribute(pool, inst)
 
         if delay_s > 0:
             self.world.loop.schedule(
@@ -268,12 +271,28 @@ class Loader:
         opened: dict[int, Instance] = {}
         # Plan node -> instance (None for a host source; actions name receivers only).
         plan_nodes = [gpu_nodes.get(v) for v in nodes]
+        started_s = world.loop.now_s
+        num_layers = slot.profile.num_layers
+
+        def held_layers(node: int) -> int:
+            """Layers 0..n-1 plan node `node` can run: its longest block prefix (as
+            `runtime/scaleout/context.held_layers`)."""
+            k, held = 0, loading.held[node]
+            while k in held:
+                k += 1
+            return k * num_layers // blocks
 
         def on_arrival(node: int, block: int) -> None:
             if world.timeline is not None and plan_nodes[node] is not None:
                 where = plan_nodes[node].machine  # type: ignore[union-attr]
                 world.publish(BlockLanded, model=slot.name, node=where, block=block, tier="gpu")
             for action in loading.arrive(node, block):
+                if isinstance(action, GoLive):
+                    inst = plan_nodes[action.node]
+                    assert inst is not None, "loading actions name receivers"
+                    held = functools.partial(held_layers, action.node)
+                    self.live.go_live(pool, inst, held, started_s)
+                    continue
                 self._carry_out(pool, action, plan_nodes, opened)
 
         def on_finished() -> None:
@@ -304,14 +323,13 @@ class Loader:
         plan_nodes: list[Instance | None],
         opened: dict[int, Instance],
     ) -> None:
-        """One `surge.policy.loading` action."""
+        """One `surge.policy.loading` action (`GoLive` goes to `self.live`)."""
 
         def node(v: int) -> Instance:
             inst = plan_nodes[v]
             assert inst is not None, "loading actions name receivers, never host sources"
             return inst
 
-        sys = self.world.system
         if isinstance(action, OpenPipeline):
             members = [node(v) for v in action.pipeline.nodes]
             if any(m.released for m in members):
@@ -332,15 +350,8 @@ class Loader:
                 name = self.world.models[pool.model].name
                 self.world.publish(PipelineRetired, model=name, name=f"{name}-pipe{ep.id}")
                 self.requests.requeue(pool, ep.drain())
-        elif isinstance(action, GoLive):
-            inst = node(action.node)
-            if not inst.released and not inst.serving:
-                inst.serving = True
-                inst.set_speed(sys.live_speed)
-                name = self.world.models[pool.model].name
-                self.world.publish(ModeSwitch, model=name, node=inst.machine, mode="live")
-                self.requests.drain(pool)
         elif isinstance(action, GoLocal):
+            self.live.go_local(node(action.node))
             self._fan_out(pool, node(action.node))
 
     def _publish_pipeline(self, pool: Pool, action: OpenPipeline, members: list, tag: str) -> None:

@@ -19,6 +19,7 @@ class SimRequest:
         "model",
         "output_tokens",
         "recompute",
+        "skip_layers",
     )
 
     def __init__(self, rid: int, model: int, arrival_s: float, inp: int, out: int) -> None:
@@ -34,6 +35,9 @@ class SimRequest:
         """GPU holding its KV cache after a disaggregated prefill (-1: none)."""
         self.recompute = False
         """True when it must rebuild its KV cache (prompt + generated) before decoding."""
+        self.skip_layers = 0
+        """First layers of its next prefill already run on another instance (BlitzScale
+        live scaling, §4): the prefill here runs only the rest."""
 
     @property
     def prefill_tokens(self) -> int:

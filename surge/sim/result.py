@@ -53,3 +53,5 @@ class SimResult:
     """Wall-clock seconds of the run."""
     cache_lifetimes_s: list[float] = field(default_factory=list)
     """How long each evicted host-cache entry stayed (λScale Fig. 2)."""
+    live_batches: list = field(default_factory=list)
+    """BlitzScale live scaling: one `sim.live_scaling.LiveRecord` per cooperative batch."""

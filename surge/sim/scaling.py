@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 
 from surge.events import InstanceDrained, ScaleOutStarted
-from surge.policy.autoscale import InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
@@ -114,10 +114,13 @@ class Scaler:
         start_groups: Callable[[Pool, int], int],
         ready: Callable[[Pool, Instance, float], None],
         on_decide: Callable[[Pool], None] = lambda pool: None,
+        adjust: Callable[[Pool, AutoscaleSettings], AutoscaleSettings] = lambda p, s: s,
     ) -> None:
         self.world = world
         self.on_decide = on_decide
         """Called at every decision (FlexPipe's granularity controller runs then)."""
+        self.adjust = adjust
+        """The pool's autoscaler settings from the system's (FlexPipe: per pipeline)."""
         self.pools = pools
         self.requests = requests
         self.gpus = gpus
@@ -161,6 +164,7 @@ class Scaler:
         """One `surge.policy.autoscale.decide` call for `pool`, carried out."""
         sys, now = self.world.system, self.world.loop.now_s
         settings = sys.decode_autoscale if pool.role == "decode" else sys.autoscale
+        settings = self.adjust(pool, settings)
         decision = decide(pool_load(pool, now), settings, pool.autoscale_state)
         pool.autoscale_state = decision.state
         if decision.wake_at_s is not None and decision.wake_at_s > now:

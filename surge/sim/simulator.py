@@ -194,6 +194,7 @@ class Simulation:
             self.groups.start,
             self.loader.ready,
             self.flexpipe.retune,
+            self.flexpipe.autoscale_settings,
         )
 
     def _num_blocks(self, model: int, num_nodes: int, num_sources: int) -> int:
