@@ -38,6 +38,18 @@ def run(
     preload_engine: Annotated[
         bool, typer.Option(help="Import the engine before announcing readiness.")
     ] = True,
+    pace_links: Annotated[
+        bool, typer.Option(help="Pace the NIC caps here (off: the kernel shapes them).")
+    ] = True,
+    host_group: Annotated[
+        str | None, typer.Option(help="Name of the machine this agent shares with others.")
+    ] = None,
+    host_mates: Annotated[
+        str, typer.Option(help="Node ids of the other agents of the host group, comma-separated.")
+    ] = "",
+    host_gbps: Annotated[
+        float | None, typer.Option(help="Fast link between host mates, Gbit/s (unset: unpaced).")
+    ] = None,
     fault_corrupt_sends: Annotated[int, typer.Option(hidden=True)] = 0,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
 ) -> None:
@@ -48,9 +60,14 @@ def run(
     token = os.environ.get("SURGE_TOKEN")
     if not token:
         raise SurgeError("set SURGE_TOKEN to the cluster's shared token before starting an agent")
-    for name, v in (("egress", egress_gbps), ("ingress", ingress_gbps), ("remote", remote_gbps)):
+    caps = (("egress", egress_gbps), ("ingress", ingress_gbps), ("remote", remote_gbps))
+    for name, v in (*caps, ("host", host_gbps)):
         if v is not None and v <= 0:
             raise SurgeError(f"--{name}-gbps must be > 0 (got {v})")
+    try:
+        mates = tuple(int(m) for m in host_mates.split(",") if m.strip())
+    except ValueError:
+        raise SurgeError(f"--host-mates must be node ids like 1,2 (got {host_mates!r})") from None
     logging.getLogger().setLevel(log_level.upper())
     config = AgentConfig(
         node=node,
@@ -65,6 +82,10 @@ def run(
         remote_gbps=remote_gbps,
         engine=EngineConfig(max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens).validate(),
         preload_engine=preload_engine,
+        pace_links=pace_links,
+        host_group=host_group,
+        host_mates=mates,
+        host_gbps=host_gbps,
         fault_corrupt_sends=fault_corrupt_sends,
     )
     asyncio.run(run_agent(config))

@@ -20,7 +20,7 @@ from surge.config import EngineConfig
 from surge.control.copies import Copies
 from surge.control.flexpipe import FlexPipeControl
 from surge.control.metrics import Metrics
-from surge.control.pd import PdControl
+from surge.control.pd import PdControl, egress_traffic
 from surge.control.pool import ParameterPool
 from surge.control.scaleouts import (
     ScaleOutOffer,
@@ -41,6 +41,7 @@ from surge.events import (
 )
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.placement import MachineView, PlacementRequest, place
+from surge.policy.topology import NodeLinks
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 
@@ -83,6 +84,7 @@ class Autoscaler:
         live_nodes: Callable[[], list[int]],
         load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None,
         events: EventBus = NO_BUS,
+        links: dict[int, NodeLinks] | None = None,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
         self.config, self.engine, self.deployments = config, engine, deployments
@@ -99,6 +101,8 @@ class Autoscaler:
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
         self.pd = PdControl(metrics, engine, events)
+        self.links = links if links is not None else {}
+        """Each agent's reported links (the multicast planner's topology)."""
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""
@@ -261,6 +265,8 @@ class Autoscaler:
             link_gbps=self.config.link_gbps,
             sending=lambda nodes, delta: self._sending(dep, nodes, delta),
             events=self.events,
+            links=self.links,
+            traffic=lambda: egress_traffic(self.deployments.values()),
         )
 
     @staticmethod

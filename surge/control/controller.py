@@ -42,8 +42,9 @@ from surge.engine.sampling import SamplingParams
 from surge.errors import NotFound, SurgeError
 from surge.events import BlockLanded, DeploymentGone, EventBus, TimelineEvent
 from surge.policy.admission import check_min_replicas
+from surge.policy.topology import NodeLinks
 from surge.runtime.client import ClusterClient
-from surge.runtime.protocol import AgentDown, BlockArrived, Event, SetPeersOp
+from surge.runtime.protocol import AgentDown, BlockArrived, Event, LinkReport, SetPeersOp
 
 __all__ = ["Controller", "ControllerConfig", "Deployment", "TrackedRequest"]
 
@@ -131,6 +132,9 @@ class Controller:
         """Deployments by name (shared with the collaborators)."""
         self.engine = EngineConfig(max_num_seqs=config.max_num_seqs)
         self.nodes: list[int] = []
+        self.links: dict[int, NodeLinks] = {}
+        """Each agent's links as it reported them at start (caps, host group): the
+        multicast planner's topology (`policy.topology`)."""
         self.started_s = time.monotonic()
         self._wiring: _Wiring | None = None
         self._tasks: list[asyncio.Task] = []
@@ -171,7 +175,8 @@ class Controller:
             raise SurgeError("running agents need their cluster token (Controller(token=...))")
         client = ClusterClient(self.addresses, self.token)
         await client.connect()
-        await client.broadcast(SetPeersOp(peers=dict(self.addresses)))
+        hello = await client.broadcast(SetPeersOp(peers=dict(self.addresses)))
+        self.links.update({n: LinkReport.planned(r.links) for n, r in hello.items()})
         self.nodes = sorted(self.addresses)
         self._wiring = self._wire(client, store)
         events = client.subscribe((BlockArrived, AgentDown))
@@ -206,6 +211,7 @@ class Controller:
             copies,
             self.live_nodes,
             events=self.events,
+            links=self.links,
         )
         deployments = Deployments(
             client,

@@ -11,6 +11,7 @@ mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
 """
 
 import logging
+from collections.abc import Iterable
 
 from surge.config import EngineConfig
 from surge.control.metrics import Metrics
@@ -18,9 +19,31 @@ from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus, Mutation
 from surge.policy.pd import DECODE, PREFILL, PdTargets, decide_mutation, monitor
 from surge.policy.systems import serve_system
+from surge.policy.topology import NodeTraffic
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.pd_handoff import PdServing
 
 log = logging.getLogger(__name__)
+
+
+def egress_traffic(deployments: Iterable[Deployment]) -> dict[int, NodeTraffic]:
+    """What each node's egress carries for P/D now, over every deployment: its prefill
+    instances (each sends K/V out, BlitzScale §5.1) and the hand-offs parked on it. The
+    facts `policy.topology.busy_sources` prunes multicast sources by."""
+    prefill: dict[int, int] = {}
+    parked: dict[int, int] = {}
+    for dep in deployments:
+        pd = dep.server.pd
+        if pd is None:
+            continue
+        for ep in dep.server.endpoints.values():
+            if isinstance(ep, LocalEndpoint) and not ep.failed and pd.roles.get(ep.name) == PREFILL:
+                prefill[ep.node] = prefill.get(ep.node, 0) + 1
+        for src, _ in pd.pending:
+            parked[src.node] = parked.get(src.node, 0) + 1
+    return {
+        n: NodeTraffic(prefill.get(n, 0), parked.get(n, 0)) for n in sorted({*prefill, *parked})
+    }
 
 
 class PdControl:

@@ -12,8 +12,8 @@ Owned by control/.
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
@@ -21,6 +21,7 @@ from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus
 from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig, serve_system
+from surge.policy.topology import NodeLinks, NodeTraffic
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
@@ -62,6 +63,10 @@ class ScaleOutOffer:
     """Count nodes' instances busy (+1) or not (-1) as multicast GPU sources."""
     events: EventBus = NO_BUS
     """Where the scale-out publishes what it does (the dashboard's stream)."""
+    links: Mapping[int, NodeLinks] = field(default_factory=dict)
+    """Each agent's reported links (caps, host group): the multicast planner's topology."""
+    traffic: Callable[[], Mapping[int, NodeTraffic]] = dict
+    """What each node's egress carries now (P/D prefill instances, hand-offs out)."""
 
 
 def startup_request(
@@ -110,7 +115,8 @@ async def start_scale_out(
 
     Hands `surge.runtime.scaleout` the facts it plans with: the start-up question
     (`startup_request`), the SLOs in seconds (`slo` is in ms; unset: the runtime's
-    documented defaults), the link speed and NIC load (ParaServe Alg. 1/2), and the offer's
+    documented defaults), the link speed and NIC load (ParaServe Alg. 1/2), each agent's
+    reported links and what each egress carries (the multicast's topology), and the offer's
     hooks (a ParaServe group books spare slots and releases unused ones)."""
     system = serve_system(dep.spec.strategy)
     live = set(client.addresses) - client.down
@@ -124,7 +130,12 @@ async def start_scale_out(
         system=system,
         destinations=question.destinations,
         hooks=ControllerHooks(
-            offer.on_local, offer.make_host_copy, offer.book, offer.release, offer.sending
+            offer.on_local,
+            offer.make_host_copy,
+            offer.book,
+            offer.release,
+            offer.sending,
+            offer.traffic,
         ),
         copies=question.copies,
         engine=engine,
@@ -136,6 +147,7 @@ async def start_scale_out(
         tpot_slo_s=slo.tpot_ms / 1e3 if slo.tpot_ms else sc.DEFAULT_TPOT_SLO_S,
         fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
         events=offer.events,
+        links=offer.links,
     )
     try:
         result.kind = await run_scale_out(ctx)

@@ -62,12 +62,18 @@ class NodeAgent:
         self.config = config
         self.node = config.node
         rate = gbps_to_bytes_per_s
+
+        def paced(gbps: float | None) -> float | None:
+            return gbps if config.pace_links else None
+
         self.ctx = NodeContext(
             config=config,
             emit=self.emit,
             spawn=self._spawn,
-            egress=TokenBucket(rate(config.egress_gbps) if config.egress_gbps else None),
-            ingress=TokenBucket(rate(config.ingress_gbps) if config.ingress_gbps else None),
+            egress=TokenBucket(rate(eg) if (eg := paced(config.egress_gbps)) else None),
+            ingress=TokenBucket(rate(ig) if (ig := paced(config.ingress_gbps)) else None),
+            host_out=TokenBucket(rate(hg) if (hg := paced(config.host_gbps)) else None),
+            host_in=TokenBucket(rate(hg) if hg else None),
         )
         self.store = AgentStore(self.ctx)
         self.transfer = AgentTransfer(self.ctx, self.store)
@@ -144,6 +150,8 @@ class NodeAgent:
         try:
             who = await accept_hello(conn, self.config.token, f"node-{self.node}")
             conn.peer = who
+            peer = who.removeprefix("node-")
+            conn.egress, conn.ingress = self.ctx.buckets(int(peer) if peer.isdigit() else None)
             while True:
                 header, payload = await conn.recv()
                 try:

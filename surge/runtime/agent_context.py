@@ -36,6 +36,18 @@ class AgentConfig:
     egress_gbps: float | None = None
     """Egress cap of this node's NIC (None: unlimited)."""
     ingress_gbps: float | None = None
+    pace_links: bool = True
+    """Pace the NIC caps with the agent's token buckets; False where something else
+    enforces them (the netns launcher's kernel qdiscs): the caps are then only reported."""
+    host_group: str | None = None
+    """The machine this agent shares with other agents (None: a machine alone); reported
+    to the controller, whose multicast planner treats a host group as one NVLink group."""
+    host_mates: tuple[int, ...] = ()
+    """The other agents of its host group: connections to and from them bypass the NIC caps
+    and are paced at `host_gbps` instead (the machine's own fast link)."""
+    host_gbps: float | None = None
+    """The host group's fast link (None: unpaced, reported as `policy.topology`'s
+    `HOST_LINK_GBPS`)."""
     remote_dir: Path | None = None
     """The registry: a directory of stores, ROOT/<model>/manifest.json."""
     remote_gbps: float | None = None
@@ -71,6 +83,9 @@ class NodeContext:
     """Run a coroutine as a task the agent cancels when it closes."""
     egress: TokenBucket
     ingress: TokenBucket
+    host_out: TokenBucket = field(default_factory=lambda: TokenBucket(None))
+    """Paces traffic to host mates (the machine's fast link, this node's sending end)."""
+    host_in: TokenBucket = field(default_factory=lambda: TokenBucket(None))
     peers: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Peer addresses by node id (set by the `set_peers` op)."""
 
@@ -83,6 +98,11 @@ class NodeContext:
         if node not in self.peers:
             raise ConnectionClosed(f"node {node} is not a known peer of node {self.node}")
         host, port = self.peers[node]
-        return await connect(
-            host, port, self.config.token, f"node-{self.node}", self.egress, self.ingress
-        )
+        egress, ingress = self.buckets(node)
+        return await connect(host, port, self.config.token, f"node-{self.node}", egress, ingress)
+
+    def buckets(self, peer: int | None) -> tuple[TokenBucket, TokenBucket]:
+        """(egress, ingress) pacing of a connection with `peer` (None: not an agent)."""
+        if peer is not None and peer in self.config.host_mates:
+            return self.host_out, self.host_in
+        return self.egress, self.ingress

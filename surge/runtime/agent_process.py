@@ -36,6 +36,13 @@ def agent_argv(config: AgentConfig) -> list[str]:
     cmd += ["--max-kv-tokens", str(config.engine.max_kv_tokens)]
     if not config.preload_engine:
         cmd.append("--no-preload-engine")
+    if not config.pace_links:
+        cmd.append("--no-pace-links")
+    if config.host_group is not None:
+        cmd += ["--host-group", config.host_group]
+        cmd += ["--host-mates", ",".join(map(str, config.host_mates))]
+    if config.host_gbps:
+        cmd += ["--host-gbps", str(config.host_gbps)]
     if config.fault_corrupt_sends:
         cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
     return cmd

@@ -29,6 +29,7 @@ from surge.runtime.protocol import (
     BlockReply,
     GetBlockOp,
     LandingTier,
+    LinkReport,
     MulticastOp,
     MulticastReply,
     PullFailed,
@@ -109,7 +110,9 @@ class AgentTransfer:
         if op.preconnect:
             others = [n for n in self.ctx.peers if n != self.ctx.node]
             await asyncio.gather(*(self._peer(n) for n in others), return_exceptions=True)
-        return SetPeersReply(peers=tuple(sorted(self.ctx.peers)))
+        c = self.ctx.config
+        links = LinkReport(c.egress_gbps, c.ingress_gbps, c.host_group, c.host_gbps)
+        return SetPeersReply(peers=tuple(sorted(self.ctx.peers)), links=links)
 
     async def op_get_block(self, op: GetBlockOp, conn: Connection, p: memoryview) -> None:
         """Send a block, once held, when the egress port's plan order allows."""

@@ -38,6 +38,13 @@ class LocalClusterConfig:
     egress_gbps: tuple[float, ...] | None = None
     """Per-node egress caps (overrides link_gbps)."""
     ingress_gbps: tuple[float, ...] | None = None
+    host_groups: tuple[tuple[int, ...], ...] = ()
+    """Nodes of one group share a machine: they reach each other over a fast link of their
+    own (`group_gbps`) that bypasses their NIC caps (GPUs of one host over NVLink), and
+    report the group to the controller, whose multicast planner feeds each group with one
+    network transfer (BlitzScale §5.1)."""
+    group_gbps: float = 40.0
+    """The host groups' fast link, Gbit/s."""
     remote_dir: Path | None = None
     """Model registry directory (stores by model name)."""
     remote_gbps: float | None = None
@@ -57,6 +64,10 @@ class LocalClusterConfig:
     start_timeout_s: float = 60.0
     extra_args: dict[int, list[str]] = field(default_factory=dict)
     """Extra command-line arguments for some nodes (testing: fault injection)."""
+
+    def host_group(self, node: int) -> tuple[int, ...]:
+        """The host group holding `node` (empty: a machine alone)."""
+        return next((g for g in self.host_groups if node in g), ())
 
     def caps(self, node: int) -> tuple[float | None, float | None]:
         eg = self.egress_gbps[node] if self.egress_gbps else self.link_gbps
@@ -96,7 +107,15 @@ class LocalCluster:
             self._tmp = Path(tempfile.mkdtemp(prefix="surge-cluster-"))
         return self._tmp
 
+    def check_groups(self) -> None:
+        """Raise `SurgeError` unless the host groups are disjoint sets of this cluster's nodes."""
+        grouped = [n for g in self.config.host_groups for n in g]
+        nodes = set(range(self.config.num_nodes))
+        if len(grouped) != len(set(grouped)) or not set(grouped) <= nodes:
+            raise SurgeError(f"host groups {self.config.host_groups} must be disjoint node ids")
+
     def start(self) -> None:
+        self.check_groups()
         threads = self.config.threads_per_agent or max(
             1, (os.cpu_count() or 1) // self.config.num_nodes
         )
@@ -111,6 +130,7 @@ class LocalCluster:
     def agent_config(self, node: int) -> AgentConfig:
         """The settings of one of this cluster's agents."""
         eg, ig = self.config.caps(node)
+        group = self.config.host_group(node)
         return AgentConfig(
             node=node,
             cluster_id=self.cluster_id,
@@ -118,6 +138,9 @@ class LocalCluster:
             disk_dir=self.work_dir / f"node{node}",
             egress_gbps=eg,
             ingress_gbps=ig,
+            host_group=f"host{min(group)}" if group else None,
+            host_mates=tuple(m for m in group if m != node),
+            host_gbps=self.config.group_gbps if group else None,
             remote_dir=self.config.remote_dir,
             remote_gbps=self.config.remote_gbps,
             engine=EngineConfig(

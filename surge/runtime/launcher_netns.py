@@ -41,10 +41,6 @@ class NetnsClusterConfig(LocalClusterConfig):
     """Percent of packets dropped at random on every node's link, each direction (nftables)."""
     cpu_cores_per_node: float | None = None
     """CPU quota of each node (None: this machine's cores / num_nodes; 0: no quota)."""
-    host_groups: tuple[tuple[int, ...], ...] = ()
-    """Nodes of one group reach each other over a fast link of their own (`group_gbps`)
-    that bypasses their NIC caps: GPUs of one host over NVLink."""
-    group_gbps: float = 40.0
 
 
 def require_netns(cpu_quota: bool = True) -> None:
@@ -75,11 +71,7 @@ class NetnsCluster(LocalCluster):
 
     def start(self) -> None:
         require_netns(self.cores_per_node is not None)
-        grouped = [n for g in self.config.host_groups for n in g]
-        if len(grouped) != len(set(grouped)) or not set(grouped) <= set(
-            range(self.config.num_nodes)
-        ):
-            raise SurgeError(f"host groups {self.config.host_groups} must be disjoint node ids")
+        self.check_groups()
         netns.sweep_stale()
         atexit.register(self.stop)
         self.subnet = netns.free_subnet(os.getpid() * 16 + int(self.prefix[-1], 16))
@@ -129,12 +121,10 @@ class NetnsCluster(LocalCluster):
 
     def agent_config(self, node: int) -> AgentConfig:
         base = super().agent_config(node)
-        # The kernel shapes the links; the agent's token buckets would only double-count.
+        # The kernel shapes the links; the agent's token buckets would only double-count,
+        # so it only reports its caps and host group.
         return replace(
-            base,
-            host=self.nets[node].address if node in self.nets else base.host,
-            egress_gbps=None,
-            ingress_gbps=None,
+            base, host=self.nets[node].address if node in self.nets else base.host, pace_links=False
         )
 
     def set_link(self, node: int, up: bool) -> None:

@@ -10,6 +10,7 @@ Owned by the runtime (see docs/runtime.md, Protocol).
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from surge.policy.topology import NodeLinks
 from surge.runtime.protocol_codec import Message, require
 
 
@@ -59,8 +60,31 @@ class RegisterReply(Reply):
 
 
 @dataclass(frozen=True)
+class LinkReport(Reply):
+    """A node's links as configured (its hello to the controller; `policy.topology`'s
+    `NodeLinks`): NIC caps (None: uncapped) and the machine it shares with other agents."""
+
+    egress_gbps: float | None = None
+    ingress_gbps: float | None = None
+    host_group: str | None = None
+    host_gbps: float | None = None
+
+    @staticmethod
+    def planned(report: "LinkReport | None") -> NodeLinks:
+        """The links as the multicast planner takes them (`policy.topology`); an agent that
+        reports none is planned as uncapped and alone."""
+        if report is None:
+            return NodeLinks()
+        return NodeLinks(
+            report.egress_gbps, report.ingress_gbps, report.host_group, report.host_gbps
+        )
+
+
+@dataclass(frozen=True)
 class SetPeersReply(Reply):
     peers: tuple[int, ...]
+    links: LinkReport | None = None
+    """This node's links (None: an agent that does not report them)."""
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,17 @@
 What flows: the controller (`control/scaleouts.py` `start_scale_out`) builds a
 `ScaleOutContext` — the deployment's `Server`, manifest and system (`policy.systems`),
 the destinations placement chose (each with its own best tier), the complete copies
-elsewhere, the ParaServe spare slots, the SLOs and link speed, and `ControllerHooks` (the
-few things only the controller can do: book a slot, make a host copy, hear that a local
-instance serves). `run.py` carries the scale-out out and records on the context what it
+elsewhere, the ParaServe spare slots, the SLOs and link speed, each node's reported links
+(caps, host group) and `ControllerHooks` (the few things only the controller can do: book a
+slot, make a host copy, hear that a local instance serves, say what each egress carries).
+`run.py` carries the scale-out out and records on the context what it
 did (`pipelines_opened`, `kv_migrated`, `live_prefilled`, the ParaServe group, `opened` and
 `retired` endpoints), which the controller reads for its metrics and tests read to see
 that a strategy really ran. Endpoint names are made here and only here.
 """
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from surge.config import EngineConfig
@@ -22,6 +23,7 @@ from surge.policy.paraserve_predictor import ConsolidationDecision
 from surge.policy.pipelines import Pipeline
 from surge.policy.startup import Copy, Destination, GroupPlan
 from surge.policy.systems import SystemConfig
+from surge.policy.topology import NodeLinks, NodeTraffic
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.multicast import MulticastResult
@@ -107,6 +109,9 @@ class ControllerHooks:
     sending: Callable[[tuple[int, ...], int], None] = lambda nodes, delta: None
     """Nodes whose serving instance starts (+1) or stops (-1) sending its GPU copy to a
     multicast: the autoscaler counts it busy meanwhile."""
+    traffic: Callable[[], Mapping[int, NodeTraffic]] = dict
+    """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
+    asked when a multicast is planned: `policy.topology` prunes busy sources."""
 
 
 @dataclass
@@ -140,6 +145,9 @@ class ScaleOutContext:
     """Network rate one worker's fetch gets (ParaServe's b_i before contention)."""
     events: EventBus = NO_BUS
     """Where what happens is published for the dashboard (`surge/events.py`)."""
+    links: Mapping[int, NodeLinks] = field(default_factory=dict)
+    """Each node's links as its agent reported them (NIC caps, host group); a node not in
+    it is planned as uncapped and alone (`policy.topology`)."""
     # ---- what happened (written by the scale-out) ----
     kind: str | None = None
     """`hot`, `warm` or `cold` (the start-up plan's kind)."""

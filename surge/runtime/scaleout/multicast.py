@@ -2,7 +2,9 @@
 
 In: the context and the start-up plan (plan node i = `plan.multicast_nodes[i]`, sources
 first). The multicast plan comes from `policy.multicast.plan_scale_out` with the system's
-`multicast_strategy`; the agents run it through `runtime/multicast.py`'s executor. Every
+`multicast_strategy`, on the `Cluster` `policy.topology.multicast_cluster` makes of the
+agents' reported links and host groups and of what each source's egress carries;
+the agents run it through `runtime/multicast.py`'s executor. Every
 verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) is fed to
 `policy.loading.LoadingState`, and the actions it returns are carried out in order:
 - `OpenPipeline`: open the planned execution pipeline as a `PipelineEndpoint`;
@@ -30,6 +32,7 @@ from surge.policy.loading import (
 )
 from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.startup import StartupPlan
+from surge.policy.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.runtime.endpoints import PipelineEndpoint
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockArrived
@@ -40,14 +43,25 @@ from surge.runtime.scaleout.local import open_local
 log = logging.getLogger(__name__)
 
 
-def plan_multicast(ctx: ScaleOutContext, num_nodes: int, num_sources: int) -> MulticastOutcome:
+def plan_multicast(ctx: ScaleOutContext, agents: list[int], num_sources: int) -> MulticastOutcome:
+    """The plan of a multicast among `agents` (plan node i = agents[i], sources first), on
+    the cluster `policy.topology` makes of what the agents reported (link caps, host
+    groups) and what each source's egress carries now (busy P/D prefill sources are
+    pruned by BlitzScale's chains, Alg. 1 Line 2)."""
     b = ctx.manifest.num_blocks
+    traffic = ctx.hooks.traffic()
+    cluster = multicast_cluster(
+        num_sources,
+        [ctx.links.get(a, NodeLinks()) for a in agents],
+        [traffic.get(a, NodeTraffic()) for a in agents],
+    )
     return plan_scale_out(
         MulticastRequest(
-            num_nodes=num_nodes,
+            num_nodes=len(agents),
             num_blocks=b,
             num_sources=num_sources,
             strategy=ctx.system.multicast_strategy,
+            cluster=cluster,
             block_bytes=max(1, ctx.manifest.total_bytes // b),
         )
     )
@@ -111,7 +125,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Multicast to `plan.receivers` into the gpu tier, serving while it loads."""
     agents = list(plan.multicast_nodes)
     k, b = len(plan.sources), ctx.manifest.num_blocks
-    outcome = plan_multicast(ctx, len(agents), k)
+    outcome = plan_multicast(ctx, agents, k)
     mode = ctx.system.serve_while_loading if ctx.serve_while_loading else "none"
     state = LoadingState(
         LoadingSettings(
