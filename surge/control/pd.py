@@ -7,7 +7,9 @@ tokens/s, KV use per instance) -> `policy.pd.decide_mutation` (when the system m
 -> `PdServing.mutate`; then `policy.pd.monitor` says whether the pool wants one more
 instance than the concurrency target asks (the autoscaler adds it). Hand-off and
 mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
-`surge_pd_instances`). Called by `control/autoscaler.py`; decides nothing itself.
+`surge_pd_instances`). `egress_traffic` reports, for a multicast being planned, which
+nodes' egress carries K/V (prefill instances, parked hand-offs): `policy.topology` prunes
+those sources (BlitzScale §5.1). Called by `control/autoscaler.py`; decides nothing itself.
 """
 
 import logging
