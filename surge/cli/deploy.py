@@ -43,12 +43,12 @@ def deploy(
         str,
         typer.Option(help=f"A system surge serve runs: {', '.join(SERVE_STRATEGIES)}."),
     ] = "lambdascale",
-    min_replicas: Annotated[int, typer.Option(help="0 = scale to zero.")] = 0,
+    min_replicas: Annotated[int | None, typer.Option(help="0 = scale to zero.")] = None,
     max_replicas: Annotated[int | None, typer.Option(help="Default: every slot.")] = None,
-    target_ongoing_requests: Annotated[float, typer.Option(help="Per instance.")] = 4.0,
-    upscale_delay_s: Annotated[float, typer.Option()] = 0.0,
-    downscale_delay_s: Annotated[float, typer.Option()] = 2.0,
-    keep_alive_s: Annotated[float, typer.Option(help="Idle time before zero.")] = 10.0,
+    target_ongoing_requests: Annotated[float | None, typer.Option(help="Per instance.")] = None,
+    upscale_delay_s: Annotated[float | None, typer.Option()] = None,
+    downscale_delay_s: Annotated[float | None, typer.Option()] = None,
+    keep_alive_s: Annotated[float | None, typer.Option(help="Idle time before zero.")] = None,
     max_queued_requests: Annotated[
         int, typer.Option(help="Requests held while no instance has room; past it: 429.")
     ] = 256,
@@ -66,13 +66,18 @@ def deploy(
         "name": name,
         "model": str(path.resolve()) if path.exists() else model,
         "strategy": strategy,
+        # Only the knobs given: the others are the strategy's system's (`SystemConfig.autoscale`).
         "autoscaling": {
-            "min_replicas": min_replicas,
-            "max_replicas": max_replicas,
-            "target_ongoing_requests": target_ongoing_requests,
-            "upscale_delay_s": upscale_delay_s,
-            "downscale_delay_s": downscale_delay_s,
-            "keep_alive_s": keep_alive_s,
+            k: v
+            for k, v in (
+                ("min_replicas", min_replicas),
+                ("max_replicas", max_replicas),
+                ("target_ongoing_requests", target_ongoing_requests),
+                ("upscale_delay_s", upscale_delay_s),
+                ("downscale_delay_s", downscale_delay_s),
+                ("keep_alive_s", keep_alive_s),
+            )
+            if v is not None
         },
         "slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
         "admission": {"max_queued_requests": max_queued_requests, "hold_timeout_s": hold_timeout_s},

@@ -1,7 +1,8 @@
 """The autoscaler tick: observe each deployment, let `surge.policy` decide, carry it out.
 
 What flows, every `tick_s` (and at once when a request reaches a model at zero), per
-deployment: its instances' load (outstanding requests, loading or not, idle since when)
+deployment: its instances' load (outstanding requests, loading or not, idle since when,
+tokens/s and KV use from `load_monitor.py`)
 -> `policy.autoscale.decide` (state kept in `Deployment.autoscale_state`) -> for a
 scale-out, destinations by `policy.placement.place` (host copies first, then the least
 busy NICs) -> `start_scale_out` (the runtime brings them up by the deployment's strategy);
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from surge.config import EngineConfig
 from surge.control.copies import Copies
 from surge.control.flexpipe import FlexPipeControl
+from surge.control.load_monitor import LoadMonitor, kv_usage
 from surge.control.metrics import Metrics
 from surge.control.pd import PdControl, egress_traffic
 from surge.control.pool import ParameterPool
@@ -48,11 +50,14 @@ from surge.runtime.endpoints import LocalEndpoint
 log = logging.getLogger(__name__)
 
 
-def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
+def pool_load(
+    dep: Deployment, now_s: float, monitor: LoadMonitor | None = None, max_kv_tokens: int = 0
+) -> PoolLoad:
     """The deployment as `policy.autoscale` sees it: its instances (loading until their
-    endpoint is up; a multicast source is busy) and the requests waiting for one — at the
-    router or on an execution pipeline. The simulator builds the same view
-    (`sim/scaling.pool_load`)."""
+    endpoint is up; a multicast source is busy; with a `monitor`, each one's tokens/s and
+    KV use) and the requests waiting for one — at the router or on an execution pipeline.
+    The simulator builds the same view (`sim/scaling.pool_load`; it reports no tokens/s or
+    KV use yet)."""
     # A FlexPipe pipeline's members share its endpoint: one instance, counted once.
     first = {id(i.endpoint): i.node for i in reversed(dep.instances.values()) if i.endpoint}
     loads = tuple(
@@ -61,6 +66,8 @@ def pool_load(dep: Deployment, now_s: float) -> PoolLoad:
             outstanding=i.endpoint.outstanding if i.endpoint else 0,
             loading=i.endpoint is None or i.num_sending > 0,
             idle_since_s=i.idle_since_s if i.num_sending == 0 else None,
+            tokens_per_s=monitor.tokens_per_s(i.endpoint, now_s) if monitor and i.endpoint else 0.0,
+            kv_usage=kv_usage(i.endpoint, max_kv_tokens) if monitor and i.endpoint else 0.0,
         )
         for i in dep.instances.values()
         if i.endpoint is None or first[id(i.endpoint)] == i.node
@@ -101,6 +108,8 @@ class Autoscaler:
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
         self.pd = PdControl(metrics, engine, events)
+        self.monitor = LoadMonitor()
+        """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
         self.links = links if links is not None else {}
         """Each agent's reported links (the multicast planner's topology)."""
 
@@ -129,6 +138,8 @@ class Autoscaler:
 
     async def tick(self, now_s: float, dt_s: float) -> None:
         self.metrics.nodes_up.set(len(self.live_nodes()))
+        serving = {i.endpoint.name for d in self.deployments.values() for i in d.serving()}
+        self.monitor.forget(serving)
         for dep in list(self.deployments.values()):
             if dep.failure is not None:
                 continue
@@ -148,6 +159,8 @@ class Autoscaler:
         m, name = self.metrics, dep.name
         for inst in dep.instances.values():
             ep = inst.endpoint
+            if ep is not None:
+                self.monitor.observe(ep, now_s)
             if ep is None or ep.outstanding > 0:
                 inst.idle_since_s = None
             elif inst.idle_since_s is None:
@@ -187,7 +200,8 @@ class Autoscaler:
         """One decision of `surge.policy.autoscale` for the deployment, carried out; the
         P/D monitor (`control/pd.py`) may ask for one more when nothing loads."""
         settings = self.settings(dep)
-        decision = decide(pool_load(dep, now_s), settings, dep.autoscale_state)
+        load = pool_load(dep, now_s, self.monitor, self.engine.max_kv_tokens)
+        decision = decide(load, settings, dep.autoscale_state)
         dep.autoscale_state = decision.state
         scale_out = decision.scale_out
         if scale_out == 0 and monitor_wants and len(dep.serving()) == len(dep.instances):

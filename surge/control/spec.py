@@ -49,15 +49,23 @@ def _unknown(d: dict, known: set[str], where: str) -> None:
         )
 
 
-def autoscaling_from_json(d: Any) -> AutoscaleSettings:
+def _optional(d: dict, key: str, default: float | None, minimum: float) -> float | None:
+    """A number > `minimum` or null; absent: `default`."""
+    v = d.get(key, default)
+    return None if v is None else _number({key: v}, key, 0, minimum, inclusive=False)
+
+
+def autoscaling_from_json(d: Any, base: AutoscaleSettings | None = None) -> AutoscaleSettings:
     """A deployment's autoscaler knobs (`surge.policy.autoscale.AutoscaleSettings`, Ray Serve
-    names) from JSON; unknown fields and bad values raise `SurgeError` naming the field."""
+    names) from JSON over `base` (its system's `autoscale`, default `AutoscaleSettings()`: a
+    field left out keeps the base's value); unknown fields and bad values raise
+    `SurgeError` naming the field."""
+    base = base or AutoscaleSettings()
     if d is None:
-        return AutoscaleSettings()
+        return base
     if not isinstance(d, dict):
         raise SurgeError(f"autoscaling must be an object (got {d!r})")
     _unknown(d, {f.name for f in fields(AutoscaleSettings)}, "autoscaling")
-    base = AutoscaleSettings()
     keep = d.get("keep_alive_s", base.keep_alive_s)
     return AutoscaleSettings(
         min_replicas=_int(d, "min_replicas", base.min_replicas, 0) or 0,
@@ -67,10 +75,16 @@ def autoscaling_from_json(d: Any) -> AutoscaleSettings:
         ),
         upscale_delay_s=_number(d, "upscale_delay_s", base.upscale_delay_s, 0),
         downscale_delay_s=_number(d, "downscale_delay_s", base.downscale_delay_s, 0),
-        keep_alive_s=None if keep is None else _number(d, "keep_alive_s", 0, 0),
+        keep_alive_s=None
+        if keep is None
+        else _number({"keep_alive_s": keep}, "keep_alive_s", 0, 0),
         panic_window_s=_number(d, "panic_window_s", base.panic_window_s, 0),
         panic_threshold=_number(d, "panic_threshold", base.panic_threshold, 1),
-        max_scale_out_per_decision=_int(d, "max_scale_out_per_decision", None, 1),
+        max_scale_out_per_decision=_int(
+            d, "max_scale_out_per_decision", base.max_scale_out_per_decision, 1
+        ),
+        target_tokens_per_s=_optional(d, "target_tokens_per_s", base.target_tokens_per_s, 0),
+        target_kv_usage=_optional(d, "target_kv_usage", base.target_kv_usage, 0),
     )
 
 
@@ -133,6 +147,8 @@ class DeploymentSpec:
     strategy: str = "lambdascale"
     """A `surge.policy.systems` entry that `surge serve` carries out."""
     autoscaling: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+    """The autoscaler's knobs: the strategy's system's (`SystemConfig.autoscale`), with the
+    fields the deployment gives overriding them."""
     slo: Slo = field(default_factory=Slo)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     """The hold queue: its bound (429 past it) and its timeout (503 past it)."""
@@ -161,7 +177,9 @@ class DeploymentSpec:
             name=name,
             model=model,
             strategy=strategy,
-            autoscaling=autoscaling_from_json(d.get("autoscaling")),
+            autoscaling=autoscaling_from_json(
+                d.get("autoscaling"), serve_system(strategy).autoscale
+            ),
             slo=Slo.from_json(d.get("slo")),
             admission=admission_from_json(d.get("admission")),
             pd=pd_from_json(d.get("pd")),

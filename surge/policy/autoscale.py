@@ -14,12 +14,18 @@ are Ray Serve's, the only vocabulary surge uses):
   capacity, so a slow load is not answered by ever more scale-outs unless the backlog
   keeps growing (the over-provisioning BlitzScale §6.2 observes for ServerlessLLM comes
   from the backlog, not from the rule).
+- Load monitor (BlitzScale §5.3: "tokens per second and KVCache usage"; an instance's
+  upper bound is profiled offline): with `target_tokens_per_s` and/or `target_kv_usage`
+  set, desired is also at least ceil(pool tokens/s / target_tokens_per_s) and
+  ceil(sum of the instances' KV use / target_kv_usage) — enough instances that the
+  average one stays under its bounds. The body measures both per instance.
 - Stable window (Knative): a scale-out happens once the load has asked for more
   instances for `upscale_delay_s`, at once when the pool is at zero (the activator) or
   in panic.
 - Panic window (Knative): outstanding >= panic_threshold x target x max(1, instances)
   starts panic for `panic_window_s`; in panic nothing is released.
-- Scale-down: an instance idle for `downscale_delay_s` (BlitzScale §4: 2 s) may be
+- Scale-down: an instance idle for `downscale_delay_s` (BlitzScale §5.3: 2 s, the
+  timeout-based scale-down once the load falls below what fewer instances carry) may be
   released while the pool stays >= desired, the longest-idle first (ties: lowest id);
   the last instance stays until it has idled `keep_alive_s` (scale to zero,
   ServerlessLLM / λScale keep-alive).
@@ -56,6 +62,12 @@ class AutoscaleSettings:
     """Outstanding / (instances x target) at which panic starts; >= 1."""
     max_scale_out_per_decision: int | None = None
     """Most instances added by one decision; None = no limit."""
+    target_tokens_per_s: float | None = None
+    """Tokens/s one instance should generate at most (the load monitor's per-instance upper
+    bound, BlitzScale §5.3, profiled offline); > 0, None = tokens/s does not count."""
+    target_kv_usage: float | None = None
+    """KV-cache fraction one instance should fill at most (0, 1]; None = KV use does not
+    count."""
 
     def __post_init__(self) -> None:
         if not self.target_ongoing_requests > 0:
@@ -78,6 +90,14 @@ class AutoscaleSettings:
             )
         if self.max_scale_out_per_decision is not None and self.max_scale_out_per_decision < 1:
             raise SurgeError("max_scale_out_per_decision must be >= 1 or null")
+        if self.target_tokens_per_s is not None and not self.target_tokens_per_s > 0:
+            raise SurgeError(
+                f"target_tokens_per_s must be > 0 or null (got {self.target_tokens_per_s})"
+            )
+        if self.target_kv_usage is not None and not 0 < self.target_kv_usage <= 1:
+            raise SurgeError(
+                f"target_kv_usage must be in (0, 1] or null (got {self.target_kv_usage})"
+            )
 
     @property
     def last_keep_alive_s(self) -> float:
@@ -115,6 +135,10 @@ class InstanceLoad:
     """True while its weights are still arriving."""
     idle_since_s: float | None
     """When it last became idle (no outstanding request); None if busy."""
+    tokens_per_s: float = 0.0
+    """Tokens it generated per second over the body's trailing window (the load monitor)."""
+    kv_usage: float = 0.0
+    """Fraction of its KV cache in use, 0..1 (the load monitor)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,16 @@ class PoolLoad:
     def outstanding(self) -> int:
         """Every request of the pool not yet finished."""
         return self.queued + sum(i.outstanding for i in self.instances)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens the pool generates per second."""
+        return sum(i.tokens_per_s for i in self.instances)
+
+    @property
+    def kv_usage(self) -> float:
+        """The instances' KV-cache use, summed (in instances' worth of KV cache)."""
+        return sum(i.kv_usage for i in self.instances)
 
 
 @dataclass(frozen=True)
@@ -153,9 +187,16 @@ class ScaleDecision:
     (the simulator) schedule a decision then; tick-driven ones may ignore it."""
 
 
-def desired_instances(outstanding: int, settings: AutoscaleSettings) -> int:
-    """Instances needed for `outstanding` requests, within the settings' bounds."""
+def desired_instances(
+    outstanding: int, settings: AutoscaleSettings, tokens_per_s: float = 0.0, kv_usage: float = 0.0
+) -> int:
+    """Instances needed for `outstanding` requests generating `tokens_per_s` and filling
+    `kv_usage` instances' worth of KV cache (the load monitor), within the settings' bounds."""
     want = math.ceil(outstanding / settings.target_ongoing_requests)
+    if settings.target_tokens_per_s is not None:
+        want = max(want, math.ceil(tokens_per_s / settings.target_tokens_per_s))
+    if settings.target_kv_usage is not None:
+        want = max(want, math.ceil(kv_usage / settings.target_kv_usage))
     if outstanding > 0:
         want = max(want, 1)
     want = max(want, settings.min_replicas)
@@ -170,7 +211,7 @@ def decide(
     """The scale decision for `load` given the previous `state` (see module docstring)."""
     now = load.now_s
     outstanding = load.outstanding
-    want = desired_instances(outstanding, settings)
+    want = desired_instances(outstanding, settings, load.tokens_per_s, load.kv_usage)
     have = len(load.instances)
     panic_until = state.panic_until_s
     if (

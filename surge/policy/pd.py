@@ -17,9 +17,11 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   prefill instance is idle (nothing but parked requests) or
   overprovisioned, that prefill instance becomes a decode one, keeping its weights;
   `min_prefill` prefill instances always stay;
-- `monitor` (BlitzScale's load monitor, §5): tokens/s and KV use per instance say whether
-  the pool wants another instance now (KV use at the threshold on every decode instance,
-  or prefill saturated while requests wait).
+- `monitor` (BlitzScale's load monitor, §5, its per-role half): whether the pool wants
+  another instance now because one role is saturated (KV use at the threshold on every
+  decode instance, or prefill full while requests wait). The pool-level half — instances
+  enough for the pool's tokens/s and KV use, and the 2 s scale-down — is
+  `policy.autoscale.decide` with the system's `target_tokens_per_s` / `target_kv_usage`.
 Pure and deterministic; `surge serve` (`control/pd.py`, `runtime/pd_handoff.py`) and tests
 call these and carry out what they return.
 """

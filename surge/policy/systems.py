@@ -144,9 +144,27 @@ class SystemConfig:
             raise SurgeError(f"system {self.name}: host_cache_fraction must be in (0, 1]")
 
 
+BLITZSCALE_TOKENS_PER_S = 2000.0
+"""Tokens/s one BlitzScale instance carries before the monitor asks for another (§5.3
+profiles it offline per model and GPU; a 7B model decoding a moderate batch on one A100).
+Profile your own and set a deployment's `autoscaling.target_tokens_per_s`."""
+BLITZSCALE_KV_USAGE = PdSettings().kv_busy_fraction
+"""KV-cache fraction one BlitzScale instance fills before the monitor asks for another (the
+P/D monitor's threshold, 0.8)."""
+
 _AUTOSCALE = AutoscaleSettings(
     target_ongoing_requests=8.0, downscale_delay_s=10.0, keep_alive_s=None
 )
+
+_BLITZSCALE_AUTOSCALE = replace(
+    _AUTOSCALE,
+    downscale_delay_s=2.0,
+    target_tokens_per_s=BLITZSCALE_TOKENS_PER_S,
+    target_kv_usage=BLITZSCALE_KV_USAGE,
+)
+"""BlitzScale's load monitor (§5.3): tokens/s and KV-cache use per instance against
+per-instance upper bounds, and a 2 s timeout before an idle instance goes (the last one
+too: keep_alive_s None). A deployment's own `autoscaling` fields override these."""
 
 SYSTEMS: dict[str, SystemConfig] = {
     # λScale §4: binomial k-way multicast, execution pipelines, mode switch, a host replica.
@@ -172,7 +190,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         host_cache="pinned-one",
         pd_disaggregation=True,
         mutation=True,
-        autoscale=replace(_AUTOSCALE, downscale_delay_s=2.0),
+        autoscale=_BLITZSCALE_AUTOSCALE,
         serve=True,
     ),
     # ParaServe §4-§6: Alg. 1 sizes a pipeline group, Alg. 2 places it by contention, the

@@ -67,6 +67,8 @@ class Endpoint:
     opens later (a new pipeline) gets work too."""
     speed: float = 1.0
     """Relative serving speed for the router (`policy.router`); a full instance is 1."""
+    num_tokens: int = 0
+    """Tokens generated here so far (the load monitor's tokens/s, `control/load_monitor.py`)."""
 
     @property
     def outstanding(self) -> int:
@@ -125,6 +127,7 @@ class LocalEndpoint(Endpoint):
         if ev.cached_tokens is not None:
             req.cached_tokens = ev.cached_tokens
         req.add_token(ev.token, ev.finished, ev.finish_reason)
+        self.num_tokens += 1
         if ev.finished:
             del self.requests[req.req_id]
 
@@ -266,6 +269,7 @@ class PipelineEndpoint(Endpoint):
                 if ev.num_cached_tokens is not None:
                     req.cached_tokens = ev.num_cached_tokens
                 req.add_token(ev.token_id, ev.finished, ev.finish_reason)
+                self.num_tokens += 1
                 if ev.finished:
                     del group.seqs[ev.seq_id]
                     self.requests.pop(req.req_id, None)
