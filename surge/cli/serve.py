@@ -33,6 +33,9 @@ SERVE_KEYS = {
     "api_key": str,
     "state_dir": str,
     "slots_per_node": int,
+    "egress_gbps": list,
+    "ingress_gbps": list,
+    "host_groups": list,
     "max_num_seqs": int,
     "host_cache_gb": float,
     "tick_s": float,
@@ -224,6 +227,26 @@ def bind_listener(host: str, port: int) -> socket.socket:
         raise SurgeError(f"cannot listen on {host}:{port}: {why}{hint}") from None
 
 
+def _numbers(cfg: dict[str, Any], key: str) -> tuple[float, ...] | None:
+    """A config list of per-node numbers (`egress_gbps`, `ingress_gbps`), or None."""
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        raise SurgeError(f"{key} must be a list of numbers, one per node (got {v!r})")
+    return tuple(float(x) for x in v)
+
+
+def _groups(cfg: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The config's `host_groups`: lists of node ids."""
+    out = []
+    for g in cfg.get("host_groups", []):
+        if not isinstance(g, list) or not all(type(x) is int for x in g):
+            raise SurgeError(f"host_groups must be lists of node ids like [[0, 1]] (got {g!r})")
+        out.append(tuple(g))
+    return out
+
+
 SHUTDOWN_GRACE_S = 5.0
 """On Ctrl-C, how long open responses may finish before they are cut."""
 
@@ -250,6 +273,9 @@ async def _serve(
         ray_address=cfg.get("ray_address"),
         cluster=cfg.get("cluster", "loopback"),
         agent_host=cfg.get("agent_host", "127.0.0.1"),
+        egress_gbps=_numbers(cfg, "egress_gbps"),
+        ingress_gbps=_numbers(cfg, "ingress_gbps"),
+        host_groups=tuple(_groups(cfg)),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

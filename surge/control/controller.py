@@ -77,6 +77,11 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         return RayCluster(RayClusterConfig(address=config.ray_address, agent_host=host, **common))
     if config.launcher != "local":
         raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray")
+    common |= {
+        "egress_gbps": config.egress_gbps,
+        "ingress_gbps": config.ingress_gbps,
+        "host_groups": config.host_groups,
+    }
     if config.cluster == "netns":
         from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
 

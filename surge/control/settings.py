@@ -7,6 +7,8 @@ Plain frozen data, read by `control/controller.py` and handed to its collaborato
 from dataclasses import dataclass
 from pathlib import Path
 
+from surge.errors import SurgeError
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -18,6 +20,14 @@ class ControllerConfig:
     """Agents to start when no running agents are given (`LocalCluster` / `RayCluster`)."""
     link_gbps: float | None = None
     """Per-node link cap of started agents, Gbit/s (None: uncapped)."""
+    egress_gbps: tuple[float, ...] | None = None
+    """Each started agent's own egress cap, Gbit/s, one per node (overrides `link_gbps`;
+    launcher "local" only). Agents report their caps; the multicast planner uses them."""
+    ingress_gbps: tuple[float, ...] | None = None
+    """Each started agent's own ingress cap, as `egress_gbps`."""
+    host_groups: tuple[tuple[int, ...], ...] = ()
+    """Started agents that share a machine (disjoint node ids; launcher "local"): a fast
+    link of their own between them, and one network transfer per group in a multicast."""
     slots_per_node: int = 1
     """Instances (of any models) one node runs at once (its GPUs)."""
     host_cache_bytes: int = 4 << 30
@@ -42,3 +52,21 @@ class ControllerConfig:
     cluster: str = "loopback"
     """With launcher "local": "loopback" (processes here) or "netns" (`NetnsCluster`: a
     network namespace per agent, tc-shaped links, a CPU quota each)."""
+
+    def __post_init__(self) -> None:
+        for name in ("egress_gbps", "ingress_gbps"):
+            caps = getattr(self, name)
+            if caps is None:
+                continue
+            if len(caps) != self.nodes or any(not c > 0 for c in caps):
+                raise SurgeError(f"{name} needs one cap > 0 per node ({self.nodes}), got {caps}")
+        grouped = [n for g in self.host_groups for n in g]
+        if len(grouped) != len(set(grouped)) or not all(0 <= n < self.nodes for n in grouped):
+            raise SurgeError(
+                f"host_groups must be disjoint node ids 0..{self.nodes - 1} "
+                f"(got {self.host_groups})"
+            )
+        if self.launcher == "ray" and (self.egress_gbps or self.ingress_gbps or self.host_groups):
+            raise SurgeError(
+                "per-node caps and host groups need --launcher local; Ray agents take --link-gbps"
+            )

@@ -223,6 +223,8 @@ def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
         ("strategy.yaml", "strategy: magic\n", "unknown strategy 'magic'"),
         ("sim.yaml", "strategy: faasnet\n", "only in the simulator"),
         ("list.yaml", "- 1\n- 2\n", "mapping"),
+        ("groups.yaml", "nodes: 2\nhost_groups: [[0, 0]]\n", "host_groups must be disjoint"),
+        ("caps.yaml", "nodes: 2\negress_gbps: [1]\n", "one cap > 0 per node"),
         ("bad.ini", "x=1\n", ".yaml, .yml or .toml"),
     ],
 )
