@@ -10,8 +10,14 @@ Reported: medians over rounds, ratios surge / peer, and the memory-bandwidth lim
 decode measured in the same run (read bandwidth of a large tensor / bytes of weights read per
 token). Writes benchmarks/results/engine_vs_peers.json and .png.
 
+Every engine computes with the same number of threads (`--threads`, default 1): on a machine
+shared with other work, more OpenMP threads than free cores spin at every barrier, and
+measured here that made SDPA at batch 1 ~90x slower with 2 threads than with 1 — the
+comparison then measures the scheduler, not the engines. The bandwidth limit is read with the
+same thread count.
+
 Usage: python benchmarks/engine_vs_peers.py [--preset 100mb] [--batches 1,8,32] [--rounds 3]
-       [--vllm-python .venv-vllm/bin/python]
+       [--threads 1] [--vllm-python .venv-vllm/bin/python]
 The module imports nothing but the standard library at the top: the vLLM worker runs it with
 another venv's Python, where surge is not importable.
 """
@@ -118,15 +124,18 @@ def worker(name: str, model_dir: str, vocab: int) -> None:
 
 
 class Worker:
-    def __init__(self, name: str, python: str, model_dir: Path, vocab: int) -> None:
+    def __init__(self, name: str, python: str, model_dir: Path, vocab: int, threads: int) -> None:
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         if name == "vllm":
             env.pop("PYTHONPATH")
             # In-process engine core (its worker processes die silently here) and a KV cache
             # that fits beside the others (its default takes GiBs).
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            # Its own thread binding would take every core; OMP_NUM_THREADS decides instead.
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         cmd = [python, str(HERE), "--worker", name, "--model-dir", str(model_dir)]
         cmd += ["--vocab", str(vocab)]
         self.proc = subprocess.Popen(
@@ -182,6 +191,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="compute threads of every engine")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_vs_peers.json")
     ap.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
@@ -193,6 +203,8 @@ def main() -> None:
         worker(args.worker, args.model_dir, args.vocab)
         return
     import torch
+
+    torch.set_num_threads(args.threads)  # the bandwidth limit at the engines' thread count
 
     from surge.model.importer import import_checkpoint
     from surge.model.tiny import create_tiny_model, preset
@@ -207,12 +219,13 @@ def main() -> None:
         # Decode reads every weight once per step, except the embedding table (one row).
         embed_bytes = cfg.vocab_size * cfg.hidden_size * 4
         step_bytes = weight_bytes - embed_bytes
-        workers = {"surge": Worker("surge", sys.executable, store, cfg.vocab_size)}
-        workers["transformers"] = Worker("transformers", sys.executable, hf_dir, cfg.vocab_size)
+        n, t = cfg.vocab_size, args.threads
+        workers = {"surge": Worker("surge", sys.executable, store, n, t)}
+        workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t)
         vllm_note = None
         if Path(args.vllm_python).exists():
             try:
-                workers["vllm"] = Worker("vllm", args.vllm_python, hf_dir, cfg.vocab_size)
+                workers["vllm"] = Worker("vllm", args.vllm_python, hf_dir, n, t)
             except RuntimeError as e:
                 vllm_note = f"vLLM worker failed to start: {e}"
         else:
@@ -285,6 +298,7 @@ def main() -> None:
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
             "rounds": args.rounds,
+            "threads_per_engine": args.threads,
             "weight_bytes_per_decode_step": step_bytes,
         },
         "bandwidth": {
