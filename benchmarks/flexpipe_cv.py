@@ -204,10 +204,17 @@ def draw(report: dict, path: Path) -> None:
             ("sim", "e2e_p99_s", "p99 end-to-end (s)"),
             ("sim", "gpu_seconds", "GPU-seconds"),
         ]
+        if "hop_sensitivity" in report["sim"]:
+            panels.append(("sim-hop", "e2e_p99_s", "p99 end-to-end (s)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     axes = np.atleast_1d(axes)
     for ax, (body, key, label) in zip(axes, panels, strict=True):
-        data = report[body]["by_variant"] if body == "runtime" else report[body]["by_cv"]
+        if body == "runtime":
+            data = report[body]["by_variant"]
+        elif body == "sim-hop":
+            data = report["sim"]["hop_sensitivity"]["by_cv"]
+        else:
+            data = report[body]["by_cv"]
         for v in VARIANTS:
             if body == "runtime":
                 cvs = list(data[v])
@@ -219,7 +226,11 @@ def draw(report: dict, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("arrival CV")
         ax.set_ylabel(label)
-        ax.set_title(f"{body}: {label}")
+        if body == "sim-hop":
+            hop_ms = report["sim"]["hop_sensitivity"]["stage_hop_s"] * 1e3
+            ax.set_title(f"sim, {hop_ms:g}-ms stage hop: {label}", fontsize=9)
+        else:
+            ax.set_title(f"{body}: {label}")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -243,10 +254,24 @@ def main() -> None:
     ap.add_argument("--cv-window", type=float, default=10.0)
     ap.add_argument("--slo-e2e", type=float, default=5.0)
     ap.add_argument("--sim-rate", type=float, default=20.0)
-    ap.add_argument("--sim-cvs", type=lambda s: [float(x) for x in s.split(",")], default=[1, 2, 4])
+    ap.add_argument(
+        "--sim-cvs", type=lambda s: [float(x) for x in s.split(",")], default=[1, 2, 4, 8]
+    )
     ap.add_argument("--sim-duration", type=float, default=600.0)
-    ap.add_argument("--sim-model", default="llama2-7b")
+    ap.add_argument(
+        "--sim-models",
+        type=lambda s: s.split(","),
+        default=["llama2-7b", "llama2-13b"],
+        help="§9 uses LLaMA2-7B; the first is plotted",
+    )
     ap.add_argument("--sim-fine-stages", type=int, default=4)
+    ap.add_argument("--sim-coarse-stages", type=int, default=1)
+    ap.add_argument(
+        "--sim-hop-sensitivity-s",
+        type=float,
+        default=1e-4,
+        help="also run the first model with this per-step stage hop (0: skip)",
+    )
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--skip-runtime", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -258,24 +283,36 @@ def main() -> None:
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
     }
     if not args.skip_sim:
-        slo = Slo(ttft_s=5.0, tpot_s=0.2)
-        by_cv = run_all(
-            args.sim_cvs,
-            cluster="flexpipe",
-            model=args.sim_model,
-            rate_rps=args.sim_rate,
-            duration_s=args.sim_duration,
-            seed=1,
-            slo=slo,
-            fine_stages=args.sim_fine_stages,
-            input_tokens=512,
-            output_tokens=128,
-        )
-        report["sim"] = {"by_cv": by_cv}
-        print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
+        sim_kw = {
+            "cluster": "flexpipe",
+            "rate_rps": args.sim_rate,
+            "duration_s": args.sim_duration,
+            "seed": 1,
+            "slo": Slo(ttft_s=5.0, tpot_s=0.2),
+            "fine_stages": args.sim_fine_stages,
+            "coarse_stages": args.sim_coarse_stages,
+            "input_tokens": 512,
+            "output_tokens": 128,
+        }
+        by_model = {m: run_all(args.sim_cvs, model=m, **sim_kw) for m in args.sim_models}
+        report["sim"] = {"by_cv": by_model[args.sim_models[0]], "by_model": by_model}
+        if args.sim_hop_sensitivity_s > 0:
+            hop = args.sim_hop_sensitivity_s
+            first = args.sim_models[0]
+            by_cv = run_all(args.sim_cvs, model=first, stage_hop_s=hop, **sim_kw)
+            report["sim"]["hop_sensitivity"] = {"model": first, "stage_hop_s": hop, "by_cv": by_cv}
+            print(f"{first} at a {hop * 1e3:g}-ms stage hop")
+            print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
+        for model, by_cv in by_model.items():
+            print(model, json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
     if not args.skip_runtime:
         report["runtime"] = runtime(args)
         print(json.dumps(report["runtime"]["ratios"], indent=1))
+    elif args.json and args.json.exists():  # keep the runtime part of an earlier run
+        earlier = json.loads(args.json.read_text())
+        if "runtime" in earlier:
+            report["runtime"] = earlier["runtime"]
+            report["runtime_settings"] = earlier.get("settings")
     report["settings"]["cvs"] = [str(c) for c in args.cvs]
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))

@@ -14,9 +14,12 @@ second), GPU-seconds (GPUs held x time), the GPUs always held (10th percentile o
 count over time after the first minute) against the peak, and refactorings by direction.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
 from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.policy.systems import system_config
 from surge.sim.metrics import gpu_seconds, gpus_over_time, summarize
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import Simulation
@@ -25,11 +28,11 @@ from surge.traces.gamma import gamma_trace
 VARIANTS = ("flexpipe", "static-fine", "static-coarse", "load-then-serve")
 
 
-def _settings(variant: str, fine_stages: int) -> FlexPipeSettings | None:
+def _settings(variant: str, fine_stages: int, coarse_stages: int) -> FlexPipeSettings | None:
     if variant == "static-fine":
         return FlexPipeSettings(stage_counts=(fine_stages,), cv_targets=(0.0,))
     if variant == "static-coarse":
-        return FlexPipeSettings(stage_counts=(1,), cv_targets=(0.0,))
+        return FlexPipeSettings(stage_counts=(coarse_stages,), cv_targets=(0.0,))
     return None
 
 
@@ -44,16 +47,21 @@ def run_one(
     seed: int,
     slo: Slo,
     fine_stages: int,
+    coarse_stages: int = 1,
+    stage_hop_s: float | None = None,
     input_tokens: int,
     output_tokens: int,
 ) -> dict:
     trace = gamma_trace(rate_rps, cv, duration_s, seed, input_tokens, output_tokens)
     system = "serverlessllm" if variant == "load-then-serve" else "flexpipe"
     settings = SimSettings(cluster, (model,), system, seed=seed, slo=slo)
-    sim = Simulation(trace, settings)
-    fp = _settings(variant, fine_stages)
-    if fp is not None:
-        sim.flexpipe.settings = fp
+    fp = _settings(variant, fine_stages, coarse_stages)
+    config = system_config(system)
+    if fp is not None:  # the system's one FlexPipe settings object, held at one shape
+        config = replace(config, flexpipe=fp)
+    if stage_hop_s is not None:  # per-step activation hop between stages (sensitivity)
+        config = replace(config, stage_hop_s=stage_hop_s)
+    sim = Simulation(trace, settings, config)
     res = sim.run()
     s = summarize(res, settings)
     done = res.done_s >= 0

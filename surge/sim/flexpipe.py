@@ -20,6 +20,7 @@ from surge.policy.flexpipe_system import (
     pipeline_autoscale,
     place_stages,
     refactor,
+    scale_out_num_stages,
     stage_layers,
 )
 from surge.sim.costs import cost_model
@@ -56,6 +57,8 @@ class FlexPipe:
         self.pending: set[int] = set()
         """Pools with a re-decision scheduled (a quiet pool still merges)."""
         self.num_refactors = {"split": 0, "merge": 0}
+        self.refactor_log: list[tuple[float, str, int, int]] = []
+        """(time, direction, stages before, stages after) of every completed refactoring."""
 
     @property
     def enabled(self) -> bool:
@@ -130,10 +133,28 @@ class FlexPipe:
         placed = place_stages(slot.name, sizes, 1.0, cv, free, self.settings)
         return None if placed is None else (bounds, placed)
 
+    def _scale_out_num_stages(self, pool: Pool) -> int:
+        """§7 Eq. 11/12 for a new group, as the runtime's scale-out asks it: the arrivals'
+        CV times the queue, fine enough that the queue is served within the TTFT SLO
+        while the model loads from host memory split over the stages. The granularity
+        controller's state is updated too (it owns the shape from then on)."""
+        assert self.settings is not None
+        self._num_stages(pool)
+        slot = self.world.models[pool.model]
+        load_s = slot.profile.total_bytes * 8 / (slot.group.pcie_gbps * 1e9)
+        return scale_out_num_stages(
+            self._window(pool),
+            len(pool.queue),
+            self._profile(pool.model),
+            self.world.settings.slo_of(slot.name).ttft_s,
+            load_s,
+            self.settings,
+        )
+
     def shape(self, pool: Pool) -> tuple[list[tuple[int, ...]], list[int], Spans] | None:
         """A new group's workers (one GPU each), bytes per worker and stages; None if
         the stages do not fit the free GPUs."""
-        eta = self._num_stages(pool)
+        eta = self._scale_out_num_stages(pool)
         cut = self._cut_and_place(pool, eta)
         if cut is None:
             return None
@@ -235,6 +256,7 @@ class FlexPipe:
             self.spans[inst.id] = target
             direction = "split" if len(target) > len(spans) else "merge"
             self.num_refactors[direction] += 1
+            self.refactor_log.append((world.loop.now_s, direction, len(spans), len(target)))
             world.event(pool.model, pool.role, "refactor")
 
         if not moved:
