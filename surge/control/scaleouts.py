@@ -76,15 +76,20 @@ def startup_request(
     dests: list[int],
     outstanding: dict[int, int],
     live: set[int],
+    busy: frozenset[int] | set[int] = frozenset(),
 ) -> StartupRequest:
     """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
     none), and every complete copy on another live node — its GPU copy (with the load of
-    the instance holding it) and its host copy; a node is its own machine, so the policy
-    sends from one of them. The simulator asks the same question
-    (`sim/loading.Loader.startup_request`)."""
+    the instance holding it, and whether its egress carries P/D K/V: `busy`) and its host
+    copy; a node is its own machine, so the policy sends from one of them. The simulator
+    asks the same question (`sim/loading.Loader.startup_request`)."""
     gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
     others = [n for n in sorted(gpu | host) if n not in dests and n in live]
-    copies = [Copy(n, "gpu", outstanding.get(n, 0), machine=n) for n in others if n in gpu]
+    copies = [
+        Copy(n, "gpu", outstanding.get(n, 0), machine=n, busy_egress=n in busy)
+        for n in others
+        if n in gpu
+    ]
     copies += [Copy(n, "host", machine=n) for n in others if n in host]
     return StartupRequest(system, own_tiers(pool, model, dests), tuple(copies))
 
@@ -121,7 +126,8 @@ async def start_scale_out(
     system = serve_system(dep.spec.strategy)
     live = set(client.addresses) - client.down
     outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
-    question = startup_request(system, pool, dep.name, dests, outstanding, live)
+    busy = {n for n, t in offer.traffic().items() if t.outgoing > 0}
+    question = startup_request(system, pool, dep.name, dests, outstanding, live, busy)
     slo = dep.spec.slo
     ctx = ScaleOutContext(
         client=client,

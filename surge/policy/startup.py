@@ -79,6 +79,9 @@ class Copy:
     """Requests on the instance that holds a GPU copy (less loaded sources go first)."""
     machine: int | None = None
     """The machine it is on; None = a machine of its own."""
+    busy_egress: bool = False
+    """Its node's egress carries serving traffic (a P/D prefill instance's K/V): it sends
+    only when no free copy is left (BlitzScale §5.1; the chain planner prunes it too)."""
 
     def __post_init__(self) -> None:
         if self.tier not in COPY_TIERS:
@@ -155,8 +158,9 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     dests = request.destinations
 
     # Ties go by machine, then id: ids are each body's own, machines mean the same in both.
-    def order(c: Copy) -> tuple[int, int, int]:
-        return (c.outstanding, c.node if c.machine is None else c.machine, c.node)
+    # Copies whose egress is busy go last (BlitzScale §5.1 interference).
+    def order(c: Copy) -> tuple[bool, int, int, int]:
+        return (c.busy_egress, c.outstanding, c.node if c.machine is None else c.machine, c.node)
 
     gpu = sorted((c for c in request.copies if c.tier == "gpu"), key=order)
     host = sorted((c for c in request.copies if c.tier == "host"), key=order)

@@ -74,3 +74,17 @@ def test_bad_facts_are_refused_with_the_fix() -> None:
         multicast_cluster(2, [NodeLinks()] * 2)
     with pytest.raises(SurgeError, match="traffic describes"):
         multicast_cluster(1, [NodeLinks()] * 3, [FREE])
+
+
+def test_start_up_sends_from_a_free_copy_before_a_busy_one() -> None:
+    from surge.policy.startup import Copy, Destination, StartupRequest, plan_startup
+    from surge.policy.systems import system_config
+
+    system = system_config("blitzscale")
+    busy_first = (Copy(0, "gpu", 0, busy_egress=True), Copy(1, "gpu", outstanding=3))
+    plan = plan_startup(StartupRequest(system, (Destination(2),), busy_first))
+    assert [s.node for s in plan.sources] == [1]  # the loaded but free decode copy
+    free = (Copy(0, "gpu", 0), Copy(1, "gpu", outstanding=3))
+    assert [
+        s.node for s in plan_startup(StartupRequest(system, (Destination(2),), free)).sources
+    ] == [0]
