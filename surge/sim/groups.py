@@ -29,7 +29,8 @@ from surge.sim.events import Priority
 from surge.sim.fetch import fetch
 from surge.sim.flexpipe import FlexPipe
 from surge.sim.host_cache import HostCache
-from surge.sim.instance import Instance, Placement
+from surge.sim.instance import Instance
+from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM, Gpus, tp_for
 from surge.sim.world import World

@@ -25,40 +25,14 @@ attribute an error: the simulator's modules read and set only these fields.
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from surge.sim.costs import CostModel
 from surge.sim.events import Event, EventLoop, Priority
+from surge.sim.placement import NOWHERE, Placement
 from surge.sim.request import SimRequest
 
 IDLE, PREFILL, DECODE = 0, 1, 2
 EPS_TOKENS = 1e-9
-
-
-@dataclass(frozen=True)
-class Placement:
-    """The GPUs an endpoint runs on."""
-
-    workers: tuple[tuple[int, ...], ...]
-    """GPUs of every worker (one tensor-parallel group each), in stage order; one worker
-    for a plain instance, several for a pipeline (λScale execution pipeline, ParaServe
-    group)."""
-    machine: int
-    """Machine of the first worker."""
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        """The first worker's GPUs (its lead GPU sends and receives blocks)."""
-        return self.workers[0]
-
-    @property
-    def all_gpus(self) -> tuple[int, ...]:
-        """Every GPU the endpoint holds."""
-        return tuple(g for w in self.workers for g in w)
-
-
-NOWHERE = Placement(((0,),), 0)
-"""Placement of an endpoint built outside a cluster (unit tests)."""
 
 
 class Instance:
@@ -186,6 +160,13 @@ class Instance:
     def outstanding(self) -> int:
         """Requests waiting, prefilling or decoding here."""
         return len(self.waiting) + len(self.prefilling) + len(self.running)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens it generates per second now (every running request, one per step)."""
+        if self.phase != DECODE or self.step_s <= 0:
+            return 0.0
+        return len(self.running) / self.step_s
 
     # --- entry points -------------------------------------------------------------
     def submit(self, req: SimRequest) -> None:

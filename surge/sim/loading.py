@@ -36,9 +36,10 @@ from surge.sim.events import Priority
 from surge.sim.fetch import fetch
 from surge.sim.flows import Link
 from surge.sim.host_cache import HostCache
-from surge.sim.instance import Instance, Placement
+from surge.sim.instance import Instance
 from surge.sim.live_scaling import LiveScaling
 from surge.sim.multicast_run import MulticastRun
+from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.world import HOST_NODE, World
 

@@ -24,7 +24,8 @@ from surge.sim.costs import cost_model
 from surge.sim.events import Priority
 from surge.sim.hardware import NodeGroup
 from surge.sim.host_cache import HostCache
-from surge.sim.instance import Instance, Placement
+from surge.sim.instance import Instance
+from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.world import KEY_STRIDE, World
 
@@ -165,7 +166,7 @@ class Scaler:
         sys, now = self.world.system, self.world.loop.now_s
         settings = sys.decode_autoscale if pool.role == "decode" else sys.autoscale
         settings = self.adjust(pool, settings)
-        decision = decide(pool_load(pool, now), settings, pool.autoscale_state)
+        decision = decide(pool_load(pool, now, monitor=True), settings, pool.autoscale_state)
         pool.autoscale_state = decision.state
         if decision.wake_at_s is not None and decision.wake_at_s > now:
             self._at(pool, decision.wake_at_s + 1e-9)
@@ -259,10 +260,12 @@ class Scaler:
         return len(idle)
 
 
-def pool_load(pool: Pool, now_s: float) -> PoolLoad:
+def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     """The pool as `policy.autoscale` sees it: its instances (loading until loaded; a
-    multicast source or one awaiting a KV hand-off is busy) and the requests waiting for
-    one — at the router or on an execution pipeline. `surge serve` builds the same view
+    multicast source or one awaiting a KV hand-off is busy; with `monitor`, the load
+    monitor's tokens/s, here the decode rate now rather than the runtime's 2-s trailing
+    window, and KV use, tokens reserved over capacity) and the requests waiting for one —
+    at the router or on an execution pipeline. `surge serve` builds the same view
     (`control/autoscaler.pool_load`)."""
     queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
     loads = tuple(
@@ -271,6 +274,10 @@ def pool_load(pool: Pool, now_s: float) -> PoolLoad:
             i.outstanding + i.reserved,
             not i.loaded or i.sending > 0,
             i.idle_since_s if i.sending == 0 and i.reserved == 0 else None,
+            i.decode_tokens_per_s if monitor else 0.0,
+            min(1.0, i.kv_tokens / i.kv_capacity_tokens)
+            if monitor and i.kv_capacity_tokens
+            else 0.0,
         )
         for i in pool.instances
     )

@@ -112,3 +112,27 @@ def test_serverlessllm_misses_its_host_cache_when_it_is_too_small(fraction, expe
     allcache = Simulation(_bursts(), settings, system_config("allcache")).run()
     assert allcache.cache_misses == 0
     assert allcache.first_token_s.mean() <= res.first_token_s.mean()
+
+
+def test_the_load_monitor_sees_tokens_per_s_and_kv_use():
+    """BlitzScale §5.3's monitor in the simulator: `pool_load` carries each instance's
+    decode rate and KV use, which `policy.autoscale` counts against the system's bounds."""
+    from surge.sim.scaling import pool_load
+
+    n = 16
+    trace = make_trace("decode", [0.0] * n, [INPUT_TOKENS] * n, [400] * n)
+    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=1)
+    sim = Simulation(trace, settings)
+    seen: list = []
+    decode = sim.pools[(0, "decode")]
+
+    def look() -> None:
+        kv = {i.id: i.kv_tokens / i.kv_capacity_tokens for i in decode.instances}
+        seen.append((pool_load(decode, 2.0, monitor=True), kv))
+
+    sim.world.loop.schedule(2.0, 9, 0, look)
+    sim.run()
+    ((load, kv),) = seen
+    busy = [i for i in load.instances if i.outstanding]
+    assert busy and all(i.tokens_per_s > 0 and 0 < i.kv_usage <= 1 for i in busy)
+    assert all(i.kv_usage == pytest.approx(kv[i.instance_id]) for i in busy)

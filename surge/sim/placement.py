@@ -1,0 +1,33 @@
+"""Where a simulated endpoint runs: the GPUs of each of its workers.
+
+In: chosen by scaling (`policy.placement`), loading (execution pipelines), groups
+(ParaServe) and FlexPipe refactoring. Out: a frozen `Placement` an `Instance` carries.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The GPUs an endpoint runs on."""
+
+    workers: tuple[tuple[int, ...], ...]
+    """GPUs of every worker (one tensor-parallel group each), in stage order; one worker
+    for a plain instance, several for a pipeline (λScale execution pipeline, ParaServe
+    group)."""
+    machine: int
+    """Machine of the first worker."""
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The first worker's GPUs (its lead GPU sends and receives blocks)."""
+        return self.workers[0]
+
+    @property
+    def all_gpus(self) -> tuple[int, ...]:
+        """Every GPU the endpoint holds."""
+        return tuple(g for w in self.workers for g in w)
+
+
+NOWHERE = Placement(((0,),), 0)
+"""Placement of an endpoint built outside a cluster (unit tests)."""
