@@ -125,8 +125,15 @@ class Loader:
         machine: `HOST_NODE + m`). `surge serve` asks the same question
         (`control/scaleouts.startup_request`)."""
         dest_machines = {i.machine for i in instances}
+        # a P/D prefill instance's egress carries K/V hand-offs (BlitzScale §5.1)
         gpu_copies = [
-            Copy(i.id, "gpu", i.outstanding, machine=i.machine)
+            Copy(
+                i.id,
+                "gpu",
+                i.outstanding,
+                machine=i.machine,
+                busy_egress=i.role == "prefill" and i.outstanding > 0,
+            )
             for (m, _), p in self.pools.items()
             if m == pool.model
             for i in p.instances
