@@ -56,8 +56,8 @@ def pool_load(
     """The deployment as `policy.autoscale` sees it: its instances (loading until their
     endpoint is up; a multicast source is busy; with a `monitor`, each one's tokens/s and
     KV use) and the requests waiting for one — at the router or on an execution pipeline.
-    The simulator builds the same view (`sim/scaling.pool_load`; it reports no tokens/s or
-    KV use yet)."""
+    The simulator builds the same view (`sim/scaling.pool_load`; its tokens/s is the decode
+    rate at that moment, its KV use the tokens reserved)."""
     # A FlexPipe pipeline's members share its endpoint: one instance, counted once.
     first = {id(i.endpoint): i.node for i in reversed(dep.instances.values()) if i.endpoint}
     loads = tuple(
