@@ -207,6 +207,12 @@ class LiveBatch(TimelineEvent, type_name="live_batch"):
     old_node: int
     split_layer: int
     num_requests: int
+    schedule: str = "best_effort"
+    """Which §5.2 schedule gave the split: "zigzag" (the Eq. 1 ILP) or "best_effort"."""
+    load_ratio: float = 1.0
+    """Eq. 1's Time_l the schedule was made with."""
+    load_ratio_measured: bool = False
+    """True: Time_l was measured on this run; False: the system's fallback."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,8 +88,8 @@ class SystemConfig:
     live_batch: int = 4
     """BlitzScale live scaling: queued requests prefilled together by one step (§5.2)."""
     live_load_ratio: float = 1.0
-    """BlitzScale zigzag Time_l (layer load time / layer execution time) that shapes the
-    live-scaling schedule; each step is clipped to the layers the new node holds."""
+    """BlitzScale zigzag Time_l (layer load time / layer execution time) used until the
+    run has measured it (`policy.live_scaling.measured_load_ratio`)."""
     serve: bool = False
     """`surge serve` can carry this system out on real bytes (the others exist only in the
     simulator: idealised baselines)."""

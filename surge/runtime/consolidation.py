@@ -9,8 +9,8 @@ released); scale-up: every member is a target and the requests are spread over t
 Live scaling (BlitzScale §4, §5.2): `live_prefill` runs a batch's prefill cooperatively —
 the new instance, still loading layers in order, runs the first T layers, the overloaded
 old instance the remaining L - T — then moves the new instance's KV to the old one, where
-the requests decode. T per batch comes from a policy in `surge/policy/zigzag.py`
-(best-effort or the ILP), clipped to the layers the new instance holds.
+the requests decode. T per batch comes from `policy.live_scaling.choose_schedule` (the zigzag ILP or
+best effort, `runtime/scaleout/live.py` decides when and with what Time_l).
 
 Controller side; KV bytes travel stage -> controller -> target (one extra hop, simple).
 """

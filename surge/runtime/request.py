@@ -27,6 +27,8 @@ class ServeRequest:
     """When it arrived (monotonic clock)."""
     output_token_ids: list[int] = field(default_factory=list)
     first_token_t: float | None = None
+    dispatched_t: float | None = None
+    """When the router last handed it to an endpoint (monotonic clock)."""
     token_times: list[float] = field(default_factory=list)
     """When each token came back (monotonic clock)."""
     done_t: float | None = None

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 MAX_ARRIVALS_KEPT = 10_000
 """Arrival times remembered for the predictor's window (older ones drop off)."""
+MAX_SPANS_KEPT = 64
+"""Recent prefill spans kept for the measured prefill time."""
 
 
 class Server:
@@ -46,6 +49,12 @@ class Server:
         self.requests: dict[str, ServeRequest] = {}
         self.arrivals: deque[float] = deque(maxlen=MAX_ARRIVALS_KEPT)
         """Arrival times (monotonic) of the requests submitted, oldest first."""
+        self.departures: deque[float] = deque(maxlen=MAX_ARRIVALS_KEPT)
+        """When queued requests left the queue for an endpoint (monotonic), oldest first:
+        how fast the queue drains (BlitzScale's live-scaling SLO check)."""
+        self.prefill_spans: deque[tuple[float, float, int]] = deque(maxlen=MAX_SPANS_KEPT)
+        """(handed to a local instance, first token, tokens prefilled) of recent requests:
+        the serving instances' measured prefill time (live scaling's Time_l)."""
         self._ids = itertools.count()
         self.pd: PdServing | None = None
         """P/D disaggregation (`runtime/pd_handoff.py`), when the deployment runs it."""
@@ -82,6 +91,8 @@ class Server:
                 return
             ep = live[choice]
             req = self.queue.pop(0)
+            req.dispatched_t = time.monotonic()
+            self.departures.append(req.dispatched_t)
             req.endpoint = ep.name
             req.hops.append(ep.name)
             try:
@@ -135,7 +146,11 @@ class Server:
             if isinstance(ev, TokenGenerated):
                 ep = self.endpoints.get(ev.instance)
                 if isinstance(ep, LocalEndpoint):
+                    req = ep.requests.get(ev.req_id)
+                    first = req is not None and not req.output_token_ids
                     ep.on_token(ev)
+                    if first and req is not None and req.dispatched_t is not None:
+                        self._prefilled(req)
                     if self.pd is not None:
                         self.pd.on_token(ep, ev)
             elif isinstance(ev, AgentDown):
@@ -143,6 +158,12 @@ class Server:
                     if ev.node in ep.nodes:
                         ep.failed = True
                         await self.retire(ep.name)
+
+    def _prefilled(self, req: ServeRequest) -> None:
+        """A request's first token came back from a local instance: record its prefill."""
+        assert req.dispatched_t is not None and req.first_token_t is not None
+        tokens = len(req.prompt_token_ids) - (req.cached_tokens or 0)
+        self.prefill_spans.append((req.dispatched_t, req.first_token_t, tokens))
 
     async def wait_all(self, timeout_s: float) -> None:
         await asyncio.wait_for(

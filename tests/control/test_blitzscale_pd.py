@@ -43,7 +43,9 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
         try:
             scaling = {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 2}
             pd = {"prefill": 1, "decode": 1}
-            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling, pd=pd)
+            # A TTFT SLO the burst misses: the live-scaling SLO check (§5.2) lets it help.
+            slo = {"ttft_ms": 50}
+            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling, pd=pd, slo=slo)
             # ... and their scale-out over (one serve-while-loading multicast at a time).
             ready = lambda: len(dep.serving()) == 2 and not dep.multicasting  # noqa: E731
             await _until(ready, "two first instances")

@@ -176,7 +176,9 @@ def test_blitzscale_live_scaling_while_the_new_instance_loads(
         await ctl.start()
         try:
             scaling = {"min_replicas": 1, "target_ongoing_requests": 1}
-            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling)
+            # A TTFT SLO the burst misses, so the SLO check (§5.2) calls for live scaling.
+            slo = {"ttft_ms": 50}
+            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling, slo=slo)
             await _until(lambda: bool(dep.serving()), "no first instance")
             reqs = await _run_burst(ctl, dep, tok, 256)
             return reqs, ctl.describe(dep)["status"]

@@ -22,7 +22,7 @@ from surge.events import (
 
 def _example(cls: type[TimelineEvent]) -> TimelineEvent:
     """An instance of `cls` with a value of the right type in every field."""
-    values = {int: 3, float: 1.5, str: "m", tuple[int, ...]: (1, 2)}
+    values = {int: 3, float: 1.5, str: "m", bool: True, tuple[int, ...]: (1, 2)}
     kw = {}
     for f in fields(cls):
         if f.name == "t_s":

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from surge.config import EngineConfig
 from surge.events import NO_BUS, EventBus, PipelineOpened
 from surge.model.manifest import Manifest
+from surge.policy.live_scaling import LoadRatio
 from surge.policy.paraserve_predictor import ConsolidationDecision
 from surge.policy.pipelines import Pipeline
 from surge.policy.startup import Copy, Destination, GroupPlan
@@ -160,6 +161,14 @@ class ScaleOutContext:
     """Requests moved with their KV cache (ParaServe consolidation)."""
     live_prefilled: int = 0
     """Requests prefilled cooperatively by live scaling (BlitzScale)."""
+    live_batches: dict[str, int] = field(default_factory=dict)
+    """Live-scaled batches per §5.2 schedule that gave their split ("zigzag", "best_effort")."""
+    live_declined: int = 0
+    """Looks at a non-empty queue where the SLO check said normal routing meets the TTFT SLO."""
+    live_load_ratios: list[LoadRatio] = field(default_factory=list)
+    """Eq. 1's Time_l of each live-scaling schedule made (measured or the fallback)."""
+    live_redistributed: int = 0
+    """Requests moved to a new instance once it held every layer (§5.2 step 3)."""
     opened: list[tuple[str, float, tuple[int, ...]]] = field(default_factory=list)
     """(endpoint, monotonic time, nodes) in the order endpoints opened."""
     retired: list[tuple[str, float, int]] = field(default_factory=list)

@@ -103,9 +103,12 @@ class _Carrier:
         elif isinstance(action, GoLocal):
             node = self.agents[action.node]
             ctx.events.publish(ModeSwitch(model=ctx.model, node=node, mode="local"))
-            if self.live is not None:
+            if self.live is not None:  # §5.2 step 3: requests spread onto it as it opens
                 self.live.go_local(node)
+                await self.live.redistribute(node)
             await open_local(ctx, node)
+            if self.live is not None:
+                self.live.opened()
         elif isinstance(action, RetirePipeline):
             await self.retire(action.index)
 
@@ -164,6 +167,8 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
                 continue
             if ev.tier != "gpu" or ev.node not in plan_node:
                 continue
+            if live is not None:  # its layer load time (Eq. 1's Time_l)
+                live.arrived(ev.node, ev.block, ev.t)
             for action in state.arrive(plan_node[ev.node], ev.block):
                 await carrier.carry_out(action)
         ctx.multicast = task.result()

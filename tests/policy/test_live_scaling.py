@@ -1,0 +1,150 @@
+"""BlitzScale live-scaling decisions (§5.2): the SLO check, the measured Time_l, the choice
+between the zigzag ILP and best effort, and the redistribution once the new instance is
+whole."""
+
+import math
+
+import pytest
+
+from surge.errors import SurgeError
+from surge.policy.live_scaling import (
+    DRAIN_WINDOW_S,
+    InstanceLoad,
+    PrefillSpan,
+    SloCheck,
+    choose_schedule,
+    drain_rate_per_s,
+    layer_load_s,
+    measured_load_ratio,
+    needs_live_scaling,
+    plan_redistribution,
+    predicted_ttfts,
+    prefill_s_per_token,
+)
+from surge.policy.zigzag import ZigzagProblem, best_effort, solve_zigzag
+
+
+def test_prefill_time_counts_a_batched_step_once() -> None:
+    # Two requests prefilled in one 0.1 s step, then one alone in 0.05 s.
+    spans = [PrefillSpan(0.0, 0.1, 10), PrefillSpan(0.0, 0.1, 10), PrefillSpan(1.0, 1.05, 5)]
+    assert prefill_s_per_token(spans) == pytest.approx(0.15 / 25)
+    # Overlapping but not equal spans: their union.
+    assert prefill_s_per_token([PrefillSpan(0, 2, 1), PrefillSpan(1, 3, 1)]) == pytest.approx(1.5)
+    assert prefill_s_per_token([]) is None
+    assert prefill_s_per_token([PrefillSpan(1.0, 1.0, 4)]) is None
+
+
+def test_drain_rate_is_departures_in_the_window() -> None:
+    now = 10.0
+    departures = [now - DRAIN_WINDOW_S - 1, now - 1.5, now - 1.0, now - 0.5, now - 0.1]
+    assert drain_rate_per_s(departures, now) == pytest.approx(4 / DRAIN_WINDOW_S)
+    assert drain_rate_per_s([1.0], now) is None
+
+
+def _check(slo_s: float, **kw) -> SloCheck:
+    base = dict(
+        now_s=10.0,
+        queued_arrivals_s=(9.0, 9.5, 9.9),
+        ttft_slo_s=slo_s,
+        drain_per_s=2.0,
+        prefill_s_per_request=0.1,
+        num_serving=1,
+    )
+    return SloCheck(**{**base, **kw})
+
+
+def test_predicted_ttft_is_waited_plus_queue_position_over_drain_plus_prefill() -> None:
+    ttfts = predicted_ttfts(_check(1.0))
+    expected = [(10.0 - a) + (k + 1) / 2.0 + 0.1 for k, a in enumerate((9.0, 9.5, 9.9))]
+    assert ttfts == pytest.approx(expected)
+
+
+def test_slo_check_gates_live_scaling() -> None:
+    worst = max(predicted_ttfts(_check(1.0)))
+    assert needs_live_scaling(_check(worst * 0.9)).live
+    assert not needs_live_scaling(_check(worst * 1.1)).live
+    assert needs_live_scaling(_check(worst * 1.1)).worst_ttft_s == pytest.approx(worst)
+    # An empty queue never needs help.
+    assert not needs_live_scaling(_check(0.01, queued_arrivals_s=())).live
+
+
+def test_new_instance_whole_soon_drains_the_queue_faster() -> None:
+    queue = tuple(9.0 + 0.01 * i for i in range(20))
+    alone = predicted_ttfts(_check(1.0, queued_arrivals_s=queue))
+    helped = predicted_ttfts(_check(1.0, queued_arrivals_s=queue, whole_in_s=1.0))
+    # Requests leaving before it is whole see no change; later ones do.
+    assert helped[0] == pytest.approx(alone[0])
+    assert all(h <= a + 1e-12 for h, a in zip(helped, alone, strict=True))
+    assert helped[-1] < alone[-1]
+
+
+def test_unmeasured_drain_falls_back_to_compute_or_to_the_wait_so_far() -> None:
+    compute = predicted_ttfts(_check(1.0, drain_per_s=None, num_serving=2))
+    assert compute[-1] == pytest.approx(0.1 + 3 / (2 / 0.1) + 0.1)
+    nothing = predicted_ttfts(_check(1.0, drain_per_s=None, prefill_s_per_request=None))
+    assert nothing == pytest.approx((1.0, 0.5, 0.1))
+    # A queue that does not drain at all misses any SLO.
+    assert needs_live_scaling(_check(100.0, drain_per_s=0.0)).worst_ttft_s == math.inf
+
+
+def test_slo_check_rejects_bad_settings() -> None:
+    with pytest.raises(SurgeError):
+        _check(0.0)
+    with pytest.raises(SurgeError):
+        _check(1.0, num_serving=-1)
+
+
+def test_layer_load_time_from_block_arrivals() -> None:
+    # Blocks of 2 layers landing every 0.4 s: 0.2 s per layer.
+    arrivals = [(5.0, 2), (5.4, 2), (5.8, 2), (6.2, 1)]
+    assert layer_load_s(arrivals) == pytest.approx(1.2 / 5)
+    assert layer_load_s(arrivals[:1]) is None
+    assert layer_load_s([(1.0, 2), (1.0, 2)]) is None
+
+
+def test_load_ratio_is_measured_once_both_sides_are_known() -> None:
+    fallback = measured_load_ratio(None, 0.001, 40, 8, fallback=1.0)
+    assert not fallback.measured and fallback.value == 1.0
+    assert not measured_load_ratio(0.2, None, 40, 8, fallback=3.0).measured
+    # One layer of a 40-token batch: 0.001 s/token * 40 / 8 layers = 5 ms; loading 0.2 s.
+    r = measured_load_ratio(0.2, 0.001, 40, 8, fallback=1.0)
+    assert r.measured and r.layer_exec_s == pytest.approx(0.005)
+    assert r.value == pytest.approx(0.2 / 0.005)
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        ZigzagProblem(num_layers=7, load_ratio=6.0, num_batches=6),  # Fig. 12
+        ZigzagProblem(num_layers=8, load_ratio=0.5, num_batches=4, resident_layers_at_start=4),
+        ZigzagProblem(num_layers=4, load_ratio=1.0, num_batches=1),
+        ZigzagProblem(num_layers=16, load_ratio=2.0, num_batches=8, resident_layers_at_start=2),
+    ],
+)
+def test_choice_is_the_ilp_only_when_it_beats_best_effort(problem: ZigzagProblem) -> None:
+    chosen = choose_schedule(problem)
+    be, zz = best_effort(problem), solve_zigzag(problem)
+    assert chosen.avg_latency == pytest.approx(min(be.avg_latency, zz.avg_latency))
+    assert chosen.policy == ("zigzag" if zz.avg_latency < be.avg_latency - 1e-9 else "best_effort")
+
+
+def test_zigzag_when_layers_keep_coming_and_best_effort_for_one_batch() -> None:
+    # Layers keep landing while 8 batches wait: delaying some on the source pays off.
+    assert choose_schedule(ZigzagProblem(16, 2.0, 8, 2)).policy == "zigzag"
+    # Fig. 12's own numbers (Time_l = 6, k0 = 1): C3 keeps every batch at (1, 6), a tie.
+    assert choose_schedule(ZigzagProblem(7, 6.0, 6)).policy == "best_effort"
+    # One batch: nothing to balance, the ILP cannot win.
+    assert choose_schedule(ZigzagProblem(7, 6.0, 1)).policy == "best_effort"
+
+
+def test_redistribution_spreads_evenly_within_the_new_room() -> None:
+    olds = [InstanceLoad(0, 9, 4), InstanceLoad(1, 3, 4)]
+    moves = plan_redistribution(olds, InstanceLoad(2, 0, 8))
+    # 12 requests over 3 instances: 4 each; the new one takes its share from the only
+    # instance above it.
+    assert [(m.from_index, m.num_requests) for m in moves] == [(0, 4)]
+    # The new instance's room caps what moves.
+    small = plan_redistribution(olds, InstanceLoad(2, 0, 2))
+    assert sum(m.num_requests for m in small) == 2
+    # Balanced already: nothing moves.
+    assert plan_redistribution([InstanceLoad(0, 2, 4)], InstanceLoad(1, 2, 4)) == ()

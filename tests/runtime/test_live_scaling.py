@@ -1,0 +1,145 @@
+"""BlitzScale live scaling through a real scale-out (§4, §5.2): the SLO check decides whether
+to live-scale, Time_l is measured on the run, and requests finish token-exact through live
+batches and through the redistribution onto the new instance once it is whole."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from surge.config import EngineConfig
+from surge.engine.sampling import SamplingParams
+from surge.events import EventBus, LiveBatch
+from surge.policy.startup import Copy, Destination
+from surge.policy.systems import system_config
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.scaleout.live import LiveScaling
+from surge.runtime.scaleout.local import open_local
+from tests.engine.reference import assert_same_tokens, hf_greedy
+from tests.runtime.conftest import MODEL
+from tests.runtime.test_consolidation import _setup
+from tests.runtime.test_serving import PROMPTS
+
+MAX_TOKENS = 48
+SLOS_S = {"tight": 0.05, "loose": 600.0}
+"""TTFT SLOs: a queue of 16 on one instance serving one at a time misses 50 ms by far and
+meets 10 minutes by far."""
+
+
+@pytest.mark.parametrize("slo", ["tight", "loose"])
+def test_slo_check_gates_live_scaling_and_requests_redistribute(
+    slo, make_cluster, manifest, tiny_hf
+) -> None:
+    """Node 0 serves one request at a time; node 1 receives the model over a 0.02 Gbit/s
+    link. Tight SLO: once node 1 holds half the blocks (`GoLive`) queued batches are
+    prefilled with their first layers on it on a schedule made with the measured Time_l.
+    Loose SLO: the check says normal routing meets it and nothing is live-scaled."""
+    cluster = make_cluster(2, link_gbps=0.02, preload_engine=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    bus = EventBus()
+    seen = bus.subscribe()
+
+    async def on_local(node: int, ep) -> None:
+        return None
+
+    async def run():
+        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3]})
+        try:
+            old = LocalEndpoint(client, 0, MODEL, f"{MODEL}-node0", capacity=1)
+            await old.open()
+            await server.add_endpoint(old)
+            reqs = [server.new_request(p, params) for p in PROMPTS * 6]
+            for r in reqs:
+                await server.submit(r)
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                replace(system_config("blitzscale"), live_batch=6),
+                (Destination(1),),
+                ControllerHooks(on_local=on_local),
+                copies=(Copy(0, "gpu", outstanding=1),),
+                engine=EngineConfig(max_num_seqs=1),
+                ttft_slo_s=SLOS_S[slo],
+                events=bus,
+            )
+            await run_scale_out(ctx)
+            await server.wait_all(60)
+            return reqs, ctx
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, ctx = asyncio.run(run())
+    events = [seen.queue.get_nowait() for _ in range(seen.queue.qsize())]
+    batches = [e for e in events if isinstance(e, LiveBatch)]
+    live = [r for r in reqs if r.hops[0].startswith("live-")]
+    hops = [r.hops for r in reqs]
+    if slo == "loose":
+        assert ctx.live_prefilled == 0 and not live and not batches, hops
+        assert ctx.live_declined >= 1
+    else:
+        assert ctx.live_prefilled == len(live) >= 1, hops
+        # Each batch says which schedule split it, made with Time_l measured on this run.
+        assert sum(ctx.live_batches.values()) == len(batches) >= 1
+        assert all(e.schedule in ("zigzag", "best_effort") for e in batches)
+        assert ctx.live_load_ratios and all(r.measured for r in ctx.live_load_ratios)
+        assert {e.load_ratio for e in batches} <= {r.value for r in ctx.live_load_ratios}
+        assert all(r.layer_load_s and r.layer_exec_s for r in ctx.live_load_ratios)
+    _check_tokens(tiny_hf, reqs)
+
+
+def _check_tokens(tiny_hf, reqs) -> None:
+    """Token-exact: each distinct prompt's reference is computed once."""
+    refs = {tuple(p): hf_greedy(tiny_hf, p, MAX_TOKENS) for p in PROMPTS}
+    for r in reqs:
+        assert r.done.is_set() and len(r.output_token_ids) == MAX_TOKENS, r.req_id
+        ref, logits = refs[tuple(r.prompt_token_ids)]
+        assert_same_tokens(r.output_token_ids, ref, logits, f"{r.req_id} via {r.hops}")
+
+
+def test_whole_new_instance_takes_its_share_of_the_old_ones_requests(
+    make_cluster, manifest, tiny_hf
+) -> None:
+    """§5.2 step 3: node 0 holds six requests when node 1 becomes whole; before node 1
+    opens, the newest three move to it (the even share) and finish there token-exact."""
+    cluster = make_cluster(2, preload_engine=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    async def on_local(node: int, ep) -> None:
+        return None
+
+    async def run():
+        every = list(range(manifest.num_blocks))
+        client, server = await _setup(cluster, manifest, {0: every, 1: every})
+        try:
+            old = LocalEndpoint(client, 0, MODEL, f"{MODEL}-node0", capacity=6)
+            await old.open()
+            await server.add_endpoint(old)
+            reqs = [server.new_request(p, params) for p in PROMPTS * 2]
+            for r in reqs:
+                await server.submit(r)
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                system_config("blitzscale"),
+                (Destination(1),),
+                ControllerHooks(on_local=on_local),
+                engine=EngineConfig(max_num_seqs=6),
+            )
+            live = LiveScaling(ctx, {1: set(every)})
+            await live.redistribute(1)
+            await open_local(ctx, 1)
+            await server.wait_all(60)
+            return reqs, ctx
+        finally:
+            await server.close()
+            await client.close()
+
+    reqs, ctx = asyncio.run(run())
+    assert ctx.live_redistributed == 3
+    on_new = [r for r in reqs if r.hops[-1] == f"{MODEL}-node1"]
+    assert on_new == reqs[3:], [r.hops for r in reqs]
+    _check_tokens(tiny_hf, reqs)
