@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from surge.config import EngineConfig
 from surge.control.copies import Copies
-from surge.control.flexpipe import FlexPipeControl
+from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
 from surge.control.load_monitor import LoadMonitor, kv_usage
 from surge.control.metrics import Metrics
 from surge.control.pd import PdControl, egress_traffic
@@ -151,9 +151,10 @@ class Autoscaler:
         self.copies.expire(now_s)
 
     def settings(self, dep: Deployment) -> AutoscaleSettings:
-        """The deployment's knobs within the cluster's instance slots."""
+        """The deployment's knobs within the cluster's instance slots (a FlexPipe
+        pipeline's target scaled by its stages: `control/flexpipe.py`)."""
         slots = len(self.live_nodes()) * self.config.slots_per_node
-        return dep.spec.autoscaling.capped(slots)
+        return flexpipe_autoscale(dep, dep.spec.autoscaling.capped(slots))
 
     def _observe(self, dep: Deployment, now_s: float, dt_s: float) -> None:
         m, name = self.metrics, dep.name

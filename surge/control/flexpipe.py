@@ -28,11 +28,13 @@ from surge.control.pool import ParameterPool
 from surge.control.scaleouts import own_tiers
 from surge.control.state import Deployment, Instance
 from surge.events import NO_BUS, EventBus, Refactor
+from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_system import (
     arrivals_in_window,
     choose_num_stages,
     choose_stages,
+    pipeline_autoscale,
 )
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
@@ -64,6 +66,22 @@ class FlexPipeRecord:
 
 def is_flexpipe(dep: Deployment) -> bool:
     return serve_system(dep.spec.strategy).group_sizing == "flexpipe"
+
+
+def flexpipe_autoscale(dep: Deployment, base: AutoscaleSettings) -> AutoscaleSettings:
+    """The autoscaler's knobs for a FlexPipe deployment: a pipeline of η stages with m
+    micro-batches in flight works on min(η, m) of them at once, so it takes that many
+    instances' worth of requests (`flexpipe_system.pipeline_autoscale`; the simulator
+    pipelines η, the runtime's head keeps `num_micro_batches` groups); other deployments
+    keep `base`."""
+    if not is_flexpipe(dep):
+        return base
+    busy = [
+        min(len(e.stages), e.num_micro_batches)
+        for e in dep.server.endpoints.values()
+        if isinstance(e, FlexPipeline) and not e.failed
+    ]
+    return pipeline_autoscale(base, sum(busy) / len(busy)) if busy else base
 
 
 def describe_flexpipe(dep: Deployment) -> dict[str, Any] | None:
