@@ -11,15 +11,15 @@ decodes there (or, under P/D, hands its KV cache to a decode instance as any pre
 The schedule is the runtime's (`runtime/scaleout/live.py`): `live_batch` requests per
 batch, a (T_i, S_i) per batch from `surge.policy.zigzag` for the batches waiting when a
 schedule starts (the ILP of Eq. 1 when it beats best effort, else best effort:
-`schedule_for`, the one place that chooses), T_i clipped to the layers the target holds
-when it starts the batch and to L − 1. Time_l of Eq. 1 is measured on this scale-out:
-seconds per layer landed so far over the cost model's seconds to run one layer of the
-batch. C2 is carried out, not assumed: a batch reaches the source only when the target
-has finished its T_i layers and the activation has crossed the network (a flow that
-shares links with the multicast), and the source runs it FIFO after what it already
-has. The target executes one batch at a time; it is not a router endpoint until it
-holds every layer (then `Loader.ready` serves it alone and `redistribute` spreads the
-sources' unstarted requests over both, §5.2 step 3).
+`policy.live_scaling.choose_schedule`, the runtime's choice too), T_i clipped to the
+layers the target holds when it starts the batch and to L − 1. Time_l of Eq. 1 is
+measured on this scale-out: seconds per layer landed so far over the cost model's
+seconds to run one layer of the batch. C2 is carried out, not assumed: a batch reaches
+the source only when the target has finished its T_i layers and the activation has
+crossed the network (a flow that shares links with the multicast), and the source runs
+it FIFO after what it already has. The target executes one batch at a time; it is not a
+router endpoint until it holds every layer (then `Loader.ready` serves it alone and
+`redistribute` spreads the sources' unstarted requests over both, §5.2 step 3).
 
 Not modelled: the K/V of the target's T_i layers travelling to the source (the runtime's
 `live_prefill` sends it; the activation crossing is modelled and is the larger part for
@@ -32,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.events import LiveBatch, ModeSwitch
-from surge.policy.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
+from surge.policy.live_scaling import choose_schedule
+from surge.policy.zigzag import ZigzagProblem, ZigzagSchedule
 from surge.sim.events import Priority
 from surge.sim.instance import Instance
 from surge.sim.pools import Pool, Requests
@@ -46,14 +47,6 @@ ACTIVATION_BYTES = 2
 
 
 @functools.lru_cache(maxsize=1024)
-def schedule_for(problem: ZigzagProblem) -> ZigzagSchedule:
-    """The pipeline configuration of Eq. 1 (BlitzScale §5.2): the ILP when its average
-    latency beats best effort's, else best effort (always feasible)."""
-    baseline = best_effort(problem)
-    ilp = solve_zigzag(problem)
-    return ilp if ilp.avg_latency < baseline.avg_latency - 1e-9 else baseline
-
-
 @dataclass(frozen=True)
 class LiveRecord:
     """One cooperatively executed batch (`SimResult.live_batches`)."""
@@ -179,7 +172,7 @@ class LiveScaling:
                 num_batches=max(1, math.ceil(len(waiting) / sys.live_batch)),
                 resident_layers_at_start=min(held, num_layers),
             )
-            t.schedule = schedule_for(t.problem)
+            t.schedule = choose_schedule(t.problem)
             t.splits = list(t.schedule.splits)
         assert t.schedule is not None and t.problem is not None
         index = len(t.schedule.splits) - len(t.splits)

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
+from surge.policy.live_scaling import choose_schedule
 from surge.policy.systems import system_config
 from surge.sim.costs import cost_model
 from surge.sim.hardware import load_cluster
-from surge.sim.live_scaling import schedule_for
 from surge.sim.models import load_model
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation
@@ -35,7 +35,7 @@ def test_live_batches_follow_the_zigzag_schedule(burst):
     assert records, "no cooperative batch ran: live scaling is not layer-level"
     num_layers = load_model(MODEL).num_layers
     for rec in records:
-        schedule = schedule_for(rec.problem)
+        schedule = choose_schedule(rec.problem)
         # the batch took the schedule's split for its position, clipped as the runtime
         # clips it (to the layers held at that moment, and to L - 1)
         assert rec.planned_split == schedule.splits[rec.index]
