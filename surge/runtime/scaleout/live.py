@@ -85,13 +85,17 @@ class LiveScaling:
         self.live.discard(node)
 
     def arrived(self, node: int, block: int, t_s: float) -> None:
-        """A block landed on receiver `node` at `t_s` (its agent's clock: only the
-        differences are used)."""
+        """A block landed on receiver `node` at `t_s` (wall clock, as its agent says)."""
         if node in self._arrivals:
             b = self.ctx.manifest.blocks[block]
             self._arrivals[node].append((t_s, b.end_layer - b.first_layer))
 
     def start(self) -> asyncio.Task:
+        """Start looking at the queue (as the multicast starts: its start time is each
+        receiver's zero, so the first block already measures the load speed)."""
+        now = time.time()  # the agents' events carry wall-clock times
+        for arrivals in self._arrivals.values():
+            arrivals.append((now, 0))
         loop = asyncio.get_running_loop()
         self._warm = loop.run_in_executor(None, self._warm_solver)  # while layers load
         return loop.create_task(self._loop())
@@ -172,6 +176,8 @@ class LiveScaling:
             ctx.live_declined += 1
             self._splits = []  # a fresh schedule if live scaling is needed again
             return
+        if not self._ratio.measured and load_s is not None and self._prefill_s_per_token():
+            self._splits = []  # Time_l is measured now: re-plan with it, not the fallback
         if not self._splits:  # a fresh schedule for the batches waiting now
             self._ratio = measured_load_ratio(
                 load_s,
