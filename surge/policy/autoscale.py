@@ -29,7 +29,9 @@ are Ray Serve's, the only vocabulary surge uses):
   released while the pool stays >= desired, the longest-idle first (ties: lowest id);
   the last instance stays until it has idled `keep_alive_s` (scale to zero,
   ServerlessLLM / λScale keep-alive).
-Pure and deterministic: no clock, the caller passes `now_s` and the previous state.
+Pure and deterministic: no clock, the caller passes `now_s` and the previous state. A
+decision that adds and releases nothing is a fixed point: fed its own state with the same
+load and settings it returns itself (the simulator skips such repeats at one instant).
 """
 
 import math

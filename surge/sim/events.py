@@ -69,7 +69,7 @@ class EventLoop:
         if time_s < self.now_s:
             time_s = self.now_s
         event = Event(time_s, handler)
-        heapq.heappush(self._heap, (time_s, int(priority), key, next(self._seq), event))
+        heapq.heappush(self._heap, (time_s, priority, key, next(self._seq), event))
         return event
 
     def run(

@@ -17,7 +17,13 @@ import math
 from collections.abc import Callable
 
 from surge.events import InstanceDrained, ScaleOutStarted
-from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import (
+    AutoscaleSettings,
+    InstanceLoad,
+    PoolLoad,
+    ScaleDecision,
+    decide,
+)
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
@@ -119,7 +125,9 @@ class Scaler:
     ) -> None:
         self.world = world
         self.on_decide = on_decide
-        """Called at every decision (FlexPipe's granularity controller runs then)."""
+        """Called at every decision (FlexPipe's granularity controller runs then); a second
+        call at one instant with nothing run in between must change nothing (FlexPipe
+        decides at most once per interval), so repeated decisions in a row are skipped."""
         self.adjust = adjust
         """The pool's autoscaler settings from the system's (FlexPipe: per pipeline)."""
         self.pools = pools
@@ -134,12 +142,40 @@ class Scaler:
         self.ready = ready
         """Bring an instance up after a delay (warm or `ideal` starts)."""
         self.check_pending: set[int] = set()
+        self._wakes: dict[tuple[int, float], list[int]] = {}
+        """Pending wake-ups per (pool index, time): how many decisions asked for each."""
+        self._last: dict[int, tuple[float, PoolLoad, AutoscaleSettings, ScaleDecision]] = {}
+        """Per pool: the last decision that changed nothing, with its time and inputs."""
 
     # --- when to decide -------------------------------------------------------------
     def _at(self, pool: Pool, time_s: float) -> None:
-        self.world.loop.schedule(
-            time_s, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, lambda: self.autoscale(pool)
-        )
+        """Decide at `time_s`. Every decision of a quiet pool asks for the same wake-up
+        (an idle instance's delay), so many ask for one instant: they share one event
+        that decides as many times in a row, which is the order separate events at one
+        (time, class, key) run in (a `check_soon` at that instant closes the group)."""
+        group = (pool.index, time_s)
+        count = self._wakes.get(group)
+        if count is not None:
+            count[0] += 1
+            return
+        count = [1]
+        self._wakes[group] = count
+
+        def wake() -> None:
+            if self._wakes.get(group) is count:
+                del self._wakes[group]
+            left = count[0]
+            while left:
+                left -= 1
+                if self.autoscale(pool) and left < count[0] - 1:
+                    # it repeated the decision just before it, in this event: nothing
+                    # changed (`on_decide` included, see __init__), so the rest repeat too
+                    decision = self._last[pool.index][3]
+                    for _ in range(left):
+                        self._carry_out(pool, decision)
+                    return
+
+        self.world.loop.schedule(time_s, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, wake)
 
     def check_soon(self, pool: Pool) -> None:
         """Decide at the next decision tick (arrivals of one tick batch into one check)."""
@@ -154,6 +190,7 @@ class Scaler:
             self.autoscale(pool)
 
         self.world.loop.schedule(at, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, check)
+        self._wakes.pop((pool.index, at), None)  # later wake-ups at `at` run after it
 
     def check_after_idle(self, pool: Pool) -> None:
         """An endpoint emptied: decide once the downscale delay has passed."""
@@ -161,12 +198,41 @@ class Scaler:
         self._at(pool, self.world.loop.now_s + delay + 1e-9)
 
     # --- deciding -------------------------------------------------------------------
-    def autoscale(self, pool: Pool) -> None:
-        """One `surge.policy.autoscale.decide` call for `pool`, carried out."""
+    def autoscale(self, pool: Pool) -> bool:
+        """One `surge.policy.autoscale.decide` call for `pool`, carried out; True if it
+        repeated the pool's last decision (nothing changed since, at the same instant)."""
         sys, now = self.world.system, self.world.loop.now_s
         settings = sys.decode_autoscale if pool.role == "decode" else sys.autoscale
         settings = self.adjust(pool, settings)
-        decision = decide(pool_load(pool, now, monitor=True), settings, pool.autoscale_state)
+        load = pool_load(pool, now, monitor=True)
+        if self._repeats(pool, now, load, settings):
+            self._carry_out(pool, self._last[pool.index][3])
+            return True
+        decision = decide(load, settings, pool.autoscale_state)
+        if decision.scale_out or decision.release:
+            self._last.pop(pool.index, None)
+        else:
+            self._last[pool.index] = (now, load, settings, decision)
+        self._carry_out(pool, decision)
+        return False
+
+    def _repeats(
+        self, pool: Pool, now_s: float, load: PoolLoad, settings: AutoscaleSettings
+    ) -> bool:
+        """Whether `decide` would return the pool's last decision: `decide` is pure, and a
+        decision that changed nothing, fed its own state with the same load and settings
+        at the same instant, returns itself (`policy.autoscale.decide`)."""
+        last = self._last.get(pool.index)
+        return (
+            last is not None
+            and last[0] == now_s
+            and last[3].state == pool.autoscale_state
+            and last[1] == load
+            and last[2] == settings
+        )
+
+    def _carry_out(self, pool: Pool, decision: ScaleDecision) -> None:
+        now = self.world.loop.now_s
         pool.autoscale_state = decision.state
         if decision.wake_at_s is not None and decision.wake_at_s > now:
             self._at(pool, decision.wake_at_s + 1e-9)

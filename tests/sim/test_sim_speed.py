@@ -1,0 +1,130 @@
+"""The simulator's shortcuts change no result: each run equals the straightforward path.
+
+The shortcuts (`sim.simulator` chains arrivals instead of scheduling the whole trace,
+`sim.scaling.Scaler` runs the wake-ups many decisions ask for at one instant as one event
+and skips a decision that would repeat the last one) are replaced here by the plain
+versions; every number of the result must stay the same.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from surge.policy.autoscale import AutoscaleSettings, AutoscaleState, InstanceLoad, PoolLoad, decide
+from surge.policy.systems import system_config
+from surge.sim import scaling, simulator
+from surge.sim.events import Priority
+from surge.sim.metrics import summarize
+from surge.sim.settings import SimSettings
+from surge.sim.simulator import simulate
+from surge.sim.world import KEY_STRIDE
+from surge.traces.gamma import gamma_trace
+
+
+def _plain_at(self, pool, time_s):
+    self.world.loop.schedule(
+        time_s, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, lambda: self.autoscale(pool)
+    )
+
+
+def _plain_arrivals(self):
+    for req in self.requests:
+        self.world.loop.schedule(
+            req.arrival_s, Priority.ARRIVAL, req.id, lambda req=req: self.router.arrive(req)
+        )
+
+
+def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
+    name, _, capped = system.partition("+")
+    variant = system_config(name)
+    if capped:  # one instance per decision, after a stable window: repeats at one instant act
+        knobs = dict(max_scale_out_per_decision=1, upscale_delay_s=0.5, downscale_delay_s=1.0)
+        variant = dataclasses.replace(
+            variant, autoscale=dataclasses.replace(variant.autoscale, **knobs)
+        )
+    settings = SimSettings("lambdascale-testbed1", models, name)
+    res = simulate(trace, settings, system=variant)
+    summary = summarize(res, settings)
+    events = summary.pop("events")
+    summary.pop("wall_s")
+    every = {
+        "summary": summary,
+        "first_token_s": res.first_token_s.tolist(),
+        "done_s": res.done_s.tolist(),
+        "gpu_changes": res.gpu_changes,
+        "scale_events": res.scale_events,
+        "samples": res.samples,
+    }
+    return json.dumps(every, sort_keys=True), events
+
+
+@pytest.mark.parametrize(
+    ("system", "num_models"),
+    [
+        ("blitzscale", 1),
+        ("lambdascale", 1),
+        ("flexpipe", 1),
+        ("serverlessllm", 3),
+        ("lambdascale+capped", 1),
+    ],
+)
+def test_shortcuts_give_the_plain_paths_results(monkeypatch, system, num_models):
+    trace = gamma_trace(40.0, 4.0, 60.0, seed=3, input_tokens=256, output_tokens=32)
+    trace = dataclasses.replace(trace, model_index=np.arange(trace.num_requests) % num_models)
+    models = (f"llama2-7b*{num_models}",) if num_models > 1 else ("llama2-7b",)
+    fast, fast_events = _outcome(system, trace, models)
+    with monkeypatch.context() as m:
+        m.setattr(scaling.Scaler, "_at", _plain_at)
+        m.setattr(scaling.Scaler, "_repeats", lambda *a: False)
+        m.setattr(simulator.Simulation, "_schedule_arrivals", _plain_arrivals)
+        plain, plain_events = _outcome(system, trace, models)
+    assert json.loads(fast)["summary"]["finished"] == trace.num_requests
+    assert fast == plain
+    assert fast_events <= plain_events
+
+
+def test_a_decision_that_changes_nothing_is_a_fixed_point():
+    rng = np.random.default_rng(0)
+    settings = AutoscaleSettings(
+        target_ongoing_requests=4.0, upscale_delay_s=1.0, downscale_delay_s=2.0, keep_alive_s=5.0
+    )
+    fixed = 0
+    for _ in range(2000):
+        now = float(rng.uniform(10, 20))
+        loads = tuple(
+            InstanceLoad(
+                i,
+                int(rng.integers(0, 3)) * int(rng.integers(0, 2)),
+                bool(rng.integers(0, 4) == 0),
+                float(now - rng.uniform(0, 8)) if rng.integers(0, 2) else None,
+            )
+            for i in range(int(rng.integers(0, 4)))
+        )
+        loads = tuple(
+            dataclasses.replace(i, idle_since_s=None) if i.outstanding else i for i in loads
+        )
+        load = PoolLoad(now, int(rng.integers(0, 20)), loads)
+        state = AutoscaleState(
+            float(now - rng.uniform(0, 2)) if rng.integers(0, 2) else None,
+            float(now + rng.uniform(-1, 1)) if rng.integers(0, 2) else None,
+        )
+        first = decide(load, settings, state)
+        if first.scale_out or first.release:
+            continue
+        fixed += 1
+        assert decide(load, settings, first.state) == first
+    assert fixed > 200
+
+
+def test_a_decision_is_repeated_only_while_its_inputs_stay_the_same():
+    trace = gamma_trace(20.0, 1.0, 5.0, seed=1, input_tokens=64, output_tokens=4)
+    sim = simulator.Simulation(trace, SimSettings("lambdascale-testbed1", ("llama2-7b",), "ideal"))
+    pool = sim.pools[(0, "both")]
+    sim.scaler.scale_out(pool, 1, warm=True)
+    assert sim.scaler.autoscale(pool) is False
+    assert sim.scaler.autoscale(pool) is True  # same instant, nothing changed
+    pool.queue.extend(sim.requests[:40])
+    assert sim.scaler.autoscale(pool) is False  # the queue grew: decide again
+    assert len(pool.instances) > 1
