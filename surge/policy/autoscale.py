@@ -213,7 +213,12 @@ def decide(
     """The scale decision for `load` given the previous `state` (see module docstring)."""
     now = load.now_s
     outstanding = load.outstanding
-    want = desired_instances(outstanding, settings, load.tokens_per_s, load.kv_usage)
+    want = desired_instances(
+        outstanding,
+        settings,
+        0.0 if settings.target_tokens_per_s is None else load.tokens_per_s,
+        0.0 if settings.target_kv_usage is None else load.kv_usage,
+    )
     have = len(load.instances)
     panic_until = state.panic_until_s
     if (
@@ -223,22 +228,20 @@ def decide(
         >= settings.panic_threshold * settings.target_ongoing_requests * max(1, have)
     ):
         panic_until = now + settings.panic_window_s  # Knative panic mode
-    state = AutoscaleState(state.want_since_s, panic_until)
-    panic = state.in_panic(now)
+    panic = panic_until is not None and now < panic_until
     wake: list[float] = []
     out = max(0, want - have)
     if settings.max_scale_out_per_decision is not None:
         out = min(out, settings.max_scale_out_per_decision)
+    want_since = None
     if out > 0:
         since = now if state.want_since_s is None else state.want_since_s
-        if have == 0 or panic or now - since >= settings.upscale_delay_s:
-            state = replace(state, want_since_s=None)
-        else:  # the stable window has not passed yet
-            state = replace(state, want_since_s=since)
+        if not (have == 0 or panic or now - since >= settings.upscale_delay_s):
+            # the stable window has not passed yet
+            want_since = since
             wake.append(since + settings.upscale_delay_s)
             out = 0
-    else:
-        state = replace(state, want_since_s=None)
+    state = AutoscaleState(want_since, panic_until)
     release: list[int] = []
     if have > want and not panic:
         idle = sorted(

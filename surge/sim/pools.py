@@ -92,11 +92,12 @@ class Requests:
         eps = pool.endpoints()
         if not eps:
             return False
-        views = [Endpoint(e.id, e.outstanding + e.reserved, e.max_batch, e.speed) for e in eps]
-        chosen = route(views)
+        chosen = route(
+            [Endpoint(e.id, e.outstanding + e.reserved, e.max_batch, e.speed) for e in eps]
+        )
         if chosen is None:
             return False
-        inst = next(e for e in eps if e.id == chosen)
+        inst = eps[0] if eps[0].id == chosen else next(e for e in eps if e.id == chosen)
         if pool.role == "decode" and req.kv_gpu >= 0:
             self._send_kv(pool, req, inst)
         else:
