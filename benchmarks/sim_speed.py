@@ -5,11 +5,14 @@ Runs each system on `azure-conv` (19,366 requests, ~1 h) on the 12-node
 one core, then λScale and ServerlessLLM on the same hour on a 1,000-node cluster
 (Testbed1's node type x 1,000: `cluster_1000`), and writes
 benchmarks/results/sim_speed.json. Goals: >= 2,000 requests per wall second (issue 7);
->= 10,000 on the hour with a 1,000-node cluster (issue 18).
+>= 10,000 on the hour with a 1,000-node cluster (issue 18). Each row has wall and CPU
+seconds of the run (the machine is shared: CPU seconds say what the simulator costs, wall
+seconds what it got) and the load average when it started.
 """
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -37,16 +40,20 @@ def main() -> None:
         scaled = scale_rate(trace, scale)
         for system in SYSTEMS:
             settings = SimSettings("lambdascale-testbed1", ("llama2-7b",), system)
-            start = time.perf_counter()
+            load = os.getloadavg()[0]
+            start, cpu = time.perf_counter(), time.process_time()
             res = simulate(scaled, settings)
-            wall = time.perf_counter() - start
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             rows.append(
                 {
                     "system": system,
                     "rate_scale": scale,
                     "requests": int(scaled.num_requests),
                     "wall_s": wall,
+                    "cpu_s": cpu,
                     "requests_per_s": scaled.num_requests / wall,
+                    "requests_per_cpu_s": scaled.num_requests / cpu,
+                    "load_avg_1min": load,
                     "events": res.num_events,
                 }
             )
@@ -55,9 +62,10 @@ def main() -> None:
             )
     big = cluster_1000()
     for system in ("lambdascale", "serverlessllm"):
-        start = time.perf_counter()
+        load = os.getloadavg()[0]
+        start, cpu = time.perf_counter(), time.process_time()
         res = simulate(trace, SimSettings(big, ("llama2-7b",), system))
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         rows.append(
             {
                 "system": system,
@@ -65,7 +73,10 @@ def main() -> None:
                 "cluster": big.name,
                 "requests": int(trace.num_requests),
                 "wall_s": wall,
+                "cpu_s": cpu,
                 "requests_per_s": trace.num_requests / wall,
+                "requests_per_cpu_s": trace.num_requests / cpu,
+                "load_avg_1min": load,
                 "events": res.num_events,
             }
         )
@@ -78,7 +89,8 @@ def main() -> None:
             {
                 "trace": "azure-conv",
                 "cluster": "lambdascale-testbed1 (rows without a cluster key)",
-                "machine": "2 shared cores (5 sessions at once); wall times vary with load",
+                "machine": f"{os.cpu_count()} shared cores (4 sessions at once); wall times "
+                "vary with load (load_avg_1min per row), CPU seconds much less",
                 "model": "llama2-7b",
                 "runs": rows,
             },

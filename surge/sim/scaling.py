@@ -148,7 +148,7 @@ class Scaler:
         """Per pool: the last decision that changed nothing, with its time and inputs."""
 
     # --- when to decide -------------------------------------------------------------
-    def _at(self, pool: Pool, time_s: float) -> None:
+    def _at(self, pool: Pool, time_s: float, times: int = 1) -> None:
         """Decide at `time_s`. Every decision of a quiet pool asks for the same wake-up
         (an idle instance's delay), so many ask for one instant: they share one event
         that decides as many times in a row, which is the order separate events at one
@@ -156,23 +156,23 @@ class Scaler:
         group = (pool.index, time_s)
         count = self._wakes.get(group)
         if count is not None:
-            count[0] += 1
+            count[0] += times
             return
-        count = [1]
+        count = [times]
         self._wakes[group] = count
 
         def wake() -> None:
             if self._wakes.get(group) is count:
                 del self._wakes[group]
-            left = count[0]
+            left, now_s = count[0], self.world.loop.now_s
             while left:
                 left -= 1
                 if self.autoscale(pool) and left < count[0] - 1:
                     # it repeated the decision just before it, in this event: nothing
                     # changed (`on_decide` included, see __init__), so the rest repeat too
-                    decision = self._last[pool.index][3]
-                    for _ in range(left):
-                        self._carry_out(pool, decision)
+                    wake_at_s = self._last[pool.index][3].wake_at_s
+                    if left and wake_at_s is not None and wake_at_s > now_s:
+                        self._at(pool, wake_at_s + 1e-9, left)
                     return
 
         self.world.loop.schedule(time_s, Priority.CONTROL, 2 * KEY_STRIDE + pool.index, wake)
