@@ -7,7 +7,8 @@ one core, then λScale and ServerlessLLM on the same hour on a 1,000-node cluste
 benchmarks/results/sim_speed.json. Goals: >= 2,000 requests per wall second (issue 7);
 >= 10,000 on the hour with a 1,000-node cluster (issue 18). Each row has wall and CPU
 seconds of the run (the machine is shared: CPU seconds say what the simulator costs, wall
-seconds what it got) and the load average when it started.
+seconds what it got) and the load average when it started; the 1,000-node rows are the
+median of three runs.
 """
 
 import json
@@ -23,6 +24,7 @@ from surge.traces.resolve import load_trace
 from surge.traces.transform import scale_rate
 
 OUT = Path(__file__).resolve().parent / "results" / "sim_speed.json"
+REPEATS_1000 = 3
 SYSTEMS = ("lambdascale", "blitzscale", "serverlessllm", "faasnet", "nccl", "ideal")
 
 
@@ -63,9 +65,12 @@ def main() -> None:
     big = cluster_1000()
     for system in ("lambdascale", "serverlessllm"):
         load = os.getloadavg()[0]
-        start, cpu = time.perf_counter(), time.process_time()
-        res = simulate(trace, SimSettings(big, ("llama2-7b",), system))
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        runs = []
+        for _ in range(REPEATS_1000):  # the goal's row: the median of a few, on a shared machine
+            start, cpu = time.perf_counter(), time.process_time()
+            res = simulate(trace, SimSettings(big, ("llama2-7b",), system))
+            runs.append((time.perf_counter() - start, time.process_time() - cpu))
+        wall, cpu = sorted(runs)[len(runs) // 2]
         rows.append(
             {
                 "system": system,
@@ -74,6 +79,7 @@ def main() -> None:
                 "requests": int(trace.num_requests),
                 "wall_s": wall,
                 "cpu_s": cpu,
+                "wall_s_runs": [w for w, _ in runs],
                 "requests_per_s": trace.num_requests / wall,
                 "requests_per_cpu_s": trace.num_requests / cpu,
                 "load_avg_1min": load,
