@@ -105,6 +105,10 @@ def test_live_scale_out_in_the_browser_then_its_replay(tmp_path, surge_home, tin
                     "min_replicas": 2,  # two GPU copies: K=2 sources, a pipeline in the plan
                     "max_replicas": 4,
                     "target_ongoing_requests": 2,
+                    # The burst's 8 requests reach the controller over a few ticks; without a
+                    # delay a tick that saw 5 added one instance (no pipeline: one receiver),
+                    # seen once in CI under load. Panic (all 8) or the delay's end adds two.
+                    "upscale_delay_s": 0.5,
                     "keep_alive_s": 60,
                     "downscale_delay_s": 60,
                 },
