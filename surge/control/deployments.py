@@ -29,6 +29,7 @@ from surge.control.state import Deployment, FailedDeployment
 from surge.control.store import DeploymentStore
 from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable
 from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
+from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
 from surge.runtime.server import Server
@@ -158,7 +159,8 @@ class Deployments:
         for node in live:
             if self.pool.blocks_at(name, node, "gpu"):
                 await self.copies.release_slot(name, node, manifest.num_blocks)
-        dep = Deployment(spec, manifest, tokenizer, Server(self.client, name))
+        routing = serve_system(spec.strategy).routing
+        dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing))
         self.deployments[name] = dep
         await self.copies.restore_invariant(dep)
         return dep

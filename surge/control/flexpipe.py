@@ -4,7 +4,8 @@ What flows (paper 003 §6): every autoscaler tick calls `tick` for each deployme
 system's `group_sizing` is `flexpipe`; at most every `decision_interval_s` it takes the
 arrivals of the last `cv_window_s` (the deployment's `Server` keeps them) to
 `flexpipe_system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
-deployment's `FlexPipeRecord`). Each serving `FlexPipeline` whose stage count differs is
+deployment's `FlexPipeRecord`). Each serving `FlexPipeline` that
+`flexpipe_system.groups_to_refactor` names (at another stage count, not draining) is
 re-cut: `choose_stages` keeps its first nodes and places new stages on free slots (Eq. 6),
 their slots are booked (`Deployment.instances`, the pipeline as their endpoint), and
 `runtime.refactor.refactor_pipeline` splits or merges it in flight (K/V follows the layers,
@@ -12,8 +13,10 @@ Eq. 10). Slots the pipeline no longer uses are released afterwards; on a failure
 ones are. `surge_pipeline_refactors_total{model,direction}` counts refactorings and
 `describe_flexpipe` is the deployment status' `flexpipe` entry (`surge status`). Slots of a
 pipeline that failed or was retired (an agent died) are released here too, so the
-autoscaler starts a new one. Every decision is `surge.policy.flexpipe_system`'s. Owned by
-control/.
+autoscaler starts a new one. Each tick also sets every pipeline's `route_target`
+(`flexpipe_system.pipeline_target`): the `pack` router fills the busiest pipeline up to it,
+so surplus pipelines go idle and the autoscaler releases them. Every decision is
+`surge.policy.flexpipe_system`'s. Owned by control/.
 """
 
 import logging
@@ -31,10 +34,13 @@ from surge.events import NO_BUS, EventBus, Refactor
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_system import (
+    GroupView,
     arrivals_in_window,
     choose_num_stages,
     choose_stages,
+    groups_to_refactor,
     pipeline_autoscale,
+    pipeline_target,
 )
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
@@ -126,6 +132,10 @@ class FlexPipeControl:
             dep.flexpipe = FlexPipeRecord()
         rec = dep.flexpipe
         await self._reap(dep, rec)
+        for e in dep.server.endpoints.values():  # what the `pack` router fills each up to
+            if isinstance(e, FlexPipeline):
+                busy = min(len(e.stages), e.num_micro_batches)
+                e.route_target = pipeline_target(dep.spec.autoscaling, busy)
         system = serve_system(dep.spec.strategy)
         settings = system.flexpipe
         if now_s - rec.last_decision_s < settings.decision_interval_s:
@@ -138,9 +148,11 @@ class FlexPipeControl:
         arrivals = arrivals_in_window(tuple(dep.server.arrivals), now_s, settings)
         rec.cv = cv_of_arrivals(arrivals)
         rec.num_stages, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)
-        for pipe in pipes:
-            if pipe.refactoring or len(pipe.stages) == rec.num_stages:
-                continue
+        views = [
+            GroupView(i, len(p.stages), p.outstanding, p.refactoring) for i, p in enumerate(pipes)
+        ]
+        for i in groups_to_refactor(views, rec.num_stages, len(dep.server.queue)):
+            pipe = pipes[i]
             kept = [n for n, _, _ in pipe.stages]
             free = [
                 n

@@ -240,6 +240,47 @@ def pipeline_autoscale(base: AutoscaleSettings, num_stages: float) -> AutoscaleS
     return replace(base, target_ongoing_requests=target)
 
 
+@dataclass(frozen=True)
+class GroupView:
+    """One serving pipeline group as the refactoring decision sees it."""
+
+    group_id: int
+    """Stable id; the lowest is the one a `pack` router fills first among idle ones."""
+    num_stages: int
+    """Its stages now."""
+    outstanding: int
+    """Requests queued at or running on it."""
+    refactoring: bool = False
+    """A refactoring of it is under way."""
+
+
+def groups_to_refactor(
+    groups: Sequence[GroupView], num_stages: int, queued: int
+) -> tuple[int, ...]:
+    """§6: the ids of the groups to re-cut to `num_stages` (Eq. 4's choice). Only those
+    that need it: a group already at `num_stages`, or one being refactored, is left as it
+    is, and so is a draining group, one with no request while nothing waits at the router
+    (`queued`): the `pack` router sends it nothing and the autoscaler releases it after its
+    downscale delay, so re-cutting it would only move layers (and, on a split, take GPUs)
+    for a group about to go. When every group is idle, the one the router fills next (the
+    lowest id) is not draining: it serves the next request and is cut for it."""
+    idle = [g.group_id for g in groups if g.outstanding == 0]
+    keep_idle = min(idle) if idle and len(idle) == len(groups) else None
+    return tuple(
+        g.group_id
+        for g in groups
+        if g.num_stages != num_stages
+        and not g.refactoring
+        and (g.outstanding > 0 or queued > 0 or g.group_id == keep_idle)
+    )
+
+
+def pipeline_target(base: AutoscaleSettings, num_stages: int) -> float:
+    """Requests one pipeline of `num_stages` stages should carry (`pipeline_autoscale`'s
+    target): what a `pack` router fills it up to (`policy.router`)."""
+    return pipeline_autoscale(base, num_stages).target_ongoing_requests
+
+
 def arrivals_in_window(
     arrival_times_s: Sequence[float], now_s: float, settings: FlexPipeSettings
 ) -> tuple[float, ...]:

@@ -17,6 +17,7 @@ from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_system import FlexPipeSettings
 from surge.policy.pd import PdSettings
+from surge.policy.router import ROUTINGS
 
 LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
@@ -113,6 +114,9 @@ class SystemConfig:
         )
     )
     """Autoscaler settings of decode pools under P/D (decode holds requests longer)."""
+    routing: str = "least-loaded"
+    """How the router picks an endpoint (`surge.policy.router.ROUTINGS`): `least-loaded`
+    spreads requests, `pack` fills the busiest endpoint under its target first (FlexPipe)."""
     flexpipe: FlexPipeSettings = field(default_factory=FlexPipeSettings)
     """FlexPipe's granularity knobs (CV window, decision interval, stage counts; read when
     `group_sizing` is `flexpipe`): the runtime's scale-out, the controller's granularity
@@ -126,6 +130,7 @@ class SystemConfig:
             ("cold_fallback", self.cold_fallback, COLD_FALLBACKS),
             ("group_sizing", self.group_sizing, GROUP_SIZINGS),
             ("consolidation", self.consolidation, CONSOLIDATIONS),
+            ("routing", self.routing, ROUTINGS),
         )
         for name, value, allowed in checks:
             if value not in allowed:
@@ -165,6 +170,13 @@ _BLITZSCALE_AUTOSCALE = replace(
 """BlitzScale's load monitor (§5.3): tokens/s and KV-cache use per instance against
 per-instance upper bounds, and a 2 s timeout before an idle instance goes (the last one
 too: keep_alive_s None). A deployment's own `autoscaling` fields override these."""
+
+_FLEXPIPE_AUTOSCALE = replace(_AUTOSCALE, downscale_delay_s=2.0)
+"""FlexPipe reclaims idle GPUs quickly (§3: providers "need to quickly reclaim idle GPU
+resources"; §7: the system "automatically reclaims resources when requests subside"; §9.6:
+always-on reservation 30% of peak). The paper gives no delay; ours is BlitzScale's 2 s
+(§5.3): a FlexPipe scale-out loads its stages from host copies in parallel (§7), so giving
+a GPU back early costs little. With the `pack` router the surplus groups are the idle ones."""
 
 SYSTEMS: dict[str, SystemConfig] = {
     # λScale §4: binomial k-way multicast, execution pipelines, mode switch, a host replica.
@@ -217,7 +229,8 @@ SYSTEMS: dict[str, SystemConfig] = {
         group_sizing="flexpipe",
         host_cache="all",
         init_s=0.1,
-        autoscale=_AUTOSCALE,
+        autoscale=_FLEXPIPE_AUTOSCALE,
+        routing="pack",
         serve=True,
     ),
     # ServerlessLLM: host cache with keep-alive, SSD on a miss, load-then-serve.

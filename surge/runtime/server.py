@@ -42,8 +42,10 @@ MAX_SPANS_KEPT = 64
 class Server:
     """Routes requests of one model over its live endpoints (`policy.router.route`)."""
 
-    def __init__(self, client: ClusterClient, model: str) -> None:
+    def __init__(self, client: ClusterClient, model: str, routing: str = "least-loaded") -> None:
         self.client, self.model = client, model
+        self.routing = routing
+        """The system's routing rule (`SystemConfig.routing`, `policy.router.ROUTINGS`)."""
         self.endpoints: dict[str, Endpoint] = {}
         self.queue: list[ServeRequest] = []
         self.requests: dict[str, ServeRequest] = {}
@@ -85,7 +87,11 @@ class Server:
             if self.pd is not None:  # new requests go to prefill instances
                 live = self.pd.routable(live)
             choice = router.route(
-                [router.Endpoint(i, e.outstanding, e.capacity, e.speed) for i, e in live.items()]
+                [
+                    router.Endpoint(i, e.outstanding, e.capacity, e.speed, e.route_target)
+                    for i, e in live.items()
+                ],
+                self.routing,
             )
             if choice is None:
                 return

@@ -14,10 +14,13 @@ from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
+    GroupView,
     LayerProfile,
     arrivals_in_window,
     choose_num_stages,
+    groups_to_refactor,
     pipeline_autoscale,
+    pipeline_target,
     place_stages,
     refactor,
     scale_out_num_stages,
@@ -181,12 +184,14 @@ class FlexPipe:
         of its stages' throughputs): η times the batch limit, each step one micro-batch."""
         inst.max_batch = self.world.settings.max_batch * num_stages
         inst.set_micro_batches(num_stages)
+        inst.route_target = pipeline_target(self.world.system.autoscale, num_stages)
 
     def retune(self, pool: Pool) -> None:
         """One granularity decision (at most every `decision_interval_s`, as in the
-        runtime's controller); serving groups whose stage count differs refactor. While a
-        group runs, the next decision is scheduled, so a quiet pool (no arrivals, hence no
-        autoscaler checks) still merges its stages."""
+        runtime's controller); the serving groups `groups_to_refactor` names (at another
+        stage count, not draining) refactor. While a group runs, the next decision is
+        scheduled, so a quiet pool (no arrivals, hence no autoscaler checks) still merges
+        its stages."""
         if not self.enabled or not any(i.id in self.spans for i in pool.instances):
             return
         assert self.settings is not None
@@ -198,12 +203,17 @@ class FlexPipe:
         self.last_decision_s[pool.index] = now
         self._again(pool)
         eta = self._num_stages(pool)
-        for inst in list(pool.instances):
-            spans = self.spans.get(inst.id)
-            if spans is None or not inst.loaded or inst.id in self.refactoring:
-                continue
-            if len(spans) != eta:
-                self._refactor(pool, inst, spans, eta)
+        serving = {
+            i.id: i for i in pool.instances if i.id in self.spans and i.loaded and not i.released
+        }
+        views = [
+            GroupView(
+                i.id, len(self.spans[i.id]), i.outstanding + i.reserved, i.id in self.refactoring
+            )
+            for i in serving.values()
+        ]
+        for iid in groups_to_refactor(views, eta, len(pool.queue)):
+            self._refactor(pool, serving[iid], self.spans[iid], eta)
 
     def _again(self, pool: Pool) -> None:
         if pool.index in self.pending:

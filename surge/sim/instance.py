@@ -64,6 +64,7 @@ class Instance:
         "released",
         "reserved",
         "role",
+        "route_target",
         "running",
         "sending",
         "serving",
@@ -124,6 +125,8 @@ class Instance:
         self.micro_batches = 1
         """Micro-batches in flight through its stages (FlexPipe pipelines: one per stage,
         `set_micro_batches`); 1: the whole batch steps through every layer at once."""
+        self.route_target: float | None = None
+        """Requests a `pack` router fills it up to (`policy.router`; FlexPipe groups)."""
         self.placement = placement
         """Its GPUs."""
         self.pool_key = pool_key

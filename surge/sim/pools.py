@@ -93,7 +93,11 @@ class Requests:
         if not eps:
             return False
         chosen = route(
-            [Endpoint(e.id, e.outstanding + e.reserved, e.max_batch, e.speed) for e in eps]
+            [
+                Endpoint(e.id, e.outstanding + e.reserved, e.max_batch, e.speed, e.route_target)
+                for e in eps
+            ],
+            self.world.system.routing,
         )
         if chosen is None:
             return False

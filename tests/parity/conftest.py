@@ -12,6 +12,7 @@ class EndpointSpec:
     outstanding: int
     capacity: int
     speed: float = 1.0
+    target: float | None = None
 
 
 class FakeClient:

@@ -30,13 +30,21 @@ SCENARIOS = {
         EndpointSpec("m-node0", 2, 6, 0.5),
     ],
     "all full then none": [EndpointSpec("m-node5", 2, 2), EndpointSpec("m-node4", 1, 2)],
+    # FlexPipe's `pack` rule: the busiest under its target first, then the least loaded
+    "pack: busiest under target, then spread": [
+        EndpointSpec("m-pipe-b", 0, 16, 1.0, 4.0),
+        EndpointSpec("m-pipe-a", 1, 16, 1.0, 4.0),
+        EndpointSpec("m-pipe-c", 0, 16, 1.0, 8.0),
+    ],
 }
+PACKED = {"pack: busiest under target, then spread"}
 NUM_REQUESTS = 12
 
 
 class _RuntimeEndpoint(Endpoint):
     def __init__(self, spec: EndpointSpec) -> None:
         self.name, self.nodes, self.capacity, self.speed = spec.name, (), spec.capacity, spec.speed
+        self.route_target = spec.target
         self.requests = {f"pre{i}": None for i in range(spec.outstanding)}  # type: ignore[misc]
 
     async def submit(self, req: ServeRequest) -> None:
@@ -46,9 +54,9 @@ class _RuntimeEndpoint(Endpoint):
         return []
 
 
-def _runtime_choices(specs: list[EndpointSpec]) -> list[str | None]:
+def _runtime_choices(specs: list[EndpointSpec], routing: str) -> list[str | None]:
     async def run() -> list[str | None]:
-        server = Server(FakeClient(), "m")  # type: ignore[arg-type]
+        server = Server(FakeClient(), "m", routing)  # type: ignore[arg-type]
         try:
             for spec in specs:
                 await server.add_endpoint(_RuntimeEndpoint(spec))
@@ -70,7 +78,7 @@ class _SimEndpoint:
     def __init__(self, iid: int, spec: EndpointSpec, log: dict[int, str]) -> None:
         self.id, self.name, self.serving, self.log = iid, spec.name, True, log
         self.max_batch, self.speed, self.reserved = spec.capacity, spec.speed, 0
-        self.submitted = spec.outstanding
+        self.submitted, self.route_target = spec.outstanding, spec.target
 
     @property
     def outstanding(self) -> int:
@@ -82,15 +90,16 @@ class _SimEndpoint:
 
 
 class _World:
-    system = system_config("lambdascale")
+    def __init__(self, system: str) -> None:
+        self.system = system_config(system)
 
 
-def _sim_choices(specs: list[EndpointSpec]) -> list[str | None]:
+def _sim_choices(specs: list[EndpointSpec], system: str) -> list[str | None]:
     pool = Pool(0, 0, "both")
     # Ids in the order the endpoints came up, as the simulator's instance factory gives them.
     log: dict[int, str] = {}
     pool.instances = [_SimEndpoint(1000 + i, s, log) for i, s in enumerate(specs)]  # type: ignore[list-item]
-    requests = Requests(_World(), {pool.key: pool}, lambda p: None, lambda p: None)  # type: ignore[arg-type]
+    requests = Requests(_World(system), {pool.key: pool}, lambda p: None, lambda p: None)  # type: ignore[arg-type]
     out: list[str | None] = []
     for i in range(NUM_REQUESTS):
         req = SimRequest(i, 0, 0.0, 2, 1)
@@ -102,8 +111,13 @@ def _sim_choices(specs: list[EndpointSpec]) -> list[str | None]:
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_both_bodies_route_alike(name: str) -> None:
     specs = SCENARIOS[name]
-    runtime, sim = _runtime_choices(specs), _sim_choices(specs)
+    system = "flexpipe" if name in PACKED else "lambdascale"
+    runtime = _runtime_choices(specs, system_config(system).routing)
+    sim = _sim_choices(specs, system)
     assert runtime == sim, name
     assert any(c is not None for c in runtime)
     if name == "ties go to the oldest":
         assert runtime[:3] == ["m-node2", "m-node10", "m-node1"]
+    if name in PACKED:  # a fills to its target (4) first, then b (older than c at 0)
+        assert runtime[:7] == ["m-pipe-a"] * 3 + ["m-pipe-b"] * 4
+        assert set(runtime[7:]) == {"m-pipe-c"}
