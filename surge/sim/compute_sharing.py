@@ -28,6 +28,14 @@ class ComputeSharing:
         """Whether endpoints share cores at all."""
         return self.shared_cores is not None
 
+    def share(self) -> float:
+        """The share every consumer of the cores gets now: min(1, cores / demand); 1.0
+        when nothing is shared (also what an endpoint opening gets, `sim/carrier.py`)."""
+        if self.shared_cores is None:
+            return 1.0
+        demand = len(self.busy) + self.transfer_cores * self.transfers
+        return min(1.0, self.shared_cores / demand) if demand > 0 else 1.0
+
     def on_busy(self, inst: Instance) -> None:
         """`inst` turned busy or idle."""
         if inst.busy:
@@ -43,9 +51,7 @@ class ComputeSharing:
             self._reshare()
 
     def _reshare(self) -> None:
-        assert self.shared_cores is not None
-        demand = len(self.busy) + self.transfer_cores * self.transfers
-        share = min(1.0, self.shared_cores / demand) if demand > 0 else 1.0
+        share = self.share()
         if self.transfer_cores > 0:
             self.net.set_speed(share)
         for iid in sorted(self.busy):

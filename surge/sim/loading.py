@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from surge.events import BlockLanded, InstanceUp, PipelineOpened, PipelineRetired
+from surge.events import BlockLanded, InstanceUp, PipelineRetired
 from surge.policy.cluster import Cluster
 from surge.policy.loading import (
     GoLive,
@@ -32,6 +32,7 @@ from surge.policy.loading import (
 )
 from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.startup import Copy, Destination, StartupPlan, StartupRequest, plan_startup
+from surge.sim.carrier import Carrier
 from surge.sim.events import Priority
 from surge.sim.fetch import fetch
 from surge.sim.flows import Link
@@ -61,6 +62,7 @@ class Loader:
         make_endpoint: Callable[[Pool, Placement, bool], Instance],
         on_transfers: Callable[[int], None],
         num_blocks: Callable[[int, int, int], int],
+        share: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self.world = world
         self.pools = pools
@@ -70,6 +72,8 @@ class Loader:
         self.on_transfers = on_transfers
         self.num_blocks = num_blocks
         """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
+        self.share = share
+        """The processor share an endpoint opening gets now (`ComputeSharing.share`)."""
         self.staging: dict[int, list[Instance]] = {}
         """Per model: instances waiting for a cold leader's host copy."""
         self.live = LiveScaling(world, requests)
@@ -290,18 +294,23 @@ class Loader:
                 k += 1
             return k * num_layers // blocks
 
+        def carry_out(action: object) -> None:
+            if isinstance(action, GoLive):
+                inst = plan_nodes[action.node]
+                assert inst is not None, "loading actions name receivers"
+                held = functools.partial(held_layers, action.node)
+                self.live.go_live(pool, inst, held, started_s)
+            else:
+                self._carry_out(pool, action, plan_nodes, opened)
+
+        carrier = Carrier(world.loop, receivers[0].id, world.settings, self.share, carry_out)
+
         def on_arrival(node: int, block: int) -> None:
             if world.timeline is not None and plan_nodes[node] is not None:
                 where = plan_nodes[node].machine  # type: ignore[union-attr]
                 world.publish(BlockLanded, model=slot.name, node=where, block=block, tier="gpu")
             for action in loading.arrive(node, block):
-                if isinstance(action, GoLive):
-                    inst = plan_nodes[action.node]
-                    assert inst is not None, "loading actions name receivers"
-                    held = functools.partial(held_layers, action.node)
-                    self.live.go_live(pool, inst, held, started_s)
-                    continue
-                self._carry_out(pool, action, plan_nodes, opened)
+                carrier.submit(action)
 
         def on_finished() -> None:
             for s in senders:
@@ -348,7 +357,9 @@ class Loader:
             opened[action.index] = ep
             pool.pipelines.append(ep)
             self.world.event(pool.model, pool.role, "pipeline")
-            self._publish_pipeline(pool, action, members, f"pipe{ep.id}")
+            self.world.publish_pipeline(
+                pool.model, action.pipeline, [m.machine for m in members], f"pipe{ep.id}"
+            )
             self.requests.drain(pool)
         elif isinstance(action, RetirePipeline):
             ep = opened.pop(action.index, None)
@@ -361,20 +372,6 @@ class Loader:
         elif isinstance(action, GoLocal):
             self.live.go_local(node(action.node))
             self._fan_out(pool, node(action.node))
-
-    def _publish_pipeline(self, pool: Pool, action: OpenPipeline, members: list, tag: str) -> None:
-        """The dashboard's view of an opened pipeline: (machine, first_layer, end_layer)."""
-        if self.world.timeline is None:
-            return
-        slot = self.world.models[pool.model]
-        n, b = slot.profile.num_layers, max(s.last_block for s in action.pipeline.stages) + 1
-        stages = tuple(
-            (members[i].machine, s.first_block * n // b, (s.last_block + 1) * n // b)
-            for i, s in enumerate(action.pipeline.stages)
-        )
-        self.world.publish(
-            PipelineOpened, model=slot.name, name=f"{slot.name}-{tag}", stages=stages
-        )
 
     def _fan_out(self, pool: Pool, inst: Instance) -> None:
         """The lead GPU holds the model: it forwards the other GPUs' shards inside the

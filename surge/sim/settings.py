@@ -68,6 +68,19 @@ class SimSettings:
     """Micro-batch groups an execution pipeline runs at once; its capacity is this times
     `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
 
+    endpoint_open_s: float = 0.0
+    """Seconds (cores free) the controller takes to open one local instance once its node
+    holds the model: the runtime's `InstanceOpenOp` and the dispatch of its first requests
+    (`runtime/scaleout/local.open_local`). A multicast's openings run one after another,
+    as the runtime's carrier awaits each (`sim/carrier.py`); with `shared_cores` each
+    stretches by the processor share. 0 (the default): the paper systems' controllers,
+    whose start-up cost is `SystemConfig.init_s`; this runtime's value on this machine is
+    measured by `benchmarks/sim_calibrate.py` (`sim_calibration.json`,
+    `endpoint_open.endpoint_open_s`)."""
+    pipeline_open_s: float = 0.0
+    """As `endpoint_open_s`, for one execution pipeline (one `StageOpenOp` per stage, its
+    head engines, its first dispatch: `PipelineEndpoint.open` + `add_endpoint`)."""
+
     model_names: tuple[str, ...] = ()
     """Distinct names of the expanded models (a scenario's `code/0`, `code/1`, ...);
     empty: `NAME` or `NAME#i` (`simulator.expand_models`)."""
@@ -99,6 +112,8 @@ class SimSettings:
             raise SurgeError("shared_cores must be > 0 or None")
         if self.transfer_cores < 0 or self.pipeline_micro_batches < 1:
             raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
+        if self.endpoint_open_s < 0 or self.pipeline_open_s < 0:
+            raise SurgeError("endpoint_open_s and pipeline_open_s must be >= 0")
 
     def slo_of(self, model: str) -> Slo:
         """The SLO of `model`."""

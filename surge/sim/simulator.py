@@ -170,6 +170,7 @@ class Simulation:
             factory.make,
             self.sharing.on_transfers,
             self._num_blocks,
+            self.sharing.share,
         )
         self.flexpipe = FlexPipe(world, self.gpus)
         self.groups = Groups(

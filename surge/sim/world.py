@@ -7,7 +7,8 @@ host caches and groups read (none of them owns it, none of them holds another's 
 from dataclasses import dataclass
 from typing import Any
 
-from surge.events import Recorder, TimelineEvent
+from surge.events import PipelineOpened, Recorder, TimelineEvent
+from surge.policy.pipelines import Pipeline
 from surge.policy.systems import SystemConfig
 from surge.sim.cluster_state import ClusterState
 from surge.sim.events import EventLoop
@@ -55,6 +56,21 @@ class World:
         """Record a timeline event at the virtual time now (nothing is built without one)."""
         if self.timeline is not None:
             self.timeline.publish(cls(t_s=self.loop.now_s, **fields))
+
+    def publish_pipeline(
+        self, model: int, pipeline: Pipeline, machines: list[int], tag: str
+    ) -> None:
+        """The dashboard's view of an opened pipeline: (machine, first_layer, end_layer)
+        of each stage; `machines[i]` runs stage i."""
+        if self.timeline is None:
+            return
+        slot = self.models[model]
+        n, b = slot.profile.num_layers, max(s.last_block for s in pipeline.stages) + 1
+        stages = tuple(
+            (machines[i], s.first_block * n // b, (s.last_block + 1) * n // b)
+            for i, s in enumerate(pipeline.stages)
+        )
+        self.publish(PipelineOpened, model=slot.name, name=f"{slot.name}-{tag}", stages=stages)
 
     def pool_name(self, model: int, role: str) -> str:
         """How scale events name a pool."""
