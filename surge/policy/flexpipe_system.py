@@ -9,6 +9,10 @@ arrival times, free slots (GPUs) and a `FlexPipeSettings`. Out:
   queue is long and the traffic bursty, and fine enough to meet the TTFT deadline;
 - `stage_layers`: the layers of each stage (§5 Eq. 2, `flexpipe_partition.partition_model`);
 - `place_stages`: the slot of each stage (§6.2 Eq. 6, `flexpipe_placement.allocate_slots`);
+- `place_new_group`: a new group's slots, on the server §7 Eq. 13's affinity picks among
+  past hosts when its stages fit there, else by `place_stages`;
+- `groups_to_refactor`: which groups a new granularity re-cuts (not draining ones), and
+  `pipeline_target`: what the `pack` router fills a group up to;
 - `refactor`: the layer moves and KV copies that turn the running stages into the chosen
   ones (§6 Fig. 6, Eq. 10, `flexpipe_refactor.plan_refactor`).
 The simulator (`surge.sim.flexpipe`) carries these out for systems whose
@@ -19,7 +23,7 @@ Candidate profiles are ours: an
 micro-batch step per stage step (each stage runs 1/η of the layers, plus one hop).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
@@ -35,10 +39,13 @@ from surge.policy.flexpipe_granularity import (
 )
 from surge.policy.flexpipe_partition import OperatorProfile, PartitionSettings, partition_model
 from surge.policy.flexpipe_placement import (
+    AffinitySettings,
+    HostingRecord,
     MultiplexSettings,
     SlotState,
     StageDemand,
     allocate_slots,
+    choose_affinity_server,
 )
 from surge.policy.flexpipe_refactor import RefactorPlan, RunningRequest, StageSpan, plan_refactor
 
@@ -57,6 +64,8 @@ class FlexPipeSettings:
     """Eq. 4's constants and our hysteresis."""
     multiplex: MultiplexSettings = field(default_factory=MultiplexSettings)
     """Eq. 6/9's constants."""
+    affinity: AffinitySettings = field(default_factory=AffinitySettings)
+    """Eq. 13's constants: where a new group goes among the servers that hosted the model."""
     boundary_penalty_s: float = 0.0
     """λ of Eq. 2 (layers are the blocks here: every cut is at a block boundary)."""
     cv_window_s: float = 30.0
@@ -215,6 +224,34 @@ def place_stages(
         return None
     by_stage = {i: slot for _, i, slot in alloc.assignments}
     return tuple(by_stage[i] for i in range(len(stage_bytes)))
+
+
+def place_new_group(
+    model_id: str,
+    stage_bytes: Sequence[int],
+    throughput_rps: float,
+    cv: float,
+    slots: Sequence[SlotState],
+    server_of: Mapping[int, int],
+    history: Sequence[HostingRecord],
+    now_s: float,
+    settings: FlexPipeSettings,
+) -> tuple[int, ...] | None:
+    """§7 Eq. 13, then §6.2 Eq. 6: the slots of a new group's stages. Its stages go to the
+    server Eq. 13 picks among those that hosted the model (`history`; recent hosting and
+    free GPUs score, so parameters still in that host's memory are reused, §7) when they
+    all fit there, else where `place_stages` puts them among every slot. `server_of` maps
+    a slot to its server. None if a stage fits nowhere."""
+    free: dict[int, int] = {}
+    for s in slots:
+        free[server_of[s.slot_id]] = free.get(server_of[s.slot_id], 0) + 1
+    server = choose_affinity_server(history, free, now_s, len(stage_bytes), settings.affinity)
+    if server is not None:
+        local = [s for s in slots if server_of[s.slot_id] == server]
+        placed = place_stages(model_id, stage_bytes, throughput_rps, cv, local, settings)
+        if placed is not None:
+            return placed
+    return place_stages(model_id, stage_bytes, throughput_rps, cv, slots, settings)
 
 
 def refactor(

@@ -3,16 +3,17 @@
 In: a pool's scale-out of a FlexPipe system (`shape`) and every autoscaler check
 (`retune`). Out: the workers and bytes of a new group (one GPU per stage: stages chosen
 by §6.1's granularity from the arrivals' CV, layers cut by §5's partition, GPUs chosen by
-§6.2's slot allocation), and, when the chosen granularity changes, in-flight refactoring
-of serving groups (§6: layers and valid KV entries copied between GPUs as flows while the
-group keeps serving, then it runs with the new stages and the freed GPUs go back).
+§6.2's slot allocation, on the machine §7 Eq. 13's affinity picks among those that hosted
+the model when the stages fit there), and, when the chosen granularity changes, in-flight
+refactoring of serving groups (§6: layers and valid KV entries copied between GPUs as flows
+while the group keeps serving, then it runs with the new stages and the freed GPUs go back).
 `groups.Groups` fetches and serves what `shape` returns.
 """
 
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
-from surge.policy.flexpipe_placement import SlotState
+from surge.policy.flexpipe_placement import HostingRecord, SlotState
 from surge.policy.flexpipe_system import (
     GroupView,
     LayerProfile,
@@ -21,6 +22,7 @@ from surge.policy.flexpipe_system import (
     groups_to_refactor,
     pipeline_autoscale,
     pipeline_target,
+    place_new_group,
     place_stages,
     refactor,
     scale_out_num_stages,
@@ -61,6 +63,8 @@ class FlexPipe:
         self.pending: set[int] = set()
         """Pools with a re-decision scheduled (a quiet pool still merges)."""
         self.num_refactors = {"split": 0, "merge": 0}
+        self.hosted: dict[int, dict[int, float]] = {}
+        """Per model: machine -> when it last hosted a stage of it (Eq. 13's H_i)."""
         self.refactor_log: list[tuple[float, str, int, int]] = []
         """(time, direction, stages before, stages after) of every completed refactoring."""
 
@@ -134,8 +138,28 @@ class FlexPipe:
             for g in world.state.free_on(m)
         ]
         cv = cv_of_arrivals(self._window(pool))
-        placed = place_stages(slot.name, sizes, 1.0, cv, free, self.settings)
+        if exclude:  # a refactoring: the new stages join a pipeline where it runs
+            placed = place_stages(slot.name, sizes, 1.0, cv, free, self.settings)
+        else:  # a new group: Eq. 13 prefers a machine that hosted the model lately
+            hosted = self.hosted.get(pool.model, {})
+            placed = place_new_group(
+                slot.name,
+                sizes,
+                1.0,
+                cv,
+                free,
+                {g: world.state.machine_of_gpu[g].index for g in (f.slot_id for f in free)},
+                [HostingRecord(m, t) for m, t in sorted(hosted.items())],
+                world.loop.now_s,
+                self.settings,
+            )
         return None if placed is None else (bounds, placed)
+
+    def _hosting(self, model: int, spans: Spans) -> None:
+        """The machines of `spans` host `model` now (Eq. 13's history)."""
+        hosted = self.hosted.setdefault(model, {})
+        for g, _ in spans:
+            hosted[self.world.state.machine_of_gpu[g].index] = self.world.loop.now_s
 
     def _scale_out_num_stages(self, pool: Pool) -> int:
         """§7 Eq. 11/12 for a new group, as the runtime's scale-out asks it: the arrivals'
@@ -178,6 +202,7 @@ class FlexPipe:
         """`inst` serves with `spans`: one micro-batch in flight per stage."""
         self.spans[inst.id] = spans
         self._pipeline(inst, len(spans))
+        self._hosting(inst.pool_key[0], spans)
 
     def _pipeline(self, inst: Instance, num_stages: int) -> None:
         """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum
@@ -206,6 +231,8 @@ class FlexPipe:
         serving = {
             i.id: i for i in pool.instances if i.id in self.spans and i.loaded and not i.released
         }
+        for iid in serving:
+            self._hosting(pool.model, self.spans[iid])
         views = [
             GroupView(
                 i.id, len(self.spans[i.id]), i.outstanding + i.reserved, i.id in self.refactoring
@@ -265,6 +292,7 @@ class FlexPipe:
             inst.set_hop((len(target) - 1) * world.system.stage_hop_s)
             self._pipeline(inst, len(target))
             self.spans[inst.id] = target
+            self._hosting(pool.model, target)
             direction = "split" if len(target) > len(spans) else "merge"
             self.num_refactors[direction] += 1
             self.refactor_log.append((world.loop.now_s, direction, len(spans), len(target)))
