@@ -3,11 +3,14 @@ of η stages keeps min(η, micro-batches) of them busy, so it takes that many in
 of requests before the autoscaler asks for another (FlexPipe §7 Eq. 12); other strategies
 keep their target."""
 
+import asyncio
 from types import SimpleNamespace
 
-from surge.control.flexpipe import flexpipe_autoscale
+from surge.control.flexpipe import FlexPipeControl, FlexPipeRecord, flexpipe_autoscale
 from surge.model.manifest import read_manifest
 from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.router import Endpoint, route
+from surge.policy.systems import serve_system
 from surge.runtime.refactor import FlexPipeline
 
 
@@ -35,3 +38,21 @@ def test_pipeline_target_scales_with_its_busy_stages(tiny_store) -> None:
     # No pipeline yet, or another strategy: the base target.
     assert flexpipe_autoscale(_dep("flexpipe", [], manifest), base) == base
     assert flexpipe_autoscale(_dep("lambdascale", [2], manifest), base) == base
+
+
+def test_the_controller_sets_each_pipelines_pack_target(tiny_store) -> None:
+    """Every tick the granularity loop sets what the `pack` router fills each pipeline up
+    to: its busy stages times the deployment's instance target (the autoscaler's count)."""
+    manifest = read_manifest(tiny_store)
+    dep = _dep("flexpipe", [1, 2], manifest)
+    dep.spec.autoscaling = AutoscaleSettings(target_ongoing_requests=4.0)
+    dep.instances = {}
+    dep.flexpipe = FlexPipeRecord(last_decision_s=100.0)  # no decision due: targets only
+    control = FlexPipeControl(None, None, None, None, list, lambda n: 0)  # type: ignore[arg-type]
+    asyncio.run(control.tick(dep, 100.5))  # type: ignore[arg-type]
+    targets = [p.route_target for p in dep.server.endpoints.values()]
+    assert targets == [4.0, 8.0]
+    # the busier pipeline under its target takes the next request
+    eps = [Endpoint(i, n, 64, 1.0, t) for i, (n, t) in enumerate(zip([1, 3], targets, strict=True))]
+    assert route(eps, serve_system("flexpipe").routing) == 1
+    assert route(eps, serve_system("lambdascale").routing) == 0
