@@ -17,7 +17,8 @@ Two bodies:
    controller (`autoscaler.flexpipe.settings`) and the scale-out
    (`runtime.scaleout.flexpipe.SETTINGS`) to one granularity;
 2. the simulator at the paper's scale (`benchmarks/flexpipe_sim.py`: the `flexpipe`
-   cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4).
+   cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4/8), the first model also
+   with a 0.1-ms stage hop, and the ratios again for `--sim-extra-seeds` trace seeds.
 Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
 flexpipe's GPU-seconds over the best static shape's.
 
@@ -236,6 +237,23 @@ def draw(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _seed_ratios(args: argparse.Namespace, sim_kw: dict) -> dict:
+    """{seed: {hop: {cv: flexpipe's ratios and refactorings}}} of the first model for the
+    extra trace seeds (how much the seed-1 tables move with the trace)."""
+    hops = [None] + ([args.sim_hop_sensitivity_s] if args.sim_hop_sensitivity_s > 0 else [])
+    out: dict = {}
+    for seed in args.sim_extra_seeds:
+        kw = {**sim_kw, "seed": seed}
+        for hop in hops:
+            rows = run_all(args.sim_cvs, model=args.sim_models[0], stage_hop_s=hop, **kw)
+            key = "system" if hop is None else f"{hop * 1e3:g}ms"
+            out.setdefault(str(seed), {})[key] = {
+                cv: {**row["ratios"], "refactors": row["flexpipe"]["refactors"]}
+                for cv, row in rows.items()
+            }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=3)
@@ -272,6 +290,12 @@ def main() -> None:
         default=1e-4,
         help="also run the first model with this per-step stage hop (0: skip)",
     )
+    ap.add_argument(
+        "--sim-extra-seeds",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[2, 3],
+        help="also run the first model (both hops) with these trace seeds: ratios only",
+    )
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--skip-runtime", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -305,6 +329,7 @@ def main() -> None:
             print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
         for model, by_cv in by_model.items():
             print(model, json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
+        report["sim"]["seeds"] = _seed_ratios(args, sim_kw)
     if not args.skip_runtime:
         report["runtime"] = runtime(args)
         print(json.dumps(report["runtime"]["ratios"], indent=1))
