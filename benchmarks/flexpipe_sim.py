@@ -11,7 +11,9 @@ Four variants of the same cluster, model and Gamma trace, in one run:
 Per variant and CV: p50/p99 end-to-end latency, p50/p99 TTFT (the simulator's queue time
 plus prefill: it records no separate queue time), goodput (requests meeting the SLOs per
 second), GPU-seconds (GPUs held x time), the GPUs always held (10th percentile of the GPU
-count over time after the first minute) against the peak, and refactorings by direction.
+count over time after the first minute) against the peak, refactorings by direction, and
+where the GPU-seconds go (sampled every second: GPUs of loaded groups with no request, of
+busy ones, and how full the busy ones are against their routing target).
 """
 
 from dataclasses import replace
@@ -20,6 +22,7 @@ import numpy as np
 
 from surge.policy.flexpipe_system import FlexPipeSettings
 from surge.policy.systems import system_config
+from surge.sim.events import Priority
 from surge.sim.metrics import gpu_seconds, gpus_over_time, summarize
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import Simulation
@@ -62,6 +65,7 @@ def run_one(
     if stage_hop_s is not None:  # per-step activation hop between stages (sensitivity)
         config = replace(config, stage_hop_s=stage_hop_s)
     sim = Simulation(trace, settings, config)
+    held = _probe_groups(sim)
     res = sim.run()
     s = summarize(res, settings)
     done = res.done_s >= 0
@@ -85,8 +89,38 @@ def run_one(
         "gpus_peak": int(gpus.max()) if len(gpus) else 0,
         "gpus_always_held": float(np.percentile(steady, 10)) if len(steady) else 0.0,
         "refactors": dict(sim.flexpipe.num_refactors),
+        "gpu_seconds_idle_groups": held["idle"],
+        "gpu_seconds_busy_groups": held["busy"],
+        "busy_group_fill": held["fill"] / held["busy"] if held["busy"] else None,
         "wall_s": res.wall_s,
     }
+
+
+def _probe_groups(sim: Simulation) -> dict[str, float]:
+    """Every second: GPUs held by serving groups with no request (`idle`) and with some
+    (`busy`), and `fill`, busy GPUs weighted by outstanding / the group's routing target
+    (the instance target of 8 where a system sets none): where GPU-seconds go."""
+    acc = {"idle": 0.0, "busy": 0.0, "fill": 0.0}
+    pools = list(sim.pools.values())
+    loop = sim.world.loop
+
+    def probe() -> None:
+        for pool in pools:
+            for i in pool.instances:
+                if not i.loaded:
+                    continue
+                n = len(i.all_gpus)
+                if i.outstanding == 0:
+                    acc["idle"] += n
+                else:
+                    target = i.route_target or sim.system.autoscale.target_ongoing_requests
+                    acc["busy"] += n
+                    acc["fill"] += n * min(1.0, i.outstanding / target)
+        if sim.router.unfinished:
+            loop.schedule(loop.now_s + 1.0, Priority.SAMPLE, 2, probe)
+
+    loop.schedule(0.5, Priority.SAMPLE, 2, probe)
+    return acc
 
 
 def run_all(cvs: list[float], **kw) -> dict:
