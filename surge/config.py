@@ -31,6 +31,11 @@ class EngineConfig:
     reused by later sequences that start with the same tokens (`surge.engine.page_pool`)."""
     device: str = "auto"
     """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""
+    pack_cpu_weights: bool = True
+    """On CPU with float32 weights, keep a oneDNN-blocked copy of every projection and use it
+    for steps of 2 or more rows (batched decode, prefill), which MKL runs slowly from the
+    plain layout; one-row steps read the block buffer. Costs a second copy of the weights in
+    memory (`surge.engine.linear`); ignored on CUDA and for other dtypes."""
 
     @property
     def num_pages(self) -> int:

@@ -113,15 +113,17 @@ class PagedKVCache:
         if batch.block_hashes:
             self.register_blocks(batch)
         K = max(totals)
+        num_gather_pages = pages_needed(K, self.page_size)
         # Built as Python lists and converted once: per-sequence tensor ops cost more here.
         gather: list[int] = []
         writes: list[int] = []
         for sid, ctx_len, total in zip(batch.seq_ids, batch.ctx_lens, totals, strict=True):
-            slots = self._slots[sid]
-            gather += slots[:total]
-            gather += [0] * (K - total)  # padding: any valid slot, masked out
-            writes += slots[ctx_len:total]
-        gather_slots = torch.tensor(gather, dtype=torch.int64).view(B, K)
+            table = self._tables[sid]
+            used = pages_needed(total, self.page_size)
+            gather += table[:used]
+            gather += [0] * (num_gather_pages - used)  # padding: any valid page, masked out
+            writes += self._slots[sid][ctx_len:total]
+        gather_pages = torch.tensor(gather, dtype=torch.int64).view(B, num_gather_pages)
         write_slots = torch.tensor(writes, dtype=torch.int64)
 
         ctx = torch.tensor(batch.ctx_lens, dtype=torch.int64)
@@ -146,6 +148,8 @@ class PagedKVCache:
             sin=sin,
             write_slots=write_slots.to(self.device),
             valid_index=None if valid_index is None else valid_index.to(self.device),
-            gather_slots=gather_slots.to(self.device),
+            gather_pages=gather_pages.to(self.device),
+            page_size_tokens=self.page_size,
+            num_keys=K,
             mask=mask,
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from surge.engine.linear import Linear
 from surge.model.arch import (
     EMBED_NAME,
     FINAL_NORM_NAME,
@@ -25,7 +26,7 @@ from surge.model.arch import (
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """The tensors of one decoder layer (biases are None when the model has none).
+    """The projections and norms of one decoder layer (`Linear` holds weight, bias, packing).
 
     Projections stay separate matrices on purpose: on CPU at small batch, a matmul is bound
     by streaming its weights, and MKL is measurably slower on one fused [q;k;v] or [gate;up]
@@ -33,46 +34,35 @@ class LayerWeights:
     """
 
     input_norm: torch.Tensor
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
     post_norm: torch.Tensor
-    w_gate: torch.Tensor
-    w_up: torch.Tensor
-    w_down: torch.Tensor
-    bq: torch.Tensor | None = None
-    bk: torch.Tensor | None = None
-    bv: torch.Tensor | None = None
-    bo: torch.Tensor | None = None
-    b_gate: torch.Tensor | None = None
-    b_up: torch.Tensor | None = None
-    b_down: torch.Tensor | None = None
+    gate: Linear
+    up: Linear
+    down: Linear
 
     @staticmethod
-    def from_tensors(tensors: dict[str, torch.Tensor], layer: int) -> "LayerWeights":
+    def from_tensors(
+        tensors: dict[str, torch.Tensor], layer: int, pack: bool = False
+    ) -> "LayerWeights":
+        """Layer `layer`'s weights from a block's tensors (`pack`: see `surge.engine.linear`)."""
         p = layer_prefix(layer)
 
-        def get(name: str) -> torch.Tensor | None:
-            return tensors.get(p + name)
+        def proj(name: str) -> Linear:
+            return Linear.of(tensors[p + name + ".weight"], tensors.get(p + name + ".bias"), pack)
 
         return LayerWeights(
             input_norm=tensors[p + "input_layernorm.weight"],
-            wq=tensors[p + "self_attn.q_proj.weight"],
-            wk=tensors[p + "self_attn.k_proj.weight"],
-            wv=tensors[p + "self_attn.v_proj.weight"],
-            wo=tensors[p + "self_attn.o_proj.weight"],
+            q=proj("self_attn.q_proj"),
+            k=proj("self_attn.k_proj"),
+            v=proj("self_attn.v_proj"),
+            o=proj("self_attn.o_proj"),
             post_norm=tensors[p + "post_attention_layernorm.weight"],
-            w_gate=tensors[p + "mlp.gate_proj.weight"],
-            w_up=tensors[p + "mlp.up_proj.weight"],
-            w_down=tensors[p + "mlp.down_proj.weight"],
-            bq=get("self_attn.q_proj.bias"),
-            bk=get("self_attn.k_proj.bias"),
-            bv=get("self_attn.v_proj.bias"),
-            bo=get("self_attn.o_proj.bias"),
-            b_gate=get("mlp.gate_proj.bias"),
-            b_up=get("mlp.up_proj.bias"),
-            b_down=get("mlp.down_proj.bias"),
+            gate=proj("mlp.gate_proj"),
+            up=proj("mlp.up_proj"),
+            down=proj("mlp.down_proj"),
         )
 
 
@@ -81,11 +71,13 @@ class HeadWeights:
     """Final norm and output projection (the last block)."""
 
     norm: torch.Tensor
-    lm_head: torch.Tensor
+    lm_head: Linear
 
     @staticmethod
-    def from_tensors(tensors: dict[str, torch.Tensor]) -> "HeadWeights":
-        return HeadWeights(norm=tensors[FINAL_NORM_NAME], lm_head=tensors[LM_HEAD_NAME])
+    def from_tensors(tensors: dict[str, torch.Tensor], pack: bool = False) -> "HeadWeights":
+        return HeadWeights(
+            norm=tensors[FINAL_NORM_NAME], lm_head=Linear.of(tensors[LM_HEAD_NAME], pack=pack)
+        )
 
 
 def embedding_of(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -107,8 +99,13 @@ class AttnContext:
     """[N] cache slots that receive the N valid new tokens' keys and values."""
     valid_index: torch.Tensor | None
     """[N] indices of the valid tokens in the flattened [B*Q] batch; None if all are valid."""
-    gather_slots: torch.Tensor
-    """[B, K] cache slots of every key each sequence attends to (padded)."""
+    gather_pages: torch.Tensor
+    """[B, P] cache pages holding the keys each sequence attends to, in order (padded with
+    page 0); gathered whole, since one copy of a page is far cheaper than one per slot."""
+    page_size_tokens: int
+    """Slots per cache page."""
+    num_keys: int
+    """K: keys attended per sequence after the gather (the longest sequence's length)."""
     mask: torch.Tensor | None
     """[B, 1, Q, K] boolean: query i of sequence b may attend key j; None for one causal seq."""
 
@@ -182,6 +179,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
+def gather_keys(cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+    """[B, K, kv_heads, d] of one layer's cache [slots, kv_heads, d], gathered page by page."""
+    B, heads_dims = ctx.gather_pages.shape[0], cache.shape[1:]
+    pages = cache.view(-1, ctx.page_size_tokens, *heads_dims)
+    gathered = pages.index_select(0, ctx.gather_pages.view(-1)).view(B, -1, *heads_dims)
+    return gathered[:, : ctx.num_keys]
+
+
 def decoder_layer(
     x: torch.Tensor,
     w: LayerWeights,
@@ -194,18 +199,17 @@ def decoder_layer(
     B, Q, _ = x.shape
     nh, nkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     h = rms_norm(x, w.input_norm, arch.rms_norm_eps)
-    q = apply_rope(F.linear(h, w.wq, w.bq).view(B, Q, nh, d), ctx.cos, ctx.sin)
-    k = apply_rope(F.linear(h, w.wk, w.bk).view(B, Q, nkv, d), ctx.cos, ctx.sin)
-    v = F.linear(h, w.wv, w.bv).view(B, Q, nkv, d)
+    q = apply_rope(w.q(h).view(B, Q, nh, d), ctx.cos, ctx.sin)
+    k = apply_rope(w.k(h).view(B, Q, nkv, d), ctx.cos, ctx.sin)
+    v = w.v(h).view(B, Q, nkv, d)
 
     k_new, v_new = k.reshape(B * Q, nkv, d), v.reshape(B * Q, nkv, d)
     if ctx.valid_index is not None:
         k_new, v_new = k_new[ctx.valid_index], v_new[ctx.valid_index]
     k_cache.index_copy_(0, ctx.write_slots, k_new)
     v_cache.index_copy_(0, ctx.write_slots, v_new)
-    K = ctx.gather_slots.shape[1]
-    keys = k_cache.index_select(0, ctx.gather_slots.view(-1)).view(B, K, nkv, d)
-    values = v_cache.index_select(0, ctx.gather_slots.view(-1)).view(B, K, nkv, d)
+    keys = gather_keys(k_cache, ctx)
+    values = gather_keys(v_cache, ctx)
 
     attn = F.scaled_dot_product_attention(
         q.transpose(1, 2),
@@ -215,12 +219,11 @@ def decoder_layer(
         is_causal=ctx.mask is None and Q > 1,
         enable_gqa=nh != nkv,
     )
-    x = x + F.linear(attn.transpose(1, 2).reshape(B, Q, nh * d), w.wo, w.bo)
+    x = x + w.o(attn.transpose(1, 2).reshape(B, Q, nh * d))
     h = rms_norm(x, w.post_norm, arch.rms_norm_eps)
-    mlp = F.silu(F.linear(h, w.w_gate, w.b_gate)) * F.linear(h, w.w_up, w.b_up)
-    return x + F.linear(mlp, w.w_down, w.b_down)
+    return x + w.down(F.silu(w.gate(h)) * w.up(h))
 
 
 def final_logits(x: torch.Tensor, head: HeadWeights, arch: ModelArch) -> torch.Tensor:
     """Logits in float32 for hidden states [..., hidden]."""
-    return F.linear(rms_norm(x, head.norm, arch.rms_norm_eps), head.lm_head).float()
+    return head.lm_head(rms_norm(x, head.norm, arch.rms_norm_eps)).float()

@@ -82,11 +82,13 @@ class ModelRunner:
             tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
         self.block_buffers[index] = buf
         for layer in range(info.first_layer, info.end_layer):
-            self.layers[layer] = LayerWeights.from_tensors(tensors, layer)
+            self.layers[layer] = LayerWeights.from_tensors(
+                tensors, layer, pack=self.config.pack_cpu_weights
+            )
         if info.has_embed:
             self.embedding = embedding_of(tensors)
         if info.has_head:
-            self.head = HeadWeights.from_tensors(tensors)
+            self.head = HeadWeights.from_tensors(tensors, pack=self.config.pack_cpu_weights)
         log.debug("block %d ready (layers %d-%d)", index, info.first_layer, info.end_layer - 1)
 
     def load_blocks(self, indices: list[int] | None = None) -> None:
