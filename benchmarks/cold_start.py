@@ -7,26 +7,29 @@ and the engine takes blocks as they stream in. Measured from the moment the node
 (the agent process is launched) to the first token of one request; both modes alternate
 over several rounds in the same run; the ratio is the result.
 
+With `--cluster netns` the worker runs in its own network namespace with its CPU quota
+(docs/testbed.md), so it does not share the machine's cores with the benchmark's client.
+
 Usage: python -m benchmarks.cold_start [--model-mb 32] [--blocks 8] [--remote-gbps 0.2]
+       [--cluster loopback|netns]
 """
 
 import argparse
 import asyncio
 import json
 import logging
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import model_config
+from benchmarks.common import add_cluster_args, machine, make_cluster, model_config
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launcher import LocalCluster
 from surge.runtime.protocol import LoadOp, RegisterOp
 from surge.runtime.server import Server
 
@@ -61,10 +64,15 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--remote-gbps", type=float, default=0.2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/cold_start.json"))
+    ap.add_argument("--json", type=Path, default=None, help="default: results/cold_start.json")
+    add_cluster_args(ap)
     args = ap.parse_args()
+    if args.json is None:
+        suffix = "" if args.cluster == "loopback" else f"_{args.cluster}"
+        args.json = Path(f"benchmarks/results/cold_start{suffix}.json")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    where: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         create_tiny_model(tmp / "hf", model_config(args.model_mb, args.blocks))
@@ -72,14 +80,16 @@ def main() -> None:
         manifest = read_manifest(tmp / "reg" / MODEL)
         for r in range(args.rounds):
             for mode in MODES:
-                cfg = LocalClusterConfig(
+                cluster = make_cluster(
+                    args,
                     num_nodes=1,
                     remote_dir=tmp / "reg",
                     remote_gbps=args.remote_gbps,
                     preload_engine=mode == "no_overlap",
                 )
                 t0 = time.monotonic()  # the node is chosen: its worker process starts now
-                with LocalCluster(cfg) as cluster:
+                with cluster:
+                    where = machine(args, cluster)
                     ready_s = time.monotonic() - t0
                     res = asyncio.run(first_token(cluster, manifest, t0))
                 res["ready_s"] = ready_s
@@ -91,7 +101,7 @@ def main() -> None:
         "blocks": manifest.num_blocks,
         "remote_gbps": args.remote_gbps,
         "rounds": args.rounds,
-        "machine": {"platform": platform.platform(), "cpus": 2},
+        "machine": where,
         "first_token_s": {m: round(v, 4) for m, v in med.items()},
         "speedup_overlap": round(med["no_overlap"] / med["overlap"], 3),
         "runs": {m: [{k: round(v, 4) for k, v in x.items()} for x in runs[m]] for m in MODES},
