@@ -47,7 +47,12 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import LoadOp
 from surge.runtime.refactor import FlexPipeline, Stages, refactor_pipeline
 from surge.runtime.scaleout.context import DEFAULT_FETCH_GBPS
-from surge.runtime.scaleout.flexpipe import free_slots, layer_profile, profile_stages
+from surge.runtime.scaleout.flexpipe import (
+    free_slots,
+    layer_profile,
+    micro_batches,
+    profile_stages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +82,9 @@ def is_flexpipe(dep: Deployment) -> bool:
 def flexpipe_autoscale(dep: Deployment, base: AutoscaleSettings) -> AutoscaleSettings:
     """The autoscaler's knobs for a FlexPipe deployment: a pipeline of η stages with m
     micro-batches in flight works on min(η, m) of them at once, so it takes that many
-    instances' worth of requests (`flexpipe_system.pipeline_autoscale`; the simulator
-    pipelines η, the runtime's head keeps `num_micro_batches` groups); other deployments
-    keep `base`."""
+    instances' worth of requests (`flexpipe_system.pipeline_autoscale`; m is η in both
+    bodies, `flexpipe_microbatch.pipeline_micro_batches`, the runtime's bounded by the KV
+    cache); other deployments keep `base`."""
     if not is_flexpipe(dep):
         return base
     busy = [
@@ -132,10 +137,12 @@ class FlexPipeControl:
             dep.flexpipe = FlexPipeRecord()
         rec = dep.flexpipe
         await self._reap(dep, rec)
-        for e in dep.server.endpoints.values():  # what the `pack` router fills each up to
+        for e in list(dep.server.endpoints.values()):  # what the `pack` router fills each up to
             if isinstance(e, FlexPipeline):
                 busy = min(len(e.stages), e.num_micro_batches)
                 e.route_target = pipeline_target(dep.spec.autoscaling, busy)
+                if not e.failed and not e.refactoring:
+                    await e.settle_kv()  # head engines that drained give their KV back
         system = serve_system(dep.spec.strategy)
         settings = system.flexpipe
         if now_s - rec.last_decision_s < settings.decision_interval_s:
@@ -178,8 +185,9 @@ class FlexPipeControl:
             for n in new:
                 dep.instances[n] = Instance(n, endpoint=pipe)  # type: ignore[arg-type]
                 rec.booked.add(n)
+            micro, _ = micro_batches(system, dep.manifest, pipe.config, len(target))
             pipe.refactoring = True  # until the task below runs it (no second one meanwhile)
-            dep.spawn(self._refactor(dep, rec, pipe, target, new))
+            dep.spawn(self._refactor(dep, rec, pipe, target, new, micro))
 
     async def _refactor(
         self,
@@ -188,6 +196,7 @@ class FlexPipeControl:
         pipe: FlexPipeline,
         target: Stages,
         new: list[int],
+        micro: int,
     ) -> None:
         before = [n for n, _, _ in pipe.stages]
 
@@ -204,7 +213,7 @@ class FlexPipeControl:
 
         pipe.refactoring = False  # refactor_pipeline takes it from here
         try:
-            result = await refactor_pipeline(pipe, target, load, alive)
+            result = await refactor_pipeline(pipe, target, load, alive, micro)
         except Exception as e:
             log.warning("%s: refactoring %s to %s failed: %s", dep.name, pipe.name, target, e)
             rec.failed_refactors += 1

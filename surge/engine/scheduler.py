@@ -141,6 +141,20 @@ class Scheduler:
         self._pages[seq.seq_id] = have + need
         return True
 
+    @property
+    def held_pages(self) -> int:
+        """KV pages its sequences hold now."""
+        return sum(self._pages.values())
+
+    def set_budget_pages(self, num_pages: int) -> None:
+        """Let its sequences hold `num_pages` KV pages in all from now on (a pipeline head
+        re-splitting its stages' cache among micro-batch groups, `runtime/endpoints.py`);
+        never less than they hold. Between steps only. `config.num_pages` stays the
+        longest sequence it admits."""
+        if num_pages < self.held_pages:
+            raise ValueError(f"a budget of {num_pages} pages is below the {self.held_pages} held")
+        self._free_pages = num_pages - self.held_pages
+
     def release(self, seq: Sequence) -> None:
         """Return a sequence's pages to the budget (finished or preempted)."""
         self._free_pages += self._pages.pop(seq.seq_id, 0)

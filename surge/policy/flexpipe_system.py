@@ -73,6 +73,10 @@ class FlexPipeSettings:
     decision_interval_s: float = 1.0
     """How often the granularity controller takes a CV sample and decides (§6.1 Alg. 1's
     interval; the smoothing in `granularity` counts these samples)."""
+    min_group_kv_tokens: int = 2048
+    """The least KV cache (tokens) one micro-batch group of a runtime pipeline head is
+    split: the head keeps η micro-batches for η stages (§7 Eq. 12) but no more than its
+    stages' cache over this (`flexpipe_microbatch.micro_batch_limit`). Ours: a 2k context."""
     scaling: ScalingSettings = field(
         default_factory=lambda: ScalingSettings(max_granularity=8, sigmoid_offset=7.0)
     )
@@ -88,6 +92,8 @@ class FlexPipeSettings:
             raise SurgeError("stage counts must be >= 1 and ascending (coarse to fine)")
         if not (self.cv_window_s > 0 and self.decision_interval_s > 0):
             raise SurgeError("cv_window_s and decision_interval_s must be > 0")
+        if self.min_group_kv_tokens < 1:
+            raise SurgeError("min_group_kv_tokens must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ endpoint runs it and appends tokens to it as they come back.
   `TokenGenerated` events, which the server hands to `on_token`.
 - `PipelineEndpoint`: an execution pipeline (λScale §4.3): stages on agents, head engines
   (scheduler + sampler) here, `num_micro_batches` of them so several micro-batches are in
-  the chain at once (λScale Fig. 6a). `RemotePipelineExecutor` is their `Executor`: one
+  the chain at once (λScale Fig. 6a; FlexPipe sets the count from
+  `policy.flexpipe_microbatch` and changes it with the stage count, splitting the stages'
+  KV cache among them by `micro_batch_budgets`). `RemotePipelineExecutor` is their `Executor`: one
   `StageStepOp` per forward, logits back as float32 bytes.
 `take_back` stops an endpoint and returns its unfinished requests with their tokens so far,
 so they continue elsewhere (mode switch, failover) with none lost or repeated. Owned by the
@@ -26,6 +28,7 @@ from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine, TokenEvent
 from surge.engine.sampling import TokenLogprobs
 from surge.model.manifest import Manifest
+from surge.policy.flexpipe_microbatch import micro_batch_budgets
 from surge.runtime.client import ClusterClient
 from surge.runtime.engine_loop import run_engine
 from surge.runtime.protocol import (
@@ -191,6 +194,8 @@ class _Group:
     seqs: dict[int, ServeRequest] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    budget_pages: int = 0
+    """KV pages its engine may hold (its share of the stages' cache)."""
 
 
 class PipelineEndpoint(Endpoint):
@@ -205,18 +210,29 @@ class PipelineEndpoint(Endpoint):
         stages: list[tuple[int, int, int]],
         config: EngineConfig = EngineConfig(),
         num_micro_batches: int = 2,
+        max_micro_batches: int | None = None,
     ) -> None:
-        """`stages`: (node, first_layer, end_layer) in layer order."""
+        """`stages`: (node, first_layer, end_layer) in layer order. `num_micro_batches`
+        head engines take requests (λScale's 2; FlexPipe's from its policy); the stages'
+        KV cache (`config.max_kv_tokens`) is split among them, and a sequence is at most
+        the cache over `max_micro_batches` (default: `num_micro_batches`), the most
+        `set_micro_batches` may ask for later."""
         self.client, self.manifest, self.model, self.name = client, manifest, model, name
         self.stages = stages
         self.nodes = tuple(s[0] for s in stages)
         self.requests = {}
         self.config = config
+        self.max_micro_batches = max(num_micro_batches, max_micro_batches or 1)
         self.num_micro_batches = num_micro_batches
         self.capacity = num_micro_batches * config.max_num_seqs
         self.groups: list[_Group] = []
         self.on_failure: Any = None
         """Called (as a task) with this endpoint when a step fails."""
+
+    @property
+    def stage_key(self) -> str:
+        """The name its stages are opened under on the agents."""
+        return self.name
 
     async def open(self) -> None:
         for i, (node, first, end) in enumerate(self.stages):
@@ -226,30 +242,58 @@ class PipelineEndpoint(Endpoint):
                 next_node=nxt,
             )  # fmt: skip
             await self.client.call(node, op)
+        self.set_micro_batches(self.num_micro_batches)
+
+    def _add_group(self) -> None:
         loop = asyncio.get_running_loop()
         group_cfg = EngineConfig(
             page_size_tokens=self.config.page_size_tokens,
             max_kv_tokens=max(
-                self.config.page_size_tokens, self.config.max_kv_tokens // self.num_micro_batches
+                self.config.page_size_tokens, self.config.max_kv_tokens // self.max_micro_batches
             ),
             max_num_seqs=self.config.max_num_seqs,
             max_prefill_tokens=self.config.max_prefill_tokens,
             device="cpu",
         )
-        for g in range(self.num_micro_batches):
-            executor = RemotePipelineExecutor(self.client, loop, self.name, self.stages[0][0])
-            engine = LLMEngine(
-                self.manifest, group_cfg, executor, first_seq_id=g * SEQ_IDS_PER_GROUP
-            )
-            group = _Group(engine)
-            group.task = loop.create_task(self._run(group))
-            self.groups.append(group)
+        executor = RemotePipelineExecutor(self.client, loop, self.stage_key, self.stages[0][0])
+        first_seq_id = len(self.groups) * SEQ_IDS_PER_GROUP
+        engine = LLMEngine(self.manifest, group_cfg, executor, first_seq_id=first_seq_id)
+        group = _Group(engine)
+        group.task = loop.create_task(self._run(group))
+        self.groups.append(group)
+
+    def set_micro_batches(self, count: int) -> None:
+        """Take requests on `count` head engines (micro-batches in flight) from now on:
+        engines are added as needed; the ones past `count` finish what they run and take
+        nothing new; the stages' KV cache is re-split (`micro_batch_budgets`). Call it
+        between steps of every engine (FlexPipe: inside its step gate)."""
+        if not 1 <= count <= self.max_micro_batches:
+            raise ValueError(f"{count} micro-batches: 1 to {self.max_micro_batches}")
+        while len(self.groups) < count:
+            self._add_group()
+        self.num_micro_batches = count
+        self.capacity = count * self.config.max_num_seqs
+        self.rebalance_kv()
+
+    def kv_budgets(self) -> tuple[int, ...]:
+        """The KV pages each engine should be allowed now (`micro_batch_budgets`)."""
+        held = [g.engine.scheduler.held_pages for g in self.groups]
+        budgets = [g.budget_pages for g in self.groups]
+        total = self.config.num_pages
+        return micro_batch_budgets(total, held, budgets, self.num_micro_batches)
+
+    def rebalance_kv(self) -> None:
+        """Give every engine its `kv_budgets` page budget; between steps only."""
+        for group, pages in zip(self.groups, self.kv_budgets(), strict=True):
+            group.engine.scheduler.set_budget_pages(pages)
+            group.budget_pages = pages
 
     async def submit(self, req: ServeRequest) -> None:
         if self.failed:
             raise EndpointFailed(self.name)
         self.requests[req.req_id] = req
-        group = min(self.groups, key=lambda g: len(g.seqs) + len(g.pending))
+        active = self.groups[: self.num_micro_batches]
+        group = min(active, key=lambda g: len(g.seqs) + len(g.pending))
         group.pending.append(req)
         group.wake.set()
 

@@ -11,9 +11,11 @@ ones (split: coarse -> fine, merge: fine -> coarse):
    copied inside it (`stage_kv_copy`); layers that change node travel over the transport
    as `flexpipe_system.refactor` (Eq. 10) lists them, valid tokens only (`kv_export` from
    the old stage, `kv_import` into the new one);
-4. the head engines' executors point at the new first stage, the old stages close, the
-   gate opens. The engines' sequences (ids, tokens, positions) never change, so each
-   request continues token-exact, without recomputation.
+4. the head engines' executors point at the new first stage, the head keeps the number
+   of micro-batches the caller asks for (η for η stages, §7 Eq. 12; engines are added,
+   or stop taking requests and drain), the old stages close, the gate opens. The
+   engines' sequences (ids, tokens, positions) never change, so each request continues
+   token-exact, without recomputation.
 Any failure before step 4 closes the new stages and leaves the old ones serving (the
 refactoring did not happen); the caller gives back the slots it had booked.
 Owned by the runtime; the decision (stage count, layers, nodes) is the controller's,
@@ -105,6 +107,13 @@ class FlexPipeline(PipelineEndpoint):
         for node, _, _ in self.stages:
             with contextlib.suppress(Exception):
                 await self.client.call(node, StageCloseOp(pipeline=self.stage_key))
+
+    async def settle_kv(self) -> None:
+        """Re-split the stages' KV cache among the head engines when an engine that no
+        longer takes requests has drained (`rebalance_kv`), between two steps."""
+        if self.groups and self.kv_budgets() != tuple(g.budget_pages for g in self.groups):
+            async with self.gate.exclusive():
+                self.rebalance_kv()
 
     def valid_tokens(self) -> list[tuple[int, int]]:
         """(seq id, tokens whose K/V the stages hold) of every running sequence (Eq. 10's
@@ -203,11 +212,15 @@ async def refactor_pipeline(
     target: Stages,
     load: Callable[[int, list[int]], Awaitable[None]],
     alive: Callable[[], bool] = lambda: True,
+    num_micro_batches: int | None = None,
 ) -> RefactorResult:
     """Re-cut `pipe` into `target` stages while it serves (see the module docstring).
     `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the
-    pipeline still serves (the server may retire it meanwhile). Raises on failure, with the
-    old stages still serving unless the pipeline itself failed."""
+    pipeline still serves (the server may retire it meanwhile); `num_micro_batches`: the
+    head engines that take requests on the new stages (the caller's policy decision,
+    `flexpipe_microbatch.pipeline_micro_batches`; None: as before), set at the switch.
+    Raises on failure, with the old stages still serving unless the pipeline itself
+    failed."""
     if pipe.refactoring:
         raise RuntimeError(f"{pipe.name} is already refactoring")
     pipe.refactoring = True
@@ -243,6 +256,8 @@ async def refactor_pipeline(
             pipe.stages = list(target)
             pipe.nodes = tuple(n for n, _, _ in target)
             pipe.version += 1
+            if num_micro_batches is not None:  # new engines start on the new stages
+                pipe.set_micro_batches(num_micro_batches)
             await _close(pipe, old_key, [n for n, _, _ in before])
             pause_s = time.monotonic() - t1
         result = RefactorResult(

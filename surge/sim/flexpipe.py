@@ -13,6 +13,7 @@ while the group keeps serving, then it runs with the new stages and the freed GP
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe_microbatch import pipeline_micro_batches
 from surge.policy.flexpipe_placement import HostingRecord, SlotState
 from surge.policy.flexpipe_system import (
     GroupView,
@@ -208,7 +209,7 @@ class FlexPipe:
         """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum
         of its stages' throughputs): η times the batch limit, each step one micro-batch."""
         inst.max_batch = self.world.settings.max_batch * num_stages
-        inst.set_micro_batches(num_stages)
+        inst.set_micro_batches(pipeline_micro_batches(num_stages))
         inst.route_target = pipeline_target(self.world.system.autoscale, num_stages)
 
     def retune(self, pool: Pool) -> None:

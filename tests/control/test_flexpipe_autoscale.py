@@ -1,24 +1,29 @@
 """A FlexPipe deployment's autoscaler target follows its pipelines' parallelism: a pipeline
-of η stages keeps min(η, micro-batches) of them busy, so it takes that many instances' worth
+of η stages keeps η micro-batches (so η stages) busy, so it takes that many instances' worth
 of requests before the autoscaler asks for another (FlexPipe §7 Eq. 12); other strategies
 keep their target."""
 
 import asyncio
 from types import SimpleNamespace
 
+from surge.config import EngineConfig
 from surge.control.flexpipe import FlexPipeControl, FlexPipeRecord, flexpipe_autoscale
 from surge.model.manifest import read_manifest
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.router import Endpoint, route
 from surge.policy.systems import serve_system
 from surge.runtime.refactor import FlexPipeline
+from surge.runtime.scaleout.flexpipe import micro_batches
 
 
 def _dep(strategy: str, stage_counts: list[int], manifest) -> SimpleNamespace:
     pipes = {}
     for i, n in enumerate(stage_counts):
         stages = [(node, node, node + 1) for node in range(n)]
-        pipes[f"p{i}"] = FlexPipeline(None, manifest, "m", f"p{i}", stages)  # no I/O here
+        micro, most = micro_batches(serve_system("flexpipe"), manifest, EngineConfig(), n)
+        pipes[f"p{i}"] = FlexPipeline(
+            None, manifest, "m", f"p{i}", stages, EngineConfig(), micro, most
+        )
     return SimpleNamespace(
         spec=SimpleNamespace(strategy=strategy), server=SimpleNamespace(endpoints=pipes)
     )
@@ -32,9 +37,8 @@ def test_pipeline_target_scales_with_its_busy_stages(tiny_store) -> None:
     three = flexpipe_autoscale(_dep("flexpipe", [3], manifest), base)
     assert one.target_ongoing_requests == 4.0
     assert two.target_ongoing_requests == 8.0
-    # The head keeps 2 micro-batch groups: a third stage adds hops, not parallel requests.
-    micro = FlexPipeline(None, manifest, "m", "x", [(0, 0, 1)]).num_micro_batches
-    assert three.target_ongoing_requests == 4.0 * min(3, micro)
+    # The head keeps one micro-batch per stage (§7 Eq. 12), as the simulator does.
+    assert three.target_ongoing_requests == 12.0
     # No pipeline yet, or another strategy: the base target.
     assert flexpipe_autoscale(_dep("flexpipe", [], manifest), base) == base
     assert flexpipe_autoscale(_dep("lambdascale", [2], manifest), base) == base

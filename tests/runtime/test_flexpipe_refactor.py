@@ -6,16 +6,20 @@ fails the pipeline and its requests finish elsewhere — none lost."""
 import asyncio
 import contextlib
 
+from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
+from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.protocol import LoadOp
 from surge.runtime.protocol_ops import StageProfileOp
 from surge.runtime.refactor import FlexPipeline, blocks_of_stage, refactor_pipeline
+from surge.runtime.scaleout.flexpipe import micro_batches
 from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL, connected
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
 MAX_TOKENS = 48
+SYSTEM = serve_system("flexpipe")
 
 
 def _loader(client, source: str = "remote"):
@@ -36,7 +40,8 @@ async def _serving(cluster, manifest, loads: dict[int, list[int]], stages, param
     client = await connected(cluster, manifest, loads, "gpu")
     server = Server(client, MODEL)
     try:
-        pipe = FlexPipeline(client, manifest, MODEL, "fp", stages)
+        micro, most = micro_batches(SYSTEM, manifest, EngineConfig(), len(stages))
+        pipe = FlexPipeline(client, manifest, MODEL, "fp", stages, EngineConfig(), micro, most)
         await pipe.open()
         await server.add_endpoint(pipe)
         reqs = [server.new_request(p, params) for p in PROMPTS]
@@ -60,23 +65,62 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
             client, server, pipe, reqs = live
             await _until_tokens(reqs, 3)
             fine = [(0, 0, 1), (1, 1, 3), (2, 3, L)]
-            split = await refactor_pipeline(pipe, fine, _loader(client))
+            micro = micro_batches(SYSTEM, manifest, EngineConfig(), 3)[0]
+            split = await refactor_pipeline(pipe, fine, _loader(client), num_micro_batches=micro)
             at_split = [len(r.output_token_ids) for r in reqs]
+            groups = [pipe.num_micro_batches, len(pipe.groups)]
+            # Requests after the split go to the new micro-batch groups, on the new stages.
+            late = [server.new_request(p, params) for p in PROMPTS[:2]]
+            for r in late:
+                await server.submit(r)
+            late_groups = {
+                i
+                for i, g in enumerate(pipe.groups)
+                for r in late
+                if r in [*g.pending, *g.seqs.values()]
+            }
             profile = await client.call(1, StageProfileOp(pipeline=pipe.stage_key))
-            await _until_tokens(reqs, max(at_split) + 3)
-            merge = await refactor_pipeline(pipe, [(1, 0, L)], _loader(client))
-            at_merge = [len(r.output_token_ids) for r in reqs]
+            await _until_tokens(reqs + late, max(at_split) + 3)
+            micro = micro_batches(SYSTEM, manifest, EngineConfig(), 1)[0]
+            merge = await refactor_pipeline(
+                pipe, [(1, 0, L)], _loader(client), num_micro_batches=micro
+            )
+            at_merge = [len(r.output_token_ids) for r in reqs + late]
+            groups.append(pipe.num_micro_batches)
             await server.wait_all(60)
-            return reqs, split, merge, at_split, at_merge, profile, pipe
+            await pipe.settle_kv()  # the drained groups give their KV back
+            budgets = [g.budget_pages for g in pipe.groups]
+            reqs += late
+            return (
+                reqs,
+                split,
+                merge,
+                at_split,
+                at_merge,
+                profile,
+                pipe,
+                groups,
+                late_groups,
+                budgets,
+            )
 
-    reqs, split, merge, at_split, at_merge, profile, pipe = asyncio.run(run())
+    reqs, split, merge, at_split, at_merge, profile, pipe, groups, late_groups, budgets = (
+        asyncio.run(run())
+    )
+    # The head keeps one micro-batch per stage (§7 Eq. 12): 3 groups once split, the new
+    # ones took the late requests; 1 takes requests once merged, and gets the whole cache
+    # back when the others drained.
+    assert groups == [3, 3, 1], groups
+    assert late_groups == {1, 2}, late_groups
+    assert budgets == [EngineConfig().num_pages, 0, 0], budgets
     # Both happened mid-generation: every request had tokens and had more to come.
     assert all(0 < n < MAX_TOKENS for n in at_split + at_merge), (at_split, at_merge)
     assert (split.direction, split.num_stages_before, split.num_stages_after) == ("split", 1, 3)
     assert (merge.direction, merge.num_stages_before, merge.num_stages_after) == ("merge", 3, 1)
     # K/V of the moved layers crossed the transport (no request recomputed: one hop each).
     assert split.num_seqs == len(PROMPTS) and split.kv_bytes > 0 and split.num_kv_copies > 0
-    assert merge.num_seqs == len(PROMPTS) and merge.kv_bytes > 0
+    # The merge moved the late requests too: their groups drain on the merged stage.
+    assert merge.num_seqs == len(PROMPTS) + 2 and merge.kv_bytes > 0
     assert all(r.hops == ["fp"] for r in reqs), [r.hops for r in reqs]
     assert pipe.nodes == (1,) and pipe.version == 2
     check_against_reference(tiny_hf, reqs, MAX_TOKENS)

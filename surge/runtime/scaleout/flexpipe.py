@@ -11,7 +11,8 @@ system, the server's arrivals). For each destination, one `FlexPipeline`:
   destination runs the first stage, spares (booked with `hooks.book`) the others;
 - the members load their stages' blocks from their own tier in parallel (§7: new
   fine-grained stages load from host copies in parallel), the pipeline opens and serves,
-  every member's slot records it (`hooks.on_local`);
+  every member's slot records it (`hooks.on_local`); its head keeps η micro-batches in
+  flight for η stages, bounded by the KV cache (§7 Eq. 12, `micro_batches`);
 - then each stage is profiled on its node (`stage_profile`: per-layer prefill and decode
   times, activation bytes), which the partition DP uses from then on (`layer_profile`).
 Before a model has been profiled, `layer_profile` estimates, documented in
@@ -23,8 +24,10 @@ import asyncio
 import logging
 import time
 
+from surge.config import EngineConfig
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe_granularity import cv_of_arrivals
+from surge.policy.flexpipe_microbatch import head_micro_batches
 from surge.policy.flexpipe_placement import SlotState
 from surge.policy.flexpipe_system import (
     LayerProfile,
@@ -76,6 +79,16 @@ def layer_profile(
         activation_bytes=manifest.arch.hidden_size * 4 * PROFILE_TOKENS,
         hop_s=system.stage_hop_s,
     )
+
+
+def micro_batches(
+    system: SystemConfig, manifest: Manifest, engine: EngineConfig, num_stages: int
+) -> tuple[int, int]:
+    """The head's micro-batches for `num_stages` stages and the most for any granularity
+    (§7 Eq. 12, `flexpipe_microbatch.head_micro_batches`, bounded by the KV cache)."""
+    s = system.flexpipe
+    finest = min(max(s.stage_counts), manifest.arch.num_layers)
+    return head_micro_batches(num_stages, finest, engine.max_kv_tokens, s.min_group_kv_tokens)
 
 
 def free_slots(nodes: list[int], manifest: Manifest) -> list[SlotState]:
@@ -150,7 +163,10 @@ async def _open_pipeline(
             )
         )
         name = flexpipe_name(ctx.model)
-        pipe = FlexPipeline(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
+        micro, most = micro_batches(ctx.system, ctx.manifest, ctx.engine, len(stages))
+        pipe = FlexPipeline(
+            ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine, micro, most
+        )
         await pipe.open()
     except BaseException as e:
         for m in choice.slots:
