@@ -194,14 +194,8 @@ async def cold_start(cluster: LocalCluster, manifest: Manifest, group: int) -> f
         await client.close()
 
 
-def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for mode, res in report["modes"].items():
+def _plot_modes(ax, modes: dict) -> None:
+    for mode, res in modes.items():
         tl = res["tokens_per_s_timeline"]
         ax.plot(
             [t for t, _ in tl],
@@ -211,12 +205,27 @@ def plot(report: dict, path: Path) -> None:
         if res.get("multicast_complete_s"):
             ax.axvline(res["multicast_complete_s"], ls=":", lw=0.8, color=ax.lines[-1].get_color())
     ax.set_xlabel("time since the burst (s)")
-    ax.set_ylabel("tokens/s")
-    ax.set_title(
-        f"Burst of {report['requests']} on K={report['sources']} hot, to {report['nodes']} nodes "
-        f"({report['machine']['cluster']})"
+    ax.legend(fontsize=7)
+
+
+def plot(report: dict, path: Path) -> None:
+    """Tokens/s over time during the scale-out (λScale Fig. 9/16 style): one panel per K
+    with every mode of that K's run; dotted lines: the multicast completes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report.get("by_sources") or {str(report["sources"]): {"modes": report["modes"]}}
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), sharey=True, squeeze=False)
+    for ax, (k, run) in zip(axes[0], runs.items(), strict=True):
+        _plot_modes(ax, run["modes"])
+        ax.set_title(f"K={k} hot")
+    axes[0][0].set_ylabel("tokens/s")
+    fig.suptitle(
+        f"Burst of {report['requests']} requests scaled out to {report['nodes']} nodes "
+        f"({report['machine'].get('cluster', 'loopback')})"
     )
-    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -309,9 +318,15 @@ def main() -> None:
     ap.add_argument("--no-cold-start", action="store_true", help="skip the ParaServe part")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_burst.json"))
     ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument(
+        "--replot", type=Path, default=None, help="only redraw --png from this result JSON"
+    )
     add_cluster_args(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.png or args.replot.with_suffix(".png"))
+        return
     ks = [int(k) for k in str(args.sources).split(",")]
     report: dict = {
         "nodes": args.nodes,
@@ -342,7 +357,7 @@ def main() -> None:
             report["p90_ttft_vs_load_then_serve"] = {
                 str(k): r.get("p90_ttft_vs_load_then_serve") for k, r in runs.items()
             }
-            report["modes"] = runs[ks[-1]]["modes"]  # the plot shows the largest K
+            report["modes"] = runs[ks[-1]]["modes"]  # the summary shows the largest K
         if not args.no_cold_start:
             report["paraserve_cold_start"] = cold_starts(args, tmp, manifest)
     args.json.parent.mkdir(parents=True, exist_ok=True)
