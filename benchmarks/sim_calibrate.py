@@ -12,7 +12,7 @@
    transfer (framing, receive, crc32 verify) -> `SimSettings.transfer_cores`.
 3. Endpoint opening: the controller's seconds to open one local instance / one execution
    pipeline while the burst is served (`sim_calibrate_measure.measure_endpoint_open`),
-   brought to cores-free seconds by the processor share at each opening ->
+   as CPU seconds of the controller and the opened agents (cores-free seconds) ->
    `SimSettings.endpoint_open_s`, `pipeline_open_s` (the simulator opens a multicast's
    endpoints one after another, as the runtime's carrier does: `sim/carrier.py`).
 4. Writes that as a simulator profile (an inline GPU profile with
@@ -295,7 +295,7 @@ def main() -> None:
     else:
         opens = median_of(
             [
-                measure_endpoint_open(args.model_mb, first["blocks"], first, 1, args.cores)
+                measure_endpoint_open(args.model_mb, first["blocks"], first, 1)
                 for _ in range(args.repeat)
             ]
         )

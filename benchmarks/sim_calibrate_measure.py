@@ -281,18 +281,17 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
     }
 
 
-def measure_endpoint_open(
-    model_mb: float, blocks: int, real: dict, reps: int, cores: float
-) -> dict:
-    """Seconds the controller takes to open one endpoint while K hot instances serve the
-    burst: every node holds the model already (loaded from its disk), K serve the burst's
-    requests, then the planned pipelines and the other nodes' local instances open one
-    after another, as the runtime's carrier of a multicast opens them (one action at a
-    time). Timed per endpoint: `open()` (InstanceOpenOp / one StageOpenOp per stage and
-    the head engines) and `add_endpoint` (its first requests dispatched). Each time is
-    brought to cores-free seconds by the share the simulator gives a consumer of the
-    `cores` at that moment, min(1, cores / busy endpoints) (`ComputeSharing.share`; the
-    queue is long, so every endpoint opened so far is busy)."""
+def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -> dict:
+    """Seconds, cores free, the runtime takes to open one endpoint while K hot instances
+    serve the burst: every node holds the model already (loaded from its disk), K serve
+    the burst's requests, then the planned pipelines and the other nodes' local instances
+    open one after another, as the runtime's carrier of a multicast opens them (one action
+    at a time). Per endpoint: `open()` (InstanceOpenOp / one StageOpenOp per stage and the
+    head engines) and `add_endpoint` (its first requests dispatched), timed as wall
+    seconds and as CPU seconds of the controller (this process) plus the opened agents
+    (`/proc`, clock ticks). The CPU seconds are the cost with the cores free: the wall
+    time on this shared machine also holds everyone else's work (other sessions' too),
+    which the simulator's processor sharing (`shared_cores`) adds on its own."""
     from benchmarks.common import model_config, seed_disk
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
@@ -310,9 +309,14 @@ def measure_endpoint_open(
     prompts = _burst_prompts(real["requests"], tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     engine_cfg = EngineConfig(max_num_seqs=batch, max_kv_tokens=2048)
+    tick = os.sysconf("SC_CLK_TCK")
 
-    def free_s(took_s: float, busy: int) -> float:
-        return took_s * min(1.0, cores / busy)
+    def cpu_s(pids: list[int]) -> float:
+        total = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / tick + time.process_time()
 
     async def one_run(cluster: LocalCluster, manifest) -> tuple[list[list], list[list]]:
         client = cluster.client()
@@ -325,7 +329,15 @@ def measure_endpoint_open(
         pipes = plan_scale_out(
             MulticastRequest(num_nodes=nodes, num_blocks=blocks, num_sources=k)
         ).pipelines
-        local_s, pipe_s = [], []
+        local, piped = [], []
+
+        async def timed(ep, out: list) -> None:
+            pids = [cluster.procs[n].pid for n in ep.nodes]
+            t, c = time.monotonic(), cpu_s(pids)
+            await ep.open()
+            await server.add_endpoint(ep)
+            out.append([round(time.monotonic() - t, 4), round(cpu_s(pids) - c, 4)])
+
         try:
             for n in range(k):
                 hot = LocalEndpoint(client, n, "m", f"hot{n}", capacity=batch)
@@ -336,24 +348,18 @@ def measure_endpoint_open(
                 await server.submit(r)
             for i, pipe in enumerate(pipes):
                 stages = stage_layers(manifest, pipe)
-                ep = PipelineEndpoint(client, manifest, "m", f"pipe{i}", stages, engine_cfg)
-                t = time.monotonic()
-                await ep.open()
-                await server.add_endpoint(ep)
-                pipe_s.append([time.monotonic() - t, k + i])
-            for name in [f"pipe{i}" for i in range(len(pipes))]:
-                await server.retire(name)  # as the mode switch does: they go local next
+                await timed(
+                    PipelineEndpoint(client, manifest, "m", f"pipe{i}", stages, engine_cfg), piped
+                )
+            for i in range(len(pipes)):
+                await server.retire(f"pipe{i}")  # as the mode switch does: they go local next
             for n in range(k, nodes):
-                ep = LocalEndpoint(client, n, "m", f"node{n}", capacity=batch)
-                t = time.monotonic()
-                await ep.open()
-                await server.add_endpoint(ep)
-                local_s.append([time.monotonic() - t, n])
+                await timed(LocalEndpoint(client, n, "m", f"node{n}", capacity=batch), local)
             await server.wait_all(600)
         finally:
             await server.close()
             await client.close()
-        return local_s, pipe_s
+        return local, piped
 
     local, pipe = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -376,11 +382,10 @@ def measure_endpoint_open(
             local += ls
             pipe += ps
     return {
-        "local_opens_s_and_busy": [[round(t, 4), b] for t, b in local],
-        "pipeline_opens_s_and_busy": [[round(t, 4), b] for t, b in pipe],
-        "local_open_loaded_s": round(statistics.median(t for t, _ in local), 4),
-        "endpoint_open_s": round(statistics.median(free_s(t, b) for t, b in local), 4),
-        "pipeline_open_s": round(statistics.median(free_s(t, b) for t, b in pipe), 4)
-        if pipe
-        else 0.0,
+        "local_opens_wall_cpu_s": local,
+        "pipeline_opens_wall_cpu_s": pipe,
+        "local_open_wall_s": round(statistics.median(w for w, _ in local), 4),
+        "pipeline_open_wall_s": round(statistics.median(w for w, _ in pipe), 4) if pipe else 0.0,
+        "endpoint_open_s": round(statistics.median(c for _, c in local), 4),
+        "pipeline_open_s": round(statistics.median(c for _, c in pipe), 4) if pipe else 0.0,
     }
