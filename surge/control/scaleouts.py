@@ -154,6 +154,7 @@ async def start_scale_out(
         fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
         events=offer.events,
         links=offer.links,
+        hosted_s=dict(dep.host_last_used_s),
     )
     try:
         result.kind = await run_scale_out(ctx)

@@ -8,9 +8,8 @@ arrival times, free slots (GPUs) and a `FlexPipeSettings`. Out:
 - `scale_out_num_stages`: the stages of a NEW instance (§7 Eq. 11/12): finer when the
   queue is long and the traffic bursty, and fine enough to meet the TTFT deadline;
 - `stage_layers`: the layers of each stage (§5 Eq. 2, `flexpipe_partition.partition_model`);
-- `place_stages`: the slot of each stage (§6.2 Eq. 6, `flexpipe_placement.allocate_slots`);
-- `place_new_group`: a new group's slots, on the server §7 Eq. 13's affinity picks among
-  past hosts when its stages fit there, else by `place_stages`;
+- `place_stages`, `place_new_group` (from `flexpipe_place`): the slot of each stage (§6.2
+  Eq. 6), and a new group's slots by §7 Eq. 13's affinity first;
 - `groups_to_refactor`: which groups a new granularity re-cuts (not draining ones), and
   `pipeline_target`: what the `pack` router fills a group up to;
 - `refactor`: the layer moves and KV copies that turn the running stages into the chosen
@@ -23,7 +22,7 @@ Candidate profiles are ours: an
 micro-batch step per stage step (each stage runs 1/η of the layers, plus one hop).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
@@ -38,15 +37,8 @@ from surge.policy.flexpipe_granularity import (
     update_granularity,
 )
 from surge.policy.flexpipe_partition import OperatorProfile, PartitionSettings, partition_model
-from surge.policy.flexpipe_placement import (
-    AffinitySettings,
-    HostingRecord,
-    MultiplexSettings,
-    SlotState,
-    StageDemand,
-    allocate_slots,
-    choose_affinity_server,
-)
+from surge.policy.flexpipe_place import Affinity, place_new_group, place_stages
+from surge.policy.flexpipe_placement import AffinitySettings, MultiplexSettings, SlotState
 from surge.policy.flexpipe_refactor import RefactorPlan, RunningRequest, StageSpan, plan_refactor
 
 
@@ -213,53 +205,6 @@ def stage_layers(
     return part.bounds
 
 
-def place_stages(
-    model_id: str,
-    stage_bytes: Sequence[int],
-    throughput_rps: float,
-    cv: float,
-    slots: Sequence[SlotState],
-    settings: FlexPipeSettings,
-) -> tuple[int, ...] | None:
-    """§6.2: the slot of each stage, in stage order; None if a stage fits nowhere."""
-    demands = [
-        StageDemand(model_id, i, max(b, 1), throughput_rps, cv) for i, b in enumerate(stage_bytes)
-    ]
-    alloc = allocate_slots(demands, slots, settings.multiplex)
-    if alloc.unplaced:
-        return None
-    by_stage = {i: slot for _, i, slot in alloc.assignments}
-    return tuple(by_stage[i] for i in range(len(stage_bytes)))
-
-
-def place_new_group(
-    model_id: str,
-    stage_bytes: Sequence[int],
-    throughput_rps: float,
-    cv: float,
-    slots: Sequence[SlotState],
-    server_of: Mapping[int, int],
-    history: Sequence[HostingRecord],
-    now_s: float,
-    settings: FlexPipeSettings,
-) -> tuple[int, ...] | None:
-    """§7 Eq. 13, then §6.2 Eq. 6: the slots of a new group's stages. Its stages go to the
-    server Eq. 13 picks among those that hosted the model (`history`; recent hosting and
-    free GPUs score, so parameters still in that host's memory are reused, §7) when they
-    all fit there, else where `place_stages` puts them among every slot. `server_of` maps
-    a slot to its server. None if a stage fits nowhere."""
-    free: dict[int, int] = {}
-    for s in slots:
-        free[server_of[s.slot_id]] = free.get(server_of[s.slot_id], 0) + 1
-    server = choose_affinity_server(history, free, now_s, len(stage_bytes), settings.affinity)
-    if server is not None:
-        local = [s for s in slots if server_of[s.slot_id] == server]
-        placed = place_stages(model_id, stage_bytes, throughput_rps, cv, local, settings)
-        if placed is not None:
-            return placed
-    return place_stages(model_id, stage_bytes, throughput_rps, cv, slots, settings)
-
-
 def refactor(
     current: Sequence[tuple[int, tuple[int, int]]],
     target: Sequence[tuple[int, tuple[int, int]]],
@@ -352,11 +297,14 @@ def choose_stages(
     bandwidth_gbps: float,
     max_slot_memory_bytes: int,
     settings: FlexPipeSettings,
+    affinity: Affinity | None = None,
 ) -> StageChoice | None:
     """The layers (§5 Eq. 2) and slots (§6.2 Eq. 6) of a `num_stages` pipeline. The first
     stages stay on `kept_slots` (the pipeline's slots now, in stage order: a refactoring
     moves as little as it can), the others go where `place_stages` puts them among
-    `free_slots`. When the free slots cannot take them, the next coarser granularity of
+    `free_slots`, or for a new pipeline with `affinity`, where `place_new_group` does
+    (§7 Eq. 13: the model's recent hosts first, as the simulator places a new group).
+    When the free slots cannot take them, the next coarser granularity of
     `settings.stage_counts` is tried (fewer stages than wanted beats none); None if not
     even one stage fits."""
     counts = [c for c in settings.stage_counts if c <= min(num_stages, profile.num_layers)]
@@ -370,10 +318,14 @@ def choose_stages(
         if not extra:
             return StageChoice(bounds, kept)
         throughput = 1.0 / max(profile.decode_s * profile.num_layers / eta, 1e-9)
-        placed = place_stages(
-            "pipeline", extra, throughput, cv, [f for f in free_slots if f.slot_id not in kept],
-            settings,
-        )  # fmt: skip
+        free = [f for f in free_slots if f.slot_id not in kept]
+        if affinity is None:
+            placed = place_stages("pipeline", extra, throughput, cv, free, settings)
+        else:
+            placed = place_new_group(
+                "pipeline", extra, throughput, cv, free, affinity.server_of, affinity.history,
+                affinity.now_s, settings,
+            )  # fmt: skip
         if placed is not None:
             return StageChoice(bounds, kept + placed)
     return None

@@ -29,6 +29,12 @@ def test_a_new_group_goes_to_the_recent_host_when_it_fits() -> None:
     few = [s for s in slots if server_of[s.slot_id] != 2 or s.slot_id == 8]
     placed = place_new_group("m", stages, 1.0, 1.0, few, server_of, history, 100.0, settings)
     assert placed is not None and {server_of[g] for g in placed} == {0}
+    # no past host takes both stages, but past hosts have free GPUs: theirs first (one
+    # on server 2, one on server 0), where Eq. 6 alone takes the lowest ids (servers 0, 1)
+    split = [s for s in slots if s.slot_id in (3, 4, 5, 6, 7, 8)]
+    placed = place_new_group("m", stages, 1.0, 1.0, split, server_of, history, 100.0, settings)
+    assert placed is not None and sorted(server_of[g] for g in placed) == [0, 2]
+    assert place_stages("m", stages, 1.0, 1.0, split, settings) == (3, 4)
     # no past host fits: Eq. 6 over every slot, as without a history
     none_fit = [s for s in slots if server_of[s.slot_id] in (1, 3)]
     placed = place_new_group("m", stages, 1.0, 1.0, none_fit, server_of, history, 100.0, settings)

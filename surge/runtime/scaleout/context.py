@@ -149,6 +149,9 @@ class ScaleOutContext:
     links: Mapping[int, NodeLinks] = field(default_factory=dict)
     """Each node's links as its agent reported them (NIC caps, host group); a node not in
     it is planned as uncapped and alone (`policy.topology`)."""
+    hosted_s: Mapping[int, float] = field(default_factory=dict)
+    """When each node last hosted the model (served it or took a host copy; monotonic
+    s): FlexPipe's §7 Eq. 13 history (`flexpipe_system.place_new_group`)."""
     # ---- what happened (written by the scale-out) ----
     kind: str | None = None
     """`hot`, `warm` or `cold` (the start-up plan's kind)."""

@@ -7,8 +7,10 @@ system, the server's arrivals). For each destination, one `FlexPipeline`:
   the queue is served within the TTFT SLO when the model loads at `fetch_gbps` split over
   the stages; never coarser than Eq. 4's choice); the controller's granularity loop,
   `control/flexpipe.py`, owns the shape from then on;
-- layers (§5 Eq. 2) and nodes (§6.2 Eq. 6) by `flexpipe_system.choose_stages`: the
-  destination runs the first stage, spares (booked with `hooks.book`) the others;
+- layers (§5 Eq. 2) and nodes by `flexpipe_system.choose_stages`: the destination runs
+  the first stage, spares (booked with `hooks.book`) the others, placed as the simulator
+  places a new group (`place_new_group`: §7 Eq. 13 affinity, the nodes that hosted the
+  model most recently first, `hosted_s`: served it or hold a host copy; then §6.2 Eq. 6);
 - the members load their stages' blocks from their own tier in parallel (§7: new
   fine-grained stages load from host copies in parallel), the pipeline opens and serves,
   every member's slot records it (`hooks.on_local`); its head keeps η micro-batches in
@@ -28,7 +30,8 @@ from surge.config import EngineConfig
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe_granularity import cv_of_arrivals
 from surge.policy.flexpipe_microbatch import head_micro_batches
-from surge.policy.flexpipe_placement import SlotState
+from surge.policy.flexpipe_place import Affinity
+from surge.policy.flexpipe_placement import HostingRecord, SlotState
 from surge.policy.flexpipe_system import (
     LayerProfile,
     StageChoice,
@@ -106,7 +109,7 @@ async def profile_stages(pipe: FlexPipeline) -> None:
         pipe.activation_bytes_per_token = reply.activation_bytes_per_token
 
 
-def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
+def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
     profile = layer_profile(ctx.manifest, ctx.system, None)
     settings = ctx.system.flexpipe
     arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), settings)
@@ -114,6 +117,10 @@ def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
     eta = scale_out_num_stages(
         arrivals, len(ctx.server.queue), profile, ctx.ttft_slo_s, load_s, settings
     )
+    machine = {  # Eq. 13 scores servers: a node's machine (its own when None)
+        d.node: d.node if d.machine is None else d.machine for d in (*ctx.destinations, *ctx.spares)
+    }
+    history = tuple(HostingRecord(machine.get(n, n), t) for n, t in sorted(ctx.hosted_s.items()))
     choice = choose_stages(
         profile,
         eta,
@@ -123,6 +130,7 @@ def _choose(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
         ctx.fetch_gbps,
         2 * ctx.manifest.total_bytes,
         settings,
+        Affinity(history, {n: machine.get(n, n) for n in spares}, time.monotonic()),
     )
     assert choice is not None  # one stage on the destination always fits
     return choice
@@ -136,7 +144,7 @@ async def run_flexpipe(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     spares = [d.node for d in ctx.spares]
     results = []
     for dest in ctx.destinations:
-        choice = _choose(ctx, dest.node, spares)
+        choice = choose_pipeline(ctx, dest.node, spares)
         members = list(choice.slots)
         booked = [m for m in members[1:] if ctx.hooks.book(m)]
         if len(booked) < len(members) - 1:  # a spare was taken meanwhile: one stage

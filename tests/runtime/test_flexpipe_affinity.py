@@ -1,0 +1,49 @@
+"""FlexPipe's runtime scale-out places a new pipeline as the simulator does (§7 Eq. 13,
+`flexpipe_system.place_new_group`): the spare nodes that hosted the model most recently
+(served it, or took a host copy: the controller's `host_last_used_s`) take its stages
+first; without a history, Eq. 6 alone (the lowest free nodes). A placement that ignores
+the history fails this test."""
+
+import time
+from types import SimpleNamespace
+
+from surge.model.manifest import read_manifest
+from surge.policy.startup import Destination
+from surge.policy.systems import serve_system
+from surge.runtime.scaleout.flexpipe import choose_pipeline
+
+SPARES = [1, 2, 3, 4, 5, 6]
+
+
+def _ctx(manifest, hosted_s: dict[int, float]) -> SimpleNamespace:
+    """A burst: arrivals in two clumps and a long queue, so the new pipeline is fine."""
+    now = time.monotonic()
+    arrivals = [now - 5.0 + i * 0.001 for i in range(20)] + [now - 0.01 * i for i in range(20)]
+    return SimpleNamespace(
+        manifest=manifest,
+        system=serve_system("flexpipe"),
+        server=SimpleNamespace(arrivals=sorted(arrivals), queue=[object()] * 64),
+        fetch_gbps=10.0,
+        ttft_slo_s=1.0,
+        destinations=(Destination(0, "host", machine=0),),
+        spares=tuple(Destination(n, "remote", machine=n) for n in SPARES),
+        hosted_s=hosted_s,
+    )
+
+
+def test_a_new_pipeline_takes_the_models_recent_hosts_first(tiny_store) -> None:
+    manifest = read_manifest(tiny_store)
+    plain = choose_pipeline(_ctx(manifest, {}), 0, SPARES)
+    num_extra = plain.num_stages - 1
+    assert num_extra >= 2, plain  # a burst: several stages beyond the destination's
+    assert plain.slots == (0, *SPARES[:num_extra])  # Eq. 6 alone: the lowest free nodes
+    now = time.monotonic()
+    # Nodes 6, 5, 4, 3 hosted the model, 6 most recently, 3 longest ago (Eq. 13's decay).
+    hosted = {6: now - 1.0, 5: now - 20.0, 4: now - 600.0, 3: now - 3000.0, 0: now - 1.0}
+    placed = choose_pipeline(_ctx(manifest, hosted), 0, SPARES)
+    assert placed.num_stages == plain.num_stages and placed.slots[0] == 0
+    ranked = [6, 5, 4, 3, 1, 2]  # by Eq. 13's score, then the others by Eq. 6
+    assert set(placed.slots[1:]) == set(ranked[:num_extra]), placed
+    # Fewer past hosts than stages: they all take one, the lowest others the rest.
+    placed = choose_pipeline(_ctx(manifest, {5: now - 20.0}), 0, SPARES)
+    assert set(placed.slots[1:]) == {5, *SPARES[: num_extra - 1]}, placed
