@@ -303,9 +303,17 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     report: dict = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "loadavg_1min_at_start": os.getloadavg()[0],
+        },
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
     }
+    earlier = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
+    if args.skip_sim and "sim" in earlier:  # keep the simulator part of an earlier run
+        report["sim"] = earlier["sim"]
+        report["sim_settings"] = earlier.get("sim_settings") or earlier.get("settings")
     if not args.skip_sim:
         sim_kw = {
             "cluster": "flexpipe",
@@ -333,11 +341,9 @@ def main() -> None:
     if not args.skip_runtime:
         report["runtime"] = runtime(args)
         print(json.dumps(report["runtime"]["ratios"], indent=1))
-    elif args.json and args.json.exists():  # keep the runtime part of an earlier run
-        earlier = json.loads(args.json.read_text())
-        if "runtime" in earlier:
-            report["runtime"] = earlier["runtime"]
-            report["runtime_settings"] = earlier.get("settings")
+    elif "runtime" in earlier:  # keep the runtime part of an earlier run
+        report["runtime"] = earlier["runtime"]
+        report["runtime_settings"] = earlier.get("runtime_settings") or earlier.get("settings")
     report["settings"]["cvs"] = [str(c) for c in args.cvs]
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
