@@ -42,6 +42,13 @@ def _stage_counts(dep) -> list[int]:
     return [len(e.stages) for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)]
 
 
+def _micro_batches(dep) -> list[int]:
+    """Head engines taking requests, per pipeline (η for η stages, §7 Eq. 12)."""
+    return [
+        e.num_micro_batches for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)
+    ]
+
+
 def test_burst_splits_and_quiet_merges_live_pipeline(
     tmp_path, tiny_store_dir, reference, monkeypatch
 ) -> None:
@@ -65,6 +72,7 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
             dep = await _deploy(ctl, tiny_store_dir, "flexpipe", scaling)
             await _until(lambda: _stage_counts(dep) == [1], "a coarse pipeline")
             coarse_nodes = sorted(dep.instances)
+            coarse_micro = _micro_batches(dep)
             reqs = []
             for clump in (PROMPTS[:4], PROMPTS[4:]):  # a burst: two clumps 0.5 s apart
                 reqs += await asyncio.gather(
@@ -73,12 +81,14 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
                 await asyncio.sleep(0.5)
             await _until(lambda: _done(dep, "split") and _stage_counts(dep) == [2], "split", 30)
             split_status = ctl.describe(dep)["status"]
+            split_micro = _micro_batches(dep)
             mid = [len(r.output_token_ids) for r in reqs]
             split_nodes = sorted(dep.instances)
             await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
             await _until(lambda: _done(dep, "merge") and _stage_counts(dep) == [1], "merge", 30)
             await _until(lambda: len(dep.instances) == 1, "the merged-away slot released")
             return (
+                (coarse_micro, split_micro, _micro_batches(dep)),
                 reqs,
                 mid,
                 coarse_nodes,
@@ -92,9 +102,12 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
             await ctl.stop()
 
     with cluster:
-        reqs, mid, coarse_nodes, split_nodes, split_status, status, metrics, events = asyncio.run(
-            run()
+        micro, reqs, mid, coarse_nodes, split_nodes, split_status, status, metrics, events = (
+            asyncio.run(run())
         )
+    # The head keeps one micro-batch per stage through both refactorings (the policy's
+    # count, as in the simulator): 1, then 2 once split, 1 again once merged.
+    assert micro == ([1], [2], [1]), micro
     _check(reqs, tok, reference, MAX_TOKENS)
     assert len(coarse_nodes) == 1 and len(split_nodes) == 2
     assert any(0 < n < MAX_TOKENS for n in mid), mid  # the split came mid-generation
