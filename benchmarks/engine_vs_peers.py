@@ -10,7 +10,8 @@ Reported: medians over rounds, ratios surge / peer, and the memory-bandwidth lim
 decode measured in the same run (read bandwidth of a large tensor / bytes of weights read per
 token), beside the bandwidth MKL's one-row projections reach over the same weights. Rates are
 given per wall second and per CPU second of the engine's process (`*_per_cpu_s`): on a shared
-machine the second leaves out time spent waiting for a core. Writes benchmarks/results/engine_vs_peers.json and .png.
+machine the second leaves out time spent waiting for a core. Writes
+benchmarks/results/engine_vs_peers.json and .png (`_bf16` with `--dtype bfloat16`).
 
 Every engine computes with the same number of threads (`--threads`, default 1): on a machine
 shared with other work, more OpenMP threads than free cores spin at every barrier, and
@@ -19,9 +20,8 @@ comparison then measures the scheduler, not the engines. The bandwidth limit is 
 same thread count.
 
 Usage: python benchmarks/engine_vs_peers.py [--preset 100mb] [--batches 1,8,32] [--rounds 3]
-       [--threads 1] [--vllm-python .venv-vllm/bin/python]
-The module imports nothing but the standard library at the top: the vLLM worker runs it with
-another venv's Python, where surge is not importable.
+       [--threads 1] [--dtype float32|bfloat16] [--vllm-python .venv-vllm/bin/python]
+The engines run in benchmarks/engine_workers.py processes.
 """
 
 import argparse
@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -41,93 +40,14 @@ log = logging.getLogger("engine_vs_peers")
 HERE = Path(__file__).resolve()
 RESULTS = HERE.parent / "results"
 REPO = HERE.parent.parent
-
-
-def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(batch * 1000 + prompt_len)
-    return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
-
-
-# ---- workers (one process per engine) -----------------------------------------------------
-
-
-def surge_runner(model_dir: str):
-    from surge.engine.llm_engine import LLMEngine
-    from surge.engine.sampling import SamplingParams
-    from surge.model.manifest import read_manifest
-
-    engine = LLMEngine(read_manifest(Path(model_dir)))
-
-    def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
-        return [o.token_ids for o in outs]
-
-    return run
-
-
-def transformers_runner(model_dir: str):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-    def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        ids = torch.tensor(prompts)
-        with torch.inference_mode():
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        return out[:, ids.shape[1] :].tolist()
-
-    return run
-
-
-def vllm_runner(model_dir: str):
-    from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
-
-    # Its default configuration (compiled), fp32, no tokenizer (ids in, ids out).
-    llm = LLM(model=model_dir, dtype="float32", skip_tokenizer_init=True, max_model_len=1024)
-
-    def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    return run
-
-
-RUNNERS = {"surge": surge_runner, "transformers": transformers_runner, "vllm": vllm_runner}
-
-
-def worker(name: str, model_dir: str, vocab: int) -> None:
-    """Answer one JSON line per request on stdin: {batch, prompt_len, new_tokens}."""
-    run = RUNNERS[name](model_dir)
-    out = sys.stdout
-    sys.stdout = sys.stderr  # whatever the engine prints must not mix with the answers
-    print("READY", file=out, flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        prompts = prompts_for(req["batch"], req["prompt_len"], vocab)
-        t, c = time.perf_counter(), time.process_time()
-        tokens = run(prompts, req["new_tokens"])
-        t_full, c_full = time.perf_counter() - t, time.process_time() - c
-        t, c = time.perf_counter(), time.process_time()
-        run(prompts, 1)
-        t_one, c_one = time.perf_counter() - t, time.process_time() - c
-        assert all(len(x) == req["new_tokens"] for x in tokens)
-        ans = {"t_full_s": t_full, "t_one_s": t_one, "first_tokens": tokens[0]}
-        ans |= {"cpu_full_s": c_full, "cpu_one_s": c_one}
-        print("RESULT " + json.dumps(ans), file=out, flush=True)
+WORKERS = HERE.parent / "engine_workers.py"
+DTYPES = ("float32", "bfloat16")
 
 
 class Worker:
-    def __init__(self, name: str, python: str, model_dir: Path, vocab: int, threads: int) -> None:
+    def __init__(
+        self, name: str, python: str, model_dir: Path, vocab: int, threads: int, dtype: str
+    ) -> None:
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
@@ -139,8 +59,8 @@ class Worker:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             # Its own thread binding would take every core; OMP_NUM_THREADS decides instead.
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        cmd = [python, str(HERE), "--worker", name, "--model-dir", str(model_dir)]
-        cmd += ["--vocab", str(vocab)]
+        cmd = [python, str(WORKERS), "--worker", name, "--model-dir", str(model_dir)]
+        cmd += ["--vocab", str(vocab), "--dtype", dtype]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
         )
@@ -203,7 +123,7 @@ def one_row_projection_gbps(store: Path, repeats: int = 5) -> float:
         for layer in runner.layers.values()
         for name in ("q", "k", "v", "o", "gate", "up", "down")
     ]
-    xs = [torch.randn(1, w.shape[1]) for w in weights]
+    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
     num_bytes = sum(w.numel() * w.element_size() for w in weights)
     best = float("inf")
     with torch.inference_mode():
@@ -224,15 +144,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="compute threads of every engine")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
-    ap.add_argument("--out", type=Path, default=RESULTS / "engine_vs_peers.json")
-    ap.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
-    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", choices=DTYPES, default="float32", help="the checkpoint's dtype")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default: results/engine_vs_peers[_bf16].json"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.worker:
-        worker(args.worker, args.model_dir, args.vocab)
-        return
+    if args.out is None:
+        suffix = "" if args.dtype == "float32" else "_bf16"
+        args.out = RESULTS / f"engine_vs_peers{suffix}.json"
     import torch
 
     torch.set_num_threads(args.threads)  # the bandwidth limit at the engines' thread count
@@ -240,7 +160,7 @@ def main() -> None:
     from surge.model.importer import import_checkpoint
     from surge.model.tiny import create_tiny_model, preset
 
-    cfg = preset(args.preset)
+    cfg = preset(args.preset, dtype=args.dtype)
     load_start = os.getloadavg()[0]
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,15 +169,17 @@ def main() -> None:
         manifest = import_checkpoint(hf_dir, store, progress=False)
         weight_bytes = sum(b.size_bytes for b in manifest.blocks)
         # Decode reads every weight once per step, except the embedding table (one row).
-        embed_bytes = cfg.vocab_size * cfg.hidden_size * 4
+        embed_bytes = (
+            cfg.vocab_size * cfg.hidden_size * torch.finfo(getattr(torch, args.dtype)).bits // 8
+        )
         step_bytes = weight_bytes - embed_bytes
-        n, t = cfg.vocab_size, args.threads
-        workers = {"surge": Worker("surge", sys.executable, store, n, t)}
-        workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t)
+        n, t, d = cfg.vocab_size, args.threads, args.dtype
+        workers = {"surge": Worker("surge", sys.executable, store, n, t, d)}
+        workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t, d)
         vllm_note = None
         if Path(args.vllm_python).exists():
             try:
-                workers["vllm"] = Worker("vllm", args.vllm_python, hf_dir, n, t)
+                workers["vllm"] = Worker("vllm", args.vllm_python, hf_dir, n, t, d)
             except RuntimeError as e:
                 vllm_note = f"vLLM worker failed to start: {e}"
         else:
@@ -340,7 +262,7 @@ def main() -> None:
         },
         "settings": {
             "preset": args.preset,
-            "dtype": "float32",
+            "dtype": args.dtype,
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
             "rounds": args.rounds,
@@ -392,7 +314,8 @@ def plot(report: dict, names: list[str], path: Path) -> None:
     ax.set_yscale("log")
     s = report["settings"]
     ax.set_title(
-        f"{s['preset']} fp32 CPU, {s['prompt_len']}+{s['new_tokens']} tokens (labels: surge / peer)"
+        f"{s['preset']} {s['dtype']} CPU, {s['prompt_len']}+{s['new_tokens']} tokens "
+        "(labels: surge / peer)"
     )
     ax.legend()
     fig.tight_layout()
