@@ -27,7 +27,9 @@
    or `--run-real` to run scale_burst first) and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
 
-The measurements are in `benchmarks/sim_calibrate_measure.py`.
+The measurements are in `benchmarks/sim_calibrate_measure.py`; a diagnostic, how fast an
+execution pipeline serves vs a local instance (runtime and profile), in
+`benchmarks/sim_calibrate_pipeline.py`.
 
 Usage: python -m benchmarks.sim_calibrate [--cores 2] [--repeat 3] [--run-real] [--reuse JSON..]
 """
@@ -50,6 +52,7 @@ from benchmarks.sim_calibrate_measure import (
     measure_engine,
     measure_transport,
 )
+from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED = {1: RESULTS / "scale_burst.json", 2: RESULTS / "scale_burst_k2.json"}
@@ -299,6 +302,13 @@ def main() -> None:
                 for _ in range(args.repeat)
             ]
         )
+    if olds and all("pipeline_serving" in o for o in olds):
+        pipe_serving = olds[0]["pipeline_serving"]
+    else:
+        pipe_serving = measure_pipeline_serving(args.model_mb, first["blocks"], first)
+    pipe_serving["profile_pipeline_throughput_vs_local"] = profile_pipeline_vs_local(
+        engine, pipe_serving["stages"], PIPELINE_MICRO_BATCHES, first["max_num_seqs"]
+    )
     if abs(engine["model_bytes"] - first["model_bytes"]) > 1e-3 * first["model_bytes"]:
         raise SystemExit("error: measured model size differs from the benchmark's")
     report: dict = {
@@ -309,6 +319,7 @@ def main() -> None:
         "transfer_cores": transport["transfer_cores"],
         "pipeline_micro_batches": PIPELINE_MICRO_BATCHES,
         "endpoint_open": opens,
+        "pipeline_serving": pipe_serving,
         "endpoint_open_s": opens["endpoint_open_s"],
         "pipeline_open_s": opens["pipeline_open_s"],
         "tolerance": TOLERANCE,

@@ -2,13 +2,10 @@
 
 In: endpoints turning busy or idle (`Instance.on_busy`) and multicast block transfers
 starting and ending. Out: every busy endpoint's `share` and the flow network's speed:
-each consumer gets min(1, cores / demand) of what it needs, demand = the busy endpoints'
-cores + `transfer_cores` per block transfer in flight (transfers slow down too:
-`FlowNetwork.set_speed`). An endpoint needs one core; an execution pipeline needs
-min(micro-batch streams, stages): the runtime's `PipelineEndpoint` runs
-`num_micro_batches` head engines at once, each stream's forward on one stage agent at a
-time (λScale Fig. 6a), so that many agents compute at once. With `shared_cores` None
-nothing is shared.
+each consumer gets min(1, cores / demand) of what it needs, demand = busy endpoints (a
+pipeline counts once: a 3-stage pipeline with 2 micro-batch streams measured ~1.0 core,
+like a local instance) + `transfer_cores` per block transfer in flight (transfers slow
+down too: `FlowNetwork.set_speed`). With `shared_cores` None nothing is shared.
 """
 
 from surge.sim.flows import FlowNetwork
@@ -26,8 +23,6 @@ class ComputeSharing:
         """Busy endpoints by id."""
         self.transfers = 0
         """Multicast block transfers in flight."""
-        self.cores: dict[int, float] = {}
-        """Cores a busy endpoint needs, by id, where not 1 (execution pipelines)."""
 
     @property
     def enabled(self) -> bool:
@@ -39,8 +34,7 @@ class ComputeSharing:
         when nothing is shared (also what an endpoint opening gets, `sim/carrier.py`)."""
         if self.shared_cores is None:
             return 1.0
-        demand = sum(self.cores.get(i, 1.0) for i in self.busy)
-        demand += self.transfer_cores * self.transfers
+        demand = len(self.busy) + self.transfer_cores * self.transfers
         return min(1.0, self.shared_cores / demand) if demand > 0 else 1.0
 
     def on_busy(self, inst: Instance) -> None:

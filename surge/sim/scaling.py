@@ -103,9 +103,6 @@ class InstanceFactory:
         )
         if self.sharing.enabled:
             inst.on_busy = self.sharing.on_busy
-            if pipeline:  # its micro-batch streams compute on that many stages at once
-                streams = min(settings.pipeline_micro_batches, len(placement.workers))
-                self.sharing.cores[inst.id] = float(streams)
         return inst
 
 

@@ -149,39 +149,3 @@ def test_pipelines_take_micro_batches_times_the_batch_limit(tmp_path, monkeypatc
         res = simulate(trace, settings, system=system)
         assert np.all(res.done_s > 0)
         assert most and max(most.values()) == micro  # max_batch = 1
-
-
-def test_a_pipeline_needs_as_many_cores_as_its_micro_batch_streams():
-    """A busy execution pipeline counts min(pipeline_micro_batches, stages) consumers of
-    the shared cores (the runtime's micro-batch streams compute on that many stage agents
-    at once); a plain instance counts one."""
-    from types import SimpleNamespace
-
-    from surge.sim.compute_sharing import ComputeSharing
-    from surge.sim.flows import FlowNetwork
-    from surge.sim.placement import Placement
-    from surge.sim.pools import Pool
-    from surge.sim.scaling import InstanceFactory
-
-    def share_when_busy(micro_batches: int, stages: int, shared_cores: float) -> float:
-        from surge.sim.simulator import Simulation
-
-        settings = SimSettings(
-            "lambdascale-testbed1", ("llama2-7b",), "lambdascale",
-            shared_cores=shared_cores, pipeline_micro_batches=micro_batches,
-        )  # fmt: skip
-        trace = Trace("none", np.zeros(1), np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64))
-        world = Simulation(trace, settings).world
-        sharing = ComputeSharing(FlowNetwork(world.loop), shared_cores, 0.0)
-        requests = SimpleNamespace(on_done=None, on_prefilled=None)
-        factory = InstanceFactory(world, requests, sharing)  # type: ignore[arg-type]
-        placement = Placement(tuple((g,) for g in range(stages)), 0)
-        ep = factory.make(Pool(0, 0, "both"), placement, pipeline=True)
-        ep.phase = 1  # busy
-        sharing.on_busy(ep)
-        return sharing.share()
-
-    assert share_when_busy(2, 3, 1.0) == 0.5  # two streams on three stages
-    assert share_when_busy(2, 1, 1.0) == 1.0  # one stage: one core
-    assert share_when_busy(1, 3, 1.0) == 1.0  # one stream
-    assert share_when_busy(2, 2, 4.0) == 1.0  # enough cores
