@@ -23,7 +23,10 @@
    pipelines) and stop_the_world (load-then-serve). The 8 agents share the machine's 2
    cores (`SimSettings.shared_cores`), transfers included. One profile serves both modes
    and both K. Measurements are repeated `--repeat` times (medians): the machine is shared.
-5. Compares predicted vs measured TTFT p50/p90 (`benchmarks/results/scale_burst*.json`,
+5. Pipeline speed: an execution pipeline's throughput vs a local instance on one burst,
+   in the runtime and in the model (`sim_calibrate_pipeline.py`); their ratio ->
+   `SimSettings.pipeline_speed`.
+6. Compares predicted vs measured TTFT p50/p90 (`benchmarks/results/scale_burst*.json`,
    or `--run-real` to run scale_burst first) and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
 
@@ -149,6 +152,7 @@ def simulate_burst(
     micro_batches: int = PIPELINE_MICRO_BATCHES,
     stage_hop_s: float = 0.001,
     opens: dict | None = None,
+    pipeline_speed: float = 1.0,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
@@ -185,6 +189,7 @@ def simulate_burst(
         pipeline_micro_batches=micro_batches,
         endpoint_open_s=opens["endpoint_open_s"] if opens else 0.0,
         pipeline_open_s=opens["pipeline_open_s"] if opens else 0.0,
+        pipeline_speed=pipeline_speed,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -248,12 +253,13 @@ def median_of(runs: list[dict]) -> dict:
 
 FIXES = (
     # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
-    #  endpoint opening?)
-    ("1_serving_step", False, False, 1, False),
-    ("2_link_rate", True, False, 1, False),
-    ("3_transfer_cpu", True, True, 1, False),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True),
+    #  endpoint opening?, measured pipeline speed?)
+    ("1_serving_step", False, False, 1, False, False),
+    ("2_link_rate", True, False, 1, False, False),
+    ("3_transfer_cpu", True, True, 1, False, False),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False, False),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, False),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -309,6 +315,12 @@ def main() -> None:
     pipe_serving["profile_pipeline_throughput_vs_local"] = profile_pipeline_vs_local(
         engine, pipe_serving["stages"], PIPELINE_MICRO_BATCHES, first["max_num_seqs"]
     )
+    # The runtime's pipeline vs local throughput over the model's: the pipeline's speed.
+    pipe_speed = round(
+        pipe_serving["pipeline_throughput_vs_local"]
+        / pipe_serving["profile_pipeline_throughput_vs_local"],
+        4,
+    )
     if abs(engine["model_bytes"] - first["model_bytes"]) > 1e-3 * first["model_bytes"]:
         raise SystemExit("error: measured model size differs from the benchmark's")
     report: dict = {
@@ -322,6 +334,7 @@ def main() -> None:
         "pipeline_serving": pipe_serving,
         "endpoint_open_s": opens["endpoint_open_s"],
         "pipeline_open_s": opens["pipeline_open_s"],
+        "pipeline_speed": pipe_speed,
         "tolerance": TOLERANCE,
         "scenarios": {},
     }
@@ -336,12 +349,15 @@ def main() -> None:
                 meas = real["modes"][mode]
                 row: dict = {"measured": {q: meas[q] for q in ("ttft_p50_s", "ttft_p90_s")}}
                 steps = {}
-                for label, eff, cpu, micro, opening in FIXES:
+                for label, eff, cpu, micro, opening, slow in FIXES:
                     rate = transport["multicast_effective_gbps"] if eff else first["link_gbps"]
                     tc = transport["transfer_cores"] if cpu else 0.0
                     hop = engine["agent_round_trip_per_step_s"]
                     op = opens if opening else None
-                    pred = simulate_burst(*files[rate], real, mode, args.cores, tc, micro, hop, op)
+                    speed = pipe_speed if slow else 1.0
+                    pred = simulate_burst(
+                        *files[rate], real, mode, args.cores, tc, micro, hop, op, speed
+                    )
                     steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
                 row["predicted"] = pred
                 row["predicted_by_fix"] = steps

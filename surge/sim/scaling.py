@@ -100,6 +100,7 @@ class InstanceFactory:
             hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
             placement=placement,
             pool_key=pool.key,
+            speed=settings.pipeline_speed if pipeline else 1.0,
         )
         if self.sharing.enabled:
             inst.on_busy = self.sharing.on_busy

@@ -68,6 +68,13 @@ class SimSettings:
     """Micro-batch groups an execution pipeline runs at once; its capacity is this times
     `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
 
+    pipeline_speed: float = 1.0
+    """Serving speed of an execution pipeline relative to its cost model (one batch of
+    `pipeline_micro_batches` x `max_batch` at an instance's step cost plus a hop per stage
+    boundary). 1.0: the model as is (the paper systems). This runtime's is measured by
+    `benchmarks/sim_calibrate_pipeline.py`: its pipeline's throughput relative to a local
+    instance on the same burst, divided by the model's (`sim_calibration.json`,
+    `pipeline_serving`)."""
     endpoint_open_s: float = 0.0
     """Seconds (cores free) the controller takes to open one local instance once its node
     holds the model: the runtime's `InstanceOpenOp` and the dispatch of its first requests
@@ -112,6 +119,8 @@ class SimSettings:
             raise SurgeError("shared_cores must be > 0 or None")
         if self.transfer_cores < 0 or self.pipeline_micro_batches < 1:
             raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
+        if not self.pipeline_speed > 0:
+            raise SurgeError("pipeline_speed must be > 0")
         if self.endpoint_open_s < 0 or self.pipeline_open_s < 0:
             raise SurgeError("endpoint_open_s and pipeline_open_s must be >= 0")
 

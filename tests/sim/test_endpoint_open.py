@@ -52,7 +52,8 @@ def run(open_s: float, pipe_open_s: float, mode: str = "pipelines") -> dict:
     )
     pipes = [ev.t_s for ev in recorder.events if isinstance(ev, PipelineOpened)]
     ttft = sorted(float(f - a) for f, a in zip(res.first_token_s, res.arrival_s, strict=True))
-    return {"ups": ups, "last_block": last_block, "pipes": pipes, "ttft": ttft}
+    done = sorted(float(d) for d in res.done_s)
+    return {"ups": ups, "last_block": last_block, "pipes": pipes, "ttft": ttft, "done": done}
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +101,38 @@ def test_pipelines_open_after_pipeline_open_s_and_delay_what_follows(runs):
 def test_negative_open_costs_are_refused():
     with pytest.raises(SurgeError, match="endpoint_open_s"):
         SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", endpoint_open_s=-1)
+
+
+def test_pipeline_speed_slows_execution_pipelines_only():
+    """`SimSettings.pipeline_speed` (the runtime's measured pipeline throughput over the
+    model's): a pipeline's requests take 1/speed as long; a plain instance's do not."""
+    from types import SimpleNamespace
+
+    from surge.sim.compute_sharing import ComputeSharing
+    from surge.sim.flows import FlowNetwork
+    from surge.sim.placement import Placement
+    from surge.sim.pools import Pool
+    from surge.sim.request import SimRequest
+    from surge.sim.scaling import InstanceFactory
+
+    def done_s(pipeline: bool, speed: float) -> float:
+        settings = SimSettings(
+            "lambdascale-testbed1", ("llama2-7b",), "lambdascale", pipeline_speed=speed
+        )
+        trace = make_trace("one", [0.0], [1], [1])
+        world = Simulation(trace, settings).world
+        done: list[float] = []
+        requests = SimpleNamespace(
+            on_done=lambda i, r: done.append(world.loop.now_s), on_prefilled=lambda i, r: None
+        )
+        factory = InstanceFactory(world, requests, ComputeSharing(FlowNetwork(world.loop), None, 0))  # type: ignore[arg-type]
+        placement = Placement(((0,), (1,)) if pipeline else ((0,),), 0)
+        ep = factory.make(Pool(0, 0, "both"), placement, pipeline=pipeline)
+        ep.submit(SimRequest(0, 0, 0.0, 500, 20))
+        world.loop.run()
+        return done[0]
+
+    assert done_s(True, 0.5) > 1.5 * done_s(True, 1.0)  # compute at half speed; hops not
+    assert done_s(False, 0.5) == done_s(False, 1.0)
+    with pytest.raises(SurgeError, match="pipeline_speed"):
+        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", pipeline_speed=0)
