@@ -42,6 +42,10 @@ RESULTS = HERE.parent / "results"
 REPO = HERE.parent.parent
 WORKERS = HERE.parent / "engine_workers.py"
 DTYPES = ("float32", "bfloat16")
+SURGES = ("surge", "surge-packed")
+"""surge with its defaults, and with `EngineConfig.pack_cpu_weights` on."""
+RATIOS = (("e2e_tok_s", "e2e"), ("decode_tok_s", "decode"), ("e2e_tok_per_cpu_s", "e2e_per_cpu_s"))
+"""Rates compared as surge / peer, and the suffix of each ratio's key."""
 
 
 class Worker:
@@ -174,7 +178,7 @@ def main() -> None:
         )
         step_bytes = weight_bytes - embed_bytes
         n, t, d = cfg.vocab_size, args.threads, args.dtype
-        workers = {"surge": Worker("surge", sys.executable, store, n, t, d)}
+        workers = {s: Worker(s, sys.executable, store, n, t, d) for s in SURGES}
         workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t, d)
         vllm_note = None
         if Path(args.vllm_python).exists():
@@ -235,20 +239,17 @@ def main() -> None:
                 "e2e_tok_per_cpu_s": round(statistics.median(e2e_cpu), 1),
                 "decode_tok_per_cpu_s": round(statistics.median(dec_cpu), 1),
             }
-        for n in names[1:]:
-            row[f"surge_over_{n}_e2e"] = round(row["surge"]["e2e_tok_s"] / row[n]["e2e_tok_s"], 3)
-            row[f"surge_over_{n}_decode"] = round(
-                row["surge"]["decode_tok_s"] / row[n]["decode_tok_s"], 3
-            )
-            row[f"surge_over_{n}_e2e_per_cpu_s"] = round(
-                row["surge"]["e2e_tok_per_cpu_s"] / row[n]["e2e_tok_per_cpu_s"], 3
-            )
+        for s in SURGES:
+            key = s.replace("-", "_")
+            for n in names[len(SURGES) :]:
+                for what, suffix in RATIOS:
+                    row[f"{key}_over_{n}_{suffix}"] = round(row[s][what] / row[n][what], 3)
+            if b == 1:
+                row[f"{key}_decode_share_of_bandwidth_limit"] = round(
+                    row[s]["decode_tok_s"] / limit_tok_s, 3
+                )
         first = {n: raw[b][n][0]["first_tokens"] for n in names}
         row["same_greedy_tokens"] = {n: first[n] == first["surge"] for n in names[1:]}
-        if b == 1:
-            row["surge_decode_share_of_bandwidth_limit"] = round(
-                row["surge"]["decode_tok_s"] / limit_tok_s, 3
-            )
         results.append(row)
     report = {
         "benchmark": "engine_vs_peers",
@@ -267,8 +268,8 @@ def main() -> None:
             "new_tokens": args.new_tokens,
             "rounds": args.rounds,
             "threads_per_engine": args.threads,
-            "surge_engine": "EngineConfig defaults (pack_cpu_weights on: oneDNN-packed "
-            "projections for steps of 2+ rows)",
+            "surge_engines": "surge: EngineConfig defaults; surge-packed: pack_cpu_weights on "
+            "(oneDNN-packed projections for steps of 2+ rows)",
             "weight_bytes_per_decode_step": step_bytes,
         },
         "bandwidth": {
@@ -304,10 +305,10 @@ def plot(report: dict, names: list[str], path: Path) -> None:
         xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(res))]
         ys = [r[n]["e2e_tok_s"] for r in res]
         ax.bar(xs, ys, width, label=n)
-        if n == "surge":
+        if n in SURGES:
             continue
         for x, r in zip(xs, res, strict=True):
-            ax.text(x, r[n]["e2e_tok_s"], f"{r[f'surge_over_{n}_e2e']:.2f}x", ha="center",
+            ax.text(x, r[n]["e2e_tok_s"], f"{r[f'surge_packed_over_{n}_e2e']:.2f}x", ha="center",
                     va="bottom", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(res)), [f"batch {r['batch']}" for r in res])
     ax.set_ylabel("tokens/s (end to end, prefill included)")
@@ -315,7 +316,7 @@ def plot(report: dict, names: list[str], path: Path) -> None:
     s = report["settings"]
     ax.set_title(
         f"{s['preset']} {s['dtype']} CPU, {s['prompt_len']}+{s['new_tokens']} tokens "
-        "(labels: surge / peer)"
+        "(labels: surge-packed / peer)"
     )
     ax.legend()
     fig.tight_layout()

@@ -22,13 +22,14 @@ def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
-def surge_runner(model_dir: str, dtype: str):
+def surge_runner(model_dir: str, dtype: str, pack: bool = False):
     # The store holds the checkpoint's dtype; surge runs it as stored.
+    from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine
     from surge.engine.sampling import SamplingParams
     from surge.model.manifest import read_manifest
 
-    engine = LLMEngine(read_manifest(Path(model_dir)))
+    engine = LLMEngine(read_manifest(Path(model_dir)), EngineConfig(pack_cpu_weights=pack))
 
     def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
@@ -74,7 +75,17 @@ def vllm_runner(model_dir: str, dtype: str):
     return run
 
 
-RUNNERS = {"surge": surge_runner, "transformers": transformers_runner, "vllm": vllm_runner}
+def surge_packed_runner(model_dir: str, dtype: str):
+    """surge with `EngineConfig.pack_cpu_weights` on (oneDNN-packed projections)."""
+    return surge_runner(model_dir, dtype, pack=True)
+
+
+RUNNERS = {
+    "surge": surge_runner,
+    "surge-packed": surge_packed_runner,
+    "transformers": transformers_runner,
+    "vllm": vllm_runner,
+}
 
 
 def worker(name: str, model_dir: str, vocab: int, dtype: str) -> None:

@@ -31,11 +31,14 @@ class EngineConfig:
     reused by later sequences that start with the same tokens (`surge.engine.page_pool`)."""
     device: str = "auto"
     """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""
-    pack_cpu_weights: bool = True
+    pack_cpu_weights: bool = False
     """On CPU with float32 weights, keep a oneDNN-blocked copy of every projection and use it
     for steps of 2 or more rows (batched decode, prefill), which MKL runs slowly from the
-    plain layout; one-row steps read the block buffer. Costs a second copy of the weights in
-    memory (`surge.engine.linear`); ignored on CUDA and for other dtypes."""
+    plain layout; one-row steps read the block buffer (`surge.engine.linear`). Off by default:
+    packing costs a second copy of the weights and ~2 ms of CPU per MB when a block lands,
+    which in a scale-out delays serving (measured: scale_burst K=1 p50 TTFT 2.9 s packed vs
+    2.35 s not); on, a long-lived instance decodes 8-32 sequences ~1.2x faster at hidden 512
+    (benchmarks/engine_vs_peers.py). Ignored on CUDA and for other dtypes."""
 
     @property
     def num_pages(self) -> int:

@@ -8,8 +8,11 @@ import torch.nn.functional as F
 
 from surge.config import EngineConfig
 from surge.engine.linear import Linear, can_pack
+from surge.engine.llm_engine import LLMEngine
 from surge.engine.runner import ModelRunner
+from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
+from tests.engine.reference import assert_same_tokens, hf_greedy
 
 needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
@@ -53,3 +56,16 @@ def test_runner_packs_every_projection_when_configured(tiny_store: Path, pack: b
     ]
     assert len(projections) == 1 + 7 * runner.arch.num_layers
     assert all((p.packed is not None) == pack for p in projections)
+
+
+@needs_onednn
+def test_packed_engine_matches_transformers(tiny_hf: Path, tiny_store: Path) -> None:
+    """A batch of different lengths (prefill and batched decode on the packed path) gives
+    transformers' greedy tokens (near-tie rule of tests/engine/reference.py)."""
+    prompts = [[0, 5, 9, 200, 31, 17, 4], [0, 8], [0, 3, 44, 55, 66, 77, 88, 99, 100]]
+    engine = LLMEngine.from_store(tiny_store, EngineConfig(pack_cpu_weights=True))
+    assert engine.executor.runner.layers[0].q.packed is not None
+    outs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    for prompt, out in zip(prompts, outs, strict=True):
+        ref, logits = hf_greedy(tiny_hf, prompt, 12)
+        assert_same_tokens(out.token_ids, ref, logits, f"packed {prompt[:3]}")
