@@ -13,9 +13,9 @@ Two bodies:
    (arrival until an endpoint took the request, polled every 10 ms), p50/p99 TTFT, goodput
    (requests meeting `--slo-e2e` per second of the phase), GPU-seconds (slots held x time,
    sampled every 50 ms), the slots always held (10th percentile) and the peak, and the
-   refactorings by direction. The static variants set the strategy's settings in the
-   controller (`autoscaler.flexpipe.settings`) and the scale-out
-   (`runtime.scaleout.flexpipe.SETTINGS`) to one granularity;
+   refactorings by direction. The static variants hold the system's one set of FlexPipe
+   settings (`SystemConfig.flexpipe`, read by the controller and the scale-out) at one
+   granularity;
 2. the simulator at the paper's scale (`benchmarks/flexpipe_sim.py`: the `flexpipe`
    cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4/8), the first model also
    with a 0.1-ms stage hop, and the ratios again for `--sim-extra-seeds` trace seeds.
@@ -36,6 +36,7 @@ import os
 import platform
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,8 +48,8 @@ from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.tiny import create_tiny_model
 from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.policy.systems import SYSTEMS
 from surge.runtime.refactor import FlexPipeline
-from surge.runtime.scaleout import flexpipe as flexpipe_scaleout
 from surge.sim.settings import Slo
 from surge.traces.gamma import gamma_arrivals
 
@@ -117,12 +118,13 @@ async def _phase(ctl, dep, args, cv: float, seed: int) -> dict:
 
 
 async def _variant(variant: str, store: Path, state: Path, args: argparse.Namespace) -> dict:
-    settings = _settings(variant, args)
-    flexpipe_scaleout.SETTINGS = settings
+    # One set of FlexPipe settings, read by the controller and the scale-out alike
+    # (`SystemConfig.flexpipe`): the static variants hold the system at one granularity.
+    original = SYSTEMS["flexpipe"]
+    SYSTEMS["flexpipe"] = replace(original, flexpipe=_settings(variant, args))
     cfg = ControllerConfig(state_dir=state, nodes=args.nodes, max_num_seqs=args.max_num_seqs)
     ctl = Controller(cfg)
     await ctl.start()
-    ctl._w.autoscaler.flexpipe.settings = settings
     out: dict = {}
     try:
         strategy = "serverlessllm" if variant == "load-then-serve" else "flexpipe"
@@ -155,6 +157,7 @@ async def _variant(variant: str, store: Path, state: Path, args: argparse.Namesp
             await asyncio.sleep(args.gap)
     finally:
         await ctl.stop()
+        SYSTEMS["flexpipe"] = original
     return out
 
 
