@@ -21,6 +21,16 @@ from pathlib import Path
 import numpy as np
 
 
+def processes_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes `pids` have used so far (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares intercept and slope."""
     slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
@@ -200,14 +210,7 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
     from surge.runtime.multicast import MulticastExecutor
     from surge.runtime.protocol import LoadOp, RegisterOp
 
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def cpu_s(pids: list[int]) -> float:
-        total = 0
-        for pid in pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / tick
+    cpu_s = processes_cpu_s
 
     async def multicast(cluster: LocalCluster, manifest, nodes: int, sources: int) -> dict:
         client = cluster.client()
@@ -309,14 +312,9 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
     prompts = _burst_prompts(real["requests"], tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     engine_cfg = EngineConfig(max_num_seqs=batch, max_kv_tokens=2048)
-    tick = os.sysconf("SC_CLK_TCK")
 
-    def cpu_s(pids: list[int]) -> float:
-        total = 0
-        for pid in pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / tick + time.process_time()
+    def cpu_s(pids: list[int]) -> float:  # the agents' and this (controller) process's
+        return processes_cpu_s(pids) + time.process_time()
 
     async def one_run(cluster: LocalCluster, manifest) -> tuple[list[list], list[list]]:
         client = cluster.client()

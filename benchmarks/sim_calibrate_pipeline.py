@@ -11,7 +11,6 @@ diagnostic: the simulator serves a pipeline as one batch of micro-batches x
 """
 
 import asyncio
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 def measure_pipeline_serving(model_mb: float, blocks: int, real: dict, requests: int = 32) -> dict:
     """Burst wall and CPU seconds on the planned pipeline vs on one local instance."""
     from benchmarks.common import model_config, seed_disk
-    from benchmarks.sim_calibrate_measure import _burst_prompts
+    from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.model.importer import import_checkpoint
@@ -34,18 +33,13 @@ def measure_pipeline_serving(model_mb: float, blocks: int, real: dict, requests:
     from surge.runtime.server import Server
 
     batch = real["max_num_seqs"]
-    tick = os.sysconf("SC_CLK_TCK")
     pipe = plan_scale_out(
         MulticastRequest(num_nodes=real["nodes"], num_blocks=blocks, num_sources=1)
     ).pipelines[0]
     nodes = len(pipe.stages)
 
     def agents_cpu_s(cluster: LocalCluster) -> float:
-        total = 0
-        for proc in cluster.procs.values():
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / tick
+        return processes_cpu_s([proc.pid for proc in cluster.procs.values()])
 
     async def burst(cluster: LocalCluster, manifest, kind: str) -> dict:
         client = cluster.client()
