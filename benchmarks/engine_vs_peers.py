@@ -111,22 +111,26 @@ def read_bandwidth_gbps(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
     return num_bytes / best / 1e9
 
 
-def one_row_projection_gbps(store: Path, repeats: int = 5) -> float:
-    """Best bandwidth of every projection of the checkpoint at one row (F.linear: MKL gemv,
-    what batch-1 decode calls), over the real weights: the kernel's ceiling in this run."""
-    import torch
-    import torch.nn.functional as F
-
+def projection_weights(store: Path) -> list:
+    """Every projection weight of the checkpoint in `store`, as the engine holds them."""
     from surge.engine.runner import ModelRunner
     from surge.model.manifest import read_manifest
 
     runner = ModelRunner(read_manifest(store))
     runner.load_blocks()
-    weights = [runner.head.lm_head.weight] + [
+    return [runner.head.lm_head.weight] + [
         getattr(layer, name).weight
         for layer in runner.layers.values()
         for name in ("q", "k", "v", "o", "gate", "up", "down")
     ]
+
+
+def one_row_projection_gbps(weights: list, repeats: int = 5) -> float:
+    """Best bandwidth of every projection at one row (F.linear: MKL gemv, what batch-1
+    decode calls), over the real weights: the kernel's ceiling in this run."""
+    import torch
+    import torch.nn.functional as F
+
     xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
     num_bytes = sum(w.numel() * w.element_size() for w in weights)
     best = float("inf")
@@ -195,10 +199,10 @@ def main() -> None:
             for b in batches:
                 w.measure(b, args.prompt_len, 4)
         raw: dict[int, dict[str, list[dict]]] = {b: {n: [] for n in names} for b in batches}
-        bw, gemv = [], []
+        bw, gemv, weights = [], [], projection_weights(store)
         for r in range(args.rounds):
             bw.append(read_bandwidth_gbps())
-            gemv.append(one_row_projection_gbps(store))
+            gemv.append(one_row_projection_gbps(weights))
             for b in batches:
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for n in order:
