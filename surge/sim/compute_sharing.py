@@ -1,28 +1,53 @@
 """Processor sharing of one host's cores (`SimSettings.shared_cores`).
 
 In: endpoints turning busy or idle (`Instance.on_busy`) and multicast block transfers
-starting and ending. Out: every busy endpoint's `share` and the flow network's speed:
-each consumer gets min(1, cores / demand) of what it needs, demand = busy endpoints (a
-pipeline counts once: a 3-stage pipeline with 2 micro-batch streams measured ~1.0 core,
-like a local instance) + `transfer_cores` per block transfer in flight (transfers slow
-down too: `FlowNetwork.set_speed`). With `shared_cores` None nothing is shared.
+starting and ending (with their sender's lead GPU and egress link). Out: every busy
+endpoint's `share` and the flow network's speed: each consumer gets min(1, cores /
+demand) of what it needs, demand = busy endpoints (a pipeline counts once: a 3-stage
+pipeline with 2 micro-batch streams measured ~1.0 core, like a local instance) +
+`transfer_cores` per block transfer in flight (transfers slow down too:
+`FlowNetwork.set_speed`). With `shared_cores` None nothing is shared.
+
+Sending and serving in one process (`SimSettings.send_core_s_per_gb`): a node's agent
+frames, checksums and writes the blocks it sends from the same process that serves, so
+while a node sends at B GB/s its endpoints serve at (1 - send_core_s_per_gb * B) of their
+share (at least `MIN_SERVING_FRACTION`); an execution pipeline runs at the pace of its
+slowest stage, so it takes the largest sending load among its GPUs. B is the sender's
+egress links' capacity times the flow network's speed while it has a transfer in flight
+(its egress is what a multicast sender fills). 0 (the default): the old model exactly.
 """
 
-from surge.sim.flows import FlowNetwork
+from collections import Counter
+
+from surge.sim.flows import FlowNetwork, Link
 from surge.sim.instance import Instance
+
+BYTES_PER_GB = 1e9
+MIN_SERVING_FRACTION = 0.01
+"""Floor of what sending leaves to serving, so every step still ends (a sending load of a
+whole core or more is outside what was measured)."""
 
 
 class ComputeSharing:
     """The busy endpoints and transfers of the shared host."""
 
-    def __init__(self, net: FlowNetwork, shared_cores: float | None, transfer_cores: float) -> None:
+    def __init__(
+        self,
+        net: FlowNetwork,
+        shared_cores: float | None,
+        transfer_cores: float,
+        send_core_s_per_gb: float = 0.0,
+    ) -> None:
         self.net = net
         self.shared_cores = shared_cores
         self.transfer_cores = transfer_cores
+        self.send_core_s_per_gb = send_core_s_per_gb if shared_cores is not None else 0.0
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
         self.transfers = 0
         """Multicast block transfers in flight."""
+        self.sending: dict[int, Counter[Link]] = {}
+        """Sender lead GPU -> its transfers in flight per egress link (with a send cost)."""
 
     @property
     def enabled(self) -> bool:
@@ -45,16 +70,41 @@ class ComputeSharing:
             self.busy.pop(inst.id, None)
         self._reshare()
 
-    def on_transfers(self, delta: int) -> None:
-        """`delta` block transfers started (+) or ended (-)."""
+    def on_transfers(
+        self, delta: int, sender_gpu: int | None = None, egress: Link | None = None
+    ) -> None:
+        """`delta` block transfers started (+) or ended (-); `sender_gpu` (None: a host
+        copy, which serves nothing) sends them out of `egress`."""
         self.transfers += delta
-        if self.shared_cores is not None and self.transfer_cores > 0:
+        tracked = False
+        if self.send_core_s_per_gb > 0 and sender_gpu is not None and egress is not None:
+            links = self.sending.setdefault(sender_gpu, Counter())
+            links[egress] += delta
+            if links[egress] <= 0:
+                del links[egress]
+            if not links:
+                del self.sending[sender_gpu]
+            tracked = True
+        if self.shared_cores is not None and (self.transfer_cores > 0 or tracked):
             self._reshare()
+
+    def serving_fraction(self, inst: Instance) -> float:
+        """What sending leaves of `inst`'s share: 1 - the largest sending load (cores)
+        among its GPUs."""
+        load = 0.0
+        for gpu in inst.placement.all_gpus:
+            links = self.sending.get(gpu)
+            if links:
+                gb_per_s = sum(link.bytes_per_s for link in links) * self.net.speed / BYTES_PER_GB
+                load = max(load, self.send_core_s_per_gb * gb_per_s)
+        return max(1.0 - load, MIN_SERVING_FRACTION)
 
     def _reshare(self) -> None:
         share = self.share()
         if self.transfer_cores > 0:
             self.net.set_speed(share)
         for iid in sorted(self.busy):
-            if self.busy[iid].share != share:
-                self.busy[iid].set_share(share)
+            inst = self.busy[iid]
+            mine = share * self.serving_fraction(inst) if self.sending else share
+            if inst.share != mine:
+                inst.set_share(mine)

@@ -31,6 +31,7 @@ from surge.policy.loading import (
     RetirePipeline,
 )
 from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.plan import Transfer
 from surge.policy.startup import Copy, Destination, StartupPlan, StartupRequest, plan_startup
 from surge.sim.carrier import Carrier
 from surge.sim.events import Priority
@@ -60,7 +61,7 @@ class Loader:
         requests: Requests,
         cache: HostCache,
         make_endpoint: Callable[[Pool, Placement, bool], Instance],
-        on_transfers: Callable[[int], None],
+        on_transfers: Callable[[int, int | None, Link | None], None],
         num_blocks: Callable[[int, int, int], int],
         share: Callable[[], float] = lambda: 1.0,
     ) -> None:
@@ -70,6 +71,7 @@ class Loader:
         self.cache = cache
         self.make_endpoint = make_endpoint
         self.on_transfers = on_transfers
+        """(+1 / -1, sender's lead GPU or None, egress): `ComputeSharing.on_transfers`."""
         self.num_blocks = num_blocks
         """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
         self.share = share
@@ -316,6 +318,13 @@ class Loader:
             for s in senders:
                 s.sending -= 1
 
+        def on_transfers(delta: int, tr: Transfer) -> None:
+            sender = plan_nodes[tr.src]
+            if sender is None:  # a host copy: no serving process sends it
+                self.on_transfers(delta, None, None)
+            else:
+                self.on_transfers(delta, sender.gpus[0], path(tr.src, tr.dst)[0])
+
         MulticastRun(
             world.net,
             outcome.plan,
@@ -323,7 +332,7 @@ class Loader:
             math.ceil(slot.profile.total_bytes / blocks),
             on_arrival,
             on_finished,
-            self.on_transfers,
+            on_transfers,
         ).start()
 
     def _instance(self, iid: int) -> Instance:

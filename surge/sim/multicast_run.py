@@ -4,8 +4,8 @@ In: a `Plan` (from `surge.policy.multicast.plan_scale_out`), the link path betwe
 plan nodes (the caller resolves what a node is: a GPU, or the host memory of a machine
 for a host source), the block size, and callbacks. Out: `on_arrival(node, block)` as
 each block lands (the caller feeds it to `surge.policy.loading.LoadingState`, which
-decides what opens and retires), `on_finished()` at the end, and `on_transfers(+1 / -1)`
-as a transfer starts / ends (CPU consumers under `SimSettings.shared_cores`).
+decides what opens and retires), `on_finished()` at the end, and `on_transfers(+1 / -1,
+transfer)` as a transfer starts / ends (CPU consumers under `SimSettings.shared_cores`).
 
 Execution is self-timed, as node agents run a plan (and as `surge.policy.timing`
 models it): each node sends its transfers in plan order and receives its transfers in
@@ -32,7 +32,7 @@ class MulticastRun:
         block_bytes: int,
         on_arrival: Callable[[int, int], None],
         on_finished: Callable[[], None],
-        on_transfers: Callable[[int], None] | None = None,
+        on_transfers: Callable[[int, Transfer], None] | None = None,
     ) -> None:
         self.net = net
         self.path = path
@@ -69,13 +69,13 @@ class MulticastRun:
             return
         self.active.add(tr)
         if self.on_transfers is not None:
-            self.on_transfers(1)
+            self.on_transfers(1, tr)
         self.net.start(self.path(tr.src, tr.dst), self.block_bytes, lambda: self._done(tr))
 
     def _done(self, tr: Transfer) -> None:
         self.active.discard(tr)
         if self.on_transfers is not None:
-            self.on_transfers(-1)
+            self.on_transfers(-1, tr)
         self.sends[tr.src].popleft()
         self.recvs[tr.dst].popleft()
         self.left -= 1

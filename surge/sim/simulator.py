@@ -152,7 +152,9 @@ class Simulation:
         world, settings = self.world, self.settings
         self.cache = HostCache(world)
         self.cache.seed()
-        self.sharing = ComputeSharing(world.net, settings.shared_cores, settings.transfer_cores)
+        self.sharing = ComputeSharing(
+            world.net, settings.shared_cores, settings.transfer_cores, settings.send_core_s_per_gb
+        )
         self.router = Requests(
             world,
             self.pools,
