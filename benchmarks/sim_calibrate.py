@@ -26,12 +26,17 @@
 5. Pipeline speed: an execution pipeline's throughput vs a local instance on one burst,
    in the runtime and in the model (`sim_calibrate_pipeline.py`); their ratio ->
    `SimSettings.pipeline_speed`.
-6. Compares predicted vs measured TTFT p50/p90 (`benchmarks/results/scale_burst*.json`,
+6. Sending while serving: the serving rate a source's agent loses per GB/s it sends
+   (`sim_calibrate_send.py`: the burst served with and without the agent sending the
+   model at the cap; its CPU seconds per GB sent alongside) ->
+   `SimSettings.send_cost_s_per_gb`.
+7. Compares predicted vs measured TTFT p50/p90 (`benchmarks/results/scale_burst*.json`,
    or `--run-real` to run scale_burst first) and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
 
-The measurements are in `benchmarks/sim_calibrate_measure.py`; a diagnostic, how fast an
-execution pipeline serves vs a local instance (runtime and profile), in
+The measurements are in `benchmarks/sim_calibrate_measure.py` and
+`benchmarks/sim_calibrate_send.py`, the simulator's inputs in `sim_calibrate_profile.py`;
+how fast an execution pipeline serves vs a local instance (runtime and profile) in
 `benchmarks/sim_calibrate_pipeline.py`.
 
 Usage: python -m benchmarks.sim_calibrate [--cores 2] [--repeat 3] [--run-real] [--reuse JSON..]
@@ -48,14 +53,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.sim_calibrate_measure import (
     measure_endpoint_open,
     measure_engine,
     measure_transport,
 )
 from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
+from benchmarks.sim_calibrate_profile import burst_trace, sim_files
+from benchmarks.sim_calibrate_send import measure_send_cost
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED = {1: RESULTS / "scale_burst.json", 2: RESULTS / "scale_burst_k2.json"}
@@ -63,83 +68,6 @@ MODES = {"execute_while_load": "pipelines", "stop_the_world": "none"}
 TOLERANCE = 0.15
 PIPELINE_MICRO_BATCHES = 2
 """As the runtime's `PipelineEndpoint` (capacity = micro-batch groups x batch limit)."""
-
-
-def sim_files(engine: dict, nodes: int, link_gbps: float, where: Path) -> tuple[str, str]:
-    """Write the calibrated cluster and model files; return their paths."""
-    arch = engine["arch"]
-    model = {
-        "name": "scale-burst-64mb",
-        "num_layers": engine["num_layers"],
-        "hidden_size": arch["hidden_size"],
-        "intermediate_size": arch["intermediate_size"],
-        "num_attention_heads": arch["num_heads"],
-        "num_key_value_heads": arch["num_kv_heads"],
-        "vocab_size": arch["vocab_size"],
-        "context_tokens": 2048,
-        "mlp": "gated",
-        "dtype_bytes": 4,
-    }
-    c = engine["per_layer_s"]
-    gpu = {
-        "name": "cpu-1-thread (measured)",
-        "memory_gb": 8,
-        "tflops": 0.05,
-        "mem_bandwidth_gbs": 10,
-        "prefill_efficiency": 1.0,
-        "decode_efficiency": 1.0,
-        "layer_overhead_s": c["prefill_fixed"],
-        "measured_layer_costs_s": [
-            c["prefill_fixed"],
-            c["prefill_per_token"],
-            c["decode_fixed"],
-            c["decode_per_seq"],
-        ],
-    }
-    cluster = {
-        "source": "scale_burst local cluster (agents on one machine, capped links)",
-        "groups": [
-            {
-                "num_nodes": nodes,
-                "gpu": gpu,
-                "gpus_per_node": 1,
-                "nic_gbps": link_gbps,
-                "gpu_nic_gbps": None,
-                "intra_gpu_gbps": 100,
-                "nvlink": False,
-                "pcie_gbps": 100,
-                "ssd_gbps": 10,
-                "registry_gbps": None,
-                "host_memory_gb": 16,
-                "disk_gb": 100,
-            }
-        ],
-    }
-    (where / "model.json").write_text(json.dumps(model))
-    (where / "cluster.json").write_text(json.dumps(cluster))
-    return str(where / "cluster.json"), str(where / "model.json")
-
-
-def burst_trace(requests: int, prompt_len: tuple[int, int], max_tokens: int):
-    """The burst of scale_burst: same prompt lengths (same RNG draws), all at t=0."""
-    import random
-
-    from surge.traces.request import Trace
-
-    rng = random.Random(0)
-    lens = []
-    lo, hi = prompt_len
-    for _ in range(requests):
-        n = rng.randint(lo, hi)
-        for _ in range(n):
-            rng.randrange(2, 500)
-        lens.append(n)
-    return Trace(
-        "scale-burst",
-        np.zeros(requests),
-        np.asarray(lens, dtype=np.int64),
-        np.full(requests, max_tokens, dtype=np.int64),
-    )
 
 
 def simulate_burst(
@@ -153,6 +81,7 @@ def simulate_burst(
     stage_hop_s: float = 0.001,
     opens: dict | None = None,
     pipeline_speed: float = 1.0,
+    send_cost_s_per_gb: float = 0.0,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
@@ -190,6 +119,7 @@ def simulate_burst(
         endpoint_open_s=opens["endpoint_open_s"] if opens else 0.0,
         pipeline_open_s=opens["pipeline_open_s"] if opens else 0.0,
         pipeline_speed=pipeline_speed,
+        send_cost_s_per_gb=send_cost_s_per_gb if cores is not None else 0.0,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -253,13 +183,14 @@ def median_of(runs: list[dict]) -> dict:
 
 FIXES = (
     # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
-    #  endpoint opening?, measured pipeline speed?)
-    ("1_serving_step", False, False, 1, False, False),
-    ("2_link_rate", True, False, 1, False, False),
-    ("3_transfer_cpu", True, True, 1, False, False),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False, False),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, False),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True),
+    #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?)
+    ("1_serving_step", False, False, 1, False, False, False),
+    ("2_link_rate", True, False, 1, False, False, False),
+    ("3_transfer_cpu", True, True, 1, False, False, False),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False, False, False),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, False, False),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, False),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, True, True, True),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -308,6 +239,10 @@ def main() -> None:
                 for _ in range(args.repeat)
             ]
         )
+    if olds and all("send_cost" in o for o in olds):
+        send = median_of([o["send_cost"] for o in olds])
+    else:
+        send = measure_send_cost(args.model_mb, first["blocks"], first, args.repeat)
     if olds and all("pipeline_serving" in o for o in olds):
         pipe_serving = olds[0]["pipeline_serving"]
     else:
@@ -335,6 +270,8 @@ def main() -> None:
         "endpoint_open_s": opens["endpoint_open_s"],
         "pipeline_open_s": opens["pipeline_open_s"],
         "pipeline_speed": pipe_speed,
+        "send_cost": send,
+        "send_cost_s_per_gb": send["send_cost_s_per_gb"],
         "tolerance": TOLERANCE,
         "scenarios": {},
     }
@@ -349,14 +286,15 @@ def main() -> None:
                 meas = real["modes"][mode]
                 row: dict = {"measured": {q: meas[q] for q in ("ttft_p50_s", "ttft_p90_s")}}
                 steps = {}
-                for label, eff, cpu, micro, opening, slow in FIXES:
+                for label, eff, cpu, micro, opening, slow, sending in FIXES:
                     rate = transport["multicast_effective_gbps"] if eff else first["link_gbps"]
                     tc = transport["transfer_cores"] if cpu else 0.0
                     hop = engine["agent_round_trip_per_step_s"]
                     op = opens if opening else None
                     speed = pipe_speed if slow else 1.0
+                    cost = send["send_cost_s_per_gb"] if sending else 0.0
                     pred = simulate_burst(
-                        *files[rate], real, mode, args.cores, tc, micro, hop, op, speed
+                        *files[rate], real, mode, args.cores, tc, micro, hop, op, speed, cost
                     )
                     steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
                 row["predicted"] = pred

@@ -8,13 +8,14 @@ pipeline with 2 micro-batch streams measured ~1.0 core, like a local instance) +
 `transfer_cores` per block transfer in flight (transfers slow down too:
 `FlowNetwork.set_speed`). With `shared_cores` None nothing is shared.
 
-Sending and serving in one process (`SimSettings.send_core_s_per_gb`): a node's agent
-frames, checksums and writes the blocks it sends from the same process that serves, so
-while a node sends at B GB/s its endpoints serve at (1 - send_core_s_per_gb * B) of their
-share (at least `MIN_SERVING_FRACTION`); an execution pipeline runs at the pace of its
-slowest stage, so it takes the largest sending load among its GPUs. B is the sender's
-egress links' capacity times the flow network's speed while it has a transfer in flight
-(its egress is what a multicast sender fills). 0 (the default): the old model exactly.
+Sending and serving on one node (`SimSettings.send_cost_s_per_gb`): a node's agent sends
+the blocks of a multicast from the process that serves, through the egress that also
+carries its token events, so while a node sends at B GB/s its endpoints serve at
+(1 - send_cost_s_per_gb * B) of their share (at least `MIN_SERVING_FRACTION`); an
+execution pipeline runs at the pace of its slowest stage, so it takes the largest sending
+load among its GPUs. B is the sender's egress links' capacity times the flow network's
+speed while it has a transfer in flight (its egress is what a multicast sender fills).
+0 (the default): the old model exactly.
 """
 
 from collections import Counter
@@ -24,8 +25,8 @@ from surge.sim.instance import Instance
 
 BYTES_PER_GB = 1e9
 MIN_SERVING_FRACTION = 0.01
-"""Floor of what sending leaves to serving, so every step still ends (a sending load of a
-whole core or more is outside what was measured)."""
+"""Floor of what sending leaves to serving, so every step still ends (a loss of all of it
+is outside what was measured)."""
 
 
 class ComputeSharing:
@@ -36,12 +37,12 @@ class ComputeSharing:
         net: FlowNetwork,
         shared_cores: float | None,
         transfer_cores: float,
-        send_core_s_per_gb: float = 0.0,
+        send_cost_s_per_gb: float = 0.0,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
         self.transfer_cores = transfer_cores
-        self.send_core_s_per_gb = send_core_s_per_gb if shared_cores is not None else 0.0
+        self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
         self.transfers = 0
@@ -77,7 +78,7 @@ class ComputeSharing:
         copy, which serves nothing) sends them out of `egress`."""
         self.transfers += delta
         tracked = False
-        if self.send_core_s_per_gb > 0 and sender_gpu is not None and egress is not None:
+        if self.send_cost_s_per_gb > 0 and sender_gpu is not None and egress is not None:
             links = self.sending.setdefault(sender_gpu, Counter())
             links[egress] += delta
             if links[egress] <= 0:
@@ -89,14 +90,14 @@ class ComputeSharing:
             self._reshare()
 
     def serving_fraction(self, inst: Instance) -> float:
-        """What sending leaves of `inst`'s share: 1 - the largest sending load (cores)
-        among its GPUs."""
+        """What sending leaves of `inst`'s share: 1 - the largest sending loss among its
+        GPUs."""
         load = 0.0
         for gpu in inst.placement.all_gpus:
             links = self.sending.get(gpu)
             if links:
                 gb_per_s = sum(link.bytes_per_s for link in links) * self.net.speed / BYTES_PER_GB
-                load = max(load, self.send_core_s_per_gb * gb_per_s)
+                load = max(load, self.send_cost_s_per_gb * gb_per_s)
         return max(1.0 - load, MIN_SERVING_FRACTION)
 
     def _reshare(self) -> None:

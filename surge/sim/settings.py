@@ -64,15 +64,16 @@ class SimSettings:
     host (framing, receive, crc32 verify; sender and receiver together). Every consumer
     then runs at min(1, shared_cores / (busy endpoints + transfer_cores * transfers)) of
     its speed: endpoints' steps and every flow on the network alike."""
-    send_core_s_per_gb: float = 0.0
-    """With `shared_cores`: core-seconds one GB a node SENDS in a multicast takes from the
-    process that also serves on that node (the runtime's agent frames, checksums and
-    writes blocks from its serving process). While a node sends at B GB/s, its endpoints
-    (and any execution pipeline with a stage on it) serve at (1 - send_core_s_per_gb * B)
-    of their share (`sim/compute_sharing.py`). 0 (the default): sending costs a serving
-    process nothing (the paper systems, whose GPUs serve while the NIC sends); this
-    runtime's value on this machine is measured by `benchmarks/sim_calibrate.py`
-    (`sim_calibration.json`, `send_cost.send_core_s_per_gb`)."""
+    send_cost_s_per_gb: float = 0.0
+    """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
+    the endpoints on that node. While a node sends at B GB/s, its endpoints (and any
+    execution pipeline with a stage on it) serve at (1 - send_cost_s_per_gb * B) of their
+    share (`sim/compute_sharing.py`). 0 (the default): sending costs serving nothing (the
+    paper systems, whose GPUs serve while the NIC sends). In this runtime a source's agent
+    sends blocks from the process that serves, and its token events to the controller
+    leave through the same paced egress as the block bytes (`runtime/token_bucket.py`);
+    `benchmarks/sim_calibrate_send.py` measures the serving rate lost per GB/s sent
+    (`sim_calibration.json`, `send_cost`)."""
     pipeline_micro_batches: int = 1
     """Micro-batch groups an execution pipeline runs at once; its capacity is this times
     `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
@@ -128,10 +129,10 @@ class SimSettings:
             raise SurgeError("shared_cores must be > 0 or None")
         if self.transfer_cores < 0 or self.pipeline_micro_batches < 1:
             raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
-        if self.send_core_s_per_gb < 0:
-            raise SurgeError("send_core_s_per_gb must be >= 0")
-        if self.send_core_s_per_gb > 0 and self.shared_cores is None:
-            raise SurgeError("send_core_s_per_gb needs shared_cores (one host's cores)")
+        if self.send_cost_s_per_gb < 0:
+            raise SurgeError("send_cost_s_per_gb must be >= 0")
+        if self.send_cost_s_per_gb > 0 and self.shared_cores is None:
+            raise SurgeError("send_cost_s_per_gb needs shared_cores (one host's cores)")
         if not self.pipeline_speed > 0:
             raise SurgeError("pipeline_speed must be > 0")
         if self.endpoint_open_s < 0 or self.pipeline_open_s < 0:

@@ -1,6 +1,6 @@
-"""Sending and serving in one process (`SimSettings.send_core_s_per_gb`,
+"""Sending and serving on one node (`SimSettings.send_cost_s_per_gb`,
 `sim/compute_sharing.py`): while a node sends multicast blocks its endpoints serve at
-(1 - send_core_s_per_gb * GB/s sent) of their share; cost 0 is the old model."""
+(1 - send_cost_s_per_gb * GB/s sent) of their share; cost 0 is the old model."""
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ NIC_GBPS = 0.008
 def _first_ttft(tmp_path, send_cost: float, shared_cores: float = 8.0) -> tuple[float, object]:
     trace = Trace("t", np.zeros(4), np.full(4, 4), np.full(4, 1))
     settings, system = _burst_sim(
-        tmp_path, 2, NIC_GBPS, "none", shared_cores=shared_cores, send_core_s_per_gb=send_cost
+        tmp_path, 2, NIC_GBPS, "none", shared_cores=shared_cores, send_cost_s_per_gb=send_cost
     )
     res = simulate(trace, settings, system=system)
     return float(np.min(res.first_token_s - res.arrival_s)), res
@@ -32,8 +32,8 @@ def _first_ttft(tmp_path, send_cost: float, shared_cores: float = 8.0) -> tuple[
 
 def test_a_sending_source_serves_slower_by_the_configured_share(tmp_path):
     idle, _ = _first_ttft(tmp_path, 0.0)
-    # 8 cores for 1 busy endpoint: no processor sharing, only the sending load. 500 core-s
-    # per GB at 1e-3 GB/s = half a core: the source's first prefill (0.1 s of work, its
+    # 8 cores for 1 busy endpoint: no processor sharing, only the sending loss. 500 s per
+    # GB at 1e-3 GB/s = half of it: the source's first prefill (0.1 s of work, its
     # block transfer starting after the 1 ms decision interval) runs at half speed.
     sending, _ = _first_ttft(tmp_path, 500.0)
     assert idle == pytest.approx(0.1, abs=1e-6)
@@ -45,7 +45,7 @@ def test_a_sending_source_serves_slower_by_the_configured_share(tmp_path):
 def test_cost_zero_is_the_old_model(tmp_path):
     trace = Trace("t", np.zeros(16), np.full(16, 4), np.full(16, 3))
     out = []
-    for kw in ({}, {"send_core_s_per_gb": 0.0}):
+    for kw in ({}, {"send_cost_s_per_gb": 0.0}):
         settings, system = _burst_sim(
             tmp_path, 4, 0.01, "pipelines", shared_cores=2.0, transfer_cores=0.3, **kw
         )
@@ -55,7 +55,7 @@ def test_cost_zero_is_the_old_model(tmp_path):
     # ... and a cost changes the result (the sources and forwarding receivers send).
     settings, system = _burst_sim(
         tmp_path, 4, 0.01, "pipelines", shared_cores=2.0, transfer_cores=0.3,
-        send_core_s_per_gb=200.0,
+        send_cost_s_per_gb=200.0,
     )  # fmt: skip
     res = simulate(trace, settings, system=system)
     assert res.done_s.max() > np.frombuffer(out[0][1]).max()
@@ -65,7 +65,7 @@ def test_a_pipeline_runs_at_its_most_loaded_stage_and_recovers_when_sending_ends
     loop = EventLoop()
     net = FlowNetwork(loop)
     link = net.add_link("nic-out/1", NIC_GBPS)
-    sharing = ComputeSharing(net, 8.0, 0.0, send_core_s_per_gb=400.0)
+    sharing = ComputeSharing(net, 8.0, 0.0, send_cost_s_per_gb=400.0)
     cost = CostModel(0.1, 0.0, 0.1, 0.0, 1)
     pipe = Instance(
         1, loop, cost, "both", 4, 10_000, 10_000, lambda i, r: None, lambda i, r: None,
@@ -89,7 +89,7 @@ def test_a_pipeline_runs_at_its_most_loaded_stage_and_recovers_when_sending_ends
 
 
 def test_bad_send_costs_are_refused():
-    with pytest.raises(SurgeError, match="send_core_s_per_gb"):
-        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", send_core_s_per_gb=-1)
+    with pytest.raises(SurgeError, match="send_cost_s_per_gb"):
+        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", send_cost_s_per_gb=-1)
     with pytest.raises(SurgeError, match="shared_cores"):
-        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", send_core_s_per_gb=1)
+        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", send_cost_s_per_gb=1)

@@ -1,0 +1,89 @@
+"""The burst as simulator inputs (`benchmarks/sim_calibrate.py`): the calibrated cluster
+and model files from the measured serving step, and the burst's trace.
+
+In: `measure_engine`'s dict (per-layer costs, the model's shape), the node count and link
+rate. Out: JSON files `surge.sim` reads (an inline GPU profile with
+`measured_layer_costs_s`) and a `Trace` of the burst (scale_burst's prompts, all at t=0).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def sim_files(engine: dict, nodes: int, link_gbps: float, where: Path) -> tuple[str, str]:
+    """Write the calibrated cluster and model files; return their paths."""
+    arch = engine["arch"]
+    model = {
+        "name": "scale-burst-64mb",
+        "num_layers": engine["num_layers"],
+        "hidden_size": arch["hidden_size"],
+        "intermediate_size": arch["intermediate_size"],
+        "num_attention_heads": arch["num_heads"],
+        "num_key_value_heads": arch["num_kv_heads"],
+        "vocab_size": arch["vocab_size"],
+        "context_tokens": 2048,
+        "mlp": "gated",
+        "dtype_bytes": 4,
+    }
+    c = engine["per_layer_s"]
+    gpu = {
+        "name": "cpu-1-thread (measured)",
+        "memory_gb": 8,
+        "tflops": 0.05,
+        "mem_bandwidth_gbs": 10,
+        "prefill_efficiency": 1.0,
+        "decode_efficiency": 1.0,
+        "layer_overhead_s": c["prefill_fixed"],
+        "measured_layer_costs_s": [
+            c["prefill_fixed"],
+            c["prefill_per_token"],
+            c["decode_fixed"],
+            c["decode_per_seq"],
+        ],
+    }
+    cluster = {
+        "source": "scale_burst local cluster (agents on one machine, capped links)",
+        "groups": [
+            {
+                "num_nodes": nodes,
+                "gpu": gpu,
+                "gpus_per_node": 1,
+                "nic_gbps": link_gbps,
+                "gpu_nic_gbps": None,
+                "intra_gpu_gbps": 100,
+                "nvlink": False,
+                "pcie_gbps": 100,
+                "ssd_gbps": 10,
+                "registry_gbps": None,
+                "host_memory_gb": 16,
+                "disk_gb": 100,
+            }
+        ],
+    }
+    (where / "model.json").write_text(json.dumps(model))
+    (where / "cluster.json").write_text(json.dumps(cluster))
+    return str(where / "cluster.json"), str(where / "model.json")
+
+
+def burst_trace(requests: int, prompt_len: tuple[int, int], max_tokens: int):
+    """The burst of scale_burst: same prompt lengths (same RNG draws), all at t=0."""
+    import random
+
+    from surge.traces.request import Trace
+
+    rng = random.Random(0)
+    lens = []
+    lo, hi = prompt_len
+    for _ in range(requests):
+        n = rng.randint(lo, hi)
+        for _ in range(n):
+            rng.randrange(2, 500)
+        lens.append(n)
+    return Trace(
+        "scale-burst",
+        np.zeros(requests),
+        np.asarray(lens, dtype=np.int64),
+        np.full(requests, max_tokens, dtype=np.int64),
+    )
