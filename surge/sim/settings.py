@@ -70,8 +70,8 @@ class SimSettings:
     execution pipeline with a stage on it) serve at (1 - send_cost_s_per_gb * B) of their
     share (`sim/compute_sharing.py`). 0 (the default): sending costs serving nothing (the
     paper systems, whose GPUs serve while the NIC sends). In this runtime a source's agent
-    sends blocks from the process that serves, and its token events to the controller
-    leave through the same paced egress as the block bytes (`runtime/token_bucket.py`);
+    sends the blocks from the process that serves, and serves at about half its rate
+    while it sends at the link cap, although sending takes it only ~1 CPU-second per GB:
     `benchmarks/sim_calibrate_send.py` measures the serving rate lost per GB/s sent
     (`sim_calibration.json`, `send_cost`)."""
     pipeline_micro_batches: int = 1
