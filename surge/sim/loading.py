@@ -319,8 +319,8 @@ class Loader:
                 s.sending -= 1
 
         def on_transfers(delta: int, tr: Transfer) -> None:
-            sender = plan_nodes[tr.src]
-            if sender is None:  # a host copy: no serving process sends it
+            sender = plan_nodes[tr.src] if world.settings.send_cost_s_per_gb > 0 else None
+            if sender is None:  # no send cost, or a host copy (no serving process sends it)
                 self.on_transfers(delta, None, None)
             else:
                 self.on_transfers(delta, sender.gpus[0], path(tr.src, tr.dst)[0])
