@@ -67,6 +67,9 @@ MEASURED = {1: RESULTS / "scale_burst.json", 2: RESULTS / "scale_burst_k2.json"}
 MODES = {"execute_while_load": "pipelines", "stop_the_world": "none"}
 TOLERANCE = 0.15
 PIPELINE_MICRO_BATCHES = 2
+SEND_ROUNDS = 5
+"""Rounds of the send cost (median): one round's idle vs sending pair spread 6.6-14.6 s/GB
+at load 2-3."""
 """As the runtime's `PipelineEndpoint` (capacity = micro-batch groups x batch limit)."""
 
 
@@ -242,7 +245,7 @@ def main() -> None:
     if olds and all("send_cost" in o for o in olds):
         send = median_of([o["send_cost"] for o in olds])
     else:
-        send = measure_send_cost(args.model_mb, first["blocks"], first, args.repeat)
+        send = measure_send_cost(args.model_mb, first["blocks"], first, SEND_ROUNDS)
     if olds and all("pipeline_serving" in o for o in olds):
         pipe_serving = olds[0]["pipeline_serving"]
     else:

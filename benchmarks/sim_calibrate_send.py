@@ -4,13 +4,13 @@ What flows: the burst's model (64 MB, 16 blocks) on a `LocalCluster` of 1 + 3 ag
 the burst's link cap; agent 0 holds it in its gpu tier and serves through a
 `LocalEndpoint`, the others only receive. Per round (a fresh cluster each):
 1. a warm-up burst (discarded), then the burst served with agent 0 not sending ("idle");
-2. agent 0 sends the whole model to agent 1 and serves nothing ("send only"): agent 0's CPU
-   seconds (/proc) per GB sent;
-3. the burst served while agent 0 sends the model to agents 2 and 3, one after the other,
-   as a multicast source does ("serve + send"): tokens per second over the sending window,
-   against the idle burst's over the same window from its start.
-Out: `send_cpu_s_per_gb` (step 2) and `send_cost_s_per_gb` = the serving rate lost while
-sending (1 - serve+send / idle) per GB/s sent (step 3): what `SimSettings.send_cost_s_per_gb`
+2. right after, the burst served while agent 0 sends the model to agents 2 and 3, one after
+   the other, as a multicast source does ("serve + send"): tokens per second over the
+   sending window, against the idle burst's over the same window from its start;
+3. agent 0 sends the whole model to agent 1 and serves nothing ("send only"): agent 0's CPU
+   seconds (/proc) per GB sent.
+Out: `send_cpu_s_per_gb` (step 3) and `send_cost_s_per_gb` = the serving rate lost while
+sending (1 - serve+send / idle) per GB/s sent (step 2): what `SimSettings.send_cost_s_per_gb`
 applies (a node sending at B GB/s serves at 1 - cost * B). The two differ by ~10x: the agent
 sends at the cap for ~0.06 cores (about 1 CPU-second per GB) yet serves at about half its
 rate meanwhile, using well under one core (`serve_send_cores`): it waits, it is not short
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 RECEIVERS = 3
-"""Agent 1 for the send-only copy, agents 2 and 3 for the serve + send window."""
+"""Agents 2 and 3 for the serve + send window, agent 1 for the send-only copy."""
 
 
 def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> dict:
@@ -88,10 +88,10 @@ def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> di
             await serve(())  # warm-up
             idle, idle_start, _, _ = await serve(())
             idle_done_s = max(r.done_t for r in idle) - idle_start
+            busy, start, window, busy_cpu = await serve(tuple(range(2, 2 + RECEIVERS - 1)))
             c0 = processes_cpu_s(pid)
             send_only_s = await send(1)
             send_only_cpu = processes_cpu_s(pid) - c0
-            busy, start, window, busy_cpu = await serve(tuple(range(2, 2 + RECEIVERS - 1)))
         finally:
             await server.close()
             await client.close()
