@@ -74,5 +74,8 @@ def block_tensors(
             out[t.name] = torch.empty(t.shape, dtype=dtype)
             continue
         flat = torch.frombuffer(view, dtype=dtype, count=numel, offset=t.offset_bytes)
-        out[t.name] = flat.view(t.shape)
+        if t.transposed:  # stored [in, out]; the reader sees [out, in] as a strided view
+            out[t.name] = flat.view(t.shape[::-1]).t()
+        else:
+            out[t.name] = flat.view(t.shape)
     return out

@@ -17,7 +17,10 @@ from surge.model.arch import ModelArch
 
 MANIFEST_NAME = "manifest.json"
 STORE_FORMAT = "surge-store"
-STORE_VERSION = 1
+STORE_VERSION = 2
+"""2: projection weights may be stored transposed (`TensorInfo.transposed`)."""
+READABLE_STORE_VERSIONS = (1, 2)
+"""Versions this surge reads: a version-1 store simply has no transposed tensors."""
 TENSOR_ALIGNMENT_BYTES = 64
 """Every tensor starts at a multiple of this offset inside its block (cache-line aligned)."""
 
@@ -33,6 +36,9 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset_bytes: int
     size_bytes: int
+    transposed: bool = False
+    """Stored as the contiguous transpose of `shape` (a projection's [in, out]): readers get
+    a transposed view with the logical `shape` (see `surge.model.blocks.block_tensors`)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class Manifest:
                             "shape": list(t.shape),
                             "offset_bytes": t.offset_bytes,
                             "size_bytes": t.size_bytes,
+                            **({"transposed": True} if t.transposed else {}),
                         }
                         for t in b.tensors
                     ],
@@ -128,10 +135,11 @@ class Manifest:
             raise SurgeError(
                 "not a surge store manifest; import a checkpoint with `surge model import`"
             )
-        if d.get("version") != STORE_VERSION:
+        if d.get("version") not in READABLE_STORE_VERSIONS:
             raise SurgeError(
                 f"store format version {d.get('version')} is not supported (this surge reads "
-                f"version {STORE_VERSION}); re-import the checkpoint"
+                f"versions {', '.join(map(str, READABLE_STORE_VERSIONS))}); re-import the "
+                "checkpoint"
             )
         blocks = tuple(
             BlockInfo(
@@ -150,6 +158,7 @@ class Manifest:
                         shape=tuple(t["shape"]),
                         offset_bytes=t["offset_bytes"],
                         size_bytes=t["size_bytes"],
+                        transposed=bool(t.get("transposed", False)),
                     )
                     for t in b["tensors"]
                 ),

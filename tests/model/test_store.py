@@ -14,7 +14,7 @@ from surge.model.arch import EMBED_NAME, LM_HEAD_NAME
 from surge.model.blocks import block_tensors, read_block_file
 from surge.model.importer import import_checkpoint
 from surge.model.layout import default_num_blocks, partition_layers
-from surge.model.manifest import read_manifest
+from surge.model.manifest import block_checksum, read_manifest
 from surge.model.tiny import TinyModelConfig, create_tiny_model
 
 
@@ -40,7 +40,61 @@ def test_round_trip_is_bit_exact(tiny_hf: Path, tmp_path: Path, num_blocks: int)
     assert set(got) == set(ref)
     for name, t in ref.items():
         assert got[name].dtype == t.dtype and got[name].shape == t.shape
-        assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), name
+        got_bytes = got[name].contiguous().view(torch.uint8)
+        assert torch.equal(got_bytes, t.view(torch.uint8)), name
+
+
+def test_projections_are_stored_transposed_and_read_as_hf_views(
+    tiny_hf: Path, tmp_path: Path
+) -> None:
+    """Projections and lm_head lie in the block as [in, out] (the fast one-row gemv layout),
+    and readers still get HF's [out, in] values; norms and embeddings stay as they are."""
+    m = import_checkpoint(tiny_hf, tmp_path / "s", num_blocks=2, progress=False)
+    ref = _all_hf_tensors(tiny_hf)
+    by_name = {t.name: (b, t) for b in m.blocks for t in b.tensors}
+    transposed = {n for n, (_, t) in by_name.items() if t.transposed}
+    assert transposed == {n for n in ref if n.endswith("_proj.weight")} | {LM_HEAD_NAME}
+    q = "model.layers.0.self_attn.q_proj.weight"
+    b, info = by_name[q]
+    raw = read_block_file(m.block_path(b.index), b)
+    stored = torch.frombuffer(
+        raw, dtype=torch.float32, count=info.size_bytes // 4, offset=info.offset_bytes
+    )
+    assert torch.equal(stored.view(info.shape[::-1]), ref[q].t())  # bytes really are [in, out]
+    view = block_tensors(b, raw)[q]
+    assert view.shape == ref[q].shape and view.stride() == (1, info.shape[0])
+    assert torch.equal(view, ref[q]) and view.data_ptr() == stored.data_ptr()
+
+
+def test_version_1_store_without_transposed_tensors_still_reads(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    """A store written before transposed projections (version 1) reads and runs as before."""
+    old = tmp_path / "old"
+    shutil.copytree(tiny_store, old)
+    m = read_manifest(old)
+    d = json.loads((old / "manifest.json").read_text())
+    d["version"] = 1
+    for b, block in zip(d["blocks"], m.blocks, strict=True):
+        raw = read_block_file(m.block_path(block.index), block)
+        for t, info in zip(b["tensors"], block.tensors, strict=True):
+            if t.pop("transposed", False):  # rewrite the bytes row-major, as version 1 did
+                view = block_tensors(block, raw)[info.name].contiguous()
+                dst = torch.frombuffer(
+                    raw, dtype=torch.uint8, count=info.size_bytes, offset=info.offset_bytes
+                )
+                dst.copy_(view.view(-1).view(torch.uint8))
+        b["checksum"] = block_checksum(raw)
+        (old / block.file).write_bytes(raw)
+    (old / "manifest.json").write_text(json.dumps(d))
+    got, ref = _all_store_tensors(old), _all_store_tensors(tiny_store)
+    assert set(got) == set(ref)
+    for name, t in ref.items():
+        assert torch.equal(got[name], t) and got[name].is_contiguous(), name
+    d["version"] = 3
+    (old / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(SurgeError, match="re-import"):
+        read_manifest(old)
 
 
 def test_sharded_checkpoint_and_tied_embeddings(
