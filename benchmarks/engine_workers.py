@@ -22,7 +22,7 @@ def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
-def surge_runner(model_dir: str, dtype: str, pack: bool = False):
+def surge_runner(model_dir: str, dtype: str, pack: bool = True):
     # The store holds the checkpoint's dtype; surge runs it as stored.
     from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine
@@ -75,14 +75,14 @@ def vllm_runner(model_dir: str, dtype: str):
     return run
 
 
-def surge_packed_runner(model_dir: str, dtype: str):
-    """surge with `EngineConfig.pack_cpu_weights` on (oneDNN-packed projections)."""
-    return surge_runner(model_dir, dtype, pack=True)
+def surge_nopack_runner(model_dir: str, dtype: str):
+    """surge with `EngineConfig.pack_cpu_weights` off (no oneDNN-packed projections)."""
+    return surge_runner(model_dir, dtype, pack=False)
 
 
 RUNNERS = {
     "surge": surge_runner,
-    "surge-packed": surge_packed_runner,
+    "surge-nopack": surge_nopack_runner,
     "transformers": transformers_runner,
     "vllm": vllm_runner,
 }

@@ -31,21 +31,36 @@ class EngineConfig:
     reused by later sequences that start with the same tokens (`surge.engine.page_pool`)."""
     device: str = "auto"
     """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""
-    pack_cpu_weights: bool = False
-    """On CPU with float32 weights, keep a oneDNN-blocked copy of every projection and use it
-    for steps of 2 or more rows (batched decode, prefill), which MKL runs slowly from the
-    plain layout; one-row steps read the block buffer (`surge.engine.linear`). Off by default:
-    packing costs a second copy of the weights and ~2 ms of CPU per MB when a block lands,
-    which in a scale-out delays serving (measured: scale_burst K=1 p50 TTFT 2.9 s packed vs
-    2.35 s not); on, a long-lived instance decodes 8-32 sequences ~1.2x faster at hidden 512
-    (benchmarks/engine_vs_peers.py). Ignored on CUDA and for other dtypes."""
+    pack_cpu_weights: bool = True
+    """On CPU with float32 weights, build a oneDNN-blocked copy of each projection and use it
+    for calls of 2 or more rows (batched decode, prefill), which MKL runs slowly from the
+    plain layout; one-row calls read the block buffer (`surge.engine.linear`). Gradual: packing
+    starts at the first step with 2 or more sequences and packs at most
+    `max_pack_bytes_per_step` per step, so blocks landing in a scale-out and batch-1 serving
+    never pay for it and no step stalls on it (packing everything as blocks landed delayed a
+    scale-out: scale_burst K=1 p50 TTFT 2.9 s vs 2.35 s). Costs a second copy of the
+    projections. Ignored on CUDA and for other dtypes."""
+    pack_min_hidden_size: int = 512
+    """Packing applies to models at least this wide: measured on this project's VM (one
+    thread, transposed weights), packed projections run 1.16x / 1.36x faster at 8 / 32 rows
+    for hidden 512, but 0.67-0.82x as fast for hidden 256."""
+    max_pack_bytes_per_step: int = 8 << 20
+    """Most projection bytes packed in one step (at least one projection is); ~0.7 ms of CPU
+    per MB on this project's VM (transpose + reorder)."""
 
     @property
     def num_pages(self) -> int:
         return -(-self.max_kv_tokens // self.page_size_tokens)
 
     def validate(self) -> "EngineConfig":
-        for name in ("page_size_tokens", "max_kv_tokens", "max_num_seqs", "max_prefill_tokens"):
+        for name in (
+            "page_size_tokens",
+            "max_kv_tokens",
+            "max_num_seqs",
+            "max_prefill_tokens",
+            "max_pack_bytes_per_step",
+            "pack_min_hidden_size",
+        ):
             if getattr(self, name) < 1:
                 raise SurgeError(f"engine setting {name} must be >= 1")
         if self.prefill_chunk_tokens < 0:

@@ -9,8 +9,9 @@ repacks the weight on every call. oneDNN can keep a copy of the weight in its bl
 42.5 -> 36.0 ms at 32 rows (benchmarks/engine_vs_peers.py for end to end). At one row (batch-1
 decode) MKL's gemv on the plain view is as fast or faster, so one-row calls keep using it.
 
-Who owns what: the runner builds a `Linear` per weight when a block lands (`pack` from
-`EngineConfig.pack_cpu_weights`); `surge.engine.model` calls it. The packed copy costs a
+Who owns what: the runner builds a `Linear` per weight when a block lands and, with
+`EngineConfig.pack_cpu_weights`, swaps in packed ones a few per batched step
+(`ModelRunner.pack_some`); `surge.engine.model` calls it. The packed copy costs a
 second copy of the weights' bytes in memory; the block buffer itself is never modified.
 """
 
@@ -50,6 +51,16 @@ class Linear:
             # oneDNN reorders a contiguous [out, in] ~10x faster than a transposed view.
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS_HINT)
         return Linear(weight=weight, bias=bias, packed=packed)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def with_packing(self) -> "Linear":
+        """This projection with a packed copy (itself when packed already or not packable)."""
+        if self.packed is not None or not can_pack(self.weight):
+            return self
+        return Linear.of(self.weight, self.bias, pack=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.numel() > x.shape[-1]:  # two or more rows

@@ -44,14 +44,12 @@ class LayerWeights:
     down: Linear
 
     @staticmethod
-    def from_tensors(
-        tensors: dict[str, torch.Tensor], layer: int, pack: bool = False
-    ) -> "LayerWeights":
-        """Layer `layer`'s weights from a block's tensors (`pack`: see `surge.engine.linear`)."""
+    def from_tensors(tensors: dict[str, torch.Tensor], layer: int) -> "LayerWeights":
+        """Layer `layer`'s weights from a block's tensors (unpacked; the runner packs)."""
         p = layer_prefix(layer)
 
         def proj(name: str) -> Linear:
-            return Linear.of(tensors[p + name + ".weight"], tensors.get(p + name + ".bias"), pack)
+            return Linear.of(tensors[p + name + ".weight"], tensors.get(p + name + ".bias"))
 
         return LayerWeights(
             input_norm=tensors[p + "input_layernorm.weight"],
@@ -74,10 +72,8 @@ class HeadWeights:
     lm_head: Linear
 
     @staticmethod
-    def from_tensors(tensors: dict[str, torch.Tensor], pack: bool = False) -> "HeadWeights":
-        return HeadWeights(
-            norm=tensors[FINAL_NORM_NAME], lm_head=Linear.of(tensors[LM_HEAD_NAME], pack=pack)
-        )
+    def from_tensors(tensors: dict[str, torch.Tensor]) -> "HeadWeights":
+        return HeadWeights(norm=tensors[FINAL_NORM_NAME], lm_head=Linear.of(tensors[LM_HEAD_NAME]))
 
 
 def embedding_of(tensors: dict[str, torch.Tensor]) -> torch.Tensor:

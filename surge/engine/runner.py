@@ -13,6 +13,8 @@ of networks: `surge.engine.hidden` turns hidden states into bytes for whoever ca
 """
 
 import logging
+from collections import deque
+from dataclasses import replace
 
 import torch
 
@@ -20,6 +22,7 @@ from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.device import pick_device
 from surge.engine.kv_cache import PagedKVCache
+from surge.engine.linear import can_pack
 from surge.engine.model import (
     HeadWeights,
     LayerWeights,
@@ -33,6 +36,9 @@ from surge.model.blocks import block_tensors, read_block_file, torch_dtype
 from surge.model.manifest import Manifest
 
 log = logging.getLogger(__name__)
+
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The `Linear` fields of `LayerWeights`."""
 
 
 class ModelRunner:
@@ -71,6 +77,15 @@ class ModelRunner:
         self.layers: dict[int, LayerWeights] = {}
         self.embedding: torch.Tensor | None = None
         self.head: HeadWeights | None = None
+        self.packs = (
+            config.pack_cpu_weights
+            and self.arch.hidden_size >= config.pack_min_hidden_size
+            and self.device.type == "cpu"
+            and can_pack(torch.empty(1, 1, dtype=self.dtype))
+        )
+        """Whether projections get packed copies (gradually, `pack_some`)."""
+        self.pack_queue: deque[tuple[int | None, str]] = deque()
+        """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
 
     # ---- blocks ----------------------------------------------------------------------
 
@@ -82,13 +97,15 @@ class ModelRunner:
             tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
         self.block_buffers[index] = buf
         for layer in range(info.first_layer, info.end_layer):
-            self.layers[layer] = LayerWeights.from_tensors(
-                tensors, layer, pack=self.config.pack_cpu_weights
-            )
+            self.layers[layer] = LayerWeights.from_tensors(tensors, layer)
+            if self.packs:
+                self.pack_queue.extend((layer, name) for name in PROJECTIONS)
         if info.has_embed:
             self.embedding = embedding_of(tensors)
         if info.has_head:
-            self.head = HeadWeights.from_tensors(tensors, pack=self.config.pack_cpu_weights)
+            self.head = HeadWeights.from_tensors(tensors)
+            if self.packs:
+                self.pack_queue.append((None, "lm_head"))
         log.debug("block %d ready (layers %d-%d)", index, info.first_layer, info.end_layer - 1)
 
     def load_blocks(self, indices: list[int] | None = None) -> None:
@@ -103,6 +120,28 @@ class ModelRunner:
             if i not in self.block_buffers:
                 info = self.manifest.blocks[i]
                 self.add_block(i, read_block_file(self.manifest.block_path(i), info), verify=False)
+
+    def pack_some(self) -> int:
+        """Pack queued projections, at most `max_pack_bytes_per_step` of them (at least one).
+
+        Called on steps of 2 or more sequences, so a node that is still receiving blocks or
+        serves one sequence at a time spends nothing on packing; returns the bytes packed.
+        """
+        done, budget = 0, self.config.max_pack_bytes_per_step
+        while self.pack_queue:
+            layer, name = self.pack_queue[0]
+            owner = self.head if layer is None else self.layers[layer]
+            lin = getattr(owner, name)
+            if done and done + lin.num_bytes > budget:
+                break
+            self.pack_queue.popleft()
+            packed = replace(owner, **{name: lin.with_packing()})
+            if layer is None:
+                self.head = packed
+            else:
+                self.layers[layer] = packed
+            done += lin.num_bytes
+        return done
 
     def holds_layers(self, start: int, end: int) -> bool:
         return all(layer in self.layers for layer in range(start, end))
@@ -129,6 +168,8 @@ class ModelRunner:
         if not self.holds_layers(start, end):
             missing = [layer for layer in range(start, end) if layer not in self.layers]
             raise RuntimeError(f"runner lacks layers {missing}")
+        if self.pack_queue and batch.num_seqs >= 2:
+            self.pack_some()
         ctx = self.kv.prepare(batch, self.rope, self.dtype)
         x = hidden.to(self.device, self.dtype)
         for layer in range(start, end):

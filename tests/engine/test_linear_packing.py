@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
 from surge.engine.linear import Linear, can_pack
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.runner import ModelRunner
+from surge.engine.runner import PROJECTIONS, ModelRunner
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from tests.engine.reference import assert_same_tokens, hf_greedy
@@ -44,18 +45,53 @@ def test_unpacked_when_not_asked_or_not_float32() -> None:
     assert torch.equal(Linear.of(weight)(x), F.linear(x, weight))
 
 
+def _projections(runner: ModelRunner) -> list[Linear]:
+    return [runner.head.lm_head] + [
+        getattr(layer, name) for layer in runner.layers.values() for name in PROJECTIONS
+    ]
+
+
+def _batch(seq_ids: list[int]) -> BatchMeta:
+    """One new token each for fresh sequences."""
+    n = len(seq_ids)
+    return BatchMeta(seq_ids=tuple(seq_ids), q_lens=(1,) * n, ctx_lens=(0,) * n)
+
+
 @needs_onednn
 @pytest.mark.parametrize("pack", [True, False])
-def test_runner_packs_every_projection_when_configured(tiny_store: Path, pack: bool) -> None:
-    runner = ModelRunner(read_manifest(tiny_store), EngineConfig(pack_cpu_weights=pack))
+def test_runner_packs_gradually_and_only_on_batched_steps(tiny_store: Path, pack: bool) -> None:
+    """Nothing is packed when blocks land or on one-sequence steps; from the first step of 2+
+    sequences, at most `max_pack_bytes_per_step` per step, until every projection is packed."""
+    manifest = read_manifest(tiny_store)
+    probe = ModelRunner(manifest)
+    probe.load_blocks()
+    biggest = max(p.num_bytes for p in _projections(probe))
+    config = EngineConfig(
+        pack_cpu_weights=pack, max_pack_bytes_per_step=biggest, pack_min_hidden_size=1
+    )
+    runner = ModelRunner(manifest, config)
     runner.load_blocks()
-    projections = [runner.head.lm_head] + [
-        getattr(layer, name)
-        for layer in runner.layers.values()
-        for name in ("q", "k", "v", "o", "gate", "up", "down")
-    ]
-    assert len(projections) == 1 + 7 * runner.arch.num_layers
-    assert all((p.packed is not None) == pack for p in projections)
+    assert len(_projections(runner)) == 1 + 7 * runner.arch.num_layers
+    assert all(p.packed is None for p in _projections(runner))  # landing packs nothing
+    h = runner.embed(torch.tensor([[1], [2]]))
+    runner.run_layers(0, runner.arch.num_layers, h[:1], _batch([0]))
+    assert all(p.packed is None for p in _projections(runner))  # batch 1 packs nothing
+
+    def packed_bytes() -> int:
+        return sum(p.num_bytes for p in _projections(runner) if p.packed is not None)
+
+    steps, per_step = 0, []
+    while any(p.packed is None for p in _projections(runner)) and steps < 20:
+        before = packed_bytes()
+        runner.run_layers(0, runner.arch.num_layers, h, _batch([1 + 2 * steps, 2 + 2 * steps]))
+        per_step.append(packed_bytes() - before)
+        steps += 1
+    if not pack:
+        assert steps == 20 and per_step == [0] * 20 and not runner.pack_queue
+        return
+    assert all(p.packed is not None for p in _projections(runner)) and not runner.pack_queue
+    assert 2 <= steps <= len(_projections(runner))  # spread over steps
+    assert all(0 < b <= biggest for b in per_step)  # every step some, never over the budget
 
 
 @needs_onednn
@@ -63,9 +99,24 @@ def test_packed_engine_matches_transformers(tiny_hf: Path, tiny_store: Path) -> 
     """A batch of different lengths (prefill and batched decode on the packed path) gives
     transformers' greedy tokens (near-tie rule of tests/engine/reference.py)."""
     prompts = [[0, 5, 9, 200, 31, 17, 4], [0, 8], [0, 3, 44, 55, 66, 77, 88, 99, 100]]
-    engine = LLMEngine.from_store(tiny_store, EngineConfig(pack_cpu_weights=True))
-    assert engine.executor.runner.layers[0].q.packed is not None
+    config = EngineConfig(max_pack_bytes_per_step=1, pack_min_hidden_size=1)  # one per step
+    engine = LLMEngine.from_store(tiny_store, config)
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    runner = engine.executor.runner
+    assert runner.layers[0].q.packed is not None  # packed while generating ...
+    assert runner.pack_queue  # ... part way: steps ran on a half-packed model too
     for prompt, out in zip(prompts, outs, strict=True):
         ref, logits = hf_greedy(tiny_hf, prompt, 12)
         assert_same_tokens(out.token_ids, ref, logits, f"packed {prompt[:3]}")
+
+
+def test_narrow_models_are_not_packed(tiny_store: Path) -> None:
+    """Below `pack_min_hidden_size` packing is slower than the plain layout: nothing queued."""
+    manifest = read_manifest(tiny_store)
+    assert manifest.arch.hidden_size < EngineConfig().pack_min_hidden_size
+    runner = ModelRunner(manifest)
+    runner.load_blocks()
+    assert not runner.packs and not runner.pack_queue
+    wide = ModelRunner(manifest, EngineConfig(pack_min_hidden_size=manifest.arch.hidden_size))
+    wide.load_blocks()
+    assert wide.packs and len(wide.pack_queue) == 1 + 7 * manifest.arch.num_layers
