@@ -17,10 +17,14 @@ Two bodies:
    settings (`SystemConfig.flexpipe`, read by the controller and the scale-out) at one
    granularity;
 2. the simulator at the paper's scale (`benchmarks/flexpipe_sim.py`: the `flexpipe`
-   cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4/8), the first model also
-   with a 0.1-ms stage hop, and the ratios again for `--sim-extra-seeds` trace seeds.
+   cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4/8; static variants at
+   every stage count flexpipe chooses among), the first model also with a 0.1-ms stage
+   hop, and the ratios again for `--sim-extra-seeds` trace seeds; with `phased` in
+   `--sim-workloads`, the first model again on phases alternating CV 1 and the CV
+   (`--sim-phase-s`; §3.3 Fig. 1, §9 Fig. 9a), every seed, both hops.
 Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
-flexpipe's GPU-seconds over the best static shape's.
+flexpipe's GPU-seconds over that shape's (`flexpipe_sim.ratios`; also against
+static-coarse alone and the earlier best-of-fine-and-coarse).
 
 Usage: python -m benchmarks.flexpipe_cv --json benchmarks/results/flexpipe_cv.json \
            --png benchmarks/results/flexpipe_cv.png
@@ -42,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import model_config
-from benchmarks.flexpipe_sim import VARIANTS, run_all
+from benchmarks.flexpipe_sim import SIM_VARIANTS, VARIANTS, WORKLOADS, run_all
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
@@ -210,6 +214,11 @@ def draw(report: dict, path: Path) -> None:
         ]
         if "hop_sensitivity" in report["sim"]:
             panels.append(("sim-hop", "e2e_p99_s", "p99 end-to-end (s)"))
+        if "phased" in report["sim"]:
+            panels += [
+                ("sim-phased", "e2e_p99_s", "p99 end-to-end (s)"),
+                ("sim-phased", "gpu_seconds", "GPU-seconds"),
+            ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     axes = np.atleast_1d(axes)
     for ax, (body, key, label) in zip(axes, panels, strict=True):
@@ -217,9 +226,11 @@ def draw(report: dict, path: Path) -> None:
             data = report[body]["by_variant"]
         elif body == "sim-hop":
             data = report["sim"]["hop_sensitivity"]["by_cv"]
+        elif body == "sim-phased":
+            data = report["sim"]["phased"]["by_cv"]
         else:
             data = report[body]["by_cv"]
-        for v in VARIANTS:
+        for v in VARIANTS if body == "runtime" else SIM_VARIANTS:
             if body == "runtime":
                 cvs = list(data[v])
                 ys = [data[v][c][key] for c in cvs]
@@ -228,11 +239,16 @@ def draw(report: dict, path: Path) -> None:
                 ys = [data[c][v][key] for c in cvs]
             ax.plot([float(c) for c in cvs], ys, marker="o", label=v)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("arrival CV")
+        ax.set_xlabel(
+            "arrival CV (phased: of the bursty phases)" if body == "sim-phased" else "arrival CV"
+        )
         ax.set_ylabel(label)
         if body == "sim-hop":
             hop_ms = report["sim"]["hop_sensitivity"]["stage_hop_s"] * 1e3
             ax.set_title(f"sim, {hop_ms:g}-ms stage hop: {label}", fontsize=9)
+        elif body == "sim-phased":
+            phase_s = report["sim"]["phased"]["phase_s"]
+            ax.set_title(f"sim, {phase_s:g}-s phases CV 1 / CV: {label}", fontsize=9)
         else:
             ax.set_title(f"{body}: {label}")
     axes[0].legend(fontsize=7)
@@ -240,18 +256,23 @@ def draw(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _seed_ratios(args: argparse.Namespace, sim_kw: dict) -> dict:
-    """{seed: {hop: {cv: flexpipe's ratios and refactorings}}} of the first model for the
-    extra trace seeds (how much the seed-1 tables move with the trace)."""
+def _seed_ratios(args: argparse.Namespace, sim_kw: dict, seeds: list[int]) -> dict:
+    """{seed: {hop: {cv: flexpipe's ratios and refactorings}}} of the first model for
+    `seeds` (how much the seed-1 tables move with the trace)."""
     hops = [None] + ([args.sim_hop_sensitivity_s] if args.sim_hop_sensitivity_s > 0 else [])
     out: dict = {}
-    for seed in args.sim_extra_seeds:
+    for seed in seeds:
         kw = {**sim_kw, "seed": seed}
         for hop in hops:
             rows = run_all(args.sim_cvs, model=args.sim_models[0], stage_hop_s=hop, **kw)
             key = "system" if hop is None else f"{hop * 1e3:g}ms"
             out.setdefault(str(seed), {})[key] = {
-                cv: {**row["ratios"], "refactors": row["flexpipe"]["refactors"]}
+                cv: {
+                    **row["ratios"],
+                    "refactors": row["flexpipe"]["refactors"],
+                    "flexpipe_e2e_p50_s": row["flexpipe"]["e2e_p50_s"],
+                    "flexpipe_e2e_p99_s": row["flexpipe"]["e2e_p99_s"],
+                }
                 for cv, row in rows.items()
             }
     return out
@@ -299,6 +320,13 @@ def main() -> None:
         default=[2, 3],
         help="also run the first model (both hops) with these trace seeds: ratios only",
     )
+    ap.add_argument(
+        "--sim-workloads",
+        type=lambda s: s.split(","),
+        default=["gamma", "phased"],
+        help="gamma (stationary) and/or phased (CV 1 and the CV alternating)",
+    )
+    ap.add_argument("--sim-phase-s", type=float, default=120.0, help="phase length (phased)")
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--skip-runtime", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -329,8 +357,24 @@ def main() -> None:
             "input_tokens": 512,
             "output_tokens": 128,
         }
+        bad = [w for w in args.sim_workloads if w not in WORKLOADS]
+        if bad or "gamma" not in args.sim_workloads:
+            got = ",".join(args.sim_workloads)
+            ap.error(f"--sim-workloads takes gamma or gamma,phased (got {got})")
         by_model = {m: run_all(args.sim_cvs, model=m, **sim_kw) for m in args.sim_models}
         report["sim"] = {"by_cv": by_model[args.sim_models[0]], "by_model": by_model}
+        if "phased" in args.sim_workloads:
+            phased_kw = {**sim_kw, "workload": "phased", "phase_s": args.sim_phase_s}
+            first = args.sim_models[0]
+            by_cv = run_all(args.sim_cvs, model=first, **phased_kw)
+            report["sim"]["phased"] = {
+                "model": first,
+                "phase_s": args.sim_phase_s,
+                "by_cv": by_cv,
+                "seeds": _seed_ratios(args, phased_kw, [1, *args.sim_extra_seeds]),
+            }
+            print(f"{first}, phased")
+            print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
         if args.sim_hop_sensitivity_s > 0:
             hop = args.sim_hop_sensitivity_s
             first = args.sim_models[0]
@@ -340,7 +384,7 @@ def main() -> None:
             print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
         for model, by_cv in by_model.items():
             print(model, json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
-        report["sim"]["seeds"] = _seed_ratios(args, sim_kw)
+        report["sim"]["seeds"] = _seed_ratios(args, sim_kw, [1, *args.sim_extra_seeds])
     if not args.skip_runtime:
         report["runtime"] = runtime(args)
         print(json.dumps(report["runtime"]["ratios"], indent=1))

@@ -1,19 +1,30 @@
 """The simulator half of `benchmarks/flexpipe_cv.py`: FlexPipe at the paper's scale (§9).
 
-Four variants of the same cluster, model and Gamma trace, in one run:
+Variants of the same cluster, model and trace, in one run:
 - `flexpipe`: the `flexpipe` system as it is (stage count from the arrivals' CV, refactored
   in flight, Eq. 4/2/6/10 via `sim/flexpipe.py`);
-- `static-fine`: the same system with one granularity, `--fine-stages` stages per instance
-  (FlexPipeSettings with a single stage count: never refactors);
-- `static-coarse`: the same system with one stage per instance;
+- `static-1`, `static-2`, `static-4`, `static-8`: the same system held at one granularity,
+  one per stage count flexpipe can choose (`FlexPipeSettings().stage_counts`; a single
+  stage count: never refactors). `static-fine` (`--fine-stages`) and `static-coarse`
+  (`--coarse-stages`) name two of them, as the runtime half does;
 - `load-then-serve`: the `serverlessllm` system (each instance loads the whole model, then
   serves).
+Two workloads at the same mean rate: `gamma`, a Gamma renewal process of the given CV (the
+issue's CV 1/2/4/8: stationary, every 15-s window has about the same CV), and `phased`,
+`phase_s`-long phases alternating between CV 1 and the given CV (calm first): the CV
+changes between windows, as in the paper's traces (§3.3 Fig. 1: the CV "exhibits
+substantial fluctuation, with variation of up to 7x across different time windows"; §9
+Fig. 9a: 15-s windows of the CV-8 trace range from 0.59 to 3.47).
 Per variant and CV: p50/p99 end-to-end latency, p50/p99 TTFT (the simulator's queue time
 plus prefill: it records no separate queue time), goodput (requests meeting the SLOs per
 second), GPU-seconds (GPUs held x time), the GPUs always held (10th percentile of the GPU
 count over time after the first minute) against the peak, refactorings by direction, and
 where the GPU-seconds go (sampled every second: GPUs of loaded groups with no request, of
 busy ones, and how full the busy ones are against their routing target).
+Ratios per CV (`ratios`): against the best static shape of the run (lowest p99 over every
+static stage count: an oracle that picks the shape for each CV), against static-coarse (one
+shape for every CV, as the paper's offline-configured baselines, §3.3 / §9), and the
+earlier runs' ratio (best of static-fine and static-coarse only).
 """
 
 from dataclasses import replace
@@ -26,16 +37,50 @@ from surge.sim.events import Priority
 from surge.sim.metrics import gpu_seconds, gpus_over_time, summarize
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import Simulation
-from surge.traces.gamma import gamma_trace
+from surge.traces.gamma import gamma_arrivals, gamma_trace
+from surge.traces.request import Trace, make_trace
 
 VARIANTS = ("flexpipe", "static-fine", "static-coarse", "load-then-serve")
+"""The runtime half's variants (`flexpipe_cv.py`)."""
+STATIC_STAGES = FlexPipeSettings().stage_counts
+"""One static variant per stage count flexpipe chooses among."""
+SIM_VARIANTS = ("flexpipe", *(f"static-{n}" for n in STATIC_STAGES), "load-then-serve")
+"""The simulator half's variants."""
+WORKLOADS = ("gamma", "phased")
 
 
-def _settings(variant: str, fine_stages: int, coarse_stages: int) -> FlexPipeSettings | None:
+def phased_trace(
+    rate_rps: float,
+    cv: float,
+    duration_s: float,
+    seed: int,
+    phase_s: float,
+    input_tokens: int,
+    output_tokens: int,
+) -> Trace:
+    """Gamma arrivals at `rate_rps` in `phase_s`-long phases alternating between CV 1
+    (calm, first) and CV `cv`; fixed token lengths."""
+    rng = np.random.default_rng(seed)
+    parts, start, k = [], 0.0, 0
+    while start < duration_s:
+        length = min(phase_s, duration_s - start)
+        parts.append(start + gamma_arrivals(rng, rate_rps, 1.0 if k % 2 == 0 else cv, length))
+        start, k = start + phase_s, k + 1
+    arrival = np.concatenate(parts)
+    n = len(arrival)
+    ins = np.full(n, input_tokens, dtype=np.int64)
+    outs = np.full(n, output_tokens, dtype=np.int64)
+    return make_trace(f"phased-rate{rate_rps:g}-cv{cv:g}", arrival, ins, outs)
+
+
+def _static_stages(variant: str, fine_stages: int, coarse_stages: int) -> int | None:
+    """The stage count a static variant is held at; None for the others."""
     if variant == "static-fine":
-        return FlexPipeSettings(stage_counts=(fine_stages,), cv_targets=(0.0,))
+        return fine_stages
     if variant == "static-coarse":
-        return FlexPipeSettings(stage_counts=(coarse_stages,), cv_targets=(0.0,))
+        return coarse_stages
+    if variant.startswith("static-"):
+        return int(variant.removeprefix("static-"))
     return None
 
 
@@ -54,14 +99,21 @@ def run_one(
     stage_hop_s: float | None = None,
     input_tokens: int,
     output_tokens: int,
+    workload: str = "gamma",
+    phase_s: float = 120.0,
 ) -> dict:
-    trace = gamma_trace(rate_rps, cv, duration_s, seed, input_tokens, output_tokens)
+    if workload == "phased":
+        trace = phased_trace(rate_rps, cv, duration_s, seed, phase_s, input_tokens, output_tokens)
+    else:
+        trace = gamma_trace(rate_rps, cv, duration_s, seed, input_tokens, output_tokens)
     system = "serverlessllm" if variant == "load-then-serve" else "flexpipe"
     settings = SimSettings(cluster, (model,), system, seed=seed, slo=slo)
-    fp = _settings(variant, fine_stages, coarse_stages)
+    stages = _static_stages(variant, fine_stages, coarse_stages)
     config = system_config(system)
-    if fp is not None:  # the system's one FlexPipe settings object, held at one shape
-        config = replace(config, flexpipe=fp)
+    if stages is not None:  # the system's one FlexPipe settings object, held at one shape
+        config = replace(
+            config, flexpipe=FlexPipeSettings(stage_counts=(stages,), cv_targets=(0.0,))
+        )
     if stage_hop_s is not None:  # per-step activation hop between stages (sensitivity)
         config = replace(config, stage_hop_s=stage_hop_s)
     sim = Simulation(trace, settings, config)
@@ -124,18 +176,30 @@ def _probe_groups(sim: Simulation) -> dict[str, float]:
 
 
 def run_all(cvs: list[float], **kw) -> dict:
-    """{cv: {variant: numbers}} plus, per CV, flexpipe's ratios to the best static shape."""
+    """{cv: {variant: numbers}} for `SIM_VARIANTS` plus, per CV, flexpipe's `ratios`."""
     out: dict = {}
     for cv in cvs:
-        row = {v: run_one(v, cv, **kw) for v in VARIANTS}
-        statics = [row["static-fine"], row["static-coarse"]]
-        best_p99 = min(r["e2e_p99_s"] for r in statics if r["e2e_p99_s"] is not None)
-        best_gpu = min(r["gpu_seconds"] for r in statics)
-        fp = row["flexpipe"]
-        row["ratios"] = {
-            "best_static_over_flexpipe_e2e_p99": best_p99 / fp["e2e_p99_s"],
-            "flexpipe_over_best_static_gpu_seconds": fp["gpu_seconds"] / best_gpu,
-            "flexpipe_always_held_over_peak": fp["gpus_always_held"] / max(fp["gpus_peak"], 1),
-        }
+        row = {v: run_one(v, cv, **kw) for v in SIM_VARIANTS}
+        row["ratios"] = ratios(row, kw["fine_stages"], kw.get("coarse_stages", 1))
         out[str(cv)] = row
     return out
+
+
+def ratios(row: dict, fine_stages: int, coarse_stages: int) -> dict:
+    """flexpipe against the static shapes of one CV's `row` ({variant: numbers})."""
+    statics = {n: row[f"static-{n}"] for n in STATIC_STAGES}
+    best_n = min(statics, key=lambda n: (statics[n]["e2e_p99_s"], statics[n]["gpu_seconds"]))
+    best, coarse, fp = statics[best_n], statics[coarse_stages], row["flexpipe"]
+    two = [statics[fine_stages], coarse]
+    return {
+        "best_static_stages": best_n,
+        "best_static_over_flexpipe_e2e_p99": best["e2e_p99_s"] / fp["e2e_p99_s"],
+        "flexpipe_over_best_static_gpu_seconds": fp["gpu_seconds"] / best["gpu_seconds"],
+        "coarse_over_flexpipe_e2e_p99": coarse["e2e_p99_s"] / fp["e2e_p99_s"],
+        "flexpipe_over_coarse_gpu_seconds": fp["gpu_seconds"] / coarse["gpu_seconds"],
+        "fine_coarse_best_over_flexpipe_e2e_p99": min(r["e2e_p99_s"] for r in two)
+        / fp["e2e_p99_s"],
+        "flexpipe_over_fine_coarse_best_gpu_seconds": fp["gpu_seconds"]
+        / min(r["gpu_seconds"] for r in two),
+        "flexpipe_always_held_over_peak": fp["gpus_always_held"] / max(fp["gpus_peak"], 1),
+    }

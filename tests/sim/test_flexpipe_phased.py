@@ -1,0 +1,75 @@
+"""FlexPipe against every static shape when the CV changes between phases (paper 003 §3.3
+Fig. 1, §9 Fig. 9a), and the benchmark's best static shape taken over every granularity.
+
+A trace of 60-s phases alternating CV 1 and CV 8 at 20 QPS (the `flexpipe` cluster, 82
+A100s): one stage is right for the calm phases, eight for the bursty ones. flexpipe must
+refactor both ways and beat each static shape where that shape is wrong: the p99 of the
+one-stage shape, the GPU-seconds of the eight-stage shape at no worse a p99. Held at one
+shape it fails one of the two.
+"""
+
+import numpy as np
+
+from benchmarks.flexpipe_sim import STATIC_STAGES, phased_trace, ratios, run_one
+from surge.policy.flexpipe_granularity import cv_of_arrivals
+from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.sim.settings import Slo
+
+KW = dict(
+    cluster="flexpipe",
+    model="llama2-7b",
+    rate_rps=20.0,
+    duration_s=240.0,
+    slo=Slo(ttft_s=5.0, tpot_s=0.2),
+    fine_stages=4,
+    coarse_stages=1,
+    input_tokens=512,
+    output_tokens=128,
+    seed=1,
+    workload="phased",
+    phase_s=60.0,
+)
+
+
+def test_phased_trace_alternates_the_cv_at_one_rate() -> None:
+    trace = phased_trace(20.0, 8.0, 240.0, 1, 60.0, 512, 128)
+    t = trace.arrival_s
+    assert abs(len(t) / 240.0 - 20.0) < 4.0
+    calm = [cv_of_arrivals(t[(t >= a) & (t < a + 60)]) for a in (0.0, 120.0)]
+    bursty = [cv_of_arrivals(t[(t >= a) & (t < a + 60)]) for a in (60.0, 180.0)]
+    assert max(calm) < 1.5 < 3.0 < min(bursty), (calm, bursty)
+
+
+def test_flexpipe_beats_each_static_shape_where_it_is_wrong() -> None:
+    fp = run_one("flexpipe", 8.0, **KW)
+    coarse = run_one("static-1", 8.0, **KW)
+    fine = run_one("static-8", 8.0, **KW)
+    assert fp["refactors"]["split"] >= 1 and fp["refactors"]["merge"] >= 1, fp["refactors"]
+    assert fp["e2e_p99_s"] < 0.8 * coarse["e2e_p99_s"], (fp["e2e_p99_s"], coarse["e2e_p99_s"])
+    assert fp["e2e_p99_s"] <= 1.05 * fine["e2e_p99_s"], (fp["e2e_p99_s"], fine["e2e_p99_s"])
+    assert fp["gpu_seconds"] < 0.9 * fine["gpu_seconds"], (fp["gpu_seconds"], fine["gpu_seconds"])
+
+
+def _row(p99: dict[int, float], gpu_s: dict[int, float]) -> dict:
+    row = {f"static-{n}": {"e2e_p99_s": p99[n], "gpu_seconds": gpu_s[n]} for n in p99}
+    row["flexpipe"] = {
+        "e2e_p99_s": 2.0,
+        "gpu_seconds": 100.0,
+        "gpus_always_held": 1.0,
+        "gpus_peak": 4,
+    }
+    return row
+
+
+def test_best_static_is_taken_over_every_stage_count_flexpipe_chooses() -> None:
+    assert FlexPipeSettings().stage_counts == STATIC_STAGES
+    p99 = {n: 4.0 for n in STATIC_STAGES} | {max(STATIC_STAGES): 2.5}
+    gpu_s = {n: 50.0 * n for n in STATIC_STAGES}
+    r = ratios(_row(p99, gpu_s), fine_stages=4, coarse_stages=1)
+    finest = max(STATIC_STAGES)
+    assert r["best_static_stages"] == finest
+    assert np.isclose(r["best_static_over_flexpipe_e2e_p99"], 2.5 / 2.0)
+    # GPU-seconds against the shape with that p99, not against the cheapest shape.
+    assert np.isclose(r["flexpipe_over_best_static_gpu_seconds"], 100.0 / gpu_s[finest])
+    assert np.isclose(r["coarse_over_flexpipe_e2e_p99"], 4.0 / 2.0)
+    assert np.isclose(r["fine_coarse_best_over_flexpipe_e2e_p99"], 4.0 / 2.0)
