@@ -219,9 +219,13 @@ def draw(report: dict, path: Path) -> None:
                 ("sim-phased", "e2e_p99_s", "p99 end-to-end (s)"),
                 ("sim-phased", "gpu_seconds", "GPU-seconds"),
             ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    axes = np.atleast_1d(axes)
-    for ax, (body, key, label) in zip(axes, panels, strict=True):
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(panels) :]:
+        ax.axis("off")
+    for ax, (body, key, label) in zip(axes, panels, strict=False):
         if body == "runtime":
             data = report[body]["by_variant"]
         elif body == "sim-hop":
@@ -251,7 +255,10 @@ def draw(report: dict, path: Path) -> None:
             ax.set_title(f"sim, {phase_s:g}-s phases CV 1 / CV: {label}", fontsize=9)
         else:
             ax.set_title(f"{body}: {label}")
-    axes[0].legend(fontsize=7)
+    for body in ("runtime", "sim"):  # one legend per variant set
+        first = next((i for i, p in enumerate(panels) if p[0].startswith(body)), None)
+        if first is not None:
+            axes[first].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
