@@ -21,10 +21,13 @@ Two bodies:
    every stage count flexpipe chooses among), the first model also with a 0.1-ms stage
    hop, and the ratios again for `--sim-extra-seeds` trace seeds; with `phased` in
    `--sim-workloads`, the first model again on phases alternating CV 1 and the CV
-   (`--sim-phase-s`; §3.3 Fig. 1, §9 Fig. 9a), every seed, both hops.
+   (`--sim-phase-s`; §3.3 Fig. 1, §9 Fig. 9a), every seed, both hops. At the system's
+   hop, also §9's static baselines provisioned once for the peak (`provisioned-1/2/4/8`:
+   a fixed group count, the same shape's autoscaled peak on the trace, held throughout).
 Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
 flexpipe's GPU-seconds over that shape's (`flexpipe_sim.ratios`; also against
-static-coarse alone and the earlier best-of-fine-and-coarse).
+static-coarse alone and the earlier best-of-fine-and-coarse; against the provisioned
+statics: the one with the lowest p99 and the coarse one).
 
 Usage: python -m benchmarks.flexpipe_cv --json benchmarks/results/flexpipe_cv.json \
            --png benchmarks/results/flexpipe_cv.png
@@ -46,7 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import model_config
-from benchmarks.flexpipe_sim import SIM_VARIANTS, VARIANTS, WORKLOADS, run_all
+from benchmarks.flexpipe_sim import (
+    PROVISIONED_VARIANTS,
+    SIM_VARIANTS,
+    VARIANTS,
+    WORKLOADS,
+    run_all,
+)
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
@@ -234,14 +243,18 @@ def draw(report: dict, path: Path) -> None:
             data = report["sim"]["phased"]["by_cv"]
         else:
             data = report[body]["by_cv"]
-        for v in VARIANTS if body == "runtime" else SIM_VARIANTS:
+        sim_variants = [
+            v for v in (*SIM_VARIANTS, *PROVISIONED_VARIANTS) if v in next(iter(data.values()))
+        ]
+        for v in VARIANTS if body == "runtime" else sim_variants:
             if body == "runtime":
                 cvs = list(data[v])
                 ys = [data[v][c][key] for c in cvs]
             else:
                 cvs = list(data)
                 ys = [data[c][v][key] for c in cvs]
-            ax.plot([float(c) for c in cvs], ys, marker="o", label=v)
+            style = "--" if v.startswith("provisioned-") else "-"
+            ax.plot([float(c) for c in cvs], ys, style, marker="o", markersize=3, label=v)
         ax.set_xscale("log", base=2)
         ax.set_xlabel(
             "arrival CV (phased: of the bursty phases)" if body == "sim-phased" else "arrival CV"
@@ -263,15 +276,24 @@ def draw(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _seed_ratios(args: argparse.Namespace, sim_kw: dict, seeds: list[int]) -> dict:
+def _seed_ratios(
+    args: argparse.Namespace, sim_kw: dict, seeds: list[int], known: dict | None = None
+) -> dict:
     """{seed: {hop: {cv: flexpipe's ratios and refactorings}}} of the first model for
-    `seeds` (how much the seed-1 tables move with the trace)."""
+    `seeds` (how much the seed-1 tables move with the trace). `known`: {(seed, hop): rows}
+    already run (not run again). The provisioned statics at the system's hop only."""
     hops = [None] + ([args.sim_hop_sensitivity_s] if args.sim_hop_sensitivity_s > 0 else [])
     out: dict = {}
     for seed in seeds:
         kw = {**sim_kw, "seed": seed}
         for hop in hops:
-            rows = run_all(args.sim_cvs, model=args.sim_models[0], stage_hop_s=hop, **kw)
+            rows = (known or {}).get((seed, hop)) or run_all(
+                args.sim_cvs,
+                model=args.sim_models[0],
+                stage_hop_s=hop,
+                provisioned=hop is None,
+                **kw,
+            )
             key = "system" if hop is None else f"{hop * 1e3:g}ms"
             out.setdefault(str(seed), {})[key] = {
                 cv: {
@@ -368,17 +390,20 @@ def main() -> None:
         if bad or "gamma" not in args.sim_workloads:
             got = ",".join(args.sim_workloads)
             ap.error(f"--sim-workloads takes gamma or gamma,phased (got {got})")
-        by_model = {m: run_all(args.sim_cvs, model=m, **sim_kw) for m in args.sim_models}
+        by_model = {
+            m: run_all(args.sim_cvs, model=m, provisioned=True, **sim_kw) for m in args.sim_models
+        }
         report["sim"] = {"by_cv": by_model[args.sim_models[0]], "by_model": by_model}
         if "phased" in args.sim_workloads:
             phased_kw = {**sim_kw, "workload": "phased", "phase_s": args.sim_phase_s}
             first = args.sim_models[0]
-            by_cv = run_all(args.sim_cvs, model=first, **phased_kw)
+            by_cv = run_all(args.sim_cvs, model=first, provisioned=True, **phased_kw)
+            seeds = [1, *args.sim_extra_seeds]
             report["sim"]["phased"] = {
                 "model": first,
                 "phase_s": args.sim_phase_s,
                 "by_cv": by_cv,
-                "seeds": _seed_ratios(args, phased_kw, [1, *args.sim_extra_seeds]),
+                "seeds": _seed_ratios(args, phased_kw, seeds, {(1, None): by_cv}),
             }
             print(f"{first}, phased")
             print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
@@ -391,7 +416,12 @@ def main() -> None:
             print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
         for model, by_cv in by_model.items():
             print(model, json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))
-        report["sim"]["seeds"] = _seed_ratios(args, sim_kw, [1, *args.sim_extra_seeds])
+        known = {(1, None): by_model[args.sim_models[0]]}
+        if "hop_sensitivity" in report["sim"]:
+            hop_rows = report["sim"]["hop_sensitivity"]
+            known[(1, hop_rows["stage_hop_s"])] = hop_rows["by_cv"]
+        seeds = [1, *args.sim_extra_seeds]
+        report["sim"]["seeds"] = _seed_ratios(args, sim_kw, seeds, known)
     if not args.skip_runtime:
         report["runtime"] = runtime(args)
         print(json.dumps(report["runtime"]["ratios"], indent=1))

@@ -8,7 +8,16 @@ Variants of the same cluster, model and trace, in one run:
   stage count: never refactors). `static-fine` (`--fine-stages`) and `static-coarse`
   (`--coarse-stages`) name two of them, as the runtime half does;
 - `load-then-serve`: the `serverlessllm` system (each instance loads the whole model, then
-  serves).
+  serves);
+- `provisioned-1`, `-2`, `-4`, `-8` (`run_all(provisioned=True)`): §9's static baselines,
+  provisioned once: "static approaches typically provision GPU resources to match peak
+  volumes" (§9.1; §9.4: "static approaches that provision for peak demand"). A fixed number
+  of groups of one stage count, loaded before the first arrival (`PROVISION_LEAD_S` ahead;
+  the lead is not counted) and held until the end: the autoscaler's `min_replicas` =
+  `max_replicas` = that number, so it never scales. The number is the peak group count
+  the same shape's autoscaled variant (`static-N`) reached on the same trace: the trace is
+  its own history, the most generous sizing for the baseline (it is never short of
+  groups at the trace's peak, and never holds more than it needed). Same router.
 Two workloads at the same mean rate: `gamma`, a Gamma renewal process of the given CV (the
 issue's CV 1/2/4/8: stationary, every 15-s window has about the same CV), and `phased`,
 `phase_s`-long phases alternating between CV 1 and the given CV (calm first): the CV
@@ -21,7 +30,8 @@ second), GPU-seconds (GPUs held x time), the GPUs always held (10th percentile o
 count over time after the first minute) against the peak, refactorings by direction, and
 where the GPU-seconds go (sampled every second: GPUs of loaded groups with no request, of
 busy ones, and how full the busy ones are against their routing target).
-Ratios per CV (`ratios`): against the best static shape of the run (lowest p99 over every
+Ratios per CV (`ratios`): against the best provisioned shape (lowest p99) and the
+provisioned coarse shape, where run; against the best static shape of the run (lowest p99 over every
 static stage count: an oracle that picks the shape for each CV), against static-coarse (one
 shape for every CV, as the paper's offline-configured baselines, §3.3 / §9), and the
 earlier runs' ratio (best of static-fine and static-coarse only).
@@ -34,7 +44,7 @@ import numpy as np
 from surge.policy.flexpipe_system import FlexPipeSettings
 from surge.policy.systems import system_config
 from surge.sim.events import Priority
-from surge.sim.metrics import gpu_seconds, gpus_over_time, summarize
+from surge.sim.metrics import gpus_over_time, summarize
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import Simulation
 from surge.traces.gamma import gamma_arrivals, gamma_trace
@@ -46,6 +56,11 @@ STATIC_STAGES = FlexPipeSettings().stage_counts
 """One static variant per stage count flexpipe chooses among."""
 SIM_VARIANTS = ("flexpipe", *(f"static-{n}" for n in STATIC_STAGES), "load-then-serve")
 """The simulator half's variants."""
+PROVISIONED_VARIANTS = tuple(f"provisioned-{n}" for n in STATIC_STAGES)
+"""The statics provisioned once for the peak (`run_all(provisioned=True)`)."""
+PROVISION_LEAD_S = 120.0
+"""A provisioned variant's groups start loading this long before the first arrival (the
+trace is shifted by it; its GPU-seconds count from the first arrival on)."""
 WORKLOADS = ("gamma", "phased")
 
 
@@ -79,8 +94,9 @@ def _static_stages(variant: str, fine_stages: int, coarse_stages: int) -> int | 
         return fine_stages
     if variant == "static-coarse":
         return coarse_stages
-    if variant.startswith("static-"):
-        return int(variant.removeprefix("static-"))
+    for prefix in ("static-", "provisioned-"):
+        if variant.startswith(prefix):
+            return int(variant.removeprefix(prefix))
     return None
 
 
@@ -101,7 +117,10 @@ def run_one(
     output_tokens: int,
     workload: str = "gamma",
     phase_s: float = 120.0,
+    provisioned_groups: int | None = None,
 ) -> dict:
+    """One variant on one trace. A `provisioned-N` variant holds `provisioned_groups`
+    groups of N stages from before the first arrival to the end (see the module)."""
     if workload == "phased":
         trace = phased_trace(rate_rps, cv, duration_s, seed, phase_s, input_tokens, output_tokens)
     else:
@@ -116,13 +135,32 @@ def run_one(
         )
     if stage_hop_s is not None:  # per-step activation hop between stages (sensitivity)
         config = replace(config, stage_hop_s=stage_hop_s)
+    lead_s = 0.0
+    if variant.startswith("provisioned-"):
+        if not provisioned_groups or provisioned_groups < 1:
+            raise ValueError(f"{variant} needs provisioned_groups >= 1")
+        lead_s = PROVISION_LEAD_S
+        trace = replace(trace, arrival_s=trace.arrival_s + lead_s)
+        fixed = replace(
+            config.autoscale, min_replicas=provisioned_groups, max_replicas=provisioned_groups
+        )
+        config = replace(config, autoscale=fixed)
     sim = Simulation(trace, settings, config)
-    held = _probe_groups(sim)
+    if lead_s:  # one decision at time 0: min_replicas groups start loading
+        for pool in sim.pools.values():
+            sim.world.loop.schedule(
+                0.0, Priority.CONTROL, 0, lambda p=pool: sim.scaler.autoscale(p)
+            )
+    held = _probe_groups(sim, lead_s)
     res = sim.run()
     s = summarize(res, settings)
     done = res.done_s >= 0
     e2e = res.done_s[done] - res.arrival_s[done]
+    # A provisioned variant holds its groups for good (the loop would run to its drain
+    # limit): it counts from the first arrival to the last request's end.
+    end_s = float(res.done_s.max()) if lead_s and done.all() else res.end_s
     _, gpus = gpus_over_time(res, 1.0)
+    gpus = gpus[int(lead_s) : int(end_s) + 1]
     steady = gpus[60:] if len(gpus) > 120 else gpus
     span_s = (
         max(float(res.arrival_s.max() - res.arrival_s.min()), 1e-9) if len(res.arrival_s) else 1.0
@@ -137,28 +175,48 @@ def run_one(
         "ttft_p99_s": s["ttft_p99_s"],
         "slo_attainment": s["slo_attainment"],
         "goodput_rps": ok / span_s,
-        "gpu_seconds": gpu_seconds(res),
+        "gpu_seconds": _gpu_seconds_between(res, lead_s, end_s),
+        "gpus_min": int(gpus.min()) if len(gpus) else 0,
         "gpus_peak": int(gpus.max()) if len(gpus) else 0,
         "gpus_always_held": float(np.percentile(steady, 10)) if len(steady) else 0.0,
         "refactors": dict(sim.flexpipe.num_refactors),
         "gpu_seconds_idle_groups": held["idle"],
         "gpu_seconds_busy_groups": held["busy"],
         "busy_group_fill": held["fill"] / held["busy"] if held["busy"] else None,
+        "groups_seen": len(held["ids"]),
+        "groups_loaded_at_first_arrival": held["loaded_at_start"],
         "wall_s": res.wall_s,
     }
 
 
-def _probe_groups(sim: Simulation) -> dict[str, float]:
-    """Every second: GPUs held by serving groups with no request (`idle`) and with some
-    (`busy`), and `fill`, busy GPUs weighted by outstanding / the group's routing target
-    (the instance target of 8 where a system sets none): where GPU-seconds go."""
-    acc = {"idle": 0.0, "busy": 0.0, "fill": 0.0}
+def _gpu_seconds_between(res, t0_s: float, t1_s: float) -> float:
+    """GPU-seconds held in [`t0_s`, `t1_s`] (`gpu_seconds` is [0, end_s])."""
+    total, last_t, last_n = 0.0, 0.0, 0
+    for t, n in [*res.gpu_changes, (t1_s, None)]:
+        a, b = max(last_t, t0_s), min(t, t1_s)
+        total += last_n * max(b - a, 0.0)
+        if t >= t1_s:
+            break
+        last_t, last_n = t, n
+    return total
+
+
+def _probe_groups(sim: Simulation, start_s: float = 0.0) -> dict:
+    """Every second from `start_s` (the first arrival): GPUs held by serving groups with no
+    request (`idle`) and with some (`busy`), and `fill`, busy GPUs weighted by outstanding /
+    the group's routing target (the instance target of 8 where a system sets none): where
+    GPU-seconds go; `ids`, every group seen, and `loaded_at_start`, the groups serving at
+    the first probe."""
+    acc: dict = {"idle": 0.0, "busy": 0.0, "fill": 0.0, "ids": set(), "loaded_at_start": None}
     pools = list(sim.pools.values())
     loop = sim.world.loop
 
     def probe() -> None:
+        if acc["loaded_at_start"] is None:
+            acc["loaded_at_start"] = sum(i.loaded for p in pools for i in p.instances)
         for pool in pools:
             for i in pool.instances:
+                acc["ids"].add(i.id)
                 if not i.loaded:
                     continue
                 n = len(i.all_gpus)
@@ -171,15 +229,22 @@ def _probe_groups(sim: Simulation) -> dict[str, float]:
         if sim.router.unfinished:
             loop.schedule(loop.now_s + 1.0, Priority.SAMPLE, 2, probe)
 
-    loop.schedule(0.5, Priority.SAMPLE, 2, probe)
+    loop.schedule(start_s + 0.5, Priority.SAMPLE, 2, probe)
     return acc
 
 
-def run_all(cvs: list[float], **kw) -> dict:
-    """{cv: {variant: numbers}} for `SIM_VARIANTS` plus, per CV, flexpipe's `ratios`."""
+def run_all(cvs: list[float], provisioned: bool = False, **kw) -> dict:
+    """{cv: {variant: numbers}} for `SIM_VARIANTS` (and `PROVISIONED_VARIANTS` if
+    `provisioned`, each sized by its `static-N`'s peak) plus, per CV, flexpipe's `ratios`."""
     out: dict = {}
     for cv in cvs:
         row = {v: run_one(v, cv, **kw) for v in SIM_VARIANTS}
+        if provisioned:
+            for n in STATIC_STAGES:
+                peak = -(-row[f"static-{n}"]["gpus_peak"] // n)
+                row[f"provisioned-{n}"] = run_one(
+                    f"provisioned-{n}", cv, provisioned_groups=max(1, peak), **kw
+                )
         row["ratios"] = ratios(row, kw["fine_stages"], kw.get("coarse_stages", 1))
         out[str(cv)] = row
     return out
@@ -202,4 +267,27 @@ def ratios(row: dict, fine_stages: int, coarse_stages: int) -> dict:
         "flexpipe_over_fine_coarse_best_gpu_seconds": fp["gpu_seconds"]
         / min(r["gpu_seconds"] for r in two),
         "flexpipe_always_held_over_peak": fp["gpus_always_held"] / max(fp["gpus_peak"], 1),
+        **provisioned_ratios(row, coarse_stages),
     }
+
+
+def provisioned_ratios(row: dict, coarse_stages: int) -> dict:
+    """flexpipe against the provisioned statics of `row`, where run: the one with the
+    lowest p99 and the coarse one (one shape for every CV)."""
+    prov = {n: row[f"provisioned-{n}"] for n in STATIC_STAGES if f"provisioned-{n}" in row}
+    if not prov:
+        return {}
+    fp = row["flexpipe"]
+    best_n = min(prov, key=lambda n: (prov[n]["e2e_p99_s"], prov[n]["gpu_seconds"]))
+    out = {
+        "best_provisioned_stages": best_n,
+        "best_provisioned_groups": prov[best_n]["gpus_peak"] // best_n,
+        "best_provisioned_over_flexpipe_e2e_p99": prov[best_n]["e2e_p99_s"] / fp["e2e_p99_s"],
+        "flexpipe_over_best_provisioned_gpu_seconds": fp["gpu_seconds"]
+        / prov[best_n]["gpu_seconds"],
+    }
+    if coarse_stages in prov:
+        c = prov[coarse_stages]
+        out["provisioned_coarse_over_flexpipe_e2e_p99"] = c["e2e_p99_s"] / fp["e2e_p99_s"]
+        out["flexpipe_over_provisioned_coarse_gpu_seconds"] = fp["gpu_seconds"] / c["gpu_seconds"]
+    return out
