@@ -3,22 +3,33 @@
 What flows: the controller (`runtime/refactor.py`) re-cuts a live pipeline between two
 steps. A node that keeps some layers opens its new stage next to the old one and copies
 the K/V of the layers both share inside the node (`stage_kv_copy`: no transport); K/V of
-layers that change node arrives over the transport (`kv_import`, bytes in the payload,
-valid tokens only: Eq. 10). `stage_profile` times each layer of a stage on this node (a
-prefill of `num_tokens` tokens and a one-token decode step, with a scratch sequence that
-is freed at once) and reports the hidden-state bytes per token: the t_c and s_a of §5's
-partition DP. Handlers are composed into `AgentServing` (they share its stages).
+layers that change node goes agent to agent: the old stage's node exports it and sends each
+new holder its layers (`kv_push` -> the peer's `kv_import`, bytes in the payload, valid
+tokens only: Eq. 10), so it never passes through the controller. `stage_profile` times
+each layer of a stage on this node (a prefill of `num_tokens` tokens and a one-token
+decode step, with a scratch sequence that is freed at once) and reports the hidden-state
+bytes per token: the t_c and s_a of §5's partition DP. Handlers are composed into
+`AgentServing` (they share its stages).
 """
 
 import asyncio
 import math
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+from surge.errors import SurgeError
 from surge.runtime.agent_context import Handlers
 from surge.runtime.agent_instances import kv_parts
-from surge.runtime.protocol_ops import KvImportOp, StageKvCopyOp, StageProfileOp
-from surge.runtime.protocol_replies import Ack, LayerTimesReply
+from surge.runtime.protocol_ops import (
+    KvImportOp,
+    KvPushOp,
+    KvTarget,
+    StageKvCopyOp,
+    StageProfileOp,
+)
+from surge.runtime.protocol_replies import Ack, KvPart, KvPushReply, LayerTimesReply
 from surge.runtime.transport import Connection
 
 if TYPE_CHECKING:
@@ -28,8 +39,48 @@ PROFILE_SEQ_ID = (1 << 62) + 7
 """Scratch sequence id of a profiling run (outside every head engine's id range)."""
 
 
-def refactor_handlers(stage_of: Any) -> Handlers:
-    """The ops below, over `stage_of(pipeline) -> Stage` (raises for an unknown one)."""
+def refactor_handlers(
+    stage_of: Any,
+    node: int,
+    peer_conn: Callable[[int], AbstractAsyncContextManager[Connection]],
+) -> Handlers:
+    """The ops below, over `stage_of(pipeline) -> Stage` (raises for an unknown one), on
+    agent `node`, reaching other agents through `peer_conn(node)`."""
+
+    async def op_kv_push(op: KvPushOp, conn: Connection, p: memoryview) -> KvPushReply:
+        import torch
+
+        stage: Stage = stage_of(op.pipeline)
+        for t in op.targets:
+            if not stage.first_layer <= t.first_layer < t.end_layer <= stage.end_layer:
+                raise SurgeError(
+                    f"kv_push: layers [{t.first_layer}, {t.end_layer}) are outside stage "
+                    f"{op.pipeline} [{stage.first_layer}, {stage.end_layer}) on node {node}"
+                )
+        async with stage.lock:  # never while a step writes this stage's cache
+            kv = await asyncio.to_thread(stage.runner.export_kv, op.seq_id, op.num_tokens)
+
+        async def push(t: KvTarget) -> int:
+            part = kv[t.first_layer - stage.first_layer : t.end_layer - stage.first_layer]
+            if t.node == node:  # the new stage is on this node too: write it in place
+                new: Stage = stage_of(op.new_pipeline)
+                async with new.lock:
+                    new.runner.import_kv(op.seq_id, t.first_layer, part)
+                return 0
+            part = part.contiguous()
+            shape = tuple(part.shape)
+            imp = KvImportOp(
+                pipeline=op.new_pipeline,
+                seq_id=op.seq_id,
+                parts=(KvPart(t.first_layer, t.end_layer, shape),),
+            )
+            body = part.view(-1).view(torch.uint8).numpy()
+            async with peer_conn(t.node) as c:
+                await c.request(imp.to_json(), body)
+            return len(body)
+
+        sent = await asyncio.gather(*(push(t) for t in op.targets))
+        return KvPushReply(num_bytes=sum(sent))
 
     async def op_kv_import(op: KvImportOp, conn: Connection, p: memoryview) -> Ack:
         stage: Stage = stage_of(op.pipeline)
@@ -100,6 +151,7 @@ def refactor_handlers(stage_of: Any) -> Handlers:
         )
 
     return {
+        KvPushOp: op_kv_push,
         KvImportOp: op_kv_import,
         StageKvCopyOp: op_stage_kv_copy,
         StageProfileOp: op_stage_profile,

@@ -75,7 +75,8 @@ class AgentServing:
             StageFreeOp: self.op_stage_free,
             StageCloseOp: self.op_stage_close,
             KvExportOp: self.op_kv_export,
-            **refactor_handlers(self._stage),  # FlexPipe refactoring and profiling
+            # FlexPipe refactoring and profiling
+            **refactor_handlers(self._stage, self.ctx.node, self._peer_conn),
         }
 
     def close(self) -> None:

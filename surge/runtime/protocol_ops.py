@@ -24,6 +24,7 @@ from surge.runtime.protocol_replies import (
     HandoffReply,
     InstanceReply,
     KvPart,
+    KvPushReply,
     LayerTimesReply,
     LoadReply,
     MulticastReply,
@@ -310,6 +311,37 @@ class KvImportOp(Op[Ack], name="kv_import"):
     pipeline: str
     seq_id: int
     parts: tuple[KvPart, ...]
+
+
+@dataclass(frozen=True)
+class KvTarget(Message):
+    """One destination of a `kv_push`: layers [first_layer, end_layer) go to `node`."""
+
+    node: int
+    first_layer: int
+    end_layer: int
+
+    def __post_init__(self) -> None:
+        require(0 <= self.first_layer < self.end_layer, "KvTarget", "needs first < end layer")
+
+
+@dataclass(frozen=True)
+class KvPushOp(Op[KvPushReply], name="kv_push", reply=KvPushReply):
+    """Send one sequence's K/V at this node's stage of `pipeline` (its first `num_tokens`
+    tokens) straight to the nodes that take its layers in stage `new_pipeline`: one
+    `kv_import` per target, agent to agent (FlexPipe §6 refactoring, Eq. 10: only valid
+    tokens travel, and not through the controller)."""
+
+    pipeline: str
+    new_pipeline: str
+    seq_id: int
+    num_tokens: int
+    targets: tuple[KvTarget, ...]
+
+    def __post_init__(self) -> None:
+        require(
+            self.num_tokens >= 1 and bool(self.targets), "op kv_push", "needs tokens and targets"
+        )
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,14 @@ class KvPart(Reply):
 
 
 @dataclass(frozen=True)
+class KvPushReply(Reply):
+    """What a `kv_push` sent: K/V bytes over the transport (a target on the sending node
+    itself is written in place and counts nothing)."""
+
+    num_bytes: int
+
+
+@dataclass(frozen=True)
 class LayerTimesReply(Reply):
     """The reply of `stage_profile`: measured seconds of each layer of a stage (FlexPipe §5's
     t_c), at a prefill of `num_tokens` tokens and at a one-token decode step, and the bytes

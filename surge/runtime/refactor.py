@@ -9,8 +9,8 @@ ones (split: coarse -> fine, merge: fine -> coarse):
    open under a new stage key next to the old ones;
 3. the K/V of every running sequence follows its layers: layers that stay on a node are
    copied inside it (`stage_kv_copy`); layers that change node travel over the transport
-   as `flexpipe_system.refactor` (Eq. 10) lists them, valid tokens only (`kv_export` from
-   the old stage, `kv_import` into the new one);
+   as `flexpipe_system.refactor` (Eq. 10) lists them, valid tokens only, agent to agent
+   (`kv_push` to the old stage's node, which sends `kv_import` to each new holder);
 4. the head engines' executors point at the new first stage, the head keeps the number
    of micro-batches the caller asks for (η for η stages, §7 Eq. 12; engines are added,
    or stop taking requests and drain), the old stages close, the gate opens. The
@@ -34,13 +34,12 @@ from surge.policy.flexpipe_refactor import RefactorPlan
 from surge.policy.flexpipe_system import refactor
 from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
 from surge.runtime.protocol_ops import (
-    KvExportOp,
-    KvImportOp,
+    KvPushOp,
+    KvTarget,
     StageCloseOp,
     StageKvCopyOp,
     StageOpenOp,
 )
-from surge.runtime.protocol_replies import KvPart
 
 log = logging.getLogger(__name__)
 
@@ -182,29 +181,36 @@ async def _close(pipe: FlexPipeline, key: str, nodes: list[int]) -> None:
 async def _move_kv(
     pipe: FlexPipeline, old_key: str, new_key: str, target: Stages, plan: RefactorPlan
 ) -> int:
-    """Carry out Eq. 10's copies: per (sequence, source stage) one export, then each
-    destination's contiguous layers of it imported. Returns the bytes moved."""
-    old = {node: (a, b) for node, a, b in pipe.stages}
+    """Carry out Eq. 10's copies: per (sequence, source stage) one `kv_push` to the source's
+    node, which sends each destination its contiguous layers directly. The pushes of all
+    sequences run at once (the gate is closed: every step waits for them). Returns the
+    bytes moved."""
     wanted: dict[tuple[int, int], dict[int, list[int]]] = {}
     tokens: dict[int, int] = {}
     for kv in plan.kv_copies:
         sid = int(kv.request_id)
         tokens[sid] = kv.num_tokens
         wanted.setdefault((sid, kv.src_slot), {}).setdefault(kv.dst_slot, []).append(kv.block)
-    moved = 0
-    for (sid, src), per_dst in sorted(wanted.items()):
-        op = KvExportOp(pipeline=old_key, seq_id=sid, num_tokens=tokens[sid])
-        part, body = await pipe.client.call_bytes(src, op)
-        first, end = old[src]
-        per_layer = len(body) // (end - first)
-        for dst, layers in sorted(per_dst.items()):
-            lo, hi = min(layers), max(layers) + 1  # contiguous: both cuts are contiguous
-            chunk = bytes(body[(lo - first) * per_layer : (hi - first) * per_layer])
-            shape = (hi - lo, *part.shape[1:])
-            imp = KvImportOp(pipeline=new_key, seq_id=sid, parts=(KvPart(lo, hi, shape),))
-            await pipe.client.call_bytes(dst, imp, chunk)
-            moved += len(chunk)
-    return moved
+
+    async def push(sid: int, src: int, per_dst: dict[int, list[int]]) -> int:
+        # Contiguous: both cuts are contiguous layer ranges.
+        targets = tuple(
+            KvTarget(node=dst, first_layer=min(layers), end_layer=max(layers) + 1)
+            for dst, layers in sorted(per_dst.items())
+        )
+        op = KvPushOp(
+            pipeline=old_key,
+            new_pipeline=new_key,
+            seq_id=sid,
+            num_tokens=tokens[sid],
+            targets=targets,
+        )
+        return (await pipe.client.call(src, op)).num_bytes
+
+    sent = await asyncio.gather(
+        *(push(sid, src, per_dst) for (sid, src), per_dst in sorted(wanted.items()))
+    )
+    return sum(sent)
 
 
 async def refactor_pipeline(

@@ -58,11 +58,21 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
     cluster = make_cluster(3, preload_engine=True)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     L = manifest.arch.num_layers
+    through_controller: set[str] = set()
 
     async def run():
         loads = {0: list(range(manifest.num_blocks))}
         async with _serving(cluster, manifest, loads, [(0, 0, L)], params) as live:
             client, server, pipe, reqs = live
+            # Which ops pass through the controller: K/V must go agent to agent (kv_push).
+            for name in ("call", "call_bytes"):
+                orig = getattr(client, name)
+
+                async def recorded(node, op, *args, _orig=orig):
+                    through_controller.add(type(op).__name__)
+                    return await _orig(node, op, *args)
+
+                setattr(client, name, recorded)
             await _until_tokens(reqs, 3)
             fine = [(0, 0, 1), (1, 1, 3), (2, 3, L)]
             micro = micro_batches(SYSTEM, manifest, EngineConfig(), 3)[0]
@@ -121,6 +131,9 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
     assert split.num_seqs == len(PROMPTS) and split.kv_bytes > 0 and split.num_kv_copies > 0
     # The merge moved the late requests too: their groups drain on the merged stage.
     assert merge.num_seqs == len(PROMPTS) + 2 and merge.kv_bytes > 0
+    # ... directly between agents: the controller only asked for it.
+    assert "KvPushOp" in through_controller, through_controller
+    assert not {"KvExportOp", "KvImportOp"} & through_controller, through_controller
     assert all(r.hops == ["fp"] for r in reqs), [r.hops for r in reqs]
     assert pipe.nodes == (1,) and pipe.version == 2
     check_against_reference(tiny_hf, reqs, MAX_TOKENS)

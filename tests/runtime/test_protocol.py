@@ -48,6 +48,9 @@ OPS = [
     p.InstanceCloseOp(instance="i"),
     p.KvExportOp(pipeline="pp", seq_id=0, num_tokens=5),
     p.KvImportOp(pipeline="pp", seq_id=0, parts=(PART,)),
+    p.KvPushOp(
+        pipeline="pp", new_pipeline="pp@1", seq_id=0, num_tokens=5, targets=(p.KvTarget(2, 0, 3),)
+    ),
     p.StageKvCopyOp(pipeline="pp@1", source="pp", seqs=((0, 5), (1, 3))),
     p.StageProfileOp(pipeline="pp", num_tokens=8, repeats=1),
     p.InstanceRoleOp(instance="i", role="prefill"),
@@ -57,6 +60,7 @@ OPS = [
 REPLIES = [
     p.Ack(),
     p.HandoffReply(part=PART, output_token_ids=(3, 4), num_cached=5),
+    p.KvPushReply(num_bytes=4096),
     p.LayerTimesReply(
         first_layer=2,
         prefill_s=(0.5, 0.25),
