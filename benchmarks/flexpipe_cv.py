@@ -49,9 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import model_config
+from benchmarks.flexpipe_cv_plot import draw
 from benchmarks.flexpipe_sim import (
-    PROVISIONED_VARIANTS,
-    SIM_VARIANTS,
     VARIANTS,
     WORKLOADS,
     run_all,
@@ -202,78 +201,6 @@ def runtime(args: argparse.Namespace) -> dict:
         "by_variant": by_variant,
         "ratios": _ratios(by_variant, cvs, "e2e_p99_s", "gpu_seconds"),
     }
-
-
-def draw(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = []
-    if "runtime" in report:
-        panels += [
-            ("runtime", "e2e_p99_s", "p99 end-to-end (s)"),
-            ("runtime", "gpu_seconds", "slot-seconds"),
-        ]
-    if "sim" in report:
-        panels += [
-            ("sim", "e2e_p99_s", "p99 end-to-end (s)"),
-            ("sim", "gpu_seconds", "GPU-seconds"),
-        ]
-        if "hop_sensitivity" in report["sim"]:
-            panels.append(("sim-hop", "e2e_p99_s", "p99 end-to-end (s)"))
-        if "phased" in report["sim"]:
-            panels += [
-                ("sim-phased", "e2e_p99_s", "p99 end-to-end (s)"),
-                ("sim-phased", "gpu_seconds", "GPU-seconds"),
-            ]
-    cols = min(4, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
-    axes = axes.ravel()
-    for ax in axes[len(panels) :]:
-        ax.axis("off")
-    for ax, (body, key, label) in zip(axes, panels, strict=False):
-        if body == "runtime":
-            data = report[body]["by_variant"]
-        elif body == "sim-hop":
-            data = report["sim"]["hop_sensitivity"]["by_cv"]
-        elif body == "sim-phased":
-            data = report["sim"]["phased"]["by_cv"]
-        else:
-            data = report[body]["by_cv"]
-        sim_variants = [
-            v for v in (*SIM_VARIANTS, *PROVISIONED_VARIANTS) if v in next(iter(data.values()))
-        ]
-        for v in VARIANTS if body == "runtime" else sim_variants:
-            if body == "runtime":
-                cvs = list(data[v])
-                ys = [data[v][c][key] for c in cvs]
-            else:
-                cvs = list(data)
-                ys = [data[c][v][key] for c in cvs]
-            style = "--" if v.startswith("provisioned-") else "-"
-            ax.plot([float(c) for c in cvs], ys, style, marker="o", markersize=3, label=v)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(
-            "arrival CV (phased: of the bursty phases)" if body == "sim-phased" else "arrival CV"
-        )
-        ax.set_ylabel(label)
-        if body == "sim-hop":
-            hop_ms = report["sim"]["hop_sensitivity"]["stage_hop_s"] * 1e3
-            ax.set_title(f"sim, {hop_ms:g}-ms stage hop: {label}", fontsize=9)
-        elif body == "sim-phased":
-            phase_s = report["sim"]["phased"]["phase_s"]
-            ax.set_title(f"sim, {phase_s:g}-s phases CV 1 / CV: {label}", fontsize=9)
-        else:
-            ax.set_title(f"{body}: {label}")
-    for body in ("runtime", "sim"):  # one legend per variant set
-        first = next((i for i, p in enumerate(panels) if p[0].startswith(body)), None)
-        if first is not None:
-            axes[first].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def _seed_ratios(
