@@ -11,13 +11,10 @@ the burst's link cap; agent 0 holds it in its gpu tier and serves through a
    seconds (/proc) per GB sent.
 Out: `send_cpu_s_per_gb` (step 3) and `send_cost_s_per_gb` = the serving rate lost while
 sending (1 - serve+send / idle) per GB/s sent (step 2): what `SimSettings.send_cost_s_per_gb`
-applies (a node sending at B GB/s serves at 1 - cost * B). The two differ by ~10x: the agent
-sends at the cap for ~0.06 cores (about 1 CPU-second per GB) yet serves at about half its
-rate meanwhile, using well under one core (`serve_send_cores`): it waits, it is not short
-of CPU. One-round probes (Nov 23, load 2.7-3.3) found the same loss with the controller's
-connection unpaced (46%) and with a 0.5 ms interpreter switch interval in the agents
-(55%); where the agent waits is not pinned down. The machine's other load (other
-sessions) is in both bursts alike; the rounds are medians.
+applies (a node sending at B GB/s serves at 1 - cost * B). Nov 23: 0.86 s/GB at 21:10,
+about the sending CPU (0.94-1.25 CPU-s/GB); before the issue-15 engine changes (~20:30)
+6.6-17 s/GB, the agent then serving at ~half its rate on < 0.7 cores. The machine's other
+load (other sessions) is in both bursts alike; the rounds are medians.
 """
 
 import asyncio

@@ -9,8 +9,8 @@ pipeline with 2 micro-batch streams measured ~1.0 core, like a local instance) +
 `FlowNetwork.set_speed`). With `shared_cores` None nothing is shared.
 
 Sending and serving on one node (`SimSettings.send_cost_s_per_gb`): a node's agent sends
-the blocks of a multicast from the process that serves (measured: it then serves at about
-half its rate), so while a node sends at B GB/s its endpoints serve at
+the blocks of a multicast from the process that serves, so while a node sends at B GB/s
+its endpoints serve at
 (1 - send_cost_s_per_gb * B) of their share (at least `MIN_SERVING_FRACTION`); an
 execution pipeline runs at the pace of its slowest stage, so it takes the largest sending
 load among its GPUs. B is the sender's egress links' capacity times the flow network's

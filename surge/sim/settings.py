@@ -70,10 +70,9 @@ class SimSettings:
     execution pipeline with a stage on it) serve at (1 - send_cost_s_per_gb * B) of their
     share (`sim/compute_sharing.py`). 0 (the default): sending costs serving nothing (the
     paper systems, whose GPUs serve while the NIC sends). In this runtime a source's agent
-    sends the blocks from the process that serves, and serves at about half its rate
-    while it sends at the link cap, although sending takes it only ~1 CPU-second per GB:
-    `benchmarks/sim_calibrate_send.py` measures the serving rate lost per GB/s sent
-    (`sim_calibration.json`, `send_cost`)."""
+    sends the blocks from the process that serves; `benchmarks/sim_calibrate_send.py`
+    measures the serving rate lost per GB/s sent (`sim_calibration.json`, `send_cost`:
+    0.86 on Nov 23 21:10, about the sending CPU, ~1 CPU-second per GB)."""
     pipeline_micro_batches: int = 1
     """Micro-batch groups an execution pipeline runs at once; its capacity is this times
     `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
