@@ -224,7 +224,9 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
         )
         pids = [p.pid for p in cluster.procs.values()]
         c0 = cpu_s(pids)
-        res = await MulticastExecutor(client, "m", out.plan, timeout_s=60).run()
+        # Into the gpu tier, as a scale-out lands them (`runtime/scaleout/multicast.py`): the
+        # receivers build their runners block by block (+26% CPU per transfer vs the host tier).
+        res = await MulticastExecutor(client, "m", out.plan, tier="gpu", timeout_s=60).run()
         used = cpu_s(pids) - c0
         await client.close()
         transfers = sum(len(s) for s in out.plan.steps)
