@@ -6,7 +6,10 @@ endpoint's `share` and the flow network's speed: each consumer gets min(1, cores
 demand) of what it needs, demand = busy endpoints (a pipeline counts once: a 3-stage
 pipeline with 2 micro-batch streams measured ~1.0 core, like a local instance) +
 `transfer_cores` per block transfer in flight (transfers slow down too:
-`FlowNetwork.set_speed`). With `shared_cores` None nothing is shared.
+`FlowNetwork.set_speed`). With `shared_cores` None nothing is shared. With
+`transfers_first` the transfers take their CPU first (flows at min(1, cores / transfer
+demand)) and busy endpoints share what is left (I/O-bound agents run ahead of CPU-bound
+serving under Linux's scheduler; `SimSettings.transfers_first`).
 
 Sending and serving on one node (`SimSettings.send_cost_s_per_gb`): a node's agent sends
 the blocks of a multicast from the process that serves, so while a node sends at B GB/s
@@ -24,6 +27,8 @@ from surge.sim.flows import FlowNetwork, Link
 from surge.sim.instance import Instance
 
 BYTES_PER_GB = 1e9
+MIN_SHARE = 0.01
+"""Floor of an endpoint's share when transfers take the cores first (every step ends)."""
 MIN_SERVING_FRACTION = 0.01
 """Floor of what sending leaves to serving, so every step still ends (a loss of all of it
 is outside what was measured)."""
@@ -38,10 +43,12 @@ class ComputeSharing:
         shared_cores: float | None,
         transfer_cores: float,
         send_cost_s_per_gb: float = 0.0,
+        transfers_first: bool = False,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
         self.transfer_cores = transfer_cores
+        self.transfers_first = transfers_first
         self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
@@ -56,11 +63,27 @@ class ComputeSharing:
         return self.shared_cores is not None
 
     def share(self) -> float:
-        """The share every consumer of the cores gets now: min(1, cores / demand); 1.0
-        when nothing is shared (also what an endpoint opening gets, `sim/carrier.py`)."""
+        """The share a CPU-bound consumer (a busy endpoint, an endpoint opening,
+        `sim/carrier.py`) gets now: min(1, cores / demand), demand = busy endpoints +
+        transfer CPU; with `transfers_first`, min(1, cores left after the transfers / busy
+        endpoints). 1.0 when nothing is shared."""
         if self.shared_cores is None:
             return 1.0
-        demand = len(self.busy) + self.transfer_cores * self.transfers
+        transfer_demand = self.transfer_cores * self.transfers
+        if self.transfers_first:
+            left = max(self.shared_cores - transfer_demand * self.flow_speed(), 0.0)
+            return max(min(1.0, left / max(len(self.busy), 1)), MIN_SHARE)
+        demand = len(self.busy) + transfer_demand
+        return min(1.0, self.shared_cores / demand) if demand > 0 else 1.0
+
+    def flow_speed(self) -> float:
+        """The speed of block flows: the endpoints' share, or with `transfers_first`
+        min(1, cores / transfer CPU demand)."""
+        if self.shared_cores is None:
+            return 1.0
+        if not self.transfers_first:
+            return self.share()
+        demand = self.transfer_cores * self.transfers
         return min(1.0, self.shared_cores / demand) if demand > 0 else 1.0
 
     def on_busy(self, inst: Instance) -> None:
@@ -103,7 +126,7 @@ class ComputeSharing:
     def _reshare(self) -> None:
         share = self.share()
         if self.transfer_cores > 0:
-            self.net.set_speed(share)
+            self.net.set_speed(self.flow_speed())
         for iid in sorted(self.busy):
             inst = self.busy[iid]
             mine = share * self.serving_fraction(inst) if self.sending else share

@@ -64,6 +64,13 @@ class SimSettings:
     host (framing, receive, crc32 verify; sender and receiver together). Every consumer
     then runs at min(1, shared_cores / (busy endpoints + transfer_cores * transfers)) of
     its speed: endpoints' steps and every flow on the network alike."""
+    transfers_first: bool = False
+    """With `shared_cores`: block transfers take their CPU ahead of serving instead of an
+    equal share: flows run at min(1, shared_cores / (transfer_cores * transfers)) and the
+    busy endpoints share what is left. Why: the agents that move blocks are I/O-bound (they
+    sleep on sockets and wake for each chunk), and Linux's scheduler runs a task waking from
+    I/O ahead of CPU-bound ones; measured, the runtime's multicast barely slows while hot
+    instances serve (`benchmarks/sim_calibrate.py`, fix 8). False: one equal share for all."""
     send_cost_s_per_gb: float = 0.0
     """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
     the endpoints on that node. While a node sends at B GB/s, its endpoints (and any
@@ -128,6 +135,8 @@ class SimSettings:
             raise SurgeError("shared_cores must be > 0 or None")
         if self.transfer_cores < 0 or self.pipeline_micro_batches < 1:
             raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
+        if self.transfers_first and self.shared_cores is None:
+            raise SurgeError("transfers_first needs shared_cores (one host's cores)")
         if self.send_cost_s_per_gb < 0:
             raise SurgeError("send_cost_s_per_gb must be >= 0")
         if self.send_cost_s_per_gb > 0 and self.shared_cores is None:

@@ -153,7 +153,11 @@ class Simulation:
         self.cache = HostCache(world)
         self.cache.seed()
         self.sharing = ComputeSharing(
-            world.net, settings.shared_cores, settings.transfer_cores, settings.send_cost_s_per_gb
+            world.net,
+            settings.shared_cores,
+            settings.transfer_cores,
+            settings.send_cost_s_per_gb,
+            settings.transfers_first,
         )
         self.router = Requests(
             world,
