@@ -66,6 +66,18 @@ def model_config(model_mb: float, num_layers: int) -> TinyModelConfig:
     )
 
 
+def registry_model(tmp: Path, cfg: TinyModelConfig, num_blocks: int) -> Manifest:
+    """A tiny checkpoint of shape `cfg` made under `tmp/hf` and imported as the registry's
+    model `m` (`tmp/reg/m`, `num_blocks` blocks); its manifest."""
+    from surge.model.importer import import_checkpoint
+    from surge.model.manifest import read_manifest
+    from surge.model.tiny import create_tiny_model
+
+    create_tiny_model(tmp / "hf", cfg)
+    import_checkpoint(tmp / "hf", tmp / "reg" / "m", num_blocks=num_blocks, progress=False)
+    return read_manifest(tmp / "reg" / "m")
+
+
 def seed_disk(
     cluster: LocalCluster, node: int, model: str, store: Path, manifest: Manifest
 ) -> None:

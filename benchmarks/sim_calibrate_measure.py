@@ -56,14 +56,11 @@ def measure_engine(model_mb: float, blocks: int, reps: int, real: dict) -> dict:
 
     import torch
 
-    from benchmarks.common import model_config, seed_disk
+    from benchmarks.common import model_config, registry_model, seed_disk
     from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine, LocalExecutor
     from surge.engine.runner import ModelRunner
     from surge.engine.sampling import SamplingParams
-    from surge.model.importer import import_checkpoint
-    from surge.model.manifest import read_manifest
-    from surge.model.tiny import create_tiny_model
     from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
     from surge.runtime.protocol import LoadOp, RegisterOp
@@ -76,9 +73,7 @@ def measure_engine(model_mb: float, blocks: int, reps: int, real: dict) -> dict:
     burst_params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        create_tiny_model(tmp / "hf", cfg)
-        import_checkpoint(tmp / "hf", tmp / "reg" / "m", num_blocks=blocks, progress=False)
-        manifest = read_manifest(tmp / "reg" / "m")
+        manifest = registry_model(tmp, cfg, blocks)
         runner = ModelRunner(manifest, EngineConfig(max_num_seqs=8, max_kv_tokens=2048))
         runner.load_blocks()
         engine = LLMEngine(
@@ -201,10 +196,7 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
     rate, and the agents' CPU per block transfer (framing, receive, crc32 verify)."""
     import asyncio
 
-    from benchmarks.common import model_config
-    from surge.model.importer import import_checkpoint
-    from surge.model.manifest import read_manifest
-    from surge.model.tiny import create_tiny_model
+    from benchmarks.common import model_config, registry_model
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
     from surge.runtime.multicast import MulticastExecutor
@@ -242,9 +234,7 @@ def measure_transport(model_mb: float, blocks: int, real: dict, reps: int) -> di
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        create_tiny_model(tmp / "hf", model_config(model_mb, blocks))
-        import_checkpoint(tmp / "hf", tmp / "reg" / "m", num_blocks=blocks, progress=False)
-        manifest = read_manifest(tmp / "reg" / "m")
+        manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         block_s = manifest.total_bytes / blocks * 8 / (gbps * 1e9)
         for nodes, sources in ((2, 1), (real["nodes"], 1), (real["nodes"], 2)):
             for _ in range(reps):
@@ -297,12 +287,9 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
     (`/proc`, clock ticks). The CPU seconds are the cost with the cores free: the wall
     time on this shared machine also holds everyone else's work (other sessions' too),
     which the simulator's processor sharing (`shared_cores`) adds on its own."""
-    from benchmarks.common import model_config, seed_disk
+    from benchmarks.common import model_config, registry_model, seed_disk
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
-    from surge.model.importer import import_checkpoint
-    from surge.model.manifest import read_manifest
-    from surge.model.tiny import create_tiny_model
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
@@ -364,9 +351,7 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
     local, pipe = [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        create_tiny_model(tmp / "hf", model_config(model_mb, blocks))
-        import_checkpoint(tmp / "hf", tmp / "reg" / "m", num_blocks=blocks, progress=False)
-        manifest = read_manifest(tmp / "reg" / "m")
+        manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         for _ in range(reps):
             ccfg = LocalClusterConfig(
                 num_nodes=nodes,

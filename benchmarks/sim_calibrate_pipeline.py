@@ -18,13 +18,10 @@ from pathlib import Path
 
 def measure_pipeline_serving(model_mb: float, blocks: int, real: dict, requests: int = 32) -> dict:
     """Burst wall and CPU seconds on the planned pipeline vs on one local instance."""
-    from benchmarks.common import model_config, seed_disk
+    from benchmarks.common import model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
-    from surge.model.importer import import_checkpoint
-    from surge.model.manifest import read_manifest
-    from surge.model.tiny import create_tiny_model
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
@@ -74,9 +71,7 @@ def measure_pipeline_serving(model_mb: float, blocks: int, real: dict, requests:
     out: dict = {"stages": nodes, "requests": requests, "max_num_seqs": batch}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        create_tiny_model(tmp / "hf", model_config(model_mb, blocks))
-        import_checkpoint(tmp / "hf", tmp / "reg" / "m", num_blocks=blocks, progress=False)
-        manifest = read_manifest(tmp / "reg" / "m")
+        manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         for kind in ("pipeline", "local"):
             ccfg = LocalClusterConfig(
                 num_nodes=nodes, max_num_seqs=batch, max_kv_tokens=2048, remote_dir=tmp / "reg"

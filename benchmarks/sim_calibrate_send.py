@@ -30,12 +30,9 @@ RECEIVERS = 3
 def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> dict:
     """Agent 0's CPU per GB sent and its serving rate lost per GB/s sent (medians of
     `reps` rounds)."""
-    from benchmarks.common import model_config, seed_disk
+    from benchmarks.common import model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
-    from surge.model.importer import import_checkpoint
-    from surge.model.manifest import read_manifest
-    from surge.model.tiny import create_tiny_model
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launcher import LocalCluster, LocalClusterConfig
@@ -113,9 +110,7 @@ def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> di
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        create_tiny_model(tmp / "hf", model_config(model_mb, blocks))
-        import_checkpoint(tmp / "hf", tmp / "reg" / "m", num_blocks=blocks, progress=False)
-        manifest = read_manifest(tmp / "reg" / "m")
+        manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         for _ in range(reps):
             ccfg = LocalClusterConfig(
                 num_nodes=1 + RECEIVERS,

@@ -178,9 +178,7 @@ async def _close(pipe: FlexPipeline, key: str, nodes: list[int]) -> None:
             await pipe.client.call(node, StageCloseOp(pipeline=key))
 
 
-async def _move_kv(
-    pipe: FlexPipeline, old_key: str, new_key: str, target: Stages, plan: RefactorPlan
-) -> int:
+async def _move_kv(pipe: FlexPipeline, old_key: str, new_key: str, plan: RefactorPlan) -> int:
     """Carry out Eq. 10's copies: per (sequence, source stage) one `kv_push` to the source's
     node, which sends each destination its contiguous layers directly. The pushes of all
     sequences run at once (the gate is closed: every step waits for them). Returns the
@@ -250,7 +248,7 @@ async def refactor_pipeline(
                 for node in stay:
                     copy = StageKvCopyOp(pipeline=new_key, source=old_key, seqs=tuple(valid))
                     await pipe.client.call(node, copy)
-                kv_bytes = await _move_kv(pipe, old_key, new_key, target, plan)
+                kv_bytes = await _move_kv(pipe, old_key, new_key, plan)
                 if pipe.failed or not alive():
                     raise EndpointFailed(f"{pipe.name} stopped serving during its refactoring")
             except BaseException:

@@ -13,22 +13,9 @@ import numpy as np
 from benchmarks.flexpipe_sim import STATIC_STAGES, phased_trace, ratios, run_one
 from surge.policy.flexpipe_granularity import cv_of_arrivals
 from surge.policy.flexpipe_system import FlexPipeSettings
-from surge.sim.settings import Slo
+from tests.sim.flexpipe_settings import SECTION9_KW
 
-KW = dict(
-    cluster="flexpipe",
-    model="llama2-7b",
-    rate_rps=20.0,
-    duration_s=240.0,
-    slo=Slo(ttft_s=5.0, tpot_s=0.2),
-    fine_stages=4,
-    coarse_stages=1,
-    input_tokens=512,
-    output_tokens=128,
-    seed=1,
-    workload="phased",
-    phase_s=60.0,
-)
+KW = {**SECTION9_KW, "duration_s": 240.0, "workload": "phased", "phase_s": 60.0}
 
 
 def test_phased_trace_alternates_the_cv_at_one_rate() -> None:

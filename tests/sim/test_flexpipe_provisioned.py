@@ -8,20 +8,9 @@ The autoscaled static of the same shape, on the same bursty trace, is not.
 import numpy as np
 
 from benchmarks.flexpipe_sim import provisioned_ratios, run_one
-from surge.sim.settings import Slo
+from tests.sim.flexpipe_settings import SECTION9_KW
 
-KW = dict(
-    cluster="flexpipe",
-    model="llama2-7b",
-    rate_rps=20.0,
-    duration_s=60.0,
-    slo=Slo(ttft_s=5.0, tpot_s=0.2),
-    fine_stages=4,
-    coarse_stages=1,
-    input_tokens=512,
-    output_tokens=128,
-    seed=1,
-)
+KW = SECTION9_KW
 
 
 def test_provisioned_groups_are_loaded_first_and_held_throughout() -> None:
