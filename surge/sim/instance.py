@@ -1,80 +1,35 @@
-"""An instance (or execution pipeline) serving requests with continuous batching.
+"""An instance (or execution pipeline): a serving endpoint where it runs, and its lifecycle.
 
-In: requests submitted by the router, a `CostModel`, limits, a speed factor and a
-per-step pipeline hop cost. Out: callbacks when a request gets its first token, is
-done, or (prefill role) leaves for a decode instance.
-
-Cost model, event-light: a prefill step admits waiting requests (up to the batch and
-KV limits and `max_prefill_tokens`) and takes cost.prefill_s(tokens)/speed + hop; decode
-is paused meanwhile (prefill-first, as vLLM). Between changes of the running set every
-decode step has the same batch, so all running requests advance at 1/step_s tokens per
-second; the instance keeps a decode clock V (tokens each running request has generated
-since V = 0) and a heap of the V at which each request finishes, and schedules only
-the next finish. That is O(1) events per request instead of one per token.
-Compute sharing: `share` (set by the simulator when several endpoints share one host's
-cores, `SimSettings.shared_cores`) multiplies the speed of every step, including a
-prefill in flight, whose remaining work is rescheduled at the new rate; `on_busy(inst)`
-is called whenever the instance turns busy or idle.
-Roles: `both`, `prefill` (requests leave after their first token), `decode` (requests
-arrive with their KV cache and join the batch without a prefill).
-Placement and lifecycle (which GPUs, which pool, loaded/serving/released, KV hand-offs
-and multicasts in flight) are declared here too, and `__slots__` makes any other
-attribute an error: the simulator's modules read and set only these fields.
+In: everything `Batcher` takes (`sim/batching.py`: the continuous-batching engine that
+serves its requests), its GPUs (`Placement`) and the (model, role) pool it serves in.
+Out: the endpoint the router sends requests to and that scaling, loading, groups and
+compute sharing read and set. Placement and lifecycle (which GPUs, which pool,
+loaded/serving/released, KV hand-offs and multicasts in flight) are declared here, and
+`__slots__` (here and in `Batcher`) makes any other attribute an error: the simulator's
+modules read and set only these fields.
 """
 
-import heapq
-from collections import deque
 from collections.abc import Callable
 
+from surge.sim.batching import Batcher
 from surge.sim.costs import CostModel
-from surge.sim.events import Event, EventLoop, Priority
+from surge.sim.events import EventLoop
 from surge.sim.placement import NOWHERE, Placement
 from surge.sim.request import SimRequest
 
-IDLE, PREFILL, DECODE = 0, 1, 2
-EPS_TOKENS = 1e-9
 
-
-class Instance:
+class Instance(Batcher):
     """A serving endpoint; a plain instance or an execution pipeline of loading nodes."""
 
     __slots__ = (
-        "_event",
-        "_prefill_extra_s",
-        "_prefill_left_s",
-        "_prefill_rate",
-        "cost",
-        "hop_s",
-        "id",
-        "idle_since_s",
-        "kv_capacity_tokens",
-        "kv_tokens",
         "loaded",
-        "loop",
-        "max_batch",
-        "max_prefill_tokens",
-        "micro_batches",
-        "on_busy",
-        "on_done",
-        "on_prefilled",
-        "phase",
         "placement",
         "pool_key",
-        "prefilling",
         "released",
         "reserved",
-        "role",
         "route_target",
-        "running",
         "sending",
         "serving",
-        "share",
-        "speed",
-        "step_s",
-        "tokens_done",
-        "v",
-        "v_time_s",
-        "waiting",
     )
 
     def __init__(
@@ -93,38 +48,19 @@ class Instance:
         placement: Placement = NOWHERE,
         pool_key: tuple[int, str] = (0, "both"),
     ) -> None:
-        self.id = iid
-        self.loop = loop
-        self.cost = cost
-        self.role = role
-        self.max_batch = max_batch
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.max_prefill_tokens = max_prefill_tokens
-        self.on_done = on_done
-        self.on_prefilled = on_prefilled
-        self.speed = speed
-        self.hop_s = hop_s
-        self.waiting: deque[SimRequest] = deque()
-        self.running: list[tuple[float, int, SimRequest]] = []
-        self.prefilling: list[SimRequest] = []
-        self.kv_tokens = 0
-        self.phase = IDLE
-        self.v = 0.0
-        self.v_time_s = 0.0
-        self.step_s = 0.0
-        self._event: Event | None = None
-        self.idle_since_s: float | None = loop.now_s
-        self.tokens_done = 0
-        self.share = 1.0
-        """Fraction of a compute unit this instance gets now (host compute sharing)."""
-        self.on_busy: Callable[[Instance], None] | None = None
-        """Called when the instance turns busy or idle (compute sharing)."""
-        self._prefill_left_s = 0.0
-        self._prefill_extra_s = 0.0
-        self._prefill_rate = 1.0
-        self.micro_batches = 1
-        """Micro-batches in flight through its stages (FlexPipe pipelines: one per stage,
-        `set_micro_batches`); 1: the whole batch steps through every layer at once."""
+        super().__init__(
+            iid,
+            loop,
+            cost,
+            role,
+            max_batch,
+            kv_capacity_tokens,
+            max_prefill_tokens,
+            on_done,
+            on_prefilled,
+            speed,
+            hop_s,
+        )
         self.route_target: float | None = None
         """Requests a `pack` router fills it up to (`policy.router`; FlexPipe groups)."""
         self.placement = placement
@@ -142,7 +78,6 @@ class Instance:
         self.reserved = 0
         """Requests whose KV cache is on its way here (P/D hand-off)."""
 
-    # --- placement ----------------------------------------------------------------
     @property
     def gpus(self) -> tuple[int, ...]:
         """Its first worker's GPUs."""
@@ -157,245 +92,3 @@ class Instance:
     def machine(self) -> int:
         """Machine of its first worker."""
         return self.placement.machine
-
-    # --- load signals -------------------------------------------------------------
-    @property
-    def outstanding(self) -> int:
-        """Requests waiting, prefilling or decoding here."""
-        return len(self.waiting) + len(self.prefilling) + len(self.running)
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens it generates per second now (every running request, one per step)."""
-        if self.phase != DECODE or self.step_s <= 0:
-            return 0.0
-        return len(self.running) / self.step_s
-
-    # --- entry points -------------------------------------------------------------
-    def submit(self, req: SimRequest) -> None:
-        """Take a request (from the router, or a decode hand-off with its KV cache)."""
-        self.idle_since_s = None
-        self.waiting.append(req)
-        if self.phase != PREFILL:
-            self._advance()
-
-    def submit_many(self, reqs: list[SimRequest]) -> None:
-        """Take several requests at once (one live-scaled batch: admitted together)."""
-        if not reqs:
-            return
-        self.idle_since_s = None
-        self.waiting.extend(reqs)
-        if self.phase != PREFILL:
-            self._advance()
-
-    def take_waiting(self, count: int) -> list[SimRequest]:
-        """Up to `count` waiting requests that have not started anywhere, oldest first."""
-        taken = [r for r in self.waiting if r.skip_layers == 0 and r.generated == 0][:count]
-        self.remove_waiting({r.id for r in taken})
-        return taken
-
-    def remove_waiting(self, ids: set[int]) -> None:
-        """Drop the waiting requests whose id is in `ids` (another instance runs them)."""
-        if any(r.id in ids for r in self.waiting):
-            kept = [r for r in self.waiting if r.id not in ids]
-            self.waiting.clear()
-            self.waiting.extend(kept)
-            if self.outstanding == 0 and self.idle_since_s is None:
-                self.idle_since_s = self.loop.now_s
-
-    @property
-    def busy(self) -> bool:
-        """Whether a prefill or decode step is under way."""
-        return self.phase != IDLE
-
-    def set_speed(self, speed: float) -> None:
-        """Change relative speed (live loading finished, pipeline hop changed)."""
-        self._rate_change(lambda: setattr(self, "speed", speed))
-
-    def set_hop(self, hop_s: float) -> None:
-        """Change the per-step activation hop (a pipeline's stages changed)."""
-        self._rate_change(lambda: setattr(self, "hop_s", hop_s))
-
-    def set_micro_batches(self, count: int) -> None:
-        """Pipeline `count` micro-batches through its stages (FlexPipe §7 Eq. 12: a
-        pipeline's throughput is the sum of its stages'). Each decode step then runs a
-        micro-batch of ⌈running / count⌉ sequences through 1/count of the layers per
-        stage, the stages in parallel: every sequence advances one token per
-        decode_s(⌈running / count⌉) + hops; a prefill holds the pipeline for 1/count of
-        its compute (the first stage), its first token comes after all of it."""
-        self._rate_change(lambda: setattr(self, "micro_batches", max(1, count)))
-
-    def set_share(self, share: float) -> None:
-        """Change the fraction of a compute unit this instance gets (0 < share <= 1)."""
-        self._rate_change(lambda: setattr(self, "share", share))
-
-    def _rate_change(self, change: Callable[[], None]) -> None:
-        self._settle()
-        change()
-        if self.phase == DECODE:
-            self._schedule_decode()
-        elif self.phase == PREFILL and self._event is not None:
-            self._event.cancel()
-            self._schedule_prefill()
-
-    def _set_phase(self, phase: int) -> None:
-        was = self.phase != IDLE
-        self.phase = phase
-        if self.on_busy is not None and was != (phase != IDLE):
-            self.on_busy(self)
-
-    def drain(self) -> list[SimRequest]:
-        """Stop serving: return every unfinished request, marked for KV recomputation."""
-        self._settle()
-        if self._event is not None:
-            self._event.cancel()
-            self._event = None
-        out: list[SimRequest] = []
-        for req in self.prefilling:
-            out.append(req)
-        for finish_v, _, req in sorted(self.running):
-            left = finish_v - self.v
-            req.generated = max(req.generated, int(req.output_tokens - left))
-            req.recompute = req.generated > 0
-            out.append(req)
-        out.extend(self.waiting)
-        self.waiting.clear()
-        self.running.clear()
-        self.prefilling.clear()
-        self.kv_tokens = 0
-        self._set_phase(IDLE)
-        return out
-
-    # --- internals ----------------------------------------------------------------
-    def _settle(self) -> None:
-        now = self.loop.now_s
-        if self.phase == DECODE and self.step_s > 0:
-            self.v += (now - self.v_time_s) / self.step_s
-        elif self.phase == PREFILL:
-            # Remaining prefill time at rate 1 (compute, then the hop).
-            self._prefill_left_s -= (now - self.v_time_s) * self._prefill_rate
-            self._prefill_left_s = max(self._prefill_left_s, 0.0)
-        self.v_time_s = now
-
-    def _decode_step_s(self) -> float:
-        batch = -(-len(self.running) // self.micro_batches)  # one micro-batch
-        return self.cost.decode_s(batch) / (self.speed * self.share) + self.hop_s
-
-    def _schedule_prefill(self) -> None:
-        self._prefill_rate = self.speed * self.share
-        at = self.loop.now_s + self._prefill_left_s / self._prefill_rate
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
-
-    def _schedule_decode(self) -> None:
-        if self._event is not None:
-            self._event.cancel()
-        self.step_s = self._decode_step_s()
-        finish_v = self.running[0][0]
-        at = self.v_time_s + max(finish_v - self.v, 0.0) * self.step_s
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
-
-    def _admit(self) -> list[SimRequest]:
-        """Waiting requests that fit now (at least one if the instance is empty)."""
-        batch: list[SimRequest] = []
-        tokens = 0
-        while self.waiting:
-            req = self.waiting[0]
-            need = req.context_tokens
-            busy = len(self.running) + len(batch)
-            fits_kv = self.kv_tokens + need <= self.kv_capacity_tokens or busy == 0
-            fits_prefill = (
-                self.role == "decode"
-                or tokens + req.prefill_tokens <= self.max_prefill_tokens
-                or not batch
-            )
-            if busy >= self.max_batch or not fits_kv or not fits_prefill:
-                break
-            self.waiting.popleft()
-            self.kv_tokens += need
-            tokens += req.prefill_tokens
-            batch.append(req)
-        return batch
-
-    def _advance(self) -> None:
-        """Start the next prefill if requests wait and fit, else decode, else idle."""
-        if self.phase == PREFILL and self._event is not None:
-            # A prefill is already in flight: started by a request that arrived from an
-            # on_done callback inside _on_decode_done. Restarting would drop its batch.
-            return
-        self._settle()
-        batch = self._admit()
-        if batch and self.role == "decode":
-            for req in batch:
-                self._join(req)
-            batch = []
-        if batch:
-            if self._event is not None:
-                self._event.cancel()
-                self._event = None
-            self.prefilling = batch
-            # Work in seconds at rate 1, hop included at the current rate (after a
-            # rate change the hop scales too: one number for compute + hop).
-            work_s = self._prefill_work_s(batch)
-            held_s = work_s / self.micro_batches  # the first stage's share (pipelined)
-            self._prefill_left_s = held_s + self.hop_s * (self.speed * self.share)
-            self._prefill_extra_s = (work_s - held_s) / (self.speed * self.share)
-            self._set_phase(PREFILL)
-            self._schedule_prefill()
-            return
-        if self.running:
-            self._set_phase(DECODE)
-            self._schedule_decode()
-        else:
-            self._set_phase(IDLE)
-            if self._event is not None:
-                self._event.cancel()
-                self._event = None
-            if not self.waiting and self.idle_since_s is None:
-                self.idle_since_s = self.loop.now_s
-
-    def _prefill_work_s(self, batch: list[SimRequest]) -> float:
-        """Compute of one prefill step; a live-scaled request runs only its last layers."""
-        if all(r.skip_layers == 0 for r in batch):
-            return self.cost.prefill_s(sum(r.prefill_tokens for r in batch))
-        n = self.cost.num_layers
-        return self.cost.prefill_parts_s([(r.prefill_tokens, n - r.skip_layers) for r in batch])
-
-    def _join(self, req: SimRequest) -> None:
-        left = req.output_tokens - req.generated
-        if left <= 0:
-            self._finish(req)
-            return
-        heapq.heappush(self.running, (self.v + left, req.id, req))
-
-    def _finish(self, req: SimRequest) -> None:
-        req.done_s = max(self.loop.now_s, req.first_token_s)
-        req.generated = req.output_tokens
-        self.kv_tokens -= req.context_tokens
-        self.tokens_done += req.output_tokens
-        self.on_done(self, req)
-
-    def _on_prefill(self) -> None:
-        self._event = None
-        self.v_time_s = self.loop.now_s
-        batch, self.prefilling = self.prefilling, []
-        for req in batch:
-            req.recompute = False
-            req.skip_layers = 0
-            if req.first_token_s < 0:
-                # the later stages' share of a pipelined prefill (0 when not pipelined)
-                req.first_token_s = self.loop.now_s + self._prefill_extra_s
-                req.generated = 1
-            if self.role == "prefill":
-                self.kv_tokens -= req.context_tokens
-                self.on_prefilled(self, req)
-            else:
-                self._join(req)
-        self._advance()
-
-    def _on_decode_done(self) -> None:
-        self._event = None
-        self._settle()
-        while self.running and self.running[0][0] <= self.v + EPS_TOKENS:
-            _, _, req = heapq.heappop(self.running)
-            self._finish(req)
-        self._advance()

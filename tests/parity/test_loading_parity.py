@@ -1,7 +1,7 @@
 """Serve-while-loading parity: a 1 -> 4 λScale scale-out of a 4-block model, with the same
 blocks arriving in the same order, opens the same execution pipelines and retires them (mode
 switch) and brings the same nodes up alone, in the same order, in `surge serve`
-(`runtime/scaleout/multicast.py`) and in the simulator (`sim/loading.py`).
+(`runtime/scaleout/multicast.py`) and in the simulator (`sim/multicast_load.py`).
 
 Each body plans its multicast (which must come out the same) and carries the plan's
 transfers through a stand-in for its transport: the same seeded shuffle within each plan
@@ -21,7 +21,7 @@ from surge.policy.systems import system_config
 from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout import multicast as runtime_multicast
 from surge.runtime.scaleout.context import ControllerHooks, ScaleOutContext
-from surge.sim import loading as sim_loading
+from surge.sim import multicast_load as sim_multicast
 from tests.parity.conftest import FakeClient
 from tests.parity.sim_world import entry_pool, instance_on, simulation
 
@@ -159,8 +159,8 @@ def _sim_log(seed: int, tmp_path) -> tuple[list, Plan]:
 
     patch = pytest.MonkeyPatch()
     with patch.context() as mp:
-        mp.setattr(sim_loading, "MulticastRun", Run)
-        mp.setattr(sim_loading.Loader, "_fan_out", fan_out)
+        mp.setattr(sim_multicast, "MulticastRun", Run)
+        mp.setattr(sim_multicast.MulticastLoads, "_fan_out", fan_out)
         sim.loader.load(pool, new)
     return log, seen["plan"]
 

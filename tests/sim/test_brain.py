@@ -71,19 +71,19 @@ def test_k_grows_with_copies_gpu_and_host():
     settings = SimSettings("lambdascale-testbed1", ("llama2-13b",), "lambdascale", warm_instances=2)
     sim = Simulation(trace, settings)
     seen: list[int] = []
-    from surge.sim import loading
+    from surge.sim import multicast_load
 
-    plan = loading._plan
+    plan = multicast_load._plan
 
     def spy(request):
         seen.append(request.num_sources)
         return plan(request)
 
-    loading._plan = spy
+    multicast_load._plan = spy
     try:
         res = sim.run()
     finally:
-        loading._plan = plan
+        multicast_load._plan = plan
     assert np.all(res.done_s > 0)
     assert seen and max(seen) > 1
 

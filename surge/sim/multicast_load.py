@@ -1,0 +1,272 @@
+"""Multicast start-ups: a start-up plan's multicast, and serving while it loads.
+
+In: a pool, the `StartupPlan` `plan_startup` made (sources: GPU copies and host copies,
+receivers) and its instances (`Loader` hands them over). Out: flows on the cluster's
+links (`MulticastRun`) and the loading actions carried out as blocks arrive: execution
+pipelines opened and retired, live targets, instances going local (their TP fan-out,
+then `ready`). Every decision is a policy call:
+- the multicast plan and its execution pipelines: `surge.policy.multicast.plan_scale_out`;
+- what opens, goes live, goes local and retires as blocks arrive:
+  `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4).
+Plan nodes are start-up ids: an instance's id, or `HOST_NODE + m` for the host copy of
+machine m; a host source's blocks leave its machine's NIC from host memory.
+"""
+
+import functools
+import math
+from collections.abc import Callable
+
+from surge.events import BlockLanded, PipelineRetired
+from surge.policy.cluster import Cluster
+from surge.policy.loading import (
+    GoLive,
+    GoLocal,
+    LoadingSettings,
+    LoadingState,
+    OpenPipeline,
+    RetirePipeline,
+)
+from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.plan import Transfer
+from surge.policy.startup import StartupPlan
+from surge.sim.carrier import Carrier
+from surge.sim.flows import Link
+from surge.sim.instance import Instance
+from surge.sim.live_scaling import LiveScaling
+from surge.sim.multicast_run import MulticastRun
+from surge.sim.placement import Placement
+from surge.sim.pools import Pool, Requests
+from surge.sim.world import HOST_NODE, World
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(request: MulticastRequest) -> MulticastOutcome:
+    return plan_scale_out(request)
+
+
+class MulticastLoads:
+    """Every pool's multicasts and their serve-while-loading actions (`Loader` starts them)."""
+
+    def __init__(
+        self,
+        world: World,
+        pools: dict[tuple[int, str], Pool],
+        requests: Requests,
+        live: LiveScaling,
+        make_endpoint: Callable[[Pool, Placement, bool], Instance],
+        on_transfers: Callable[[int, int | None, Link | None], None],
+        num_blocks: Callable[[int, int, int], int],
+        share: Callable[[], float],
+        ready: Callable[[Pool, Instance, float], None],
+        load_local: Callable[[Pool, Instance, str], None],
+    ) -> None:
+        self.world = world
+        self.pools = pools
+        self.requests = requests
+        self.live = live
+        self.make_endpoint = make_endpoint
+        self.on_transfers = on_transfers
+        """(+1 / -1, sender's lead GPU or None, egress): `ComputeSharing.on_transfers`."""
+        self.num_blocks = num_blocks
+        """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
+        self.share = share
+        """The processor share an endpoint opening gets now (`ComputeSharing.share`)."""
+        self.ready = ready
+        """`Loader.ready`: an instance holding the whole model serves after a delay."""
+        self.load_local = load_local
+        """`Loader.load_local`: the fallback when every source is gone."""
+
+    def start(self, pool: Pool, plan: StartupPlan, by_id: dict[int, Instance]) -> None:
+        """Multicast to `plan.receivers` from `plan.sources`; serve while loading."""
+        world, sys = self.world, self.world.system
+        state = world.state
+        slot = world.models[pool.model]
+        gpu_nodes: dict[int, Instance] = {}
+        host_nodes: dict[int, int] = {}
+        for src in plan.sources:
+            if src.tier == "host":
+                node = by_id.get(src.node)
+                host_nodes[src.node] = node.machine if node else src.node - HOST_NODE
+            else:
+                gpu_nodes[src.node] = self._instance(src.node)
+        nodes = plan.multicast_nodes
+        live_sources = [
+            v for v in nodes[: len(plan.sources)] if v in host_nodes or not gpu_nodes[v].released
+        ]
+        receivers = [by_id[v] for v in plan.receivers if not by_id[v].released]
+        if not live_sources or not receivers:
+            for inst in receivers:
+                self.load_local(pool, inst, "store")
+            return
+        gpu_nodes.update({i.id: i for i in receivers})
+        nodes = tuple(live_sources) + tuple(i.id for i in receivers)
+        k = len(live_sources)
+
+        def gbps(v: int) -> float:
+            if v in host_nodes:
+                return state.host_network_gbps(host_nodes[v])
+            return state.network_gbps(gpu_nodes[v].gpus[0])
+
+        rates = tuple(gbps(v) for v in nodes)
+        by_machine: dict[int, list[int]] = {}
+        for i, v in enumerate(nodes):
+            if v in gpu_nodes:
+                by_machine.setdefault(gpu_nodes[v].machine, []).append(i)
+        groups = tuple(tuple(g) for g in by_machine.values() if len(g) > 1)
+        intra = min(m.group.intra_gpu_gbps for m in state.machines)
+        busy = frozenset(
+            i
+            for i, v in enumerate(nodes[:k])
+            if v in gpu_nodes and gpu_nodes[v].role == "prefill" and gpu_nodes[v].outstanding
+        )
+        if len(busy) == k:
+            busy = frozenset()
+        blocks = self.num_blocks(pool.model, len(nodes), k)
+        request = MulticastRequest(
+            num_nodes=len(nodes),
+            num_blocks=blocks,
+            num_sources=k,
+            strategy=sys.multicast_strategy,
+            cluster=Cluster(rates, rates, groups, intra, busy),
+        )
+        outcome = _plan(request)
+        senders = [gpu_nodes[v] for v in nodes[:k] if v in gpu_nodes]
+        for s in senders:
+            s.sending += 1
+
+        def path(src: int, dst: int) -> tuple[Link, ...]:
+            to = gpu_nodes[nodes[dst]].gpus[0]
+            if nodes[src] in host_nodes:
+                return state.host_to_remote_gpu(host_nodes[nodes[src]], to)
+            return state.gpu_to_gpu(gpu_nodes[nodes[src]].gpus[0], to)
+
+        loading = LoadingState(
+            LoadingSettings(
+                num_nodes=len(nodes),
+                num_blocks=blocks,
+                num_sources=k,
+                pipelines=outcome.pipelines,
+                mode=sys.serve_while_loading,
+                live_start_fraction=sys.live_start_fraction,
+            )
+        )
+        opened: dict[int, Instance] = {}
+        # Plan node -> instance (None for a host source; actions name receivers only).
+        plan_nodes = [gpu_nodes.get(v) for v in nodes]
+        started_s = world.loop.now_s
+        num_layers = slot.profile.num_layers
+
+        def held_layers(node: int) -> int:
+            """Layers 0..n-1 plan node `node` can run: its longest block prefix (as
+            `runtime/scaleout/context.held_layers`)."""
+            k, held = 0, loading.held[node]
+            while k in held:
+                k += 1
+            return k * num_layers // blocks
+
+        def carry_out(action: object) -> None:
+            if isinstance(action, GoLive):
+                inst = plan_nodes[action.node]
+                assert inst is not None, "loading actions name receivers"
+                held = functools.partial(held_layers, action.node)
+                self.live.go_live(pool, inst, held, started_s)
+            else:
+                self._carry_out(pool, action, plan_nodes, opened)
+
+        carrier = Carrier(world.loop, receivers[0].id, world.settings, self.share, carry_out)
+
+        def on_arrival(node: int, block: int) -> None:
+            if world.timeline is not None and plan_nodes[node] is not None:
+                where = plan_nodes[node].machine  # type: ignore[union-attr]
+                world.publish(BlockLanded, model=slot.name, node=where, block=block, tier="gpu")
+            for action in loading.arrive(node, block):
+                carrier.submit(action)
+
+        def on_finished() -> None:
+            for s in senders:
+                s.sending -= 1
+
+        def on_transfers(delta: int, tr: Transfer) -> None:
+            sender = plan_nodes[tr.src] if world.settings.send_cost_s_per_gb > 0 else None
+            if sender is None:  # no send cost, or a host copy (no serving process sends it)
+                self.on_transfers(delta, None, None)
+            else:
+                self.on_transfers(delta, sender.gpus[0], path(tr.src, tr.dst)[0])
+
+        MulticastRun(
+            world.net,
+            outcome.plan,
+            path,
+            math.ceil(slot.profile.total_bytes / blocks),
+            on_arrival,
+            on_finished,
+            on_transfers,
+        ).start()
+
+    def _instance(self, iid: int) -> Instance:
+        for p in self.pools.values():
+            for i in p.instances:
+                if i.id == iid:
+                    return i
+        raise KeyError(iid)
+
+    def _carry_out(
+        self,
+        pool: Pool,
+        action: object,
+        plan_nodes: list[Instance | None],
+        opened: dict[int, Instance],
+    ) -> None:
+        """One `surge.policy.loading` action (`GoLive` goes to `self.live`)."""
+
+        def node(v: int) -> Instance:
+            inst = plan_nodes[v]
+            assert inst is not None, "loading actions name receivers, never host sources"
+            return inst
+
+        if isinstance(action, OpenPipeline):
+            members = [node(v) for v in action.pipeline.nodes]
+            if any(m.released for m in members):
+                return
+            placement = Placement(tuple(m.gpus for m in members), members[0].machine)
+            ep = self.make_endpoint(pool, placement, True)
+            ep.serving = True
+            opened[action.index] = ep
+            pool.pipelines.append(ep)
+            self.world.event(pool.model, pool.role, "pipeline")
+            self.world.publish_pipeline(
+                pool.model, action.pipeline, [m.machine for m in members], f"pipe{ep.id}"
+            )
+            self.requests.drain(pool)
+        elif isinstance(action, RetirePipeline):
+            ep = opened.pop(action.index, None)
+            if ep is not None:
+                pool.pipelines.remove(ep)
+                ep.released = True
+                name = self.world.models[pool.model].name
+                self.world.publish(PipelineRetired, model=name, name=f"{name}-pipe{ep.id}")
+                self.requests.requeue(pool, ep.drain())
+        elif isinstance(action, GoLocal):
+            self.live.go_local(node(action.node))
+            self._fan_out(pool, node(action.node))
+
+    def _fan_out(self, pool: Pool, inst: Instance) -> None:
+        """The lead GPU holds the model: it forwards the other GPUs' shards inside the
+        machine (λScale §4.3), then the instance starts."""
+        if inst.released:
+            return
+        world = self.world
+        rest = inst.gpus[1:]
+        if not rest:
+            self.ready(pool, inst, world.system.init_s)
+            return
+        left = [len(rest)]
+
+        def fan_done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.ready(pool, inst, world.system.init_s)
+
+        share = world.models[pool.model].profile.total_bytes / len(inst.gpus)
+        for g in rest:
+            world.net.start(world.state.gpu_to_gpu(inst.gpus[0], g), share, fan_done)
