@@ -19,8 +19,13 @@ measured here that made SDPA at batch 1 ~90x slower with 2 threads than with 1 â
 comparison then measures the scheduler, not the engines. The bandwidth limit is read with the
 same thread count.
 
+With `--compile-decode`, a third surge engine runs with `EngineConfig.compile_decode` on
+(`surge-compiled`), alternating with the others; its ratios to eager surge are reported as
+`surge_compiled_over_surge_*` and its graphs are compiled in a longer warm-up.
+
 Usage: python benchmarks/engine_vs_peers.py [--preset 100mb] [--batches 1,8,32] [--rounds 3]
        [--threads 1] [--dtype float32|bfloat16] [--vllm-python .venv-vllm/bin/python]
+       [--compile-decode]
 The engines run in benchmarks/engine_workers.py processes.
 """
 
@@ -47,7 +52,14 @@ SURGES = ("surge", "surge-nopack")
 `EngineConfig.pack_cpu_weights` off."""
 WARMUP_TOKENS = 16
 """Tokens per batch size in the warm-up: enough batched steps for surge to finish packing."""
-RATIOS = (("e2e_tok_s", "e2e"), ("decode_tok_s", "decode"), ("e2e_tok_per_cpu_s", "e2e_per_cpu_s"))
+COMPILED = "surge-compiled"
+"""surge with `EngineConfig.compile_decode` on (`--compile-decode`)."""
+RATIOS = (
+    ("e2e_tok_s", "e2e"),
+    ("decode_tok_s", "decode"),
+    ("e2e_tok_per_cpu_s", "e2e_per_cpu_s"),
+    ("decode_tok_per_cpu_s", "decode_per_cpu_s"),
+)
 """Rates compared as surge / peer, and the suffix of each ratio's key."""
 
 
@@ -157,6 +169,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--dtype", choices=DTYPES, default="float32", help="the checkpoint's dtype")
     ap.add_argument(
+        "--compile-decode", action="store_true", help=f"also run {COMPILED} (compile_decode on)"
+    )
+    ap.add_argument(
         "--out", type=Path, default=None, help="default: results/engine_vs_peers[_bf16].json"
     )
     args = ap.parse_args()
@@ -185,7 +200,8 @@ def main() -> None:
         )
         step_bytes = weight_bytes - embed_bytes
         n, t, d = cfg.vocab_size, args.threads, args.dtype
-        workers = {s: Worker(s, sys.executable, store, n, t, d) for s in SURGES}
+        surges = [*SURGES, COMPILED] if args.compile_decode else list(SURGES)
+        workers = {s: Worker(s, sys.executable, store, n, t, d) for s in surges}
         workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t, d)
         vllm_note = None
         if Path(args.vllm_python).exists():
@@ -198,9 +214,11 @@ def main() -> None:
         if vllm_note:
             log.warning("%s; comparing surge and transformers only", vllm_note)
         names = list(workers)
-        for w in workers.values():  # warm-up (and vLLM's compilation) outside the timings
-            for b in batches:
-                w.measure(b, args.prompt_len, WARMUP_TOKENS)
+        for n, w in workers.items():  # warm-up (and vLLM's compilation) outside the timings
+            # surge-compiled twice: its batch-1 graph is compiled again once packing is done.
+            for _ in range(2 if n == COMPILED else 1):
+                for b in batches:
+                    w.measure(b, args.prompt_len, WARMUP_TOKENS)
         raw: dict[int, dict[str, list[dict]]] = {b: {n: [] for n in names} for b in batches}
         bw, gemv, gemv_hf, weights = [], [], [], projection_weights(store)
         hf_layout = [w.contiguous() for w in weights]  # row-major [out, in], as HF stores them
@@ -248,14 +266,18 @@ def main() -> None:
                 "e2e_tok_per_cpu_s": round(statistics.median(e2e_cpu), 1),
                 "decode_tok_per_cpu_s": round(statistics.median(dec_cpu), 1),
             }
-        for s in SURGES:
+        for s in surges:
             key = s.replace("-", "_")
-            for n in names[len(SURGES) :]:
+            others = names[len(surges) :] + (["surge"] if s == COMPILED else [])
+            for n in others:
                 for what, suffix in RATIOS:
                     row[f"{key}_over_{n}_{suffix}"] = round(row[s][what] / row[n][what], 3)
             if b == 1:
                 row[f"{key}_decode_share_of_bandwidth_limit"] = round(
                     row[s]["decode_tok_s"] / limit_tok_s, 3
+                )
+                row[f"{key}_decode_per_cpu_s_share_of_bandwidth_limit"] = round(
+                    row[s]["decode_tok_per_cpu_s"] / limit_tok_s, 3
                 )
         first = {n: raw[b][n][0]["first_tokens"] for n in names}
         row["same_greedy_tokens"] = {n: first[n] == first["surge"] for n in names[1:]}
@@ -279,7 +301,8 @@ def main() -> None:
             "threads_per_engine": args.threads,
             "surge_engines": "surge: EngineConfig defaults (projections stored transposed, "
             "oneDNN-packed copies built gradually from the first batched step); surge-nopack: "
-            "pack_cpu_weights off",
+            "pack_cpu_weights off"
+            + ("; surge-compiled: compile_decode on" if args.compile_decode else ""),
             "weight_bytes_per_decode_step": step_bytes,
         },
         "bandwidth": {
@@ -317,7 +340,7 @@ def plot(report: dict, names: list[str], path: Path) -> None:
         xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(res))]
         ys = [r[n]["e2e_tok_s"] for r in res]
         ax.bar(xs, ys, width, label=n)
-        if n in SURGES:
+        if n.startswith("surge"):
             continue
         for x, r in zip(xs, res, strict=True):
             ax.text(x, r[n]["e2e_tok_s"], f"{r[f'surge_over_{n}_e2e']:.2f}x", ha="center",

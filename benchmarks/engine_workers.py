@@ -22,14 +22,15 @@ def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
-def surge_runner(model_dir: str, dtype: str, pack: bool = True):
+def surge_runner(model_dir: str, dtype: str, pack: bool = True, compile_decode: bool = False):
     # The store holds the checkpoint's dtype; surge runs it as stored.
     from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine
     from surge.engine.sampling import SamplingParams
     from surge.model.manifest import read_manifest
 
-    engine = LLMEngine(read_manifest(Path(model_dir)), EngineConfig(pack_cpu_weights=pack))
+    config = EngineConfig(pack_cpu_weights=pack, compile_decode=compile_decode)
+    engine = LLMEngine(read_manifest(Path(model_dir)), config)
 
     def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
@@ -80,9 +81,15 @@ def surge_nopack_runner(model_dir: str, dtype: str):
     return surge_runner(model_dir, dtype, pack=False)
 
 
+def surge_compiled_runner(model_dir: str, dtype: str):
+    """surge with `EngineConfig.compile_decode` on (decode steps as one inductor graph)."""
+    return surge_runner(model_dir, dtype, compile_decode=True)
+
+
 RUNNERS = {
     "surge": surge_runner,
     "surge-nopack": surge_nopack_runner,
+    "surge-compiled": surge_compiled_runner,
     "transformers": transformers_runner,
     "vllm": vllm_runner,
 }

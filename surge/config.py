@@ -47,6 +47,13 @@ class EngineConfig:
     max_pack_bytes_per_step: int = 8 << 20
     """Most projection bytes packed in one step (at least one projection is); ~0.7 ms of CPU
     per MB on this project's VM (transpose + reorder)."""
+    compile_decode: bool = False
+    """Run the layers of pure-decode steps as one `torch.compile`d (inductor) graph, which
+    fuses the element-wise ops between projections (`surge.engine.compiled`). Prefill stays
+    eager. Costs compile time on first use, logged: ~3 graphs (batch 1, batch >= 2, and one
+    recompile as the key count first changes), each ~5-20 s on this project's VM for the
+    100mb preset; the step that needs a graph waits for it. While gradual packing is under
+    way (`pack_cpu_weights`), decode steps run eager, so packing does not recompile."""
 
     @property
     def num_pages(self) -> int:
@@ -63,6 +70,8 @@ class EngineConfig:
         ):
             if getattr(self, name) < 1:
                 raise SurgeError(f"engine setting {name} must be >= 1")
+        if not isinstance(self.compile_decode, bool):
+            raise SurgeError("engine setting compile_decode must be true or false")
         if self.prefill_chunk_tokens < 0:
             raise SurgeError("engine setting prefill_chunk_tokens must be >= 0 (0: never split)")
         if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):

@@ -104,8 +104,13 @@ class PagedKVCache:
         self.pool.release(list(reversed(self._tables.pop(seq_id, []))))
         self._slots.pop(seq_id, None)
 
-    def prepare(self, batch: BatchMeta, rope: RopeTable, dtype: torch.dtype) -> AttnContext:
-        """Reserve pages for the step's new tokens and build the attention plumbing."""
+    def prepare(
+        self, batch: BatchMeta, rope: RopeTable, dtype: torch.dtype, whole_pages: bool = False
+    ) -> AttnContext:
+        """Reserve pages for the step's new tokens and build the attention plumbing.
+
+        `whole_pages`: attend every gathered slot under a mask (`AttnContext.num_keys` None),
+        so no key count enters a compiled graph (`surge.engine.compiled`)."""
         B, Q = batch.num_seqs, batch.max_q_len
         totals = [c + q for c, q in zip(batch.ctx_lens, batch.q_lens, strict=True)]
         for sid, total in zip(batch.seq_ids, totals, strict=True):
@@ -138,8 +143,8 @@ class PagedKVCache:
         if not all_valid:
             valid_index = (torch.arange(B)[:, None] * Q + i[None, :])[i[None, :] < qlen[:, None]]
         mask = None
-        if not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0)):
-            j = torch.arange(K, dtype=torch.int64)
+        if whole_pages or not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0)):
+            j = torch.arange(num_gather_pages * self.page_size if whole_pages else K)
             # Key j is visible to query i iff it is at or before the query's position.
             mask = (j[None, None, :] <= positions[:, :, None]).unsqueeze(1)
             mask = mask.to(self.device)
@@ -150,6 +155,6 @@ class PagedKVCache:
             valid_index=None if valid_index is None else valid_index.to(self.device),
             gather_pages=gather_pages.to(self.device),
             page_size_tokens=self.page_size,
-            num_keys=K,
+            num_keys=None if whole_pages else K,
             mask=mask,
         )

@@ -13,6 +13,8 @@ Who owns what: the runner builds a `Linear` per weight when a block lands and, w
 `EngineConfig.pack_cpu_weights`, swaps in packed ones a few per batched step
 (`ModelRunner.pack_some`); `surge.engine.model` calls it. The packed copy costs a
 second copy of the weights' bytes in memory; the block buffer itself is never modified.
+Under `torch.compile` (`surge.engine.compiled`) the packed call goes through the opaque
+`surge::packed_linear` op: inductor lowers oneDNN's op only for weights frozen into the graph.
 """
 
 from dataclasses import dataclass
@@ -32,6 +34,19 @@ def can_pack(weight: torch.Tensor) -> bool:
         and weight.dim() == 2
         and torch.backends.mkldnn.is_available()
     )
+
+
+@torch.library.custom_op("surge::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x W^T + b through oneDNN's packed copy of W (`weight` only gives the fake its shape)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @dataclass(frozen=True)
@@ -64,5 +79,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.numel() > x.shape[-1]:  # two or more rows
+            if torch.compiler.is_compiling():
+                return packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

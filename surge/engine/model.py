@@ -100,8 +100,10 @@ class AttnContext:
     page 0); gathered whole, since one copy of a page is far cheaper than one per slot."""
     page_size_tokens: int
     """Slots per cache page."""
-    num_keys: int
-    """K: keys attended per sequence after the gather (the longest sequence's length)."""
+    num_keys: int | None
+    """K: keys attended per sequence after the gather (the longest sequence's length); None:
+    every gathered slot, K = pages * page size (the compiled decode step: no int that changes
+    every step in its graph; the mask hides the padding)."""
     mask: torch.Tensor | None
     """[B, 1, Q, K] boolean: query i of sequence b may attend key j; None for one causal seq."""
 
@@ -180,7 +182,7 @@ def gather_keys(cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
     B, heads_dims = ctx.gather_pages.shape[0], cache.shape[1:]
     pages = cache.view(-1, ctx.page_size_tokens, *heads_dims)
     gathered = pages.index_select(0, ctx.gather_pages.view(-1)).view(B, -1, *heads_dims)
-    return gathered[:, : ctx.num_keys]
+    return gathered if ctx.num_keys is None else gathered[:, : ctx.num_keys]
 
 
 def decoder_layer(

@@ -20,6 +20,7 @@ import torch
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
+from surge.engine.compiled import DecodeGraph
 from surge.engine.device import pick_device
 from surge.engine.kv_cache import PagedKVCache
 from surge.engine.linear import can_pack
@@ -86,6 +87,10 @@ class ModelRunner:
         """Whether projections get packed copies (gradually, `pack_some`)."""
         self.pack_queue: deque[tuple[int | None, str]] = deque()
         """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
+        self.num_packed = 0
+        """Projections packed so far (with `pack_queue`: whether packing is under way)."""
+        self.decode_graph = DecodeGraph() if config.compile_decode else None
+        """The compiled decode step (`EngineConfig.compile_decode`), else None."""
 
     # ---- blocks ----------------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class ModelRunner:
             if done and done + lin.num_bytes > budget:
                 break
             self.pack_queue.popleft()
+            self.num_packed += 1
             packed = replace(owner, **{name: lin.with_packing()})
             if layer is None:
                 self.head = packed
@@ -142,6 +148,11 @@ class ModelRunner:
                 self.layers[layer] = packed
             done += lin.num_bytes
         return done
+
+    @property
+    def packing_settled(self) -> bool:
+        """Packing is not half done (a half-packed layer stack would recompile the graph)."""
+        return not self.pack_queue or self.num_packed == 0
 
     def holds_layers(self, start: int, end: int) -> bool:
         return all(layer in self.layers for layer in range(start, end))
@@ -170,8 +181,16 @@ class ModelRunner:
             raise RuntimeError(f"runner lacks layers {missing}")
         if self.pack_queue and batch.num_seqs >= 2:
             self.pack_some()
-        ctx = self.kv.prepare(batch, self.rope, self.dtype)
+        compiled = self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled
+        ctx = self.kv.prepare(batch, self.rope, self.dtype, whole_pages=compiled)
         x = hidden.to(self.device, self.dtype)
+        if compiled:
+            assert self.decode_graph is not None
+            lo, hi = start - self.first_layer, end - self.first_layer
+            layers = tuple(self.layers[layer] for layer in range(start, end))
+            k_caches = tuple(self.kv.k[i] for i in range(lo, hi))
+            v_caches = tuple(self.kv.v[i] for i in range(lo, hi))
+            return self.decode_graph(x, layers, self.arch, ctx, k_caches, v_caches)
         for layer in range(start, end):
             i = layer - self.first_layer
             x = decoder_layer(x, self.layers[layer], self.arch, ctx, self.kv.k[i], self.kv.v[i])
