@@ -21,13 +21,15 @@ Two bodies:
    every stage count flexpipe chooses among), the first model also with a 0.1-ms stage
    hop, and the ratios again for `--sim-extra-seeds` trace seeds; with `phased` in
    `--sim-workloads`, the first model again on phases alternating CV 1 and the CV
-   (`--sim-phase-s`; §3.3 Fig. 1, §9 Fig. 9a), every seed, both hops. At the system's
-   hop, also §9's static baselines provisioned once for the peak (`provisioned-1/2/4/8`:
-   a fixed group count, the same shape's autoscaled peak on the trace, held throughout).
+   (`--sim-phase-s`; §3.3 Fig. 1, §9 Fig. 9a), every seed, both hops. Everywhere also
+   §9's static baselines provisioned once for the peak (`provisioned-1/2/4/8`: a fixed
+   group count, the same shape's autoscaled peak on the trace, held throughout) and the
+   same fixed statics at flexpipe's GPU-seconds (`isocost-1/2/4/8`).
 Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
 flexpipe's GPU-seconds over that shape's (`flexpipe_sim.ratios`; also against
 static-coarse alone and the earlier best-of-fine-and-coarse; against the provisioned
-statics: the one with the lowest p99 and the coarse one).
+statics: the one with the lowest p99 and the coarse one; against the statics at flexpipe's
+cost: the one with the lowest p99).
 
 Usage: python -m benchmarks.flexpipe_cv --json benchmarks/results/flexpipe_cv.json \
            --png benchmarks/results/flexpipe_cv.png
@@ -208,7 +210,7 @@ def _seed_ratios(
 ) -> dict:
     """{seed: {hop: {cv: flexpipe's ratios and refactorings}}} of the first model for
     `seeds` (how much the seed-1 tables move with the trace). `known`: {(seed, hop): rows}
-    already run (not run again). The provisioned statics at the system's hop only."""
+    already run (not run again)."""
     hops = [None] + ([args.sim_hop_sensitivity_s] if args.sim_hop_sensitivity_s > 0 else [])
     out: dict = {}
     for seed in seeds:
@@ -218,7 +220,7 @@ def _seed_ratios(
                 args.sim_cvs,
                 model=args.sim_models[0],
                 stage_hop_s=hop,
-                provisioned=hop is None,
+                provisioned=True,
                 **kw,
             )
             key = "system" if hop is None else f"{hop * 1e3:g}ms"
@@ -337,7 +339,7 @@ def main() -> None:
         if args.sim_hop_sensitivity_s > 0:
             hop = args.sim_hop_sensitivity_s
             first = args.sim_models[0]
-            by_cv = run_all(args.sim_cvs, model=first, stage_hop_s=hop, **sim_kw)
+            by_cv = run_all(args.sim_cvs, model=first, stage_hop_s=hop, provisioned=True, **sim_kw)
             report["sim"]["hop_sensitivity"] = {"model": first, "stage_hop_s": hop, "by_cv": by_cv}
             print(f"{first} at a {hop * 1e3:g}-ms stage hop")
             print(json.dumps({cv: row["ratios"] for cv, row in by_cv.items()}, indent=1))

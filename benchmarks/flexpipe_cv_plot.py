@@ -1,12 +1,18 @@
 """The figure of `benchmarks.flexpipe_cv`: p99 and GPU-seconds against arrival CV, one panel
 per body (runtime, simulator, simulator with a shorter stage hop, phased workload) and metric,
-every variant a line (the peak-provisioned statics dashed). In: the report dict the
+every variant a line (the peak-provisioned statics dashed, the statics at flexpipe's cost
+dotted). In: the report dict the
 benchmark writes; out: a PNG.
 """
 
 from pathlib import Path
 
-from benchmarks.flexpipe_sim import PROVISIONED_VARIANTS, SIM_VARIANTS, VARIANTS
+from benchmarks.flexpipe_sim import (
+    ISOCOST_VARIANTS,
+    PROVISIONED_VARIANTS,
+    SIM_VARIANTS,
+    VARIANTS,
+)
 
 
 def draw(report: dict, path: Path) -> None:
@@ -49,7 +55,9 @@ def draw(report: dict, path: Path) -> None:
         else:
             data = report[body]["by_cv"]
         sim_variants = [
-            v for v in (*SIM_VARIANTS, *PROVISIONED_VARIANTS) if v in next(iter(data.values()))
+            v
+            for v in (*SIM_VARIANTS, *PROVISIONED_VARIANTS, *ISOCOST_VARIANTS)
+            if v in next(iter(data.values()))
         ]
         for v in VARIANTS if body == "runtime" else sim_variants:
             if body == "runtime":
@@ -58,7 +66,7 @@ def draw(report: dict, path: Path) -> None:
             else:
                 cvs = list(data)
                 ys = [data[c][v][key] for c in cvs]
-            style = "--" if v.startswith("provisioned-") else "-"
+            style = {"provisioned": "--", "isocost": ":"}.get(v.split("-")[0], "-")
             ax.plot([float(c) for c in cvs], ys, style, marker="o", markersize=3, label=v)
         ax.set_xscale("log", base=2)
         ax.set_xlabel(

@@ -18,6 +18,12 @@ Variants of the same cluster, model and trace, in one run:
   the same shape's autoscaled variant (`static-N`) reached on the same trace: the trace is
   its own history, the most generous sizing for the baseline (it is never short of
   groups at the trace's peak, and never holds more than it needed). Same router.
+- `isocost-1`, `-2`, `-4`, `-8` (also `run_all(provisioned=True)`): the same fixed statics
+  at flexpipe's cost instead of at the peak: ceil(flexpipe's GPU-seconds / (span x N))
+  groups of N stages, so each holds at least flexpipe's GPU-seconds (an offline-configured
+  system given flexpipe's budget, §9's AlpaServe: "configures pipelines based on historical
+  request patterns" on a fixed set of GPUs). Provisioned-N answers "what does the same
+  latency cost?", isocost-N "what latency does the same cost buy?".
 Two workloads at the same mean rate: `gamma`, a Gamma renewal process of the given CV (the
 issue's CV 1/2/4/8: stationary, every 15-s window has about the same CV), and `phased`,
 `phase_s`-long phases alternating between CV 1 and the given CV (calm first): the CV
@@ -58,6 +64,10 @@ SIM_VARIANTS = ("flexpipe", *(f"static-{n}" for n in STATIC_STAGES), "load-then-
 """The simulator half's variants."""
 PROVISIONED_VARIANTS = tuple(f"provisioned-{n}" for n in STATIC_STAGES)
 """The statics provisioned once for the peak (`run_all(provisioned=True)`)."""
+ISOCOST_VARIANTS = tuple(f"isocost-{n}" for n in STATIC_STAGES)
+"""The statics fixed at flexpipe's GPU-seconds (`run_all(provisioned=True)`)."""
+FIXED_PREFIXES = ("provisioned-", "isocost-")
+"""Variants that hold a fixed group count from before the first arrival to the end."""
 PROVISION_LEAD_S = 120.0
 """A provisioned variant's groups start loading this long before the first arrival (the
 trace is shifted by it; its GPU-seconds count from the first arrival on)."""
@@ -94,7 +104,7 @@ def _static_stages(variant: str, fine_stages: int, coarse_stages: int) -> int | 
         return fine_stages
     if variant == "static-coarse":
         return coarse_stages
-    for prefix in ("static-", "provisioned-"):
+    for prefix in ("static-", *FIXED_PREFIXES):
         if variant.startswith(prefix):
             return int(variant.removeprefix(prefix))
     return None
@@ -119,8 +129,9 @@ def run_one(
     phase_s: float = 120.0,
     provisioned_groups: int | None = None,
 ) -> dict:
-    """One variant on one trace. A `provisioned-N` variant holds `provisioned_groups`
-    groups of N stages from before the first arrival to the end (see the module)."""
+    """One variant on one trace. A `provisioned-N` or `isocost-N` variant holds
+    `provisioned_groups` groups of N stages from before the first arrival to the end (see
+    the module)."""
     if workload == "phased":
         trace = phased_trace(rate_rps, cv, duration_s, seed, phase_s, input_tokens, output_tokens)
     else:
@@ -136,7 +147,7 @@ def run_one(
     if stage_hop_s is not None:  # per-step activation hop between stages (sensitivity)
         config = replace(config, stage_hop_s=stage_hop_s)
     lead_s = 0.0
-    if variant.startswith("provisioned-"):
+    if variant.startswith(FIXED_PREFIXES):
         if not provisioned_groups or provisioned_groups < 1:
             raise ValueError(f"{variant} needs provisioned_groups >= 1")
         lead_s = PROVISION_LEAD_S
@@ -176,6 +187,10 @@ def run_one(
         "slo_attainment": s["slo_attainment"],
         "goodput_rps": ok / span_s,
         "gpu_seconds": _gpu_seconds_between(res, lead_s, end_s),
+        # how long a fixed variant on this trace is counted: first arrival to last end
+        "first_arrival_to_last_end_s": float(res.done_s.max() - res.arrival_s.min())
+        if done.all() and len(res.arrival_s)
+        else None,
         "gpus_min": int(gpus.min()) if len(gpus) else 0,
         "gpus_peak": int(gpus.max()) if len(gpus) else 0,
         "gpus_always_held": float(np.percentile(steady, 10)) if len(steady) else 0.0,
@@ -234,8 +249,9 @@ def _probe_groups(sim: Simulation, start_s: float = 0.0) -> dict:
 
 
 def run_all(cvs: list[float], provisioned: bool = False, **kw) -> dict:
-    """{cv: {variant: numbers}} for `SIM_VARIANTS` (and `PROVISIONED_VARIANTS` if
-    `provisioned`, each sized by its `static-N`'s peak) plus, per CV, flexpipe's `ratios`."""
+    """{cv: {variant: numbers}} for `SIM_VARIANTS` (and, if `provisioned`,
+    `PROVISIONED_VARIANTS`, each sized by its `static-N`'s peak, and `ISOCOST_VARIANTS`,
+    each at flexpipe's GPU-seconds) plus, per CV, flexpipe's `ratios`."""
     out: dict = {}
     for cv in cvs:
         row = {v: run_one(v, cv, **kw) for v in SIM_VARIANTS}
@@ -245,9 +261,21 @@ def run_all(cvs: list[float], provisioned: bool = False, **kw) -> dict:
                 row[f"provisioned-{n}"] = run_one(
                     f"provisioned-{n}", cv, provisioned_groups=max(1, peak), **kw
                 )
+            for n in STATIC_STAGES:
+                row[f"isocost-{n}"] = run_one(
+                    f"isocost-{n}", cv, provisioned_groups=isocost_groups(row, n, kw), **kw
+                )
         row["ratios"] = ratios(row, kw["fine_stages"], kw.get("coarse_stages", 1))
         out[str(cv)] = row
     return out
+
+
+def isocost_groups(row: dict, stages: int, kw: dict) -> int:
+    """Groups of `stages` stages that, held over flexpipe's span (first arrival to its last
+    request's end, as a fixed variant is counted), cost at least flexpipe's GPU-seconds."""
+    fp = row["flexpipe"]
+    span_s = fp["first_arrival_to_last_end_s"] or kw["duration_s"]
+    return max(1, int(np.ceil(fp["gpu_seconds"] / (span_s * stages))))
 
 
 def ratios(row: dict, fine_stages: int, coarse_stages: int) -> dict:
@@ -268,6 +296,7 @@ def ratios(row: dict, fine_stages: int, coarse_stages: int) -> dict:
         / min(r["gpu_seconds"] for r in two),
         "flexpipe_always_held_over_peak": fp["gpus_always_held"] / max(fp["gpus_peak"], 1),
         **provisioned_ratios(row, coarse_stages),
+        **isocost_ratios(row),
     }
 
 
@@ -291,3 +320,23 @@ def provisioned_ratios(row: dict, coarse_stages: int) -> dict:
         out["provisioned_coarse_over_flexpipe_e2e_p99"] = c["e2e_p99_s"] / fp["e2e_p99_s"]
         out["flexpipe_over_provisioned_coarse_gpu_seconds"] = fp["gpu_seconds"] / c["gpu_seconds"]
     return out
+
+
+def isocost_ratios(row: dict) -> dict:
+    """flexpipe against the statics fixed at its cost (`isocost-N`), where run: the one
+    with the lowest p99 (the best shape an offline configuration could pick with hindsight)."""
+    fixed = {n: row[f"isocost-{n}"] for n in STATIC_STAGES if f"isocost-{n}" in row}
+    if not fixed:
+        return {}
+    fp = row["flexpipe"]
+    best_n = min(fixed, key=lambda n: (fixed[n]["e2e_p99_s"], fixed[n]["gpu_seconds"]))
+    best = fixed[best_n]
+    return {
+        "best_isocost_stages": best_n,
+        "best_isocost_groups": best["gpus_peak"] // best_n,
+        "best_isocost_over_flexpipe_e2e_p99": best["e2e_p99_s"] / fp["e2e_p99_s"],
+        "best_isocost_over_flexpipe_e2e_p50": best["e2e_p50_s"] / fp["e2e_p50_s"],
+        "flexpipe_over_best_isocost_gpu_seconds": fp["gpu_seconds"] / best["gpu_seconds"],
+        "flexpipe_over_best_isocost_slo_attainment": fp["slo_attainment"]
+        / max(best["slo_attainment"], 1e-9),
+    }

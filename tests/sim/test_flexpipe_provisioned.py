@@ -7,7 +7,7 @@ The autoscaled static of the same shape, on the same bursty trace, is not.
 
 import numpy as np
 
-from benchmarks.flexpipe_sim import provisioned_ratios, run_one
+from benchmarks.flexpipe_sim import isocost_groups, isocost_ratios, provisioned_ratios, run_one
 from tests.sim.flexpipe_settings import SECTION9_KW
 
 KW = SECTION9_KW
@@ -46,3 +46,40 @@ def testprovisioned_ratios_pick_the_lowest_p99_and_the_coarse_shape() -> None:
     assert np.isclose(r["provisioned_coarse_over_flexpipe_e2e_p99"], 4.0 / 2.0)
     assert np.isclose(r["flexpipe_over_provisioned_coarse_gpu_seconds"], 100.0 / 200.0)
     assert provisioned_ratios({"flexpipe": row["flexpipe"]}, coarse_stages=1) == {}
+
+
+def test_isocost_statics_hold_at_least_flexpipes_gpu_seconds() -> None:
+    """`isocost-N` is sized from flexpipe's own GPU-seconds: held over the trace it costs
+    at least as much, and not a whole group more (the equal-cost comparison is fair to
+    the static, not padded)."""
+    fp = run_one("flexpipe", 8.0, **KW)
+    for stages in (1, 4):
+        groups = isocost_groups({"flexpipe": fp}, stages, KW)
+        fixed = run_one(f"isocost-{stages}", 8.0, provisioned_groups=groups, **KW)
+        assert fixed["gpus_min"] == fixed["gpus_peak"] == groups * stages, fixed
+        assert fixed["gpu_seconds"] >= fp["gpu_seconds"] * 0.98, (fixed, fp)
+        one_group_s = stages * fixed["gpu_seconds"] / fixed["gpus_peak"]
+        assert fixed["gpu_seconds"] - one_group_s < fp["gpu_seconds"] * 1.02, (fixed, fp)
+
+
+def test_isocost_ratios_pick_the_lowest_p99() -> None:
+    def v(p50: float, p99: float, gpu_s: float, peak: int) -> dict:
+        return {
+            "e2e_p50_s": p50,
+            "e2e_p99_s": p99,
+            "gpu_seconds": gpu_s,
+            "gpus_peak": peak,
+            "slo_attainment": 1.0,
+        }
+
+    row = {
+        "flexpipe": v(1.0, 2.0, 100.0, 8),
+        "isocost-1": v(1.5, 3.0, 110.0, 2),
+        "isocost-2": v(1.2, 2.5, 104.0, 4),
+    }
+    r = isocost_ratios(row)
+    assert r["best_isocost_stages"] == 2 and r["best_isocost_groups"] == 2
+    assert np.isclose(r["best_isocost_over_flexpipe_e2e_p99"], 2.5 / 2.0)
+    assert np.isclose(r["best_isocost_over_flexpipe_e2e_p50"], 1.2 / 1.0)
+    assert np.isclose(r["flexpipe_over_best_isocost_gpu_seconds"], 100.0 / 104.0)
+    assert isocost_ratios({"flexpipe": row["flexpipe"]}) == {}
