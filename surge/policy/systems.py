@@ -79,6 +79,12 @@ class SystemConfig:
     exists (λScale §5 locality-driven start-up). False: only when no instance holds the
     model (BlitzScale §2/§5.3: multicast from deployed instances over the compute
     network; the O(1) host copy is for 0->N)."""
+    shard_multicast: bool = False
+    """A tensor-parallel target's GPUs each receive their own shard of every block over
+    their own network link, from the same GPU index of the sender (BlitzScale §2-§3 and
+    Table 1 count scaling bandwidth per GPU: "200 Gbps per-GPU"). False: the lead GPU
+    receives whole blocks and forwards the other GPUs' shards inside the machine once it
+    holds the model (λScale §4.3)."""
     consolidation: str = "none"
     """After a `registry-parallel` group serves: `none` (it serves as a group for life),
     `scale-up` (every member fetches the rest and becomes an instance), `predictor`
@@ -199,6 +205,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         serve_while_loading="live",
         live_start_fraction=1 / 16,  # §4: live once the first block (layers) has landed
         host_sources_when_hot=False,
+        shard_multicast=True,
         host_cache="pinned-one",
         pd_disaggregation=True,
         mutation=True,

@@ -134,11 +134,19 @@ class MulticastLoads:
         for s in senders:
             s.sending += 1
 
-        def path(src: int, dst: int) -> tuple[Link, ...]:
-            to = gpu_nodes[nodes[dst]].gpus[0]
+        # One lane per GPU index when every GPU pulls its own shard (`shard_multicast`):
+        # lane j carries shard j of each block from the sender's GPU j (a host copy: from
+        # its machine NIC) to the receiver's GPU j; a block has arrived when every lane
+        # has delivered it. Otherwise one lane, lead GPU to lead GPU, whole blocks.
+        tp = len(receivers[0].gpus)
+        same_tp = all(len(i.gpus) == tp for i in gpu_nodes.values())
+        lanes = tp if sys.shard_multicast and tp > 1 and same_tp else 1
+
+        def path(src: int, dst: int, lane: int = 0) -> tuple[Link, ...]:
+            to = gpu_nodes[nodes[dst]].gpus[lane]
             if nodes[src] in host_nodes:
                 return state.host_to_remote_gpu(host_nodes[nodes[src]], to)
-            return state.gpu_to_gpu(gpu_nodes[nodes[src]].gpus[0], to)
+            return state.gpu_to_gpu(gpu_nodes[nodes[src]].gpus[lane], to)
 
         loading = LoadingState(
             LoadingSettings(
@@ -171,9 +179,24 @@ class MulticastLoads:
                 held = functools.partial(held_layers, action.node)
                 self.live.go_live(pool, inst, held, started_s)
             else:
-                self._carry_out(pool, action, plan_nodes, opened)
+                self._carry_out(pool, action, plan_nodes, opened, sharded=lanes > 1)
 
         carrier = Carrier(world.loop, receivers[0].id, world.settings, self.share, carry_out)
+
+        lanes_in: dict[tuple[int, int], int] = {}
+        lanes_left = [lanes]
+
+        def on_lane_arrival(node: int, block: int) -> None:
+            got = lanes_in.get((node, block), 0) + 1
+            lanes_in[(node, block)] = got
+            if got == lanes:
+                del lanes_in[(node, block)]
+                on_arrival(node, block)
+
+        def on_lane_finished() -> None:
+            lanes_left[0] -= 1
+            if lanes_left[0] == 0:
+                on_finished()
 
         def on_arrival(node: int, block: int) -> None:
             if world.timeline is not None and plan_nodes[node] is not None:
@@ -186,22 +209,24 @@ class MulticastLoads:
             for s in senders:
                 s.sending -= 1
 
-        def on_transfers(delta: int, tr: Transfer) -> None:
+        def on_transfers(delta: int, tr: Transfer, lane: int = 0) -> None:
             sender = plan_nodes[tr.src] if world.settings.send_cost_s_per_gb > 0 else None
             if sender is None:  # no send cost, or a host copy (no serving process sends it)
                 self.on_transfers(delta, None, None)
             else:
-                self.on_transfers(delta, sender.gpus[0], path(tr.src, tr.dst)[0])
+                self.on_transfers(delta, sender.gpus[lane], path(tr.src, tr.dst, lane)[0])
 
-        MulticastRun(
-            world.net,
-            outcome.plan,
-            path,
-            math.ceil(slot.profile.total_bytes / blocks),
-            on_arrival,
-            on_finished,
-            on_transfers,
-        ).start()
+        block_bytes = math.ceil(slot.profile.total_bytes / blocks)
+        for lane in range(lanes):
+            MulticastRun(
+                world.net,
+                outcome.plan,
+                functools.partial(path, lane=lane),
+                math.ceil(block_bytes / lanes),
+                on_lane_arrival,
+                on_lane_finished,
+                functools.partial(on_transfers, lane=lane),
+            ).start()
 
     def _instance(self, iid: int) -> Instance:
         for p in self.pools.values():
@@ -216,8 +241,10 @@ class MulticastLoads:
         action: object,
         plan_nodes: list[Instance | None],
         opened: dict[int, Instance],
+        sharded: bool,
     ) -> None:
-        """One `surge.policy.loading` action (`GoLive` goes to `self.live`)."""
+        """One `surge.policy.loading` action (`GoLive` goes to `self.live`); `sharded`:
+        every GPU of a receiver got its own shards (no fan-out inside the machine)."""
 
         def node(v: int) -> Instance:
             inst = plan_nodes[v]
@@ -248,7 +275,10 @@ class MulticastLoads:
                 self.requests.requeue(pool, ep.drain())
         elif isinstance(action, GoLocal):
             self.live.go_local(node(action.node))
-            self._fan_out(pool, node(action.node))
+            if sharded:
+                self.ready(pool, node(action.node), self.world.system.init_s)
+            else:
+                self._fan_out(pool, node(action.node))
 
     def _fan_out(self, pool: Pool, inst: Instance) -> None:
         """The lead GPU holds the model: it forwards the other GPUs' shards inside the
