@@ -22,7 +22,7 @@
    micro-batch groups (as `PipelineEndpoint`), modes execute_while_load (λScale
    pipelines) and stop_the_world (load-then-serve). The 8 agents share the machine's 2
    cores (`SimSettings.shared_cores`), transfers included. One profile serves both modes
-   and both K. Measurements are repeated `--repeat` times (medians): the machine is shared.
+   and both K.
 5. Pipeline speed: an execution pipeline's throughput vs a local instance on one burst,
    in the runtime and in the model (`sim_calibrate_pipeline.py`); their ratio ->
    `SimSettings.pipeline_speed`.
@@ -34,47 +34,64 @@
    (`SimSettings.transfers_first`; the agents moving blocks are I/O-bound, and Linux runs a
    task waking from I/O ahead of CPU-bound ones; measured, the runtime's multicast barely
    slows while hot instances serve). No parameter: fix 8 switches it on.
-8. Compares predicted vs measured TTFT p50/p90 (`benchmarks/results/scale_burst*.json`,
-   or `--run-real` to run scale_burst first) and writes
+8. Compares predicted vs measured TTFT p50/p90 and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
+   `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,
+   interleaved with as many profile rounds (`sim_calibrate_repeats.py`): the simulator runs
+   on the MEDIAN profile and is compared with the MEDIAN of the runtime's percentiles, each
+   beside the runtime's spread (min/max over the repeats); each repeat's own profile
+   against its own bursts is reported too (`paired_by_repeat`). Without `--run-real`: the
+   bursts of `--bursts JSON` (a previous calibration) or the committed
+   `benchmarks/results/scale_burst*.json` (one sample each).
+
+Why the median profile for the headline: the profile rounds are measured minutes away
+from the bursts they would be paired with, so a round shares only slow drift with "its"
+bursts, and one round is as noisy as one burst (two quiet runs: `pipeline_speed` 1.03 vs
+0.77); the medians of both sides estimate the same quiet-machine quantities. Whether pairing
+tracks drift better is measured, not assumed: `paired_by_repeat`.
 
 The measurements are in `benchmarks/sim_calibrate_measure.py` and
 `benchmarks/sim_calibrate_send.py`, the simulator's inputs in `sim_calibrate_profile.py`;
 how fast an execution pipeline serves vs a local instance (runtime and profile) in
 `benchmarks/sim_calibrate_pipeline.py`.
 
-Usage: python -m benchmarks.sim_calibrate [--cores 2] [--repeat 3] [--run-real] [--reuse JSON..]
+Usage: python -m benchmarks.sim_calibrate [--cores 2] [--repeats 3] [--run-real]
+           [--requests 64] [--reuse JSON..] [--bursts JSON]
 """
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.sim_calibrate_measure import (
-    measure_endpoint_open,
-    measure_engine,
-    measure_transport,
-)
-from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
 from benchmarks.sim_calibrate_profile import burst_trace, sim_files
-from benchmarks.sim_calibrate_send import measure_send_cost
+from benchmarks.sim_calibrate_repeats import (
+    SCENARIOS,
+    BurstSettings,
+    measured_summary,
+    paired_errors,
+    relative_errors,
+    run_interleaved,
+    scenario_name,
+)
+from benchmarks.sim_calibrate_rounds import (
+    PIPELINE_MICRO_BATCHES,
+    measure_round,
+    profile_of,
+    rounds_of,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED = {1: RESULTS / "scale_burst.json", 2: RESULTS / "scale_burst_k2.json"}
 MODES = {"execute_while_load": "pipelines", "stop_the_world": "none"}
 TOLERANCE = 0.15
-PIPELINE_MICRO_BATCHES = 2
-SEND_ROUNDS = 5
-"""Rounds of the send cost (median): one round's idle vs sending pair spread 6.6-14.6 s/GB
-at load 2-3."""
-"""As the runtime's `PipelineEndpoint` (capacity = micro-batch groups x batch limit)."""
 
 
 def simulate_burst(
@@ -171,25 +188,6 @@ def diagnostics(engine: dict, real: dict, meas: dict) -> dict:
     }
 
 
-def median_of(runs: list[dict]) -> dict:
-    """Field-wise median of repeated measurements (numbers, dicts of numbers; dicts of
-    lists are joined; other fields from the first run), over every run given (or the
-    `runs` inside a previous median)."""
-    flat = [x for r in runs for x in (r.get("runs") or [r])]
-    out: dict = {}
-    for key, value in flat[0].items():
-        if isinstance(value, dict) and all(isinstance(v, float | int) for v in value.values()):
-            out[key] = {k: statistics.median(r[key][k] for r in flat) for k in value}
-        elif isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
-            out[key] = {k: [x for r in flat for x in r[key][k]] for k in value}
-        elif isinstance(value, float | int) and key not in ("num_layers", "model_bytes"):
-            out[key] = statistics.median(r[key] for r in flat)
-        else:
-            out[key] = value
-    out["runs"] = flat
-    return out
-
-
 FIXES = (
     # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
     #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
@@ -206,143 +204,187 @@ FIXES = (
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
 
-def main() -> None:
+def predict(profile: dict, reals: dict, cores: float) -> dict:
+    """Per scenario, the simulated burst with every fix added in turn (the last: the
+    calibrated prediction), on `profile` (`profile_of`) and the bursts' settings per K."""
+    engine, transport = profile["engine"], profile["transport"]
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for rate in (reals[1]["link_gbps"], transport["multicast_effective_gbps"]):
+            where = Path(tmp) / str(rate)
+            where.mkdir(exist_ok=True)
+            files[rate] = sim_files(engine, reals[1]["nodes"], rate, where)
+        for k, mode in SCENARIOS:
+            steps = {}
+            for label, eff, cpu, micro, opening, slow, sending, priority in FIXES:
+                rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
+                pred = simulate_burst(
+                    *files[rate],
+                    reals[k],
+                    mode,
+                    cores,
+                    profile["transfer_cores"] if cpu else 0.0,
+                    micro,
+                    engine["agent_round_trip_per_step_s"],
+                    profile if opening else None,
+                    profile["pipeline_speed"] if slow else 1.0,
+                    profile["send_cost_s_per_gb"] if sending else 0.0,
+                    priority,
+                )
+                steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
+            out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}
+    return out
+
+
+def committed_bursts() -> list[dict]:
+    """The committed `scale_burst*.json` as one repeat (each report holds both modes)."""
+    reports = {k: json.loads(p.read_text()) for k, p in MEASURED.items()}
+    return [{scenario_name(k, m): reports[k] for k, m in SCENARIOS}]
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cores", type=float, default=2, help="cores the agents share")
     ap.add_argument("--model-mb", type=float, default=64, help="as scale_burst --model-mb")
     ap.add_argument("--reps", type=int, default=5, help="timings per measured point (median)")
-    ap.add_argument("--repeat", type=int, default=3, help="measurement rounds (medians)")
-    ap.add_argument("--run-real", action="store_true", help="run scale_burst (K=1, K=2) first")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="profile rounds, and with --run-real runs of each runtime burst (interleaved)",
+    )
+    ap.add_argument("--run-real", action="store_true", help="run the runtime's bursts")
+    ap.add_argument(
+        "--requests", type=int, default=64, help="--run-real: requests per burst (scale_burst)"
+    )
     ap.add_argument(
         "--reuse",
         type=Path,
         nargs="+",
         default=None,
-        help="take engine/transport (and endpoint opening, where they have it) from these "
-        "calibrations (medians) instead of measuring them",
+        help="take the profile rounds from these calibrations instead of measuring them",
+    )
+    ap.add_argument(
+        "--bursts", type=Path, default=None, help="take the runtime's bursts from this calibration"
     )
     ap.add_argument("--json", type=Path, default=RESULTS / "sim_calibration.json")
     args = ap.parse_args()
+    for name in ("repeats", "reps", "requests"):
+        if getattr(args, name) < 1:
+            fail(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    for name in ("cores", "model_mb"):
+        if not getattr(args, name) > 0:
+            fail(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name)})")
+    if args.run_real and args.bursts:
+        fail("--run-real runs the bursts, --bursts reads them: give one of them")
+    olds = []
+    for path in [*(args.reuse or []), *([args.bursts] if args.bursts else [])]:
+        try:
+            olds.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            fail(f"cannot read calibration {path}: {e}")
+    args.olds = olds[: len(args.reuse or [])]
+    args.old_bursts = olds[-1] if args.bursts else None
+    if args.old_bursts is not None and "bursts" not in args.old_bursts:
+        fail(f"{args.bursts} has no raw bursts: give a calibration this version wrote")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    rounds: list[dict] = []
+    for path, old in zip(args.reuse or [], args.olds, strict=True):
+        try:
+            rounds += rounds_of(old)
+        except ValueError as e:
+            fail(f"--reuse {path}: {e}")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = os.getloadavg()
+    # The profile is measured on the committed burst's settings (K=1, 64 requests: the
+    # send cost's idle burst must outlast its sending window), whatever `--requests` is.
+    first = json.loads(MEASURED[1].read_text())
     if args.run_real:
-        for k, path in MEASURED.items():
-            cmd = [sys.executable, "-m", "benchmarks.scale_burst", "--sources", str(k)]
-            subprocess.run([*cmd, "--json", str(path)], check=True)
-    reals = {k: json.loads(p.read_text()) for k, p in MEASURED.items()}
-    first = reals[1]
-    olds: list[dict] = []
-    if args.reuse:
-        olds = [json.loads(p.read_text()) for p in args.reuse]
-        engine = median_of([o["engine"] for o in olds])
-        transport = median_of([o["transport"] for o in olds])
+
+        def one_round(r: int) -> dict:
+            return measure_round(args.model_mb, first, args.reps, args.repeats)
+
+        settings = BurstSettings(model_mb=args.model_mb, requests=args.requests)
+        bursts, fresh = run_interleaved(args.repeats, settings, None if rounds else one_round)
+        rounds = rounds or fresh
     else:
-        engines, transports = [], []
-        for _ in range(args.repeat):  # spread in time: the machine is shared
-            engines.append(measure_engine(args.model_mb, first["blocks"], args.reps, first))
-            reps = max(args.reps // 2, 2)
-            transports.append(measure_transport(args.model_mb, first["blocks"], first, reps))
-        engine, transport = median_of(engines), median_of(transports)
-    if olds and all("endpoint_open" in o for o in olds):
-        opens = median_of([o["endpoint_open"] for o in olds])
-    else:
-        opens = median_of(
-            [
-                measure_endpoint_open(args.model_mb, first["blocks"], first, 1)
-                for _ in range(args.repeat)
+        bursts = args.old_bursts["bursts"] if args.old_bursts else committed_bursts()
+        if not rounds:
+            rounds = [
+                measure_round(args.model_mb, first, args.reps, args.repeats)
+                for _ in range(args.repeats)
             ]
-        )
-    if olds and all("send_cost" in o for o in olds):
-        send = median_of([o["send_cost"] for o in olds])
-    else:
-        send = measure_send_cost(args.model_mb, first["blocks"], first, SEND_ROUNDS)
-    if olds and all("pipeline_serving" in o for o in olds):
-        pipe_serving = olds[0]["pipeline_serving"]
-    else:
-        pipe_serving = measure_pipeline_serving(args.model_mb, first["blocks"], first)
-    pipe_serving["profile_pipeline_throughput_vs_local"] = profile_pipeline_vs_local(
-        engine, pipe_serving["stages"], PIPELINE_MICRO_BATCHES, first["max_num_seqs"]
-    )
-    # The runtime's pipeline vs local throughput over the model's: the pipeline's speed.
-    pipe_speed = round(
-        pipe_serving["pipeline_throughput_vs_local"]
-        / pipe_serving["profile_pipeline_throughput_vs_local"],
-        4,
-    )
-    if abs(engine["model_bytes"] - first["model_bytes"]) > 1e-3 * first["model_bytes"]:
-        raise SystemExit("error: measured model size differs from the benchmark's")
+    reals = {
+        k: {key: v for key, v in bursts[0][scenario_name(k, m)].items() if key != "modes"}
+        for k, m in SCENARIOS
+    }
+    profile = profile_of(rounds, reals[1])
+    if (
+        abs(profile["engine"]["model_bytes"] - reals[1]["model_bytes"])
+        > 1e-3 * reals[1]["model_bytes"]
+    ):
+        fail("the profile's model size differs from the bursts': give the same --model-mb")
+    predicted = predict(profile, reals, args.cores)
+    # Each repeat's own profile against its own bursts (fresh rounds beside the bursts only).
+    paired = None
+    if args.run_real and not args.reuse:
+        paired = [predict(profile_of([r], reals[1]), reals, args.cores) for r in rounds]
     report: dict = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "engine": engine,
-        "transport": transport,
+        "started_utc": started,
+        "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "load_average_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        "repeats": len(bursts),
+        "profile_rounds_count": len(rounds),
+        "burst_requests": reals[1]["requests"],
+        "burst_order": [list(b) for b in bursts],
+        **profile,
         "shared_cores": args.cores,
-        "transfer_cores": transport["transfer_cores"],
         "pipeline_micro_batches": PIPELINE_MICRO_BATCHES,
-        "endpoint_open": opens,
-        "pipeline_serving": pipe_serving,
-        "endpoint_open_s": opens["endpoint_open_s"],
-        "pipeline_open_s": opens["pipeline_open_s"],
-        "pipeline_speed": pipe_speed,
-        "send_cost": send,
-        "send_cost_s_per_gb": send["send_cost_s_per_gb"],
         "tolerance": TOLERANCE,
         "scenarios": {},
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        files = {}
-        for rate in (first["link_gbps"], transport["multicast_effective_gbps"]):
-            where = Path(tmp) / str(rate)
-            where.mkdir()
-            files[rate] = sim_files(engine, first["nodes"], rate, where)
-        for k, real in reals.items():
-            for mode in MODES:
-                meas = real["modes"][mode]
-                row: dict = {"measured": {q: meas[q] for q in ("ttft_p50_s", "ttft_p90_s")}}
-                steps = {}
-                for label, eff, cpu, micro, opening, slow, sending, priority in FIXES:
-                    rate = transport["multicast_effective_gbps"] if eff else first["link_gbps"]
-                    tc = transport["transfer_cores"] if cpu else 0.0
-                    hop = engine["agent_round_trip_per_step_s"]
-                    op = opens if opening else None
-                    speed = pipe_speed if slow else 1.0
-                    cost = send["send_cost_s_per_gb"] if sending else 0.0
-                    pred = simulate_burst(
-                        *files[rate],
-                        real,
-                        mode,
-                        args.cores,
-                        tc,
-                        micro,
-                        hop,
-                        op,
-                        speed,
-                        cost,
-                        priority,
-                    )
-                    steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
-                row["predicted"] = pred
-                row["predicted_by_fix"] = steps
-                for q in ("ttft_p50_s", "ttft_p90_s"):
-                    err = row["predicted"][q] / meas[q] - 1
-                    row.setdefault("relative_error", {})[q] = round(err, 4)
-                row["within_tolerance"] = all(
-                    abs(e) <= TOLERANCE for e in row["relative_error"].values()
-                )
-                row["diagnostics"] = diagnostics(engine, real, meas)
-                report["scenarios"][f"K={k}/{mode}"] = row
-                print(f"K={k} {mode}: {json.dumps(row)}")
-    errs = [abs(e) for r in report["scenarios"].values() for e in r["relative_error"].values()]
-    report["max_abs_relative_error"] = round(max(errs), 4)
-    report["all_within_tolerance"] = all(
-        r["within_tolerance"] for r in report["scenarios"].values()
+    for k, mode in SCENARIOS:
+        name = scenario_name(k, mode)
+        runs = [b[name]["modes"][mode] for b in bursts]
+        row = {"measured": measured_summary(runs)} | predicted[name]
+        row["relative_error"] = relative_errors(row["predicted"], row["measured"])
+        row["within_tolerance"] = all(abs(e) <= TOLERANCE for e in row["relative_error"].values())
+        if paired is not None:
+            row["paired_by_repeat"] = paired_errors([p[name]["predicted"] for p in paired], runs)
+        row["diagnostics"] = [diagnostics(profile["engine"], reals[k], m) for m in runs]
+        report["scenarios"][name] = row
+        med = {q: v["median"] for q, v in row["measured"].items()}
+        span = {q: (v["min"], v["max"]) for q, v in row["measured"].items()}
+        print(f"{name}: runtime median {med} (min, max {span}) error {row['relative_error']}")
+    rows = report["scenarios"].values()
+    report["max_abs_relative_error"] = max(
+        abs(e) for r in rows for e in r["relative_error"].values()
     )
+    report["all_within_tolerance"] = all(r["within_tolerance"] for r in rows)
+    report["runtime_max_spread_vs_median"] = max(
+        max(abs(v["min_vs_median"]), abs(v["max_vs_median"]))
+        for r in rows
+        for v in r["measured"].values()
+    )
+    report["profile_rounds"] = rounds
+    report["bursts"] = bursts
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
-    print(
-        json.dumps(
-            {k: v for k, v in report.items() if k not in ("engine", "scenarios")}
-            | {"engine": engine["per_layer_s"]},
-            indent=1,
-        )
-    )
+    keys = ("repeats", "transfer_cores", "endpoint_open_s", "pipeline_open_s", "pipeline_speed")
+    keys += ("send_cost_s_per_gb", "max_abs_relative_error", "all_within_tolerance")
+    print(json.dumps({k: report[k] for k in (*keys, "runtime_max_spread_vs_median")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""Repeated runtime bursts for `benchmarks/sim_calibrate.py`: schedule, runs, statistics.
+
+One burst per scenario is one sample of a noisy process (two quiet `--run-real` runs 35
+minutes apart on the same code: K=1 stop-the-world p90 3.40 s, then 2.34 s). So the
+calibration runs every scenario `repeats` times, interleaved: repeat r runs the four
+scenarios in an order rotated by r (machine load drifting over the run hits them alike),
+then one round of the profile measurements (`measure_round`). What it compares is the
+simulator against the MEDIAN of the runtime's percentiles, beside the runtime's own spread.
+
+In: the repeat count, the burst's settings (`BurstSettings`), a profile round callback.
+Out: per repeat, each scenario's `scale_burst` report (every raw number) and the profile
+round; the pure statistics below (`rotated_order`, `spread`, `measured_summary`,
+`relative_errors`, `paired_errors`) turn them into the calibration's rows.
+"""
+
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("sim_calibrate")
+
+MODES = ("execute_while_load", "stop_the_world")
+SOURCES = (1, 2)
+SCENARIOS: tuple[tuple[int, str], ...] = tuple((k, m) for k in SOURCES for m in MODES)
+"""(K hot instances, mode): the four bursts `benchmarks/scale_burst.py` runs."""
+PERCENTILES = ("ttft_p50_s", "ttft_p90_s")
+
+
+def scenario_name(k: int, mode: str) -> str:
+    return f"K={k}/{mode}"
+
+
+def rotated_order(scenarios: tuple, repeat: int) -> list:
+    """Repeat `repeat`'s scenario order: `scenarios` rotated left by `repeat`, so over
+    len(scenarios) repeats every scenario runs once in every position."""
+    i = repeat % len(scenarios)
+    return list(scenarios[i:]) + list(scenarios[:i])
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min and max of one percentile over the repeats, and min/max relative to the
+    median (the runtime's own run-to-run noise, beside the simulator's error)."""
+    if not values:
+        raise ValueError("no repeats")
+    med = statistics.median(values)
+    return {
+        "median": round(med, 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+        "min_vs_median": round(min(values) / med - 1, 4),
+        "max_vs_median": round(max(values) / med - 1, 4),
+        "by_repeat": [round(v, 4) for v in values],
+    }
+
+
+def measured_summary(bursts: list[dict]) -> dict:
+    """Per percentile, the `spread` of one scenario's bursts (one report per repeat)."""
+    return {q: spread([b[q] for b in bursts]) for q in PERCENTILES}
+
+
+def relative_errors(predicted: dict, measured: dict) -> dict:
+    """Per percentile, predicted / the runtime's median - 1 (`measured` as `measured_summary`)."""
+    return {q: round(predicted[q] / measured[q]["median"] - 1, 4) for q in PERCENTILES}
+
+
+def paired_errors(predicted: list[dict], bursts: list[dict]) -> dict:
+    """Per percentile, each repeat's prediction (from that repeat's own profile) against
+    that repeat's burst, and their median: whether pairing a burst with the profile
+    measured beside it tracks the machine's drift."""
+    if len(predicted) != len(bursts):
+        raise ValueError("one prediction per repeat")
+    out = {}
+    for q in PERCENTILES:
+        errs = [round(p[q] / b[q] - 1, 4) for p, b in zip(predicted, bursts, strict=True)]
+        out[q] = {"median": round(statistics.median(errs), 4), "by_repeat": errs}
+    return out
+
+
+@dataclass(frozen=True)
+class BurstSettings:
+    """What every burst runs with (`benchmarks/scale_burst.py` options)."""
+
+    model_mb: float = 64.0
+    requests: int = 64
+    timeout_s: float = 600.0
+
+
+def run_burst(k: int, mode: str, settings: BurstSettings) -> dict:
+    """One scenario in a fresh `scale_burst` process: its report (settings + one mode)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "burst.json"
+        cmd = [sys.executable, "-m", "benchmarks.scale_burst", "--sources", str(k)]
+        cmd += ["--modes", mode, "--no-cold-start", "--model-mb", str(settings.model_mb)]
+        cmd += ["--requests", str(settings.requests), "--json", str(out)]
+        done = subprocess.run(cmd, timeout=settings.timeout_s, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"scale_burst K={k} {mode} failed: {done.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def run_interleaved(
+    repeats: int,
+    settings: BurstSettings,
+    measure_round: Callable[[int], dict] | None,
+    burst: Callable[[int, str, BurstSettings], dict] = run_burst,
+) -> tuple[list[dict], list[dict]]:
+    """`repeats` x every scenario in rotated order, each repeat followed by a profile
+    round. Returns (per repeat {scenario name: burst report}, per repeat the profile
+    round); a log line per burst and per round (elapsed, ETA)."""
+    bursts: list[dict] = []
+    rounds: list[dict] = []
+    steps = repeats * (len(SCENARIOS) + (measure_round is not None))
+    done, start = 0, time.monotonic()
+
+    def progress(what: str) -> None:
+        elapsed = time.monotonic() - start
+        eta = elapsed / done * (steps - done)
+        log.info("[%d/%d] %s (%.0f s elapsed, ~%.0f s left)", done, steps, what, elapsed, eta)
+
+    for r in range(repeats):
+        this: dict = {}
+        for k, mode in rotated_order(SCENARIOS, r):
+            rep = burst(k, mode, settings)
+            this[scenario_name(k, mode)] = rep
+            done += 1
+            m = rep["modes"][mode]
+            progress(
+                f"repeat {r + 1}/{repeats} K={k} {mode}: TTFT p50 {m['ttft_p50_s']:.2f} s, "
+                f"p90 {m['ttft_p90_s']:.2f} s"
+            )
+        bursts.append(this)
+        if measure_round is not None:
+            rounds.append(measure_round(r))
+            done += 1
+            progress(f"repeat {r + 1}/{repeats} profile round")
+    return bursts, rounds

@@ -1,0 +1,121 @@
+"""Profile rounds of `benchmarks/sim_calibrate.py`: one round of every measurement, and the
+simulator's inputs from one or several rounds (medians).
+
+A round (`measure_round`): the serving step and agent round trip (`measure_engine`), the
+transport (`measure_transport`), endpoint opening (`measure_endpoint_open`), the send cost
+(`measure_send_cost`), pipeline vs local serving (`measure_pipeline_serving`); a dict of
+their raw reports. `profile_of(rounds)` turns rounds into what `simulate_burst` takes: the
+field-wise medians (every round's raw numbers kept under `runs` / `rounds`) and the
+pipeline speed derived from them. A previous calibration's JSON reads back as its rounds
+(`rounds_of`), for `--reuse`.
+"""
+
+import logging
+import math
+import statistics
+import time
+
+from benchmarks.sim_calibrate_measure import (
+    measure_endpoint_open,
+    measure_engine,
+    measure_transport,
+)
+from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
+from benchmarks.sim_calibrate_send import measure_send_cost
+
+log = logging.getLogger("sim_calibrate")
+
+PIPELINE_MICRO_BATCHES = 2
+"""As the runtime's `PipelineEndpoint` (capacity = micro-batch groups x batch limit)."""
+SEND_ROUNDS = 5
+"""Rounds of the send cost over the whole calibration (median): one round's idle vs sending
+pair spread 6.6-14.6 s/GB at load 2-3."""
+TRANSPORT_REPS = 1
+"""Multicasts per transport configuration per round (medians over the rounds)."""
+
+
+def measure_round(model_mb: float, real: dict, reps: int, num_rounds: int) -> dict:
+    """One round of every profile measurement on the burst's model (`real`: a scale_burst
+    report's settings)."""
+    blocks, out = real["blocks"], {}
+    steps = (
+        ("engine", lambda: measure_engine(model_mb, blocks, reps, real)),
+        ("transport", lambda: measure_transport(model_mb, blocks, real, TRANSPORT_REPS)),
+        ("endpoint_open", lambda: measure_endpoint_open(model_mb, blocks, real, 1)),
+        (
+            "send_cost",
+            lambda: measure_send_cost(model_mb, blocks, real, math.ceil(SEND_ROUNDS / num_rounds)),
+        ),
+        ("pipeline_serving", lambda: measure_pipeline_serving(model_mb, blocks, real)),
+    )
+    for name, measure in steps:
+        t = time.monotonic()
+        out[name] = measure()
+        log.info("  profile: %s measured (%.0f s)", name, time.monotonic() - t)
+    return out
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Field-wise median of repeated measurements (numbers, dicts of numbers; dicts of
+    lists are joined; other fields from the first run), over every run given (or the
+    `runs` inside a previous median)."""
+    flat = [x for r in runs for x in (r.get("runs") or [r])]
+    out: dict = {}
+    for key, value in flat[0].items():
+        if isinstance(value, dict) and all(isinstance(v, float | int) for v in value.values()):
+            out[key] = {k: statistics.median(r[key][k] for r in flat) for k in value}
+        elif isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
+            out[key] = {k: [x for r in flat for x in r[key][k]] for k in value}
+        elif isinstance(value, float | int) and key not in ("num_layers", "model_bytes"):
+            out[key] = statistics.median(r[key] for r in flat)
+        else:
+            out[key] = value
+    out["runs"] = flat
+    return out
+
+
+def profile_of(rounds: list[dict], real: dict) -> dict:
+    """The simulator's inputs from `rounds` (one: that round's numbers; several: medians of
+    every run inside them)."""
+    engine = median_of([r["engine"] for r in rounds])
+    transport = median_of([r["transport"] for r in rounds])
+    opens = median_of([r["endpoint_open"] for r in rounds])
+    send = median_of([x for r in rounds for x in r["send_cost"]["rounds"]])
+    pipes = [r["pipeline_serving"] for r in rounds]
+    pipe = dict(pipes[0]) | {
+        "pipeline_throughput_vs_local": statistics.median(
+            p["pipeline_throughput_vs_local"] for p in pipes
+        ),
+        "runs": pipes,
+    }
+    pipe["profile_pipeline_throughput_vs_local"] = profile_pipeline_vs_local(
+        engine, pipe["stages"], PIPELINE_MICRO_BATCHES, real["max_num_seqs"]
+    )
+    # The runtime's pipeline vs local throughput over the model's: the pipeline's speed.
+    speed = pipe["pipeline_throughput_vs_local"] / pipe["profile_pipeline_throughput_vs_local"]
+    return {
+        "engine": engine,
+        "transport": transport,
+        "endpoint_open": opens,
+        "send_cost": send,
+        "pipeline_serving": pipe,
+        "transfer_cores": transport["transfer_cores"],
+        "endpoint_open_s": opens["endpoint_open_s"],
+        "pipeline_open_s": opens["pipeline_open_s"],
+        "pipeline_speed": round(speed, 4),
+        "send_cost_s_per_gb": send["send_cost_s_per_gb"],
+    }
+
+
+def rounds_of(old: dict) -> list[dict]:
+    """A previous calibration's profile rounds (older JSONs: their medians as one round)."""
+    if "profile_rounds" in old:
+        return old["profile_rounds"]
+    needed = ("engine", "transport", "endpoint_open", "send_cost", "pipeline_serving")
+    missing = [k for k in needed if k not in old]
+    if missing:
+        raise ValueError(f"it has no {', '.join(missing)}")
+    send = old["send_cost"]
+    if "rounds" not in send:
+        send = send | {"rounds": [{k: v for k, v in send.items() if k != "runs"}]}
+    return [{k: old[k] for k in needed} | {"send_cost": send}]

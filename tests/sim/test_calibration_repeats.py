@@ -1,0 +1,172 @@
+"""The calibration's repeats (`benchmarks/sim_calibrate_repeats.py`, `sim_calibrate_rounds.py`):
+the rotated burst order, the per-percentile median / spread / error, the interleaving of
+bursts and profile rounds, the median profile, and bad options. Not the long run itself."""
+
+import json
+import logging
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.sim_calibrate_repeats import (
+    PERCENTILES,
+    SCENARIOS,
+    BurstSettings,
+    measured_summary,
+    paired_errors,
+    relative_errors,
+    rotated_order,
+    run_interleaved,
+    scenario_name,
+    spread,
+)
+from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / "benchmarks" / "results" / "sim_calibration.json"
+BURST = ROOT / "benchmarks" / "results" / "scale_burst.json"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_rotation_puts_every_scenario_in_every_position(n: int) -> None:
+    items = tuple(range(n))
+    orders = [rotated_order(items, r) for r in range(n)]
+    assert orders[0] == list(items)
+    for order in orders:
+        assert sorted(order) == list(items)  # each repeat runs every scenario once
+    for pos in range(n):
+        assert sorted(o[pos] for o in orders) == list(items)  # each one in every slot
+    assert rotated_order(items, n + 1) == orders[1]  # periodic past len(items)
+    assert orders[1][-1] == items[0]  # the first of one repeat is last in the next
+
+
+def test_spread_is_median_min_max_of_the_repeats() -> None:
+    values = [2.34, 3.40, 2.9, 3.1]
+    s = spread(values)
+    med = statistics.median(values)
+    assert s["median"] == pytest.approx(med, abs=1e-4)
+    assert (s["min"], s["max"]) == (min(values), max(values))
+    assert s["min_vs_median"] == pytest.approx(min(values) / med - 1, abs=1e-4)
+    assert s["max_vs_median"] == pytest.approx(max(values) / med - 1, abs=1e-4)
+    assert s["min_vs_median"] <= 0 <= s["max_vs_median"]
+    assert s["by_repeat"] == values  # every repeat's raw number kept, in order
+    one = spread([1.5])
+    assert one["median"] == one["min"] == one["max"] == 1.5 and one["max_vs_median"] == 0
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_error_is_against_the_median_of_each_percentile() -> None:
+    bursts = [
+        {"ttft_p50_s": 2.0, "ttft_p90_s": 3.4, "other": 1},
+        {"ttft_p50_s": 1.6, "ttft_p90_s": 2.3, "other": 2},
+        {"ttft_p50_s": 2.2, "ttft_p90_s": 3.0, "other": 3},
+    ]
+    measured = measured_summary(bursts)
+    assert set(measured) == set(PERCENTILES)
+    predicted = {"ttft_p50_s": 1.8, "ttft_p90_s": 3.3}
+    errs = relative_errors(predicted, measured)
+    for q in PERCENTILES:
+        med = statistics.median(b[q] for b in bursts)
+        assert measured[q]["median"] == pytest.approx(med)
+        assert errs[q] == pytest.approx(predicted[q] / med - 1, abs=1e-4)
+    assert errs["ttft_p50_s"] < 0 < errs["ttft_p90_s"]  # low p50, high p90
+    # one outlier repeat moves the spread, not the median the error is taken against
+    wild = [*bursts, {"ttft_p50_s": 9.0, "ttft_p90_s": 0.1}]
+    assert measured_summary(wild)["ttft_p50_s"]["max"] == 9.0
+    assert abs(relative_errors(predicted, measured_summary(wild))["ttft_p50_s"]) < 0.2
+
+
+def test_paired_errors_match_each_repeat_with_its_own_profile() -> None:
+    bursts = [{"ttft_p50_s": 2.0, "ttft_p90_s": 4.0}, {"ttft_p50_s": 1.0, "ttft_p90_s": 2.0}]
+    preds = [{"ttft_p50_s": 2.2, "ttft_p90_s": 4.0}, {"ttft_p50_s": 0.9, "ttft_p90_s": 2.4}]
+    out = paired_errors(preds, bursts)
+    for q in PERCENTILES:
+        errs = [p[q] / b[q] - 1 for p, b in zip(preds, bursts, strict=True)]
+        assert out[q]["by_repeat"] == pytest.approx(errs, abs=1e-4)
+        assert out[q]["median"] == pytest.approx(statistics.median(errs), abs=1e-4)
+    with pytest.raises(ValueError):
+        paired_errors(preds[:1], bursts)
+
+
+def test_bursts_interleave_with_profile_rounds_in_rotated_order(caplog) -> None:
+    calls: list = []
+
+    def burst(k: int, mode: str, settings: BurstSettings) -> dict:
+        calls.append((k, mode))
+        t = 1.0 + k + len(calls) / 100
+        return {"sources": k, "modes": {mode: {"ttft_p50_s": t, "ttft_p90_s": 2 * t}}}
+
+    def measure(r: int) -> dict:
+        calls.append(("round", r))
+        return {"round": r}
+
+    caplog.set_level(logging.INFO, logger="sim_calibrate")
+    bursts, rounds = run_interleaved(3, BurstSettings(requests=8), measure, burst)
+    n = len(SCENARIOS)
+    assert rounds == [{"round": r} for r in range(3)]
+    for r in range(3):
+        chunk = calls[r * (n + 1) : (r + 1) * (n + 1)]
+        assert chunk[:n] == rotated_order(SCENARIOS, r)  # this repeat's bursts, rotated
+        assert chunk[n] == ("round", r)  # then its profile round
+        assert list(bursts[r]) == [scenario_name(k, m) for k, m in rotated_order(SCENARIOS, r)]
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 3 * (n + 1)  # one progress line per burst and per round
+    assert lines[-1].startswith(f"[{3 * (n + 1)}/{3 * (n + 1)}]")
+    _, none = run_interleaved(1, BurstSettings(), None, burst)  # reused profile: bursts only
+    assert none == []
+
+
+def test_median_profile_is_the_median_of_the_rounds_profiles() -> None:
+    old = json.loads(COMMITTED.read_text())
+    (whole,) = rounds_of(old)
+    # the committed medians read back as they were written
+    real = json.loads(BURST.read_text())
+    again = profile_of([whole], real)
+    assert again["transfer_cores"] == old["transfer_cores"]
+    assert again["send_cost_s_per_gb"] == old["send_cost_s_per_gb"]
+    runs = min(len(old["engine"]["runs"]), len(old["transport"]["runs"]))
+    assert runs >= 3
+    rounds = [
+        {
+            "engine": old["engine"]["runs"][i],
+            "transport": old["transport"]["runs"][i],
+            "endpoint_open": old["endpoint_open"]["runs"][i % len(old["endpoint_open"]["runs"])],
+            "send_cost": {"rounds": [old["send_cost"]["rounds"][i]]},
+            "pipeline_serving": old["pipeline_serving"],
+        }
+        for i in range(3)
+    ]
+    each = [profile_of([r], real) for r in rounds]
+    both = profile_of(rounds, real)
+    for key in ("transfer_cores", "endpoint_open_s", "send_cost_s_per_gb"):
+        assert both[key] == pytest.approx(statistics.median(p[key] for p in each))
+    fixed = [p["engine"]["per_layer_s"]["decode_fixed"] for p in each]
+    assert both["engine"]["per_layer_s"]["decode_fixed"] == pytest.approx(statistics.median(fixed))
+    assert len(both["engine"]["runs"]) == 3  # every round's raw numbers kept
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--requests", "-3"], "--requests must be at least 1"),
+        (["--cores", "0"], "--cores must be positive"),
+        (["--run-real", "--bursts", str(COMMITTED)], "give one of them"),
+        (["--reuse", "/nonexistent/calib.json"], "cannot read calibration"),
+    ],
+)
+def test_bad_options_give_one_error_line(argv: list[str], message: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sim_calibrate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr
