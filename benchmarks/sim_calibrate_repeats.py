@@ -15,6 +15,7 @@ round; the pure statistics below (`rotated_order`, `spread`, `measured_summary`,
 
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -83,6 +84,26 @@ def paired_errors(predicted: list[dict], bursts: list[dict]) -> dict:
     return out
 
 
+def cpu_times() -> list[int]:
+    """This machine's CPU time counters (/proc/stat `cpu` line: user nice system idle
+    iowait irq softirq steal ...), in clock ticks."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def cpu_shares(before: list[int], after: list[int]) -> dict:
+    """Shares of the CPU time between two `cpu_times` samples: busy (everything but idle
+    and iowait, steal included), idle, and steal (taken by other VMs on the host)."""
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d) or 1
+    idle = d[3] + d[4]
+    return {
+        "busy": round(1 - idle / total, 3),
+        "idle": round(idle / total, 3),
+        "steal": round(d[7] / total, 3),
+    }
+
+
 @dataclass(frozen=True)
 class BurstSettings:
     """What every burst runs with (`benchmarks/scale_burst.py` options)."""
@@ -124,20 +145,28 @@ def run_interleaved(
         eta = elapsed / done * (steps - done)
         log.info("[%d/%d] %s (%.0f s elapsed, ~%.0f s left)", done, steps, what, elapsed, eta)
 
+    def machine_state(load: float, before: list[int]) -> dict:
+        """The load average before, and the CPU shares during (the machine is shared)."""
+        return {"load_average_1m": round(load, 2)} | cpu_shares(before, cpu_times())
+
     for r in range(repeats):
         this: dict = {}
         for k, mode in rotated_order(SCENARIOS, r):
+            load, before = os.getloadavg()[0], cpu_times()
             rep = burst(k, mode, settings)
+            rep["machine_state"] = state = machine_state(load, before)
             this[scenario_name(k, mode)] = rep
             done += 1
             m = rep["modes"][mode]
             progress(
                 f"repeat {r + 1}/{repeats} K={k} {mode}: TTFT p50 {m['ttft_p50_s']:.2f} s, "
-                f"p90 {m['ttft_p90_s']:.2f} s"
+                f"p90 {m['ttft_p90_s']:.2f} s; load {load:.1f}, steal {state['steal']:.0%}"
             )
         bursts.append(this)
         if measure_round is not None:
+            load, before = os.getloadavg()[0], cpu_times()
             rounds.append(measure_round(r))
+            rounds[-1]["machine_state"] = machine_state(load, before)
             done += 1
-            progress(f"repeat {r + 1}/{repeats} profile round")
+            progress(f"repeat {r + 1}/{repeats} profile round; load {load:.1f}")
     return bursts, rounds

@@ -15,6 +15,7 @@ from benchmarks.sim_calibrate_repeats import (
     PERCENTILES,
     SCENARIOS,
     BurstSettings,
+    cpu_shares,
     measured_summary,
     paired_errors,
     relative_errors,
@@ -92,6 +93,17 @@ def test_paired_errors_match_each_repeat_with_its_own_profile() -> None:
         paired_errors(preds[:1], bursts)
 
 
+def test_cpu_shares_between_two_samples() -> None:
+    # user nice system idle iowait irq softirq steal
+    before = [100, 0, 50, 300, 10, 0, 0, 5]
+    after = [160, 0, 70, 310, 10, 0, 0, 15]  # +60 +20 user/system, +10 idle, +10 steal
+    s = cpu_shares(before, after)
+    assert s["idle"] == pytest.approx(10 / 100)
+    assert s["busy"] == pytest.approx(90 / 100)
+    assert s["steal"] == pytest.approx(10 / 100)
+    assert cpu_shares(after, after)["steal"] == 0  # no time passed: no division by zero
+
+
 def test_bursts_interleave_with_profile_rounds_in_rotated_order(caplog) -> None:
     calls: list = []
 
@@ -107,7 +119,9 @@ def test_bursts_interleave_with_profile_rounds_in_rotated_order(caplog) -> None:
     caplog.set_level(logging.INFO, logger="sim_calibrate")
     bursts, rounds = run_interleaved(3, BurstSettings(requests=8), measure, burst)
     n = len(SCENARIOS)
-    assert rounds == [{"round": r} for r in range(3)]
+    assert [x["round"] for x in rounds] == [0, 1, 2]
+    for x in [*rounds, *(b for rep in bursts for b in rep.values())]:
+        assert 0 <= x["machine_state"]["busy"] <= 1  # the shared machine's state beside it
     for r in range(3):
         chunk = calls[r * (n + 1) : (r + 1) * (n + 1)]
         assert chunk[:n] == rotated_order(SCENARIOS, r)  # this repeat's bursts, rotated
@@ -120,33 +134,46 @@ def test_bursts_interleave_with_profile_rounds_in_rotated_order(caplog) -> None:
     assert none == []
 
 
+def _round(scale: float) -> dict:
+    """One profile round as `measure_round` returns it, every cost times `scale`."""
+    layer = {"prefill_fixed": 2e-3, "prefill_per_token": 4e-5, "decode_fixed": 1.8e-3}
+    return {
+        "engine": {
+            "num_layers": 16,
+            "model_bytes": 64_000_000,
+            "agent_round_trip_per_step_s": 0.01 * scale,
+            "per_layer_s": {k: v * scale for k, v in layer.items()} | {"decode_per_seq": 1e-4},
+        },
+        "transport": {"transfer_cores": 0.2 * scale, "multicast_effective_gbps": 0.4 / scale},
+        "endpoint_open": {"endpoint_open_s": 0.03 * scale, "pipeline_open_s": 0.04 * scale},
+        "send_cost": {"rounds": [{"send_cost_s_per_gb": 0.8 * scale}] * 2},
+        "pipeline_serving": {"stages": 2, "pipeline_throughput_vs_local": 1.1 / scale},
+    }
+
+
 def test_median_profile_is_the_median_of_the_rounds_profiles() -> None:
-    old = json.loads(COMMITTED.read_text())
-    (whole,) = rounds_of(old)
-    # the committed medians read back as they were written
     real = json.loads(BURST.read_text())
-    again = profile_of([whole], real)
-    assert again["transfer_cores"] == old["transfer_cores"]
-    assert again["send_cost_s_per_gb"] == old["send_cost_s_per_gb"]
-    runs = min(len(old["engine"]["runs"]), len(old["transport"]["runs"]))
-    assert runs >= 3
-    rounds = [
-        {
-            "engine": old["engine"]["runs"][i],
-            "transport": old["transport"]["runs"][i],
-            "endpoint_open": old["endpoint_open"]["runs"][i % len(old["endpoint_open"]["runs"])],
-            "send_cost": {"rounds": [old["send_cost"]["rounds"][i]]},
-            "pipeline_serving": old["pipeline_serving"],
-        }
-        for i in range(3)
-    ]
+    rounds = [_round(s) for s in (1.0, 1.6, 0.9)]
     each = [profile_of([r], real) for r in rounds]
     both = profile_of(rounds, real)
-    for key in ("transfer_cores", "endpoint_open_s", "send_cost_s_per_gb"):
+    for key in ("transfer_cores", "endpoint_open_s", "pipeline_open_s", "send_cost_s_per_gb"):
         assert both[key] == pytest.approx(statistics.median(p[key] for p in each))
+        assert each[0][key] < each[1][key]  # the rounds do differ
     fixed = [p["engine"]["per_layer_s"]["decode_fixed"] for p in each]
     assert both["engine"]["per_layer_s"]["decode_fixed"] == pytest.approx(statistics.median(fixed))
     assert len(both["engine"]["runs"]) == 3  # every round's raw numbers kept
+    assert len(both["send_cost"]["runs"]) == 6  # the send cost: median of all its rounds
+    assert 0 < both["pipeline_speed"] != each[1]["pipeline_speed"]
+
+
+def test_a_calibration_reads_back_its_own_profile() -> None:
+    # --reuse: the committed calibration's rounds give back the numbers it wrote
+    old = json.loads(COMMITTED.read_text())
+    again = profile_of(rounds_of(old), json.loads(BURST.read_text()))
+    keys = ("transfer_cores", "endpoint_open_s", "pipeline_open_s", "send_cost_s_per_gb")
+    for key in (*keys, "pipeline_speed"):
+        assert again[key] == pytest.approx(old[key]), key
+    assert again["engine"]["per_layer_s"] == pytest.approx(old["engine"]["per_layer_s"])
 
 
 @pytest.mark.parametrize(
