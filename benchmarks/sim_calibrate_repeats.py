@@ -16,6 +16,7 @@ round; the pure statistics below (`rotated_order`, `spread`, `measured_summary`,
 import json
 import logging
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -91,16 +92,29 @@ def cpu_times() -> list[int]:
         return [int(x) for x in f.readline().split()[1:9]]
 
 
-def cpu_shares(before: list[int], after: list[int]) -> dict:
-    """Shares of the CPU time between two `cpu_times` samples: busy (everything but idle
-    and iowait, steal included), idle, and steal (taken by other VMs on the host)."""
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its reaped descendants (a burst's `scale_burst`
+    process and its agents, a profile round's clusters)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def cpu_shares(before: list[int], after: list[int], own_s: float, hz: float, cpus: int) -> dict:
+    """Shares of the machine's CPU time between two `cpu_times` samples: busy (all but idle
+    and iowait), idle, steal (taken by other VMs on the host), and the cores everyone else
+    used on average (busy seconds less `own_s`, this run's): the load the run competed with."""
     d = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(d) or 1
     idle = d[3] + d[4]
+    others_s = max((total - idle) / hz - own_s, 0.0)
     return {
         "busy": round(1 - idle / total, 3),
         "idle": round(idle / total, 3),
         "steal": round(d[7] / total, 3),
+        "others_cores": round(others_s / (total / hz) * cpus, 3),
     }
 
 
@@ -145,28 +159,37 @@ def run_interleaved(
         eta = elapsed / done * (steps - done)
         log.info("[%d/%d] %s (%.0f s elapsed, ~%.0f s left)", done, steps, what, elapsed, eta)
 
-    def machine_state(load: float, before: list[int]) -> dict:
+    def sample() -> tuple[float, list[int], float]:
+        return os.getloadavg()[0], cpu_times(), own_cpu_s()
+
+    def machine_state(at: tuple[float, list[int], float]) -> dict:
         """The load average before, and the CPU shares during (the machine is shared)."""
-        return {"load_average_1m": round(load, 2)} | cpu_shares(before, cpu_times())
+        load, before, own = at
+        hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+        shares = cpu_shares(before, cpu_times(), own_cpu_s() - own, hz, cpus)
+        return {"load_average_1m": round(load, 2)} | shares
 
     for r in range(repeats):
         this: dict = {}
         for k, mode in rotated_order(SCENARIOS, r):
-            load, before = os.getloadavg()[0], cpu_times()
+            at = sample()
             rep = burst(k, mode, settings)
-            rep["machine_state"] = state = machine_state(load, before)
+            rep["machine_state"] = state = machine_state(at)
             this[scenario_name(k, mode)] = rep
             done += 1
             m = rep["modes"][mode]
             progress(
                 f"repeat {r + 1}/{repeats} K={k} {mode}: TTFT p50 {m['ttft_p50_s']:.2f} s, "
-                f"p90 {m['ttft_p90_s']:.2f} s; load {load:.1f}, steal {state['steal']:.0%}"
+                f"p90 {m['ttft_p90_s']:.2f} s; others used {state['others_cores']:.2f} cores"
             )
         bursts.append(this)
         if measure_round is not None:
-            load, before = os.getloadavg()[0], cpu_times()
+            at = sample()
             rounds.append(measure_round(r))
-            rounds[-1]["machine_state"] = machine_state(load, before)
+            rounds[-1]["machine_state"] = state = machine_state(at)
             done += 1
-            progress(f"repeat {r + 1}/{repeats} profile round; load {load:.1f}")
+            progress(
+                f"repeat {r + 1}/{repeats} profile round; others used "
+                f"{state['others_cores']:.2f} cores"
+            )
     return bursts, rounds

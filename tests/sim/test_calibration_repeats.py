@@ -97,11 +97,15 @@ def test_cpu_shares_between_two_samples() -> None:
     # user nice system idle iowait irq softirq steal
     before = [100, 0, 50, 300, 10, 0, 0, 5]
     after = [160, 0, 70, 310, 10, 0, 0, 15]  # +60 +20 user/system, +10 idle, +10 steal
-    s = cpu_shares(before, after)
+    # 100 ticks at 100 Hz on 2 CPUs: 0.5 s of wall; 0.9 s busy, of which this run's 0.5 s
+    s = cpu_shares(before, after, own_s=0.5, hz=100, cpus=2)
     assert s["idle"] == pytest.approx(10 / 100)
     assert s["busy"] == pytest.approx(90 / 100)
     assert s["steal"] == pytest.approx(10 / 100)
-    assert cpu_shares(after, after)["steal"] == 0  # no time passed: no division by zero
+    assert s["others_cores"] == pytest.approx((0.9 - 0.5) / 0.5)  # 0.8 cores on average
+    alone = cpu_shares(before, after, own_s=2.0, hz=100, cpus=2)
+    assert alone["others_cores"] == 0  # never negative (own counted past the window)
+    assert cpu_shares(after, after, 0.0, 100, 2)["steal"] == 0  # no time: no division by 0
 
 
 def test_bursts_interleave_with_profile_rounds_in_rotated_order(caplog) -> None:
@@ -121,7 +125,8 @@ def test_bursts_interleave_with_profile_rounds_in_rotated_order(caplog) -> None:
     n = len(SCENARIOS)
     assert [x["round"] for x in rounds] == [0, 1, 2]
     for x in [*rounds, *(b for rep in bursts for b in rep.values())]:
-        assert 0 <= x["machine_state"]["busy"] <= 1  # the shared machine's state beside it
+        state = x["machine_state"]  # the shared machine's state beside each
+        assert 0 <= state["busy"] <= 1 and state["others_cores"] >= 0
     for r in range(3):
         chunk = calls[r * (n + 1) : (r + 1) * (n + 1)]
         assert chunk[:n] == rotated_order(SCENARIOS, r)  # this repeat's bursts, rotated
