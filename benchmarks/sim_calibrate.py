@@ -41,7 +41,7 @@
    on the MEDIAN profile and is compared with the MEDIAN of the runtime's percentiles, each
    beside the runtime's spread (min/max over the repeats); each repeat's own profile
    against its own bursts is reported too (`paired_by_repeat`). Without `--run-real`: the
-   bursts of `--bursts JSON` (a previous calibration) or the committed
+   bursts of `--bursts JSON..` (previous calibrations, each its repeats) or the committed
    `benchmarks/results/scale_burst*.json` (one sample each).
 
 Why the median profile for the headline: the profile rounds are measured minutes away
@@ -56,7 +56,7 @@ how fast an execution pipeline serves vs a local instance (runtime and profile) 
 `benchmarks/sim_calibrate_pipeline.py`.
 
 Usage: python -m benchmarks.sim_calibrate [--cores 2] [--repeats 3] [--run-real]
-           [--requests 64] [--reuse JSON..] [--bursts JSON]
+           [--requests 64] [--reuse JSON..] [--bursts JSON..]
 """
 
 import argparse
@@ -64,17 +64,17 @@ import json
 import logging
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.sim_calibrate_profile import burst_trace, sim_files
+from benchmarks.sim_calibrate_profile import burst_trace, diagnostics, sim_files
 from benchmarks.sim_calibrate_repeats import (
     SCENARIOS,
     BurstSettings,
+    bursts_of,
     measured_summary,
     paired_errors,
     relative_errors,
@@ -167,27 +167,6 @@ def simulate_burst(
     }
 
 
-def diagnostics(engine: dict, real: dict, meas: dict) -> dict:
-    """What the error comes from: serving speed of the hot sources and transport time,
-    measured in the real run vs what the calibrated profile says."""
-    c, n = engine["per_layer_s"], engine["num_layers"]
-    batch, out = real["max_num_seqs"], real["max_tokens"]
-    tokens = batch * sum(real["prompt_len"]) / 2
-    batch_s = n * (c["prefill_fixed"] + c["prefill_per_token"] * tokens)
-    batch_s += (out - 1) * n * (c["decode_fixed"] + c["decode_per_seq"] * batch)
-    first_open = min(t for _, t, _ in meas["endpoints_opened"])
-    before = [v for t, v in meas["tokens_per_s_timeline"] if t + 0.25 <= first_open]
-    copy_s = real["model_bytes"] * 8 / (real["link_gbps"] * 1e9)
-    return {
-        "sources_tokens_per_s_measured": round(statistics.mean(before), 1) if before else None,
-        "sources_tokens_per_s_profile": round(real["sources"] * batch * out / batch_s, 1),
-        "multicast_complete_s_measured": round(meas["multicast_complete_s"], 3),
-        "one_full_copy_at_cap_s": round(copy_s, 3),
-        "first_endpoint_opened_s_measured": first_open,
-        "endpoints_opened_s_measured": [t for _, t, _ in meas["endpoints_opened"]],
-    }
-
-
 FIXES = (
     # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
     #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
@@ -271,7 +250,11 @@ def parse_args() -> argparse.Namespace:
         help="take the profile rounds from these calibrations instead of measuring them",
     )
     ap.add_argument(
-        "--bursts", type=Path, default=None, help="take the runtime's bursts from this calibration"
+        "--bursts",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="take the runtime's bursts from these calibrations (their repeats, in turn)",
     )
     ap.add_argument("--json", type=Path, default=RESULTS / "sim_calibration.json")
     args = ap.parse_args()
@@ -284,15 +267,18 @@ def parse_args() -> argparse.Namespace:
     if args.run_real and args.bursts:
         fail("--run-real runs the bursts, --bursts reads them: give one of them")
     olds = []
-    for path in [*(args.reuse or []), *([args.bursts] if args.bursts else [])]:
+    for path in [*(args.reuse or []), *(args.bursts or [])]:
         try:
             olds.append(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             fail(f"cannot read calibration {path}: {e}")
     args.olds = olds[: len(args.reuse or [])]
-    args.old_bursts = olds[-1] if args.bursts else None
-    if args.old_bursts is not None and "bursts" not in args.old_bursts:
-        fail(f"{args.bursts} has no raw bursts: give a calibration this version wrote")
+    args.old_bursts = []
+    for path, old in zip(args.bursts or [], olds[len(args.reuse or []) :], strict=True):
+        try:
+            args.old_bursts += bursts_of(old, committed_bursts())
+        except ValueError as e:
+            fail(f"--bursts {path}: {e}")
     return args
 
 
@@ -319,7 +305,7 @@ def main() -> None:
         bursts, fresh = run_interleaved(args.repeats, settings, None if rounds else one_round)
         rounds = rounds or fresh
     else:
-        bursts = args.old_bursts["bursts"] if args.old_bursts else committed_bursts()
+        bursts = args.old_bursts or committed_bursts()
         if not rounds:
             rounds = [
                 measure_round(args.model_mb, first, args.reps, args.repeats)
@@ -363,7 +349,9 @@ def main() -> None:
         row["within_tolerance"] = all(abs(e) <= TOLERANCE for e in row["relative_error"].values())
         if paired is not None:
             row["paired_by_repeat"] = paired_errors([p[name]["predicted"] for p in paired], runs)
-        row["diagnostics"] = [diagnostics(profile["engine"], reals[k], m) for m in runs]
+        row["diagnostics"] = [
+            diagnostics(profile["engine"], reals[k], m) for m in runs if "endpoints_opened" in m
+        ]
         report["scenarios"][name] = row
         med = {q: v["median"] for q, v in row["measured"].items()}
         span = {q: (v["min"], v["max"]) for q, v in row["measured"].items()}

@@ -4,9 +4,12 @@ and model files from the measured serving step, and the burst's trace.
 In: `measure_engine`'s dict (per-layer costs, the model's shape), the node count and link
 rate. Out: JSON files `surge.sim` reads (an inline GPU profile with
 `measured_layer_costs_s`) and a `Trace` of the burst (scale_burst's prompts, all at t=0).
+`diagnostics`: the hot sources' serving speed and the transport as one measured burst shows
+them against what the profile says.
 """
 
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +90,24 @@ def burst_trace(requests: int, prompt_len: tuple[int, int], max_tokens: int):
         np.asarray(lens, dtype=np.int64),
         np.full(requests, max_tokens, dtype=np.int64),
     )
+
+
+def diagnostics(engine: dict, real: dict, meas: dict) -> dict:
+    """What the error comes from: serving speed of the hot sources and transport time,
+    measured in the real run vs what the calibrated profile says."""
+    c, n = engine["per_layer_s"], engine["num_layers"]
+    batch, out = real["max_num_seqs"], real["max_tokens"]
+    tokens = batch * sum(real["prompt_len"]) / 2
+    batch_s = n * (c["prefill_fixed"] + c["prefill_per_token"] * tokens)
+    batch_s += (out - 1) * n * (c["decode_fixed"] + c["decode_per_seq"] * batch)
+    first_open = min(t for _, t, _ in meas["endpoints_opened"])
+    before = [v for t, v in meas["tokens_per_s_timeline"] if t + 0.25 <= first_open]
+    copy_s = real["model_bytes"] * 8 / (real["link_gbps"] * 1e9)
+    return {
+        "sources_tokens_per_s_measured": round(statistics.mean(before), 1) if before else None,
+        "sources_tokens_per_s_profile": round(real["sources"] * batch * out / batch_s, 1),
+        "multicast_complete_s_measured": round(meas["multicast_complete_s"], 3),
+        "one_full_copy_at_cap_s": round(copy_s, 3),
+        "first_endpoint_opened_s_measured": first_open,
+        "endpoints_opened_s_measured": [t for _, t, _ in meas["endpoints_opened"]],
+    }

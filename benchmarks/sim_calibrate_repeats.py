@@ -85,6 +85,24 @@ def paired_errors(predicted: list[dict], bursts: list[dict]) -> dict:
     return out
 
 
+def bursts_of(old: dict, committed: list[dict]) -> list[dict]:
+    """A calibration's bursts, one dict per repeat: its raw `bursts`, or (older JSONs, one
+    burst per scenario) each scenario's measured percentiles on the committed bursts'
+    settings (`committed`: one repeat, as `sim_calibrate.committed_bursts`)."""
+    if "bursts" in old:
+        return old["bursts"]
+    rows = old.get("scenarios", {})
+    missing = [scenario_name(k, m) for k, m in SCENARIOS if scenario_name(k, m) not in rows]
+    if missing:
+        raise ValueError(f"it has no {', '.join(missing)}")
+    out = {}
+    for k, mode in SCENARIOS:
+        name = scenario_name(k, mode)
+        settings = {key: v for key, v in committed[0][name].items() if key != "modes"}
+        out[name] = settings | {"modes": {mode: rows[name]["measured"]}}
+    return [out]
+
+
 def cpu_times() -> list[int]:
     """This machine's CPU time counters (/proc/stat `cpu` line: user nice system idle
     iowait irq softirq steal ...), in clock ticks."""

@@ -15,6 +15,7 @@ from benchmarks.sim_calibrate_repeats import (
     PERCENTILES,
     SCENARIOS,
     BurstSettings,
+    bursts_of,
     cpu_shares,
     measured_summary,
     paired_errors,
@@ -91,6 +92,25 @@ def test_paired_errors_match_each_repeat_with_its_own_profile() -> None:
         assert out[q]["median"] == pytest.approx(statistics.median(errs), abs=1e-4)
     with pytest.raises(ValueError):
         paired_errors(preds[:1], bursts)
+
+
+def test_older_calibrations_give_their_bursts_as_one_repeat() -> None:
+    committed = [
+        {scenario_name(k, m): {"sources": k, "nodes": 8, "modes": {}} for k, m in SCENARIOS}
+    ]
+    rows = {
+        scenario_name(k, m): {"measured": {"ttft_p50_s": k + 0.1, "ttft_p90_s": k + 0.5}}
+        for k, m in SCENARIOS
+    }
+    (rep,) = bursts_of({"scenarios": rows}, committed)
+    for k, m in SCENARIOS:
+        name = scenario_name(k, m)
+        assert rep[name]["sources"] == k and rep[name]["nodes"] == 8  # the committed settings
+        assert rep[name]["modes"][m] == rows[name]["measured"]
+    raw = [{"a": 1}, {"a": 2}]
+    assert bursts_of({"bursts": raw, "scenarios": rows}, committed) == raw  # raw repeats first
+    with pytest.raises(ValueError, match="K=2/stop_the_world"):
+        bursts_of({"scenarios": {n: r for n, r in rows.items() if "K=2/stop" not in n}}, committed)
 
 
 def test_cpu_shares_between_two_samples() -> None:
@@ -189,6 +209,7 @@ def test_a_calibration_reads_back_its_own_profile() -> None:
         (["--cores", "0"], "--cores must be positive"),
         (["--run-real", "--bursts", str(COMMITTED)], "give one of them"),
         (["--reuse", "/nonexistent/calib.json"], "cannot read calibration"),
+        (["--bursts", str(BURST)], "has no K=1/execute_while_load"),
     ],
 )
 def test_bad_options_give_one_error_line(argv: list[str], message: str) -> None:
