@@ -123,7 +123,8 @@ def own_cpu_s() -> float:
 def cpu_shares(before: list[int], after: list[int], own_s: float, hz: float, cpus: int) -> dict:
     """Shares of the machine's CPU time between two `cpu_times` samples: busy (all but idle
     and iowait), idle, steal (taken by other VMs on the host), and the cores everyone else
-    used on average (busy seconds less `own_s`, this run's): the load the run competed with."""
+    used on average (busy seconds less `own_s`, this run's): the load the run competed with;
+    and the cores this run used (`own_s` over the window)."""
     d = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(d) or 1
     idle = d[3] + d[4]
@@ -133,6 +134,7 @@ def cpu_shares(before: list[int], after: list[int], own_s: float, hz: float, cpu
         "idle": round(idle / total, 3),
         "steal": round(d[7] / total, 3),
         "others_cores": round(others_s / (total / hz) * cpus, 3),
+        "own_cores": round(own_s / (total / hz) * cpus, 3),
     }
 
 

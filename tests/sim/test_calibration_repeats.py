@@ -123,6 +123,7 @@ def test_cpu_shares_between_two_samples() -> None:
     assert s["busy"] == pytest.approx(90 / 100)
     assert s["steal"] == pytest.approx(10 / 100)
     assert s["others_cores"] == pytest.approx((0.9 - 0.5) / 0.5)  # 0.8 cores on average
+    assert s["own_cores"] == pytest.approx(0.5 / 0.5)  # this run: 1 core on average
     alone = cpu_shares(before, after, own_s=2.0, hz=100, cpus=2)
     assert alone["others_cores"] == 0  # never negative (own counted past the window)
     assert cpu_shares(after, after, 0.0, 100, 2)["steal"] == 0  # no time: no division by 0
