@@ -266,6 +266,9 @@ def main() -> None:
                 "e2e_tok_per_cpu_s": round(statistics.median(e2e_cpu), 1),
                 "decode_tok_per_cpu_s": round(statistics.median(dec_cpu), 1),
             }
+            if "num_compiles" in raw[b][n][-1]:  # graphs compiled so far (warm-up included)
+                row[n]["num_compiles"] = raw[b][n][-1]["num_compiles"]
+                row[n]["compile_s"] = raw[b][n][-1]["compile_s"]
         for s in surges:
             key = s.replace("-", "_")
             others = names[len(surges) :] + (["surge"] if s == COMPILED else [])

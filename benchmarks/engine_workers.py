@@ -36,6 +36,14 @@ def surge_runner(model_dir: str, dtype: str, pack: bool = True, compile_decode: 
         outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         return [o.token_ids for o in outs]
 
+    def stats() -> dict:
+        """The compiled decode step's graphs so far (compile_decode only)."""
+        graph = engine.executor.runner.decode_graph
+        if graph is None:
+            return {}
+        return {"num_compiles": graph.num_compiles, "compile_s": round(graph.compile_s, 1)}
+
+    run.stats = stats  # type: ignore[attr-defined]
     return run
 
 
@@ -113,6 +121,7 @@ def worker(name: str, model_dir: str, vocab: int, dtype: str) -> None:
         assert all(len(x) == req["new_tokens"] for x in tokens)
         ans = {"t_full_s": t_full, "t_one_s": t_one, "first_tokens": tokens[0]}
         ans |= {"cpu_full_s": c_full, "cpu_one_s": c_one}
+        ans |= getattr(run, "stats", dict)()
         print("RESULT " + json.dumps(ans), file=out, flush=True)
 
 

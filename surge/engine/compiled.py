@@ -5,8 +5,9 @@ Opt-in (`EngineConfig.compile_decode`). Why: at batch 1 a decode step of a small
 attention, residual adds), each paying PyTorch's per-op dispatch; inductor fuses the
 element-wise chains into a few C++ loops and runs the whole stack from one call. The
 projections stay library calls (MKL gemv; oneDNN's packed kernel through
-`surge::packed_linear`), SDPA stays ATen's, so the math and, measured, the greedy tokens are
-the eager path's (tests/engine/test_compiled_decode.py).
+`surge::packed_linear`), SDPA stays ATen's. Logits differ from eager in the last bits only
+(inductor sums the norms in its own order), so only a near-tie could flip a greedy token;
+measured, the tokens are the eager path's (tests/engine/test_compiled_decode.py).
 
 What flows: `ModelRunner.run_layers` hands a pure-decode step (every sequence 1 new token)
 here with the step's `AttnContext`, the layers' weights and KV-cache views; prefill and mixed

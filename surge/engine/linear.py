@@ -36,17 +36,25 @@ def can_pack(weight: torch.Tensor) -> bool:
     )
 
 
-@torch.library.custom_op("surge::packed_linear", mutates_args=())
-def packed_linear(
+def _packed_linear(
     x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x W^T + b through oneDNN's packed copy of W (`weight` only gives the fake its shape)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-@packed_linear.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+def _packed_linear_fake(
+    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# A plain library op, not `torch.library.custom_op`: that one's wrappers cost ~13 us more per
+# call (measured, 8 rows), ~0.5 ms per batched decode step of the 100mb preset.
+_LIB = torch.library.Library("surge", "DEF")
+_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor weight, Tensor? bias) -> Tensor")
+_LIB.impl("packed_linear", _packed_linear, "CompositeExplicitAutograd")
+torch.library.register_fake("surge::packed_linear", _packed_linear_fake, lib=_LIB)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,6 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.numel() > x.shape[-1]:  # two or more rows
             if torch.compiler.is_compiling():
-                return packed_linear(x, self.packed, self.weight, self.bias)
+                return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
