@@ -78,7 +78,7 @@ class NodeAgent:
         self.store = AgentStore(self.ctx)
         self.transfer = AgentTransfer(self.ctx, self.store)
         self.serving = AgentServing(self.ctx, self.store)
-        self.local = AgentInstances(self.ctx, self.store)
+        self.local = AgentInstances(self.ctx, self.store, self.serving.fetch_kv)
         self.handlers: Handlers = {
             StatusOp: self.op_status,
             ShutdownOp: self.op_shutdown,

@@ -15,7 +15,7 @@ Composed into `NodeAgent` (`runtime/agent.py`) with the node's `NodeContext` and
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from surge.runtime.protocol import (
     InstanceReply,
     InstanceSubmitOp,
     KvPart,
+    KvSource,
     SubmitReply,
     TokenGenerated,
 )
@@ -98,8 +99,15 @@ class LocalInstance:
 class AgentInstances:
     """The node's full local instances of its models."""
 
-    def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        store: AgentStore,
+        fetch_kv: Callable[[KvSource], Awaitable[tuple[KvPart, memoryview]]],
+    ) -> None:
         self.ctx, self.store = ctx, store
+        self.fetch_kv = fetch_kv
+        """One K/V part from the stage that holds it (`AgentServing.fetch_kv`)."""
         self.instances: dict[str, LocalInstance] = {}
         self.pd = AgentPd(self.instances)
 
@@ -163,9 +171,15 @@ class AgentInstances:
     async def op_instance_adopt(
         self, op: InstanceAdoptOp, conn: Connection, p: memoryview
     ) -> AdoptReply:
-        """Continue a request whose KV cache arrives with it (KV migration, ParaServe §6)."""
+        """Continue a request with its KV cache (KV migration, ParaServe §6): the parts in
+        the payload, or pulled here from the stages that hold them (`op.sources`)."""
         inst = self._instance(op.instance)
-        parts = kv_parts(op.parts, p, inst.engine.executor.runner.dtype, "instance_adopt")
+        dtype = inst.engine.executor.runner.dtype
+        if op.sources:
+            fetched = await asyncio.gather(*(self.fetch_kv(s) for s in op.sources))
+            parts = [kv for part, body in fetched for kv in kv_parts((part,), body, dtype, "kv")]
+        else:
+            parts = kv_parts(op.parts, p, dtype, "instance_adopt")
 
         def adopt(engine: "LLMEngine") -> int:
             sid = engine.adopt(

@@ -22,13 +22,8 @@ from typing import TYPE_CHECKING, Any
 from surge.errors import SurgeError
 from surge.runtime.agent_context import Handlers
 from surge.runtime.agent_instances import kv_parts
-from surge.runtime.protocol_ops import (
-    KvImportOp,
-    KvPushOp,
-    KvTarget,
-    StageKvCopyOp,
-    StageProfileOp,
-)
+from surge.runtime.protocol_kv_ops import KvImportOp, KvPushOp, KvTarget, StageKvCopyOp
+from surge.runtime.protocol_ops import StageProfileOp
 from surge.runtime.protocol_replies import Ack, KvPart, KvPushReply, LayerTimesReply
 from surge.runtime.transport import Connection
 

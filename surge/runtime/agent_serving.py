@@ -9,7 +9,9 @@ pipeline's head engine, which samples). `stage_free` drops finished sequences al
 whole chain. Several micro-batches may be in the chain at once (2D pipelining): each stage
 computes one at a time, in a worker thread, so the agent keeps serving the network.
 
-`kv_export` copies one sequence's K/V out of a stage (migration). Full local instances are
+`kv_export` copies one sequence's K/V out of a stage (migration); `fetch_kv` gets one such
+part for this node's own instances (`instance_adopt` with sources: from this node's stage,
+or from a peer's by `kv_export`, agent to agent). Full local instances are
 `runtime/agent_instances.py`; FlexPipe's refactoring ops on these stages are
 `runtime/agent_refactor.py`.
 
@@ -31,6 +33,7 @@ from surge.runtime.protocol import (
     Ack,
     KvExportOp,
     KvPart,
+    KvSource,
     PipelineReply,
     StageCloseOp,
     StageFreeOp,
@@ -165,15 +168,34 @@ class AgentServing:
         self.stages.pop(op.pipeline, None)
         return Ack()
 
-    async def op_kv_export(self, op: KvExportOp, conn: Connection, p: memoryview) -> None:
-        """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
+    async def _export(self, pipeline: str, seq_id: int, num_tokens: int) -> tuple[KvPart, Any]:
+        """K/V of one sequence's first `num_tokens` tokens at this node's stage of
+        `pipeline`: its part and its bytes (a uint8 array)."""
         import torch
 
-        stage = self._stage(op.pipeline)
+        stage = self._stage(pipeline)
         async with stage.lock:  # never while a step writes this stage's cache
-            kv = await asyncio.to_thread(stage.runner.export_kv, op.seq_id, op.num_tokens)
+            kv = await asyncio.to_thread(stage.runner.export_kv, seq_id, num_tokens)
         part = KvPart(first_layer=stage.first_layer, end_layer=stage.end_layer, shape=kv.shape)
-        await conn.send(ok_header(part), kv.contiguous().view(-1).view(torch.uint8).numpy())
+        return part, kv.contiguous().view(-1).view(torch.uint8).numpy()
+
+    async def op_kv_export(self, op: KvExportOp, conn: Connection, p: memoryview) -> None:
+        """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
+        part, body = await self._export(op.pipeline, op.seq_id, op.num_tokens)
+        await conn.send(ok_header(part), body)
+
+    async def fetch_kv(self, src: KvSource) -> tuple[KvPart, memoryview]:
+        """One part of a sequence's K/V for an instance on this node: from this node's own
+        stage, else from `src.node`'s by `kv_export` over a peer connection (agent to
+        agent: the bytes never pass through the controller). Raises `RemoteError` if the
+        stage no longer holds the sequence."""
+        if src.node == self.ctx.node:
+            part, body = await self._export(src.pipeline, src.seq_id, src.num_tokens)
+            return part, memoryview(body)
+        op = KvExportOp(pipeline=src.pipeline, seq_id=src.seq_id, num_tokens=src.num_tokens)
+        async with self._peer_conn(src.node) as c:
+            header, body = await c.request(op.to_json())
+        return KvPart.from_json(header), body
 
     # ---- pooled connections for stage traffic -----------------------------------
 

@@ -12,7 +12,10 @@ old instance the remaining L - T — then moves the new instance's KV to the old
 the requests decode. T per batch comes from `policy.live_scaling.choose_schedule` (the zigzag ILP or
 best effort, `runtime/scaleout/live.py` decides when and with what Time_l).
 
-Controller side; KV bytes travel stage -> controller -> target (one extra hop, simple).
+Controller side. The K/V goes agent to agent: the adopting instance's agent pulls each
+stage's part itself (`instance_adopt` with `sources`). Only a live prefill whose requests
+go to a P/D decode instance (`deliver`) still relays its K/V through the controller (the
+P/D hand-off holds parts and bytes until a decode instance has room).
 """
 
 import asyncio
@@ -30,12 +33,14 @@ from surge.runtime.protocol import (
     InstanceAdoptOp,
     KvExportOp,
     KvPart,
+    KvSource,
     StageCloseOp,
     StageOpenOp,
     StageStepOp,
 )
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
+from surge.runtime.transport import RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +49,16 @@ async def _adopt(
     server: Server,
     target: LocalEndpoint,
     req: ServeRequest,
-    parts: list[KvPart],
-    payload: bytes,
+    *,
     num_cached: int,
+    parts: list[KvPart] | None = None,
+    payload: bytes = b"",
+    sources: tuple[KvSource, ...] = (),
 ) -> None:
+    """`target` continues `req` with its K/V: `parts` + `payload` sent from here, or
+    `sources` its agent pulls from the stages itself."""
     target.requests[req.req_id] = req  # before the call: tokens may stream at once
+    endpoint, num_hops = req.endpoint, len(req.hops)
     req.endpoint = target.name
     req.hops.append(target.name)
     adopt = InstanceAdoptOp(
@@ -57,13 +67,16 @@ async def _adopt(
         prompt_token_ids=tuple(req.prompt_token_ids),
         output_token_ids=tuple(req.output_token_ids),
         num_cached=num_cached,
-        parts=tuple(parts),
+        parts=tuple(parts or ()),
         params=req.params,
+        sources=sources,
     )
     try:
         await server.client.call_bytes(target.node, adopt, payload)
     except BaseException:
         target.requests.pop(req.req_id, None)  # the agent does not hold it: not the target's
+        req.endpoint = endpoint
+        del req.hops[num_hops:]
         raise
 
 
@@ -94,24 +107,17 @@ async def consolidate(
             server.queue.insert(0, req)
             rerouted += 1
             continue
-        try:
-            exported = [
-                await _export(server, node, pipeline.name, sid, num_cached)
-                for node, _, _ in pipeline.stages
-            ]
-        except Exception as e:  # the stage lost it (preempted): recompute instead
-            log.info("KV of %s not exportable (%s); recomputing", req.req_id, e)
+        sources = tuple(
+            KvSource(node=node, pipeline=pipeline.name, seq_id=sid, num_tokens=num_cached)
+            for node, _, _ in pipeline.stages
+        )
+        try:  # the target's agent pulls every stage's part, agent to agent
+            await _adopt(server, target, req, num_cached=num_cached, sources=sources)
+        except RemoteError as e:  # a stage lost it (preempted): recompute instead
+            log.info("KV of %s not movable (%s); recomputing", req.req_id, e)
             server.queue.insert(0, req)
             rerouted += 1
             continue
-        await _adopt(
-            server,
-            target,
-            req,
-            [p for p, _ in exported],
-            b"".join(b for _, b in exported),
-            num_cached,
-        )
         migrated += 1
     await pipeline.close_stages()
     await server.dispatch()
@@ -165,14 +171,17 @@ async def live_prefill(
             if r.done.is_set():
                 continue
             n = len(r.prompt_token_ids)
+            if deliver is None:  # the old instance's agent pulls both parts itself
+                sources = tuple(
+                    KvSource(node=node, pipeline=name, seq_id=b, num_tokens=n)
+                    for node in (new_node, old.node)
+                )
+                await _adopt(server, old, r, num_cached=n, sources=sources)
+                continue
             parts = await asyncio.gather(
                 _export(server, new_node, name, b, n), _export(server, old.node, name, b, n)
             )
-            kv = [p for p, _ in parts], b"".join(x for _, x in parts)
-            if deliver is not None:
-                await deliver(r, *kv, n)
-            else:
-                await _adopt(server, old, r, *kv, n)
+            await deliver(r, [p for p, _ in parts], b"".join(x for _, x in parts), n)
     finally:
         for node in (new_node, old.node):
             await client.call(node, StageCloseOp(pipeline=name))

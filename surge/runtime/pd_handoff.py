@@ -193,7 +193,12 @@ class PdServing:
             self.in_hand.pop(0)
             try:
                 await _adopt(
-                    self.server, target, held.req, held.parts, held.payload, held.num_cached
+                    self.server,
+                    target,
+                    held.req,
+                    num_cached=held.num_cached,
+                    parts=held.parts,
+                    payload=held.payload,
                 )
                 self.num_handoffs += 1
             except Exception as e:  # its agent died or has no room: prefill it again
@@ -234,7 +239,14 @@ class PdServing:
         payload = bytes(body)
         for ep in dict.fromkeys(t for t in (target, src) if not t.failed):
             try:
-                await _adopt(server, ep, req, [reply.part], payload, reply.num_cached)
+                await _adopt(
+                    server,
+                    ep,
+                    req,
+                    num_cached=reply.num_cached,
+                    parts=[reply.part],
+                    payload=payload,
+                )
             except Exception as e:  # the decode agent died, or it has no room after all
                 log.info("%s could not adopt %s (%s)", ep.name, req.req_id, e)
                 continue

@@ -4,7 +4,8 @@ What flows: ops (controller or peer -> agent), replies (agent -> sender), events
 subscribers). Each is a frozen dataclass, validated at construction (a bad value raises
 `SurgeError`), with `to_json()` / `from_json(d)`; its JSON is the frame header (payload
 bytes, where an op has them, travel beside it). Defaults live in the dataclasses only.
-The definitions are in `protocol_ops.py`, `protocol_replies.py` and `protocol_events.py`
+The definitions are in `protocol_ops.py` (K/V movement: `protocol_kv_ops.py`),
+`protocol_replies.py` and `protocol_events.py`
 (JSON codec: `protocol_codec.py`); import from here.
 
 Usage (controller side, `ClusterClient`):
@@ -34,6 +35,15 @@ from surge.runtime.protocol_events import (
     TokenGenerated,
     decode_event,
 )
+from surge.runtime.protocol_kv_ops import (
+    InstanceAdoptOp,
+    KvExportOp,
+    KvImportOp,
+    KvPushOp,
+    KvSource,
+    KvTarget,
+    StageKvCopyOp,
+)
 from surge.runtime.protocol_ops import (
     MULTICAST_WAIT_S,
     NO_STEP,
@@ -43,16 +53,11 @@ from surge.runtime.protocol_ops import (
     GenerateOp,
     GetBlockOp,
     InstanceAbortOp,
-    InstanceAdoptOp,
     InstanceCloseOp,
     InstanceHandoffOp,
     InstanceOpenOp,
     InstanceRoleOp,
     InstanceSubmitOp,
-    KvExportOp,
-    KvImportOp,
-    KvPushOp,
-    KvTarget,
     LandingTier,
     LoadOp,
     MulticastOp,
@@ -64,7 +69,6 @@ from surge.runtime.protocol_ops import (
     Source,
     StageCloseOp,
     StageFreeOp,
-    StageKvCopyOp,
     StageOpenOp,
     StageProfileOp,
     StageStepOp,
@@ -133,6 +137,7 @@ __all__ = [
     "KvPart",
     "KvPushOp",
     "KvPushReply",
+    "KvSource",
     "KvTarget",
     "LandingTier",
     "LayerTimesReply",

@@ -17,14 +17,11 @@ from surge.runtime.protocol_codec import Message, decode_named, register, requir
 from surge.runtime.protocol_replies import (
     AbortReply,
     Ack,
-    AdoptReply,
     BlockReply,
     ChecksumsReply,
     GenerateReply,
     HandoffReply,
     InstanceReply,
-    KvPart,
-    KvPushReply,
     LayerTimesReply,
     LoadReply,
     MulticastReply,
@@ -269,20 +266,6 @@ class InstanceSubmitOp(Op[SubmitReply], name="instance_submit", reply=SubmitRepl
 
 
 @dataclass(frozen=True)
-class InstanceAdoptOp(Op[AdoptReply], name="instance_adopt", reply=AdoptReply):
-    """Continue a request whose K/V arrives with it, `parts` concatenated in the payload
-    (KV migration, ParaServe §6)."""
-
-    instance: str
-    req_id: str
-    prompt_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]
-    num_cached: int
-    parts: tuple[KvPart, ...]
-    params: SamplingParams = field(default_factory=SamplingParams)
-
-
-@dataclass(frozen=True)
 class InstanceAbortOp(Op[AbortReply], name="instance_abort", reply=AbortReply):
     instance: str
     req_ids: tuple[str, ...]
@@ -291,67 +274,6 @@ class InstanceAbortOp(Op[AbortReply], name="instance_abort", reply=AbortReply):
 @dataclass(frozen=True)
 class InstanceCloseOp(Op[Ack], name="instance_close"):
     instance: str
-
-
-@dataclass(frozen=True)
-class KvExportOp(Op[KvPart], name="kv_export", reply=KvPart):
-    """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
-
-    pipeline: str
-    seq_id: int
-    num_tokens: int
-
-
-@dataclass(frozen=True)
-class KvImportOp(Op[Ack], name="kv_import"):
-    """Write one sequence's migrated K/V into this node's stage of `pipeline`: `parts`
-    (layers within the stage, bytes concatenated in the payload) for its first tokens
-    (FlexPipe §6 refactoring: only valid tokens travel, Eq. 10)."""
-
-    pipeline: str
-    seq_id: int
-    parts: tuple[KvPart, ...]
-
-
-@dataclass(frozen=True)
-class KvTarget(Message):
-    """One destination of a `kv_push`: layers [first_layer, end_layer) go to `node`."""
-
-    node: int
-    first_layer: int
-    end_layer: int
-
-    def __post_init__(self) -> None:
-        require(0 <= self.first_layer < self.end_layer, "KvTarget", "needs first < end layer")
-
-
-@dataclass(frozen=True)
-class KvPushOp(Op[KvPushReply], name="kv_push", reply=KvPushReply):
-    """Send one sequence's K/V at this node's stage of `pipeline` (its first `num_tokens`
-    tokens) straight to the nodes that take its layers in stage `new_pipeline`: one
-    `kv_import` per target, agent to agent (FlexPipe §6 refactoring, Eq. 10: only valid
-    tokens travel, and not through the controller)."""
-
-    pipeline: str
-    new_pipeline: str
-    seq_id: int
-    num_tokens: int
-    targets: tuple[KvTarget, ...]
-
-    def __post_init__(self) -> None:
-        require(
-            self.num_tokens >= 1 and bool(self.targets), "op kv_push", "needs tokens and targets"
-        )
-
-
-@dataclass(frozen=True)
-class StageKvCopyOp(Op[Ack], name="stage_kv_copy"):
-    """Copy, inside this node, the K/V of the layers stage `source` and stage `pipeline`
-    share, for each (seq_id, num_tokens) (FlexPipe refactoring: layers that stay put)."""
-
-    pipeline: str
-    source: str
-    seqs: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)

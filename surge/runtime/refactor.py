@@ -33,13 +33,8 @@ from surge.model.manifest import Manifest
 from surge.policy.flexpipe_refactor import RefactorPlan
 from surge.policy.flexpipe_system import refactor
 from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
-from surge.runtime.protocol_ops import (
-    KvPushOp,
-    KvTarget,
-    StageCloseOp,
-    StageKvCopyOp,
-    StageOpenOp,
-)
+from surge.runtime.protocol_kv_ops import KvPushOp, KvTarget, StageKvCopyOp
+from surge.runtime.protocol_ops import StageCloseOp, StageOpenOp
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from surge.engine.sampling import SamplingParams
 from surge.policy.zigzag import ZigzagProblem, best_effort
 from surge.runtime.consolidation import consolidate, live_prefill
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
-from surge.runtime.protocol import LoadOp
+from surge.runtime.protocol import InstanceAdoptOp, KvSource, LoadOp
 from surge.runtime.server import Server
+from surge.runtime.transport import RemoteError
 from tests.runtime.conftest import MODEL, connected
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
@@ -17,6 +18,19 @@ from tests.runtime.test_serving import PROMPTS, check_against_reference
 async def _setup(cluster, manifest, loads: dict[int, list[int]]):
     client = await connected(cluster, manifest, loads, tier="gpu")
     return client, Server(client, MODEL)
+
+
+def _record_ops(client, seen: list[str]) -> None:
+    """Append the type of every op the controller sends from now on to `seen` (K/V must
+    go agent to agent: no `KvExportOp` through the controller)."""
+    for name in ("call", "call_bytes"):
+        orig = getattr(client, name)
+
+        async def recorded(node, op, *args, _orig=orig):
+            seen.append(type(op).__name__)
+            return await _orig(node, op, *args)
+
+        setattr(client, name, recorded)
 
 
 @pytest.mark.parametrize("direction", ["scale-down", "scale-up"])
@@ -53,6 +67,18 @@ def test_consolidation_migrates_kv_and_keeps_tokens(
                 ep = LocalEndpoint(client, n, MODEL, f"local-{n}")
                 await ep.open()
                 targets.append(ep)
+            # A source that does not hold the sequence: a clear error, the agent serves on.
+            bad = InstanceAdoptOp(
+                instance=targets[0].name,
+                req_id="nobody",
+                prompt_token_ids=(1, 2),
+                output_token_ids=(3,),
+                num_cached=2,
+                sources=(KvSource(node=1, pipeline="gone", seq_id=0, num_tokens=2),),
+            )
+            with pytest.raises(RemoteError, match="no stage of pipeline gone"):
+                await client.call(targets[0].node, bad)
+            _record_ops(client, seen)
             counts = await consolidate(server, pipe, targets)
             await server.wait_all(60)
             return reqs, counts
@@ -60,8 +86,11 @@ def test_consolidation_migrates_kv_and_keeps_tokens(
             await server.close()
             await client.close()
 
+    seen: list[str] = []
     reqs, counts = asyncio.run(run())
     assert counts["migrated"] == len(PROMPTS) and counts["rerouted"] == 0
+    # every request adopted once, its K/V pulled by the target's agent, not via here
+    assert seen.count("InstanceAdoptOp") == len(PROMPTS) and "KvExportOp" not in seen, seen
     expected_targets = {"local-0"} if direction == "scale-down" else {"local-0", "local-1"}
     assert {r.hops[-1] for r in reqs} == expected_targets
     assert all(r.hops[0] == "p" for r in reqs)
@@ -83,6 +112,7 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
             old = LocalEndpoint(client, 0, MODEL, "old")
             await old.open()
             await server.add_endpoint(old)
+            _record_ops(client, seen)
             reqs = []
             for i, (t, _) in enumerate(schedule.splits):
                 batch = [server.new_request(p, params) for p in PROMPTS[i % len(PROMPTS) :][:2]]
@@ -94,8 +124,10 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
             await server.close()
             await client.close()
 
+    seen: list[str] = []
     reqs = asyncio.run(run())
     assert all(r.hops[0].startswith("live-") and r.hops[-1] == "old" for r in reqs)
+    assert "InstanceAdoptOp" in seen and "KvExportOp" not in seen, seen
     check_against_reference(tiny_hf, reqs, 20)
 
 

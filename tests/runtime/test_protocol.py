@@ -44,6 +44,14 @@ OPS = [
         num_cached=2,
         parts=(PART,),
     ),
+    p.InstanceAdoptOp(
+        instance="i",
+        req_id="r2",
+        prompt_token_ids=(1, 2),
+        output_token_ids=(3,),
+        num_cached=2,
+        sources=(p.KvSource(0, "pp", 4, 2), p.KvSource(1, "pp", 4, 2)),
+    ),
     p.InstanceAbortOp(instance="i", req_ids=("r1", "r2")),
     p.InstanceCloseOp(instance="i"),
     p.KvExportOp(pipeline="pp", seq_id=0, num_tokens=5),
@@ -171,6 +179,17 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
             "top_p must be in",
         ),
         ({"op": "set_peers", "peers": {"a": ["h", 1]}}, "integer keys"),
+        (
+            {"op": "instance_adopt", "instance": "i", "req_id": "r", "prompt_token_ids": [1]}
+            | {"output_token_ids": [2], "num_cached": 1},
+            "needs K/V parts .* or sources, not both",
+        ),
+        (
+            {"op": "instance_adopt", "instance": "i", "req_id": "r", "prompt_token_ids": [1]}
+            | {"output_token_ids": [2], "num_cached": 1, "parts": [PART.to_json()]}
+            | {"sources": [{"node": 0, "pipeline": "p", "seq_id": 0, "num_tokens": 1}]},
+            "not both",
+        ),
     ],
 )
 def test_bad_ops_raise_a_clear_error(header, message) -> None:
