@@ -15,12 +15,12 @@ of networks: `surge.engine.hidden` turns hidden states into bytes for whoever ca
 import logging
 from collections import deque
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
-from surge.engine.compiled import DecodeGraph
 from surge.engine.device import pick_device
 from surge.engine.kv_cache import PagedKVCache
 from surge.engine.linear import can_pack
@@ -35,6 +35,9 @@ from surge.engine.model import (
 from surge.errors import SurgeError
 from surge.model.blocks import block_tensors, read_block_file, torch_dtype
 from surge.model.manifest import Manifest
+
+if TYPE_CHECKING:
+    from surge.engine.compiled import DecodeGraph
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,11 @@ class ModelRunner:
         """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
         self.num_packed = 0
         """Projections packed so far (with `pack_queue`: whether packing is under way)."""
-        self.decode_graph = DecodeGraph() if config.compile_decode else None
+        self.decode_graph: DecodeGraph | None = None
+        if config.compile_decode:  # imported only then: torch._dynamo adds ~1 s to start-up
+            from surge.engine import compiled
+
+            self.decode_graph = compiled.DecodeGraph()
         """The compiled decode step (`EngineConfig.compile_decode`), else None."""
 
     # ---- blocks ----------------------------------------------------------------------
