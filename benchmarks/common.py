@@ -1,7 +1,8 @@
 """Pieces the runtime benchmarks share: model shapes of a chosen size, seeding an
 agent's disk tier with a store without copying it, and the cluster to run on
 (`--cluster loopback`: agents on 127.0.0.1 with token-bucket caps; `--cluster netns`: agents
-in network namespaces with tc-shaped links and a CPU quota each, see docs/testbed.md)."""
+in network namespaces with tc-shaped links and a CPU quota each, see docs/testbed.md), and
+where a run's CPU goes (`cpu_s`, `cores_during`: per process, from /proc)."""
 
 import argparse
 import os
@@ -86,3 +87,30 @@ def seed_disk(
     dst.mkdir(parents=True)
     for blk in manifest.blocks:
         (dst / blk.file).symlink_to(store / blk.file)
+
+
+def cpu_s(pids: dict[int, int]) -> dict[int, float]:
+    """CPU seconds (user + system) each process has used so far, from /proc (Linux); a
+    process that is gone or unreadable is left out."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for node, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[node] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
+def cores_during(
+    before: tuple[float, dict[int, float]], after: tuple[float, dict[int, float]], wall_s: float
+) -> dict:
+    """Cores the controller process (its router, the scale-out, the load client: one
+    process) and each agent used over `wall_s`: where a burst's CPU goes on shared cores."""
+    agents = {n: (after[1][n] - before[1][n]) / wall_s for n in after[1] if n in before[1]}
+    return {
+        "controller_and_client": round((after[0] - before[0]) / wall_s, 3),
+        "agents": {n: round(c, 3) for n, c in sorted(agents.items())},
+        "agents_total": round(sum(agents.values()), 3),
+    }

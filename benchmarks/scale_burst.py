@@ -7,7 +7,9 @@ tc-shaped links and a CPU quota, so every node brings its own compute; docs/test
   stages (λScale §4.3), local instances when a node holds the whole model (mode switch);
 - `stop_the_world`: a node serves only once it holds the whole model.
 Writes `{"modes": {MODE: {"ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-"tokens_per_s_timeline", "all_requests_done_s"}}}` (+ a PNG of throughput over time).
+"tokens_per_s_timeline", "all_requests_done_s", "cores_during_burst"}}}` (+ a PNG of
+throughput over time); `cores_during_burst`: the cores the controller process (router,
+scale-out, load client) and each agent used from the first request to the last token.
 
 Then ParaServe's cold start (§4): one request for a model that is only in the remote
 registry; first-token time when a 4-way pipeline group fetches a quarter each vs one worker
@@ -30,7 +32,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, machine, make_cluster, model_config, seed_disk
+from benchmarks.common import (
+    add_cluster_args,
+    cores_during,
+    cpu_s,
+    machine,
+    make_cluster,
+    model_config,
+    seed_disk,
+)
 from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
@@ -129,6 +139,8 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
             timeout_s=600,
             serve_while_loading=mode == "execute_while_load",
         )
+        pids = {n: proc.pid for n, proc in getattr(cluster, "procs", {}).items()}
+        cpu_before = (time.process_time(), cpu_s(pids))
         start = time.monotonic()
         for r in reqs:
             await server.submit(r)
@@ -137,6 +149,8 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
         else:
             await run_scale_out(ctx)
         await server.wait_all(600)
+        cpu_after = (time.process_time(), cpu_s(pids))
+        wall_s = time.monotonic() - start
         ttft = [r.first_token_t - r.arrival_t for r in reqs]
         done = max(r.done_t for r in reqs) - start
         return {
@@ -152,6 +166,7 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
             "mode_switches": [[n, round(t - start, 3), moved] for n, t, moved in ctx.retired],
             "requests_via_pipelines": sum(any("pipe" in h for h in r.hops) for r in reqs),
             "tokens_per_s_timeline": timeline(reqs, start, args.bucket_s),
+            "cores_during_burst": cores_during(cpu_before, cpu_after, wall_s),
         }
     finally:
         await server.close()

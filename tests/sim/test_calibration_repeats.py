@@ -7,6 +7,7 @@ import logging
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,25 @@ def test_bad_options_give_one_error_line(argv: list[str], message: str) -> None:
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr
+
+
+def test_cores_during_splits_a_run_by_process() -> None:
+    """`scale_burst`'s CPU split: /proc CPU seconds grow with work done, and the cores of
+    the controller and of each agent are CPU seconds over the burst's wall time."""
+    import os
+
+    from benchmarks.common import cores_during, cpu_s
+
+    me = os.getpid()
+    before = cpu_s({0: me, 1: 2**22 + 7})  # a pid that does not exist is left out
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    after = cpu_s({0: me})
+    assert set(before) == {0} and after[0] >= before[0] + 0.03
+    split = cores_during((1.0, {0: 2.0, 1: 5.0}), (1.5, {0: 3.0, 1: 5.5}), 2.0)
+    assert split == {
+        "controller_and_client": 0.25,
+        "agents": {0: 0.5, 1: 0.25},
+        "agents_total": 0.75,
+    }
