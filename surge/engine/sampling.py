@@ -143,7 +143,15 @@ def make_generator(seed: int | None) -> torch.Generator:
 def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     import torch
 
-    logits = logits.float().cpu() / params.temperature
+    raw = logits.float().cpu()
+    logits = raw / params.temperature
+    if not bool(torch.isfinite(logits).all()):
+        # A temperature near 0 (the API allows any value >= 0) overflows float32 logits / T
+        # to inf and softmax to NaN: float64 then, and where that overflows too, T -> 0 is
+        # greedy.
+        logits = raw.double() / params.temperature
+        if not bool(torch.isfinite(logits).all()):
+            return int(raw.argmax())
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -154,6 +162,8 @@ def _sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+        return int(raw.argmax())  # a degenerate distribution: its most likely token
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

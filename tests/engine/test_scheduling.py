@@ -107,6 +107,18 @@ def test_sampler_filters() -> None:
     assert {sampler(logits, [p], [g])[0] for _ in range(200)} == {1, 2}
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-300, 5e-324])
+def test_a_temperature_near_zero_is_greedy_not_a_crash(temperature: float) -> None:
+    """logits / T overflows float32 (1e-40) or even float64 (5e-324); the limit T -> 0 is
+    the argmax (a fuzzed request with such a temperature killed the instance's loop)."""
+    sampler = Sampler()
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0], [2.0, -1.0, 0.5, 1.9]])
+    g = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
+    for extra in ({}, {"top_k": 2}, {"top_p": 0.5}):
+        p = SamplingParams(temperature=temperature, **extra)
+        assert sampler(logits, [p, p], g) == [1, 0]
+
+
 def test_bad_requests_are_clear_errors(tiny_store: Path) -> None:
     engine = LLMEngine.from_store(tiny_store)
     limit = read_manifest(tiny_store).arch.max_position_embeddings
