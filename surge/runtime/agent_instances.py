@@ -13,6 +13,7 @@ Composed into `NodeAgent` (`runtime/agent.py`) with the node's `NodeContext` and
 """
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from surge.runtime.protocol import (
     InstanceSubmitOp,
     KvPart,
     KvSource,
+    RequestFailed,
     SubmitReply,
     TokenGenerated,
 )
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
     from surge.engine.llm_engine import LLMEngine
     from surge.runtime.agent_store import ModelState
 
+
+log = logging.getLogger(__name__)
 
 def kv_parts(
     parts: tuple[KvPart, ...], payload: memoryview, dtype: "torch.dtype", where: str
@@ -229,6 +233,27 @@ class AgentInstances:
 
         return GenerateReply(token_ids=tuple(await asyncio.to_thread(run)))
 
+    async def _fail_all(self, inst: LocalInstance, error: str) -> None:
+        """Take every request out of `inst` and tell the controller each one failed
+        (`RequestFailed`); the instance serves on with the requests that come next."""
+        for sid, rid in list(inst.requests.items()):
+            try:
+                inst.engine.abort(sid)
+            except Exception:  # already gone from the engine: nothing to free
+                log.debug("instance %s: seq %d was not in the engine", inst.name, sid)
+            del inst.requests[sid]
+            inst.fresh.discard(sid)
+            await self.ctx.emit(
+                RequestFailed(
+                    node=self.ctx.node,
+                    t=time.time(),
+                    instance=inst.name,
+                    req_id=rid,
+                    error=error,
+                    model=inst.model,
+                )
+            )
+
     async def _instance_loop(self, inst: LocalInstance) -> None:
         while True:
             while inst.inbox:
@@ -243,7 +268,12 @@ class AgentInstances:
                     continue
                 await inst.wake.wait()
                 continue
-            events, parked = await asyncio.to_thread(step_and_park, inst)
+            try:
+                events, parked = await asyncio.to_thread(step_and_park, inst)
+            except Exception as e:  # a broken step must not leave its requests hanging
+                log.exception("instance %s: an engine step failed", inst.name)
+                await self._fail_all(inst, f"the engine failed a step: {type(e).__name__}: {e}")
+                continue
             for ev in events:
                 rid = inst.requests.get(ev.seq_id) or parked.get(ev.seq_id)
                 if rid is None:

@@ -35,6 +35,7 @@ from surge.runtime.protocol import (
     InstanceAbortOp,
     InstanceOpenOp,
     InstanceSubmitOp,
+    RequestFailed,
     StageCloseOp,
     StageFreeOp,
     StageOpenOp,
@@ -123,6 +124,14 @@ class LocalEndpoint(Endpoint):
             self.requests.pop(req.req_id, None)
             log.warning("%s refused request %s: %s", self.name, req.req_id, e)
             req.fail(str(e))
+
+    def on_failed(self, ev: RequestFailed) -> None:
+        """The agent gave up on a request (its engine step raised): fail it with the
+        agent's reason; the instance serves on."""
+        req = self.requests.pop(ev.req_id, None)
+        if req is not None:
+            log.warning("%s failed request %s: %s", self.name, req.req_id, ev.error)
+            req.fail(ev.error)
 
     def on_token(self, ev: TokenGenerated) -> None:
         req = self.requests.get(ev.req_id)

@@ -32,6 +32,7 @@ from surge.runtime.protocol_events import (
     Event,
     PullFailed,
     ReceiveDone,
+    RequestFailed,
     TokenGenerated,
     decode_event,
 )
@@ -155,6 +156,7 @@ __all__ = [
     "RegisterOp",
     "RegisterReply",
     "Reply",
+    "RequestFailed",
     "SetPeersOp",
     "SetPeersReply",
     "ShutdownOp",

@@ -115,5 +115,17 @@ class TokenGenerated(Event, name="token"):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RequestFailed(Event, name="request_failed"):
+    """A local instance could not go on with a request (its engine step raised): the
+    controller fails it with `error` instead of waiting for tokens that will not come."""
+
+    instance: str
+    req_id: str
+    error: str
+    model: str | None = None
+    """The instance's model (so a subscriber can ask for one model's failures)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentDown(Event, name="agent_down"):
     """The agent's event stream ended (it died or stopped). Made by the client."""

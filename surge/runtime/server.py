@@ -25,7 +25,7 @@ from surge.engine.sampling import SamplingParams
 from surge.policy import router
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
-from surge.runtime.protocol import AgentDown, TokenGenerated
+from surge.runtime.protocol import AgentDown, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Server:
         self._ids = itertools.count()
         self.pd: PdServing | None = None
         """P/D disaggregation (`runtime/pd_handoff.py`), when the deployment runs it."""
-        self._events = client.subscribe((TokenGenerated, AgentDown), model=model)
+        self._events = client.subscribe((TokenGenerated, RequestFailed, AgentDown), model=model)
         self._pump = asyncio.get_running_loop().create_task(self._pump_events())
 
     def new_request(self, prompt_token_ids: list[int], params: SamplingParams) -> ServeRequest:
@@ -159,6 +159,10 @@ class Server:
                         self._prefilled(req)
                     if self.pd is not None:
                         self.pd.on_token(ep, ev)
+            elif isinstance(ev, RequestFailed):
+                ep = self.endpoints.get(ev.instance)
+                if isinstance(ep, LocalEndpoint):
+                    ep.on_failed(ev)
             elif isinstance(ev, AgentDown):
                 for ep in list(self.endpoints.values()):
                     if ev.node in ep.nodes:

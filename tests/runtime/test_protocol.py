@@ -108,6 +108,7 @@ EVENTS = [
     p.TokenGenerated(
         node=1, t=3.0, instance="i", req_id="r", token=5, finished=True, finish_reason="length"
     ),
+    p.RequestFailed(node=1, t=3.5, instance="i", req_id="r", error="the engine failed", model="m"),
     p.AgentDown(node=2, t=4.0),
 ]
 
