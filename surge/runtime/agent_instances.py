@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def kv_parts(
     parts: tuple[KvPart, ...], payload: memoryview, dtype: "torch.dtype", where: str
 ) -> list[tuple[int, "torch.Tensor"]]:

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SUBMIT_RETRY_S = 0.01
+"""After a failed submit the dispatcher waits this long before routing again: an endpoint
+whose agent just died fails at once, without awaiting anything, and routing back to it in
+a tight loop would starve the event pump that retires it (`agent_down`)."""
 MAX_ARRIVALS_KEPT = 10_000
 """Arrival times remembered for the predictor's window (older ones drop off)."""
 MAX_SPANS_KEPT = 64
@@ -107,6 +111,7 @@ class Server:
                 log.info("submit to %s failed (%s); routing again", ep.name, e)
                 ep.requests.pop(req.req_id, None)
                 self.queue.insert(0, req)
+                await asyncio.sleep(SUBMIT_RETRY_S)  # let the failure be seen first
 
     async def requeue(self, reqs: list[ServeRequest]) -> None:
         """Put requests back at the head of the queue (they were admitted before anything

@@ -85,3 +85,52 @@ def test_the_controller_fails_the_request_with_the_agents_reason() -> None:
     ep.on_failed(RequestFailed(node=3, t=1.0, instance="inst", req_id="r0", error="boom"))
     assert req.done.is_set() and req.finish_reason == "error" and req.error == "boom"
     assert "r0" not in ep.requests
+
+
+def test_a_dead_endpoint_does_not_starve_the_event_pump() -> None:
+    """An endpoint whose agent just died fails its submit at once, without awaiting: the
+    dispatcher must yield between retries, so the pump can process `agent_down` and retire
+    it (in CI a tight retry loop once hung a P/D kill test until its timeout)."""
+    from surge.runtime.client import ClusterClient
+    from surge.runtime.endpoints import Endpoint
+    from surge.runtime.protocol import AgentDown
+    from surge.runtime.server import Server
+    from surge.runtime.transport import ConnectionClosed
+
+    class Dead(Endpoint):
+        def __init__(self, name: str, node: int) -> None:
+            self.name, self.nodes, self.requests = name, (node,), {}
+            self.tries = 0
+
+        async def submit(self, req: ServeRequest) -> None:
+            self.tries += 1
+            raise ConnectionClosed("peer closed")  # no await: fails at once
+
+        async def take_back(self) -> list[ServeRequest]:
+            return list(self.requests.values())
+
+    class Alive(Endpoint):
+        def __init__(self, name: str, node: int) -> None:
+            self.name, self.nodes, self.requests = name, (node,), {}
+
+        async def submit(self, req: ServeRequest) -> None:
+            self.requests[req.req_id] = req
+
+    async def run() -> tuple[Dead, Alive, ServeRequest]:
+        client = ClusterClient.__new__(ClusterClient)
+        client._subs = []  # subscribe only
+        server = Server(client, "m")
+        dead, alive = Dead("dead", 0), Alive("alive", 1)
+        server.endpoints = {"dead": dead, "alive": alive}  # the router prefers the oldest
+        req = server.new_request([1, 2], SamplingParams())
+        # the agent's death reaches the pump a moment later, as over the network
+        asyncio.get_running_loop().call_later(
+            0.05, server._events.put_nowait, AgentDown(node=0, t=0.0)
+        )
+        await asyncio.wait_for(server.submit(req), 5.0)
+        server._pump.cancel()
+        return dead, alive, req
+
+    dead, alive, req = asyncio.run(run())
+    assert req.req_id in alive.requests and dead.failed
+    assert 1 <= dead.tries < 100, dead.tries  # retried with pauses, not spun
