@@ -2,7 +2,7 @@
 always stopped (agents, sockets, shared memory), even when a test fails."""
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -76,3 +76,16 @@ async def connected(
         )
     )
     return client
+
+
+def record_ops(client: ClusterClient, record: Callable[[str], None]) -> None:
+    """From now on, `record` the type name of every op the controller sends through
+    `client` (tests that K/V goes agent to agent: no `KvExportOp` / `KvImportOp` here)."""
+    for name in ("call", "call_bytes"):
+        orig = getattr(client, name)
+
+        async def recorded(node, op, *args, _orig=orig):
+            record(type(op).__name__)
+            return await _orig(node, op, *args)
+
+        setattr(client, name, recorded)

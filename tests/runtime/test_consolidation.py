@@ -11,26 +11,13 @@ from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import InstanceAdoptOp, KvSource, LoadOp
 from surge.runtime.server import Server
 from surge.runtime.transport import RemoteError
-from tests.runtime.conftest import MODEL, connected
+from tests.runtime.conftest import MODEL, connected, record_ops
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
 
 async def _setup(cluster, manifest, loads: dict[int, list[int]]):
     client = await connected(cluster, manifest, loads, tier="gpu")
     return client, Server(client, MODEL)
-
-
-def _record_ops(client, seen: list[str]) -> None:
-    """Append the type of every op the controller sends from now on to `seen` (K/V must
-    go agent to agent: no `KvExportOp` through the controller)."""
-    for name in ("call", "call_bytes"):
-        orig = getattr(client, name)
-
-        async def recorded(node, op, *args, _orig=orig):
-            seen.append(type(op).__name__)
-            return await _orig(node, op, *args)
-
-        setattr(client, name, recorded)
 
 
 @pytest.mark.parametrize("direction", ["scale-down", "scale-up"])
@@ -78,7 +65,7 @@ def test_consolidation_migrates_kv_and_keeps_tokens(
             )
             with pytest.raises(RemoteError, match="no stage of pipeline gone"):
                 await client.call(targets[0].node, bad)
-            _record_ops(client, seen)
+            record_ops(client, seen.append)
             counts = await consolidate(server, pipe, targets)
             await server.wait_all(60)
             return reqs, counts
@@ -112,7 +99,7 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
             old = LocalEndpoint(client, 0, MODEL, "old")
             await old.open()
             await server.add_endpoint(old)
-            _record_ops(client, seen)
+            record_ops(client, seen.append)
             reqs = []
             for i, (t, _) in enumerate(schedule.splits):
                 batch = [server.new_request(p, params) for p in PROMPTS[i % len(PROMPTS) :][:2]]

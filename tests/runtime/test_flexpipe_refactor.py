@@ -15,7 +15,7 @@ from surge.runtime.protocol_ops import StageProfileOp
 from surge.runtime.refactor import FlexPipeline, blocks_of_stage, refactor_pipeline
 from surge.runtime.scaleout.flexpipe import micro_batches
 from surge.runtime.server import Server
-from tests.runtime.conftest import MODEL, connected
+from tests.runtime.conftest import MODEL, connected, record_ops
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
 MAX_TOKENS = 48
@@ -65,14 +65,7 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
         async with _serving(cluster, manifest, loads, [(0, 0, L)], params) as live:
             client, server, pipe, reqs = live
             # Which ops pass through the controller: K/V must go agent to agent (kv_push).
-            for name in ("call", "call_bytes"):
-                orig = getattr(client, name)
-
-                async def recorded(node, op, *args, _orig=orig):
-                    through_controller.add(type(op).__name__)
-                    return await _orig(node, op, *args)
-
-                setattr(client, name, recorded)
+            record_ops(client, through_controller.add)
             await _until_tokens(reqs, 3)
             fine = [(0, 0, 1), (1, 1, 3), (2, 3, L)]
             micro = micro_batches(SYSTEM, manifest, EngineConfig(), 3)[0]
