@@ -40,7 +40,6 @@ from surge.runtime.protocol import (
 )
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
-from surge.runtime.transport import RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +112,10 @@ async def consolidate(
         )
         try:  # the target's agent pulls every stage's part, agent to agent
             await _adopt(server, target, req, num_cached=num_cached, sources=sources)
-        except RemoteError as e:  # a stage lost it (preempted): recompute instead
+        except Exception as e:  # a stage lost it (preempted) or an agent died: recompute
             log.info("KV of %s not movable (%s); recomputing", req.req_id, e)
-            server.queue.insert(0, req)
+            if server.unplaced(req):  # a retirement during the call may have requeued it
+                server.queue.insert(0, req)
             rerouted += 1
             continue
         migrated += 1

@@ -249,6 +249,8 @@ class PdServing:
                 )
             except Exception as e:  # the decode agent died, or it has no room after all
                 log.info("%s could not adopt %s (%s)", ep.name, req.req_id, e)
+                if not server.unplaced(req):
+                    return  # its agent died mid-call and the retirement requeued it
                 continue
             self.num_handoffs += 1
             return

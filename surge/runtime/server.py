@@ -110,20 +110,25 @@ class Server:
             except Exception as e:  # raced with a failure: route again
                 log.info("submit to %s failed (%s); routing again", ep.name, e)
                 ep.requests.pop(req.req_id, None)
-                self.queue.insert(0, req)
+                # While the call was out, the endpoint may have been retired and this
+                # request taken back into the queue already: queued twice, it would be
+                # served twice, every token doubled (seen in CI after a P/D kill).
+                if self.unplaced(req):
+                    self.queue.insert(0, req)
                 await asyncio.sleep(SUBMIT_RETRY_S)  # let the failure be seen first
+
+    def unplaced(self, req: ServeRequest) -> bool:
+        """Whether nobody holds `req`: unfinished, not queued and on no endpoint. Whoever
+        puts a request back after a failed call asks first: a retirement running during
+        that call may have requeued it already."""
+        if req.done.is_set() or any(r is req for r in self.queue):
+            return False
+        return not any(req.req_id in e.requests for e in self.endpoints.values())
 
     async def requeue(self, reqs: list[ServeRequest]) -> None:
         """Put requests back at the head of the queue (they were admitted before anything
         queued) — only those unfinished, not queued and on no endpoint — and route them."""
-        on_endpoint = {rid for e in self.endpoints.values() for rid in e.requests}
-        queued = {r.req_id for r in self.queue}
-        back = [
-            r
-            for r in reqs
-            if not r.done.is_set() and r.req_id not in on_endpoint and r.req_id not in queued
-        ]
-        self.queue[:0] = back
+        self.queue[:0] = [r for r in reqs if self.unplaced(r)]
         await self.dispatch()
 
     async def add_endpoint(self, ep: Endpoint) -> None:

@@ -134,3 +134,62 @@ def test_a_dead_endpoint_does_not_starve_the_event_pump() -> None:
     dead, alive, req = asyncio.run(run())
     assert req.req_id in alive.requests and dead.failed
     assert 1 <= dead.tries < 100, dead.tries  # retried with pauses, not spun
+
+
+def test_a_request_taken_back_during_a_failing_submit_is_served_once() -> None:
+    """The agent dies while a submit to it is out: the pump retires its endpoint (taking
+    the request back into the queue) before the submit fails. The dispatcher must not
+    queue it a second time — twice queued, it went to two instances, and every token came
+    back twice (a P/D kill test in CI ended with 59 tokens of 30)."""
+    from surge.runtime.client import ClusterClient
+    from surge.runtime.endpoints import Endpoint
+    from surge.runtime.protocol import AgentDown
+    from surge.runtime.server import Server
+    from surge.runtime.transport import ConnectionClosed
+
+    class Dying(Endpoint):
+        """Holds the request while its call is out; the call fails after the agent_down."""
+
+        def __init__(self, name: str, node: int, down: asyncio.Event) -> None:
+            self.name, self.nodes, self.requests, self.down = name, (node,), {}, down
+
+        async def submit(self, req: ServeRequest) -> None:
+            self.requests[req.req_id] = req
+            await self.down.wait()  # the pump retires this endpoint meanwhile
+            await asyncio.sleep(0.01)
+            raise ConnectionClosed("peer closed")
+
+        async def take_back(self) -> list[ServeRequest]:
+            taken = list(self.requests.values())
+            self.requests.clear()
+            self.down.set()
+            return taken
+
+    class Alive(Endpoint):
+        def __init__(self, name: str, node: int) -> None:
+            self.name, self.nodes, self.requests = name, (node,), {}
+            self.submitted: list[str] = []
+
+        async def submit(self, req: ServeRequest) -> None:
+            self.submitted.append(req.req_id)
+            self.requests[req.req_id] = req
+
+    async def run() -> tuple[Server, Alive]:
+        client = ClusterClient.__new__(ClusterClient)
+        client._subs = []  # subscribe only
+        server = Server(client, "m")
+        dying, alive = Dying("dying", 0, asyncio.Event()), Alive("alive", 1)
+        server.endpoints = {"dying": dying, "alive": alive}  # the router prefers the oldest
+        req = server.new_request([1, 2], SamplingParams())
+        asyncio.get_running_loop().call_later(
+            0.05, server._events.put_nowait, AgentDown(node=0, t=0.0)
+        )
+        await asyncio.wait_for(server.submit(req), 5.0)
+        for _ in range(50):  # every dispatcher has run
+            await asyncio.sleep(0.01)
+        server._pump.cancel()
+        return server, alive
+
+    server, alive = asyncio.run(run())
+    assert alive.submitted == ["r0"], alive.submitted  # once, not twice
+    assert not server.queue

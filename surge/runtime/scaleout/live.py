@@ -277,8 +277,7 @@ class LiveScaling:
             ctx.live_redistributed += len(reqs)
             log.info("redistribution: %d requests %s -> %s", len(reqs), old.name, new.name)
             # At the head of the queue, not routed yet: the new instance opens next.
-            queued = {r.req_id for r in server.queue}
-            server.queue[:0] = [r for r in reqs if r.req_id not in queued]
+            server.queue[:0] = [r for r in reqs if server.unplaced(r)]
 
     def opened(self) -> None:
         """The whole receiver serves now: under P/D, hand-offs waiting for decode room
