@@ -35,6 +35,9 @@ class HostCache:
         self.cluster_id = cluster_id
         self.node = node
         self._segments: dict[tuple[str, int], shared_memory.SharedMemory] = {}
+        self._closing: list[shared_memory.SharedMemory] = []
+        """Evicted segments a view still pins (the runner's tensors, a send in flight, a
+        slice not yet collected): unlinked already, closed once the last view is gone."""
 
     def allocate(self, model: str, info: BlockInfo) -> memoryview:
         """A writable buffer for a block (reused if present)."""
@@ -63,14 +66,29 @@ class HostCache:
         return sorted(b for m, b in self._segments if m == model)
 
     def evict(self, model: str, block: int) -> None:
+        """Forget a block: its name goes now, its memory when nothing views it any more
+        (closing a segment a view still exports raises BufferError, so that one waits)."""
+        self._closing = [seg for seg in self._closing if not _closed(seg)]
         seg = self._segments.pop((model, block), None)
         if seg is not None:
-            seg.close()
             seg.unlink()
+            if not _closed(seg):
+                self._closing.append(seg)
 
     def close(self) -> None:
         for key in list(self._segments):
             self.evict(*key)
+        if self._closing:
+            log.info("%d evicted host blocks still viewed at close", len(self._closing))
+
+
+def _closed(seg: shared_memory.SharedMemory) -> bool:
+    """Close a segment's mapping unless a view of it is still alive."""
+    try:
+        seg.close()
+    except BufferError:
+        return False
+    return True
 
 
 class DiskTier:
