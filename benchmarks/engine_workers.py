@@ -22,14 +22,18 @@ def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
-def surge_runner(model_dir: str, dtype: str, pack: bool = True, compile_decode: bool = False):
+def surge_runner(
+    model_dir: str, dtype: str, pack: bool = True, compile_decode: bool = False, fuse: bool = True
+):
     # The store holds the checkpoint's dtype; surge runs it as stored.
     from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine
     from surge.engine.sampling import SamplingParams
     from surge.model.manifest import read_manifest
 
-    config = EngineConfig(pack_cpu_weights=pack, compile_decode=compile_decode)
+    config = EngineConfig(
+        pack_cpu_weights=pack, compile_decode=compile_decode, fuse_projections=fuse
+    )
     engine = LLMEngine(read_manifest(Path(model_dir)), config)
 
     def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -94,10 +98,16 @@ def surge_compiled_runner(model_dir: str, dtype: str):
     return surge_runner(model_dir, dtype, compile_decode=True)
 
 
+def surge_unfused_runner(model_dir: str, dtype: str):
+    """surge with `EngineConfig.fuse_projections` off (q, k, v, gate, up separate matmuls)."""
+    return surge_runner(model_dir, dtype, fuse=False)
+
+
 RUNNERS = {
     "surge": surge_runner,
     "surge-nopack": surge_nopack_runner,
     "surge-compiled": surge_compiled_runner,
+    "surge-unfused": surge_unfused_runner,
     "transformers": transformers_runner,
     "vllm": vllm_runner,
 }

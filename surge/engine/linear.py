@@ -17,6 +17,7 @@ Under `torch.compile` (`surge.engine.compiled`) the packed call goes through the
 `surge::packed_linear` op: inductor lowers oneDNN's op only for weights frozen into the graph.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -91,3 +92,27 @@ class Linear:
                 return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def fuse_linears(parts: Sequence[Linear]) -> Linear:
+    """One projection whose output is `parts`' outputs side by side (q|k|v, gate|up): a copy.
+
+    One matrix streams in one call what several did in several: measured on this project's
+    VM (one thread, 100mb preset's 6 layers), the layers' projections at one row 5.0 -> 4.3 ms
+    with q/k/v and gate/up fused (MKL's per-call overhead on the small k/v matrices, and
+    two calls fewer), 1.02-1.08x at 8 rows packed, 1.01-1.03x at 32. The copy keeps the
+    parts' layout: stored transposed (`[in, out]` contiguous, read as an `[out, in]` view), the
+    fused weight is `[in, sum(out)]` contiguous, so one-row calls stay MKL's column gemv.
+    A missing bias among present ones is zeros (adds nothing). Unpacked; pack it afterwards.
+    """
+    weights = [p.weight for p in parts]
+    if all(w.t().is_contiguous() for w in weights):
+        weight = torch.cat([w.t() for w in weights], dim=1).t()
+    else:
+        weight = torch.cat([w.contiguous() for w in weights], dim=0)
+    bias = None
+    if any(p.bias is not None for p in parts):
+        bias = torch.cat(
+            [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in parts]
+        )
+    return Linear(weight=weight, bias=bias)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from surge.engine.linear import Linear
+from surge.engine.linear import Linear, fuse_linears
 from surge.model.arch import (
     EMBED_NAME,
     FINAL_NORM_NAME,
@@ -28,38 +28,53 @@ from surge.model.arch import (
 class LayerWeights:
     """The projections and norms of one decoder layer (`Linear` holds weight, bias, packing).
 
-    Projections stay separate matrices on purpose: on CPU at small batch, a matmul is bound
-    by streaming its weights, and MKL is measurably slower on one fused [q;k;v] or [gate;up]
-    matrix than on the separate ones (benchmarks/engine_throughput.py notes).
+    Fused (the default, `EngineConfig.fuse_projections`): `qkv` computes q, k and v in one
+    matmul and `gate_up` gate and up in one (`surge.engine.linear.fuse_linears`, a copy made
+    when the block lands), and `q`, `k`, `v`, `gate`, `up` are None. Unfused: the reverse,
+    each a view of the block buffer.
     """
 
     input_norm: torch.Tensor
-    q: Linear
-    k: Linear
-    v: Linear
+    qkv: Linear | None
+    q: Linear | None
+    k: Linear | None
+    v: Linear | None
     o: Linear
     post_norm: torch.Tensor
-    gate: Linear
-    up: Linear
+    gate_up: Linear | None
+    gate: Linear | None
+    up: Linear | None
     down: Linear
 
+    @property
+    def projection_names(self) -> tuple[str, ...]:
+        """The fields holding a `Linear` (4 fused, 7 unfused), for whoever packs them."""
+        names = ("qkv", "q", "k", "v", "o", "gate_up", "gate", "up", "down")
+        return tuple(n for n in names if getattr(self, n) is not None)
+
     @staticmethod
-    def from_tensors(tensors: dict[str, torch.Tensor], layer: int) -> "LayerWeights":
+    def from_tensors(
+        tensors: dict[str, torch.Tensor], layer: int, fuse: bool = True
+    ) -> "LayerWeights":
         """Layer `layer`'s weights from a block's tensors (unpacked; the runner packs)."""
         p = layer_prefix(layer)
 
         def proj(name: str) -> Linear:
             return Linear.of(tensors[p + name + ".weight"], tensors.get(p + name + ".bias"))
 
+        q, k, v = proj("self_attn.q_proj"), proj("self_attn.k_proj"), proj("self_attn.v_proj")
+        gate, up = proj("mlp.gate_proj"), proj("mlp.up_proj")
         return LayerWeights(
             input_norm=tensors[p + "input_layernorm.weight"],
-            q=proj("self_attn.q_proj"),
-            k=proj("self_attn.k_proj"),
-            v=proj("self_attn.v_proj"),
+            qkv=fuse_linears((q, k, v)) if fuse else None,
+            q=None if fuse else q,
+            k=None if fuse else k,
+            v=None if fuse else v,
             o=proj("self_attn.o_proj"),
             post_norm=tensors[p + "post_attention_layernorm.weight"],
-            gate=proj("mlp.gate_proj"),
-            up=proj("mlp.up_proj"),
+            gate_up=fuse_linears((gate, up)) if fuse else None,
+            gate=None if fuse else gate,
+            up=None if fuse else up,
             down=proj("mlp.down_proj"),
         )
 
@@ -197,9 +212,14 @@ def decoder_layer(
     B, Q, _ = x.shape
     nh, nkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     h = rms_norm(x, w.input_norm, arch.rms_norm_eps)
-    q = apply_rope(w.q(h).view(B, Q, nh, d), ctx.cos, ctx.sin)
-    k = apply_rope(w.k(h).view(B, Q, nkv, d), ctx.cos, ctx.sin)
-    v = w.v(h).view(B, Q, nkv, d)
+    if w.qkv is not None:
+        q, k, v = w.qkv(h).split((nh * d, nkv * d, nkv * d), dim=-1)
+    else:
+        assert w.q is not None and w.k is not None and w.v is not None
+        q, k, v = w.q(h), w.k(h), w.v(h)
+    q = apply_rope(q.view(B, Q, nh, d), ctx.cos, ctx.sin)
+    k = apply_rope(k.view(B, Q, nkv, d), ctx.cos, ctx.sin)
+    v = v.view(B, Q, nkv, d)
 
     k_new, v_new = k.reshape(B * Q, nkv, d), v.reshape(B * Q, nkv, d)
     if ctx.valid_index is not None:
@@ -219,7 +239,12 @@ def decoder_layer(
     )
     x = x + w.o(attn.transpose(1, 2).reshape(B, Q, nh * d))
     h = rms_norm(x, w.post_norm, arch.rms_norm_eps)
-    return x + w.down(F.silu(w.gate(h)) * w.up(h))
+    if w.gate_up is not None:
+        gate, up = w.gate_up(h).chunk(2, dim=-1)
+    else:
+        assert w.gate is not None and w.up is not None
+        gate, up = w.gate(h), w.up(h)
+    return x + w.down(F.silu(gate) * up)
 
 
 def final_logits(x: torch.Tensor, head: HeadWeights, arch: ModelArch) -> torch.Tensor:

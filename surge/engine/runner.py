@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-"""The `Linear` fields of `LayerWeights`."""
-
 
 class ModelRunner:
     """Holds blocks of one model and runs layer ranges of them, with a paged KV cache."""
@@ -109,9 +106,10 @@ class ModelRunner:
             tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
         self.block_buffers[index] = buf
         for layer in range(info.first_layer, info.end_layer):
-            self.layers[layer] = LayerWeights.from_tensors(tensors, layer)
+            weights = LayerWeights.from_tensors(tensors, layer, self.config.fuse_projections)
+            self.layers[layer] = weights
             if self.packs:
-                self.pack_queue.extend((layer, name) for name in PROJECTIONS)
+                self.pack_queue.extend((layer, name) for name in weights.projection_names)
         if info.has_embed:
             self.embedding = embedding_of(tensors)
         if info.has_head:

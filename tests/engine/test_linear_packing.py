@@ -10,7 +10,7 @@ from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.linear import Linear, can_pack
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.runner import PROJECTIONS, ModelRunner
+from surge.engine.runner import ModelRunner
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from tests.engine.reference import assert_same_tokens, hf_greedy
@@ -47,7 +47,7 @@ def test_unpacked_when_not_asked_or_not_float32() -> None:
 
 def _projections(runner: ModelRunner) -> list[Linear]:
     return [runner.head.lm_head] + [
-        getattr(layer, name) for layer in runner.layers.values() for name in PROJECTIONS
+        getattr(layer, name) for layer in runner.layers.values() for name in layer.projection_names
     ]
 
 
@@ -71,7 +71,7 @@ def test_runner_packs_gradually_and_only_on_batched_steps(tiny_store: Path, pack
     )
     runner = ModelRunner(manifest, config)
     runner.load_blocks()
-    assert len(_projections(runner)) == 1 + 7 * runner.arch.num_layers
+    assert len(_projections(runner)) == 1 + 4 * runner.arch.num_layers  # q|k|v, o, gate|up, down
     assert all(p.packed is None for p in _projections(runner))  # landing packs nothing
     h = runner.embed(torch.tensor([[1], [2]]))
     runner.run_layers(0, runner.arch.num_layers, h[:1], _batch([0]))
@@ -103,7 +103,7 @@ def test_packed_engine_matches_transformers(tiny_hf: Path, tiny_store: Path) -> 
     engine = LLMEngine.from_store(tiny_store, config)
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     runner = engine.executor.runner
-    assert runner.layers[0].q.packed is not None  # packed while generating ...
+    assert runner.layers[0].qkv.packed is not None  # packed while generating ...
     assert runner.pack_queue  # ... part way: steps ran on a half-packed model too
     for prompt, out in zip(prompts, outs, strict=True):
         ref, logits = hf_greedy(tiny_hf, prompt, 12)
@@ -119,4 +119,4 @@ def test_narrow_models_are_not_packed(tiny_store: Path) -> None:
     assert not runner.packs and not runner.pack_queue
     wide = ModelRunner(manifest, EngineConfig(pack_min_hidden_size=manifest.arch.hidden_size))
     wide.load_blocks()
-    assert wide.packs and len(wide.pack_queue) == 1 + 7 * manifest.arch.num_layers
+    assert wide.packs and len(wide.pack_queue) == 1 + 4 * manifest.arch.num_layers
