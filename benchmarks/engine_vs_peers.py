@@ -286,7 +286,9 @@ def main() -> None:
             others += [UNFUSED] if s == "surge" and args.unfused else []
             for n in others:
                 for what, suffix in RATIOS:
-                    row[f"{key}_over_{n}_{suffix}"] = round(row[s][what] / row[n][what], 3)
+                    row[f"{key}_over_{n.replace('-', '_')}_{suffix}"] = round(
+                        row[s][what] / row[n][what], 3
+                    )
             if b == 1:
                 row[f"{key}_decode_share_of_bandwidth_limit"] = round(
                     row[s]["decode_tok_s"] / limit_tok_s, 3
