@@ -151,10 +151,10 @@ class AgentTransfer:
                 self._pool[node] = conn
             return conn
 
-    async def pull(
+    async def fetch(
         self, name: str, block: int, src: int, tier: LandingTier, step: float, wait_s: float
     ) -> memoryview:
-        """Read one block from a peer straight into its tier buffer and verify it."""
+        """Read one block from a peer straight into its tier buffer (not verified yet)."""
         info = self.store.model(name).block(block)
         target = self.store.target_buffer(name, block, tier)
         conn = await self._peer(src)
@@ -165,8 +165,6 @@ class AgentTransfer:
             conn.close()
             raise
         self.bytes_in += info.size_bytes
-
-        verify_block(info, target)  # raises SurgeError naming the block on a bad checksum
         return target
 
     # ---- multicast ---------------------------------------------------------------
@@ -183,8 +181,39 @@ class AgentTransfer:
         return MulticastReply(mc_id=op.mc_id, num_recv=len(recv))
 
     async def _receive_all(self, op: MulticastOp, recv: list[tuple[int, int, int]]) -> None:
-        for step, block, src in recv:
-            await self._receive_one(op.mc_id, op.model, op.tier, step, block, src, op.wait_s)
+        """Pull `recv` in plan order, pipelined: block i is verified and taken into its tier
+        (off the event loop) while block i+1 travels, so the ingress link does not idle
+        for a checksum or a runner's intake, and this node's own sends are not held up by
+        them. One block is in that stage at a time, and blocks land in plan order."""
+        landing: asyncio.Task | None = None
+        try:
+            for step, block, src in recv:
+                if self.store.model(op.model).event(block).is_set():
+                    continue
+                first: memoryview | Exception
+                try:
+                    first = await self.fetch(op.model, block, src, op.tier, step, op.wait_s)
+                except (
+                    SurgeError,
+                    TimeoutError,
+                    ConnectionClosed,
+                    AuthError,
+                    OSError,
+                    RemoteError,
+                ) as e:
+                    first = e
+                if landing is not None:
+                    await landing
+                landing = asyncio.create_task(
+                    self._receive_one(
+                        op.mc_id, op.model, op.tier, step, block, src, op.wait_s, first=first
+                    )
+                )
+            if landing is not None:
+                await landing
+        finally:
+            if landing is not None and not landing.done():
+                landing.cancel()
         await self.ctx.emit(
             ReceiveDone(node=self.ctx.node, t=time.time(), mc_id=op.mc_id, model=op.model)
         )
@@ -198,13 +227,24 @@ class AgentTransfer:
         block: int,
         src: int,
         wait_s: float,
+        first: memoryview | Exception | None = None,
     ) -> bool:
-        if self.store.model(name).event(block).is_set():
+        """Pull one block (or take `first`, the outcome of a fetch already made), verify
+        it, land it; pull again on a bad checksum; report a pull that cannot complete."""
+        if first is None and self.store.model(name).event(block).is_set():
             return True
         node, reason = self.ctx.node, ""
-        for _ in range(MAX_PULL_ATTEMPTS):
+        info = self.store.model(name).block(block)
+        for attempt in range(MAX_PULL_ATTEMPTS):
             try:
-                buf = await self.pull(name, block, src, tier, step, wait_s)
+                if attempt == 0 and isinstance(first, Exception):
+                    raise first
+                if attempt == 0 and first is not None:
+                    buf = first
+                else:
+                    buf = await self.fetch(name, block, src, tier, step, wait_s)
+                # crc32 releases the GIL: the loop keeps moving bytes meanwhile
+                await asyncio.to_thread(verify_block, info, buf)
             except SurgeError as e:  # checksum mismatch: pull again
                 reason = str(e)
                 log.warning("node %d: %s", node, e)

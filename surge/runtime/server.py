@@ -146,7 +146,7 @@ class Server:
             return []
         if self.pd is not None:
             self.pd.forget(name)
-        moved = [r for r in await ep.take_back() if not r.done.is_set()]
+        moved = [r for r in await ep.take_back() if self.unplaced(r)]
         # Moved requests go first: they were admitted before anything still queued.
         self.queue[:0] = moved
         await self.dispatch()
