@@ -14,6 +14,8 @@ Out:
   S_i ← S_i − B/N (T − T'); workers at or below zero are done and dropped.
 - `admit_worker` / `finish_worker`: a worker starts or stops fetching; both change the
   bandwidth, so both apply Eq. 4 first: pending sizes are updated on every change.
+  `admit_background`: a consolidating worker's background fetch of the rest (§6.1)
+  shares the NIC too, without a deadline.
 - `contention_adjusted_servers`: the `GpuServer`s for `paraserve_sizing` with each
   server's network bandwidth replaced by the share a new worker would get.
 - `fetch_deadline_s`: the deadline recorded for a worker from its TTFT prediction.
@@ -135,6 +137,21 @@ def admit_worker(
         raise SurgeError(f"worker {worker.worker_id} already fetches on {network.server_id}")
     if not meets_deadlines(current, len(current.workers) + 1, now_s):
         return None
+    return replace(current, workers=(*current.workers, worker))
+
+
+def admit_background(
+    network: ServerNetwork, worker_id: str, pending_bytes: float, now_s: float
+) -> ServerNetwork:
+    """A consolidating worker starts loading the rest of its model in the background
+    (§5.2 Fig. 6(b), §6.1): it fetches through this server's NIC like a cold-start worker,
+    so it takes a share B/N (new workers see B/(N+1)), but it has no TTFT deadline
+    (D = infinity: Eq. 3 never refuses a new worker on its account) and it is admitted
+    whatever the others' deadlines (it was decided when its group consolidated)."""
+    current = handle_bandwidth_change(network, now_s)
+    if any(w.worker_id == worker_id for w in current.workers):
+        raise SurgeError(f"worker {worker_id} already fetches on {network.server_id}")
+    worker = FetchingWorker(worker_id, math.inf, pending_bytes)
     return replace(current, workers=(*current.workers, worker))
 
 

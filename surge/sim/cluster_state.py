@@ -34,6 +34,10 @@ class ClusterState:
             for g in m.gpu_ids:
                 self.machine_of_gpu[g] = m
         self.free_gpus: set[int] = set(self.machine_of_gpu)
+        """GPUs nobody holds any of (whole-GPU instances take only these)."""
+        self.gpu_used: dict[int, float] = {}
+        """Share held of each GPU that fractional workers share (ParaServe low-memory
+        workers, `policy.paraserve_gpu_share`): neither free nor whole."""
         self.host_cache: list[dict[str, CacheEntry]] = [{} for _ in self.machines]
         self.cached_machines: set[int] = set()
         """Machines whose host cache holds something (kept by `sim.host_cache`, so the
@@ -132,6 +136,17 @@ class ClusterState:
     def free_on(self, machine: Machine) -> tuple[int, ...]:
         """Free GPU ids of `machine`, ascending."""
         return tuple(g for g in machine.gpu_ids if g in self.free_gpus)
+
+    def free_shares_on(self, machine: Machine) -> tuple[tuple[int, float], ...]:
+        """(GPU id, free share) of every GPU of `machine` with any of it free, ascending:
+        1.0 for a free GPU, the unheld rest of a shared one."""
+        out = []
+        for g in machine.gpu_ids:
+            if g in self.free_gpus:
+                out.append((g, 1.0))
+            elif g in self.gpu_used:
+                out.append((g, 1.0 - self.gpu_used[g]))
+        return tuple(out)
 
     def host_cache_bytes(self) -> int:
         """Bytes of models in host caches, whole cluster."""

@@ -11,19 +11,21 @@ and then (§6.1) consolidation into standalone instances. Decisions:
   (`surge.policy.startup.split_blocks`);
 - FlexPipe systems: stage count, layers and GPUs from `sim.flexpipe.FlexPipe.shape`
   (and in-flight refactoring at every autoscaler check: `FlexPipe.retune`);
-- consolidation: `surge.policy.paraserve_predictor.decide_consolidation` (`predictor`:
-  scale down to one worker or up to several) or every member (`scale-up`); kept members
-  fetch the rest of the model (taking more GPUs of their machine if the whole model needs
-  them), then become instances, the group retires (its requests move to them and
-  recompute their KV cache) and the other members' GPUs are freed.
+- GPU shares (ParaServe §4.1.1-§4.1.2, `SimSettings.fractional_gpus`): a low-memory
+  worker holds 1/s of one GPU (`paraserve_gpu_share.low_memory_share`), on the GPU
+  `paraserve_gpu_share.pick_gpu` picks (best fit: GPUs are shared by workers of several
+  groups and models); Alg. 1 sees a machine with no free GPU as free memory of the
+  largest free share;
+- consolidation (§6.1): `sim.consolidation.Consolidation`.
 """
 
 from collections.abc import Callable
 
+from surge.policy.paraserve_gpu_share import SHARE_EPS, low_memory_share, pick_gpu
 from surge.policy.paraserve_placement import ServerNetwork, finish_worker
-from surge.policy.paraserve_predictor import PredictorSettings, decide_consolidation
 from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import GroupRequest, plan_group, split_blocks
+from surge.sim.consolidation import Consolidation
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
 from surge.sim.fetch import fetch
@@ -52,6 +54,7 @@ class Groups:
         place: Callable[[Pool, int, int], tuple[tuple[int, ...], ...]],
         ready: Callable[[Pool, Instance, float], None],
         flexpipe: FlexPipe,
+        on_network_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.world = world
         self.flexpipe = flexpipe
@@ -63,6 +66,19 @@ class Groups:
         self.ready = ready
         self.networks: dict[int, ServerNetwork] = {}
         """Alg. 2's state per machine: workers fetching there and their deadlines."""
+        self.on_network_change = on_network_change
+        """Called when a tracked fetch ends: Alg. 2 may now offer a share it refused, so
+        pools waiting for a group decide again (as they do when GPUs are released)."""
+        self.consolidation = Consolidation(
+            world,
+            requests,
+            gpus,
+            self.networks,
+            self._fetch,
+            make_endpoint,
+            ready,
+            on_network_change,
+        )
         self.started = 0
 
     # --- choosing the group -----------------------------------------------------------
@@ -78,10 +94,28 @@ class Groups:
         b = self.world.system.num_blocks
         return tuple(total // b + (1 if i < total % b else 0) for i in range(b))
 
-    def _usable_bytes(self, machine: int) -> int:
-        m = self.world.state.machines[machine]
+    def _fractional(self, pool: Pool) -> bool:
+        """Whether this pool's low-memory workers hold shares of one GPU: fractional GPUs
+        on and a full worker fits one GPU (`policy.paraserve_gpu_share`)."""
+        slot = self.world.models[pool.model]
+        kv = self.world.settings.kv_memory_fraction
+        return (
+            self.world.settings.fractional_gpus
+            and tp_for(slot.group, slot.profile.total_bytes, kv) == 1
+        )
+
+    def _usable_bytes(self, machine: int, model_bytes: int, fractional: bool) -> int:
+        """GPU memory Alg. 1 may give a worker on `machine`: its free GPUs' usable memory;
+        with fractional GPUs and none free, the largest free share of one GPU in units of
+        the model (a full worker's memory, which one GPU holds): a share f holds a worker
+        of f x M (a low-memory worker of s holds 1/s, §4.1.2)."""
+        state = self.world.state
+        m = state.machines[machine]
         per_gpu = m.group.gpu.memory_bytes * self.world.settings.kv_memory_fraction
-        free = len(self.world.state.free_on(m))
+        free = len(state.free_on(m))
+        if fractional and free == 0:
+            share = max((f for _, f in state.free_shares_on(m)), default=0.0)
+            return int((share + SHARE_EPS) * model_bytes)
         return int(free * per_gpu * (1 - MIN_KV_FRACTION) / WEIGHT_HEADROOM)
 
     def _times(self, pool: Pool) -> StageTimes:
@@ -99,19 +133,24 @@ class Groups:
             wait_s=max(wait, 0.0),
         )
 
-    def _alg1(self, pool: Pool, blocks: tuple[int, ...]) -> list[tuple[int, int, tuple[int, ...]]]:
-        """(machine, bytes it must hold, part) per member, by `plan_group`; [] if none."""
+    def _alg1(
+        self, pool: Pool, blocks: tuple[int, ...]
+    ) -> list[tuple[int, int, tuple[int, ...], bool]]:
+        """(machine, bytes it must hold, part, full-memory) per member, by `plan_group`;
+        [] if none."""
         world = self.world
         slot = world.models[pool.model]
         state = world.state
+        fractional = self._fractional(pool)
         servers = []
         for m in state.machines:
-            if m.group is slot.group and state.free_on(m):
+            if m.group is slot.group and (
+                state.free_on(m) or (fractional and state.free_shares_on(m))
+            ):
                 fetch = state.fetch_gbps(m.index)
                 self.networks.setdefault(m.index, ServerNetwork(m.index, fetch))
-                servers.append(
-                    GpuServer(m.index, self._usable_bytes(m.index), fetch, m.group.pcie_gbps)
-                )
+                usable = self._usable_bytes(m.index, sum(blocks), fractional)
+                servers.append(GpuServer(m.index, usable, fetch, m.group.pcie_gbps))
         if not servers:
             return []
         slo = world.settings.slo_of(slot.name)
@@ -135,7 +174,7 @@ class Groups:
         full = set(plan.sizing.full_memory_servers)
         total = sum(blocks)
         return [
-            (m, total if m in full else -(-total // len(plan.members)), part)
+            (m, total if m in full else -(-total // len(plan.members)), part, m in full)
             for m, part in zip(plan.members, plan.parts, strict=True)
         ]
 
@@ -144,17 +183,29 @@ class Groups:
         slot = world.models[pool.model]
         blocks = self._block_bytes(pool.model)
         workers: list[tuple[int, ...]] = []
+        shares: list[float] = []
         member_bytes: list[int] = []
         tracked: list[int] = []
         model_id = ""
         chosen = self._alg1(pool, blocks) if sys.group_sizing == "alg1" else []
         shaped = self.flexpipe.shape(pool) if self.flexpipe.enabled else None
         if chosen:
-            for m, nbytes, part in chosen:
-                tp = tp_for(slot.group, nbytes, world.settings.kv_memory_fraction) or 1
-                workers.append(world.state.free_on(world.state.machines[m])[:tp])
+            share = low_memory_share(len(chosen), 1) if self._fractional(pool) else None
+            for m, nbytes, part, full in chosen:
+                machine = world.state.machines[m]
+                if share is not None and not full:
+                    # a low-memory worker holds 1/s of one GPU (§4.1.2), the best-fit one
+                    gpu = pick_gpu(world.state.free_shares_on(machine), share)
+                    if gpu is None:  # Alg. 1 saw room for it: a bug
+                        raise AssertionError(f"machine {m} has no GPU share {share} free")
+                    workers.append((gpu,))
+                    shares.append(share)
+                else:
+                    tp = tp_for(slot.group, nbytes, world.settings.kv_memory_fraction) or 1
+                    workers.append(world.state.free_on(machine)[:tp])
+                    shares.append(1.0)
                 member_bytes.append(sum(blocks[b] for b in part))
-            tracked = [m for m, _, _ in chosen]
+            tracked = [m for m, _, _, _ in chosen]
             model_id = f"{slot.name}@{self.started}"
         elif shaped is not None:
             workers, member_bytes, spans = shaped
@@ -171,13 +222,15 @@ class Groups:
             member_bytes = [sum(blocks[b] for b in part) for part in split_blocks(blocks, size)]
         if not workers:
             return False
-        for w in workers:
-            self.gpus.take(w)
         machine_of = world.state.machine_of_gpu
-        # a multi-worker group is a pipeline: `pipeline_micro_batches` batches in flight
-        inst = self.make_endpoint(
-            pool, Placement(tuple(workers), machine_of[workers[0][0]].index), len(workers) > 1
+        placement = Placement(
+            tuple(workers),
+            machine_of[workers[0][0]].index,
+            tuple(shares) if any(s < 1.0 for s in shares) else (),
         )
+        self.gpus.take_placement(placement)
+        # a multi-worker group is a pipeline: `pipeline_micro_batches` batches in flight
+        inst = self.make_endpoint(pool, placement, len(workers) > 1)
         pool.instances.append(inst)
         if shaped is not None and not chosen:
             self.flexpipe.register(inst, spans)
@@ -197,6 +250,8 @@ class Groups:
                     inst.id,
                     lambda: self._serving(pool, inst, member_bytes),
                 )
+            if tracked:
+                self.on_network_change()
 
         for i, (w, nbytes) in enumerate(zip(workers, member_bytes, strict=True)):
             self._fetch(pool, w, nbytes, lambda i=i: member_done(i), count=True)
@@ -228,84 +283,4 @@ class Groups:
         self.ready(pool, group, 0.0)
         workers = group.placement.workers
         if len(workers) > 1 and self.world.system.consolidation != "none":
-            self._consolidate(pool, group, member_bytes)
-
-    def _keep(self, pool: Pool, size: int) -> int:
-        sys = self.world.system
-        if sys.consolidation == "scale-up":
-            return size
-        decision = decide_consolidation(
-            pool.arrivals_s,
-            self.world.loop.now_s,
-            len(pool.queue),
-            size,
-            PredictorSettings(
-                window_s=sys.predictor_window_s,
-                requests_per_worker=max(1, round(sys.autoscale.target_ongoing_requests)),
-                max_pipeline_size=sys.pipeline_size,
-            ),
-        )
-        return 1 if decision.mode == "scale_down" else min(decision.num_workers_to_keep, size)
-
-    def _consolidate(
-        self,
-        pool: Pool,
-        group: Instance,
-        member_bytes: list[int],
-    ) -> None:
-        """ParaServe §6.1: kept members fetch the rest and become instances."""
-        world = self.world
-        slot = world.models[pool.model]
-        full_tp = tp_for(slot.group, slot.profile.total_bytes, world.settings.kv_memory_fraction)
-        if full_tp is None:
-            return  # no machine of the group holds the whole model: it serves as a group
-        wanted = self._keep(pool, len(member_bytes))
-        kept: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
-        for i, w in enumerate(group.placement.workers):
-            if len(kept) == wanted:
-                break
-            machine = world.state.machines[world.state.machine_of_gpu[w[0]].index]
-            extra = world.state.free_on(machine)[: max(full_tp - len(w), 0)]
-            if len(w) + len(extra) < full_tp:
-                continue  # this member's machine cannot hold the whole model
-            self.gpus.take(extra)
-            kept.append((i, w, extra))
-        if not kept:
-            return
-        # The group stays releasable meanwhile: if the autoscaler gives it back first,
-        # the consolidation is abandoned (`_switch` returns the extra GPUs).
-        left = [len(kept)]
-
-        def one_done() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                self._switch(pool, group, kept)
-
-        total = slot.profile.total_bytes
-        for i, w, extra in kept:
-            self._fetch(pool, w + extra, total - member_bytes[i], one_done, count=False)
-
-    def _switch(
-        self,
-        pool: Pool,
-        group: Instance,
-        kept: list[tuple[int, tuple[int, ...], tuple[int, ...]]],
-    ) -> None:
-        world = self.world
-        if group.released:
-            for _, _, extra in kept:
-                self.gpus.give_back(extra)
-            return
-        keep_ids = {i for i, _, _ in kept}
-        machine_of = world.state.machine_of_gpu
-        for i, w in enumerate(group.placement.workers):
-            if i not in keep_ids:
-                self.gpus.give_back(w)
-        pool.instances.remove(group)
-        group.released = True
-        for _, w, extra in kept:
-            inst = self.make_endpoint(pool, Placement((w + extra,), machine_of[w[0]].index), False)
-            pool.instances.append(inst)
-            self.ready(pool, inst, 0.0)
-        world.event(pool.model, pool.role, "consolidate", len(kept))
-        self.requests.requeue(pool, group.drain())
+            self.consolidation.start(pool, group, member_bytes)

@@ -17,6 +17,9 @@ class Placement:
     group)."""
     machine: int
     """Machine of the first worker."""
+    shares: tuple[float, ...] = ()
+    """Fraction of its one GPU each worker holds (ParaServe low-memory workers,
+    `policy.paraserve_gpu_share`); empty: every worker holds its GPUs whole."""
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -27,6 +30,15 @@ class Placement:
     def all_gpus(self) -> tuple[int, ...]:
         """Every GPU the endpoint holds."""
         return tuple(g for w in self.workers for g in w)
+
+    def share(self, worker: int) -> float:
+        """Fraction of its GPU(s) worker `worker` holds (1.0: whole GPUs)."""
+        return self.shares[worker] if self.shares else 1.0
+
+    @property
+    def gpu_count(self) -> float:
+        """GPUs it holds, counting a shared GPU by the fraction held (GPU-seconds)."""
+        return sum(len(w) * self.share(i) for i, w in enumerate(self.workers))
 
 
 NOWHERE = Placement(((0,),), 0)

@@ -27,9 +27,9 @@ class SimResult:
     """Per request: tokens generated."""
     model_index: np.ndarray
     """Per request: index into model_names."""
-    gpu_changes: list[tuple[float, int]] = field(default_factory=list)
+    gpu_changes: list[tuple[float, float]] = field(default_factory=list)
     """(time, GPUs allocated after the change)."""
-    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
     """(time, GPUs allocated, host-cache bytes), every sample interval."""
     scale_events: list[tuple[float, str, str, int]] = field(default_factory=list)
     """(time, model, kind, count): kind is scale-out, release, mutate, pipeline,

@@ -24,6 +24,7 @@ from surge.policy.autoscale import (
     ScaleDecision,
     decide,
 )
+from surge.policy.paraserve_gpu_share import SHARE_EPS, pipeline_speed
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
@@ -46,7 +47,8 @@ class Gpus:
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.allocated = 0
+        self.allocated: float = 0
+        """GPUs held now, a shared GPU counted by the shares held."""
 
     def take(self, gpus: tuple[int, ...]) -> None:
         """Allocate `gpus` (free ones)."""
@@ -58,7 +60,50 @@ class Gpus:
         self.world.state.free_gpus.update(gpus)
         self._change(-len(gpus))
 
-    def _change(self, delta: int) -> None:
+    def take_share(self, gpu: int, share: float) -> None:
+        """Hold `share` of `gpu` (free, or shared with room for it); GPU-seconds count
+        the share."""
+        if share >= 1.0:
+            self.take((gpu,))
+            return
+        state = self.world.state
+        state.free_gpus.discard(gpu)
+        state.gpu_used[gpu] = state.gpu_used.get(gpu, 0.0) + share
+        self._change(share)
+
+    def give_back_share(self, gpu: int, share: float) -> None:
+        """Release `share` of `gpu`; the GPU is free again once nothing of it is held."""
+        state = self.world.state
+        left = state.gpu_used.get(gpu, 0.0) - share
+        if left <= SHARE_EPS:
+            state.gpu_used.pop(gpu, None)
+            state.free_gpus.add(gpu)
+        else:
+            state.gpu_used[gpu] = left
+        self._change(-share)
+
+    def make_whole(self, gpu: int) -> None:
+        """One worker now holds all of shared `gpu` (it grew in place, ParaServe §6.1):
+        from here on it holds the GPU whole."""
+        self.world.state.gpu_used.pop(gpu)
+
+    def take_placement(self, placement: Placement) -> None:
+        """Hold every worker's GPUs (or its share of its GPU)."""
+        for i, w in enumerate(placement.workers):
+            if placement.share(i) < 1.0:
+                self.take_share(w[0], placement.share(i))
+            else:
+                self.take(w)
+
+    def give_back_placement(self, placement: Placement) -> None:
+        """Release what `take_placement` held."""
+        for i, w in enumerate(placement.workers):
+            if placement.share(i) < 1.0:
+                self.give_back_share(w[0], placement.share(i))
+            else:
+                self.give_back(w)
+
+    def _change(self, delta: float) -> None:
         self.allocated += delta
         self.world.result.gpu_changes.append((self.world.loop.now_s, self.allocated))
 
@@ -84,7 +129,12 @@ class InstanceFactory:
         world, settings = self.world, self.world.settings
         slot = world.models[pool.model]
         tp = len(placement.gpus)
-        mem = slot.group.gpu.memory_bytes * settings.kv_memory_fraction * len(placement.all_gpus)
+        # a worker holding a share of its GPU holds that share of its memory (ParaServe
+        # §4.1.1) and computes at that quota: the group's speed, `pipeline_speed`
+        mem = slot.group.gpu.memory_bytes * settings.kv_memory_fraction * placement.gpu_count
+        speed = settings.pipeline_speed if pipeline else 1.0
+        if placement.shares:
+            speed *= pipeline_speed(placement.shares)
         kv_bytes = max(mem - slot.profile.total_bytes * WEIGHT_HEADROOM, mem * MIN_KV_FRACTION)
         self.next_id += 1
         inst = Instance(
@@ -100,7 +150,7 @@ class InstanceFactory:
             hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
             placement=placement,
             pool_key=pool.key,
-            speed=settings.pipeline_speed if pipeline else 1.0,
+            speed=speed,
         )
         if self.sharing.enabled:
             inst.on_busy = self.sharing.on_busy
@@ -299,13 +349,18 @@ class Scaler:
         """Give `inst` back; other pools waiting for GPUs get a chance at once."""
         inst.released = True
         pool.instances.remove(inst)
-        self.gpus.give_back(inst.all_gpus)
+        self.gpus.give_back_placement(inst.placement)
         self.world.event(pool.model, pool.role, "release")
         name = self.world.models[pool.model].name
         self.world.publish(InstanceDrained, model=name, node=inst.machine)
         self.cache.touch(inst.machine, pool.model)
+        self.wake_waiting(pool)
+
+    def wake_waiting(self, skip: Pool | None = None) -> None:
+        """Every pool with queued requests (but `skip`) decides again: GPUs were released
+        or, for ParaServe, a fetch ended and Alg. 2 may offer a share it refused."""
         for other in self.pools.values():
-            if other.queue and other is not pool:
+            if other.queue and other is not skip:
                 self.autoscale(other)
 
     def _mutate(self, decode: Pool, count: int) -> int:

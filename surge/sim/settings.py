@@ -104,6 +104,12 @@ class SimSettings:
     """As `endpoint_open_s`, for one execution pipeline (one `StageOpenOp` per stage, its
     head engines, its first dispatch: `PipelineEndpoint.open` + `add_endpoint`)."""
 
+    fractional_gpus: bool = True
+    """ParaServe's low-memory workers hold 1/s of one GPU (memory and compute quota,
+    §4.1.1-§4.1.2, `policy.paraserve_gpu_share`) and share GPUs with other such workers;
+    False: every pipeline worker holds whole GPUs (the model before issue 18's fix).
+    Systems without low-memory workers are unaffected either way."""
+
     model_names: tuple[str, ...] = ()
     """Distinct names of the expanded models (a scenario's `code/0`, `code/1`, ...);
     empty: `NAME` or `NAME#i` (`simulator.expand_models`)."""
