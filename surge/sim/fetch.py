@@ -30,13 +30,19 @@ def fetch(
             world.result.cache_hits += 1
         else:
             world.result.cache_misses += 1
-    cache.touch(machine, model)
+    if from_host:
+        cache.touch(machine, model)
     store = world.models[model].group.model_store
     left = [len(gpus)]
 
     def one() -> None:
         left[0] -= 1
         if left[0] == 0:
+            if not from_host:
+                # the bytes have passed through host memory now, not when the load began:
+                # a second load on this machine meanwhile must not read a copy still in
+                # flight as a complete one
+                cache.touch(machine, model)
             done()
 
     for g in gpus:
