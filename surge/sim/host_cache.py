@@ -7,6 +7,8 @@ entries in `ClusterState.host_cache` (what `surge.policy.startup` sees as host c
 expiry are `surge.policy.keepalive` decisions (LRU + keep-alive, ServerlessLLM).
 """
 
+from collections.abc import Callable
+
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.sim.world import World
 
@@ -25,6 +27,9 @@ class HostCache:
         ]
         self.since: dict[tuple[int, str], float] = {}
         """When each entry came in (for lifetimes)."""
+        self.in_flight: dict[tuple[int, int], list[Callable[[bool], None]]] = {}
+        """(machine, model index) whose copy is on its way into host memory (`lru`), and
+        the loads waiting for it, told whether the cache took it (`sim/fetch.py`)."""
 
     def seed(self) -> None:
         """Fill the caches at time 0: every own machine (`all`) or one per model
