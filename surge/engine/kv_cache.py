@@ -13,7 +13,7 @@ Per step, `prepare` turns a `BatchMeta` into the `AttnContext` every layer uses.
 import torch
 
 from surge.engine.batch import BatchMeta
-from surge.engine.model import AttnContext, RopeTable, rope_for
+from surge.engine.model import AttnContext, RopeTable
 from surge.engine.page_pool import OutOfPagesError, PagePool
 
 __all__ = ["OutOfPagesError", "PagedKVCache", "pages_needed"]
@@ -104,9 +104,7 @@ class PagedKVCache:
         self.pool.release(list(reversed(self._tables.pop(seq_id, []))))
         self._slots.pop(seq_id, None)
 
-    def prepare(
-        self, batch: BatchMeta, rope: RopeTable, dtype: torch.dtype, whole_pages: bool = False
-    ) -> AttnContext:
+    def prepare(self, batch: BatchMeta, rope: RopeTable, whole_pages: bool = False) -> AttnContext:
         """Reserve pages for the step's new tokens and build the attention plumbing.
 
         `whole_pages`: attend every gathered slot under a mask (`AttnContext.num_keys` None),
@@ -131,16 +129,18 @@ class PagedKVCache:
         gather_pages = torch.tensor(gather, dtype=torch.int64).view(B, num_gather_pages)
         write_slots = torch.tensor(writes, dtype=torch.int64)
 
-        ctx = torch.tensor(batch.ctx_lens, dtype=torch.int64)
-        qlen = torch.tensor(batch.q_lens, dtype=torch.int64)
-        i = torch.arange(Q, dtype=torch.int64)
-        # Padded query rows reuse the last valid position, so they stay finite and harmless.
-        positions = ctx[:, None] + torch.minimum(i[None, :], qlen[:, None] - 1)
-        cos, sin = rope_for(*rope.lookup(positions.to(rope.inv_freq.device)), dtype)
+        if Q == 1:  # decode: each sequence's one new token sits at its context length
+            positions = torch.tensor(batch.ctx_lens, dtype=torch.int64).view(B, 1)
+        else:
+            ctx = torch.tensor(batch.ctx_lens, dtype=torch.int64)
+            qlen = torch.tensor(batch.q_lens, dtype=torch.int64)
+            i = torch.arange(Q, dtype=torch.int64)
+            # Padded query rows reuse the last valid position, so they stay finite and harmless.
+            positions = ctx[:, None] + torch.minimum(i[None, :], qlen[:, None] - 1)
+        cos, sin = rope.lookup(positions.to(rope.inv_freq.device), K - 1)
 
-        all_valid = all(q == Q for q in batch.q_lens)
         valid_index = None
-        if not all_valid:
+        if not all(q == Q for q in batch.q_lens):
             valid_index = (torch.arange(B)[:, None] * Q + i[None, :])[i[None, :] < qlen[:, None]]
         mask = None
         if whole_pages or not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0)):

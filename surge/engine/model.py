@@ -4,7 +4,7 @@ Weights are views into block buffers (no copies, no nn.Module parameters), so a 
 usable the moment its block lands. Flow: token ids -> `embed` -> `decoder_layer` xN ->
 `final_logits`. Attention reads and writes the paged KV cache through an `AttnContext`
 built once per step. Math matches Hugging Face's Llama/Qwen2/Mistral (RMSNorm in float32,
-rotate-half RoPE with cos/sin in float32, SwiGLU MLP).
+rotate-half RoPE with cos/sin computed in float32, SwiGLU MLP).
 """
 
 import math
@@ -156,39 +156,45 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class RopeTable:
-    """cos/sin of every position, grown on demand (a full 128k table would waste memory)."""
+    """cos/sin of every position in the model's dtype, sign-folded for `apply_rope`, grown on
+    demand (a full 128k table would waste memory). Built once, so a step's rope is two row
+    lookups, not a lookup, a sign flip and two casts per step."""
 
-    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device) -> None:
+    def __init__(
+        self, rope: RopeConfig, head_dim: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.inv_freq = rope_inv_freq(rope, head_dim).to(device)
-        self.cos = torch.empty(0, head_dim, device=device)
-        self.sin = torch.empty(0, head_dim, device=device)
+        self.dtype = dtype
+        self.cos = torch.empty(0, head_dim, device=device, dtype=dtype)
+        self.sin_signed = torch.empty(0, head_dim, device=device, dtype=dtype)
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1 if positions.numel() else 0
-        if need > self.cos.shape[0]:
-            n = max(need, 2 * self.cos.shape[0], 256)
+    def lookup(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, ...]:
+        """cos, sin_signed [*positions.shape, 1, head_dim] of `positions` (all <=
+        `max_position`), ready for `apply_rope` on [..., heads, head_dim]."""
+        if max_position >= self.cos.shape[0]:
+            n = max(max_position + 1, 2 * self.cos.shape[0], 256)
             t = torch.arange(n, device=self.inv_freq.device, dtype=torch.int64).float()
             freqs = torch.outer(t, self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = emb.cos(), emb.sin()
-        return self.cos[positions], self.sin[positions]
+            self.cos, self.sin_signed = rope_tables(emb.cos(), emb.sin(), self.dtype)
+        return self.cos[positions].unsqueeze(-2), self.sin_signed[positions].unsqueeze(-2)
 
 
-def rope_for(
+def rope_tables(
     cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [B, Q, d] float32 -> [B, Q, 1, d] in `dtype`, with sin's first half negated.
+    """cos/sin [..., d] float32 -> the same in `dtype`, with sin's first half negated.
 
     HF rotates with x * cos + cat(-x2, x1) * sin. Folding the sign into sin turns that into
     x * cos + roll(x, d/2) * sin_signed: the same products, two fewer ops per call.
     """
     half = sin.shape[-1] // 2
     sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-    return cos.unsqueeze(2).to(dtype), sin_signed.unsqueeze(2).to(dtype)
+    return cos.to(dtype), sin_signed.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotate [B, Q, heads, d] by tables from `rope_for`."""
+    """Rotate [B, Q, heads, d] by [B, Q, 1, d] rows of a `RopeTable`."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
@@ -213,13 +219,15 @@ def decoder_layer(
     nh, nkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
     h = rms_norm(x, w.input_norm, arch.rms_norm_eps)
     if w.qkv is not None:
-        q, k, v = w.qkv(h).split((nh * d, nkv * d, nkv * d), dim=-1)
+        # q and k heads sit side by side in the fused output: rotate them in one pass.
+        qkv = w.qkv(h).view(B, Q, nh + 2 * nkv, d)
+        qk = apply_rope(qkv[:, :, : nh + nkv], ctx.cos, ctx.sin)
+        q, k, v = qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + nkv :]
     else:
         assert w.q is not None and w.k is not None and w.v is not None
-        q, k, v = w.q(h), w.k(h), w.v(h)
-    q = apply_rope(q.view(B, Q, nh, d), ctx.cos, ctx.sin)
-    k = apply_rope(k.view(B, Q, nkv, d), ctx.cos, ctx.sin)
-    v = v.view(B, Q, nkv, d)
+        q = apply_rope(w.q(h).view(B, Q, nh, d), ctx.cos, ctx.sin)
+        k = apply_rope(w.k(h).view(B, Q, nkv, d), ctx.cos, ctx.sin)
+        v = w.v(h).view(B, Q, nkv, d)
 
     k_new, v_new = k.reshape(B * Q, nkv, d), v.reshape(B * Q, nkv, d)
     if ctx.valid_index is not None:

@@ -72,7 +72,7 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device)
+        self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device, self.dtype)
         self.block_buffers: dict[int, bytearray] = {}
         """Block index -> its buffer (kept alive: the weights are views into it)."""
         self.layers: dict[int, LayerWeights] = {}
@@ -187,7 +187,7 @@ class ModelRunner:
         if self.pack_queue and batch.num_seqs >= 2:
             self.pack_some()
         compiled = self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled
-        ctx = self.kv.prepare(batch, self.rope, self.dtype, whole_pages=compiled)
+        ctx = self.kv.prepare(batch, self.rope, whole_pages=compiled)
         x = hidden.to(self.device, self.dtype)
         if compiled:
             assert self.decode_graph is not None
@@ -206,8 +206,11 @@ class ModelRunner:
         """float32 logits [B, vocab] at each sequence's last new token."""
         if self.head is None:
             raise RuntimeError("logits() needs the last block, which this runner lacks")
-        last = torch.tensor([q - 1 for q in batch.q_lens], device=hidden.device)
-        rows = hidden[torch.arange(batch.num_seqs, device=hidden.device), last]
+        if all(q == hidden.shape[1] for q in batch.q_lens):  # decode, or equal pieces: a view
+            rows = hidden[:, -1]
+        else:
+            last = torch.tensor([q - 1 for q in batch.q_lens], device=hidden.device)
+            rows = hidden[torch.arange(batch.num_seqs, device=hidden.device), last]
         return final_logits(rows.to(self.device), self.head, self.arch)
 
     def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
