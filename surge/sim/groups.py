@@ -196,10 +196,18 @@ class Groups:
                 if share is not None and not full:
                     # a low-memory worker holds 1/s of one GPU (§4.1.2), the best-fit one
                     gpu = pick_gpu(world.state.free_shares_on(machine), share)
-                    if gpu is None:  # Alg. 1 saw room for it: a bug
-                        raise AssertionError(f"machine {m} has no GPU share {share} free")
-                    workers.append((gpu,))
-                    shares.append(share)
+                    if gpu is None:
+                        # Alg. 1 saw room for 1/s, but the plan has fewer parts than s
+                        # (fewer blocks): a whole GPU if one is free, else no group
+                        whole = world.state.free_on(machine)[:1]
+                        if not whole:
+                            self._forget(f"{slot.name}@{self.started}")
+                            return False
+                        workers.append(whole)
+                        shares.append(1.0)
+                    else:
+                        workers.append((gpu,))
+                        shares.append(share)
                 else:
                     tp = tp_for(slot.group, nbytes, world.settings.kv_memory_fraction) or 1
                     workers.append(world.state.free_on(machine)[:tp])
@@ -256,6 +264,15 @@ class Groups:
         for i, (w, nbytes) in enumerate(zip(workers, member_bytes, strict=True)):
             self._fetch(pool, w, nbytes, lambda i=i: member_done(i), count=True)
         return True
+
+    def _forget(self, model_id: str) -> None:
+        """A planned group that does not start: its workers leave Alg. 2's state (every
+        worker Alg. 2 admitted for it, members or not)."""
+        now = self.world.loop.now_s
+        for m, network in list(self.networks.items()):
+            for w in network.workers:
+                if w.worker_id.startswith(f"{model_id}/"):
+                    self.networks[m] = finish_worker(self.networks[m], w.worker_id, now)
 
     def _fetch(
         self,

@@ -193,3 +193,19 @@ def test_every_system_runs_a_model_on_the_card_that_holds_it() -> None:
         sim = Simulation(trace, settings)
         groups[system] = [(m.group.gpu.name, m.tp) for m in sim.world.models]
     assert groups["paraserve"] == groups["serverlessllm"] == [("A10", 1), ("V100", 1)]
+
+
+def test_a_group_with_no_room_for_its_shares_does_not_start() -> None:
+    """With fewer blocks than Alg. 1's s the group has fewer, larger parts: where the GPUs
+    have room for 1/s but not for those, and no GPU is free, no group starts and Alg. 2
+    forgets its workers (no crash, nothing held)."""
+    trace = make_trace("one", [0.0], [512], [64], [0])
+    settings = SimSettings(_a10s(4), ("llama2-7b",), "paraserve", slo=Slo(2.5, 0.2))
+    config = replace(system_config("paraserve"), num_blocks=2)
+    sim = Simulation(trace, settings, config)
+    state = sim.world.state
+    for gpu in list(state.free_gpus):
+        sim.gpus.take_share(gpu, 0.7)  # 0.3 free on every GPU: room for 1/4, not 1/2
+    assert sim.groups.start(sim.pools[(0, "both")], 1) == 0
+    assert all(not n.workers for n in sim.groups.networks.values())
+    assert all(used == pytest.approx(0.7) for used in state.gpu_used.values())
