@@ -72,6 +72,8 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
+        self.k_layers, self.v_layers = tuple(self.kv.k), tuple(self.kv.v)
+        """Per-layer views of the cache, made once (not 2 views per layer per step)."""
         self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device, self.dtype)
         self.block_buffers: dict[int, bytearray] = {}
         """Block index -> its buffer (kept alive: the weights are views into it)."""
@@ -193,12 +195,13 @@ class ModelRunner:
             assert self.decode_graph is not None
             lo, hi = start - self.first_layer, end - self.first_layer
             layers = tuple(self.layers[layer] for layer in range(start, end))
-            k_caches = tuple(self.kv.k[i] for i in range(lo, hi))
-            v_caches = tuple(self.kv.v[i] for i in range(lo, hi))
+            k_caches, v_caches = self.k_layers[lo:hi], self.v_layers[lo:hi]
             return self.decode_graph(x, layers, self.arch, ctx, k_caches, v_caches)
         for layer in range(start, end):
             i = layer - self.first_layer
-            x = decoder_layer(x, self.layers[layer], self.arch, ctx, self.kv.k[i], self.kv.v[i])
+            x = decoder_layer(
+                x, self.layers[layer], self.arch, ctx, self.k_layers[i], self.v_layers[i]
+            )
         return x
 
     @torch.inference_mode()
