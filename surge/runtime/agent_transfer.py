@@ -53,30 +53,55 @@ MAX_PULL_ATTEMPTS = 2
 
 
 class EgressPort:
-    """One send at a time, lowest plan step first (the single-port model of a plan)."""
+    """One send at a time, lowest plan step first (the single-port model of a plan).
+
+    A free port is granted on the next loop iteration, not to whichever pull reaches it
+    first: pulls woken together (a block just landed that several peers wait for) all
+    queue before the grant, so the lowest plan step goes first. Granting at once served
+    them in wake-up order, and a step-1 pull that lost to a step-2 one delayed every
+    block downstream of its receiver (seen in the netns multicast timelines)."""
 
     def __init__(self) -> None:
         self._busy = False
+        self._granting = False
         self._waiting: list[tuple[float, int, asyncio.Future]] = []
         self._seq = itertools.count()
 
     @contextlib.asynccontextmanager
     async def slot(self, priority: float):
-        if self._busy or self._waiting:
-            fut = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiting, (priority, next(self._seq), fut))
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (priority, next(self._seq), fut))
+        self._schedule_grant()
+        try:
             await fut
-        self._busy = True
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted, then cancelled: give it back
+                self._release()
+            raise
         try:
             yield
         finally:
-            self._busy = False
-            while self._waiting:
-                _, _, fut = heapq.heappop(self._waiting)
-                if not fut.done():
-                    self._busy = True
-                    fut.set_result(None)
-                    break
+            self._release()
+
+    def _release(self) -> None:
+        self._busy = False
+        self._schedule_grant()
+
+    def _schedule_grant(self) -> None:
+        if not self._busy and self._waiting and not self._granting:
+            self._granting = True
+            asyncio.get_running_loop().call_soon(self._grant)
+
+    def _grant(self) -> None:
+        self._granting = False
+        if self._busy:
+            return
+        while self._waiting:
+            _, _, fut = heapq.heappop(self._waiting)
+            if not fut.done():
+                self._busy = True
+                fut.set_result(None)
+                return
 
 
 class AgentTransfer:
