@@ -34,7 +34,7 @@ from common import ratio, run, run_scenario, write
 
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
-from surge.sim.metrics import tpot_s, ttft_s
+from surge.sim.metrics import slo_met, tpot_s, ttft_s
 from surge.sim.scenario import load_scenario
 from surge.sim.scenario_traffic import build_trace
 from surge.sim.settings import SimSettings, Slo
@@ -63,6 +63,13 @@ def _with_gamma(scn, rate_rps: float, cv: float):
     return replace(scn, groups=tuple(groups))
 
 
+def _by_application(res, settings) -> dict:
+    """SLO attainment per application (Fig. 12): model names are `chat-13b/7` etc."""
+    met = slo_met(res, settings)
+    app = np.array([n.split("/")[0] for n in res.model_names])[res.model_index]
+    return {a: float(met[app == a].mean()) for a in sorted(set(app))}
+
+
 def e2e() -> dict:
     base = load_scenario("paraserve-e2e")
     # 2.4 req/s: a heavier load, where V100s run short (fractional vs whole GPUs there)
@@ -73,8 +80,9 @@ def e2e() -> dict:
         trace = build_trace(scn)
         row: dict = {"rate_rps": rate, "cv": cv, "requests": trace.num_requests}
         for name in scn.systems:
-            s, _ = run_scenario(scn, trace, name)
+            s, res = run_scenario(scn, trace, name)
             row[name] = {k: s[k] for k in KEYS}
+            row[name]["by_application"] = _by_application(res, scn.settings(name))
         # the same ParaServe with every worker on whole GPUs (before issue 18's fix)
         s, _ = run(trace, scn.settings("paraserve", fractional_gpus=False), scn.system("paraserve"))
         row["paraserve_whole_gpus"] = {k: s[k] for k in KEYS}

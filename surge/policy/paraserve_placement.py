@@ -33,7 +33,7 @@ from surge.policy.paraserve_sizing import (
     GpuServer,
     SizingDecision,
     SizingRequest,
-    partition_bytes,
+    fetch_bytes,
     select_parallelism,
     transfer_s,
 )
@@ -194,7 +194,7 @@ def place_cold_start(
     if decision is None:
         return None, networks
     by_id = {s.server_id: s for s in servers}
-    part = partition_bytes(request.model_bytes, decision.pipeline_size)
+    part = fetch_bytes(request, decision.pipeline_size)
     updated = dict(networks)
     for server_id in decision.servers:
         network = updated.get(server_id)

@@ -106,6 +106,10 @@ class SizingRequest:
     """SLO on time per output token (> 0)."""
     settings: SizingSettings = field(default_factory=SizingSettings)
     """Algorithm knobs."""
+    fetch_bytes: tuple[int, ...] = ()
+    """Entry s − 1: the most bytes one worker of an s-worker group fetches, where the
+    caller cuts the model at block boundaries (16 blocks in 3 parts: 6/16, not 1/3);
+    empty or shorter than s: M/s (Eq. 1's term)."""
 
     def __post_init__(self) -> None:
         if self.model_bytes <= 0:
@@ -152,6 +156,14 @@ def partition_bytes(model_bytes: int, pipeline_size: int) -> int:
     return -(-model_bytes // pipeline_size)
 
 
+def fetch_bytes(request: SizingRequest, pipeline_size: int) -> int:
+    """What the slowest-to-fetch worker of an s-worker group fetches: the caller's cut
+    (`SizingRequest.fetch_bytes`) if given, else M/s."""
+    if pipeline_size <= len(request.fetch_bytes):
+        return request.fetch_bytes[pipeline_size - 1]
+    return partition_bytes(request.model_bytes, pipeline_size)
+
+
 def startup_s(request: SizingRequest, pipeline_size: int, server: GpuServer) -> float:
     """One worker's time from launch until its part of the model is on the GPU.
 
@@ -160,7 +172,7 @@ def startup_s(request: SizingRequest, pipeline_size: int, server: GpuServer) -> 
     """
     if server.network_gbps <= 0:
         return math.inf
-    part = partition_bytes(request.model_bytes, pipeline_size)
+    part = fetch_bytes(request, pipeline_size)
     fetch_s = transfer_s(part, server.network_gbps)
     load_s = transfer_s(part, server.pcie_gbps)
     t = request.times

@@ -22,6 +22,10 @@ Out: a `StartupPlan`:
   systems whose `cold_fallback` is `local` load every destination locally instead.
 - `kind`: hot (a GPU copy exists), warm (a host copy exists) or cold.
 
+When a started instance serves (`serving_at_s`): its engine start-up (`init_s`) follows
+the weights, or runs beside their fetch and load where the system overlaps them
+(ParaServe §5, Eq. 5).
+
 ParaServe (§4.1 Alg. 1, §4.2 Alg. 2): `plan_group` sizes a pipeline group for one cold
 start by the SLOs, places it on the servers' contention-adjusted network shares, and gives
 each member a contiguous part of the blocks (balanced by bytes) to fetch first.
@@ -265,6 +269,15 @@ def split_blocks(block_bytes: tuple[int, ...], num_parts: int) -> tuple[tuple[in
     return tuple(tuple(range(cuts[i], cuts[i + 1])) for i in range(num_parts))
 
 
+def _largest_parts(block_bytes: tuple[int, ...], max_parts: int) -> tuple[int, ...]:
+    """Per s = 1..: the bytes of the largest of `split_blocks`' s parts, so Alg. 1 times
+    the fetch the group will make (16 blocks in 3 parts: 6/16 of the model, not 1/3)."""
+    return tuple(
+        max(sum(block_bytes[b] for b in part) for part in split_blocks(block_bytes, k))
+        for k in range(1, min(max_parts, len(block_bytes)) + 1)
+    )
+
+
 def plan_group(request: GroupRequest) -> GroupPlan | None:
     """ParaServe's group for one cold start: Alg. 2's contention-adjusted shares, Alg. 1's
     size and servers on them, members in stage order (full-memory workers first, as Alg. 1
@@ -276,6 +289,7 @@ def plan_group(request: GroupRequest) -> GroupPlan | None:
         ttft_slo_s=request.ttft_slo_s,
         tpot_slo_s=request.tpot_slo_s,
         settings=request.settings,
+        fetch_bytes=_largest_parts(request.block_bytes, request.settings.max_pipeline_size),
     )
     networks = {n.server_id: n for n in request.networks}
     decision, updated = place_cold_start(sizing, networks, request.model_id, request.now_s)
@@ -285,3 +299,14 @@ def plan_group(request: GroupRequest) -> GroupPlan | None:
     members = tuple(decision.servers[:size])
     parts = split_blocks(request.block_bytes, len(members))
     return GroupPlan(members, parts, decision, tuple(updated[k] for k in sorted(updated)))
+
+
+def serving_at_s(system: SystemConfig, launch_s: float, weights_in_s: float) -> float:
+    """When an instance launched at `launch_s`, whose weights were all on its GPUs at
+    `weights_in_s`, serves: `init_s` after the weights, or (`init_overlaps_load`,
+    ParaServe §5.1-§5.2, Eq. 5) max(weights in, launch + `init_s`): the prefetcher
+    fetches while the container and runtime start, the parameter manager loads while the
+    libraries load, so only the longer of the two paths counts."""
+    if system.init_overlaps_load:
+        return max(weights_in_s, launch_s + system.init_s)
+    return weights_in_s + system.init_s

@@ -103,7 +103,12 @@ class SystemConfig:
     stage_hop_s: float = 0.001
     """Activation hop between pipeline stages, per forward step, seconds."""
     init_s: float = 0.0
-    """Engine start-up after the weights are in (not overlapped with loading)."""
+    """Engine start-up: after the weights are in, or beside their fetch and load with
+    `init_overlaps_load` (`surge.policy.startup.serving_at_s`)."""
+    init_overlaps_load: bool = False
+    """`init_s` runs from the instance's launch while its weights are fetched and loaded
+    (ParaServe §5.1 prefetcher, §5.2 parameter manager: Eq. 5's max(start-up, fetch));
+    False: it begins once they are in."""
     pd_disaggregation: bool = False
     """Separate prefill and decode pools, KV cache moved over the network (BlitzScale §6)."""
     mutation: bool = False
@@ -223,6 +228,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         consolidation="predictor",
         host_cache="none",
         init_s=0.3,
+        init_overlaps_load=True,
         autoscale=_AUTOSCALE,
         serve=True,
     ),

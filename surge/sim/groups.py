@@ -24,7 +24,7 @@ from collections.abc import Callable
 from surge.policy.paraserve_gpu_share import SHARE_EPS, low_memory_share, pick_gpu
 from surge.policy.paraserve_placement import ServerNetwork, finish_worker
 from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
-from surge.policy.startup import GroupRequest, plan_group, split_blocks
+from surge.policy.startup import GroupRequest, plan_group, serving_at_s, split_blocks
 from surge.sim.consolidation import Consolidation
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
@@ -125,7 +125,9 @@ class Groups:
         head = pool.queue[0] if pool.queue else None
         tokens = head.prefill_tokens if head is not None else DEFAULT_PROMPT_TOKENS
         wait = world.loop.now_s - head.arrival_s if head is not None else 0.0
+        # Eq. 5 (§5 overlap) when the start-up runs beside the fetch: t_cc = init_s
         return StageTimes(
+            container_create_s=sys.init_s if sys.init_overlaps_load else 0.0,
             runtime_init_s=sys.init_s,
             transmission_s=sys.stage_hop_s,
             prefill_s=cost.prefill_s(tokens),
@@ -162,7 +164,10 @@ class Groups:
                 times=self._times(pool),
                 ttft_slo_s=slo.ttft_s,
                 tpot_slo_s=slo.tpot_s,
-                settings=SizingSettings(max_pipeline_size=world.system.pipeline_size),
+                settings=SizingSettings(
+                    max_pipeline_size=world.system.pipeline_size,
+                    overlap_startup=world.system.init_overlaps_load,
+                ),
                 networks=tuple(self.networks[s.server_id] for s in servers),
                 now_s=world.loop.now_s,
                 model_id=f"{slot.name}@{self.started}",
@@ -243,6 +248,7 @@ class Groups:
         if shaped is not None and not chosen:
             self.flexpipe.register(inst, spans)
         left = [len(workers)]
+        launch_s = world.loop.now_s
 
         def member_done(i: int) -> None:
             if tracked:
@@ -253,7 +259,7 @@ class Groups:
             left[0] -= 1
             if left[0] == 0 and not inst.released:
                 world.loop.schedule(
-                    world.loop.now_s + sys.init_s,
+                    serving_at_s(sys, launch_s, world.loop.now_s),
                     Priority.INSTANCE,
                     inst.id,
                     lambda: self._serving(pool, inst, member_bytes),

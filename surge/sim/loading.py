@@ -17,7 +17,13 @@ import functools
 from collections.abc import Callable
 
 from surge.events import InstanceUp
-from surge.policy.startup import Copy, Destination, StartupRequest, plan_startup
+from surge.policy.startup import (
+    Copy,
+    Destination,
+    StartupRequest,
+    plan_startup,
+    serving_at_s,
+)
 from surge.sim.events import Priority
 from surge.sim.fetch import fetch
 from surge.sim.flows import Link
@@ -183,6 +189,12 @@ class Loader:
     def load_local(self, pool: Pool, inst: Instance, source: str) -> None:
         """Every GPU of `inst` loads its share from host memory or the model store."""
         world = self.world
+        launch_s = world.loop.now_s
+
+        def loaded() -> None:
+            now = world.loop.now_s
+            self.ready(pool, inst, serving_at_s(world.system, launch_s, now) - now)
+
         fetch(
             world,
             self.cache,
@@ -190,5 +202,5 @@ class Loader:
             inst.all_gpus,
             world.models[pool.model].profile.total_bytes,
             source == "host",
-            lambda: self.ready(pool, inst, world.system.init_s),
+            loaded,
         )

@@ -65,9 +65,13 @@ def throughput_over_time(res: SimResult, step_s: float) -> tuple[np.ndarray, np.
 
 def slo_attainment(res: SimResult, settings: SimSettings) -> float:
     """Fraction of requests meeting their model's TTFT and TPOT SLOs."""
-    n = len(res.arrival_s)
-    if n == 0:
+    if len(res.arrival_s) == 0:
         return 1.0
+    return float(slo_met(res, settings).mean())
+
+
+def slo_met(res: SimResult, settings: SimSettings) -> np.ndarray:
+    """Per request: whether it finished within its model's TTFT and TPOT SLOs."""
     ttft_slo = np.array([settings.slo_of(m).ttft_s for m in res.model_names])[res.model_index]
     tpot_slo = np.array([settings.slo_of(m).tpot_s for m in res.model_names])[res.model_index]
     done = res.done_s >= 0
@@ -76,8 +80,7 @@ def slo_attainment(res: SimResult, settings: SimSettings) -> float:
     tpot = np.where(
         done & multi, (res.done_s - res.first_token_s) / np.maximum(res.output_tokens - 1, 1), 0.0
     )
-    ok = done & (ttft <= ttft_slo) & (tpot <= tpot_slo)
-    return float(ok.mean())
+    return done & (ttft <= ttft_slo) & (tpot <= tpot_slo)
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:

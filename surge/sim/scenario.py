@@ -60,6 +60,7 @@ OVERRIDABLE = (
     "max_sources",
     "num_blocks",
     "init_s",
+    "init_overlaps_load",
     "pipeline_size",
     "group_sizing",
     "consolidation",
