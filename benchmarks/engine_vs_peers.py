@@ -139,6 +139,8 @@ def projection_weights(store: Path, fuse: bool) -> list:
 
     runner = ModelRunner(read_manifest(store), EngineConfig(fuse_projections=fuse))
     runner.load_blocks()
+    while runner.fuse_queue:  # what the engine does over its first steps
+        runner.fuse_some()
     return [runner.head.lm_head.weight] + [
         getattr(layer, name).weight
         for layer in runner.layers.values()

@@ -46,21 +46,25 @@ class EngineConfig:
     for hidden 512, but 0.67-0.82x as fast for hidden 256."""
     max_pack_bytes_per_step: int = 8 << 20
     """Most projection bytes packed in one step (at least one projection is); ~0.7 ms of CPU
-    per MB on this project's VM (transpose + reorder)."""
+    per MB on this project's VM (transpose + reorder). Also the most bytes fused (copied) in
+    one step by `fuse_projections` (at least one layer)."""
     fuse_projections: bool = True
     """Compute q, k, v with one matmul and gate, up with one (`surge.engine.linear.
     fuse_linears`): fewer, larger calls stream the weights faster — on this project's VM
     (one thread, 100mb preset) the layers' projections take 0.85x the time at one row
     (batch-1 decode), 0.93-0.98x at 8 rows, 0.98-0.99x at 32. Costs a copy of those weights
-    (q, k, v, gate and up: ~2/3 of a Llama layer's bytes), made as each block lands; the block
-    buffers stay untouched. The same tokens as unfused (tests/engine/test_fused_projections.py)."""
+    (q, k, v, gate and up: ~2/3 of a Llama layer's bytes), made gradually: blocks land
+    unfused and usable at once, and every step fuses at most `max_pack_bytes_per_step` of
+    layers (`ModelRunner.fuse_some`); the block buffers stay untouched. The same tokens as
+    unfused (tests/engine/test_fused_projections.py)."""
     compile_decode: bool = False
     """Run the layers of pure-decode steps as one `torch.compile`d (inductor) graph, which
     fuses the element-wise ops between projections (`surge.engine.compiled`). Prefill stays
     eager. Costs compile time on first use, logged: ~3 graphs (batch 1, batch >= 2, and one
     recompile as the key count first changes), each ~5-20 s on this project's VM for the
-    100mb preset; the step that needs a graph waits for it. While gradual packing is under
-    way (`pack_cpu_weights`), decode steps run eager, so packing does not recompile."""
+    100mb preset; the step that needs a graph waits for it. While gradual fusing or packing
+    is under way (`fuse_projections`, `pack_cpu_weights`), decode steps run eager, so neither
+    recompiles."""
 
     @property
     def num_pages(self) -> int:

@@ -8,7 +8,7 @@ rotate-half RoPE with cos/sin computed in float32, SwiGLU MLP).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +28,10 @@ from surge.model.arch import (
 class LayerWeights:
     """The projections and norms of one decoder layer (`Linear` holds weight, bias, packing).
 
-    Fused (the default, `EngineConfig.fuse_projections`): `qkv` computes q, k and v in one
-    matmul and `gate_up` gate and up in one (`surge.engine.linear.fuse_linears`, a copy made
-    when the block lands), and `q`, `k`, `v`, `gate`, `up` are None. Unfused: the reverse,
-    each a view of the block buffer.
+    As a block lands, q, k, v, gate and up are separate views of its buffer and `qkv`,
+    `gate_up` are None. `fused()` (the runner calls it gradually, `EngineConfig.
+    fuse_projections`) gives the reverse: `qkv` computes q, k and v in one matmul and
+    `gate_up` gate and up in one (`surge.engine.linear.fuse_linears`, copies).
     """
 
     input_norm: torch.Tensor
@@ -52,29 +52,52 @@ class LayerWeights:
         names = ("qkv", "q", "k", "v", "o", "gate_up", "gate", "up", "down")
         return tuple(n for n in names if getattr(self, n) is not None)
 
+    @property
+    def is_fused(self) -> bool:
+        return self.qkv is not None
+
+    @property
+    def fusable_bytes(self) -> int:
+        """Bytes `fused()` copies (0 once fused)."""
+        parts = (self.q, self.k, self.v, self.gate, self.up)
+        return sum(p.num_bytes for p in parts if p is not None)
+
+    def fused(self) -> "LayerWeights":
+        """This layer with q|k|v and gate|up as one projection each (unpacked copies)."""
+        if self.is_fused:
+            return self
+        assert self.q is not None and self.k is not None and self.v is not None
+        assert self.gate is not None and self.up is not None
+        return replace(
+            self,
+            qkv=fuse_linears((self.q, self.k, self.v)),
+            q=None,
+            k=None,
+            v=None,
+            gate_up=fuse_linears((self.gate, self.up)),
+            gate=None,
+            up=None,
+        )
+
     @staticmethod
-    def from_tensors(
-        tensors: dict[str, torch.Tensor], layer: int, fuse: bool = True
-    ) -> "LayerWeights":
-        """Layer `layer`'s weights from a block's tensors (unpacked; the runner packs)."""
+    def from_tensors(tensors: dict[str, torch.Tensor], layer: int) -> "LayerWeights":
+        """Layer `layer`'s weights from a block's tensors (views: unfused, unpacked)."""
         p = layer_prefix(layer)
 
         def proj(name: str) -> Linear:
             return Linear.of(tensors[p + name + ".weight"], tensors.get(p + name + ".bias"))
 
-        q, k, v = proj("self_attn.q_proj"), proj("self_attn.k_proj"), proj("self_attn.v_proj")
-        gate, up = proj("mlp.gate_proj"), proj("mlp.up_proj")
         return LayerWeights(
             input_norm=tensors[p + "input_layernorm.weight"],
-            qkv=fuse_linears((q, k, v)) if fuse else None,
-            q=None if fuse else q,
-            k=None if fuse else k,
-            v=None if fuse else v,
+            qkv=None,
+            q=proj("self_attn.q_proj"),
+            k=proj("self_attn.k_proj"),
+            v=proj("self_attn.v_proj"),
             o=proj("self_attn.o_proj"),
             post_norm=tensors[p + "post_attention_layernorm.weight"],
-            gate_up=fuse_linears((gate, up)) if fuse else None,
-            gate=None if fuse else gate,
-            up=None if fuse else up,
+            gate_up=None,
+            gate=proj("mlp.gate_proj"),
+            up=proj("mlp.up_proj"),
             down=proj("mlp.down_proj"),
         )
 

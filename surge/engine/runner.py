@@ -91,6 +91,8 @@ class ModelRunner:
         """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
         self.num_packed = 0
         """Projections packed so far (with `pack_queue`: whether packing is under way)."""
+        self.fuse_queue: deque[int] = deque()
+        """Layers whose q/k/v and gate/up are still separate (`EngineConfig.fuse_projections`)."""
         self.decode_graph: DecodeGraph | None = None
         if config.compile_decode:  # imported only then: torch._dynamo adds ~1 s to start-up
             from surge.engine import compiled
@@ -108,9 +110,11 @@ class ModelRunner:
             tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
         self.block_buffers[index] = buf
         for layer in range(info.first_layer, info.end_layer):
-            weights = LayerWeights.from_tensors(tensors, layer, self.config.fuse_projections)
+            weights = LayerWeights.from_tensors(tensors, layer)
             self.layers[layer] = weights
-            if self.packs:
+            if self.config.fuse_projections:
+                self.fuse_queue.append(layer)  # packed once fused (`fuse_some`)
+            elif self.packs:
                 self.pack_queue.extend((layer, name) for name in weights.projection_names)
         if info.has_embed:
             self.embedding = embedding_of(tensors)
@@ -156,10 +160,33 @@ class ModelRunner:
             done += lin.num_bytes
         return done
 
+    def fuse_some(self) -> int:
+        """Fuse queued layers' q/k/v and gate/up, at most `max_pack_bytes_per_step` of copies
+        (at least one layer); returns the bytes copied.
+
+        Called on every step, so a block is usable the moment it lands (fusing copies ~2/3 of
+        a layer's bytes: done as blocks landed, a scale-out would wait for it, as it did for
+        packing) and a few steps later every layer runs fused. Fused layers join the packing
+        queue, so packing packs the fused matrices.
+        """
+        done, budget = 0, self.config.max_pack_bytes_per_step
+        while self.fuse_queue:
+            layer = self.fuse_queue[0]
+            cost = self.layers[layer].fusable_bytes
+            if done and done + cost > budget:
+                break
+            self.fuse_queue.popleft()
+            fused = self.layers[layer] = self.layers[layer].fused()
+            if self.packs:
+                self.pack_queue.extend((layer, name) for name in fused.projection_names)
+            done += cost
+        return done
+
     @property
     def packing_settled(self) -> bool:
-        """Packing is not half done (a half-packed layer stack would recompile the graph)."""
-        return not self.pack_queue or self.num_packed == 0
+        """Neither fusing nor packing is half done (a half-converted layer stack would
+        recompile the graph)."""
+        return not self.fuse_queue and (not self.pack_queue or self.num_packed == 0)
 
     def holds_layers(self, start: int, end: int) -> bool:
         return all(layer in self.layers for layer in range(start, end))
@@ -186,6 +213,8 @@ class ModelRunner:
         if not self.holds_layers(start, end):
             missing = [layer for layer in range(start, end) if layer not in self.layers]
             raise RuntimeError(f"runner lacks layers {missing}")
+        if self.fuse_queue:
+            self.fuse_some()
         if self.pack_queue and batch.num_seqs >= 2:
             self.pack_some()
         compiled = self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled

@@ -1,5 +1,6 @@
 """Fused q/k/v and gate/up projections (`EngineConfig.fuse_projections`, on by default):
-really on, the unfused path's greedy tokens, and the block buffers untouched."""
+really on, fused gradually after blocks land, the unfused path's greedy tokens, and the block
+buffers untouched."""
 
 from pathlib import Path
 
@@ -75,6 +76,7 @@ def test_fused_engine_gives_the_unfused_tokens(store: Path) -> None:
     assert out[True] == out[False]
     fused, unfused = (engines[f].executor.runner for f in (True, False))
     assert _fused_layers(fused) == {True} and _fused_layers(unfused) == {False}
+    assert not unfused.fuse_queue
     assert fused.layers[0].qkv.packed is not None  # the batched steps used the packed copy
     # The logits agree closely too (one step of a fresh sequence through each).
     tokens = torch.tensor([prompts[2]])
@@ -86,22 +88,31 @@ def test_fused_engine_gives_the_unfused_tokens(store: Path) -> None:
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
 
 
-def test_fused_layers_of_a_range_and_block_buffers_untouched(tiny_store: Path) -> None:
-    """A runner of a layer range (a pipeline stage) fuses its layers; the block buffers
-    (forwarded to peers byte for byte) are not modified; fused weights are copies, the rest
-    views of the buffers."""
+def test_fused_gradually_in_a_layer_range_and_block_buffers_untouched(tiny_store: Path) -> None:
+    """A runner of a layer range (a pipeline stage): blocks land unfused (no copy before a
+    layer is usable); each step fuses at most `max_pack_bytes_per_step` (at least one layer)
+    until every layer is fused; the block buffers (forwarded to peers byte for byte) are
+    not modified; fused weights are copies, the rest views of the buffers."""
     manifest = read_manifest(tiny_store)
     end = manifest.arch.num_layers
-    runner = ModelRunner(manifest, layer_range=(1, end))
+    runner = ModelRunner(manifest, EngineConfig(max_pack_bytes_per_step=1), layer_range=(1, end))
     runner.load_blocks()
     before = {i: bytes(buf) for i, buf in runner.block_buffers.items()}
-    assert _fused_layers(runner) == {True} and set(runner.layers) >= set(range(1, end))
+    held = sorted(runner.layers)  # the range's layers (and any other its blocks hold)
+    assert set(held) >= set(range(1, end)) and _fused_layers(runner) == {False}
+    assert list(runner.fuse_queue) == held
+    hidden = torch.randn(1, 1, manifest.arch.hidden_size)
+    steps = []
+    for step in range(len(held) + 2):
+        meta = BatchMeta(seq_ids=(0,), ctx_lens=(step,), q_lens=(1,))
+        runner.run_layers(1, end, hidden, meta)  # one-sequence steps fuse too
+        steps.append(sum(w.is_fused for w in runner.layers.values()))
+    assert steps == [min(s + 1, len(held)) for s in range(len(held) + 2)]  # a layer a step
+    assert _fused_layers(runner) == {True} and not runner.fuse_queue
     w = runner.layers[1]
     assert w.qkv is not None and w.gate_up is not None
     buffers = [torch.frombuffer(buf, dtype=torch.uint8) for buf in runner.block_buffers.values()]
     spans = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in buffers]
     assert any(lo <= w.o.weight.data_ptr() < hi for lo, hi in spans)  # o: a view
     assert not any(lo <= w.qkv.weight.data_ptr() < hi for lo, hi in spans)  # qkv: a copy
-    hidden = torch.randn(1, 3, manifest.arch.hidden_size)
-    runner.run_layers(1, end, hidden, BatchMeta(seq_ids=(0,), ctx_lens=(0,), q_lens=(3,)))
     assert {i: bytes(buf) for i, buf in runner.block_buffers.items()} == before

@@ -66,12 +66,15 @@ def test_runner_packs_gradually_and_only_on_batched_steps(tiny_store: Path, pack
     probe = ModelRunner(manifest)
     probe.load_blocks()
     biggest = max(p.num_bytes for p in _projections(probe))
-    config = EngineConfig(
-        pack_cpu_weights=pack, max_pack_bytes_per_step=biggest, pack_min_hidden_size=1
+    config = EngineConfig(  # unfused: fusing's copies would share the per-step budget
+        pack_cpu_weights=pack,
+        max_pack_bytes_per_step=biggest,
+        pack_min_hidden_size=1,
+        fuse_projections=False,
     )
     runner = ModelRunner(manifest, config)
     runner.load_blocks()
-    assert len(_projections(runner)) == 1 + 4 * runner.arch.num_layers  # q|k|v, o, gate|up, down
+    assert len(_projections(runner)) == 1 + 7 * runner.arch.num_layers
     assert all(p.packed is None for p in _projections(runner))  # landing packs nothing
     h = runner.embed(torch.tensor([[1], [2]]))
     runner.run_layers(0, runner.arch.num_layers, h[:1], _batch([0]))
@@ -119,4 +122,7 @@ def test_narrow_models_are_not_packed(tiny_store: Path) -> None:
     assert not runner.packs and not runner.pack_queue
     wide = ModelRunner(manifest, EngineConfig(pack_min_hidden_size=manifest.arch.hidden_size))
     wide.load_blocks()
-    assert wide.packs and len(wide.pack_queue) == 1 + 4 * manifest.arch.num_layers
+    assert wide.packs and list(wide.pack_queue) == [(None, "lm_head")]  # layers: once fused
+    while wide.fuse_queue:
+        wide.fuse_some()
+    assert len(wide.pack_queue) == 1 + 4 * manifest.arch.num_layers  # q|k|v, o, gate|up, down
