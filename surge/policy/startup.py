@@ -34,7 +34,7 @@ each member a contiguous part of the blocks (balanced by bytes) to fetch first.
 leaders or groups of its own. Pure and deterministic.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
 from surge.policy.paraserve_placement import ServerNetwork, place_cold_start
@@ -281,22 +281,24 @@ def _largest_parts(block_bytes: tuple[int, ...], max_parts: int) -> tuple[int, .
 def plan_group(request: GroupRequest) -> GroupPlan | None:
     """ParaServe's group for one cold start: Alg. 2's contention-adjusted shares, Alg. 1's
     size and servers on them, members in stage order (full-memory workers first, as Alg. 1
-    lists them), parts split by bytes. None when no server can take a worker."""
+    lists them), parts split by bytes. None when no server can take a worker. Alg. 1 tries
+    no more workers than there are blocks, so it sizes (and Alg. 2 reserves shares for)
+    the group that fetches."""
+    most = min(request.settings.max_pipeline_size, len(request.block_bytes))
     sizing = SizingRequest(
         model_bytes=sum(request.block_bytes),
         servers=request.servers,
         times=request.times,
         ttft_slo_s=request.ttft_slo_s,
         tpot_slo_s=request.tpot_slo_s,
-        settings=request.settings,
-        fetch_bytes=_largest_parts(request.block_bytes, request.settings.max_pipeline_size),
+        settings=replace(request.settings, max_pipeline_size=most),
+        fetch_bytes=_largest_parts(request.block_bytes, most),
     )
     networks = {n.server_id: n for n in request.networks}
     decision, updated = place_cold_start(sizing, networks, request.model_id, request.now_s)
     if decision is None:
         return None
-    size = min(decision.pipeline_size, len(request.block_bytes))
-    members = tuple(decision.servers[:size])
+    members = decision.servers
     parts = split_blocks(request.block_bytes, len(members))
     return GroupPlan(members, parts, decision, tuple(updated[k] for k in sorted(updated)))
 

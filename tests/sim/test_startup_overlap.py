@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from surge.policy.paraserve_placement import ServerNetwork
 from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import GroupRequest, plan_group, serving_at_s
 from surge.policy.systems import system_config
@@ -97,3 +98,29 @@ def test_alg1_times_the_largest_part_the_block_cut_gives() -> None:
     largest = max(len(p) for p in plan.parts) * gb
     assert plan.sizing.ttft_s >= largest / (16.0 / 8 * gb)
     assert plan.sizing.meets_slo and plan.sizing.pipeline_size == 4
+
+
+def test_alg1_sizes_no_more_workers_than_blocks() -> None:
+    """A model of 2 blocks: Alg. 1 may not pick 4 workers (2 would fetch, each twice what
+    it predicted); the group it sizes is the one that fetches, and Alg. 2's state holds
+    fetching workers on its servers only."""
+    gb = 10**9
+    servers = tuple(GpuServer(i, 100 * gb, 16.0, 128.0) for i in range(4))
+    times = StageTimes(
+        runtime_init_s=0.0, transmission_s=0.001, prefill_s=0.1, decode_s=0.01, wait_s=0.0
+    )
+    plan = plan_group(
+        GroupRequest(
+            block_bytes=(8 * gb,) * 2,
+            servers=servers,
+            times=times,
+            ttft_slo_s=2.6,  # only s = 4 predicts in time (M/4 at 2 GB/s = 2 s)
+            tpot_slo_s=1.0,
+            settings=SizingSettings(overlap_startup=True),
+            networks=tuple(ServerNetwork(i, 16.0) for i in range(4)),
+        )
+    )
+    assert plan is not None and plan.sizing.pipeline_size <= 2
+    assert len(plan.members) == plan.sizing.pipeline_size
+    fetching = {n.server_id for n in plan.networks if n.workers}
+    assert fetching == set(plan.members)
