@@ -7,7 +7,10 @@ scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
   ParaServe's TTFT SLO attainment over the best baseline's (paper: up to 1.74x), serverless
   vLLM and ServerlessLLM; beside it the same ParaServe with every worker on whole GPUs
   (`SimSettings.fractional_gpus` False: low-memory workers holding 1/s of one GPU are
-  issue 18's fix).
+  issue 18's fix), SLO attainment per application (Fig. 12), and ServerlessLLM with other
+  engine start-ups (the scenario's §8.1 S-LLM starts in 6.8 s beside its load, §8.2's
+  lower bound; 0.5 s after the load and 4.0 s beside it show how much the ordering rests
+  on that number).
 - §8.4 scale-down: one cold request (512 in, 512 out), Llama-2 13B on the V100 servers
   of testbed (i), a 4-worker group with the §6.1 consolidation vs serving as a group for
   life; headline: end-to-end generation time, without / with (paper 2.29x).
