@@ -29,9 +29,18 @@ def _loader(client, source: str = "remote"):
     return load
 
 
-async def _until_tokens(reqs, n: int) -> None:
-    while min(len(r.output_token_ids) for r in reqs) < n:
-        await asyncio.sleep(0.005)
+async def _until_tokens(reqs, n: int | list[int], timeout_s: float = 120.0) -> None:
+    """Until each request has `n` tokens (one count, or one per request) or has finished.
+    Bounded: a request that finished short of its count (generation outran a refactoring's
+    loads on a loaded machine) must fail the test's assertions, not hang it."""
+    counts = [n] * len(reqs) if isinstance(n, int) else n
+
+    async def wait() -> None:
+        pairs = list(zip(reqs, counts, strict=True))
+        while any(len(r.output_token_ids) < c and not r.done.is_set() for r, c in pairs):
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(wait(), timeout_s)
 
 
 @contextlib.asynccontextmanager
@@ -83,7 +92,8 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
                 if r in [*g.pending, *g.seqs.values()]
             }
             profile = await client.call(1, StageProfileOp(pipeline=pipe.stage_key))
-            await _until_tokens(reqs + late, max(at_split) + 3)
+            # Three more tokens each since the split (the late ones: three), then merge.
+            await _until_tokens(reqs + late, [n + 3 for n in at_split] + [3] * len(late))
             micro = micro_batches(SYSTEM, manifest, EngineConfig(), 1)[0]
             merge = await refactor_pipeline(
                 pipe, [(1, 0, L)], _loader(client), num_micro_batches=micro
