@@ -312,3 +312,24 @@ def serving_at_s(system: SystemConfig, launch_s: float, weights_in_s: float) -> 
     if system.init_overlaps_load:
         return max(weights_in_s, launch_s + system.init_s)
     return weights_in_s + system.init_s
+
+
+def alg1_inputs(
+    system: SystemConfig, prefill_s: float, decode_s: float, wait_s: float
+) -> tuple[StageTimes, SizingSettings]:
+    """Alg. 1's stage times and settings for `system` (ParaServe §4.1), the one place both
+    bodies take them from: Eq. 5 when its start-up runs beside the fetch
+    (`init_overlaps_load`: t_cc = `init_s`), else Eq. 1 (t_c = `init_s`); t_n = the
+    system's `stage_hop_s`; t_p, t_d and t_w are the caller's measurements."""
+    times = StageTimes(
+        container_create_s=system.init_s if system.init_overlaps_load else 0.0,
+        runtime_init_s=system.init_s,
+        transmission_s=system.stage_hop_s,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        wait_s=max(wait_s, 0.0),
+    )
+    settings = SizingSettings(
+        max_pipeline_size=system.pipeline_size, overlap_startup=system.init_overlaps_load
+    )
+    return times, settings

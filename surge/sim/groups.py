@@ -24,7 +24,13 @@ from collections.abc import Callable
 from surge.policy.paraserve_gpu_share import SHARE_EPS, low_memory_share, pick_gpu
 from surge.policy.paraserve_placement import ServerNetwork, finish_worker
 from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
-from surge.policy.startup import GroupRequest, plan_group, serving_at_s, split_blocks
+from surge.policy.startup import (
+    GroupRequest,
+    alg1_inputs,
+    plan_group,
+    serving_at_s,
+    split_blocks,
+)
 from surge.sim.consolidation import Consolidation
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
@@ -118,22 +124,14 @@ class Groups:
             return int((share + SHARE_EPS) * model_bytes)
         return int(free * per_gpu * (1 - MIN_KV_FRACTION) / WEIGHT_HEADROOM)
 
-    def _times(self, pool: Pool) -> StageTimes:
-        world, sys = self.world, self.world.system
+    def _alg1_inputs(self, pool: Pool) -> tuple[StageTimes, SizingSettings]:
+        world = self.world
         slot = world.models[pool.model]
         cost = cost_model(slot.profile, slot.group.gpu, slot.tp)
         head = pool.queue[0] if pool.queue else None
         tokens = head.prefill_tokens if head is not None else DEFAULT_PROMPT_TOKENS
         wait = world.loop.now_s - head.arrival_s if head is not None else 0.0
-        # Eq. 5 (§5 overlap) when the start-up runs beside the fetch: t_cc = init_s
-        return StageTimes(
-            container_create_s=sys.init_s if sys.init_overlaps_load else 0.0,
-            runtime_init_s=sys.init_s,
-            transmission_s=sys.stage_hop_s,
-            prefill_s=cost.prefill_s(tokens),
-            decode_s=cost.decode_s(1),
-            wait_s=max(wait, 0.0),
-        )
+        return alg1_inputs(world.system, cost.prefill_s(tokens), cost.decode_s(1), wait)
 
     def _alg1(
         self, pool: Pool, blocks: tuple[int, ...]
@@ -157,17 +155,15 @@ class Groups:
             return []
         slo = world.settings.slo_of(slot.name)
         self.started += 1
+        times, settings = self._alg1_inputs(pool)
         plan = plan_group(
             GroupRequest(
                 block_bytes=blocks,
                 servers=tuple(servers),
-                times=self._times(pool),
+                times=times,
                 ttft_slo_s=slo.ttft_s,
                 tpot_slo_s=slo.tpot_s,
-                settings=SizingSettings(
-                    max_pipeline_size=world.system.pipeline_size,
-                    overlap_startup=world.system.init_overlaps_load,
-                ),
+                settings=settings,
                 networks=tuple(self.networks[s.server_id] for s in servers),
                 now_s=world.loop.now_s,
                 model_id=f"{slot.name}@{self.started}",

@@ -19,7 +19,8 @@ is the destination and the first `pipeline_size - 1` spares.
 
 Stage times for Alg. 1 are estimates (ParaServe keeps historical ones; this runtime has none
 before the first cold start), documented in docs/scaleout.md:
-- t_c = the system's `init_s`; t_n = its `stage_hop_s`;
+- `policy.startup.alg1_inputs`, as in the simulator: t_c = the system's `init_s` (and t_cc,
+  Eq. 5, when its start-up runs beside the fetch: `init_overlaps_load`); t_n = `stage_hop_s`;
 - fetch at `ctx.fetch_gbps` (the controller's link speed), host-to-GPU at `PCIE_GBPS`;
 - t_d = the model's bytes read once at `WEIGHT_READ_BYTES_PER_S` (decode is memory bound),
   t_p = `PREFILL_OVER_DECODE` x t_d;
@@ -44,6 +45,7 @@ from surge.policy.startup import (
     GroupPlan,
     GroupRequest,
     StartupPlan,
+    alg1_inputs,
     plan_group,
     split_blocks,
 )
@@ -63,17 +65,13 @@ PREFILL_OVER_DECODE = 4.0
 """t_p / t_d for a short prompt (a prefill reads the weights once and computes more)."""
 
 
-def stage_times(ctx: ScaleOutContext) -> StageTimes:
-    """Alg. 1's stage times for this model (see the module docstring)."""
+def alg1_inputs_of(ctx: ScaleOutContext) -> tuple[StageTimes, SizingSettings]:
+    """Alg. 1's stage times and settings for this model (see the module docstring), by
+    the same policy function as the simulator's (`policy.startup.alg1_inputs`)."""
     now = time.monotonic()
     decode_s = ctx.manifest.total_bytes / WEIGHT_READ_BYTES_PER_S
-    return StageTimes(
-        runtime_init_s=ctx.system.init_s,
-        transmission_s=ctx.system.stage_hop_s,
-        prefill_s=PREFILL_OVER_DECODE * decode_s,
-        decode_s=decode_s,
-        wait_s=max((now - r.arrival_t for r in ctx.server.queue), default=0.0),
-    )
+    wait_s = max((now - r.arrival_t for r in ctx.server.queue), default=0.0)
+    return alg1_inputs(ctx.system, PREFILL_OVER_DECODE * decode_s, decode_s, wait_s)
 
 
 def _networks(ctx: ScaleOutContext, nodes: list[int], now_s: float) -> tuple[ServerNetwork, ...]:
@@ -107,7 +105,7 @@ def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
     sizes = tuple(b.size_bytes for b in ctx.manifest.blocks)
     now = time.monotonic()
     networks = _networks(ctx, pool, now)
-    times = stage_times(ctx)
+    times, settings = alg1_inputs_of(ctx)
     groups: list[GroupPlan] = []
     for dest in ctx.destinations:
         free = [n for n in pool if all(n not in g.members for g in groups)]
@@ -122,7 +120,7 @@ def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
             times=times,
             ttft_slo_s=ctx.ttft_slo_s,
             tpot_slo_s=ctx.tpot_slo_s,
-            settings=SizingSettings(max_pipeline_size=ctx.system.pipeline_size),
+            settings=settings,
             networks=networks,
             now_s=now,
             model_id=f"{ctx.model}/{len(groups)}",
