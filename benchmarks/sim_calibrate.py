@@ -311,6 +311,11 @@ def main() -> None:
                 measure_round(args.model_mb, first, args.reps, args.repeats)
                 for _ in range(args.repeats)
             ]
+    if args.run_real or not args.reuse:
+        # What was measured is on disk before anything is predicted from it: a failure
+        # below loses no measurement (`--reuse JSON --bursts JSON` predicts again).
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"profile_rounds": rounds, "bursts": bursts}) + "\n")
     reals = {
         k: {key: v for key, v in bursts[0][scenario_name(k, m)].items() if key != "modes"}
         for k, m in SCENARIOS

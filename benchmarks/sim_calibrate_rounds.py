@@ -103,7 +103,9 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         "endpoint_open_s": opens["endpoint_open_s"],
         "pipeline_open_s": opens["pipeline_open_s"],
         "pipeline_speed": round(speed, 4),
-        "send_cost_s_per_gb": send["send_cost_s_per_gb"],
+        # Serving lost per GB sent cannot be negative: a negative median (serving measured
+        # faster while sending) is noise around no loss, so the simulator gets 0.
+        "send_cost_s_per_gb": max(0.0, send["send_cost_s_per_gb"]),
     }
 
 

@@ -193,6 +193,16 @@ def test_median_profile_is_the_median_of_the_rounds_profiles() -> None:
     assert 0 < both["pipeline_speed"] != each[1]["pipeline_speed"]
 
 
+def test_a_send_cost_measured_below_zero_gives_the_simulator_zero() -> None:
+    # Serving measured faster while sending (noise around no loss) once crashed a whole
+    # 10-minute calibration at its last step: SimSettings refuses a negative send cost.
+    real = json.loads(BURST.read_text())
+    noisy = _round(1.0) | {"send_cost": {"rounds": [{"send_cost_s_per_gb": -0.3}] * 2}}
+    profile = profile_of([noisy], real)
+    assert profile["send_cost_s_per_gb"] == 0.0
+    assert profile["send_cost"]["send_cost_s_per_gb"] == pytest.approx(-0.3)  # raw kept
+
+
 def test_a_calibration_reads_back_its_own_profile() -> None:
     # --reuse: the committed calibration's rounds give back the numbers it wrote
     old = json.loads(COMMITTED.read_text())
