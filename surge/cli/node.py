@@ -38,6 +38,12 @@ def run(
     preload_engine: Annotated[
         bool, typer.Option(help="Import the engine before announcing readiness.")
     ] = True,
+    fuse_projections: Annotated[
+        bool, typer.Option(help="Fuse q/k/v and gate/up in this node's engines.")
+    ] = True,
+    compile_decode: Annotated[
+        bool, typer.Option(help="Compile decode steps (each new instance compiles first).")
+    ] = False,
     pace_links: Annotated[
         bool, typer.Option(help="Pace the NIC caps here (off: the kernel shapes them).")
     ] = True,
@@ -80,7 +86,12 @@ def run(
         ingress_gbps=ingress_gbps,
         remote_dir=remote_dir,
         remote_gbps=remote_gbps,
-        engine=EngineConfig(max_num_seqs=max_num_seqs, max_kv_tokens=max_kv_tokens).validate(),
+        engine=EngineConfig(
+            max_num_seqs=max_num_seqs,
+            max_kv_tokens=max_kv_tokens,
+            fuse_projections=fuse_projections,
+            compile_decode=compile_decode,
+        ).validate(),
         preload_engine=preload_engine,
         pace_links=pace_links,
         host_group=host_group,

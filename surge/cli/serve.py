@@ -37,6 +37,8 @@ SERVE_KEYS = {
     "ingress_gbps": list,
     "host_groups": list,
     "max_num_seqs": int,
+    "fuse_projections": bool,
+    "compile_decode": bool,
     "host_cache_gb": float,
     "tick_s": float,
     "log_level": str,
@@ -81,6 +83,8 @@ def load_config(path: Path) -> dict[str, Any]:
         ok = isinstance(value, want) and not isinstance(value, bool)
         if want is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if want is bool:
+            ok = isinstance(value, bool)
         if not ok:
             raise SurgeError(f"config file {path}: {key} must be a {want.__name__}")
     if "strategy" in data:
@@ -267,6 +271,8 @@ async def _serve(
         link_gbps=cfg.get("link_gbps"),
         slots_per_node=int(cfg.get("slots_per_node", 1)),
         max_num_seqs=int(cfg.get("max_num_seqs", 64)),
+        fuse_projections=bool(cfg.get("fuse_projections", True)),
+        compile_decode=bool(cfg.get("compile_decode", False)),
         host_cache_bytes=int(float(cfg.get("host_cache_gb", 4)) * (1 << 30)),
         tick_s=float(cfg.get("tick_s", 0.1)),
         launcher=cfg.get("launcher", "local"),

@@ -69,6 +69,8 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         "remote_dir": registry,
         "max_num_seqs": config.max_num_seqs,
         "preload_engine": config.preload_engine,
+        "fuse_projections": config.fuse_projections,
+        "compile_decode": config.compile_decode,
     }
     if config.launcher == "ray":
         from surge.runtime.launcher_ray import RayCluster, RayClusterConfig
@@ -135,7 +137,11 @@ class Controller:
         """What happens, as typed events (`surge/events.py`): the dashboard subscribes."""
         self.deployments: dict[str, Deployment] = {}
         """Deployments by name (shared with the collaborators)."""
-        self.engine = EngineConfig(max_num_seqs=config.max_num_seqs)
+        self.engine = EngineConfig(
+            max_num_seqs=config.max_num_seqs,
+            fuse_projections=config.fuse_projections,
+            compile_decode=config.compile_decode,
+        )
         self.nodes: list[int] = []
         self.links: dict[int, NodeLinks] = {}
         """Each agent's links as it reported them at start (caps, host group): the

@@ -40,6 +40,12 @@ class ControllerConfig:
     """Sequences one engine runs at once: an instance's routing capacity."""
     preload_engine: bool = True
     """Started agents import the engine at start, not on their first instance."""
+    fuse_projections: bool = True
+    """Agents' engines fuse q/k/v and gate/up (`EngineConfig.fuse_projections`: faster
+    steady decode; a fresh instance's first steps pay the copy — off for bursty serving)."""
+    compile_decode: bool = False
+    """Agents' engines compile their decode steps (`EngineConfig.compile_decode`: faster
+    decode once compiled; each new instance pays 15-30 s of compilation on CPU first)."""
     scale_out_timeout_s: float = 120.0
     """A scale-out not done in this long fails (its slots are released)."""
     launcher: str = "local"

@@ -34,6 +34,10 @@ def agent_argv(config: AgentConfig) -> list[str]:
         cmd += ["--remote-dir", str(config.remote_dir)]
     cmd += ["--max-num-seqs", str(config.engine.max_num_seqs)]
     cmd += ["--max-kv-tokens", str(config.engine.max_kv_tokens)]
+    if not config.engine.fuse_projections:
+        cmd.append("--no-fuse-projections")
+    if config.engine.compile_decode:
+        cmd.append("--compile-decode")
     if not config.preload_engine:
         cmd.append("--no-preload-engine")
     if not config.pace_links:

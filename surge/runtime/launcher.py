@@ -61,6 +61,10 @@ class LocalClusterConfig:
     preload_engine: bool = True
     """Agents import the engine (torch) before they report ready; turn off for clusters
     that only move bytes (faster start)."""
+    fuse_projections: bool = True
+    """Every agent's `EngineConfig.fuse_projections`."""
+    compile_decode: bool = False
+    """Every agent's `EngineConfig.compile_decode`."""
     start_timeout_s: float = 60.0
     extra_args: dict[int, list[str]] = field(default_factory=dict)
     """Extra command-line arguments for some nodes (testing: fault injection)."""
@@ -144,7 +148,10 @@ class LocalCluster:
             remote_dir=self.config.remote_dir,
             remote_gbps=self.config.remote_gbps,
             engine=EngineConfig(
-                max_num_seqs=self.config.max_num_seqs, max_kv_tokens=self.config.max_kv_tokens
+                max_num_seqs=self.config.max_num_seqs,
+                max_kv_tokens=self.config.max_kv_tokens,
+                fuse_projections=self.config.fuse_projections,
+                compile_decode=self.config.compile_decode,
             ),
             preload_engine=self.config.preload_engine,
         )

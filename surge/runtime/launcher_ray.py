@@ -50,6 +50,10 @@ class RayClusterConfig:
     max_kv_tokens: int = 16384
     """KV-cache capacity (tokens) of every runner on every agent."""
     preload_engine: bool = True
+    fuse_projections: bool = True
+    """Every agent's `EngineConfig.fuse_projections`."""
+    compile_decode: bool = False
+    """Every agent's `EngineConfig.compile_decode`."""
     num_cpus_per_agent: float = 0.0
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
     start_timeout_s: float = 120.0
@@ -60,7 +64,7 @@ def agent_config(
 ) -> AgentConfig:
     """One agent's settings, made inside its actor; `opts` holds the JSON values of
     `RayClusterConfig` that cross to the actor (link_gbps, remote_dir, remote_gbps,
-    max_num_seqs, max_kv_tokens, preload_engine)."""
+    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode)."""
     return AgentConfig(
         node=node,
         cluster_id=cluster_id,
@@ -71,7 +75,12 @@ def agent_config(
         ingress_gbps=opts["link_gbps"],
         remote_dir=Path(opts["remote_dir"]) if opts["remote_dir"] else None,
         remote_gbps=opts["remote_gbps"],
-        engine=EngineConfig(max_num_seqs=opts["max_num_seqs"], max_kv_tokens=opts["max_kv_tokens"]),
+        engine=EngineConfig(
+            max_num_seqs=opts["max_num_seqs"],
+            max_kv_tokens=opts["max_kv_tokens"],
+            fuse_projections=opts["fuse_projections"],
+            compile_decode=opts["compile_decode"],
+        ),
         preload_engine=opts["preload_engine"],
     )
 
@@ -186,6 +195,8 @@ class RayCluster:
             "remote_gbps": c.remote_gbps,
             "max_num_seqs": c.max_num_seqs,
             "max_kv_tokens": c.max_kv_tokens,
+            "fuse_projections": c.fuse_projections,
+            "compile_decode": c.compile_decode,
             "preload_engine": c.preload_engine,
         }
         started = {}

@@ -219,6 +219,7 @@ def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
         ("bad.toml", "nodes = = 3\n", "not valid"),
         ("typo.yaml", "nodez: 3\n", "unknown setting 'nodez'"),
         ("type.yaml", "nodes: four\n", "nodes must be a int"),
+        ("fuse.yaml", "fuse_projections: 1\n", "fuse_projections must be a bool"),
         ("dep.yaml", "deployments:\n  - {name: x, model: /m, strategy: magic}\n", "strategy"),
         ("strategy.yaml", "strategy: magic\n", "unknown strategy 'magic'"),
         ("sim.yaml", "strategy: faasnet\n", "only in the simulator"),
