@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from surge.policy.paraserve_gpu_share import consolidation_gpu
 from surge.policy.paraserve_placement import ServerNetwork, admit_background, finish_worker
 from surge.policy.paraserve_predictor import PredictorSettings, decide_consolidation
+from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
-from surge.sim.scaling import Gpus, tp_for
+from surge.sim.scaling import tp_for
 from surge.sim.world import World
 
 

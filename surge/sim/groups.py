@@ -36,11 +36,12 @@ from surge.sim.costs import cost_model
 from surge.sim.events import Priority
 from surge.sim.fetch import fetch
 from surge.sim.flexpipe import FlexPipe
+from surge.sim.gpus import Gpus
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
-from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM, Gpus, tp_for
+from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM, tp_for
 from surge.sim.world import World
 
 DEFAULT_PROMPT_TOKENS = 512

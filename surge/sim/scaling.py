@@ -3,10 +3,10 @@
 In: autoscaler checks (`check_soon` at the next decision tick, `check_after_idle` after
 the downscale delay, or a `wake_at_s` the policy asks for). Out: scale-outs (placement by
 `surge.policy.placement.place`, then the loads `start_load` carries out), releases,
-BlitzScale §5.2 mutation (idle prefill instances become decode ones), and the GPU
-time series. Every decision is `surge.policy.autoscale.decide` with the pool's
-`AutoscaleState`; the system's settings (decode pools under P/D have their own) are
-read from `SystemConfig`.
+BlitzScale §5.2 mutation (idle prefill instances become decode ones); GPUs are held
+and given back through `sim/gpus.py`'s `Gpus` (the GPU time series). Every decision is
+`surge.policy.autoscale.decide` with the pool's `AutoscaleState`; the system's settings
+(decode pools under P/D have their own) are read from `SystemConfig`.
 
 `InstanceFactory` builds every endpoint (plain instances, execution pipelines, ParaServe
 groups and the instances they consolidate into) with every field declared in
@@ -24,11 +24,12 @@ from surge.policy.autoscale import (
     ScaleDecision,
     decide,
 )
-from surge.policy.paraserve_gpu_share import SHARE_EPS, pipeline_speed
+from surge.policy.paraserve_gpu_share import pipeline_speed
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
+from surge.sim.gpus import Gpus
 from surge.sim.hardware import NodeGroup
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
@@ -40,72 +41,6 @@ WEIGHT_HEADROOM = 1.1
 """Weights plus activations take this much of their size in GPU memory."""
 MIN_KV_FRACTION = 0.1
 """An instance needs at least this fraction of its GPU memory left for KV cache."""
-
-
-class Gpus:
-    """GPU allocation and its time series (`SimResult.gpu_changes`)."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.allocated: float = 0
-        """GPUs held now, a shared GPU counted by the shares held."""
-
-    def take(self, gpus: tuple[int, ...]) -> None:
-        """Allocate `gpus` (free ones)."""
-        self.world.state.free_gpus.difference_update(gpus)
-        self._change(len(gpus))
-
-    def give_back(self, gpus: tuple[int, ...]) -> None:
-        """Free `gpus`."""
-        self.world.state.free_gpus.update(gpus)
-        self._change(-len(gpus))
-
-    def take_share(self, gpu: int, share: float) -> None:
-        """Hold `share` of `gpu` (free, or shared with room for it); GPU-seconds count
-        the share."""
-        if share >= 1.0:
-            self.take((gpu,))
-            return
-        state = self.world.state
-        state.free_gpus.discard(gpu)
-        state.gpu_used[gpu] = state.gpu_used.get(gpu, 0.0) + share
-        self._change(share)
-
-    def give_back_share(self, gpu: int, share: float) -> None:
-        """Release `share` of `gpu`; the GPU is free again once nothing of it is held."""
-        state = self.world.state
-        left = state.gpu_used.get(gpu, 0.0) - share
-        if left <= SHARE_EPS:
-            state.gpu_used.pop(gpu, None)
-            state.free_gpus.add(gpu)
-        else:
-            state.gpu_used[gpu] = left
-        self._change(-share)
-
-    def make_whole(self, gpu: int) -> None:
-        """One worker now holds all of shared `gpu` (it grew in place, ParaServe §6.1):
-        from here on it holds the GPU whole."""
-        self.world.state.gpu_used.pop(gpu)
-
-    def take_placement(self, placement: Placement) -> None:
-        """Hold every worker's GPUs (or its share of its GPU)."""
-        for i, w in enumerate(placement.workers):
-            if placement.share(i) < 1.0:
-                self.take_share(w[0], placement.share(i))
-            else:
-                self.take(w)
-
-    def give_back_placement(self, placement: Placement) -> None:
-        """Release what `take_placement` held."""
-        for i, w in enumerate(placement.workers):
-            if placement.share(i) < 1.0:
-                self.give_back_share(w[0], placement.share(i))
-            else:
-                self.give_back(w)
-
-    def _change(self, delta: float) -> None:
-        self.allocated += delta
-        self.world.result.gpu_changes.append((self.world.loop.now_s, self.allocated))
 
 
 class InstanceFactory:

@@ -31,6 +31,7 @@ from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flexpipe import FlexPipe
 from surge.sim.flows import FlowNetwork
+from surge.sim.gpus import Gpus
 from surge.sim.groups import Groups
 from surge.sim.hardware import ClusterProfile, NodeGroup, load_cluster
 from surge.sim.host_cache import HostCache
@@ -39,7 +40,7 @@ from surge.sim.models import ModelProfile, load_model
 from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
 from surge.sim.result import SimResult
-from surge.sim.scaling import Gpus, InstanceFactory, Scaler, tp_for
+from surge.sim.scaling import InstanceFactory, Scaler, tp_for
 from surge.sim.settings import SimSettings
 from surge.sim.world import ModelSlot, World
 from surge.traces.request import Trace

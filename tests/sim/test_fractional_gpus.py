@@ -19,9 +19,9 @@ from surge.policy.paraserve_gpu_share import (
 )
 from surge.policy.paraserve_sizing import _slowdown
 from surge.policy.systems import system_config
+from surge.sim.gpus import Gpus
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.metrics import gpu_seconds, summarize, tpot_s, ttft_s
-from surge.sim.scaling import Gpus
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import Simulation
 from surge.traces.gamma import gamma_trace
