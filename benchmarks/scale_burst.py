@@ -262,6 +262,7 @@ def run_modes(args, tmp: Path, manifest: Manifest, sources: int) -> dict:
             remote_dir=tmp / "reg",
             # The registry read cap stands in for each node's own disk (load_then_serve).
             remote_gbps=args.disk_gbps or args.link_gbps / LINK_OVER_DISK,
+            fuse_projections=not args.no_fuse_projections,
         )
         with cluster:
             for node in range(sources):
@@ -335,6 +336,11 @@ def main() -> None:
     ap.add_argument("--bucket-s", type=float, default=0.25)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--no-cold-start", action="store_true", help="skip the ParaServe part")
+    ap.add_argument(
+        "--no-fuse-projections",
+        action="store_true",
+        help="agents' engines keep q/k/v and gate/up separate (EngineConfig.fuse_projections)",
+    )
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_burst.json"))
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument(
@@ -356,6 +362,7 @@ def main() -> None:
         "sources": ks[0] if len(ks) == 1 else ks,
         "prompt_len": list(args.prompt_len),
         "max_num_seqs": args.max_num_seqs,
+        "fuse_projections": not args.no_fuse_projections,
         "machine": machine(args),
     }
     with tempfile.TemporaryDirectory() as tmp:

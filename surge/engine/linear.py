@@ -116,3 +116,14 @@ def fuse_linears(parts: Sequence[Linear]) -> Linear:
             [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in parts]
         )
     return Linear(weight=weight, bias=bias)
+
+
+def split_linear(fused: Linear, sizes: Sequence[int]) -> tuple[Linear, ...]:
+    """The parts of a fused projection, `sizes` output rows each, as views of its weight and
+    bias (no copy; unpacked): the reverse of `fuse_linears`. Stored transposed, a part is a
+    column slice of `[in, sum(out)]`, read with a leading dimension of `sum(out)`, which
+    BLAS takes as it is."""
+    assert fused.packed is None, "split a projection before packing it"
+    weights = fused.weight.split(list(sizes), dim=0)
+    biases = fused.bias.split(list(sizes)) if fused.bias is not None else (None,) * len(sizes)
+    return tuple(Linear(weight=w, bias=b) for w, b in zip(weights, biases, strict=True))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from surge.engine.linear import Linear, fuse_linears
+from surge.engine.linear import Linear, fuse_linears, split_linear
 from surge.model.arch import (
     EMBED_NAME,
     FINAL_NORM_NAME,
@@ -22,16 +22,20 @@ from surge.model.arch import (
     RopeConfig,
     layer_prefix,
 )
+from surge.model.stored_names import GATE_UP, QKV, split_sizes
 
 
 @dataclass(frozen=True)
 class LayerWeights:
     """The projections and norms of one decoder layer (`Linear` holds weight, bias, packing).
 
-    As a block lands, q, k, v, gate and up are separate views of its buffer and `qkv`,
-    `gate_up` are None. `fused()` (the runner calls it gradually, `EngineConfig.
-    fuse_projections`) gives the reverse: `qkv` computes q, k and v in one matmul and
-    `gate_up` gate and up in one (`surge.engine.linear.fuse_linears`, copies).
+    Fused: `qkv` computes q, k and v in one matmul and `gate_up` gate and up in one; q, k, v,
+    gate, up are None. Unfused: the reverse. Every weight is a view of the block buffer as a
+    block lands: a version-3 store holds q|k|v and gate|up fused (`surge.model.
+    stored_names`), so a layer is fused at once, or split into column views of the fused
+    matrices with `EngineConfig.fuse_projections` off. An older store's layer lands unfused
+    and `fused()` (the runner calls it gradually) copies its parts into fused matrices
+    (`surge.engine.linear.fuse_linears`).
     """
 
     input_norm: torch.Tensor
@@ -63,7 +67,8 @@ class LayerWeights:
         return sum(p.num_bytes for p in parts if p is not None)
 
     def fused(self) -> "LayerWeights":
-        """This layer with q|k|v and gate|up as one projection each (unpacked copies)."""
+        """This layer with q|k|v and gate|up as one projection each (unpacked copies; an
+        older store's layers)."""
         if self.is_fused:
             return self
         assert self.q is not None and self.k is not None and self.v is not None
@@ -79,14 +84,42 @@ class LayerWeights:
             up=None,
         )
 
+    def split(self, arch: ModelArch) -> "LayerWeights":
+        """This (unpacked) layer with q, k, v, gate and up as views of the fused matrices."""
+        if not self.is_fused:
+            return self
+        assert self.qkv is not None and self.gate_up is not None
+        q, k, v = split_linear(self.qkv, split_sizes(arch, QKV))
+        gate, up = split_linear(self.gate_up, split_sizes(arch, GATE_UP))
+        return replace(self, qkv=None, q=q, k=k, v=v, gate_up=None, gate=gate, up=up)
+
     @staticmethod
-    def from_tensors(tensors: dict[str, torch.Tensor], layer: int) -> "LayerWeights":
-        """Layer `layer`'s weights from a block's tensors (views: unfused, unpacked)."""
+    def from_tensors(
+        tensors: dict[str, torch.Tensor], layer: int, arch: ModelArch, fuse: bool = True
+    ) -> "LayerWeights":
+        """Layer `layer`'s weights from a block's tensors (views, unpacked): fused when the
+        store holds q|k|v and gate|up fused, split into views of them if not `fuse`; an older
+        store's separate tensors as they are (unfused)."""
         p = layer_prefix(layer)
 
         def proj(name: str) -> Linear:
             return Linear.of(tensors[p + name + ".weight"], tensors.get(p + name + ".bias"))
 
+        if p + QKV + ".weight" in tensors:
+            fused = LayerWeights(
+                input_norm=tensors[p + "input_layernorm.weight"],
+                qkv=proj(QKV),
+                q=None,
+                k=None,
+                v=None,
+                o=proj("self_attn.o_proj"),
+                post_norm=tensors[p + "post_attention_layernorm.weight"],
+                gate_up=proj(GATE_UP),
+                gate=None,
+                up=None,
+                down=proj("mlp.down_proj"),
+            )
+            return fused if fuse else fused.split(arch)
         return LayerWeights(
             input_norm=tensors[p + "input_layernorm.weight"],
             qkv=None,

@@ -92,7 +92,8 @@ class ModelRunner:
         self.num_packed = 0
         """Projections packed so far (with `pack_queue`: whether packing is under way)."""
         self.fuse_queue: deque[int] = deque()
-        """Layers whose q/k/v and gate/up are still separate (`EngineConfig.fuse_projections`)."""
+        """Layers of an older store (separate q/k/v, gate/up) still to fuse
+        (`EngineConfig.fuse_projections`); stays empty for a version-3 store."""
         self.decode_graph: DecodeGraph | None = None
         if config.compile_decode:  # imported only then: torch._dynamo adds ~1 s to start-up
             from surge.engine import compiled
@@ -109,11 +110,12 @@ class ModelRunner:
         if self.device.type != "cpu":
             tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
         self.block_buffers[index] = buf
+        fuse = self.config.fuse_projections
         for layer in range(info.first_layer, info.end_layer):
-            weights = LayerWeights.from_tensors(tensors, layer)
+            weights = LayerWeights.from_tensors(tensors, layer, self.arch, fuse)
             self.layers[layer] = weights
-            if self.config.fuse_projections:
-                self.fuse_queue.append(layer)  # packed once fused (`fuse_some`)
+            if fuse and not weights.is_fused:  # an older store: fused by `fuse_some`, then packed
+                self.fuse_queue.append(layer)
             elif self.packs:
                 self.pack_queue.extend((layer, name) for name in weights.projection_names)
         if info.has_embed:
@@ -164,10 +166,11 @@ class ModelRunner:
         """Fuse queued layers' q/k/v and gate/up, at most `max_pack_bytes_per_step` of copies
         (at least one layer); returns the bytes copied.
 
-        Called on every step, so a block is usable the moment it lands (fusing copies ~2/3 of
-        a layer's bytes: done as blocks landed, a scale-out would wait for it, as it did for
-        packing) and a few steps later every layer runs fused. Fused layers join the packing
-        queue, so packing packs the fused matrices.
+        Only stores written before version 3 queue layers here (newer ones hold the fused
+        matrices: nothing to copy). Called on every step, so a block is usable the moment it
+        lands (fusing copies ~2/3 of a layer's bytes: done as blocks landed, a scale-out would
+        wait for it, as it did for packing) and a few steps later every layer runs fused.
+        Fused layers join the packing queue, so packing packs the fused matrices.
         """
         done, budget = 0, self.config.max_pack_bytes_per_step
         while self.fuse_queue:

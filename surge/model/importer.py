@@ -2,7 +2,8 @@
 
 Reads one or several safetensors shards tensor by tensor, cuts the layers into blocks
 balanced by bytes (`layout.partition_layers`), packs each block's tensors into one aligned
-buffer (λScale §5, tensor packing), writes `block-NNNN.bin` files, copies config and
+buffer (λScale §5, tensor packing) — q|k|v and gate|up concatenated into one tensor each
+(`surge.model.stored_names`) — writes `block-NNNN.bin` files, copies config and
 tokenizer files beside them and writes `manifest.json` last, so a directory with a
 manifest is always a complete store.
 """
@@ -22,7 +23,6 @@ from surge.model.arch import (
     LM_HEAD_NAME,
     ModelArch,
     arch_from_hf_config,
-    layer_tensor_names,
     load_hf_config,
 )
 from surge.model.blocks import DTYPE_NAMES
@@ -35,6 +35,7 @@ from surge.model.manifest import (
     TensorInfo,
     block_checksum,
 )
+from surge.model.stored_names import stored_layer_sources
 
 log = logging.getLogger(__name__)
 
@@ -67,34 +68,48 @@ class _Checkpoint:
     def has(self, name: str) -> bool:
         return name in self._where
 
-    def get(self, name: str) -> torch.Tensor:
-        return self._handles[self._where[name]].get_tensor(name)
+    def get(self, names: tuple[str, ...]) -> torch.Tensor:
+        """Tensor `names[0]`, or `names`' tensors concatenated along dim 0 (a fused one)."""
+        parts = [self._handles[self._where[n]].get_tensor(n) for n in names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
-    def meta(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
-        """Shape and dtype without reading the data."""
-        t = self._handles[self._where[name]].get_slice(name)
-        shape = tuple(t.get_shape())
-        dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(
-            t.get_dtype()
-        )
-        if dtype is None:
-            raise SurgeError(f"tensor {name} has dtype {t.get_dtype()}, which surge does not load")
-        return shape, dtype
+    def meta(self, names: tuple[str, ...]) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of `get(names)` without reading the data."""
+        shapes, dtypes = [], set()
+        for name in names:
+            t = self._handles[self._where[name]].get_slice(name)
+            shapes.append(tuple(t.get_shape()))
+            dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(
+                t.get_dtype()
+            )
+            if dtype is None:
+                raise SurgeError(
+                    f"tensor {name} has dtype {t.get_dtype()}, which surge does not load"
+                )
+            dtypes.add(dtype)
+        if len(dtypes) > 1 or len({s[1:] for s in shapes}) > 1:
+            raise SurgeError(
+                f"tensors {', '.join(names)} differ in dtype or width, so they cannot be "
+                "stored as one; is the checkpoint consistent?"
+            )
+        return (sum(s[0] for s in shapes), *shapes[0][1:]), dtypes.pop()
 
 
 def _align(n: int) -> int:
     return (n + TENSOR_ALIGNMENT_BYTES - 1) // TENSOR_ALIGNMENT_BYTES * TENSOR_ALIGNMENT_BYTES
 
 
-def _block_tensor_names(
-    arch: ModelArch, first: int, end: int, has_embed: bool, has_head: bool
-) -> list[str]:
-    names = [EMBED_NAME] if has_embed else []
+def _block_sources(
+    arch: ModelArch, first: int, end: int, has_embed: bool, has_head: bool, fuse: bool
+) -> dict[str, tuple[str, ...]]:
+    """Stored tensor name -> the HF tensors it is made of, in packing order (lm_head: as
+    named; `import_checkpoint` substitutes the embeddings for a tied head)."""
+    sources = {EMBED_NAME: (EMBED_NAME,)} if has_embed else {}
     for layer in range(first, end):
-        names += layer_tensor_names(arch, layer)
+        sources.update(stored_layer_sources(arch, layer, fuse))
     if has_head:
-        names += [FINAL_NORM_NAME, LM_HEAD_NAME]
-    return names
+        sources.update({FINAL_NORM_NAME: (FINAL_NORM_NAME,), LM_HEAD_NAME: (LM_HEAD_NAME,)})
+    return sources
 
 
 def stores_transposed(name: str, shape: tuple[int, ...]) -> bool:
@@ -105,6 +120,8 @@ def stores_transposed(name: str, shape: tuple[int, ...]) -> bool:
     contiguous) measurably faster than HF's row-major [out, in]: on this project's 2-core
     EPYC VM, one thread, the 100 MB preset's 43 projections ran at 10-11 GB/s vs 6-9 GB/s
     (a batch-1 decode step 18 -> 14 ms). Readers see the same logical [out, in] tensor.
+    Fused q|k|v and gate|up too: [in, sum of the parts' out] contiguous, each part's columns
+    side by side (what `surge.engine.linear.fuse_linears` built at run time before).
     """
     return len(shape) == 2 and (name.endswith("_proj.weight") or name == LM_HEAD_NAME)
 
@@ -116,8 +133,12 @@ def import_checkpoint(
     name: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    fuse_projections: bool = True,
 ) -> Manifest:
-    """Pack the HF checkpoint in `hf_dir` into a block store at `store_dir`."""
+    """Pack the HF checkpoint in `hf_dir` into a block store at `store_dir`.
+
+    `fuse_projections=False` writes q, k, v, gate and up as separate tensors, the layout of
+    stores made before version 3 (which users still have on disk; tests check they serve)."""
     hf_dir, store_dir = Path(hf_dir), Path(store_dir)
     arch = arch_from_hf_config(load_hf_config(hf_dir))
     if num_blocks is None:
@@ -128,26 +149,28 @@ def import_checkpoint(
     # lm_head: tied models (or checkpoints that omit it) reuse the embeddings. The last block
     # gets its own copy so the node running the last stage needs nothing from the first block.
     head_source = LM_HEAD_NAME if ckpt.has(LM_HEAD_NAME) else EMBED_NAME
-    wanted = _block_tensor_names(arch, 0, arch.num_layers, True, True)
-    missing = [n for n in wanted if not ckpt.has(n if n != LM_HEAD_NAME else head_source)]
+
+    def source(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(head_source if n == LM_HEAD_NAME else n for n in names)
+
+    every = _block_sources(arch, 0, arch.num_layers, True, True, fuse_projections)
+    missing = [n for names in every.values() for n in source(names) if not ckpt.has(n)]
     if missing:
         raise SurgeError(
             f"{hf_dir} lacks {len(missing)} tensors this {arch.model_type} config needs "
             f"(first: {missing[0]}); is the checkpoint complete?"
         )
 
-    def source(n: str) -> str:
-        return head_source if n == LM_HEAD_NAME else n
-
-    def nbytes(n: str) -> int:
-        shape, dtype = ckpt.meta(source(n))
+    def nbytes(names: tuple[str, ...]) -> int:
+        shape, dtype = ckpt.meta(source(names))
         return _align(int(torch.Size(shape).numel()) * dtype.itemsize)
 
     layer_bytes = [
-        sum(nbytes(n) for n in layer_tensor_names(arch, i)) for i in range(arch.num_layers)
+        sum(map(nbytes, stored_layer_sources(arch, i, fuse_projections).values()))
+        for i in range(arch.num_layers)
     ]
-    layer_bytes[0] += nbytes(EMBED_NAME)
-    layer_bytes[-1] += nbytes(FINAL_NORM_NAME) + nbytes(LM_HEAD_NAME)
+    layer_bytes[0] += nbytes((EMBED_NAME,))
+    layer_bytes[-1] += nbytes((FINAL_NORM_NAME,)) + nbytes((LM_HEAD_NAME,))
     ranges = partition_layers(layer_bytes, num_blocks)
 
     if store_dir.exists() and any(store_dir.iterdir()):
@@ -165,11 +188,11 @@ def import_checkpoint(
     )
     for index, (first, end) in enumerate(ranges):
         has_embed, has_head = index == 0, index == len(ranges) - 1
-        names = _block_tensor_names(arch, first, end, has_embed, has_head)
+        sources = _block_sources(arch, first, end, has_embed, has_head, fuse_projections)
         infos: list[TensorInfo] = []
         offset = 0
-        for n in names:
-            shape, dtype = ckpt.meta(source(n))
+        for n, parts in sources.items():
+            shape, dtype = ckpt.meta(source(parts))
             size = int(torch.Size(shape).numel()) * dtype.itemsize
             transposed = stores_transposed(n, tuple(shape))
             infos.append(TensorInfo(n, DTYPE_NAMES[dtype], shape, offset, size, transposed))
@@ -183,7 +206,7 @@ def import_checkpoint(
             else torch.empty(0, dtype=torch.uint8)
         )
         for info in infos:
-            t = ckpt.get(source(info.name))
+            t = ckpt.get(source(sources[info.name]))
             t = (t.t() if info.transposed else t).contiguous()
             raw[info.offset_bytes : info.offset_bytes + info.size_bytes].copy_(
                 t.reshape(-1).view(torch.uint8)

@@ -17,10 +17,12 @@ from surge.model.arch import ModelArch
 
 MANIFEST_NAME = "manifest.json"
 STORE_FORMAT = "surge-store"
-STORE_VERSION = 2
-"""2: projection weights may be stored transposed (`TensorInfo.transposed`)."""
-READABLE_STORE_VERSIONS = (1, 2)
-"""Versions this surge reads: a version-1 store simply has no transposed tensors."""
+STORE_VERSION = 3
+"""2: projection weights may be stored transposed (`TensorInfo.transposed`). 3: q|k|v and
+gate|up may be stored as one tensor each (`surge.model.stored_names`)."""
+READABLE_STORE_VERSIONS = (1, 2, 3)
+"""Versions this surge reads: a version-1 store simply has no transposed tensors, a version-2
+store no fused ones."""
 TENSOR_ALIGNMENT_BYTES = 64
 """Every tensor starts at a multiple of this offset inside its block (cache-line aligned)."""
 
@@ -30,7 +32,8 @@ class TensorInfo:
     """Where one tensor lives inside its block buffer."""
 
     name: str
-    """HF tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`."""
+    """HF tensor name, e.g. `model.layers.3.self_attn.o_proj.weight`, or a fused one
+    (`...self_attn.qkv_proj.weight`, `surge.model.stored_names`)."""
     dtype: str
     """float32, float16 or bfloat16."""
     shape: tuple[int, ...]

@@ -122,7 +122,5 @@ def test_narrow_models_are_not_packed(tiny_store: Path) -> None:
     assert not runner.packs and not runner.pack_queue
     wide = ModelRunner(manifest, EngineConfig(pack_min_hidden_size=manifest.arch.hidden_size))
     wide.load_blocks()
-    assert wide.packs and list(wide.pack_queue) == [(None, "lm_head")]  # layers: once fused
-    while wide.fuse_queue:
-        wide.fuse_some()
+    assert wide.packs and not wide.fuse_queue  # the store holds q|k|v, gate|up fused
     assert len(wide.pack_queue) == 1 + 4 * manifest.arch.num_layers  # q|k|v, o, gate|up, down

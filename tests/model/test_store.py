@@ -14,7 +14,8 @@ from surge.model.arch import EMBED_NAME, LM_HEAD_NAME
 from surge.model.blocks import block_tensors, read_block_file
 from surge.model.importer import import_checkpoint
 from surge.model.layout import default_num_blocks, partition_layers
-from surge.model.manifest import block_checksum, read_manifest
+from surge.model.manifest import STORE_VERSION, block_checksum, read_manifest
+from surge.model.stored_names import hf_views
 from surge.model.tiny import TinyModelConfig, create_tiny_model
 
 
@@ -30,7 +31,7 @@ def _all_store_tensors(store: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for b in m.blocks:
         out.update(block_tensors(b, read_block_file(m.block_path(b.index), b)))
-    return out
+    return hf_views(m.arch, out)  # fused q|k|v, gate|up split back into HF's tensors
 
 
 @pytest.mark.parametrize("num_blocks", [1, 2, 3, 4])
@@ -44,35 +45,64 @@ def test_round_trip_is_bit_exact(tiny_hf: Path, tmp_path: Path, num_blocks: int)
         assert torch.equal(got_bytes, t.view(torch.uint8)), name
 
 
-def test_projections_are_stored_transposed_and_read_as_hf_views(
+def test_projections_are_stored_fused_transposed_and_read_as_hf_views(
     tiny_hf: Path, tmp_path: Path
 ) -> None:
-    """Projections and lm_head lie in the block as [in, out] (the fast one-row gemv layout),
-    and readers still get HF's [out, in] values; norms and embeddings stay as they are."""
+    """q|k|v and gate|up are one tensor each; projections and lm_head lie in the block as
+    [in, out] (the fast one-row gemv layout) and readers still get HF's [out, in] values
+    (q, k, v as column views of the stored qkv); norms and embeddings stay as they are."""
     m = import_checkpoint(tiny_hf, tmp_path / "s", num_blocks=2, progress=False)
     ref = _all_hf_tensors(tiny_hf)
     by_name = {t.name: (b, t) for b in m.blocks for t in b.tensors}
+    p = "model.layers.0."
+    assert {p + "self_attn.qkv_proj.weight", p + "mlp.gate_up_proj.weight"} <= set(by_name)
+    assert not [n for n in by_name if n.endswith(("q_proj.weight", "gate_proj.weight"))]
     transposed = {n for n, (_, t) in by_name.items() if t.transposed}
-    assert transposed == {n for n in ref if n.endswith("_proj.weight")} | {LM_HEAD_NAME}
-    q = "model.layers.0.self_attn.q_proj.weight"
-    b, info = by_name[q]
+    assert transposed == {n for n in by_name if n.endswith("_proj.weight")} | {LM_HEAD_NAME}
+    qkv = p + "self_attn.qkv_proj.weight"
+    b, info = by_name[qkv]
     raw = read_block_file(m.block_path(b.index), b)
     stored = torch.frombuffer(
         raw, dtype=torch.float32, count=info.size_bytes // 4, offset=info.offset_bytes
     )
-    assert torch.equal(stored.view(info.shape[::-1]), ref[q].t())  # bytes really are [in, out]
-    view = block_tensors(b, raw)[q]
-    assert view.shape == ref[q].shape and view.stride() == (1, info.shape[0])
-    assert torch.equal(view, ref[q]) and view.data_ptr() == stored.data_ptr()
+    parts = [ref[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"]
+    assert info.shape == (sum(t.shape[0] for t in parts), parts[0].shape[1])
+    # The bytes really are [in, q_out + k_out + v_out]: each part's columns side by side.
+    assert torch.equal(stored.view(info.shape[::-1]), torch.cat(parts).t())
+    views = hf_views(m.arch, block_tensors(b, raw))
+    q = views[p + "self_attn.q_proj.weight"]
+    assert q.shape == parts[0].shape and q.stride() == (1, info.shape[0])
+    assert torch.equal(q, parts[0]) and q.data_ptr() == stored.data_ptr()
+
+
+def test_fused_and_separate_layouts_hold_the_same_bytes(tiny_hf: Path, tmp_path: Path) -> None:
+    """A store with q|k|v and gate|up fused holds the bytes of the separate layout (the
+    version-2 one, still written for tests) and no more: each block's size is its tensors
+    plus alignment, and the same layers land in the same blocks (the planner, multicast and
+    simulator read these sizes)."""
+    new = import_checkpoint(tiny_hf, tmp_path / "new", num_blocks=3, progress=False)
+    old = import_checkpoint(
+        tiny_hf, tmp_path / "old", num_blocks=3, progress=False, fuse_projections=False
+    )
+    for a, b in zip(new.blocks, old.blocks, strict=True):
+        assert (a.first_layer, a.end_layer) == (b.first_layer, b.end_layer)
+        assert sum(t.size_bytes for t in a.tensors) == sum(t.size_bytes for t in b.tensors)
+        assert a.size_bytes <= b.size_bytes  # fewer tensors: less alignment padding
+        assert a.size_bytes == max(t.offset_bytes + t.size_bytes for t in a.tensors)
+    assert len(new.blocks[1].tensors) < len(old.blocks[1].tensors)
+    ref = _all_store_tensors(tmp_path / "old")
+    got = _all_store_tensors(tmp_path / "new")
+    assert set(got) == set(ref) and all(torch.equal(got[n], t) for n, t in ref.items())
 
 
 def test_version_1_store_without_transposed_tensors_still_reads(
-    tiny_store: Path, tmp_path: Path
+    tiny_hf: Path, tmp_path: Path
 ) -> None:
-    """A store written before transposed projections (version 1) reads and runs as before."""
+    """A store written before transposed projections (version 1: separate, row-major q, k,
+    v...) reads and runs as before."""
     old = tmp_path / "old"
-    shutil.copytree(tiny_store, old)
-    m = read_manifest(old)
+    m = import_checkpoint(tiny_hf, old, num_blocks=3, progress=False, fuse_projections=False)
+    ref = _all_store_tensors(old)
     d = json.loads((old / "manifest.json").read_text())
     d["version"] = 1
     for b, block in zip(d["blocks"], m.blocks, strict=True):
@@ -87,11 +117,12 @@ def test_version_1_store_without_transposed_tensors_still_reads(
         b["checksum"] = block_checksum(raw)
         (old / block.file).write_bytes(raw)
     (old / "manifest.json").write_text(json.dumps(d))
-    got, ref = _all_store_tensors(old), _all_store_tensors(tiny_store)
+    got = _all_store_tensors(old)
     assert set(got) == set(ref)
+    assert any(n.endswith("q_proj.weight") for n in got)
     for name, t in ref.items():
         assert torch.equal(got[name], t) and got[name].is_contiguous(), name
-    d["version"] = 3
+    d["version"] = STORE_VERSION + 1
     (old / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(SurgeError, match="re-import"):
         read_manifest(old)
