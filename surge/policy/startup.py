@@ -14,7 +14,9 @@ Out: a `StartupPlan`:
   system's `max_sources`, and one host copy per machine, none on a machine that already
   sends from a GPU copy (its NIC is the bottleneck);
   systems with `host_sources_when_hot` off use host copies only when no GPU copy exists
-  (BlitzScale §2: multicast from deployed instances);
+  (BlitzScale §2: multicast from deployed instances) or, with `sources_by_bandwidth`,
+  none has its egress free (§5.1 Alg. 1: sources by the bandwidth they have left, so the
+  pool's host copy goes before GPU copies whose egress K/V or earlier multicasts hold);
 - `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first, then
   the first in placement order)
   brings the model into its host tier from its disk or the registry, restoring the
@@ -50,8 +52,13 @@ from surge.policy.systems import SystemConfig
 OWN_TIERS = ("host", "disk", "remote")
 """A destination's best complete copy of its own: host memory, local disk, or none (the
 registry)."""
-COPY_TIERS = ("gpu", "host")
-"""Tiers a copy elsewhere can serve a multicast from."""
+COPY_TIERS = ("gpu", "host", "loading")
+"""Tiers a copy elsewhere can serve a multicast from: `loading` is an instance still
+receiving an earlier multicast, which forwards each block as it lands (a chain's tail;
+BlitzScale §5.1 Alg. 1 line 10 pushes every target back into the sources)."""
+TIER_RANK = {"gpu": 0, "host": 1, "loading": 2}
+"""At equal egress left, complete GPU copies send first (§2), then host copies, then
+in-flight ones (they send no faster than they receive)."""
 KINDS = ("hot", "warm", "cold")
 
 
@@ -78,7 +85,8 @@ class Copy:
     node: int
     """Who holds it (same id space as `Destination.node`)."""
     tier: str
-    """`gpu` (a serving instance) or `host` (host memory)."""
+    """`gpu` (a serving instance), `host` (host memory) or `loading` (an instance still
+    receiving its multicast; used by `sources_by_bandwidth` systems only)."""
     outstanding: int = 0
     """Requests on the instance that holds a GPU copy (less loaded sources go first)."""
     machine: int | None = None
@@ -86,8 +94,14 @@ class Copy:
     busy_egress: bool = False
     """Its node's egress carries serving traffic (a P/D prefill instance's K/V): it sends
     only when no free copy is left (BlitzScale §5.1; the chain planner prunes it too)."""
+    sending: int = 0
+    """Multicasts it is a source of now: its egress is already shared, so copies sending
+    less go first (BlitzScale §5.1 Alg. 1 line 5 pops the source with the most bandwidth
+    left, `CurrentBW_s`; a copy whose egress an earlier scale-out holds has less)."""
 
     def __post_init__(self) -> None:
+        if self.sending < 0 or self.outstanding < 0:
+            raise SurgeError("a copy's outstanding and sending counts must be >= 0")
         if self.tier not in COPY_TIERS:
             raise SurgeError(f"copy tier must be one of {COPY_TIERS} (got {self.tier!r})")
 
@@ -126,7 +140,8 @@ class Source:
 
     node: int
     tier: str
-    """`gpu` or `host`: where its blocks are read from."""
+    """`gpu`, `host` or `loading`: where its blocks are read from (`loading`: a GPU that
+    forwards each block once it has landed there)."""
 
 
 @dataclass(frozen=True)
@@ -161,10 +176,14 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     system = request.system
     dests = request.destinations
 
+    by_bandwidth = system.sources_by_bandwidth
+
     # Ties go by machine, then id: ids are each body's own, machines mean the same in both.
-    # Copies whose egress is busy go last (BlitzScale §5.1 interference).
-    def order(c: Copy) -> tuple[bool, int, int, int]:
-        return (c.busy_egress, c.outstanding, c.node if c.machine is None else c.machine, c.node)
+    # Copies whose egress is busy go last (BlitzScale §5.1 interference); by bandwidth,
+    # copies whose egress earlier multicasts hold go after free ones (Alg. 1 line 5).
+    def order(c: Copy) -> tuple[bool, int, int, int, int]:
+        machine = c.node if c.machine is None else c.machine
+        return (c.busy_egress, c.sending if by_bandwidth else 0, c.outstanding, machine, c.node)
 
     gpu = sorted((c for c in request.copies if c.tier == "gpu"), key=order)
     host = sorted((c for c in request.copies if c.tier == "host"), key=order)
@@ -174,21 +193,35 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         # Local systems (and the ParaServe group's members, which `plan_group` splits) load
         # from their own best tier.
         return StartupPlan(kind, tuple(LocalLoad(d.node, d.own_tier) for d in dests))
-    use_host = system.host_sources_when_hot or not gpu
+    # BlitzScale §5.1 Alg. 1 takes sources from the parameter pool (GPU and host copies,
+    # §5.3) by the bandwidth they have left: deployed instances send (§2) while one has its
+    # egress free; once every one is busy (K/V, or an earlier scale-out's multicast) the
+    # pool's host copy sends before them, rather than one more flow on a held NIC.
+    free_gpu = [c for c in gpu if not (by_bandwidth and (c.busy_egress or c.sending))]
+    use_host = system.host_sources_when_hot or not free_gpu
     warm_local = [d for d in dests if d.own_tier == "host" and use_host]
     receivers = [d for d in dests if d not in warm_local]
     local = [LocalLoad(d.node, "host") for d in warm_local]
-    candidates = [Source(c.node, "gpu") for c in gpu]
+    candidates = [Source(c.node, "gpu") for c in free_gpu]
     if use_host:
         # A warm-local destination serves its host copy to the others while it loads
         # (λScale §5); one host source per machine.
         hosts = [(c.node, c.machine) for c in host] + [(d.node, d.machine) for d in warm_local]
-        # A machine already sending from a GPU copy has no egress left for its host copy.
-        seen = {("machine", c.machine) for c in gpu if c.machine is not None}
+        # A machine already sending from a GPU copy has no egress left for its host copy
+        # (by bandwidth: one that sends first, a free GPU copy).
+        senders = free_gpu if by_bandwidth else gpu
+        seen = {("machine", c.machine) for c in senders if c.machine is not None}
         for node, machine in hosts:
             if _machine(node, machine) not in seen:
                 seen.add(_machine(node, machine))
                 candidates.append(Source(node, "host"))
+    candidates += [Source(c.node, "gpu") for c in gpu if c not in free_gpu]
+    if by_bandwidth and receivers:
+        # Free GPU copies, free host copies, free chain tails, then by egress held.
+        tails = sorted((c for c in request.copies if c.tier == "loading"), key=order)
+        candidates += [Source(c.node, "loading") for c in tails]
+        held = {(c.node, c.tier): (c.busy_egress, c.sending) for c in request.copies}
+        candidates.sort(key=lambda s: (*held.get((s.node, s.tier), (False, 0)), TIER_RANK[s.tier]))
     leader: LocalLoad | None = None
     if receivers and not candidates:
         if system.cold_fallback == "local":

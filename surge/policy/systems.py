@@ -79,6 +79,11 @@ class SystemConfig:
     exists (λScale §5 locality-driven start-up). False: only when no instance holds the
     model (BlitzScale §2/§5.3: multicast from deployed instances over the compute
     network; the O(1) host copy is for 0->N)."""
+    sources_by_bandwidth: bool = False
+    """Multicast sources are ranked by the egress bandwidth they have left (BlitzScale §5.1
+    Alg. 1 line 5 pops the source with the most `CurrentBW_s`): copies already sending an
+    earlier scale-out's multicast go after free ones, and a host copy of the parameter
+    pool (§5.3) before any GPU copy whose egress is held. False: GPU copies by load."""
     shard_multicast: bool = False
     """A tensor-parallel target's GPUs each receive their own shard of every block over
     their own network link, from the same GPU index of the sender (BlitzScale §2-§3 and
@@ -210,6 +215,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         serve_while_loading="live",
         live_start_fraction=1 / 16,  # §4: live once the first block (layers) has landed
         host_sources_when_hot=False,
+        sources_by_bandwidth=True,
         shard_multicast=True,
         host_cache="pinned-one",
         pd_disaggregation=True,

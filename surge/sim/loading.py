@@ -130,21 +130,38 @@ class Loader:
                 i.outstanding,
                 machine=i.machine,
                 busy_egress=i.role == "prefill" and i.outstanding > 0,
+                sending=i.sending,
             )
             for (m, _), p in self.pools.items()
             if m == pool.model
             for i in p.instances
             if i.loaded and i.serving and not i.released
         ]
+        # Receivers of multicasts still in flight: chain tails a later multicast may
+        # forward from (`policy.startup` tier `loading`, BlitzScale §5.1 Alg. 1 line 10).
+        tails = [
+            Copy(
+                i.id,
+                "loading",
+                i.outstanding,
+                machine=i.machine,
+                busy_egress=i.role == "prefill" and i.outstanding > 0,
+                sending=i.sending,
+            )
+            for (m, _), p in self.pools.items()
+            if m == pool.model
+            for i in p.instances
+            if i.id in self.multicasts.inflight and not i.released
+        ]
         host_copies = [
-            Copy(HOST_NODE + m, "host", machine=m)
+            Copy(HOST_NODE + m, "host", machine=m, sending=self.multicasts.host_sending.get(m, 0))
             for m in self.cache.machines_with(pool.model)
             if m not in dest_machines
         ]
         return StartupRequest(
             self.world.system,
             tuple(Destination(i.id, self._own_tier(i, pool), machine=i.machine) for i in instances),
-            tuple(gpu_copies + host_copies),
+            tuple(gpu_copies + host_copies + tails),
         )
 
     def _start(self, pool: Pool, instances: list[Instance]) -> None:

@@ -39,6 +39,17 @@ from surge.sim.pools import Pool, Requests
 from surge.sim.world import HOST_NODE, World
 
 
+class _Tail:
+    """A receiver still loading: its blocks so far and who forwards them on."""
+
+    __slots__ = ("blocks", "num_blocks", "subscribers")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks: set[int] = set()
+        self.num_blocks = num_blocks
+        self.subscribers: list[Callable[[int], None]] = []
+
+
 @functools.lru_cache(maxsize=512)
 def _plan(request: MulticastRequest) -> MulticastOutcome:
     return plan_scale_out(request)
@@ -75,6 +86,12 @@ class MulticastLoads:
         """`Loader.ready`: an instance holding the whole model serves after a delay."""
         self.load_local = load_local
         """`Loader.load_local`: the fallback when every source is gone."""
+        self.host_sending: dict[int, int] = {}
+        """Per machine: multicasts its host copy is sending now (`Instance.sending` for a
+        GPU copy); `policy.startup` ranks sources by the egress they have left."""
+        self.inflight: dict[int, _Tail] = {}
+        """Per receiving instance id: the blocks landed so far, for later multicasts that
+        chain from it (`policy.startup` tier `loading`)."""
 
     def start(self, pool: Pool, plan: StartupPlan, by_id: dict[int, Instance]) -> None:
         """Multicast to `plan.receivers` from `plan.sources`; serve while loading."""
@@ -83,16 +100,28 @@ class MulticastLoads:
         slot = world.models[pool.model]
         gpu_nodes: dict[int, Instance] = {}
         host_nodes: dict[int, int] = {}
+        tails: dict[int, _Tail] = {}
         for src in plan.sources:
             if src.tier == "host":
                 node = by_id.get(src.node)
                 host_nodes[src.node] = node.machine if node else src.node - HOST_NODE
             else:
                 gpu_nodes[src.node] = self._instance(src.node)
+                if src.tier == "loading" and src.node in self.inflight:
+                    tails[src.node] = self.inflight[src.node]
+        first_tail = next(iter(tails.values()), None)
         nodes = plan.multicast_nodes
-        live_sources = [
-            v for v in nodes[: len(plan.sources)] if v in host_nodes or not gpu_nodes[v].released
-        ]
+
+        def usable(v: int) -> bool:
+            if v in host_nodes:
+                return True
+            inst = gpu_nodes[v]
+            if v in tails:  # a chain tail: the same block cut as the first one
+                return not inst.released and tails[v].num_blocks == tails_cut
+            return not inst.released and inst.loaded
+
+        tails_cut = first_tail.num_blocks if first_tail is not None else 0
+        live_sources = [v for v in nodes[: len(plan.sources)] if usable(v)]
         receivers = [by_id[v] for v in plan.receivers if not by_id[v].released]
         if not live_sources or not receivers:
             for inst in receivers:
@@ -121,7 +150,11 @@ class MulticastLoads:
         )
         if len(busy) == k:
             busy = frozenset()
-        blocks = self.num_blocks(pool.model, len(nodes), k)
+        # A chain from an in-flight receiver forwards its blocks: the same cut.
+        if any(v in tails for v in nodes[:k]):
+            blocks = tails_cut
+        else:
+            blocks = self.num_blocks(pool.model, len(nodes), k)
         request = MulticastRequest(
             num_nodes=len(nodes),
             num_blocks=blocks,
@@ -130,9 +163,15 @@ class MulticastLoads:
             cluster=Cluster(rates, rates, groups, intra, busy),
         )
         outcome = _plan(request)
+        # Receivers that forward within the plan hold their egress too (Alg. 1: a chain).
+        forwarders = {tr.src for step in outcome.plan.steps for tr in step if tr.src >= k}
         senders = [gpu_nodes[v] for v in nodes[:k] if v in gpu_nodes]
+        senders += [gpu_nodes[nodes[v]] for v in sorted(forwarders)]
         for s in senders:
             s.sending += 1
+        host_senders = [host_nodes[v] for v in nodes[:k] if v in host_nodes]
+        for m in host_senders:
+            self.host_sending[m] = self.host_sending.get(m, 0) + 1
 
         # One lane per GPU index when every GPU pulls its own shard (`shard_multicast`):
         # lane j carries shard j of each block from the sender's GPU j (a host copy: from
@@ -198,7 +237,18 @@ class MulticastLoads:
             if lanes_left[0] == 0:
                 on_finished()
 
+        for inst in receivers:
+            self.inflight[inst.id] = _Tail(blocks)
+
         def on_arrival(node: int, block: int) -> None:
+            inst = plan_nodes[node]
+            tail = self.inflight.get(inst.id) if inst is not None else None
+            if tail is not None:
+                tail.blocks.add(block)
+                for forward in tail.subscribers:
+                    forward(block)
+                if len(tail.blocks) == tail.num_blocks:
+                    del self.inflight[inst.id]  # type: ignore[union-attr]
             if world.timeline is not None and plan_nodes[node] is not None:
                 where = plan_nodes[node].machine  # type: ignore[union-attr]
                 world.publish(BlockLanded, model=slot.name, node=where, block=block, tier="gpu")
@@ -208,6 +258,8 @@ class MulticastLoads:
         def on_finished() -> None:
             for s in senders:
                 s.sending -= 1
+            for m in host_senders:
+                self.host_sending[m] -= 1
 
         def on_transfers(delta: int, tr: Transfer, lane: int = 0) -> None:
             sender = plan_nodes[tr.src] if world.settings.send_cost_s_per_gb > 0 else None
@@ -217,7 +269,8 @@ class MulticastLoads:
                 self.on_transfers(delta, sender.gpus[lane], path(tr.src, tr.dst, lane)[0])
 
         block_bytes = math.ceil(slot.profile.total_bytes / blocks)
-        for lane in range(lanes):
+        partial = {i: tails[v].blocks for i, v in enumerate(nodes[:k]) if v in tails}
+        runs = [
             MulticastRun(
                 world.net,
                 outcome.plan,
@@ -226,7 +279,14 @@ class MulticastLoads:
                 on_lane_arrival,
                 on_lane_finished,
                 functools.partial(on_transfers, lane=lane),
-            ).start()
+                partial,
+            )
+            for lane in range(lanes)
+        ]
+        for i in partial:
+            tails[nodes[i]].subscribers.append(functools.partial(_forward, runs=runs, node=i))
+        for r in runs:
+            r.start()
 
     def _instance(self, iid: int) -> Instance:
         for p in self.pools.values():
@@ -300,3 +360,9 @@ class MulticastLoads:
         share = world.models[pool.model].profile.total_bytes / len(inst.gpus)
         for g in rest:
             world.net.start(world.state.gpu_to_gpu(inst.gpus[0], g), share, fan_done)
+
+
+def _forward(block: int, runs: list[MulticastRun], node: int) -> None:
+    """A chain tail's new block goes on in every lane's run of the later multicast."""
+    for r in runs:
+        r.source_got(node, block)

@@ -10,8 +10,10 @@ transfer)` as a transfer starts / ends (CPU consumers under `SimSettings.shared_
 Execution is self-timed, as node agents run a plan (and as `surge.policy.timing`
 models it): each node sends its transfers in plan order and receives its transfers in
 plan order; a transfer starts when its block is at the sender and it heads both the
-sender's send queue and the receiver's receive queue. Each transfer is a flow on the
-cluster's links, so it shares bandwidth with every other transfer in flight.
+sender's send queue and the receiver's receive queue. A source still receiving an earlier
+multicast (`partial_sources`, a chain's tail) holds only the blocks landed so far;
+`source_got` adds the rest as they land. Each transfer is a flow on the cluster's links,
+so it shares bandwidth with every other transfer in flight.
 """
 
 from collections import deque
@@ -33,6 +35,7 @@ class MulticastRun:
         on_arrival: Callable[[int, int], None],
         on_finished: Callable[[], None],
         on_transfers: Callable[[int, Transfer], None] | None = None,
+        partial_sources: dict[int, set[int]] | None = None,
     ) -> None:
         self.net = net
         self.path = path
@@ -42,6 +45,9 @@ class MulticastRun:
         self.on_transfers = on_transfers
         n, b, k = plan.num_nodes, plan.num_blocks, plan.num_sources
         self.held = [set(range(b)) if v < k else set() for v in range(n)]
+        for v, blocks in (partial_sources or {}).items():
+            # a source still receiving (a chain's tail): it forwards blocks as they land
+            self.held[v] = set(blocks)
         self.sends: list[deque[Transfer]] = [deque() for _ in range(n)]
         self.recvs: list[deque[Transfer]] = [deque() for _ in range(n)]
         for step in plan.steps:
@@ -57,6 +63,11 @@ class MulticastRun:
             self._try(self.sends[v][0] if self.sends[v] else None)
         if self.left == 0:
             self.on_finished()
+
+    def source_got(self, node: int, block: int) -> None:
+        """Source `node` (one of `partial_sources`) now holds `block`: send it on."""
+        self.held[node].add(block)
+        self._try(self.sends[node][0] if self.sends[node] else None)
 
     def _try(self, tr: Transfer | None) -> None:
         if tr is None or tr in self.active:

@@ -1,0 +1,63 @@
+"""Multicast sources by the egress bandwidth they have left (`SystemConfig.
+sources_by_bandwidth`, BlitzScale §5.1 Alg. 1: line 5 pops the source with the most
+`CurrentBW_s`, line 2 prunes sources whose egress serves, line 10 pushes every target
+back as a source; §5.3: the parameter pool holds GPU and host copies). Systems without
+it keep ranking GPU copies by load."""
+
+from dataclasses import replace
+
+import pytest
+
+from surge.errors import SurgeError
+from surge.policy.startup import Copy, Destination, Source, StartupRequest, plan_startup
+from surge.policy.systems import system_config
+
+BLITZ = system_config("blitzscale")
+LAMBDA = system_config("lambdascale")
+ONE = (Destination(1, machine=1),)
+
+
+def _sources(system, copies) -> tuple[Source, ...]:
+    return plan_startup(StartupRequest(system, ONE, tuple(copies))).sources
+
+
+def test_a_copy_already_sending_goes_after_a_free_one() -> None:
+    assert BLITZ.sources_by_bandwidth and not LAMBDA.sources_by_bandwidth
+    copies = (Copy(7, "gpu", outstanding=0, sending=1), Copy(8, "gpu", outstanding=5))
+    assert _sources(BLITZ, copies) == (Source(8, "gpu"),)
+    assert _sources(LAMBDA, copies) == (Source(7, "gpu"),)  # λScale: least loaded first
+
+
+def test_the_pool_host_copy_sends_before_a_held_gpu_copy_not_before_a_free_one() -> None:
+    host = Copy(9, "host", machine=0)
+    held = Copy(7, "gpu", sending=1, machine=2)
+    assert _sources(BLITZ, (held, host)) == (Source(9, "host"),)
+    # §2: a deployed instance with its egress free sends, the host copy is not needed
+    assert _sources(BLITZ, (replace(held, sending=0), host)) == (Source(7, "gpu"),)
+    # the egress a P/D prefill's K/V holds counts as held too (Alg. 1 line 2)
+    busy = Copy(7, "gpu", busy_egress=True, machine=0)
+    assert _sources(BLITZ, (busy, host)) == (Source(9, "host"),)
+    # without `sources_by_bandwidth`: host copies only when no instance holds the model
+    plain = replace(BLITZ, sources_by_bandwidth=False)
+    assert _sources(plain, (held, host)) == (Source(7, "gpu"),)
+
+
+def test_a_chain_tail_sends_when_every_complete_copy_is_held() -> None:
+    held = (Copy(7, "gpu", sending=1), Copy(9, "host", machine=0, sending=2))
+    tail = Copy(5, "loading", machine=3)
+    assert _sources(BLITZ, (*held, tail)) == (Source(5, "loading"),)
+    # a free complete copy goes first; a tail that forwards already goes after held ones
+    assert _sources(BLITZ, (Copy(7, "gpu"), tail)) == (Source(7, "gpu"),)
+    assert _sources(BLITZ, (*held, replace(tail, sending=3))) == (Source(7, "gpu"),)
+    # systems that do not rank by bandwidth never send from an incomplete copy
+    assert _sources(LAMBDA, (Copy(7, "gpu"), tail)) == (Source(7, "gpu"),)
+    assert _sources(replace(BLITZ, sources_by_bandwidth=False), (*held, tail)) == (
+        Source(7, "gpu"),
+    )
+
+
+def test_bad_copies_are_refused() -> None:
+    with pytest.raises(SurgeError, match="sending"):
+        Copy(1, "gpu", sending=-1)
+    with pytest.raises(SurgeError, match="tier"):
+        Copy(1, "disk")
