@@ -270,6 +270,7 @@ class MulticastLoads:
 
         block_bytes = math.ceil(slot.profile.total_bytes / blocks)
         partial = {i: tails[v].blocks for i, v in enumerate(nodes[:k]) if v in tails}
+        chained = {"partial_sources": partial} if partial else {}
         runs = [
             MulticastRun(
                 world.net,
@@ -279,7 +280,7 @@ class MulticastLoads:
                 on_lane_arrival,
                 on_lane_finished,
                 functools.partial(on_transfers, lane=lane),
-                partial,
+                **chained,
             )
             for lane in range(lanes)
         ]
