@@ -341,6 +341,12 @@ def main() -> None:
         action="store_true",
         help="agents' engines keep q/k/v and gate/up separate (EngineConfig.fuse_projections)",
     )
+    ap.add_argument(
+        "--separate-projections-store",
+        action="store_true",
+        help="import the model in the pre-version-3 layout (q/k/v, gate/up separate: engines "
+        "that fuse copy them in their first steps)",
+    )
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_burst.json"))
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument(
@@ -363,12 +369,19 @@ def main() -> None:
         "prompt_len": list(args.prompt_len),
         "max_num_seqs": args.max_num_seqs,
         "fuse_projections": not args.no_fuse_projections,
+        "store_projections": "separate" if args.separate_projections_store else "fused",
         "machine": machine(args),
     }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         create_tiny_model(tmp / "hf", model_config(args.model_mb, args.blocks))
-        import_checkpoint(tmp / "hf", tmp / "reg" / MODEL, num_blocks=args.blocks, progress=False)
+        import_checkpoint(
+            tmp / "hf",
+            tmp / "reg" / MODEL,
+            num_blocks=args.blocks,
+            progress=False,
+            fuse_projections=not args.separate_projections_store,
+        )
         manifest = read_manifest(tmp / "reg" / MODEL)
         report["model_bytes"] = manifest.total_bytes
         runs = {k: run_modes(args, tmp, manifest, k) for k in ks}

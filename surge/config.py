@@ -47,16 +47,17 @@ class EngineConfig:
     max_pack_bytes_per_step: int = 8 << 20
     """Most projection bytes packed in one step (at least one projection is); ~0.7 ms of CPU
     per MB on this project's VM (transpose + reorder). Also the most bytes fused (copied) in
-    one step by `fuse_projections` (at least one layer)."""
+    one step by `fuse_projections` on an older store (at least one layer)."""
     fuse_projections: bool = True
     """Compute q, k, v with one matmul and gate, up with one (`surge.engine.linear.
     fuse_linears`): fewer, larger calls stream the weights faster — on this project's VM
     (one thread, 100mb preset) the layers' projections take 0.85x the time at one row
-    (batch-1 decode), 0.93-0.98x at 8 rows, 0.98-0.99x at 32. Costs a copy of those weights
-    (q, k, v, gate and up: ~2/3 of a Llama layer's bytes), made gradually: blocks land
-    unfused and usable at once, and every step fuses at most `max_pack_bytes_per_step` of
-    layers (`ModelRunner.fuse_some`); the block buffers stay untouched. The same tokens as
-    unfused (tests/engine/test_fused_projections.py)."""
+    (batch-1 decode), 0.93-0.98x at 8 rows, 0.98-0.99x at 32. Stores of version 3 hold
+    q|k|v and gate|up fused (`surge.model.stored_names`): no copy, off splits them into views.
+    Older stores cost a copy of those weights (~2/3 of a Llama layer's bytes), made
+    gradually: blocks land unfused and usable at once, and every step fuses at most
+    `max_pack_bytes_per_step` of layers (`ModelRunner.fuse_some`). The block buffers stay
+    untouched. The same tokens as unfused (tests/engine/test_fused_projections.py)."""
     compile_decode: bool = False
     """Run the layers of pure-decode steps as one `torch.compile`d (inductor) graph, which
     fuses the element-wise ops between projections (`surge.engine.compiled`). Prefill stays

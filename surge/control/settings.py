@@ -42,7 +42,8 @@ class ControllerConfig:
     """Started agents import the engine at start, not on their first instance."""
     fuse_projections: bool = True
     """Agents' engines fuse q/k/v and gate/up (`EngineConfig.fuse_projections`: faster
-    steady decode; a fresh instance's first steps pay the copy — off for bursty serving)."""
+    decode; free for stores of version 3, which hold them fused; an older store's fresh
+    instances pay a copy in their first steps — re-import it, or turn this off)."""
     compile_decode: bool = False
     """Agents' engines compile their decode steps (`EngineConfig.compile_decode`: faster
     decode once compiled; each new instance pays 15-30 s of compilation on CPU first)."""
