@@ -77,16 +77,26 @@ def startup_request(
     outstanding: dict[int, int],
     live: set[int],
     busy: frozenset[int] | set[int] = frozenset(),
+    sending: Mapping[int, int] | None = None,
 ) -> StartupRequest:
     """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
     none), and every complete copy on another live node — its GPU copy (with the load of
-    the instance holding it, and whether its egress carries P/D K/V: `busy`) and its host
-    copy; a node is its own machine, so the policy sends from one of them. The simulator
-    asks the same question (`sim/loading.Loader.startup_request`)."""
+    the instance holding it, whether its egress carries P/D K/V: `busy`, and the
+    multicasts it is a source of now: `sending`, which `sources_by_bandwidth` systems rank
+    by) and its host copy; a node is its own machine, so the policy sends from one of
+    them. The simulator asks the same question (`sim/loading.Loader.startup_request`)."""
+    sending = sending or {}
     gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
     others = [n for n in sorted(gpu | host) if n not in dests and n in live]
     copies = [
-        Copy(n, "gpu", outstanding.get(n, 0), machine=n, busy_egress=n in busy)
+        Copy(
+            n,
+            "gpu",
+            outstanding.get(n, 0),
+            machine=n,
+            busy_egress=n in busy,
+            sending=sending.get(n, 0),
+        )
         for n in others
         if n in gpu
     ]
@@ -127,7 +137,8 @@ async def start_scale_out(
     live = set(client.addresses) - client.down
     outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
     busy = {n for n, t in offer.traffic().items() if t.outgoing > 0}
-    question = startup_request(system, pool, dep.name, dests, outstanding, live, busy)
+    sending = {i.node: i.num_sending for i in dep.instances.values()}
+    question = startup_request(system, pool, dep.name, dests, outstanding, live, busy, sending)
     slo = dep.spec.slo
     ctx = ScaleOutContext(
         client=client,

@@ -32,6 +32,8 @@ class Scenario:
     """Machines of the new instances."""
     store: str = "registry"
     """`ssd`: every machine holds a disk copy."""
+    sending: tuple[int, ...] = ()
+    """Machines whose serving instance is a source of one multicast now."""
 
 
 SCENARIOS = {
@@ -44,6 +46,9 @@ SCENARIOS = {
     "cold from the registry": Scenario("lambdascale", (), (), new=(4, 2)),
     "blitzscale sends from instances": Scenario("blitzscale", gpu=(0,), host=(1, 2), new=(2, 3)),
     "serverlessllm loads locally": Scenario("serverlessllm", gpu=(0,), host=(2,), new=(2, 3)),
+    "a sending instance after the host copy (blitzscale)": Scenario(
+        "blitzscale", gpu=(0,), host=(1,), new=(2, 3), sending=(0,)
+    ),
 }
 
 
@@ -60,7 +65,9 @@ def _runtime_plan(s: Scenario) -> StartupPlan:
             pool.add("m", n, "disk", blocks)
     live = set(range(NUM_MACHINES))
     system = system_config(s.system)
-    return plan_startup(runtime_request(system, pool, "m", list(s.new), {}, live))
+    sending = dict.fromkeys(s.sending, 1)
+    request = runtime_request(system, pool, "m", list(s.new), {}, live, sending=sending)
+    return plan_startup(request)
 
 
 def _sim_plan(s: Scenario, tmp_path) -> StartupPlan:
@@ -69,7 +76,9 @@ def _sim_plan(s: Scenario, tmp_path) -> StartupPlan:
         add_host_copy(sim, m)
     machine_of: dict[int, int] = {}
     for m in s.gpu:
-        machine_of[instance_on(sim, m, serving=True).id] = m
+        inst = instance_on(sim, m, serving=True)
+        inst.sending = int(m in s.sending)
+        machine_of[inst.id] = m
     new = [instance_on(sim, m, serving=False) for m in s.new]
     machine_of.update({i.id: m for i, m in zip(new, s.new, strict=True)})
     plan = plan_startup(sim.loader.startup_request(entry_pool(sim), new))
@@ -100,5 +109,9 @@ def test_both_bodies_plan_the_same_start_up(name: str, tmp_path) -> None:
         assert runtime.cold_leader == LocalLoad(3, "disk")  # placement order breaks the tie
     if name.startswith("blitzscale"):
         assert runtime.sources == (Source(0, "gpu"),) and runtime.local == ()
+    if name.startswith("a sending instance"):
+        # §5.1 Alg. 1: the copy with the most bandwidth left sends first (fails if the
+        # runtime does not tell the policy which copies are sending).
+        assert runtime.sources == (Source(1, "host"), Source(0, "gpu"))
     if name.startswith("serverlessllm"):
         assert runtime.sources == () and len(runtime.local) == 2
