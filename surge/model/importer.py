@@ -35,7 +35,7 @@ from surge.model.manifest import (
     TensorInfo,
     block_checksum,
 )
-from surge.model.stored_names import stored_layer_sources
+from surge.model.stored_names import check_fused_rows, stored_layer_sources
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,10 @@ def import_checkpoint(
             f"{hf_dir} lacks {len(missing)} tensors this {arch.model_type} config needs "
             f"(first: {missing[0]}); is the checkpoint complete?"
         )
+
+    for stored, parts in every.items():
+        if len(parts) > 1:
+            check_fused_rows(arch, stored, [ckpt.meta((n,))[0][0] for n in parts])
 
     def nbytes(names: tuple[str, ...]) -> int:
         shape, dtype = ckpt.meta(source(names))

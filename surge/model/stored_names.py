@@ -13,6 +13,7 @@ Written by the importer; read by the engine and by tests that compare stores wit
 
 import torch
 
+from surge.errors import SurgeError
 from surge.model.arch import ModelArch, layer_prefix, layer_tensor_names
 
 QKV = "self_attn.qkv_proj"
@@ -33,6 +34,18 @@ def split_sizes(arch: ModelArch, fused: str) -> tuple[int, ...]:
     if fused == GATE_UP:
         return (arch.intermediate_size, arch.intermediate_size)
     raise ValueError(f"{fused!r} is not a fused projection")
+
+
+def check_fused_rows(arch: ModelArch, stored: str, part_rows: list[int]) -> None:
+    """Raise a `SurgeError` unless the parts of fused tensor `stored` have the output rows the
+    arch says (readers split it by `split_sizes`, so a mismatch would mis-split silently)."""
+    proj = stored.rpartition(".")[0].partition(".layers.")[2].partition(".")[2]
+    want = list(split_sizes(arch, proj))
+    if part_rows != want:
+        raise SurgeError(
+            f"{stored}: its parts have {part_rows} output rows, but config.json's heads, "
+            f"head_dim and intermediate_size give {want}; is config.json this checkpoint's?"
+        )
 
 
 def _stored_name(hf_name: str, layer: int) -> str:

@@ -224,6 +224,14 @@ def test_blocks_out_of_range_and_bad_checkpoints(tiny_hf: Path, tmp_path: Path) 
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
     with pytest.raises(SurgeError, match="not a Llama-family model"):
         import_checkpoint(gpt2, tmp_path / "s", progress=False)
+    # A config whose heads disagree with the weights: q|k|v would be split wrongly.
+    wrong = tmp_path / "wrong"
+    shutil.copytree(tiny_hf, wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SurgeError, match=r"qkv_proj.weight: its parts have .* config.json"):
+        import_checkpoint(wrong, tmp_path / "sw", progress=False)
     import_checkpoint(tiny_hf, tmp_path / "ok", num_blocks=2, progress=False)
     with pytest.raises(SurgeError, match="not empty"):
         import_checkpoint(tiny_hf, tmp_path / "ok", num_blocks=2, progress=False)
