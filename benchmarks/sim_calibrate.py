@@ -107,10 +107,12 @@ def simulate_burst(
     pipeline_speed: float = 1.0,
     send_cost_s_per_gb: float = 0.0,
     transfers_first: bool = False,
+    serving_transfers_shared: bool = False,
+    send_cpu_cores: float = 0.0,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
-    from surge.events import InstanceUp, PipelineOpened, Recorder
+    from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
     from surge.policy.autoscale import AutoscaleSettings
     from surge.policy.systems import system_config
     from surge.sim.settings import SimSettings
@@ -146,6 +148,8 @@ def simulate_burst(
         pipeline_speed=pipeline_speed,
         send_cost_s_per_gb=send_cost_s_per_gb if cores is not None else 0.0,
         transfers_first=transfers_first and cores is not None,
+        serving_transfers_shared=serving_transfers_shared and transfers_first and cores is not None,
+        send_cpu_cores=min(send_cpu_cores, transfer_cores) if cores is not None else 0.0,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -164,21 +168,26 @@ def simulate_burst(
         "all_requests_done_s": round(float(res.done_s.max()), 4),
         "pipelines_opened": sum(1 for e in res.scale_events if e[2] == "pipeline"),
         "endpoints_opened_s": opened,
+        # the last block landing: the runtime's `multicast_complete_s`
+        "multicast_complete_s": round(
+            max((ev.t_s for ev in recorder.events if isinstance(ev, BlockLanded)), default=0.0), 3
+        ),
     }
 
 
 FIXES = (
     # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
     #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
-    #  transfers take their CPU before serving?)
-    ("1_serving_step", False, False, 1, False, False, False, False),
-    ("2_link_rate", True, False, 1, False, False, False, False),
-    ("3_transfer_cpu", True, True, 1, False, False, False, False),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False, False, False, False),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, False, False, False),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, False, False),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, True, True, True, False),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, True, True, True, True),
+    #  transfers take their CPU before serving?, a serving agent's transfers at its share?)
+    ("1_serving_step", False, False, 1, False, False, False, False, False),
+    ("2_link_rate", True, False, 1, False, False, False, False, False),
+    ("3_transfer_cpu", True, True, 1, False, False, False, False, False),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False, False, False, False, False),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, False, False, False, False),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, False, False, False),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, True, True, True, False, False),
+    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, True, True, True, True, False),
+    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, True, True, True, True, True),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -196,7 +205,7 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
             files[rate] = sim_files(engine, reals[1]["nodes"], rate, where)
         for k, mode in SCENARIOS:
             steps = {}
-            for label, eff, cpu, micro, opening, slow, sending, priority in FIXES:
+            for label, eff, cpu, micro, opening, slow, sending, priority, shared in FIXES:
                 rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
                 pred = simulate_burst(
                     *files[rate],
@@ -210,6 +219,8 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                     profile["pipeline_speed"] if slow else 1.0,
                     profile["send_cost_s_per_gb"] if sending else 0.0,
                     priority,
+                    shared,
+                    profile["send_cpu_cores"] if shared else 0.0,
                 )
                 steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
             out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}

@@ -74,6 +74,16 @@ def median_of(runs: list[dict]) -> dict:
     return out
 
 
+BITS_PER_BYTE = 8
+
+
+def send_cpu_cores(send: dict, transport: dict) -> float:
+    """The sender's cores per transfer at the cap (at most `transfer_cores`)."""
+    gb_per_s = transport.get("one_link_gbps", 0.0) / BITS_PER_BYTE
+    cores = send.get("send_cpu_s_per_gb", 0.0) * gb_per_s
+    return round(min(cores, transport["transfer_cores"]), 4)
+
+
 def profile_of(rounds: list[dict], real: dict) -> dict:
     """The simulator's inputs from `rounds` (one: that round's numbers; several: medians of
     every run inside them)."""
@@ -106,6 +116,10 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         # Serving lost per GB sent cannot be negative: a negative median (serving measured
         # faster while sending) is noise around no loss, so the simulator gets 0.
         "send_cost_s_per_gb": max(0.0, send["send_cost_s_per_gb"]),
+        # The sender's part of a transfer's CPU (the rest is the receiver's): CPU seconds
+        # per GB sent x GB/s at the cap, as `transfer_cores` is per block at the cap (0
+        # where a round did not measure it).
+        "send_cpu_cores": send_cpu_cores(send, transport),
     }
 
 

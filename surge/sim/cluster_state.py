@@ -70,6 +70,16 @@ class ClusterState:
             return (self._link(f"gnic-out/{src}"), self._link(f"gnic-in/{dst}"))
         return (self._link(f"nic-out/{ms.index}"), self._link(f"nic-in/{md.index}"))
 
+    def agent_links(self, gpu: int) -> tuple[tuple[Link, ...], tuple[Link, ...]]:
+        """The network links `gpu`'s node agent sends (egress) and receives (ingress)
+        blocks through."""
+        m = self.machine_of_gpu[gpu]
+        out = (f"gnic-out/{gpu}", f"nic-out/{m.index}")
+        into = (f"gnic-in/{gpu}", f"nic-in/{m.index}")
+        return tuple(self.net.links[n] for n in out if n in self.net.links), tuple(
+            self.net.links[n] for n in into if n in self.net.links
+        )
+
     def host_to_gpu(self, gpu: int) -> tuple[Link, ...]:
         """Path from host memory to `gpu`."""
         return (self._link(f"pcie/{gpu}"),)

@@ -19,9 +19,20 @@ execution pipeline runs at the pace of its slowest stage, so it takes the larges
 load among its GPUs. B is the sender's egress links' capacity times the flow network's
 speed while it has a transfer in flight (its egress is what a multicast sender fills).
 0 (the default): the old model exactly.
+
+Serving agents move blocks at their share (`SimSettings.serving_transfers_shared`, with
+`transfers_first`): transfers go first because the agents that only move blocks are
+I/O-bound. An agent that also serves (a busy endpoint on its GPU: a hot source, a pipeline
+stage) is CPU-bound, and a block's CPU work at its end (framing and sending out of the
+sender, receive and crc32 verify in the receiver) runs in that process at the share s the
+scheduler gives it. A block's time at that end is its wire time plus that CPU's extra
+wait: with e the cores the end's CPU work takes at the link's full rate, the end's link
+moves at 1 / (1 + e * (1/s - 1)) of its rate (`Link.speed`). e is measured: the sender's
+`send_cpu_cores` and the receiver's `transfer_cores - send_cpu_cores`.
 """
 
 from collections import Counter
+from collections.abc import Callable
 
 from surge.sim.flows import FlowNetwork, Link
 from surge.sim.instance import Instance
@@ -44,16 +55,24 @@ class ComputeSharing:
         transfer_cores: float,
         send_cost_s_per_gb: float = 0.0,
         transfers_first: bool = False,
+        links_of_gpu: Callable[[int], tuple[tuple[Link, ...], tuple[Link, ...]]] | None = None,
+        send_cpu_cores: float = 0.0,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
         self.transfer_cores = transfer_cores
         self.transfers_first = transfers_first
+        self.links_of_gpu = links_of_gpu if transfers_first else None
+        """GPU -> its agent's (egress, ingress) links (`serving_transfers_shared`)."""
+        self.send_cpu_cores = min(send_cpu_cores, transfer_cores)
+        """Of `transfer_cores`, the sender's part (the rest is the receiver's)."""
         self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
         self.transfers = 0
         """Multicast block transfers in flight."""
+        self._shared_links: set[Link] = set()
+        """Links slowed to a serving agent's share last time."""
         self.sending: dict[int, Counter[Link]] = {}
         """Sender lead GPU -> its transfers in flight per egress link (with a send cost)."""
 
@@ -132,3 +151,22 @@ class ComputeSharing:
             mine = share * self.serving_fraction(inst) if self.sending else share
             if inst.share != mine:
                 inst.set_share(mine)
+        if self.links_of_gpu is not None and self.shared_cores is not None:
+            self._share_serving_links()
+
+    def _share_serving_links(self) -> None:
+        """Links at a node with a busy endpoint move blocks at what its CPU share allows."""
+        ends = (self.send_cpu_cores, self.transfer_cores - self.send_cpu_cores)
+        speeds: dict[Link, float] = {}
+        for iid in sorted(self.busy):
+            inst = self.busy[iid]
+            wait = 1.0 / max(inst.share, MIN_SHARE) - 1.0
+            for gpu in inst.placement.all_gpus:
+                for links, cores in zip(self.links_of_gpu(gpu), ends, strict=True):  # type: ignore[misc]
+                    factor = 1.0 / (1.0 + cores * wait)
+                    for link in links:
+                        speeds[link] = min(speeds.get(link, 1.0), factor)
+        for link in self._shared_links - speeds.keys():
+            speeds[link] = 1.0
+        self._shared_links = set(speeds)
+        self.net.set_link_speeds(speeds)

@@ -23,7 +23,7 @@ BITS_PER_GBIT = 1e9
 class Link:
     """A shared resource with a capacity."""
 
-    __slots__ = ("bytes_per_s", "flows", "name")
+    __slots__ = ("bytes_per_s", "flows", "name", "speed")
 
     def __init__(self, name: str, gbps: float) -> None:
         if not gbps > 0:
@@ -31,6 +31,9 @@ class Link:
         self.name = name
         self.bytes_per_s = gbps * BITS_PER_GBIT / BITS_PER_BYTE
         self.flows: set[Flow] = set()
+        self.speed = 1.0
+        """Fraction of its capacity the hosts' CPUs let it move now (< 1: the agent at
+        this end is CPU-bound, `ComputeSharing`)."""
 
 
 class Flow:
@@ -79,6 +82,15 @@ class FlowNetwork:
         if active:
             self._reschedule(active)
 
+    def set_link_speeds(self, speeds: dict[Link, float]) -> None:
+        """Change the speed of the links in `speeds`, their flows in flight included."""
+        changed = [link for link, v in speeds.items() if link.speed != v]
+        for link in changed:
+            link.speed = speeds[link]
+        active = {f for link in changed for f in link.flows}
+        if active:
+            self._reschedule(active)
+
     def add_link(self, name: str, gbps: float) -> Link:
         """Create (or return the existing) link `name`."""
         if name not in self.links:
@@ -124,7 +136,9 @@ class FlowNetwork:
         for f in sorted(flows, key=lambda f: f.id):
             f.bytes_left -= f.rate * (now - f.last_s)
             f.last_s = now
-            f.rate = self.speed * min(link.bytes_per_s / len(link.flows) for link in f.links)
+            f.rate = self.speed * min(
+                link.speed * link.bytes_per_s / len(link.flows) for link in f.links
+            )
             if f.event is not None:
                 f.event.cancel()
             delay = max(f.bytes_left, 0.0) / f.rate

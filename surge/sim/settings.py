@@ -71,6 +71,17 @@ class SimSettings:
     sleep on sockets and wake for each chunk), and Linux's scheduler runs a task waking from
     I/O ahead of CPU-bound ones; measured, the runtime's multicast barely slows while hot
     instances serve (`benchmarks/sim_calibrate.py`, fix 8). False: one equal share for all."""
+    serving_transfers_shared: bool = False
+    """With `transfers_first`: at a node whose agent also serves (a busy endpoint on its
+    GPU) a block's CPU work runs at that endpoint's share, so its NIC links move blocks at
+    1 / (1 + e * (1/share - 1)), e the cores that end's work takes at full rate
+    (`send_cpu_cores` out, `transfer_cores - send_cpu_cores` in):
+    `sim/compute_sharing.py`, `benchmarks/sim_calibrate.py` fix 9. False: every transfer
+    goes first."""
+    send_cpu_cores: float = 0.0
+    """Of `transfer_cores`, the cores the SENDER's agent spends per block transfer at the
+    link's full rate (measured: `benchmarks/sim_calibrate_send.py`, CPU seconds per GB
+    sent x the link's GB/s); used by `serving_transfers_shared`."""
     send_cost_s_per_gb: float = 0.0
     """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
     the endpoints on that node. While a node sends at B GB/s, its endpoints (and any
@@ -143,6 +154,10 @@ class SimSettings:
             raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
         if self.transfers_first and self.shared_cores is None:
             raise SurgeError("transfers_first needs shared_cores (one host's cores)")
+        if not 0 <= self.send_cpu_cores <= max(self.transfer_cores, 0.0):
+            raise SurgeError("send_cpu_cores must be between 0 and transfer_cores")
+        if self.serving_transfers_shared and not self.transfers_first:
+            raise SurgeError("serving_transfers_shared needs transfers_first")
         if self.send_cost_s_per_gb < 0:
             raise SurgeError("send_cost_s_per_gb must be >= 0")
         if self.send_cost_s_per_gb > 0 and self.shared_cores is None:

@@ -169,6 +169,8 @@ class Simulation:
             settings.transfer_cores,
             settings.send_cost_s_per_gb,
             settings.transfers_first,
+            world.state.agent_links if settings.serving_transfers_shared else None,
+            settings.send_cpu_cores,
         )
         self.router = Requests(
             world,
