@@ -34,6 +34,9 @@
    (`SimSettings.transfers_first`; the agents moving blocks are I/O-bound, and Linux runs a
    task waking from I/O ahead of CPU-bound ones; measured, the runtime's multicast barely
    slows while hot instances serve). No parameter: fix 8 switches it on.
+   Fix 9 (`SimSettings.serving_transfers_shared`): an agent that also serves is CPU-bound,
+   so its end of a transfer runs at its serving share (the sender's part of the transfer
+   CPU, `send_cpu_cores`, from step 6's CPU seconds per GB sent; the receiver's the rest).
 8. Compares predicted vs measured TTFT p50/p90 and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
    `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,
