@@ -122,35 +122,25 @@ class Loader:
         machine: `HOST_NODE + m`). `surge serve` asks the same question
         (`control/scaleouts.startup_request`)."""
         dest_machines = {i.machine for i in instances}
-        # a P/D prefill instance's egress carries K/V hand-offs (BlitzScale §5.1)
-        gpu_copies = [
-            Copy(
-                i.id,
-                "gpu",
-                i.outstanding,
-                machine=i.machine,
-                busy_egress=i.role == "prefill" and i.outstanding > 0,
-                sending=i.sending,
+        model_instances = [
+            i for (m, _), p in self.pools.items() if m == pool.model for i in p.instances
+        ]
+
+        def copy(i: Instance, tier: str) -> Copy:
+            # a P/D prefill instance's egress carries K/V hand-offs (BlitzScale §5.1)
+            busy = i.role == "prefill" and i.outstanding > 0
+            return Copy(
+                i.id, tier, i.outstanding, machine=i.machine, busy_egress=busy, sending=i.sending
             )
-            for (m, _), p in self.pools.items()
-            if m == pool.model
-            for i in p.instances
-            if i.loaded and i.serving and not i.released
+
+        gpu_copies = [
+            copy(i, "gpu") for i in model_instances if i.loaded and i.serving and not i.released
         ]
         # Receivers of multicasts still in flight: chain tails a later multicast may
         # forward from (`policy.startup` tier `loading`, BlitzScale §5.1 Alg. 1 line 10).
         tails = [
-            Copy(
-                i.id,
-                "loading",
-                i.outstanding,
-                machine=i.machine,
-                busy_egress=i.role == "prefill" and i.outstanding > 0,
-                sending=i.sending,
-            )
-            for (m, _), p in self.pools.items()
-            if m == pool.model
-            for i in p.instances
+            copy(i, "loading")
+            for i in model_instances
             if i.id in self.multicasts.inflight and not i.released
         ]
         host_copies = [
