@@ -22,6 +22,7 @@ from benchmarks.sim_calibrate_measure import (
 )
 from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
 from benchmarks.sim_calibrate_send import measure_send_cost
+from surge.policy.timing import BITS_PER_BYTE
 
 log = logging.getLogger("sim_calibrate")
 
@@ -72,9 +73,6 @@ def median_of(runs: list[dict]) -> dict:
             out[key] = value
     out["runs"] = flat
     return out
-
-
-BITS_PER_BYTE = 8
 
 
 def send_cpu_cores(send: dict, transport: dict) -> float:

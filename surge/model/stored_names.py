@@ -8,10 +8,8 @@ computes q, k and v with one matmul straight from the block buffer (zero copies)
 used to get by copying ~2/3 of each layer's bytes after the block landed. Where the parts'
 outputs split is derived from the arch (`split_sizes`), not stored. Stores of versions 1-2
 hold the separate HF tensors; readers handle both (`surge.engine.model.LayerWeights`).
-Written by the importer; read by the engine and by tests that compare stores with HF.
+Written by the importer; read by the engine.
 """
-
-import torch
 
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch, layer_prefix, layer_tensor_names
@@ -65,23 +63,4 @@ def stored_layer_sources(
     for name in layer_tensor_names(arch, layer):
         stored = _stored_name(name, layer) if fuse else name
         out[stored] = (*out.get(stored, ()), name)
-    return out
-
-
-def hf_views(arch: ModelArch, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A store's tensors (`surge.model.blocks.block_tensors`) under HF's names: fused ones
-    split back into their parts (views, no copy), the others as they are."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        if not name.startswith("model.layers."):
-            out[name] = t
-            continue
-        layer = int(name.split(".")[2])
-        proj, _, kind = name.removeprefix(layer_prefix(layer)).rpartition(".")
-        if proj not in FUSED_PARTS:
-            out[name] = t
-            continue
-        parts = t.split(split_sizes(arch, proj), dim=0)
-        for part, view in zip(FUSED_PARTS[proj], parts, strict=True):
-            out[f"{layer_prefix(layer)}{part}.{kind}"] = view
     return out

@@ -110,6 +110,7 @@ class MulticastLoads:
                 if src.tier == "loading" and src.node in self.inflight:
                     tails[src.node] = self.inflight[src.node]
         first_tail = next(iter(tails.values()), None)
+        tails_cut = first_tail.num_blocks if first_tail is not None else 0
         nodes = plan.multicast_nodes
 
         def usable(v: int) -> bool:
@@ -120,7 +121,6 @@ class MulticastLoads:
                 return not inst.released and tails[v].num_blocks == tails_cut
             return not inst.released and inst.loaded
 
-        tails_cut = first_tail.num_blocks if first_tail is not None else 0
         live_sources = [v for v in nodes[: len(plan.sources)] if usable(v)]
         receivers = [by_id[v] for v in plan.receivers if not by_id[v].released]
         if not live_sources or not receivers:

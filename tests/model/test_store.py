@@ -10,13 +10,32 @@ import torch
 from safetensors.torch import load_file
 
 from surge.errors import SurgeError
-from surge.model.arch import EMBED_NAME, LM_HEAD_NAME
+from surge.model.arch import EMBED_NAME, LM_HEAD_NAME, ModelArch, layer_prefix
 from surge.model.blocks import block_tensors, read_block_file
 from surge.model.importer import import_checkpoint
 from surge.model.layout import default_num_blocks, partition_layers
 from surge.model.manifest import STORE_VERSION, block_checksum, read_manifest
-from surge.model.stored_names import hf_views
+from surge.model.stored_names import FUSED_PARTS, split_sizes
 from surge.model.tiny import TinyModelConfig, create_tiny_model
+
+
+def hf_views(arch: ModelArch, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A store's tensors (`surge.model.blocks.block_tensors`) under HF's names: fused ones
+    split back into their parts (views, no copy), the others as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if not name.startswith("model.layers."):
+            out[name] = t
+            continue
+        layer = int(name.split(".")[2])
+        proj, _, kind = name.removeprefix(layer_prefix(layer)).rpartition(".")
+        if proj not in FUSED_PARTS:
+            out[name] = t
+            continue
+        parts = t.split(split_sizes(arch, proj), dim=0)
+        for part, view in zip(FUSED_PARTS[proj], parts, strict=True):
+            out[f"{layer_prefix(layer)}{part}.{kind}"] = view
+    return out
 
 
 def _all_hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
