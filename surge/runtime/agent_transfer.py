@@ -40,6 +40,7 @@ from surge.runtime.protocol import (
     ok_header,
 )
 from surge.runtime.transport import (
+    STALL_TIMEOUT_S,
     AuthError,
     Connection,
     ConnectionClosed,
@@ -50,10 +51,14 @@ log = logging.getLogger(__name__)
 
 MAX_PULL_ATTEMPTS = 2
 """Pulls of one block from one source before reporting it as failed (checksum mismatches)."""
+MAX_UNSENT_BYTES = 64 << 10
+"""A send holds the egress port until at most this much of its block is still on its way
+(`Connection.wait_sent`): about one GSO segment, so the next send starts as this one ends."""
 
 
 class EgressPort:
-    """One send at a time, lowest plan step first (the single-port model of a plan).
+    """One send at a time, lowest plan step first (the single-port model of a plan). A send
+    holds the port until its bytes have left the socket (`MAX_UNSENT_BYTES`).
 
     A free port is granted on the next loop iteration, not to whichever pull reaches it
     first: pulls woken together (a block just landed that several peers wait for) all
@@ -164,6 +169,10 @@ class AgentTransfer:
                 buf = memoryview(bad)
             reply = BlockReply(model=op.model, block=block)
             await conn.send(ok_header(reply), buf)
+            # The port is busy until the block has left, not until the kernel took it.
+            gbps = self.ctx.config.egress_gbps
+            rate = gbps * 1e9 / 8 if gbps else None
+            await conn.wait_sent(MAX_UNSENT_BYTES, rate, STALL_TIMEOUT_S)
             self.bytes_out += len(buf)
 
     async def _peer(self, node: int) -> Connection:

@@ -1,6 +1,7 @@
 """The transport under bad peers, corruption, failures and bandwidth caps."""
 
 import asyncio
+import contextlib
 import socket
 import struct
 import time
@@ -157,3 +158,54 @@ def test_bandwidth_caps_hold_within_15_percent(
     rate_bytes_per_s = min(egress_gbps[0], ingress_gbps[1]) * 1e9 / 8
     expected_s = manifest.total_bytes / rate_bytes_per_s
     assert result.complete_s == pytest.approx(expected_s, rel=0.15)
+
+
+def test_wait_sent_holds_until_the_peer_has_the_bytes() -> None:
+    """`send` returns once the kernel took a frame; `wait_sent` returns only once the peer
+    has it (the agent's egress port is busy until then, so two sends never share a link)."""
+    from surge.runtime.transport import Connection, unsent_bytes
+
+    async def run() -> tuple[int, float, int, float]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+        listener.close()
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        conn = Connection(a)
+        try:
+            # Blocked by a peer that does not read, the send leaves bytes in the socket.
+            payload = bytes(1 << 20)
+            sending = asyncio.create_task(conn.send({"op": "x"}, payload[: 512 << 10]))
+            await asyncio.sleep(0.2)
+            left = unsent_bytes(a)
+            t = time.monotonic()
+            await conn.wait_sent(0, None, timeout_s=0.3)  # still unread: gives up at 0.3 s
+            gave_up_s = time.monotonic() - t
+
+            stop = asyncio.Event()
+
+            async def drain() -> None:  # reads whatever comes until told to stop
+                b.setblocking(False)
+                loop = asyncio.get_running_loop()
+                buf = bytearray(1 << 16)
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(loop.sock_recv_into(b, buf), 0.05)
+
+            reader = asyncio.create_task(drain())
+            await asyncio.wait_for(sending, 10)
+            t = time.monotonic()
+            await conn.wait_sent(0, None, timeout_s=10)
+            waited_s = time.monotonic() - t
+            after = unsent_bytes(a)
+            stop.set()
+            await reader
+            return left, gave_up_s, after, waited_s
+        finally:
+            conn.close()
+            b.close()
+
+    left, gave_up_s, after, waited_s = asyncio.run(run())
+    assert left > 64 << 10  # the kernel held much of the frame while the peer read nothing
+    assert 0.29 <= gave_up_s < 2.0
+    assert after == 0 and waited_s < 5.0
