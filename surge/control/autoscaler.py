@@ -279,6 +279,7 @@ class Autoscaler:
             nic_load={n: k for n, k in self.nic_load.items() if k > 0 and n not in dests},
             link_gbps=self.config.link_gbps,
             sending=lambda nodes, delta: self._sending(dep, nodes, delta),
+            receiving=lambda nodes, now: self._receiving(dep, nodes, now),
             events=self.events,
             links=self.links,
             traffic=lambda: egress_traffic(self.deployments.values()),
@@ -290,6 +291,13 @@ class Autoscaler:
             inst = dep.instances.get(n)
             if inst is not None:
                 inst.num_sending = max(0, inst.num_sending + delta)
+
+    @staticmethod
+    def _receiving(dep: Deployment, nodes: tuple[int, ...], now: bool) -> None:
+        for n in nodes:
+            inst = dep.instances.get(n)
+            if inst is not None:
+                inst.receiving = now
 
     async def _run_scale_out(
         self, dep: Deployment, dests: list[int], owns_multicast: bool, placement_s: float = 0.0

@@ -12,7 +12,7 @@ Owned by control/.
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from surge.config import EngineConfig
@@ -60,7 +60,9 @@ class ScaleOutOffer:
     link_gbps: float | None
     """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
     sending: Callable[[tuple[int, ...], int], None]
-    """Count nodes' instances busy (+1) or not (-1) as multicast GPU sources."""
+    """Count nodes' instances busy (+1) or not (-1) as multicast senders."""
+    receiving: Callable[[tuple[int, ...], bool], None] = lambda nodes, now: None
+    """Mark nodes' new instances as receiving a multicast (chain tails) or not."""
     events: EventBus = NO_BUS
     """Where the scale-out publishes what it does (the dashboard's stream)."""
     links: Mapping[int, NodeLinks] = field(default_factory=dict)
@@ -78,13 +80,16 @@ def startup_request(
     live: set[int],
     busy: frozenset[int] | set[int] = frozenset(),
     sending: Mapping[int, int] | None = None,
+    loading: Collection[int] = (),
 ) -> StartupRequest:
     """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
     none), and every complete copy on another live node — its GPU copy (with the load of
     the instance holding it, whether its egress carries P/D K/V: `busy`, and the
     multicasts it is a source of now: `sending`, which `sources_by_bandwidth` systems rank
     by) and its host copy; a node is its own machine, so the policy sends from one of
-    them. The simulator asks the same question (`sim/loading.Loader.startup_request`)."""
+    them. `loading`: nodes whose instance receives a multicast now, offered as chain tails
+    (tier `loading`: they forward blocks as they land; only `sources_by_bandwidth` systems
+    take them). The simulator asks the same question (`sim/loading.Loader.startup_request`)."""
     sending = sending or {}
     gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
     others = [n for n in sorted(gpu | host) if n not in dests and n in live]
@@ -101,6 +106,11 @@ def startup_request(
         if n in gpu
     ]
     copies += [Copy(n, "host", machine=n) for n in others if n in host]
+    tails = sorted(n for n in loading if n not in dests and n in live and n not in gpu)
+    copies += [
+        Copy(n, "loading", outstanding.get(n, 0), machine=n, sending=sending.get(n, 0))
+        for n in tails
+    ]
     return StartupRequest(system, own_tiers(pool, model, dests), tuple(copies))
 
 
@@ -138,7 +148,10 @@ async def start_scale_out(
     outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
     busy = {n for n, t in offer.traffic().items() if t.outgoing > 0}
     sending = {i.node: i.num_sending for i in dep.instances.values()}
-    question = startup_request(system, pool, dep.name, dests, outstanding, live, busy, sending)
+    tails = {i.node for i in dep.instances.values() if i.receiving and i.endpoint is None}
+    question = startup_request(
+        system, pool, dep.name, dests, outstanding, live, busy, sending, loading=tails
+    )
     slo = dep.spec.slo
     ctx = ScaleOutContext(
         client=client,
@@ -153,6 +166,7 @@ async def start_scale_out(
             offer.release,
             offer.sending,
             offer.traffic,
+            offer.receiving,
         ),
         copies=question.copies,
         engine=engine,

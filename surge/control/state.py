@@ -76,6 +76,9 @@ class Instance:
     num_sending: int = 0
     """Multicasts it is a GPU source of now: busy, never released mid-send (as in the
     simulator)."""
+    receiving: bool = False
+    """It receives a multicast now: a chain tail a later scale-out may forward from as
+    blocks land (`policy.startup` tier `loading`, BlitzScale §5.1 Alg. 1 line 10)."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from surge.sim.pools import Pool, Requests
 from surge.sim.world import HOST_NODE, World
 
 
-class _Tail:
+class ChainTail:
     """A receiver still loading: its blocks so far and who forwards them on."""
 
     __slots__ = ("blocks", "num_blocks", "subscribers")
@@ -89,7 +89,7 @@ class MulticastLoads:
         self.host_sending: dict[int, int] = {}
         """Per machine: multicasts its host copy is sending now (`Instance.sending` for a
         GPU copy); `policy.startup` ranks sources by the egress they have left."""
-        self.inflight: dict[int, _Tail] = {}
+        self.inflight: dict[int, ChainTail] = {}
         """Per receiving instance id: the blocks landed so far, for later multicasts that
         chain from it (`policy.startup` tier `loading`)."""
 
@@ -100,7 +100,7 @@ class MulticastLoads:
         slot = world.models[pool.model]
         gpu_nodes: dict[int, Instance] = {}
         host_nodes: dict[int, int] = {}
-        tails: dict[int, _Tail] = {}
+        tails: dict[int, ChainTail] = {}
         for src in plan.sources:
             if src.tier == "host":
                 node = by_id.get(src.node)
@@ -238,7 +238,7 @@ class MulticastLoads:
                 on_finished()
 
         for inst in receivers:
-            self.inflight[inst.id] = _Tail(blocks)
+            self.inflight[inst.id] = ChainTail(blocks)
 
         def on_arrival(node: int, block: int) -> None:
             inst = plan_nodes[node]

@@ -14,6 +14,7 @@ from surge.control.pool import ParameterPool
 from surge.control.scaleouts import startup_request as runtime_request
 from surge.policy.startup import LocalLoad, Source, StartupPlan, plan_startup
 from surge.policy.systems import system_config
+from surge.sim.multicast_load import ChainTail
 from surge.sim.world import HOST_NODE
 from tests.parity.sim_world import add_host_copy, entry_pool, instance_on, simulation
 
@@ -34,6 +35,8 @@ class Scenario:
     """`ssd`: every machine holds a disk copy."""
     sending: tuple[int, ...] = ()
     """Machines whose serving instance is a source of one multicast now."""
+    loading: tuple[int, ...] = ()
+    """Machines whose instance receives a multicast now (a chain tail)."""
 
 
 SCENARIOS = {
@@ -48,6 +51,12 @@ SCENARIOS = {
     "serverlessllm loads locally": Scenario("serverlessllm", gpu=(0,), host=(2,), new=(2, 3)),
     "a sending instance after the host copy (blitzscale)": Scenario(
         "blitzscale", gpu=(0,), host=(1,), new=(2, 3), sending=(0,)
+    ),
+    "a chain tail before a sending instance (blitzscale)": Scenario(
+        "blitzscale", gpu=(0,), host=(), new=(2, 3), sending=(0,), loading=(1,)
+    ),
+    "a chain tail is not a source for lambdascale": Scenario(
+        "lambdascale", gpu=(0,), host=(), new=(2, 3), loading=(1,)
     ),
 }
 
@@ -66,7 +75,9 @@ def _runtime_plan(s: Scenario) -> StartupPlan:
     live = set(range(NUM_MACHINES))
     system = system_config(s.system)
     sending = dict.fromkeys(s.sending, 1)
-    request = runtime_request(system, pool, "m", list(s.new), {}, live, sending=sending)
+    request = runtime_request(
+        system, pool, "m", list(s.new), {}, live, sending=sending, loading=s.loading
+    )
     return plan_startup(request)
 
 
@@ -78,6 +89,11 @@ def _sim_plan(s: Scenario, tmp_path) -> StartupPlan:
     for m in s.gpu:
         inst = instance_on(sim, m, serving=True)
         inst.sending = int(m in s.sending)
+        machine_of[inst.id] = m
+    for m in s.loading:  # an instance receiving a multicast now
+        inst = instance_on(sim, m, serving=False)
+        entry_pool(sim).instances.append(inst)
+        sim.loader.multicasts.inflight[inst.id] = ChainTail(NUM_BLOCKS)
         machine_of[inst.id] = m
     new = [instance_on(sim, m, serving=False) for m in s.new]
     machine_of.update({i.id: m for i, m in zip(new, s.new, strict=True)})
@@ -113,5 +129,11 @@ def test_both_bodies_plan_the_same_start_up(name: str, tmp_path) -> None:
         # §5.1 Alg. 1: the copy with the most bandwidth left sends first (fails if the
         # runtime does not tell the policy which copies are sending).
         assert runtime.sources == (Source(1, "host"), Source(0, "gpu"))
+    if name.startswith("a chain tail before"):
+        # §5.1 Alg. 1 line 10: a receiver still loading forwards as blocks land, ahead of a
+        # copy whose egress is held (fails if the runtime offers no chain tails).
+        assert runtime.sources == (Source(1, "loading"), Source(0, "gpu"))
+    if name.startswith("a chain tail is not"):
+        assert runtime.sources == (Source(0, "gpu"),)
     if name.startswith("serverlessllm"):
         assert runtime.sources == () and len(runtime.local) == 2

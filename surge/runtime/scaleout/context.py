@@ -108,11 +108,15 @@ class ControllerHooks:
     release: Callable[[int], Awaitable[None]] = _nothing
     """Give back a booked member's slot (it did not become an instance)."""
     sending: Callable[[tuple[int, ...], int], None] = lambda nodes, delta: None
-    """Nodes whose serving instance starts (+1) or stops (-1) sending its GPU copy to a
-    multicast: the autoscaler counts it busy meanwhile."""
+    """Nodes whose instance starts (+1) or stops (-1) sending its GPU copy to a multicast
+    (a source, a chain tail, or a receiver forwarding within the plan): the autoscaler
+    counts it busy meanwhile, and later start-ups rank it by the egress it has left."""
     traffic: Callable[[], Mapping[int, NodeTraffic]] = dict
     """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
     asked when a multicast is planned: `policy.topology` prunes busy sources."""
+    receiving: Callable[[tuple[int, ...], bool], None] = lambda nodes, now: None
+    """Nodes whose new instance starts (True) or stops (False) receiving a multicast: a
+    chain tail meanwhile (`policy.startup` tier `loading`)."""
 
 
 @dataclass

@@ -150,6 +150,10 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
         timeout_s=ctx.timeout_s,
     )
     plan_node = {a: i for i, a in enumerate(agents)}
+    # Receivers that forward within the plan hold their egress too (as the simulator
+    # counts them: a later start-up ranks such a chain tail after a free one).
+    steps = outcome.plan.steps
+    forwarders = tuple(sorted({agents[t.src] for st in steps for t in st if t.src >= k}))
     live = None
     if mode == "live":  # receivers only: the sources already serve
         live = LiveScaling(ctx, {a: state.held[v] for a, v in plan_node.items() if v >= k})
@@ -157,6 +161,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     events = ctx.client.subscribe((BlockArrived,), model=ctx.model)
     task = asyncio.get_running_loop().create_task(executor.run())
     live_task = live.start() if live is not None else None
+    ctx.hooks.sending(forwarders, 1)
     try:
         while not (task.done() and events.empty()):
             try:
@@ -173,6 +178,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
                 await carrier.carry_out(action)
         ctx.multicast = task.result()
     finally:
+        ctx.hooks.sending(forwarders, -1)
         ctx.client.unsubscribe(events)
         if not task.done():
             task.cancel()

@@ -36,12 +36,16 @@ def startup_plan(ctx: ScaleOutContext) -> StartupPlan:
 
 
 async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
-    """The multicast, its GPU sources counted busy while it runs (as the simulator does)."""
-    senders = tuple(s.node for s in plan.sources if s.tier == "gpu")
+    """The multicast. While it runs, as the simulator counts them: its GPU sources and chain
+    tails are busy sending (a host copy is not an instance), and its receivers are chain
+    tails a later start-up may forward from (BlitzScale §5.1 Alg. 1 line 10)."""
+    senders = tuple(s.node for s in plan.sources if s.tier in ("gpu", "loading"))
     ctx.hooks.sending(senders, 1)
+    ctx.hooks.receiving(plan.receivers, True)
     try:
         await run_multicast(ctx, plan)
     finally:
+        ctx.hooks.receiving(plan.receivers, False)
         ctx.hooks.sending(senders, -1)
 
 
