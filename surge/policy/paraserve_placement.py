@@ -28,8 +28,6 @@ from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
 from surge.policy.paraserve_sizing import (
-    BITS_PER_BYTE,
-    BITS_PER_GBIT,
     GpuServer,
     SizingDecision,
     SizingRequest,
@@ -37,6 +35,7 @@ from surge.policy.paraserve_sizing import (
     select_parallelism,
     transfer_s,
 )
+from surge.policy.timing import BITS_PER_BYTE, BITS_PER_GBIT
 
 DEADLINE_TOLERANCE_BYTES = 1e-6
 """Slack on Eq. 3 for floating-point rounding."""

@@ -24,9 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
-
-BITS_PER_BYTE = 8
-BITS_PER_GBIT = 1e9
+from surge.policy.timing import BITS_PER_BYTE, BITS_PER_GBIT
 
 
 def transfer_s(num_bytes: float, gbps: float) -> float:

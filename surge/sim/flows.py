@@ -14,10 +14,8 @@ contention ParaServe §4.2 places around and BlitzScale §5.1 prunes for).
 from collections.abc import Callable
 
 from surge.errors import SurgeError
+from surge.policy.timing import BITS_PER_BYTE, BITS_PER_GBIT
 from surge.sim.events import Event, EventLoop, Priority
-
-BITS_PER_BYTE = 8
-BITS_PER_GBIT = 1e9
 
 
 class Link:
