@@ -37,6 +37,12 @@
    Fix 9 (`SimSettings.serving_transfers_shared`): an agent that also serves is CPU-bound,
    so its end of a transfer runs at its serving share (the sender's part of the transfer
    CPU, `send_cpu_cores`, from step 6's CPU seconds per GB sent; the receiver's the rest).
+   Fix 10 (`sim_calibrate_contention.py`): step 2's transfer CPU is measured on a host
+   where nothing serves; the profile round also runs the scale-out's multicast while K
+   hot instances serve a burst (K = 1, 2: the burst's conditions up to its first opening)
+   and takes the non-serving agents' CPU (less their idle CPU) plus the hot agents'
+   sending per block transfer -> `transfer_cores_serving` (median over rounds and K),
+   which replaces `transfer_cores` in fix 10 (without that measurement fix 10 is fix 9).
 8. Compares predicted vs measured TTFT p50/p90 and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
    `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,
@@ -53,8 +59,9 @@ bursts, and one round is as noisy as one burst (two quiet runs: `pipeline_speed`
 0.77); the medians of both sides estimate the same quiet-machine quantities. Whether pairing
 tracks drift better is measured, not assumed: `paired_by_repeat`.
 
-The measurements are in `benchmarks/sim_calibrate_measure.py` and
-`benchmarks/sim_calibrate_send.py`, the simulator's inputs in `sim_calibrate_profile.py`;
+The measurements are in `benchmarks/sim_calibrate_measure.py`,
+`benchmarks/sim_calibrate_send.py` and `sim_calibrate_contention.py`, the simulator's
+inputs in `sim_calibrate_profile.py`, the prediction fix by fix in `sim_calibrate_predict.py`;
 how fast an execution pipeline serves vs a local instance (runtime and profile) in
 `benchmarks/sim_calibrate_pipeline.py`.
 
@@ -68,12 +75,11 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.sim_calibrate_profile import burst_trace, diagnostics, sim_files
+from benchmarks.sim_calibrate_predict import FIXES, MODES, predict, simulate_burst
+from benchmarks.sim_calibrate_profile import diagnostics
 from benchmarks.sim_calibrate_repeats import (
     SCENARIOS,
     BurstSettings,
@@ -91,143 +97,11 @@ from benchmarks.sim_calibrate_rounds import (
     rounds_of,
 )
 
+__all__ = ["FIXES", "MODES", "predict", "simulate_burst"]  # their home: sim_calibrate_predict
+
 RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED = {1: RESULTS / "scale_burst.json", 2: RESULTS / "scale_burst_k2.json"}
-MODES = {"execute_while_load": "pipelines", "stop_the_world": "none"}
 TOLERANCE = 0.15
-
-
-def simulate_burst(
-    cluster: str,
-    model: str,
-    real: dict,
-    mode: str,
-    cores: float | None,
-    transfer_cores: float = 0.0,
-    micro_batches: int = PIPELINE_MICRO_BATCHES,
-    stage_hop_s: float = 0.001,
-    opens: dict | None = None,
-    pipeline_speed: float = 1.0,
-    send_cost_s_per_gb: float = 0.0,
-    transfers_first: bool = False,
-    serving_transfers_shared: bool = False,
-    send_cpu_cores: float = 0.0,
-):
-    """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
-    from benchmarks.scale_burst import percentile
-    from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
-    from surge.policy.autoscale import AutoscaleSettings
-    from surge.policy.systems import system_config
-    from surge.sim.settings import SimSettings
-    from surge.sim.simulator import Simulation
-
-    k = real["sources"]
-    system = replace(
-        system_config("lambdascale"),
-        name=f"lambdascale-{mode}",
-        max_sources=k,
-        num_blocks=real["blocks"],
-        serve_while_loading=MODES[mode],
-        host_cache="none",
-        # scale_out starts with the burst (the benchmark calls it at once), to N nodes:
-        decision_interval_s=1e-3,
-        stage_hop_s=stage_hop_s,
-        autoscale=AutoscaleSettings(
-            target_ongoing_requests=real["requests"] / real["nodes"],
-            downscale_delay_s=60.0,
-        ),
-    )
-    settings = SimSettings(
-        cluster=cluster,
-        models=(model,),
-        system=system.name,
-        max_batch=real["max_num_seqs"],
-        warm_instances=k,
-        shared_cores=cores,
-        transfer_cores=transfer_cores if cores is not None else 0.0,
-        pipeline_micro_batches=micro_batches,
-        endpoint_open_s=opens["endpoint_open_s"] if opens else 0.0,
-        pipeline_open_s=opens["pipeline_open_s"] if opens else 0.0,
-        pipeline_speed=pipeline_speed,
-        send_cost_s_per_gb=send_cost_s_per_gb if cores is not None else 0.0,
-        transfers_first=transfers_first and cores is not None,
-        serving_transfers_shared=serving_transfers_shared and transfers_first and cores is not None,
-        send_cpu_cores=min(send_cpu_cores, transfer_cores) if cores is not None else 0.0,
-    )
-    trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
-    recorder = Recorder()
-    res = Simulation(trace, settings, system, timeline=recorder).run()
-    opened = [
-        round(ev.t_s, 3)
-        for ev in recorder.events
-        if isinstance(ev, InstanceUp | PipelineOpened) and ev.t_s > 0
-    ]
-    ttft = [float(f - a) for f, a in zip(res.first_token_s, res.arrival_s, strict=True)]
-    if min(ttft) < 0:
-        raise RuntimeError(f"{mode}: some requests never got a first token")
-    return {
-        "ttft_p50_s": round(percentile(ttft, 0.5), 4),
-        "ttft_p90_s": round(percentile(ttft, 0.9), 4),
-        "all_requests_done_s": round(float(res.done_s.max()), 4),
-        "pipelines_opened": sum(1 for e in res.scale_events if e[2] == "pipeline"),
-        "endpoints_opened_s": opened,
-        # the last block landing: the runtime's `multicast_complete_s`
-        "multicast_complete_s": round(
-            max((ev.t_s for ev in recorder.events if isinstance(ev, BlockLanded)), default=0.0), 3
-        ),
-    }
-
-
-FIXES = (
-    # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
-    #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
-    #  transfers take their CPU before serving?, a serving agent's transfers at its share?)
-    ("1_serving_step", False, False, 1, False, False, False, False, False),
-    ("2_link_rate", True, False, 1, False, False, False, False, False),
-    ("3_transfer_cpu", True, True, 1, False, False, False, False, False),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, False, False, False, False, False),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, False, False, False, False),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, False, False, False),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, True, True, True, False, False),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, True, True, True, True, False),
-    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, True, True, True, True, True),
-)
-"""Each fix added to the previous ones; the last is the calibrated prediction."""
-
-
-def predict(profile: dict, reals: dict, cores: float) -> dict:
-    """Per scenario, the simulated burst with every fix added in turn (the last: the
-    calibrated prediction), on `profile` (`profile_of`) and the bursts' settings per K."""
-    engine, transport = profile["engine"], profile["transport"]
-    out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        files = {}
-        for rate in (reals[1]["link_gbps"], transport["multicast_effective_gbps"]):
-            where = Path(tmp) / str(rate)
-            where.mkdir(exist_ok=True)
-            files[rate] = sim_files(engine, reals[1]["nodes"], rate, where)
-        for k, mode in SCENARIOS:
-            steps = {}
-            for label, eff, cpu, micro, opening, slow, sending, priority, shared in FIXES:
-                rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
-                pred = simulate_burst(
-                    *files[rate],
-                    reals[k],
-                    mode,
-                    cores,
-                    profile["transfer_cores"] if cpu else 0.0,
-                    micro,
-                    engine["agent_round_trip_per_step_s"],
-                    profile if opening else None,
-                    profile["pipeline_speed"] if slow else 1.0,
-                    profile["send_cost_s_per_gb"] if sending else 0.0,
-                    priority,
-                    shared,
-                    profile["send_cpu_cores"] if shared else 0.0,
-                )
-                steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
-            out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}
-    return out
 
 
 def committed_bursts() -> list[dict]:
@@ -390,7 +264,8 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     keys = ("repeats", "transfer_cores", "endpoint_open_s", "pipeline_open_s", "pipeline_speed")
-    keys += ("send_cost_s_per_gb", "max_abs_relative_error", "all_within_tolerance")
+    keys += ("send_cost_s_per_gb", "transfer_cores_serving")
+    keys += ("max_abs_relative_error", "all_within_tolerance")
     print(json.dumps({k: report[k] for k in (*keys, "runtime_max_spread_vs_median")}, indent=1))
 
 

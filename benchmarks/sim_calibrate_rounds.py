@@ -3,7 +3,8 @@ simulator's inputs from one or several rounds (medians).
 
 A round (`measure_round`): the serving step and agent round trip (`measure_engine`), the
 transport (`measure_transport`), endpoint opening (`measure_endpoint_open`), the send cost
-(`measure_send_cost`), pipeline vs local serving (`measure_pipeline_serving`); a dict of
+(`measure_send_cost`), pipeline vs local serving (`measure_pipeline_serving`), the
+multicast while K hot instances serve (`measure_multicast_while_serving`); a dict of
 their raw reports. `profile_of(rounds)` turns rounds into what `simulate_burst` takes: the
 field-wise medians (every round's raw numbers kept under `runs` / `rounds`) and the
 pipeline speed derived from them. A previous calibration's JSON reads back as its rounds
@@ -15,6 +16,7 @@ import math
 import statistics
 import time
 
+from benchmarks.sim_calibrate_contention import measure_multicast_while_serving, median_contention
 from benchmarks.sim_calibrate_measure import (
     measure_endpoint_open,
     measure_engine,
@@ -48,6 +50,12 @@ def measure_round(model_mb: float, real: dict, reps: int, num_rounds: int) -> di
             lambda: measure_send_cost(model_mb, blocks, real, math.ceil(SEND_ROUNDS / num_rounds)),
         ),
         ("pipeline_serving", lambda: measure_pipeline_serving(model_mb, blocks, real)),
+        (
+            "contention",
+            lambda: measure_multicast_while_serving(
+                model_mb, blocks, real, out["send_cost"]["send_cpu_s_per_gb"]
+            ),
+        ),
     )
     for name, measure in steps:
         t = time.monotonic()
@@ -84,7 +92,10 @@ def send_cpu_cores(send: dict, transport: dict) -> float:
 
 def profile_of(rounds: list[dict], real: dict) -> dict:
     """The simulator's inputs from `rounds` (one: that round's numbers; several: medians of
-    every run inside them)."""
+    every run inside them). Rounds holding only a `contention` measurement (a separate
+    `sim_calibrate_contention` run given to `--reuse`) count for it alone."""
+    contention = median_contention(rounds)
+    rounds = [r for r in rounds if "engine" in r]
     engine = median_of([r["engine"] for r in rounds])
     transport = median_of([r["transport"] for r in rounds])
     opens = median_of([r["endpoint_open"] for r in rounds])
@@ -118,6 +129,10 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         # per GB sent x GB/s at the cap, as `transfer_cores` is per block at the cap (0
         # where a round did not measure it).
         "send_cpu_cores": send_cpu_cores(send, transport),
+        # Fix 10: the cores a block transfer in flight takes while K hot instances serve
+        # (median over the rounds and both K; None where no round measured it).
+        "contention": contention,
+        "transfer_cores_serving": contention.get("transfer_cores_all_k"),
     }
 
 
