@@ -19,7 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, machine, make_cluster, model_config, seed_disk
+from benchmarks.common import (
+    add_cluster_args,
+    cores_during,
+    cpu_s,
+    machine,
+    make_cluster,
+    model_config,
+    seed_disk,
+)
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import read_manifest
 from surge.model.tiny import create_tiny_model
@@ -52,11 +60,14 @@ async def run_strategies(
             await client.call(0, LoadOp(name, tuple(range(b)), tier="host", source="disk"))
             planned = plan_scale_out(MulticastRequest(num_nodes=n, num_blocks=b, strategy=strategy))
             predicted = simulate(planned.plan, planned.pipelines, timing)
+            pids = {node: proc.pid for node, proc in getattr(cluster, "procs", {}).items()}
+            before = (time.process_time(), cpu_s(pids))
             t = time.perf_counter()
             result = await MulticastExecutor(
                 client, name, planned.plan, tier="host", pipelines=planned.pipelines, timeout_s=600
             ).run()
             wall = time.perf_counter() - t
+            cores = cores_during(before, (time.process_time(), cpu_s(pids)), wall)
             if result.complete_s is None:
                 raise RuntimeError(f"{strategy}: multicast did not complete")
             out[strategy] = {
@@ -67,6 +78,9 @@ async def run_strategies(
                 "model_complete_s": round(predicted.complete_s, 4),
                 "plan_steps": planned.plan.complete_step,
                 "wall_s": round(wall, 3),
+                # Cores each agent used (framing, checksums, its share of the kernel's TCP
+                # work): against a node's quota, whether the multicast was CPU-bound.
+                "cores_during": cores,
                 "arrival_s": result.arrival_s,
             }
             log.info(
