@@ -179,6 +179,8 @@ def main() -> None:
             rounds += rounds_of(old)
         except ValueError as e:
             fail(f"--reuse {path}: {e}")
+    if rounds and not any("engine" in r for r in rounds):
+        fail("--reuse: no full profile round (a contention-only JSON adds to another's rounds)")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_start = os.getloadavg()
     # The profile is measured on the committed burst's settings (K=1, 64 requests: the

@@ -31,6 +31,7 @@ from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "benchmarks" / "results" / "sim_calibration.json"
 BURST = ROOT / "benchmarks" / "results" / "scale_burst.json"
+CONTENTION = ROOT / "benchmarks" / "results" / "sim_calibration_contention_loaded.json"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
@@ -222,6 +223,7 @@ def test_a_calibration_reads_back_its_own_profile() -> None:
         (["--run-real", "--bursts", str(COMMITTED)], "give one of them"),
         (["--reuse", "/nonexistent/calib.json"], "cannot read calibration"),
         (["--bursts", str(BURST)], "has no K=1/execute_while_load"),
+        (["--reuse", str(CONTENTION)], "no full profile round"),
     ],
 )
 def test_bad_options_give_one_error_line(argv: list[str], message: str) -> None:
