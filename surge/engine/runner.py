@@ -203,6 +203,15 @@ class ModelRunner:
             raise RuntimeError("embed() needs the first block, which this runner lacks")
         return self.embedding[token_ids.to(self.device)]
 
+    def _before_step(self, batch: BatchMeta) -> bool:
+        """Fuse and pack a little (gradually, see `fuse_some`, `pack_some`); whether this
+        step runs compiled (a pure decode step, fusing and packing settled)."""
+        if self.fuse_queue:
+            self.fuse_some()
+        if self.pack_queue and batch.num_seqs >= 2:
+            self.pack_some()
+        return self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled
+
     @torch.inference_mode()
     def run_layers(
         self, start: int, end: int, hidden: torch.Tensor, batch: BatchMeta
@@ -216,11 +225,12 @@ class ModelRunner:
         if not self.holds_layers(start, end):
             missing = [layer for layer in range(start, end) if layer not in self.layers]
             raise RuntimeError(f"runner lacks layers {missing}")
-        if self.fuse_queue:
-            self.fuse_some()
-        if self.pack_queue and batch.num_seqs >= 2:
-            self.pack_some()
-        compiled = self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled
+        return self._layers(start, end, hidden, batch, self._before_step(batch))
+
+    def _layers(
+        self, start: int, end: int, hidden: torch.Tensor, batch: BatchMeta, compiled: bool
+    ) -> torch.Tensor:
+        """`run_layers` after its checks and `_before_step`."""
         ctx = self.kv.prepare(batch, self.rope, whole_pages=compiled)
         x = hidden.to(self.device, self.dtype)
         if compiled:
@@ -250,9 +260,35 @@ class ModelRunner:
 
     def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
         """The whole model in one call: token ids [B, Q] -> logits [B, vocab]."""
+        if self.decode_graph is not None and self.holds_whole_model:
+            return self._forward_compiled(token_ids, batch)
         hidden = self.embed(token_ids)
         hidden = self.run_layers(self.first_layer, self.end_layer, hidden, batch)
         return self.logits(hidden, batch)
+
+    @property
+    def holds_whole_model(self) -> bool:
+        """Every layer, the embedding and the head are here (a full local instance)."""
+        return (
+            self.embedding is not None
+            and self.head is not None
+            and len(self.layers) == self.end_layer - self.first_layer == self.arch.num_layers
+        )
+
+    @torch.inference_mode()
+    def _forward_compiled(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        """`forward` with compiled decode: a decode step is one graph from token ids to
+        logits (embedding, layers, final norm and lm_head); other steps run eager."""
+        if not self._before_step(batch):
+            hidden = self._layers(0, self.end_layer, self.embed(token_ids), batch, False)
+            return self.logits(hidden, batch)
+        assert self.decode_graph is not None
+        assert self.embedding is not None and self.head is not None
+        ctx = self.kv.prepare(batch, self.rope, whole_pages=True)
+        layers = tuple(self.layers[layer] for layer in range(self.arch.num_layers))
+        ids = token_ids.to(self.device)
+        args = (self.arch, ctx, self.k_layers, self.v_layers)
+        return self.decode_graph.model(ids, self.embedding, layers, self.head, *args)
 
     def free(self, seq_id: int) -> None:
         """Drop a sequence's KV cache."""

@@ -8,9 +8,12 @@ loaded 2-core VM with a cold inductor cache, ~15 s warm; the other engine tests 
 from pathlib import Path
 
 import pytest
+import torch
 
 from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
+from surge.engine.runner import ModelRunner
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
 from surge.model.manifest import read_manifest
@@ -47,3 +50,35 @@ def test_compiled_decode_matches_eager_with_few_graphs(tiny_store: Path) -> None
     assert engines[False].executor.runner.decode_graph is None
     assert graph is not None and graph.num_calls >= 40
     assert 1 <= graph.num_compiles <= MAX_GRAPHS
+    # A full local runner decodes token ids to logits in one graph (embedding and head in it).
+    assert graph.num_model_calls == graph.num_calls
+
+
+def test_compiled_stages_match_eager(tiny_store: Path) -> None:
+    """Pipeline stages (a runner over part of the layers) run only their layers compiled;
+    two stages in a row give the whole eager model's greedy tokens."""
+    manifest = read_manifest(tiny_store)
+    cut = manifest.arch.num_layers // 2
+    config = EngineConfig(compile_decode=True, page_size_tokens=8)
+    first = ModelRunner(manifest, config, (0, cut))
+    last = ModelRunner(manifest, config, (cut, manifest.arch.num_layers))
+    first.load_blocks()
+    last.load_blocks()
+    assert not first.holds_whole_model and not last.holds_whole_model
+    prompt = [3 + i % 30 for i in range(13)]
+    eager = LLMEngine(manifest, EngineConfig(page_size_tokens=8))
+    want = eager.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    got: list[int] = []
+    tokens, ctx_len = prompt, 0
+    while len(got) < len(want):
+        batch = BatchMeta(seq_ids=(0,), q_lens=(len(tokens),), ctx_lens=(ctx_len,))
+        hidden = first.run_layers(0, cut, first.embed(torch.tensor([tokens])), batch)
+        hidden = last.run_layers(cut, manifest.arch.num_layers, hidden, batch)
+        got.append(int(last.logits(hidden, batch).argmax(-1)))
+        ctx_len += len(tokens)
+        tokens = got[-1:]
+    assert got == want
+    for runner in (first, last):
+        assert runner.decode_graph is not None
+        assert runner.decode_graph.num_calls == len(want) - 1  # every decode step, compiled
+        assert runner.decode_graph.num_model_calls == 0
