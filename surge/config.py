@@ -59,9 +59,10 @@ class EngineConfig:
     `max_pack_bytes_per_step` of layers (`ModelRunner.fuse_some`). The block buffers stay
     untouched. The same tokens as unfused (tests/engine/test_fused_projections.py)."""
     compile_decode: bool = False
-    """Run the layers of pure-decode steps as one `torch.compile`d (inductor) graph, which
-    fuses the element-wise ops between projections (`surge.engine.compiled`). Prefill stays
-    eager. Costs compile time on first use, logged: ~3 graphs (batch 1, batch >= 2, and one
+    """Run pure-decode steps as one `torch.compile`d (inductor) graph, which fuses the
+    element-wise ops between projections (`surge.engine.compiled`): token ids to logits on
+    a runner holding the whole model, its layers on a pipeline stage. Prefill stays eager.
+    Costs compile time on first use, logged: ~3 graphs (batch 1, batch >= 2, and one
     recompile as the key count first changes), each ~5-20 s on this project's VM for the
     100mb preset; the step that needs a graph waits for it. While gradual fusing or packing
     is under way (`fuse_projections`, `pack_cpu_weights`), decode steps run eager, so neither
