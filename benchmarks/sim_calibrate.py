@@ -43,6 +43,11 @@
    and takes the non-serving agents' CPU (less their idle CPU) plus the hot agents'
    sending per block transfer -> `transfer_cores_serving` (median over rounds and K),
    which replaces `transfer_cores` in fix 10 (without that measurement fix 10 is fix 9).
+   Fix 11 (`sim_calibrate_receive.py`): fix 9 ASSUMES a serving agent receives blocks at
+   its CPU share; the profile round times the same blocks into a serving agent and into an
+   idle one at once while two hot instances saturate the host -> their ratio
+   `serving_receive_slowdown` (median over the pairs, at least 1), which replaces fix 9's
+   receiving end (`SimSettings.serving_receive_slowdown`; without it fix 11 is fix 10).
 8. Compares predicted vs measured TTFT p50/p90 and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
    `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,
@@ -60,7 +65,8 @@ bursts, and one round is as noisy as one burst (two quiet runs: `pipeline_speed`
 tracks drift better is measured, not assumed: `paired_by_repeat`.
 
 The measurements are in `benchmarks/sim_calibrate_measure.py`,
-`benchmarks/sim_calibrate_send.py` and `sim_calibrate_contention.py`, the simulator's
+`benchmarks/sim_calibrate_send.py`, `sim_calibrate_contention.py` and
+`sim_calibrate_receive.py`, the simulator's
 inputs in `sim_calibrate_profile.py`, the prediction fix by fix in `sim_calibrate_predict.py`;
 how fast an execution pipeline serves vs a local instance (runtime and profile) in
 `benchmarks/sim_calibrate_pipeline.py`.
@@ -266,7 +272,7 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     keys = ("repeats", "transfer_cores", "endpoint_open_s", "pipeline_open_s", "pipeline_speed")
-    keys += ("send_cost_s_per_gb", "transfer_cores_serving")
+    keys += ("send_cost_s_per_gb", "transfer_cores_serving", "serving_receive_slowdown")
     keys += ("max_abs_relative_error", "all_within_tolerance")
     print(json.dumps({k: report[k] for k in (*keys, "runtime_max_spread_vs_median")}, indent=1))
 

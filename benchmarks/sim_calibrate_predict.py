@@ -35,6 +35,7 @@ def simulate_burst(
     transfers_first: bool = False,
     serving_transfers_shared: bool = False,
     send_cpu_cores: float = 0.0,
+    serving_receive_slowdown: float = 0.0,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
@@ -76,6 +77,9 @@ def simulate_burst(
         transfers_first=transfers_first and cores is not None,
         serving_transfers_shared=serving_transfers_shared and transfers_first and cores is not None,
         send_cpu_cores=min(send_cpu_cores, transfer_cores) if cores is not None else 0.0,
+        serving_receive_slowdown=serving_receive_slowdown
+        if serving_transfers_shared and transfers_first and cores is not None
+        else 0.0,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -105,17 +109,19 @@ FIXES = (
     # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
     #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
     #  transfers take their CPU before serving?, a serving agent's transfers at its share?,
-    #  the transfer CPU measured while K hot instances serve?)
-    ("1_serving_step", False, False, 1, *(False,) * 6),
-    ("2_link_rate", True, False, 1, *(False,) * 6),
-    ("3_transfer_cpu", True, True, 1, *(False,) * 6),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 6),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 5),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 4),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 3),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, False, False),
-    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, False),
-    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6),
+    #  the transfer CPU measured while K hot instances serve?, blocks into a serving agent
+    #  at their measured slow-down?)
+    ("1_serving_step", False, False, 1, *(False,) * 7),
+    ("2_link_rate", True, False, 1, *(False,) * 7),
+    ("3_transfer_cpu", True, True, 1, *(False,) * 7),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 7),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 6),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 5),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 4),
+    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 3),
+    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, False, False),
+    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, False),
+    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -133,7 +139,19 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
             files[rate] = sim_files(engine, reals[1]["nodes"], rate, where)
         for k, mode in SCENARIOS:
             steps = {}
-            for label, eff, cpu, micro, opening, slow, sending, priority, shared, busy in FIXES:
+            for (
+                label,
+                eff,
+                cpu,
+                micro,
+                opening,
+                slow,
+                sending,
+                priority,
+                shared,
+                busy,
+                recv,
+            ) in FIXES:
                 rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
                 # Fix 10: the transfer CPU measured during a burst (without that
                 # measurement in the rounds, fix 10 is fix 9).
@@ -154,6 +172,8 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                     priority,
                     shared,
                     profile["send_cpu_cores"] if shared else 0.0,
+                    # Fix 11: measured, or 0 (fix 9's share formula) where no round has it.
+                    (profile.get("serving_receive_slowdown") or 0.0) if recv else 0.0,
                 )
                 steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
             out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}

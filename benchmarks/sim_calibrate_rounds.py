@@ -4,7 +4,8 @@ simulator's inputs from one or several rounds (medians).
 A round (`measure_round`): the serving step and agent round trip (`measure_engine`), the
 transport (`measure_transport`), endpoint opening (`measure_endpoint_open`), the send cost
 (`measure_send_cost`), pipeline vs local serving (`measure_pipeline_serving`), the
-multicast while K hot instances serve (`measure_multicast_while_serving`); a dict of
+multicast while K hot instances serve (`measure_multicast_while_serving`), blocks into a
+serving vs an idle agent (`measure_receive_while_serving`); a dict of
 their raw reports. `profile_of(rounds)` turns rounds into what `simulate_burst` takes: the
 field-wise medians (every round's raw numbers kept under `runs` / `rounds`) and the
 pipeline speed derived from them. A previous calibration's JSON reads back as its rounds
@@ -23,6 +24,7 @@ from benchmarks.sim_calibrate_measure import (
     measure_transport,
 )
 from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
+from benchmarks.sim_calibrate_receive import measure_receive_while_serving, median_receive
 from benchmarks.sim_calibrate_send import measure_send_cost
 from surge.policy.timing import BITS_PER_BYTE
 
@@ -56,6 +58,7 @@ def measure_round(model_mb: float, real: dict, reps: int, num_rounds: int) -> di
                 model_mb, blocks, real, out["send_cost"]["send_cpu_s_per_gb"]
             ),
         ),
+        ("receive", lambda: measure_receive_while_serving(model_mb, blocks, real)),
     )
     for name, measure in steps:
         t = time.monotonic()
@@ -95,6 +98,7 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
     every run inside them). Rounds holding only a `contention` measurement (a separate
     `sim_calibrate_contention` run given to `--reuse`) count for it alone."""
     contention = median_contention(rounds)
+    receive = median_receive(rounds)
     rounds = [r for r in rounds if "engine" in r]
     engine = median_of([r["engine"] for r in rounds])
     transport = median_of([r["transport"] for r in rounds])
@@ -133,6 +137,11 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         # (median over the rounds and both K; None where no round measured it).
         "contention": contention,
         "transfer_cores_serving": contention.get("transfer_cores_all_k"),
+        # Fix 11: how many times longer blocks take into a serving agent than into an idle
+        # one (median over every pair; at least 1: a ratio under 1 is noise around no
+        # slow-down; None where no round measured it).
+        "serving_receive_slowdown": None if receive is None else max(1.0, receive),
+        "serving_receive_slowdown_measured": receive,
     }
 
 

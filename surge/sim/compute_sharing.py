@@ -28,7 +28,9 @@ sender, receive and crc32 verify in the receiver) runs in that process at the sh
 scheduler gives it. A block's time at that end is its wire time plus that CPU's extra
 wait: with e the cores the end's CPU work takes at the link's full rate, the end's link
 moves at 1 / (1 + e * (1/s - 1)) of its rate (`Link.speed`). e is measured: the sender's
-`send_cpu_cores` and the receiver's `transfer_cores - send_cpu_cores`.
+`send_cpu_cores` and the receiver's `transfer_cores - send_cpu_cores`. With
+`SimSettings.serving_receive_slowdown` r (measured: blocks into a serving agent vs into an
+idle one, at once), a serving node's ingress links move at 1/r instead (calibration fix 11).
 """
 
 from collections import Counter
@@ -57,6 +59,7 @@ class ComputeSharing:
         transfers_first: bool = False,
         links_of_gpu: Callable[[int], tuple[tuple[Link, ...], tuple[Link, ...]]] | None = None,
         send_cpu_cores: float = 0.0,
+        receive_slowdown: float = 0.0,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
@@ -66,6 +69,8 @@ class ComputeSharing:
         """GPU -> its agent's (egress, ingress) links (`serving_transfers_shared`)."""
         self.send_cpu_cores = min(send_cpu_cores, transfer_cores)
         """Of `transfer_cores`, the sender's part (the rest is the receiver's)."""
+        self.receive_slowdown = receive_slowdown
+        """Measured slow-down of blocks into a serving agent (0: the share formula)."""
         self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
@@ -161,9 +166,11 @@ class ComputeSharing:
         for iid in sorted(self.busy):
             inst = self.busy[iid]
             wait = 1.0 / max(inst.share, MIN_SHARE) - 1.0
+            factors = [1.0 / (1.0 + cores * wait) for cores in ends]
+            if self.receive_slowdown >= 1.0:
+                factors[1] = 1.0 / self.receive_slowdown
             for gpu in inst.placement.all_gpus:
-                for links, cores in zip(self.links_of_gpu(gpu), ends, strict=True):  # type: ignore[misc]
-                    factor = 1.0 / (1.0 + cores * wait)
+                for links, factor in zip(self.links_of_gpu(gpu), factors, strict=True):  # type: ignore[misc]
                     for link in links:
                         speeds[link] = min(speeds.get(link, 1.0), factor)
         for link in self._shared_links - speeds.keys():

@@ -82,6 +82,13 @@ class SimSettings:
     """Of `transfer_cores`, the cores the SENDER's agent spends per block transfer at the
     link's full rate (measured: `benchmarks/sim_calibrate_send.py`, CPU seconds per GB
     sent x the link's GB/s); used by `serving_transfers_shared`."""
+    serving_receive_slowdown: float = 0.0
+    """With `serving_transfers_shared`: how many times longer a block takes to land in an
+    agent that serves than in one that does not, MEASURED (`benchmarks/sim_calibrate_receive.py`:
+    the same blocks into a serving and an idle agent at once, while hot instances saturate
+    the host); a serving node's ingress links then move at 1 / this of their rate instead of
+    the share formula's receiver end (`sim/compute_sharing.py`, calibration fix 11).
+    0 (the default): the share formula. Otherwise at least 1."""
     send_cost_s_per_gb: float = 0.0
     """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
     the endpoints on that node. While a node sends at B GB/s, its endpoints (and any
@@ -158,6 +165,10 @@ class SimSettings:
             raise SurgeError("send_cpu_cores must be between 0 and transfer_cores")
         if self.serving_transfers_shared and not self.transfers_first:
             raise SurgeError("serving_transfers_shared needs transfers_first")
+        if self.serving_receive_slowdown != 0 and not self.serving_receive_slowdown >= 1:
+            raise SurgeError("serving_receive_slowdown must be 0 (off) or >= 1")
+        if self.serving_receive_slowdown and not self.serving_transfers_shared:
+            raise SurgeError("serving_receive_slowdown needs serving_transfers_shared")
         if self.send_cost_s_per_gb < 0:
             raise SurgeError("send_cost_s_per_gb must be >= 0")
         if self.send_cost_s_per_gb > 0 and self.shared_cores is None:

@@ -171,6 +171,7 @@ class Simulation:
             settings.transfers_first,
             world.state.agent_links if settings.serving_transfers_shared else None,
             settings.send_cpu_cores,
+            settings.serving_receive_slowdown,
         )
         self.router = Requests(
             world,
