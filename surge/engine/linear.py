@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from surge.engine import gemv
+
 PACK_ROWS_HINT = 8
 """Row count oneDNN picks its blocked layout for: measured best over 2-64 rows here."""
 
@@ -91,6 +93,11 @@ class Linear:
             if torch.compiler.is_compiling():
                 return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if torch.compiler.is_compiling() and gemv.usable(x, self.weight):
+            # A compiled batch-1 step: surge's one-row kernel reads the weight faster than
+            # MKL's gemv (`engine/gemv.py`); eager steps keep MKL's.
+            y = torch.ops.surge.gemv_row(x, self.weight.t())
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 

@@ -1,0 +1,77 @@
+"""surge's one-row projection kernel (`engine/gemv.py`): the same numbers as MKL's gemv on
+every layout a projection has (stored `[in, out]`, a column slice of a fused q|k|v with
+its parent's stride, sizes that are not multiples of the kernel's 8 rows and 8 lanes), and
+a compiled decode step routes its one-row projections through it."""
+
+import pytest
+import torch
+
+from surge.engine import gemv
+from surge.engine.linear import Linear, fuse_linears, split_linear
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernel() -> None:
+    if not gemv.load():  # builds once per machine (~15 s), then a file check
+        pytest.skip("gemv_row needs AVX2, a C++ compiler and ninja")
+
+
+def _stored(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    """An `[out, in]` weight read as a view of its stored `[in, out]` buffer."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(in_features, out_features, generator=g).t()
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), [(256, 256), (1000, 97), (13, 8), (5, 3)])
+def test_gemv_row_matches_mkl(out_features: int, in_features: int) -> None:
+    w = _stored(out_features, in_features, seed=out_features)
+    x = torch.randn(1, in_features)
+    assert gemv.usable(x, w)
+    got = torch.ops.surge.gemv_row(x, w.t())
+    ref = torch.nn.functional.linear(x, w)
+    assert got.shape == ref.shape == (1, out_features)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_column_slice_of_a_fused_projection_keeps_its_stride() -> None:
+    q, k, v = (Linear(_stored(n, 64, seed=n)) for n in (64, 32, 32))
+    fused = fuse_linears([q, k, v])
+    parts = split_linear(fused, [64, 32, 32])
+    x = torch.randn(1, 64)
+    for part, orig in zip(parts, (q, k, v), strict=True):
+        wt = part.weight.t()
+        assert wt.stride() == (128, 1)  # the parent's row, not the part's
+        torch.testing.assert_close(torch.ops.surge.gemv_row(x, wt), x @ orig.weight.t())
+
+
+def test_only_one_float32_row_of_a_stored_weight_is_usable() -> None:
+    w = _stored(16, 8, seed=0)
+    assert not gemv.usable(torch.randn(2, 8), w)  # two rows: packed/MKL
+    assert not gemv.usable(torch.randn(1, 8), w.contiguous())  # not the stored layout
+    assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
+
+
+def test_a_compiled_one_row_projection_calls_the_kernel(monkeypatch) -> None:
+    """Fails if the compiled path quietly keeps MKL's gemv."""
+    lin = Linear(_stored(48, 32, seed=1), torch.randn(48))
+    x = torch.randn(1, 32)
+
+    class Counting:  # the built kernel, counting its calls
+        def __init__(self, ext) -> None:
+            self.ext, self.calls = ext, []
+
+        def gemv_row(self, x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+            self.calls.append(tuple(wt.shape))
+            return self.ext.gemv_row(x, wt)
+
+    counting = Counting(gemv._ext)
+    monkeypatch.setattr(gemv, "_ext", counting)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(lin.__call__, backend="eager")(x)
+    finally:
+        torch._dynamo.reset()
+    assert counting.calls == [(32, 48)]
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, lin.weight, lin.bias))
+    lin(x)  # eager: MKL's gemv
+    assert counting.calls == [(32, 48)]
