@@ -1,18 +1,19 @@
 """`surge::gemv_row`: batch-1 projections through surge's own AVX2 kernel (`csrc/gemv_row.cpp`).
 
 Why: a batch-1 decode step is one-row projections over every weight, memory-bound. MKL's
-sgemv on the stored `[in, out]` layout reads 25-29 GB/s with one thread on this project's
-VM, where a tensor sum reads ~40 GB/s; the kernel (eight rows of the weight streamed at a
-time into a row of outputs kept in cache) reads 34-42 GB/s on the 100mb preset's shapes.
+sgemv on the stored `[in, out]` layout reads 24-27 GB/s with one thread on this project's
+VM, where a tensor sum reads ~40 GB/s; the kernel (the output row in cached chunks, eight
+weight rows streamed into it at a time) reads 39-41 GB/s on the 100mb preset's shapes.
 
 What flows: `load()` builds the C++ extension once per machine (torch's extension cache,
 ~15 s the first time, then a file check) and says whether the op can run here: float32 on
-a CPU with AVX2 and FMA, a C++ compiler and ninja. `surge::gemv_row(x, wt)` is a plain
-library op (as `surge::packed_linear` in `linear.py`) so that a compiled decode graph
-calls it opaquely. Who uses it: `Linear.__call__` inside a compiled decode step
-(`EngineConfig.compile_decode`, whose `DecodeGraph` calls `load()`); eager steps keep
-MKL. Sums run in another order than MKL's: logits differ in the last bits, as inductor's
-already do (tests/engine/test_compiled_decode.py checks the tokens).
+a CPU with AVX2 and FMA, a C++ compiler and ninja. The extension registers
+`surge::gemv_row(x, wt)` with the dispatcher itself (schema and CPU kernel), so a compiled
+decode graph's C++ wrapper calls it without Python; its shape function is registered here.
+Who uses it: `Linear.__call__` inside a compiled decode step (`EngineConfig.compile_decode`,
+whose `DecodeGraph` calls `load()`); eager steps keep MKL. Sums run in another order than
+MKL's: logits differ in the last bits, as inductor's already do
+(tests/engine/test_compiled_decode.py checks the tokens).
 """
 
 import logging
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "gemv_row.cpp"
 """The kernel's C++ source (built by torch's extension loader)."""
 
-_ext = None
+_built = False
 _tried = False
 
 
@@ -35,12 +36,17 @@ def _cpu_ok() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
+def _gemv_row_fake(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], wt.shape[1]))
+
+
 def load() -> bool:
-    """Build (or find built) the kernel; True when `surge::gemv_row` can run here. A
-    machine without AVX2, a compiler or ninja logs why once and keeps MKL."""
-    global _ext, _tried
+    """Build (or find built) the kernel and register `surge::gemv_row` (schema and CPU
+    kernel from C++, its shape function here); True when it can run here. A machine without
+    AVX2, a compiler or ninja logs why once and keeps MKL."""
+    global _built, _tried
     if _tried:
-        return _ext is not None
+        return _built
     _tried = True
     if not _cpu_ok():
         log.info("gemv_row: this CPU lacks AVX2; one-row projections stay MKL's")
@@ -52,44 +58,32 @@ def load() -> bool:
 
     start = time.perf_counter()
     try:
-        _ext = load_extension(
+        load_extension(
             name="surge_gemv_row",
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-mavx2", "-mfma"],
+            is_python_module=False,
             verbose=False,
         )
+        torch.library.register_fake("surge::gemv_row", _gemv_row_fake)
     except Exception as e:  # a failed build is not fatal: MKL computes the same thing
         log.warning("gemv_row: the kernel did not build (%s); one-row projections stay MKL's", e)
         return False
+    _built = True
     log.info("gemv_row: kernel ready in %.1f s", time.perf_counter() - start)
     return True
 
 
 def available() -> bool:
     """Whether `load()` has built the kernel in this process."""
-    return _ext is not None
-
-
-def _gemv_row(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-    assert _ext is not None, "surge::gemv_row called before gemv.load()"
-    return _ext.gemv_row(x, wt)
-
-
-def _gemv_row_fake(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], wt.shape[1]))
-
-
-_LIB = torch.library.Library("surge", "FRAGMENT")
-_LIB.define("gemv_row(Tensor x, Tensor wt) -> Tensor")
-_LIB.impl("gemv_row", _gemv_row, "CPU")
-torch.library.register_fake("surge::gemv_row", _gemv_row_fake, lib=_LIB)
+    return _built
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, and the
     weight stored `[in, out]` (its transpose has unit column stride), kernel built."""
     return (
-        _ext is not None
+        _built
         and x.numel() == x.shape[-1]
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
