@@ -17,4 +17,8 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 ||
     echo "chromium could not be installed: tests/dashboard/test_browser.py will skip"
 fi
+# Build the engine's one-row kernel now (surge/engine/gemv.py, ~15 s once; engines then find
+# it built). Not fatal: without a compiler or ninja the engine keeps MKL's gemv.
+.venv/bin/python -c "from surge.engine import gemv; gemv.load()" ||
+  echo "the one-row kernel did not build: engines use MKL's gemv"
 echo "surge is set up: .venv/bin/surge --help"

@@ -10,10 +10,10 @@ What flows: `load()` builds the C++ extension once per machine (torch's extensio
 a CPU with AVX2 and FMA, a C++ compiler and ninja. The extension registers
 `surge::gemv_row(x, wt)` with the dispatcher itself (schema and CPU kernel), so a compiled
 decode graph's C++ wrapper calls it without Python; its shape function is registered here.
-Who uses it: `Linear.__call__` inside a compiled decode step (`EngineConfig.compile_decode`,
-whose `DecodeGraph` calls `load()`); eager steps keep MKL. Sums run in another order than
-MKL's: logits differ in the last bits, as inductor's already do
-(tests/engine/test_compiled_decode.py checks the tokens).
+Who uses it: `Linear.__call__` for every one-row float32 call on CPU, eager or inside a
+compiled decode step; `ModelRunner` (and an agent's engine import at start-up) call
+`load()`, and `setup.sh` builds it once. Sums run in another order than MKL's: logits differ
+in the last bits, as inductor's already do (the engine tests check the tokens against HF's).
 """
 
 import logging

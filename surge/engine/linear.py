@@ -93,9 +93,9 @@ class Linear:
             if torch.compiler.is_compiling():
                 return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if torch.compiler.is_compiling() and gemv.usable(x, self.weight):
-            # A compiled batch-1 step: surge's one-row kernel reads the weight faster than
-            # MKL's gemv (`engine/gemv.py`); eager steps keep MKL's.
+        if gemv.usable(x, self.weight):
+            # One row (batch-1 decode): surge's kernel reads the weight faster than MKL's
+            # gemv (`engine/gemv.py`).
             y = torch.ops.surge.gemv_row(x, self.weight.t())
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from surge.config import EngineConfig
+from surge.engine import gemv
 from surge.engine.batch import BatchMeta
 from surge.engine.device import pick_device
 from surge.engine.kv_cache import PagedKVCache
@@ -87,6 +88,8 @@ class ModelRunner:
             and can_pack(torch.empty(1, 1, dtype=self.dtype))
         )
         """Whether projections get packed copies (gradually, `pack_some`)."""
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            gemv.load()  # one-row projections through surge's kernel (built once per machine)
         self.pack_queue: deque[tuple[int | None, str]] = deque()
         """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
         self.num_packed = 0

@@ -33,7 +33,8 @@ def test_fuse_linears_concatenates_outputs_and_keeps_the_layout() -> None:
     assert fused.bias is not None and torch.equal(fused.bias[32:48], torch.zeros(16))
     for x in (torch.randn(1, 1, 64), torch.randn(3, 5, 64)):
         separate = torch.cat([F.linear(x, p.weight, p.bias) for p in parts], dim=-1)
-        torch.testing.assert_close(fused(x), separate, rtol=1e-6, atol=1e-6)
+        # One row goes through surge's kernel, which sums in another order than MKL.
+        torch.testing.assert_close(fused(x), separate, rtol=1e-5, atol=1e-5)
     # HF's layout ([out, in] contiguous) stays that layout.
     plain = fuse_linears([Linear.of(torch.randn(8, 64)), Linear.of(torch.randn(4, 64))])
     assert plain.weight.is_contiguous() and plain.bias is None

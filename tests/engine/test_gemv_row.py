@@ -69,3 +69,19 @@ def test_a_compiled_one_row_projection_calls_the_kernel() -> None:
     assert torch.ops.surge.gemv_row.default in called or torch.ops.surge.gemv_row in called
     assert torch.nn.functional.linear not in called
     torch.testing.assert_close(got, torch.nn.functional.linear(x, lin.weight, lin.bias))
+
+
+def test_an_eager_one_row_projection_calls_the_kernel(monkeypatch) -> None:
+    lin = Linear(_stored(48, 32, seed=2))
+    calls = []
+    real = torch.ops.surge.gemv_row
+
+    class Spy:  # stands in for torch.ops.surge.gemv_row, counting its calls
+        def __call__(self, x, wt):
+            calls.append(tuple(wt.shape))
+            return real(x, wt)
+
+    monkeypatch.setattr(torch.ops.surge, "gemv_row", Spy())
+    lin(torch.randn(1, 32))
+    lin(torch.randn(3, 32))  # three rows: MKL
+    assert calls == [(32, 48)]

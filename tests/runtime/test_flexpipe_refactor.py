@@ -18,7 +18,10 @@ from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL, connected, record_ops
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
-MAX_TOKENS = 48
+MAX_TOKENS = 160
+"""Long enough that requests are still decoding when a refactoring (or a kill) lands: with
+48, the kill test's requests had all finished at the kill once batch-1 decode got faster
+(surge's one-row kernel)."""
 SYSTEM = serve_system("flexpipe")
 
 
