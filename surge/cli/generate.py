@@ -50,6 +50,16 @@ def generate(
     from surge.model.manifest import read_manifest
     from surge.model.tokenizer import load_tokenizer
 
+    # Sampling settings first: a bad one fails before anything is read or made (the
+    # default tiny model included).
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    ).validate()
     manifest = read_manifest(store_dir if store_dir is not None else default_store())
     tokenizer = (
         load_tokenizer(manifest.root / manifest.tokenizer_file)
@@ -62,14 +72,6 @@ def generate(
         ids = tokenizer.encode(prompt).ids
     else:
         ids = _parse_token_ids(prompt_token_ids or "")
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        ignore_eos=ignore_eos,
-    ).validate()
     config = EngineConfig()
     check_prompt(manifest.arch, config, ids)
     engine = LLMEngine(manifest, config)
