@@ -132,8 +132,10 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
 
     cluster = make_cluster(3, remote_gbps=0.02, preload_engine=True)
     # Long enough to be running when the kept members have fetched the rest (~0.8 s): 240
-    # tokens was not (a quiet machine decodes them in ~0.8 s and the request finished first).
-    params = SamplingParams(max_tokens=800, ignore_eos=True)
+    # tokens was not (a quiet machine decodes them in ~0.8 s and the request finished first);
+    # 800 kept a 3.4x margin until decode got ~2.5x faster (Nov 24 host, surge's one-row
+    # kernel), so 2000.
+    params = SamplingParams(max_tokens=2000, ignore_eos=True)
     booked: list[int] = []
     released: list[int] = []
     serving: list[int] = []
