@@ -30,6 +30,9 @@ SOURCE = Path(__file__).parent / "csrc" / "gemv_row.cpp"
 
 _built = False
 _tried = False
+_one_thread = True
+"""The kernel is single-threaded: with more intra-op threads MKL's threaded gemv reads faster,
+so it is used only while torch runs one thread (looked at on every `load()`)."""
 
 
 def _cpu_ok() -> bool:
@@ -44,7 +47,8 @@ def load() -> bool:
     """Build (or find built) the kernel and register `surge::gemv_row` (schema and CPU
     kernel from C++, its shape function here); True when it can run here. A machine without
     AVX2, a compiler or ninja logs why once and keeps MKL."""
-    global _built, _tried
+    global _built, _tried, _one_thread
+    _one_thread = torch.get_num_threads() == 1
     if _tried:
         return _built
     _tried = True
@@ -80,10 +84,12 @@ def available() -> bool:
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, and the
-    weight stored `[in, out]` (its transpose has unit column stride), kernel built."""
+    """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, the weight
+    stored `[in, out]` (its transpose has unit column stride), the kernel built and torch on
+    one thread when `load()` last looked."""
     return (
         _built
+        and _one_thread
         and x.numel() == x.shape[-1]
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

@@ -3,6 +3,8 @@ every layout a projection has (stored `[in, out]`, a column slice of a fused q|k
 its parent's stride, sizes that are not multiples of the kernel's 8 rows and 8 lanes), and
 a compiled decode step routes its one-row projections through it."""
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -10,10 +12,18 @@ from surge.engine import gemv
 from surge.engine.linear import Linear, fuse_linears, split_linear
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _kernel() -> None:
-    if not gemv.load():  # builds once per machine (~15 s), then a file check
-        pytest.skip("gemv_row needs AVX2, a C++ compiler and ninja")
+@pytest.fixture(autouse=True)
+def _kernel() -> Iterator[None]:
+    """The kernel built, torch on one thread (where the engine uses it), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if not gemv.load():  # builds once per machine (~15 s), then a file check
+            pytest.skip("gemv_row needs AVX2, a C++ compiler and ninja")
+        yield
+    finally:
+        torch.set_num_threads(before)
+        gemv.load()
 
 
 def _stored(out_features: int, in_features: int, seed: int) -> torch.Tensor:
@@ -46,9 +56,24 @@ def test_a_column_slice_of_a_fused_projection_keeps_its_stride() -> None:
 
 def test_only_one_float32_row_of_a_stored_weight_is_usable() -> None:
     w = _stored(16, 8, seed=0)
+    assert gemv.usable(torch.randn(1, 8), w)
     assert not gemv.usable(torch.randn(2, 8), w)  # two rows: packed/MKL
     assert not gemv.usable(torch.randn(1, 8), w.contiguous())  # not the stored layout
     assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
+
+
+def test_more_than_one_thread_keeps_mkl() -> None:
+    """The kernel runs on one thread; MKL's gemv uses them all."""
+    before = torch.get_num_threads()
+    w = _stored(16, 8, seed=0)
+    try:
+        torch.set_num_threads(2)
+        gemv.load()
+        assert not gemv.usable(torch.randn(1, 8), w)
+    finally:
+        torch.set_num_threads(before)
+        gemv.load()
+    assert gemv.usable(torch.randn(1, 8), w)  # back on one thread
 
 
 def test_a_compiled_one_row_projection_calls_the_kernel() -> None:
