@@ -4,7 +4,8 @@ Opt-in (`EngineConfig.compile_decode`). Why: at batch 1 a decode step of a small
 ~35 eager ops per layer besides its 7 projections (norms, rope, KV write and page gather,
 attention, residual adds), each paying PyTorch's per-op dispatch; inductor fuses the
 element-wise chains into a few C++ loops and runs the whole stack from one call. The
-projections stay library calls (MKL gemv; oneDNN's packed kernel through
+projections stay opaque calls (one row: surge's `surge::gemv_row`, `engine/gemv.py`, which
+the runner builds, else MKL's gemv; more rows: oneDNN's packed kernel through
 `surge::packed_linear`), SDPA stays ATen's. Logits differ from eager in the last bits only
 (inductor sums the norms in its own order), so only a near-tie could flip a greedy token;
 measured, the tokens are the eager path's (tests/engine/test_compiled_decode.py).
@@ -34,7 +35,6 @@ from collections.abc import Callable
 import torch
 from torch._dynamo.utils import counters
 
-from surge.engine import gemv
 from surge.engine.model import AttnContext, HeadWeights, LayerWeights, decoder_layer, final_logits
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch
@@ -82,8 +82,6 @@ class DecodeGraph:
                 "compile_decode needs a C++ compiler for inductor (install g++, or set CXX); "
                 "or turn compile_decode off"
             )
-        # One-row projections through surge's kernel where it builds (`engine/gemv.py`).
-        gemv.load()
         # No size/stride/alignment asserts in inductor's wrapper (~60 calls per step at 6
         # layers): dynamo's guards already check every input's sizes and strides. The
         # wrapper itself in C++ (`cpp_wrapper`): the Python one costs ~0.3-0.5 ms per step

@@ -78,11 +78,6 @@ def load() -> bool:
     return True
 
 
-def available() -> bool:
-    """Whether `load()` has built the kernel in this process."""
-    return _built
-
-
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, the weight
     stored `[in, out]` (its transpose has unit column stride), the kernel built and torch on

@@ -63,7 +63,8 @@ def test_a_scale_out_forwards_from_a_receiver_still_loading(
             # Node 1 is a chain tail once it receives and holds its first block.
             landed = False
             while not (receiving.get(1) and landed):
-                landed = landed or any(e.node == 1 for e in _drain(arrivals))
+                got = [arrivals.get_nowait() for _ in range(arrivals.qsize())]
+                landed = landed or any(e.node == 1 for e in got)
                 await asyncio.sleep(0.01)
             assert not task_a.done() and sending == {0: 1}
             # What the controller offers now: node 0 sends (held egress), node 1 receives.
@@ -96,10 +97,3 @@ def test_a_scale_out_forwards_from_a_receiver_still_loading(
     assert set(sending.values()) == {0} and not any(receiving.values())
     ref, logits = hf_greedy(tiny_hf, PROMPT, MAX_TOKENS)
     assert_same_tokens(req.output_token_ids, ref, logits, "node 2 via the chain tail")
-
-
-def _drain(queue: asyncio.Queue) -> list:
-    out = []
-    while not queue.empty():
-        out.append(queue.get_nowait())
-    return out

@@ -14,7 +14,7 @@ from surge.model.manifest import read_manifest
 from surge.model.tiny import TinyModelConfig, create_tiny_model
 from surge.policy.multicast import MulticastRequest, plan_scale_out
 from surge.runtime.multicast import MulticastExecutor
-from surge.runtime.protocol import ChecksumsOp, StatusOp
+from surge.runtime.protocol import BlockReply, ChecksumsOp, StatusOp, ok_header
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import AuthError, connect
 from tests.runtime.conftest import MODEL, connected
@@ -175,7 +175,8 @@ def test_wait_sent_holds_until_the_peer_has_the_bytes() -> None:
         try:
             # Blocked by a peer that does not read, the send leaves bytes in the socket.
             payload = bytes(1 << 20)
-            sending = asyncio.create_task(conn.send({"op": "x"}, payload[: 512 << 10]))
+            header = ok_header(BlockReply(model="m", block=0))
+            sending = asyncio.create_task(conn.send(header, payload[: 512 << 10]))
             await asyncio.sleep(0.2)
             left = unsent_bytes(a)
             t = time.monotonic()
