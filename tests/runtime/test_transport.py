@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import json
 import socket
 import struct
 import time
@@ -210,3 +211,60 @@ def test_wait_sent_holds_until_the_peer_has_the_bytes() -> None:
     assert left > 64 << 10  # the kernel held much of the frame while the peer read nothing
     assert 0.29 <= gave_up_s < 2.0
     assert after == 0 and waited_s < 5.0
+
+
+def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet() -> None:
+    """A payload arriving a few KB at a time (a slow link) is read in a few large pieces:
+    the socket's low-water mark is the rest of the frame, at most `RECV_LOWAT_BYTES`. A
+    payload's last bytes, fewer than the mark, still arrive, and the next header is read
+    as soon as it is there (the mark is back at one byte)."""
+    from surge.runtime.transport import RECV_LOWAT_BYTES, Connection
+
+    payload_bytes, piece_bytes = RECV_LOWAT_BYTES * 3 + 12_345, 8 << 10
+
+    async def run() -> tuple[int, bytes, int, float]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+        listener.close()
+        conn = Connection(b)
+        loop = asyncio.get_running_loop()
+        real_recv_into = loop.sock_recv_into
+        calls = 0
+
+        async def counting_recv_into(sock: socket.socket, view: memoryview) -> int:
+            nonlocal calls
+            calls += 1
+            return await real_recv_into(sock, view)
+
+        loop.sock_recv_into = counting_recv_into  # type: ignore[method-assign]
+        try:
+            payload = bytes(range(256)) * (payload_bytes // 256) + b"z" * (payload_bytes % 256)
+            head = json.dumps({"ok": True, "length": payload_bytes}).encode()
+            frame = struct.pack(">I", len(head)) + head + payload
+            receiving = asyncio.create_task(conn.recv())
+            for start in range(0, len(frame), piece_bytes):  # ~8 KB every 0.2 ms
+                a.sendall(frame[start : start + piece_bytes])
+                await asyncio.sleep(0.0002)
+            _, got = await asyncio.wait_for(receiving, 10)
+            payload_calls = calls
+            # The next frame's header is read at once, not held back by the mark.
+            t = time.monotonic()
+            second = asyncio.create_task(conn.recv())
+            await asyncio.sleep(0.05)
+            head = json.dumps({"ok": True, "length": 0}).encode()
+            a.sendall(struct.pack(">I", len(head)) + head)
+            await asyncio.wait_for(second, 5)
+            return payload_calls, bytes(got), conn._recv_lowat, time.monotonic() - t
+        finally:
+            loop.sock_recv_into = real_recv_into  # type: ignore[method-assign]
+            conn.close()
+            a.close()
+
+    payload_calls, got, lowat_after, second_s = asyncio.run(run())
+    assert got == bytes(range(256)) * (payload_bytes // 256) + b"z" * (payload_bytes % 256)
+    # Without the mark the reader wakes per piece (~100 times); with it, about once per
+    # mark's worth (4 here) plus the header's reads and a partial first read or two.
+    assert payload_calls <= 12, payload_calls
+    assert lowat_after == 1
+    assert second_s < 1.0
