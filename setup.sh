@@ -19,6 +19,6 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 # Build the engine's one-row kernel now (surge/engine/gemv.py, ~15 s once; engines then find
 # it built). Not fatal: without a compiler or ninja the engine keeps MKL's gemv.
-.venv/bin/python -c "from surge.engine import gemv; gemv.load()" ||
+.venv/bin/python -m surge.engine.gemv ||
   echo "the one-row kernel did not build: engines use MKL's gemv"
 echo "surge is set up: .venv/bin/surge --help"

@@ -5,19 +5,25 @@ sgemv on the stored `[in, out]` layout reads 24-27 GB/s with one thread on this 
 VM, where a tensor sum reads ~40 GB/s; the kernel (the output row in cached chunks, eight
 weight rows streamed into it at a time) reads 39-41 GB/s on the 100mb preset's shapes.
 
-What flows: `load()` builds the C++ extension once per machine (torch's extension cache,
-~15 s the first time, then a file check) and says whether the op can run here: float32 on
-a CPU with AVX2 and FMA, a C++ compiler and ninja. The extension registers
-`surge::gemv_row(x, wt)` with the dispatcher itself (schema and CPU kernel), so a compiled
-decode graph's C++ wrapper calls it without Python; its shape function is registered here.
-Who uses it: `Linear.__call__` for every one-row float32 call on CPU, eager or inside a
-compiled decode step; `ModelRunner` (and an agent's engine import at start-up) call
-`load()`, and `setup.sh` builds it once. Sums run in another order than MKL's: logits differ
-in the last bits, as inductor's already do (the engine tests check the tokens against HF's).
+What flows: `build()` compiles the C++ extension once per machine and source (~15 s;
+`setup.sh` runs it, as does `python -m surge.engine.gemv`) into a cache directory named by
+a digest of the source, its flags and torch's version, so every checkout of the same source
+shares one build. `load()` only loads that built library (a file check, never a compile, so
+an agent never waits at start-up for a build or for another process's build lock) and says
+whether the op can run here: float32 on a CPU with AVX2 and FMA, the library built. The
+extension registers `surge::gemv_row(x, wt)` with the dispatcher itself (schema and CPU
+kernel), so a compiled decode graph's C++ wrapper calls it without Python; its shape
+function is registered here. Who uses it: `Linear.__call__` for every one-row float32 call
+on CPU, eager or inside a compiled decode step; `ModelRunner` (and an agent's engine import
+at start-up) call `load()`. Sums run in another order than MKL's: logits differ in the
+last bits, as inductor's already do (the engine tests check the tokens against HF's).
 """
 
+import hashlib
 import logging
+import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +33,10 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "gemv_row.cpp"
 """The kernel's C++ source (built by torch's extension loader)."""
+CFLAGS = ("-O3", "-mavx2", "-mfma")
+STALE_LOCK_S = 600.0
+"""A build lock older than this was left by a build that died (a build takes ~15 s):
+`build()` removes it rather than wait on it forever (torch's loader would)."""
 
 _built = False
 _tried = False
@@ -43,38 +53,96 @@ def _gemv_row_fake(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], wt.shape[1]))
 
 
-def load() -> bool:
-    """Build (or find built) the kernel and register `surge::gemv_row` (schema and CPU
-    kernel from C++, its shape function here); True when it can run here. A machine without
-    AVX2, a compiler or ninja logs why once and keeps MKL."""
-    global _built, _tried, _one_thread
-    _one_thread = torch.get_num_threads() == 1
-    if _tried:
-        return _built
-    _tried = True
+def build_name() -> str:
+    """The extension's name, unique to this source, these flags and this torch."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join(CFLAGS).encode() + torch.__version__.encode())
+    return f"surge_gemv_row_{digest.hexdigest()[:12]}"
+
+
+def build_dir() -> Path:
+    """Where the kernel is built and found (`$XDG_CACHE_HOME` or ~/.cache, surge/kernels)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "surge" / "kernels" / build_name()
+
+
+def library_path() -> Path:
+    return build_dir() / f"{build_name()}.so"
+
+
+def _can_run() -> bool:
     if not _cpu_ok():
         log.info("gemv_row: this CPU lacks AVX2; one-row projections stay MKL's")
         return False
+    return True
+
+
+def build() -> bool:
+    """Compile the kernel unless built already, then `load()` it; True when it runs here. A
+    machine without AVX2, a compiler or ninja logs why and keeps MKL."""
+    global _tried
+    _tried = False  # look again after this build, whatever an earlier `load()` found
+    if library_path().exists() or not _can_run():
+        return load()
     if not (shutil.which("ninja") and (shutil.which("c++") or shutil.which("g++"))):
         log.warning("gemv_row: no ninja or C++ compiler; one-row projections stay MKL's")
         return False
     from torch.utils.cpp_extension import load as load_extension
 
+    where = build_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    lock = where / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        log.warning("gemv_row: removing a build lock left by a build that died (%s)", lock)
+        lock.unlink(missing_ok=True)
+    # The source is compiled from inside the build directory: the build's command line is
+    # then the same from every checkout, and ninja does not rebuild when the checkout moves.
+    source = where / SOURCE.name
+    source.write_bytes(SOURCE.read_bytes())
     start = time.perf_counter()
     try:
         load_extension(
-            name="surge_gemv_row",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-mavx2", "-mfma"],
+            name=build_name(),
+            sources=[str(source)],
+            extra_cflags=list(CFLAGS),
+            build_directory=str(where),
             is_python_module=False,
             verbose=False,
         )
-        torch.library.register_fake("surge::gemv_row", _gemv_row_fake)
     except Exception as e:  # a failed build is not fatal: MKL computes the same thing
         log.warning("gemv_row: the kernel did not build (%s); one-row projections stay MKL's", e)
         return False
+    log.info("gemv_row: kernel built in %.1f s (%s)", time.perf_counter() - start, where)
+    return load()
+
+
+def load() -> bool:
+    """Load the built kernel and register `surge::gemv_row`'s shape function; True when it
+    can run here. Never compiles: without a build (`build()`, run by setup.sh) one-row
+    projections stay MKL's."""
+    global _built, _tried, _one_thread
+    _one_thread = torch.get_num_threads() == 1
+    if _built or _tried:
+        return _built
+    if not _can_run():
+        _tried = True
+        return False
+    path = library_path()
+    if not path.exists():
+        log.info("gemv_row: not built (run ./setup.sh); one-row projections stay MKL's")
+        _tried = True
+        return False
+    _tried = True
+    start = time.perf_counter()
+    try:
+        if not hasattr(torch.ops.surge, "gemv_row"):
+            torch.ops.load_library(str(path))
+        torch.library.register_fake("surge::gemv_row", _gemv_row_fake)
+    except Exception as e:  # a damaged build is not fatal: MKL computes the same thing
+        log.warning("gemv_row: %s did not load (%s); one-row projections stay MKL's", path, e)
+        return False
     _built = True
-    log.info("gemv_row: kernel ready in %.1f s", time.perf_counter() - start)
+    log.info("gemv_row: kernel loaded in %.2f s", time.perf_counter() - start)
     return True
 
 
@@ -92,3 +160,8 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dim() == 2
         and weight.stride(0) == 1
     )
+
+
+if __name__ == "__main__":  # python -m surge.engine.gemv: build the kernel (setup.sh)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(0 if build() else 1)

@@ -89,7 +89,7 @@ class ModelRunner:
         )
         """Whether projections get packed copies (gradually, `pack_some`)."""
         if self.device.type == "cpu" and self.dtype == torch.float32:
-            gemv.load()  # one-row projections through surge's kernel (built once per machine)
+            gemv.load()  # one-row projections through surge's kernel (if setup.sh built it)
         self.pack_queue: deque[tuple[int | None, str]] = deque()
         """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
         self.num_packed = 0

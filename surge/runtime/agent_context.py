@@ -68,8 +68,8 @@ Handlers = dict[type[Op], Handler]
 
 
 def import_engine() -> None:
-    """Import the engine (torch, ~1.5 s) and find its one-row kernel built (`engine/gemv.py`;
-    ~0.1 s, or its one-time build) — at start-up, or while the first block travels."""
+    """Import the engine (torch, ~1.5 s) and load its one-row kernel if built (`engine/gemv.py`:
+    ~0.1 s; an agent never compiles it) — at start-up, or while the first block travels."""
     import surge.engine.runner  # noqa: F401
     from surge.engine import gemv
 

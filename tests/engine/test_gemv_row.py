@@ -3,7 +3,12 @@ every layout a projection has (stored `[in, out]`, a column slice of a fused q|k
 its parent's stride, sizes that are not multiples of the kernel's 8 rows and 8 lanes), and
 a compiled decode step routes its one-row projections through it."""
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +23,7 @@ def _kernel() -> Iterator[None]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        if not gemv.load():  # builds once per machine (~15 s), then a file check
+        if not gemv.build():  # builds once per machine and source (~15 s), then loads
             pytest.skip("gemv_row needs AVX2, a C++ compiler and ninja")
         yield
     finally:
@@ -110,3 +115,59 @@ def test_an_eager_one_row_projection_calls_the_kernel(monkeypatch) -> None:
     lin(torch.randn(1, 32))
     lin(torch.randn(3, 32))  # three rows: MKL
     assert calls == [(32, 48)]
+
+
+def test_load_never_compiles_and_reports_the_kernel_missing(tmp_path: Path) -> None:
+    """An agent or engine starting where the kernel is not built keeps MKL at once: `load()`
+    neither compiles nor waits on a build (a killed build once left a lock every later
+    agent waited on forever, so no agent started)."""
+    code = (
+        "import time; t = time.perf_counter(); from surge.engine import gemv; ok = gemv.load(); "
+        "print(ok, gemv.library_path().exists(), gemv.build_dir().exists())"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "empty-cache")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_build_clears_a_dead_builds_lock_and_builds_from_its_own_copy(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A lock older than `STALE_LOCK_S` is removed before building; the source compiled is a
+    copy inside the build directory, so the build's command line is the same from every
+    checkout (ninja does not rebuild when the checkout moves)."""
+    import torch.utils.cpp_extension as cpp
+
+    where = tmp_path / "kernels" / gemv.build_name()
+    monkeypatch.setattr(gemv, "build_dir", lambda: where)
+    where.mkdir(parents=True)
+    lock = where / "lock"
+    lock.touch()
+    old = time.time() - gemv.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    seen: dict = {}
+
+    def fake_load(**kwargs):  # records the call instead of compiling for 15 s
+        seen.update(kwargs, lock_left=lock.exists())
+        raise RuntimeError("not compiled in this test")
+
+    monkeypatch.setattr(cpp, "load", fake_load)
+    assert gemv.build() is False  # the fake build failed: MKL stays
+    assert seen["lock_left"] is False
+    assert seen["build_directory"] == str(where)
+    assert seen["sources"] == [str(where / gemv.SOURCE.name)]
+    assert (where / gemv.SOURCE.name).read_bytes() == gemv.SOURCE.read_bytes()
+
+
+def test_the_build_is_named_by_its_source_not_its_checkout(tmp_path: Path, monkeypatch) -> None:
+    name = gemv.build_name()
+    copy = tmp_path / "elsewhere" / "gemv_row.cpp"
+    copy.parent.mkdir()
+    copy.write_bytes(gemv.SOURCE.read_bytes())
+    monkeypatch.setattr(gemv, "SOURCE", copy)
+    assert gemv.build_name() == name
+    copy.write_bytes(copy.read_bytes() + b"\n// changed\n")
+    assert gemv.build_name() != name
