@@ -206,15 +206,47 @@ def block_checksum(buf: bytes | bytearray | memoryview) -> str:
     return f"crc32:{zlib.crc32(buf) & 0xFFFFFFFF:08x}"
 
 
-def verify_block(info: BlockInfo, buf: bytes | bytearray | memoryview) -> None:
-    """Raise a `SurgeError` naming the block if `buf` does not match the manifest."""
+class RunningChecksum:
+    """A block's crc32 taken while its bytes arrive, so the block is verified when its last
+    read lands, not one whole-buffer pass later (on a slow link that pass held every
+    forwarded block up by ~1.5 ms of CPU, more on a node with a fraction of a core).
+
+    Reads are summed in order while each is at most `max_inline_bytes` (small reads: the
+    link is slower than the reader, and summing one costs less than a wake-up); once a read
+    is larger or out of order, the rest is summed at `finish`, off the event loop."""
+
+    def __init__(self, max_inline_bytes: int = 1 << 20) -> None:
+        self.max_inline_bytes = max_inline_bytes
+        self.value = 0
+        self.num_bytes = 0
+        """Bytes at the start of the buffer summed so far."""
+
+    def update(self, chunk: memoryview, offset: int) -> None:
+        """`chunk` has just landed at `offset` of the buffer."""
+        if offset == self.num_bytes and len(chunk) <= self.max_inline_bytes:
+            self.value = zlib.crc32(chunk, self.value)
+            self.num_bytes += len(chunk)
+
+    def finish(self, buf: bytes | bytearray | memoryview) -> str:
+        """The checksum of the whole of `buf` (in `block_checksum`'s form)."""
+        rest = memoryview(buf).cast("B")[self.num_bytes :]
+        return f"crc32:{zlib.crc32(rest, self.value) & 0xFFFFFFFF:08x}"
+
+
+def verify_block(
+    info: BlockInfo,
+    buf: bytes | bytearray | memoryview,
+    running: RunningChecksum | None = None,
+) -> None:
+    """Raise a `SurgeError` naming the block if `buf` does not match the manifest
+    (`running`: the part of its checksum taken while it arrived)."""
     n = len(memoryview(buf).cast("B"))
     if n != info.size_bytes:
         raise SurgeError(
             f"block {info.index} ({info.file}) has {n} bytes, the manifest says "
             f"{info.size_bytes}; the block is truncated or damaged: fetch or import it again"
         )
-    got = block_checksum(buf)
+    got = running.finish(buf) if running is not None else block_checksum(buf)
     if got != info.checksum:
         raise SurgeError(
             f"block {info.index} ({info.file}) failed its checksum ({got} != {info.checksum}); "

@@ -20,7 +20,7 @@ import logging
 import time
 
 from surge.errors import SurgeError
-from surge.model.manifest import verify_block
+from surge.model.manifest import RunningChecksum, verify_block
 from surge.runtime.agent_context import Handlers, NodeContext, import_engine
 from surge.runtime.agent_store import AgentStore
 from surge.runtime.protocol import (
@@ -187,19 +187,21 @@ class AgentTransfer:
 
     async def fetch(
         self, name: str, block: int, src: int, tier: LandingTier, step: float, wait_s: float
-    ) -> memoryview:
-        """Read one block from a peer straight into its tier buffer (not verified yet)."""
+    ) -> tuple[memoryview, RunningChecksum]:
+        """Read one block from a peer straight into its tier buffer (not verified yet; its
+        checksum taken as it arrived, as far as the reads allowed)."""
         info = self.store.model(name).block(block)
         target = self.store.target_buffer(name, block, tier)
         conn = await self._peer(src)
         ask = GetBlockOp(model=name, block=block, step=step, wait_s=wait_s)
+        running = RunningChecksum()
         try:
-            await conn.request(ask.to_json(), sink=lambda _h: target)
+            await conn.request(ask.to_json(), sink=lambda _h: target, on_chunk=running.update)
         except ConnectionClosed:
             conn.close()
             raise
         self.bytes_in += info.size_bytes
-        return target
+        return target, running
 
     # ---- multicast ---------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class AgentTransfer:
             for step, block, src in recv:
                 if self.store.model(op.model).event(block).is_set():
                     continue
-                first: memoryview | Exception
+                first: tuple[memoryview, RunningChecksum] | Exception
                 try:
                     first = await self.fetch(op.model, block, src, op.tier, step, op.wait_s)
                 except (
@@ -261,7 +263,7 @@ class AgentTransfer:
         block: int,
         src: int,
         wait_s: float,
-        first: memoryview | Exception | None = None,
+        first: tuple[memoryview, RunningChecksum] | Exception | None = None,
     ) -> bool:
         """Pull one block (or take `first`, the outcome of a fetch already made), verify
         it, land it; pull again on a bad checksum; report a pull that cannot complete."""
@@ -274,11 +276,13 @@ class AgentTransfer:
                 if attempt == 0 and isinstance(first, Exception):
                     raise first
                 if attempt == 0 and first is not None:
-                    buf = first
+                    buf, running = first
                 else:
-                    buf = await self.fetch(name, block, src, tier, step, wait_s)
-                # crc32 releases the GIL: the loop keeps moving bytes meanwhile
-                await asyncio.to_thread(verify_block, info, buf)
+                    buf, running = await self.fetch(name, block, src, tier, step, wait_s)
+                if running.num_bytes == len(buf):  # summed as it arrived: nothing left
+                    verify_block(info, buf, running)
+                else:  # crc32 releases the GIL: the loop keeps moving bytes meanwhile
+                    await asyncio.to_thread(verify_block, info, buf, running)
             except SurgeError as e:  # checksum mismatch: pull again
                 reason = str(e)
                 log.warning("node %d: %s", node, e)

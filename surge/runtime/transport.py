@@ -73,6 +73,8 @@ class RemoteError(RuntimeError):
 
 PayloadSink = Callable[[dict[str, Any]], memoryview | bytearray | None]
 """Given a frame header, where to put its payload (None: a fresh bytearray)."""
+ChunkObserver = Callable[[memoryview, int], None]
+"""Told of each read of a payload as it lands: the bytes and their offset in the payload."""
 
 
 def _detect_stalls(sock: socket.socket, timeout_s: float) -> None:
@@ -124,7 +126,9 @@ class Connection:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, num_bytes)
             self._recv_lowat = num_bytes
 
-    async def _recv_exactly(self, view: memoryview, paced: bool) -> None:
+    async def _recv_exactly(
+        self, view: memoryview, paced: bool, on_chunk: ChunkObserver | None = None
+    ) -> None:
         got = 0
         try:
             while got < len(view):
@@ -141,6 +145,8 @@ class Connection:
                     raise ConnectionClosed(f"peer closed after {got} of {len(view)} bytes")
                 if paced and n < want:
                     self.ingress.refund(want - n)
+                if on_chunk is not None:
+                    on_chunk(view[got : got + n], got)
                 got += n
         finally:
             if paced:
@@ -190,8 +196,11 @@ class Connection:
             wait = (left - max_unsent_bytes) / rate_bytes_per_s if rate_bytes_per_s else hi
             await asyncio.sleep(min(hi, max(lo, wait)))
 
-    async def recv(self, sink: PayloadSink | None = None) -> tuple[dict[str, Any], memoryview]:
-        """Receive one frame; its payload goes where `sink` says (paced by the ingress cap)."""
+    async def recv(
+        self, sink: PayloadSink | None = None, on_chunk: ChunkObserver | None = None
+    ) -> tuple[dict[str, Any], memoryview]:
+        """Receive one frame; its payload goes where `sink` says (paced by the ingress cap),
+        and `on_chunk` sees each read of it as it lands."""
         try:
             prefix = bytearray(HEADER_LEN.size)
             await self._recv_exactly(memoryview(prefix), paced=False)
@@ -208,7 +217,7 @@ class Connection:
                     f"payload of {length} bytes does not fit a {len(view)}-byte buffer"
                 )
             if length:
-                await self._recv_exactly(view, paced=True)
+                await self._recv_exactly(view, paced=True, on_chunk=on_chunk)
             return header, view
         except (ConnectionResetError, BrokenPipeError, TimeoutError) as e:
             # TimeoutError here is the kernel's ETIMEDOUT (`STALL_TIMEOUT_S`): no asyncio
@@ -224,11 +233,12 @@ class Connection:
         header: dict[str, Any],
         payload: bytes | bytearray | memoryview = b"",
         sink: PayloadSink | None = None,
+        on_chunk: ChunkObserver | None = None,
     ) -> tuple[dict[str, Any], memoryview]:
         """Send a request and wait for its answer (one exchange at a time per connection)."""
         async with self.lock:
             await self.send(header, payload)
-            reply, body = await self.recv(sink)
+            reply, body = await self.recv(sink, on_chunk)
         if not reply.get("ok", False):
             raise RemoteError(reply.get("error", "request failed"))
         return reply, body

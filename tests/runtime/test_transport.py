@@ -2,7 +2,9 @@
 
 import asyncio
 import contextlib
+import itertools
 import json
+import os
 import socket
 import struct
 import time
@@ -268,3 +270,41 @@ def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet(
     assert payload_calls <= 12, payload_calls
     assert lowat_after == 1
     assert second_s < 1.0
+
+
+def test_chunk_observer_sees_every_read_of_a_payload_at_its_offset() -> None:
+    """`recv(on_chunk=...)` reports each read as it lands, covering the payload in order
+    (what `RunningChecksum` sums while a block arrives), and only the payload."""
+    from surge.runtime.transport import Connection
+
+    async def run() -> tuple[list[tuple[int, int]], bytes, bytes]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+        listener.close()
+        conn = Connection(b)
+        seen: list[tuple[int, int]] = []
+        copied = bytearray()
+
+        def observe(chunk: memoryview, offset: int) -> None:
+            seen.append((offset, len(chunk)))
+            copied.extend(chunk)
+
+        try:
+            payload = os.urandom(700_000)
+            head = json.dumps({"ok": True, "length": len(payload)}).encode()
+            frame = struct.pack(">I", len(head)) + head + payload
+            receiving = asyncio.create_task(conn.recv(on_chunk=observe))
+            for start in range(0, len(frame), 100_000):
+                a.sendall(frame[start : start + 100_000])
+                await asyncio.sleep(0.002)
+            _, got = await asyncio.wait_for(receiving, 10)
+            return seen, bytes(got), bytes(copied)
+        finally:
+            conn.close()
+            a.close()
+
+    seen, got, copied = asyncio.run(run())
+    assert copied == got and len(got) == 700_000
+    assert seen[0][0] == 0 and len(seen) > 1
+    assert all(o2 == o1 + n1 for (o1, n1), (o2, _) in itertools.pairwise(seen))
