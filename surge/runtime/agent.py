@@ -23,6 +23,7 @@ import sys
 from surge.errors import SurgeError
 from surge.runtime.agent_context import AgentConfig, Handlers, NodeContext, import_engine
 from surge.runtime.agent_instances import AgentInstances
+from surge.runtime.agent_process import LAUNCHER_PID_ENV
 from surge.runtime.agent_serving import AgentServing
 from surge.runtime.agent_store import AgentStore, ModelState
 from surge.runtime.agent_transfer import AgentTransfer
@@ -107,7 +108,8 @@ class NodeAgent:
         return self.port
 
     async def serve_forever(self) -> None:
-        parent = os.getppid()
+        launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+        parent = int(launcher) if launcher.isdigit() else os.getppid()
         while not self._stop.is_set():
             # No orphans: an agent whose launcher died exits by itself.
             if os.getppid() != parent:

@@ -52,9 +52,16 @@ def agent_argv(config: AgentConfig) -> list[str]:
     return cmd
 
 
+LAUNCHER_PID_ENV = "SURGE_LAUNCHER_PID"
+"""The launching process's pid, in the agent's environment: the agent exits once its parent
+is no longer that process (`NodeAgent.serve_forever`) — even when the launcher died before
+the agent could look (a parent pid read at that point would already be init's)."""
+
+
 def agent_env(token: str, threads: int | None = None) -> dict[str, str]:
-    """The agent's environment: the cluster token, and its compute threads if given."""
-    env = {**os.environ, "SURGE_TOKEN": token}
+    """The agent's environment: the cluster token, this (launching) process's pid, and its
+    compute threads if given."""
+    env = {**os.environ, "SURGE_TOKEN": token, LAUNCHER_PID_ENV: str(os.getpid())}
     if threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     return env

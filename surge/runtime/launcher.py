@@ -4,6 +4,12 @@
 every agent its peers, and stops them all on exit — SIGTERM, then SIGKILL after a grace
 period — so no process outlives a test, even a failing one. Agents also exit on their own
 if the launching process dies.
+
+Files: without `work_dir`, the agents' disk tiers live in a temporary directory
+`surge-cluster-<launcher pid>-<cluster id>` that `start` makes and `stop` removes (building
+a cluster or asking for an agent's settings makes nothing). A launcher killed outright
+(SIGKILL) runs no cleanup: the next cluster to start removes the directories of launchers
+whose pid no longer runs (`sweep_stale_work_dirs`).
 """
 
 import logging
@@ -26,6 +32,9 @@ from surge.runtime.protocol import SetPeersOp
 from surge.runtime.transport import DEFAULT_HOST
 
 log = logging.getLogger(__name__)
+
+WORK_DIR_PREFIX = "surge-cluster-"
+"""Temporary work directories are named `<prefix><launcher pid>-<cluster id>`."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,11 @@ class LocalCluster:
         self.cluster_id = secrets.token_hex(3)
         self.procs: dict[int, subprocess.Popen] = {}
         self.addresses: dict[int, tuple[str, int]] = {}
-        self._tmp: Path | None = None
+        self._tmp = (
+            Path(tempfile.gettempdir()) / f"{WORK_DIR_PREFIX}{os.getpid()}-{self.cluster_id}"
+        )
+        """The temporary work directory (named now; made by `start`, removed by `stop`)."""
+        self._tmp_made = False
 
     def __enter__(self) -> "LocalCluster":
         try:
@@ -105,11 +118,17 @@ class LocalCluster:
 
     @property
     def work_dir(self) -> Path:
-        if self.config.work_dir is not None:
-            return self.config.work_dir
-        if self._tmp is None:
-            self._tmp = Path(tempfile.mkdtemp(prefix="surge-cluster-"))
-        return self._tmp
+        """Where the agents' disk tiers live: `config.work_dir`, else a temporary directory
+        that exists from `start` to `stop`."""
+        return self.config.work_dir if self.config.work_dir is not None else self._tmp
+
+    def make_work_dir(self) -> None:
+        """Sweep what killed launchers left, then make the temporary work directory (the
+        first step of `start`)."""
+        sweep_stale_work_dirs()
+        if self.config.work_dir is None and not self._tmp_made:
+            self._tmp.mkdir(mode=0o700)  # a name that exists already is an error, not ours
+            self._tmp_made = True
 
     def check_groups(self) -> None:
         """Raise `SurgeError` unless the host groups are disjoint sets of this cluster's nodes."""
@@ -120,6 +139,7 @@ class LocalCluster:
 
     def start(self) -> None:
         self.check_groups()
+        self.make_work_dir()
         threads = self.config.threads_per_agent or max(
             1, (os.cpu_count() or 1) // self.config.num_nodes
         )
@@ -188,9 +208,34 @@ class LocalCluster:
         # remove any that a crash still left behind.
         for f in Path("/dev/shm").glob(f"surge_{self.cluster_id}_*"):
             f.unlink(missing_ok=True)
-        if self._tmp is not None:
+        if self._tmp_made:
             shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+            self._tmp_made = False
 
     def alive(self) -> list[int]:
         return [n for n, p in self.procs.items() if p.poll() is None]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_work_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the temporary work directories (under `root`, default the system's temporary
+    directory) of launchers whose pid no longer runs; returns them. A reused pid only keeps
+    a stale directory a while longer."""
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*-*"):
+        pid = d.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    if removed:
+        log.info("removed %d work directories of clusters whose launcher died", len(removed))
+    return removed

@@ -73,6 +73,7 @@ class NetnsCluster(LocalCluster):
         require_netns(self.cores_per_node is not None)
         self.check_groups()
         netns.sweep_stale()
+        self.make_work_dir()
         atexit.register(self.stop)
         self.subnet = netns.free_subnet(os.getpid() * 16 + int(self.prefix[-1], 16))
         self.bridge = netns.add_bridge(self.prefix, self.subnet)

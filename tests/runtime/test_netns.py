@@ -244,7 +244,8 @@ import json, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
 with NetnsCluster(NetnsClusterConfig(num_nodes=2, link_gbps=0.1, preload_engine=False)) as c:
-    print(json.dumps({"prefix": c.prefix, "pids": [p.pid for p in c.procs.values()]}), flush=True)
+    pids = [p.pid for p in c.procs.values()]
+    print(json.dumps({"prefix": c.prefix, "pids": pids, "work_dir": str(c.work_dir)}), flush=True)
     time.sleep(120)
 """
 
@@ -277,6 +278,7 @@ def test_ctrl_c_removes_everything() -> None:
     proc.wait(60)  # 3.4 s on a quiet 2-core VM
     proc.stdout.close()
     assert netns.resources(started["prefix"]) == [], "Ctrl-C left namespaces, links or cgroups"
+    assert not Path(started["work_dir"]).exists(), "Ctrl-C left the work dir"
     assert wait_gone(started["pids"], 1.0), "an agent outlived Ctrl-C"
 
 
@@ -287,8 +289,10 @@ def test_what_a_killed_launcher_left_is_swept_by_the_next(make_netns) -> None:
     proc.wait(10)
     proc.stdout.close()
     assert netns.resources(started["prefix"]), "nothing to sweep: the test proves nothing"
+    assert Path(started["work_dir"], "node1").is_dir(), "no work dir to sweep"
     make_netns(1)  # a new launcher sweeps at start
     assert netns.resources(started["prefix"]) == []
+    assert not Path(started["work_dir"]).exists(), "the killed launcher's work dir is left"
     assert wait_gone(started["pids"]), "an orphaned agent survived the sweep"
 
 
