@@ -2,7 +2,7 @@
 measurement requests on stdin with one JSON line each on stdout.
 
 Run as `python benchmarks/engine_workers.py --worker NAME --model-dir DIR --vocab N --dtype D`
-by `engine_vs_peers.Worker`, with this repository's Python (surge, transformers) or vLLM's own
+by `engine_vs_peers_runs.Worker`, with this repository's Python (surge, transformers) or vLLM's own
 venv (vllm). The module imports nothing but the standard library at the top: in vLLM's venv
 surge is not importable.
 """
