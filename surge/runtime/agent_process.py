@@ -58,6 +58,17 @@ is no longer that process (`NodeAgent.serve_forever`) — even when the launcher
 the agent could look (a parent pid read at that point would already be init's)."""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID runs (a launcher's, for sweeping what a dead one left)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
 def agent_env(token: str, threads: int | None = None) -> dict[str, str]:
     """The agent's environment: the cluster token, this (launching) process's pid, and its
     compute threads if given."""

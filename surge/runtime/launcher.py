@@ -26,7 +26,7 @@ from pathlib import Path
 from surge.config import EngineConfig
 from surge.errors import SurgeError
 from surge.runtime.agent_context import AgentConfig
-from surge.runtime.agent_process import agent_argv, agent_env, wait_ready
+from surge.runtime.agent_process import agent_argv, agent_env, pid_alive, wait_ready
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import SetPeersOp
 from surge.runtime.transport import DEFAULT_HOST
@@ -216,16 +216,6 @@ class LocalCluster:
         return [n for n, p in self.procs.items() if p.poll() is None]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_work_dirs(root: Path | None = None) -> list[Path]:
     """Remove the temporary work directories (under `root`, default the system's temporary
     directory) of launchers whose pid no longer runs; returns them. A reused pid only keeps
@@ -233,7 +223,7 @@ def sweep_stale_work_dirs(root: Path | None = None) -> list[Path]:
     removed = []
     for d in Path(root or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*-*"):
         pid = d.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     if removed:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from surge.errors import SurgeError
+from surge.runtime.agent_process import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +75,9 @@ def missing_requirements(cpu_quota: bool = True) -> list[str]:
     return missing
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner_alive(name: str) -> bool:
     m = PREFIX_RE.match(name)
-    return m is None or _pid_alive(int(m.group(1), 16))
+    return m is None or pid_alive(int(m.group(1), 16))
 
 
 def _kill_pids(pids: list[int]) -> None:
