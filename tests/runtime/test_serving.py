@@ -200,3 +200,39 @@ def test_stage_layers_follow_the_agent_mapping(manifest) -> None:
     assert [s[1:] for s in stage_layers(manifest, pipe)] == want_layers
     # Plan node i is played by agents[i]: stages must open on those agents.
     assert [s[0] for s in stage_layers(manifest, pipe, [7, 4, 9])] == [4, 9]
+
+
+def test_a_pipelines_stages_open_at_once(manifest) -> None:
+    """`PipelineEndpoint.open` asks every stage at the same time (each builds its own
+    runner): opened one after another, four quarter-core stages took 61 ms on the path to
+    a scale-out's first new capacity."""
+
+    class SlowAgents:
+        """Answers each stage-open after 50 ms, counting how many are asked at once."""
+
+        def __init__(self) -> None:
+            self.in_flight = self.most_in_flight = 0
+            self.asked: list[tuple[int, str]] = []
+
+        async def call(self, node: int, op) -> None:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.asked.append((node, type(op).__name__))
+            await asyncio.sleep(0.05)
+            self.in_flight -= 1
+
+    stages = [(1, 0, 1), (2, 1, 2), (3, 2, 3), (4, 3, 4)]
+
+    async def run() -> SlowAgents:
+        agents = SlowAgents()
+        ep = PipelineEndpoint(agents, manifest, MODEL, "p", stages)  # type: ignore[arg-type]
+        try:
+            await ep.open()
+        finally:
+            for group in ep.groups:
+                group.task.cancel()
+        return agents
+
+    agents = asyncio.run(run())
+    assert sorted(agents.asked) == [(n, "StageOpenOp") for n, _, _ in stages]
+    assert agents.most_in_flight == len(stages)
