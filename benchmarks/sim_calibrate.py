@@ -195,7 +195,7 @@ def main() -> None:
     if args.run_real:
 
         def one_round(r: int) -> dict:
-            return measure_round(args.model_mb, first, args.reps, args.repeats)
+            return measure_round(args.model_mb, first, args.reps, args.repeats, args.cores)
 
         settings = BurstSettings(model_mb=args.model_mb, requests=args.requests)
         bursts, fresh = run_interleaved(args.repeats, settings, None if rounds else one_round)
@@ -204,7 +204,7 @@ def main() -> None:
         bursts = args.old_bursts or committed_bursts()
         if not rounds:
             rounds = [
-                measure_round(args.model_mb, first, args.reps, args.repeats)
+                measure_round(args.model_mb, first, args.reps, args.repeats, args.cores)
                 for _ in range(args.repeats)
             ]
     if args.run_real or not args.reuse:
@@ -250,8 +250,11 @@ def main() -> None:
         row["within_tolerance"] = all(abs(e) <= TOLERANCE for e in row["relative_error"].values())
         if paired is not None:
             row["paired_by_repeat"] = paired_errors([p[name]["predicted"] for p in paired], runs)
+        shaped = (profile.get("burst_shapes") or {}).get("per_layer_s")
         row["diagnostics"] = [
-            diagnostics(profile["engine"], reals[k], m) for m in runs if "endpoints_opened" in m
+            diagnostics(profile["engine"], reals[k], m, shaped)
+            for m in runs
+            if "endpoints_opened" in m
         ]
         report["scenarios"][name] = row
         med = {q: v["median"] for q, v in row["measured"].items()}
@@ -273,7 +276,7 @@ def main() -> None:
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     keys = ("repeats", "transfer_cores", "endpoint_open_s", "pipeline_open_s", "pipeline_speed")
     keys += ("send_cost_s_per_gb", "transfer_cores_serving", "serving_receive_slowdown")
-    keys += ("max_abs_relative_error", "all_within_tolerance")
+    keys += ("serving_during_multicast", "max_abs_relative_error", "all_within_tolerance")
     print(json.dumps({k: report[k] for k in (*keys, "runtime_max_spread_vs_median")}, indent=1))
 
 

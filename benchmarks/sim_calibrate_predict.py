@@ -36,6 +36,7 @@ def simulate_burst(
     serving_transfers_shared: bool = False,
     send_cpu_cores: float = 0.0,
     serving_receive_slowdown: float = 0.0,
+    transfer_wakeups: bool = False,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
@@ -80,6 +81,7 @@ def simulate_burst(
         serving_receive_slowdown=serving_receive_slowdown
         if serving_transfers_shared and transfers_first and cores is not None
         else 0.0,
+        transfer_wakeups=transfer_wakeups and transfers_first and cores is not None,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -110,18 +112,21 @@ FIXES = (
     #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
     #  transfers take their CPU before serving?, a serving agent's transfers at its share?,
     #  the transfer CPU measured while K hot instances serve?, blocks into a serving agent
-    #  at their measured slow-down?)
-    ("1_serving_step", False, False, 1, *(False,) * 7),
-    ("2_link_rate", True, False, 1, *(False,) * 7),
-    ("3_transfer_cpu", True, True, 1, *(False,) * 7),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 7),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 6),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 5),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 4),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 3),
-    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, False, False),
-    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, False),
-    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7),
+    #  at their measured slow-down?, the transfers' CPU as wake-ups holding whole cores?,
+    #  the serving step's costs fitted at the burst's shapes?)
+    ("1_serving_step", False, False, 1, *(False,) * 9),
+    ("2_link_rate", True, False, 1, *(False,) * 9),
+    ("3_transfer_cpu", True, True, 1, *(False,) * 9),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 9),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 8),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 7),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 6),
+    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 5),
+    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 4),
+    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 3),
+    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, False, False),
+    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False),
+    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -130,13 +135,20 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
     """Per scenario, the simulated burst with every fix added in turn (the last: the
     calibrated prediction), on `profile` (`profile_of`) and the bursts' settings per K."""
     engine, transport = profile["engine"], profile["transport"]
+    # Fix 13's costs (older profiles without them: fix 13 is fix 12).
+    shapes = profile.get("burst_shapes") or {
+        "per_layer_s": engine["per_layer_s"],
+        "pipeline_speed": profile["pipeline_speed"],
+    }
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
         for rate in (reals[1]["link_gbps"], transport["multicast_effective_gbps"]):
-            where = Path(tmp) / str(rate)
-            where.mkdir(exist_ok=True)
-            files[rate] = sim_files(engine, reals[1]["nodes"], rate, where)
+            for shaped in (False, True):
+                where = Path(tmp) / f"{rate}-{shaped}"
+                where.mkdir(exist_ok=True)
+                costs = engine | {"per_layer_s": shapes["per_layer_s"]} if shaped else engine
+                files[rate, shaped] = sim_files(costs, reals[1]["nodes"], rate, where)
         for k, mode in SCENARIOS:
             steps = {}
             for (
@@ -151,6 +163,8 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                 shared,
                 busy,
                 recv,
+                wakeups,
+                shaped,
             ) in FIXES:
                 rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
                 # Fix 10: the transfer CPU measured during a burst (without that
@@ -158,8 +172,9 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                 w = profile["transfer_cores"]
                 if busy and profile.get("transfer_cores_serving") is not None:
                     w = profile["transfer_cores_serving"]
+                speed = shapes["pipeline_speed"] if shaped else profile["pipeline_speed"]
                 pred = simulate_burst(
-                    *files[rate],
+                    *files[rate, shaped],
                     reals[k],
                     mode,
                     cores,
@@ -167,13 +182,14 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                     micro,
                     engine["agent_round_trip_per_step_s"],
                     profile if opening else None,
-                    profile["pipeline_speed"] if slow else 1.0,
+                    speed if slow else 1.0,
                     profile["send_cost_s_per_gb"] if sending else 0.0,
                     priority,
                     shared,
                     profile["send_cpu_cores"] if shared else 0.0,
                     # Fix 11: measured, or 0 (fix 9's share formula) where no round has it.
                     (profile.get("serving_receive_slowdown") or 0.0) if recv else 0.0,
+                    wakeups,
                 )
                 steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
             out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}

@@ -5,7 +5,8 @@ A round (`measure_round`): the serving step and agent round trip (`measure_engin
 transport (`measure_transport`), endpoint opening (`measure_endpoint_open`), the send cost
 (`measure_send_cost`), pipeline vs local serving (`measure_pipeline_serving`), the
 multicast while K hot instances serve (`measure_multicast_while_serving`), blocks into a
-serving vs an idle agent (`measure_receive_while_serving`); a dict of
+serving vs an idle agent (`measure_receive_while_serving`), the hot source's serving with
+and without a multicast (`measure_serving_during_multicast`); a dict of
 their raw reports. `profile_of(rounds)` turns rounds into what `simulate_burst` takes: the
 field-wise medians (every round's raw numbers kept under `runs` / `rounds`) and the
 pipeline speed derived from them. A previous calibration's JSON reads back as its rounds
@@ -24,8 +25,10 @@ from benchmarks.sim_calibrate_measure import (
     measure_transport,
 )
 from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
+from benchmarks.sim_calibrate_profile import burst_shape_costs
 from benchmarks.sim_calibrate_receive import measure_receive_while_serving, median_receive
 from benchmarks.sim_calibrate_send import measure_send_cost
+from benchmarks.sim_calibrate_serving import measure_serving_during_multicast, median_serving
 from surge.policy.timing import BITS_PER_BYTE
 
 log = logging.getLogger("sim_calibrate")
@@ -39,9 +42,11 @@ TRANSPORT_REPS = 1
 """Multicasts per transport configuration per round (medians over the rounds)."""
 
 
-def measure_round(model_mb: float, real: dict, reps: int, num_rounds: int) -> dict:
+def measure_round(
+    model_mb: float, real: dict, reps: int, num_rounds: int, cores: float = 2.0
+) -> dict:
     """One round of every profile measurement on the burst's model (`real`: a scale_burst
-    report's settings)."""
+    report's settings; `cores`: the cores the agents share)."""
     blocks, out = real["blocks"], {}
     steps = (
         ("engine", lambda: measure_engine(model_mb, blocks, reps, real)),
@@ -59,6 +64,7 @@ def measure_round(model_mb: float, real: dict, reps: int, num_rounds: int) -> di
             ),
         ),
         ("receive", lambda: measure_receive_while_serving(model_mb, blocks, real)),
+        ("serving", lambda: measure_serving_during_multicast(model_mb, blocks, real, cores)),
     )
     for name, measure in steps:
         t = time.monotonic()
@@ -99,6 +105,7 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
     `sim_calibrate_contention` run given to `--reuse`) count for it alone."""
     contention = median_contention(rounds)
     receive = median_receive(rounds)
+    serving = median_serving(rounds)
     rounds = [r for r in rounds if "engine" in r]
     engine = median_of([r["engine"] for r in rounds])
     transport = median_of([r["transport"] for r in rounds])
@@ -116,6 +123,13 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
     )
     # The runtime's pipeline vs local throughput over the model's: the pipeline's speed.
     speed = pipe["pipeline_throughput_vs_local"] / pipe["profile_pipeline_throughput_vs_local"]
+    # Fix 13: the costs fitted at the burst's shapes (median over every engine run), and the
+    # pipeline speed against that model.
+    fits = [burst_shape_costs(run, real) for run in engine["runs"]]
+    shaped = engine | {"per_layer_s": {k: statistics.median(f[k] for f in fits) for k in fits[0]}}
+    shaped_ratio = profile_pipeline_vs_local(
+        shaped, pipe["stages"], PIPELINE_MICRO_BATCHES, real["max_num_seqs"]
+    )
     return {
         "engine": engine,
         "transport": transport,
@@ -126,6 +140,11 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         "endpoint_open_s": opens["endpoint_open_s"],
         "pipeline_open_s": opens["pipeline_open_s"],
         "pipeline_speed": round(speed, 4),
+        "burst_shapes": {
+            "per_layer_s": shaped["per_layer_s"],
+            "profile_pipeline_throughput_vs_local": shaped_ratio,
+            "pipeline_speed": round(pipe["pipeline_throughput_vs_local"] / shaped_ratio, 4),
+        },
         # Serving lost per GB sent cannot be negative: a negative median (serving measured
         # faster while sending) is noise around no loss, so the simulator gets 0.
         "send_cost_s_per_gb": max(0.0, send["send_cost_s_per_gb"]),
@@ -142,6 +161,10 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         # slow-down; None where no round measured it).
         "serving_receive_slowdown": None if receive is None else max(1.0, receive),
         "serving_receive_slowdown_measured": receive,
+        # Fix 12's check: the hot source during a multicast over alone (its tokens/s and
+        # cores), and its cores by fix 12's model from the others' measured CPU (medians
+        # over every pair; None where no round measured it).
+        "serving_during_multicast": serving,
     }
 
 

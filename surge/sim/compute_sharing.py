@@ -31,8 +31,20 @@ moves at 1 / (1 + e * (1/s - 1)) of its rate (`Link.speed`). e is measured: the 
 `send_cpu_cores` and the receiver's `transfer_cores - send_cpu_cores`. With
 `SimSettings.serving_receive_slowdown` r (measured: blocks into a serving agent vs into an
 idle one, at once), a serving node's ingress links move at 1/r instead (calibration fix 11).
+
+Transfers as wake-ups (`SimSettings.transfer_wakeups`, with `transfers_first`): the
+transfers' CPU is not a fluid that fills the cores the endpoints leave idle; it comes as
+short wake-ups of the agents that move blocks (one per chunk received, verified, relayed),
+each taking a whole core while it runs, ahead of serving. With a transfer demand of a cores
+on c cores, the number of cores those wake-ups hold at an instant is modelled as an M/M/c
+queue's busy servers (Erlang: `cores_held`), and the B busy endpoints (one thread each) run
+on the cores left: share = E[min(B, c - n)] / B. With B >= c that is (c - a) / B, the fluid
+share; with fewer endpoints than cores it is less (a hot source alone on 2 cores gets 0.83
+of a core, not 1, at a = 0.68: the wake-ups land on its core whenever the other one is
+taken). Measured: `benchmarks/sim_calibrate_serving.py` (calibration fix 12).
 """
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -45,6 +57,28 @@ MIN_SHARE = 0.01
 MIN_SERVING_FRACTION = 0.01
 """Floor of what sending leaves to serving, so every step still ends (a loss of all of it
 is outside what was measured)."""
+
+
+def cores_held(demand: float, cores: int) -> list[float]:
+    """P(n) for n = 0..cores-1: the probability that the wake-ups of a CPU demand of `demand`
+    cores (Poisson arrivals, exponential service, `cores` servers: M/M/c) hold exactly n
+    cores; the rest of the mass is every core held. Saturated (demand >= cores): all 0."""
+    if demand >= cores:
+        return [0.0] * cores
+    terms = [demand**n / math.factorial(n) for n in range(cores)]
+    tail = demand**cores / (math.factorial(cores) * (1.0 - demand / cores))
+    p0 = 1.0 / (sum(terms) + tail)
+    return [p0 * t for t in terms]
+
+
+def wakeup_share(cores: float, busy: int, demand: float) -> float:
+    """The share of one core each of `busy` single-threaded endpoints gets while wake-ups
+    of `demand` cores run first on `cores` cores (rounded to whole cores, at least 1):
+    E[min(busy, c - n)] / busy over `cores_held` (module docstring)."""
+    c = max(1, round(cores))
+    busy = max(busy, 1)
+    left = sum(p * min(busy, c - n) for n, p in enumerate(cores_held(demand, c)))
+    return min(1.0, left / busy)
 
 
 class ComputeSharing:
@@ -60,6 +94,7 @@ class ComputeSharing:
         links_of_gpu: Callable[[int], tuple[tuple[Link, ...], tuple[Link, ...]]] | None = None,
         send_cpu_cores: float = 0.0,
         receive_slowdown: float = 0.0,
+        wakeups: bool = False,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
@@ -72,6 +107,8 @@ class ComputeSharing:
         self.receive_slowdown = receive_slowdown
         """Measured slow-down of blocks into a serving agent (0: the share formula)."""
         self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
+        self.wakeups = wakeups and transfers_first
+        """Transfers' CPU as wake-ups holding whole cores (`wakeup_share`), not a fluid."""
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
         self.transfers = 0
@@ -95,7 +132,10 @@ class ComputeSharing:
             return 1.0
         transfer_demand = self.transfer_cores * self.transfers
         if self.transfers_first:
-            left = max(self.shared_cores - transfer_demand * self.flow_speed(), 0.0)
+            held = transfer_demand * self.flow_speed()
+            if self.wakeups:
+                return max(wakeup_share(self.shared_cores, len(self.busy), held), MIN_SHARE)
+            left = max(self.shared_cores - held, 0.0)
             return max(min(1.0, left / max(len(self.busy), 1)), MIN_SHARE)
         demand = len(self.busy) + transfer_demand
         return min(1.0, self.shared_cores / demand) if demand > 0 else 1.0

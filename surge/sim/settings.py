@@ -89,6 +89,14 @@ class SimSettings:
     the host); a serving node's ingress links then move at 1 / this of their rate instead of
     the share formula's receiver end (`sim/compute_sharing.py`, calibration fix 11).
     0 (the default): the share formula. Otherwise at least 1."""
+    transfer_wakeups: bool = False
+    """With `transfers_first`: the transfers' CPU comes as short wake-ups that each hold a
+    whole core while they run (ahead of serving), so the busy endpoints get the cores those
+    wake-ups leave at each instant (an M/M/c queue's idle servers: `sim/compute_sharing.py`
+    `wakeup_share`), not the fluid `cores - transfer demand`. Differs only while fewer
+    endpoints are busy than there are cores: a lone hot source loses part of its core even
+    though the host has idle capacity (measured: `benchmarks/sim_calibrate_serving.py`,
+    calibration fix 12). False: the fluid share."""
     send_cost_s_per_gb: float = 0.0
     """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
     the endpoints on that node. While a node sends at B GB/s, its endpoints (and any
@@ -169,6 +177,8 @@ class SimSettings:
             raise SurgeError("serving_receive_slowdown must be 0 (off) or >= 1")
         if self.serving_receive_slowdown and not self.serving_transfers_shared:
             raise SurgeError("serving_receive_slowdown needs serving_transfers_shared")
+        if self.transfer_wakeups and not self.transfers_first:
+            raise SurgeError("transfer_wakeups needs transfers_first")
         if self.send_cost_s_per_gb < 0:
             raise SurgeError("send_cost_s_per_gb must be >= 0")
         if self.send_cost_s_per_gb > 0 and self.shared_cores is None:

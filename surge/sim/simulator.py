@@ -172,6 +172,7 @@ class Simulation:
             world.state.agent_links if settings.serving_transfers_shared else None,
             settings.send_cpu_cores,
             settings.serving_receive_slowdown,
+            settings.transfer_wakeups,
         )
         self.router = Requests(
             world,
