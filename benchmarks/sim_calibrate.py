@@ -48,6 +48,14 @@
    idle one at once while two hot instances saturate the host -> their ratio
    `serving_receive_slowdown` (median over the pairs, at least 1), which replaces fix 9's
    receiving end (`SimSettings.serving_receive_slowdown`; without it fix 11 is fix 10).
+   Fix 12 (`SimSettings.transfer_wakeups`): the transfers' CPU as wake-ups that hold whole
+   cores (an M/M/c queue's busy servers), the busy endpoints on the cores left: a lone hot
+   source loses part of its core though the host has room (no new parameter: the transfer
+   CPU of fix 10); the profile round checks it (`sim_calibrate_serving.py`: the K=1 hot
+   agent with and without a multicast, its cores and run-queue wait, against the model's
+   cores from the others' measured CPU). Fix 13: the serving step's costs fitted at the
+   burst's shapes only (`sim_calibrate_profile.burst_shape_costs`: decode batches up to
+   the batch limit), and the pipeline speed against that model.
 8. Compares predicted vs measured TTFT p50/p90 and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
    `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,

@@ -37,6 +37,7 @@ def simulate_burst(
     send_cpu_cores: float = 0.0,
     serving_receive_slowdown: float = 0.0,
     transfer_wakeups: bool = False,
+    efficiency_in_transfers: float = 1.0,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
@@ -82,6 +83,7 @@ def simulate_burst(
         if serving_transfers_shared and transfers_first and cores is not None
         else 0.0,
         transfer_wakeups=transfer_wakeups and transfers_first and cores is not None,
+        serving_efficiency_in_transfers=efficiency_in_transfers if cores is not None else 1.0,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -113,20 +115,22 @@ FIXES = (
     #  transfers take their CPU before serving?, a serving agent's transfers at its share?,
     #  the transfer CPU measured while K hot instances serve?, blocks into a serving agent
     #  at their measured slow-down?, the transfers' CPU as wake-ups holding whole cores?,
-    #  the serving step's costs fitted at the burst's shapes?)
-    ("1_serving_step", False, False, 1, *(False,) * 9),
-    ("2_link_rate", True, False, 1, *(False,) * 9),
-    ("3_transfer_cpu", True, True, 1, *(False,) * 9),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 9),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 8),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 7),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 6),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 5),
-    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 4),
-    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 3),
-    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, False, False),
-    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False),
-    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9),
+    #  the serving step's costs fitted at the burst's shapes?, serving per core measured
+    #  while transfers run?)
+    ("1_serving_step", False, False, 1, *(False,) * 10),
+    ("2_link_rate", True, False, 1, *(False,) * 10),
+    ("3_transfer_cpu", True, True, 1, *(False,) * 10),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 10),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 9),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 8),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 7),
+    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 6),
+    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 5),
+    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 4),
+    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, *(False,) * 3),
+    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False, False),
+    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9, False),
+    ("14_serving_efficiency", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 10),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -165,6 +169,7 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                 recv,
                 wakeups,
                 shaped,
+                efficient,
             ) in FIXES:
                 rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
                 # Fix 10: the transfer CPU measured during a burst (without that
@@ -190,6 +195,8 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                     # Fix 11: measured, or 0 (fix 9's share formula) where no round has it.
                     (profile.get("serving_receive_slowdown") or 0.0) if recv else 0.0,
                     wakeups,
+                    # Fix 14: measured, or 1 (no loss) where no round has it.
+                    (profile.get("serving_efficiency_in_transfers") or 1.0) if efficient else 1.0,
                 )
                 steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
             out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}

@@ -165,6 +165,12 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         # cores), and its cores by fix 12's model from the others' measured CPU (medians
         # over every pair; None where no round measured it).
         "serving_during_multicast": serving,
+        # Fix 14: the hot agent's tokens per engine CPU-second with a multicast over alone
+        # (median over every pair; at most 1: above is noise around no loss; None where no
+        # round measured it).
+        "serving_efficiency_in_transfers": None
+        if serving is None
+        else min(1.0, serving["step_efficiency"]),
     }
 
 

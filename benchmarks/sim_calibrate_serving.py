@@ -40,11 +40,13 @@ HOT = 0
 WARM_UP_REQUESTS = 8
 
 
-def schedstat_s(pid: int) -> tuple[float, float]:
+def schedstat_s(pid: int, main_only: bool = False) -> tuple[float, float]:
     """(on-CPU, run-queue wait) seconds of every thread of `pid` so far (threads that end
-    in between are lost; the agents' are long-lived)."""
+    in between are lost; the agents' are long-lived); `main_only`: its main thread's (an
+    agent's event loop: its I/O, not its engine steps)."""
     cpu = wait = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    tasks = [Path(f"/proc/{pid}/task/{pid}")] if main_only else Path(f"/proc/{pid}/task").iterdir()
+    for task in tasks:
         try:
             fields = (task / "schedstat").read_text().split()
         except OSError:
@@ -73,6 +75,12 @@ def model_cores(alone_cores: float, others_cores: float, cores: float) -> float:
     return alone_cores * wakeup_share(cores, 1, others_cores)
 
 
+def per_engine_core(run: dict) -> float:
+    """Tokens per second of the engine threads' CPU (the agent's CPU less its event loop's,
+    where the sending is: fix 7's)."""
+    return run["tokens_per_s"] / (run["cores"] - run.get("event_loop_cores", 0.0))
+
+
 def summarize(pairs: list[dict], cores: float) -> dict:
     """Per pair the ratios (multicast / alone) and the model's cores; their medians."""
     rows = []
@@ -80,6 +88,7 @@ def summarize(pairs: list[dict], cores: float) -> dict:
         mc, alone = p["multicast"], p["alone"]
         rows.append(
             {
+                "step_efficiency": round(per_engine_core(mc) / per_engine_core(alone), 4),
                 "tokens_per_s_ratio": round(mc["tokens_per_s"] / alone["tokens_per_s"], 4),
                 "cores_ratio": round(mc["cores"] / alone["cores"], 4),
                 "hot_cores": mc["cores"],
@@ -91,6 +100,7 @@ def summarize(pairs: list[dict], cores: float) -> dict:
             }
         )
     return {
+        "cores": cores,
         "pairs": pairs,
         "ratios": rows,
         "median": {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]},
@@ -137,6 +147,7 @@ def measure_serving_during_multicast(
             reqs = [server.new_request(p, params) for p in prompts]
             cpu0 = {n: processes_cpu_s([pid]) for n, pid in pids.items()}
             sched0 = schedstat_s(pids[HOT])
+            loop0 = schedstat_s(pids[HOT], main_only=True)[0]
             ctl0, start = time.process_time(), time.monotonic()
             for r in reqs:
                 await server.submit(r)
@@ -151,6 +162,7 @@ def measure_serving_during_multicast(
                 await asyncio.sleep(max(start + window_s - time.monotonic(), 0.0))
             cpu = {n: processes_cpu_s([pid]) - cpu0[n] for n, pid in pids.items()}
             on_cpu, waited = (a - b for a, b in zip(schedstat_s(pids[HOT]), sched0, strict=True))
+            loop = schedstat_s(pids[HOT], main_only=True)[0] - loop0
             controller = time.process_time() - ctl0
             end = start + window_s
             await server.wait_all(600)
@@ -170,6 +182,7 @@ def measure_serving_during_multicast(
                 "cores": round(cpu[HOT] / window_s, 3),
                 "on_cpu_cores": round(on_cpu / window_s, 3),
                 "runqueue_wait_cores": round(waited / window_s, 3),
+                "event_loop_cores": round(loop / window_s, 3),
                 "others_cores": round(sum(c for n, c in cpu.items() if n != HOT) / window_s, 3),
                 "controller_cores": round(controller / window_s, 3),
                 "load_average": round(os.getloadavg()[0], 2),
@@ -212,8 +225,9 @@ def measure_serving_during_multicast(
 
 def median_serving(rounds: list[dict]) -> dict | None:
     """The medians over every pair of every round holding a `serving` measurement (None if
-    none does)."""
-    rows = [row for r in rounds if "serving" in r for row in r["serving"]["ratios"]]
+    none does; each round's ratios derived again from its pairs)."""
+    got = [r["serving"] for r in rounds if "serving" in r]
+    rows = [row for g in got for row in summarize(g["pairs"], g.get("cores", 2.0))["ratios"]]
     if not rows:
         return None
     return {k: round(statistics.median(row[k] for row in rows), 4) for k in rows[0]}

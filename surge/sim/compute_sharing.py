@@ -42,6 +42,12 @@ on the cores left: share = E[min(B, c - n)] / B. With B >= c that is (c - a) / B
 share; with fewer endpoints than cores it is less (a hot source alone on 2 cores gets 0.83
 of a core, not 1, at a = 0.68: the wake-ups land on its core whenever the other one is
 taken). Measured: `benchmarks/sim_calibrate_serving.py` (calibration fix 12).
+
+Serving per core while transfers run (`SimSettings.serving_efficiency_in_transfers` e,
+default 1): while any block transfer is in flight on the host, every busy endpoint serves
+at e of its share (a serving agent's steps take more CPU each while the host moves blocks:
+measured as the hot agent's tokens per second of its engine threads' CPU with a multicast
+over alone, calibration fix 14).
 """
 
 import math
@@ -95,6 +101,7 @@ class ComputeSharing:
         send_cpu_cores: float = 0.0,
         receive_slowdown: float = 0.0,
         wakeups: bool = False,
+        efficiency_in_transfers: float = 1.0,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
@@ -109,6 +116,8 @@ class ComputeSharing:
         self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
         self.wakeups = wakeups and transfers_first
         """Transfers' CPU as wake-ups holding whole cores (`wakeup_share`), not a fluid."""
+        self.efficiency_in_transfers = efficiency_in_transfers if shared_cores else 1.0
+        """What a busy endpoint keeps of its share while transfers are in flight."""
         self.busy: dict[int, Instance] = {}
         """Busy endpoints by id."""
         self.transfers = 0
@@ -194,6 +203,8 @@ class ComputeSharing:
         for iid in sorted(self.busy):
             inst = self.busy[iid]
             mine = share * self.serving_fraction(inst) if self.sending else share
+            if self.transfers > 0:
+                mine *= self.efficiency_in_transfers
             if inst.share != mine:
                 inst.set_share(mine)
         if self.links_of_gpu is not None and self.shared_cores is not None:

@@ -97,6 +97,12 @@ class SimSettings:
     endpoints are busy than there are cores: a lone hot source loses part of its core even
     though the host has idle capacity (measured: `benchmarks/sim_calibrate_serving.py`,
     calibration fix 12). False: the fluid share."""
+    serving_efficiency_in_transfers: float = 1.0
+    """With `shared_cores`: while any block transfer is in flight on the host, every busy
+    endpoint serves at this fraction of its share (its steps take more CPU each while the
+    host moves blocks). Measured: the hot agent's tokens per CPU-second of its engine
+    threads during a multicast over alone (`benchmarks/sim_calibrate_serving.py`,
+    calibration fix 14). 1.0 (the default): no loss."""
     send_cost_s_per_gb: float = 0.0
     """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
     the endpoints on that node. While a node sends at B GB/s, its endpoints (and any
@@ -177,6 +183,10 @@ class SimSettings:
             raise SurgeError("serving_receive_slowdown must be 0 (off) or >= 1")
         if self.serving_receive_slowdown and not self.serving_transfers_shared:
             raise SurgeError("serving_receive_slowdown needs serving_transfers_shared")
+        if not 0 < self.serving_efficiency_in_transfers <= 1:
+            raise SurgeError("serving_efficiency_in_transfers must be in (0, 1]")
+        if self.serving_efficiency_in_transfers < 1 and self.shared_cores is None:
+            raise SurgeError("serving_efficiency_in_transfers needs shared_cores")
         if self.transfer_wakeups and not self.transfers_first:
             raise SurgeError("transfer_wakeups needs transfers_first")
         if self.send_cost_s_per_gb < 0:

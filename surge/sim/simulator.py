@@ -173,6 +173,7 @@ class Simulation:
             settings.send_cpu_cores,
             settings.serving_receive_slowdown,
             settings.transfer_wakeups,
+            settings.serving_efficiency_in_transfers,
         )
         self.router = Requests(
             world,

@@ -168,3 +168,42 @@ def test_the_serving_summary_compares_the_model_with_the_measured_cores():
     assert ratio["model_hot_cores_with_controller"] < ratio["model_hot_cores"]
     assert median_serving([{"engine": {}}]) is None
     assert median_serving([{"serving": got}, {"engine": {}}]) == got["median"]
+
+
+def test_fix_14_serves_at_the_measured_efficiency_only_while_transfers_run():
+    sharing = ComputeSharing(FlowNetwork(EventLoop()), 2.0, 0.11, efficiency_in_transfers=0.8)
+    hot = _Busy(0, (0,), 1.0)
+    sharing.on_busy(hot)
+    assert hot.share == 1.0
+    sharing.on_transfers(+2)
+    assert hot.share == pytest.approx(0.8)
+    sharing.on_transfers(-2)
+    assert hot.share == 1.0
+    with pytest.raises(SurgeError, match="serving_efficiency_in_transfers"):
+        SimSettings("c.json", ("m",), "lambdascale", serving_efficiency_in_transfers=0.9)
+
+
+def test_fix_14_takes_the_engine_threads_tokens_per_cpu_second_and_caps_it_at_1():
+    alone = {"tokens_per_s": 400.0, "cores": 1.0, "event_loop_cores": 0.05}
+    alone |= {"others_cores": 0.0, "controller_cores": 0.02}
+    slower = alone | {"tokens_per_s": 270.0, "cores": 0.8, "event_loop_cores": 0.08}
+    slower |= {"others_cores": 0.5}
+    got = summarize([{"multicast": slower, "alone": alone}], 2.0)
+    assert got["ratios"][0]["step_efficiency"] == pytest.approx((270 / 0.72) / (400 / 0.95), 1e-3)
+    profile, reals = _recorded()
+    rounds = rounds_of(json.loads(RECORDED.read_text()))
+    with_it = profile_of([*rounds, {"serving": got}], reals[1])
+    assert with_it["serving_efficiency_in_transfers"] == pytest.approx(0.8906, abs=1e-3)
+    faster = summarize([{"multicast": alone | {"others_cores": 0.5}, "alone": slower}], 2.0)
+    assert (
+        profile_of([*rounds, {"serving": faster}], reals[1])["serving_efficiency_in_transfers"]
+        == 1.0
+    )
+    assert profile["serving_efficiency_in_transfers"] is None
+    k1 = scenario_name(1, "execute_while_load")
+    by_fix = predict(with_it, reals, 2.0)[k1]["predicted_by_fix"]
+    assert (
+        by_fix["14_serving_efficiency"]["ttft_p50_s"] > by_fix["13_burst_shape_fit"]["ttft_p50_s"]
+    )
+    plain = predict(profile, reals, 2.0)[k1]["predicted_by_fix"]
+    assert plain["14_serving_efficiency"] == plain["13_burst_shape_fit"]
