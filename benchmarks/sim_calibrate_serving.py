@@ -16,11 +16,15 @@ controller's cores.
 Out: per pair and as medians, the hot agent's serving rate and cores during the multicast
 over alone, and what fix 12's model says of its cores from the CPU the others used
 (`wakeup_share` of one busy endpoint on the host's cores under that demand, times its
-cores alone). Measured on Nov 24 (load ~2.8 from other sessions): 244 vs 337 tokens/s,
-0.67 vs 0.88 cores, run-queue wait 0.67 vs 0.47 cores, others 0.53 cores: the hot agent
-loses its core to the transfers' wake-ups (it waits, runnable) though the host is not
-saturated; tokens per CPU-second barely move (364 vs 383) and neither do tokens per step
-(3.4: the runtime's batches refill one request at a time in both).
+cores alone). The quiet N=3 (Nov 24 11:35-11:43 UTC, 6 pairs,
+`sim_calibration_repeats_fix12.json`): with a multicast the hot agent ran on 0.62-0.84
+cores (alone 0.99-1.00) while the other agents used 0.54-1.08 and the controller 0.04-0.05
+(each round's first pair: 0.80-0.84 + 0.54-0.60 + 0.05 of the 2 cores, room left); its
+threads waited runnable 0.38-0.74 cores' worth (alone 0.04-0.23): it loses its core to the
+transfers' wake-ups. Fix 12's model from the others' CPU: 0.62-0.88
+cores, each pair within -10% to +6% of the measured. Tokens per engine CPU-second 0.96-0.98 of
+alone (fix 14), tokens per step 3.47-3.56 vs 3.53-3.61 (the runtime's batches refill one
+request at a time in both).
 """
 
 import asyncio
