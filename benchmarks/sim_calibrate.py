@@ -284,7 +284,8 @@ def main() -> None:
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     keys = ("repeats", "transfer_cores", "endpoint_open_s", "pipeline_open_s", "pipeline_speed")
     keys += ("send_cost_s_per_gb", "transfer_cores_serving", "serving_receive_slowdown")
-    keys += ("serving_during_multicast", "max_abs_relative_error", "all_within_tolerance")
+    keys += ("serving_during_multicast", "wakeups_queue_check")
+    keys += ("max_abs_relative_error", "all_within_tolerance")
     print(json.dumps({k: report[k] for k in (*keys, "runtime_max_spread_vs_median")}, indent=1))
 
 

@@ -38,6 +38,7 @@ def simulate_burst(
     serving_receive_slowdown: float = 0.0,
     transfer_wakeups: bool = False,
     efficiency_in_transfers: float = 1.0,
+    wakeups_queue: bool = False,
 ):
     """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
     from benchmarks.scale_burst import percentile
@@ -84,6 +85,10 @@ def simulate_burst(
         else 0.0,
         transfer_wakeups=transfer_wakeups and transfers_first and cores is not None,
         serving_efficiency_in_transfers=efficiency_in_transfers if cores is not None else 1.0,
+        transfer_wakeups_queue=wakeups_queue
+        and transfer_wakeups
+        and transfers_first
+        and cores is not None,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
@@ -116,21 +121,23 @@ FIXES = (
     #  the transfer CPU measured while K hot instances serve?, blocks into a serving agent
     #  at their measured slow-down?, the transfers' CPU as wake-ups holding whole cores?,
     #  the serving step's costs fitted at the burst's shapes?, serving per core measured
-    #  while transfers run?)
-    ("1_serving_step", False, False, 1, *(False,) * 10),
-    ("2_link_rate", True, False, 1, *(False,) * 10),
-    ("3_transfer_cpu", True, True, 1, *(False,) * 10),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 10),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 9),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 8),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 7),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 6),
-    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 5),
-    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 4),
-    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, *(False,) * 3),
-    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False, False),
-    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9, False),
-    ("14_serving_efficiency", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 10),
+    #  while transfers run?, the transfers' wake-ups queue behind serving threads when
+    #  those fill the cores?)
+    ("1_serving_step", False, False, 1, *(False,) * 11),
+    ("2_link_rate", True, False, 1, *(False,) * 11),
+    ("3_transfer_cpu", True, True, 1, *(False,) * 11),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 11),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 10),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 9),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 8),
+    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 7),
+    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 6),
+    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 5),
+    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, *(False,) * 4),
+    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False, False, False),
+    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9, False, False),
+    ("14_serving_efficiency", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 10, False),
+    ("15_wakeups_queue", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 11),
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -170,6 +177,7 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                 wakeups,
                 shaped,
                 efficient,
+                queued,
             ) in FIXES:
                 rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
                 # Fix 10: the transfer CPU measured during a burst (without that
@@ -197,6 +205,7 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                     wakeups,
                     # Fix 14: measured, or 1 (no loss) where no round has it.
                     (profile.get("serving_efficiency_in_transfers") or 1.0) if efficient else 1.0,
+                    queued,
                 )
                 steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
             out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}

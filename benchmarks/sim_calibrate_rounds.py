@@ -6,7 +6,8 @@ transport (`measure_transport`), endpoint opening (`measure_endpoint_open`), the
 (`measure_send_cost`), pipeline vs local serving (`measure_pipeline_serving`), the
 multicast while K hot instances serve (`measure_multicast_while_serving`), blocks into a
 serving vs an idle agent (`measure_receive_while_serving`), the hot source's serving with
-and without a multicast (`measure_serving_during_multicast`); a dict of
+and without a multicast (`measure_serving_during_multicast`), the K=2 multicast with and
+without pipelines serving on its receivers (`measure_queue`); a dict of
 their raw reports. `profile_of(rounds)` turns rounds into what `simulate_burst` takes: the
 field-wise medians (every round's raw numbers kept under `runs` / `rounds`) and the
 pipeline speed derived from them. A previous calibration's JSON reads back as its rounds
@@ -26,6 +27,7 @@ from benchmarks.sim_calibrate_measure import (
 )
 from benchmarks.sim_calibrate_pipeline import measure_pipeline_serving, profile_pipeline_vs_local
 from benchmarks.sim_calibrate_profile import burst_shape_costs
+from benchmarks.sim_calibrate_queue import measure_queue, median_queue
 from benchmarks.sim_calibrate_receive import measure_receive_while_serving, median_receive
 from benchmarks.sim_calibrate_send import measure_send_cost
 from benchmarks.sim_calibrate_serving import measure_serving_during_multicast, median_serving
@@ -65,6 +67,17 @@ def measure_round(
         ),
         ("receive", lambda: measure_receive_while_serving(model_mb, blocks, real)),
         ("serving", lambda: measure_serving_during_multicast(model_mb, blocks, real, cores)),
+        (
+            "queue",
+            lambda: measure_queue(
+                model_mb,
+                blocks,
+                real,
+                cores,
+                out["contention"].get("transfer_cores_serving")
+                or out["transport"]["transfer_cores"],
+            ),
+        ),
     )
     for name, measure in steps:
         t = time.monotonic()
@@ -106,6 +119,7 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
     contention = median_contention(rounds)
     receive = median_receive(rounds)
     serving = median_serving(rounds)
+    rounds_all = rounds
     rounds = [r for r in rounds if "engine" in r]
     engine = median_of([r["engine"] for r in rounds])
     transport = median_of([r["transport"] for r in rounds])
@@ -171,6 +185,11 @@ def profile_of(rounds: list[dict], real: dict) -> dict:
         "serving_efficiency_in_transfers": None
         if serving is None
         else min(1.0, serving["step_efficiency"]),
+        # Fix 15's check: the K=2 multicast while pipelines serve on its receivers over
+        # while only the hot sources serve, and the receivers' event loops' share of a
+        # core, measured beside fix 15's model (medians over every pair; None where no
+        # round measured it).
+        "wakeups_queue_check": median_queue(rounds_all),
     }
 
 

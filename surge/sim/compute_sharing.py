@@ -43,6 +43,20 @@ share; with fewer endpoints than cores it is less (a hot source alone on 2 cores
 of a core, not 1, at a = 0.68: the wake-ups land on its core whenever the other one is
 taken). Measured: `benchmarks/sim_calibrate_serving.py` (calibration fix 12).
 
+Wake-ups queue behind serving (`SimSettings.transfer_wakeups_queue`, with `transfer_wakeups`;
+calibration fix 15): the wake-ups go first only while a core is free for them. When the B
+busy endpoints (one serving thread's core each; a pipeline counts once, as its stages take
+turns) and the transfers' CPU a want more than the c cores, every core is held by a serving
+thread and a waking transfer waits in the run queue with them: processor sharing among
+everything runnable, s = c / (B + a). A block's CPU work at its ends (w = `transfer_cores`
+at the link's full rate) then takes 1/s as long, and every flow moves at
+1 / (1 + w * (1/s - 1)) of its rate (fix 9's end formula, host-wide: the 2 cores are shared
+by every agent). K=2 execute-while-load: 2 hot sources + 3 pipelines on the receivers, ~14
+transfers x 0.10 cores: s ~ 0.31, flows at ~0.82 (the runtime's multicast ran ~1.17x the
+simulated one); K=1 stop-the-world (1 endpoint + ~0.7 cores of wake-ups): no change.
+Measured: `benchmarks/sim_calibrate_queue.py` (the receivers' event loops' run-queue wait
+and the multicast's time with and without pipelines serving on them).
+
 Serving per core while transfers run (`SimSettings.serving_efficiency_in_transfers` e,
 default 1): while any block transfer is in flight on the host, every busy endpoint serves
 at e of its share (a serving agent's steps take more CPU each while the host moves blocks:
@@ -77,6 +91,16 @@ def cores_held(demand: float, cores: int) -> list[float]:
     return [p0 * t for t in terms]
 
 
+def queued_flow_speed(cores: float, busy: int, demand: float, transfer_cores: float) -> float:
+    """The speed of block flows whose wake-ups queue behind `busy` serving threads (module
+    docstring, calibration fix 15): 1 / (1 + transfer_cores * (1/s - 1)), s = min(1, cores /
+    (busy + demand)) the share of a runnable thread; 1.0 while busy + demand <= cores."""
+    runnable = busy + demand
+    if runnable <= cores:
+        return 1.0
+    return 1.0 / (1.0 + transfer_cores * (runnable / cores - 1.0))
+
+
 def wakeup_share(cores: float, busy: int, demand: float) -> float:
     """The share of one core each of `busy` single-threaded endpoints gets while wake-ups
     of `demand` cores run first on `cores` cores (rounded to whole cores, at least 1):
@@ -102,6 +126,7 @@ class ComputeSharing:
         receive_slowdown: float = 0.0,
         wakeups: bool = False,
         efficiency_in_transfers: float = 1.0,
+        wakeups_queue: bool = False,
     ) -> None:
         self.net = net
         self.shared_cores = shared_cores
@@ -116,6 +141,8 @@ class ComputeSharing:
         self.send_cost_s_per_gb = send_cost_s_per_gb if shared_cores is not None else 0.0
         self.wakeups = wakeups and transfers_first
         """Transfers' CPU as wake-ups holding whole cores (`wakeup_share`), not a fluid."""
+        self.wakeups_queue = wakeups_queue and self.wakeups
+        """Wake-ups wait in the run queue when serving fills the cores (`queued_flow_speed`)."""
         self.efficiency_in_transfers = efficiency_in_transfers if shared_cores else 1.0
         """What a busy endpoint keeps of its share while transfers are in flight."""
         self.busy: dict[int, Instance] = {}
@@ -157,7 +184,14 @@ class ComputeSharing:
         if not self.transfers_first:
             return self.share()
         demand = self.transfer_cores * self.transfers
-        return min(1.0, self.shared_cores / demand) if demand > 0 else 1.0
+        if demand <= 0:
+            return 1.0
+        speed = min(1.0, self.shared_cores / demand)
+        if self.wakeups_queue:
+            speed *= queued_flow_speed(
+                self.shared_cores, len(self.busy), demand * speed, self.transfer_cores
+            )
+        return speed
 
     def on_busy(self, inst: Instance) -> None:
         """`inst` turned busy or idle."""

@@ -97,6 +97,16 @@ class SimSettings:
     endpoints are busy than there are cores: a lone hot source loses part of its core even
     though the host has idle capacity (measured: `benchmarks/sim_calibrate_serving.py`,
     calibration fix 12). False: the fluid share."""
+    transfer_wakeups_queue: bool = False
+    """With `transfer_wakeups`: when the busy endpoints (one serving thread's core each; a
+    pipeline counts once) and the transfers' CPU want more cores than the host has, the
+    transfers' wake-ups no longer find a core at once: they wait in the run queue beside
+    the serving threads (processor sharing among everything runnable, share = cores /
+    (busy endpoints + transfer CPU)), so each block's CPU work at its ends takes 1/share
+    as long and every flow moves at 1 / (1 + transfer_cores x (1/share - 1)) of its rate
+    (`sim/compute_sharing.py` `queued_flow_speed`; checked by
+    `benchmarks/sim_calibrate_queue.py`, calibration fix 15). False: the wake-ups never
+    wait for serving threads."""
     serving_efficiency_in_transfers: float = 1.0
     """With `shared_cores`: while any block transfer is in flight on the host, every busy
     endpoint serves at this fraction of its share (its steps take more CPU each while the
@@ -189,6 +199,8 @@ class SimSettings:
             raise SurgeError("serving_efficiency_in_transfers needs shared_cores")
         if self.transfer_wakeups and not self.transfers_first:
             raise SurgeError("transfer_wakeups needs transfers_first")
+        if self.transfer_wakeups_queue and not self.transfer_wakeups:
+            raise SurgeError("transfer_wakeups_queue needs transfer_wakeups")
         if self.send_cost_s_per_gb < 0:
             raise SurgeError("send_cost_s_per_gb must be >= 0")
         if self.send_cost_s_per_gb > 0 and self.shared_cores is None:

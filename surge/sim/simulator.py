@@ -174,6 +174,7 @@ class Simulation:
             settings.serving_receive_slowdown,
             settings.transfer_wakeups,
             settings.serving_efficiency_in_transfers,
+            settings.transfer_wakeups_queue,
         )
         self.router = Requests(
             world,
