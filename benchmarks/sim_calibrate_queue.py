@@ -28,9 +28,9 @@ from pathlib import Path
 
 PAIRS = 2
 """(served, hot_only) pairs per round."""
-REQUESTS_FACTOR = 2
+REQUESTS_FACTOR = 4
 """Each server's burst is this many times the benchmark's requests: serving outlasts the
-multicast."""
+multicast (two hot sources serve 2x the burst in ~1.3 s on a quiet host)."""
 SOURCES = 2
 
 
@@ -153,10 +153,10 @@ def measure_queue(
             unfinished = sum(1 for _, r in reqs if r.done_t is None)
             await hot_server.wait_all(600)
             await pipe_server.wait_all(600)
-            if unfinished == 0:
-                raise RuntimeError("the bursts ended inside the multicast: serve more requests")
             return {
                 "window_s": round(window_s, 3),
+                # 0: the serving ended inside the multicast (then it did not serve throughout)
+                "requests_left_at_end": unfinished,
                 "receivers_loop_cores": round(on_cpu / window_s, 3),
                 "receivers_loop_wait_cores": round(waited / window_s, 3),
                 "receivers_loop_share": round(on_cpu / max(on_cpu + waited, 1e-9), 4),
@@ -218,7 +218,7 @@ def measure_queue(
 def median_queue(rounds: list[dict]) -> dict | None:
     """The medians over every pair of every round holding a `queue` measurement (None if
     none does; each round's ratios derived again from its pairs)."""
-    got = [r["queue"] for r in rounds if "queue" in r]
+    got = [r["queue"] for r in rounds if "pairs" in r.get("queue", {})]
     rows = [
         row
         for g in got

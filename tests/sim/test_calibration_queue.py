@@ -132,3 +132,37 @@ def test_loop_schedstat_counts_this_main_thread():
         pass
     cpu1, wait1, slices1 = loop_schedstat(os.getpid())
     assert cpu1 - cpu0 >= 0.04 and wait1 >= 0 and slices1 >= slices0
+
+
+STUB = {"transfer_cores_serving": 0.1, "send_cpu_s_per_gb": 0.5}
+
+
+def test_a_failed_queue_check_does_not_end_the_round(monkeypatch):
+    import benchmarks.sim_calibrate_rounds as rounds_mod
+
+    names = (
+        "measure_engine", "measure_transport", "measure_endpoint_open", "measure_send_cost",
+        "measure_pipeline_serving", "measure_multicast_while_serving",
+        "measure_receive_while_serving", "measure_serving_during_multicast",
+    )  # fmt: skip
+    for name in names:
+        monkeypatch.setattr(rounds_mod, name, lambda *a, **k: dict(STUB))
+    seen = []
+
+    def failing(*args):
+        seen.append(args)
+        raise RuntimeError("the multicast of c0 did not complete")
+
+    monkeypatch.setattr(rounds_mod, "measure_queue", failing)
+    real = {"blocks": 16}
+    got = rounds_mod.measure_round(64, real, 1, 3)
+    assert "did not complete" in got["queue"]["error"] and seen[0][4] == 0.1
+    assert got["engine"] == STUB
+    assert median_queue([got]) is None
+
+    def engine_fails(*args):
+        raise RuntimeError("engine")
+
+    monkeypatch.setattr(rounds_mod, "measure_engine", engine_fails)
+    with pytest.raises(RuntimeError, match="engine"):
+        rounds_mod.measure_round(64, real, 1, 3)
