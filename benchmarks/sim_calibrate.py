@@ -55,7 +55,11 @@
    agent with and without a multicast, its cores and run-queue wait, against the model's
    cores from the others' measured CPU). Fix 13: the serving step's costs fitted at the
    burst's shapes only (`sim_calibrate_profile.burst_shape_costs`: decode batches up to
-   the batch limit), and the pipeline speed against that model.
+   the batch limit), and the pipeline speed against that model. Fix 15
+   (`SimSettings.transfer_wakeups_queue`): when serving threads and the transfers' CPU want
+   more than the cores, the wake-ups queue with the serving threads and the flows slow (no
+   new parameter); the round checks it (`sim_calibrate_queue.py`: the K=2 multicast with
+   and without pipelines serving on its receivers, their event loops' run-queue wait).
 8. Compares predicted vs measured TTFT p50/p90 and writes
    `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
    `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,
