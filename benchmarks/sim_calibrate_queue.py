@@ -10,7 +10,8 @@ order, into the others' gpu tier, nothing opened). The plan's execution pipeline
 on the receivers over `m`. `PAIRS` pairs, alternating: a multicast while the hot sources
 AND the pipelines serve ("served": the K=2 execute-while-load burst once its pipelines
 opened) and a multicast while only the hot sources serve ("hot_only": stop-the-world).
-Per run, over the multicast's window: its time, the agents' CPU cores, the receivers'
+Per run, over the multicast's window: its time, the tokens/s the hot sources and the
+pipelines served (the controller's receipt times), the agents' CPU cores, the receivers'
 event loops' (main threads') on-CPU and run-queue wait (`/proc/PID/task/PID/schedstat`:
 their transfers' wake-ups waiting for a core) and the controller's cores.
 Out: per pair and as medians, the multicast's time served / hot_only, the receivers' event
@@ -153,10 +154,20 @@ def measure_queue(
             unfinished = sum(1 for _, r in reqs if r.done_t is None)
             await hot_server.wait_all(600)
             await pipe_server.wait_all(600)
+            end = start + window_s
+            tokens = {
+                server: sum(
+                    start <= t <= end for x, r in reqs if x is server for t in r.token_times
+                )
+                for server in (hot_server, pipe_server)
+            }
             return {
                 "window_s": round(window_s, 3),
                 # 0: the serving ended inside the multicast (then it did not serve throughout)
                 "requests_left_at_end": unfinished,
+                # the controller's receipt times: serving while the multicast ran
+                "hot_tokens_per_s": round(tokens[hot_server] / window_s, 1),
+                "pipelines_tokens_per_s": round(tokens[pipe_server] / window_s, 1),
                 "receivers_loop_cores": round(on_cpu / window_s, 3),
                 "receivers_loop_wait_cores": round(waited / window_s, 3),
                 "receivers_loop_share": round(on_cpu / max(on_cpu + waited, 1e-9), 4),
@@ -165,7 +176,7 @@ def measure_queue(
                 "receivers_loop_cpu_per_slice_ms": round(1e3 * on_cpu / max(slices, 1), 3),
                 "sources_cores": round(sum(cpu[n] for n in range(SOURCES)) / window_s, 3),
                 "receivers_cores": round(sum(cpu[n] for n in receivers) / window_s, 3),
-                "controller_cores": round(controller / (time.monotonic() - start), 3),
+                "controller_cores": round(controller / window_s, 3),
                 "load_average": round(__import__("os").getloadavg()[0], 2),
             }
 
