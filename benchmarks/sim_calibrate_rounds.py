@@ -76,8 +76,7 @@ def measure_round(
                 blocks,
                 real,
                 cores,
-                out["contention"].get("transfer_cores_serving")
-                or out["transport"]["transfer_cores"],
+                queue_transfer_cores(out),
                 QUEUE_PAIRS,
             ),
         ),
@@ -94,6 +93,13 @@ def measure_round(
             out[name] = {"error": repr(e)}
         log.info("  profile: %s measured (%.0f s)", name, time.monotonic() - t)
     return out
+
+
+def queue_transfer_cores(out: dict) -> float:
+    """Fix 15's check's transfer CPU: this round's K=2 contention measurement (per K, keys
+    "1", "2"), else its standalone transport's."""
+    per_k = out.get("contention", {}).get("transfer_cores_serving") or {}
+    return per_k.get("2") or out["transport"]["transfer_cores"]
 
 
 def median_of(runs: list[dict]) -> dict:

@@ -134,7 +134,11 @@ def test_loop_schedstat_counts_this_main_thread():
     assert cpu1 - cpu0 >= 0.04 and wait1 >= 0 and slices1 >= slices0
 
 
-STUB = {"transfer_cores_serving": 0.1, "send_cpu_s_per_gb": 0.5}
+STUB = {
+    "transfer_cores_serving": {"1": 0.09, "2": 0.1},  # per K, as the contention step's
+    "transfer_cores": 0.2,
+    "send_cpu_s_per_gb": 0.5,
+}
 
 
 def test_a_failed_queue_check_does_not_end_the_round(monkeypatch):
@@ -159,6 +163,9 @@ def test_a_failed_queue_check_does_not_end_the_round(monkeypatch):
     assert "did not complete" in got["queue"]["error"] and seen[0][4] == 0.1
     assert got["engine"] == STUB
     assert median_queue([got]) is None
+    recorded = rounds_of(json.loads(RECORDED.read_text()))[0]
+    assert rounds_mod.queue_transfer_cores(recorded) == 0.1014  # its K=2 contention
+    assert rounds_mod.queue_transfer_cores({"transport": {"transfer_cores": 0.2}}) == 0.2
 
     def engine_fails(*args):
         raise RuntimeError("engine")
