@@ -3,7 +3,6 @@
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import socket
 import struct
@@ -20,6 +19,7 @@ from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockReply, ChecksumsOp, StatusOp, ok_header
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import AuthError, connect
+from surge.wire import encode_frame
 from tests.runtime.conftest import MODEL, connected
 
 
@@ -242,8 +242,7 @@ def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet(
         loop.sock_recv_into = counting_recv_into  # type: ignore[method-assign]
         try:
             payload = bytes(range(256)) * (payload_bytes // 256) + b"z" * (payload_bytes % 256)
-            head = json.dumps({"ok": True, "length": payload_bytes}).encode()
-            frame = struct.pack(">I", len(head)) + head + payload
+            frame = encode_frame(ok_header(BlockReply(model="m", block=0)), payload)
             receiving = asyncio.create_task(conn.recv())
             for start in range(0, len(frame), piece_bytes):  # ~8 KB every 0.2 ms
                 a.sendall(frame[start : start + piece_bytes])
@@ -254,8 +253,7 @@ def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet(
             t = time.monotonic()
             second = asyncio.create_task(conn.recv())
             await asyncio.sleep(0.05)
-            head = json.dumps({"ok": True, "length": 0}).encode()
-            a.sendall(struct.pack(">I", len(head)) + head)
+            a.sendall(encode_frame(ok_header(BlockReply(model="m", block=1))))
             await asyncio.wait_for(second, 5)
             return payload_calls, bytes(got), conn._recv_lowat, time.monotonic() - t
         finally:
@@ -292,8 +290,7 @@ def test_chunk_observer_sees_every_read_of_a_payload_at_its_offset() -> None:
 
         try:
             payload = os.urandom(700_000)
-            head = json.dumps({"ok": True, "length": len(payload)}).encode()
-            frame = struct.pack(">I", len(head)) + head + payload
+            frame = encode_frame(ok_header(BlockReply(model="m", block=0)), payload)
             receiving = asyncio.create_task(conn.recv(on_chunk=observe))
             for start in range(0, len(frame), 100_000):
                 a.sendall(frame[start : start + 100_000])
