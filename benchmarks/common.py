@@ -79,6 +79,20 @@ def registry_model(tmp: Path, cfg: TinyModelConfig, num_blocks: int) -> Manifest
     return read_manifest(tmp / "reg" / "m")
 
 
+def burst_cluster_config(
+    num_nodes: int, link_gbps: float, max_num_seqs: int, tmp: Path
+) -> LocalClusterConfig:
+    """The calibration steps' cluster: the burst's link cap and batch, its KV budget, the
+    registry `registry_model` made under `tmp`."""
+    return LocalClusterConfig(
+        num_nodes=num_nodes,
+        link_gbps=link_gbps,
+        max_num_seqs=max_num_seqs,
+        max_kv_tokens=2048,
+        remote_dir=tmp / "reg",
+    )
+
+
 def seed_disk(
     cluster: LocalCluster, node: int, model: str, store: Path, manifest: Manifest
 ) -> None:

@@ -75,12 +75,12 @@ def measure_multicast_while_serving(
 ) -> dict:
     """One run per K in `ks`: the multicast during a burst on K hot instances (see the
     module docstring); `send_cpu_s_per_gb` from the send profile of the same round."""
-    from benchmarks.common import model_config, registry_model, seed_disk
+    from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launcher import LocalCluster
     from surge.runtime.multicast import MulticastExecutor
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.server import Server
@@ -163,13 +163,7 @@ def measure_multicast_while_serving(
         tmp = Path(tmp)
         manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         for k in ks:
-            ccfg = LocalClusterConfig(
-                num_nodes=nodes,
-                link_gbps=real["link_gbps"],
-                max_num_seqs=batch,
-                max_kv_tokens=2048,
-                remote_dir=tmp / "reg",
-            )
+            ccfg = burst_cluster_config(nodes, real["link_gbps"], batch, tmp)
             with LocalCluster(ccfg) as cluster:
                 for n in range(k):
                     seed_disk(cluster, n, "m", tmp / "reg" / "m", manifest)

@@ -287,12 +287,12 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
     (`/proc`, clock ticks). The CPU seconds are the cost with the cores free: the wall
     time on this shared machine also holds everyone else's work (other sessions' too),
     which the simulator's processor sharing (`shared_cores`) adds on its own."""
-    from benchmarks.common import model_config, registry_model, seed_disk
+    from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launcher import LocalCluster
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.scaleout.context import stage_layers
     from surge.runtime.server import Server
@@ -353,13 +353,7 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
         tmp = Path(tmp)
         manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         for _ in range(reps):
-            ccfg = LocalClusterConfig(
-                num_nodes=nodes,
-                link_gbps=real["link_gbps"],
-                max_num_seqs=batch,
-                max_kv_tokens=2048,
-                remote_dir=tmp / "reg",
-            )
+            ccfg = burst_cluster_config(nodes, real["link_gbps"], batch, tmp)
             with LocalCluster(ccfg) as cluster:
                 for n in range(nodes):
                     seed_disk(cluster, n, "m", tmp / "reg" / "m", manifest)

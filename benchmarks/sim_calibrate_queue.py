@@ -95,13 +95,13 @@ def measure_queue(
     pairs: int = PAIRS,
 ) -> dict:
     """`pairs` (served, hot_only) multicasts (module docstring)."""
-    from benchmarks.common import model_config, registry_model, seed_disk
+    from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launcher import LocalCluster
     from surge.runtime.multicast import MulticastExecutor
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.scaleout.context import stage_layers
@@ -209,13 +209,7 @@ def measure_queue(
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
-        ccfg = LocalClusterConfig(
-            num_nodes=nodes,
-            link_gbps=real["link_gbps"],
-            max_num_seqs=batch,
-            max_kv_tokens=2048,
-            remote_dir=tmp / "reg",
-        )
+        ccfg = burst_cluster_config(nodes, real["link_gbps"], batch, tmp)
         with LocalCluster(ccfg) as cluster:
             for n in range(nodes):
                 seed_disk(cluster, n, "m", tmp / "reg" / "m", manifest)

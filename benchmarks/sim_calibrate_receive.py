@@ -60,11 +60,11 @@ def median_receive(rounds: list[dict]) -> float | None:
 
 def measure_receive_while_serving(model_mb: float, blocks: int, real: dict) -> dict:
     """The control pair, then `PAIRS` pairs during a burst on the two hot instances."""
-    from benchmarks.common import model_config, registry_model, seed_disk
+    from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.runtime.endpoints import LocalEndpoint
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launcher import LocalCluster
     from surge.runtime.multicast import MulticastExecutor
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.server import Server
@@ -128,13 +128,7 @@ def measure_receive_while_serving(model_mb: float, blocks: int, real: dict) -> d
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
-        ccfg = LocalClusterConfig(
-            num_nodes=5,
-            link_gbps=real["link_gbps"],
-            max_num_seqs=real["max_num_seqs"],
-            max_kv_tokens=2048,
-            remote_dir=tmp / "reg",
-        )
+        ccfg = burst_cluster_config(5, real["link_gbps"], real["max_num_seqs"], tmp)
         with LocalCluster(ccfg) as cluster:
             for n in (*HOT, *SENDERS):
                 for name in ("m", *copies) if n in SENDERS else ("m",):

@@ -34,12 +34,12 @@ the benchmark's 64 requests ended inside it ("send less")."""
 def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> dict:
     """Agent 0's CPU per GB sent and its serving rate lost per GB/s sent (medians of
     `reps` rounds)."""
-    from benchmarks.common import model_config, registry_model, seed_disk
+    from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launcher import LocalCluster
     from surge.runtime.multicast import MulticastExecutor
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.server import Server
@@ -116,13 +116,7 @@ def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> di
         tmp = Path(tmp)
         manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
         for _ in range(reps):
-            ccfg = LocalClusterConfig(
-                num_nodes=1 + RECEIVERS,
-                link_gbps=real["link_gbps"],
-                max_num_seqs=batch,
-                max_kv_tokens=2048,
-                remote_dir=tmp / "reg",
-            )
+            ccfg = burst_cluster_config(1 + RECEIVERS, real["link_gbps"], batch, tmp)
             with LocalCluster(ccfg) as cluster:
                 seed_disk(cluster, 0, "m", tmp / "reg" / "m", manifest)
                 rounds.append(asyncio.run(one_round(cluster, manifest)))

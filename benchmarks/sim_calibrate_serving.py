@@ -115,12 +115,12 @@ def measure_serving_during_multicast(
     model_mb: float, blocks: int, real: dict, cores: float, pairs: int = PAIRS
 ) -> dict:
     """`pairs` (multicast, alone) bursts on the K=1 hot agent (module docstring)."""
-    from benchmarks.common import model_config, registry_model, seed_disk
+    from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
     from benchmarks.sim_calibrate_measure import _burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launcher import LocalCluster
     from surge.runtime.multicast import MulticastExecutor
     from surge.runtime.protocol import LoadOp, RegisterOp, TokenGenerated
     from surge.runtime.server import Server
@@ -213,13 +213,7 @@ def measure_serving_during_multicast(
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         manifest = registry_model(tmp, model_config(model_mb, blocks), blocks)
-        ccfg = LocalClusterConfig(
-            num_nodes=nodes,
-            link_gbps=real["link_gbps"],
-            max_num_seqs=batch,
-            max_kv_tokens=2048,
-            remote_dir=tmp / "reg",
-        )
+        ccfg = burst_cluster_config(nodes, real["link_gbps"], batch, tmp)
         with LocalCluster(ccfg) as cluster:
             for name in ("m", *copies):
                 seed_disk(cluster, HOT, name, tmp / "reg" / "m", manifest)
