@@ -4,12 +4,14 @@ What flows (paper 003 §6): every autoscaler tick calls `tick` for each deployme
 system's `group_sizing` is `flexpipe`; at most every `decision_interval_s` it takes the
 arrivals of the last `cv_window_s` (the deployment's `Server` keeps them) to
 `flexpipe_system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
-deployment's `FlexPipeRecord`). Each serving `FlexPipeline` that
-`flexpipe_system.groups_to_refactor` names (at another stage count, not draining) is
-re-cut: `choose_stages` keeps its first nodes and places new stages on free slots (Eq. 6),
-their slots are booked (`Deployment.instances`, the pipeline as their endpoint), and
-`runtime.refactor.refactor_pipeline` splits or merges it in flight (K/V follows the layers,
-Eq. 10). Slots the pipeline no longer uses are released afterwards; on a failure the booked
+deployment's `FlexPipeRecord`), capped by `flexpipe_system.useful_stages` (the model's
+load time over this cluster's link against the hops of the waiting requests' tokens). Each
+serving `FlexPipeline` that `flexpipe_system.group_refactors` names (split while requests
+wait, merged to what holds its load while none does) is re-cut: `choose_stages` keeps its
+first nodes and places new stages on free slots (Eq. 6), their slots are booked
+(`Deployment.instances`, the pipeline as their endpoint), and
+`runtime.refactor.refactor_pipeline` splits or merges it in flight (K/V follows the
+layers, Eq. 10). Slots the pipeline no longer uses are released afterwards; on a failure the booked
 ones are. `surge_pipeline_refactors_total{model,direction}` counts refactorings and
 `describe_flexpipe` is the deployment status' `flexpipe` entry (`surge status`). Slots of a
 pipeline that failed or was retired (an agent died) are released here too, so the
@@ -38,9 +40,10 @@ from surge.policy.flexpipe_system import (
     arrivals_in_window,
     choose_num_stages,
     choose_stages,
-    groups_to_refactor,
+    group_refactors,
     pipeline_autoscale,
     pipeline_target,
+    useful_stages,
 )
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
@@ -50,6 +53,7 @@ from surge.runtime.scaleout.context import DEFAULT_FETCH_GBPS
 from surge.runtime.scaleout.flexpipe import (
     free_slots,
     layer_profile,
+    load_seconds,
     micro_batches,
     profile_stages,
 )
@@ -67,7 +71,8 @@ class FlexPipeRecord:
     cv: float = 0.0
     """The last CV sample (inter-arrival times of the window)."""
     num_stages: int | None = None
-    """The stage count chosen last."""
+    """The finest stage count chosen last: Eq. 4's for the CV, at most `useful_stages`
+    (what busy groups split to while requests wait)."""
     refactors: dict[str, int] = field(default_factory=lambda: {"split": 0, "merge": 0})
     """Refactorings that completed, by direction."""
     failed_refactors: int = 0
@@ -88,7 +93,7 @@ def flexpipe_autoscale(dep: Deployment, base: AutoscaleSettings) -> AutoscaleSet
     if not is_flexpipe(dep):
         return base
     busy = [
-        min(len(e.stages), e.num_micro_batches)
+        e.num_stages
         for e in dep.server.endpoints.values()
         if isinstance(e, FlexPipeline) and not e.failed
     ]
@@ -139,8 +144,7 @@ class FlexPipeControl:
         await self._reap(dep, rec)
         for e in list(dep.server.endpoints.values()):  # what the `pack` router fills each up to
             if isinstance(e, FlexPipeline):
-                busy = min(len(e.stages), e.num_micro_batches)
-                e.route_target = pipeline_target(dep.spec.autoscaling, busy)
+                e.route_target = pipeline_target(dep.spec.autoscaling, e.num_stages)
                 if not e.failed and not e.refactoring:
                     await e.settle_kv()  # head engines that drained give their KV back
         system = serve_system(dep.spec.strategy)
@@ -154,12 +158,23 @@ class FlexPipeControl:
         profile = layer_profile(dep.manifest, system, pipes[0] if pipes else None)
         arrivals = arrivals_in_window(tuple(dep.server.arrivals), now_s, settings)
         rec.cv = cv_of_arrivals(arrivals)
-        rec.num_stages, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)
+        eq4, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)
+        queue = dep.server.queue
+        steps = sum(r.params.max_tokens for r in queue) / len(queue) if queue else None
+        useful = useful_stages(
+            load_seconds(dep.manifest, self.link_gbps),
+            profile.hop_s,
+            steps or settings.default_decode_steps,
+            profile.num_layers,
+            settings,
+        )
+        rec.num_stages = min(eq4, useful)
         views = [
             GroupView(i, len(p.stages), p.outstanding, p.refactoring) for i, p in enumerate(pipes)
         ]
-        for i in groups_to_refactor(views, rec.num_stages, len(dep.server.queue)):
-            pipe = pipes[i]
+        base = dep.spec.autoscaling
+        for cut in group_refactors(views, rec.num_stages, len(queue), base, settings):
+            pipe = pipes[cut.group_id]
             kept = [n for n, _, _ in pipe.stages]
             free = [
                 n
@@ -168,7 +183,7 @@ class FlexPipeControl:
             ]
             choice = choose_stages(
                 profile,
-                rec.num_stages,
+                cut.num_stages,
                 kept,
                 free_slots(free, dep.manifest),
                 rec.cv,

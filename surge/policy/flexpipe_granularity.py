@@ -203,11 +203,15 @@ def choose_scaling_granularity(
     stage_throughput_rps: float,
     num_requests: int,
     settings: ScalingSettings,
+    max_start: int | None = None,
 ) -> ScalingDecision:
-    """Eq. 11's m_j, then the smallest m >= m_j up to G_max meeting Eq. 12, where an m-stage
-    scale-out starts in S_j(m) = fixed_init_s + model_load_s / m (each stage loads 1/m of the
-    model in parallel) and its m expanded stages give μ_jk = stage_throughput_rps each."""
+    """Eq. 11's m_j (at most `max_start`, when given), then the smallest m >= that up to
+    G_max meeting Eq. 12, where an m-stage scale-out starts in S_j(m) = fixed_init_s +
+    model_load_s / m (each stage loads 1/m of the model in parallel) and its m expanded
+    stages give μ_jk = stage_throughput_rps each."""
     start = min(scaling_granularity(cv, queue_length, settings), settings.max_granularity)
+    if max_start is not None:
+        start = max(1, min(start, max_start))
     for m in range(start, settings.max_granularity + 1):
         init_s = fixed_init_s + model_load_s / m
         if meets_scaling_slo(

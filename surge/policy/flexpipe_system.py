@@ -5,12 +5,16 @@ arrival times, free slots (GPUs) and a `FlexPipeSettings`. Out:
 - `choose_num_stages`: the number of stages from the arrivals' CV (§6.1 Eq. 4, through
   `flexpipe_granularity.update_granularity`, state passed in and returned), over
   candidates whose throughput and latency come from the layer profile;
+- `useful_stages`: the finest stage count worth having (§7 ①): each of m stages loads
+  1/m of the model, but every decode step pays m − 1 more hops;
 - `scale_out_num_stages`: the stages of a NEW instance (§7 Eq. 11/12): finer when the
-  queue is long and the traffic bursty, and fine enough to meet the TTFT deadline;
+  queue is long and the traffic bursty (never finer than `useful_stages`), and fine
+  enough to meet the TTFT deadline;
 - `stage_layers`: the layers of each stage (§5 Eq. 2, `flexpipe_partition.partition_model`);
 - `place_stages`, `place_new_group` (from `flexpipe_place`): the slot of each stage (§6.2
   Eq. 6), and a new group's slots by §7 Eq. 13's affinity first;
-- `groups_to_refactor`: which groups a new granularity re-cuts (not draining ones), and
+- `group_refactors`: which serving groups to re-cut and to how many stages (split under
+  a queue to Eq. 4's choice, merge to what holds their load when none waits), and
   `pipeline_target`: what the `pack` router fills a group up to;
 - `refactor`: the layer moves and KV copies that turn the running stages into the chosen
   ones (§6 Fig. 6, Eq. 10, `flexpipe_refactor.plan_refactor`).
@@ -77,6 +81,10 @@ class FlexPipeSettings:
     G_max − 1, so a steady model with no queue scales out as one coarse stage (m = 1 at
     cv·q̂ = 0) and m reaches G_max/2 near cv·q̂ = 1 (γ = 2)."""
 
+    default_decode_steps: int = 128
+    """Decode steps of a typical request, for `useful_stages` when no request waits to
+    tell (ours: §9's 128-token outputs)."""
+
     def __post_init__(self) -> None:
         if not self.stage_counts or len(self.stage_counts) != len(self.cv_targets):
             raise SurgeError("give one CV target per stage count")
@@ -84,8 +92,8 @@ class FlexPipeSettings:
             raise SurgeError("stage counts must be >= 1 and ascending (coarse to fine)")
         if not (self.cv_window_s > 0 and self.decision_interval_s > 0):
             raise SurgeError("cv_window_s and decision_interval_s must be > 0")
-        if self.min_group_kv_tokens < 1:
-            raise SurgeError("min_group_kv_tokens must be >= 1")
+        if self.min_group_kv_tokens < 1 or self.default_decode_steps < 1:
+            raise SurgeError("min_group_kv_tokens and default_decode_steps must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,27 @@ def choose_num_stages(
     return cands[new.current].num_stages, new
 
 
+def useful_stages(
+    model_load_s: float,
+    hop_s: float,
+    decode_steps: float,
+    num_layers: int,
+    settings: FlexPipeSettings,
+) -> int:
+    """§7 ①: "fine-grained scaling (stage-level) reduces cold-start time but increases
+    communication overhead". The stage count of `stage_counts` (at most `num_layers`) that
+    brings a waiting request soonest to its last token: its m stages load 1/m of the model
+    each, in parallel (`model_load_s` / m), and each of its `decode_steps` steps then pays
+    m − 1 activation hops (`hop_s`). Ties go to the coarser (fewer GPUs). Finer than this,
+    the hops cost more than the faster start saves."""
+    counts = [c for c in settings.stage_counts if c <= num_layers] or [1]
+
+    def cost(m: int) -> float:
+        return model_load_s / m + (m - 1) * hop_s * decode_steps
+
+    return min(counts, key=lambda m: (cost(m), m))
+
+
 def scale_out_num_stages(
     arrival_times_s: Sequence[float],
     queue_length: int,
@@ -152,17 +181,22 @@ def scale_out_num_stages(
     deadline_s: float,
     model_load_s: float,
     settings: FlexPipeSettings,
+    decode_steps: float | None = None,
 ) -> int:
     """§7: stages of a new instance. Eq. 11 gives m from the arrivals' CV times the
-    normalised queue; Eq. 12 raises m until (T − S(m)) Σ_k μ_k covers the queue within the
-    TTFT deadline T, where S(m) = `model_load_s` / m (each of m stages loads 1/m of the
-    model in parallel, §7) and each stage adds μ = 1 / (one whole-model prefill) requests/s
-    (a pipeline of m stages keeps m micro-batches in flight). Eq. 12's r_j is read as one
-    request per queued one (Σμ (T − S) >= Q). The result is rounded up to a granularity of
-    `stage_counts` (the ones the refactoring moves between) and is never coarser than Eq.
-    4's choice for the same arrivals with a fresh state."""
-    eq4, _ = choose_num_stages(arrival_times_s, profile, GranularityState(), settings)
+    normalised queue, at most `useful_stages` (for requests of `decode_steps` steps;
+    `settings.default_decode_steps` when None); Eq. 12 then raises m until (T − S(m))
+    Σ_k μ_k covers the queue within the TTFT deadline T, where S(m) = `model_load_s` / m
+    (each of m stages loads 1/m of the model in parallel, §7) and each stage adds μ = 1 /
+    (one whole-model prefill) requests/s (a pipeline of m stages keeps m micro-batches in
+    flight). Eq. 12's r_j is read as one request per queued one (Σμ (T − S) >= Q): the
+    deadline outranks the hops. The result is rounded up to a granularity of
+    `stage_counts` (the ones the refactoring moves between). Eq. 4's CV choice shapes the
+    serving groups (`group_refactors`), not new ones: a new group starts at the granularity
+    that serves its queue soonest, and the loop re-cuts it once it serves."""
     finest = min(max(settings.stage_counts), profile.num_layers)
+    steps = settings.default_decode_steps if decode_steps is None else decode_steps
+    useful = useful_stages(model_load_s, profile.hop_s, steps, profile.num_layers, settings)
     scaling = settings.scaling
     if scaling.max_granularity > finest:
         scaling = replace(scaling, max_granularity=finest)
@@ -175,8 +209,10 @@ def scale_out_num_stages(
         stage_throughput_rps=1.0 / max(profile.num_layers * profile.prefill_s, 1e-9),
         num_requests=1,
         settings=scaling,
+        max_start=useful,
     )
-    wanted = max(eq4, decision.num_stages)
+    eq4, _ = choose_num_stages(arrival_times_s, profile, GranularityState(), settings)
+    wanted = max(decision.num_stages, min(eq4, useful))
     return min((c for c in settings.stage_counts if c >= wanted), default=finest)
 
 
@@ -242,25 +278,56 @@ class GroupView:
     """A refactoring of it is under way."""
 
 
-def groups_to_refactor(
-    groups: Sequence[GroupView], num_stages: int, queued: int
-) -> tuple[int, ...]:
-    """§6: the ids of the groups to re-cut to `num_stages` (Eq. 4's choice). Only those
-    that need it: a group already at `num_stages`, or one being refactored, is left as it
-    is, and so is a draining group, one with no request while nothing waits at the router
-    (`queued`): the `pack` router sends it nothing and the autoscaler releases it after its
-    downscale delay, so re-cutting it would only move layers (and, on a split, take GPUs)
-    for a group about to go. When every group is idle, the one the router fills next (the
-    lowest id) is not draining: it serves the next request and is cut for it."""
+@dataclass(frozen=True)
+class Recut:
+    """One serving group to re-cut."""
+
+    group_id: int
+    num_stages: int
+    """Its stages after the refactoring."""
+
+
+def group_refactors(
+    groups: Sequence[GroupView],
+    finest_stages: int,
+    queued: int,
+    base: AutoscaleSettings,
+    settings: FlexPipeSettings,
+) -> tuple[Recut, ...]:
+    """§6 / §7 Fig. 7: the serving groups to re-cut, in `groups` order. `finest_stages` is
+    Eq. 4's choice for the arrivals' CV, at most `useful_stages`.
+    - Split: while requests wait at the router (`queued` > 0: every group is past its
+      target, `policy.router` `pack`), a busy group coarser than `finest_stages` splits to
+      it: more stages on more GPUs, each loading a slice, take more requests at once.
+    - Merge: while none waits, a busy group finer than the coarsest stage count whose
+      `pipeline_target` holds its requests merges to that ("after traffic changes, it
+      modifies to a coarser granularity pipeline stage with fewer additional overheads",
+      Fig. 7): fewer hops for every step, and the GPUs it frees go back.
+    - An idle group is draining (the `pack` router sends it nothing; the autoscaler
+      releases it) and is left as it is, unless every group is idle: the one the router
+      fills next (the lowest id) merges to the coarsest, as it serves the next request.
+    A group being refactored is left alone."""
+    counts = sorted(settings.stage_counts)
+
+    def holding(outstanding: int) -> int:
+        fits = [c for c in counts if pipeline_target(base, c) >= outstanding]
+        return fits[0] if fits else counts[-1]
+
     idle = [g.group_id for g in groups if g.outstanding == 0]
-    keep_idle = min(idle) if idle and len(idle) == len(groups) else None
-    return tuple(
-        g.group_id
-        for g in groups
-        if g.num_stages != num_stages
-        and not g.refactoring
-        and (g.outstanding > 0 or queued > 0 or g.group_id == keep_idle)
-    )
+    next_up = min(idle) if idle and len(idle) == len(groups) else None
+    out = []
+    for g in groups:
+        if g.refactoring:
+            continue
+        if g.group_id == next_up and g.num_stages > counts[0]:
+            out.append(Recut(g.group_id, counts[0]))
+        elif g.outstanding == 0:
+            continue
+        elif queued > 0 and g.num_stages < finest_stages:
+            out.append(Recut(g.group_id, finest_stages))
+        elif queued == 0 and holding(g.outstanding) < g.num_stages:
+            out.append(Recut(g.group_id, holding(g.outstanding)))
+    return tuple(out)
 
 
 def pipeline_target(base: AutoscaleSettings, num_stages: int) -> float:

@@ -10,8 +10,13 @@ Rules:
 - `pack` (FlexPipe §7, "automatically reclaims resources when requests subside"): the
   busiest endpoint still under its `target` (the autoscaler's per-endpoint target, so the
   pool runs on the fewest endpoints and the surplus ones go idle and are released by the
-  autoscaler's downscale), ties to the lowest id; when every endpoint is at its target,
-  `least-loaded` among those with room.
+  autoscaler's downscale), the ones with the fewest pipeline stages first (§6.1 Eq. 5's
+  multi-granular pool: coarse pipelines carry the load with the fewest hops, finer ones
+  take the overflow and are the first to go idle), ties to the lowest id. When every
+  endpoint is at its target: the least loaded per unit of throughput (speed x stages: a
+  pipeline of η stages keeps η micro-batches in flight, §7 Eq. 12) among those under
+  `PACK_MAX_OVER_TARGET` x their target. Past that the request waits at the router, where
+  it counts for a scale-out, rather than queueing behind an overfull endpoint's prefills.
 Pure and deterministic; `surge serve`'s server and the simulator both call `route`.
 """
 
@@ -20,6 +25,12 @@ from dataclasses import dataclass
 
 ROUTINGS = ("least-loaded", "pack")
 """The routing rules `route` knows."""
+PACK_MAX_OVER_TARGET = 1.5
+"""`pack` sends an endpoint at most this many times its target (ours). Measured in the
+simulator (§9 set-up, llama2-7b, CV 8): a one-stage pipeline filled to its batch limit of
+64 in a burst runs the burst's prefills one after another, so the last requests waited
+seconds for their first token (e2e p99 5.6 s); capped, they waited at the router for a new
+pipeline instead (p99 2.9 s)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,9 @@ class Endpoint:
     target: float | None = None
     """Requests it should carry (the autoscaler's target for it); `pack` fills endpoints up
     to this first. None: no target (`pack` treats it as full to its target)."""
+    num_stages: int = 1
+    """Pipeline stages working on requests at once (micro-batches in flight; 1 for an
+    instance); `pack` fills the endpoints with the fewest first."""
 
 
 def route(endpoints: Sequence[Endpoint], routing: str = "least-loaded") -> int | None:
@@ -48,20 +62,28 @@ def route(endpoints: Sequence[Endpoint], routing: str = "least-loaded") -> int |
             return packed
     best: tuple[float, int] | None = None
     for e in endpoints:
-        if e.outstanding >= e.max_outstanding:
+        if e.outstanding >= _room(e, routing):
             continue
-        score = ((e.outstanding + 1) / e.speed, e.endpoint_id)
+        throughput = e.speed * (e.num_stages if routing == "pack" else 1)
+        score = ((e.outstanding + 1) / throughput, e.endpoint_id)
         if best is None or score < best:
             best = score
     return None if best is None else best[1]
+
+
+def _room(e: Endpoint, routing: str) -> float:
+    """The most requests `routing` sends `e`."""
+    if routing == "pack" and e.target is not None:
+        return min(e.max_outstanding, PACK_MAX_OVER_TARGET * e.target)
+    return e.max_outstanding
 
 
 def _busiest_under_target(endpoints: Sequence[Endpoint]) -> int | None:
-    best: tuple[float, int] | None = None
+    best: tuple[int, float, int] | None = None
     for e in endpoints:
         if e.target is None or e.outstanding >= min(e.target, e.max_outstanding):
             continue
-        score = (-e.outstanding / e.speed, e.endpoint_id)
+        score = (e.num_stages, -e.outstanding / e.speed, e.endpoint_id)
         if best is None or score < best:
             best = score
-    return None if best is None else best[1]
+    return None if best is None else best[2]

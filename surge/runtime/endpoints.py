@@ -81,6 +81,11 @@ class Endpoint:
     def outstanding(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_stages(self) -> int:
+        """Stages working on requests at once, for the router (`policy.router` `pack`)."""
+        return 1
+
     async def submit(self, req: ServeRequest) -> None:
         raise NotImplementedError
 
@@ -242,6 +247,11 @@ class PipelineEndpoint(Endpoint):
     def stage_key(self) -> str:
         """The name its stages are opened under on the agents."""
         return self.name
+
+    @property
+    def num_stages(self) -> int:
+        """Stages busy at once: one micro-batch each, at most one per stage."""
+        return min(len(self.stages), self.num_micro_batches)
 
     async def open(self) -> None:
         # The stages open at once: each builds its own runner and none calls another until

@@ -92,7 +92,9 @@ class Server:
                 live = self.pd.routable(live)
             choice = router.route(
                 [
-                    router.Endpoint(i, e.outstanding, e.capacity, e.speed, e.route_target)
+                    router.Endpoint(
+                        i, e.outstanding, e.capacity, e.speed, e.route_target, e.num_stages
+                    )
                     for i, e in live.items()
                 ],
                 self.routing,

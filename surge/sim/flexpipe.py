@@ -20,7 +20,7 @@ from surge.policy.flexpipe_system import (
     LayerProfile,
     arrivals_in_window,
     choose_num_stages,
-    groups_to_refactor,
+    group_refactors,
     pipeline_autoscale,
     pipeline_target,
     place_new_group,
@@ -28,6 +28,7 @@ from surge.policy.flexpipe_system import (
     refactor,
     scale_out_num_stages,
     stage_layers,
+    useful_stages,
 )
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
@@ -163,22 +164,35 @@ class FlexPipe:
         for g, _ in spans:
             hosted[self.world.state.machine_of_gpu[g].index] = self.world.loop.now_s
 
+    def _load_s(self, pool: Pool) -> float:
+        """The whole model from host memory (a stage of m loads 1/m of it)."""
+        slot = self.world.models[pool.model]
+        return slot.profile.total_bytes * 8 / (slot.group.pcie_gbps * 1e9)
+
+    @staticmethod
+    def _decode_steps(pool: Pool) -> float | None:
+        """The waiting requests' mean output length (None when none waits)."""
+        if not pool.queue:
+            return None
+        return sum(r.output_tokens for r in pool.queue) / len(pool.queue)
+
     def _scale_out_num_stages(self, pool: Pool) -> int:
         """§7 Eq. 11/12 for a new group, as the runtime's scale-out asks it: the arrivals'
-        CV times the queue, fine enough that the queue is served within the TTFT SLO
-        while the model loads from host memory split over the stages. The granularity
-        controller's state is updated too (it owns the shape from then on)."""
+        CV times the queue, no finer than its hops are worth, fine enough that the queue is
+        served within the TTFT SLO while the model loads from host memory split over the
+        stages. The granularity controller's state is updated too (it owns the shape from
+        then on)."""
         assert self.settings is not None
         self._num_stages(pool)
         slot = self.world.models[pool.model]
-        load_s = slot.profile.total_bytes * 8 / (slot.group.pcie_gbps * 1e9)
         return scale_out_num_stages(
             self._window(pool),
             len(pool.queue),
             self._profile(pool.model),
             self.world.settings.slo_of(slot.name).ttft_s,
-            load_s,
+            self._load_s(pool),
             self.settings,
+            self._decode_steps(pool),
         )
 
     def shape(self, pool: Pool) -> tuple[list[tuple[int, ...]], list[int], Spans] | None:
@@ -215,8 +229,8 @@ class FlexPipe:
 
     def retune(self, pool: Pool) -> None:
         """One granularity decision (at most every `decision_interval_s`, as in the
-        runtime's controller); the serving groups `groups_to_refactor` names (at another
-        stage count, not draining) refactor. While a group runs, the next decision is
+        runtime's controller): Eq. 4's stage count, at most `useful_stages`, and the
+        splits and merges `group_refactors` names. While a group runs, the next decision is
         scheduled, so a quiet pool (no arrivals, hence no autoscaler checks) still merges
         its stages."""
         if not self.enabled or not any(i.id in self.spans for i in pool.instances):
@@ -230,6 +244,11 @@ class FlexPipe:
         self.last_decision_s[pool.index] = now
         self._again(pool)
         eta = self._num_stages(pool)
+        profile = self._profile(pool.model)
+        steps = self._decode_steps(pool) or self.settings.default_decode_steps
+        useful = useful_stages(
+            self._load_s(pool), profile.hop_s, steps, profile.num_layers, self.settings
+        )
         serving = {
             i.id: i for i in pool.instances if i.id in self.spans and i.loaded and not i.released
         }
@@ -241,8 +260,10 @@ class FlexPipe:
             )
             for i in serving.values()
         ]
-        for iid in groups_to_refactor(views, eta, len(pool.queue)):
-            self._refactor(pool, serving[iid], self.spans[iid], eta)
+        base = self.world.system.autoscale
+        for cut in group_refactors(views, min(eta, useful), len(pool.queue), base, self.settings):
+            inst = serving[cut.group_id]
+            self._refactor(pool, inst, self.spans[inst.id], cut.num_stages)
 
     def _again(self, pool: Pool) -> None:
         if pool.index in self.pending:

@@ -94,7 +94,14 @@ class Requests:
             return False
         chosen = route(
             [
-                Endpoint(e.id, e.outstanding + e.reserved, e.max_batch, e.speed, e.route_target)
+                Endpoint(
+                    e.id,
+                    e.outstanding + e.reserved,
+                    e.max_batch,
+                    e.speed,
+                    e.route_target,
+                    e.micro_batches,
+                )
                 for e in eps
             ],
             self.world.system.routing,

@@ -13,6 +13,7 @@ class EndpointSpec:
     capacity: int
     speed: float = 1.0
     target: float | None = None
+    num_stages: int = 1
 
 
 class FakeClient:

@@ -36,16 +36,25 @@ SCENARIOS = {
         EndpointSpec("m-pipe-a", 1, 16, 1.0, 4.0),
         EndpointSpec("m-pipe-c", 0, 16, 1.0, 8.0),
     ],
+    # coarse pipelines first; past the targets, by throughput (stages) up to 1.5x target
+    "pack: coarse first, then by stages, capped": [
+        EndpointSpec("m-flex-b", 0, 64, 1.0, 4.0, num_stages=2),
+        EndpointSpec("m-flex-a", 1, 64, 1.0, 2.0),
+    ],
 }
-PACKED = {"pack: busiest under target, then spread"}
+PACKED = {"pack: busiest under target, then spread", "pack: coarse first, then by stages, capped"}
 NUM_REQUESTS = 12
 
 
 class _RuntimeEndpoint(Endpoint):
     def __init__(self, spec: EndpointSpec) -> None:
         self.name, self.nodes, self.capacity, self.speed = spec.name, (), spec.capacity, spec.speed
-        self.route_target = spec.target
+        self.route_target, self.stages_busy = spec.target, spec.num_stages
         self.requests = {f"pre{i}": None for i in range(spec.outstanding)}  # type: ignore[misc]
+
+    @property
+    def num_stages(self) -> int:
+        return self.stages_busy
 
     async def submit(self, req: ServeRequest) -> None:
         self.requests[req.req_id] = req
@@ -79,6 +88,7 @@ class _SimEndpoint:
         self.id, self.name, self.serving, self.log = iid, spec.name, True, log
         self.max_batch, self.speed, self.reserved = spec.capacity, spec.speed, 0
         self.submitted, self.route_target = spec.outstanding, spec.target
+        self.micro_batches = spec.num_stages
 
     @property
     def outstanding(self) -> int:
@@ -118,6 +128,13 @@ def test_both_bodies_route_alike(name: str) -> None:
     assert any(c is not None for c in runtime)
     if name == "ties go to the oldest":
         assert runtime[:3] == ["m-node2", "m-node10", "m-node1"]
-    if name in PACKED:  # a fills to its target (4) first, then b (older than c at 0)
+    if name == "pack: busiest under target, then spread":
+        # a fills to its target (4) first, then b (older than c at 0)
         assert runtime[:7] == ["m-pipe-a"] * 3 + ["m-pipe-b"] * 4
         assert set(runtime[7:]) == {"m-pipe-c"}
+    if name == "pack: coarse first, then by stages, capped":
+        # the one-stage a to its target (2), then b to its (4); past them b takes twice
+        # a's share, none past 1.5x its target (a 3, b 6); the rest wait at the router
+        assert runtime[:5] == ["m-flex-a"] + ["m-flex-b"] * 4
+        assert runtime.count("m-flex-a") == 2 and runtime.count("m-flex-b") == 6
+        assert runtime[8:] == [None] * 4

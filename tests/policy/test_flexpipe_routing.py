@@ -1,10 +1,19 @@
 """FlexPipe's routing and re-cutting decisions (`policy.router` `pack`,
-`flexpipe_system.groups_to_refactor`): requests fill the fewest groups, and only groups
-that serve (or will serve the next request) are refactored."""
+`flexpipe_system.group_refactors`): requests fill the fewest groups, coarse ones first, an
+overfull group takes no more; busy groups split while requests wait and merge to what
+holds their load while none does; idle (draining) groups are left alone."""
+
+from dataclasses import replace
 
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe_system import GroupView, groups_to_refactor, pipeline_target
-from surge.policy.router import Endpoint, route
+from surge.policy.flexpipe_system import (
+    FlexPipeSettings,
+    GroupView,
+    Recut,
+    group_refactors,
+    pipeline_target,
+)
+from surge.policy.router import PACK_MAX_OVER_TARGET, Endpoint, route
 from surge.policy.systems import system_config
 
 
@@ -17,9 +26,7 @@ def _fill(endpoints: list[Endpoint], routing: str, count: int) -> list[int]:
         assert chosen is not None
         out.append(chosen)
         e = eps[chosen]
-        eps[chosen] = Endpoint(
-            e.endpoint_id, e.outstanding + 1, e.max_outstanding, e.speed, e.target
-        )
+        eps[chosen] = replace(e, outstanding=e.outstanding + 1)
     return out
 
 
@@ -46,19 +53,46 @@ def test_flexpipe_packs_and_its_target_scales_with_stages() -> None:
     assert pipeline_target(base, 4) == 4 * pipeline_target(base, 1)
 
 
-def test_only_groups_that_need_it_are_recut() -> None:
+def test_pack_fills_coarse_groups_first_and_overflows_by_throughput() -> None:
+    """§6.1 Eq. 5's multi-granular pool: a one-stage group is filled to its target before
+    a four-stage one (fewer hops); past every target, a four-stage group (four
+    micro-batches in flight) takes four times the requests of a one-stage one, and none
+    takes more than `PACK_MAX_OVER_TARGET` x its target: the rest wait at the router."""
+    groups = [Endpoint(0, 0, 256, 1.0, 32.0, num_stages=4), Endpoint(1, 0, 64, 1.0, 8.0)]
+    assert _fill(groups, "pack", 8) == [1] * 8
+    full = [replace(groups[0], outstanding=32), replace(groups[1], outstanding=8)]
+    over = _fill(full, "pack", 20)
+    assert over.count(0) == 16 and over.count(1) == 4  # 4:1, as their throughputs
+    cap = [Endpoint(0, int(PACK_MAX_OVER_TARGET * 8), 64, 1.0, 8.0)]
+    assert route(cap, "pack") is None
+    assert route(cap, "least-loaded") == 0  # the other rule fills to the batch limit
+
+
+def test_busy_groups_split_while_requests_wait_and_merge_to_what_holds_their_load() -> None:
+    base = AutoscaleSettings(target_ongoing_requests=8.0)
+    settings = FlexPipeSettings()
     groups = [
-        GroupView(1, 4, 10),  # busy, at another count: re-cut
-        GroupView(2, 8, 3),  # already at the chosen count
-        GroupView(3, 4, 2, refactoring=True),  # being refactored
-        GroupView(4, 4, 0),  # idle while others serve: draining
+        GroupView(1, 1, 12),  # busy, coarser than wanted
+        GroupView(2, 4, 30),  # busy, at the finest wanted
+        GroupView(3, 1, 2, refactoring=True),  # being refactored
+        GroupView(4, 2, 0),  # idle while others serve: draining
     ]
-    assert groups_to_refactor(groups, 8, queued=0) == (1,)
-    # requests waiting at the router: an idle group is about to serve, so it is cut too
-    assert groups_to_refactor(groups, 8, queued=3) == (1, 4)
+    # requests wait: the busy coarse group splits to Eq. 4's (capped) choice
+    assert group_refactors(groups, 4, 3, base, settings) == (Recut(1, 4),)
+    # none waits: no split; each busy group merges to the coarsest shape whose target
+    # holds it (12 requests: two stages, 16; 30: four, 32; 5: one, 8), never finer than it
+    # is; the idle one is left to drain
+    assert group_refactors(groups, 4, 0, base, settings) == ()
+    calm = [GroupView(1, 4, 12), GroupView(2, 4, 30), GroupView(4, 8, 5)]
+    assert group_refactors(calm, 4, 0, base, settings) == (Recut(1, 2), Recut(4, 1))
+    # a static shape (one stage count) is never re-cut
+    static = FlexPipeSettings(stage_counts=(4,), cv_targets=(0.0,))
+    assert group_refactors(calm[:2], 4, 3, base, static) == ()
+    assert group_refactors(calm[:2], 4, 0, base, static) == ()
 
 
-def test_when_all_groups_idle_the_next_to_serve_is_recut() -> None:
+def test_when_all_groups_idle_the_next_to_serve_merges_to_the_coarsest() -> None:
+    base, settings = AutoscaleSettings(target_ongoing_requests=8.0), FlexPipeSettings()
     groups = [GroupView(7, 8, 0), GroupView(3, 8, 0), GroupView(5, 1, 0)]
-    assert groups_to_refactor(groups, 1, queued=0) == (3,)
-    assert groups_to_refactor(groups, 8, queued=0) == ()
+    assert group_refactors(groups, 8, 0, base, settings) == (Recut(3, 1),)
+    assert group_refactors([GroupView(5, 1, 0)], 8, 0, base, settings) == ()

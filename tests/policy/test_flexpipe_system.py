@@ -1,5 +1,7 @@
 """FlexPipe composed: stage count from the CV, layers, slots, refactoring plan."""
 
+from dataclasses import replace
+
 import pytest
 
 from surge.errors import SurgeError
@@ -16,6 +18,7 @@ from surge.policy.flexpipe_system import (
     refactor,
     scale_out_num_stages,
     stage_layers,
+    useful_stages,
 )
 
 PROFILE = LayerProfile(
@@ -113,8 +116,25 @@ def test_scale_out_goes_finer_with_a_bursty_queue_and_a_tight_deadline():
     # time; 2 stages load 3 s each and serve the queued request within the deadline.
     slow_load = scale_out_num_stages(steady, 1, PROFILE, 5.0, 6.0, SETTINGS)
     assert slow_load == 2
-    # Never coarser than Eq. 4 for the same arrivals, never finer than the layers allow.
-    eq4, _ = choose_num_stages(bursty, PROFILE, GranularityState(), SETTINGS)
-    assert scale_out_num_stages(bursty, 0, PROFILE, 5.0, 0.5, SETTINGS) >= eq4
+    # Never finer than its hops are worth: with 10-ms hops a queue of 32 starts on one
+    # stage (every finer shape adds more hop time than it saves loading), unless the
+    # deadline needs more; never finer than the layers allow.
+    slow_hops = replace(PROFILE, hop_s=0.01)
+    assert scale_out_num_stages(bursty, 32, slow_hops, 5.0, 0.5, SETTINGS) == 1
+    assert scale_out_num_stages(bursty, 32, slow_hops, 5.0, 6.0, SETTINGS) == 2
     few = LayerProfile(2, 0.01, 0.002, 100, 10, 0.001)
     assert scale_out_num_stages(bursty, 64, few, 0.1, 60.0, SETTINGS) == 2
+
+
+def test_useful_stages_weighs_the_faster_start_against_the_hops():
+    """§7 ①: m stages load 1/m of the model each but add m − 1 hops to every step. The
+    §9 set-up (llama2-7b, 13.5 GB over 128 Gbit/s PCIe: 0.84 s; 128-token answers): a
+    1-ms hop makes two stages best (0.42 + 0.13 s, against 0.84, 0.21 + 0.38 and 0.11 +
+    0.90); a 0.1-ms hop eight (0.11 + 0.09 s); no hop the finest; a slow hop one."""
+    assert useful_stages(0.84, 0.001, 128, 32, SETTINGS) == 2
+    assert useful_stages(0.84, 0.0001, 128, 32, SETTINGS) == 8
+    assert useful_stages(0.84, 0.0, 128, 32, SETTINGS) == 8
+    assert useful_stages(0.84, 0.01, 128, 32, SETTINGS) == 1
+    assert useful_stages(0.84, 0.0, 128, 3, SETTINGS) == 2  # the layers cap it
+    # Shorter answers pay fewer hops: finer is worth it.
+    assert useful_stages(0.84, 0.001, 16, 32, SETTINGS) == 8

@@ -5,8 +5,10 @@ first; without a history, Eq. 6 alone (the lowest free nodes). A placement that 
 the history fails this test."""
 
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
+from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from surge.policy.startup import Destination
 from surge.policy.systems import serve_system
@@ -16,13 +18,16 @@ SPARES = [1, 2, 3, 4, 5, 6]
 
 
 def _ctx(manifest, hosted_s: dict[int, float]) -> SimpleNamespace:
-    """A burst: arrivals in two clumps and a long queue, so the new pipeline is fine."""
+    """A burst: arrivals in two clumps and a long queue, so the new pipeline is fine (with
+    free hops: on loopback a tiny model loads in milliseconds, and the system's 1-ms hop
+    per token would keep it coarse, `useful_stages`)."""
     now = time.monotonic()
+    waiting = SimpleNamespace(params=SamplingParams(max_tokens=16))
     arrivals = [now - 5.0 + i * 0.001 for i in range(20)] + [now - 0.01 * i for i in range(20)]
     return SimpleNamespace(
         manifest=manifest,
-        system=serve_system("flexpipe"),
-        server=SimpleNamespace(arrivals=sorted(arrivals), queue=[object()] * 64),
+        system=replace(serve_system("flexpipe"), stage_hop_s=0.0),
+        server=SimpleNamespace(arrivals=sorted(arrivals), queue=[waiting] * 64),
         fetch_gbps=10.0,
         ttft_slo_s=1.0,
         destinations=(Destination(0, "host", machine=0),),

@@ -2,10 +2,12 @@
 Fig. 1, §9 Fig. 9a), and the benchmark's best static shape taken over every granularity.
 
 A trace of 60-s phases alternating CV 1 and CV 8 at 20 QPS (the `flexpipe` cluster, 82
-A100s): one stage is right for the calm phases, eight for the bursty ones. flexpipe must
-refactor both ways and beat each static shape where that shape is wrong: the p99 of the
-one-stage shape, the GPU-seconds of the eight-stage shape at no worse a p99. Held at one
-shape it fails one of the two.
+A100s): one stage is right for the calm phases (no hops), finer pipelines for the bursts
+(their stages load a slice each and start sooner). flexpipe must refactor both ways and
+be, against every static shape, no worse on both the median and the tail and at least 5%
+better on one of them: the tail of the one-stage shape (it waits for whole-model loads in
+the bursts), the median of the finer ones (they pay hops in the calm phases too). Held at
+any one shape it fails against that shape.
 """
 
 import numpy as np
@@ -29,12 +31,13 @@ def test_phased_trace_alternates_the_cv_at_one_rate() -> None:
 
 def test_flexpipe_beats_each_static_shape_where_it_is_wrong() -> None:
     fp = run_one("flexpipe", 8.0, **KW)
-    coarse = run_one("static-1", 8.0, **KW)
-    fine = run_one("static-8", 8.0, **KW)
     assert fp["refactors"]["split"] >= 1 and fp["refactors"]["merge"] >= 1, fp["refactors"]
-    assert fp["e2e_p99_s"] < 0.8 * coarse["e2e_p99_s"], (fp["e2e_p99_s"], coarse["e2e_p99_s"])
-    assert fp["e2e_p99_s"] <= 1.05 * fine["e2e_p99_s"], (fp["e2e_p99_s"], fine["e2e_p99_s"])
-    assert fp["gpu_seconds"] < 0.9 * fine["gpu_seconds"], (fp["gpu_seconds"], fine["gpu_seconds"])
+    for n in STATIC_STAGES:
+        static = run_one(f"static-{n}", 8.0, **KW)
+        p50 = fp["e2e_p50_s"] / static["e2e_p50_s"]
+        p99 = fp["e2e_p99_s"] / static["e2e_p99_s"]
+        assert p50 <= 1.02 and p99 <= 1.02, (n, p50, p99)
+        assert min(p50, p99) < 0.95, (n, p50, p99)
 
 
 def _row(p99: dict[int, float], gpu_s: dict[int, float]) -> dict:

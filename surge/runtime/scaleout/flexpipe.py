@@ -84,6 +84,11 @@ def layer_profile(
     )
 
 
+def load_seconds(manifest: Manifest, fetch_gbps: float) -> float:
+    """The whole model over a link of `fetch_gbps` (a stage of m loads 1/m of it)."""
+    return manifest.total_bytes * 8 / (fetch_gbps * 1e9)
+
+
 def micro_batches(
     system: SystemConfig, manifest: Manifest, engine: EngineConfig, num_stages: int
 ) -> tuple[int, int]:
@@ -113,9 +118,16 @@ def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> Stage
     profile = layer_profile(ctx.manifest, ctx.system, None)
     settings = ctx.system.flexpipe
     arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), settings)
-    load_s = ctx.manifest.total_bytes * 8 / (ctx.fetch_gbps * 1e9)
+    queue = ctx.server.queue
+    steps = sum(r.params.max_tokens for r in queue) / len(queue) if queue else None
     eta = scale_out_num_stages(
-        arrivals, len(ctx.server.queue), profile, ctx.ttft_slo_s, load_s, settings
+        arrivals,
+        len(queue),
+        profile,
+        ctx.ttft_slo_s,
+        load_seconds(ctx.manifest, ctx.fetch_gbps),
+        settings,
+        steps,
     )
     machine = {  # Eq. 13 scores servers: a node's machine (its own when None)
         d.node: d.node if d.machine is None else d.machine for d in (*ctx.destinations, *ctx.spares)
