@@ -1,4 +1,4 @@
-"""The figure of `benchmarks.flexpipe_cv`: p99 and GPU-seconds against arrival CV, one panel
+"""The figure of `benchmarks.flexpipe_cv`: p50, p99 and GPU-seconds against arrival CV, one panel
 per body (runtime, simulator, simulator with a shorter stage hop, phased workload) and metric,
 every variant a line (the peak-provisioned statics dashed, the statics at flexpipe's cost
 dotted). In: the report dict the
@@ -29,6 +29,7 @@ def draw(report: dict, path: Path) -> None:
         ]
     if "sim" in report:
         panels += [
+            ("sim", "e2e_p50_s", "p50 end-to-end (s)"),
             ("sim", "e2e_p99_s", "p99 end-to-end (s)"),
             ("sim", "gpu_seconds", "GPU-seconds"),
         ]
@@ -36,6 +37,7 @@ def draw(report: dict, path: Path) -> None:
             panels.append(("sim-hop", "e2e_p99_s", "p99 end-to-end (s)"))
         if "phased" in report["sim"]:
             panels += [
+                ("sim-phased", "e2e_p50_s", "p50 end-to-end (s)"),
                 ("sim-phased", "e2e_p99_s", "p99 end-to-end (s)"),
                 ("sim-phased", "gpu_seconds", "GPU-seconds"),
             ]

@@ -182,6 +182,7 @@ def run_one(
         "finished": s["finished"],
         "e2e_p50_s": float(np.percentile(e2e, 50)) if len(e2e) else None,
         "e2e_p99_s": float(np.percentile(e2e, 99)) if len(e2e) else None,
+        "e2e_mean_s": float(e2e.mean()) if len(e2e) else None,
         "ttft_p50_s": s["ttft_p50_s"],
         "ttft_p99_s": s["ttft_p99_s"],
         "slo_attainment": s["slo_attainment"],
@@ -287,6 +288,8 @@ def ratios(row: dict, fine_stages: int, coarse_stages: int) -> dict:
     return {
         "best_static_stages": best_n,
         "best_static_over_flexpipe_e2e_p99": best["e2e_p99_s"] / fp["e2e_p99_s"],
+        "best_static_over_flexpipe_e2e_p50": best["e2e_p50_s"] / fp["e2e_p50_s"],
+        **dominance(row),
         "flexpipe_over_best_static_gpu_seconds": fp["gpu_seconds"] / best["gpu_seconds"],
         "coarse_over_flexpipe_e2e_p99": coarse["e2e_p99_s"] / fp["e2e_p99_s"],
         "flexpipe_over_coarse_gpu_seconds": fp["gpu_seconds"] / coarse["gpu_seconds"],
@@ -298,6 +301,31 @@ def ratios(row: dict, fine_stages: int, coarse_stages: int) -> dict:
         **provisioned_ratios(row, coarse_stages),
         **isocost_ratios(row),
     }
+
+
+def dominance(row: dict) -> dict:
+    """flexpipe against every static shape of `row` on both the median and the tail (no
+    single shape is best on both once the CV is high: one stage has the lowest median,
+    finer ones the lowest tail). Per shape N, `N.p50 / fp.p50` and `N.p99 / fp.p99` (> 1:
+    flexpipe better). `advantage_over_every_static`: the least over shapes of the better
+    of the two, i.e. flexpipe beats every static shape by at least this on one of them;
+    `worst_over_statics`: the least of all of them, i.e. it is nowhere worse than this
+    (1: never worse). `mean_over_best_static_mean`: the lowest mean latency of a static
+    shape over flexpipe's (§9 Fig. 8's measure)."""
+    fp = row["flexpipe"]
+    per = {
+        n: (row[f"static-{n}"]["e2e_p50_s"] / fp["e2e_p50_s"],
+            row[f"static-{n}"]["e2e_p99_s"] / fp["e2e_p99_s"])
+        for n in STATIC_STAGES
+    }  # fmt: skip
+    out = {
+        "advantage_over_every_static": min(max(p) for p in per.values()),
+        "worst_over_statics": min(min(p) for p in per.values()),
+    }
+    if fp.get("e2e_mean_s"):
+        best_mean = min(row[f"static-{n}"]["e2e_mean_s"] for n in STATIC_STAGES)
+        out["mean_over_best_static_mean"] = best_mean / fp["e2e_mean_s"]
+    return out
 
 
 def provisioned_ratios(row: dict, coarse_stages: int) -> dict:

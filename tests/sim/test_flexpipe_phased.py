@@ -40,9 +40,17 @@ def test_flexpipe_beats_each_static_shape_where_it_is_wrong() -> None:
         assert min(p50, p99) < 0.95, (n, p50, p99)
 
 
-def _row(p99: dict[int, float], gpu_s: dict[int, float]) -> dict:
-    row = {f"static-{n}": {"e2e_p99_s": p99[n], "gpu_seconds": gpu_s[n]} for n in p99}
+def _row(p99: dict[int, float], gpu_s: dict[int, float], p50: dict | None = None) -> dict:
+    row = {
+        f"static-{n}": {
+            "e2e_p99_s": p99[n],
+            "e2e_p50_s": (p50 or {}).get(n, 1.0),
+            "gpu_seconds": gpu_s[n],
+        }
+        for n in p99
+    }
     row["flexpipe"] = {
+        "e2e_p50_s": 1.0,
         "e2e_p99_s": 2.0,
         "gpu_seconds": 100.0,
         "gpus_always_held": 1.0,
@@ -63,3 +71,16 @@ def test_best_static_is_taken_over_every_stage_count_flexpipe_chooses() -> None:
     assert np.isclose(r["flexpipe_over_best_static_gpu_seconds"], 100.0 / gpu_s[finest])
     assert np.isclose(r["coarse_over_flexpipe_e2e_p99"], 4.0 / 2.0)
     assert np.isclose(r["fine_coarse_best_over_flexpipe_e2e_p99"], 4.0 / 2.0)
+
+
+def test_dominance_is_taken_against_every_static_on_both_percentiles() -> None:
+    """flexpipe's p50 1.0 s and p99 2.0 s: one stage has its median (1.0) but a 3.0-s
+    tail, eight stages a 2.0-s tail at a 1.5-s median; 2 and 4 stages lose on both."""
+    p50 = {1: 1.0, 2: 1.3, 4: 1.4, 8: 1.5}
+    p99 = {1: 3.0, 2: 2.4, 4: 2.2, 8: 2.0}
+    r = ratios(_row(p99, {n: 10.0 for n in p99}, p50), fine_stages=4, coarse_stages=1)
+    assert np.isclose(r["advantage_over_every_static"], 1.3)  # 2 stages: its median
+    assert np.isclose(r["worst_over_statics"], 1.0)  # equal somewhere, worse nowhere
+    worse = p50 | {1: 0.9}  # one stage now has a lower median than flexpipe
+    r = ratios(_row(p99, {n: 10.0 for n in p99}, worse), fine_stages=4, coarse_stages=1)
+    assert np.isclose(r["worst_over_statics"], 0.9)
