@@ -4,8 +4,8 @@ What flows (paper 003 §6): every autoscaler tick calls `tick` for each deployme
 system's `group_sizing` is `flexpipe`; at most every `decision_interval_s` it takes the
 arrivals of the last `cv_window_s` (the deployment's `Server` keeps them) to
 `flexpipe_system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
-deployment's `FlexPipeRecord`), capped by `flexpipe_system.useful_stages` (the model's
-load time over this cluster's link against the hops of the waiting requests' tokens). Each
+deployment's `FlexPipeRecord`), capped by `flexpipe_system.split_stages` (the model's load
+time over this cluster's link against the hops of the waiting requests' tokens). Each
 serving `FlexPipeline` that `flexpipe_system.group_refactors` names (split while requests
 wait, merged to what holds its load while none does) is re-cut: `choose_stages` keeps its
 first nodes and places new stages on free slots (Eq. 6), their slots are booked
@@ -43,7 +43,7 @@ from surge.policy.flexpipe_system import (
     group_refactors,
     pipeline_autoscale,
     pipeline_target,
-    useful_stages,
+    split_stages,
 )
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
@@ -56,6 +56,7 @@ from surge.runtime.scaleout.flexpipe import (
     load_seconds,
     micro_batches,
     profile_stages,
+    waiting_decode_steps,
 )
 
 log = logging.getLogger(__name__)
@@ -160,15 +161,8 @@ class FlexPipeControl:
         rec.cv = cv_of_arrivals(arrivals)
         eq4, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)
         queue = dep.server.queue
-        steps = sum(r.params.max_tokens for r in queue) / len(queue) if queue else None
-        useful = useful_stages(
-            load_seconds(dep.manifest, self.link_gbps),
-            profile.hop_s,
-            steps or settings.default_decode_steps,
-            profile.num_layers,
-            settings,
-        )
-        rec.num_stages = min(eq4, useful)
+        load_s = load_seconds(dep.manifest, self.link_gbps)
+        rec.num_stages = split_stages(eq4, load_s, profile, waiting_decode_steps(queue), settings)
         views = [
             GroupView(i, len(p.stages), p.outstanding, p.refactoring) for i, p in enumerate(pipes)
         ]

@@ -174,6 +174,21 @@ def useful_stages(
     return min(counts, key=lambda m: (cost(m), m))
 
 
+def split_stages(
+    eq4_stages: int,
+    model_load_s: float,
+    profile: LayerProfile,
+    decode_steps: float | None,
+    settings: FlexPipeSettings,
+) -> int:
+    """What busy groups split to while requests wait (`group_refactors`): Eq. 4's choice
+    for the CV, at most `useful_stages` for requests of `decode_steps` steps
+    (`settings.default_decode_steps` when None)."""
+    steps = settings.default_decode_steps if decode_steps is None else decode_steps
+    useful = useful_stages(model_load_s, profile.hop_s, steps, profile.num_layers, settings)
+    return min(eq4_stages, useful)
+
+
 def scale_out_num_stages(
     arrival_times_s: Sequence[float],
     queue_length: int,

@@ -27,8 +27,8 @@ from surge.policy.flexpipe_system import (
     place_stages,
     refactor,
     scale_out_num_stages,
+    split_stages,
     stage_layers,
-    useful_stages,
 )
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
@@ -229,10 +229,10 @@ class FlexPipe:
 
     def retune(self, pool: Pool) -> None:
         """One granularity decision (at most every `decision_interval_s`, as in the
-        runtime's controller): Eq. 4's stage count, at most `useful_stages`, and the
-        splits and merges `group_refactors` names. While a group runs, the next decision is
-        scheduled, so a quiet pool (no arrivals, hence no autoscaler checks) still merges
-        its stages."""
+        runtime's controller): Eq. 4's stage count, at most what is useful
+        (`split_stages`), and the splits and merges `group_refactors` names. While a group
+        runs, the next decision is scheduled, so a quiet pool (no arrivals, hence no
+        autoscaler checks) still merges its stages."""
         if not self.enabled or not any(i.id in self.spans for i in pool.instances):
             return
         assert self.settings is not None
@@ -244,11 +244,10 @@ class FlexPipe:
         self.last_decision_s[pool.index] = now
         self._again(pool)
         eta = self._num_stages(pool)
-        profile = self._profile(pool.model)
-        steps = self._decode_steps(pool) or self.settings.default_decode_steps
-        useful = useful_stages(
-            self._load_s(pool), profile.hop_s, steps, profile.num_layers, self.settings
-        )
+        finest = split_stages(
+            eta, self._load_s(pool), self._profile(pool.model), self._decode_steps(pool),
+            self.settings,
+        )  # fmt: skip
         serving = {
             i.id: i for i in pool.instances if i.id in self.spans and i.loaded and not i.released
         }
@@ -261,7 +260,7 @@ class FlexPipe:
             for i in serving.values()
         ]
         base = self.world.system.autoscale
-        for cut in group_refactors(views, min(eta, useful), len(pool.queue), base, self.settings):
+        for cut in group_refactors(views, finest, len(pool.queue), base, self.settings):
             inst = serving[cut.group_id]
             self._refactor(pool, inst, self.spans[inst.id], cut.num_stages)
 

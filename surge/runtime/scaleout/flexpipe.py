@@ -25,6 +25,7 @@ prefill of `PROFILE_TOKENS` costs `PREFILL_OVER_DECODE` decodes.
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from surge.config import EngineConfig
 from surge.model.manifest import Manifest
@@ -43,6 +44,7 @@ from surge.policy.startup import StartupPlan
 from surge.policy.systems import SystemConfig
 from surge.runtime.protocol_ops import StageProfileOp
 from surge.runtime.refactor import FlexPipeline, blocks_of_stage
+from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, flexpipe_name
 from surge.runtime.scaleout.local import load_blocks
 from surge.runtime.scaleout.paraserve import PREFILL_OVER_DECODE, WEIGHT_READ_BYTES_PER_S
@@ -89,6 +91,11 @@ def load_seconds(manifest: Manifest, fetch_gbps: float) -> float:
     return manifest.total_bytes * 8 / (fetch_gbps * 1e9)
 
 
+def waiting_decode_steps(queue: Sequence[ServeRequest]) -> float | None:
+    """The waiting requests' mean `max_tokens` (None when none waits)."""
+    return sum(r.params.max_tokens for r in queue) / len(queue) if queue else None
+
+
 def micro_batches(
     system: SystemConfig, manifest: Manifest, engine: EngineConfig, num_stages: int
 ) -> tuple[int, int]:
@@ -118,16 +125,14 @@ def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> Stage
     profile = layer_profile(ctx.manifest, ctx.system, None)
     settings = ctx.system.flexpipe
     arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), settings)
-    queue = ctx.server.queue
-    steps = sum(r.params.max_tokens for r in queue) / len(queue) if queue else None
     eta = scale_out_num_stages(
         arrivals,
-        len(queue),
+        len(ctx.server.queue),
         profile,
         ctx.ttft_slo_s,
         load_seconds(ctx.manifest, ctx.fetch_gbps),
         settings,
-        steps,
+        waiting_decode_steps(ctx.server.queue),
     )
     machine = {  # Eq. 13 scores servers: a node's machine (its own when None)
         d.node: d.node if d.machine is None else d.machine for d in (*ctx.destinations, *ctx.spares)
