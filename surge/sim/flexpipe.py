@@ -10,6 +10,8 @@ while the group keeps serving, then it runs with the new stages and the freed GP
 `groups.Groups` fetches and serves what `shape` returns.
 """
 
+from collections.abc import Callable
+
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
@@ -51,9 +53,13 @@ Spans = tuple[tuple[int, tuple[int, int]], ...]
 class FlexPipe:
     """Stage shaping and refactoring of FlexPipe groups (a no-op for other systems)."""
 
-    def __init__(self, world: World, gpus: Gpus) -> None:
+    def __init__(self, world: World, gpus: Gpus, on_idle: Callable[[Pool], None]) -> None:
         self.world = world
         self.gpus = gpus
+        self.on_idle = on_idle
+        """Asks the autoscaler to look at a pool again after its downscale delay: a group
+        that was refactored while idle was busy (sending) at the check its emptying
+        scheduled, and would otherwise be held until the next one."""
         flexpipe = world.system.group_sizing == "flexpipe"
         self.settings = world.system.flexpipe if flexpipe else None
         self.states: dict[int, GranularityState] = {}
@@ -319,6 +325,8 @@ class FlexPipe:
             self.num_refactors[direction] += 1
             self.refactor_log.append((world.loop.now_s, direction, len(spans), len(target)))
             world.event(pool.model, pool.role, "refactor")
+            if inst.outstanding == 0 and not inst.released:
+                self.on_idle(pool)
 
         if not moved:
             left[0] = 1

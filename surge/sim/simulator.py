@@ -195,7 +195,7 @@ class Simulation:
             self._num_blocks,
             self.sharing.share,
         )
-        self.flexpipe = FlexPipe(world, self.gpus)
+        self.flexpipe = FlexPipe(world, self.gpus, lambda p: self.scaler.check_after_idle(p))
         self.groups = Groups(
             world,
             self.router,

@@ -75,3 +75,14 @@ def test_spreading_keeps_surplus_groups_busy(routing: str) -> None:
     _, packed_gpus = gpus_over_time(packed.world.result, 1.0)
     window = slice(int(QUIET_START_S) + 20, int(QUIET_START_S + QUIET_S))
     assert gpus[window].mean() > packed_gpus[window].mean()
+
+
+def test_a_group_refactored_while_idle_is_still_released() -> None:
+    """A merge of the last, idle group made it busy (sending) when the check its emptying
+    had scheduled came, and no later check was scheduled: it was held to the end of the
+    run (CV-8 gamma, seed 2: 3,600 GPU-seconds after the last request). Now the run ends
+    within the downscale delay of the last request."""
+    trace = gamma_trace(20.0, 8.0, 600.0, 2, input_tokens=512, output_tokens=128)
+    settings = SimSettings("flexpipe", ("llama2-7b",), "flexpipe", seed=2)
+    res = Simulation(trace, settings, system_config("flexpipe")).run()
+    assert res.end_s - res.done_s.max() < 30.0, (res.end_s, res.done_s.max())
