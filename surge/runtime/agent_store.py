@@ -8,6 +8,7 @@ blocks were received into (no copies). Owned by the node agent (`runtime/agent.p
 """
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,10 @@ class ModelState:
     gpu_buffers: dict[int, Any] = field(default_factory=dict)
     runner: Any = None
     """The engine's runner over the gpu-tier blocks (created on the first one)."""
+    runner_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Blocks are taken into the runner in worker threads, several at once when they land
+    together: the first creates it, under this lock, or two would each create one and the
+    blocks added to the lost one would be missing from the runner."""
 
     def event(self, block: int) -> asyncio.Event:
         return self.present.setdefault(block, asyncio.Event())
@@ -162,10 +167,11 @@ class AgentStore:
         )
 
     def _add_to_runner(self, state: ModelState, block: int, buf: memoryview) -> None:
-        if state.runner is None:
-            from surge.engine.runner import ModelRunner
+        with state.runner_lock:
+            if state.runner is None:
+                from surge.engine.runner import ModelRunner
 
-            state.runner = ModelRunner(state.manifest, self.ctx.config.engine)
+                state.runner = ModelRunner(state.manifest, self.ctx.config.engine)
         state.runner.add_block(block, buf, verify=False)  # verified on arrival
 
     # ---- ops ---------------------------------------------------------------------
