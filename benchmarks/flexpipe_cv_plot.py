@@ -41,6 +41,8 @@ def draw(report: dict, path: Path) -> None:
                 ("sim-phased", "e2e_p99_s", "p99 end-to-end (s)"),
                 ("sim-phased", "gpu_seconds", "GPU-seconds"),
             ]
+    if "sim" in report:
+        panels.append(("sim-advantage", "", "flexpipe vs every static shape"))
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
@@ -48,6 +50,9 @@ def draw(report: dict, path: Path) -> None:
     for ax in axes[len(panels) :]:
         ax.axis("off")
     for ax, (body, key, label) in zip(axes, panels, strict=False):
+        if body == "sim-advantage":
+            _advantage(ax, report["sim"])
+            continue
         if body == "runtime":
             data = report[body]["by_variant"]
         elif body == "sim-hop":
@@ -89,3 +94,25 @@ def draw(report: dict, path: Path) -> None:
             axes[first].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _advantage(ax, sim: dict) -> None:
+    """`flexpipe_sim.dominance` per CV: the least, over static shapes, of the better of
+    its p50 and p99 ratio (solid) and the least of all (dotted); > 1: flexpipe better."""
+    runs = [("gamma", sim["by_cv"]), ("phased", sim.get("phased", {}).get("by_cv"))]
+    runs.append(("0.1-ms hop", sim.get("hop_sensitivity", {}).get("by_cv")))
+    for name, by_cv in runs:
+        if not by_cv:
+            continue
+        cvs = [float(c) for c in by_cv]
+        adv = [by_cv[c]["ratios"]["advantage_over_every_static"] for c in by_cv]
+        worst = [by_cv[c]["ratios"]["worst_over_statics"] for c in by_cv]
+        (line,) = ax.plot(cvs, adv, "-", marker="o", markersize=3, label=f"{name}: advantage")
+        ax.plot(cvs, worst, ":", marker="o", markersize=3, color=line.get_color(),
+                label=f"{name}: worst")  # fmt: skip
+    ax.axhline(1.0, color="grey", linewidth=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("arrival CV")
+    ax.set_ylabel("static / flexpipe (> 1: flexpipe better)")
+    ax.set_title("sim: flexpipe vs every static (p50, p99)", fontsize=9)
+    ax.legend(fontsize=7)
