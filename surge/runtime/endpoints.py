@@ -73,7 +73,7 @@ class Endpoint:
     """Relative serving speed for the router (`policy.router`); a full instance is 1."""
     route_target: float | None = None
     """Requests a `pack` router fills it up to (`policy.router`; the controller sets it on
-    FlexPipe pipelines from `flexpipe_system.pipeline_target`)."""
+    FlexPipe pipelines from `flexpipe_groups.pipeline_target`)."""
     num_tokens: int = 0
     """Tokens generated here so far (the load monitor's tokens/s, `control/load_monitor.py`)."""
 

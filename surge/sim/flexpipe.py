@@ -15,16 +15,18 @@ from collections.abc import Callable
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
-from surge.policy.flexpipe_microbatch import pipeline_micro_batches
-from surge.policy.flexpipe_placement import HostingRecord, SlotState
-from surge.policy.flexpipe_system import (
+from surge.policy.flexpipe_groups import (
     GroupView,
-    LayerProfile,
-    arrivals_in_window,
-    choose_num_stages,
     group_refactors,
     pipeline_autoscale,
     pipeline_target,
+)
+from surge.policy.flexpipe_microbatch import pipeline_micro_batches
+from surge.policy.flexpipe_placement import HostingRecord, SlotState
+from surge.policy.flexpipe_system import (
+    LayerProfile,
+    arrivals_in_window,
+    choose_num_stages,
     place_new_group,
     place_stages,
     refactor,
@@ -214,7 +216,7 @@ class FlexPipe:
 
     def autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
         """The autoscaler's settings for `pool`: per group, η times the instance target
-        (`policy.flexpipe_system.pipeline_autoscale`, η the mean of its groups)."""
+        (`policy.flexpipe_groups.pipeline_autoscale`, η the mean of its groups)."""
         stages = [len(self.spans[i.id]) for i in pool.instances if i.id in self.spans]
         if not self.enabled or not stages:
             return base
