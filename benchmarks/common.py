@@ -12,7 +12,7 @@ from typing import Any
 
 from surge.model.manifest import Manifest
 from surge.model.tiny import TinyModelConfig
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_cluster_args(ap: argparse.ArgumentParser) -> None:
 def make_cluster(args: argparse.Namespace, **config: Any) -> LocalCluster:
     """A `LocalCluster` or, with `--cluster netns`, a `NetnsCluster` (same surface)."""
     if args.cluster == "netns":
-        from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
+        from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig
 
         return NetnsCluster(NetnsClusterConfig(cpu_cores_per_node=args.cpu_per_node, **config))
     return LocalCluster(LocalClusterConfig(**config))

@@ -9,9 +9,9 @@ feeding the arrivals to `surge.policy.loading.LoadingState`, as the simulator do
 
 import math
 
-from surge.policy.cluster import Cluster
 from surge.policy.loading import GoLocal, LoadingSettings, LoadingState, OpenPipeline
-from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.policy.systems import SystemConfig
 from surge.sim.cluster_state import ClusterState
 from surge.sim.events import EventLoop

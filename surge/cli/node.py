@@ -61,7 +61,7 @@ def run(
 ) -> None:
     """Run one node agent until it is told to shut down."""
     from surge.config import EngineConfig
-    from surge.runtime.agent import AgentConfig, run_agent
+    from surge.runtime.node.agent import AgentConfig, run_agent
 
     token = os.environ.get("SURGE_TOKEN")
     if not token:

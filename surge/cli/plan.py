@@ -14,8 +14,9 @@ import typer
 
 from surge.cli.plan_report import outcome_to_json
 from surge.errors import SurgeError
-from surge.policy.cluster import Cluster
-from surge.policy.multicast import (
+from surge.policy.blitzscale.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.scale_out import (
     DEFAULT_GBPS,
     STRATEGIES,
     MulticastOutcome,
@@ -23,7 +24,6 @@ from surge.policy.multicast import (
     check_planner_limits,
     plan_scale_out,
 )
-from surge.policy.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
 
 BYTES_PER_MB = 1_000_000
 SECONDS_PER_US = 1e-6

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from surge.policy.multicast import MulticastOutcome
+from surge.policy.multicast.scale_out import MulticastOutcome
 
 _MAX_PIPELINE_LABELS = 40
 _MAX_NODE_LABELS = 128

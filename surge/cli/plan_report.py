@@ -10,7 +10,7 @@ Steps and pipeline steps count from 1 (steps[0] is step 1).
 
 from typing import Any
 
-from surge.policy.multicast import MulticastOutcome
+from surge.policy.multicast.scale_out import MulticastOutcome
 
 
 def outcome_to_json(outcome: MulticastOutcome) -> dict[str, Any]:

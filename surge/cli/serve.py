@@ -163,7 +163,7 @@ def serve(
     if cluster == "netns":
         if launcher != "local":
             raise SurgeError("--cluster netns needs --launcher local")
-        from surge.runtime.launcher_netns import require_netns
+        from surge.runtime.launch.netns_cluster import require_netns
 
         require_netns()  # before anything starts: one line naming what this machine lacks
     if launcher == "ray":

@@ -42,8 +42,8 @@ from surge.events import (
     ScaleOutStarted,
 )
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.multicast.topology import NodeLinks
 from surge.policy.placement import MachineView, PlacementRequest, place
-from surge.policy.topology import NodeLinks
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 

@@ -42,7 +42,7 @@ from surge.engine.sampling import SamplingParams
 from surge.errors import NotFound, SurgeError
 from surge.events import BlockLanded, DeploymentGone, EventBus, TimelineEvent
 from surge.policy.admission import check_min_replicas
-from surge.policy.topology import NodeLinks
+from surge.policy.multicast.topology import NodeLinks
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import AgentDown, BlockArrived, Event, LinkReport, SetPeersOp
 
@@ -73,7 +73,7 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         "compile_decode": config.compile_decode,
     }
     if config.launcher == "ray":
-        from surge.runtime.launcher_ray import RayCluster, RayClusterConfig
+        from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
 
         host = config.agent_host  # "node-ip": a cluster across hosts, each agent on its own
         return RayCluster(RayClusterConfig(address=config.ray_address, agent_host=host, **common))
@@ -85,12 +85,12 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         "host_groups": config.host_groups,
     }
     if config.cluster == "netns":
-        from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
+        from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig
 
         return NetnsCluster(NetnsClusterConfig(**common))
     if config.cluster != "loopback":
         raise SurgeError(f"cluster {config.cluster!r} is not one of loopback, netns")
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
     return LocalCluster(LocalClusterConfig(**common))
 

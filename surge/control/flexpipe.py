@@ -3,10 +3,10 @@
 What flows (paper 003 §6): every autoscaler tick calls `tick` for each deployment whose
 system's `group_sizing` is `flexpipe`; at most every `decision_interval_s` it takes the
 arrivals of the last `cv_window_s` (the deployment's `Server` keeps them) to
-`flexpipe_system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
-deployment's `FlexPipeRecord`), capped by `flexpipe_system.split_stages` (the model's load
+`system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
+deployment's `FlexPipeRecord`), capped by `system.split_stages` (the model's load
 time over this cluster's link against the hops of the waiting requests' tokens). Each
-serving `FlexPipeline` that `flexpipe_groups.group_refactors` names (split while requests
+serving `FlexPipeline` that `groups.group_refactors` names (split while requests
 wait, merged to what holds its load while none does) is re-cut: `choose_stages` keeps its
 first nodes and places new stages on free slots (Eq. 6), their slots are booked
 (`Deployment.instances`, the pipeline as their endpoint), and
@@ -16,9 +16,9 @@ ones are. `surge_pipeline_refactors_total{model,direction}` counts refactorings 
 `describe_flexpipe` is the deployment status' `flexpipe` entry (`surge status`). Slots of a
 pipeline that failed or was retired (an agent died) are released here too, so the
 autoscaler starts a new one. Each tick also sets every pipeline's `route_target`
-(`flexpipe_groups.pipeline_target`): the `pack` router fills the busiest pipeline up to it,
+(`groups.pipeline_target`): the `pack` router fills the busiest pipeline up to it,
 so surplus pipelines go idle and the autoscaler releases them. Every decision is
-`surge.policy.flexpipe_system`'s. Owned by control/.
+`surge.policy.flexpipe.system`'s. Owned by control/.
 """
 
 import logging
@@ -34,14 +34,14 @@ from surge.control.scaleouts import own_tiers
 from surge.control.state import Deployment, Instance
 from surge.events import NO_BUS, EventBus, Refactor
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
-from surge.policy.flexpipe_groups import (
+from surge.policy.flexpipe.granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe.groups import (
     GroupView,
     group_refactors,
     pipeline_autoscale,
     pipeline_target,
 )
-from surge.policy.flexpipe_system import (
+from surge.policy.flexpipe.system import (
     arrivals_in_window,
     choose_num_stages,
     choose_stages,
@@ -90,8 +90,8 @@ def is_flexpipe(dep: Deployment) -> bool:
 def flexpipe_autoscale(dep: Deployment, base: AutoscaleSettings) -> AutoscaleSettings:
     """The autoscaler's knobs for a FlexPipe deployment: a pipeline of η stages with m
     micro-batches in flight works on min(η, m) of them at once, so it takes that many
-    instances' worth of requests (`flexpipe_groups.pipeline_autoscale`; m is η in both
-    bodies, `flexpipe_microbatch.pipeline_micro_batches`, the runtime's bounded by the KV
+    instances' worth of requests (`groups.pipeline_autoscale`; m is η in both
+    bodies, `microbatch.pipeline_micro_batches`, the runtime's bounded by the KV
     cache); other deployments keep `base`."""
     if not is_flexpipe(dep):
         return base

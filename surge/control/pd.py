@@ -19,9 +19,9 @@ from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus, Mutation
-from surge.policy.pd import DECODE, PREFILL, PdTargets, decide_mutation, monitor
+from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, decide_mutation, monitor
+from surge.policy.multicast.topology import NodeTraffic
 from surge.policy.systems import serve_system
-from surge.policy.topology import NodeTraffic
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.pd_handoff import PdServing
 

@@ -19,9 +19,9 @@ from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
 from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus
+from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig, serve_system
-from surge.policy.topology import NodeLinks, NodeTraffic
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out

@@ -14,7 +14,7 @@ from typing import Any
 from surge.errors import SurgeError
 from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.pd import PdTargets
+from surge.policy.blitzscale.pd import PdTargets
 from surge.policy.systems import ALIASES, serve_system
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

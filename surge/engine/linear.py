@@ -6,7 +6,7 @@ MKL's row-major sgemm is slow at the small row counts a decoding batch has (2-64
 repacks the weight on every call. oneDNN can keep a copy of the weight in its blocked layout
 (`mkldnn._reorder_linear_weight`) and multiply against it directly; measured on this project's
 2-core EPYC VM, one thread, a 100 MB Llama's 43 projections: 24.6 -> 18.8 ms at 8 rows and
-42.5 -> 36.0 ms at 32 rows (benchmarks/engine_vs_peers.py for end to end). At one row (batch-1
+42.5 -> 36.0 ms at 32 rows (benchmarks/engine/vs_peers.py for end to end). At one row (batch-1
 decode) MKL's gemv on the plain view is as fast or faster, so one-row calls keep using it.
 
 Who owns what: the runner builds a `Linear` per weight when a block lands and, with

@@ -1,6 +1,6 @@
 """Serve-while-loading: which endpoints open and retire as a model's blocks arrive.
 
-In: the planned execution pipelines of a multicast (`surge.policy.multicast`), the plan's
+In: the planned execution pipelines of a multicast (`surge.policy.multicast.scale_out`), the plan's
 size (N nodes, B blocks, K sources that hold everything from the start), how the system
 serves while loading (`SystemConfig.serve_while_loading`), then one `(node, block)`
 arrival at a time. Out: for each arrival, the actions to carry out, in order:
@@ -22,7 +22,7 @@ same order in both bodies. Pure and deterministic.
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
-from surge.policy.pipelines import Pipeline
+from surge.policy.multicast.pipelines import Pipeline
 
 MODES = ("none", "pipelines", "live")
 

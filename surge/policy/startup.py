@@ -39,8 +39,8 @@ leaders or groups of its own. Pure and deterministic.
 from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
-from surge.policy.paraserve_placement import ServerNetwork, place_cold_start
-from surge.policy.paraserve_sizing import (
+from surge.policy.paraserve.placement import ServerNetwork, place_cold_start
+from surge.policy.paraserve.sizing import (
     GpuServer,
     SizingDecision,
     SizingRequest,

@@ -3,7 +3,7 @@
 In: a system name (a deployment's `strategy` in `surge serve`, `--system` in
 `surge simulate`: the same names). Out: a `SystemConfig`, one choice per decision point:
 where a new instance's weights come from (`load`, decided per destination by
-`surge.policy.startup`), which multicast plan (`surge.policy.multicast` strategy), how
+`surge.policy.startup`), which multicast plan (`surge.policy.multicast.scale_out` strategy), how
 it serves while loading (`surge.policy.loading`: execution pipelines, BlitzScale live
 scaling, or load-then-serve), ParaServe's group sizing (Alg. 1) and consolidation
 (§6.1 predictor), how the host cache behaves (`surge.policy.keepalive`), the
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe_system import FlexPipeSettings
-from surge.policy.pd import PdSettings
+from surge.policy.blitzscale.pd import PdSettings
+from surge.policy.flexpipe.system import FlexPipeSettings
 from surge.policy.router import ROUTINGS
 
 LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
@@ -41,7 +41,7 @@ class SystemConfig:
     `registry-parallel` (ParaServe: a pipeline group fetches disjoint parts in
     parallel), `ideal` (zero load time)."""
     multicast_strategy: str = "binomial"
-    """`surge.policy.multicast` strategy for `multicast` loads."""
+    """`surge.policy.multicast.scale_out` strategy for `multicast` loads."""
     num_blocks: int = 16
     """Blocks a model is cut into for multicast (λScale Fig. 18: 16 is the sweet spot)."""
     max_sources: int = 1
@@ -73,7 +73,7 @@ class SystemConfig:
     """`fixed` (`pipeline_size` workers), `alg1` (ParaServe §4.1 Alg. 1 picks the
     smallest group that meets the SLOs, placed by §4.2 Alg. 2's contention-aware shares;
     a single cold start is fetched in parallel by the group) or `flexpipe` (FlexPipe §5-§6:
-    stage count from the arrivals' CV, `surge.policy.flexpipe_system`)."""
+    stage count from the arrivals' CV, `surge.policy.flexpipe.system`)."""
     host_sources_when_hot: bool = True
     """Host copies (elsewhere, or a destination's own) are used even when a GPU copy
     exists (λScale §5 locality-driven start-up). False: only when no instance holds the
@@ -119,7 +119,8 @@ class SystemConfig:
     mutation: bool = False
     """Decode scale-out first turns idle prefill instances into decode ones (§5.2)."""
     pd: PdSettings = field(default_factory=PdSettings)
-    """The P/D monitor's thresholds (`surge.policy.pd`): when decode is the bottleneck."""
+    """The P/D monitor's thresholds (`surge.policy.blitzscale.pd`): when decode is the
+    bottleneck."""
     decision_interval_s: float = 0.1
     """Autoscaler decisions happen on ticks of this period (arrivals batch into one)."""
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
@@ -240,7 +241,7 @@ SYSTEMS: dict[str, SystemConfig] = {
     ),
     # FlexPipe §5-§7: each instance is a pipeline whose stage count follows the arrivals' CV
     # (Eq. 4), cut by the partition DP (Eq. 2), placed by Eq. 6, refactored in flight (Eq. 10);
-    # stages load in parallel from host copies (§7). `policy/flexpipe_system.py`.
+    # stages load in parallel from host copies (§7). `policy/flexpipe/system.py`.
     "flexpipe": SystemConfig(
         "flexpipe",
         "registry-parallel",

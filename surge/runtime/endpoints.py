@@ -28,7 +28,7 @@ from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine, TokenEvent
 from surge.engine.sampling import TokenLogprobs
 from surge.model.manifest import Manifest
-from surge.policy.flexpipe_microbatch import micro_batch_budgets
+from surge.policy.flexpipe.microbatch import micro_batch_budgets
 from surge.runtime.client import ClusterClient
 from surge.runtime.engine_loop import run_engine
 from surge.runtime.protocol import (
@@ -73,7 +73,7 @@ class Endpoint:
     """Relative serving speed for the router (`policy.router`); a full instance is 1."""
     route_target: float | None = None
     """Requests a `pack` router fills it up to (`policy.router`; the controller sets it on
-    FlexPipe pipelines from `flexpipe_groups.pipeline_target`)."""
+    FlexPipe pipelines from `groups.pipeline_target`)."""
     num_tokens: int = 0
     """Tokens generated here so far (the load monitor's tokens/s, `control/load_monitor.py`)."""
 

@@ -7,7 +7,7 @@ completion time, the measured first-serving-capacity time for the plan's pipelin
 re-plans made.
 
 Each agent gets only its own receive list and runs it without a global barrier (see
-`runtime/agent_transfer.py`). This module subscribes to the plan's events; when a pull fails —
+`runtime/node/transfer.py`). This module subscribes to the plan's events; when a pull fails —
 the source died or kept sending corrupt bytes — it names another live holder of that block
 (sources first, then the earliest receiver), waiting for one to exist if none does yet.
 Nodes that were downstream of a dead node recover the same way, transitively.
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from surge.policy.pipelines import Pipeline
-from surge.policy.plan import Plan
-from surge.policy.timing import first_capacity_s
+from surge.policy.multicast.pipelines import Pipeline
+from surge.policy.multicast.plan import Plan
+from surge.policy.multicast.timing import first_capacity_s
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import (
     AgentDown,

@@ -3,7 +3,7 @@
 What flows: the `Server` of a P/D deployment holds one `PdServing`. Each local instance
 gets a role when it joins (`policy.pd.role_for_new`, sent as `instance_role`); new
 requests go only to prefill instances (`policy.pd.routable`). A prefill instance parks
-each request after its prefill (`runtime/agent_pd.py`) and says so with its first token
+each request after its prefill (`runtime/node/pd.py`) and says so with its first token
 (`finish_reason == HANDOFF_REASON`); `handoff` then takes the parked K/V off it
 (`instance_handoff`: typed header + raw bytes) and gives it to the decode instance
 `policy.pd.handoff_target` picks, which adopts it and decodes on, token-exact
@@ -15,7 +15,7 @@ sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S` and KV use.
 Failures lose no request: a request is on exactly one of {an endpoint, the queue} at each
 await, so if the prefill agent dies before its K/V is taken, or the decode agent while it
 adopts, the request goes back to the head of the queue with its tokens and is prefilled
-again (`Server.requeue`). Owned by the runtime; decisions are `surge.policy.pd`'s.
+again (`Server.requeue`). Owned by the runtime; decisions are `surge.policy.blitzscale.pd`'s.
 """
 
 import asyncio
@@ -25,12 +25,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from surge.policy import pd
+from surge.policy.blitzscale import pd
 from surge.runtime.consolidation import _adopt
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
-from surge.runtime.protocol import TokenGenerated
-from surge.runtime.protocol_ops import HANDOFF_REASON, InstanceHandoffOp, InstanceRoleOp
-from surge.runtime.protocol_replies import KvPart
+from surge.runtime.protocol import (
+    HANDOFF_REASON,
+    InstanceHandoffOp,
+    InstanceRoleOp,
+    KvPart,
+    TokenGenerated,
+)
 from surge.runtime.request import ServeRequest
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ ones (split: coarse -> fine, merge: fine -> coarse):
    open under a new stage key next to the old ones;
 3. the K/V of every running sequence follows its layers: layers that stay on a node are
    copied inside it (`stage_kv_copy`); layers that change node travel over the transport
-   as `flexpipe_system.refactor` (Eq. 10) lists them, valid tokens only, agent to agent
+   as `system.refactor` (Eq. 10) lists them, valid tokens only, agent to agent
    (`kv_push` to the old stage's node, which sends `kv_import` to each new holder);
 4. the head engines' executors point at the new first stage, the head keeps the number
    of micro-batches the caller asks for (η for η stages, §7 Eq. 12; engines are added,
@@ -19,7 +19,7 @@ ones (split: coarse -> fine, merge: fine -> coarse):
 Any failure before step 4 closes the new stages and leaves the old ones serving (the
 refactoring did not happen); the caller gives back the slots it had booked.
 Owned by the runtime; the decision (stage count, layers, nodes) is the controller's,
-from `surge.policy.flexpipe_system`.
+from `surge.policy.flexpipe.system`.
 """
 
 import asyncio
@@ -30,11 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from surge.model.manifest import Manifest
-from surge.policy.flexpipe_refactor import RefactorPlan
-from surge.policy.flexpipe_system import refactor
+from surge.policy.flexpipe.refactor import RefactorPlan
+from surge.policy.flexpipe.system import refactor
 from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
-from surge.runtime.protocol_kv_ops import KvPushOp, KvTarget, StageKvCopyOp
-from surge.runtime.protocol_ops import StageCloseOp, StageOpenOp
+from surge.runtime.protocol import KvPushOp, KvTarget, StageCloseOp, StageKvCopyOp, StageOpenOp
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +216,7 @@ async def refactor_pipeline(
     `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the
     pipeline still serves (the server may retire it meanwhile); `num_micro_batches`: the
     head engines that take requests on the new stages (the caller's policy decision,
-    `flexpipe_microbatch.pipeline_micro_batches`; None: as before), set at the switch.
+    `microbatch.pipeline_micro_batches`; None: as before), set at the switch.
     Raises on failure, with the old stages still serving unless the pipeline itself
     failed."""
     if pipe.refactoring:

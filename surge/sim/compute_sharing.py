@@ -41,7 +41,7 @@ queue's busy servers (Erlang: `cores_held`), and the B busy endpoints (one threa
 on the cores left: share = E[min(B, c - n)] / B. With B >= c that is (c - a) / B, the fluid
 share; with fewer endpoints than cores it is less (a hot source alone on 2 cores gets 0.83
 of a core, not 1, at a = 0.68: the wake-ups land on its core whenever the other one is
-taken). Measured: `benchmarks/sim_calibrate_serving.py` (calibration fix 12).
+taken). Measured: `benchmarks/sim_calibrate/serving.py` (calibration fix 12).
 
 Wake-ups queue behind serving (`SimSettings.transfer_wakeups_queue`, with `transfer_wakeups`;
 calibration fix 15): the wake-ups go first only while a core is free for them. When the B
@@ -54,7 +54,7 @@ at the link's full rate) then takes 1/s as long, and every flow moves at
 by every agent). K=2 execute-while-load: 2 hot sources + 3 pipelines on the receivers, ~14
 transfers x 0.10 cores: s ~ 0.31, flows at ~0.82 (the runtime's multicast ran ~1.17x the
 simulated one); K=1 stop-the-world (1 endpoint + ~0.7 cores of wake-ups): no change.
-Measured: `benchmarks/sim_calibrate_queue.py` (the receivers' event loops' run-queue wait
+Measured: `benchmarks/sim_calibrate/wakeup_queue.py` (the receivers' event loops' run-queue wait
 and the multicast's time with and without pipelines serving on them).
 
 Serving per core while transfers run (`SimSettings.serving_efficiency_in_transfers` e,

@@ -2,12 +2,12 @@
 
 In: a pipeline group that has just started serving (`sim.groups.Groups`), each member's
 bytes. Out: kept members fetch the rest of the model (counted in Alg. 2's per-machine
-state, `paraserve_placement.admit_background`), then become standalone instances; the
+state, `placement.admit_background`), then become standalone instances; the
 group retires (its requests move to them and recompute their KV cache) and the other
 members' GPUs are freed. Decisions: how many to keep,
-`surge.policy.paraserve_predictor.decide_consolidation` (`predictor`: scale down to one
+`surge.policy.paraserve.predictor.decide_consolidation` (`predictor`: scale down to one
 worker or up to several) or every member (`scale-up`); where a member holding a share of
-one GPU becomes a full worker, `surge.policy.paraserve_gpu_share.consolidation_gpu` (its
+one GPU becomes a full worker, `surge.policy.paraserve.gpu_share.consolidation_gpu` (its
 own GPU grown, or a free one of its machine); a whole-GPU member takes more GPUs of its
 machine when the whole model needs them.
 """
@@ -15,9 +15,9 @@ machine when the whole model needs them.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from surge.policy.paraserve_gpu_share import consolidation_gpu
-from surge.policy.paraserve_placement import ServerNetwork, admit_background, finish_worker
-from surge.policy.paraserve_predictor import PredictorSettings, decide_consolidation
+from surge.policy.paraserve.gpu_share import consolidation_gpu
+from surge.policy.paraserve.placement import ServerNetwork, admit_background, finish_worker
+from surge.policy.paraserve.predictor import PredictorSettings, decide_consolidation
 from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
@@ -135,7 +135,7 @@ class Consolidation:
         self, group_id: int, k: "_Kept", rest: int, done: Callable[[], None]
     ) -> Callable[[], None]:
         """Alg. 2's state counts a kept member's fetch of the rest on its machine's NIC
-        (`paraserve_placement.admit_background`) until it lands; `done` then."""
+        (`placement.admit_background`) until it lands; `done` then."""
         world = self.world
         machine = world.state.machine_of_gpu[k.gpus[0]].index
         if machine not in self.networks:  # no Alg. 2 state: `fixed` groups

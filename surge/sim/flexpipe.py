@@ -1,4 +1,4 @@
-"""FlexPipe's groups (`surge.policy.flexpipe_system`): stage count, stages, slots, refactoring.
+"""FlexPipe's groups (`surge.policy.flexpipe.system`): stage count, stages, slots, refactoring.
 
 In: a pool's scale-out of a FlexPipe system (`shape`) and every autoscaler check
 (`retune`). Out: the workers and bytes of a new group (one GPU per stage: stages chosen
@@ -14,16 +14,16 @@ from collections.abc import Callable
 
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe_granularity import GranularityState, cv_of_arrivals
-from surge.policy.flexpipe_groups import (
+from surge.policy.flexpipe.granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe.groups import (
     GroupView,
     group_refactors,
     pipeline_autoscale,
     pipeline_target,
 )
-from surge.policy.flexpipe_microbatch import pipeline_micro_batches
-from surge.policy.flexpipe_placement import HostingRecord, SlotState
-from surge.policy.flexpipe_system import (
+from surge.policy.flexpipe.microbatch import pipeline_micro_batches
+from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
+from surge.policy.flexpipe.system import (
     LayerProfile,
     arrivals_in_window,
     choose_num_stages,

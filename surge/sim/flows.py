@@ -14,7 +14,7 @@ contention ParaServe §4.2 places around and BlitzScale §5.1 prunes for).
 from collections.abc import Callable
 
 from surge.errors import SurgeError
-from surge.policy.timing import BITS_PER_BYTE, BITS_PER_GBIT
+from surge.policy.multicast.timing import BITS_PER_BYTE, BITS_PER_GBIT
 from surge.sim.events import Event, EventLoop, Priority
 
 

@@ -1,13 +1,13 @@
 """GPU allocation in the simulator, and its time series (`SimResult.gpu_changes`).
 
 What flows: whole GPUs (`take`, `give_back`) and shares of one GPU (`take_share`,
-`give_back_share`: ParaServe's low-memory workers, `policy/paraserve_gpu_share.py`) held
+`give_back_share`: ParaServe's low-memory workers, `policy/paraserve/gpu_share.py`) held
 and released by the scaler, ParaServe groups and FlexPipe; the cluster state's free set and
 per-GPU shares change, and every change is appended to the GPU-seconds series. Owned by
 the simulator; which GPUs and how much of each is decided in `surge/policy/`.
 """
 
-from surge.policy.paraserve_gpu_share import SHARE_EPS
+from surge.policy.paraserve.gpu_share import SHARE_EPS
 from surge.sim.placement import Placement
 from surge.sim.world import World
 

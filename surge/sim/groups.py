@@ -5,15 +5,15 @@ parallel fetches of disjoint parts, a pipeline endpoint serving once every part 
 and then (§6.1) consolidation into standalone instances. Decisions:
 - the group: `surge.policy.startup.plan_group` (Alg. 2's contention-adjusted network
   shares, whose per-machine state `networks` this module keeps and advances with
-  `paraserve_placement.finish_worker`; then Alg. 1's size by the model's SLO and stage
+  `placement.finish_worker`; then Alg. 1's size by the model's SLO and stage
   times from the cost model) when `group_sizing` is `alg1`; `pipeline_size` workers
   placed by `surge.policy.placement` when `fixed`; parts by bytes
   (`surge.policy.startup.split_blocks`);
 - FlexPipe systems: stage count, layers and GPUs from `sim.flexpipe.FlexPipe.shape`
   (and in-flight refactoring at every autoscaler check: `FlexPipe.retune`);
 - GPU shares (ParaServe §4.1.1-§4.1.2, `SimSettings.fractional_gpus`): a low-memory
-  worker holds 1/s of one GPU (`paraserve_gpu_share.low_memory_share`), on the GPU
-  `paraserve_gpu_share.pick_gpu` picks (best fit: GPUs are shared by workers of several
+  worker holds 1/s of one GPU (`gpu_share.low_memory_share`), on the GPU
+  `gpu_share.pick_gpu` picks (best fit: GPUs are shared by workers of several
   groups and models); Alg. 1 sees a machine with no free GPU as free memory of the
   largest free share;
 - consolidation (§6.1): `sim.consolidation.Consolidation`.
@@ -21,9 +21,9 @@ and then (§6.1) consolidation into standalone instances. Decisions:
 
 from collections.abc import Callable
 
-from surge.policy.paraserve_gpu_share import SHARE_EPS, low_memory_share, pick_gpu
-from surge.policy.paraserve_placement import ServerNetwork, finish_worker
-from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
+from surge.policy.paraserve.gpu_share import SHARE_EPS, low_memory_share, pick_gpu
+from surge.policy.paraserve.placement import ServerNetwork, finish_worker
+from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import (
     GroupRequest,
     alg1_inputs,

@@ -42,7 +42,7 @@ class GpuProfile:
     """Fixed cost per layer per forward step (kernel launches)."""
     measured_layer_costs_s: tuple[float, float, float, float] | None = None
     """Measured per-layer (prefill_fixed, prefill_per_token, decode_fixed, decode_per_seq)
-    seconds of ONE model on this device (a calibration, `benchmarks/sim_calibrate.py`);
+    seconds of ONE model on this device (a calibration, `benchmarks/sim_calibrate/main.py`);
     when set they replace the roofline of costs.py (tensor parallel 1 only)."""
 
     def __post_init__(self) -> None:

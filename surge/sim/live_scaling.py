@@ -9,7 +9,7 @@ cost model gives; the request's first token comes when the source finishes, then
 decodes there (or, under P/D, hands its KV cache to a decode instance as any prefill).
 
 The schedule is the runtime's (`runtime/scaleout/live.py`): `live_batch` requests per
-batch, a (T_i, S_i) per batch from `surge.policy.zigzag` for the batches waiting when a
+batch, a (T_i, S_i) per batch from `surge.policy.blitzscale.zigzag` for the batches waiting when a
 schedule starts (the ILP of Eq. 1 when it beats best effort, else best effort:
 `policy.live_scaling.choose_schedule`, the runtime's choice too), T_i clipped to the
 layers the target holds when it starts the batch and to L − 1. Time_l of Eq. 1 is
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.events import LiveBatch, ModeSwitch
-from surge.policy.live_scaling import choose_schedule
-from surge.policy.zigzag import ZigzagProblem, ZigzagSchedule
+from surge.policy.blitzscale.live_scaling import choose_schedule
+from surge.policy.blitzscale.zigzag import ZigzagProblem, ZigzagSchedule
 from surge.sim.events import Priority
 from surge.sim.instance import Instance
 from surge.sim.pools import Pool, Requests

@@ -5,7 +5,7 @@ receivers) and its instances (`Loader` hands them over). Out: flows on the clust
 links (`MulticastRun`) and the loading actions carried out as blocks arrive: execution
 pipelines opened and retired, live targets, instances going local (their TP fan-out,
 then `ready`). Every decision is a policy call:
-- the multicast plan and its execution pipelines: `surge.policy.multicast.plan_scale_out`;
+- the multicast plan and its execution pipelines: `surge.policy.multicast.scale_out.plan_scale_out`;
 - what opens, goes live, goes local and retires as blocks arrive:
   `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4).
 Plan nodes are start-up ids: an instance's id, or `HOST_NODE + m` for the host copy of
@@ -17,7 +17,6 @@ import math
 from collections.abc import Callable
 
 from surge.events import BlockLanded, PipelineRetired
-from surge.policy.cluster import Cluster
 from surge.policy.loading import (
     GoLive,
     GoLocal,
@@ -26,8 +25,9 @@ from surge.policy.loading import (
     OpenPipeline,
     RetirePipeline,
 )
-from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
-from surge.policy.plan import Transfer
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.plan import Transfer
+from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.startup import StartupPlan
 from surge.sim.carrier import Carrier
 from surge.sim.flows import Link

@@ -1,13 +1,13 @@
 """Executing a multicast plan from `surge.policy` as flows in virtual time.
 
-In: a `Plan` (from `surge.policy.multicast.plan_scale_out`), the link path between two
+In: a `Plan` (from `surge.policy.multicast.scale_out.plan_scale_out`), the link path between two
 plan nodes (the caller resolves what a node is: a GPU, or the host memory of a machine
 for a host source), the block size, and callbacks. Out: `on_arrival(node, block)` as
 each block lands (the caller feeds it to `surge.policy.loading.LoadingState`, which
 decides what opens and retires), `on_finished()` at the end, and `on_transfers(+1 / -1,
 transfer)` as a transfer starts / ends (CPU consumers under `SimSettings.shared_cores`).
 
-Execution is self-timed, as node agents run a plan (and as `surge.policy.timing`
+Execution is self-timed, as node agents run a plan (and as `surge.policy.multicast.timing`
 models it): each node sends its transfers in plan order and receives its transfers in
 plan order; a transfer starts when its block is at the sender and it heads both the
 sender's send queue and the receiver's receive queue. A source still receiving an earlier
@@ -19,7 +19,7 @@ so it shares bandwidth with every other transfer in flight.
 from collections import deque
 from collections.abc import Callable
 
-from surge.policy.plan import Plan, Transfer
+from surge.policy.multicast.plan import Plan, Transfer
 from surge.sim.flows import FlowNetwork, Link
 
 

@@ -24,7 +24,7 @@ from surge.policy.autoscale import (
     ScaleDecision,
     decide,
 )
-from surge.policy.paraserve_gpu_share import pipeline_speed
+from surge.policy.paraserve.gpu_share import pipeline_speed
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model

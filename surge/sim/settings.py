@@ -70,21 +70,21 @@ class SimSettings:
     busy endpoints share what is left. Why: the agents that move blocks are I/O-bound (they
     sleep on sockets and wake for each chunk), and Linux's scheduler runs a task waking from
     I/O ahead of CPU-bound ones; measured, the runtime's multicast barely slows while hot
-    instances serve (`benchmarks/sim_calibrate.py`, fix 8). False: one equal share for all."""
+    instances serve (`benchmarks/sim_calibrate/main.py`, fix 8). False: one equal share for all."""
     serving_transfers_shared: bool = False
     """With `transfers_first`: at a node whose agent also serves (a busy endpoint on its
     GPU) a block's CPU work runs at that endpoint's share, so its NIC links move blocks at
     1 / (1 + e * (1/share - 1)), e the cores that end's work takes at full rate
     (`send_cpu_cores` out, `transfer_cores - send_cpu_cores` in):
-    `sim/compute_sharing.py`, `benchmarks/sim_calibrate.py` fix 9. False: every transfer
+    `sim/compute_sharing.py`, `benchmarks/sim_calibrate/main.py` fix 9. False: every transfer
     goes first."""
     send_cpu_cores: float = 0.0
     """Of `transfer_cores`, the cores the SENDER's agent spends per block transfer at the
-    link's full rate (measured: `benchmarks/sim_calibrate_send.py`, CPU seconds per GB
+    link's full rate (measured: `benchmarks/sim_calibrate/send.py`, CPU seconds per GB
     sent x the link's GB/s); used by `serving_transfers_shared`."""
     serving_receive_slowdown: float = 0.0
     """With `serving_transfers_shared`: how many times longer a block takes to land in an
-    agent that serves than in one that does not, MEASURED (`benchmarks/sim_calibrate_receive.py`:
+    agent that serves than in one that does not, MEASURED (`benchmarks/sim_calibrate/receive.py`:
     the same blocks into a serving and an idle agent at once, while hot instances saturate
     the host); a serving node's ingress links then move at 1 / this of their rate instead of
     the share formula's receiver end (`sim/compute_sharing.py`, calibration fix 11).
@@ -95,7 +95,7 @@ class SimSettings:
     wake-ups leave at each instant (an M/M/c queue's idle servers: `sim/compute_sharing.py`
     `wakeup_share`), not the fluid `cores - transfer demand`. Differs only while fewer
     endpoints are busy than there are cores: a lone hot source loses part of its core even
-    though the host has idle capacity (measured: `benchmarks/sim_calibrate_serving.py`,
+    though the host has idle capacity (measured: `benchmarks/sim_calibrate/serving.py`,
     calibration fix 12). False: the fluid share."""
     transfer_wakeups_queue: bool = False
     """With `transfer_wakeups`: when the busy endpoints (one serving thread's core each; a
@@ -105,13 +105,13 @@ class SimSettings:
     (busy endpoints + transfer CPU)), so each block's CPU work at its ends takes 1/share
     as long and every flow moves at 1 / (1 + transfer_cores x (1/share - 1)) of its rate
     (`sim/compute_sharing.py` `queued_flow_speed`; checked by
-    `benchmarks/sim_calibrate_queue.py`, calibration fix 15). False: the wake-ups never
+    `benchmarks/sim_calibrate/wakeup_queue.py`, calibration fix 15). False: the wake-ups never
     wait for serving threads."""
     serving_efficiency_in_transfers: float = 1.0
     """With `shared_cores`: while any block transfer is in flight on the host, every busy
     endpoint serves at this fraction of its share (its steps take more CPU each while the
     host moves blocks). Measured: the hot agent's tokens per CPU-second of its engine
-    threads during a multicast over alone (`benchmarks/sim_calibrate_serving.py`,
+    threads during a multicast over alone (`benchmarks/sim_calibrate/serving.py`,
     calibration fix 14). 1.0 (the default): no loss."""
     send_cost_s_per_gb: float = 0.0
     """With `shared_cores`: seconds of serving one GB a node SENDS in a multicast costs
@@ -119,7 +119,7 @@ class SimSettings:
     execution pipeline with a stage on it) serve at (1 - send_cost_s_per_gb * B) of their
     share (`sim/compute_sharing.py`). 0 (the default): sending costs serving nothing (the
     paper systems, whose GPUs serve while the NIC sends). In this runtime a source's agent
-    sends the blocks from the process that serves; `benchmarks/sim_calibrate_send.py`
+    sends the blocks from the process that serves; `benchmarks/sim_calibrate/send.py`
     measures the serving rate lost per GB/s sent (`sim_calibration.json`, `send_cost`:
     0.86 on Nov 23 21:10, about the sending CPU, ~1 CPU-second per GB)."""
     pipeline_micro_batches: int = 1
@@ -130,7 +130,7 @@ class SimSettings:
     """Serving speed of an execution pipeline relative to its cost model (one batch of
     `pipeline_micro_batches` x `max_batch` at an instance's step cost plus a hop per stage
     boundary). 1.0: the model as is (the paper systems). This runtime's is measured by
-    `benchmarks/sim_calibrate_pipeline.py`: its pipeline's throughput relative to a local
+    `benchmarks/sim_calibrate/pipeline.py`: its pipeline's throughput relative to a local
     instance on the same burst, divided by the model's (`sim_calibration.json`,
     `pipeline_serving`)."""
     endpoint_open_s: float = 0.0
@@ -140,7 +140,7 @@ class SimSettings:
     as the runtime's carrier awaits each (`sim/carrier.py`); with `shared_cores` each
     stretches by the processor share. 0 (the default): the paper systems' controllers,
     whose start-up cost is `SystemConfig.init_s`; this runtime's value on this machine is
-    measured by `benchmarks/sim_calibrate.py` (`sim_calibration.json`,
+    measured by `benchmarks/sim_calibrate/main.py` (`sim_calibration.json`,
     `endpoint_open.endpoint_open_s`)."""
     pipeline_open_s: float = 0.0
     """As `endpoint_open_s`, for one execution pipeline (one `StageOpenOp` per stage, its
@@ -158,7 +158,7 @@ class SimSettings:
 
     block_count: str = "system"
     """B of each multicast: `system` (`SystemConfig.num_blocks`) or `elbow`
-    (`surge.policy.block_count.choose_block_count`: λScale §4.2's selective block size,
+    (`surge.policy.multicast.block_count.choose_block_count`: λScale §4.2's selective block size,
     the fewest blocks within 5% of the fastest, per model, N and K)."""
     block_overhead_s: float = 0.0
     """With `elbow`: fixed cost of one block transfer the elbow weighs against smaller

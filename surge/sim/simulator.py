@@ -23,8 +23,8 @@ import numpy as np
 
 from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
-from surge.policy.block_count import BlockCountSettings, choose_block_count
-from surge.policy.cluster import Cluster
+from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count
+from surge.policy.multicast.cluster import Cluster
 from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
 from surge.sim.compute_sharing import ComputeSharing

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from surge.events import PipelineOpened, Recorder, TimelineEvent
-from surge.policy.pipelines import Pipeline
+from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.systems import SystemConfig
 from surge.sim.cluster_state import ClusterState
 from surge.sim.events import EventLoop

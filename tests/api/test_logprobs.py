@@ -6,7 +6,7 @@ from pathlib import Path
 
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
-from surge.runtime.protocol_events import TokenGenerated, decode_event
+from surge.runtime.protocol import TokenGenerated, decode_event
 
 
 def _run(engine: LLMEngine, prompts, params):

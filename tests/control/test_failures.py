@@ -103,7 +103,7 @@ def test_new_controller_adopts_running_agents(tmp_path, tiny_store_dir, referenc
     from surge.control.controller import Controller, ControllerConfig
     from surge.engine.sampling import SamplingParams
     from surge.model.tokenizer import load_tokenizer
-    from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+    from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
     state = tmp_path / "state"
     (state / "registry").mkdir(parents=True)

@@ -11,7 +11,7 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.control.spec import DeploymentSpec
 from surge.engine.sampling import SamplingParams
 from surge.policy.systems import system_config
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 BLITZ = system_config("blitzscale").autoscale
 LAMBDA = system_config("lambdascale").autoscale

@@ -9,7 +9,7 @@ import asyncio
 
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
-from surge.policy.pd import DECODE, PREFILL
+from surge.policy.blitzscale.pd import DECODE, PREFILL
 from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout.context import instance_name
 from tests.control.test_serve_openai import MODEL

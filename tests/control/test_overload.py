@@ -11,7 +11,7 @@ import pytest
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.errors import Overloaded, SurgeError, Unavailable
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 
 def _value(text: str, name: str, **labels: str) -> float:

@@ -7,7 +7,7 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import load_tokenizer
 from surge.runtime.client import ClusterClient
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import StatusOp
 from tests.control.test_serve_openai import MODEL
 

@@ -17,7 +17,7 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.errors import Conflict, InvalidInput, Unavailable
 from surge.model.manifest import read_manifest
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import EvictOp
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)

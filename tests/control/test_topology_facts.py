@@ -9,8 +9,8 @@ from surge.control.controller import launch_cluster
 from surge.control.pd import egress_traffic
 from surge.control.settings import ControllerConfig
 from surge.errors import SurgeError
-from surge.policy.pd import DECODE, PREFILL
-from surge.policy.topology import NodeTraffic
+from surge.policy.blitzscale.pd import DECODE, PREFILL
+from surge.policy.multicast.topology import NodeTraffic
 from surge.runtime.endpoints import LocalEndpoint
 
 

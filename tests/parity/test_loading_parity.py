@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.policy.plan import Plan
+from surge.policy.multicast.plan import Plan
 from surge.policy.startup import Copy, Destination, StartupRequest, plan_startup
 from surge.policy.systems import system_config
 from surge.runtime.protocol import BlockArrived

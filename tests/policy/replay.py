@@ -1,12 +1,12 @@
 """Independent replay of plans for tests: re-checks the step model without trusting
-`surge.policy.plan.validate_plan`.
+`surge.policy.multicast.plan.validate_plan`.
 
 In: a `Plan` (and pipelines). Out: assertion errors naming the broken rule, or the
 per-node arrival steps.
 """
 
-from surge.policy.pipelines import Pipeline
-from surge.policy.plan import Plan
+from surge.policy.multicast.pipelines import Pipeline
+from surge.policy.multicast.plan import Plan
 
 
 def replay(plan: Plan) -> list[dict[int, int]]:

@@ -3,7 +3,7 @@
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.block_count import BlockCountSettings, choose_block_count, elbow_index
+from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count, elbow_index
 
 MODEL_BYTES = 13_000_000_000  # Llama-2 7B in fp16
 

@@ -4,7 +4,7 @@ holds. The runtime's scale-out asks the same function the simulator does."""
 
 from surge.config import EngineConfig
 from surge.model.manifest import read_manifest
-from surge.policy.flexpipe_microbatch import (
+from surge.policy.flexpipe.microbatch import (
     head_micro_batches,
     micro_batch_budgets,
     micro_batch_limit,

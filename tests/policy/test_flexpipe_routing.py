@@ -1,13 +1,13 @@
 """FlexPipe's routing and re-cutting decisions (`policy.router` `pack`,
-`flexpipe_groups.group_refactors`): requests fill the fewest groups, coarse ones first, an
+`groups.group_refactors`): requests fill the fewest groups, coarse ones first, an
 overfull group takes no more; busy groups split while requests wait and merge to what
 holds their load while none does; idle (draining) groups are left alone."""
 
 from dataclasses import replace
 
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe_groups import GroupView, Recut, group_refactors, pipeline_target
-from surge.policy.flexpipe_system import FlexPipeSettings
+from surge.policy.flexpipe.groups import GroupView, Recut, group_refactors, pipeline_target
+from surge.policy.flexpipe.system import FlexPipeSettings
 from surge.policy.router import PACK_MAX_OVER_TARGET, Endpoint, route
 from surge.policy.systems import system_config
 

@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.flexpipe_granularity import GranularityState
-from surge.policy.flexpipe_placement import SlotState
-from surge.policy.flexpipe_system import (
+from surge.policy.flexpipe.granularity import GranularityState
+from surge.policy.flexpipe.slot_allocation import SlotState
+from surge.policy.flexpipe.system import (
     FlexPipeSettings,
     LayerProfile,
     arrivals_in_window,

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.live_scaling import (
+from surge.policy.blitzscale.live_scaling import (
     DRAIN_WINDOW_S,
     InstanceLoad,
     PrefillSpan,
@@ -21,7 +21,7 @@ from surge.policy.live_scaling import (
     predicted_ttfts,
     prefill_s_per_token,
 )
-from surge.policy.zigzag import ZigzagProblem, best_effort, solve_zigzag
+from surge.policy.blitzscale.zigzag import ZigzagProblem, best_effort, solve_zigzag
 
 
 def test_prefill_time_counts_a_batched_step_once() -> None:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surge.policy.cluster import Cluster
-from surge.policy.multicast_binomial import binomial_step_bound, plan_binomial
-from surge.policy.subgroups import kway_block_orders, split_subgroups
+from surge.policy.multicast.binomial import binomial_step_bound, plan_binomial
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.subgroups import kway_block_orders, split_subgroups
 from tests.policy.replay import replay
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.cluster import Cluster
-from surge.policy.multicast_chain import build_chains, plan_chain
+from surge.policy.multicast.chain import build_chains, plan_chain
+from surge.policy.multicast.cluster import Cluster
 from tests.policy.replay import replay
 
 

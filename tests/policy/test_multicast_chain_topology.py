@@ -4,9 +4,9 @@ busy egress become the `Cluster` Alg. 1 (§5.1) plans on."""
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.multicast import MulticastRequest, plan_scale_out
-from surge.policy.multicast_chain import build_chains
-from surge.policy.topology import (
+from surge.policy.multicast.chain import build_chains
+from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
+from surge.policy.multicast.topology import (
     HOST_LINK_GBPS,
     UNCAPPED_GBPS,
     NodeLinks,

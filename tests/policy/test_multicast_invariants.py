@@ -4,8 +4,8 @@ deterministic, and no plan beats the timing model's lower bounds (issue 3)."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surge.policy.cluster import Cluster
-from surge.policy.multicast import (
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.scale_out import (
     STRATEGIES,
     MulticastRequest,
     plan_multicast,

@@ -15,18 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.multicast import (
+from surge.policy.multicast.binomial import binomial_step_bound, plan_binomial
+from surge.policy.multicast.pipelines import Pipeline, PipelineSettings, pipelines_earliest
+from surge.policy.multicast.plan import Plan, arrival_steps, make_plan
+from surge.policy.multicast.scale_out import (
     MAX_BLOCK_TRANSFERS,
     MAX_BLOCKS,
     MAX_NODES,
     MulticastRequest,
     plan_scale_out,
 )
-from surge.policy.multicast_binomial import binomial_step_bound, plan_binomial
-from surge.policy.pipelines import Pipeline, PipelineSettings, pipelines_earliest
-from surge.policy.plan import Plan, arrival_steps, make_plan
-from surge.policy.send_queues import forest_queues, forest_steps, schedule_queues
-from surge.policy.stage_cover import Stage, find_stage_cover
+from surge.policy.multicast.send_queues import forest_queues, forest_steps, schedule_queues
+from surge.policy.multicast.stage_cover import Stage, find_stage_cover
 from tests.policy.replay import assert_pipelines_valid, replay
 
 

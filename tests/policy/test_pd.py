@@ -1,9 +1,10 @@
-"""`surge.policy.pd`: roles of new instances, routing, hand-off target, mutation, monitor."""
+"""`surge.policy.blitzscale.pd`: roles of new instances, routing, hand-off target, mutation,
+monitor."""
 
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.pd import (
+from surge.policy.blitzscale.pd import (
     DECODE,
     PREFILL,
     PdInstance,

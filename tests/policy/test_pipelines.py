@@ -1,16 +1,16 @@
 """Execution pipelines: λScale's 2 -> 8 example, Alg. 2 groups, covers, mode switch."""
 
-from surge.policy.cluster import Cluster
-from surge.policy.multicast_binomial import plan_binomial
-from surge.policy.multicast_chain import plan_chain
-from surge.policy.pipelines import (
+from surge.policy.multicast.binomial import plan_binomial
+from surge.policy.multicast.chain import plan_chain
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.pipelines import (
     PipelineSettings,
     kway_pipeline_groups,
     pipelines_earliest,
     pipelines_kway,
 )
-from surge.policy.stage_cover import Stage, find_stage_cover
-from surge.policy.subgroups import split_subgroups
+from surge.policy.multicast.stage_cover import Stage, find_stage_cover
+from surge.policy.multicast.subgroups import split_subgroups
 from tests.policy.replay import assert_pipelines_valid
 
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from surge.policy.multicast_binomial import plan_binomial
-from surge.policy.plan import (
+from surge.policy.multicast.binomial import plan_binomial
+from surge.policy.multicast.plan import (
     Plan,
     PlanInvariantError,
     Transfer,

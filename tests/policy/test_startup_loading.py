@@ -14,8 +14,8 @@ from surge.policy.loading import (
     OpenPipeline,
     RetirePipeline,
 )
-from surge.policy.multicast import MulticastRequest, plan_scale_out
-from surge.policy.paraserve_sizing import GpuServer, StageTimes
+from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
+from surge.policy.paraserve.sizing import GpuServer, StageTimes
 from surge.policy.startup import (
     Copy,
     Destination,

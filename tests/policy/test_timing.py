@@ -4,13 +4,13 @@ import math
 
 import pytest
 
-from surge.policy.cluster import Cluster
-from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
-from surge.policy.multicast_binomial import plan_binomial
-from surge.policy.multicast_chain import build_chains, plan_chain
-from surge.policy.plan import make_plan
-from surge.policy.send_queues import forest_queues, schedule_queues
-from surge.policy.timing import TimingModel, simulate
+from surge.policy.multicast.binomial import plan_binomial
+from surge.policy.multicast.chain import build_chains, plan_chain
+from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.plan import make_plan
+from surge.policy.multicast.scale_out import STRATEGIES, MulticastRequest, plan_scale_out
+from surge.policy.multicast.send_queues import forest_queues, schedule_queues
+from surge.policy.multicast.timing import TimingModel, simulate
 
 BLOCK_BYTES = 50_000_000
 GBPS = 100.0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.flexpipe_granularity import (
+from surge.policy.flexpipe.granularity import (
     GranularityCandidate,
     GranularitySettings,
     GranularityState,

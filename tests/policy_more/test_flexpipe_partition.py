@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.flexpipe_partition import (
+from surge.policy.flexpipe.partition import (
     OperatorProfile,
     PartitionSettings,
     activation_scale,

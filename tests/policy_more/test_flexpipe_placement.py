@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.flexpipe_placement import (
+from surge.policy.flexpipe.slot_allocation import (
     AffinitySettings,
     HostingRecord,
     MultiplexSettings,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.flexpipe_refactor import (
+from surge.policy.flexpipe.refactor import (
     RunningRequest,
     StageSpan,
     block_owners,

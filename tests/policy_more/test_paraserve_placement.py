@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.paraserve_placement import (
+from surge.policy.paraserve.placement import (
     FetchingWorker,
     ServerNetwork,
     admit_worker,
@@ -15,7 +15,7 @@ from surge.policy.paraserve_placement import (
     handle_bandwidth_change,
     share_for_new_worker_gbps,
 )
-from surge.policy.paraserve_sizing import GpuServer
+from surge.policy.paraserve.sizing import GpuServer
 
 GBPS_8 = 8.0  # 8 Gbit/s = 1e9 bytes/s, so bytes read as nanoseconds of the full link
 GB = 1e9
@@ -137,8 +137,8 @@ def test_admitted_workers_all_finish_by_their_deadlines(
 
 
 def test_cold_starts_record_their_workers_and_steer_later_ones_away() -> None:
-    from surge.policy.paraserve_placement import place_cold_start
-    from surge.policy.paraserve_sizing import SizingRequest, StageTimes
+    from surge.policy.paraserve.placement import place_cold_start
+    from surge.policy.paraserve.sizing import SizingRequest, StageTimes
 
     times = StageTimes(
         runtime_init_s=0.5, transmission_s=0.0, prefill_s=0.1, decode_s=0.01, wait_s=0.0

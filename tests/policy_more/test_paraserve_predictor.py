@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.paraserve_predictor import (
+from surge.policy.paraserve.predictor import (
     PredictorSettings,
     decide_consolidation,
     plan_groups,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from surge.errors import SurgeError
-from surge.policy.paraserve_sizing import (
+from surge.policy.paraserve.sizing import (
     GpuServer,
     SizingRequest,
     SizingSettings,

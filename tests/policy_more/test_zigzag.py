@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from surge.cli.plan import app
 from surge.errors import SurgeError
-from surge.policy.zigzag import (
+from surge.policy.blitzscale.zigzag import (
     ZigzagProblem,
     average_latency,
     batch_latencies,

@@ -10,7 +10,7 @@ import pytest
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.runtime.client import ClusterClient
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import LoadOp, RegisterOp, Tier
 
 MODEL = "tiny"

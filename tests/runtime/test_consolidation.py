@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from surge.engine.sampling import SamplingParams
-from surge.policy.zigzag import ZigzagProblem, best_effort
+from surge.policy.blitzscale.zigzag import ZigzagProblem, best_effort
 from surge.runtime.consolidation import consolidate, live_prefill
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import InstanceAdoptOp, KvSource, LoadOp

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from surge.runtime.agent_transfer import EgressPort
+from surge.runtime.node.transfer import EgressPort
 
 
 async def _pull(port: EgressPort, held: asyncio.Event, step: float, order: list[float]) -> None:

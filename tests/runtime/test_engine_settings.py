@@ -6,8 +6,8 @@ from pathlib import Path
 
 from surge.control.controller import launch_cluster
 from surge.control.settings import ControllerConfig
-from surge.runtime.agent_process import agent_argv
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.agent_process import agent_argv
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 
 def test_the_controllers_engine_settings_reach_every_agents_command_line(tmp_path: Path) -> None:

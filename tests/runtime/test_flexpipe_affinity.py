@@ -1,5 +1,5 @@
 """FlexPipe's runtime scale-out places a new pipeline as the simulator does (§7 Eq. 13,
-`flexpipe_system.place_new_group`): the spare nodes that hosted the model most recently
+`system.place_new_group`): the spare nodes that hosted the model most recently
 (served it, or took a host copy: the controller's `host_last_used_s`) take its stages
 first; without a history, Eq. 6 alone (the lowest free nodes). A placement that ignores
 the history fails this test."""

@@ -10,8 +10,7 @@ from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.protocol import LoadOp
-from surge.runtime.protocol_ops import StageProfileOp
+from surge.runtime.protocol import LoadOp, StageProfileOp
 from surge.runtime.refactor import FlexPipeline, blocks_of_stage, refactor_pipeline
 from surge.runtime.scaleout.flexpipe import micro_batches
 from surge.runtime.server import Server

@@ -9,7 +9,7 @@ from multiprocessing import shared_memory
 import pytest
 
 from surge.model.manifest import BlockInfo
-from surge.runtime.tiers import HostCache, segment_name
+from surge.runtime.node.tiers import HostCache, segment_name
 
 
 def _info(index: int) -> BlockInfo:

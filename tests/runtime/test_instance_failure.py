@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from surge.engine.llm_engine import TokenEvent
 from surge.engine.sampling import SamplingParams
-from surge.runtime.agent_instances import AgentInstances, LocalInstance
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.node.instances import AgentInstances, LocalInstance
 from surge.runtime.protocol import Event, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
 

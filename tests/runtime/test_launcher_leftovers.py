@@ -17,7 +17,7 @@ import pytest
 
 from surge.control.controller import launch_cluster
 from surge.control.settings import ControllerConfig
-from surge.runtime.launcher import (
+from surge.runtime.launch.local import (
     WORK_DIR_PREFIX,
     LocalCluster,
     LocalClusterConfig,
@@ -74,7 +74,7 @@ def test_a_start_that_fails_removes_its_work_dir(tmp_root: Path) -> None:
 
 LAUNCHER = """
 import json, time
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 with LocalCluster(LocalClusterConfig(num_nodes=2, preload_engine=False)) as c:
     pids = [p.pid for p in c.procs.values()]
     print(json.dumps({"work_dir": str(c.work_dir), "pids": pids}), flush=True)
@@ -107,8 +107,8 @@ def test_what_a_killed_launcher_left_is_swept_by_the_next_start(tmp_root: Path) 
 
 EARLY_DEATH = """
 import json, subprocess, time
-from surge.runtime.agent_process import agent_argv, agent_env
-from surge.runtime.launcher import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.agent_process import agent_argv, agent_env
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 c = LocalCluster(LocalClusterConfig(num_nodes=1, preload_engine=False))
 c.make_work_dir()
 argv, env = agent_argv(c.agent_config(0)), agent_env(c.token)

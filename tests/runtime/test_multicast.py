@@ -7,7 +7,7 @@ import pytest
 
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
-from surge.policy.multicast import STRATEGIES, MulticastRequest, plan_scale_out
+from surge.policy.multicast.scale_out import STRATEGIES, MulticastRequest, plan_scale_out
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import ChecksumsOp, GenerateOp, StatusOp
 from tests.runtime.conftest import MODEL, connected

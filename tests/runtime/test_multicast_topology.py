@@ -10,9 +10,9 @@ who sent which block to whom, which must be the plan's forest.
 import asyncio
 from collections.abc import Mapping
 
+from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.systems import system_config
-from surge.policy.topology import NodeLinks, NodeTraffic
-from surge.runtime.launcher import LocalCluster
+from surge.runtime.launch.local import LocalCluster
 from surge.runtime.multicast import MulticastExecutor, MulticastResult
 from surge.runtime.protocol import BlockArrived, LinkReport, SetPeersOp
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext

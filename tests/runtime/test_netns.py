@@ -18,9 +18,9 @@ import pytest
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
-from surge.policy.multicast import MulticastRequest, plan_scale_out
-from surge.runtime import netns
-from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig, require_netns
+from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
+from surge.runtime.launch import netns
+from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig, require_netns
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import ChecksumsOp, GenerateOp
 from tests.conftest import REPO
@@ -242,7 +242,7 @@ def test_five_percent_loss_on_one_link_during_a_scale_out_loses_nothing(
 LAUNCHER = """
 import json, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from surge.runtime.launcher_netns import NetnsCluster, NetnsClusterConfig
+from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig
 with NetnsCluster(NetnsClusterConfig(num_nodes=2, link_gbps=0.1, preload_engine=False)) as c:
     pids = [p.pid for p in c.procs.values()]
     print(json.dumps({"prefix": c.prefix, "pids": pids, "work_dir": str(c.work_dir)}), flush=True)

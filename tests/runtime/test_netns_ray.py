@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from surge.runtime import netns
+from surge.runtime.launch import netns
 from tests.conftest import REPO
 from tests.control.conftest import (  # noqa: F401 (fixtures of surge serve)
     reference,

@@ -9,7 +9,7 @@ import pytest
 
 from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
-from surge.policy.pd import DECODE, PREFILL, PdTargets
+from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.pd_handoff import PdServing
 from surge.runtime.server import Server

@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import surge.engine.runner as runner_module
-from surge.runtime.agent_store import AgentStore, ModelState
+from surge.runtime.node.store import AgentStore, ModelState
 
 
 class SlowRunner:

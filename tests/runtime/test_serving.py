@@ -132,7 +132,7 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
     """Two GPU copies, four receivers: the start-up plan takes both copies as sources
     (K=2), the loading state machine opens the plan's execution pipelines as their stages
     fill, and retires each when a member holds everything (mode switch)."""
-    from surge.policy.multicast import MulticastRequest, plan_scale_out
+    from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
     from surge.policy.startup import Copy, Destination
     from surge.policy.systems import system_config
     from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
@@ -190,8 +190,8 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
 
 
 def test_stage_layers_follow_the_agent_mapping(manifest) -> None:
-    from surge.policy.pipelines import Pipeline
-    from surge.policy.stage_cover import Stage
+    from surge.policy.multicast.pipelines import Pipeline
+    from surge.policy.multicast.stage_cover import Stage
     from surge.runtime.scaleout import stage_layers
 
     pipe = Pipeline(step=3, stages=(Stage(1, 0, 1), Stage(2, 2, 3)), until_step=5)

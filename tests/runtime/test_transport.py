@@ -14,7 +14,7 @@ import pytest
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import read_manifest
 from surge.model.tiny import TinyModelConfig, create_tiny_model
-from surge.policy.multicast import MulticastRequest, plan_scale_out
+from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockReply, ChecksumsOp, StatusOp, ok_header
 from surge.runtime.token_bucket import TokenBucket

@@ -1,16 +1,16 @@
 """Calibration fix 10: the transfer CPU measured while K hot instances serve
-(`benchmarks/sim_calibrate_contention.py`, `sim_calibrate_rounds.profile_of`,
-`sim_calibrate_predict.predict`)."""
+(`benchmarks/sim_calibrate/contention.py`, `rounds.profile_of`,
+`predict.predict`)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.sim_calibrate_contention import TransferShare, median_contention
-from benchmarks.sim_calibrate_predict import predict
-from benchmarks.sim_calibrate_repeats import SCENARIOS, bursts_of, scenario_name
-from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.contention import TransferShare, median_contention
+from benchmarks.sim_calibrate.predict import predict
+from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
+from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "benchmarks" / "results" / "sim_calibration_repeats_fused_store.json"

@@ -1,6 +1,6 @@
 """Calibration fix 15: the transfers' wake-ups queue behind serving threads that fill the
 cores (`SimSettings.transfer_wakeups_queue`, `sim/compute_sharing.queued_flow_speed`), and
-its check (`benchmarks/sim_calibrate_queue.py`)."""
+its check (`benchmarks/sim_calibrate/wakeup_queue.py`)."""
 
 import itertools
 import json
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sim_calibrate_predict import predict
-from benchmarks.sim_calibrate_queue import loop_schedstat, median_queue, model_of, summarize
-from benchmarks.sim_calibrate_repeats import SCENARIOS, bursts_of, scenario_name
-from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.predict import predict
+from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
+from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.wakeup_queue import loop_schedstat, median_queue, model_of, summarize
 from surge.errors import SurgeError
 from surge.sim.compute_sharing import ComputeSharing, queued_flow_speed
 from surge.sim.events import EventLoop
@@ -142,7 +142,7 @@ STUB = {
 
 
 def test_a_failed_queue_check_does_not_end_the_round(monkeypatch):
-    import benchmarks.sim_calibrate_rounds as rounds_mod
+    import benchmarks.sim_calibrate.rounds as rounds_mod
 
     names = (
         "measure_engine", "measure_transport", "measure_endpoint_open", "measure_send_cost",

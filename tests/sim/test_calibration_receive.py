@@ -1,17 +1,17 @@
 """Calibration fix 11: blocks into a serving agent at their MEASURED slow-down
 (`SimSettings.serving_receive_slowdown`, `sim/compute_sharing.py`;
-`benchmarks/sim_calibrate_receive.py`, `sim_calibrate_rounds.profile_of`,
-`sim_calibrate_predict.predict`)."""
+`benchmarks/sim_calibrate/receive.py`, `rounds.profile_of`,
+`predict.predict`)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.sim_calibrate_predict import predict
-from benchmarks.sim_calibrate_receive import chain_plan, median_receive, receive_seconds
-from benchmarks.sim_calibrate_repeats import SCENARIOS, bursts_of, scenario_name
-from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.predict import predict
+from benchmarks.sim_calibrate.receive import chain_plan, median_receive, receive_seconds
+from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
+from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
 from surge.errors import SurgeError
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.events import EventLoop

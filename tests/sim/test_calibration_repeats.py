@@ -1,4 +1,4 @@
-"""The calibration's repeats (`benchmarks/sim_calibrate_repeats.py`, `sim_calibrate_rounds.py`):
+"""The calibration's repeats (`benchmarks/sim_calibrate/repeats.py`, `sim_calibrate/rounds.py`):
 the rotated burst order, the per-percentile median / spread / error, the interleaving of
 bursts and profile rounds, the median profile, and bad options. Not the long run itself."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sim_calibrate_repeats import (
+from benchmarks.sim_calibrate.repeats import (
     PERCENTILES,
     SCENARIOS,
     BurstSettings,
@@ -26,7 +26,7 @@ from benchmarks.sim_calibrate_repeats import (
     scenario_name,
     spread,
 )
-from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "benchmarks" / "results" / "sim_calibration.json"
@@ -228,7 +228,7 @@ def test_a_calibration_reads_back_its_own_profile() -> None:
 )
 def test_bad_options_give_one_error_line(argv: list[str], message: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sim_calibrate", *argv],
+        [sys.executable, "-m", "benchmarks.sim_calibrate.main", *argv],
         capture_output=True,
         text=True,
         timeout=60,

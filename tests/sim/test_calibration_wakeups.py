@@ -1,7 +1,7 @@
 """Calibration fixes 12 and 13: the transfers' CPU as wake-ups holding whole cores
 (`SimSettings.transfer_wakeups`, `sim/compute_sharing.wakeup_share`), its measurement
-(`benchmarks/sim_calibrate_serving.py`), and the serving step fitted at the burst's shapes
-(`sim_calibrate_measure.burst_shape_costs`)."""
+(`benchmarks/sim_calibrate/serving.py`), and the serving step fitted at the burst's shapes
+(`measure.burst_shape_costs`)."""
 
 import itertools
 import json
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sim_calibrate_predict import predict
-from benchmarks.sim_calibrate_profile import burst_shape_costs
-from benchmarks.sim_calibrate_repeats import SCENARIOS, bursts_of, scenario_name
-from benchmarks.sim_calibrate_rounds import profile_of, rounds_of
-from benchmarks.sim_calibrate_serving import (
+from benchmarks.sim_calibrate.predict import predict
+from benchmarks.sim_calibrate.profiling import burst_shape_costs
+from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
+from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.serving import (
     median_serving,
     model_cores,
     schedstat_s,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe_groups import pipeline_autoscale
+from surge.policy.flexpipe.groups import pipeline_autoscale
 from surge.sim.costs import cost_model
 from surge.sim.events import EventLoop
 from surge.sim.hardware import load_cluster

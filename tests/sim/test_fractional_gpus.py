@@ -11,13 +11,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from surge.policy.paraserve_gpu_share import (
+from surge.policy.paraserve.gpu_share import (
     consolidation_gpu,
     low_memory_share,
     pick_gpu,
     pipeline_speed,
 )
-from surge.policy.paraserve_sizing import _slowdown
+from surge.policy.paraserve.sizing import _slowdown
 from surge.policy.systems import system_config
 from surge.sim.gpus import Gpus
 from surge.sim.hardware import cluster_from_spec, cluster_spec

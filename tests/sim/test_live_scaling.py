@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from surge.policy.live_scaling import choose_schedule
+from surge.policy.blitzscale.live_scaling import choose_schedule
 from surge.policy.systems import system_config
 from surge.sim.costs import cost_model
 from surge.sim.hardware import load_cluster

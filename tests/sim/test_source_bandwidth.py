@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from surge.events import InstanceUp, Recorder, ScaleOutStarted
-from surge.policy.plan import Transfer, make_plan
+from surge.policy.multicast.plan import Transfer, make_plan
 from surge.policy.systems import system_config
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flows import FlowNetwork

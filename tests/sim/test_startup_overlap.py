@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from surge.policy.paraserve_placement import ServerNetwork
-from surge.policy.paraserve_sizing import GpuServer, SizingSettings, StageTimes
+from surge.policy.paraserve.placement import ServerNetwork
+from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import GroupRequest, plan_group, serving_at_s
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec

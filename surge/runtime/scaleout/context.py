@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from surge.config import EngineConfig
 from surge.events import NO_BUS, EventBus, PipelineOpened
 from surge.model.manifest import Manifest
-from surge.policy.live_scaling import LoadRatio
-from surge.policy.paraserve_predictor import ConsolidationDecision
-from surge.policy.pipelines import Pipeline
+from surge.policy.blitzscale.live_scaling import LoadRatio
+from surge.policy.multicast.pipelines import Pipeline
+from surge.policy.multicast.topology import NodeLinks, NodeTraffic
+from surge.policy.paraserve.predictor import ConsolidationDecision
 from surge.policy.startup import Copy, Destination, GroupPlan
 from surge.policy.systems import SystemConfig
-from surge.policy.topology import NodeLinks, NodeTraffic
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.multicast import MulticastResult
@@ -155,7 +155,7 @@ class ScaleOutContext:
     it is planned as uncapped and alone (`policy.topology`)."""
     hosted_s: Mapping[int, float] = field(default_factory=dict)
     """When each node last hosted the model (served it or took a host copy; monotonic
-    s): FlexPipe's §7 Eq. 13 history (`flexpipe_system.place_new_group`)."""
+    s): FlexPipe's §7 Eq. 13 history (`system.place_new_group`)."""
     # ---- what happened (written by the scale-out) ----
     kind: str | None = None
     """`hot`, `warm` or `cold` (the start-up plan's kind)."""

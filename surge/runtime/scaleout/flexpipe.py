@@ -2,12 +2,12 @@
 
 In: the context (destinations, spare nodes with a free slot and their own tiers, the
 system, the server's arrivals). For each destination, one `FlexPipeline`:
-- the stage count of a new instance (§7 Eq. 11/12, `flexpipe_system.scale_out_num_stages`:
+- the stage count of a new instance (§7 Eq. 11/12, `system.scale_out_num_stages`:
   the arrivals' CV over the last `cv_window_s` times the queue length, fine enough that
   the queue is served within the TTFT SLO when the model loads at `fetch_gbps` split over
   the stages; never coarser than Eq. 4's choice); the controller's granularity loop,
   `control/flexpipe.py`, owns the shape from then on;
-- layers (§5 Eq. 2) and nodes by `flexpipe_system.choose_stages`: the destination runs
+- layers (§5 Eq. 2) and nodes by `system.choose_stages`: the destination runs
   the first stage, spares (booked with `hooks.book`) the others, placed as the simulator
   places a new group (`place_new_group`: §7 Eq. 13 affinity, the nodes that hosted the
   model most recently first, `hosted_s`: served it or hold a host copy; then §6.2 Eq. 6);
@@ -29,11 +29,11 @@ from collections.abc import Sequence
 
 from surge.config import EngineConfig
 from surge.model.manifest import Manifest
-from surge.policy.flexpipe_granularity import cv_of_arrivals
-from surge.policy.flexpipe_microbatch import head_micro_batches
-from surge.policy.flexpipe_place import Affinity
-from surge.policy.flexpipe_placement import HostingRecord, SlotState
-from surge.policy.flexpipe_system import (
+from surge.policy.flexpipe.granularity import cv_of_arrivals
+from surge.policy.flexpipe.microbatch import head_micro_batches
+from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
+from surge.policy.flexpipe.stage_placement import Affinity
+from surge.policy.flexpipe.system import (
     LayerProfile,
     StageChoice,
     arrivals_in_window,
@@ -42,7 +42,7 @@ from surge.policy.flexpipe_system import (
 )
 from surge.policy.startup import StartupPlan
 from surge.policy.systems import SystemConfig
-from surge.runtime.protocol_ops import StageProfileOp
+from surge.runtime.protocol import StageProfileOp
 from surge.runtime.refactor import FlexPipeline, blocks_of_stage
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, flexpipe_name
@@ -100,7 +100,7 @@ def micro_batches(
     system: SystemConfig, manifest: Manifest, engine: EngineConfig, num_stages: int
 ) -> tuple[int, int]:
     """The head's micro-batches for `num_stages` stages and the most for any granularity
-    (§7 Eq. 12, `flexpipe_microbatch.head_micro_batches`, bounded by the KV cache)."""
+    (§7 Eq. 12, `microbatch.head_micro_batches`, bounded by the KV cache)."""
     s = system.flexpipe
     finest = min(max(s.stage_counts), manifest.arch.num_layers)
     return head_micro_batches(num_stages, finest, engine.max_kv_tokens, s.min_group_kv_tokens)

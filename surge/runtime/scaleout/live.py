@@ -36,7 +36,7 @@ import math
 import time
 
 from surge.events import LiveBatch
-from surge.policy.live_scaling import (
+from surge.policy.blitzscale.live_scaling import (
     InstanceLoad,
     LoadRatio,
     PrefillSpan,
@@ -49,7 +49,7 @@ from surge.policy.live_scaling import (
     plan_redistribution,
     prefill_s_per_token,
 )
-from surge.policy.zigzag import ZigzagProblem
+from surge.policy.blitzscale.zigzag import ZigzagProblem
 from surge.runtime.consolidation import live_prefill
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.request import ServeRequest

@@ -30,9 +30,9 @@ from surge.policy.loading import (
     OpenPipeline,
     RetirePipeline,
 )
-from surge.policy.multicast import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest, plan_scale_out
+from surge.policy.multicast.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.policy.startup import StartupPlan
-from surge.policy.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.runtime.endpoints import PipelineEndpoint
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockArrived

@@ -34,13 +34,13 @@ import time
 
 from surge.errors import SurgeError
 from surge.events import Consolidation, PipelineRetired
-from surge.policy.paraserve_placement import FetchingWorker, ServerNetwork
-from surge.policy.paraserve_predictor import (
+from surge.policy.paraserve.placement import FetchingWorker, ServerNetwork
+from surge.policy.paraserve.predictor import (
     ConsolidationDecision,
     PredictorSettings,
     decide_consolidation,
 )
-from surge.policy.paraserve_sizing import GpuServer, SizingDecision, SizingSettings, StageTimes
+from surge.policy.paraserve.sizing import GpuServer, SizingDecision, SizingSettings, StageTimes
 from surge.policy.startup import (
     GroupPlan,
     GroupRequest,

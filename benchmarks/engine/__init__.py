@@ -1,0 +1,1 @@
+"""Engine benchmarks: throughput, against peers, workers, fused store decode, prefix cache."""

@@ -1,0 +1,1 @@
+"""Scale-out benchmarks: bursts, cold starts, multicasts and planners."""

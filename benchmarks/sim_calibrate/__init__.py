@@ -1,0 +1,1 @@
+"""The simulator's calibration against one testbed host: profile steps, rounds, prediction."""

@@ -1,0 +1,212 @@
+"""The simulator's prediction of one calibration burst, fix by fix
+(`benchmarks/sim_calibrate/main.py`).
+
+In: the calibrated cluster and model files (`profiling.sim_files`), a burst's
+settings (a scale_burst report) and the profile (`rounds.profile_of`). Out:
+per scenario (K = 1, 2 x execute-while-load, stop-the-world) the simulated TTFT p50/p90,
+the endpoints' opening times and the multicast's end, after each fix in `FIXES` (each
+added to the ones before; the last is the calibrated prediction).
+"""
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks.sim_calibrate.profiling import burst_trace, sim_files
+from benchmarks.sim_calibrate.repeats import SCENARIOS, scenario_name
+from benchmarks.sim_calibrate.rounds import PIPELINE_MICRO_BATCHES
+
+MODES = {"execute_while_load": "pipelines", "stop_the_world": "none"}
+"""Scale-out mode -> the simulated system's `serve_while_loading`."""
+
+
+def simulate_burst(
+    cluster: str,
+    model: str,
+    real: dict,
+    mode: str,
+    cores: float | None,
+    transfer_cores: float = 0.0,
+    micro_batches: int = PIPELINE_MICRO_BATCHES,
+    stage_hop_s: float = 0.001,
+    opens: dict | None = None,
+    pipeline_speed: float = 1.0,
+    send_cost_s_per_gb: float = 0.0,
+    transfers_first: bool = False,
+    serving_transfers_shared: bool = False,
+    send_cpu_cores: float = 0.0,
+    serving_receive_slowdown: float = 0.0,
+    transfer_wakeups: bool = False,
+    efficiency_in_transfers: float = 1.0,
+    wakeups_queue: bool = False,
+):
+    """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
+    from benchmarks.scaleout.scale_burst import percentile
+    from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
+    from surge.policy.autoscale import AutoscaleSettings
+    from surge.policy.systems import system_config
+    from surge.sim.settings import SimSettings
+    from surge.sim.simulator import Simulation
+
+    k = real["sources"]
+    system = replace(
+        system_config("lambdascale"),
+        name=f"lambdascale-{mode}",
+        max_sources=k,
+        num_blocks=real["blocks"],
+        serve_while_loading=MODES[mode],
+        host_cache="none",
+        # scale_out starts with the burst (the benchmark calls it at once), to N nodes:
+        decision_interval_s=1e-3,
+        stage_hop_s=stage_hop_s,
+        autoscale=AutoscaleSettings(
+            target_ongoing_requests=real["requests"] / real["nodes"],
+            downscale_delay_s=60.0,
+        ),
+    )
+    settings = SimSettings(
+        cluster=cluster,
+        models=(model,),
+        system=system.name,
+        max_batch=real["max_num_seqs"],
+        warm_instances=k,
+        shared_cores=cores,
+        transfer_cores=transfer_cores if cores is not None else 0.0,
+        pipeline_micro_batches=micro_batches,
+        endpoint_open_s=opens["endpoint_open_s"] if opens else 0.0,
+        pipeline_open_s=opens["pipeline_open_s"] if opens else 0.0,
+        pipeline_speed=pipeline_speed,
+        send_cost_s_per_gb=send_cost_s_per_gb if cores is not None else 0.0,
+        transfers_first=transfers_first and cores is not None,
+        serving_transfers_shared=serving_transfers_shared and transfers_first and cores is not None,
+        send_cpu_cores=min(send_cpu_cores, transfer_cores) if cores is not None else 0.0,
+        serving_receive_slowdown=serving_receive_slowdown
+        if serving_transfers_shared and transfers_first and cores is not None
+        else 0.0,
+        transfer_wakeups=transfer_wakeups and transfers_first and cores is not None,
+        serving_efficiency_in_transfers=efficiency_in_transfers if cores is not None else 1.0,
+        transfer_wakeups_queue=wakeups_queue
+        and transfer_wakeups
+        and transfers_first
+        and cores is not None,
+    )
+    trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
+    recorder = Recorder()
+    res = Simulation(trace, settings, system, timeline=recorder).run()
+    opened = [
+        round(ev.t_s, 3)
+        for ev in recorder.events
+        if isinstance(ev, InstanceUp | PipelineOpened) and ev.t_s > 0
+    ]
+    ttft = [float(f - a) for f, a in zip(res.first_token_s, res.arrival_s, strict=True)]
+    if min(ttft) < 0:
+        raise RuntimeError(f"{mode}: some requests never got a first token")
+    return {
+        "ttft_p50_s": round(percentile(ttft, 0.5), 4),
+        "ttft_p90_s": round(percentile(ttft, 0.9), 4),
+        "all_requests_done_s": round(float(res.done_s.max()), 4),
+        "pipelines_opened": sum(1 for e in res.scale_events if e[2] == "pipeline"),
+        "endpoints_opened_s": opened,
+        # the last block landing: the runtime's `multicast_complete_s`
+        "multicast_complete_s": round(
+            max((ev.t_s for ev in recorder.events if isinstance(ev, BlockLanded)), default=0.0), 3
+        ),
+    }
+
+
+FIXES = (
+    # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
+    #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
+    #  transfers take their CPU before serving?, a serving agent's transfers at its share?,
+    #  the transfer CPU measured while K hot instances serve?, blocks into a serving agent
+    #  at their measured slow-down?, the transfers' CPU as wake-ups holding whole cores?,
+    #  the serving step's costs fitted at the burst's shapes?, serving per core measured
+    #  while transfers run?, the transfers' wake-ups queue behind serving threads when
+    #  those fill the cores?)
+    ("1_serving_step", False, False, 1, *(False,) * 11),
+    ("2_link_rate", True, False, 1, *(False,) * 11),
+    ("3_transfer_cpu", True, True, 1, *(False,) * 11),
+    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 11),
+    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 10),
+    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 9),
+    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 8),
+    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 7),
+    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 6),
+    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 5),
+    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, *(False,) * 4),
+    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False, False, False),
+    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9, False, False),
+    ("14_serving_efficiency", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 10, False),
+    ("15_wakeups_queue", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 11),
+)
+"""Each fix added to the previous ones; the last is the calibrated prediction."""
+
+
+def predict(profile: dict, reals: dict, cores: float) -> dict:
+    """Per scenario, the simulated burst with every fix added in turn (the last: the
+    calibrated prediction), on `profile` (`profile_of`) and the bursts' settings per K."""
+    engine, transport = profile["engine"], profile["transport"]
+    # Fix 13's costs (older profiles without them: fix 13 is fix 12).
+    shapes = profile.get("burst_shapes") or {
+        "per_layer_s": engine["per_layer_s"],
+        "pipeline_speed": profile["pipeline_speed"],
+    }
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for rate in (reals[1]["link_gbps"], transport["multicast_effective_gbps"]):
+            for shaped in (False, True):
+                where = Path(tmp) / f"{rate}-{shaped}"
+                where.mkdir(exist_ok=True)
+                costs = engine | {"per_layer_s": shapes["per_layer_s"]} if shaped else engine
+                files[rate, shaped] = sim_files(costs, reals[1]["nodes"], rate, where)
+        for k, mode in SCENARIOS:
+            steps = {}
+            for (
+                label,
+                eff,
+                cpu,
+                micro,
+                opening,
+                slow,
+                sending,
+                priority,
+                shared,
+                busy,
+                recv,
+                wakeups,
+                shaped,
+                efficient,
+                queued,
+            ) in FIXES:
+                rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
+                # Fix 10: the transfer CPU measured during a burst (without that
+                # measurement in the rounds, fix 10 is fix 9).
+                w = profile["transfer_cores"]
+                if busy and profile.get("transfer_cores_serving") is not None:
+                    w = profile["transfer_cores_serving"]
+                speed = shapes["pipeline_speed"] if shaped else profile["pipeline_speed"]
+                pred = simulate_burst(
+                    *files[rate, shaped],
+                    reals[k],
+                    mode,
+                    cores,
+                    w if cpu else 0.0,
+                    micro,
+                    engine["agent_round_trip_per_step_s"],
+                    profile if opening else None,
+                    speed if slow else 1.0,
+                    profile["send_cost_s_per_gb"] if sending else 0.0,
+                    priority,
+                    shared,
+                    profile["send_cpu_cores"] if shared else 0.0,
+                    # Fix 11: measured, or 0 (fix 9's share formula) where no round has it.
+                    (profile.get("serving_receive_slowdown") or 0.0) if recv else 0.0,
+                    wakeups,
+                    # Fix 14: measured, or 1 (no loss) where no round has it.
+                    (profile.get("serving_efficiency_in_transfers") or 1.0) if efficient else 1.0,
+                    queued,
+                )
+                steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
+            out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}
+    return out

@@ -1,0 +1,1 @@
+"""Per-system benchmarks: BlitzScale, FlexPipe, zigzag."""

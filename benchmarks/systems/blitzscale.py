@@ -1,0 +1,237 @@
+"""BlitzScale in `surge serve` (issue 17): a burst from the Azure conversation trace on a P/D
+deployment, four systems in the same run.
+
+Each system runs the same requests on a fresh `LocalCluster` of `--nodes` agents (links
+capped at `--link-gbps`, the registry read at `--disk-gbps` as each node's disk) behind the
+real controller (`control/`: autoscaler, P/D hand-off and mutation, scale-outs):
+- `blitzscale`: chains from the serving instances, live scaling when the TTFT SLO needs it
+  (measured Time_l, zigzag or best effort, redistribution), P/D with mutation;
+- `lambdascale`: binomial multicast, execution pipelines, mode switch (P/D by the spec);
+- `load_then_serve` (ServerlessLLM): each new node loads the whole model from its own tier
+  (host cache, else disk), then serves;
+- `all_cached`: every node already holds the model and serves from the start (no scaling:
+  the lower bound on latency, the upper bound on GPU-seconds).
+The deployment starts with `pd: {prefill: 1, decode: 1}` (two instances) and may grow to
+every node. Requests: `--requests` consecutive requests of
+`../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv` (`surge.traces`), their
+gaps divided by `--time-scale` (a burst), prompt and output lengths clipped to the tiny
+model. Reported per system: TTFT and TBT p50/p99 (the controller's clock), GPU-seconds
+(instances held × seconds, sampled every 0.1 s from the burst to its last token), live
+batches / hand-offs / mutations, and each one's ratio to blitzscale.
+
+Run: `python -m benchmarks.systems.blitzscale [--nodes 4 --requests 48 --time-scale 20]`; writes
+benchmarks/results/blitzscale.json and a PNG of the TTFT CDFs.
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import model_config
+from benchmarks.scaleout.scale_burst import percentile
+from surge.control.controller import Controller, ControllerConfig
+from surge.engine.sampling import SamplingParams
+from surge.model.importer import import_checkpoint
+from surge.model.tiny import create_tiny_model
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+from surge.traces.resolve import load_trace
+
+log = logging.getLogger("blitzscale")
+MODEL = "conv"
+SYSTEMS = {
+    "blitzscale": "blitzscale",
+    "lambdascale": "lambdascale",
+    "load_then_serve": "serverlessllm",
+    "all_cached": "serverlessllm",
+}
+"""Benchmark name -> the deployment's strategy."""
+
+
+def burst_from_trace(args) -> list[tuple[float, int, int]]:
+    """(arrival s, prompt tokens, output tokens) of the replayed slice."""
+    trace = load_trace("azure-conv")
+    start = args.offset
+    sl = slice(start, start + args.requests)
+    arrivals = trace.arrival_s[sl] - trace.arrival_s[start]
+    prompts = np.clip(trace.input_tokens[sl], 4, args.max_prompt)
+    outputs = np.clip(trace.output_tokens[sl], 2, args.max_tokens)
+    return [
+        (float(a) / args.time_scale, int(p), int(o))
+        for a, p, o in zip(arrivals, prompts, outputs, strict=True)
+    ]
+
+
+async def run_system(name: str, store: Path, state: Path, cluster, burst, args) -> dict:
+    cfg = ControllerConfig(state_dir=state, nodes=args.nodes, max_num_seqs=args.max_num_seqs)
+    ctl = Controller(cfg, cluster.addresses, cluster.token)
+    await ctl.start()
+    try:
+        whole = name == "all_cached"
+        scaling = {
+            "min_replicas": args.nodes if whole else 2,
+            "max_replicas": args.nodes,
+            "target_ongoing_requests": args.target,
+            "keep_alive_s": 60,
+            "downscale_delay_s": 60,
+        }
+        dep = await ctl.create(
+            {
+                "name": MODEL,
+                "model": str(store),
+                "strategy": SYSTEMS[name],
+                "pd": {"prefill": 1, "decode": 1},
+                "slo": {"ttft_ms": args.ttft_slo_ms},
+                "autoscaling": scaling,
+            }
+        )
+        want = scaling["min_replicas"]
+        deadline = time.monotonic() + 300
+        while len(dep.serving()) < want or dep.multicasting:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {want} first instances never served")
+            await asyncio.sleep(0.05)
+        rng = random.Random(0)
+        held: list[tuple[float, int]] = []
+        start = time.monotonic()
+
+        async def sample() -> None:
+            while True:
+                held.append((time.monotonic() - start, len(dep.instances)))
+                await asyncio.sleep(0.1)
+
+        sampler = asyncio.get_running_loop().create_task(sample())
+        reqs = []
+        for at_s, prompt, out in burst:
+            delay = start + at_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            ids = [rng.randrange(2, 500) for _ in range(prompt)]
+            params = SamplingParams(max_tokens=out, ignore_eos=True)
+            reqs.append(await ctl.submit(dep, ids, params))
+        await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 600)
+        sampler.cancel()
+        end_s = max(r.done_t for r in reqs) - start
+        gpu_s = sum(0.1 * n for t, n in held if t <= end_s)
+        ttft = [r.first_token_t - r.arrival_t for r in reqs]
+        tbt = [
+            b - a for r in reqs for a, b in zip(r.token_times[:-1], r.token_times[1:], strict=True)
+        ]
+        pd = dep.server.pd
+        status = ctl.describe(dep)["status"]
+        return {
+            "strategy": SYSTEMS[name],
+            "ttft_p50_s": round(percentile(ttft, 0.5), 4),
+            "ttft_p99_s": round(percentile(ttft, 0.99), 4),
+            "tbt_p50_s": round(percentile(tbt, 0.5), 5),
+            "tbt_p99_s": round(percentile(tbt, 0.99), 5),
+            "gpu_s": round(gpu_s, 2),
+            "all_done_s": round(end_s, 3),
+            "max_instances": max(n for _, n in held),
+            "live_prefilled": status.get("live_prefilled", 0),
+            "handoffs": pd.num_handoffs if pd else 0,
+            "mutations": pd.num_mutations if pd else 0,
+            "ttfts_s": sorted(round(x, 4) for x in ttft),
+        }
+    finally:
+        await ctl.stop()
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, res in report["systems"].items():
+        xs = res["ttfts_s"]
+        ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"Azure conv burst, {report['requests']} requests, {report['nodes']} nodes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--offset", type=int, default=0, help="first trace row replayed")
+    ap.add_argument("--time-scale", type=float, default=20.0, help="trace gaps divided by this")
+    ap.add_argument("--max-prompt", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--model-mb", type=float, default=32)
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--link-gbps", type=float, default=0.25)
+    ap.add_argument("--disk-gbps", type=float, default=0.0625)
+    ap.add_argument("--max-num-seqs", type=int, default=2)
+    ap.add_argument("--target", type=float, default=2.0, help="target_ongoing_requests")
+    ap.add_argument("--ttft-slo-ms", type=float, default=500.0)
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/blitzscale.json"))
+    ap.add_argument("--png", type=Path, default=Path("benchmarks/results/blitzscale.png"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    names = args.systems.split(",")
+    if unknown := [n for n in names if n not in SYSTEMS]:
+        ap.error(f"unknown system {unknown[0]}; choose from {', '.join(SYSTEMS)}")
+    burst = burst_from_trace(args)
+    report: dict = {
+        "machine": {"cpus": __import__("os").cpu_count(), "cluster": "loopback, token buckets"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
+        "nodes": args.nodes,
+        "requests": len(burst),
+        "trace": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+        "burst_span_s": round(burst[-1][0], 3),
+        "systems": {},
+    }
+    import platform
+
+    report["machine"]["platform"] = platform.platform()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        create_tiny_model(tmp / "hf", model_config(args.model_mb, args.blocks))
+        store = tmp / "store"
+        import_checkpoint(tmp / "hf", store, num_blocks=args.blocks, progress=False)
+        for name in names:
+            state = tmp / f"state-{name}"
+            (state / "registry").mkdir(parents=True)
+            cluster = LocalCluster(
+                LocalClusterConfig(
+                    num_nodes=args.nodes,
+                    remote_dir=state / "registry",
+                    link_gbps=args.link_gbps,
+                    remote_gbps=args.disk_gbps,
+                )
+            )
+            with cluster:
+                res = asyncio.run(run_system(name, store, state, cluster, burst, args))
+            report["systems"][name] = res
+            log.info("%s: %s", name, {k: v for k, v in res.items() if k != "ttfts_s"})
+    base = report["systems"].get("blitzscale")
+    if base:
+        report["ratios_to_blitzscale"] = {
+            n: {
+                k: round(r[k] / base[k], 3) if base[k] else None
+                for k in ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "gpu_s")
+            }
+            for n, r in report["systems"].items()
+        }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, args.png)
+    print(json.dumps(report.get("ratios_to_blitzscale", {}), indent=1))
+
+
+if __name__ == "__main__":
+    main()

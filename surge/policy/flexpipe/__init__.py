@@ -1,0 +1,1 @@
+"""FlexPipe's decisions: granularity, partition, placement and inflight refactoring (§5-§7)."""

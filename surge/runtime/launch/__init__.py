@@ -1,0 +1,1 @@
+"""Starting node agents: local processes, network namespaces, Ray actors."""

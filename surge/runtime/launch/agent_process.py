@@ -1,0 +1,98 @@
+"""Starting a node agent process, the same way from every launcher.
+
+What flows: an `AgentConfig` in, the `surge node run` command line out (`agent_argv`, the
+inverse of `cli/node.py`); the agent's token goes into its environment (`agent_env`), never
+on a command line; `wait_ready` reads the agent's ready line `{"ready": true, "port": P}`.
+Used by `LocalCluster` (`launcher.py`) and by the Ray actors (`launch/ray_cluster.py`), so the two
+cannot drift apart.
+"""
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+
+from surge.errors import SurgeError
+from surge.runtime.node.context import AgentConfig
+
+
+def agent_argv(config: AgentConfig) -> list[str]:
+    """`surge node run` for `config` (all but the token)."""
+    cmd = [sys.executable, "-m", "surge.cli", "node", "run", "--node-id", str(config.node)]
+    cmd += ["--cluster-id", config.cluster_id, "--disk-dir", str(config.disk_dir)]
+    cmd += ["--host", config.host, "--port", str(config.port)]
+    for flag, gbps in (
+        ("--egress-gbps", config.egress_gbps),
+        ("--ingress-gbps", config.ingress_gbps),
+        ("--remote-gbps", config.remote_gbps),
+    ):
+        if gbps:
+            cmd += [flag, str(gbps)]
+    if config.remote_dir:
+        cmd += ["--remote-dir", str(config.remote_dir)]
+    cmd += ["--max-num-seqs", str(config.engine.max_num_seqs)]
+    cmd += ["--max-kv-tokens", str(config.engine.max_kv_tokens)]
+    if not config.engine.fuse_projections:
+        cmd.append("--no-fuse-projections")
+    if config.engine.compile_decode:
+        cmd.append("--compile-decode")
+    if not config.preload_engine:
+        cmd.append("--no-preload-engine")
+    if not config.pace_links:
+        cmd.append("--no-pace-links")
+    if config.host_group is not None:
+        cmd += ["--host-group", config.host_group]
+        cmd += ["--host-mates", ",".join(map(str, config.host_mates))]
+    if config.host_gbps:
+        cmd += ["--host-gbps", str(config.host_gbps)]
+    if config.fault_corrupt_sends:
+        cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
+    return cmd
+
+
+LAUNCHER_PID_ENV = "SURGE_LAUNCHER_PID"
+"""The launching process's pid, in the agent's environment: the agent exits once its parent
+is no longer that process (`NodeAgent.serve_forever`) — even when the launcher died before
+the agent could look (a parent pid read at that point would already be init's)."""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID runs (a launcher's, for sweeping what a dead one left)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def agent_env(token: str, threads: int | None = None) -> dict[str, str]:
+    """The agent's environment: the cluster token, this (launching) process's pid, and its
+    compute threads if given."""
+    env = {**os.environ, "SURGE_TOKEN": token, LAUNCHER_PID_ENV: str(os.getpid())}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def wait_ready(node: int, proc: subprocess.Popen, deadline: float) -> int:
+    """The port the agent reports on its ready line (before `deadline`, time.monotonic)."""
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SurgeError(f"node agent {node} exited with {proc.returncode} at start")
+            if sel.select(timeout=0.2):
+                line = proc.stdout.readline()
+                if line:
+                    msg = json.loads(line)
+                    if msg.get("ready"):
+                        return int(msg["port"])
+        raise SurgeError(f"node agent {node} did not start in time (see its log)")
+    finally:
+        sel.close()

@@ -1,0 +1,231 @@
+"""Local launcher: N node agents as processes on this machine, with per-node link caps.
+
+`LocalCluster` starts `surge node run` processes, waits until each prints its port, tells
+every agent its peers, and stops them all on exit — SIGTERM, then SIGKILL after a grace
+period — so no process outlives a test, even a failing one. Agents also exit on their own
+if the launching process dies.
+
+Files: without `work_dir`, the agents' disk tiers live in a temporary directory
+`surge-cluster-<launcher pid>-<cluster id>` that `start` makes and `stop` removes (building
+a cluster or asking for an agent's settings makes nothing). A launcher killed outright
+(SIGKILL) runs no cleanup: the next cluster to start removes the directories of launchers
+whose pid no longer runs (`sweep_stale_work_dirs`).
+"""
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from surge.config import EngineConfig
+from surge.errors import SurgeError
+from surge.runtime.client import ClusterClient
+from surge.runtime.launch.agent_process import agent_argv, agent_env, pid_alive, wait_ready
+from surge.runtime.node.context import AgentConfig
+from surge.runtime.protocol import SetPeersOp
+from surge.runtime.transport import DEFAULT_HOST
+
+log = logging.getLogger(__name__)
+
+WORK_DIR_PREFIX = "surge-cluster-"
+"""Temporary work directories are named `<prefix><launcher pid>-<cluster id>`."""
+
+
+@dataclass(frozen=True)
+class LocalClusterConfig:
+    """A cluster of agent processes on this machine."""
+
+    num_nodes: int = 4
+    link_gbps: float | None = None
+    """Egress and ingress cap of every node (None: unlimited loopback)."""
+    egress_gbps: tuple[float, ...] | None = None
+    """Per-node egress caps (overrides link_gbps)."""
+    ingress_gbps: tuple[float, ...] | None = None
+    host_groups: tuple[tuple[int, ...], ...] = ()
+    """Nodes of one group share a machine: they reach each other over a fast link of their
+    own (`group_gbps`) that bypasses their NIC caps (GPUs of one host over NVLink), and
+    report the group to the controller, whose multicast planner feeds each group with one
+    network transfer (BlitzScale §5.1)."""
+    group_gbps: float = 40.0
+    """The host groups' fast link, Gbit/s."""
+    remote_dir: Path | None = None
+    """Model registry directory (stores by model name)."""
+    remote_gbps: float | None = None
+    work_dir: Path | None = None
+    """Where disk tiers live (default: a temporary directory removed on stop)."""
+    max_num_seqs: int = 64
+    """Running-batch limit of every agent's engines."""
+    max_kv_tokens: int = 16384
+    """KV-cache capacity (tokens) of every runner on every agent."""
+    threads_per_agent: int | None = None
+    """Compute threads of each agent (None: this machine's cores / agents, at least 1) —
+    N agents on one machine share its cores like N machines would own theirs; without this,
+    every agent's OpenMP pool spins on every core and all of them slow down together."""
+    preload_engine: bool = True
+    """Agents import the engine (torch) before they report ready; turn off for clusters
+    that only move bytes (faster start)."""
+    fuse_projections: bool = True
+    """Every agent's `EngineConfig.fuse_projections`."""
+    compile_decode: bool = False
+    """Every agent's `EngineConfig.compile_decode`."""
+    start_timeout_s: float = 60.0
+    extra_args: dict[int, list[str]] = field(default_factory=dict)
+    """Extra command-line arguments for some nodes (testing: fault injection)."""
+
+    def host_group(self, node: int) -> tuple[int, ...]:
+        """The host group holding `node` (empty: a machine alone)."""
+        return next((g for g in self.host_groups if node in g), ())
+
+    def caps(self, node: int) -> tuple[float | None, float | None]:
+        eg = self.egress_gbps[node] if self.egress_gbps else self.link_gbps
+        ig = self.ingress_gbps[node] if self.ingress_gbps else self.link_gbps
+        return eg, ig
+
+
+class LocalCluster:
+    """Context manager: `with LocalCluster(cfg) as cluster: ...` (agents stopped on exit)."""
+
+    def __init__(self, config: LocalClusterConfig) -> None:
+        if config.num_nodes < 1:
+            raise SurgeError("a cluster needs at least one node")
+        self.config = config
+        self.token = secrets.token_hex(16)
+        self.cluster_id = secrets.token_hex(3)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.addresses: dict[int, tuple[str, int]] = {}
+        self._tmp = (
+            Path(tempfile.gettempdir()) / f"{WORK_DIR_PREFIX}{os.getpid()}-{self.cluster_id}"
+        )
+        """The temporary work directory (named now; made by `start`, removed by `stop`)."""
+        self._tmp_made = False
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def work_dir(self) -> Path:
+        """Where the agents' disk tiers live: `config.work_dir`, else a temporary directory
+        that exists from `start` to `stop`."""
+        return self.config.work_dir if self.config.work_dir is not None else self._tmp
+
+    def make_work_dir(self) -> None:
+        """Sweep what killed launchers left, then make the temporary work directory (the
+        first step of `start`)."""
+        sweep_stale_work_dirs()
+        if self.config.work_dir is None and not self._tmp_made:
+            self._tmp.mkdir(mode=0o700)  # a name that exists already is an error, not ours
+            self._tmp_made = True
+
+    def check_groups(self) -> None:
+        """Raise `SurgeError` unless the host groups are disjoint sets of this cluster's nodes."""
+        grouped = [n for g in self.config.host_groups for n in g]
+        nodes = set(range(self.config.num_nodes))
+        if len(grouped) != len(set(grouped)) or not set(grouped) <= nodes:
+            raise SurgeError(f"host groups {self.config.host_groups} must be disjoint node ids")
+
+    def start(self) -> None:
+        self.check_groups()
+        self.make_work_dir()
+        threads = self.config.threads_per_agent or max(
+            1, (os.cpu_count() or 1) // self.config.num_nodes
+        )
+        env = agent_env(self.token, threads)
+        for node in range(self.config.num_nodes):
+            cmd = agent_argv(self.agent_config(node)) + self.config.extra_args.get(node, [])
+            self.procs[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + self.config.start_timeout_s
+        for node, proc in self.procs.items():
+            self.addresses[node] = (DEFAULT_HOST, wait_ready(node, proc, deadline))
+
+    def agent_config(self, node: int) -> AgentConfig:
+        """The settings of one of this cluster's agents."""
+        eg, ig = self.config.caps(node)
+        group = self.config.host_group(node)
+        return AgentConfig(
+            node=node,
+            cluster_id=self.cluster_id,
+            token=self.token,
+            disk_dir=self.work_dir / f"node{node}",
+            egress_gbps=eg,
+            ingress_gbps=ig,
+            host_group=f"host{min(group)}" if group else None,
+            host_mates=tuple(m for m in group if m != node),
+            host_gbps=self.config.group_gbps if group else None,
+            remote_dir=self.config.remote_dir,
+            remote_gbps=self.config.remote_gbps,
+            engine=EngineConfig(
+                max_num_seqs=self.config.max_num_seqs,
+                max_kv_tokens=self.config.max_kv_tokens,
+                fuse_projections=self.config.fuse_projections,
+                compile_decode=self.config.compile_decode,
+            ),
+            preload_engine=self.config.preload_engine,
+        )
+
+    def client(self) -> ClusterClient:
+        """A controller-side client of every agent (call `await client.connect()`)."""
+        return ClusterClient(self.addresses, self.token)
+
+    async def wire_peers(self, client: ClusterClient) -> None:
+        """Tell every agent where its peers listen, and pre-open the connection pool."""
+        await client.broadcast(SetPeersOp(peers=dict(self.addresses)))
+
+    def kill(self, node: int) -> None:
+        """Kill one agent abruptly (failure tests)."""
+        proc = self.procs[node]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout:
+                proc.stdout.close()
+        # Segments of agents that were killed are unlinked by their resource trackers;
+        # remove any that a crash still left behind.
+        for f in Path("/dev/shm").glob(f"surge_{self.cluster_id}_*"):
+            f.unlink(missing_ok=True)
+        if self._tmp_made:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp_made = False
+
+    def alive(self) -> list[int]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+
+def sweep_stale_work_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the temporary work directories (under `root`, default the system's temporary
+    directory) of launchers whose pid no longer runs; returns them. A reused pid only keeps
+    a stale directory a while longer."""
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*-*"):
+        pid = d.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    if removed:
+        log.info("removed %d work directories of clusters whose launcher died", len(removed))
+    return removed

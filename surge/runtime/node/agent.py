@@ -1,0 +1,229 @@
+"""The node agent: one process per node, owning that node's tiers and serving its blocks.
+
+What flows in: typed ops (`runtime/protocol.py`) from the controller and peers, as frames
+on authenticated connections. What flows out: replies, block bytes to peers, and events
+(block arrivals, failed pulls, tokens) to subscribers.
+
+This file is the agent's server: sockets, the accept loop, dispatch by op class, events and
+lifecycle. Its parts are composed, each given the `NodeContext` (and the store) it needs:
+`AgentStore` (tiers and the register/load/evict/checksums ops), `AgentTransfer` (the block
+data path: get_block, multicast pulls, pull_from, set_peers), `AgentServing` (pipeline
+stages) and `AgentInstances` (full local instances, with their P/D side). The server
+answers `status`, `shutdown` and `subscribe` itself.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+
+from surge.errors import SurgeError
+from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
+from surge.runtime.node.context import AgentConfig, Handlers, NodeContext, import_engine
+from surge.runtime.node.instances import AgentInstances
+from surge.runtime.node.serving import AgentServing
+from surge.runtime.node.store import AgentStore, ModelState
+from surge.runtime.node.transfer import AgentTransfer
+from surge.runtime.protocol import (
+    Ack,
+    Event,
+    Op,
+    ShutdownOp,
+    StatusOp,
+    StatusReply,
+    SubscribeOp,
+    decode_op,
+    error_header,
+    ok_header,
+)
+from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
+from surge.runtime.transport import (
+    AuthError,
+    Connection,
+    ConnectionClosed,
+    RemoteError,
+    accept_hello,
+)
+from surge.wire import FrameError
+
+__all__ = ["AgentConfig", "ModelState", "NodeAgent", "run_agent"]
+
+log = logging.getLogger(__name__)
+
+PARENT_CHECK_S = 1.0
+
+
+class NodeAgent:
+    """The server side of one node."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.node = config.node
+        rate = gbps_to_bytes_per_s
+
+        def paced(gbps: float | None) -> float | None:
+            return gbps if config.pace_links else None
+
+        self.ctx = NodeContext(
+            config=config,
+            emit=self.emit,
+            spawn=self._spawn,
+            egress=TokenBucket(rate(eg) if (eg := paced(config.egress_gbps)) else None),
+            ingress=TokenBucket(rate(ig) if (ig := paced(config.ingress_gbps)) else None),
+            host_out=TokenBucket(rate(hg) if (hg := paced(config.host_gbps)) else None),
+            host_in=TokenBucket(rate(hg) if hg else None),
+        )
+        self.store = AgentStore(self.ctx)
+        self.transfer = AgentTransfer(self.ctx, self.store)
+        self.serving = AgentServing(self.ctx, self.store)
+        self.local = AgentInstances(self.ctx, self.store, self.serving.fetch_kv)
+        self.handlers: Handlers = {
+            StatusOp: self.op_status,
+            ShutdownOp: self.op_shutdown,
+            **self.store.handlers(),
+            **self.transfer.handlers(),
+            **self.serving.handlers(),
+            **self.local.handlers(),
+        }
+        self.subscribers: list[Connection] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._stop = asyncio.Event()
+        self._server: socket.socket | None = None
+        self.port = 0
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self._server = sock
+        self.port = sock.getsockname()[1]
+        self._spawn(self._accept_loop())
+        return self.port
+
+    async def serve_forever(self) -> None:
+        launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+        parent = int(launcher) if launcher.isdigit() else os.getppid()
+        while not self._stop.is_set():
+            # No orphans: an agent whose launcher died exits by itself.
+            if os.getppid() != parent:
+                log.warning("node %d: launcher is gone, exiting", self.node)
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), PARENT_CHECK_S)
+        await self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self.transfer.close()
+        self.serving.close()
+        for conn in self.subscribers:
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        self.store.close()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._server is not None
+        while True:
+            client, _ = await loop.sock_accept(self._server)
+            self._spawn(self._handle(Connection(client, self.ctx.egress, self.ctx.ingress)))
+
+    async def _handle(self, conn: Connection) -> None:
+        """Serve one connection until it closes; a bad peer never takes the agent down."""
+        try:
+            who = await accept_hello(conn, self.config.token, f"node-{self.node}")
+            conn.peer = who
+            peer = who.removeprefix("node-")
+            conn.egress, conn.ingress = self.ctx.buckets(int(peer) if peer.isdigit() else None)
+            while True:
+                header, payload = await conn.recv()
+                try:
+                    op = decode_op(header)
+                except SurgeError as e:  # unknown op or bad field: say so, keep serving
+                    await conn.send(error_header(str(e)))
+                    continue
+                if isinstance(op, SubscribeOp):
+                    self.subscribers.append(conn)
+                    await conn.send(ok_header(Ack()))
+                    return  # the connection now belongs to the event stream
+                await self._dispatch(conn, op, payload)
+        except (TimeoutError, ConnectionClosed, AuthError, FrameError, OSError) as e:
+            log.info("node %d: connection from %s ended: %s", self.node, conn.peer, e)
+            if conn not in self.subscribers:
+                conn.close()
+
+    async def _dispatch(self, conn: Connection, op: Op, payload: memoryview) -> None:
+        try:
+            reply = await self.handlers[type(op)](op, conn, payload)
+        except (SurgeError, RemoteError) as e:
+            await conn.send(error_header(f"{op.NAME}: {e}"))
+            return
+        except (ConnectionClosed, OSError):
+            raise
+        except Exception as e:  # a bug in a handler: answer, log, keep serving
+            log.exception("node %d: op %s failed", self.node, op.NAME)
+            await conn.send(error_header(f"{op.NAME}: internal error: {e!r}"))
+            return
+        if reply is not None:  # handlers that stream their own answer return None
+            await conn.send(ok_header(reply))
+
+    # ---- events ------------------------------------------------------------------
+
+    async def emit(self, event: Event) -> None:
+        frame = event.to_json()
+        for conn in list(self.subscribers):
+            try:
+                async with conn.lock:
+                    await conn.send(frame)
+            except (ConnectionClosed, OSError):
+                self.subscribers.remove(conn)
+                conn.close()
+
+    # ---- the server's own ops ----------------------------------------------------
+
+    async def op_status(self, op: StatusOp, conn: Connection, p: memoryview) -> StatusReply:
+        return StatusReply(
+            node=self.node,
+            port=self.port,
+            models=self.store.holdings(),
+            bytes_in=self.transfer.bytes_in,
+            bytes_out=self.transfer.bytes_out,
+            peers=tuple(sorted(self.ctx.peers)),
+        )
+
+    async def op_shutdown(self, op: ShutdownOp, conn: Connection, p: memoryview) -> Ack:
+        self._stop.set()
+        return Ack()
+
+
+async def run_agent(config: AgentConfig) -> None:
+    """Start an agent, announce its port on stdout, serve until shutdown."""
+    import signal
+
+    if config.preload_engine:
+        import_engine()
+    agent = NodeAgent(config)
+    port = await agent.start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.stop)
+    sys.stdout.write(json.dumps({"ready": True, "node": config.node, "port": port}) + "\n")
+    sys.stdout.flush()
+    await agent.serve_forever()

@@ -1,0 +1,112 @@
+"""What every part of a node agent shares: its settings and a `NodeContext`.
+
+The agent (`runtime/node/agent.py`) is composed of a server, a store (`node/store.py`), the
+block data path (`node/transfer.py`) and model execution (`node/serving.py`,
+`node/instances.py`). The server makes one `NodeContext` and hands it to the others; it
+is all they know of each other besides the store, which the others are given explicitly.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from surge.config import EngineConfig
+from surge.runtime.protocol import Event, Op, Reply
+from surge.runtime.token_bucket import TokenBucket
+from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed, connect
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of one node agent."""
+
+    node: int
+    """This node's id (0..N-1 in its cluster)."""
+    cluster_id: str
+    """Names this cluster's shared-memory segments."""
+    token: str
+    """Shared secret every connection must present."""
+    disk_dir: Path
+    """This node's local disk tier."""
+    host: str = DEFAULT_HOST
+    port: int = 0
+    """0 picks a free port (reported on stdout when ready)."""
+    egress_gbps: float | None = None
+    """Egress cap of this node's NIC (None: unlimited)."""
+    ingress_gbps: float | None = None
+    pace_links: bool = True
+    """Pace the NIC caps with the agent's token buckets; False where something else
+    enforces them (the netns launcher's kernel qdiscs): the caps are then only reported."""
+    host_group: str | None = None
+    """The machine this agent shares with other agents (None: a machine alone); reported
+    to the controller, whose multicast planner treats a host group as one NVLink group."""
+    host_mates: tuple[int, ...] = ()
+    """The other agents of its host group: connections to and from them bypass the NIC caps
+    and are paced at `host_gbps` instead (the machine's own fast link)."""
+    host_gbps: float | None = None
+    """The host group's fast link (None: unpaced, reported as `policy.topology`'s
+    `HOST_LINK_GBPS`)."""
+    remote_dir: Path | None = None
+    """The registry: a directory of stores, ROOT/<model>/manifest.json."""
+    remote_gbps: float | None = None
+    """Read cap of the registry as seen from this node."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    preload_engine: bool = True
+    """Import the engine (torch) before announcing readiness, so the first block that lands
+    in the gpu tier does not wait ~1.5 s for it."""
+    fault_corrupt_sends: int = 0
+    """Testing only: corrupt the payload of this many block sends."""
+
+
+Handler = Callable[[Any, Connection, memoryview], Awaitable[Reply | None]]
+"""An op handler: (typed op, its connection, its payload) -> the reply, or None when the
+handler sent its own answer (one with a payload)."""
+Handlers = dict[type[Op], Handler]
+"""A part's ops: {op class: handler}; the server merges every part's table."""
+
+
+def import_engine() -> None:
+    """Import the engine (torch, ~1.5 s) and load its one-row kernel if built (`engine/gemv.py`:
+    ~0.1 s; an agent never compiles it) — at start-up, or while the first block travels."""
+    import surge.engine.runner  # noqa: F401
+    from surge.engine import gemv
+
+    gemv.load()
+
+
+@dataclass
+class NodeContext:
+    """The agent's services that its parts use: identity, events, tasks, peers, pacing."""
+
+    config: AgentConfig
+    emit: Callable[[Event], Awaitable[None]]
+    """Send an event to every subscriber."""
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
+    """Run a coroutine as a task the agent cancels when it closes."""
+    egress: TokenBucket
+    ingress: TokenBucket
+    host_out: TokenBucket = field(default_factory=lambda: TokenBucket(None))
+    """Paces traffic to host mates (the machine's fast link, this node's sending end)."""
+    host_in: TokenBucket = field(default_factory=lambda: TokenBucket(None))
+    peers: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Peer addresses by node id (set by the `set_peers` op)."""
+
+    @property
+    def node(self) -> int:
+        return self.config.node
+
+    async def dial(self, node: int) -> Connection:
+        """A new authenticated connection to a peer, paced by this node's NIC caps."""
+        if node not in self.peers:
+            raise ConnectionClosed(f"node {node} is not a known peer of node {self.node}")
+        host, port = self.peers[node]
+        egress, ingress = self.buckets(node)
+        return await connect(host, port, self.config.token, f"node-{self.node}", egress, ingress)
+
+    def buckets(self, peer: int | None) -> tuple[TokenBucket, TokenBucket]:
+        """(egress, ingress) pacing of a connection with `peer` (None: not an agent)."""
+        if peer is not None and peer in self.config.host_mates:
+            return self.host_out, self.host_in
+        return self.egress, self.ingress

@@ -1,0 +1,301 @@
+"""Full local instances on a node (λScale §4.4 mode-switch target; P/D roles of BlitzScale §5.2).
+
+`instance_open` wraps the node's full runner (its gpu-tier blocks, views, no copies) in an
+`LLMEngine` and starts the instance's loop; `instance_submit` adds a request — optionally
+with tokens it already generated elsewhere, whose KV cache is rebuilt by prefill;
+`instance_adopt` continues a request whose K/V arrives with it (ParaServe §6 migration,
+BlitzScale's P/D hand-off); `instance_abort` takes requests back out (to move them
+elsewhere); `generate` is a one-off run. Each instance's loop applies changes between two
+steps (never during one) and emits every generated token as a `TokenGenerated` event. The
+P/D side (roles, parking after prefill, `instance_handoff`) is `runtime/node/pd.py`.
+Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext` and
+`AgentStore` passed in.
+"""
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from surge.errors import SurgeError
+from surge.runtime.node.context import Handlers, NodeContext
+from surge.runtime.node.pd import AgentPd, Parked, step_and_park
+from surge.runtime.node.store import AgentStore
+from surge.runtime.protocol import (
+    HANDOFF_REASON,
+    AbortReply,
+    Ack,
+    AdoptReply,
+    GenerateOp,
+    GenerateReply,
+    InstanceAbortOp,
+    InstanceAdoptOp,
+    InstanceCloseOp,
+    InstanceHandoffOp,
+    InstanceOpenOp,
+    InstanceReply,
+    InstanceRoleOp,
+    InstanceSubmitOp,
+    KvPart,
+    KvSource,
+    RequestFailed,
+    SubmitReply,
+    TokenGenerated,
+)
+from surge.runtime.transport import Connection
+
+if TYPE_CHECKING:
+    import torch
+
+    from surge.engine.llm_engine import LLMEngine
+    from surge.runtime.node.store import ModelState
+
+
+log = logging.getLogger(__name__)
+
+
+def kv_parts(
+    parts: tuple[KvPart, ...], payload: memoryview, dtype: "torch.dtype", where: str
+) -> list[tuple[int, "torch.Tensor"]]:
+    """(first_layer, K/V tensor) of each part, cut from one payload in order (a copy: the
+    frame's buffer is reused)."""
+    import torch
+
+    out, offset = [], 0
+    for part in parts:
+        n = math.prod(part.shape) * dtype.itemsize
+        if offset + n > len(payload):
+            raise SurgeError(f"{where}: payload holds {len(payload)} bytes, parts need more")
+        kv = torch.frombuffer(bytearray(payload[offset : offset + n]), dtype=dtype)
+        out.append((part.first_layer, kv.view(part.shape)))
+        offset += n
+    return out
+
+
+@dataclass
+class LocalInstance:
+    """A full copy of a model on this node, serving requests with continuous batching."""
+
+    name: str
+    model: str
+    engine: "LLMEngine"
+    requests: dict[int, str] = field(default_factory=dict)
+    """seq_id -> the controller's request id."""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+    inbox: list[tuple[Callable[["LLMEngine"], Any], asyncio.Future]] = field(default_factory=list)
+    """Changes to the engine, applied by its loop between steps (never during one)."""
+    role: str = "decode"
+    """P/D role (`runtime/node/pd.py`): "prefill" parks requests after their prefill."""
+    fresh: set[int] = field(default_factory=set)
+    """Submitted sequences that have produced no token here yet (their prefill is next)."""
+    parked: dict[str, "Parked"] = field(default_factory=dict)
+    """req_id -> a request parked after its prefill, waiting for `instance_handoff`."""
+
+    async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
+        """Run `fn(engine)` between two steps and return its result."""
+        fut = asyncio.get_running_loop().create_future()
+        self.inbox.append((fn, fut))
+        self.wake.set()
+        return await fut
+
+
+class AgentInstances:
+    """The node's full local instances of its models."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        store: AgentStore,
+        fetch_kv: Callable[[KvSource], Awaitable[tuple[KvPart, memoryview]]],
+    ) -> None:
+        self.ctx, self.store = ctx, store
+        self.fetch_kv = fetch_kv
+        """One K/V part from the stage that holds it (`AgentServing.fetch_kv`)."""
+        self.instances: dict[str, LocalInstance] = {}
+        self.pd = AgentPd(self.instances)
+
+    def handlers(self) -> Handlers:
+        return {
+            InstanceOpenOp: self.op_instance_open,
+            InstanceSubmitOp: self.op_instance_submit,
+            InstanceAdoptOp: self.op_instance_adopt,
+            InstanceAbortOp: self.op_instance_abort,
+            InstanceCloseOp: self.op_instance_close,
+            GenerateOp: self.op_generate,
+            InstanceRoleOp: self.pd.op_instance_role,
+            InstanceHandoffOp: self.pd.op_instance_handoff,
+        }
+
+    def _instance(self, name: str) -> LocalInstance:
+        inst = self.instances.get(name)
+        if inst is None:
+            raise SurgeError(f"no instance {name} on node {self.ctx.node} (instance_open first)")
+        return inst
+
+    def _complete_model(self, model: str) -> "ModelState":
+        state = self.store.model(model)
+        if not state.complete_in_gpu:
+            raise SurgeError(f"node {self.ctx.node} does not hold every block of {model} in gpu")
+        return state
+
+    async def op_instance_open(
+        self, op: InstanceOpenOp, conn: Connection, p: memoryview
+    ) -> InstanceReply:
+        from surge.engine.llm_engine import LLMEngine, LocalExecutor
+
+        state = self._complete_model(op.model)
+        if op.instance not in self.instances:
+            engine = LLMEngine(state.manifest, self.ctx.config.engine, LocalExecutor(state.runner))
+            inst = LocalInstance(op.instance, op.model, engine)
+            inst.task = self.ctx.spawn(self._instance_loop(inst))
+            self.instances[op.instance] = inst
+        return InstanceReply(instance=op.instance)
+
+    async def op_instance_submit(
+        self, op: InstanceSubmitOp, conn: Connection, p: memoryview
+    ) -> SubmitReply:
+        inst = self._instance(op.instance)
+        prompt = list(op.prompt_token_ids)
+        inst.engine.check_prompt(prompt)  # bad input is refused now, not at the next step
+
+        def add(engine: "LLMEngine") -> int:
+            sid = engine.add_request(prompt, op.params, list(op.output_token_ids))
+            inst.requests[sid] = op.req_id
+            inst.fresh.add(sid)
+            return sid
+
+        # Answer at once; the loop adds the request at its next step boundary (waiting for
+        # it here would hold the controller's router for a whole step per request).
+        fut = asyncio.get_running_loop().create_future()
+        inst.inbox.append((add, fut))
+        inst.wake.set()
+        return SubmitReply()
+
+    async def op_instance_adopt(
+        self, op: InstanceAdoptOp, conn: Connection, p: memoryview
+    ) -> AdoptReply:
+        """Continue a request with its KV cache (KV migration, ParaServe §6): the parts in
+        the payload, or pulled here from the stages that hold them (`op.sources`)."""
+        inst = self._instance(op.instance)
+        dtype = inst.engine.executor.runner.dtype
+        if op.sources:
+            fetched = await asyncio.gather(*(self.fetch_kv(s) for s in op.sources))
+            parts = [kv for part, body in fetched for kv in kv_parts((part,), body, dtype, "kv")]
+        else:
+            parts = kv_parts(op.parts, p, dtype, "instance_adopt")
+
+        def adopt(engine: "LLMEngine") -> int:
+            sid = engine.adopt(
+                list(op.prompt_token_ids), op.params, list(op.output_token_ids), op.num_cached
+            )
+            for first_layer, kv in parts:
+                engine.executor.runner.import_kv(sid, first_layer, kv)
+            return sid
+
+        sid = await inst.call(adopt)
+        inst.requests[sid] = op.req_id
+        return AdoptReply(seq_id=sid)
+
+    async def op_instance_abort(
+        self, op: InstanceAbortOp, conn: Connection, p: memoryview
+    ) -> AbortReply:
+        """Take requests out of a local instance; answers their tokens so far."""
+        inst = self._instance(op.instance)
+        wanted = set(op.req_ids)
+
+        def abort(engine: "LLMEngine") -> dict[str, tuple[int, ...]]:
+            out = {}
+            for sid, rid in list(inst.requests.items()):
+                if rid in wanted:
+                    out[rid] = tuple(engine.abort(sid).output_token_ids)
+                    del inst.requests[sid]
+            out.update(self.pd.take_parked(inst, wanted))
+            return out
+
+        return AbortReply(outputs=await inst.call(abort))
+
+    async def op_instance_close(self, op: InstanceCloseOp, conn: Connection, p: memoryview) -> Ack:
+        inst = self.instances.pop(op.instance, None)
+        if inst is not None and inst.task is not None:
+            inst.task.cancel()
+        return Ack()
+
+    async def op_generate(self, op: GenerateOp, conn: Connection, p: memoryview) -> GenerateReply:
+        """Generation with this node's gpu-tier blocks (a one-off full local instance)."""
+        state = self._complete_model(op.model)
+
+        def run() -> list[int]:
+            from surge.engine.llm_engine import LLMEngine, LocalExecutor
+
+            engine = LLMEngine(state.manifest, self.ctx.config.engine, LocalExecutor(state.runner))
+            return engine.generate([list(op.prompt_token_ids)], op.params)[0].token_ids
+
+        return GenerateReply(token_ids=tuple(await asyncio.to_thread(run)))
+
+    async def _fail_all(self, inst: LocalInstance, error: str) -> None:
+        """Take every request out of `inst` and tell the controller each one failed
+        (`RequestFailed`); the instance serves on with the requests that come next."""
+        for sid, rid in list(inst.requests.items()):
+            try:
+                inst.engine.abort(sid)
+            except Exception:  # already gone from the engine: nothing to free
+                log.debug("instance %s: seq %d was not in the engine", inst.name, sid)
+            del inst.requests[sid]
+            inst.fresh.discard(sid)
+            await self.ctx.emit(
+                RequestFailed(
+                    node=self.ctx.node,
+                    t=time.time(),
+                    instance=inst.name,
+                    req_id=rid,
+                    error=error,
+                    model=inst.model,
+                )
+            )
+
+    async def _instance_loop(self, inst: LocalInstance) -> None:
+        while True:
+            while inst.inbox:
+                fn, fut = inst.inbox.pop(0)
+                try:
+                    fut.set_result(fn(inst.engine))
+                except Exception as e:  # reported to the op that asked
+                    fut.set_exception(e)
+            if not inst.engine.has_unfinished:
+                inst.wake.clear()
+                if inst.inbox:
+                    continue
+                await inst.wake.wait()
+                continue
+            try:
+                events, parked = await asyncio.to_thread(step_and_park, inst)
+            except Exception as e:  # a broken step must not leave its requests hanging
+                log.exception("instance %s: an engine step failed", inst.name)
+                await self._fail_all(inst, f"the engine failed a step: {type(e).__name__}: {e}")
+                continue
+            for ev in events:
+                rid = inst.requests.get(ev.seq_id) or parked.get(ev.seq_id)
+                if rid is None:
+                    continue
+                if ev.finished:
+                    del inst.requests[ev.seq_id]
+                    inst.engine.seqs.pop(ev.seq_id, None)
+                await self.ctx.emit(
+                    TokenGenerated(
+                        node=self.ctx.node,
+                        t=time.time(),
+                        instance=inst.name,
+                        req_id=rid,
+                        token=ev.token_id,
+                        finished=ev.finished,
+                        finish_reason=HANDOFF_REASON if ev.seq_id in parked else ev.finish_reason,
+                        model=inst.model,
+                        logprob=ev.logprobs.logprob if ev.logprobs else None,
+                        top_logprobs=ev.logprobs.top if ev.logprobs else None,
+                        cached_tokens=ev.num_cached_tokens,
+                    )
+                )

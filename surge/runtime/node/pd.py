@@ -1,0 +1,105 @@
+"""The agent's side of P/D disaggregation (BlitzScale §5.2, §6): roles, parking, hand-off.
+
+A local instance has a P/D role (`instance_role`; "decode", the default, runs requests
+to the end, as every instance did before P/D). A "prefill" instance parks each request
+it prefilled, right after the step that produced its first token: the K/V of every
+layer is copied out (`ModelRunner.export_kv`, the KV migration ParaServe consolidation
+uses) and the sequence leaves the engine, so prefill capacity frees at once. The first
+token goes out as a `TokenGenerated` whose `finish_reason` is `HANDOFF_REASON`; the
+controller then takes the parked K/V (`instance_handoff`: typed header + raw bytes) to
+the decode instance that policy picks, which adopts it (`instance_adopt`). Mutation is
+`instance_role` to "decode" between two steps: the weights stay, requests parked before
+stay parked until taken. Composed into `AgentInstances` (`runtime/node/instances.py`).
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from surge.errors import SurgeError
+from surge.runtime.protocol import (
+    Ack,
+    HandoffReply,
+    InstanceHandoffOp,
+    InstanceRoleOp,
+    KvPart,
+    ok_header,
+)
+from surge.runtime.transport import Connection
+
+if TYPE_CHECKING:
+    from surge.engine.llm_engine import TokenEvent
+    from surge.runtime.node.instances import LocalInstance
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A request parked on a prefill instance after its prefill."""
+
+    reply: HandoffReply
+    payload: bytes
+
+
+def step_and_park(inst: "LocalInstance") -> tuple[list["TokenEvent"], dict[int, str]]:
+    """One engine step (in the worker thread); on a prefill instance, park every request
+    whose prefill this step finished. Returns the events and seq_id -> req_id of those
+    parked (they left `inst.requests`)."""
+    import torch
+
+    engine = inst.engine
+    events = engine.step()
+    parked: dict[int, str] = {}
+    for ev in events:
+        if ev.seq_id not in inst.fresh:
+            continue
+        inst.fresh.discard(ev.seq_id)
+        if inst.role != "prefill" or ev.finished or ev.seq_id not in inst.requests:
+            continue
+        seq = engine.seqs[ev.seq_id]
+        runner = engine.executor.runner
+        kv = runner.export_kv(ev.seq_id, seq.num_cached)
+        engine.abort(ev.seq_id)
+        rid = inst.requests.pop(ev.seq_id)
+        part = KvPart(first_layer=runner.first_layer, end_layer=runner.end_layer, shape=kv.shape)
+        reply = HandoffReply(
+            part=part, output_token_ids=tuple(seq.output_token_ids), num_cached=seq.num_cached
+        )
+        payload = kv.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        inst.parked[rid] = Parked(reply, payload)
+        parked[ev.seq_id] = rid
+    return events, parked
+
+
+class AgentPd:
+    """`instance_role` and `instance_handoff` over the node's local instances."""
+
+    def __init__(self, instances: dict[str, "LocalInstance"]) -> None:
+        self.instances = instances
+
+    def _instance(self, name: str) -> "LocalInstance":
+        inst = self.instances.get(name)
+        if inst is None:
+            raise SurgeError(f"no instance {name} here (instance_open first)")
+        return inst
+
+    def take_parked(self, inst: "LocalInstance", req_ids: set[str]) -> dict[str, tuple[int, ...]]:
+        """Take parked requests back (an abort): req_id -> tokens generated so far."""
+        taken = req_ids & set(inst.parked)
+        return {rid: inst.parked.pop(rid).reply.output_token_ids for rid in taken}
+
+    async def op_instance_role(self, op: InstanceRoleOp, conn: Connection, p: memoryview) -> Ack:
+        inst = self._instance(op.instance)
+
+        def set_role(engine: object) -> None:
+            inst.role = op.role
+
+        await inst.call(set_role)  # between steps: a step never sees half a mutation
+        return Ack()
+
+    async def op_instance_handoff(
+        self, op: InstanceHandoffOp, conn: Connection, p: memoryview
+    ) -> None:
+        inst = self._instance(op.instance)
+        parked = inst.parked.pop(op.req_id, None)
+        if parked is None:
+            raise SurgeError(f"request {op.req_id} is not parked on {op.instance}")
+        await conn.send(ok_header(parked.reply), parked.payload)

@@ -1,0 +1,217 @@
+"""Pipeline stages on a node (serve while loading).
+
+Pipeline stages (λScale §4.3): `stage_open` makes a runner over a layer range from the
+node's gpu-tier blocks (views, no copies) with the KV cache of exactly those layers;
+`stage_step` runs one micro-batch — token ids at the head stage, hidden states elsewhere —
+and hands the result to the next stage over the agents' own connections; the last stage
+returns float32 logits, which travel back along the chain to whoever sent the step (the
+pipeline's head engine, which samples). `stage_free` drops finished sequences along the
+whole chain. Several micro-batches may be in the chain at once (2D pipelining): each stage
+computes one at a time, in a worker thread, so the agent keeps serving the network.
+
+`kv_export` copies one sequence's K/V out of a stage (migration); `fetch_kv` gets one such
+part for this node's own instances (`instance_adopt` with sources: from this node's stage,
+or from a peer's by `kv_export`, agent to agent). Full local instances are
+`runtime/node/instances.py`; FlexPipe's refactoring ops on these stages are
+`runtime/node/refactor.py`.
+
+Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext` and its
+`AgentStore` (whose gpu-tier blocks it runs) passed in.
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from surge.errors import SurgeError
+from surge.runtime.node.context import Handlers, NodeContext
+from surge.runtime.node.refactor import refactor_handlers
+from surge.runtime.node.store import AgentStore
+from surge.runtime.protocol import (
+    Ack,
+    KvExportOp,
+    KvPart,
+    KvSource,
+    PipelineReply,
+    StageCloseOp,
+    StageFreeOp,
+    StageOpenOp,
+    StageStepOp,
+    StageStepReply,
+    ok_header,
+)
+from surge.runtime.transport import Connection
+
+if TYPE_CHECKING:
+    from surge.engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stage:
+    """One stage of a pipeline on this node."""
+
+    pipeline: str
+    model: str
+    first_layer: int
+    end_layer: int
+    next_node: int | None
+    runner: "ModelRunner"
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class AgentServing:
+    """The pipeline stages this node runs."""
+
+    def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
+        self.ctx, self.store = ctx, store
+        self.stages: dict[str, Stage] = {}
+        self._stage_pool: dict[int, list[Connection]] = {}
+
+    def handlers(self) -> Handlers:
+        return {
+            StageOpenOp: self.op_stage_open,
+            StageStepOp: self.op_stage_step,
+            StageFreeOp: self.op_stage_free,
+            StageCloseOp: self.op_stage_close,
+            KvExportOp: self.op_kv_export,
+            # FlexPipe refactoring and profiling
+            **refactor_handlers(self._stage, self.ctx.node, self._peer_conn),
+        }
+
+    def close(self) -> None:
+        for conns in self._stage_pool.values():
+            for conn in conns:
+                conn.close()
+
+    def _stage(self, pipeline: str) -> Stage:
+        stage = self.stages.get(pipeline)
+        if stage is None:
+            raise SurgeError(f"no stage of pipeline {pipeline} on node {self.ctx.node}")
+        return stage
+
+    # ---- pipeline stages ---------------------------------------------------------
+
+    def _stage_runner(self, model: str, first: int, end: int) -> "ModelRunner":
+        from surge.engine.runner import ModelRunner
+
+        state = self.store.model(model)
+        manifest = state.manifest
+        needed = set(manifest.blocks_for_layers(first, end))
+        if first == 0:
+            needed.add(0)
+        if end == manifest.arch.num_layers:
+            needed.add(manifest.num_blocks - 1)
+        missing = sorted(b for b in needed if b not in state.gpu_buffers)
+        if missing:
+            raise SurgeError(
+                f"node {self.ctx.node} lacks blocks {missing} for layers {first}-{end - 1}"
+            )
+        runner = ModelRunner(manifest, self.ctx.config.engine, layer_range=(first, end))
+        for b in sorted(needed):
+            runner.add_block(b, state.gpu_buffers[b], verify=False)
+        return runner
+
+    async def op_stage_open(
+        self, op: StageOpenOp, conn: Connection, p: memoryview
+    ) -> PipelineReply:
+        first, end = op.first_layer, op.end_layer
+        runner = await asyncio.to_thread(self._stage_runner, op.model, first, end)
+        self.stages[op.pipeline] = Stage(op.pipeline, op.model, first, end, op.next_node, runner)
+        return PipelineReply(pipeline=op.pipeline)
+
+    async def op_stage_step(self, op: StageStepOp, conn: Connection, p: memoryview) -> None:
+        import torch
+
+        from surge.engine.hidden import hidden_from_bytes, hidden_to_bytes
+
+        stage = self._stage(op.pipeline)
+
+        def compute() -> tuple[StageStepOp | StageStepReply, Any]:
+            if op.kind == "tokens":
+                assert op.batch is not None and op.shape is not None  # checked by StageStepOp
+                batch = op.batch
+                tokens = torch.frombuffer(bytearray(p), dtype=torch.int64).view(op.shape)
+                hidden = stage.runner.embed(tokens)
+            else:
+                hidden, batch, _ = hidden_from_bytes(p)
+            hidden = stage.runner.run_layers(stage.first_layer, stage.end_layer, hidden, batch)
+            if stage.next_node is None:
+                logits = stage.runner.logits(hidden, batch).contiguous()
+                return StageStepReply(shape=tuple(logits.shape)), logits.numpy()
+            forward = StageStepOp(pipeline=stage.pipeline, kind="hidden")
+            return forward, hidden_to_bytes(hidden, batch)
+
+        async with stage.lock:
+            out, payload = await asyncio.to_thread(compute)
+        if isinstance(out, StageStepOp):  # hand on to the next stage; its logits come back
+            async with self._peer_conn(stage.next_node) as nxt:
+                reply, payload = await nxt.request(out.to_json(), payload)
+            out = StageStepReply.from_json(reply)
+        await conn.send(ok_header(out), payload)
+
+    async def op_stage_free(self, op: StageFreeOp, conn: Connection, p: memoryview) -> Ack:
+        stage = self.stages.get(op.pipeline)
+        if stage is None:  # already closed: nothing to free
+            return Ack()
+        for sid in op.seq_ids:
+            stage.runner.free(sid)
+        if stage.next_node is not None:
+            async with self._peer_conn(stage.next_node) as nxt:
+                await nxt.request(op.to_json())
+        return Ack()
+
+    async def op_stage_close(self, op: StageCloseOp, conn: Connection, p: memoryview) -> Ack:
+        self.stages.pop(op.pipeline, None)
+        return Ack()
+
+    async def _export(self, pipeline: str, seq_id: int, num_tokens: int) -> tuple[KvPart, Any]:
+        """K/V of one sequence's first `num_tokens` tokens at this node's stage of
+        `pipeline`: its part and its bytes (a uint8 array)."""
+        import torch
+
+        stage = self._stage(pipeline)
+        async with stage.lock:  # never while a step writes this stage's cache
+            kv = await asyncio.to_thread(stage.runner.export_kv, seq_id, num_tokens)
+        part = KvPart(first_layer=stage.first_layer, end_layer=stage.end_layer, shape=kv.shape)
+        return part, kv.contiguous().view(-1).view(torch.uint8).numpy()
+
+    async def op_kv_export(self, op: KvExportOp, conn: Connection, p: memoryview) -> None:
+        """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
+        part, body = await self._export(op.pipeline, op.seq_id, op.num_tokens)
+        await conn.send(ok_header(part), body)
+
+    async def fetch_kv(self, src: KvSource) -> tuple[KvPart, memoryview]:
+        """One part of a sequence's K/V for an instance on this node: from this node's own
+        stage, else from `src.node`'s by `kv_export` over a peer connection (agent to
+        agent: the bytes never pass through the controller). Raises `RemoteError` if the
+        stage no longer holds the sequence."""
+        if src.node == self.ctx.node:
+            part, body = await self._export(src.pipeline, src.seq_id, src.num_tokens)
+            return part, memoryview(body)
+        op = KvExportOp(pipeline=src.pipeline, seq_id=src.seq_id, num_tokens=src.num_tokens)
+        async with self._peer_conn(src.node) as c:
+            header, body = await c.request(op.to_json())
+        return KvPart.from_json(header), body
+
+    # ---- pooled connections for stage traffic -----------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _peer_conn(self, node: int | None):
+        """A connection to a peer for one exchange; several may be open at once, so
+        micro-batches in flight do not queue behind each other's round trips."""
+        assert node is not None
+        free = self._stage_pool.setdefault(node, [])
+        conn = free.pop() if free else None
+        if conn is None or conn.closed:
+            conn = await self.ctx.dial(node)
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            raise
+        else:
+            free.append(conn)

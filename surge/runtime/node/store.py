@@ -1,0 +1,271 @@
+"""What a node holds: its models' manifests and blocks in the host, gpu and disk tiers.
+
+What flows in: `register`, `load`, `evict` and `checksums` ops, and verified blocks handed
+over by the data path (`landed`). What flows out: `arrival` events once a block is usable
+in its tier, and buffers of held blocks (`buffer_of`) for peers and runners. The host tier
+is shared memory (`tiers.HostCache`); the gpu tier is the engine's runner over buffers the
+blocks were received into (no copies). Owned by the node agent (`runtime/node/agent.py`).
+"""
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from surge.errors import SurgeError
+from surge.model.manifest import BlockInfo, Manifest, block_checksum, read_manifest
+from surge.runtime.node.context import Handlers, NodeContext
+from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry
+from surge.runtime.protocol import (
+    Ack,
+    BlockArrived,
+    ChecksumsOp,
+    ChecksumsReply,
+    EvictOp,
+    LandingTier,
+    LoadOp,
+    LoadReply,
+    ModelHolding,
+    RegisterOp,
+    RegisterReply,
+    Source,
+)
+from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
+from surge.runtime.transport import Connection
+
+
+@dataclass
+class ModelState:
+    """What this node holds of one model."""
+
+    manifest: Manifest
+    present: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Per block: set while a verified copy is held (peers may pull it)."""
+    gpu_buffers: dict[int, Any] = field(default_factory=dict)
+    runner: Any = None
+    """The engine's runner over the gpu-tier blocks (created on the first one)."""
+    runner_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Blocks are taken into the runner in worker threads, several at once when they land
+    together: the first creates it, under this lock, or two would each create one and the
+    blocks added to the lost one would be missing from the runner."""
+
+    def event(self, block: int) -> asyncio.Event:
+        return self.present.setdefault(block, asyncio.Event())
+
+    def block(self, block: int) -> BlockInfo:
+        if not 0 <= block < self.manifest.num_blocks:
+            raise SurgeError(
+                f"block {block} is out of range: the model has {self.manifest.num_blocks} blocks"
+            )
+        return self.manifest.blocks[block]
+
+    @property
+    def complete_in_gpu(self) -> bool:
+        return self.runner is not None and len(self.gpu_buffers) == self.manifest.num_blocks
+
+
+class AgentStore:
+    """The tiers of one node and the ops that fill and empty them."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        config = ctx.config
+        self.host_cache = HostCache(config.cluster_id, config.node)
+        self.disk = DiskTier(config.disk_dir)
+        self.remote = (
+            RemoteRegistry(
+                config.remote_dir,
+                TokenBucket(
+                    gbps_to_bytes_per_s(config.remote_gbps) if config.remote_gbps else None
+                ),
+            )
+            if config.remote_dir
+            else None
+        )
+        self.models: dict[str, ModelState] = {}
+
+    def handlers(self) -> Handlers:
+        return {
+            RegisterOp: self.op_register,
+            LoadOp: self.op_load,
+            EvictOp: self.op_evict,
+            ChecksumsOp: self.op_checksums,
+        }
+
+    def close(self) -> None:
+        self.host_cache.close()
+
+    # ---- what is held -----------------------------------------------------------
+
+    def model(self, name: str) -> ModelState:
+        state = self.models.get(name)
+        if state is None:
+            raise SurgeError(
+                f"model {name!r} is not registered on node {self.ctx.node} (send register first)"
+            )
+        return state
+
+    def holdings(self) -> dict[str, ModelHolding]:
+        return {
+            name: ModelHolding(
+                host=tuple(self.host_cache.blocks(name)),
+                gpu=tuple(sorted(st.gpu_buffers)),
+                disk=tuple(self.disk.blocks(name, st.manifest)),
+            )
+            for name, st in self.models.items()
+        }
+
+    def buffer_of(self, name: str, block: int) -> memoryview | None:
+        """A held copy of a block, host tier first."""
+        buf = self.host_cache.get(name, block)
+        if buf is not None:
+            return buf[: self.model(name).manifest.blocks[block].size_bytes]
+        gpu = self.model(name).gpu_buffers.get(block)
+        return None if gpu is None else memoryview(gpu)
+
+    def target_buffer(self, name: str, block: int, tier: LandingTier) -> memoryview:
+        """Where an arriving block goes, by tier (pre-allocated, written in place)."""
+        info = self.model(name).block(block)
+        if tier == "host":
+            return self.host_cache.allocate(name, info)
+        return memoryview(bytearray(info.size_bytes))
+
+    async def landed(
+        self,
+        name: str,
+        block: int,
+        tier: LandingTier,
+        buf: memoryview,
+        *,
+        source: Source | None = None,
+        mc_id: str | None = None,
+        src: int | None = None,
+        step: float | None = None,
+    ) -> None:
+        """A verified block is in `buf`: make it usable in its tier and announce it."""
+        state = self.model(name)
+        landed_t = time.time()
+        if tier == "gpu":
+            state.gpu_buffers[block] = buf
+        state.event(block).set()  # peers may pull it now, while the runner takes it in
+        if tier == "gpu":
+            await asyncio.to_thread(self._add_to_runner, state, block, buf)
+        # The event goes out once the block is usable in its tier; `t` is when it landed.
+        await self.ctx.emit(
+            BlockArrived(
+                node=self.ctx.node,
+                t=landed_t,
+                model=name,
+                block=block,
+                tier=tier,
+                source=source,
+                mc_id=mc_id,
+                src=src,
+                step=step,
+            )
+        )
+
+    def _add_to_runner(self, state: ModelState, block: int, buf: memoryview) -> None:
+        with state.runner_lock:
+            if state.runner is None:
+                from surge.engine.runner import ModelRunner
+
+                state.runner = ModelRunner(state.manifest, self.ctx.config.engine)
+        state.runner.add_block(block, buf, verify=False)  # verified on arrival
+
+    # ---- ops ---------------------------------------------------------------------
+
+    async def op_register(self, op: RegisterOp, conn: Connection, p: memoryview) -> RegisterReply:
+        """Learn a model's manifest (sent inline, or read from the registry)."""
+        manifest = op.manifest
+        if manifest is None:
+            if self.remote is None:
+                raise SurgeError(
+                    f"no manifest given for {op.model!r} and node {self.ctx.node} has no "
+                    "registry (send the manifest, or start the agent with --remote-dir)"
+                )
+            manifest = read_manifest(self.remote.store_dir(op.model))
+        if op.model not in self.models:
+            self.models[op.model] = ModelState(manifest)
+        return RegisterReply(model=op.model, num_blocks=manifest.num_blocks)
+
+    async def op_load(self, op: LoadOp, conn: Connection, p: memoryview) -> LoadReply:
+        """Bring blocks from disk, the host tier or the registry into a tier."""
+        state = self.model(op.model)
+        infos = [state.block(b) for b in op.blocks]  # every index checked before any read
+        t0 = time.perf_counter()
+        # Fetching never waits for the engine: each block is handed to a landing chain
+        # (in order) and the next read starts at once, so a cold node streams its blocks in
+        # while its engine initialises, and each block is usable the moment the engine
+        # takes it (ParaServe §5, worker-level overlap).
+        landing: asyncio.Task | None = None
+
+        async def land_after(prev: asyncio.Task | None, block: int, buf: memoryview) -> None:
+            if prev is not None:
+                await prev
+            await self.landed(op.model, block, tier, buf, source=op.source)
+
+        tier = op.tier
+        try:
+            for info in infos:
+                if tier == "disk":
+                    buf = memoryview(bytearray(info.size_bytes))
+                    await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
+                    await asyncio.to_thread(self.disk.write, op.model, info, buf)
+                    continue
+                buf = self.target_buffer(op.model, info.index, tier)
+                await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
+                landing = asyncio.get_running_loop().create_task(
+                    land_after(landing, info.index, buf)
+                )
+            fetched_s = time.perf_counter() - t0
+            if landing is not None:
+                await landing
+        except BaseException:
+            if landing is not None:
+                landing.cancel()
+            raise
+        return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)
+
+    def _read_source(self, source: Source, name: str, info: BlockInfo, buf: memoryview) -> None:
+        if source == "host":  # warm start: this node's own host copy into another tier
+            held = self.host_cache.get(name, info.index)
+            if held is None:
+                raise SurgeError(f"node {self.ctx.node} holds no host copy of block {info.index}")
+            buf[: info.size_bytes] = held[: info.size_bytes]
+        elif source == "disk":
+            self.disk.read_into(name, info, buf)
+        else:
+            if self.remote is None:
+                raise SurgeError(
+                    f"node {self.ctx.node} has no registry configured (start it with --remote-dir)"
+                )
+            self.remote.read_into(name, info, buf)
+
+    async def op_evict(self, op: EvictOp, conn: Connection, p: memoryview) -> Ack:
+        state = self.model(op.model)
+        for block in op.blocks:
+            info = state.block(block)
+            if op.tier == "host":
+                self.host_cache.evict(op.model, block)
+            elif op.tier == "disk":
+                self.disk.evict(op.model, info)
+            else:
+                state.gpu_buffers.pop(block, None)
+                if not state.gpu_buffers:
+                    state.runner = None
+            if self.buffer_of(op.model, block) is None and block in state.present:
+                state.present[block].clear()
+        return Ack()
+
+    async def op_checksums(
+        self, op: ChecksumsOp, conn: Connection, p: memoryview
+    ) -> ChecksumsReply:
+        """crc32 of every block held in host or gpu memory, recomputed now."""
+        out = {}
+        for block in range(self.model(op.model).manifest.num_blocks):
+            buf = self.buffer_of(op.model, block)
+            if buf is not None:
+                out[block] = block_checksum(buf)
+        return ChecksumsReply(checksums=out)

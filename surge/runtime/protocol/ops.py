@@ -1,0 +1,314 @@
+"""Every request a node agent answers, as a frozen dataclass naming its reply class.
+
+What flows: the controller (and peers) send an `Op`; the agent decodes it with `decode_op`,
+runs the handler registered for its class, and answers with the op's `REPLY` (plus
+`"ok": true`), or `{"ok": false, "error": ...}`. The JSON of each op is the dict the
+senders built by hand before (`"op"` key + fields), so dict senders and typed senders mix.
+Defaults live here and only here. Owned by the runtime (see docs/runtime.md, Protocol).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from surge.engine.batch import BatchMeta
+from surge.engine.sampling import SamplingParams
+from surge.model.manifest import Manifest
+from surge.runtime.protocol.codec import Message, decode_named, register, require
+from surge.runtime.protocol.replies import (
+    AbortReply,
+    Ack,
+    BlockReply,
+    ChecksumsReply,
+    GenerateReply,
+    HandoffReply,
+    InstanceReply,
+    LayerTimesReply,
+    LoadReply,
+    MulticastReply,
+    PipelineReply,
+    RegisterReply,
+    Reply,
+    SetPeersReply,
+    StageStepReply,
+    StatusReply,
+    SubmitReply,
+)
+
+Tier = Literal["host", "gpu", "disk"]
+"""Where blocks are held: shared host memory, the engine's (gpu) buffers, local disk."""
+LandingTier = Literal["host", "gpu"]
+"""Tiers a block can be received into over the network."""
+Source = Literal["disk", "host", "remote"]
+"""Where `load` reads blocks from: local disk, this node's host copy, the registry."""
+
+MULTICAST_WAIT_S = 120.0
+"""How long a receiver's pull waits for its source to hold the block (multicast,
+pull_from). A pull in a plan may be issued long before its source has the block."""
+NO_STEP = 1e9
+"""The plan step of a `get_block` outside any plan: served after every planned send."""
+
+
+# ---- ops -----------------------------------------------------------------------------
+
+R = TypeVar("R", bound=Reply)
+
+OPS: dict[str, type["Op"]] = {}
+"""Op name -> its class. Filled by each class definition."""
+
+
+@dataclass(frozen=True)
+class Op(Message, Generic[R]):
+    """A request to an agent. Subclasses name themselves: `class X(Op[Y], name=..., reply=Y)`."""
+
+    NAME: ClassVar[str] = ""
+    REPLY: ClassVar[type[Reply]] = Ack
+    STRICT: ClassVar[bool] = True
+
+    def __init_subclass__(cls, name: str = "", reply: type[Reply] = Ack, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if name:
+            cls.NAME, cls.REPLY = name, reply
+            register(OPS, name, cls, "op")
+
+    @classmethod
+    def _where(cls) -> str:
+        return f"op {cls.NAME}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.NAME, **super().to_json()}
+
+
+def decode_op(header: dict[str, Any]) -> Op:
+    """The typed op of a request header; a SurgeError names an unknown op or a bad field."""
+    return decode_named(OPS, "op", header, "op")
+
+
+def _blocks_ok(where: str, blocks: tuple[int, ...]) -> None:
+    require(all(b >= 0 for b in blocks), where, f"block indices must be >= 0 (got {blocks})")
+
+
+@dataclass(frozen=True)
+class SubscribeOp(Op[Ack], name="subscribe"):
+    """Turn this connection into the agent's event stream (answered with an `Ack`)."""
+
+
+@dataclass(frozen=True)
+class ShutdownOp(Op[Ack], name="shutdown"):
+    """Stop the agent."""
+
+
+@dataclass(frozen=True)
+class StatusOp(Op[StatusReply], name="status", reply=StatusReply):
+    """What this node holds, its traffic counters and peers."""
+
+
+@dataclass(frozen=True)
+class RegisterOp(Op[RegisterReply], name="register", reply=RegisterReply):
+    """Learn a model's manifest: sent inline, or (None) read from the agent's registry."""
+
+    model: str
+    manifest: Manifest | None = None
+
+
+@dataclass(frozen=True)
+class SetPeersOp(Op[SetPeersReply], name="set_peers", reply=SetPeersReply):
+    """Peer addresses by node id; `preconnect` opens the pool at once (BlitzScale §5.3)."""
+
+    peers: dict[int, tuple[str, int]]
+    preconnect: bool = True
+
+
+@dataclass(frozen=True)
+class LoadOp(Op[LoadReply], name="load", reply=LoadReply):
+    """Read blocks from `source` into `tier`, in order."""
+
+    model: str
+    blocks: tuple[int, ...]
+    tier: Tier = "host"
+    source: Source = "disk"
+
+    def __post_init__(self) -> None:
+        _blocks_ok("op load", self.blocks)
+
+
+@dataclass(frozen=True)
+class EvictOp(Op[Ack], name="evict"):
+    model: str
+    blocks: tuple[int, ...]
+    tier: Tier = "host"
+
+    def __post_init__(self) -> None:
+        _blocks_ok("op evict", self.blocks)
+
+
+@dataclass(frozen=True)
+class ChecksumsOp(Op[ChecksumsReply], name="checksums", reply=ChecksumsReply):
+    model: str
+
+
+@dataclass(frozen=True)
+class GenerateOp(Op[GenerateReply], name="generate", reply=GenerateReply):
+    """Generate with this node's gpu-tier blocks (tests and checks; no batching)."""
+
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class GetBlockOp(Op[BlockReply], name="get_block", reply=BlockReply):
+    """A peer's pull of one block; served in plan-step order by the egress port."""
+
+    model: str
+    block: int
+    step: float = NO_STEP
+    wait_s: float = 0.0
+    """How long to wait for the block to be held (0: answer at once)."""
+
+    def __post_init__(self) -> None:
+        require(self.block >= 0 and self.wait_s >= 0, "op get_block", "needs block, wait_s >= 0")
+
+
+@dataclass(frozen=True)
+class MulticastOp(Op[MulticastReply], name="multicast", reply=MulticastReply):
+    """This node's part of a plan: pull `recv` = (step, block, source node) in step order."""
+
+    mc_id: str
+    model: str
+    recv: tuple[tuple[int, int, int], ...]
+    tier: LandingTier = "host"
+    wait_s: float = MULTICAST_WAIT_S
+
+    def __post_init__(self) -> None:
+        require(self.wait_s > 0, "op multicast", f"wait_s must be > 0 (got {self.wait_s})")
+        _blocks_ok("op multicast", tuple(b for _, b, _ in self.recv))
+
+
+@dataclass(frozen=True)
+class PullFromOp(Op[Ack], name="pull_from"):
+    """A re-planned delivery: pull `block` from `src` now (after a `pull_failed`)."""
+
+    mc_id: str
+    model: str
+    block: int
+    src: int
+    tier: LandingTier = "host"
+    step: float = 0.0
+    wait_s: float = MULTICAST_WAIT_S
+
+    def __post_init__(self) -> None:
+        _blocks_ok("op pull_from", (self.block,))
+
+
+@dataclass(frozen=True)
+class StageOpenOp(Op[PipelineReply], name="stage_open", reply=PipelineReply):
+    """Open layers [first_layer, end_layer) of a pipeline here; `next_node` runs the rest
+    (None: this stage is the last and returns logits)."""
+
+    pipeline: str
+    model: str
+    first_layer: int
+    end_layer: int
+    next_node: int | None = None
+
+    def __post_init__(self) -> None:
+        span = f"{self.first_layer}..{self.end_layer}"
+        ok = 0 <= self.first_layer < self.end_layer
+        require(ok, "op stage_open", f"needs 0 <= first_layer < end_layer (got {span})")
+
+
+@dataclass(frozen=True)
+class StageStepOp(Op[StageStepReply], name="stage_step", reply=StageStepReply):
+    """One micro-batch through a stage. `tokens`: int64 ids [B, Q] in the payload, with
+    `shape` and `batch`; `hidden`: a hidden-states frame (engine/hidden.py) in the payload."""
+
+    pipeline: str
+    kind: Literal["tokens", "hidden"]
+    shape: tuple[int, ...] | None = None
+    batch: BatchMeta | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "tokens":
+            ok = self.shape is not None and self.batch is not None
+            require(ok, "op stage_step", "kind 'tokens' needs shape and batch")
+
+
+@dataclass(frozen=True)
+class StageFreeOp(Op[Ack], name="stage_free"):
+    """Drop finished sequences along the whole chain."""
+
+    pipeline: str
+    seq_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageCloseOp(Op[Ack], name="stage_close"):
+    pipeline: str
+
+
+@dataclass(frozen=True)
+class InstanceOpenOp(Op[InstanceReply], name="instance_open", reply=InstanceReply):
+    """A full local instance over the node's gpu-tier blocks (idempotent)."""
+
+    instance: str
+    model: str
+
+
+@dataclass(frozen=True)
+class InstanceSubmitOp(Op[SubmitReply], name="instance_submit", reply=SubmitReply):
+    """Add a request; `output_token_ids` it generated elsewhere are rebuilt by prefill."""
+
+    instance: str
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    output_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class InstanceAbortOp(Op[AbortReply], name="instance_abort", reply=AbortReply):
+    instance: str
+    req_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InstanceCloseOp(Op[Ack], name="instance_close"):
+    instance: str
+
+
+@dataclass(frozen=True)
+class StageProfileOp(Op[LayerTimesReply], name="stage_profile", reply=LayerTimesReply):
+    """Time each layer of this node's stage of `pipeline` (FlexPipe §5 profiling)."""
+
+    pipeline: str
+    num_tokens: int = 32
+    repeats: int = 2
+
+    def __post_init__(self) -> None:
+        ok = self.num_tokens >= 1 and self.repeats >= 1
+        require(ok, "op stage_profile", "needs num_tokens >= 1 and repeats >= 1")
+
+
+PdRole = Literal["prefill", "decode"]
+"""A local instance's P/D role (`surge.policy.blitzscale.pd`)."""
+HANDOFF_REASON = "handoff"
+"""`TokenGenerated.finish_reason` of a request's first token on a prefill instance, with
+`finished` false: the request is parked there, its K/V ready for `instance_handoff`."""
+
+
+@dataclass(frozen=True)
+class InstanceRoleOp(Op[Ack], name="instance_role"):
+    """Set a local instance's P/D role between two steps (mutation, BlitzScale §5.2: the
+    weights stay). A prefill instance parks each request after its prefill until the
+    controller takes it (`instance_handoff`); a decode instance runs requests to the end."""
+
+    instance: str
+    role: PdRole
+
+
+@dataclass(frozen=True)
+class InstanceHandoffOp(Op[HandoffReply], name="instance_handoff", reply=HandoffReply):
+    """Take a request parked after its prefill off a prefill instance, K/V in the payload."""
+
+    instance: str
+    req_id: str

@@ -1,0 +1,197 @@
+"""The replies of the agent ops (`protocol/ops.py`), as frozen dataclasses.
+
+What flows: an agent answers an op with the header `ok_header(reply)` (and, for some,
+bytes in the payload), or with `error_header(message)`; `ClusterClient.call` gives the
+caller `Op.REPLY.from_json(...)`.
+Replies accept keys they do not know, so an older client reads a newer agent's answer.
+Owned by the runtime (see docs/runtime.md, Protocol).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from surge.policy.multicast.topology import NodeLinks
+from surge.runtime.protocol.codec import Message, require
+
+
+@dataclass(frozen=True)
+class Reply(Message):
+    """The fields of a successful answer (`ok_header` adds `"ok": true`)."""
+
+
+def ok_header(reply: Reply) -> dict[str, Any]:
+    """The frame header of a successful answer (the one place that writes it)."""
+    return {"ok": True, **reply.to_json()}
+
+
+def error_header(message: str) -> dict[str, Any]:
+    """The frame header of a refused or failed op; `ClusterClient` raises `message`."""
+    return {"ok": False, "error": message}
+
+
+@dataclass(frozen=True)
+class Ack(Reply):
+    """An answer with no fields."""
+
+
+@dataclass(frozen=True)
+class ModelHolding(Reply):
+    """Blocks of one model held on a node, by tier."""
+
+    host: tuple[int, ...]
+    gpu: tuple[int, ...]
+    disk: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StatusReply(Reply):
+    node: int
+    port: int
+    models: dict[str, ModelHolding]
+    bytes_in: int
+    bytes_out: int
+    peers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RegisterReply(Reply):
+    model: str
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class LinkReport(Reply):
+    """A node's links as configured (its hello to the controller; `policy.topology`'s
+    `NodeLinks`): NIC caps (None: uncapped) and the machine it shares with other agents."""
+
+    egress_gbps: float | None = None
+    ingress_gbps: float | None = None
+    host_group: str | None = None
+    host_gbps: float | None = None
+
+    @staticmethod
+    def planned(report: "LinkReport | None") -> NodeLinks:
+        """The links as the multicast planner takes them (`policy.topology`); an agent that
+        reports none is planned as uncapped and alone."""
+        if report is None:
+            return NodeLinks()
+        return NodeLinks(
+            report.egress_gbps, report.ingress_gbps, report.host_group, report.host_gbps
+        )
+
+
+@dataclass(frozen=True)
+class SetPeersReply(Reply):
+    peers: tuple[int, ...]
+    links: LinkReport | None = None
+    """This node's links (None: an agent that does not report them)."""
+
+
+@dataclass(frozen=True)
+class LoadReply(Reply):
+    seconds: float
+    """Until every block was usable in its tier."""
+    fetch_seconds: float
+    """Until every block was read (the engine may still have been taking them in)."""
+
+
+@dataclass(frozen=True)
+class ChecksumsReply(Reply):
+    checksums: dict[int, str]
+    """Checksum ("crc32:<hex>", as in the manifest) of each block held in host or gpu memory."""
+
+
+@dataclass(frozen=True)
+class GenerateReply(Reply):
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BlockReply(Reply):
+    """Header of a block send; the block's bytes are the frame payload."""
+
+    model: str
+    block: int
+
+
+@dataclass(frozen=True)
+class MulticastReply(Reply):
+    mc_id: str
+    num_recv: int
+
+
+@dataclass(frozen=True)
+class PipelineReply(Reply):
+    pipeline: str
+
+
+@dataclass(frozen=True)
+class StageStepReply(Reply):
+    """The last stage's logits (float32, row-major) are the frame payload."""
+
+    shape: tuple[int, ...]
+    kind: Literal["logits"] = "logits"
+
+
+@dataclass(frozen=True)
+class InstanceReply(Reply):
+    instance: str
+
+
+@dataclass(frozen=True)
+class SubmitReply(Reply):
+    queued: bool = True
+
+
+@dataclass(frozen=True)
+class AdoptReply(Reply):
+    seq_id: int
+
+
+@dataclass(frozen=True)
+class AbortReply(Reply):
+    outputs: dict[str, tuple[int, ...]]
+    """req_id -> tokens generated so far, of each request taken out."""
+
+
+@dataclass(frozen=True)
+class KvPart(Reply):
+    """K/V of one sequence at one stage: the reply of `kv_export` (bytes in the payload)
+    and one entry of `instance_adopt.parts` (bytes concatenated in the payload)."""
+
+    first_layer: int
+    end_layer: int
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        require(0 <= self.first_layer < self.end_layer, "KvPart", "needs first < end layer")
+
+
+@dataclass(frozen=True)
+class KvPushReply(Reply):
+    """What a `kv_push` sent: K/V bytes over the transport (a target on the sending node
+    itself is written in place and counts nothing)."""
+
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class LayerTimesReply(Reply):
+    """The reply of `stage_profile`: measured seconds of each layer of a stage (FlexPipe §5's
+    t_c), at a prefill of `num_tokens` tokens and at a one-token decode step, and the bytes
+    one token's hidden state takes between stages (s_a per token)."""
+
+    first_layer: int
+    prefill_s: tuple[float, ...]
+    decode_s: tuple[float, ...]
+    activation_bytes_per_token: int
+
+
+@dataclass(frozen=True)
+class HandoffReply(Reply):
+    """A parked prefill's K/V (every layer; bytes in the payload) and the tokens it
+    generated, taken off a prefill instance for its decode instance (P/D, BlitzScale §6)."""
+
+    part: KvPart
+    output_token_ids: tuple[int, ...]
+    num_cached: int
