@@ -35,6 +35,7 @@ from surge.model.manifest import (
     TensorInfo,
     block_checksum,
 )
+from surge.model.store_dir import prepare_store_dir
 from surge.model.stored_names import check_fused_rows, stored_layer_sources
 
 log = logging.getLogger(__name__)
@@ -177,13 +178,7 @@ def import_checkpoint(
     layer_bytes[-1] += nbytes((FINAL_NORM_NAME,)) + nbytes((LM_HEAD_NAME,))
     ranges = partition_layers(layer_bytes, num_blocks)
 
-    if store_dir.exists() and any(store_dir.iterdir()):
-        if not overwrite:
-            raise SurgeError(
-                f"{store_dir} is not empty; choose another directory or pass --overwrite"
-            )
-        shutil.rmtree(store_dir)
-    store_dir.mkdir(parents=True, exist_ok=True)
+    prepare_store_dir(hf_dir, store_dir, overwrite)
 
     blocks: list[BlockInfo] = []
     dtype_name = "float32"
