@@ -1,7 +1,9 @@
 """Settings objects: one place for defaults, every field documented, validated once.
 
-Each layer of surge takes its own config dataclass from here; a CLI flag or a config file
-fills one in and `validate()` checks it before anything starts.
+This file holds the engine's settings (`EngineConfig`); every other layer keeps its settings
+dataclass beside the code it configures (`control/settings.py`, `sim/settings.py`,
+`runtime/launch/local.py`, each policy's `*Settings`), each documented and validated once; a
+CLI flag or a config file fills one in and `validate()` checks it before anything starts.
 """
 
 from dataclasses import dataclass

@@ -14,8 +14,9 @@ per-request publisher (`control/requests.py`) checks `bus.active` before it buil
 A slow subscriber never slows the publisher: its queue is bounded and overflowing events are
 dropped (and counted) for it alone.
 
-This module imports nothing of surge: `control/`, `runtime/` and `sim/` all publish the same
-types (the import rules forbid `runtime/` and `sim/` to import `control/`). Producers: FlexPipe
+This module imports nothing of surge but `errors.py` (a bad timeline file raises
+`SurgeError`), so `control/`, `runtime/` and `sim/` all publish the same types (the import
+rules forbid `runtime/` and `sim/` to import `control/`). Producers: FlexPipe
 (`Refactor`), BlitzScale P/D (`PdRole`, `Handoff`, `Mutation`) publish the types defined here.
 """
 

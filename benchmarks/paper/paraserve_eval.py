@@ -35,12 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ratio, run, run_scenario, write
 
+from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.metrics import slo_met, tpot_s, ttft_s
 from surge.sim.scenario import load_scenario
 from surge.sim.scenario_traffic import build_trace
-from surge.sim.settings import SimSettings, Slo
+from surge.sim.settings import SimSettings
 from surge.traces.request import make_trace
 
 log = logging.getLogger("paraserve_eval")

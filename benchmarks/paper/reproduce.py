@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multicast import isolated_multicast
 
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit
+from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.metrics import gpu_seconds, summarize
 from surge.sim.scenario import load_scenario
-from surge.sim.settings import SimSettings, Slo
+from surge.sim.settings import SimSettings
 from surge.sim.simulator import simulate
 from surge.traces.request import make_trace
 from surge.traces.resolve import load_trace

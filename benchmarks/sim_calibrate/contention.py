@@ -76,7 +76,7 @@ def measure_multicast_while_serving(
     """One run per K in `ks`: the multicast during a burst on K hot instances (see the
     module docstring); `send_cpu_s_per_gb` from the send profile of the same round."""
     from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
-    from benchmarks.sim_calibrate.measure import _burst_prompts, processes_cpu_s
+    from benchmarks.sim_calibrate.measure import burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
@@ -86,7 +86,7 @@ def measure_multicast_while_serving(
     from surge.runtime.server import Server
 
     nodes, batch = real["nodes"], real["max_num_seqs"]
-    prompts = _burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
 
     async def one_run(cluster: LocalCluster, manifest, k: int) -> dict:

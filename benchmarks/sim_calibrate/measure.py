@@ -37,7 +37,7 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
-def _burst_prompts(requests: int, prompt_len: tuple[int, int]) -> list[list[int]]:
+def burst_prompts(requests: int, prompt_len: tuple[int, int]) -> list[list[int]]:
     """The prompts of scale_burst (same RNG draws)."""
     import random
 
@@ -69,7 +69,7 @@ def measure_engine(model_mb: float, blocks: int, reps: int, real: dict) -> dict:
     torch.set_num_threads(1)
     cfg = model_config(model_mb, blocks)
     batch_limit = real["max_num_seqs"]
-    prompts = _burst_prompts(real["requests"], tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"], tuple(real["prompt_len"]))
     burst_params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -298,7 +298,7 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
     from surge.runtime.server import Server
 
     nodes, k, batch = real["nodes"], real["sources"], real["max_num_seqs"]
-    prompts = _burst_prompts(real["requests"], tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"], tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     engine_cfg = EngineConfig(max_num_seqs=batch, max_kv_tokens=2048)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 def measure_pipeline_serving(model_mb: float, blocks: int, real: dict, requests: int = 32) -> dict:
     """Burst wall and CPU seconds on the planned pipeline vs on one local instance."""
     from benchmarks.common import model_config, registry_model, seed_disk
-    from benchmarks.sim_calibrate.measure import _burst_prompts, processes_cpu_s
+    from benchmarks.sim_calibrate.measure import burst_prompts, processes_cpu_s
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
@@ -53,7 +53,7 @@ def measure_pipeline_serving(model_mb: float, blocks: int, real: dict, requests:
         else:
             ep = LocalEndpoint(client, 0, "m", "l", capacity=batch)
         params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
-        reqs = [server.new_request(p, params) for p in _burst_prompts(requests, (4, 12))]
+        reqs = [server.new_request(p, params) for p in burst_prompts(requests, (4, 12))]
         try:
             await ep.open()
             await server.add_endpoint(ep)

@@ -115,29 +115,21 @@ def simulate_burst(
 
 
 FIXES = (
-    # (label, effective link rate?, transfer CPU under shared_cores?, pipeline micro-batches,
-    #  endpoint opening?, measured pipeline speed?, sending slows the sender's serving?,
-    #  transfers take their CPU before serving?, a serving agent's transfers at its share?,
-    #  the transfer CPU measured while K hot instances serve?, blocks into a serving agent
-    #  at their measured slow-down?, the transfers' CPU as wake-ups holding whole cores?,
-    #  the serving step's costs fitted at the burst's shapes?, serving per core measured
-    #  while transfers run?, the transfers' wake-ups queue behind serving threads when
-    #  those fill the cores?)
-    ("1_serving_step", False, False, 1, *(False,) * 11),
-    ("2_link_rate", True, False, 1, *(False,) * 11),
-    ("3_transfer_cpu", True, True, 1, *(False,) * 11),
-    ("4_pipeline_capacity", True, True, PIPELINE_MICRO_BATCHES, *(False,) * 11),
-    ("5_endpoint_open", True, True, PIPELINE_MICRO_BATCHES, True, *(False,) * 10),
-    ("6_pipeline_speed", True, True, PIPELINE_MICRO_BATCHES, True, True, *(False,) * 9),
-    ("7_send_cost", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 3, *(False,) * 8),
-    ("8_transfers_first", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 4, *(False,) * 7),
-    ("9_serving_transfers", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 5, *(False,) * 6),
-    ("10_transfer_cpu_serving", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 6, *(False,) * 5),
-    ("11_serving_receive", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 7, *(False,) * 4),
-    ("12_transfer_wakeups", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 8, False, False, False),
-    ("13_burst_shape_fit", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 9, False, False),
-    ("14_serving_efficiency", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 10, False),
-    ("15_wakeups_queue", True, True, PIPELINE_MICRO_BATCHES, *(True,) * 11),
+    "1_serving_step",
+    "2_link_rate",  # the multicast's effective link rate
+    "3_transfer_cpu",  # transfer CPU under shared_cores
+    "4_pipeline_capacity",  # pipeline micro-batches
+    "5_endpoint_open",  # the measured endpoint-opening costs
+    "6_pipeline_speed",  # the measured pipeline speed
+    "7_send_cost",  # sending slows the sender's serving
+    "8_transfers_first",  # transfers take their CPU before serving
+    "9_serving_transfers",  # a serving agent's transfers at its share
+    "10_transfer_cpu_serving",  # the transfer CPU measured while K hot instances serve
+    "11_serving_receive",  # blocks into a serving agent at their measured slow-down
+    "12_transfer_wakeups",  # the transfers' CPU as wake-ups holding whole cores
+    "13_burst_shape_fit",  # the serving step's costs fitted at the burst's shapes
+    "14_serving_efficiency",  # serving per core measured while transfers run
+    "15_wakeups_queue",  # the wake-ups queue behind serving threads filling the cores
 )
 """Each fix added to the previous ones; the last is the calibrated prediction."""
 
@@ -162,28 +154,14 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                 files[rate, shaped] = sim_files(costs, reals[1]["nodes"], rate, where)
         for k, mode in SCENARIOS:
             steps = {}
-            for (
-                label,
-                eff,
-                cpu,
-                micro,
-                opening,
-                slow,
-                sending,
-                priority,
-                shared,
-                busy,
-                recv,
-                wakeups,
-                shaped,
-                efficient,
-                queued,
-            ) in FIXES:
-                rate = transport["multicast_effective_gbps"] if eff else reals[1]["link_gbps"]
+            for n, label in enumerate(FIXES, start=1):
+                # Fix n is in force with every fix before it.
+                shaped = n >= 13
+                rate = transport["multicast_effective_gbps"] if n >= 2 else reals[1]["link_gbps"]
                 # Fix 10: the transfer CPU measured during a burst (without that
                 # measurement in the rounds, fix 10 is fix 9).
                 w = profile["transfer_cores"]
-                if busy and profile.get("transfer_cores_serving") is not None:
+                if n >= 10 and profile.get("transfer_cores_serving") is not None:
                     w = profile["transfer_cores_serving"]
                 speed = shapes["pipeline_speed"] if shaped else profile["pipeline_speed"]
                 pred = simulate_burst(
@@ -191,21 +169,25 @@ def predict(profile: dict, reals: dict, cores: float) -> dict:
                     reals[k],
                     mode,
                     cores,
-                    w if cpu else 0.0,
-                    micro,
-                    engine["agent_round_trip_per_step_s"],
-                    profile if opening else None,
-                    speed if slow else 1.0,
-                    profile["send_cost_s_per_gb"] if sending else 0.0,
-                    priority,
-                    shared,
-                    profile["send_cpu_cores"] if shared else 0.0,
+                    transfer_cores=w if n >= 3 else 0.0,
+                    micro_batches=PIPELINE_MICRO_BATCHES if n >= 4 else 1,
+                    stage_hop_s=engine["agent_round_trip_per_step_s"],
+                    opens=profile if n >= 5 else None,
+                    pipeline_speed=speed if n >= 6 else 1.0,
+                    send_cost_s_per_gb=profile["send_cost_s_per_gb"] if n >= 7 else 0.0,
+                    transfers_first=n >= 8,
+                    serving_transfers_shared=n >= 9,
+                    send_cpu_cores=profile["send_cpu_cores"] if n >= 9 else 0.0,
                     # Fix 11: measured, or 0 (fix 9's share formula) where no round has it.
-                    (profile.get("serving_receive_slowdown") or 0.0) if recv else 0.0,
-                    wakeups,
+                    serving_receive_slowdown=(profile.get("serving_receive_slowdown") or 0.0)
+                    if n >= 11
+                    else 0.0,
+                    transfer_wakeups=n >= 12,
                     # Fix 14: measured, or 1 (no loss) where no round has it.
-                    (profile.get("serving_efficiency_in_transfers") or 1.0) if efficient else 1.0,
-                    queued,
+                    efficiency_in_transfers=(
+                        (profile.get("serving_efficiency_in_transfers") or 1.0) if n >= 14 else 1.0
+                    ),
+                    wakeups_queue=n >= 15,
                 )
                 steps[label] = {q: pred[q] for q in ("ttft_p50_s", "ttft_p90_s")}
             out[scenario_name(k, mode)] = {"predicted": pred, "predicted_by_fix": steps}

@@ -61,7 +61,7 @@ def median_receive(rounds: list[dict]) -> float | None:
 def measure_receive_while_serving(model_mb: float, blocks: int, real: dict) -> dict:
     """The control pair, then `PAIRS` pairs during a burst on the two hot instances."""
     from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
-    from benchmarks.sim_calibrate.measure import _burst_prompts, processes_cpu_s
+    from benchmarks.sim_calibrate.measure import burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launch.local import LocalCluster
@@ -69,7 +69,7 @@ def measure_receive_while_serving(model_mb: float, blocks: int, real: dict) -> d
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.server import Server
 
-    prompts = _burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     copies = [f"r{i}" for i in range(PAIRS + 1)]
 

@@ -35,7 +35,7 @@ def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> di
     """Agent 0's CPU per GB sent and its serving rate lost per GB/s sent (medians of
     `reps` rounds)."""
     from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
-    from benchmarks.sim_calibrate.measure import _burst_prompts, processes_cpu_s
+    from benchmarks.sim_calibrate.measure import burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
@@ -45,7 +45,7 @@ def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> di
     from surge.runtime.server import Server
 
     batch = real["max_num_seqs"]
-    prompts = _burst_prompts(real["requests"] * BURST_FACTOR, tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"] * BURST_FACTOR, tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     plan = plan_scale_out(MulticastRequest(num_nodes=2, num_blocks=blocks, num_sources=1)).plan
 

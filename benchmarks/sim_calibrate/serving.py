@@ -116,7 +116,7 @@ def measure_serving_during_multicast(
 ) -> dict:
     """`pairs` (multicast, alone) bursts on the K=1 hot agent (module docstring)."""
     from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
-    from benchmarks.sim_calibrate.measure import _burst_prompts, processes_cpu_s
+    from benchmarks.sim_calibrate.measure import burst_prompts, processes_cpu_s
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
     from surge.runtime.endpoints import LocalEndpoint
@@ -126,7 +126,7 @@ def measure_serving_during_multicast(
     from surge.runtime.server import Server
 
     nodes, batch = real["nodes"], real["max_num_seqs"]
-    prompts = _burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     copies = [f"c{i}" for i in range(pairs)]
     out = plan_scale_out(MulticastRequest(num_nodes=nodes, num_blocks=blocks, num_sources=1))

@@ -96,7 +96,7 @@ def measure_queue(
 ) -> dict:
     """`pairs` (served, hot_only) multicasts (module docstring)."""
     from benchmarks.common import burst_cluster_config, model_config, registry_model, seed_disk
-    from benchmarks.sim_calibrate.measure import _burst_prompts, processes_cpu_s
+    from benchmarks.sim_calibrate.measure import burst_prompts, processes_cpu_s
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
@@ -108,7 +108,7 @@ def measure_queue(
     from surge.runtime.server import Server
 
     nodes, batch = real["nodes"], real["max_num_seqs"]
-    prompts = _burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
+    prompts = burst_prompts(real["requests"] * REQUESTS_FACTOR, tuple(real["prompt_len"]))
     params = SamplingParams(max_tokens=real["max_tokens"], ignore_eos=True)
     engine_cfg = EngineConfig(max_num_seqs=batch, max_kv_tokens=2048)
     copies = [f"c{i}" for i in range(2 * pairs)]

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -251,6 +252,21 @@ def _groups(cfg: dict[str, Any]) -> list[tuple[int, ...]]:
     return out
 
 
+_CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "link_gbps": float,
+    "slots_per_node": int,
+    "max_num_seqs": int,
+    "fuse_projections": bool,
+    "compile_decode": bool,
+    "tick_s": float,
+    "launcher": str,
+    "ray_address": str,
+    "cluster": str,
+    "agent_host": str,
+}
+"""Config-file keys (and flags) that fill `ControllerConfig` fields of the same name, each
+with its conversion; a key absent or null keeps the field's default."""
+
 SHUTDOWN_GRACE_S = 5.0
 """On Ctrl-C, how long open responses may finish before they are cut."""
 
@@ -265,23 +281,17 @@ async def _serve(
     from surge.model.default_store import DEFAULT_MODEL_NAME, default_store, surge_home
 
     state = Path(cfg.get("state_dir") or surge_home() / "serve").expanduser().resolve()
+    # Only the settings the user gave: every default lives in `ControllerConfig` alone.
+    given = {k: conv(cfg[k]) for k, conv in _CONTROLLER_FIELDS.items() if cfg.get(k) is not None}
+    if cfg.get("host_cache_gb") is not None:
+        given["host_cache_bytes"] = int(float(cfg["host_cache_gb"]) * (1 << 30))
     ccfg = ControllerConfig(
         state_dir=state,
         nodes=num_nodes,
-        link_gbps=cfg.get("link_gbps"),
-        slots_per_node=int(cfg.get("slots_per_node", 1)),
-        max_num_seqs=int(cfg.get("max_num_seqs", 64)),
-        fuse_projections=bool(cfg.get("fuse_projections", True)),
-        compile_decode=bool(cfg.get("compile_decode", False)),
-        host_cache_bytes=int(float(cfg.get("host_cache_gb", 4)) * (1 << 30)),
-        tick_s=float(cfg.get("tick_s", 0.1)),
-        launcher=cfg.get("launcher", "local"),
-        ray_address=cfg.get("ray_address"),
-        cluster=cfg.get("cluster", "loopback"),
-        agent_host=cfg.get("agent_host", "127.0.0.1"),
         egress_gbps=_numbers(cfg, "egress_gbps"),
         ingress_gbps=_numbers(cfg, "ingress_gbps"),
         host_groups=tuple(_groups(cfg)),
+        **given,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -17,6 +17,7 @@ import typer
 
 from surge.errors import SurgeError
 from surge.events import Recorder, RequestDone
+from surge.policy.slo import Slo
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,8 @@ def simulate(
     start_s: Annotated[float, typer.Option(help="Skip the trace's first S seconds")] = 0.0,
     rate_scale: Annotated[float, typer.Option(help="Multiply the request rate by F")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of every random choice")] = 0,
-    slo_ttft_s: Annotated[float, typer.Option(help="TTFT SLO of every model")] = 5.0,
-    slo_tpot_s: Annotated[float, typer.Option(help="TPOT SLO of every model")] = 0.2,
+    slo_ttft_s: Annotated[float, typer.Option(help="TTFT SLO of every model")] = Slo.ttft_s,
+    slo_tpot_s: Annotated[float, typer.Option(help="TPOT SLO of every model")] = Slo.tpot_s,
     warm: Annotated[int, typer.Option(help="Instances per model serving at t=0")] = 0,
     block_count: Annotated[
         str,
@@ -90,13 +91,12 @@ def simulate(
     from surge.sim.report import JSON_KEYS, comparison_json, draw_png
     from surge.sim.scenario import load_scenario
     from surge.sim.scenario_traffic import build_trace
-    from surge.sim.settings import SimSettings, Slo
+    from surge.sim.settings import SimSettings, check_block_count
     from surge.sim.simulator import Simulation
     from surge.traces.resolve import load_trace
     from surge.traces.transform import scale_rate, time_slice
 
-    if block_count not in ("system", "elbow"):
-        raise SurgeError(f"--block-count must be system or elbow (got {block_count!r})")
+    check_block_count(block_count)
     if rate_scale <= 0:
         raise SurgeError(f"--rate-scale must be > 0 (got {rate_scale})")
     if duration_s is not None and duration_s <= 0:

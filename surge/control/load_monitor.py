@@ -13,10 +13,8 @@ each `InstanceLoad` (`autoscaler.pool_load`) and `policy.autoscale.decide` decid
 
 from collections import deque
 
+from surge.policy.autoscale import RATE_WINDOW_S
 from surge.runtime.endpoints import Endpoint
-
-RATE_WINDOW_S = 2.0
-"""Tokens/s is measured over this trailing window (BlitzScale's 2 s decision scale)."""
 
 
 def kv_usage(ep: Endpoint, max_kv_tokens: int) -> float:

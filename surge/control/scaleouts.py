@@ -139,8 +139,8 @@ async def start_scale_out(
     """Bring `dests` up as local instances of `dep` by its system; fills `result`.
 
     Hands `surge.runtime.scaleout` the facts it plans with: the start-up question
-    (`startup_request`), the SLOs in seconds (`slo` is in ms; unset: the runtime's
-    documented defaults), the link speed and NIC load (ParaServe Alg. 1/2), each agent's
+    (`startup_request`), the SLOs in seconds (`SloSpec.seconds`: unset ones at the policy's
+    defaults), the link speed and NIC load (ParaServe Alg. 1/2), each agent's
     reported links and what each egress carries (the multicast's topology), and the offer's
     hooks (a ParaServe group books spare slots and releases unused ones)."""
     system = serve_system(dep.spec.strategy)
@@ -152,7 +152,7 @@ async def start_scale_out(
     question = startup_request(
         system, pool, dep.name, dests, outstanding, live, busy, sending, loading=tails
     )
-    slo = dep.spec.slo
+    slo = dep.spec.slo.seconds()
     ctx = ScaleOutContext(
         client=client,
         server=dep.server,
@@ -174,8 +174,8 @@ async def start_scale_out(
         serve_while_loading=serve_while_loading,
         spares=own_tiers(pool, dep.name, list(offer.spares)),
         fetching=dict(offer.nic_load),
-        ttft_slo_s=slo.ttft_ms / 1e3 if slo.ttft_ms else sc.DEFAULT_TTFT_SLO_S,
-        tpot_slo_s=slo.tpot_ms / 1e3 if slo.tpot_ms else sc.DEFAULT_TPOT_SLO_S,
+        ttft_slo_s=slo.ttft_s,
+        tpot_slo_s=slo.tpot_s,
         fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
         events=offer.events,
         links=offer.links,

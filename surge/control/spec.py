@@ -15,6 +15,7 @@ from surge.errors import SurgeError
 from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdTargets
+from surge.policy.slo import Slo
 from surge.policy.systems import ALIASES, serve_system
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -116,17 +117,18 @@ def pd_from_json(d: Any) -> PdTargets | None:
 
 
 @dataclass(frozen=True)
-class Slo:
-    """Latency objectives (reported against in /metrics; the autoscaler's target is the
-    concurrency knob)."""
+class SloSpec:
+    """A deployment's latency objectives as its JSON gives them, in milliseconds (reported
+    against in /metrics; the autoscaler's target is the concurrency knob). Unset: the
+    policy's default (`seconds`)."""
 
     ttft_ms: float | None = None
     tpot_ms: float | None = None
 
     @staticmethod
-    def from_json(d: Any) -> "Slo":
+    def from_json(d: Any) -> "SloSpec":
         if d is None:
-            return Slo()
+            return SloSpec()
         if not isinstance(d, dict):
             raise SurgeError(f"slo must be an object (got {d!r})")
         _unknown(d, {"ttft_ms", "tpot_ms"}, "slo")
@@ -134,7 +136,15 @@ class Slo:
         for k in ("ttft_ms", "tpot_ms"):
             if d.get(k) is not None:
                 out[k] = _number(d, k, 0, 0, inclusive=False)
-        return Slo(**out)
+        return SloSpec(**out)
+
+    def seconds(self) -> Slo:
+        """The objectives in seconds, unset ones at `policy.slo.Slo`'s defaults."""
+        dflt = Slo()
+        return Slo(
+            ttft_s=self.ttft_ms / 1e3 if self.ttft_ms else dflt.ttft_s,
+            tpot_s=self.tpot_ms / 1e3 if self.tpot_ms else dflt.tpot_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -149,7 +159,7 @@ class DeploymentSpec:
     autoscaling: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     """The autoscaler's knobs: the strategy's system's (`SystemConfig.autoscale`), with the
     fields the deployment gives overriding them."""
-    slo: Slo = field(default_factory=Slo)
+    slo: SloSpec = field(default_factory=SloSpec)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     """The hold queue: its bound (429 past it) and its timeout (503 past it)."""
     pd: PdTargets | None = None
@@ -180,7 +190,7 @@ class DeploymentSpec:
             autoscaling=autoscaling_from_json(
                 d.get("autoscaling"), serve_system(strategy).autoscale
             ),
-            slo=Slo.from_json(d.get("slo")),
+            slo=SloSpec.from_json(d.get("slo")),
             admission=admission_from_json(d.get("admission")),
             pd=pd_from_json(d.get("pd")),
         )

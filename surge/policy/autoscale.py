@@ -143,6 +143,11 @@ class InstanceLoad:
     """Fraction of its KV cache in use, 0..1 (the load monitor)."""
 
 
+RATE_WINDOW_S = 2.0
+"""Each body's load monitor measures tokens/s over this trailing window (BlitzScale's 2 s
+decision scale): the autoscaler's `InstanceLoad.tokens_per_s` and the P/D monitor's alike."""
+
+
 @dataclass(frozen=True)
 class PoolLoad:
     """The load of one pool (a model, or one role of it under P/D disaggregation)."""

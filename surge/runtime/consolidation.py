@@ -44,7 +44,7 @@ from surge.runtime.server import Server
 log = logging.getLogger(__name__)
 
 
-async def _adopt(
+async def adopt(
     server: Server,
     target: LocalEndpoint,
     req: ServeRequest,
@@ -111,7 +111,7 @@ async def consolidate(
             for node, _, _ in pipeline.stages
         )
         try:  # the target's agent pulls every stage's part, agent to agent
-            await _adopt(server, target, req, num_cached=num_cached, sources=sources)
+            await adopt(server, target, req, num_cached=num_cached, sources=sources)
         except Exception as e:  # a stage lost it (preempted) or an agent died: recompute
             log.info("KV of %s not movable (%s); recomputing", req.req_id, e)
             if server.unplaced(req):  # a retirement during the call may have requeued it
@@ -176,7 +176,7 @@ async def live_prefill(
                     KvSource(node=node, pipeline=name, seq_id=b, num_tokens=n)
                     for node in (new_node, old.node)
                 )
-                await _adopt(server, old, r, num_cached=n, sources=sources)
+                await adopt(server, old, r, num_cached=n, sources=sources)
                 continue
             parts = await asyncio.gather(
                 _export(server, new_node, name, b, n), _export(server, old.node, name, b, n)

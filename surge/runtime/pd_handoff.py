@@ -25,8 +25,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import pd
-from surge.runtime.consolidation import _adopt
+from surge.runtime.consolidation import adopt
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
 from surge.runtime.protocol import (
     HANDOFF_REASON,
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
     from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
-
-RATE_WINDOW_S = 2.0
-"""Tokens/s per instance is measured over this trailing window (the monitor's view)."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +194,7 @@ class PdServing:
                 return  # every decode instance is full
             self.in_hand.pop(0)
             try:
-                await _adopt(
+                await adopt(
                     self.server,
                     target,
                     held.req,
@@ -243,7 +241,7 @@ class PdServing:
         payload = bytes(body)
         for ep in dict.fromkeys(t for t in (target, src) if not t.failed):
             try:
-                await _adopt(
+                await adopt(
                     server,
                     ep,
                     req,

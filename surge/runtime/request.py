@@ -40,6 +40,7 @@ class ServeRequest:
     on_done: Callable[[], None] | None = None
     """Called when the request finishes (the server dispatches queued work then)."""
     error: str | None = None
+    """Why it failed (finish_reason "error"), e.g. an agent refused it."""
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     """Output position -> its token's log-probabilities (only when the request asked;
     keyed by position so a token added without them, e.g. by a KV migration, leaves a
@@ -48,7 +49,6 @@ class ServeRequest:
     """Prompt tokens its (last) prefill took from the prefix cache (None: not prefilled yet)."""
     refusals: int = 0
     """How many times an agent refused it (`LocalEndpoint.submit`)."""
-    """Why it failed (finish_reason "error"), e.g. an agent refused it."""
 
     def add_token(self, token: int, finished: bool, reason: str | None) -> None:
         now = time.monotonic()

@@ -18,7 +18,7 @@ GB = 1_000_000_000
 
 
 @cache
-def _load_json(name: str) -> dict:
+def load_json(name: str) -> dict:
     return json.loads((PROFILES_DIR / name).read_text())
 
 
@@ -65,7 +65,7 @@ def gpu_profile(name: str | dict) -> GpuProfile:
         d = name
         name = str(d.get("name", "inline"))
     else:
-        table = _load_json("gpus.json")
+        table = load_json("gpus.json")
         if name not in table or name.startswith("_"):
             known = ", ".join(k for k in table if not k.startswith("_"))
             raise SurgeError(f"unknown GPU {name!r}; choose one of {known}")
@@ -202,12 +202,12 @@ def _group(d: dict, where: str) -> NodeGroup:
 
 def cluster_presets() -> tuple[str, ...]:
     """Names of the bundled cluster presets."""
-    return tuple(k for k in _load_json("clusters.json") if not k.startswith("_"))
+    return tuple(k for k in load_json("clusters.json") if not k.startswith("_"))
 
 
 def cluster_spec(name_or_file: str) -> dict:
     """The JSON of a bundled preset by name, or of a JSON file shaped like one preset."""
-    table = _load_json("clusters.json")
+    table = load_json("clusters.json")
     if name_or_file in table and not name_or_file.startswith("_"):
         spec = table[name_or_file]
     else:

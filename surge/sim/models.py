@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from surge.errors import SurgeError
-from surge.sim.hardware import _load_json
+from surge.sim.hardware import load_json
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,13 @@ class ModelProfile:
 
 def model_names() -> tuple[str, ...]:
     """Names of the bundled model profiles."""
-    return tuple(k for k in _load_json("models.json") if not k.startswith("_"))
+    return tuple(k for k in load_json("models.json") if not k.startswith("_"))
 
 
 def load_model(name: str) -> ModelProfile:
     """The bundled model profile `name`, or a JSON file shaped like one entry of
     models.json (its `name` field, else the file name, names it)."""
-    table = _load_json("models.json")
+    table = load_json("models.json")
     if name in table and not name.startswith("_"):
         d = table[name]
     elif name.endswith(".json") and Path(name).is_file():

@@ -32,10 +32,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from surge.errors import SurgeError
+from surge.policy.slo import Slo
 from surge.policy.systems import SystemConfig, system_config
 from surge.sim.hardware import ClusterProfile, cluster_from_spec, cluster_spec
 from surge.sim.models import load_model
-from surge.sim.settings import SimSettings, Slo
+from surge.sim.settings import SimSettings
 
 SCENARIOS_DIR = Path(__file__).resolve().parent / "profiles" / "scenarios"
 SPLITS = ("uniform", "round-robin", "zipf", "trace", "each")
@@ -255,7 +256,7 @@ def _group(value: object, where: str) -> ModelGroup:
 def _slo(value: object, where: str) -> Slo:
     d = _obj(value, where)
     _known(d, ("ttft_s", "tpot_s"), where)
-    return Slo(_num(d, "ttft_s", 5.0, where), _num(d, "tpot_s", 0.2, where))
+    return Slo(_num(d, "ttft_s", Slo.ttft_s, where), _num(d, "tpot_s", Slo.tpot_s, where))
 
 
 def _overrides(value: object, where: str) -> tuple:

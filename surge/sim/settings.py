@@ -3,24 +3,21 @@
 In: values from the CLI or a benchmark. Out: a frozen `SimSettings` the simulator reads.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
+from surge.policy.slo import Slo
 from surge.sim.hardware import ClusterProfile
 
+BLOCK_COUNTS = ("system", "elbow")
+"""How a simulation picks B, the blocks of each multicast (`SimSettings.block_count`)."""
 
-@dataclass(frozen=True)
-class Slo:
-    """Latency objectives of one model."""
 
-    ttft_s: float = 5.0
-    """Time to first token a request must meet."""
-    tpot_s: float = 0.2
-    """Time per output token (after the first) a request must meet."""
-
-    def __post_init__(self) -> None:
-        if not self.ttft_s > 0 or not self.tpot_s > 0:
-            raise SurgeError("SLOs must be > 0 s")
+def check_block_count(value: str) -> None:
+    """Refuse a `block_count` that is not one of `BLOCK_COUNTS` (the CLI checks it with this
+    before it loads a trace)."""
+    if value not in BLOCK_COUNTS:
+        raise SurgeError(f"--block-count must be one of {', '.join(BLOCK_COUNTS)} (got {value!r})")
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,7 @@ class SimSettings:
     """System name (`surge.policy.systems.SYSTEMS`)."""
     seed: int = 0
     """Seed of every random choice in the run."""
-    slo: Slo = Slo()
+    slo: Slo = field(default_factory=Slo)
     """SLO of every model (per-model overrides in `model_slos`)."""
     model_slos: tuple[tuple[str, Slo], ...] = ()
     """(model name, SLO) overrides."""
@@ -165,8 +162,7 @@ class SimSettings:
     blocks (what makes many blocks costly)."""
 
     def __post_init__(self) -> None:
-        if self.block_count not in ("system", "elbow"):
-            raise SurgeError("block_count must be `system` or `elbow`")
+        check_block_count(self.block_count)
         if self.block_overhead_s < 0:
             raise SurgeError("block_overhead_s must be >= 0")
         if not self.models:

@@ -165,16 +165,16 @@ class Simulation:
         self.cache.seed()
         self.sharing = ComputeSharing(
             world.net,
-            settings.shared_cores,
-            settings.transfer_cores,
-            settings.send_cost_s_per_gb,
-            settings.transfers_first,
-            world.state.agent_links if settings.serving_transfers_shared else None,
-            settings.send_cpu_cores,
-            settings.serving_receive_slowdown,
-            settings.transfer_wakeups,
-            settings.serving_efficiency_in_transfers,
-            settings.transfer_wakeups_queue,
+            shared_cores=settings.shared_cores,
+            transfer_cores=settings.transfer_cores,
+            send_cost_s_per_gb=settings.send_cost_s_per_gb,
+            transfers_first=settings.transfers_first,
+            links_of_gpu=world.state.agent_links if settings.serving_transfers_shared else None,
+            send_cpu_cores=settings.send_cpu_cores,
+            receive_slowdown=settings.serving_receive_slowdown,
+            wakeups=settings.transfer_wakeups,
+            efficiency_in_transfers=settings.serving_efficiency_in_transfers,
+            wakeups_queue=settings.transfer_wakeups_queue,
         )
         self.router = Requests(
             world,
@@ -209,16 +209,16 @@ class Simulation:
         )
         self.scaler = Scaler(
             world,
-            self.pools,
-            self.router,
-            self.gpus,
-            factory,
-            self.cache,
-            self.loader.load,
-            self.groups.start,
-            self.loader.ready,
-            self.flexpipe.retune,
-            self.flexpipe.autoscale_settings,
+            pools=self.pools,
+            requests=self.router,
+            gpus=self.gpus,
+            factory=factory,
+            cache=self.cache,
+            start_load=self.loader.load,
+            start_groups=self.groups.start,
+            ready=self.loader.ready,
+            on_decide=self.flexpipe.retune,
+            adjust=self.flexpipe.autoscale_settings,
         )
 
     def _num_blocks(self, model: int, num_nodes: int, num_sources: int) -> int:

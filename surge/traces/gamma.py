@@ -34,6 +34,21 @@ def gamma_arrivals(rng: np.random.Generator, rate_rps: float, cv: float, duratio
     return np.concatenate(out) if out else np.zeros(0)
 
 
+def token_lengths(
+    rng: np.random.Generator,
+    n: int,
+    donor: Trace | None,
+    input_tokens: int,
+    output_tokens: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths of `n` generated requests: drawn (with `rng`) from a donor
+    trace's requests when one is given, else the fixed lengths."""
+    if donor is not None and donor.num_requests:
+        pick = rng.integers(0, donor.num_requests, size=n)
+        return donor.input_tokens[pick], donor.output_tokens[pick]
+    return np.full(n, input_tokens, dtype=np.int64), np.full(n, output_tokens, dtype=np.int64)
+
+
 def gamma_trace(
     rate_rps: float,
     cv: float,
@@ -53,10 +68,5 @@ def gamma_trace(
     rng = np.random.default_rng(seed)
     arrival = gamma_arrivals(rng, rate_rps, cv, duration_s)
     n = len(arrival)
-    if donor is not None and donor.num_requests:
-        pick = rng.integers(0, donor.num_requests, size=n)
-        ins, outs = donor.input_tokens[pick], donor.output_tokens[pick]
-    else:
-        ins = np.full(n, input_tokens, dtype=np.int64)
-        outs = np.full(n, output_tokens, dtype=np.int64)
+    ins, outs = token_lengths(rng, n, donor, input_tokens, output_tokens)
     return make_trace(f"gamma-rate{rate_rps:g}-cv{cv:g}", arrival, ins, outs)

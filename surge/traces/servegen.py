@@ -16,7 +16,7 @@ import numpy as np
 
 from surge.errors import SurgeError
 from surge.traces.csv_columns import read_columns, to_floats
-from surge.traces.gamma import gamma_arrivals
+from surge.traces.gamma import gamma_arrivals, token_lengths
 from surge.traces.request import Trace, make_trace
 
 COLUMNS = ("client_id", "window_start_s", "rate_rps", "iat_cv")
@@ -59,11 +59,6 @@ def servegen_trace(
     rank = np.empty(len(ids), dtype=np.int64)
     rank[order] = np.arange(len(ids))
     n = len(arrival)
-    if donor is not None and donor.num_requests:
-        pick = rng.integers(0, donor.num_requests, size=n)
-        ins, outs = donor.input_tokens[pick], donor.output_tokens[pick]
-    else:
-        ins = np.full(n, input_tokens, dtype=np.int64)
-        outs = np.full(n, output_tokens, dtype=np.int64)
+    ins, outs = token_lengths(rng, n, donor, input_tokens, output_tokens)
     names = tuple(f"client-{ids[j]}" for j in order)
     return make_trace(path.name.split("_client")[0], arrival, ins, outs, rank[inverse], names)

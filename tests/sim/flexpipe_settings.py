@@ -1,7 +1,7 @@
 """The §9-style simulator settings the FlexPipe simulator tests share (a 20-QPS run of
 llama2-7b on the `flexpipe` cluster), shortened per test by overriding `duration_s`."""
 
-from surge.sim.settings import Slo
+from surge.policy.slo import Slo
 
 SECTION9_KW = dict(
     cluster="flexpipe",

@@ -5,10 +5,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.flows import FlowNetwork
 from surge.sim.instance import Instance
-from surge.sim.settings import SimSettings, Slo
+from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation, simulate
 from surge.traces.request import make_trace
 

@@ -18,11 +18,12 @@ from surge.policy.paraserve.gpu_share import (
     pipeline_speed,
 )
 from surge.policy.paraserve.sizing import _slowdown
+from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.gpus import Gpus
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.metrics import gpu_seconds, summarize, tpot_s, ttft_s
-from surge.sim.settings import SimSettings, Slo
+from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation
 from surge.traces.gamma import gamma_trace
 from surge.traces.request import make_trace

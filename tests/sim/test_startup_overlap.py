@@ -16,12 +16,13 @@ import numpy as np
 
 from surge.policy.paraserve.placement import ServerNetwork
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
+from surge.policy.slo import Slo
 from surge.policy.startup import GroupRequest, plan_group, serving_at_s
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.metrics import ttft_s
 from surge.sim.scenario import load_scenario
-from surge.sim.settings import SimSettings, Slo
+from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation
 from surge.traces.request import make_trace
 

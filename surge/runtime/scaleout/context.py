@@ -23,6 +23,7 @@ from surge.policy.blitzscale.live_scaling import LoadRatio
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.paraserve.predictor import ConsolidationDecision
+from surge.policy.slo import Slo
 from surge.policy.startup import Copy, Destination, GroupPlan
 from surge.policy.systems import SystemConfig
 from surge.runtime.client import ClusterClient
@@ -30,11 +31,6 @@ from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.multicast import MulticastResult
 from surge.runtime.server import Server
 
-DEFAULT_TTFT_SLO_S = 5.0
-"""ParaServe's TTFT objective when the deployment's `slo.ttft_ms` is unset (ParaServe §8
-evaluates seconds-scale TTFT SLOs for cold starts)."""
-DEFAULT_TPOT_SLO_S = 0.2
-"""ParaServe's TPOT objective when `slo.tpot_ms` is unset (a readable 5 tokens/s)."""
 DEFAULT_FETCH_GBPS = 10.0
 """Network rate a worker's fetch is estimated at when the controller knows no link speed."""
 
@@ -144,8 +140,8 @@ class ScaleOutContext:
     fetching: dict[int, int] = field(default_factory=dict)
     """Workers fetching on each node now, other than this scale-out's (ParaServe Alg. 2's
     contention; their deadlines are unknown here, so they only share the bandwidth)."""
-    ttft_slo_s: float = DEFAULT_TTFT_SLO_S
-    tpot_slo_s: float = DEFAULT_TPOT_SLO_S
+    ttft_slo_s: float = Slo.ttft_s
+    tpot_slo_s: float = Slo.tpot_s
     fetch_gbps: float = DEFAULT_FETCH_GBPS
     """Network rate one worker's fetch gets (ParaServe's b_i before contention)."""
     events: EventBus = NO_BUS
