@@ -3,7 +3,8 @@
 The CLI turns a `SurgeError` into `error: <message>` on stderr and exit code 2; anything
 else is a bug and keeps its traceback. The HTTP API maps each class (never the message
 text) to a status and OpenAI's error `type`/`code` (`surge/api/app.py`): a plain
-`SurgeError` or `InvalidInput` is 400, `NotFound` 404, `Conflict` 409, `Unavailable` 503.
+`SurgeError` or `InvalidInput` is 400, `NotFound` 404, `Conflict` 409,
+`TooLarge` 413, `Unavailable` 503.
 """
 
 
@@ -26,6 +27,10 @@ class NotFound(SurgeError):
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class TooLarge(SurgeError):
+    """The request is larger than the server accepts (HTTP 413)."""
 
 
 class Conflict(SurgeError):

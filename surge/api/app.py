@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from surge.api.admin import admin_router
 from surge.api.dashboard import dashboard_router
 from surge.api.error_map import body, classify
+from surge.api.intake import BodyLimit, IntakeLimits
 from surge.api.openai import openai_router
 from surge.api.protocol import ChatRequest, CompletionRequest
 from surge.control.controller import Controller
@@ -125,8 +126,14 @@ def openapi_with_bodies(app: FastAPI) -> dict[str, Any]:
 BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
 
 
-def create_app(controller: Controller, api_key: str | None = None, manage: bool = False) -> FastAPI:
-    """The app over `controller`; with `manage`, the app's lifespan starts and stops it."""
+def create_app(
+    controller: Controller,
+    api_key: str | None = None,
+    manage: bool = False,
+    limits: IntakeLimits | None = None,
+) -> FastAPI:
+    """The app over `controller`; with `manage`, the app's lifespan starts and stops it.
+    `limits` bound what one request may carry (`api/intake.py`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -183,5 +190,7 @@ def create_app(controller: Controller, api_key: str | None = None, manage: bool 
     app.include_router(admin_router(controller))
     app.include_router(dashboard_router(controller.events, controller.timeline_now))
     app.openapi = lambda: openapi_with_bodies(app)  # type: ignore[method-assign]
+    limits = limits or IntakeLimits()
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)  # inside the access log
     app.add_middleware(AccessLog, counter=responses_counter(controller.metrics.registry))
     return app

@@ -8,13 +8,22 @@ handlers and, for an error that happens after a stream has started, by `openai.p
 
 from typing import Any
 
-from surge.errors import Conflict, InvalidInput, NotFound, Overloaded, SurgeError, Unavailable
+from surge.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    SurgeError,
+    TooLarge,
+    Unavailable,
+)
 
 ERRORS: list[tuple[type[SurgeError], int, str, str | None]] = [
     (Overloaded, 429, "rate_limit_error", "rate_limit_exceeded"),
     (Unavailable, 503, "server_error", "service_unavailable"),
     (NotFound, 404, "invalid_request_error", "not_found"),
     (Conflict, 409, "invalid_request_error", "conflict"),
+    (TooLarge, 413, "invalid_request_error", "request_too_large"),
     (InvalidInput, 400, "invalid_request_error", None),
     (SurgeError, 400, "invalid_request_error", None),
 ]

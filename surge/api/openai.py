@@ -20,6 +20,7 @@ from starlette.background import BackgroundTask
 
 from surge.api.chat import ChatTemplates
 from surge.api.error_map import error_body
+from surge.api.intake import check_prompt_chars, encode_off_loop
 from surge.api.logprobs import CompletionLogprobs, chat_logprobs
 from surge.api.protocol import (
     DEFAULT_CHAT_TOKENS,
@@ -104,10 +105,12 @@ def openai_router(controller: Controller) -> APIRouter:
         """The serving deployment (404 if none, 503 with the reason if it has failed)."""
         return controller.deployment(name)
 
-    def tokenize(dep: Deployment, text: str) -> list[int]:
+    async def tokenize(dep: Deployment, text: str, limit: int, param: str) -> list[int]:
+        """Bounded before it costs anything, then off the event loop (`api/intake.py`)."""
         if dep.tokenizer is None:
             raise InvalidInput(f"{dep.name} has no tokenizer; send the prompt as token ids")
-        return dep.tokenizer.encode(text).ids
+        check_prompt_chars(dep.tokenizer, text, limit, param)
+        return await encode_off_loop(dep.tokenizer, text)
 
     def model_card(dep: Deployment) -> dict[str, Any]:
         return {"id": dep.name, "object": "model", "created": 0, "owned_by": "surge"}
@@ -127,7 +130,7 @@ def openai_router(controller: Controller) -> APIRouter:
         limit = controller.context_limit(dep)
         prompts, echoes = [], []
         for p in body.prompts:
-            ids = tokenize(dep, p) if isinstance(p, str) else p
+            ids = await tokenize(dep, p, limit, "prompt") if isinstance(p, str) else p
             check_prompt_ids(dep, ids, limit)
             prompts.append(ids)
             if body.echo:
@@ -143,8 +146,9 @@ def openai_router(controller: Controller) -> APIRouter:
         body = parse(ChatRequest, await request.body())
         dep = deployment(body.model)
         text = templates.get(dep.name, dep).render([m.for_template() for m in body.messages])
-        ids = tokenize(dep, text)
-        check_prompt_ids(dep, ids, controller.context_limit(dep), param="messages")
+        limit = controller.context_limit(dep)
+        ids = await tokenize(dep, text, limit, "messages")
+        check_prompt_ids(dep, ids, limit, param="messages")
         call = Call(dep, body, True, [ids], [""], "chatcmpl-" + secrets.token_hex(12))
         return await respond(call, DEFAULT_CHAT_TOKENS)
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from surge.cli.serve import SERVE_STRATEGIES
+from surge.cli.serve_config import SERVE_STRATEGIES
 from surge.errors import SurgeError
 
 UrlOpt = Annotated[

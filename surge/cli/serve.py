@@ -14,93 +14,24 @@ import os
 import signal
 import socket
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from surge.cli.serve_config import (
+    SERVE_STRATEGIES,
+    host_groups,
+    load_config,
+    per_node_numbers,
+    resolve_api_key,
+    resolve_state_dir,
+)
 from surge.errors import SurgeError
-from surge.policy.systems import SYSTEMS, serve_system
+from surge.policy.systems import serve_system
 
 log = logging.getLogger(__name__)
-
-SERVE_KEYS = {
-    "nodes": int,
-    "link_gbps": float,
-    "host": str,
-    "port": int,
-    "api_key": str,
-    "state_dir": str,
-    "slots_per_node": int,
-    "egress_gbps": list,
-    "ingress_gbps": list,
-    "host_groups": list,
-    "max_num_seqs": int,
-    "fuse_projections": bool,
-    "compile_decode": bool,
-    "host_cache_gb": float,
-    "tick_s": float,
-    "log_level": str,
-    "strategy": str,
-    "deployments": list,
-}
-"""Settings a config file may hold, and their types."""
-SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)
-"""The `surge.policy.systems` entries `surge serve` carries out (a deployment's strategy)."""
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    """Read a YAML (.yaml/.yml) or TOML (.toml) config file; every key is checked."""
-    if not path.is_file():
-        raise SurgeError(f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            raise SurgeError(f"config file {path} must end in .yaml, .yml or .toml")
-    except (tomllib.TOMLDecodeError, ValueError) as e:
-        raise SurgeError(f"config file {path} is not valid: {str(e).splitlines()[0]}") from None
-    except Exception as e:  # yaml.YAMLError and friends
-        if isinstance(e, SurgeError):
-            raise
-        raise SurgeError(f"config file {path} is not valid: {str(e).splitlines()[0]}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SurgeError(f"config file {path} must hold a mapping of settings")
-    for key, value in data.items():
-        if key not in SERVE_KEYS:
-            raise SurgeError(
-                f"config file {path}: unknown setting {key!r}; known: {', '.join(SERVE_KEYS)}"
-            )
-        want = SERVE_KEYS[key]
-        ok = isinstance(value, want) and not isinstance(value, bool)
-        if want is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if want is bool:
-            ok = isinstance(value, bool)
-        if not ok:
-            raise SurgeError(f"config file {path}: {key} must be a {want.__name__}")
-    if "strategy" in data:
-        try:
-            serve_system(data["strategy"])
-        except SurgeError as e:
-            raise SurgeError(f"config file {path}: {e}") from None
-    from surge.control.spec import DeploymentSpec
-
-    for d in data.get("deployments", []):
-        try:
-            DeploymentSpec.from_json(d)
-        except SurgeError as e:
-            raise SurgeError(f"config file {path}: deployment: {e}") from None
-    return data
 
 
 def serve(
@@ -130,6 +61,9 @@ def serve(
         typer.Option(help="Deployments database and registry (default $SURGE_HOME/serve)."),
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML or TOML file of settings.")] = None,
+    max_body_mb: Annotated[
+        float | None, typer.Option(help="Largest request body, MiB (default 16; 413 beyond).")
+    ] = None,
     launcher: Annotated[
         str, typer.Option(help="Where agents run: local (processes) or ray (one actor each).")
     ] = "local",
@@ -178,10 +112,11 @@ def serve(
         "link_gbps": link_gbps,
         "host": host,
         "port": port,
-        "api_key": api_key or os.environ.get("SURGE_API_KEY"),
         "state_dir": str(state_dir) if state_dir else None,
+        "max_body_mb": max_body_mb,
     }
     cfg.update({k: v for k, v in flags.items() if v is not None})
+    cfg["api_key"] = resolve_api_key(api_key, cfg.get("api_key"))
     if strategy is not None:
         cfg["strategy"] = strategy
     strategy_ = cfg.get("strategy", "lambdascale")
@@ -191,6 +126,11 @@ def serve(
         raise SurgeError(f"--nodes must be >= 1 (got {num_nodes})")
     if cfg.get("link_gbps") is not None and cfg["link_gbps"] <= 0:
         raise SurgeError("--link-gbps must be > 0")
+    from surge.api.intake import IntakeLimits  # here: `surge --help` stays fast
+
+    limits = IntakeLimits(**({"max_body_bytes": int(cfg["max_body_mb"] * (1 << 20))}
+                             if "max_body_mb" in cfg else {}))  # fmt: skip
+    cfg["intake"] = limits
     port_ = int(cfg.get("port", 8000))
     if not 0 <= port_ < 65536:
         raise SurgeError(f"--port must be 0..65535 (got {port_})")
@@ -205,6 +145,11 @@ def serve(
     cfg["agent_host"] = agent_host or "127.0.0.1"
     # Bind before anything starts: a busy port is one error line, not a started cluster.
     sock = bind_listener(cfg.get("host", "127.0.0.1"), port_)
+    try:  # after the port: a busy port must leave nothing behind
+        cfg["state_path"] = resolve_state_dir(cfg.get("state_dir"))
+    except SurgeError:
+        sock.close()
+        raise
     # Agents inherit SIGINT ignored: a terminal's Ctrl-C reaches the whole process group,
     # and agents it killed would leave their shared memory to their resource trackers
     # ("leaked shared_memory" warnings) and look like failed nodes to the controller. This
@@ -230,26 +175,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
             else ""
         )
         raise SurgeError(f"cannot listen on {host}:{port}: {why}{hint}") from None
-
-
-def _numbers(cfg: dict[str, Any], key: str) -> tuple[float, ...] | None:
-    """A config list of per-node numbers (`egress_gbps`, `ingress_gbps`), or None."""
-    v = cfg.get(key)
-    if v is None:
-        return None
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
-        raise SurgeError(f"{key} must be a list of numbers, one per node (got {v!r})")
-    return tuple(float(x) for x in v)
-
-
-def _groups(cfg: dict[str, Any]) -> list[tuple[int, ...]]:
-    """The config's `host_groups`: lists of node ids."""
-    out = []
-    for g in cfg.get("host_groups", []):
-        if not isinstance(g, list) or not all(type(x) is int for x in g):
-            raise SurgeError(f"host_groups must be lists of node ids like [[0, 1]] (got {g!r})")
-        out.append(tuple(g))
-    return out
 
 
 _CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -278,9 +203,9 @@ async def _serve(
 
     from surge.api.app import create_app
     from surge.control.controller import Controller, ControllerConfig
-    from surge.model.default_store import DEFAULT_MODEL_NAME, default_store, surge_home
+    from surge.model.default_store import DEFAULT_MODEL_NAME, default_store
 
-    state = Path(cfg.get("state_dir") or surge_home() / "serve").expanduser().resolve()
+    state = cfg["state_path"]
     # Only the settings the user gave: every default lives in `ControllerConfig` alone.
     given = {k: conv(cfg[k]) for k, conv in _CONTROLLER_FIELDS.items() if cfg.get(k) is not None}
     if cfg.get("host_cache_gb") is not None:
@@ -288,9 +213,9 @@ async def _serve(
     ccfg = ControllerConfig(
         state_dir=state,
         nodes=num_nodes,
-        egress_gbps=_numbers(cfg, "egress_gbps"),
-        ingress_gbps=_numbers(cfg, "ingress_gbps"),
-        host_groups=tuple(_groups(cfg)),
+        egress_gbps=per_node_numbers(cfg, "egress_gbps"),
+        ingress_gbps=per_node_numbers(cfg, "ingress_gbps"),
+        host_groups=tuple(host_groups(cfg)),
         **given,
     )
     loop = asyncio.get_running_loop()
@@ -307,7 +232,7 @@ async def _serve(
             _deploy(controller, deployments, strategy, default_store, DEFAULT_MODEL_NAME)
         )
         await _until(setup, stop)
-        app = create_app(controller, cfg.get("api_key"))
+        app = create_app(controller, cfg.get("api_key"), limits=cfg["intake"])
         server = uvicorn.Server(
             uvicorn.Config(
                 app,

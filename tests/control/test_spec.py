@@ -2,7 +2,7 @@
 
 import pytest
 
-from surge.cli.serve import SERVE_STRATEGIES
+from surge.cli.serve_config import SERVE_STRATEGIES
 from surge.control.spec import DeploymentSpec
 from surge.errors import SurgeError
 from surge.policy.systems import SYSTEMS, serve_system

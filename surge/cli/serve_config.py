@@ -1,0 +1,160 @@
+"""`surge serve`'s settings: the config file (YAML or TOML) read and every key checked, and
+the per-node lists it may hold. What flows: a path -> a dict of settings the `serve` command
+merges its flags into (flags win). Owned by the CLI.
+"""
+
+import hashlib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from surge.errors import SurgeError
+from surge.policy.systems import SYSTEMS, serve_system
+
+SERVE_KEYS = {
+    "nodes": int,
+    "link_gbps": float,
+    "host": str,
+    "port": int,
+    "api_key": str,
+    "state_dir": str,
+    "slots_per_node": int,
+    "egress_gbps": list,
+    "ingress_gbps": list,
+    "host_groups": list,
+    "max_num_seqs": int,
+    "fuse_projections": bool,
+    "compile_decode": bool,
+    "host_cache_gb": float,
+    "tick_s": float,
+    "log_level": str,
+    "strategy": str,
+    "deployments": list,
+    "max_body_mb": float,
+}
+"""Settings a config file may hold, and their types."""
+SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)
+"""The `surge.policy.systems` entries `surge serve` carries out (a deployment's strategy)."""
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml) or TOML (.toml) config file; every key is checked."""
+    if not path.exists():
+        raise SurgeError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise SurgeError(f"config file {path} is not a regular file; give a .yaml or .toml file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SurgeError(f"config file {path} cannot be read as text: {e}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            raise SurgeError(f"config file {path} must end in .yaml, .yml or .toml")
+    except (tomllib.TOMLDecodeError, ValueError) as e:
+        raise SurgeError(f"config file {path} is not valid: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # yaml.YAMLError and friends
+        if isinstance(e, SurgeError):
+            raise
+        raise SurgeError(f"config file {path} is not valid: {str(e).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SurgeError(f"config file {path} must hold a mapping of settings")
+    for key, value in data.items():
+        if key not in SERVE_KEYS:
+            raise SurgeError(
+                f"config file {path}: unknown setting {key!r}; known: {', '.join(SERVE_KEYS)}"
+            )
+        want = SERVE_KEYS[key]
+        ok = isinstance(value, want) and not isinstance(value, bool)
+        if want is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if want is bool:
+            ok = isinstance(value, bool)
+        if not ok:
+            raise SurgeError(f"config file {path}: {key} must be a {want.__name__}")
+    if "strategy" in data:
+        try:
+            serve_system(data["strategy"])
+        except SurgeError as e:
+            raise SurgeError(f"config file {path}: {e}") from None
+    from surge.control.spec import DeploymentSpec
+
+    for d in data.get("deployments", []):
+        try:
+            DeploymentSpec.from_json(d)
+        except SurgeError as e:
+            raise SurgeError(f"config file {path}: deployment: {e}") from None
+    return data
+
+
+def per_node_numbers(cfg: dict[str, Any], key: str) -> tuple[float, ...] | None:
+    """A config list of per-node numbers (`egress_gbps`, `ingress_gbps`), or None."""
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        raise SurgeError(f"{key} must be a list of numbers, one per node (got {v!r})")
+    return tuple(float(x) for x in v)
+
+
+def host_groups(cfg: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The config's `host_groups`: lists of node ids."""
+    out = []
+    for g in cfg.get("host_groups", []):
+        if not isinstance(g, list) or not all(type(x) is int for x in g):
+            raise SurgeError(f"host_groups must be lists of node ids like [[0, 1]] (got {g!r})")
+        out.append(tuple(g))
+    return out
+
+
+def default_state_dir() -> Path:
+    """`$SURGE_HOME/serve/<clone>-<hash>`: one state directory per copy of surge (its source
+    checkout or its environment's install), so two clones' `surge serve` never pick up each
+    other's deployments (issue 36: all clones shared `~/.cache/surge/serve`)."""
+    from surge.model.default_store import surge_home
+
+    clone = Path(__file__).resolve().parent.parent.parent
+    digest = hashlib.sha256(str(clone).encode()).hexdigest()[:8]
+    return surge_home() / "serve" / f"{clone.name}-{digest}"
+
+
+def resolve_state_dir(value: str | None) -> Path:
+    """The state directory to use (`--state-dir`, the config's `state_dir`, else the default
+    above), created and checked writable before anything starts."""
+    path = Path(value).expanduser().resolve() if value else default_state_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise SurgeError(
+            f"--state-dir {path} cannot be used ({e.strerror}); give a writable directory"
+        ) from None
+    return path
+
+
+def resolve_api_key(flag: str | None, config: str | None) -> str | None:
+    """The API key (flag, else `$SURGE_API_KEY`, else the config's), or None: no auth. An
+    empty or blank key is an error, never "no auth" (issue 36)."""
+    for source, value in (
+        ("--api-key", flag),
+        ("$SURGE_API_KEY", os.environ.get("SURGE_API_KEY")),
+        ("the config's api_key", config),
+    ):
+        if value is None:
+            continue
+        if not value.strip():
+            raise SurgeError(
+                f"{source} is empty; give a key, or leave it unset to serve without auth"
+            )
+        return value
+    return None

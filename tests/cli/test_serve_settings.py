@@ -1,0 +1,76 @@
+"""`surge serve`'s settings that used to fail open or clash (issue 36): an empty API key is an
+error, not "no auth"; each clone gets its own state directory; an unusable state directory
+or config path is one `error:` line, before any agent starts."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli import assert_one_line_error
+from tests.conftest import REPO, run_surge
+
+
+def _serve(tmp: Path, *args: str, **env: str):
+    state = ["--state-dir", str(tmp / "state")] if "--state-dir" not in args else []
+    return run_surge(
+        "serve", "--port", "0", "--nodes", "1", *state, *args,
+        env={**os.environ, "SURGE_HOME": str(tmp / "home"), **env},
+        timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (("--api-key", ""), {}, "--api-key is empty"),
+        (("--api-key", "  "), {}, "--api-key is empty"),
+        ((), {"SURGE_API_KEY": ""}, "$SURGE_API_KEY is empty"),
+    ],
+)
+def test_an_empty_api_key_is_an_error_not_no_auth(tmp_path: Path, args, env, words) -> None:
+    proc = _serve(tmp_path, *args, **env)
+    assert_one_line_error(proc, words, "leave it unset")
+    assert not (tmp_path / "state").exists(), "the server started"
+
+
+def test_an_empty_api_key_in_the_config_is_an_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("api_key: ''\n")
+    env = {k: v for k, v in os.environ.items() if k != "SURGE_API_KEY"}
+    proc = run_surge(
+        "serve", "--port", "0", "--config", str(cfg), "--state-dir", str(tmp_path / "s"),
+        env={**env, "SURGE_HOME": str(tmp_path)}, timeout=60,
+    )  # fmt: skip
+    assert_one_line_error(proc, "the config's api_key is empty")
+
+
+def test_unusable_state_dir_and_config_paths_are_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(
+        _serve(tmp_path, "--state-dir", "/proc/surge-state"), "cannot be used", "writable"
+    )
+    assert_one_line_error(_serve(tmp_path, "--config", "/dev/zero"), "is not a regular file")
+
+
+def test_each_clone_has_its_own_default_state_dir(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    found = []
+    for clone in ("a/surge-checkout", "b/surge-checkout"):
+        shutil.copytree(REPO / "surge", tmp_path / clone / "surge",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        code = "from surge.cli.serve_config import default_state_dir; print(default_state_dir())"
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONPATH": str(tmp_path / clone), "SURGE_HOME": str(home)},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        found.append(Path(out))
+    assert found[0] != found[1], found
+    for p in found:
+        assert p.parent == home / "serve" and p.name.startswith("surge-checkout-"), p
