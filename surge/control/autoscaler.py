@@ -4,8 +4,9 @@ What flows, every `tick_s` (and at once when a request reaches a model at zero),
 deployment: its instances' load (outstanding requests, loading or not, idle since when,
 tokens/s and KV use from `load_monitor.py`)
 -> `policy.autoscale.decide` (state kept in `Deployment.autoscale_state`) -> for a
-scale-out, destinations by `policy.placement.place` (host copies first, then the least
-busy NICs) -> `start_scale_out` (the runtime brings them up by the deployment's strategy);
+scale-out, destinations by `policy.placement.place` (host copies first where
+`policy.placement.prefers_host_copy` says so, then the least busy NICs) ->
+`start_scale_out` (the runtime brings them up by the deployment's strategy);
 for a release, the instance is retired from the router and its slot released
 (`copies.py`). After the deployments, the pinned-copy invariant and host-copy expiry
 (`copies.py`, by `policy.host_copies`). Prometheus gauges are set from what it observed.
@@ -43,7 +44,8 @@ from surge.events import (
 )
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.multicast.topology import NodeLinks
-from surge.policy.placement import MachineView, PlacementRequest, place
+from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
+from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 
@@ -233,7 +235,12 @@ class Autoscaler:
             for n in self.live_nodes()
             if n not in dep.instances
         ]
-        placed = place(machines, PlacementRequest(gpus_per_instance=1, num_instances=count))
+        request = PlacementRequest(
+            gpus_per_instance=1,
+            num_instances=count,
+            prefer_host_copy=prefers_host_copy(serve_system(dep.spec.strategy)),
+        )
+        placed = place(machines, request)
         dests = [gpus[0] // slots for gpus in placed]
         if not dests:
             return

@@ -34,13 +34,13 @@ from surge.policy.flexpipe.system import (
     split_stages,
     stage_layers,
 )
+from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
 from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool
-from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM
 from surge.sim.world import KEY_STRIDE, World
 
 PROFILE_PROMPT_TOKENS = 512

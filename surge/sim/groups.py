@@ -24,6 +24,7 @@ from collections.abc import Callable
 from surge.policy.paraserve.gpu_share import SHARE_EPS, low_memory_share, pick_gpu
 from surge.policy.paraserve.placement import ServerNetwork, finish_worker
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
+from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
 from surge.policy.startup import (
     GroupRequest,
     alg1_inputs,
@@ -41,7 +42,7 @@ from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
-from surge.sim.scaling import MIN_KV_FRACTION, WEIGHT_HEADROOM, tp_for
+from surge.sim.scaling import tp_for
 from surge.sim.world import World
 
 DEFAULT_PROMPT_TOKENS = 512

@@ -9,6 +9,7 @@ expiry are `surge.policy.keepalive` decisions (LRU + keep-alive, ServerlessLLM).
 
 from collections.abc import Callable
 
+from surge.policy.host_copies import NodeHostCache, pinned_copy
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.sim.world import World
 
@@ -32,18 +33,27 @@ class HostCache:
         the loads waiting for it, told whether the cache took it (`sim/fetch.py`)."""
 
     def seed(self) -> None:
-        """Fill the caches at time 0: every own machine (`all`) or one per model
-        (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica)."""
+        """Fill the caches at time 0: every own machine (`all`) or one per model, in model
+        order (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica),
+        where `policy.host_copies.pinned_copy` puts it: the roomiest machine of the
+        model's group, ties to the lowest index."""
         mode = self.world.system.host_cache
         if mode not in ("all", "pinned-one"):
             return
-        for mi, slot in enumerate(self.world.models):
-            own = [m for m in self.world.state.machines if m.group is slot.group]
-            targets = own if mode == "all" else [own[mi % len(own)]]
+        state = self.world.state
+        for slot in self.world.models:
+            own = [m.index for m in state.machines if m.group is slot.group]
+            if mode == "all":
+                targets = own
+            else:
+                caches = [NodeHostCache(m, tuple(state.host_cache[m].values())) for m in own]
+                held = [m for m in own if slot.name in state.host_cache[m]]
+                pinned = pinned_copy(caches, self.settings[own[0]], held)
+                targets = [] if pinned is None else [pinned.node]
             for m in targets:
                 entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, mode == "pinned-one")
-                self.world.state.host_cache[m.index][slot.name] = entry
-                self.world.state.cached_machines.add(m.index)
+                state.host_cache[m][slot.name] = entry
+                state.cached_machines.add(m)
 
     def has_copy(self, machine: int, model: int) -> bool:
         """Whether host memory of `machine` holds `model`."""

@@ -46,7 +46,6 @@ ACTIVATION_BYTES = 2
 """Bytes per hidden value of the activation sent from target to source (fp16)."""
 
 
-@functools.lru_cache(maxsize=1024)
 @dataclass(frozen=True)
 class LiveRecord:
     """One cooperatively executed batch (`SimResult.live_batches`)."""

@@ -25,7 +25,16 @@ from surge.policy.autoscale import (
     decide,
 )
 from surge.policy.paraserve.gpu_share import pipeline_speed
-from surge.policy.placement import MachineView, PlacementRequest, place
+from surge.policy.placement import (
+    MIN_KV_FRACTION,
+    WEIGHT_HEADROOM,
+    GpuGroup,
+    MachineView,
+    PlacementRequest,
+    place,
+    prefers_host_copy,
+    tp_size,
+)
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
@@ -36,11 +45,6 @@ from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.world import KEY_STRIDE, World
-
-WEIGHT_HEADROOM = 1.1
-"""Weights plus activations take this much of their size in GPU memory."""
-MIN_KV_FRACTION = 0.1
-"""An instance needs at least this fraction of its GPU memory left for KV cache."""
 
 
 class InstanceFactory:
@@ -247,7 +251,7 @@ class Scaler:
             for m in state.machines
             if m.group is slot.group
         ]
-        prefer_host = self.world.system.load in ("local", "multicast")
+        prefer_host = prefers_host_copy(self.world.system)
         return place(views, PlacementRequest(gpus_per_instance, count, prefer_host))
 
     def scale_out(self, pool: Pool, count: int, warm: bool = False) -> None:
@@ -341,14 +345,11 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     return PoolLoad(now_s, queued, loads)
 
 
+def gpu_group(group: NodeGroup) -> GpuGroup:
+    """A node group as `policy.placement` sees it."""
+    return GpuGroup(group.gpu.memory_bytes, group.gpus_per_node)
+
+
 def tp_for(group: NodeGroup, nbytes: int, kv_memory_fraction: float) -> int | None:
-    """Fewest GPUs (a power of two, on one machine of `group`) whose memory holds
-    `nbytes` of weights with headroom and still leaves `MIN_KV_FRACTION` for KV cache;
-    None if a whole machine cannot."""
-    usable = group.gpu.memory_bytes * kv_memory_fraction
-    tp = 1
-    while tp <= group.gpus_per_node:
-        if nbytes * WEIGHT_HEADROOM / tp <= usable * (1 - MIN_KV_FRACTION):
-            return tp
-        tp *= 2
-    return None
+    """`policy.placement.tp_size` on one of this run's node groups."""
+    return tp_size(gpu_group(group), nbytes, kv_memory_fraction)

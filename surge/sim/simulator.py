@@ -25,6 +25,7 @@ from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
 from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count
 from surge.policy.multicast.cluster import Cluster
+from surge.policy.placement import model_home
 from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
 from surge.sim.compute_sharing import ComputeSharing
@@ -33,14 +34,14 @@ from surge.sim.flexpipe import FlexPipe
 from surge.sim.flows import FlowNetwork
 from surge.sim.gpus import Gpus
 from surge.sim.groups import Groups
-from surge.sim.hardware import ClusterProfile, NodeGroup, load_cluster
+from surge.sim.hardware import ClusterProfile, load_cluster
 from surge.sim.host_cache import HostCache
 from surge.sim.loading import Loader
 from surge.sim.models import ModelProfile, load_model
 from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
 from surge.sim.result import SimResult
-from surge.sim.scaling import InstanceFactory, Scaler, tp_for
+from surge.sim.scaling import InstanceFactory, Scaler, gpu_group
 from surge.sim.settings import SimSettings
 from surge.sim.world import ModelSlot, World
 from surge.traces.request import Trace
@@ -69,28 +70,13 @@ def expand_models(names: tuple[str, ...]) -> list[tuple[str, ModelProfile]]:
 def model_slot(
     name: str, prof: ModelProfile, cluster: ClusterProfile, system: SystemConfig, kv: float
 ) -> ModelSlot:
-    """Where a model runs: the first node group where the fewest GPUs hold the whole
-    model (one full worker), as for every system; a `registry-parallel` system whose
-    model no machine holds whole takes the group where the fewest GPUs hold one stage
-    (1/pipeline_size of it). ParaServe §8.1 runs each model on the card that holds it
-    (Table 1: 7B on A10, 13B on V100); before, ParaServe's groups took the first group
-    whose GPUs hold a quarter (13B on 2-GPU A10 workers: all 384 models of §8.3 on 8
-    A10s while the baselines also had 16 V100s)."""
-    best: tuple[int, int] | None = None
-    stage_options = [1]
-    if system.load == "registry-parallel" and system.pipeline_size > 1:
-        stage_options.append(system.pipeline_size)
-    for stages in stage_options:
-        for i, group in enumerate(cluster.groups):
-            tp = tp_for(group, prof.total_bytes // stages, kv)
-            if tp is not None and (best is None or tp < best[0]):
-                best = (tp, i)
-        if best is not None:
-            break
-    if best is None:
+    """Where a model runs: the node group and tensor-parallel size
+    `policy.placement.model_home` gives."""
+    home = model_home([gpu_group(g) for g in cluster.groups], prof.total_bytes, system, kv)
+    if home is None:
         raise SurgeError(f"model {prof.name} does not fit on any machine of {cluster.name}")
-    group: NodeGroup = cluster.groups[best[1]]
-    return ModelSlot(name, prof, group, tp_for(group, prof.total_bytes, kv) or best[0])
+    index, tp = home
+    return ModelSlot(name, prof, cluster.groups[index], tp)
 
 
 class Simulation:

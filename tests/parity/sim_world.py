@@ -15,9 +15,18 @@ from surge.sim.simulator import Simulation
 from surge.traces.request import Trace
 
 
-def simulation(tmp_path: Path, system: SystemConfig, num_machines: int, store: str) -> Simulation:
-    """A simulation of `system` (with no host copies seeded) on `num_machines` machines whose
-    model store is `store` (`ssd`: every machine has a disk copy; `registry`: none)."""
+def simulation(
+    tmp_path: Path,
+    system: SystemConfig,
+    num_machines: int,
+    store: str,
+    model_layers: tuple[int, ...] = (8,),
+    seed_host_copies: bool = False,
+) -> Simulation:
+    """A simulation of `system` on `num_machines` machines whose model store is `store`
+    (`ssd`: every machine has a disk copy; `registry`: none), serving one tiny model per
+    entry of `model_layers` (its layer count: the sizes differ); the system's host copies
+    are seeded only with `seed_host_copies`."""
     gpu = {
         "name": "g", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
         "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
@@ -29,17 +38,23 @@ def simulation(tmp_path: Path, system: SystemConfig, num_machines: int, store: s
     }  # fmt: skip
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps({"groups": [group]}))
-    model = tmp_path / "tiny.json"
-    model.write_text(
-        json.dumps(
-            {"name": "tiny", "num_layers": 8, "hidden_size": 64, "intermediate_size": 128,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
-             "context_tokens": 512, "dtype_bytes": 4}
-        )
-    )  # fmt: skip
+    models = []
+    for i, layers in enumerate(model_layers):
+        name = "tiny" if i == 0 else f"tiny{i}"
+        model = tmp_path / f"{name}.json"
+        model.write_text(
+            json.dumps(
+                {"name": name, "num_layers": layers, "hidden_size": 64, "intermediate_size": 128,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+                 "context_tokens": 512, "dtype_bytes": 4}
+            )
+        )  # fmt: skip
+        models.append(str(model))
     trace = Trace(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    settings = SimSettings(str(cluster), (str(model),), system.name)
-    return Simulation(trace, settings, replace(system, host_cache="none"))
+    settings = SimSettings(str(cluster), tuple(models), system.name)
+    return Simulation(
+        trace, settings, system if seed_host_copies else replace(system, host_cache="none")
+    )
 
 
 def add_host_copy(sim: Simulation, machine: int) -> None:
