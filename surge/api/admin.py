@@ -58,6 +58,7 @@ def admin_router(controller: Controller) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics():
+        await controller.refresh_metrics()
         return Response(controller.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return router

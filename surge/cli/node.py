@@ -29,6 +29,20 @@ def run(
     ingress_gbps: Annotated[float | None, typer.Option(help="NIC ingress cap, Gbit/s.")] = None,
     remote_dir: Annotated[Path | None, typer.Option(help="Model registry directory.")] = None,
     remote_gbps: Annotated[float | None, typer.Option(help="Registry read cap, Gbit/s.")] = None,
+    disk_gbps: Annotated[float | None, typer.Option(help="Disk tier read cap, Gbit/s.")] = None,
+    pcie_gbps: Annotated[
+        float | None, typer.Option(help="Host copy -> gpu tier cap, Gbit/s.")
+    ] = None,
+    emulate: Annotated[
+        str | None,
+        typer.Option(help="GPU-time emulation: PRESET:MODEL this node's steps are paced as."),
+    ] = None,
+    emulated_gpu: Annotated[
+        str | None, typer.Option(help="With --emulate: the GPU type this node stands for.")
+    ] = None,
+    time_dilation: Annotated[
+        float, typer.Option(help="With --emulate: real seconds per emulated second.")
+    ] = 1.0,
     max_num_seqs: Annotated[
         int, typer.Option(help="Running-batch limit of this node's engines.")
     ] = 64,
@@ -66,7 +80,13 @@ def run(
     token = os.environ.get("SURGE_TOKEN")
     if not token:
         raise SurgeError("set SURGE_TOKEN to the cluster's shared token before starting an agent")
-    caps = (("egress", egress_gbps), ("ingress", ingress_gbps), ("remote", remote_gbps))
+    caps = (
+        ("egress", egress_gbps),
+        ("ingress", ingress_gbps),
+        ("remote", remote_gbps),
+        ("disk", disk_gbps),
+        ("pcie", pcie_gbps),
+    )
     for name, v in (*caps, ("host", host_gbps)):
         if v is not None and v <= 0:
             raise SurgeError(f"--{name}-gbps must be > 0 (got {v})")
@@ -86,6 +106,11 @@ def run(
         ingress_gbps=ingress_gbps,
         remote_dir=remote_dir,
         remote_gbps=remote_gbps,
+        disk_gbps=disk_gbps,
+        pcie_gbps=pcie_gbps,
+        emulate=emulate,
+        emulated_gpu=emulated_gpu,
+        time_dilation=time_dilation,
         engine=EngineConfig(
             max_num_seqs=max_num_seqs,
             max_kv_tokens=max_kv_tokens,

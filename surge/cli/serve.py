@@ -28,6 +28,7 @@ from surge.cli.serve_config import (
     resolve_api_key,
     resolve_state_dir,
 )
+from surge.cli.serve_emulation import emulated_store, emulation_config
 from surge.errors import SurgeError
 from surge.policy.systems import serve_system
 
@@ -85,10 +86,24 @@ def serve(
             "its own network namespace, tc-shaped links, a CPU quota each; needs root)."
         ),
     ] = "loopback",
+    emulate: Annotated[
+        str | None,
+        typer.Option(
+            help="GPU-time emulation: agents paced as PRESET:MODEL of the simulator's profiles, "
+            "e.g. lambdascale-testbed1:llama2-13b (docs/emulation.md); --nodes shrinks the "
+            "preset (default: one agent per GPU of it)."
+        ),
+    ] = None,
+    time_dilation: Annotated[
+        float | None,
+        typer.Option(help="With --emulate: real seconds per emulated second (default 1)."),
+    ] = None,
 ) -> None:
     """Serve models over an OpenAI-compatible API on a cluster of node agents."""
     if launcher not in ("local", "ray"):
         raise SurgeError(f"launcher {launcher!r} is not one of local, ray")
+    if emulate is not None and launcher != "local":
+        raise SurgeError("--emulate needs --launcher local (a loopback or netns cluster)")
     if ray_address is not None and launcher != "ray":
         raise SurgeError("--ray-address needs --launcher ray")
     if agent_host is not None and launcher != "ray":
@@ -114,8 +129,13 @@ def serve(
         "port": port,
         "state_dir": str(state_dir) if state_dir else None,
         "max_body_mb": max_body_mb,
+        "emulate": emulate,
+        "time_dilation": time_dilation,
     }
     cfg.update({k: v for k, v in flags.items() if v is not None})
+    emulation = emulation_config(cfg, launcher)
+    if emulation is not None and "nodes" not in cfg:
+        cfg["nodes"] = emulation.num_gpus
     cfg["api_key"] = resolve_api_key(api_key, cfg.get("api_key"))
     if strategy is not None:
         cfg["strategy"] = strategy
@@ -140,6 +160,8 @@ def serve(
         path = Path(model).expanduser().resolve()
         deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy_})
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
+    if emulation is not None:
+        cfg["emulation"] = emulated_store(emulation, deployments, num_nodes)
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
     cfg["cluster"] = cluster
     cfg["agent_host"] = agent_host or "127.0.0.1"
@@ -216,6 +238,7 @@ async def _serve(
         egress_gbps=per_node_numbers(cfg, "egress_gbps"),
         ingress_gbps=per_node_numbers(cfg, "ingress_gbps"),
         host_groups=tuple(host_groups(cfg)),
+        emulation=cfg.get("emulation"),
         **given,
     )
     loop = asyncio.get_running_loop()

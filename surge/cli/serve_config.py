@@ -32,6 +32,8 @@ SERVE_KEYS = {
     "strategy": str,
     "deployments": list,
     "max_body_mb": float,
+    "emulate": str,
+    "time_dilation": float,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)

@@ -29,6 +29,7 @@ from surge.control import admission
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
+from surge.control.emulation import EmulationCounts
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.requests import Requests
@@ -72,6 +73,10 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         "fuse_projections": config.fuse_projections,
         "compile_decode": config.compile_decode,
     }
+    if config.emulation is not None and config.launcher != "local":
+        raise SurgeError("--emulate needs --launcher local (loopback or netns cluster)")
+    if config.emulation is not None:
+        common["emulation"] = config.emulation
     if config.launcher == "ray":
         from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
 
@@ -151,6 +156,7 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self.stopping = False
         """`stop` has begun: agents going away are expected, not warned about."""
+        self.emulation_counts = EmulationCounts()
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -257,6 +263,12 @@ class Controller:
             w.store.close()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)
+
+    async def refresh_metrics(self) -> None:
+        """Bring the metrics that live on the agents up to date (before a scrape): under
+        GPU-time emulation, each node's paced steps and violations."""
+        if self.config.emulation is not None and self._wiring is not None:
+            await self.emulation_counts.refresh(self.metrics, self.client, self.live_nodes())
 
     def live_nodes(self) -> list[int]:
         """Nodes whose agent is up, ascending."""

@@ -60,6 +60,18 @@ class Metrics:
         self.blocks_in_flight = Gauge(
             "surge_blocks_in_flight", "Blocks being loaded or multicast", ["model"], registry=r
         )
+        self.emulation_steps = Counter(
+            "surge_emulation_steps",
+            "Engine steps paced by GPU-time emulation, per node (docs/emulation.md)",
+            ["node"],
+            registry=r,
+        )
+        self.emulation_violations = Counter(
+            "surge_emulation_violations",
+            "Paced steps whose real work overran the emulated GPU's time, per node",
+            ["node"],
+            registry=r,
+        )
         self.bytes_moved = Counter(
             "surge_bytes_moved", "Block bytes landed in a tier", ["model", "tier"], registry=r
         )

@@ -7,6 +7,7 @@ Plain frozen data, read by `control/controller.py` and handed to its collaborato
 from dataclasses import dataclass
 from pathlib import Path
 
+from surge.emulation import Emulation
 from surge.errors import SurgeError
 
 
@@ -59,6 +60,10 @@ class ControllerConfig:
     cluster: str = "loopback"
     """With launcher "local": "loopback" (processes here) or "netns" (`NetnsCluster`: a
     network namespace per agent, tc-shaped links, a CPU quota each)."""
+    emulation: Emulation | None = None
+    """GPU-time emulation of started agents (`surge serve --emulate`; launcher "local"):
+    their rates, KV capacity and step times are the emulated cluster's (docs/emulation.md);
+    `link_gbps`, per-node caps and host groups then come from its preset."""
 
     def __post_init__(self) -> None:
         for name in ("egress_gbps", "ingress_gbps"):

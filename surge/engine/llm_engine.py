@@ -140,6 +140,9 @@ class LLMEngine:
         self.sampler = Sampler()
         self._ids = itertools.count(first_seq_id)  # engines sharing caches use disjoint ids
         self.seqs: dict[int, Sequence] = {}
+        self.last_batch: BatchMeta | None = None
+        """The batch the last `step()` ran (None: it had nothing to run): its shape, for
+        whoever accounts for steps (GPU-time emulation paces a step by it)."""
 
     @staticmethod
     def from_store(store_dir: Path, config: EngineConfig = EngineConfig()) -> "LLMEngine":
@@ -206,6 +209,7 @@ class LLMEngine:
     def step(self) -> list[TokenEvent]:
         """Run one batch; return the token each of its sequences produced."""
         step = self.scheduler.schedule()
+        self.last_batch = None if step is None else step.batch
         if step is None:
             return []
         if step.preempted:

@@ -27,6 +27,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
         ("--egress-gbps", config.egress_gbps),
         ("--ingress-gbps", config.ingress_gbps),
         ("--remote-gbps", config.remote_gbps),
+        ("--disk-gbps", config.disk_gbps),
+        ("--pcie-gbps", config.pcie_gbps),
     ):
         if gbps:
             cmd += [flag, str(gbps)]
@@ -47,6 +49,9 @@ def agent_argv(config: AgentConfig) -> list[str]:
         cmd += ["--host-mates", ",".join(map(str, config.host_mates))]
     if config.host_gbps:
         cmd += ["--host-gbps", str(config.host_gbps)]
+    if config.emulate is not None and config.emulated_gpu is not None:
+        cmd += ["--emulate", config.emulate, "--emulated-gpu", config.emulated_gpu]
+        cmd += ["--time-dilation", repr(config.time_dilation)]
     if config.fault_corrupt_sends:
         cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
     return cmd

@@ -20,10 +20,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from surge.config import EngineConfig
+from surge.emulation import EmulatedNode, Emulation
 from surge.errors import SurgeError
 from surge.runtime.client import ClusterClient
 from surge.runtime.launch.agent_process import agent_argv, agent_env, pid_alive, wait_ready
@@ -77,15 +79,41 @@ class LocalClusterConfig:
     start_timeout_s: float = 60.0
     extra_args: dict[int, list[str]] = field(default_factory=dict)
     """Extra command-line arguments for some nodes (testing: fault injection)."""
+    emulation: Emulation | None = None
+    """GPU-time emulation (docs/emulation.md): the agents stand for the first `num_nodes`
+    GPUs of the emulation's preset. Their links, disk, registry and host -> GPU rates, host
+    groups and KV capacity come from it (scaled; the fields above for those are ignored)
+    and their engine steps are paced as the emulated model on the emulated GPU."""
+
+    @cached_property
+    def emulated_nodes(self) -> tuple[EmulatedNode, ...]:
+        """Each agent's emulated hardware (empty when not emulated)."""
+        return () if self.emulation is None else self.emulation.nodes(self.num_nodes)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The host groups: the emulated machines' GPUs, else `host_groups`."""
+        if self.emulation is not None:
+            return self.emulation.host_groups(self.emulated_nodes)
+        return self.host_groups
 
     def host_group(self, node: int) -> tuple[int, ...]:
         """The host group holding `node` (empty: a machine alone)."""
-        return next((g for g in self.host_groups if node in g), ())
+        return next((g for g in self.groups if node in g), ())
 
     def caps(self, node: int) -> tuple[float | None, float | None]:
+        if self.emulation is not None:
+            nic = self.emulation.scale.gbps(self.emulated_nodes[node].nic_gbps)
+            return nic, nic
         eg = self.egress_gbps[node] if self.egress_gbps else self.link_gbps
         ig = self.ingress_gbps[node] if self.ingress_gbps else self.link_gbps
         return eg, ig
+
+    def group_link_gbps(self, node: int) -> float:
+        """The fast link of `node`'s host group."""
+        if self.emulation is not None and (host := self.emulated_nodes[node].host_gbps):
+            return self.emulation.scale.gbps(host)
+        return self.group_gbps
 
 
 class LocalCluster:
@@ -132,10 +160,10 @@ class LocalCluster:
 
     def check_groups(self) -> None:
         """Raise `SurgeError` unless the host groups are disjoint sets of this cluster's nodes."""
-        grouped = [n for g in self.config.host_groups for n in g]
+        grouped = [n for g in self.config.groups for n in g]
         nodes = set(range(self.config.num_nodes))
         if len(grouped) != len(set(grouped)) or not set(grouped) <= nodes:
-            raise SurgeError(f"host groups {self.config.host_groups} must be disjoint node ids")
+            raise SurgeError(f"host groups {self.config.groups} must be disjoint node ids")
 
     def start(self) -> None:
         self.check_groups()
@@ -155,7 +183,7 @@ class LocalCluster:
         """The settings of one of this cluster's agents."""
         eg, ig = self.config.caps(node)
         group = self.config.host_group(node)
-        return AgentConfig(
+        agent = AgentConfig(
             node=node,
             cluster_id=self.cluster_id,
             token=self.token,
@@ -164,7 +192,7 @@ class LocalCluster:
             ingress_gbps=ig,
             host_group=f"host{min(group)}" if group else None,
             host_mates=tuple(m for m in group if m != node),
-            host_gbps=self.config.group_gbps if group else None,
+            host_gbps=self.config.group_link_gbps(node) if group else None,
             remote_dir=self.config.remote_dir,
             remote_gbps=self.config.remote_gbps,
             engine=EngineConfig(
@@ -175,6 +203,7 @@ class LocalCluster:
             ),
             preload_engine=self.config.preload_engine,
         )
+        return emulated_agent(agent, self.config) if self.config.emulation else agent
 
     def client(self) -> ClusterClient:
         """A controller-side client of every agent (call `await client.connect()`)."""
@@ -214,6 +243,24 @@ class LocalCluster:
 
     def alive(self) -> list[int]:
         return [n for n, p in self.procs.items() if p.poll() is None]
+
+
+def emulated_agent(agent: AgentConfig, config: LocalClusterConfig) -> AgentConfig:
+    """`agent` as node `agent.node` of `config`'s emulation: its disk, registry and
+    host -> GPU rates scaled, its KV capacity the emulated GPU's, its steps paced."""
+    emulation = config.emulation
+    assert emulation is not None
+    hw, scale = config.emulated_nodes[agent.node], emulation.scale
+    return replace(
+        agent,
+        remote_gbps=scale.gbps(hw.registry_gbps),
+        disk_gbps=scale.gbps(hw.ssd_gbps),
+        pcie_gbps=scale.gbps(hw.pcie_gbps),
+        emulate=emulation.config.spec,
+        emulated_gpu=hw.gpu,
+        time_dilation=emulation.config.time_dilation,
+        engine=replace(agent.engine, max_kv_tokens=emulation.kv_tokens(hw)),
+    )
 
 
 def sweep_stale_work_dirs(root: Path | None = None) -> list[Path]:

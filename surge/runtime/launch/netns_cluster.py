@@ -86,7 +86,7 @@ class NetnsCluster(LocalCluster):
             netns.shape_link(nn.host_dev, None, ig)
             if cfg.loss_pct:
                 netns.set_loss(nn.netns, cfg.loss_pct)
-        for group in cfg.host_groups:
+        for group in cfg.groups:
             self._group(group)
         threads = cfg.threads_per_agent or max(1, round(self.cores_per_node or 1))
         env = agent_env(self.token, threads)
@@ -116,9 +116,9 @@ class NetnsCluster(LocalCluster):
             # The fast class hangs off the htb root, so a capped link is needed to hang it on;
             # an uncapped direction is fast already.
             if eg is not None:
-                netns.fast_path(nn.node_dev, nn.netns, "dst", mates, cfg.group_gbps)
+                netns.fast_path(nn.node_dev, nn.netns, "dst", mates, cfg.group_link_gbps(node))
             if ig is not None:
-                netns.fast_path(nn.host_dev, None, "src", mates, cfg.group_gbps)
+                netns.fast_path(nn.host_dev, None, "src", mates, cfg.group_link_gbps(node))
 
     def agent_config(self, node: int) -> AgentConfig:
         base = super().agent_config(node)

@@ -22,7 +22,13 @@ import sys
 
 from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
-from surge.runtime.node.context import AgentConfig, Handlers, NodeContext, import_engine
+from surge.runtime.node.context import (
+    AgentConfig,
+    Handlers,
+    NodeContext,
+    import_engine,
+    step_pacer,
+)
 from surge.runtime.node.instances import AgentInstances
 from surge.runtime.node.serving import AgentServing
 from surge.runtime.node.store import AgentStore, ModelState
@@ -75,6 +81,7 @@ class NodeAgent:
             ingress=TokenBucket(rate(ig) if (ig := paced(config.ingress_gbps)) else None),
             host_out=TokenBucket(rate(hg) if (hg := paced(config.host_gbps)) else None),
             host_in=TokenBucket(rate(hg) if hg else None),
+            pacer=step_pacer(config),
         )
         self.store = AgentStore(self.ctx)
         self.transfer = AgentTransfer(self.ctx, self.store)
@@ -208,7 +215,19 @@ class NodeAgent:
             bytes_in=self.transfer.bytes_in,
             bytes_out=self.transfer.bytes_out,
             peers=tuple(sorted(self.ctx.peers)),
+            **self._pacing(),
         )
+
+    def _pacing(self) -> dict[str, float | int]:
+        """The emulation's step counts for `StatusReply` (none when not emulated)."""
+        if self.ctx.pacer is None:
+            return {}
+        c = self.ctx.pacer.counts
+        return {
+            "emulated_steps": c.steps,
+            "emulation_violations": c.violations,
+            "emulation_overrun_s": round(c.overrun_s, 6),
+        }
 
     async def op_shutdown(self, op: ShutdownOp, conn: Connection, p: memoryview) -> Ack:
         self._stop.set()

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from surge.config import EngineConfig
+from surge.emulation import EmulationConfig, StepPacer
+from surge.errors import SurgeError
 from surge.runtime.protocol import Event, Op, Reply
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed, connect
@@ -52,6 +54,17 @@ class AgentConfig:
     """The registry: a directory of stores, ROOT/<model>/manifest.json."""
     remote_gbps: float | None = None
     """Read cap of the registry as seen from this node."""
+    disk_gbps: float | None = None
+    """Read cap of this node's disk tier (None: as fast as the file system)."""
+    pcie_gbps: float | None = None
+    """Cap of a load from this node's host copy into its gpu tier (None: a plain copy)."""
+    emulate: str | None = None
+    """GPU-time emulation (`surge.emulation`): PRESET:MODEL this node's engine steps are
+    paced as (None: not emulated, steps take what they take)."""
+    emulated_gpu: str | None = None
+    """With `emulate`: the GPU type this node stands for (a `gpus.json` entry)."""
+    time_dilation: float = 1.0
+    """With `emulate`: real seconds per emulated second."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     preload_engine: bool = True
     """Import the engine (torch) before announcing readiness, so the first block that lands
@@ -59,12 +72,26 @@ class AgentConfig:
     fault_corrupt_sends: int = 0
     """Testing only: corrupt the payload of this many block sends."""
 
+    def __post_init__(self) -> None:
+        if (self.emulate is None) != (self.emulated_gpu is None):
+            raise SurgeError("an emulated agent needs both emulate (PRESET:MODEL) and its GPU")
+        if not self.time_dilation > 0:
+            raise SurgeError(f"time_dilation must be > 0 (got {self.time_dilation})")
+
 
 Handler = Callable[[Any, Connection, memoryview], Awaitable[Reply | None]]
 """An op handler: (typed op, its connection, its payload) -> the reply, or None when the
 handler sent its own answer (one with a payload)."""
 Handlers = dict[type[Op], Handler]
 """A part's ops: {op class: handler}; the server merges every part's table."""
+
+
+def step_pacer(config: AgentConfig) -> StepPacer | None:
+    """The pacer of an emulated agent's engine steps (None when not emulated)."""
+    if config.emulate is None or config.emulated_gpu is None:
+        return None
+    emulation = EmulationConfig.parse(config.emulate, config.time_dilation)
+    return StepPacer(emulation.profile, config.emulated_gpu, config.time_dilation)
 
 
 def import_engine() -> None:
@@ -92,6 +119,8 @@ class NodeContext:
     host_in: TokenBucket = field(default_factory=lambda: TokenBucket(None))
     peers: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Peer addresses by node id (set by the `set_peers` op)."""
+    pacer: StepPacer | None = None
+    """Under GPU-time emulation, what every engine step of this node is paced by."""
 
     @property
     def node(self) -> int:

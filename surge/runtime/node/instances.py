@@ -50,7 +50,7 @@ from surge.runtime.transport import Connection
 if TYPE_CHECKING:
     import torch
 
-    from surge.engine.llm_engine import LLMEngine
+    from surge.engine.llm_engine import LLMEngine, TokenEvent
     from surge.runtime.node.store import ModelState
 
 
@@ -257,6 +257,18 @@ class AgentInstances:
                 )
             )
 
+    def _step(self, inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, str]]:
+        """One step (in the worker thread); under emulation it lasts what the emulated GPU
+        takes for the whole emulated model at this step's shape."""
+        pacer = self.ctx.pacer
+        started_s = pacer.clock() if pacer is not None else 0.0
+        out = step_and_park(inst)
+        batch = inst.engine.last_batch
+        if pacer is not None and batch is not None:
+            layers = inst.engine.arch.num_layers
+            pacer.pace(started_s, batch.q_lens, 0, layers, layers)
+        return out
+
     async def _instance_loop(self, inst: LocalInstance) -> None:
         while True:
             while inst.inbox:
@@ -272,7 +284,7 @@ class AgentInstances:
                 await inst.wake.wait()
                 continue
             try:
-                events, parked = await asyncio.to_thread(step_and_park, inst)
+                events, parked = await asyncio.to_thread(self._step, inst)
             except Exception as e:  # a broken step must not leave its requests hanging
                 log.exception("instance %s: an engine step failed", inst.name)
                 await self._fail_all(inst, f"the engine failed a step: {type(e).__name__}: {e}")

@@ -129,8 +129,17 @@ class AgentServing:
         from surge.engine.hidden import hidden_from_bytes, hidden_to_bytes
 
         stage = self._stage(op.pipeline)
+        pacer = self.ctx.pacer
 
         def compute() -> tuple[StageStepOp | StageStepReply, Any]:
+            started_s = pacer.clock() if pacer is not None else 0.0
+            out = run()
+            if pacer is not None:  # the stage's share of the emulated model's layers
+                layers = stage.runner.arch.num_layers
+                pacer.pace(started_s, out[2], stage.first_layer, stage.end_layer, layers)
+            return out[0], out[1]
+
+        def run() -> tuple[StageStepOp | StageStepReply, Any, tuple[int, ...]]:
             if op.kind == "tokens":
                 assert op.batch is not None and op.shape is not None  # checked by StageStepOp
                 batch = op.batch
@@ -141,9 +150,9 @@ class AgentServing:
             hidden = stage.runner.run_layers(stage.first_layer, stage.end_layer, hidden, batch)
             if stage.next_node is None:
                 logits = stage.runner.logits(hidden, batch).contiguous()
-                return StageStepReply(shape=tuple(logits.shape)), logits.numpy()
+                return StageStepReply(shape=tuple(logits.shape)), logits.numpy(), batch.q_lens
             forward = StageStepOp(pipeline=stage.pipeline, kind="hidden")
-            return forward, hidden_to_bytes(hidden, batch)
+            return forward, hidden_to_bytes(hidden, batch), batch.q_lens
 
         async with stage.lock:
             out, payload = await asyncio.to_thread(compute)

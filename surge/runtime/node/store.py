@@ -35,6 +35,11 @@ from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
 from surge.runtime.transport import Connection
 
 
+def _bucket(gbps: float | None) -> TokenBucket:
+    """A read cap of `gbps` (None: unlimited)."""
+    return TokenBucket(gbps_to_bytes_per_s(gbps) if gbps else None)
+
+
 @dataclass
 class ModelState:
     """What this node holds of one model."""
@@ -72,13 +77,13 @@ class AgentStore:
         self.ctx = ctx
         config = ctx.config
         self.host_cache = HostCache(config.cluster_id, config.node)
-        self.disk = DiskTier(config.disk_dir)
+        self.disk = DiskTier(config.disk_dir, _bucket(config.disk_gbps))
+        self.pcie = _bucket(config.pcie_gbps)
+        """Paces a load from this node's host copy into its gpu tier (host -> GPU)."""
         self.remote = (
             RemoteRegistry(
                 config.remote_dir,
-                TokenBucket(
-                    gbps_to_bytes_per_s(config.remote_gbps) if config.remote_gbps else None
-                ),
+                _bucket(config.remote_gbps),
             )
             if config.remote_dir
             else None
@@ -234,6 +239,7 @@ class AgentStore:
             if held is None:
                 raise SurgeError(f"node {self.ctx.node} holds no host copy of block {info.index}")
             buf[: info.size_bytes] = held[: info.size_bytes]
+            self.pcie.consume_blocking(info.size_bytes)
         elif source == "disk":
             self.disk.read_into(name, info, buf)
         else:

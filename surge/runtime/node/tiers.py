@@ -94,9 +94,11 @@ def _closed(seg: shared_memory.SharedMemory) -> bool:
 class DiskTier:
     """A local directory of block files, one sub-directory per model."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, bucket: TokenBucket | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.bucket = bucket
+        """Paces reads (the node's SSD rate; None: as fast as the file system)."""
 
     def path(self, model: str, info: BlockInfo) -> Path:
         return self.root / model / info.file
@@ -114,7 +116,7 @@ class DiskTier:
         tmp.rename(p)
 
     def read_into(self, model: str, info: BlockInfo, out: memoryview) -> None:
-        _read_file_into(self.path(model, info), info, out, None)
+        _read_file_into(self.path(model, info), info, out, self.bucket)
 
     def blocks(self, model: str, manifest: Manifest) -> list[int]:
         return [b.index for b in manifest.blocks if self.has(model, b)]

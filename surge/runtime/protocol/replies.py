@@ -51,6 +51,12 @@ class StatusReply(Reply):
     bytes_in: int
     bytes_out: int
     peers: tuple[int, ...]
+    emulated_steps: int = 0
+    """Engine steps paced by GPU-time emulation (0: not emulated)."""
+    emulation_violations: int = 0
+    """Of those, steps whose real work overran their paced time (`surge.emulation`)."""
+    emulation_overrun_s: float = 0.0
+    """Real seconds the violating steps ran past their paced time, summed."""
 
 
 @dataclass(frozen=True)

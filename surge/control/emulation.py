@@ -1,0 +1,43 @@
+"""GPU-time emulation seen from the control plane: the agents' paced-step counts as metrics.
+
+What flows: on a `/metrics` scrape, each live agent's `StatusReply` (its paced steps and
+violations, `surge.emulation.pacing`) in; the per-node counters `surge_emulation_steps_total`
+and `surge_emulation_violations_total` (`control/metrics.py`) out, raised by what each agent
+counted since the last scrape. Owned by control/; called by the controller's facade.
+"""
+
+import asyncio
+import logging
+
+from surge.control.metrics import Metrics
+from surge.runtime.client import ClusterClient
+from surge.runtime.protocol import StatusOp
+
+log = logging.getLogger(__name__)
+
+STATUS_TIMEOUT_S = 2.0
+"""A scrape waits this long for an agent's counts (a busy or dead agent is skipped)."""
+
+
+class EmulationCounts:
+    """The last counts seen per node, so the counters rise by what is new."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[int, int]] = {}
+
+    async def refresh(self, metrics: Metrics, client: ClusterClient, nodes: list[int]) -> None:
+        """Ask every node in `nodes` for its counts; raise the counters by the increase."""
+
+        async def one(node: int) -> None:
+            try:
+                st = await asyncio.wait_for(client.call(node, StatusOp()), STATUS_TIMEOUT_S)
+            except Exception as e:  # a scrape must answer even while a node is away
+                log.debug("emulation counts of node %d: %s", node, e)
+                return
+            steps, bad = self.seen.get(node, (0, 0))
+            label = str(node)
+            metrics.emulation_steps.labels(label).inc(max(0, st.emulated_steps - steps))
+            metrics.emulation_violations.labels(label).inc(max(0, st.emulation_violations - bad))
+            self.seen[node] = (st.emulated_steps, st.emulation_violations)
+
+        await asyncio.gather(*(one(n) for n in nodes))

@@ -1,0 +1,150 @@
+"""The emulated cluster, node by node: which GPU and links each agent stands for, and the
+real rates that make moving the real store take as long as moving the emulated model.
+
+What flows: an `Emulation` (the settings and the real store's size) in; out, one
+`EmulatedNode` per agent (the preset's machines in order, one agent per GPU, GPUs of one
+machine a host group) and its rates scaled by `ByteScale`: every rate times real store
+bytes / emulated model bytes, divided by the time dilation D. A block of the real store then
+crosses a scaled link in D times what the emulated block takes on the emulated link. Read by
+the launchers (`runtime/launch/local.py`, `netns_cluster.py`). Owned by emulation/.
+"""
+
+from dataclasses import dataclass
+
+from surge.emulation.settings import EmulationConfig
+from surge.errors import SurgeError
+from surge.model.manifest import Manifest
+from surge.sim.hardware import load_cluster
+
+
+@dataclass(frozen=True)
+class ByteScale:
+    """Real bytes / emulated bytes and the time dilation: how an emulated rate becomes real."""
+
+    weights_ratio: float
+    """Real store bytes / emulated model bytes."""
+    time_dilation: float
+    """D (see `EmulationConfig.time_dilation`)."""
+
+    def __post_init__(self) -> None:
+        if not self.weights_ratio > 0 or not self.time_dilation > 0:
+            raise SurgeError("a byte scale needs a ratio > 0 and a time dilation > 0")
+
+    def gbps(self, emulated_gbps: float) -> float:
+        """The real cap that moves the real store as fast as `emulated_gbps` moves the
+        emulated model, D times slower."""
+        return emulated_gbps * self.weights_ratio / self.time_dilation
+
+
+@dataclass(frozen=True)
+class EmulatedNode:
+    """One agent's emulated hardware (Gbit/s as the preset states them, unscaled)."""
+
+    node: int
+    """Agent id."""
+    machine: int
+    """The preset machine holding this agent's GPU."""
+    gpu: str
+    """GPU type (a `gpus.json` entry)."""
+    nic_gbps: float
+    """This GPU's network share: its own RDMA NIC, else the machine NIC split evenly over the
+    machine's GPUs (agents have one token bucket each; the sim shares the NIC as flows)."""
+    host_gbps: float | None
+    """GPU-to-GPU link inside the machine (None: the only GPU of its machine here)."""
+    pcie_gbps: float
+    """Host memory -> this GPU."""
+    ssd_gbps: float
+    """Local SSD read."""
+    registry_gbps: float
+    """The model registry as this node reads it (the preset's cap, else its NIC share)."""
+    memory_bytes: int
+    """GPU memory (the KV cache is what the emulated model leaves of it)."""
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """An `EmulationConfig` applied to a real store of `real_model_bytes`."""
+
+    config: EmulationConfig
+    real_model_bytes: int
+    """Bytes of the real store the agents move (its manifest's total)."""
+    real_kv_bytes_per_token: int = 1
+    """The real model's KV cache per token, every layer (for `kv_budget_bytes`)."""
+
+    def __post_init__(self) -> None:
+        if self.real_model_bytes < 1 or self.real_kv_bytes_per_token < 1:
+            raise SurgeError("an emulation needs the real store's size (bytes >= 1)")
+
+    @staticmethod
+    def for_store(config: EmulationConfig, manifest: Manifest) -> "Emulation":
+        """`config` applied to the real store of `manifest`."""
+        arch = manifest.arch
+        itemsize = 2 if arch.dtype in ("float16", "bfloat16") else 4
+        kv = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * itemsize
+        return Emulation(config, manifest.total_bytes, kv)
+
+    @property
+    def scale(self) -> ByteScale:
+        return ByteScale(
+            self.real_model_bytes / self.config.profile.total_bytes, self.config.time_dilation
+        )
+
+    def nodes(self, num_nodes: int | None = None) -> tuple[EmulatedNode, ...]:
+        """The first `num_nodes` GPUs of the preset (None: all of them), one agent each."""
+        cluster = load_cluster(self.config.preset)
+        total = cluster.num_gpus
+        n = total if num_nodes is None else num_nodes
+        if not 1 <= n <= total:
+            raise SurgeError(
+                f"--nodes {n}: preset {self.config.preset} has {total} GPUs (one agent each); "
+                f"give --nodes 1..{total}"
+            )
+        out: list[EmulatedNode] = []
+        for machine in cluster.machines:
+            g = machine.group
+            share = g.gpu_nic_gbps or g.nic_gbps / g.gpus_per_node
+            for _ in machine.gpu_ids:
+                if len(out) == n:
+                    break
+                out.append(
+                    EmulatedNode(
+                        node=len(out),
+                        machine=machine.index,
+                        gpu=g.gpu.name,
+                        nic_gbps=share,
+                        host_gbps=g.intra_gpu_gbps if g.gpus_per_node > 1 else None,
+                        pcie_gbps=g.pcie_gbps,
+                        ssd_gbps=g.ssd_gbps,
+                        registry_gbps=g.registry_gbps or share,
+                        memory_bytes=g.gpu.memory_bytes,
+                    )
+                )
+        model = self.config.profile
+        for node in out:
+            if model.total_bytes >= node.memory_bytes:
+                raise SurgeError(
+                    f"the emulation runs one GPU per agent: {model.name} "
+                    f"({model.total_bytes / 1e9:.0f} GB) does not fit one {node.gpu} "
+                    f"({node.memory_bytes / 1e9:.0f} GB) of {self.config.preset}; pick a "
+                    "smaller model or a preset with larger GPUs"
+                )
+        return tuple(out)
+
+    def host_groups(self, nodes: tuple[EmulatedNode, ...]) -> tuple[tuple[int, ...], ...]:
+        """Agents whose GPUs share a machine (only groups of two or more)."""
+        by_machine: dict[int, list[int]] = {}
+        for node in nodes:
+            by_machine.setdefault(node.machine, []).append(node.node)
+        return tuple(tuple(g) for g in by_machine.values() if len(g) > 1)
+
+    def kv_tokens(self, node: EmulatedNode) -> int:
+        """KV-cache capacity of one runner: what the emulated model leaves of the emulated
+        GPU, in the emulated model's bytes per token, clipped to `kv_budget_bytes` of the
+        real model's cache (`emulated_kv_tokens` is the unclipped figure)."""
+        budget = self.config.kv_budget_bytes // self.real_kv_bytes_per_token
+        return max(1, min(self.emulated_kv_tokens(node), budget))
+
+    def emulated_kv_tokens(self, node: EmulatedNode) -> int:
+        """The emulated GPU's KV capacity before any clipping."""
+        model = self.config.profile
+        return (node.memory_bytes - model.total_bytes) // model.kv_bytes_per_token

@@ -1,0 +1,91 @@
+"""Byte scaling: every rate of an emulated agent is the preset's rate times real store bytes /
+emulated model bytes, over D, so the real store moves in D times the emulated model's time;
+the agents, host groups and KV capacity follow the preset."""
+
+from pathlib import Path
+
+import pytest
+
+from surge.emulation import ByteScale, Emulation, EmulationConfig
+from surge.errors import SurgeError
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+from surge.sim.models import load_model
+
+GB = 1e9
+
+
+def emulation(
+    spec: str = "lambdascale-testbed1:llama2-13b", d: float = 10.0, real: int = 8_000_000
+):
+    return Emulation(EmulationConfig.parse(spec, d), real, real_kv_bytes_per_token=4096)
+
+
+def seconds(num_bytes: float, gbps: float) -> float:
+    return num_bytes / (gbps * GB / 8)
+
+
+def test_the_real_store_moves_in_d_times_the_emulated_models_time() -> None:
+    e = emulation(d=10.0)
+    em_bytes = load_model("llama2-13b").total_bytes
+    for gbps in (400.0, 40.0, 512.0):  # NIC, SSD, PCIe of Testbed1
+        emulated_s = seconds(em_bytes, gbps)
+        assert seconds(8_000_000, e.scale.gbps(gbps)) == pytest.approx(10.0 * emulated_s)
+    assert e.scale == ByteScale(8_000_000 / em_bytes, 10.0)
+    with pytest.raises(SurgeError):
+        ByteScale(0.0, 1.0)
+
+
+def test_nodes_follow_the_preset_one_agent_per_gpu() -> None:
+    e = emulation("lambdascale-testbed2:llama2-13b")  # 6 machines x 4 H800, 400 Gb/s NIC each
+    nodes = e.nodes(6)
+    assert [n.machine for n in nodes] == [0, 0, 0, 0, 1, 1]
+    assert e.host_groups(nodes) == ((0, 1, 2, 3), (4, 5))
+    assert nodes[0].nic_gbps == 100.0  # the machine's NIC split over its 4 GPUs
+    assert nodes[0].host_gbps == 3200.0 and nodes[0].gpu == "H800"
+    alone = emulation().nodes(3)  # Testbed1: one GPU per machine
+    assert emulation().host_groups(alone) == () and alone[2].host_gbps is None
+    assert len(emulation().nodes()) == 12
+    with pytest.raises(SurgeError, match="has 12 GPUs"):
+        emulation().nodes(13)
+    with pytest.raises(SurgeError, match="does not fit one A10"):
+        emulation("paraserve-1:llama2-70b").nodes(1)
+
+
+def test_kv_capacity_is_the_emulated_gpus_clipped_to_the_budget() -> None:
+    model = load_model("llama2-13b")
+    e = emulation()
+    node = e.nodes(1)[0]
+    free = 80 * GB - model.total_bytes
+    assert e.emulated_kv_tokens(node) == int(free // model.kv_bytes_per_token)
+    assert e.kv_tokens(node) == min(e.emulated_kv_tokens(node), (256 << 20) // 4096)
+    roomy = Emulation(EmulationConfig.parse("lambdascale-testbed1:llama2-13b"), 8_000_000, 64)
+    assert roomy.kv_tokens(node) == roomy.emulated_kv_tokens(node)
+
+
+def test_bad_settings_name_the_valid_choices() -> None:
+    with pytest.raises(SurgeError, match=r"lambdascale-testbed1.*paraserve-1"):
+        EmulationConfig.parse("nope:llama2-13b")
+    with pytest.raises(SurgeError, match="llama2-7b, llama2-13b"):
+        EmulationConfig.parse("paraserve-1:gpt-5")
+    with pytest.raises(SurgeError, match="PRESET:MODEL"):
+        EmulationConfig.parse("paraserve-1")
+    with pytest.raises(SurgeError, match="time-dilation"):
+        EmulationConfig.parse("paraserve-1:llama2-7b", 0)
+
+
+def test_an_emulated_cluster_gives_each_agent_its_scaled_rates(tmp_path: Path) -> None:
+    e = emulation("lambdascale-testbed2:llama2-13b", d=4.0)
+    cfg = LocalClusterConfig(num_nodes=5, link_gbps=123.0, emulation=e, remote_dir=tmp_path)
+    cluster = LocalCluster(cfg)
+    a = cluster.agent_config(4)
+    s = e.scale
+    assert (a.egress_gbps, a.ingress_gbps) == (s.gbps(100.0), s.gbps(100.0))  # not link_gbps
+    assert a.disk_gbps == s.gbps(40.0) and a.pcie_gbps == s.gbps(512.0)
+    assert a.remote_gbps == s.gbps(100.0)  # Testbed2 has no registry cap: the NIC share
+    assert a.host_group is None and a.host_gbps is None  # alone on its machine here
+    b = cluster.agent_config(1)
+    assert b.host_mates == (0, 2, 3) and b.host_gbps == s.gbps(3200.0)
+    assert (a.emulate, a.emulated_gpu, a.time_dilation) == (e.config.spec, "H800", 4.0)
+    assert a.engine.max_kv_tokens == e.kv_tokens(e.nodes(5)[4])
+    plain = LocalCluster(LocalClusterConfig(num_nodes=2, link_gbps=123.0)).agent_config(0)
+    assert plain.egress_gbps == 123.0 and plain.emulate is None and plain.disk_gbps is None
