@@ -57,7 +57,9 @@ def create_tiny(
 
 @app.command("import")
 def import_(
-    hf_dir: Annotated[Path, typer.Argument(help="Local HF checkpoint (safetensors).")],
+    hf_dir: Annotated[
+        Path, typer.Argument(help="Local HF checkpoint (safetensors) or a .gguf file.")
+    ],
     store_dir: Annotated[Path, typer.Argument(help="Directory for the packed block store.")],
     blocks: Annotated[
         int | None,
@@ -68,13 +70,21 @@ def import_(
     name: Annotated[str | None, typer.Option(help="Model name (default: HF_DIR's name).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace STORE_DIR if it is not empty.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dtype: Annotated[
+        str, typer.Option(help="GGUF only: dequantize to float32 or bfloat16.")
+    ] = "float32",
 ) -> None:
-    """Pack a HF Llama-family checkpoint into blocks: manifest.json + block-NNNN.bin files."""
+    """Pack a HF Llama-family checkpoint or a GGUF file into blocks: manifest.json +
+    block-NNNN.bin files."""
+    from surge.model.gguf import import_gguf, is_gguf
     from surge.model.importer import import_checkpoint
 
-    m = import_checkpoint(
-        hf_dir, store_dir, num_blocks=blocks, name=name, overwrite=overwrite, progress=not quiet
-    )
+    if is_gguf(hf_dir):
+        m = import_gguf(hf_dir, store_dir, blocks, name, overwrite, not quiet, dtype)
+    else:
+        m = import_checkpoint(
+            hf_dir, store_dir, num_blocks=blocks, name=name, overwrite=overwrite, progress=not quiet
+        )
     typer.echo(
         f"imported {m.name}: {m.num_blocks} blocks, {m.total_bytes / 1e6:.1f} MB -> {store_dir}"
     )

@@ -46,6 +46,7 @@ SIDE_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
 )
 """Files copied from the checkpoint into the store so the store is self-contained."""
 

@@ -16,14 +16,19 @@ _models: dict[Path, object] = {}
 
 
 def hf_greedy(
-    hf_dir: Path, prompt: list[int], max_new_tokens: int
+    hf_dir: Path, prompt: list[int], max_new_tokens: int, gguf_file: str | None = None
 ) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy tokens and per-step logits from transformers (float32, EOS ignored)."""
+    """Greedy tokens and per-step logits from transformers (float32, EOS ignored); with
+    `gguf_file`, transformers reads that GGUF file in `hf_dir` itself."""
     from transformers import AutoModelForCausalLM
 
-    if hf_dir not in _models:
-        _models[hf_dir] = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    model = _models[hf_dir]
+    key = hf_dir / gguf_file if gguf_file else hf_dir
+    if key not in _models:
+        kw = {"gguf_file": gguf_file} if gguf_file else {}
+        _models[key] = AutoModelForCausalLM.from_pretrained(
+            hf_dir, dtype=torch.float32, **kw
+        ).eval()
+    model = _models[key]
     out = model.generate(
         torch.tensor([prompt]),
         attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
