@@ -43,7 +43,7 @@ def body_chunks(total: int) -> Iterator[bytes]:
     """A JSON body of exactly `total` bytes, streamed 1 MB at a time (never held whole)."""
     yield PREFIX
     left = total - len(PREFIX) - len(SUFFIX)
-    piece = b"hello " * (1 << 20 // 6)
+    piece = b"hello " * ((1 << 20) // 6)
     while left > 0:
         yield piece[:left]
         left -= min(left, len(piece))

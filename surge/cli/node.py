@@ -71,6 +71,7 @@ def run(
         float | None, typer.Option(help="Fast link between host mates, Gbit/s (unset: unpaced).")
     ] = None,
     fault_corrupt_sends: Annotated[int, typer.Option(hidden=True)] = 0,
+    fault_shm_free_bytes: Annotated[int | None, typer.Option(hidden=True)] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
 ) -> None:
     """Run one node agent until it is told to shut down."""
@@ -123,5 +124,6 @@ def run(
         host_mates=mates,
         host_gbps=host_gbps,
         fault_corrupt_sends=fault_corrupt_sends,
+        fault_shm_free_bytes=fault_shm_free_bytes,
     )
     asyncio.run(run_agent(config))

@@ -22,6 +22,7 @@ import typer
 
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
+    check_machine,
     host_groups,
     load_config,
     per_node_numbers,
@@ -29,6 +30,7 @@ from surge.cli.serve_config import (
     resolve_state_dir,
 )
 from surge.cli.serve_emulation import emulated_store, emulation_config
+from surge.control.settings import DEFAULT_HOST_CACHE_BYTES
 from surge.errors import SurgeError
 from surge.policy.systems import serve_system
 
@@ -98,6 +100,13 @@ def serve(
         float | None,
         typer.Option(help="With --emulate: real seconds per emulated second (default 1)."),
     ] = None,
+    allow_overcommit: Annotated[
+        bool,
+        typer.Option(
+            help="Start even if --nodes or host_cache_gb exceed this machine's memory, CPUs "
+            "or /dev/shm (checked for --launcher local)."
+        ),
+    ] = False,
 ) -> None:
     """Serve models over an OpenAI-compatible API on a cluster of node agents."""
     if launcher not in ("local", "ray"):
@@ -144,6 +153,13 @@ def serve(
     num_nodes = int(cfg.get("nodes", 4))
     if num_nodes < 1:
         raise SurgeError(f"--nodes must be >= 1 (got {num_nodes})")
+    if launcher == "local":  # agents run here: they must fit (issue 36)
+        cache_gb = cfg.get("host_cache_gb")
+        check_machine(
+            num_nodes,
+            int(cache_gb * (1 << 30)) if cache_gb is not None else DEFAULT_HOST_CACHE_BYTES,
+            allow_overcommit or bool(cfg.get("allow_overcommit", False)),
+        )
     if cfg.get("link_gbps") is not None and cfg["link_gbps"] <= 0:
         raise SurgeError("--link-gbps must be > 0")
     from surge.api.intake import IntakeLimits  # here: `surge --help` stays fast
@@ -172,10 +188,11 @@ def serve(
     except SurgeError:
         sock.close()
         raise
-    # Agents inherit SIGINT ignored: a terminal's Ctrl-C reaches the whole process group,
-    # and agents it killed would leave their shared memory to their resource trackers
-    # ("leaked shared_memory" warnings) and look like failed nodes to the controller. This
-    # process handles SIGINT again once they are spawned, and stops them itself (SIGTERM).
+    # A terminal's Ctrl-C reaches the whole foreground process group: agents killed by it
+    # would leave their shared memory to their resource trackers ("leaked shared_memory")
+    # and look like failed nodes. Local agents run in process groups of their own
+    # (`spawn_agent`); Ray's processes inherit SIGINT ignored until the controller started.
+    # This process handles SIGINT from its event loop on, and stops the agents itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         asyncio.run(_serve(cfg, num_nodes, sock, deployments, strategy_))
@@ -245,11 +262,14 @@ async def _serve(
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     controller = Controller(ccfg)
+    local = ccfg.launcher == "local"
+    if local:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
         start = loop.create_task(controller.start())
-        while not start.done() and not _agents_spawned(controller, num_nodes):
-            await asyncio.sleep(0.01)
-        loop.add_signal_handler(signal.SIGINT, stop.set)  # agents have SIGINT ignored now
+        if not local:
+            await asyncio.wait({start})
+            loop.add_signal_handler(signal.SIGINT, stop.set)
         await _until(start, stop)
         setup = loop.create_task(
             _deploy(controller, deployments, strategy, default_store, DEFAULT_MODEL_NAME)
@@ -291,19 +311,27 @@ async def _serve(
     except _Stopped:
         pass  # Ctrl-C before the API was up: stop what started, quietly
     finally:
-        await controller.stop()
+        await _stop_bounded(controller)
         sys.stdout.flush()
+
+
+STOP_TIMEOUT_S = 15.0
+"""How long the controller may take to stop (deployments torn down, agents told); past it
+the agents are killed. With uvicorn's grace before it and the agents' SIGTERM grace after,
+a stop takes at most about 30 s whatever state the cluster is in (a frozen agent included)."""
+
+
+async def _stop_bounded(controller: Any) -> None:
+    try:
+        await asyncio.wait_for(controller.stop(), STOP_TIMEOUT_S)
+    except Exception as e:  # TimeoutError, or an agent that answered garbage while stopping
+        log.warning("the controller did not stop cleanly (%r): killing its agents", e)
+        if controller.cluster is not None:
+            await asyncio.to_thread(controller.cluster.stop, 1.0)
 
 
 class _Stopped(Exception):
     """Ctrl-C or SIGTERM arrived while starting."""
-
-
-def _agents_spawned(controller: Any, num_nodes: int) -> bool:
-    """Every agent process of a local launcher exists (they inherited SIGINT ignored); other
-    launchers are waited for until the controller has started."""
-    procs = getattr(controller.cluster, "procs", None)
-    return isinstance(procs, dict) and len(procs) >= num_nodes
 
 
 async def _until(task: asyncio.Task, stop: asyncio.Event):

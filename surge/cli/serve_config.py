@@ -5,11 +5,13 @@ merges its flags into (flags win). Owned by the CLI.
 
 import hashlib
 import os
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from surge.errors import SurgeError
+from surge.policy.machine_fit import ClusterAsk, MachineFacts, machine_problems
 from surge.policy.systems import SYSTEMS, serve_system
 
 SERVE_KEYS = {
@@ -34,6 +36,7 @@ SERVE_KEYS = {
     "max_body_mb": float,
     "emulate": str,
     "time_dilation": float,
+    "allow_overcommit": bool,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)
@@ -160,3 +163,28 @@ def resolve_api_key(flag: str | None, config: str | None) -> str | None:
             )
         return value
     return None
+
+
+def machine_facts() -> MachineFacts:
+    """This machine's CPUs (those this process may use), available memory and /dev/shm."""
+    meminfo = dict(
+        (line.split(":")[0], int(line.split()[1]) * 1024)
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.split()[1:2] and line.split()[1].isdigit()
+    )
+    shm = Path("/dev/shm")
+    return MachineFacts(
+        cpus=len(os.sched_getaffinity(0)),
+        available_memory_bytes=meminfo.get("MemAvailable", meminfo.get("MemFree", 0)),
+        shm_total_bytes=shutil.disk_usage(shm).total if shm.is_dir() else 0,
+    )
+
+
+def check_machine(nodes: int, host_cache_bytes: int, allow_overcommit: bool) -> None:
+    """Refuse (one `SurgeError` with the numbers) a local cluster this machine cannot hold
+    (`policy/machine_fit.py`), unless `--allow-overcommit`."""
+    if allow_overcommit:
+        return
+    problems = machine_problems(ClusterAsk(nodes, host_cache_bytes), machine_facts())
+    if problems:
+        raise SurgeError("; ".join(problems) + " (or pass --allow-overcommit)")

@@ -19,6 +19,7 @@ from surge.control.state import Deployment
 from surge.policy.host_copies import (
     NodeHostCache,
     expired_copies,
+    host_copy_retry_s,
     host_copy_source,
     pinned_copy,
 )
@@ -47,6 +48,8 @@ class Copies:
         self.settings = CacheSettings(config.host_cache_bytes, config.host_keep_alive_s)
         self.started_s = started_s
         """Last use assumed for copies found at start (agents that outlived a controller)."""
+        self.failures: dict[str, tuple[int, float]] = {}
+        """Per model, failed pinned host copies in a row and when to try again."""
         self.load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None
         """Told of a failed host copy (a damaged store fails the deployment: no retries)."""
 
@@ -123,9 +126,13 @@ class Copies:
         num_blocks = dep.manifest.num_blocks
         source = host_copy_source(num_blocks, self.pool.blocks_at(dep.name, node, "disk"))
         blocks = tuple(range(num_blocks))
-        await self.client.call(
-            node, LoadOp(model=dep.name, blocks=blocks, source=source, tier="host")
-        )
+        try:
+            await self.client.call(
+                node, LoadOp(model=dep.name, blocks=blocks, source=source, tier="host")
+            )
+        except BaseException:  # the agent removed what it made; blocks it announced go too
+            self.pool.remove(dep.name, node, "host", blocks)
+            raise
         self.pool.add(dep.name, node, "host", blocks)
         dep.host_last_used_s[node] = now
         if pin:
@@ -134,6 +141,9 @@ class Copies:
     async def restore_invariant(self, dep: Deployment) -> None:
         """BlitzScale §5.3: give the model a complete, pinned host copy where
         `policy.host_copies.pinned_copy` says (an existing copy, else the roomiest node)."""
+        failures, retry_at = self.failures.get(dep.name, (0, 0.0))
+        if time.monotonic() < retry_at:  # backing off after a failure (policy.host_copies)
+            return
         choice = pinned_copy(self._caches(), self.settings, self.pool.complete(dep.name, "host"))
         if choice is None:
             return
@@ -148,8 +158,17 @@ class Copies:
             except Exception as e:
                 if self.load_failed is not None:
                     await self.load_failed(dep, e)
-                if dep.failure is None:
-                    log.warning("%s: host copy on node %d failed: %s", dep.name, choice.node, e)
+                wait_s = host_copy_retry_s(failures + 1)
+                self.failures[dep.name] = (failures + 1, time.monotonic() + wait_s)
+                if dep.failure is None:  # once, then quietly until it works (no log flood)
+                    (log.warning if failures == 0 else log.debug)(
+                        "%s: host copy on node %d failed (try %d; next in %.0f s): %s",
+                        dep.name, choice.node, failures + 1, wait_s, e,
+                    )  # fmt: skip
+            else:
+                if self.failures.pop(dep.name, None) is not None:
+                    log.warning("%s: host copy made on node %d after %d failed tries",
+                                dep.name, choice.node, failures)  # fmt: skip
             finally:
                 dep.restoring = False
 

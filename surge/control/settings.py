@@ -10,6 +10,9 @@ from pathlib import Path
 from surge.emulation import Emulation
 from surge.errors import SurgeError
 
+DEFAULT_HOST_CACHE_BYTES = 4 << 30
+"""Each node's host-cache budget unless `host_cache_gb` says otherwise."""
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -31,7 +34,7 @@ class ControllerConfig:
     link of their own between them, and one network transfer per group in a multicast."""
     slots_per_node: int = 1
     """Instances (of any models) one node runs at once (its GPUs)."""
-    host_cache_bytes: int = 4 << 30
+    host_cache_bytes: int = DEFAULT_HOST_CACHE_BYTES
     """Host memory of each node given to cached models."""
     host_keep_alive_s: float | None = 600.0
     """An unpinned host copy unused this long is evicted (None: only LRU)."""

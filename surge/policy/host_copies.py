@@ -84,3 +84,19 @@ def expired_copies(
 def host_copy_source(num_blocks: int, blocks_on_disk: set[int]) -> Literal["disk", "remote"]:
     """Where a node reads a new host copy from: its disk when it holds every block."""
     return "disk" if set(range(num_blocks)) <= blocks_on_disk else "remote"
+
+
+HOST_COPY_RETRY_FIRST_S = 1.0
+"""After a failed pinned host copy (no room in shared memory, a node that went away), the
+first retry waits this long; each further failure doubles the wait."""
+HOST_COPY_RETRY_MAX_S = 60.0
+"""The longest wait between tries: a machine whose shared memory frees up is used within a
+minute, and a full one costs one try a minute, not twenty log lines a second."""
+
+
+def host_copy_retry_s(failures: int) -> float:
+    """Seconds to wait before trying a model's pinned host copy again after `failures`
+    failures in a row (0: at once)."""
+    if failures <= 0:
+        return 0.0
+    return min(HOST_COPY_RETRY_MAX_S, HOST_COPY_RETRY_FIRST_S * 2 ** (failures - 1))

@@ -12,6 +12,7 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
 
 from surge.errors import SurgeError
@@ -54,6 +55,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
         cmd += ["--time-dilation", repr(config.time_dilation)]
     if config.fault_corrupt_sends:
         cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
+    if config.fault_shm_free_bytes is not None:
+        cmd += ["--fault-shm-free-bytes", str(config.fault_shm_free_bytes)]
     return cmd
 
 
@@ -83,13 +86,26 @@ def agent_env(token: str, threads: int | None = None) -> dict[str, str]:
     return env
 
 
-def wait_ready(node: int, proc: subprocess.Popen, deadline: float) -> int:
-    """The port the agent reports on its ready line (before `deadline`, time.monotonic)."""
+def spawn_agent(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start one agent process in a process group of its own: a terminal's Ctrl-C (SIGINT
+    to the foreground group) reaches the launcher only, which stops its agents itself
+    (SIGTERM; each unlinks its shared memory), whatever state it is in. An agent whose
+    launcher dies exits on its own (`LAUNCHER_PID_ENV`)."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, process_group=0)
+
+
+def wait_ready(
+    node: int, proc: subprocess.Popen, deadline: float, abort: threading.Event | None = None
+) -> int:
+    """The port the agent reports on its ready line (before `deadline`, time.monotonic);
+    gives up (`SurgeError`) within a poll once `abort` is set."""
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     try:
         while time.monotonic() < deadline:
+            if abort is not None and abort.is_set():
+                raise SurgeError(f"node agent {node}: the cluster was stopped while it started")
             if proc.poll() is not None:
                 raise SurgeError(f"node agent {node} exited with {proc.returncode} at start")
             if sel.select(timeout=0.2):

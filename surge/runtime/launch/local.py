@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -28,7 +29,13 @@ from surge.config import EngineConfig
 from surge.emulation import EmulatedNode, Emulation
 from surge.errors import SurgeError
 from surge.runtime.client import ClusterClient
-from surge.runtime.launch.agent_process import agent_argv, agent_env, pid_alive, wait_ready
+from surge.runtime.launch.agent_process import (
+    agent_argv,
+    agent_env,
+    pid_alive,
+    spawn_agent,
+    wait_ready,
+)
 from surge.runtime.node.context import AgentConfig
 from surge.runtime.protocol import SetPeersOp
 from surge.runtime.transport import DEFAULT_HOST
@@ -132,6 +139,9 @@ class LocalCluster:
         )
         """The temporary work directory (named now; made by `start`, removed by `stop`)."""
         self._tmp_made = False
+        self._abort = threading.Event()
+        """Set by `stop`: a `start` in progress gives up."""
+        self._starting = threading.Lock()
 
     def __enter__(self) -> "LocalCluster":
         try:
@@ -172,12 +182,18 @@ class LocalCluster:
             1, (os.cpu_count() or 1) // self.config.num_nodes
         )
         env = agent_env(self.token, threads)
-        for node in range(self.config.num_nodes):
-            cmd = agent_argv(self.agent_config(node)) + self.config.extra_args.get(node, [])
-            self.procs[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-        deadline = time.monotonic() + self.config.start_timeout_s
-        for node, proc in self.procs.items():
-            self.addresses[node] = (DEFAULT_HOST, wait_ready(node, proc, deadline))
+        with self._starting:  # `stop` from another thread waits for this to give up
+            for node in range(self.config.num_nodes):
+                self._check_aborted()
+                cmd = agent_argv(self.agent_config(node)) + self.config.extra_args.get(node, [])
+                self.procs[node] = spawn_agent(cmd, env)
+            deadline = time.monotonic() + self.config.start_timeout_s
+            for node, proc in self.procs.items():
+                self.addresses[node] = (DEFAULT_HOST, wait_ready(node, proc, deadline, self._abort))
+
+    def _check_aborted(self) -> None:
+        if self._abort.is_set():
+            raise SurgeError("the cluster was stopped while it started")
 
     def agent_config(self, node: int) -> AgentConfig:
         """The settings of one of this cluster's agents."""
@@ -221,6 +237,15 @@ class LocalCluster:
             proc.wait(10)
 
     def stop(self, grace_s: float = 5.0) -> None:
+        """Stop every agent: SIGTERM, then SIGKILL after `grace_s` (a frozen agent too). Safe
+        from another thread while `start` runs: that start gives up within a poll (0.2 s),
+        so a stop takes about `grace_s` whatever state the cluster is in."""
+        self._abort.set()
+        with self._starting:
+            self._stop_agents(grace_s)
+        self._abort.clear()
+
+    def _stop_agents(self, grace_s: float) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

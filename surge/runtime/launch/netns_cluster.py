@@ -17,13 +17,12 @@ import atexit
 import ipaddress
 import logging
 import os
-import subprocess
 import time
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
 from surge.runtime.launch import netns
-from surge.runtime.launch.agent_process import agent_argv, agent_env, wait_ready
+from surge.runtime.launch.agent_process import agent_argv, agent_env, spawn_agent, wait_ready
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.node.context import AgentConfig
 
@@ -98,7 +97,7 @@ class NetnsCluster(LocalCluster):
                 # The shell joins the cgroup, then execs into the namespace and the agent:
                 # one pid throughout, a child of this process (agents watch their parent).
                 cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *cmd]
-            self.procs[node] = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+            self.procs[node] = spawn_agent(cmd, env)
         deadline = time.monotonic() + cfg.start_timeout_s
         for node, proc in self.procs.items():
             self.addresses[node] = (self.nets[node].address, wait_ready(node, proc, deadline))

@@ -71,6 +71,8 @@ class AgentConfig:
     in the gpu tier does not wait ~1.5 s for it."""
     fault_corrupt_sends: int = 0
     """Testing only: corrupt the payload of this many block sends."""
+    fault_shm_free_bytes: int | None = None
+    """Testing: the free shared memory this agent sees (None: what /dev/shm has)."""
 
     def __post_init__(self) -> None:
         if (self.emulate is None) != (self.emulated_gpu is None):

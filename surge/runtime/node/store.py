@@ -16,7 +16,7 @@ from typing import Any
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, Manifest, block_checksum, read_manifest
 from surge.runtime.node.context import Handlers, NodeContext
-from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry
+from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry, check_shm_room
 from surge.runtime.protocol import (
     Ack,
     BlockArrived,
@@ -89,6 +89,9 @@ class AgentStore:
             else None
         )
         self.models: dict[str, ModelState] = {}
+        self.host_evictions: dict[str, int] = {}
+        """Per model, how many host evictions it has had: a host load that sees the count
+        change stops, so a deleted model's copy in flight leaves no segment behind."""
 
     def handlers(self) -> Handlers:
         return {
@@ -212,8 +215,17 @@ class AgentStore:
             await self.landed(op.model, block, tier, buf, source=op.source)
 
         tier = op.tier
+        made: list[int] = []  # host segments this load created (removed if it fails)
+        if tier == "host":
+            missing = [i for i in infos if self.host_cache.get(op.model, i.index) is None]
+            check_shm_room(op.model, missing, self.ctx.config.fault_shm_free_bytes)
+        evictions = self.host_evictions.get(op.model, 0)
         try:
             for info in infos:
+                if tier == "host" and self.host_evictions.get(op.model, 0) != evictions:
+                    raise SurgeError(f"the host copy of {op.model} was evicted while it loaded")
+                if tier == "host" and self.host_cache.get(op.model, info.index) is None:
+                    made.append(info.index)
                 if tier == "disk":
                     buf = memoryview(bytearray(info.size_bytes))
                     await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
@@ -227,9 +239,15 @@ class AgentStore:
             fetched_s = time.perf_counter() - t0
             if landing is not None:
                 await landing
+            if tier == "host" and self.host_evictions.get(op.model, 0) != evictions:
+                raise SurgeError(f"the host copy of {op.model} was evicted while it loaded")
         except BaseException:
             if landing is not None:
                 landing.cancel()
+            for block in made:  # a failed copy leaves no shared memory behind
+                self.host_cache.evict(op.model, block)
+                if block in state.present and self.buffer_of(op.model, block) is None:
+                    state.present[block].clear()
             raise
         return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)
 
@@ -255,6 +273,7 @@ class AgentStore:
             info = state.block(block)
             if op.tier == "host":
                 self.host_cache.evict(op.model, block)
+                self.host_evictions[op.model] = self.host_evictions.get(op.model, 0) + 1
             elif op.tier == "disk":
                 self.disk.evict(op.model, info)
             else:

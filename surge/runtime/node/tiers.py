@@ -28,6 +28,27 @@ def segment_name(cluster_id: str, node: int, model: str, block: int) -> str:
     return f"surge_{cluster_id}_{node}_{digest}_{block}"
 
 
+SHM_DIR = Path("/dev/shm")
+"""Where POSIX shared memory lives (a tmpfs): a write past its free space is a SIGBUS in the
+writer, so room is checked before a host copy starts."""
+
+
+def check_shm_room(model: str, infos: list[BlockInfo], free_bytes: int | None = None) -> None:
+    """Raise `SurgeError` unless shared memory (`free_bytes`, default what /dev/shm has free)
+    has room for these blocks of `model`."""
+    shm_dir = SHM_DIR
+    need = sum(max(1, i.size_bytes) for i in infos)
+    if not need or (free_bytes is None and not shm_dir.is_dir()):
+        return
+    free = shutil.disk_usage(shm_dir).free if free_bytes is None else free_bytes
+    if need > free:
+        raise SurgeError(
+            f"no room in shared memory for a host copy of {model}: it needs "
+            f"{need / 1e6:.1f} MB and {shm_dir} has {free / 1e6:.1f} MB free (enlarge "
+            f"{shm_dir}, free it, or lower host_cache_gb)"
+        )
+
+
 class HostCache:
     """Block buffers in shared memory, keyed by (model, block)."""
 
