@@ -15,6 +15,7 @@ from surge.control.metrics import Metrics
 from surge.control.state import Deployment, TrackedRequest
 from surge.errors import Overloaded, Unavailable
 from surge.policy.admission import admit, hold_expired
+from surge.runtime.request import ServeRequest
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,9 @@ def expire(dep: Deployment, now_s: float, metrics: Metrics) -> int:
     return ended
 
 
-def drop(dep: Deployment, req: object) -> None:
+def drop(dep: Deployment, req: ServeRequest) -> None:
     """Take a request off the deployment's queue and books (it holds nothing after)."""
-    dep.server.queue[:] = [r for r in dep.server.queue if r is not req]
+    dep.server.drop(req)
     rid = getattr(req, "req_id", None)
     dep.requests.pop(rid, None)
     dep.server.requests.pop(rid, None)

@@ -96,4 +96,4 @@ class Requests:
             if isinstance(ep, LocalEndpoint):
                 op = InstanceAbortOp(instance=ep.name, req_ids=(req.req_id,))
                 dep.spawn(self.client.call(ep.node, op))
-        dep.server.queue[:] = [r for r in dep.server.queue if r is not req]
+        dep.server.drop(req)

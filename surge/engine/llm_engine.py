@@ -195,6 +195,11 @@ class LLMEngine:
         self.seqs[seq.seq_id] = seq
         return seq.seq_id
 
+    def release(self, seq_id: int) -> Sequence | None:
+        """Forget a finished sequence (the engine keeps one until its owner has read it);
+        None if it is already gone."""
+        return self.seqs.pop(seq_id, None)
+
     def abort(self, seq_id: int) -> Sequence:
         """Take an unfinished sequence out (to continue it elsewhere); frees its cache."""
         seq = self.seqs.pop(seq_id)

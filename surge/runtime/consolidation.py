@@ -103,7 +103,7 @@ async def consolidate(
         target = targets[i % len(targets)]
         num_cached = len(req.prompt_token_ids) + len(req.output_token_ids) - 1
         if sid < 0 or not req.output_token_ids:
-            server.queue.insert(0, req)
+            server.put_back([req])
             rerouted += 1
             continue
         sources = tuple(
@@ -114,8 +114,7 @@ async def consolidate(
             await adopt(server, target, req, num_cached=num_cached, sources=sources)
         except Exception as e:  # a stage lost it (preempted) or an agent died: recompute
             log.info("KV of %s not movable (%s); recomputing", req.req_id, e)
-            if server.unplaced(req):  # a retirement during the call may have requeued it
-                server.queue.insert(0, req)
+            server.put_back([req])  # unless a retirement during the call requeued it
             rerouted += 1
             continue
         migrated += 1

@@ -119,6 +119,27 @@ class Server:
                     self.queue.insert(0, req)
                 await asyncio.sleep(SUBMIT_RETRY_S)  # let the failure be seen first
 
+    def drop(self, req: ServeRequest) -> bool:
+        """Take `req` off the queue (it will not be routed); whether it was queued. The
+        queue is the server's: other code drops, takes and puts back through these."""
+        n = len(self.queue)
+        self.queue[:] = [r for r in self.queue if r is not req]
+        return len(self.queue) < n
+
+    def take(self, reqs: list[ServeRequest]) -> None:
+        """Take these requests off the queue to serve them elsewhere (BlitzScale's live
+        batches)."""
+        ids = {id(r) for r in reqs}
+        self.queue[:] = [r for r in self.queue if id(r) not in ids]
+
+    def put_back(self, reqs: list[ServeRequest]) -> list[ServeRequest]:
+        """Put requests back at the head of the queue, in order (they were admitted before
+        anything still queued), without routing them yet: only those unfinished, not queued
+        and on no endpoint (`unplaced`). Returns those put back."""
+        back = [r for r in reqs if self.unplaced(r)]
+        self.queue[:0] = back
+        return back
+
     def unplaced(self, req: ServeRequest) -> bool:
         """Whether nobody holds `req`: unfinished, not queued and on no endpoint. Whoever
         puts a request back after a failed call asks first: a retirement running during
@@ -130,7 +151,7 @@ class Server:
     async def requeue(self, reqs: list[ServeRequest]) -> None:
         """Put requests back at the head of the queue (they were admitted before anything
         queued) — only those unfinished, not queued and on no endpoint — and route them."""
-        self.queue[:0] = [r for r in reqs if self.unplaced(r)]
+        self.put_back(reqs)
         await self.dispatch()
 
     async def add_endpoint(self, ep: Endpoint) -> None:
@@ -148,9 +169,8 @@ class Server:
             return []
         if self.pd is not None:
             self.pd.forget(name)
-        moved = [r for r in await ep.take_back() if self.unplaced(r)]
         # Moved requests go first: they were admitted before anything still queued.
-        self.queue[:0] = moved
+        moved = self.put_back(await ep.take_back())
         await self.dispatch()
         return moved
 

@@ -4,13 +4,15 @@ killing the instance's loop and leaving every request on it waiting forever; the
 then serves the next request. (A fuzzed temperature near 0 once did exactly that.)"""
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from surge.engine.llm_engine import TokenEvent
 from surge.engine.sampling import SamplingParams
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.node.instances import AgentInstances, LocalInstance
-from surge.runtime.protocol import Event, RequestFailed, TokenGenerated
+from surge.runtime.protocol import Event, InstanceSubmitOp, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
 
 
@@ -38,6 +40,15 @@ class FlakyEngine:
         self.aborted.append(sid)
         self.seqs.pop(sid)
 
+    def release(self, sid: int) -> None:
+        self.seqs.pop(sid, None)
+
+    def check_prompt(self, prompt: list[int]) -> None:
+        return None
+
+    def add_request(self, prompt: list[int], params: SamplingParams, out: list[int]) -> int:
+        raise RuntimeError("no room for it")
+
 
 @dataclass
 class Ctx:
@@ -46,6 +57,9 @@ class Ctx:
 
     async def emit(self, ev: Event) -> None:
         self.events.append(ev)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        return asyncio.get_running_loop().create_task(coro)
 
 
 def test_a_failing_step_fails_its_requests_and_the_instance_serves_on() -> None:
@@ -76,6 +90,32 @@ def test_a_failing_step_fails_its_requests_and_the_instance_serves_on() -> None:
     assert sorted(engine.aborted) == [0, 1]
     (served,) = [e for e in ctx.events if isinstance(e, TokenGenerated)]
     assert served.req_id == "r2" and served.finished
+
+
+def test_a_submitted_request_the_loop_cannot_add_is_failed_at_the_controller() -> None:
+    """The agent answers a submit at once and adds the request at the next step boundary;
+    an add that raises there used to set an exception on a future nobody awaited, and the
+    request waited forever. Now the controller hears a `RequestFailed` with the reason."""
+
+    async def run() -> Ctx:
+        ctx, engine = Ctx(), FlakyEngine()
+        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # loop uses ctx only
+        inst = LocalInstance("inst", "m", engine)  # type: ignore[arg-type]
+        agent.instances["inst"] = inst
+        task = asyncio.create_task(agent._instance_loop(inst))
+        op = InstanceSubmitOp(instance="inst", req_id="r9", prompt_token_ids=(1, 2))
+        await agent.op_instance_submit(op, None, memoryview(b""))  # type: ignore[arg-type]
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if ctx.events:
+                break
+        task.cancel()
+        return ctx
+
+    ctx = asyncio.run(run())
+    (failed,) = ctx.events
+    assert isinstance(failed, RequestFailed) and failed.req_id == "r9", ctx.events
+    assert "no room for it" in failed.error and failed.model == "m"
 
 
 def test_the_controller_fails_the_request_with_the_agents_reason() -> None:

@@ -169,11 +169,29 @@ class AgentInstances:
             return sid
 
         # Answer at once; the loop adds the request at its next step boundary (waiting for
-        # it here would hold the controller's router for a whole step per request).
+        # it here would hold the controller's router for a whole step per request). If the
+        # add fails there, the controller hears it as the request's `RequestFailed`.
         fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: self._report_failed_add(inst, op.req_id, f))
         inst.inbox.append((add, fut))
         inst.wake.set()
         return SubmitReply()
+
+    def _report_failed_add(self, inst: LocalInstance, req_id: str, fut: asyncio.Future) -> None:
+        """The loop could not add a submitted request: fail it at the controller."""
+        if fut.cancelled() or fut.exception() is None:
+            return
+        e = fut.exception()
+        log.warning("instance %s: request %s could not be added: %s", inst.name, req_id, e)
+        event = RequestFailed(
+            node=self.ctx.node,
+            t=time.time(),
+            instance=inst.name,
+            req_id=req_id,
+            error=f"the instance could not take the request: {e}",
+            model=inst.model,
+        )
+        self.ctx.spawn(self.ctx.emit(event))
 
     async def op_instance_adopt(
         self, op: InstanceAdoptOp, conn: Connection, p: memoryview
@@ -270,32 +288,38 @@ class AgentInstances:
         return out
 
     async def _instance_loop(self, inst: LocalInstance) -> None:
-        while True:
+        """Drive the instance's engine with the runtime's one loop (`run_engine`): the
+        inbox's changes between steps, P/D parking in the step, tokens out as events."""
+        from surge.runtime.engine_loop import run_engine  # torch: only once a model serves
+
+        parked: dict[int, str] = {}
+        """seq_id -> req_id of the requests the last step parked (P/D prefill)."""
+
+        def admit() -> None:
             while inst.inbox:
                 fn, fut = inst.inbox.pop(0)
                 try:
                     fut.set_result(fn(inst.engine))
-                except Exception as e:  # reported to the op that asked
+                except Exception as e:  # reported to the op that asked (or its callback)
                     fut.set_exception(e)
-            if not inst.engine.has_unfinished:
-                inst.wake.clear()
-                if inst.inbox:
-                    continue
-                await inst.wake.wait()
-                continue
-            try:
-                events, parked = await asyncio.to_thread(self._step, inst)
-            except Exception as e:  # a broken step must not leave its requests hanging
-                log.exception("instance %s: an engine step failed", inst.name)
-                await self._fail_all(inst, f"the engine failed a step: {type(e).__name__}: {e}")
-                continue
+
+        def step() -> list["TokenEvent"]:
+            events, now_parked = self._step(inst)
+            parked.clear()
+            parked.update(now_parked)
+            return events
+
+        async def failed(e: Exception) -> None:  # a broken step must not leave requests hanging
+            log.error("instance %s: an engine step failed", inst.name, exc_info=e)
+            await self._fail_all(inst, f"the engine failed a step: {type(e).__name__}: {e}")
+
+        async def deliver(events: list["TokenEvent"]) -> None:
             for ev in events:
                 rid = inst.requests.get(ev.seq_id) or parked.get(ev.seq_id)
                 if rid is None:
                     continue
                 if ev.finished:
                     del inst.requests[ev.seq_id]
-                    inst.engine.seqs.pop(ev.seq_id, None)
                 await self.ctx.emit(
                     TokenGenerated(
                         node=self.ctx.node,
@@ -311,3 +335,5 @@ class AgentInstances:
                         cached_tokens=ev.num_cached_tokens,
                     )
                 )
+
+        await run_engine(inst.engine, inst.wake, admit, deliver, step=step, on_failed_step=failed)

@@ -220,7 +220,7 @@ class LiveScaling:
         self, new: int, old: LocalEndpoint, t: int, batch: list[ServeRequest]
     ) -> None:
         ctx, server = self.ctx, self.ctx.server
-        server.queue[:] = [r for r in server.queue if r not in batch]
+        server.take(batch)
         # P/D: a decode instance adopts each one as soon as one has room.
         deliver = None if server.pd is None else functools.partial(server.pd.hold, old=old)
         try:
@@ -277,7 +277,7 @@ class LiveScaling:
             ctx.live_redistributed += len(reqs)
             log.info("redistribution: %d requests %s -> %s", len(reqs), old.name, new.name)
             # At the head of the queue, not routed yet: the new instance opens next.
-            server.queue[:0] = [r for r in reqs if server.unplaced(r)]
+            server.put_back(reqs)
 
     def opened(self) -> None:
         """The whole receiver serves now: under P/D, hand-offs waiting for decode room
