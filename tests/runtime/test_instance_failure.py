@@ -54,6 +54,8 @@ class FlakyEngine:
 class Ctx:
     events: list[Event] = field(default_factory=list)
     node: int = 3
+    pacer: None = None
+    """Not emulated: steps take what they take."""
 
     async def emit(self, ev: Event) -> None:
         self.events.append(ev)
