@@ -279,10 +279,12 @@ class AgentInstances:
         """One step (in the worker thread); under emulation it lasts what the emulated GPU
         takes for the whole emulated model at this step's shape."""
         pacer = self.ctx.pacer
-        started_s = pacer.clock() if pacer is not None else 0.0
+        if pacer is None:
+            return step_and_park(inst)
+        started_s = pacer.clock()
         out = step_and_park(inst)
         batch = inst.engine.last_batch
-        if pacer is not None and batch is not None:
+        if batch is not None:
             layers = inst.engine.arch.num_layers
             pacer.pace(started_s, batch.q_lens, 0, layers, layers)
         return out
