@@ -61,7 +61,7 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.tiny import create_tiny_model
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import SYSTEMS
 from surge.runtime.refactor import FlexPipeline
 from surge.sim.settings import Slo

@@ -47,7 +47,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import system_config
 from surge.sim.events import Priority
 from surge.sim.metrics import gpus_over_time, summarize

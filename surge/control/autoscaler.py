@@ -23,8 +23,9 @@ from surge.control.copies import Copies
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
 from surge.control.load_monitor import LoadMonitor, kv_usage
 from surge.control.metrics import Metrics
-from surge.control.pd import PdControl, egress_traffic
+from surge.control.pd import PdControl
 from surge.control.pool import ParameterPool
+from surge.control.scaleout_side import DeploymentSide
 from surge.control.scaleouts import (
     ScaleOutOffer,
     ScaleOutResult,
@@ -104,7 +105,7 @@ class Autoscaler:
         """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
         self._wake = asyncio.Event()
         self.flexpipe = FlexPipeControl(
-            client, pool, metrics, copies, live_nodes, self._free_slots, config.link_gbps, events
+            client, pool, metrics, copies, live_nodes, self.free_slots, config.link_gbps, events
         )
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
@@ -215,7 +216,7 @@ class Autoscaler:
         for node in decision.release:
             await self.release(dep, node)
 
-    def _free_slots(self, node: int) -> int:
+    def free_slots(self, node: int) -> int:
         used = sum(node in d.instances for d in self.deployments.values())
         return self.config.slots_per_node - used
 
@@ -228,7 +229,7 @@ class Autoscaler:
             MachineView(
                 machine=n,
                 # Global slot ids (node * slots + i), so a placed id names its node.
-                free_gpus=tuple(n * slots + i for i in range(max(0, self._free_slots(n)))),
+                free_gpus=tuple(n * slots + i for i in range(max(0, self.free_slots(n)))),
                 has_host_copy=n in hosts,
                 nic_load=self.nic_load.get(n, 0),
             )
@@ -257,54 +258,18 @@ class Autoscaler:
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast, placement_s))
 
     def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
-        def book(node: int) -> bool:
-            if node in dep.instances or node not in self.live_nodes():
-                return False
-            if self._free_slots(node) < 1:
-                return False
-            dep.instances[node] = Instance(node)
-            self.nic_load[node] = self.nic_load.get(node, 0) + 1
-            booked.append(node)
-            return True
-
-        async def release(node: int) -> None:
-            inst = dep.instances.get(node)
-            if inst is not None and inst.endpoint is None:
-                dep.instances.pop(node, None)
-                await self.copies.release_slot(dep.name, node, dep.manifest.num_blocks)
-
         return ScaleOutOffer(
-            on_local=lambda node, ep: self._on_local(dep, node, ep),
-            make_host_copy=lambda node: self.copies.make_host_copy(dep, node, pin=True),
-            book=book,
-            release=release,
+            side=DeploymentSide(dep, self, booked),
             spares=tuple(
                 n
                 for n in self.live_nodes()
-                if n not in dests and n not in dep.instances and self._free_slots(n) > 0
+                if n not in dests and n not in dep.instances and self.free_slots(n) > 0
             ),
             nic_load={n: k for n, k in self.nic_load.items() if k > 0 and n not in dests},
             link_gbps=self.config.link_gbps,
-            sending=lambda nodes, delta: self._sending(dep, nodes, delta),
-            receiving=lambda nodes, now: self._receiving(dep, nodes, now),
             events=self.events,
             links=self.links,
-            traffic=lambda: egress_traffic(self.deployments.values()),
         )
-
-    @staticmethod
-    def _sending(dep: Deployment, nodes: tuple[int, ...], delta: int) -> None:
-        for n in nodes:
-            inst = dep.instances.get(n)
-            if inst is not None:
-                inst.num_sending = max(0, inst.num_sending + delta)
-
-    @staticmethod
-    def _receiving(dep: Deployment, nodes: tuple[int, ...], now: bool) -> None:
-        for n in nodes:
-            inst = dep.instances.get(n)
-            if inst is not None:
-                inst.receiving = now
 
     async def _run_scale_out(
         self, dep: Deployment, dests: list[int], owns_multicast: bool, placement_s: float = 0.0
@@ -368,7 +333,7 @@ class Autoscaler:
                     dep.instances.pop(d, None)
                     await self.copies.release_slot(name, d, dep.manifest.num_blocks)
 
-    async def _on_local(self, dep: Deployment, node: int, ep: LocalEndpoint) -> None:
+    async def on_local(self, dep: Deployment, node: int, ep: LocalEndpoint) -> None:
         """A destination serves as a local instance (called by the scale-out)."""
         inst = dep.instances.get(node)
         if inst is None or dep.name not in self.deployments:  # released or deleted meanwhile

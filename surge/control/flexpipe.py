@@ -22,19 +22,17 @@ so surplus pipelines go idle and the autoscaler releases them. Every decision is
 """
 
 import logging
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from surge.control.copies import Copies
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.scaleouts import own_tiers
-from surge.control.state import Deployment, Instance
+from surge.control.state import Deployment, FlexPipeRecord, Instance
 from surge.events import NO_BUS, EventBus, Refactor
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe.granularity import GranularityState, cv_of_arrivals
+from surge.policy.flexpipe.granularity import cv_of_arrivals
 from surge.policy.flexpipe.groups import (
     GroupView,
     group_refactors,
@@ -62,25 +60,6 @@ from surge.runtime.scaleout.flexpipe import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FlexPipeRecord:
-    """What the granularity loop remembers about one deployment."""
-
-    state: GranularityState = field(default_factory=GranularityState)
-    """The Eq. 4 controller's state (smoothed CV, granularity in use)."""
-    last_decision_s: float = -math.inf
-    cv: float = 0.0
-    """The last CV sample (inter-arrival times of the window)."""
-    num_stages: int | None = None
-    """The finest stage count chosen last: Eq. 4's for the CV, at most `useful_stages`
-    (what busy groups split to while requests wait)."""
-    refactors: dict[str, int] = field(default_factory=lambda: {"split": 0, "merge": 0})
-    """Refactorings that completed, by direction."""
-    failed_refactors: int = 0
-    booked: set[int] = field(default_factory=set)
-    """Nodes booked for a refactoring under way (not yet in their pipeline)."""
 
 
 def is_flexpipe(dep: Deployment) -> bool:

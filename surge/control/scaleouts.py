@@ -12,19 +12,18 @@ Owned by control/.
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
 from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus
-from surge.policy.multicast.topology import NodeLinks, NodeTraffic
+from surge.policy.multicast.topology import NodeLinks
 from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig, serve_system
 from surge.runtime.client import ClusterClient
-from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.scaleout import ControllerSide, ScaleOutContext, run_scale_out
 from surge.runtime.scaleout import context as sc
 
 
@@ -42,33 +41,21 @@ class ScaleOutResult:
 
 @dataclass(frozen=True)
 class ScaleOutOffer:
-    """What the controller offers one scale-out of a deployment (see `start_scale_out`)."""
+    """What the controller offers one scale-out of a deployment (see `start_scale_out`):
+    its side of the hand-over, and the facts the runtime plans with."""
 
-    on_local: Callable[[int, LocalEndpoint], Awaitable[None]]
-    """A node serves as a local instance now (recorded on its slot)."""
-    make_host_copy: Callable[[int], Awaitable[None]]
-    """Load the model into a node's host tier, pinned (a cold leader; `copies.py`)."""
-    book: Callable[[int], bool]
-    """Take a free slot on one of `spares` for this deployment (a ParaServe group member);
-    False when it is no longer free."""
-    release: Callable[[int], Awaitable[None]]
-    """Give back a booked slot that did not become an instance."""
+    side: ControllerSide
+    """What only the controller can do, called back by the runtime (`DeploymentSide`)."""
     spares: tuple[int, ...]
     """Live nodes other than the destinations with a free slot and no instance of it."""
     nic_load: dict[int, int]
     """Other scale-outs each node's NIC takes part in now (network contention)."""
     link_gbps: float | None
     """Per-node link cap of the agents, Gbit/s (None: unknown or uncapped)."""
-    sending: Callable[[tuple[int, ...], int], None]
-    """Count nodes' instances busy (+1) or not (-1) as multicast senders."""
-    receiving: Callable[[tuple[int, ...], bool], None] = lambda nodes, now: None
-    """Mark nodes' new instances as receiving a multicast (chain tails) or not."""
     events: EventBus = NO_BUS
     """Where the scale-out publishes what it does (the dashboard's stream)."""
     links: Mapping[int, NodeLinks] = field(default_factory=dict)
     """Each agent's reported links (caps, host group): the multicast planner's topology."""
-    traffic: Callable[[], Mapping[int, NodeTraffic]] = dict
-    """What each node's egress carries now (P/D prefill instances, hand-offs out)."""
 
 
 def startup_request(
@@ -123,7 +110,6 @@ def own_tiers(pool: ParameterPool, model: str, nodes: list[int]) -> tuple[Destin
     )
 
 
-# built with surge.runtime.scaleout (its owner may change this function)
 async def start_scale_out(
     client: ClusterClient,
     pool: ParameterPool,
@@ -146,7 +132,7 @@ async def start_scale_out(
     system = serve_system(dep.spec.strategy)
     live = set(client.addresses) - client.down
     outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
-    busy = {n for n, t in offer.traffic().items() if t.outgoing > 0}
+    busy = {n for n, t in offer.side.traffic().items() if t.outgoing > 0}
     sending = {i.node: i.num_sending for i in dep.instances.values()}
     tails = {i.node for i in dep.instances.values() if i.receiving and i.endpoint is None}
     question = startup_request(
@@ -159,15 +145,7 @@ async def start_scale_out(
         manifest=dep.manifest,
         system=system,
         destinations=question.destinations,
-        hooks=ControllerHooks(
-            offer.on_local,
-            offer.make_host_copy,
-            offer.book,
-            offer.release,
-            offer.sending,
-            offer.traffic,
-            offer.receiving,
-        ),
+        hooks=offer.side,
         copies=question.copies,
         engine=engine,
         timeout_s=timeout_s,

@@ -8,23 +8,41 @@ seconds. Owned by control/.
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from surge.control.spec import DeploymentSpec
 from surge.errors import Unavailable
 from surge.model.manifest import Manifest
 from surge.policy.autoscale import AutoscaleState
+from surge.policy.flexpipe.granularity import GranularityState
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
 
-if TYPE_CHECKING:
-    from surge.control.flexpipe import FlexPipeRecord
-
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class FlexPipeRecord:
+    """What the granularity loop remembers about one deployment."""
+
+    state: GranularityState = field(default_factory=GranularityState)
+    """The Eq. 4 controller's state (smoothed CV, granularity in use)."""
+    last_decision_s: float = -math.inf
+    cv: float = 0.0
+    """The last CV sample (inter-arrival times of the window)."""
+    num_stages: int | None = None
+    """The finest stage count chosen last: Eq. 4's for the CV, at most `useful_stages`
+    (what busy groups split to while requests wait)."""
+    refactors: dict[str, int] = field(default_factory=lambda: {"split": 0, "merge": 0})
+    """Refactorings that completed, by direction."""
+    failed_refactors: int = 0
+    booked: set[int] = field(default_factory=set)
+    """Nodes booked for a refactoring under way (not yet in their pipeline)."""
 
 
 class TrackedRequest(ServeRequest):
@@ -129,7 +147,7 @@ class Deployment:
     """A serve-while-loading scale-out of this deployment is running."""
     failure: str | None = None
     """Why it failed (its store went bad); set once, by `deployments.py` `fail`."""
-    flexpipe: "FlexPipeRecord | None" = None
+    flexpipe: FlexPipeRecord | None = None
     """FlexPipe's granularity loop state (`control/flexpipe.py`); None for other strategies."""
 
     @property

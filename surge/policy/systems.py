@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdSettings
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.router import ROUTINGS
 
 LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")

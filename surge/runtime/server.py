@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from surge.engine.sampling import SamplingParams
 from surge.policy import router
@@ -27,9 +27,6 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import AgentDown, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
-
-if TYPE_CHECKING:
-    from surge.runtime.pd_handoff import PdServing
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +38,33 @@ MAX_ARRIVALS_KEPT = 10_000
 """Arrival times remembered for the predictor's window (older ones drop off)."""
 MAX_SPANS_KEPT = 64
 """Recent prefill spans kept for the measured prefill time."""
+
+
+class PdRouting(Protocol):
+    """A deployment's P/D disaggregation as its `Server` and the code around it see it
+    (`runtime/pd_handoff.py` `PdServing`; BlitzScale §5.2, §6). A protocol, so the server
+    does not import the hand-off (which imports the server's consolidation)."""
+
+    roles: dict[str, str]
+    """Local instance name -> its P/D role."""
+    pending: list[tuple[LocalEndpoint, ServeRequest]]
+    """Requests parked after their prefill on the endpoint that holds their K/V."""
+
+    def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]: ...
+
+    async def assign(self, ep: LocalEndpoint) -> None: ...
+
+    def forget(self, name: str) -> None: ...
+
+    def on_token(self, ep: Endpoint, ev: TokenGenerated) -> None: ...
+
+    def kick(self) -> None: ...
+
+    async def hold(
+        self, req: ServeRequest, parts: list, payload: bytes, num_cached: int, old: LocalEndpoint
+    ) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Server:
@@ -62,7 +86,7 @@ class Server:
         """(handed to a local instance, first token, tokens prefilled) of recent requests:
         the serving instances' measured prefill time (live scaling's Time_l)."""
         self._ids = itertools.count()
-        self.pd: PdServing | None = None
+        self.pd: PdRouting | None = None
         """P/D disaggregation (`runtime/pd_handoff.py`), when the deployment runs it."""
         self._events = client.subscribe((TokenGenerated, RequestFailed, AgentDown), model=model)
         self._pump = asyncio.get_running_loop().create_task(self._pump_events())

@@ -16,7 +16,7 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.events import Refactor
 from surge.model.tokenizer import load_tokenizer
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import SYSTEMS
 from surge.runtime.refactor import FlexPipeline
 from tests.control.test_strategies import PROMPTS, _check, _cluster, _deploy, _until

@@ -7,7 +7,8 @@ import asyncio
 from types import SimpleNamespace
 
 from surge.config import EngineConfig
-from surge.control.flexpipe import FlexPipeControl, FlexPipeRecord, flexpipe_autoscale
+from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
+from surge.control.state import FlexPipeRecord
 from surge.model.manifest import read_manifest
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.router import Endpoint, route

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe.groups import GroupView, Recut, group_refactors, pipeline_target
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.router import PACK_MAX_OVER_TARGET, Endpoint, route
 from surge.policy.systems import system_config
 

@@ -6,9 +6,9 @@ import pytest
 
 from surge.errors import SurgeError
 from surge.policy.flexpipe.granularity import GranularityState
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.flexpipe.slot_allocation import SlotState
 from surge.policy.flexpipe.system import (
-    FlexPipeSettings,
     LayerProfile,
     arrivals_in_window,
     candidates,

@@ -11,7 +11,8 @@ from typing import Any
 from surge.engine.llm_engine import TokenEvent
 from surge.engine.sampling import SamplingParams
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.node.instances import AgentInstances, LocalInstance
+from surge.runtime.node.instances import AgentInstances
+from surge.runtime.node.local_instance import LocalInstance
 from surge.runtime.protocol import Event, InstanceSubmitOp, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
 

@@ -2,8 +2,9 @@
 group goes to a machine that hosted the model lately when its stages fit there, in the
 policy and in the simulator's scale-out."""
 
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
-from surge.policy.flexpipe.system import FlexPipeSettings, place_new_group, place_stages
+from surge.policy.flexpipe.system import place_new_group, place_stages
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation
 from surge.traces.gamma import gamma_trace

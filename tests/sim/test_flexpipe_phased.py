@@ -14,7 +14,7 @@ import numpy as np
 
 from benchmarks.systems.flexpipe_sim import STATIC_STAGES, phased_trace, ratios, run_one
 from surge.policy.flexpipe.granularity import cv_of_arrivals
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from tests.sim.flexpipe_settings import SECTION9_KW
 
 KW = {**SECTION9_KW, "duration_s": 240.0, "workload": "phased", "phase_s": 60.0}

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from surge.policy.autoscale import AutoscaleSettings
-from surge.policy.flexpipe.system import FlexPipeSettings
+from surge.policy.flexpipe.settings import FlexPipeSettings
 
 
 def pipeline_autoscale(base: AutoscaleSettings, num_stages: float) -> AutoscaleSettings:

@@ -12,8 +12,8 @@ deterministic.
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.flexpipe.slot_allocation import (
     HostingRecord,
     SlotState,
@@ -22,9 +22,6 @@ from surge.policy.flexpipe.slot_allocation import (
     allocate_slots,
     choose_affinity_server,
 )
-
-if TYPE_CHECKING:
-    from surge.policy.flexpipe.system import FlexPipeSettings
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,7 @@ def place_stages(
     throughput_rps: float,
     cv: float,
     slots: Sequence[SlotState],
-    settings: "FlexPipeSettings",
+    settings: FlexPipeSettings,
 ) -> tuple[int, ...] | None:
     """§6.2: the slot of each stage, in stage order; None if a stage fits nowhere."""
     demands = [
@@ -66,7 +63,7 @@ def place_new_group(
     server_of: Mapping[int, int],
     history: Sequence[HostingRecord],
     now_s: float,
-    settings: "FlexPipeSettings",
+    settings: FlexPipeSettings,
 ) -> tuple[int, ...] | None:
     """§7 Eq. 13, then §6.2 Eq. 6: the slots of a new group's stages. Its stages go to the
     server Eq. 13 picks among those that hosted the model (`history`; recent hosting and

@@ -17,12 +17,12 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers, NodeContext
-from surge.runtime.node.pd import AgentPd, Parked, step_and_park
+from surge.runtime.node.local_instance import LocalInstance
+from surge.runtime.node.pd import AgentPd, step_and_park
 from surge.runtime.node.store import AgentStore
 from surge.runtime.protocol import (
     HANDOFF_REASON,
@@ -73,34 +73,6 @@ def kv_parts(
         out.append((part.first_layer, kv.view(part.shape)))
         offset += n
     return out
-
-
-@dataclass
-class LocalInstance:
-    """A full copy of a model on this node, serving requests with continuous batching."""
-
-    name: str
-    model: str
-    engine: "LLMEngine"
-    requests: dict[int, str] = field(default_factory=dict)
-    """seq_id -> the controller's request id."""
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
-    inbox: list[tuple[Callable[["LLMEngine"], Any], asyncio.Future]] = field(default_factory=list)
-    """Changes to the engine, applied by its loop between steps (never during one)."""
-    role: str = "decode"
-    """P/D role (`runtime/node/pd.py`): "prefill" parks requests after their prefill."""
-    fresh: set[int] = field(default_factory=set)
-    """Submitted sequences that have produced no token here yet (their prefill is next)."""
-    parked: dict[str, "Parked"] = field(default_factory=dict)
-    """req_id -> a request parked after its prefill, waiting for `instance_handoff`."""
-
-    async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
-        """Run `fn(engine)` between two steps and return its result."""
-        fut = asyncio.get_running_loop().create_future()
-        self.inbox.append((fn, fut))
-        self.wake.set()
-        return await fut
 
 
 class AgentInstances:

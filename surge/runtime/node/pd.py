@@ -12,10 +12,10 @@ the decode instance that policy picks, which adopts it (`instance_adopt`). Mutat
 stay parked until taken. Composed into `AgentInstances` (`runtime/node/instances.py`).
 """
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from surge.errors import SurgeError
+from surge.runtime.node.local_instance import LocalInstance, Parked
 from surge.runtime.protocol import (
     Ack,
     HandoffReply,
@@ -28,18 +28,9 @@ from surge.runtime.transport import Connection
 
 if TYPE_CHECKING:
     from surge.engine.llm_engine import TokenEvent
-    from surge.runtime.node.instances import LocalInstance
 
 
-@dataclass(frozen=True)
-class Parked:
-    """A request parked on a prefill instance after its prefill."""
-
-    reply: HandoffReply
-    payload: bytes
-
-
-def step_and_park(inst: "LocalInstance") -> tuple[list["TokenEvent"], dict[int, str]]:
+def step_and_park(inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, str]]:
     """One engine step (in the worker thread); on a prefill instance, park every request
     whose prefill this step finished. Returns the events and seq_id -> req_id of those
     parked (they left `inst.requests`)."""
@@ -72,16 +63,16 @@ def step_and_park(inst: "LocalInstance") -> tuple[list["TokenEvent"], dict[int, 
 class AgentPd:
     """`instance_role` and `instance_handoff` over the node's local instances."""
 
-    def __init__(self, instances: dict[str, "LocalInstance"]) -> None:
+    def __init__(self, instances: dict[str, LocalInstance]) -> None:
         self.instances = instances
 
-    def _instance(self, name: str) -> "LocalInstance":
+    def _instance(self, name: str) -> LocalInstance:
         inst = self.instances.get(name)
         if inst is None:
             raise SurgeError(f"no instance {name} here (instance_open first)")
         return inst
 
-    def take_parked(self, inst: "LocalInstance", req_ids: set[str]) -> dict[str, tuple[int, ...]]:
+    def take_parked(self, inst: LocalInstance, req_ids: set[str]) -> dict[str, tuple[int, ...]]:
         """Take parked requests back (an abort): req_id -> tokens generated so far."""
         taken = req_ids & set(inst.parked)
         return {rid: inst.parked.pop(rid).reply.output_token_ids for rid in taken}

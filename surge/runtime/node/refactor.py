@@ -17,11 +17,12 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers
 from surge.runtime.node.instances import kv_parts
+from surge.runtime.node.stage import Stage
 from surge.runtime.protocol import (
     Ack,
     KvImportOp,
@@ -34,9 +35,6 @@ from surge.runtime.protocol import (
     StageProfileOp,
 )
 from surge.runtime.transport import Connection
-
-if TYPE_CHECKING:
-    from surge.runtime.node.serving import Stage
 
 PROFILE_SEQ_ID = (1 << 62) + 7
 """Scratch sequence id of a profiling run (outside every head engine's id range)."""

@@ -22,12 +22,12 @@ Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.refactor import refactor_handlers
+from surge.runtime.node.stage import Stage
 from surge.runtime.node.store import AgentStore
 from surge.runtime.protocol import (
     Ack,
@@ -48,19 +48,6 @@ if TYPE_CHECKING:
     from surge.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Stage:
-    """One stage of a pipeline on this node."""
-
-    pipeline: str
-    model: str
-    first_layer: int
-    end_layer: int
-    next_node: int | None
-    runner: "ModelRunner"
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class AgentServing:

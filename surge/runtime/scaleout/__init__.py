@@ -4,6 +4,7 @@ paraserve sizing/placement/predictor, zigzag). See docs/scaleout.md."""
 
 from surge.runtime.scaleout.context import (
     ControllerHooks,
+    ControllerSide,
     ScaleOutContext,
     group_name,
     instance_name,
@@ -14,6 +15,7 @@ from surge.runtime.scaleout.run import run_scale_out
 
 __all__ = [
     "ControllerHooks",
+    "ControllerSide",
     "ScaleOutContext",
     "group_name",
     "instance_name",

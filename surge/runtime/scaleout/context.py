@@ -4,8 +4,9 @@ What flows: the controller (`control/scaleouts.py` `start_scale_out`) builds a
 `ScaleOutContext` — the deployment's `Server`, manifest and system (`policy.systems`),
 the destinations placement chose (each with its own best tier), the complete copies
 elsewhere, the ParaServe spare slots, the SLOs and link speed, each node's reported links
-(caps, host group) and `ControllerHooks` (the few things only the controller can do: book a
-slot, make a host copy, hear that a local instance serves, say what each egress carries).
+(caps, host group) and its `ControllerSide` (the few things only the controller can do:
+book a slot, make a host copy, hear that a local instance serves, say what each egress
+carries).
 `run.py` carries the scale-out out and records on the context what it
 did (`pipelines_opened`, `kv_migrated`, `live_prefilled`, the ParaServe group, `opened` and
 `retired` endpoints), which the controller reads for its metrics and tests read to see
@@ -15,6 +16,7 @@ that a strategy really ran. Endpoint names are made here and only here.
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from surge.config import EngineConfig
 from surge.events import NO_BUS, EventBus, PipelineOpened
@@ -90,9 +92,41 @@ async def _nothing(node: int) -> None:
     return None
 
 
+class ControllerSide(Protocol):
+    """What only the controller can do for one scale-out, called back by the runtime (the
+    runtime never imports control/): the controller's `control/scaleout_side.py`
+    `DeploymentSide`, or `ControllerHooks` where a scale-out runs without a controller."""
+
+    async def on_local(self, node: int, ep: LocalEndpoint) -> None:
+        """A node serves alone now (the controller records the endpoint on its slot)."""
+
+    async def make_host_copy(self, node: int) -> None:
+        """Bring the model into a node's host tier from its disk or the registry (a cold
+        leader); the controller accounts the host cache."""
+
+    def book(self, node: int) -> bool:
+        """Take a free slot on a spare node for a group member (False: gone)."""
+
+    async def release(self, node: int) -> None:
+        """Give back a booked member's slot (it did not become an instance)."""
+
+    def sending(self, nodes: tuple[int, ...], delta: int) -> None:
+        """Nodes whose instance starts (+1) or stops (-1) sending its GPU copy to a
+        multicast: busy meanwhile, and later start-ups rank it by the egress it has left."""
+
+    def traffic(self) -> Mapping[int, NodeTraffic]:
+        """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
+        asked when a multicast is planned: `policy.topology` prunes busy sources."""
+
+    def receiving(self, nodes: tuple[int, ...], now: bool) -> None:
+        """Nodes whose new instance starts (True) or stops (False) receiving a multicast: a
+        chain tail meanwhile (`policy.startup` tier `loading`)."""
+
+
 @dataclass(frozen=True)
 class ControllerHooks:
-    """What only the controller can do, passed in (the runtime never imports control/)."""
+    """A `ControllerSide` made of callables, for a scale-out run without a controller
+    (tests, benchmarks); what is not given does nothing."""
 
     on_local: Callable[[int, LocalEndpoint], Awaitable[None]]
     """A node serves alone now (the controller records the endpoint on its slot)."""
@@ -125,7 +159,7 @@ class ScaleOutContext:
     system: SystemConfig
     destinations: tuple[Destination, ...]
     """The new instances' nodes, placement order, each with its own best tier."""
-    hooks: ControllerHooks
+    hooks: ControllerSide
     copies: tuple[Copy, ...] = ()
     """Complete copies elsewhere (GPU and host copies, each with its machine:
     `policy.startup` sends from one per machine)."""
