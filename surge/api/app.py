@@ -14,7 +14,6 @@ INFO access-log line and counts in `surge_http_responses_total{status}`.
 
 import contextlib
 import logging
-import secrets
 import time
 import weakref
 from typing import Any
@@ -27,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.api.admin import admin_router
+from surge.api.auth import ApiKeyAuth
 from surge.api.dashboard import dashboard_router
 from surge.api.error_map import body, classify
 from surge.api.intake import BodyLimit, IntakeLimits
@@ -167,29 +167,12 @@ def create_app(
             msg = str(e.detail)
         return error_response(e.status_code, msg, "invalid_request_error")
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        path = request.url.path
-        page = path.startswith("/dashboard") and not path.startswith("/dashboard/static/")
-        if api_key and (path.startswith("/v1/") or page):
-            header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
-            if page and not token:  # a browser's page and EventSource send no header
-                token = request.query_params.get("key", "")
-            if not secrets.compare_digest(token.encode(), api_key.encode()):
-                return error_response(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer KEY"
-                    + (", or ?key=KEY)" if page else ")"),
-                    "authentication_error",
-                    code="invalid_api_key",
-                )
-        return await call_next(request)
-
     app.include_router(openai_router(controller))
     app.include_router(admin_router(controller))
     app.include_router(dashboard_router(controller.events, controller.timeline_now))
     app.openapi = lambda: openapi_with_bodies(app)  # type: ignore[method-assign]
+    if api_key:
+        app.add_middleware(ApiKeyAuth, api_key=api_key)
     limits = limits or IntakeLimits()
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)  # inside the access log
     app.add_middleware(AccessLog, counter=responses_counter(controller.metrics.registry))

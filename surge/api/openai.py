@@ -8,6 +8,7 @@ SSE chunks ending `data: [DONE]`. Every request handed to the controller is hand
 with `controller.finished` whatever happens. Owned by the API layer.
 """
 
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -15,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from surge.api.chat import ChatTemplates
+from surge.api.disconnect import CLIENT_GONE_STATUS, CancellableStream, unless_disconnected
 from surge.api.error_map import error_body
 from surge.api.intake import check_prompt_chars, encode_off_loop
 from surge.api.logprobs import CompletionLogprobs, chat_logprobs
@@ -41,6 +43,8 @@ from surge.api.streaming import (
 )
 from surge.control.controller import Controller, Deployment
 from surge.errors import InvalidInput, SurgeError
+
+log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 5.0
 """A streamed request with nothing to send for this long gets an SSE comment, so proxies
@@ -139,7 +143,7 @@ def openai_router(controller: Controller) -> APIRouter:
             else:
                 echoes.append("")
         call = Call(dep, body, False, prompts, echoes, "cmpl-" + secrets.token_hex(12))
-        return await respond(call, DEFAULT_COMPLETION_TOKENS)
+        return await respond(call, DEFAULT_COMPLETION_TOKENS, request)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -150,9 +154,9 @@ def openai_router(controller: Controller) -> APIRouter:
         ids = await tokenize(dep, text, limit, "messages")
         check_prompt_ids(dep, ids, limit, param="messages")
         call = Call(dep, body, True, [ids], [""], "chatcmpl-" + secrets.token_hex(12))
-        return await respond(call, DEFAULT_CHAT_TOKENS)
+        return await respond(call, DEFAULT_CHAT_TOKENS, request)
 
-    async def respond(call: Call, default_max: int) -> Response:
+    async def respond(call: Call, default_max: int, request: Request) -> Response:
         body, n = call.body, call.body.num_choices
         if n * len(call.prompts) > MAX_CHOICES:
             raise InvalidInput(
@@ -175,12 +179,23 @@ def openai_router(controller: Controller) -> APIRouter:
             raise
         streams = [RequestStream(r, call.dep.tokenizer, body.stops) for r in reqs]
         if body.stream:
-            return StreamingResponse(
+            return CancellableStream(
                 stream_events(call, streams, n),
+                on_gone=lambda: client_gone(call, streams),
                 media_type="text/event-stream",
                 background=BackgroundTask(hand_back, streams, controller.finished),
             )
-        return await whole_answer(call, streams, n)
+        answered, out = await unless_disconnected(whole_answer(call, streams, n), request.receive)
+        if not answered:  # its requests were handed back "cancelled": aborted on the agents
+            client_gone(call, streams)
+            return Response(status_code=CLIENT_GONE_STATUS)
+        assert out is not None
+        return out
+
+    def client_gone(call: Call, streams: list[RequestStream]) -> None:
+        tokens = sum(len(s.req.output_token_ids) for s in streams)
+        log.info("%s: the client went away after %d tokens; its requests are aborted",
+                 call.rid, tokens)  # fmt: skip
 
     def logprob_builders(call: Call, streams: list[RequestStream], n: int) -> list[Any]:
         """Per choice, a function (start, end) -> its `logprobs` object (None: not asked)."""

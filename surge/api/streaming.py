@@ -123,6 +123,8 @@ class RequestStream:
             ids = req.output_token_ids
             new, first = ids[self.read :], self.read
             self.read = len(ids)
+            if done and req.finish_reason == "abort":  # ended here, not by the model
+                raise Unavailable("the request was aborted before it finished; retry it")
             if done and req.finish_reason == "error":
                 exc = getattr(req, "exception", None)  # the controller's reason (hold timeout)
                 if isinstance(exc, SurgeError):

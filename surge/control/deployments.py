@@ -229,8 +229,10 @@ class Deployments:
         for t in list(dep.tasks):
             if t is not me:  # a failing load of its own may be what tears it down
                 t.cancel()
-        for req in list(dep.requests.values()):
-            req.finish("abort")
+        why = "was deleted" if evict else "stopped: the server is shutting down"
+        gone = Unavailable(f"the deployment {dep.name!r} {why} while this request ran")
+        for req in list(dep.requests.values()):  # an error, never a silent "stop" (issue 36)
+            req.refuse(gone)
         await dep.server.close()
         self.metrics.forget(dep.name)
         if not evict:
