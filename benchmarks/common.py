@@ -10,6 +10,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
 from surge.model.tiny import TinyModelConfig
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
@@ -17,6 +18,16 @@ from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cluster", choices=("loopback", "netns"), default="loopback")
+    ap.add_argument(
+        "--emulate",
+        default=None,
+        metavar="PRESET:MODEL",
+        help="GPU-time emulation (docs/emulation.md): agents paced as MODEL on PRESET's GPUs "
+        "and links, rates scaled by the benchmark's store; times stay real seconds",
+    )
+    ap.add_argument(
+        "--time-dilation", type=float, default=1.0, help="with --emulate: real s per emulated s"
+    )
     ap.add_argument(
         "--cpu-per-node",
         type=float,
@@ -35,6 +46,13 @@ def make_cluster(args: argparse.Namespace, **config: Any) -> LocalCluster:
     return LocalCluster(LocalClusterConfig(**config))
 
 
+def emulation_of(args: argparse.Namespace, manifest: Manifest) -> Emulation | None:
+    """The `--emulate` / `--time-dilation` setting over the benchmark's store (None: off)."""
+    if getattr(args, "emulate", None) is None:
+        return None
+    return Emulation.for_store(EmulationConfig.parse(args.emulate, args.time_dilation), manifest)
+
+
 def machine(args: argparse.Namespace, cluster: LocalCluster | None = None) -> dict:
     """Where a benchmark ran: the machine and the emulated cluster's settings."""
     out: dict[str, Any] = {
@@ -42,6 +60,9 @@ def machine(args: argparse.Namespace, cluster: LocalCluster | None = None) -> di
         "cpus": os.cpu_count(),
         "cluster": args.cluster,
     }
+    if getattr(args, "emulate", None) is not None:
+        out["emulate"] = args.emulate
+        out["time_dilation"] = args.time_dilation
     if cluster is not None and args.cluster == "netns":
         out["cpu_cores_per_node"] = cluster.cores_per_node  # type: ignore[attr-defined]
         out["links"] = "tc htb on each veth (egress: node end, ingress: bridge end)"

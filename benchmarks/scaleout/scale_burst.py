@@ -37,6 +37,7 @@ from benchmarks.common import (
     add_cluster_args,
     cores_during,
     cpu_s,
+    emulation_of,
     machine,
     make_cluster,
     model_config,
@@ -51,7 +52,7 @@ from surge.policy.startup import Copy, Destination
 from surge.policy.systems import system_config
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.launch.local import LocalCluster
-from surge.runtime.protocol import LoadOp, RegisterOp
+from surge.runtime.protocol import LoadOp, RegisterOp, Source
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
 from surge.runtime.server import Server
 
@@ -103,14 +104,22 @@ async def _serving(node: int, ep: LocalEndpoint) -> None:
     """A destination serves alone (the benchmark has no controller to tell)."""
 
 
-async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> dict:
+async def burst(
+    cluster: LocalCluster, manifest: Manifest, mode: str, args, hot_from: Source = "disk"
+) -> dict:
+    """One burst on `args.sources` hot instances (loaded from `hot_from` before the clock
+    starts) scaled out to every other node in `mode`; times in seconds from the burst."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
     await client.broadcast(RegisterOp(model=MODEL, manifest=manifest))
     blocks = tuple(range(manifest.num_blocks))
-    for src in range(args.sources):
-        await client.call(src, LoadOp(model=MODEL, blocks=blocks, source="disk", tier="gpu"))
+    await asyncio.gather(
+        *(
+            client.call(src, LoadOp(model=MODEL, blocks=blocks, source=hot_from, tier="gpu"))
+            for src in range(args.sources)
+        )
+    )
     server = Server(client, MODEL)
     engine = EngineConfig(max_num_seqs=args.max_num_seqs, max_kv_tokens=2048)
     try:
@@ -181,8 +190,11 @@ async def burst(cluster: LocalCluster, manifest: Manifest, mode: str, args) -> d
         await client.close()
 
 
-async def cold_start(cluster: LocalCluster, manifest: Manifest, group: int) -> float:
-    """First-token time of one request on a model only in the registry (ParaServe §4)."""
+async def cold_start(
+    cluster: LocalCluster, manifest: Manifest, group: int, prompt_len: int = 4
+) -> float:
+    """First-token time of one request of `prompt_len` tokens on a model only in the
+    registry (ParaServe §4)."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
@@ -191,7 +203,8 @@ async def cold_start(cluster: LocalCluster, manifest: Manifest, group: int) -> f
     b = manifest.num_blocks
     parts = [list(range(i * b // group, (i + 1) * b // group)) for i in range(group)]
     try:
-        req = server.new_request([5, 6, 7, 8], SamplingParams(max_tokens=4, ignore_eos=True))
+        prompt = [5 + i % 500 for i in range(prompt_len)]
+        req = server.new_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
         start = time.monotonic()
         await server.submit(req)  # queued: nothing serves the model yet
         # Each member fetches only its part first (parallel fetch).
@@ -271,6 +284,7 @@ def run_modes(args, tmp: Path, manifest: Manifest, sources: int) -> dict:
             # The registry read cap stands in for each node's own disk (load_then_serve).
             remote_gbps=args.disk_gbps or args.link_gbps / LINK_OVER_DISK,
             fuse_projections=not args.no_fuse_projections,
+            emulation=emulation_of(args, manifest),
         )
         with cluster:
             for node in range(sources):
