@@ -58,6 +58,4 @@ def expire(dep: Deployment, now_s: float, metrics: Metrics) -> int:
 def drop(dep: Deployment, req: ServeRequest) -> None:
     """Take a request off the deployment's queue and books (it holds nothing after)."""
     dep.server.drop(req)
-    rid = getattr(req, "req_id", None)
-    dep.requests.pop(rid, None)
-    dep.server.requests.pop(rid, None)
+    dep.server.requests.pop(req.req_id, None)

@@ -25,7 +25,7 @@ from surge.control.flexpipe import describe_flexpipe
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.spec import DeploymentSpec
-from surge.control.state import Deployment, FailedDeployment
+from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
 from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable
 from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
@@ -201,7 +201,7 @@ class Deployments:
         self.failed[dep.name] = FailedDeployment(dep.spec, reason)
         error = Unavailable(f"deployment {dep.name!r} has failed: {reason}")
         for req in list(dep.requests.values()):
-            req.refuse(error)
+            refuse(req, error)
         await self.teardown(dep, evict=True)
 
     def lookup(self, name: str) -> Deployment:
@@ -232,7 +232,7 @@ class Deployments:
         why = "was deleted" if evict else "stopped: the server is shutting down"
         gone = Unavailable(f"the deployment {dep.name!r} {why} while this request ran")
         for req in list(dep.requests.values()):  # an error, never a silent "stop" (issue 36)
-            req.refuse(gone)
+            refuse(req, gone)
         await dep.server.close()
         self.metrics.forget(dep.name)
         if not evict:

@@ -43,7 +43,6 @@ class Requests:
         req = TrackedRequest(f"{dep.name}-{time.monotonic_ns()}", list(prompt_token_ids), params)
         req.deployment = dep.name
         req.at_zero = not dep.serving() and not dep.server.endpoints
-        dep.requests[req.req_id] = req
         dep.server.requests[req.req_id] = req
         await dep.server.submit(req)
         if not dep.instances:
@@ -56,7 +55,6 @@ class Requests:
         self._record(dep, req, status)
         if dep is None:
             return
-        dep.requests.pop(req.req_id, None)
         dep.server.requests.pop(req.req_id, None)
         if not req.done.is_set() or req.finish_reason in ("stop_string", "abort"):
             self._abort(dep, req)

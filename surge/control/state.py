@@ -81,6 +81,15 @@ class TrackedRequest(ServeRequest):
             self.progress.set()
 
 
+def refuse(req: ServeRequest, error: Unavailable) -> None:
+    """End a request unserved with `error`: what the API answers for a `TrackedRequest`,
+    the reason for any other (one submitted to the server directly)."""
+    if isinstance(req, TrackedRequest):
+        req.refuse(error)
+    else:
+        req.fail(str(error))
+
+
 @dataclass
 class Instance:
     """One slot of a deployment on one node, from placement until release."""
@@ -122,8 +131,6 @@ class Deployment:
     """Routes its requests over its endpoints (runtime)."""
     instances: dict[int, Instance] = field(default_factory=dict)
     """Slots by node, loading or serving (written by the autoscaler)."""
-    requests: dict[str, TrackedRequest] = field(default_factory=dict)
-    """Requests the API still streams, by id (written by `requests.py`)."""
     autoscale_state: AutoscaleState = field(default_factory=AutoscaleState)
     """What `surge.policy.autoscale` remembers between ticks (stable and panic windows)."""
     tasks: set[asyncio.Task] = field(default_factory=set)
@@ -149,6 +156,13 @@ class Deployment:
     """Why it failed (its store went bad); set once, by `deployments.py` `fail`."""
     flexpipe: FlexPipeRecord | None = None
     """FlexPipe's granularity loop state (`control/flexpipe.py`); None for other strategies."""
+
+    @property
+    def requests(self) -> dict[str, ServeRequest]:
+        """Requests the API still streams, by id: the server's book, the one place a
+        request is kept (`requests.py` adds and forgets them; endpoints hold the ones they
+        serve)."""
+        return self.server.requests
 
     @property
     def name(self) -> str:
