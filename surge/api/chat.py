@@ -1,62 +1,94 @@
-"""Turning chat messages into a prompt, with a template compiled once per deployment.
+"""Turning chat messages into a prompt, as Hugging Face and vLLM do, compiled once per
+deployment.
 
-A store whose checkpoint came with a `tokenizer_config.json` holding a `chat_template` is
-rendered with that (Jinja2, sandboxed, as Hugging Face does; tool calls and tool results
-in the history reach it as `tool_calls` / `tool_call_id`). Otherwise surge's simple
-template is used, one block per message and an open assistant block at the end:
-
-    <|system|>
-    You are terse.
-    <|user|>
-    Hello!
-    <|assistant|>
-
-(the markers are plain text to the tokenizer). `ChatTemplates` keeps each deployment's
-compiled template beside it, so a request only renders. Owned by the API layer.
+The template is, in order: the one the deployment names (`surge serve --chat-template FILE`,
+`DeploymentSpec.chat_template`), the store's `chat_template.jinja` (transformers' layout since
+4.50), or `chat_template` in its `tokenizer_config.json` (a string, or a list of named ones:
+`default` is used). A model with none cannot chat: `/v1/chat/completions` answers 400 saying
+so (as vLLM does). Rendered in a sandboxed Jinja environment with what transformers gives a
+template: `messages` (tool calls and results as `tool_calls` / `tool_call_id`),
+`add_generation_prompt=True`, the special tokens' text (`bos_token`, `eos_token`, ...),
+`raise_exception`, `strftime_now` and transformers' `tojson`. The rendered text is tokenized
+without the tokenizer's own BOS/EOS (`add_special_tokens=False`): the template writes its own.
+`ChatTemplates` keeps each deployment's compiled template beside it, so a request only
+renders. Owned by the API layer.
 """
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from surge.errors import SurgeError
+from surge.errors import InvalidInput, SurgeError
+
+TEMPLATE_FILE = "chat_template.jinja"
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
-def _simple_text(m: dict[str, Any]) -> str:
-    text = m.get("content") or ""
-    for call in m.get("tool_calls") or ():
-        fn = call["function"]
-        text += f"[call {call['id']}: {fn['name']}({fn['arguments']})]"
-    if m.get("tool_call_id"):
-        text = f"[result {m['tool_call_id']}] {text}"
-    return text
-
-
-def simple_template(messages: list[dict[str, Any]]) -> str:
-    body = "".join(f"<|{m['role']}|>\n{_simple_text(m)}\n" for m in messages)
-    return body + "<|assistant|>\n"
+def _tokenizer_config(store_dir: Path) -> dict[str, Any]:
+    try:
+        cfg = json.loads((store_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def load_chat_template(store_dir: Path) -> str | None:
-    cfg = store_dir / "tokenizer_config.json"
-    if not cfg.is_file():
-        return None
+    """The store's own chat template: `chat_template.jinja`, else tokenizer_config.json's."""
     try:
-        template = json.loads(cfg.read_text()).get("chat_template")
-    except (OSError, ValueError):
-        return None
+        return (store_dir / TEMPLATE_FILE).read_text()
+    except OSError:
+        pass
+    template = _tokenizer_config(store_dir).get("chat_template")
+    if isinstance(
+        template, list
+    ):  # [{"name": "default", "template": ...}, {"name": "tool_use"...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
     return template if isinstance(template, str) else None
 
 
-class ChatTemplate:
-    """One model's chat template, compiled (None: surge's simple template)."""
+def special_tokens(store_dir: Path) -> dict[str, str]:
+    """The special tokens' text a template may write (`{{ bos_token }}`)."""
+    out = {}
+    for key, value in _tokenizer_config(store_dir).items():
+        if key in SPECIAL_TOKEN_KEYS:
+            text = value.get("content") if isinstance(value, dict) else value
+            if isinstance(text, str):
+                out[key] = text
+    return out
 
-    def __init__(self, source: str | None) -> None:
+
+def _raise_exception(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
+    # transformers' tojson: no HTML escaping (Jinja's own escapes <, >, &, ').
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, **kw)
+
+
+class ChatTemplate:
+    """One model's chat template, compiled (None: the model has none)."""
+
+    def __init__(
+        self, source: str | None, specials: dict[str, str] | None = None, model: str = ""
+    ) -> None:
+        self.model = model
+        self.specials = specials or {}
         self.compiled: Any = None
         if source is not None:
+            from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             try:
                 self.compiled = env.from_string(source)
             except Exception as e:  # a broken template in a checkpoint is the model's problem
@@ -64,11 +96,18 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         if self.compiled is None:
-            return simple_template(messages)
+            raise InvalidInput(
+                f"model {self.model!r} has no chat template (its checkpoint ships no "
+                f"{TEMPLATE_FILE} and no chat_template in tokenizer_config.json); use "
+                "/v1/completions, or deploy it with one: surge serve --chat-template FILE",
+                param="messages",
+            )
         try:
-            return self.compiled.render(messages=messages, add_generation_prompt=True)
+            return self.compiled.render(
+                messages=messages, add_generation_prompt=True, **self.specials
+            )
         except Exception as e:
-            raise SurgeError(f"the model's chat template failed: {e}") from None
+            raise InvalidInput(f"the model's chat template failed: {e}", param="messages") from None
 
 
 class ChatTemplates:
@@ -85,7 +124,10 @@ class ChatTemplates:
         hit = self._by_name.get(name)
         if hit is not None and hit[0] is deployment:
             return hit[1]
-        template = ChatTemplate(load_chat_template(self.registry / name))
+        store = self.registry / name
+        spec = getattr(deployment, "spec", None)
+        source = getattr(spec, "chat_template", None) or load_chat_template(store)
+        template = ChatTemplate(source, special_tokens(store), name)
         self.loads += 1
         self._by_name[name] = (deployment, template)
         return template

@@ -133,8 +133,9 @@ def check_prompt_chars(
         )
 
 
-async def encode_off_loop(tokenizer: Tokenizer, text: str) -> list[int]:
+async def encode_off_loop(tokenizer: Tokenizer, text: str, special: bool = True) -> list[int]:
     """Token ids of `text`, encoded in a worker thread. `encode_batch` releases the GIL
-    while it runs (`encode` does not: a 1 MB text held the event loop for 0.65 s)."""
-    encodings = await asyncio.to_thread(tokenizer.encode_batch, [text])
+    while it runs (`encode` does not: a 1 MB text held the event loop for 0.65 s).
+    `special`: add the tokenizer's own BOS/EOS (`add_special_tokens`)."""
+    encodings = await asyncio.to_thread(tokenizer.encode_batch, [text], add_special_tokens=special)
     return encodings[0].ids

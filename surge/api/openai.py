@@ -110,11 +110,13 @@ def openai_router(controller: Controller) -> APIRouter:
         return controller.deployment(name)
 
     async def tokenize(dep: Deployment, text: str, limit: int, param: str) -> list[int]:
-        """Bounded before it costs anything, then off the event loop (`api/intake.py`)."""
+        """Bounded before it costs anything, then off the event loop (`api/intake.py`).
+        A rendered chat template writes its own BOS: it is encoded without the tokenizer's
+        (Hugging Face's and vLLM's `add_special_tokens=False`); a plain prompt with it."""
         if dep.tokenizer is None:
             raise InvalidInput(f"{dep.name} has no tokenizer; send the prompt as token ids")
         check_prompt_chars(dep.tokenizer, text, limit, param)
-        return await encode_off_loop(dep.tokenizer, text)
+        return await encode_off_loop(dep.tokenizer, text, special=param != "messages")
 
     def model_card(dep: Deployment) -> dict[str, Any]:
         return {"id": dep.name, "object": "model", "created": 0, "owned_by": "surge"}

@@ -24,7 +24,9 @@ def _parse_token_ids(text: str) -> list[int]:
 def generate(
     store_dir: Annotated[
         Path | None,
-        typer.Argument(help="Block store (default: a tiny model, created on first use)."),
+        typer.Argument(
+            help="Block store (default: SmolLM2 if setup imported it, else a tiny random model)."
+        ),
     ] = None,
     prompt: Annotated[str | None, typer.Option(help="Prompt text.")] = None,
     prompt_token_ids: Annotated[
@@ -46,7 +48,7 @@ def generate(
     from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine, check_prompt
     from surge.engine.sampling import SamplingParams
-    from surge.model.default_store import default_store
+    from surge.model.default_store import default_model
     from surge.model.manifest import read_manifest
     from surge.model.tokenizer import load_tokenizer
 
@@ -60,7 +62,7 @@ def generate(
         seed=seed,
         ignore_eos=ignore_eos,
     ).validate()
-    manifest = read_manifest(store_dir if store_dir is not None else default_store())
+    manifest = read_manifest(store_dir if store_dir is not None else default_model()[0])
     tokenizer = (
         load_tokenizer(manifest.root / manifest.tokenizer_file)
         if manifest.tokenizer_file and manifest.root

@@ -1,7 +1,8 @@
 """`surge serve`: the controller, N local node agents and the OpenAI-compatible HTTP API.
 
 Flags and a `--config FILE` (YAML or TOML) set the same things; flags win. With no
-deployment stored, given or configured, the default tiny model is deployed as `surge-tiny`.
+deployment stored, given or configured, the default model is deployed: SmolLM2-135M-Instruct
+as `smollm2` where ./setup.sh imported it, else the tiny random model as `surge-tiny`.
 Ctrl-C (or SIGTERM) stops the server, the controller and every agent it started.
 """
 
@@ -40,9 +41,19 @@ log = logging.getLogger(__name__)
 def serve(
     model: Annotated[
         str | None,
-        typer.Option(help="Store or HF checkpoint to deploy (default: the tiny model)."),
+        typer.Option(
+            help="Store, HF checkpoint or GGUF store to deploy (default: SmolLM2 where "
+            "./setup.sh imported it, else the tiny model)."
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Deployment name for --model.")] = None,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(
+            help="Jinja chat template file for --model or the default model, instead of "
+            "the model's own (a model without one answers chat requests with 400)."
+        ),
+    ] = None,
     strategy: Annotated[
         str | None,
         typer.Option(
@@ -172,9 +183,12 @@ def serve(
         raise SurgeError(f"--port must be 0..65535 (got {port_})")
     # The default strategy (flag, else config file) applies to deployments naming none.
     deployments = [{"strategy": strategy_, **d} for d in cfg.get("deployments", [])]
+    chat = {"chat_template": read_chat_template(chat_template)} if chat_template else {}
     if model is not None:
         path = Path(model).expanduser().resolve()
-        deployments.append({"name": name or path.name, "model": str(path), "strategy": strategy_})
+        deployments.append(
+            {"name": name or path.name, "model": str(path), "strategy": strategy_, **chat}
+        )
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     if emulation is not None:
         cfg["emulation"] = emulated_store(emulation, deployments, num_nodes)
@@ -195,10 +209,23 @@ def serve(
     # This process handles SIGINT from its event loop on, and stops the agents itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        asyncio.run(_serve(cfg, num_nodes, sock, deployments, strategy_))
+        asyncio.run(_serve(cfg, num_nodes, sock, deployments, {"strategy": strategy_, **chat}))
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sock.close()
+
+
+def read_chat_template(path: Path) -> str:
+    """The text of a `--chat-template` file, or one `SurgeError` line saying why not."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SurgeError(
+            f"--chat-template {path}: cannot read it ({e.__class__.__name__})"
+        ) from None
+    if not text.strip():
+        raise SurgeError(f"--chat-template {path} is empty; give a Jinja chat template file")
+    return text
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -236,13 +263,14 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 async def _serve(
-    cfg: dict[str, Any], num_nodes: int, sock: socket.socket, deployments: list, strategy: str
+    cfg: dict[str, Any], num_nodes: int, sock: socket.socket, deployments: list, default: dict
 ) -> None:
+    """`default`: the settings (strategy, chat template) of the default model's deployment."""
     import uvicorn
 
     from surge.api.app import create_app
     from surge.control.controller import Controller, ControllerConfig
-    from surge.model.default_store import DEFAULT_MODEL_NAME, default_store
+    from surge.model.default_store import default_model
 
     state = cfg["state_path"]
     # Only the settings the user gave: every default lives in `ControllerConfig` alone.
@@ -271,9 +299,7 @@ async def _serve(
             await asyncio.wait({start})
             loop.add_signal_handler(signal.SIGINT, stop.set)
         await _until(start, stop)
-        setup = loop.create_task(
-            _deploy(controller, deployments, strategy, default_store, DEFAULT_MODEL_NAME)
-        )
+        setup = loop.create_task(_deploy(controller, deployments, default, default_model))
         await _until(setup, stop)
         app = create_app(controller, cfg.get("api_key"), limits=cfg["intake"])
         server = uvicorn.Server(
@@ -352,12 +378,13 @@ async def _until(task: asyncio.Task, stop: asyncio.Event):
         waiter.cancel()
 
 
-async def _deploy(controller, deployments: list, strategy: str, default_store, default_name):
-    """The configured deployments not stored yet, else the default tiny model."""
+async def _deploy(controller, deployments: list, default: dict, default_model):
+    """The configured deployments not stored yet, else the default model (SmolLM2 where
+    setup imported it, else the tiny random one)."""
     known = {d["name"] for d in controller.describe_all()}
     for d in deployments:
         if d["name"] not in known:
             await controller.create(d)
     if not controller.deployments:
-        store = await asyncio.to_thread(default_store)
-        await controller.create({"name": default_name, "model": str(store), "strategy": strategy})
+        store, default_name = await asyncio.to_thread(default_model)
+        await controller.create({"name": default_name, "model": str(store), **default})

@@ -147,6 +147,12 @@ class SloSpec:
         )
 
 
+def _chat_template(t: Any) -> str | None:
+    if t is not None and (not isinstance(t, str) or not t.strip()):
+        raise SurgeError("chat_template must be a Jinja template's text (a non-empty string)")
+    return t
+
+
 @dataclass(frozen=True)
 class DeploymentSpec:
     """One deployment: a served name bound to a model store."""
@@ -164,12 +170,16 @@ class DeploymentSpec:
     """The hold queue: its bound (429 past it) and its timeout (503 past it)."""
     pd: PdTargets | None = None
     """Prefill/decode disaggregation targets; None = as the strategy's system says."""
+    chat_template: str | None = None
+    """A Jinja chat template (its text) used instead of the model's own (`surge serve
+    --chat-template FILE`); None: the model's (`surge.api.chat`)."""
 
     @staticmethod
     def from_json(d: Any) -> "DeploymentSpec":
         if not isinstance(d, dict):
             raise SurgeError("a deployment must be a JSON object")
         known = {"name", "model", "strategy", "autoscaling", "slo", "admission", "pd"}
+        known.add("chat_template")
         _unknown(d, known, "deployment")
         name, model = d.get("name"), d.get("model")
         if not isinstance(name, str) or not NAME_RE.match(name):
@@ -193,6 +203,7 @@ class DeploymentSpec:
             slo=SloSpec.from_json(d.get("slo")),
             admission=admission_from_json(d.get("admission")),
             pd=pd_from_json(d.get("pd")),
+            chat_template=_chat_template(d.get("chat_template")),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -160,6 +160,19 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ModelArch:
     return arch
 
 
+def with_generation_eos(arch: ModelArch, hf_dir: Path) -> ModelArch:
+    """`arch` stopping also at every id of `generation_config.json`'s `eos_token_id` (an
+    instruct model's end-of-turn, e.g. Llama 3's <|eot_id|>, is often only there), as
+    transformers and vLLM stop."""
+    try:
+        eos = json.loads((Path(hf_dir) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return arch
+    extra = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    ids = tuple(dict.fromkeys([*arch.eos_token_ids, *(int(i) for i in extra)]))
+    return ModelArch.from_dict({**arch.to_dict(), "eos_token_ids": list(ids)})
+
+
 def load_hf_config(hf_dir: Path) -> dict[str, Any]:
     """Read `config.json` of a HF checkpoint directory, with user-facing errors."""
     hf_dir = Path(hf_dir)

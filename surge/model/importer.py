@@ -24,6 +24,7 @@ from surge.model.arch import (
     ModelArch,
     arch_from_hf_config,
     load_hf_config,
+    with_generation_eos,
 )
 from surge.model.blocks import DTYPE_NAMES
 from surge.model.layout import default_num_blocks, partition_layers, validate_num_blocks
@@ -142,7 +143,7 @@ def import_checkpoint(
     `fuse_projections=False` writes q, k, v, gate and up as separate tensors, the layout of
     stores made before version 3 (which users still have on disk; tests check they serve)."""
     hf_dir, store_dir = Path(hf_dir), Path(store_dir)
-    arch = arch_from_hf_config(load_hf_config(hf_dir))
+    arch = with_generation_eos(arch_from_hf_config(load_hf_config(hf_dir)), hf_dir)
     if num_blocks is None:
         num_blocks = default_num_blocks(arch.num_layers)
     validate_num_blocks(num_blocks, arch.num_layers)

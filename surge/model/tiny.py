@@ -66,6 +66,24 @@ PRESETS: dict[str, TinyModelConfig] = {
 }
 
 
+SIMPLE_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ '\\n' }}"
+    "{% if m.tool_call_id %}[result {{ m.tool_call_id }}] {% endif %}{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}"
+    "[call {{ c.id }}: {{ c.function.name }}({{ c.function.arguments }})]{% endfor %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{{ '\\n' }}{% endif %}"
+)
+"""The tiny models' chat template: one block per message, an open assistant block at the end
+(the markers are plain text to the tokenizer):
+
+    <|system|>
+    You are terse.
+    <|user|>
+    Hello!
+    <|assistant|>
+"""
+
+
 def hf_config_dict(cfg: TinyModelConfig) -> dict:
     """The `config.json` contents for a tiny model, in transformers 5 layout."""
     if cfg.hidden_size % cfg.num_heads:
@@ -157,6 +175,8 @@ def create_tiny_model(out_dir: Path, cfg: TinyModelConfig = TinyModelConfig()) -
     gen_cfg = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     tokenizer.save(str(out_dir / "tokenizer.json"))
+    # Shipped as transformers writes templates since 4.50, so tiny models chat as real ones.
+    (out_dir / "chat_template.jinja").write_text(SIMPLE_CHAT_TEMPLATE)
     return out_dir
 
 

@@ -206,3 +206,16 @@ def test_every_flag_the_readme_shows_exists() -> None:
         assert proc.returncode == 0, (command, proc.stderr)
         missing = {f for f in flags if f not in proc.stdout}
         assert not missing, (command, missing)
+
+
+def test_serve_chat_template_file_must_be_readable(tmp_path: Path) -> None:
+    assert_one_line_error(
+        run_surge("serve", "--chat-template", str(tmp_path / "nope.jinja"), "--port", "0"),
+        "--chat-template",
+        "cannot read",
+    )
+    (tmp_path / "empty.jinja").write_text("  \n")
+    assert_one_line_error(
+        run_surge("serve", "--chat-template", str(tmp_path / "empty.jinja"), "--port", "0"),
+        "is empty",
+    )

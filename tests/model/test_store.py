@@ -280,6 +280,19 @@ def test_tiny_model_is_deterministic(tmp_path: Path) -> None:
         "model.safetensors",
         "generation_config.json",
         "tokenizer.json",
+        "chat_template.jinja",
     }
     assert da == db
     assert da["model.safetensors"] != dc["model.safetensors"]
+
+
+def test_generation_config_eos_ids_stop_too_and_the_template_is_copied(tmp_path: Path) -> None:
+    """An instruct model's end of turn is often only in generation_config.json (Llama 3's
+    <|eot_id|>); the store stops at every id there, as transformers and vLLM do."""
+    hf = create_tiny_model(tmp_path / "hf", TinyModelConfig(num_layers=1))
+    (hf / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7, 1]}))
+    m = import_checkpoint(hf, tmp_path / "s", num_blocks=1, progress=False)
+    assert m.arch.eos_token_ids == (1, 7)
+    assert (tmp_path / "s" / "chat_template.jinja").read_text() == (
+        hf / "chat_template.jinja"
+    ).read_text()

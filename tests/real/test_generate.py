@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from surge.config import EngineConfig
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from surge.model.tokenizer import load_tokenizer
+from tests.real.reference import hf_greedy_ids
 
 pytestmark = pytest.mark.timeout(900)  # a real 135M model on 2 shared cores
 REPO = Path(__file__).resolve().parents[2]
@@ -26,17 +26,6 @@ PROMPTS = [
 NEW_TOKENS = 16
 
 
-def _hf_greedy(hf_smollm2, ids: list[int]) -> list[int]:
-    model, _ = hf_smollm2
-    out = model.generate(
-        torch.tensor([ids]),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-    )
-    return out[0, len(ids) :].tolist()
-
-
 def test_surge_generate_is_token_exact_with_transformers(smollm2_store: Path, hf_smollm2):
     _, hf_tok = hf_smollm2
     tok = load_tokenizer(smollm2_store / "tokenizer.json")
@@ -46,7 +35,7 @@ def test_surge_generate_is_token_exact_with_transformers(smollm2_store: Path, hf
         ids = tok.encode(prompt).ids
         assert ids == hf_tok(prompt).input_ids, prompt
         (out,) = engine.generate([ids], params)
-        ref = _hf_greedy(hf_smollm2, ids)
+        ref = hf_greedy_ids(hf_smollm2, ids, NEW_TOKENS)
         # transformers keeps the EOS it stopped at; surge reports it as the finish reason.
         assert out.token_ids == ref[: len(out.token_ids)] and len(ref) - len(out.token_ids) in (
             0,
@@ -65,7 +54,7 @@ def test_cli_generate_on_the_imported_store(smollm2_store: Path, hf_smollm2):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    ref = _hf_greedy(hf_smollm2, got["prompt_token_ids"])
+    ref = hf_greedy_ids(hf_smollm2, got["prompt_token_ids"], NEW_TOKENS)
     assert got["token_ids"] == ref
     assert got["text"] == hf_tok.decode(ref, skip_special_tokens=True)
     assert got["text"].startswith(" Paris")
