@@ -128,7 +128,7 @@ class Page:
                     return
                 if line.startswith("data: "):
                     self.num_events += 1
-                    self.recorder.publish(TimelineEvent.from_json(json.loads(line[6:])))
+                    self.recorder.publish(TimelineEvent.decode(json.loads(line[6:])))
 
     def __enter__(self) -> "Page":
         self._thread.start()

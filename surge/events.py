@@ -14,20 +14,22 @@ per-request publisher (`control/requests.py`) checks `bus.active` before it buil
 A slow subscriber never slows the publisher: its queue is bounded and overflowing events are
 dropped (and counted) for it alone.
 
-This module imports nothing of surge but `errors.py` (a bad timeline file raises
-`SurgeError`), so `control/`, `runtime/` and `sim/` all publish the same types (the import
-rules forbid `runtime/` and `sim/` to import `control/`). Producers: FlexPipe
+This module imports nothing of surge but `errors.py` and `json_codec.py` (events decode
+field by field, as the agent protocol's do), so `control/`, `runtime/` and `sim/` all
+publish the same types (the import rules forbid `runtime/` and `sim/` to import
+`control/`). Producers: FlexPipe
 (`Refactor`), BlitzScale P/D (`PdRole`, `Handoff`, `Mutation`) publish the types defined here.
 """
 
 import asyncio
 import json
 import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from surge.errors import SurgeError
+from surge.json_codec import Message
 
 EVENT_TYPES: dict[str, type["TimelineEvent"]] = {}
 """Event type name -> class; filled by each class definition."""
@@ -37,7 +39,7 @@ TIMELINE_FORMAT = "surge-timeline/1"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TimelineEvent:
+class TimelineEvent(Message):
     """Something that happened, `t_s` seconds after the bus started."""
 
     TYPE: ClassVar[str] = ""
@@ -52,27 +54,22 @@ class TimelineEvent:
     def to_json(self) -> dict[str, Any]:
         return {"type": self.TYPE, **asdict(self)}
 
+    @classmethod
+    def _where(cls) -> str:
+        return f"timeline event {cls.TYPE}"
+
     @staticmethod
-    def from_json(d: Any) -> "TimelineEvent":
-        """The typed event of one JSON object; a SurgeError names what is wrong."""
+    def decode(d: Any) -> "TimelineEvent":
+        """The typed event of one JSON object, each field checked against its type (the
+        codec of the agent protocol, `surge/json_codec.py`); a SurgeError names what is
+        wrong."""
         if not isinstance(d, dict) or d.get("type") not in EVENT_TYPES:
             got = d.get("type") if isinstance(d, dict) else type(d).__name__
             raise SurgeError(f"timeline event: unknown type {got!r}")
-        cls = EVENT_TYPES[d["type"]]
-        names = {f.name for f in fields(cls)}
-        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(d)
-        if missing:
-            raise SurgeError(f"timeline event {d['type']}: missing {sorted(missing)}")
-        kw = {k: _tuples(v) for k, v in d.items() if k in names}
         try:
-            return cls(**kw)
+            return EVENT_TYPES[d["type"]].from_json(d)
         except (TypeError, ValueError) as e:
             raise SurgeError(f"timeline event {d['type']}: {e}") from None
-
-
-def _tuples(v: Any) -> Any:
-    """JSON lists back to the tuples the frozen dataclasses hold."""
-    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
 # ---- the cluster and its deployments ---------------------------------------------------
@@ -357,7 +354,7 @@ class Timeline:
         evs = d.get("events")
         if not isinstance(evs, list):
             raise SurgeError("a timeline's 'events' must be a list")
-        return Timeline(str(d.get("source", "")), tuple(TimelineEvent.from_json(e) for e in evs))
+        return Timeline(str(d.get("source", "")), tuple(TimelineEvent.decode(e) for e in evs))
 
     @staticmethod
     def read(path: Path) -> "Timeline":

@@ -43,7 +43,7 @@ def _example(cls: type[TimelineEvent]) -> TimelineEvent:
 def test_every_event_type_round_trips_through_json(name: str) -> None:
     ev = _example(EVENT_TYPES[name])
     text = json.dumps(ev.to_json())
-    back = TimelineEvent.from_json(json.loads(text))
+    back = TimelineEvent.decode(json.loads(text))
     assert back == ev
     assert back.to_json()["type"] == name
 
@@ -108,5 +108,10 @@ def test_timeline_file_round_trip_and_bad_files(tmp_path) -> None:
         Timeline.from_json(data)
     del data["events"][1]["block"]
     data["events"][0]["type"] = "pipeline"
-    with pytest.raises(SurgeError, match=r"missing \['block'\]"):
+    with pytest.raises(SurgeError, match=r"missing field 'block'"):
+        Timeline.from_json(data)
+    # Each field is checked against its type, as the agent protocol's are (a file that
+    # says a node is "x" used to load and break the dashboard's page instead).
+    data["events"][1]["block"], data["events"][1]["node"] = 0, "x"
+    with pytest.raises(SurgeError, match=r"field 'node' must be an integer"):
         Timeline.from_json(data)

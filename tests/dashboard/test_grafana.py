@@ -5,7 +5,7 @@ GPU-seconds."""
 
 import json
 import re
-from unittest.mock import MagicMock
+from unittest.mock import AsyncMock, MagicMock
 
 from fastapi.testclient import TestClient
 
@@ -31,6 +31,7 @@ def _exposed() -> dict[str, str]:
     controller = MagicMock()
     controller.metrics = Metrics()
     controller.events = EventBus()
+    controller.refresh_metrics = AsyncMock()  # the agents' counters: none here
     text = TestClient(create_app(controller)).get("/metrics").text
     series = {}
     for family, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):

@@ -5,8 +5,8 @@ subscribers). Each is a frozen dataclass, validated at construction (a bad value
 `SurgeError`), with `to_json()` / `from_json(d)`; its JSON is the frame header (payload
 bytes, where an op has them, travel beside it). Defaults live in the dataclasses only.
 The definitions are in this package: `ops.py` (K/V movement: `kv_ops.py`), `replies.py`,
-`events.py`, and the JSON codec `codec.py`. Callers outside the package import from here,
-never from a submodule.
+`events.py`, on the typed JSON codec `surge/json_codec.py`. Callers outside the package
+import from here, never from a submodule.
 
 Usage (controller side, `ClusterClient`):
 

@@ -9,7 +9,7 @@ dicts before. Owned by the runtime (see docs/runtime.md, Protocol).
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from surge.runtime.protocol.codec import Message, decode_named, register
+from surge.json_codec import Message, decode_named, register
 
 EVENTS: dict[str, type["Event"]] = {}
 """Event type name -> its class. Filled by each class definition."""

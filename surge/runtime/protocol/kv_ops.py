@@ -13,7 +13,7 @@ runtime (docs/runtime.md, Protocol).
 from dataclasses import dataclass, field
 
 from surge.engine.sampling import SamplingParams
-from surge.runtime.protocol.codec import Message, require
+from surge.json_codec import Message, require
 from surge.runtime.protocol.ops import Op
 from surge.runtime.protocol.replies import Ack, AdoptReply, KvPart, KvPushReply
 

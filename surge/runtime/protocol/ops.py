@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import SamplingParams
+from surge.json_codec import Message, decode_named, register, require
 from surge.model.manifest import Manifest
-from surge.runtime.protocol.codec import Message, decode_named, register, require
 from surge.runtime.protocol.replies import (
     AbortReply,
     Ack,

@@ -10,8 +10,8 @@ Owned by the runtime (see docs/runtime.md, Protocol).
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from surge.json_codec import Message, require
 from surge.policy.multicast.topology import NodeLinks
-from surge.runtime.protocol.codec import Message, require
 
 
 @dataclass(frozen=True)

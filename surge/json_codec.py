@@ -1,11 +1,12 @@
-"""JSON <-> frozen dataclass for the agent protocol (`runtime/protocol.py` is the front door).
+"""JSON <-> frozen dataclass: the one typed codec of surge's messages.
 
 What flows: a frame header (a JSON object) in, a typed message out, and back. Each field is
 decoded by its type hint — int, float, str, bool, Literal, `X | None`, `tuple[X, ...]`,
 fixed tuples, `dict[K, V]`, or any class with `to_json`/`from_json` (SamplingParams,
 BatchMeta, Manifest) — and a value of the wrong type raises a `SurgeError` that names the
-message and the field. Range checks live in each message's `__post_init__`. Owned by the
-runtime; nothing here knows any op by name.
+message and the field. Range checks live in each message's `__post_init__`. Used by the
+agent protocol (`runtime/protocol/`) and the dashboard's timeline events (`events.py`);
+nothing here knows any message by name. Imports nothing of surge but `errors.py`.
 """
 
 import functools
