@@ -7,6 +7,15 @@ text) to a status and OpenAI's error `type`/`code` (`surge/api/app.py`): a plain
 `TooLarge` 413, `Unavailable` 503.
 """
 
+SHOWN_CHARS = 100
+"""How much of a user-supplied string (a model name, a path) an error message repeats."""
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text`, or its start and its length when longer than `limit`: error messages stay
+    bounded whatever a request carries (a 1 MB model name is not echoed back)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 class SurgeError(Exception):
     """A problem the user can fix; the message says what is wrong and how to fix it."""

@@ -33,7 +33,7 @@ from surge.api.intake import BodyLimit, IntakeLimits
 from surge.api.openai import openai_router
 from surge.api.protocol import ChatRequest, CompletionRequest
 from surge.control.controller import Controller
-from surge.errors import SurgeError
+from surge.errors import SurgeError, shorten
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("surge.access")
@@ -162,7 +162,7 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException):
         if e.status_code == 404:
-            msg = f"no route {request.method} {request.url.path}"
+            msg = f"no route {request.method} {shorten(request.url.path)}"
         else:
             msg = str(e.detail)
         return error_response(e.status_code, msg, "invalid_request_error")

@@ -10,8 +10,14 @@ from surge.errors import SurgeError
 
 
 def _parse_token_ids(text: str) -> list[int]:
+    items = text.replace(" ", "").split(",")
+    if text.strip() and "" in items:
+        raise SurgeError(
+            f"--prompt-token-ids has an empty item at position {items.index('') + 1}; "
+            f"give comma-separated integers with none missing, e.g. 1,2,3"
+        )
     try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+        ids = [int(t) for t in items if t]
     except ValueError:
         raise SurgeError(
             f"--prompt-token-ids {text!r} is not a comma-separated list of integers, e.g. 1,2,3"
@@ -46,7 +52,7 @@ def generate(
     if (prompt is None) == (prompt_token_ids is None):
         raise SurgeError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
     from surge.config import EngineConfig
-    from surge.engine.llm_engine import LLMEngine, check_prompt
+    from surge.engine.llm_engine import LLMEngine, check_prompt, context_limit
     from surge.engine.sampling import SamplingParams
     from surge.model.default_store import default_model
     from surge.model.manifest import read_manifest
@@ -76,6 +82,12 @@ def generate(
         ids = _parse_token_ids(prompt_token_ids or "")
     config = EngineConfig()
     check_prompt(manifest.arch, config, ids)
+    limit = context_limit(manifest.arch, config)
+    if len(ids) + max_tokens > limit:
+        raise SurgeError(
+            f"--max-tokens {max_tokens} with a prompt of {len(ids)} tokens exceeds the "
+            f"model's context of {limit}; use --max-tokens {limit - len(ids)} or fewer"
+        )
     engine = LLMEngine(manifest, config)
     (out,) = engine.generate([ids], params)
     text = tokenizer.decode(out.token_ids) if tokenizer is not None else None

@@ -25,6 +25,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        import surge
+
+        typer.echo(f"surge {surge.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """surge: serverless LLM serving that scales out in under a second and serves while the
+    model is still arriving."""
+
+
 app.add_typer(model.app, name="model")
 app.add_typer(plan.app, name="plan")
 app.command("simulate")(simulate.simulate)

@@ -31,7 +31,7 @@ def create_tiny(
     arch: Annotated[str, typer.Option(help="llama or qwen2 (adds q/k/v biases).")] = "llama",
 ) -> None:
     """Write a Hugging Face Llama checkpoint with random weights (same seed, same bytes)."""
-    from surge.model.tiny import create_tiny_model
+    from surge.model.tiny import check_fits_in_memory, create_tiny_model
     from surge.model.tiny import preset as make_preset
 
     if dtype not in ("float32", "bfloat16"):
@@ -50,6 +50,7 @@ def create_tiny(
     )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise SurgeError(f"{out_dir} is not empty; choose a new directory")
+    check_fits_in_memory(cfg)
     create_tiny_model(out_dir, cfg)
     size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     typer.echo(f"wrote {out_dir} ({size_mb:.1f} MB, {cfg.num_layers} layers)")

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from surge.cli.outputs import check_output_file
 from surge.cli.plan_report import outcome_to_json
 from surge.errors import SurgeError
 from surge.policy.blitzscale.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
@@ -118,6 +119,7 @@ def multicast(
     ] = None,
 ) -> None:
     """Plan a multicast of a model to N nodes and the execution pipelines it allows."""
+    check_output_file(png, "--png")
     if blocks is None:
         check_planner_limits(nodes, 1, 1)  # a scale-out too large to plan says so first
         raise SurgeError("give --blocks B, the number of blocks the model is split into")

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from surge.cli.outputs import check_output_file
 from surge.errors import SurgeError
 from surge.events import Recorder, RequestDone
 from surge.policy.slo import Slo
@@ -96,6 +97,8 @@ def simulate(
     from surge.traces.resolve import load_trace
     from surge.traces.transform import scale_rate, time_slice
 
+    for path, flag in ((json_out, "--json"), (png, "--png"), (timeline, "--timeline")):
+        check_output_file(path, flag)
     check_block_count(block_count)
     if rate_scale <= 0:
         raise SurgeError(f"--rate-scale must be > 0 (got {rate_scale})")

@@ -27,7 +27,7 @@ from surge.control.pool import ParameterPool
 from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
-from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable
+from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable, shorten
 from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
@@ -39,8 +39,17 @@ log = logging.getLogger(__name__)
 
 def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
     """Put the model in the registry as `registry/<name>` (link a store, import HF)."""
-    target = registry / spec.name
-    src = Path(spec.model).expanduser()
+    try:
+        prepare_store_at(registry / spec.name, Path(spec.model).expanduser(), spec)
+    except OSError as e:  # a path the file system refuses (too long, not readable, ...)
+        raise InvalidInput(
+            f"model {shorten(spec.model)!r} cannot be read ({e.strerror or e}); give a store "
+            "or checkpoint directory on the controller's machine",
+            param="model",
+        ) from None
+
+
+def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
     if target.is_symlink():
         target.unlink()
     elif target.exists():
@@ -58,7 +67,7 @@ def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
         import_checkpoint(src, target, name=spec.name, progress=False)
     else:
         raise SurgeError(
-            f"model {spec.model!r} is neither a surge store (manifest.json) nor a "
+            f"model {shorten(spec.model)!r} is neither a surge store (manifest.json) nor a "
             "Hugging Face checkpoint directory (config.json) on the controller's machine"
         )
 
@@ -216,7 +225,7 @@ class Deployments:
                 f"deployment {name!r} has failed: {failed.reason}; delete it and deploy it again"
             )
         raise NotFound(
-            f"the model {name!r} does not exist; GET /v1/models lists the deployed ones",
+            f"the model {shorten(name)!r} does not exist; GET /v1/models lists the deployed ones",
             param="model",
             code="model_not_found",
         )

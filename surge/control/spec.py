@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from surge.errors import SurgeError
+from surge.errors import SurgeError, shorten
 from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdTargets
@@ -19,6 +19,8 @@ from surge.policy.slo import Slo
 from surge.policy.systems import ALIASES, serve_system
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_PATH_CHARS = 4096
+"""Longest model path accepted (Linux's PATH_MAX): a longer one cannot name a directory."""
 
 
 def _number(d: dict, key: str, default: float, minimum: float, inclusive: bool = True) -> float:
@@ -184,10 +186,16 @@ class DeploymentSpec:
         name, model = d.get("name"), d.get("model")
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise SurgeError(
-                f"name must be 1-64 characters of letters, digits, '.', '_' or '-' (got {name!r})"
+                "name must be 1-64 characters of letters, digits, '.', '_' or '-' (got "
+                f"{shorten(name) if isinstance(name, str) else name!r})"
             )
         if not isinstance(model, str) or not model:
             raise SurgeError("model must be a store or checkpoint directory path (a string)")
+        if len(model) > MAX_PATH_CHARS:
+            raise SurgeError(
+                f"model is a path of {len(model)} characters; paths are at most "
+                f"{MAX_PATH_CHARS} (give the store or checkpoint directory)"
+            )
         strategy = d.get("strategy", "lambdascale")
         if not isinstance(strategy, str):
             raise SurgeError(f"strategy must be a string (got {strategy!r})")

@@ -11,6 +11,7 @@ controller's client) must not pay ~1.5 s to import it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +54,8 @@ class SamplingParams:
     def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
             raise SurgeError(f"max_tokens must be >= 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise SurgeError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 <= self.temperature < math.inf:  # NaN too: it is not "greedy"
+            raise SurgeError(f"temperature must be a number >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise SurgeError(f"top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:

@@ -52,6 +52,17 @@ SIDE_FILES = (
 """Files copied from the checkpoint into the store so the store is self-contained."""
 
 
+def _open_safetensors(path: Path):
+    """A safetensors handle, or one `SurgeError` for a damaged or truncated file."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # SafetensorError (a header that does not match the file), OSError
+        raise SurgeError(
+            f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:200]}); is "
+            f"it complete? Download or save it again"
+        ) from None
+
+
 class _Checkpoint:
     """Lazy access to the tensors of a (possibly sharded) safetensors checkpoint."""
 
@@ -62,7 +73,7 @@ class _Checkpoint:
                 f"{hf_dir} has no .safetensors files; surge imports safetensors checkpoints "
                 f"(re-save the model with safe_serialization=True)"
             )
-        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._handles = [_open_safetensors(f) for f in files]
         self._where: dict[str, int] = {}
         for i, h in enumerate(self._handles):
             for name in h.keys():  # noqa: SIM118 - safe_open handles are not dicts

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from surge.errors import SurgeError
+from surge.errors import SurgeError, shorten
 from surge.model.arch import ModelArch
 
 MANIFEST_NAME = "manifest.json"
@@ -168,6 +168,12 @@ class Manifest:
             )
             for b in d["blocks"]
         )
+        for file in [b.file for b in blocks] + [d.get("tokenizer_file") or "x"]:
+            if not isinstance(file, str) or Path(file).name != file or file in (".", ".."):
+                raise SurgeError(
+                    f"the manifest names the file {shorten(str(file))!r}, which is not a file "
+                    "inside the store; the manifest is damaged: import the model again"
+                )
         return Manifest(
             name=d["name"],
             arch=ModelArch.from_dict(d["arch"]),

@@ -185,3 +185,29 @@ def preset(name: str, **overrides: object) -> TinyModelConfig:
     if name not in PRESETS:
         raise SurgeError(f"--preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
     return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def parameter_count(cfg: TinyModelConfig) -> int:
+    """Parameters of a checkpoint made from `cfg` (embeddings and lm_head counted apart)."""
+    h, kv = cfg.hidden_size, cfg.hidden_size // cfg.num_heads * cfg.num_kv_heads
+    attention = h * (h + 2 * kv) + h * h
+    mlp = 3 * h * cfg.intermediate_size
+    return 2 * cfg.vocab_size * h + cfg.num_layers * (attention + mlp + 2 * h) + h
+
+
+def check_fits_in_memory(cfg: TinyModelConfig) -> None:
+    """Refuse (`SurgeError` with the numbers) a model whose float32 weights, made in memory
+    before they are written, exceed what this machine has available (issue 36:
+    `--hidden 100000 --layers 100` died with an allocator traceback)."""
+    need = parameter_count(cfg) * 4
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.is_file():
+        return
+    fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+    available = int(fields.get("MemAvailable", "0 kB").split()[0]) * 1024
+    if available and need > available:
+        raise SurgeError(
+            f"this shape has {parameter_count(cfg):,} parameters: {need / 1e9:.1f} GB of "
+            f"float32 weights in memory, but this machine has {available / 1e9:.1f} GB "
+            f"available; choose a smaller --hidden, --layers, --intermediate or --vocab"
+        )

@@ -49,6 +49,11 @@ def token_lengths(
     return np.full(n, input_tokens, dtype=np.int64), np.full(n, output_tokens, dtype=np.int64)
 
 
+MAX_GAMMA_REQUESTS = 10_000_000
+"""Most requests a generated trace may hold (a few hundred MB of arrays; `rate=1e9` asked
+for 5 TiB)."""
+
+
 def gamma_trace(
     rate_rps: float,
     cv: float,
@@ -65,6 +70,11 @@ def gamma_trace(
         raise SurgeError(f"gamma CV must be > 0 (got {cv})")
     if not duration_s > 0:
         raise SurgeError(f"gamma duration must be > 0 s (got {duration_s})")
+    if rate_rps * duration_s > MAX_GAMMA_REQUESTS:
+        raise SurgeError(
+            f"gamma rate x duration is {rate_rps * duration_s:.3g} requests; at most "
+            f"{MAX_GAMMA_REQUESTS:,} fit in memory: lower rate= or duration="
+        )
     rng = np.random.default_rng(seed)
     arrival = gamma_arrivals(rng, rate_rps, cv, duration_s)
     n = len(arrival)

@@ -118,3 +118,27 @@ def test_the_body_limit_is_validated_once(tmp_path: Path) -> None:
         env={**os.environ, "SURGE_HOME": str(tmp_path)},
     )  # fmt: skip
     assert_one_line_error(proc, "too small", "--max-body-mb")
+
+
+def test_error_messages_stay_bounded_whatever_the_request_carries(
+    server: Serve, tiny_hf: Path, tmp_path: Path
+) -> None:
+    huge = "m" * 1_000_000
+    r = server.http.post("/v1/completions", json={"model": huge, "prompt": "x"})
+    assert r.status_code == 404 and len(r.text) < 1000, r.text[:300]
+    assert "1000000 characters" in r.json()["error"]["message"]
+    r = server.http.get("/v1/nothing/" + "p" * 10_000)
+    assert r.status_code == 404 and len(r.text) < 1000, r.text[:300]
+    long_path = "/" + "a" * 100_000
+    r = server.http.post("/v1/deployments", json={"name": "x", "model": long_path})
+    assert r.status_code == 400 and len(r.text) < 1000, r.text[:300]
+    # A checkpoint whose weights are truncated: a 400 that says so, not a 500.
+    import shutil
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf, hf)
+    weights = hf / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    r = server.http.post("/v1/deployments", json={"name": "trunc", "model": str(hf)})
+    assert r.status_code == 400, r.text[:300]
+    assert "not a readable safetensors file" in r.json()["error"]["message"]

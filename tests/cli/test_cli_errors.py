@@ -1,0 +1,63 @@
+"""The CLI paths issue 36 found ending in a traceback (or silently wrong): each is one
+`error:` line with the fix and exit 2; and `surge --version`."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import surge
+from tests.cli.test_cli import assert_one_line_error
+from tests.conftest import run_surge
+
+
+def test_version() -> None:
+    proc = run_surge("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"surge {surge.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("plan", "multicast", "--nodes", "4", "--blocks", "4", "--png", "/nonexistent/d/x.png"),
+         ["--png", "/nonexistent/d does not exist"]),
+        (("simulate", "--trace", "gamma:rate=1e9", "--json", "/nonexistent/d/x.json"),
+         ["--json", "does not exist"]),
+        (("simulate", "--trace", "gamma:rate=1e9"), ["requests", "lower rate= or duration="]),
+        (("model", "create-tiny", "OUT", "--hidden", "100000", "--layers", "100"),
+         ["parameters", "GB available", "smaller --hidden"]),
+        (("generate", "--prompt", "x", "--temperature", "nan"), ["temperature", "nan"]),
+        (("generate", "--prompt-token-ids", "1,,2"), ["empty item at position 2"]),
+        (("generate", "--prompt", "x", "--max-tokens", "5000"),
+         ["exceeds the model's context of 2048", "--max-tokens 2047 or fewer"]),
+    ],
+)  # fmt: skip
+def test_one_error_line_each(tmp_path: Path, args, words) -> None:
+    args = tuple(str(tmp_path / "out") if a == "OUT" else a for a in args)
+    assert_one_line_error(run_surge(*args), *words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_checkpoint_is_one_error_line(tiny_hf: Path, tmp_path: Path) -> None:
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf, hf)
+    weights = hf / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    proc = run_surge("model", "import", str(hf), str(tmp_path / "store"), "-q")
+    assert_one_line_error(proc, "not a readable safetensors file", "is it complete?")
+
+
+def test_a_manifest_naming_a_file_outside_its_store_says_nothing_about_it(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"x" * 12345)
+    manifest = json.loads((store / "manifest.json").read_text())
+    manifest["blocks"][0]["file"] = "../secret.bin"
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_surge("model", "inspect", str(store), "--verify")
+    assert_one_line_error(proc, "not a file inside the store", "import the model again")
+    assert "12345" not in proc.stderr
