@@ -18,9 +18,10 @@ from typing import Any, ClassVar, Literal, Self, Union
 
 from surge.errors import SurgeError
 
-ENVELOPE_KEYS = frozenset({"op", "type", "kind", "length", "ok"})
+ENVELOPE_KEYS = frozenset({"op", "type", "kind", "length", "ok", "pace"})
 """Keys a frame header carries besides a message's own fields (its name, the frame length,
-the reply status); never treated as fields."""
+the reply status, the payload's pacing charge: `runtime/transport.py`); never treated as
+fields."""
 
 
 Decode = Callable[[Any, str, str], Any]

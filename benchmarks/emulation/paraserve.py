@@ -97,10 +97,14 @@ def main() -> None:
                 emulation=emulation,
                 start_timeout_s=600.0,
             )
+            phases: dict[str, float] = {}
             with cluster:
-                real_s = asyncio.run(cold_start(cluster, manifest, group, args.prompt_len))
+                real_s = asyncio.run(cold_start(cluster, manifest, group, args.prompt_len, phases))
                 report["emulation"][str(group)] = asyncio.run(violations(cluster))
             report["first_token_s"]["emulated"][str(group)] = round(real_s / d, 4)
+            report.setdefault("timeline_s", {})[str(group)] = {
+                k: round(v / d, 4) for k, v in phases.items()
+            } | {"first_token_s": round(real_s / d, 4)}
             report["first_token_s"]["simulated"][str(group)] = simulated(
                 config, group, group, args.prompt_len
             )

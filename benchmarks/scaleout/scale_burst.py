@@ -191,10 +191,15 @@ async def burst(
 
 
 async def cold_start(
-    cluster: LocalCluster, manifest: Manifest, group: int, prompt_len: int = 4
+    cluster: LocalCluster,
+    manifest: Manifest,
+    group: int,
+    prompt_len: int = 4,
+    phases: dict[str, float] | None = None,
 ) -> float:
     """First-token time of one request of `prompt_len` tokens on a model only in the
-    registry (ParaServe §4)."""
+    registry (ParaServe §4); `phases` (if given) gets when every member had fetched its part
+    and when the endpoint was open, seconds from the request."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
@@ -224,8 +229,11 @@ async def cold_start(
                 (n, blocks[p[0]].first_layer, blocks[p[-1]].end_layer) for n, p in enumerate(parts)
             ]
             ep = PipelineEndpoint(client, manifest, MODEL, f"cold-{group}", stages)
+        fetched = time.monotonic() - start
         await ep.open()
         await server.add_endpoint(ep)
+        if phases is not None:
+            phases.update(fetched_s=fetched, endpoint_open_s=time.monotonic() - start)
         await asyncio.wait_for(req.done.wait(), 600)
         return req.first_token_t - start
     finally:

@@ -8,7 +8,13 @@ simulator's profile and cost-model modules (`sim/hardware.py`, `sim/models.py`,
 `sim/costs.py`), never its loop; `runtime/` imports this package. See docs/emulation.md.
 """
 
-from surge.emulation.cluster import ByteScale, EmulatedNode, Emulation
+from surge.emulation.cluster import (
+    ByteScale,
+    EmulatedNode,
+    Emulation,
+    TrafficCharges,
+    traffic_charges,
+)
 from surge.emulation.pacing import PacingCounts, StepPacer
 from surge.emulation.settings import EmulationConfig
 
@@ -19,4 +25,6 @@ __all__ = [
     "EmulationConfig",
     "PacingCounts",
     "StepPacer",
+    "TrafficCharges",
+    "traffic_charges",
 ]

@@ -15,6 +15,7 @@ from surge.emulation.settings import EmulationConfig
 from surge.errors import SurgeError
 from surge.model.manifest import Manifest
 from surge.sim.hardware import load_cluster
+from surge.sim.models import ModelProfile
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,7 @@ class Emulation:
     def for_store(config: EmulationConfig, manifest: Manifest) -> "Emulation":
         """`config` applied to the real store of `manifest`."""
         arch = manifest.arch
-        itemsize = 2 if arch.dtype in ("float16", "bfloat16") else 4
-        kv = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * itemsize
+        kv = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * itemsize(arch.dtype)
         return Emulation(config, manifest.total_bytes, kv)
 
     @property
@@ -148,3 +148,32 @@ class Emulation:
         """The emulated GPU's KV capacity before any clipping."""
         model = self.config.profile
         return (node.memory_bytes - model.total_bytes) // model.kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class TrafficCharges:
+    """What one real byte of activations or of K/V costs on links scaled for the weights:
+    their own real / emulated byte ratio differs from the weights' (a small model's hidden
+    state is a far larger share of its weights than a 13B model's), so a frame of them is
+    paced as `charge x` its bytes (`Connection.send`'s `pace`)."""
+
+    hidden: float
+    """Per real byte of hidden states (and logits) between pipeline stages."""
+    kv: float
+    """Per real byte of K/V (migration, P/D hand-off)."""
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a store dtype."""
+    return 2 if dtype in ("float16", "bfloat16") else 4
+
+
+def traffic_charges(model: ModelProfile, manifest: Manifest) -> TrafficCharges:
+    """The charges of the real store `manifest` standing for `model`: weights ratio over
+    the hidden state's (per token) and the K/V's (per token, every layer) ratios."""
+    arch = manifest.arch
+    size = itemsize(arch.dtype)
+    weights = manifest.total_bytes / model.total_bytes
+    hidden = arch.hidden_size * size / (model.hidden_size * model.dtype_bytes)
+    kv = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * size / model.kv_bytes_per_token
+    return TrafficCharges(hidden=weights / hidden, kv=weights / kv)

@@ -43,6 +43,8 @@ class StepPacer:
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.model = model
+        """The emulated model."""
         self.cost: CostModel = cost_model(model, gpu_profile(gpu))
         self.time_dilation = time_dilation
         self.clock, self.sleep = clock, sleep

@@ -94,6 +94,24 @@ def _detect_stalls(sock: socket.socket, timeout_s: float) -> None:
                 sock.setsockopt(level, opt, value)
 
 
+MAX_PACE = 1e6
+"""Most a frame's payload may be charged per byte (`Connection.send`'s `pace`)."""
+
+
+def header_pace(header: dict[str, Any]) -> float:
+    """The pacing charge a frame header asks for (1.0 when it names none)."""
+    pace = header.get("pace", 1.0)
+    if isinstance(pace, bool) or not isinstance(pace, int | float) or not 0 < pace <= MAX_PACE:
+        raise FrameError(f"frame header pace must be a number in (0, {MAX_PACE:g}]")
+    return float(pace)
+
+
+def chunk_for(bucket: TokenBucket, charge: float) -> int:
+    """Bytes per paced chunk when each byte costs `charge` tokens: the bucket's chunk of
+    tokens, in bytes (at most 1 MiB, at least 16 KiB)."""
+    return int(min(1 << 20, max(16 * 1024, bucket.chunk_bytes() / charge)))
+
+
 class Connection:
     """One TCP connection carrying frames, usable from one asyncio loop."""
 
@@ -127,7 +145,11 @@ class Connection:
             self._recv_lowat = num_bytes
 
     async def _recv_exactly(
-        self, view: memoryview, paced: bool, on_chunk: ChunkObserver | None = None
+        self,
+        view: memoryview,
+        paced: bool,
+        on_chunk: ChunkObserver | None = None,
+        charge: float = 1.0,
     ) -> None:
         got = 0
         try:
@@ -136,15 +158,15 @@ class Connection:
                 if paced:
                     # Pay for a chunk before reading it, so the last chunk of a block adds
                     # no trailing wait (paying after each read cost ~10 ms per block).
-                    want = min(want, self.ingress.chunk_bytes())
-                    await self.ingress.consume(want)
+                    want = min(want, chunk_for(self.ingress, charge))
+                    await self.ingress.consume(round(want * charge))
                     # Never more than this frame still owes: those bytes are sure to come.
                     self._set_recv_lowat(min(want, RECV_LOWAT_BYTES))
                 n = await self.loop.sock_recv_into(self.sock, view[got : got + want])
                 if n == 0:
                     raise ConnectionClosed(f"peer closed after {got} of {len(view)} bytes")
                 if paced and n < want:
-                    self.ingress.refund(want - n)
+                    self.ingress.refund(round((want - n) * charge))
                 if on_chunk is not None:
                     on_chunk(view[got : got + n], got)
                 got += n
@@ -152,26 +174,37 @@ class Connection:
             if paced:
                 self._set_recv_lowat(1)  # headers are read as soon as they arrive
 
-    async def _send_all(self, data: memoryview, paced: bool) -> None:
+    async def _send_all(self, data: memoryview, paced: bool, charge: float = 1.0) -> None:
         if not paced or self.egress.unlimited:
             await self.loop.sock_sendall(self.sock, data)
             return
-        step = self.egress.chunk_bytes()
+        step = chunk_for(self.egress, charge)
         for start in range(0, len(data), step):
             chunk = data[start : start + step]
-            await self.egress.consume(len(chunk))
+            await self.egress.consume(round(len(chunk) * charge))
             await self.loop.sock_sendall(self.sock, chunk)
 
     async def send(
-        self, header: dict[str, Any], payload: bytes | bytearray | memoryview = b""
+        self,
+        header: dict[str, Any],
+        payload: bytes | bytearray | memoryview = b"",
+        pace: float = 1.0,
     ) -> None:
-        """Send one frame; the payload is paced by the egress cap, the header is not."""
+        """Send one frame; the payload is paced by the egress cap (and the receiver's
+        ingress cap) as `pace` times its bytes, the header is not paced. `pace` != 1: GPU-time
+        emulation's activations and K/V, whose real bytes stand for a different number of
+        emulated bytes than the weights the caps are scaled for (docs/emulation.md)."""
         body = memoryview(payload).cast("B")
-        head = json.dumps({**header, "length": len(body)}, separators=(",", ":")).encode()
+        if not 0 < pace <= MAX_PACE:
+            raise ValueError(f"pace must be in (0, {MAX_PACE:g}] (got {pace})")
+        extra = {"pace": pace} if pace != 1.0 else {}
+        head = json.dumps({**header, **extra, "length": len(body)}, separators=(",", ":"))
         try:
-            await self._send_all(memoryview(HEADER_LEN.pack(len(head)) + head), paced=False)
+            await self._send_all(
+                memoryview(HEADER_LEN.pack(len(head)) + head.encode()), paced=False
+            )
             if len(body):
-                await self._send_all(body, paced=True)
+                await self._send_all(body, paced=True, charge=pace)
         except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:
             self.closed = True
             raise ConnectionClosed(str(e)) from None
@@ -217,7 +250,8 @@ class Connection:
                     f"payload of {length} bytes does not fit a {len(view)}-byte buffer"
                 )
             if length:
-                await self._recv_exactly(view, paced=True, on_chunk=on_chunk)
+                charge = header_pace(header)
+                await self._recv_exactly(view, paced=True, on_chunk=on_chunk, charge=charge)
             return header, view
         except (ConnectionResetError, BrokenPipeError, TimeoutError) as e:
             # TimeoutError here is the kernel's ETIMEDOUT (`STALL_TIMEOUT_S`): no asyncio
@@ -234,10 +268,12 @@ class Connection:
         payload: bytes | bytearray | memoryview = b"",
         sink: PayloadSink | None = None,
         on_chunk: ChunkObserver | None = None,
+        pace: float = 1.0,
     ) -> tuple[dict[str, Any], memoryview]:
-        """Send a request and wait for its answer (one exchange at a time per connection)."""
+        """Send a request and wait for its answer (one exchange at a time per connection);
+        `pace` as in `send`."""
         async with self.lock:
-            await self.send(header, payload)
+            await self.send(header, payload, pace)
             reply, body = await self.recv(sink, on_chunk)
         if not reply.get("ok", False):
             raise RemoteError(reply.get("error", "request failed"))

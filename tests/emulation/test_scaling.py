@@ -89,3 +89,57 @@ def test_an_emulated_cluster_gives_each_agent_its_scaled_rates(tmp_path: Path) -
     assert a.engine.max_kv_tokens == e.kv_tokens(e.nodes(5)[4])
     plain = LocalCluster(LocalClusterConfig(num_nodes=2, link_gbps=123.0)).agent_config(0)
     assert plain.egress_gbps == 123.0 and plain.emulate is None and plain.disk_gbps is None
+
+
+def test_activations_and_kv_are_charged_at_their_own_ratio(tiny_store) -> None:
+    """The tiny store's hidden state is a far larger share of its weights than llama2-13b's:
+    a byte of it costs (weights ratio / hidden ratio) of a weight byte on the scaled links."""
+    from surge.emulation import traffic_charges
+    from surge.model.manifest import read_manifest
+
+    manifest = read_manifest(tiny_store)
+    model = load_model("llama2-13b")
+    c = traffic_charges(model, manifest)
+    arch = manifest.arch
+    weights = manifest.total_bytes / model.total_bytes
+    assert c.hidden == pytest.approx(weights / (arch.hidden_size * 4 / (5120 * 2)))
+    kv_real = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4
+    assert c.kv == pytest.approx(weights / (kv_real / model.kv_bytes_per_token))
+    assert 0 < c.hidden < 0.1 and 0 < c.kv < 1  # both far cheaper than a weight byte
+
+
+def test_a_frame_paced_at_a_charge_takes_that_share_of_its_time() -> None:
+    """`send(pace=f)` pays f tokens a byte at both ends: a 1 MB frame at 0.1 over a 4 MB/s
+    link takes ~25 ms, not ~250 ms; a bad pace in a header is a frame error."""
+    import asyncio
+    import socket
+    import time
+
+    from surge.runtime.token_bucket import TokenBucket
+    from surge.runtime.transport import Connection, header_pace
+    from surge.wire import FrameError
+
+    async def one(pace: float) -> float:
+        listener = socket.create_server(("127.0.0.1", 0))
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+        listener.close()
+        rate = 4e6
+        tx = Connection(a, egress=TokenBucket(rate, 64 * 1024))
+        rx = Connection(b, ingress=TokenBucket(rate, 64 * 1024))
+        try:
+            t0 = time.monotonic()
+            receiving = asyncio.create_task(rx.recv())
+            await tx.send({"op": "x"}, bytes(1_000_000), pace=pace)
+            header, body = await asyncio.wait_for(receiving, 10)
+            assert len(body) == 1_000_000 and header.get("pace", 1.0) == pace
+            return time.monotonic() - t0
+        finally:
+            tx.close()
+            rx.close()
+
+    full, tenth = asyncio.run(one(1.0)), asyncio.run(one(0.1))
+    assert full >= 0.2 and tenth < full / 3
+    with pytest.raises(FrameError):
+        header_pace({"pace": -1})
+    assert header_pace({}) == 1.0

@@ -331,6 +331,41 @@ def test_serve_on_a_netns_cluster(tmp_path, surge_home, tiny_store_dir, referenc
     assert netns.resources(spaces[0].split("-")[0]) == [], "surge serve left its netns cluster"
 
 
+@needs_netns
+@pytest.mark.timeout(240)
+def test_serve_emulated_on_a_netns_cluster(tmp_path, surge_home, tiny_store_dir, reference) -> None:  # noqa: F811
+    """`surge serve --cluster netns --emulate ...` serves the real model's tokens with its
+    steps paced (counted in /metrics) and leaves nothing behind when stopped."""
+    import httpx
+
+    config = {"nodes": 2, "deployments": [{"name": "tiny", "model": str(tiny_store_dir)}]}
+    args = ("--cluster", "netns", "--emulate", "lambdascale-testbed1:llama2-7b")
+    s = start_serve(tmp_path, surge_home, config, *args, "--time-dilation", "2")
+    try:
+        nodes = s.http.get("/v1/nodes").json()["data"]
+        assert [n["up"] for n in nodes] == [True, True]
+        body = {"model": "tiny", "prompt": "emulated", "max_tokens": 8, "temperature": 0}
+        out = httpx.post(s.url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=120)
+        assert out.json()["choices"][0]["text"] == reference("emulated", 8)
+        metrics = s.http.get("/metrics").text
+        steps = [
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("surge_emulation_steps_total{")
+        ]
+        assert sum(steps) >= 8, metrics  # one prefill and 7 decodes, at least, were paced
+        assert "surge_emulation_violations_total{" in metrics
+        spaces = [
+            subprocess.run(
+                ["ip", "netns", "identify", str(n["pid"])], capture_output=True, text=True
+            ).stdout.strip()
+            for n in nodes
+        ]
+    finally:
+        s.stop()  # fails the test if an agent outlived surge serve
+    assert netns.resources(spaces[0].split("-")[0]) == [], "surge serve left its netns cluster"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -24,6 +24,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from surge.emulation import TrafficCharges, traffic_charges
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.refactor import refactor_handlers
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from surge.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
+
+NO_CHARGES = TrafficCharges(hidden=1.0, kv=1.0)
+"""Frames paced as their bytes (not emulated)."""
 
 
 class AgentServing:
@@ -143,11 +147,12 @@ class AgentServing:
 
         async with stage.lock:
             out, payload = await asyncio.to_thread(compute)
+        pace = self._charges(stage.model).hidden
         if isinstance(out, StageStepOp):  # hand on to the next stage; its logits come back
             async with self._peer_conn(stage.next_node) as nxt:
-                reply, payload = await nxt.request(out.to_json(), payload)
+                reply, payload = await nxt.request(out.to_json(), payload, pace=pace)
             out = StageStepReply.from_json(reply)
-        await conn.send(ok_header(out), payload)
+        await conn.send(ok_header(out), payload, pace)
 
     async def op_stage_free(self, op: StageFreeOp, conn: Connection, p: memoryview) -> Ack:
         stage = self.stages.get(op.pipeline)
@@ -178,7 +183,7 @@ class AgentServing:
     async def op_kv_export(self, op: KvExportOp, conn: Connection, p: memoryview) -> None:
         """K/V of one sequence's first `num_tokens` tokens at this stage (for migration)."""
         part, body = await self._export(op.pipeline, op.seq_id, op.num_tokens)
-        await conn.send(ok_header(part), body)
+        await conn.send(ok_header(part), body, self._charges(self._stage(op.pipeline).model).kv)
 
     async def fetch_kv(self, src: KvSource) -> tuple[KvPart, memoryview]:
         """One part of a sequence's K/V for an instance on this node: from this node's own
@@ -192,6 +197,13 @@ class AgentServing:
         async with self._peer_conn(src.node) as c:
             header, body = await c.request(op.to_json())
         return KvPart.from_json(header), body
+
+    def _charges(self, model: str) -> TrafficCharges:
+        """How this node's activation and K/V frames of `model` are paced: under GPU-time
+        emulation at their own real / emulated byte ratios, else as their bytes."""
+        if self.ctx.pacer is None:
+            return NO_CHARGES
+        return traffic_charges(self.ctx.pacer.model, self.store.model(model).manifest)
 
     # ---- pooled connections for stage traffic -----------------------------------
 
