@@ -53,8 +53,10 @@ def admin_router(controller: Controller) -> APIRouter:
 
     @router.get("/health")
     async def health():
-        live = controller.live_nodes()
-        return {"status": "ok" if live else "degraded", "nodes_up": len(live)}
+        live, total = len(controller.live_nodes()), len(controller.nodes)
+        # degraded while any node is missing (down, being replaced, or given up on)
+        return {"status": "ok" if live == total else "degraded", "nodes_up": live,
+                "nodes": total}  # fmt: skip
 
     @router.get("/metrics")
     async def metrics():

@@ -30,6 +30,7 @@ from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
 from surge.control.emulation import EmulationCounts
+from surge.control.healing import NodeHealer
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.requests import Requests
@@ -120,6 +121,7 @@ class _Wiring:
     deployments: Deployments
     requests: Requests
     autoscaler: Autoscaler
+    healer: NodeHealer
 
 
 class Controller:
@@ -202,6 +204,7 @@ class Controller:
         await self._w.deployments.restore_all()
         self._tasks.append(loop.create_task(self._w.autoscaler.run()))
         self._tasks.append(loop.create_task(self._hold_loop()))
+        self._tasks.append(loop.create_task(self._w.healer.heartbeat()))
 
     async def _hold_loop(self) -> None:
         """Every tick: end the requests held past their deployment's hold timeout (503)."""
@@ -243,7 +246,9 @@ class Controller:
         requests = Requests(client, self.deployments, self.metrics, autoscaler.wake)
         deployments.check_capacity = self._check_capacity
         copies.load_failed = autoscaler.load_failed = deployments.load_failed
-        return _Wiring(client, store, copies, deployments, requests, autoscaler)
+        healer = NodeHealer(client, self.cluster, self.config, self.deployments, self.pool,
+                            self.links, lambda: self.stopping)  # fmt: skip
+        return _Wiring(client, store, copies, deployments, requests, autoscaler, healer)
 
     async def stop(self) -> None:
         """Stop the loops and forget the deployments (agents keep their copies); stop the
@@ -257,6 +262,7 @@ class Controller:
         self._tasks.clear()
         w = self._wiring
         if w is not None:
+            await w.healer.close()
             for dep in list(self.deployments.values()):
                 await w.deployments.teardown(dep, evict=False)
             await w.client.close()
@@ -295,6 +301,7 @@ class Controller:
                 self._w.copies.node_down(ev.node)
                 for dep in self.deployments.values():
                     dep.instances.pop(ev.node, None)
+                self._w.healer.node_down(ev.node)  # a replacement, if the launcher can
 
     # ---- the facade the API uses -------------------------------------------------
 

@@ -51,6 +51,13 @@ class ControllerConfig:
     compile_decode: bool = False
     """Agents' engines compile their decode steps (`EngineConfig.compile_decode`: faster
     decode once compiled; each new instance pays 15-30 s of compilation on CPU first)."""
+    heartbeat_s: float = 1.0
+    """How often every live agent is asked for its status (`control/healing.py`)."""
+    heartbeat_timeout_s: float = 5.0
+    """An agent that has not answered in this long is frozen: treated as down and replaced
+    (`policy/node_health.py`)."""
+    max_agent_restarts: int = 5
+    """Restarts in a row of a dead agent (launcher local) before its node stays down."""
     scale_out_timeout_s: float = 120.0
     """A scale-out not done in this long fails (its slots are released)."""
     launcher: str = "local"

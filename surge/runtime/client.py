@@ -51,18 +51,34 @@ class ClusterClient:
         self._data_pool: dict[int, list[Connection]] = {}
         self.down: set[int] = set()
         self._readers: list[asyncio.Task] = []
+        self._events: dict[int, Connection] = {}
+        """Each node's event-stream connection."""
 
     async def connect(self) -> None:
-        async def one(node: int) -> None:
-            host, port = self.addresses[node]
-            self.conns[node] = await connect(host, port, self.token, "controller")
-            sub = await connect(host, port, self.token, "controller-events")
-            await sub.request(SubscribeOp().to_json())
-            self._readers.append(
-                asyncio.get_running_loop().create_task(self._read_events(node, sub))
-            )
+        await asyncio.gather(*(self._attach(n) for n in self.addresses))
 
-        await asyncio.gather(*(one(n) for n in self.addresses))
+    async def _attach(self, node: int) -> None:
+        host, port = self.addresses[node]
+        self.conns[node] = await connect(host, port, self.token, "controller")
+        sub = await connect(host, port, self.token, "controller-events")
+        await sub.request(SubscribeOp().to_json())
+        self._events[node] = sub
+        self._readers.append(asyncio.get_running_loop().create_task(self._read_events(node, sub)))
+
+    def mark_down(self, node: int) -> None:
+        """Treat `node` as gone (it missed its heartbeat): its connections close, so its
+        event stream ends with an `AgentDown` and calls waiting on it fail at once."""
+        for conn in (self.conns.get(node), self._events.get(node), *self._data_pool.pop(node, [])):
+            if conn is not None:
+                conn.shut()
+
+    async def reattach(self, node: int, address: tuple[str, int]) -> None:
+        """`node` is back (a restarted agent) at `address`: connect to it and take it off
+        the down set."""
+        self.mark_down(node)
+        self.addresses[node] = address
+        await self._attach(node)
+        self.down.discard(node)
 
     async def _read_events(self, node: int, sub: Connection) -> None:
         try:

@@ -279,6 +279,12 @@ class Connection:
             raise RemoteError(reply.get("error", "request failed"))
         return reply, body
 
+    def shut(self) -> None:
+        """End the connection both ways now: a coroutine waiting to read it sees the end at
+        once (closing the socket alone would leave it waiting)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True

@@ -178,10 +178,7 @@ class LocalCluster:
     def start(self) -> None:
         self.check_groups()
         self.make_work_dir()
-        threads = self.config.threads_per_agent or max(
-            1, (os.cpu_count() or 1) // self.config.num_nodes
-        )
-        env = agent_env(self.token, threads)
+        env = self._agent_env()
         with self._starting:  # `stop` from another thread waits for this to give up
             for node in range(self.config.num_nodes):
                 self._check_aborted()
@@ -190,6 +187,38 @@ class LocalCluster:
             deadline = time.monotonic() + self.config.start_timeout_s
             for node, proc in self.procs.items():
                 self.addresses[node] = (DEFAULT_HOST, wait_ready(node, proc, deadline, self._abort))
+
+    can_restart = True
+    """`restart` brings a dead or frozen agent back (`NetnsCluster` cannot: its namespaces
+    are made once, at start)."""
+
+    def restart(self, node: int) -> tuple[str, int]:
+        """Replace agent `node` (killed first if it still runs, e.g. frozen) by a fresh one
+        with the same settings and disk tier; returns its new address. Its shared memory is
+        removed first (a killed agent cannot unlink its own)."""
+        with self._starting:
+            self._check_aborted()
+            old = self.procs.get(node)
+            if old is not None:
+                if old.poll() is None:
+                    old.kill()
+                    old.wait(10)
+                if old.stdout:
+                    old.stdout.close()
+            for f in Path("/dev/shm").glob(f"surge_{self.cluster_id}_{node}_*"):
+                f.unlink(missing_ok=True)
+            cmd = agent_argv(self.agent_config(node)) + self.config.extra_args.get(node, [])
+            proc = spawn_agent(cmd, self._agent_env())
+            self.procs[node] = proc
+            deadline = time.monotonic() + self.config.start_timeout_s
+            self.addresses[node] = (DEFAULT_HOST, wait_ready(node, proc, deadline, self._abort))
+            return self.addresses[node]
+
+    def _agent_env(self) -> dict[str, str]:
+        threads = self.config.threads_per_agent or max(
+            1, (os.cpu_count() or 1) // self.config.num_nodes
+        )
+        return agent_env(self.token, threads)
 
     def _check_aborted(self) -> None:
         if self._abort.is_set():

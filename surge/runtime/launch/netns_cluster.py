@@ -52,6 +52,8 @@ def require_netns(cpu_quota: bool = True) -> None:
 class NetnsCluster(LocalCluster):
     """Context manager: `with NetnsCluster(cfg) as cluster: ...` (all removed on exit)."""
 
+    can_restart = False
+
     config: NetnsClusterConfig
 
     def __init__(self, config: NetnsClusterConfig) -> None:
