@@ -9,8 +9,9 @@ released); scale-up: every member is a target and the requests are spread over t
 Live scaling (BlitzScale §4, §5.2): `live_prefill` runs a batch's prefill cooperatively —
 the new instance, still loading layers in order, runs the first T layers, the overloaded
 old instance the remaining L - T — then moves the new instance's KV to the old one, where
-the requests decode. T per batch comes from `policy.live_scaling.choose_schedule` (the zigzag ILP or
-best effort, `runtime/scaleout/live.py` decides when and with what Time_l).
+the requests decode. T, the batch and the old instance come from
+`policy.blitzscale.live_scaling.LiveScalingState.look`; `runtime/scaleout/live.py` carries
+its `RunBatch` out here.
 
 Controller side. The K/V goes agent to agent: the adopting instance's agent pulls each
 stage's part itself (`instance_adopt` with `sources`). Only a live prefill whose requests

@@ -32,6 +32,8 @@ from surge.sim.request import SimRequest
 
 IDLE, PREFILL, DECODE = 0, 1, 2
 EPS_TOKENS = 1e-9
+ADMISSIONS_KEPT = 4096
+"""Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
 
 
 class Batcher:
@@ -42,6 +44,7 @@ class Batcher:
         "_prefill_extra_s",
         "_prefill_left_s",
         "_prefill_rate",
+        "admitted_s",
         "cost",
         "hop_s",
         "id",
@@ -94,6 +97,9 @@ class Batcher:
         self.speed = speed
         self.hop_s = hop_s
         self.waiting: deque[SimRequest] = deque()
+        self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
+        """When the latest requests left `waiting` for a step (the drain rate BlitzScale's
+        SLO check measures)."""
         self.running: list[tuple[float, int, SimRequest]] = []
         self.prefilling: list[SimRequest] = []
         self.kv_tokens = 0
@@ -268,6 +274,7 @@ class Batcher:
             if busy >= self.max_batch or not fits_kv or not fits_prefill:
                 break
             self.waiting.popleft()
+            self.admitted_s.append(self.loop.now_s)
             self.kv_tokens += need
             tokens += req.prefill_tokens
             batch.append(req)

@@ -1,39 +1,44 @@
 """BlitzScale live scaling (§4, §5.2) in the simulator: layer-level cooperative execution.
 
 In: a multicast receiver the loading state machine declared live (`GoLive`), how many
-layers it holds at any moment (its longest block prefix), when its multicast started,
-and the pool whose overloaded instances it helps. Out: batches of queued requests whose
-prefill runs its first T_i layers on the new instance (the *target*, inst.1) and the
-remaining S_i = L − T_i on a loaded instance (the *source*, inst.0), at the times the
-cost model gives; the request's first token comes when the source finishes, then it
-decodes there (or, under P/D, hands its KV cache to a decode instance as any prefill).
+layers it holds at any moment (its longest block prefix), the seconds per layer its
+blocks took to land so far, and the pool whose loaded instances it helps. Each look
+builds a `LiveView` (the sources with what is on or on its way to them, the requests that
+have not started — the router's queue, then the sources' queues —, the sources' admission
+times for the drain rate, the cost model's prefill seconds per token) and carries out
+what the target's `policy.blitzscale.live_scaling.LiveScalingState.look` returns, as
+`surge serve` does (`runtime/scaleout/live.py`): a declined look or a zigzag batch
+waiting for its layers looks again `POLL_S` later; a `RunBatch` runs its first T layers
+on the new instance (the *target*, inst.1) and the remaining S = L - T on the source
+(inst.0), at the times the cost model gives; the request's first token comes when the
+source finishes, then it decodes there (or, under P/D, hands its KV cache to a decode
+instance as any prefill). C2 is carried out, not assumed: a batch reaches the source only
+when the target has finished its T layers and the activation has crossed the network (a
+flow that shares links with the multicast), and the source runs it FIFO after what it
+already has. The target executes one batch at a time; it is not a router endpoint until
+it holds every layer (then `Loader.ready` serves it alone and `redistribute` spreads the
+sources' unstarted requests over both, §5.2 step 3).
 
-The schedule is the runtime's (`runtime/scaleout/live.py`): `live_batch` requests per
-batch, a (T_i, S_i) per batch from `surge.policy.blitzscale.zigzag` for the batches waiting when a
-schedule starts (the ILP of Eq. 1 when it beats best effort, else best effort:
-`policy.live_scaling.choose_schedule`, the runtime's choice too), T_i clipped to the
-layers the target holds when it starts the batch and to L − 1. Time_l of Eq. 1 is
-measured on this scale-out: seconds per layer landed so far over the cost model's
-seconds to run one layer of the batch. C2 is carried out, not assumed: a batch reaches
-the source only when the target has finished its T_i layers and the activation has
-crossed the network (a flow that shares links with the multicast), and the source runs
-it FIFO after what it already has. The target executes one batch at a time; it is not a
-router endpoint until it holds every layer (then `Loader.ready` serves it alone and
-`redistribute` spreads the sources' unstarted requests over both, §5.2 step 3).
-
-Not modelled: the K/V of the target's T_i layers travelling to the source (the runtime's
+Not modelled: the K/V of the target's T layers travelling to the source (the runtime's
 `live_prefill` sends it; the activation crossing is modelled and is the larger part for
-short prompts), the §5.2 SLO check on whether to live-scale (every live target helps).
+short prompts).
 """
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.events import LiveBatch, ModeSwitch
-from surge.policy.blitzscale.live_scaling import choose_schedule
-from surge.policy.blitzscale.zigzag import ZigzagProblem, ZigzagSchedule
+from surge.policy.blitzscale.live_scaling import (
+    LiveScalingState,
+    LiveSettings,
+    LiveSource,
+    LiveView,
+    RunBatch,
+    Waiting,
+)
+from surge.policy.blitzscale.slo_check import drain_rate_per_s
+from surge.policy.blitzscale.zigzag import ZigzagProblem
 from surge.sim.events import Priority
 from surge.sim.instance import Instance
 from surge.sim.pools import Pool, Requests
@@ -75,15 +80,18 @@ class _Target:
     """One live target's state."""
 
     def __init__(
-        self, pool: Pool, inst: Instance, held_layers: Callable[[], int], started_s: float
+        self,
+        pool: Pool,
+        inst: Instance,
+        held_layers: Callable[[], int],
+        layer_load_s: Callable[[], float | None],
+        state: LiveScalingState,
     ) -> None:
         self.pool = pool
         self.inst = inst
         self.held_layers = held_layers
-        self.started_s = started_s
-        self.splits: list[tuple[int, int]] = []
-        self.schedule: ZigzagSchedule | None = None
-        self.problem: ZigzagProblem | None = None
+        self.layer_load_s = layer_load_s
+        self.state = state
         self.busy = False
         self.live = True
 
@@ -99,13 +107,26 @@ class LiveScaling:
 
     # --- entry points -------------------------------------------------------------
     def go_live(
-        self, pool: Pool, inst: Instance, held_layers: Callable[[], int], started_s: float
+        self,
+        pool: Pool,
+        inst: Instance,
+        held_layers: Callable[[], int],
+        layer_load_s: Callable[[], float | None],
     ) -> None:
         """`inst` may serve cooperatively (`GoLive`); `held_layers()` says how many of its
-        first layers it holds now; its multicast started at `started_s`."""
+        first layers it holds now, `layer_load_s()` the seconds per layer its blocks took
+        to land so far (`policy.blitzscale.live_scaling.layer_load_s`)."""
         if inst.id in self.targets or inst.released:
             return
-        self.targets[inst.id] = _Target(pool, inst, held_layers, started_s)
+        world = self.world
+        settings = LiveSettings(
+            num_layers=inst.cost.num_layers,
+            live_batch=world.system.live_batch,
+            fallback_load_ratio=world.system.live_load_ratio,
+            ttft_slo_s=world.settings.slo_of(world.models[pool.model].name).ttft_s,
+        )
+        state = LiveScalingState(settings)
+        self.targets[inst.id] = _Target(pool, inst, held_layers, layer_load_s, state)
         self.was_live.add(inst.id)
         name = self.world.models[pool.model].name
         self.world.publish(ModeSwitch, model=name, node=inst.machine, mode="live")
@@ -151,36 +172,38 @@ class LiveScaling:
             out.extend(r for r in s.waiting if r.skip_layers == 0 and r.generated == 0)
         return out
 
+    def _view(self, t: _Target, sources: list[Instance], waiting: list[SimRequest]) -> LiveView:
+        """The target and its pool as `LiveScalingState.look` sees them now."""
+        now = self.world.loop.now_s
+        first = sum(r.prefill_tokens for r in waiting[: self.world.system.live_batch])
+        # The cost model is what a source's prefill takes here: its seconds per token.
+        per_token = t.inst.cost.prefill_s(first) / first if first > 0 else None
+        admitted = sorted(a for s in sources for a in s.admitted_s)
+        return LiveView(
+            now_s=now,
+            held_layers=t.held_layers(),
+            sources=tuple(LiveSource(i.id, i.outstanding + i.reserved) for i in sources),
+            waiting=tuple(Waiting(r.arrival_s, r.prefill_tokens) for r in waiting),
+            layer_load_s=t.layer_load_s(),
+            prefill_s_per_token=per_token,
+            drain_per_s=drain_rate_per_s(admitted, now),
+        )
+
     def _step(self, iid: int) -> None:
         t = self.targets.get(iid)
         if t is None or t.busy or t.inst.released:
             return
-        sys = self.world.system
         sources = self._sources(t)
         waiting = self._waiting(t, sources)
-        held = t.held_layers()
+        view = self._view(t, sources, waiting)
+        action = t.state.look(view)
+        if not isinstance(action, RunBatch):  # declined, or zigzag waits for its layers
+            self._later(iid, POLL_S)
+            return
         num_layers = t.inst.cost.num_layers
-        if not sources or not waiting or held < 1:
-            self._later(iid, POLL_S)
-            return
-        batch = waiting[: sys.live_batch]
-        if not t.splits:  # a fresh schedule for the batches waiting now
-            t.problem = ZigzagProblem(
-                num_layers=num_layers,
-                load_ratio=self._load_ratio(t, held, batch),
-                num_batches=max(1, math.ceil(len(waiting) / sys.live_batch)),
-                resident_layers_at_start=min(held, num_layers),
-            )
-            t.schedule = choose_schedule(t.problem)
-            t.splits = list(t.schedule.splits)
-        assert t.schedule is not None and t.problem is not None
-        index = len(t.schedule.splits) - len(t.splits)
-        planned = t.splits.pop(0)
-        split = min(planned[0], held, num_layers - 1)
-        if split < 1:  # this batch runs on the source alone (normal routing)
-            self._later(iid, POLL_S)
-            return
-        source = min(sources, key=lambda i: (i.outstanding + i.reserved, i.id))
+        split = action.split
+        batch = waiting[: action.num_requests]
+        source = next(i for i in sources if i.id == action.source)
         self._take(t, batch, sources)
         now = self.world.loop.now_s
         self.world.result.live_batches.append(
@@ -189,11 +212,11 @@ class LiveScaling:
                 t.inst.id,
                 source.id,
                 (split, num_layers - split),
-                planned,
-                held,
-                t.problem,
-                index,
-                t.schedule.policy,
+                action.planned_split,
+                view.held_layers,
+                action.problem,
+                action.index,
+                action.schedule,
                 tuple(r.id for r in batch),
             )
         )
@@ -243,11 +266,3 @@ class LiveScaling:
         world.net.start(path, tokens * prof.hidden_size * ACTIVATION_BYTES, arrived)
         if t.live:
             self._step(t.inst.id)
-
-    def _load_ratio(self, t: _Target, held: int, batch: list[SimRequest]) -> float:
-        """Eq. 1's Time_l on this scale-out: seconds per layer landed so far over the
-        seconds the target takes to run one layer of `batch`."""
-        per_layer_load_s = (self.world.loop.now_s - t.started_s) / max(held, 1)
-        tokens = sum(r.prefill_tokens for r in batch)
-        per_layer_exec_s = t.inst.cost.prefill_s(tokens, 1)
-        return max(per_layer_load_s / per_layer_exec_s, 1e-3)

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 
 from surge.events import BlockLanded, PipelineRetired
+from surge.policy.blitzscale.live_scaling import layer_load_s
 from surge.policy.loading import (
     GoLive,
     GoLocal,
@@ -202,6 +203,11 @@ class MulticastLoads:
         plan_nodes = [gpu_nodes.get(v) for v in nodes]
         started_s = world.loop.now_s
         num_layers = slot.profile.num_layers
+        # (time, layers in the block) of each block landed on each plan node, from the
+        # multicast's start (as `runtime/scaleout/live.py` records them)
+        landed: dict[int, list[tuple[float, int]]] = {
+            v: [(started_s, 0)] for v in range(len(nodes))
+        }
 
         def held_layers(node: int) -> int:
             """Layers 0..n-1 plan node `node` can run: its longest block prefix (as
@@ -216,7 +222,8 @@ class MulticastLoads:
                 inst = plan_nodes[action.node]
                 assert inst is not None, "loading actions name receivers"
                 held = functools.partial(held_layers, action.node)
-                self.live.go_live(pool, inst, held, started_s)
+                load_s = functools.partial(layer_load_s, landed[action.node])
+                self.live.go_live(pool, inst, held, load_s)
             else:
                 self._carry_out(pool, action, plan_nodes, opened, sharded=lanes > 1)
 
@@ -241,6 +248,8 @@ class MulticastLoads:
             self.inflight[inst.id] = ChainTail(blocks)
 
         def on_arrival(node: int, block: int) -> None:
+            layers = (block + 1) * num_layers // blocks - block * num_layers // blocks
+            landed[node].append((world.loop.now_s, layers))
             inst = plan_nodes[node]
             tail = self.inflight.get(inst.id) if inst is not None else None
             if tail is not None:

@@ -8,16 +8,18 @@ import pytest
 
 from surge.errors import SurgeError
 from surge.policy.blitzscale.live_scaling import (
-    DRAIN_WINDOW_S,
     InstanceLoad,
-    PrefillSpan,
-    SloCheck,
     choose_schedule,
-    drain_rate_per_s,
     layer_load_s,
     measured_load_ratio,
-    needs_live_scaling,
     plan_redistribution,
+)
+from surge.policy.blitzscale.slo_check import (
+    DRAIN_WINDOW_S,
+    PrefillSpan,
+    SloCheck,
+    drain_rate_per_s,
+    needs_live_scaling,
     predicted_ttfts,
     prefill_s_per_token,
 )

@@ -1,146 +1,44 @@
-"""BlitzScale live scaling decisions (§4, §5.2, Eq. 1): whether, on which schedule, and the
-redistribution once the new instance is whole.
+"""BlitzScale live scaling (§4, §5.2, Eq. 1): each look at the queue, what a live new
+instance (the *target*) does, and the redistribution once it is whole.
 
-In: what the serving body measured on this run, as plain numbers with the time passed in:
-the queued requests' arrival times, when requests left the queue for an instance, the
-prefill spans of requests on the serving instances, and when each layer of the model
-reached the new instance. Out:
-- `needs_live_scaling`: the SLO check of §5.2 ("the necessity of live autoscaling, i.e.
-  when a stop-the-world scaling will cause SLO violation"): the predicted TTFT of every
-  queued request under normal routing (FIFO, the queue drains at the measured rate until
-  the new instance is whole, then one instance faster) against the TTFT SLO. When it
-  holds, requests stay on normal routing;
-- `measured_load_ratio`: Eq. 1's Time_l on this run — the time one layer takes to reach
-  the new instance (its block arrivals) over the time one layer of a batch takes to run
-  (the serving instances' measured prefill time per token × the batch's tokens / L);
-  the system's `live_load_ratio` until both are measured;
-- `choose_schedule`: the zigzag ILP (`zigzag.solve_zigzag`) when it beats best effort on
-  Eq. 1's predicted average latency, otherwise best effort;
-- `plan_redistribution` (§5.2 step 3): once the new instance holds every layer, requests
-  are spread evenly between it and the instances it helped.
-Pure and deterministic; `runtime/scaleout/live.py` gathers the inputs and carries out
-what these return.
+In: `LiveSettings` (the model's layers, `live_batch`, the fallback Time_l, the TTFT SLO),
+then one `LiveView` per look: the layers the target holds, the serving instances it may
+help (the *sources*), the requests waiting that have not started, and what the body
+measured on this run (seconds per layer reaching the target, a source's prefill seconds
+per token, the queue's drain rate). Out, from `LiveScalingState.look`, one action:
+- `Decline`: nothing to do (no source, no request, no layer), the §5.2 SLO check holds
+  (`slo_check.needs_live_scaling`: every queued request meets its TTFT SLO under normal
+  routing), or the schedule's next batch runs on the source alone (T_i = 0);
+- `WaitForLayers`: the zigzag schedule's next batch needs more layers than the target
+  holds (§5.2 "the delay won't waste GPU": the queue keeps being routed normally);
+- `RunBatch`: prefill the first `num_requests` waiting requests cooperatively, the first
+  `split` layers on the target, the rest on `source` (the least loaded, ties to the
+  lowest id), which then decodes them.
+A schedule (`choose_schedule`: the zigzag ILP of Eq. 1 when it beats best effort, else
+best effort) covers the batches waiting when it starts, with Time_l measured on this run
+(`measured_load_ratio`); it starts afresh after a declined look, and once Time_l is
+measured where the last one used the fallback. Best effort's splits are clipped to the
+layers held and to L - 1.
+`plan_redistribution` (§5.2 step 3): once the target holds every layer, requests are
+spread evenly between it and the instances it helped.
+`surge serve` (`runtime/scaleout/live.py`) and the simulator (`sim/live_scaling.py`)
+build the view and carry the action out: `live_prefill` on real agents, the cost model in
+virtual time. Pure and deterministic; no clock.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
+from surge.policy.blitzscale.slo_check import SloCheck, needs_live_scaling
 from surge.policy.blitzscale.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
 
-DRAIN_WINDOW_S = 2.0
-"""Departures from the queue in this trailing window give its drain rate (BlitzScale's
-monitor looks at the same 2 s)."""
 MAX_ILP_BATCHES = 64
 """Above this many batches the ILP is not tried (the paper solves "a dozen or so" in
 < 40 ms; best effort is always feasible)."""
 ILP_GAIN = 1e-9
 """The ILP must beat best effort by more than this (floating point) to be used."""
-
-
-@dataclass(frozen=True)
-class PrefillSpan:
-    """One request's prefill on a serving instance: from the moment it was handed to the
-    instance to its first token, and the tokens it prefilled."""
-
-    start_s: float
-    end_s: float
-    num_tokens: int
-
-
-def prefill_s_per_token(spans: Sequence[PrefillSpan]) -> float | None:
-    """Seconds one prompt token takes to prefill (all L layers) on a serving instance:
-    the time some prefill was running (the union of the spans, so requests batched into
-    one step count the step once) over the tokens prefilled. Prefill time is about linear
-    in the batched tokens (BlitzScale §5.2 "Coping with LLM"). None when nothing is
-    measured yet."""
-    good = sorted((s.start_s, s.end_s) for s in spans if s.end_s > s.start_s)
-    tokens = sum(s.num_tokens for s in spans if s.end_s > s.start_s)
-    if not good or tokens <= 0:
-        return None
-    busy, cur_start, cur_end = 0.0, good[0][0], good[0][1]
-    for start, end in good[1:]:
-        if start > cur_end:
-            busy += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    busy += cur_end - cur_start
-    return busy / tokens
-
-
-def drain_rate_per_s(departures_s: Sequence[float], now_s: float) -> float | None:
-    """Requests leaving the queue for an instance per second over the last
-    `DRAIN_WINDOW_S` (None when none left in it)."""
-    recent = [t for t in departures_s if now_s - DRAIN_WINDOW_S <= t <= now_s]
-    if not recent:
-        return None
-    return len(recent) / DRAIN_WINDOW_S
-
-
-@dataclass(frozen=True)
-class SloCheck:
-    """What the SLO check looks at, measured by the body at `now_s`."""
-
-    now_s: float
-    queued_arrivals_s: tuple[float, ...]
-    """Arrival times of the requests waiting at the router, FIFO order."""
-    ttft_slo_s: float
-    drain_per_s: float | None
-    """How fast the queue drains now (`drain_rate_per_s`); None: not measured yet."""
-    prefill_s_per_request: float | None
-    """A queued request's own prefill once it is on an instance (measured); None: unknown."""
-    num_serving: int
-    """Instances the queue drains into now (the new instance adds one when whole)."""
-    whole_in_s: float | None = None
-    """Predicted time until the new instance holds every layer (None: unknown, never)."""
-
-    def __post_init__(self) -> None:
-        if not self.ttft_slo_s > 0:
-            raise SurgeError(f"TTFT SLO must be > 0 (got {self.ttft_slo_s})")
-        if self.num_serving < 0:
-            raise SurgeError("num_serving must be >= 0")
-
-
-@dataclass(frozen=True)
-class LiveDecision:
-    """Whether to live-scale now, and the prediction it rests on."""
-
-    live: bool
-    worst_ttft_s: float
-    """The largest predicted TTFT of a queued request under normal routing (inf: the
-    queue does not drain at all)."""
-
-
-def predicted_ttfts(check: SloCheck) -> tuple[float, ...]:
-    """Each queued request's TTFT if nothing helps but stop-the-world scaling: FIFO, the
-    k-th leaves the queue after k+1 departures at the measured drain rate — one
-    instance's worth faster from the moment the new instance is whole — then prefills."""
-    prefill = check.prefill_s_per_request or 0.0
-    rate = check.drain_per_s
-    if rate is None and check.prefill_s_per_request and check.num_serving:
-        rate = check.num_serving / check.prefill_s_per_request  # idle instances, compute-bound
-    out: list[float] = []
-    for k, arrival in enumerate(check.queued_arrivals_s):
-        waited = check.now_s - arrival
-        if rate is None or rate <= 0:
-            out.append(math.inf if rate is not None else waited + prefill)
-            continue
-        leave = (k + 1) / rate
-        if check.whole_in_s is not None and leave > check.whole_in_s and check.num_serving:
-            # From `whole_in_s` on the queue drains (n + 1) / n times faster.
-            faster = rate * (check.num_serving + 1) / check.num_serving
-            leave = check.whole_in_s + (k + 1 - check.whole_in_s * rate) / faster
-        out.append(waited + leave + prefill)
-    return tuple(out)
-
-
-def needs_live_scaling(check: SloCheck) -> LiveDecision:
-    """Live-scale only when some queued request would miss the TTFT SLO without it."""
-    ttfts = predicted_ttfts(check)
-    worst = max(ttfts, default=0.0)
-    return LiveDecision(live=worst > check.ttft_slo_s, worst_ttft_s=worst)
 
 
 @dataclass(frozen=True)
@@ -225,3 +123,192 @@ def plan_redistribution(olds: Sequence[InstanceLoad], new: InstanceLoad) -> tupl
         moves.append(Move(o.index, n))
         room -= n
     return tuple(moves)
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """How one target live-scales. Validated at construction."""
+
+    num_layers: int
+    """L: layers of the model."""
+    live_batch: int
+    """Requests per cooperative batch (`SystemConfig.live_batch`)."""
+    fallback_load_ratio: float
+    """Time_l until the run has measured it (`SystemConfig.live_load_ratio`)."""
+    ttft_slo_s: float
+    """The model's TTFT SLO (the §5.2 check)."""
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1 or self.live_batch < 1 or not self.fallback_load_ratio > 0:
+            raise SurgeError("live scaling needs >= 1 layer, live_batch >= 1, Time_l > 0")
+        if not self.ttft_slo_s > 0:
+            raise SurgeError(f"TTFT SLO must be > 0 (got {self.ttft_slo_s})")
+
+
+@dataclass(frozen=True)
+class LiveSource:
+    """A serving instance the target may help."""
+
+    id: int
+    """Stable id (ties go to the lowest)."""
+    outstanding: int
+    """Requests on it or on their way to it."""
+    prefills: bool = True
+    """It takes new prefills (under P/D: a prefill instance); counts in the SLO check."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request that has not started, in FIFO order."""
+
+    arrival_s: float
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """One look at the queue, as the body measured it at `now_s`."""
+
+    now_s: float
+    held_layers: int
+    """Layers 0..n-1 the target can run (its longest prefix of blocks)."""
+    sources: tuple[LiveSource, ...]
+    waiting: tuple[Waiting, ...]
+    layer_load_s: float | None = None
+    """Seconds per layer reaching the target on this run (`layer_load_s`); None: not yet."""
+    prefill_s_per_token: float | None = None
+    """A source's prefill seconds per prompt token (all L layers); None: not yet."""
+    drain_per_s: float | None = None
+    """Requests leaving the queue per second now (`slo_check.drain_rate_per_s`)."""
+
+
+@dataclass(frozen=True)
+class Decline:
+    """Nothing runs cooperatively now; normal routing goes on."""
+
+    reason: str
+    """`idle` (no source, request or layer), `slo` (the SLO holds without help) or
+    `source-alone` (the schedule's next batch has T_i = 0)."""
+
+
+@dataclass(frozen=True)
+class WaitForLayers:
+    """Zigzag: the next batch waits until the target holds `layers` layers."""
+
+    layers: int
+
+
+@dataclass(frozen=True)
+class RunBatch:
+    """Prefill the first `num_requests` waiting requests: `split` layers on the target,
+    the rest on `source`."""
+
+    source: int
+    split: int
+    num_requests: int
+    planned_split: tuple[int, int]
+    """(T_i, S_i) the schedule gave this batch before clipping."""
+    index: int
+    """The batch's position in its schedule."""
+    schedule: str
+    """`zigzag` or `best_effort`."""
+    problem: ZigzagProblem
+    """The Eq. 1 problem the schedule solved."""
+    load_ratio: LoadRatio
+    """Time_l of that problem and whether it was measured."""
+
+
+LiveAction = RunBatch | WaitForLayers | Decline
+
+
+def pick_target(held_layers: Mapping[int, int]) -> int | None:
+    """Of live targets (id -> layers held), the one a body with a single cooperative loop
+    helps next: the most layers, ties to the lowest id; None when there is none."""
+    if not held_layers:
+        return None
+    return max(held_layers, key=lambda n: (held_layers[n], -n))
+
+
+class LiveScalingState:
+    """The cooperative batches of one live target; `look` is its only input."""
+
+    def __init__(self, settings: LiveSettings) -> None:
+        self.settings = settings
+        self.splits: list[tuple[int, int]] = []
+        """What is left of the current schedule, next batch first."""
+        self.schedule: ZigzagSchedule | None = None
+        self.problem: ZigzagProblem | None = None
+        self.ratio = LoadRatio(settings.fallback_load_ratio, False)
+        self.num_schedules = 0
+        """Schedules solved so far (each a fresh `ratio`)."""
+
+    def look(self, view: LiveView) -> LiveAction:
+        """What the target does now (see the module docstring)."""
+        s = self.settings
+        held = min(view.held_layers, s.num_layers)
+        if not view.sources or not view.waiting or held < 1:
+            return Decline("idle")
+        if self._slo_holds(view, held):
+            self.splits = []  # a fresh schedule if live scaling is needed again
+            return Decline("slo")
+        if not self.ratio.measured and view.layer_load_s is not None and view.prefill_s_per_token:
+            self.splits = []  # Time_l is measured now: re-plan with it, not the fallback
+        if not self.splits:
+            self._plan(view, held)
+        assert self.schedule is not None and self.problem is not None
+        want = self.splits[0][0]
+        if self.schedule.policy == "zigzag" and held < want < s.num_layers:
+            return WaitForLayers(want)
+        index = len(self.schedule.splits) - len(self.splits)
+        planned = self.splits.pop(0)
+        split = min(want, held, s.num_layers - 1)
+        if split < 1:
+            return Decline("source-alone")
+        source = min(view.sources, key=lambda x: (x.outstanding, x.id))
+        return RunBatch(
+            source=source.id,
+            split=split,
+            num_requests=min(s.live_batch, len(view.waiting)),
+            planned_split=planned,
+            index=index,
+            schedule=self.schedule.policy,
+            problem=self.problem,
+            load_ratio=self.ratio,
+        )
+
+    def _slo_holds(self, view: LiveView, held: int) -> bool:
+        s = self.settings
+        per_token = view.prefill_s_per_token
+        mean_tokens = sum(w.prompt_tokens for w in view.waiting) / len(view.waiting)
+        load_s = view.layer_load_s
+        check = SloCheck(
+            now_s=view.now_s,
+            queued_arrivals_s=tuple(w.arrival_s for w in view.waiting),
+            ttft_slo_s=s.ttft_slo_s,
+            drain_per_s=view.drain_per_s,
+            prefill_s_per_request=None if per_token is None else per_token * mean_tokens,
+            num_serving=max(1, sum(1 for x in view.sources if x.prefills)),
+            whole_in_s=None if load_s is None else (s.num_layers - held) * load_s,
+        )
+        return not needs_live_scaling(check).live
+
+    def _plan(self, view: LiveView, held: int) -> None:
+        """A fresh schedule for the batches waiting now, on Time_l measured for the first."""
+        s = self.settings
+        first = view.waiting[: s.live_batch]
+        self.ratio = measured_load_ratio(
+            view.layer_load_s,
+            view.prefill_s_per_token,
+            sum(w.prompt_tokens for w in first),
+            s.num_layers,
+            s.fallback_load_ratio,
+        )
+        self.problem = ZigzagProblem(
+            num_layers=s.num_layers,
+            load_ratio=self.ratio.value,
+            num_batches=max(1, math.ceil(len(view.waiting) / s.live_batch)),
+            resident_layers_at_start=held,
+        )
+        self.schedule = choose_schedule(self.problem)
+        self.splits = list(self.schedule.splits)
+        self.num_schedules += 1

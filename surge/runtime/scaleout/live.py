@@ -3,24 +3,19 @@
 In: the context, the blocks each receiver holds (the loading state machine's own sets, so
 there is one record of who holds what) and, from `multicast.py`, when each block reached
 a receiver (`arrived`). A receiver joins when the state machine says `GoLive` and leaves at
-`GoLocal`. Each look at the queue (every `POLL_S`):
-1. the SLO check (`policy.live_scaling.needs_live_scaling`): the queued requests' predicted
-   TTFT under normal routing — the queue's measured drain rate (`Server.departures`), the
-   serving instances' measured prefill time (`Server.prefill_spans`), the new instance
-   whole after its remaining layers at the measured load speed — against the deployment's
-   TTFT SLO (`ctx.ttft_slo_s`). When it holds, requests stay on normal routing;
-2. Time_l measured on this run (`measured_load_ratio`: layer load time from this
-   receiver's block arrivals / one layer's execution time for the batch from the serving
-   instances' prefill time), the system's `live_load_ratio` until both are measured;
-3. a schedule for the batches waiting now (`choose_schedule`: the zigzag ILP of Eq. 1 when
-   it beats best effort on predicted average latency, else best effort); each batch of
-   `live_batch` requests is prefilled cooperatively — the first T layers on the live
-   receiver, the rest on a serving local instance (the overloaded "old" one), which then
-   decodes them (`runtime/consolidation.py` `live_prefill`); under P/D the K/V goes to a
-   decode instance instead, as soon as one has room (`runtime/pd_handoff.py`
-   `PdServing.hold`). Zigzag waits for the layers its split needs (the queue keeps being
-   routed normally meanwhile, §5.2 "the delay won't waste GPU"); best effort is clipped to
-   the layers held. A failed step puts its requests back at the head of the queue.
+`GoLocal`. Each look at the queue (every `POLL_S`) builds a `LiveView` of the receiver
+holding the most layers (`policy.blitzscale.live_scaling.pick_target`): the layers it holds,
+the serving local instances (sources; under P/D the prefill ones count in the SLO check),
+the queued requests that have not started, and what this run measured — seconds per layer
+from its block arrivals, the serving instances' prefill time per token
+(`Server.prefill_spans`), the queue's drain rate (`Server.departures`). Its
+`LiveScalingState.look` decides (the SLO check against `ctx.ttft_slo_s`, the schedule,
+waiting for layers, the split, the source); this file carries out a `RunBatch`: the first
+T layers on the receiver, the rest on the source, which then decodes them
+(`runtime/consolidation.py` `live_prefill`); under P/D the K/V goes to a decode instance
+instead, as soon as one has room (`runtime/pd_handoff.py` `PdServing.hold`). The schedule
+is solved in a worker thread (the ILP may take tens of ms). A failed step puts its
+requests back at the head of the queue.
 When a receiver holds every layer and serves, `redistribute` spreads the old instances'
 requests evenly onto it (§5.2 step 3, `plan_redistribution`): moved requests continue
 there token-exact (aborted on the old instance, re-prefilled over prompt + output).
@@ -32,24 +27,23 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
 
 from surge.events import LiveBatch
 from surge.policy.blitzscale.live_scaling import (
+    Decline,
     InstanceLoad,
-    LoadRatio,
-    PrefillSpan,
-    SloCheck,
-    choose_schedule,
-    drain_rate_per_s,
+    LiveScalingState,
+    LiveSettings,
+    LiveSource,
+    LiveView,
+    RunBatch,
+    Waiting,
     layer_load_s,
-    measured_load_ratio,
-    needs_live_scaling,
+    pick_target,
     plan_redistribution,
-    prefill_s_per_token,
 )
-from surge.policy.blitzscale.zigzag import ZigzagProblem
+from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
 from surge.runtime.consolidation import live_prefill
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.request import ServeRequest
@@ -73,9 +67,8 @@ class LiveScaling:
         self.live: set[int] = set()
         self._arrivals: dict[int, list[tuple[float, int]]] = {n: [] for n in held}
         """Receiver -> (time, layers in the block) of each block that landed."""
-        self._splits: list[tuple[int, int]] = []
-        self._schedule = "best_effort"
-        self._ratio = LoadRatio(ctx.system.live_load_ratio, False)
+        self._states: dict[int, LiveScalingState] = {}
+        """Receiver -> its cooperative batches (the policy's state machine)."""
         self._stopping = False
 
     def go_live(self, node: int) -> None:
@@ -124,118 +117,105 @@ class LiveScaling:
             if not self._stopping:
                 await self.step()
 
-    # ---- what was measured -------------------------------------------------------
-
-    def _prefill_s_per_token(self) -> float | None:
-        spans = [PrefillSpan(a, b, n) for a, b, n in self.ctx.server.prefill_spans]
-        return prefill_s_per_token(spans)
-
-    def _slo_holds(self, waiting: list[ServeRequest], num_serving: int, whole_in_s) -> bool:
-        ctx, now = self.ctx, time.monotonic()
-        per_token = self._prefill_s_per_token()
-        mean_tokens = sum(len(r.prompt_token_ids) for r in waiting) / len(waiting)
-        check = SloCheck(
-            now_s=now,
-            queued_arrivals_s=tuple(r.arrival_t for r in waiting),
-            ttft_slo_s=ctx.ttft_slo_s,
-            drain_per_s=drain_rate_per_s(ctx.server.departures, now),
-            prefill_s_per_request=None if per_token is None else per_token * mean_tokens,
-            num_serving=num_serving,
-            whole_in_s=whole_in_s,
-        )
-        return not needs_live_scaling(check).live
-
     # ---- one look at the queue ------------------------------------------------------
 
-    async def step(self) -> None:
-        """One look at the queue: prefill one batch cooperatively if the SLO needs it."""
+    def _view(self, new: int, held: int, olds: list[LocalEndpoint]) -> LiveView:
+        """Receiver `new` and the queue as `LiveScalingState.look` sees them now."""
+        server, now = self.ctx.server, time.monotonic()
+        pd = server.pd
+        spans = [PrefillSpan(a, b, n) for a, b, n in server.prefill_spans]
+        return LiveView(
+            now_s=now,
+            held_layers=held,
+            sources=tuple(
+                LiveSource(
+                    e.node,
+                    e.outstanding,
+                    prefills=pd is None or pd.roles.get(e.name, "prefill") == "prefill",
+                )
+                for e in olds
+            ),
+            waiting=tuple(Waiting(r.arrival_t, len(r.prompt_token_ids)) for r in self._waiting()),
+            layer_load_s=layer_load_s(self._arrivals.get(new, [])),
+            prefill_s_per_token=prefill_s_per_token(spans),
+            drain_per_s=drain_rate_per_s(server.departures, now),
+        )
+
+    def _waiting(self) -> list[ServeRequest]:
+        """Queued requests that have not started, FIFO."""
+        return [r for r in self.ctx.server.queue if not r.output_token_ids and not r.done.is_set()]
+
+    def _state(self, node: int) -> LiveScalingState:
         ctx = self.ctx
-        server, manifest, system = ctx.server, ctx.manifest, ctx.system
-        num_layers = manifest.arch.num_layers
+        if node not in self._states:
+            settings = LiveSettings(
+                num_layers=ctx.manifest.arch.num_layers,
+                live_batch=ctx.system.live_batch,
+                fallback_load_ratio=ctx.system.live_load_ratio,
+                ttft_slo_s=ctx.ttft_slo_s,
+            )
+            self._states[node] = LiveScalingState(settings)
+        return self._states[node]
+
+    async def step(self) -> None:
+        """One look at the queue: carry out what `LiveScalingState.look` says."""
+        ctx, server = self.ctx, self.ctx.server
         olds = [
             e
             for e in server.endpoints.values()
             if isinstance(e, LocalEndpoint) and not e.failed and e.node not in self.held
         ]
-        waiting = [r for r in server.queue if not r.output_token_ids and not r.done.is_set()]
         layers = {
-            n: held_layers(manifest, self.held[n])
+            n: held_layers(ctx.manifest, self.held[n])
             for n in sorted(self.live)
             if n not in ctx.client.down
         }
-        if not olds or not waiting or not layers:
+        new = pick_target(layers)
+        if new is None:
             return
-        new = max(layers, key=lambda n: (layers[n], -n))
-        if layers[new] < 1:
-            return
-        load_s = layer_load_s(self._arrivals.get(new, []))
-        whole_in_s = None if load_s is None else (num_layers - layers[new]) * load_s
-        pd = server.pd
-        serving = [e for e in olds if pd is None or pd.roles.get(e.name, "prefill") == "prefill"]
-        if self._slo_holds(waiting, max(1, len(serving)), whole_in_s):
-            ctx.live_declined += 1
-            self._splits = []  # a fresh schedule if live scaling is needed again
-            return
-        if not self._ratio.measured and load_s is not None and self._prefill_s_per_token():
-            self._splits = []  # Time_l is measured now: re-plan with it, not the fallback
-        if not self._splits:  # a fresh schedule for the batches waiting now
-            self._ratio = measured_load_ratio(
-                load_s,
-                self._prefill_s_per_token(),
-                sum(len(r.prompt_token_ids) for r in waiting[: system.live_batch]),
-                num_layers,
-                system.live_load_ratio,
-            )
-            problem = ZigzagProblem(
-                num_layers=num_layers,
-                load_ratio=self._ratio.value,
-                num_batches=max(1, math.ceil(len(waiting) / system.live_batch)),
-                resident_layers_at_start=min(layers[new], num_layers),
-            )
-            schedule = await asyncio.to_thread(choose_schedule, problem)
-            self._splits, self._schedule = list(schedule.splits), schedule.policy
-            ctx.live_load_ratios.append(self._ratio)
+        state = self._state(new)
+        solved = state.num_schedules
+        action = await asyncio.to_thread(state.look, self._view(new, layers[new], olds))
+        if state.num_schedules != solved:
+            ctx.live_load_ratios.append(state.ratio)
             log.info(
                 "live scaling: %s schedule, Time_l %.3g (%s), %d batches",
-                schedule.policy,
-                self._ratio.value,
-                "measured" if self._ratio.measured else "fallback",
-                problem.num_batches,
+                state.schedule.policy if state.schedule else "?",
+                state.ratio.value,
+                "measured" if state.ratio.measured else "fallback",
+                state.problem.num_batches if state.problem else 0,
             )
-        want = self._splits[0][0]
-        if self._schedule == "zigzag" and want > layers[new] and want < num_layers:
-            return  # zigzag: this batch waits for its layers; normal routing goes on
-        self._splits.pop(0)
-        t = min(want, layers[new], num_layers - 1)
-        if t < 1:
-            return  # this batch runs on the old instance alone (normal routing)
+        if isinstance(action, Decline) and action.reason == "slo":
+            ctx.live_declined += 1
+        if not isinstance(action, RunBatch):
+            return  # normal routing goes on (a zigzag batch may wait for its layers)
         # The queue may have moved while the schedule was solved: take the batch now.
-        waiting = [r for r in server.queue if not r.output_token_ids and not r.done.is_set()]
-        batch = waiting[: system.live_batch]
-        if batch:
-            old = min(olds, key=lambda e: (e.outstanding, e.name))
-            await self._run_batch(new, old, t, batch)
+        batch = self._waiting()[: action.num_requests]
+        old = next((e for e in olds if e.node == action.source), None)
+        if batch and old is not None:
+            await self._run_batch(new, old, action, batch)
 
     async def _run_batch(
-        self, new: int, old: LocalEndpoint, t: int, batch: list[ServeRequest]
+        self, new: int, old: LocalEndpoint, action: RunBatch, batch: list[ServeRequest]
     ) -> None:
         ctx, server = self.ctx, self.ctx.server
+        t, schedule, ratio = action.split, action.schedule, action.load_ratio
         server.take(batch)
         # P/D: a decode instance adopts each one as soon as one has room.
         deliver = None if server.pd is None else functools.partial(server.pd.hold, old=old)
         try:
             await live_prefill(server, ctx.manifest, new, old, t, batch, deliver)
             ctx.live_prefilled += len(batch)
-            ctx.live_batches[self._schedule] = ctx.live_batches.get(self._schedule, 0) + 1
+            ctx.live_batches[schedule] = ctx.live_batches.get(schedule, 0) + 1
             ev = LiveBatch(
                 model=ctx.model,
                 new_node=new,
                 old_node=old.node,
                 split_layer=t,
                 num_requests=len(batch),
-                schedule=self._schedule,
-                load_ratio=self._ratio.value,
-                load_ratio_measured=self._ratio.measured,
+                schedule=schedule,
+                load_ratio=ratio.value,
+                load_ratio_measured=ratio.measured,
             )
             ctx.events.publish(ev)
         except BaseException as e:  # failed, or cancelled by a stop that could not wait
