@@ -24,6 +24,10 @@ from surge.model.arch import (
 )
 from surge.model.stored_names import GATE_UP, QKV, split_sizes
 
+SDPA_HAS_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)
+"""`scaled_dot_product_attention(enable_gqa=)` came in torch 2.5; on 2.4 (the oldest torch surge
+runs on) keys and values are repeated per query head instead (the same numbers, more memory)."""
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -293,13 +297,17 @@ def decoder_layer(
     keys = gather_keys(k_cache, ctx)
     values = gather_keys(v_cache, ctx)
 
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    gqa = {"enable_gqa": nh != nkv} if SDPA_HAS_GQA else {}
+    if not SDPA_HAS_GQA and nh != nkv:
+        keys, values = keys.repeat_interleave(nh // nkv, 1), values.repeat_interleave(nh // nkv, 1)
     attn = F.scaled_dot_product_attention(
         q.transpose(1, 2),
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
+        keys,
+        values,
         attn_mask=ctx.mask,
         is_causal=ctx.mask is None and Q > 1,
-        enable_gqa=nh != nkv,
+        **gqa,
     )
     x = x + w.o(attn.transpose(1, 2).reshape(B, Q, nh * d))
     h = rms_norm(x, w.post_norm, arch.rms_norm_eps)
