@@ -12,7 +12,6 @@ while the group keeps serving, then it runs with the new stages and the freed GP
 
 from collections.abc import Callable
 
-from surge.errors import SurgeError
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe.granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe.groups import (
@@ -24,15 +23,15 @@ from surge.policy.flexpipe.groups import (
 from surge.policy.flexpipe.microbatch import pipeline_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.system import (
+    Affinity,
     LayerProfile,
+    StageChoice,
     arrivals_in_window,
     choose_num_stages,
-    place_new_group,
-    place_stages,
+    choose_stages,
     refactor,
     scale_out_num_stages,
     split_stages,
-    stage_layers,
 )
 from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
 from surge.sim.costs import cost_model
@@ -117,54 +116,39 @@ class FlexPipe:
         return eta
 
     def _window(self, pool: Pool) -> tuple[float, ...]:
-        """The arrivals of the last `cv_window_s` (§6.1's window; the runtime's too)."""
+        """The arrivals of the last `cv_window_s` (§6.1's window, `arrivals_in_window`)."""
         assert self.settings is not None
         return arrivals_in_window(tuple(pool.arrivals_s), self.world.loop.now_s, self.settings)
 
-    def _cut_and_place(
-        self, pool: Pool, eta: int, exclude: tuple[int, ...] = ()
-    ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]] | None:
-        """Layers of `eta` stages and GPUs for the stages beyond the `exclude`d ones."""
+    def _choose(self, pool: Pool, eta: int, kept: tuple[int, ...] = ()) -> StageChoice | None:
+        """`policy.flexpipe.system.choose_stages` for `eta` stages of `pool`'s model on its
+        group's free GPUs: the first stages stay on `kept` (a refactoring), a new group
+        (none kept) goes where Eq. 13's affinity says; coarser when the stages do not fit."""
         assert self.settings is not None
         world = self.world
         slot = world.models[pool.model]
-        first = next(m for m in world.state.machines if m.group is slot.group)
-        try:
-            bounds = stage_layers(
-                self._profile(pool.model),
-                eta,
-                first.group.nic_gbps,
-                self._slot_bytes(pool.model),
-                self.settings,
-            )
-        except SurgeError:
-            return None  # a stage of this size fits no GPU
-        sizes = self._stage_bytes(pool.model, bounds)[len(exclude) :]
-        if not sizes:
-            return bounds, ()
-        free = [
-            SlotState(g, self._slot_bytes(pool.model))
-            for m in world.state.machines
-            if m.group is slot.group
-            for g in world.state.free_on(m)
-        ]
-        cv = cv_of_arrivals(self._window(pool))
-        if exclude:  # a refactoring: the new stages join a pipeline where it runs
-            placed = place_stages(slot.name, sizes, 1.0, cv, free, self.settings)
-        else:  # a new group: Eq. 13 prefers a machine that hosted the model lately
+        own = [m for m in world.state.machines if m.group is slot.group]
+        slot_bytes = self._slot_bytes(pool.model)
+        free = [SlotState(g, slot_bytes) for m in own for g in world.state.free_on(m)]
+        affinity = None
+        if not kept:
             hosted = self.hosted.get(pool.model, {})
-            placed = place_new_group(
-                slot.name,
-                sizes,
-                1.0,
-                cv,
-                free,
-                {g: world.state.machine_of_gpu[g].index for g in (f.slot_id for f in free)},
-                [HostingRecord(m, t) for m, t in sorted(hosted.items())],
+            affinity = Affinity(
+                tuple(HostingRecord(m, t) for m, t in sorted(hosted.items())),
+                {f.slot_id: world.state.machine_of_gpu[f.slot_id].index for f in free},
                 world.loop.now_s,
-                self.settings,
             )
-        return None if placed is None else (bounds, placed)
+        return choose_stages(
+            self._profile(pool.model),
+            eta,
+            kept,
+            free,
+            cv_of_arrivals(self._window(pool)),
+            own[0].group.nic_gbps,
+            slot_bytes,
+            self.settings,
+            affinity,
+        )
 
     def _hosting(self, model: int, spans: Spans) -> None:
         """The machines of `spans` host `model` now (Eq. 13's history)."""
@@ -206,13 +190,11 @@ class FlexPipe:
     def shape(self, pool: Pool) -> tuple[list[tuple[int, ...]], list[int], Spans] | None:
         """A new group's workers (one GPU each), bytes per worker and stages; None if
         the stages do not fit the free GPUs."""
-        eta = self._scale_out_num_stages(pool)
-        cut = self._cut_and_place(pool, eta)
-        if cut is None:
+        choice = self._choose(pool, self._scale_out_num_stages(pool))
+        if choice is None:
             return None
-        bounds, gpus = cut
-        spans = tuple(zip(gpus, bounds, strict=True))
-        return [(g,) for g in gpus], self._stage_bytes(pool.model, bounds), spans
+        spans = tuple(zip(choice.slots, choice.bounds, strict=True))
+        return [(g,) for g in choice.slots], self._stage_bytes(pool.model, choice.bounds), spans
 
     def autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
         """The autoscaler's settings for `pool`: per group, η times the instance target
@@ -287,13 +269,14 @@ class FlexPipe:
 
     def _refactor(self, pool: Pool, inst: Instance, spans: Spans, eta: int) -> None:
         world = self.world
-        kept = tuple(g for g, _ in spans)[:eta]
-        cut = self._cut_and_place(pool, eta, kept)
-        if cut is None:
+        choice = self._choose(pool, eta, tuple(g for g, _ in spans))
+        if choice is None:
             return
-        bounds, added = cut
-        self.gpus.take(tuple(added))
-        target = tuple(zip(kept + added, bounds, strict=True))
+        target = tuple(zip(choice.slots, choice.bounds, strict=True))
+        if target == spans:
+            return  # no free GPU for a finer cut now
+        old_gpus = {g for g, _ in spans}
+        self.gpus.take(tuple(g for g in choice.slots if g not in old_gpus))
         valid = [(str(r.id), r.input_tokens + r.generated) for _, _, r in inst.running]
         plan = refactor(spans, target, valid)
         prof = world.models[pool.model].profile

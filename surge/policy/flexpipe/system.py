@@ -249,7 +249,7 @@ def choose_stages(
     stages stay on `kept_slots` (the pipeline's slots now, in stage order: a refactoring
     moves as little as it can), the others go where `place_stages` puts them among
     `free_slots`, or for a new pipeline with `affinity`, where `place_new_group` does
-    (§7 Eq. 13: the model's recent hosts first, as the simulator places a new group).
+    (§7 Eq. 13: the model's recent hosts first).
     When the free slots cannot take them, the next coarser granularity of
     `settings.stage_counts` is tried (fewer stages than wanted beats none); None if not
     even one stage fits."""

@@ -8,9 +8,9 @@ system, the server's arrivals). For each destination, one `FlexPipeline`:
   the stages; never coarser than Eq. 4's choice); the controller's granularity loop,
   `control/flexpipe.py`, owns the shape from then on;
 - layers (§5 Eq. 2) and nodes by `system.choose_stages`: the destination runs
-  the first stage, spares (booked with `hooks.book`) the others, placed as the simulator
-  places a new group (`place_new_group`: §7 Eq. 13 affinity, the nodes that hosted the
-  model most recently first, `hosted_s`: served it or hold a host copy; then §6.2 Eq. 6);
+  the first stage, spares (booked with `hooks.book`) the others, placed by
+  `place_new_group` (§7 Eq. 13 affinity, the nodes that hosted the model most recently
+  first, `hosted_s`: served it or hold a host copy; then §6.2 Eq. 6);
 - the members load their stages' blocks from their own tier in parallel (§7: new
   fine-grained stages load from host copies in parallel), the pipeline opens and serves,
   every member's slot records it (`hooks.on_local`); its head keeps η micro-batches in
