@@ -169,7 +169,7 @@ class FlexPipe:
         return sum(r.output_tokens for r in pool.queue) / len(pool.queue)
 
     def _scale_out_num_stages(self, pool: Pool) -> int:
-        """§7 Eq. 11/12 for a new group, as the runtime's scale-out asks it: the arrivals'
+        """§7 Eq. 11/12 for a new group (`scale_out_num_stages`): the arrivals'
         CV times the queue, no finer than its hops are worth, fine enough that the queue is
         served within the TTFT SLO while the model loads from host memory split over the
         stages. The granularity controller's state is updated too (it owns the shape from

@@ -150,8 +150,8 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
         timeout_s=ctx.timeout_s,
     )
     plan_node = {a: i for i, a in enumerate(agents)}
-    # Receivers that forward within the plan hold their egress too (as the simulator
-    # counts them: a later start-up ranks such a chain tail after a free one).
+    # Receivers that forward within the plan hold their egress too: a later start-up
+    # ranks such a chain tail after a free one (tests/parity/test_startup_parity.py).
     steps = outcome.plan.steps
     forwarders = tuple(sorted({agents[t.src] for st in steps for t in st if t.src >= k}))
     live = None

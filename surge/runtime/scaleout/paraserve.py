@@ -67,7 +67,7 @@ PREFILL_OVER_DECODE = 4.0
 
 def alg1_inputs_of(ctx: ScaleOutContext) -> tuple[StageTimes, SizingSettings]:
     """Alg. 1's stage times and settings for this model (see the module docstring), by
-    the same policy function as the simulator's (`policy.startup.alg1_inputs`)."""
+    `policy.startup.alg1_inputs`."""
     now = time.monotonic()
     decode_s = ctx.manifest.total_bytes / WEIGHT_READ_BYTES_PER_S
     wait_s = max((now - r.arrival_t for r in ctx.server.queue), default=0.0)

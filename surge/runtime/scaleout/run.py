@@ -36,9 +36,9 @@ def startup_plan(ctx: ScaleOutContext) -> StartupPlan:
 
 
 async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
-    """The multicast. While it runs, as the simulator counts them: its GPU sources and chain
-    tails are busy sending (a host copy is not an instance), and its receivers are chain
-    tails a later start-up may forward from (BlitzScale §5.1 Alg. 1 line 10)."""
+    """The multicast. While it runs, its GPU sources and chain tails are busy sending (a
+    host copy is not an instance), and its receivers are chain tails a later start-up may
+    forward from (BlitzScale §5.1 Alg. 1 line 10; tests/parity/test_startup_parity.py)."""
     senders = tuple(s.node for s in plan.sources if s.tier in ("gpu", "loading"))
     ctx.hooks.sending(senders, 1)
     ctx.hooks.receiving(plan.receivers, True)
