@@ -25,6 +25,7 @@ from surge.errors import SurgeError
 from surge.model.gguf_meta import GgufModel, hf_tensor_name, read_gguf_model
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest
+from surge.model.store_dir import prepare_store_dir
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,9 @@ def import_gguf(
     reader = _open(gguf_file)
     model = read_gguf_model(reader)
     _check_tensors(reader)
-    store_dir.parent.mkdir(parents=True, exist_ok=True)
+    # The store directory's rules (never delete what the user owns; the GGUF may not sit in
+    # it) before minutes of dequantizing; it is then an empty store directory surge made.
+    prepare_store_dir(gguf_file, store_dir, overwrite)
     # Beside the store: same file system, and removed whatever happens.
     with tempfile.TemporaryDirectory(dir=store_dir.parent, prefix=".surge-gguf-") as tmp:
         write_hf_checkpoint(reader, model, Path(tmp), STORE_DTYPES[dtype], progress)
@@ -183,6 +186,6 @@ def import_gguf(
             store_dir,
             num_blocks=num_blocks,
             name=name or gguf_file.name.removesuffix(".gguf"),
-            overwrite=overwrite,
+            overwrite=True,  # only the marker prepare_store_dir wrote is there
             progress=progress,
         )

@@ -179,3 +179,21 @@ def test_not_a_gguf_and_bad_dtype(llama_gguf: Path, tmp_path: Path) -> None:
         import_gguf(tmp_path / "x.gguf", tmp_path / "s")
     with pytest.raises(SurgeError, match="dtype 'float16'"):
         import_gguf(llama_gguf, tmp_path / "s", dtype="float16")
+
+
+def test_store_dir_rules_hold_before_any_dequantizing(llama_gguf: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SurgeError, match="not empty"):
+        import_gguf(llama_gguf, mine, progress=False)
+    with pytest.raises(SurgeError, match="not written by `surge model import`"):
+        import_gguf(llama_gguf, mine, progress=False, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    with pytest.raises(SurgeError, match="contains the checkpoint"):
+        import_gguf(llama_gguf, llama_gguf.parent, progress=False, overwrite=True)
+    assert llama_gguf.is_file()
+    assert not list(tmp_path.glob(".surge-gguf-*"))
+    import_gguf(llama_gguf, tmp_path / "s", progress=False)
+    import_gguf(llama_gguf, tmp_path / "s", progress=False, overwrite=True)  # its own store
+    assert read_manifest(tmp_path / "s").arch.model_type == "llama"
