@@ -1,13 +1,13 @@
-"""`surge node run`: one node agent (normally started by a launcher, not by hand).
+"""`surge node run`: one node agent (started by a launcher, or by hand / a StatefulSet for
+`--launcher static`); `surge node certs`: a cluster CA and certificates for TLS.
 
-The cluster token comes from the SURGE_TOKEN environment variable (never the command
-line, where other users could read it). Prints one JSON line `{"ready": true, "port": P}`
-when it listens.
+The cluster token comes from the SURGE_TOKEN environment variable or --token-file (never
+the command line, where other users could read it). Prints one JSON line
+`{"ready": true, "port": P}` when it listens.
 """
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -70,17 +70,28 @@ def run(
     host_gbps: Annotated[
         float | None, typer.Option(help="Fast link between host mates, Gbit/s (unset: unpaced).")
     ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="File holding the cluster token (default: $SURGE_TOKEN)."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="TLS: this agent's certificate (PEM, signed by the CA).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="TLS: its private key (PEM).")] = None,
+    tls_ca: Annotated[
+        Path | None, typer.Option(help="TLS: the cluster CA; peers must present a cert it signed.")
+    ] = None,
     fault_corrupt_sends: Annotated[int, typer.Option(hidden=True)] = 0,
     fault_shm_free_bytes: Annotated[int | None, typer.Option(hidden=True)] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
 ) -> None:
     """Run one node agent until it is told to shut down."""
     from surge.config import EngineConfig
+    from surge.runtime.cluster_token import resolve_token
     from surge.runtime.node.agent import AgentConfig, run_agent
+    from surge.runtime.tls import TlsConfig
 
-    token = os.environ.get("SURGE_TOKEN")
-    if not token:
-        raise SurgeError("set SURGE_TOKEN to the cluster's shared token before starting an agent")
+    token = resolve_token(token_file, "an agent")
     caps = (
         ("egress", egress_gbps),
         ("ingress", ingress_gbps),
@@ -95,6 +106,9 @@ def run(
         mates = tuple(int(m) for m in host_mates.split(",") if m.strip())
     except ValueError:
         raise SurgeError(f"--host-mates must be node ids like 1,2 (got {host_mates!r})") from None
+    tls = TlsConfig.from_options(tls_cert, tls_key, tls_ca)
+    if tls is not None:
+        tls.load()  # a missing or bad file is an `error:` line now, not a failed start later
     logging.getLogger().setLevel(log_level.upper())
     config = AgentConfig(
         node=node,
@@ -123,7 +137,32 @@ def run(
         host_group=host_group,
         host_mates=mates,
         host_gbps=host_gbps,
+        tls=tls,
         fault_corrupt_sends=fault_corrupt_sends,
         fault_shm_free_bytes=fault_shm_free_bytes,
     )
     asyncio.run(run_agent(config))
+
+
+@app.command("certs")
+def certs(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the files into.")],
+    members: Annotated[
+        str, typer.Option(help="Certificates to make, comma-separated (one per member or role).")
+    ] = "controller,agent",
+    days: Annotated[int, typer.Option(help="Validity of the certificates, days.")] = 365,
+) -> None:
+    """Make a cluster CA (reused if OUT_DIR has one) and a certificate per member, for
+    --tls-cert/--tls-key/--tls-ca (needs the openssl command)."""
+    from surge.runtime.tls_certs import make_ca, make_member
+
+    names = [m.strip() for m in members.split(",") if m.strip()]
+    if not names:
+        raise SurgeError("--members needs at least one name, like controller,agent")
+    if days < 1:
+        raise SurgeError(f"--days must be >= 1 (got {days})")
+    if not (out_dir / "ca.pem").is_file():
+        make_ca(out_dir, days)
+    for name in names:
+        make_member(out_dir, name, days)
+    typer.echo(f"wrote {out_dir}/ca.pem and {', '.join(f'{n}.pem/.key' for n in names)}")

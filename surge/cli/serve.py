@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
+from surge.cli.serve_cluster import cluster_settings
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
     check_machine,
@@ -79,8 +80,31 @@ def serve(
         float | None, typer.Option(help="Largest request body, MiB (default 16; 413 beyond).")
     ] = None,
     launcher: Annotated[
-        str, typer.Option(help="Where agents run: local (processes) or ray (one actor each).")
+        str,
+        typer.Option(
+            help="Where agents run: local (processes), ray (one actor each) or static "
+            "(running agents, --agents)."
+        ),
     ] = "local",
+    agents: Annotated[
+        str | None,
+        typer.Option(help="With --launcher static: the agents' HOST:PORT, comma-separated."),
+    ] = None,
+    agents_timeout: Annotated[
+        float | None,
+        typer.Option(help="With --launcher static: seconds to wait for them (default 120)."),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="With --launcher static: the cluster token's file ($SURGE_TOKEN)."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="TLS to the agents: this controller's certificate.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="TLS: its private key (PEM).")] = None,
+    tls_ca: Annotated[
+        Path | None, typer.Option(help="TLS: the cluster CA (`surge node certs` makes one).")
+    ] = None,
     ray_address: Annotated[
         str | None,
         typer.Option(help="With --launcher ray: a running cluster (default: a local one)."),
@@ -120,8 +144,8 @@ def serve(
     ] = False,
 ) -> None:
     """Serve models over an OpenAI-compatible API on a cluster of node agents."""
-    if launcher not in ("local", "ray"):
-        raise SurgeError(f"launcher {launcher!r} is not one of local, ray")
+    if launcher not in ("local", "ray", "static"):
+        raise SurgeError(f"launcher {launcher!r} is not one of local, ray, static")
     if emulate is not None and launcher != "local":
         raise SurgeError("--emulate needs --launcher local (a loopback or netns cluster)")
     if ray_address is not None and launcher != "ray":
@@ -153,6 +177,11 @@ def serve(
         "time_dilation": time_dilation,
     }
     cfg.update({k: v for k, v in flags.items() if v is not None})
+    tls_flags = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_ca": tls_ca}
+    cluster_flags = {"agents": agents, "agents_timeout_s": agents_timeout, "token_file": token_file}
+    cfg["cluster_settings"] = cluster_settings(launcher, tls_flags | cluster_flags, cfg)
+    if launcher == "static" and "nodes" not in cfg:
+        cfg["nodes"] = len(cfg["cluster_settings"]["agents"])  # one agent per entry
     emulation = emulation_config(cfg, launcher)
     if emulation is not None and "nodes" not in cfg:
         cfg["nodes"] = emulation.num_gpus
@@ -285,6 +314,7 @@ async def _serve(
         host_groups=tuple(host_groups(cfg)),
         emulation=cfg.get("emulation"),
         **given,
+        **cfg["cluster_settings"],
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -37,6 +37,12 @@ SERVE_KEYS = {
     "emulate": str,
     "time_dilation": float,
     "allow_overcommit": bool,
+    "agents": list,
+    "agents_timeout_s": float,
+    "token_file": str,
+    "tls_cert": str,
+    "tls_key": str,
+    "tls_ca": str,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 
 class AgentCluster(Protocol):
-    """What the controller needs of a launcher (`LocalCluster`, `RayCluster`)."""
+    """What the controller needs of a launcher (`LocalCluster`, `RayCluster`,
+    `StaticCluster`)."""
 
     addresses: dict[int, tuple[str, int]]
     token: str
@@ -64,7 +65,8 @@ class AgentCluster(Protocol):
 
 
 def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
-    """A `LocalCluster` or a `RayCluster` (same surface) of `config.nodes` agents."""
+    """A `LocalCluster`, `RayCluster` (same surface) of `config.nodes` agents, or a
+    `StaticCluster` joining that many running ones."""
     common: dict[str, Any] = {
         "num_nodes": config.nodes,
         "link_gbps": config.link_gbps,
@@ -78,13 +80,27 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         raise SurgeError("--emulate needs --launcher local (loopback or netns cluster)")
     if config.emulation is not None:
         common["emulation"] = config.emulation
+    if config.launcher == "static":
+        from surge.runtime.cluster_token import resolve_token
+        from surge.runtime.launch.static_cluster import StaticCluster, StaticClusterConfig
+
+        return StaticCluster(
+            StaticClusterConfig(
+                agents=config.agents,
+                token=resolve_token(config.token_file, "the controller"),
+                num_nodes=config.nodes,
+                tls=config.tls,
+                timeout_s=config.agents_timeout_s,
+            )
+        )
+    common["tls"] = config.tls
     if config.launcher == "ray":
         from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
 
         host = config.agent_host  # "node-ip": a cluster across hosts, each agent on its own
         return RayCluster(RayClusterConfig(address=config.ray_address, agent_host=host, **common))
     if config.launcher != "local":
-        raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray")
+        raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray, static")
     common |= {
         "egress_gbps": config.egress_gbps,
         "ingress_gbps": config.ingress_gbps,
@@ -192,7 +208,8 @@ class Controller:
             self.addresses, self.token = self.cluster.addresses, self.cluster.token
         if self.token is None:
             raise SurgeError("running agents need their cluster token (Controller(token=...))")
-        client = ClusterClient(self.addresses, self.token)
+        tls = self.config.tls.load() if self.config.tls is not None else None
+        client = ClusterClient(self.addresses, self.token, tls)
         await client.connect()
         hello = await client.broadcast(SetPeersOp(peers=dict(self.addresses)))
         self.links.update({n: LinkReport.planned(r.links) for n, r in hello.items()})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from surge.emulation import Emulation
 from surge.errors import SurgeError
+from surge.runtime.tls import TlsConfig
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
 """Each node's host-cache budget unless `host_cache_gb` says otherwise."""
@@ -70,6 +71,17 @@ class ControllerConfig:
     cluster: str = "loopback"
     """With launcher "local": "loopback" (processes here) or "netns" (`NetnsCluster`: a
     network namespace per agent, tc-shaped links, a CPU quota each)."""
+    agents: tuple[str, ...] = ()
+    """With launcher "static": the running agents' "HOST:PORT" (or a DNS name resolving to
+    several); `nodes` is how many to wait for."""
+    agents_timeout_s: float = 120.0
+    """With launcher "static": how long to wait for every agent to answer."""
+    token_file: Path | None = None
+    """With launcher "static": the file holding the agents' cluster token (None:
+    `$SURGE_TOKEN`)."""
+    tls: TlsConfig | None = None
+    """TLS between this controller and the agents, and among them (`runtime/tls.py`; None:
+    plain TCP, the token still proven, never sent). Started agents get the same files."""
     emulation: Emulation | None = None
     """GPU-time emulation of started agents (`surge serve --emulate`; launcher "local"):
     their rates, KV capacity and step times are the emulated cluster's (docs/emulation.md);

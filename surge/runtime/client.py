@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 
 from surge.errors import SurgeError
 from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp, decode_event
+from surge.runtime.tls import ClusterTls
 from surge.runtime.transport import Connection, ConnectionClosed, connect
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,13 @@ class _Subscription:
 class ClusterClient:
     """Control connections to a set of agents, by node id."""
 
-    def __init__(self, addresses: dict[int, tuple[str, int]], token: str) -> None:
+    def __init__(
+        self, addresses: dict[int, tuple[str, int]], token: str, tls: ClusterTls | None = None
+    ) -> None:
         self.addresses = dict(addresses)
         self.token = token
+        self.tls = tls.client if tls is not None else None
+        """The client TLS context of every connection (None: plain TCP)."""
         self.conns: dict[int, Connection] = {}
         self._subs: list[_Subscription] = []
         self._data_pool: dict[int, list[Connection]] = {}
@@ -59,8 +64,8 @@ class ClusterClient:
 
     async def _attach(self, node: int) -> None:
         host, port = self.addresses[node]
-        self.conns[node] = await connect(host, port, self.token, "controller")
-        sub = await connect(host, port, self.token, "controller-events")
+        self.conns[node] = await connect(host, port, self.token, "controller", tls=self.tls)
+        sub = await connect(host, port, self.token, "controller-events", tls=self.tls)
         await sub.request(SubscribeOp().to_json())
         self._events[node] = sub
         self._readers.append(asyncio.get_running_loop().create_task(self._read_events(node, sub)))
@@ -126,7 +131,7 @@ class ClusterClient:
         conn = free.pop() if free else None
         if conn is None or conn.closed:
             host, port = self.addresses[node]
-            conn = await connect(host, port, self.token, "controller-data")
+            conn = await connect(host, port, self.token, "controller-data", tls=self.tls)
         try:
             reply, body = await conn.request(header, payload)
         except BaseException:

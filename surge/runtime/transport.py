@@ -4,29 +4,38 @@ What flows: frames (`surge.wire`: 4-byte length, JSON header, raw payload). Payl
 received straight into a buffer the caller supplies (a pre-allocated block buffer or shared
 memory) with `sock_recv_into`: no StreamReader, no copies of the payload in Python (the
 issue measured StreamReader.readexactly ten times slower than recv_into on loopback).
-Every connection starts with a hello frame carrying the cluster's shared token; a wrong
-token is refused and the connection closed. Egress and ingress token buckets pace every
+Every connection starts with a handshake that proves both ends know the cluster's shared
+token without sending it (HMAC-SHA256 over two fresh nonces, compared in constant time); a
+wrong token is refused and the connection closed. With TLS configured (`runtime/tls.py`)
+the TLS handshake comes first and every frame after it is encrypted (`runtime/channel.py`);
+without, the payload path stays zero-copy. Egress and ingress token buckets pace every
 chunk. Owned by the runtime; the agent server and its clients both use `Connection`.
 """
 
 import asyncio
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import socket
+import ssl
 import struct
 import termios
 import time
 from collections.abc import Callable
 from typing import Any
 
+from surge.runtime.channel import PlainChannel, TlsChannel, TlsHandshakeError
 from surge.runtime.token_bucket import TokenBucket
 from surge.wire import HEADER_LEN, FrameError, check_header_len, parse_header
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: the token is proven (HMAC over nonces), never sent; 1 sent it in its hello."""
 DEFAULT_HOST = "127.0.0.1"
 STALL_TIMEOUT_S = 8.0
 """A peer whose kernel acknowledges nothing for this long is dead (a link down for good, a
@@ -35,13 +44,6 @@ from it is re-planned and the controller marks the agent down. Idle connections 
 (TCP keepalive) so a pull waiting for its reply notices too. A frozen process on a live host
 still has its kernel answer: that case is bounded by the operation's own wait."""
 
-
-RECV_LOWAT_BYTES = 256 << 10
-"""While a payload arrives, the socket wakes its reader only once this much (or the rest of
-the payload) is waiting (SO_RCVLOWAT). Why: on a slow link bytes trickle in a packet or
-two at a time, and each wake-up costs a turn of the event loop: on the netns cluster (8
-nodes, 0.5 Gbit/s, a quarter core each) receiving agents used 28% less CPU with the mark
-(0.74 vs 1.04 cores in all, 4 A/B pairs). 256 KiB is ~4 ms at 0.5 Gbit/s."""
 
 UNSENT_POLL_S = (0.0005, 0.01)
 """Bounds of the wait between two looks at a socket's unsent bytes (`wait_sent`): the wait
@@ -125,24 +127,20 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _detect_stalls(sock, STALL_TIMEOUT_S)
         self.sock = sock
+        self.channel: PlainChannel | TlsChannel = PlainChannel(sock)
+        """What frames are read from and written to (TLS once `start_tls` ran)."""
         self.egress = egress or TokenBucket(None)
         self.ingress = ingress or TokenBucket(None)
         self.lock = asyncio.Lock()
         """Held for one request/response exchange by clients sharing the connection."""
         self.closed = False
         self.peer: str | None = None
-        self._recv_lowat = 1
-        """The socket's SO_RCVLOWAT as last set (1, the kernel's default, between frames)."""
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
-
-    def _set_recv_lowat(self, num_bytes: int) -> None:
-        if num_bytes != self._recv_lowat:
-            with contextlib.suppress(OSError):  # platforms without SO_RCVLOWAT on TCP
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, num_bytes)
-            self._recv_lowat = num_bytes
+    async def start_tls(self, context: ssl.SSLContext, server_side: bool) -> None:
+        """Run TLS on this connection from now on (before any frame)."""
+        channel = TlsChannel(self.sock, context, server_side)
+        await channel.handshake()
+        self.channel = channel
 
     async def _recv_exactly(
         self,
@@ -160,9 +158,9 @@ class Connection:
                     # no trailing wait (paying after each read cost ~10 ms per block).
                     want = min(want, chunk_for(self.ingress, charge))
                     await self.ingress.consume(round(want * charge))
-                    # Never more than this frame still owes: those bytes are sure to come.
-                    self._set_recv_lowat(min(want, RECV_LOWAT_BYTES))
-                n = await self.loop.sock_recv_into(self.sock, view[got : got + want])
+                # A payload's bytes are sure to come: the channel may wait for many at once
+                # (SO_RCVLOWAT); a header is read as soon as it arrives.
+                n = await self.channel.recv_into(view[got : got + want], sure=paced)
                 if n == 0:
                     raise ConnectionClosed(f"peer closed after {got} of {len(view)} bytes")
                 if paced and n < want:
@@ -172,17 +170,17 @@ class Connection:
                 got += n
         finally:
             if paced:
-                self._set_recv_lowat(1)  # headers are read as soon as they arrive
+                self.channel.between_frames()
 
     async def _send_all(self, data: memoryview, paced: bool, charge: float = 1.0) -> None:
         if not paced or self.egress.unlimited:
-            await self.loop.sock_sendall(self.sock, data)
+            await self.channel.sendall(data)
             return
         step = chunk_for(self.egress, charge)
         for start in range(0, len(data), step):
             chunk = data[start : start + step]
             await self.egress.consume(round(len(chunk) * charge))
-            await self.loop.sock_sendall(self.sock, chunk)
+            await self.channel.sendall(chunk)
 
     async def send(
         self,
@@ -292,6 +290,17 @@ class Connection:
                 self.sock.close()
 
 
+def _proof(token: str, side: str, client_nonce: str, server_nonce: str) -> str:
+    """What one side sends to prove it knows the token: HMAC-SHA256 keyed by the token over
+    both nonces and the side's name (so a proof cannot be replayed, nor reflected back)."""
+    msg = f"surge-hello|{side}|{client_nonce}|{server_nonce}".encode()
+    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def _proof_ok(got: object, want: str) -> bool:
+    return isinstance(got, str) and hmac.compare_digest(got.encode(), want.encode())
+
+
 async def connect(
     host: str,
     port: int,
@@ -300,8 +309,10 @@ async def connect(
     egress: TokenBucket | None = None,
     ingress: TokenBucket | None = None,
     timeout_s: float = 10.0,
+    tls: ssl.SSLContext | None = None,
 ) -> Connection:
-    """Open a connection and authenticate with the cluster token."""
+    """Open a connection (TLS first when `tls` is given, the client context of
+    `ClusterTls`) and prove the cluster token; the agent proves it too."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -313,22 +324,74 @@ async def connect(
     conn = Connection(sock, egress, ingress)
     conn.peer = f"{host}:{port}"
     try:
-        await conn.send({"kind": "hello", "token": token, "from": me, "version": PROTOCOL_VERSION})
-        reply, _ = await asyncio.wait_for(conn.recv(), timeout_s)
+        await asyncio.wait_for(_client_handshake(conn, token, me, tls), timeout_s)
+    except TlsHandshakeError as e:
+        conn.close()
+        raise AuthError(f"{conn.peer}: {e}") from None
+    except ConnectionClosed as e:
+        conn.close()
+        hint = "" if tls else " (does it use TLS? then give --tls-cert/--tls-key/--tls-ca)"
+        raise AuthError(f"{conn.peer} closed the connection during the hello{hint}: {e}") from None
     except BaseException:
         conn.close()
         raise
-    if reply.get("kind") != "welcome":
-        conn.close()
-        raise AuthError(reply.get("error", "connection refused"))
     return conn
 
 
-async def accept_hello(conn: Connection, token: str, me: str, timeout_s: float = 10.0) -> str:
-    """Server side of the handshake: check the token, answer, return who connected."""
-    header, _ = await asyncio.wait_for(conn.recv(), timeout_s)
-    if header.get("kind") != "hello" or header.get("token") != token:
+async def _client_handshake(
+    conn: Connection, token: str, me: str, tls: ssl.SSLContext | None
+) -> None:
+    if tls is not None:
+        await conn.start_tls(tls, server_side=False)
+    nonce = secrets.token_hex(16)
+    await conn.send({"kind": "hello", "from": me, "version": PROTOCOL_VERSION, "nonce": nonce})
+    reply, _ = await conn.recv()
+    if reply.get("kind") != "challenge":
+        raise AuthError(reply.get("error", "connection refused"))
+    theirs = str(reply.get("nonce", ""))
+    # Our proof goes first either way, so a refused peer logs the refusal on its side too.
+    await conn.send({"kind": "proof", "proof": _proof(token, "client", nonce, theirs)})
+    if not _proof_ok(reply.get("proof"), _proof(token, "agent", nonce, theirs)):
+        raise AuthError(f"wrong cluster token: {conn.peer} and this process do not share one")
+    reply, _ = await conn.recv()
+    if reply.get("kind") != "welcome":
+        raise AuthError(reply.get("error", "connection refused"))
+
+
+async def accept_hello(
+    conn: Connection,
+    token: str,
+    me: str,
+    timeout_s: float = 10.0,
+    tls: ssl.SSLContext | None = None,
+) -> str:
+    """Server side of the handshake (TLS first when `tls` is given, the server context of
+    `ClusterTls`): check the peer's proof of the token, answer, return who connected."""
+    try:
+        return await asyncio.wait_for(_server_handshake(conn, token, me, tls), timeout_s)
+    except TlsHandshakeError as e:
+        raise AuthError(f"refused a connection from {conn.peer}: {e}") from None
+
+
+async def _server_handshake(
+    conn: Connection, token: str, me: str, tls: ssl.SSLContext | None
+) -> str:
+    if tls is not None:
+        await conn.start_tls(tls, server_side=True)
+    header, _ = await conn.recv()
+    who = header.get("from")
+    if header.get("kind") != "hello" or header.get("version") != PROTOCOL_VERSION:
+        error = f"expected a hello of protocol version {PROTOCOL_VERSION}"
+        await conn.send({"kind": "error", "ok": False, "error": error})
+        raise AuthError(f"refused a connection from {who!r} ({conn.peer}): {error}")
+    theirs, nonce = str(header.get("nonce", "")), secrets.token_hex(16)
+    mine = _proof(token, "agent", theirs, nonce)
+    await conn.send({"kind": "challenge", "nonce": nonce, "proof": mine})
+    header, _ = await conn.recv()
+    if header.get("kind") != "proof" or not _proof_ok(
+        header.get("proof"), _proof(token, "client", theirs, nonce)
+    ):
         await conn.send({"kind": "error", "ok": False, "error": "wrong cluster token"})
-        raise AuthError(f"refused a connection from {header.get('from')!r}: wrong token")
+        raise AuthError(f"refused a connection from {who!r} ({conn.peer}): wrong token")
     await conn.send({"kind": "welcome", "ok": True, "node": me})
-    return str(header.get("from"))
+    return str(who)

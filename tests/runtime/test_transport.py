@@ -220,7 +220,8 @@ def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet(
     the socket's low-water mark is the rest of the frame, at most `RECV_LOWAT_BYTES`. A
     payload's last bytes, fewer than the mark, still arrive, and the next header is read
     as soon as it is there (the mark is back at one byte)."""
-    from surge.runtime.transport import RECV_LOWAT_BYTES, Connection
+    from surge.runtime.channel import RECV_LOWAT_BYTES
+    from surge.runtime.transport import Connection
 
     payload_bytes, piece_bytes = RECV_LOWAT_BYTES * 3 + 12_345, 8 << 10
 
@@ -255,7 +256,7 @@ def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet(
             await asyncio.sleep(0.05)
             a.sendall(encode_frame(ok_header(BlockReply(model="m", block=1))))
             await asyncio.wait_for(second, 5)
-            return payload_calls, bytes(got), conn._recv_lowat, time.monotonic() - t
+            return payload_calls, bytes(got), conn.channel.lowat.num_bytes, time.monotonic() - t
         finally:
             loop.sock_recv_into = real_recv_into  # type: ignore[method-assign]
             conn.close()

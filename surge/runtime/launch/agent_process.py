@@ -53,6 +53,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
     if config.emulate is not None and config.emulated_gpu is not None:
         cmd += ["--emulate", config.emulate, "--emulated-gpu", config.emulated_gpu]
         cmd += ["--time-dilation", repr(config.time_dilation)]
+    if config.tls is not None:
+        cmd += config.tls.argv()
     if config.fault_corrupt_sends:
         cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
     if config.fault_shm_free_bytes is not None:

@@ -38,6 +38,7 @@ from surge.runtime.launch.agent_process import (
 )
 from surge.runtime.node.context import AgentConfig
 from surge.runtime.protocol import SetPeersOp
+from surge.runtime.tls import TlsConfig
 from surge.runtime.transport import DEFAULT_HOST
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class LocalClusterConfig:
     compile_decode: bool = False
     """Every agent's `EngineConfig.compile_decode`."""
     start_timeout_s: float = 60.0
+    tls: TlsConfig | None = None
+    """TLS between the agents and with their controller (`runtime/tls.py`; None: plain)."""
     extra_args: dict[int, list[str]] = field(default_factory=dict)
     """Extra command-line arguments for some nodes (testing: fault injection)."""
     emulation: Emulation | None = None
@@ -247,12 +250,14 @@ class LocalCluster:
                 compile_decode=self.config.compile_decode,
             ),
             preload_engine=self.config.preload_engine,
+            tls=self.config.tls,
         )
         return emulated_agent(agent, self.config) if self.config.emulation else agent
 
     def client(self) -> ClusterClient:
         """A controller-side client of every agent (call `await client.connect()`)."""
-        return ClusterClient(self.addresses, self.token)
+        tls = self.config.tls.load() if self.config.tls is not None else None
+        return ClusterClient(self.addresses, self.token, tls)
 
     async def wire_peers(self, client: ClusterClient) -> None:
         """Tell every agent where its peers listen, and pre-open the connection pool."""

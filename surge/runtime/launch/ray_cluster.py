@@ -28,6 +28,7 @@ from surge.config import EngineConfig
 from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import agent_argv, agent_env, wait_ready
 from surge.runtime.node.context import AgentConfig
+from surge.runtime.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class RayClusterConfig:
     num_cpus_per_agent: float = 0.0
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
     start_timeout_s: float = 120.0
+    tls: TlsConfig | None = None
+    """TLS files of every agent (None: plain TCP); the same paths must exist on every Ray
+    node (a shared mount, or a Secret mounted alike in each pod)."""
 
 
 def agent_config(
@@ -64,7 +68,7 @@ def agent_config(
 ) -> AgentConfig:
     """One agent's settings, made inside its actor; `opts` holds the JSON values of
     `RayClusterConfig` that cross to the actor (link_gbps, remote_dir, remote_gbps,
-    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode)."""
+    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode, tls)."""
     return AgentConfig(
         node=node,
         cluster_id=cluster_id,
@@ -82,6 +86,7 @@ def agent_config(
             compile_decode=opts["compile_decode"],
         ),
         preload_engine=opts["preload_engine"],
+        tls=TlsConfig(*map(Path, opts["tls"])) if opts.get("tls") else None,
     )
 
 
@@ -198,6 +203,9 @@ class RayCluster:
             "fuse_projections": c.fuse_projections,
             "compile_decode": c.compile_decode,
             "preload_engine": c.preload_engine,
+            "tls": [str(c.tls.cert_path), str(c.tls.key_path), str(c.tls.ca_path)]
+            if c.tls
+            else None,
         }
         started = {}
         for node in range(c.num_nodes):

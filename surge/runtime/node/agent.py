@@ -82,6 +82,7 @@ class NodeAgent:
             host_out=TokenBucket(rate(hg) if (hg := paced(config.host_gbps)) else None),
             host_in=TokenBucket(rate(hg) if hg else None),
             pacer=step_pacer(config),
+            tls=config.tls.load() if config.tls is not None else None,
         )
         self.store = AgentStore(self.ctx)
         self.transfer = AgentTransfer(self.ctx, self.store)
@@ -116,10 +117,12 @@ class NodeAgent:
 
     async def serve_forever(self) -> None:
         launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-        parent = int(launcher) if launcher.isdigit() else os.getppid()
+        # An agent started by something else (a StatefulSet, systemd: `--launcher static`)
+        # has no launcher to outlive; it runs until told to stop.
+        parent = int(launcher) if launcher.isdigit() else None
         while not self._stop.is_set():
             # No orphans: an agent whose launcher died exits by itself.
-            if os.getppid() != parent:
+            if parent is not None and os.getppid() != parent:
                 log.warning("node %d: launcher is gone, exiting", self.node)
                 break
             with contextlib.suppress(asyncio.TimeoutError):
@@ -151,13 +154,16 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         assert self._server is not None
         while True:
-            client, _ = await loop.sock_accept(self._server)
-            self._spawn(self._handle(Connection(client, self.ctx.egress, self.ctx.ingress)))
+            client, addr = await loop.sock_accept(self._server)
+            conn = Connection(client, self.ctx.egress, self.ctx.ingress)
+            conn.peer = f"{addr[0]}:{addr[1]}"  # until its hello names it
+            self._spawn(self._handle(conn))
 
     async def _handle(self, conn: Connection) -> None:
         """Serve one connection until it closes; a bad peer never takes the agent down."""
         try:
-            who = await accept_hello(conn, self.config.token, f"node-{self.node}")
+            tls = self.ctx.tls.server if self.ctx.tls is not None else None
+            who = await accept_hello(conn, self.config.token, f"node-{self.node}", tls=tls)
             conn.peer = who
             peer = who.removeprefix("node-")
             conn.egress, conn.ingress = self.ctx.buckets(int(peer) if peer.isdigit() else None)
@@ -173,7 +179,10 @@ class NodeAgent:
                     await conn.send(ok_header(Ack()))
                     return  # the connection now belongs to the event stream
                 await self._dispatch(conn, op, payload)
-        except (TimeoutError, ConnectionClosed, AuthError, FrameError, OSError) as e:
+        except AuthError as e:  # a wrong certificate or token: one clear line
+            log.warning("node %d: %s", self.node, e)
+            conn.close()
+        except (TimeoutError, ConnectionClosed, FrameError, OSError) as e:
             log.info("node %d: connection from %s ended: %s", self.node, conn.peer, e)
             if conn not in self.subscribers:
                 conn.close()
@@ -242,7 +251,8 @@ async def run_agent(config: AgentConfig) -> None:
         import_engine()
     agent = NodeAgent(config)
     port = await agent.start()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, agent.stop)
     sys.stdout.write(json.dumps({"ready": True, "node": config.node, "port": port}) + "\n")
     sys.stdout.flush()
     await agent.serve_forever()

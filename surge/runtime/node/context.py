@@ -16,6 +16,7 @@ from surge.config import EngineConfig
 from surge.emulation import EmulationConfig, StepPacer
 from surge.errors import SurgeError
 from surge.runtime.protocol import Event, Op, Reply
+from surge.runtime.tls import ClusterTls, TlsConfig
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed, connect
 
@@ -69,6 +70,9 @@ class AgentConfig:
     preload_engine: bool = True
     """Import the engine (torch) before announcing readiness, so the first block that lands
     in the gpu tier does not wait ~1.5 s for it."""
+    tls: TlsConfig | None = None
+    """TLS for every connection this agent accepts or makes (None: plain TCP; the token is
+    proven, never sent, either way)."""
     fault_corrupt_sends: int = 0
     """Testing only: corrupt the payload of this many block sends."""
     fault_shm_free_bytes: int | None = None
@@ -123,6 +127,8 @@ class NodeContext:
     """Peer addresses by node id (set by the `set_peers` op)."""
     pacer: StepPacer | None = None
     """Under GPU-time emulation, what every engine step of this node is paced by."""
+    tls: ClusterTls | None = None
+    """This agent's TLS contexts (None: plain TCP)."""
 
     @property
     def node(self) -> int:
@@ -134,7 +140,9 @@ class NodeContext:
             raise ConnectionClosed(f"node {node} is not a known peer of node {self.node}")
         host, port = self.peers[node]
         egress, ingress = self.buckets(node)
-        return await connect(host, port, self.config.token, f"node-{self.node}", egress, ingress)
+        tls = self.tls.client if self.tls is not None else None
+        me = f"node-{self.node}"
+        return await connect(host, port, self.config.token, me, egress, ingress, tls=tls)
 
     def buckets(self, peer: int | None) -> tuple[TokenBucket, TokenBucket]:
         """(egress, ingress) pacing of a connection with `peer` (None: not an agent)."""

@@ -1,0 +1,70 @@
+"""`surge serve`'s settings of where the agents are and how they are reached: the launcher
+(`local`, `ray`, `static`), the static launcher's agent list and token, TLS files.
+
+What flows: the flags and the config file's keys in; out, the `ControllerConfig` fields
+(`agents`, `agents_timeout_s`, `token_file`, `tls`) checked once, so a bad
+value is one `error:` line before anything starts. Owned by the CLI.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from surge.errors import SurgeError
+from surge.runtime.cluster_token import resolve_token
+from surge.runtime.launch.static_cluster import parse_entry
+from surge.runtime.tls import TlsConfig
+
+LAUNCHERS = ("local", "ray", "static")
+
+
+def agent_entries(value: Any) -> tuple[str, ...]:
+    """`--agents` ("a:1,b:2") or the config's `agents` (that string, or a list of them)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
+        raise SurgeError(f"agents must be HOST:PORT entries, comma-separated (got {value!r})")
+    entries = tuple(x.strip() for x in items if x.strip())
+    for entry in entries:
+        parse_entry(entry)
+    return entries
+
+
+def cluster_settings(
+    launcher: str,
+    flags: dict[str, Any],
+    cfg: dict[str, Any],
+) -> dict[str, Any]:
+    """The cluster fields of `ControllerConfig`; `flags` win over the config file's keys
+    (`agents`, `agents_timeout_s`, `token_file`, `tls_cert`, `tls_key`, `tls_ca`)."""
+    if launcher not in LAUNCHERS:
+        raise SurgeError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+
+    def pick(key: str) -> Any:
+        return flags[key] if flags.get(key) is not None else cfg.get(key)
+
+    out: dict[str, Any] = {}
+    tls = TlsConfig.from_options(pick("tls_cert"), pick("tls_key"), pick("tls_ca"))
+    if tls is not None:
+        tls.load()  # a missing or bad file: one line now, not a failed start later
+        out["tls"] = tls
+    agents, token_file = pick("agents"), pick("token_file")
+    timeout_s = pick("agents_timeout_s")
+    if launcher != "static":
+        for key, value in (("--agents", agents), ("--token-file", token_file),
+                           ("--agents-timeout", timeout_s)):  # fmt: skip
+            if value is not None:
+                raise SurgeError(f"{key} needs --launcher static")
+        return out
+    entries = agent_entries(agents) if agents is not None else ()
+    if not entries:
+        raise SurgeError(
+            "--launcher static needs --agents HOST:PORT,... (agents started with "
+            "`surge node run --host ADDR --port PORT --node-id N`)"
+        )
+    if timeout_s is not None:
+        if not float(timeout_s) > 0:
+            raise SurgeError(f"--agents-timeout must be > 0 s (got {timeout_s})")
+        out["agents_timeout_s"] = float(timeout_s)
+    path = Path(token_file).expanduser() if token_file is not None else None
+    resolve_token(path, "the controller")  # checked now, read again where it is used
+    out.update(agents=entries, token_file=path)
+    return out
