@@ -1,7 +1,8 @@
 """`surge serve --launcher static`: agents started by the test (as a StatefulSet would) with
 `surge node run`, the token from a file, TLS on; the controller joins them, serves greedy
-text equal to a local run, and leaves them running when it stops (they are stopped here,
-by PID). Agents that never answer are named in one error line, not waited on forever."""
+text equal to a local run, joins again an agent its owner restarted, and leaves them
+running when it stops (they are stopped here, by PID). Agents that never answer are named
+in one error line, not waited on forever."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +23,11 @@ from tests.control.test_serve_openai import GREEDY, MODEL
 TOKEN = "static-cluster-token-0123456789"
 
 
-def start_agent(node: int, tmp: Path, registry: Path, token_file: Path, tls: list[str]):
+def start_agent(
+    node: int, tmp: Path, registry: Path, token_file: Path, tls: list[str], port: int = 0
+):
     argv = [sys.executable, "-m", "surge.cli", "node", "run", "--node-id", str(node)]
-    argv += ["--host", "127.0.0.1", "--port", "0", "--disk-dir", str(tmp / f"disk{node}")]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--disk-dir", str(tmp / f"disk{node}")]
     argv += ["--remote-dir", str(registry), "--token-file", str(token_file)]
     argv += ["--cluster-id", f"st{os.getpid() % 10000}", "--no-preload-engine", *tls]
     env = {k: v for k, v in os.environ.items() if k != "SURGE_TOKEN"}
@@ -72,6 +76,16 @@ def test_serve_joins_agents_started_elsewhere_over_tls(
             c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
             out = c.completions.create(model=MODEL, prompt="Static", max_tokens=8, **GREEDY)
             assert out.choices[0].text == reference("Static", 8)
+            # Agent 1 goes away and its owner starts it again (a pod restart): it rejoins.
+            stop_by_pid(agents[1:])
+            agents[1] = start_agent(1, tmp_path, registry, token_file, tls("agent"), ports[1])
+            assert json.loads(agents[1].stdout.readline())["port"] == ports[1]
+            deadline = time.monotonic() + 90
+            while not all(n["up"] for n in s.http.get("/v1/nodes").json()["data"]):
+                assert time.monotonic() < deadline, "agent 1 did not rejoin"
+                time.sleep(0.5)
+            out = c.completions.create(model=MODEL, prompt="Again", max_tokens=8, **GREEDY)
+            assert out.choices[0].text == reference("Again", 8)
         finally:
             s.stop()
         # The agents belong to whoever started them: the controller left them running.

@@ -7,7 +7,9 @@ asks every address for its status (over TLS when configured, proving the token l
 connection) until all answer, each reporting the node id it was started with
 (`surge node run --node-id N`); ids must be 0..N-1, one per agent. Agents that have not
 answered by `timeout_s` are named in one error; a wrong token or certificate fails at once.
-`stop` leaves the agents running: they belong to whatever started them. Owned by the
+An agent lost and started again by its owner (a pod restarted) is joined again
+(`restart`, called by the controller's healer). `stop` leaves the agents running: they
+belong to whatever started them. Owned by the
 runtime; the controller picks it for `surge serve --launcher static`.
 """
 
@@ -27,6 +29,9 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 """Pause between two tries of an agent that did not answer yet."""
+REJOIN_WAIT_S = 60.0
+"""How long one `restart` waits for a lost agent to answer again (the healer retries with
+backoff, `policy.node_health`): a pod's restart fits, a machine's reboot may take several."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,9 @@ class StaticCluster:
         self.addresses: dict[int, tuple[str, int]] = {}
         self.pids: dict[int, int] = {}
         """None: these agents are not this process's children."""
+        self.can_restart = True
+        """A lost agent that comes back (restarted by what started it) is joined again
+        (`control/healing.py` calls `restart`)."""
 
     def start(self) -> None:
         tls = self.config.tls.load() if self.config.tls is not None else None
@@ -169,6 +177,27 @@ class StaticCluster:
                 f"0..{want - 1}, one per agent (surge node run --node-id)"
             )
         return dict(sorted(by_node.items()))
+
+    def restart(self, node: int) -> tuple[str, int]:
+        """Wait (at most `REJOIN_WAIT_S`) for agent `node` to answer again at any address
+        the entries name now (a restarted pod may have a new one); its address. Starts
+        nothing: whatever started the agent restarts it."""
+        tls = self.config.tls.load() if self.config.tls is not None else None
+        address = asyncio.run(self._find_again(node, tls))
+        self.addresses[node] = address
+        return address
+
+    async def _find_again(self, node: int, tls: ClusterTls | None) -> tuple[str, int]:
+        deadline = time.monotonic() + REJOIN_WAIT_S
+        while True:
+            for addr in resolve(self.config.agents):
+                reply = await self._ask(addr, tls)
+                if isinstance(reply, StatusReply) and reply.node == node:
+                    log.info("agent %d answers again at %s:%d", node, *addr)
+                    return addr
+            if time.monotonic() >= deadline:
+                raise SurgeError(f"agent {node} did not answer again in {REJOIN_WAIT_S:.0f} s")
+            await asyncio.sleep(RETRY_S)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Nothing to stop: the agents belong to whatever started them."""
