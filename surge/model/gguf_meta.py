@@ -186,6 +186,50 @@ def _byte_level_tokenizer(reader: GGUFReader, tokens: list[str]) -> Tokenizer:
     return tok
 
 
+def spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges a SentencePiece vocabulary implies (a Llama 2 GGUF stores none): every split
+    of a piece into two pieces of the vocabulary, best-scored piece first, as transformers
+    derives them (`generate_merges`), so both tokenize alike."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges: list[tuple[str, str, float]] = []
+    for piece, score in zip(tokens, scores, strict=True):
+        local = [
+            (piece[:i], piece[i:], score)
+            for i in range(1, len(piece))
+            if piece[:i] in ids and piece[i:] in ids
+        ]
+        merges += sorted(local, key=lambda m: (ids[m[0]], ids[m[1]]))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def _sentencepiece_tokenizer(reader: GGUFReader, tokens: list[str]) -> Tokenizer:
+    """SentencePiece BPE (Llama 2, Mistral v0.1): byte fallback to the <0xNN> tokens, a "▁"
+    before the text and for every space, as transformers' LlamaTokenizer builds it."""
+    scores = [float(x) for x in _required(reader, "tokenizer.ggml.scores")]
+    unk = field(reader, "tokenizer.ggml.unknown_token_id")
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=spm_merges(tokens, scores),
+        unk_token=tokens[unk] if unk is not None else None,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=False
+    )
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(content=" ", left=1, right=0),
+        ]
+    )
+    return tok
+
+
 def _add_special_tokens(tok: Tokenizer, tokens: list[str], types: list[int]) -> None:
     """Control tokens (`<|im_end|>`) become special added tokens, matched whole and skipped
     by `skip_special_tokens`; user-defined ones (`<think>`) plain added tokens."""
@@ -212,13 +256,14 @@ def read_tokenizer(reader: GGUFReader) -> tuple[Tokenizer, dict[str, Any], str |
     """(tokenizer, tokenizer_config.json dict, chat template or None)."""
     model = field(reader, "tokenizer.ggml.model")
     tokens = list(_required(reader, "tokenizer.ggml.tokens"))
-    if model != "gpt2":
+    builders = {"gpt2": _byte_level_tokenizer, "llama": _sentencepiece_tokenizer}
+    if model not in builders:
         raise SurgeError(
             f"GGUF tokenizer model {model!r} is not supported; surge imports byte-level BPE "
-            "(gpt2: Llama 3, Qwen2, SmolLM) GGUF tokenizers; import the Hugging Face "
-            "checkpoint instead"
+            "(gpt2: Llama 3, Qwen2, SmolLM) and SentencePiece BPE (llama: Llama 2, Mistral) "
+            "GGUF tokenizers; import the Hugging Face checkpoint instead"
         )
-    tok = _byte_level_tokenizer(reader, tokens)
+    tok = builders[model](reader, tokens)
     _add_special_tokens(tok, tokens, list(field(reader, "tokenizer.ggml.token_type", [])))
 
     def name(key: str) -> str | None:
@@ -226,7 +271,8 @@ def read_tokenizer(reader: GGUFReader) -> tuple[Tokenizer, dict[str, Any], str |
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
     bos, eos = name("bos_token_id"), name("eos_token_id")
-    add_bos = bool(field(reader, "tokenizer.ggml.add_bos_token", False))
+    # Older SentencePiece files lack the flag: llama.cpp (and transformers) add BOS there.
+    add_bos = bool(field(reader, "tokenizer.ggml.add_bos_token", model == "llama"))
     add_eos = bool(field(reader, "tokenizer.ggml.add_eos_token", False))
     ids = {t: i for i, t in enumerate(tokens)}
     tok.post_processor = _post_processor(bos, eos, add_bos, add_eos, ids)

@@ -43,6 +43,58 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{_LAYER[part]}.{kind}"
 
 
+SPM_PIECES = (
+    "▁t", "he", "▁the", "▁a", "in", "▁in", "or", "ld", "▁w", "▁wor", "▁world", "ll", "llo",
+    "▁H", "▁He", "▁Hello", "nn", "▁inn", "er", "▁two", "▁s", "pa", "ce", "es", "▁1",
+)  # fmt: skip
+"""Merged pieces of the test's SentencePiece vocabulary, best first."""
+
+
+def spm_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, types) of a Llama 2-style vocabulary: <unk> <s> </s>, the 256 byte
+    tokens, single characters, then `SPM_PIECES`; padded to `size`."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [2, 3, 3, *[6] * 256]
+    chars = sorted(set("".join(SPM_PIECES)) | set("abcdefghijklmnopqrstuvwxyz"))
+    tokens += chars + list(SPM_PIECES)
+    types += [1] * (len(chars) + len(SPM_PIECES))
+    scores = [0.0] * 259 + [-1000.0 - i for i in range(len(chars))]
+    scores += [-float(i) for i in range(len(SPM_PIECES))]
+    pad = size - len(tokens)
+    return tokens + [f"[PAD{i}]" for i in range(pad)], scores + [-1e4] * pad, types + [1] * pad
+
+
+def _write_spm_tokenizer(w: GGUFWriter, size: int) -> None:
+    tokens, scores, types = spm_vocab(size)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+def _write_bpe_tokenizer(w: GGUFWriter, hf_dir: Path, cfg: dict) -> None:
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    for added in tok["added_tokens"]:
+        tokens[added["id"]] = added["content"]
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), cfg["vocab_size"])]
+    specials = {a["id"] for a in tok["added_tokens"] if a["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i in specials else 1 for i in range(len(tokens))])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    eos = cfg["eos_token_id"]
+    w.add_eos_token_id(eos if isinstance(eos, int) else eos[0])
+    w.add_add_bos_token(True)
+
+
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py)."""
     return (
@@ -57,9 +109,11 @@ def write_gguf(
     arch: str | None = None,
     chat_template: str | None = CHAT_TEMPLATE,
     odd_tensor: tuple[str, GGMLQuantizationType] | None = None,
+    sentencepiece: bool = False,
 ) -> Path:
     """Write `hf_dir` as GGUF file `out`, matrices quantized as `qtype` (norms stay F32).
-    `odd_tensor`: (tensor name, type) written raw, for files surge must refuse."""
+    `odd_tensor`: (tensor name, type) written raw, for files surge must refuse;
+    `sentencepiece`: a Llama 2-style vocabulary (`spm_vocab`) instead of the checkpoint's."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = arch or cfg["model_type"]
     w = GGUFWriter(out, arch)
@@ -80,24 +134,10 @@ def write_gguf(
     w.add_rope_dimension_count(cfg["hidden_size"] // heads)
     w.add_vocab_size(cfg["vocab_size"])
 
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.get)
-    for added in tok["added_tokens"]:
-        tokens[added["id"]] = added["content"]
-    tokens += [f"[PAD{i}]" for i in range(len(tokens), cfg["vocab_size"])]
-    specials = {a["id"] for a in tok["added_tokens"] if a["special"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if i in specials else 1 for i in range(len(tokens))])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(
-        cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], int) else cfg["eos_token_id"][0]
-    )
-    w.add_add_bos_token(True)
+    if sentencepiece:
+        _write_spm_tokenizer(w, cfg["vocab_size"])
+    else:
+        _write_bpe_tokenizer(w, hf_dir, cfg)
     if chat_template is not None:
         w.add_chat_template(chat_template)
 

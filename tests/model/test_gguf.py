@@ -197,3 +197,19 @@ def test_store_dir_rules_hold_before_any_dequantizing(llama_gguf: Path, tmp_path
     import_gguf(llama_gguf, tmp_path / "s", progress=False)
     import_gguf(llama_gguf, tmp_path / "s", progress=False, overwrite=True)  # its own store
     assert read_manifest(tmp_path / "s").arch.model_type == "llama"
+
+
+def test_sentencepiece_vocabulary_tokenizes_as_transformers(tmp_path: Path) -> None:
+    """A Llama 2-style GGUF (tokenizer model `llama`, no merges, byte fallback)."""
+    from transformers import AutoTokenizer
+
+    hf = create_tiny_model(tmp_path / "hf", TinyModelConfig(num_layers=1, intermediate_size=352))
+    gguf = write_gguf(hf, tmp_path / "spm.gguf", sentencepiece=True)
+    import_gguf(gguf, tmp_path / "s", progress=False)
+    ours = Tokenizer.from_file(str(tmp_path / "s" / "tokenizer.json"))
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file="spm.gguf")
+    for text in ["Hello world", "the inn in the world", "two  spaces", "é ☃ 12", " lead"]:
+        ids = ours.encode(text).ids
+        assert ids == ref(text).input_ids, text
+        assert ids[0] == 1, "BOS: llama.cpp adds it to SentencePiece text"
+        assert ours.decode(ids) == ref.decode(ids, skip_special_tokens=True), text
