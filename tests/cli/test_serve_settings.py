@@ -74,3 +74,34 @@ def test_each_clone_has_its_own_default_state_dir(tmp_path: Path) -> None:
     assert found[0] != found[1], found
     for p in found:
         assert p.parent == home / "serve" and p.name.startswith("surge-checkout-"), p
+
+
+def test_the_api_socket_turns_nagle_off() -> None:
+    """Accepted API connections have TCP_NODELAY (a listening socket made with proto 0 got
+    none from asyncio, and every multi-write response waited ~40 ms for a delayed ACK)."""
+    import asyncio
+    import socket
+
+    from surge.cli.serve import bind_listener
+
+    sock = bind_listener("127.0.0.1", 0)
+    got: dict[str, int] = {}
+
+    async def run() -> None:
+        async def handle(reader, writer) -> None:
+            got["nodelay"] = writer.get_extra_info("socket").getsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY
+            )
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        async with server:
+            _, w = await asyncio.open_connection(*sock.getsockname()[:2])
+            for _ in range(50):
+                if "nodelay" in got:
+                    break
+                await asyncio.sleep(0.02)
+            w.close()
+
+    asyncio.run(run())
+    assert got.get("nodelay") == 1
