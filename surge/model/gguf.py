@@ -31,9 +31,12 @@ log = logging.getLogger(__name__)
 
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_GGUF_DTYPE = "float32"
-"""The store dtype a GGUF is dequantized to by default. On this project's 2-core EPYC (no
-AVX512-BF16), SmolLM2-135M decodes faster in fp32 than in bf16 (docs/models.md has the
-numbers), and fp32 is what transformers computes a GGUF in, so greedy tokens match it."""
+"""The store dtype a GGUF is dequantized to by default: float32. Measured here
+(`benchmarks/engine/gguf_dtype.py`, SmolLM2-135M Q4_1, same process, engines alternating): a
+batch-1 decode step is 1.55x faster in fp32 (surge's one-row fp32 kernel and MKL's gemv; bf16
+has neither), prefill is even, batch-8 decode is 0.80x in bf16's favour (this Xeon has
+AMX-BF16). One user's answer is batch-1 decode, and fp32 is what transformers computes a GGUF
+in, so greedy tokens match it exactly; `--dtype bfloat16` halves memory for larger models."""
 GGUF_MAGIC = b"GGUF"
 
 
