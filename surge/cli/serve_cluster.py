@@ -1,9 +1,9 @@
 """`surge serve`'s settings of where the agents are and how they are reached: the launcher
-(`local`, `ray`, `static`), the static launcher's agent list and token, TLS files.
+(`local`, `ray`, `static`), the static launcher's agent list and token, Ray's placement, TLS.
 
 What flows: the flags and the config file's keys in; out, the `ControllerConfig` fields
-(`agents`, `agents_timeout_s`, `token_file`, `tls`) checked once, so a bad
-value is one `error:` line before anything starts. Owned by the CLI.
+(`agents`, `agents_timeout_s`, `token_file`, `tls`, `ray_placement`, `ray_gpus_per_agent`)
+checked once, so a bad value is one `error:` line before anything starts. Owned by the CLI.
 """
 
 from pathlib import Path
@@ -11,6 +11,7 @@ from typing import Any
 
 from surge.errors import SurgeError
 from surge.runtime.cluster_token import resolve_token
+from surge.runtime.launch.ray_placement import PLACEMENTS
 from surge.runtime.launch.static_cluster import parse_entry
 from surge.runtime.tls import TlsConfig
 
@@ -28,6 +29,25 @@ def agent_entries(value: Any) -> tuple[str, ...]:
     return entries
 
 
+def ray_settings(launcher: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config file's `ray_placement` and `ray_gpus_per_agent`, checked."""
+    out: dict[str, Any] = {}
+    placement, gpus = cfg.get("ray_placement"), cfg.get("ray_gpus_per_agent")
+    if launcher != "ray" and (placement is not None or gpus is not None):
+        raise SurgeError("ray_placement and ray_gpus_per_agent need --launcher ray")
+    if placement is not None:
+        if placement not in PLACEMENTS:
+            raise SurgeError(
+                f"ray_placement must be one of {', '.join(PLACEMENTS)} (got {placement!r})"
+            )
+        out["ray_placement"] = placement
+    if gpus is not None:
+        if gpus < 0:
+            raise SurgeError(f"ray_gpus_per_agent must be >= 0 (got {gpus})")
+        out["ray_gpus_per_agent"] = float(gpus)
+    return out
+
+
 def cluster_settings(
     launcher: str,
     flags: dict[str, Any],
@@ -41,7 +61,7 @@ def cluster_settings(
     def pick(key: str) -> Any:
         return flags[key] if flags.get(key) is not None else cfg.get(key)
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = ray_settings(launcher, cfg)
     tls = TlsConfig.from_options(pick("tls_cert"), pick("tls_key"), pick("tls_ca"))
     if tls is not None:
         tls.load()  # a missing or bad file: one line now, not a failed start later

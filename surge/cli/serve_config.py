@@ -43,6 +43,8 @@ SERVE_KEYS = {
     "tls_cert": str,
     "tls_key": str,
     "tls_ca": str,
+    "ray_placement": str,
+    "ray_gpus_per_agent": float,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)

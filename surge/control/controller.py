@@ -98,7 +98,10 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
 
         host = config.agent_host  # "node-ip": a cluster across hosts, each agent on its own
-        return RayCluster(RayClusterConfig(address=config.ray_address, agent_host=host, **common))
+        placement = {"placement": config.ray_placement, "gpus_per_agent": config.ray_gpus_per_agent}
+        return RayCluster(
+            RayClusterConfig(address=config.ray_address, agent_host=host, **placement, **common)
+        )
     if config.launcher != "local":
         raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray, static")
     common |= {

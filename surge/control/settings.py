@@ -68,6 +68,13 @@ class ControllerConfig:
     agent_host: str = "127.0.0.1"
     """With launcher "ray": where agents listen; "node-ip" is each Ray node's own address
     (a Ray cluster across hosts or network namespaces)."""
+    ray_placement: str = "auto"
+    """With launcher "ray": "pack" (fill a machine's GPUs first), "spread" (one agent per
+    Ray node) or "auto" (pack agents holding a GPU, spread the others); one placement-group
+    bundle per agent (`runtime/launch/ray_placement.py`)."""
+    ray_gpus_per_agent: float | None = None
+    """With launcher "ray": GPUs each agent actor reserves (None: one where the Ray cluster
+    has GPUs, else none)."""
     cluster: str = "loopback"
     """With launcher "local": "loopback" (processes here) or "netns" (`NetnsCluster`: a
     network namespace per agent, tc-shaped links, a CPU quota each)."""

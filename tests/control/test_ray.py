@@ -37,3 +37,49 @@ def test_serve_with_ray_actors(ray_address, tmp_path, surge_home, tiny_store_dir
         assert out.choices[0].text == reference("Ray says", 8)
     finally:
         s.stop()  # fails the test if an agent outlived surge serve
+
+
+@pytest.mark.timeout(240)
+def test_agents_packed_on_one_ray_node_report_one_host_group_to_the_planner(ray_address):
+    """Three agents packed on the one Ray node form one host group: each reports it, and the
+    multicast planner's cluster has them as one fast group (one network transfer feeds it)."""
+    import asyncio
+
+    from surge.policy.multicast.topology import multicast_cluster
+    from surge.runtime.client import ClusterClient
+    from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
+    from surge.runtime.protocol import LinkReport, SetPeersOp
+
+    cluster = RayCluster(
+        RayClusterConfig(num_nodes=3, address=ray_address, placement="pack", preload_engine=False)
+    )
+    cluster.start()
+    try:
+
+        async def links() -> list:
+            client = ClusterClient(cluster.addresses, cluster.token)
+            await client.connect()
+            try:
+                hello = await client.broadcast(SetPeersOp(peers=dict(cluster.addresses)))
+            finally:
+                await client.close()
+            return [LinkReport.planned(hello[n].links) for n in sorted(hello)]
+
+        got = asyncio.run(links())
+    finally:
+        cluster.stop()
+    assert len({link.host for link in got}) == 1 and got[0].host.startswith("ray-")
+    assert multicast_cluster(1, got).nvlink_groups == ((0, 1, 2),)
+
+
+@pytest.mark.timeout(120)
+def test_spread_placement_that_cannot_hold_is_one_clear_error_in_time(ray_address):
+    """One agent per Ray node on a one-node cluster: refused within the start timeout."""
+    from surge.errors import SurgeError
+    from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
+
+    spread = RayCluster(
+        RayClusterConfig(num_nodes=2, address=ray_address, placement="spread", start_timeout_s=5)
+    )
+    with pytest.raises(SurgeError, match=r"Ray could not place 2 agents \(STRICT_SPREAD"):
+        spread.start()

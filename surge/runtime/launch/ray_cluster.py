@@ -1,12 +1,15 @@
 """Ray launcher: one node agent per Ray actor, data still over surge's own transport.
 
 What flows: the controller asks for N agents; `RayCluster` connects to a Ray cluster (an
-existing one at `address`, or a new local one on loopback), starts one `NodeAgentActor` per
-agent — pinned to its own Ray node when the cluster has enough nodes, spread otherwise — and
-each actor runs `surge node run` as a child process, reads its ready line and reports
-(host, port, pid). The controller then talks to the agents exactly as with `LocalCluster`:
-its own framed connections with the cluster token (an argument of the actor's `start`
-call, then `SURGE_TOKEN` in the child's environment, never on a command line).
+existing one at `address`, or a new local one on loopback), reserves a placement group of one
+bundle per agent (`ray_placement.py`: one GPU each where the cluster has GPUs, so Ray sets
+each actor's CUDA_VISIBLE_DEVICES; PACK, STRICT_SPREAD or SPREAD by the `placement`
+setting), reads which Ray node each bundle landed on (agents on one node form a host group),
+and starts one `NodeAgentActor` per bundle; each actor runs `surge node run` as a child
+process (inheriting its GPUs), reads its ready line and reports (host, port, pid). The
+controller then talks to the agents exactly as with `LocalCluster`: its own framed
+connections with the cluster token (an argument of the actor's `start` call, then
+`SURGE_TOKEN` in the child's environment, never on a command line).
 Only actor calls (start, address, stop) go through Ray; blocks and requests never do.
 
 An agent exits on its own when its actor's process dies (it watches its parent), so
@@ -27,6 +30,7 @@ from typing import Any
 from surge.config import EngineConfig
 from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import agent_argv, agent_env, wait_ready
+from surge.runtime.launch.ray_placement import host_groups, plan_placement
 from surge.runtime.node.context import AgentConfig
 from surge.runtime.tls import TlsConfig
 
@@ -57,6 +61,11 @@ class RayClusterConfig:
     """Every agent's `EngineConfig.compile_decode`."""
     num_cpus_per_agent: float = 0.0
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
+    gpus_per_agent: float | None = None
+    """Ray GPUs each actor reserves (None: one where the cluster has GPUs, else none)."""
+    placement: str = "auto"
+    """"pack" (fill a machine's GPUs first), "spread" (one agent per Ray node) or "auto"
+    (pack agents that hold a GPU, spread the others as far as Ray can); `ray_placement.py`."""
     start_timeout_s: float = 120.0
     tls: TlsConfig | None = None
     """TLS files of every agent (None: plain TCP); the same paths must exist on every Ray
@@ -68,7 +77,8 @@ def agent_config(
 ) -> AgentConfig:
     """One agent's settings, made inside its actor; `opts` holds the JSON values of
     `RayClusterConfig` that cross to the actor (link_gbps, remote_dir, remote_gbps,
-    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode, tls)."""
+    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode, tls) and
+    this agent's host_group and host_mates."""
     return AgentConfig(
         node=node,
         cluster_id=cluster_id,
@@ -86,6 +96,8 @@ def agent_config(
             compile_decode=opts["compile_decode"],
         ),
         preload_engine=opts["preload_engine"],
+        host_group=opts.get("host_group"),
+        host_mates=tuple(opts.get("host_mates", ())),
         tls=TlsConfig(*map(Path, opts["tls"])) if opts.get("tls") else None,
     )
 
@@ -159,6 +171,8 @@ class RayCluster:
         self.addresses: dict[int, tuple[str, int]] = {}
         self.agents: dict[int, _Agent] = {}
         self._started_ray = False
+        self._pg: Any = None
+        """The agents' placement group (removed on stop)."""
 
     @property
     def pids(self) -> dict[int, int]:
@@ -186,14 +200,39 @@ class RayCluster:
                 raise SurgeError(f"cannot start or reach Ray: {first}") from None
         return ray
 
+    def _place(self, ray: Any) -> tuple[Any, dict[int, tuple[str | None, tuple[int, ...]]]]:
+        """Reserve the placement group; (its plan, each agent's host group and mates)."""
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        c = self.config
+        gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        plan = plan_placement(
+            c.num_nodes, c.num_cpus_per_agent, c.gpus_per_agent, c.placement, gpus
+        )
+        self._pg = placement_group(list(plan.bundles), strategy=plan.strategy)
+        try:
+            ray.get(self._pg.ready(), timeout=c.start_timeout_s)
+        except Exception:
+            alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+            raise SurgeError(
+                f"Ray could not place {c.num_nodes} agents ({plan.strategy}, "
+                f"{plan.bundles[0]} each) in {c.start_timeout_s:.0f} s on its {alive} nodes "
+                "(placement 'spread' needs a node per agent; fewer --nodes, or more Ray nodes)"
+            ) from None
+        table = placement_group_table(self._pg)["bundles_to_node_id"]
+        return plan, host_groups({int(i): str(n) for i, n in table.items()})
+
     def start(self) -> None:
         ray = self._init_ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         actor_cls = ray.remote(NodeAgentActor)
-        ray_nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-        one_each = len(ray_nodes) >= self.config.num_nodes
         c = self.config
+        try:
+            plan, groups = self._place(ray)
+        except SurgeError:
+            self.stop()
+            raise
         opts = {
             "link_gbps": c.link_gbps,
             "remote_dir": str(c.remote_dir) if c.remote_dir else None,
@@ -209,17 +248,19 @@ class RayCluster:
         }
         started = {}
         for node in range(c.num_nodes):
-            strategy: Any = (
-                NodeAffinitySchedulingStrategy(ray_nodes[node], soft=False)
-                if one_each
-                else "SPREAD"
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self._pg, placement_group_bundle_index=node
             )
             actor = actor_cls.options(
-                num_cpus=c.num_cpus_per_agent, scheduling_strategy=strategy
+                num_cpus=plan.cpus_per_agent,
+                num_gpus=plan.gpus_per_agent,
+                scheduling_strategy=strategy,
             ).remote()
             self.agents[node] = _Agent(0, actor)
+            group, mates = groups[node]
+            mine = {**opts, "host_group": group, "host_mates": list(mates)}
             started[node] = actor.start.remote(
-                node, self.cluster_id, c.agent_host, dict(opts), self.token, c.start_timeout_s
+                node, self.cluster_id, c.agent_host, mine, self.token, c.start_timeout_s
             )
         try:
             for node, ref in started.items():
@@ -250,4 +291,12 @@ class RayCluster:
             except Exception as e:
                 log.warning("killing an agent actor: %s", e)
         self.agents.clear()
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._pg)
+            except Exception as e:
+                log.warning("removing the agents' placement group: %s", e)
+            self._pg = None
         ray.shutdown()  # a driver of a shared cluster only disconnects
