@@ -13,7 +13,11 @@ tls_args() {
     dir="${SURGE_TLS_DIR:-/etc/surge/tls}"
     if [ -f "$dir/$1.pem" ] && [ -f "$dir/$1.key" ] && [ -f "$dir/ca.pem" ]; then
         printf '%s\n' --tls-cert "$dir/$1.pem" --tls-key "$dir/$1.key" --tls-ca "$dir/ca.pem"
-    elif [ "${SURGE_ALLOW_PLAIN:-0}" != 1 ]; then
+    elif [ "${SURGE_ALLOW_PLAIN:-0}" = 1 ]; then
+        if [ "$1" = agent ]; then
+            printf '%s\n' --allow-plain  # frames in clear, as asked
+        fi
+    else
         echo "error: no TLS files in $dir ($1.pem, $1.key, ca.pem); make them with" \
              "'surge node certs', or set SURGE_ALLOW_PLAIN=1 to run without TLS" >&2
         exit 2

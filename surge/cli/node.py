@@ -81,6 +81,10 @@ def run(
     tls_ca: Annotated[
         Path | None, typer.Option(help="TLS: the cluster CA; peers must present a cert it signed.")
     ] = None,
+    allow_plain: Annotated[
+        bool,
+        typer.Option(help="Listen on a non-loopback --host without TLS (frames in clear)."),
+    ] = False,
     fault_corrupt_sends: Annotated[int, typer.Option(hidden=True)] = 0,
     fault_shm_free_bytes: Annotated[int | None, typer.Option(hidden=True)] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
@@ -89,7 +93,7 @@ def run(
     from surge.config import EngineConfig
     from surge.runtime.cluster_token import resolve_token
     from surge.runtime.node.agent import AgentConfig, run_agent
-    from surge.runtime.tls import TlsConfig
+    from surge.runtime.tls import TlsConfig, check_plain_allowed
 
     token = resolve_token(token_file, "an agent")
     caps = (
@@ -109,6 +113,7 @@ def run(
     tls = TlsConfig.from_options(tls_cert, tls_key, tls_ca)
     if tls is not None:
         tls.load()  # a missing or bad file is an `error:` line now, not a failed start later
+    check_plain_allowed(host, tls, allow_plain, "--allow-plain")
     logging.getLogger().setLevel(log_level.upper())
     config = AgentConfig(
         node=node,
@@ -138,6 +143,7 @@ def run(
         host_mates=mates,
         host_gbps=host_gbps,
         tls=tls,
+        allow_plain=allow_plain,
         fault_corrupt_sends=fault_corrupt_sends,
         fault_shm_free_bytes=fault_shm_free_bytes,
     )

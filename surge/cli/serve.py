@@ -178,7 +178,8 @@ def serve(
     }
     cfg.update({k: v for k, v in flags.items() if v is not None})
     tls_flags = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_ca": tls_ca}
-    cluster_flags = {"agents": agents, "agents_timeout_s": agents_timeout, "token_file": token_file}
+    cluster_flags = {"agents": agents, "agents_timeout_s": agents_timeout, "token_file": token_file,
+                     "agent_host": agent_host}  # fmt: skip
     cfg["cluster_settings"] = cluster_settings(launcher, tls_flags | cluster_flags, cfg)
     if launcher == "static" and "nodes" not in cfg:
         cfg["nodes"] = len(cfg["cluster_settings"]["agents"])  # one agent per entry

@@ -2,8 +2,9 @@
 (`local`, `ray`, `static`), the static launcher's agent list and token, Ray's placement, TLS.
 
 What flows: the flags and the config file's keys in; out, the `ControllerConfig` fields
-(`agents`, `agents_timeout_s`, `token_file`, `tls`, `ray_placement`, `ray_gpus_per_agent`)
-checked once, so a bad value is one `error:` line before anything starts. Owned by the CLI.
+(`agents`, `agents_timeout_s`, `token_file`, `tls`, `ray_placement`, `ray_gpus_per_agent`,
+`allow_plain`) checked once, so a bad value is one `error:` line before anything starts.
+Owned by the CLI.
 """
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from surge.errors import SurgeError
 from surge.runtime.cluster_token import resolve_token
 from surge.runtime.launch.ray_placement import PLACEMENTS
 from surge.runtime.launch.static_cluster import parse_entry
-from surge.runtime.tls import TlsConfig
+from surge.runtime.tls import TlsConfig, check_plain_allowed
 
 LAUNCHERS = ("local", "ray", "static")
 
@@ -66,6 +67,14 @@ def cluster_settings(
     if tls is not None:
         tls.load()  # a missing or bad file: one line now, not a failed start later
         out["tls"] = tls
+    if launcher == "ray":  # agents elsewhere: frames in clear only if asked for
+        allow = bool(cfg.get("allow_plain", False))
+        host = flags.get("agent_host") or "127.0.0.1"
+        check_plain_allowed(host, tls, allow, "`allow_plain: true` in the config file")
+        if allow:
+            out["allow_plain"] = True
+    elif cfg.get("allow_plain") is not None:
+        raise SurgeError("allow_plain is a setting of --launcher ray (agents started by it)")
     agents, token_file = pick("agents"), pick("token_file")
     timeout_s = pick("agents_timeout_s")
     if launcher != "static":

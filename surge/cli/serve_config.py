@@ -45,6 +45,7 @@ SERVE_KEYS = {
     "tls_ca": str,
     "ray_placement": str,
     "ray_gpus_per_agent": float,
+    "allow_plain": bool,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)

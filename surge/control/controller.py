@@ -98,7 +98,11 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
 
         host = config.agent_host  # "node-ip": a cluster across hosts, each agent on its own
-        placement = {"placement": config.ray_placement, "gpus_per_agent": config.ray_gpus_per_agent}
+        placement = {
+            "placement": config.ray_placement,
+            "gpus_per_agent": config.ray_gpus_per_agent,
+            "allow_plain": config.allow_plain,
+        }
         return RayCluster(
             RayClusterConfig(address=config.ray_address, agent_host=host, **placement, **common)
         )

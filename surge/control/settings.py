@@ -89,6 +89,9 @@ class ControllerConfig:
     tls: TlsConfig | None = None
     """TLS between this controller and the agents, and among them (`runtime/tls.py`; None:
     plain TCP, the token still proven, never sent). Started agents get the same files."""
+    allow_plain: bool = False
+    """With launcher "ray": agents may listen on a non-loopback `agent_host` without `tls`
+    (frames in clear; the config's `allow_plain`)."""
     emulation: Emulation | None = None
     """GPU-time emulation of started agents (`surge serve --emulate`; launcher "local"):
     their rates, KV capacity and step times are the emulated cluster's (docs/emulation.md);

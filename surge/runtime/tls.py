@@ -11,6 +11,7 @@ that are rarely in a certificate). Owned by the runtime; the agent CLI, the laun
 the controller hand a `TlsConfig` down.
 """
 
+import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,3 +105,25 @@ class ClusterTls:
 
     server: ssl.SSLContext
     client: ssl.SSLContext
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or "localhost") only reaches this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plain_allowed(host: str, tls: TlsConfig | None, allow_plain: bool, fix: str) -> None:
+    """Frames in clear only on loopback or when asked for: an agent listening on `host`
+    without TLS is one `SurgeError` unless `allow_plain` (`fix` names the setting that
+    allows it)."""
+    if tls is None and not allow_plain and not is_loopback(host):
+        raise SurgeError(
+            f"{host} is not loopback and TLS is off: frames (model bytes, prompts) would "
+            f"cross the network in clear; give --tls-cert/--tls-key/--tls-ca (`surge node "
+            f"certs` makes them), or {fix} to allow it"
+        )

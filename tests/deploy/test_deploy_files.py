@@ -116,6 +116,8 @@ def test_entrypoint_refuses_what_is_missing_with_one_line(tmp_path, args, env, m
 def test_entrypoint_without_tls_only_when_asked(tmp_path):
     code, argv, _ = run_entrypoint(tmp_path, "agent", SURGE_NODE_ID="1", SURGE_ALLOW_PLAIN="1")
     assert code == 0 and "--tls-cert" not in argv and argv[argv.index("--node-id") + 1] == "1"
+    assert "--allow-plain" in argv
+    assert_real_flags(argv[2:], "node", "run")
 
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cuda", "Dockerfile.ray"])

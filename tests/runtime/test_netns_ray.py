@@ -64,7 +64,9 @@ def test_serve_with_ray_across_namespaces(tmp_path, surge_home, tiny_store_dir, 
             in_node(1, *ray, "--address", f"{head}:6379", "--node-ip-address", nodes[1].address),
             env=env, check=True, capture_output=True, timeout=120,
         )  # fmt: skip
+        # Namespaces of this machine: frames in clear are fine here (else TLS is required).
         config = {"nodes": 2, "deployments": [{"name": "tiny", "model": str(tiny_store_dir)}]}
+        config["allow_plain"] = True
         (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
         cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0", "--host", head]
         cmd += ["--config", str(tmp_path / "serve.yaml"), "--state-dir", str(tmp_path / "s")]

@@ -190,3 +190,25 @@ def test_a_trickling_tls_payload_arrives_whole(pki):
             listener.close()
 
     assert asyncio.run(run()) == payload + payload[:70_000] + payload[:1_000]
+
+
+def test_frames_in_clear_only_on_loopback_or_when_asked(tmp_path):
+    from surge.cli.serve_cluster import cluster_settings
+
+    env = {**os.environ, "SURGE_TOKEN": "t" * 32}
+    argv = [sys.executable, "-m", "surge.cli", "node", "run", "--node-id", "0"]
+    argv += ["--disk-dir", str(tmp_path), "--host", "192.0.2.7"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert (
+        line.startswith("error: 192.0.2.7 is not loopback and TLS is off")
+        and "--allow-plain" in line
+    )
+    # Ray agents on their nodes' addresses: TLS, or the config's allow_plain.
+    with pytest.raises(SurgeError, match="node-ip is not loopback and TLS is off"):
+        cluster_settings("ray", {"agent_host": "node-ip"}, {})
+    assert cluster_settings("ray", {"agent_host": "node-ip"}, {"allow_plain": True}) == {
+        "allow_plain": True
+    }
+    assert cluster_settings("ray", {}, {}) == {}  # a local Ray cluster on loopback

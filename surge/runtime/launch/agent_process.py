@@ -55,6 +55,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
         cmd += ["--time-dilation", repr(config.time_dilation)]
     if config.tls is not None:
         cmd += config.tls.argv()
+    if config.allow_plain:
+        cmd.append("--allow-plain")
     if config.fault_corrupt_sends:
         cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
     if config.fault_shm_free_bytes is not None:

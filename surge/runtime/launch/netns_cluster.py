@@ -124,10 +124,10 @@ class NetnsCluster(LocalCluster):
     def agent_config(self, node: int) -> AgentConfig:
         base = super().agent_config(node)
         # The kernel shapes the links; the agent's token buckets would only double-count,
-        # so it only reports its caps and host group.
-        return replace(
-            base, host=self.nets[node].address if node in self.nets else base.host, pace_links=False
-        )
+        # so it only reports its caps and host group. Its address is a private namespace of
+        # this machine: frames never leave it, plain TCP is allowed there.
+        host = self.nets[node].address if node in self.nets else base.host
+        return replace(base, host=host, pace_links=False, allow_plain=True)
 
     def set_link(self, node: int, up: bool) -> None:
         """Take node's link down (its veth on the bridge side) or back up: fault injection."""

@@ -63,6 +63,8 @@ class RayClusterConfig:
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
     gpus_per_agent: float | None = None
     """Ray GPUs each actor reserves (None: one where the cluster has GPUs, else none)."""
+    allow_plain: bool = False
+    """Agents on a non-loopback `agent_host` without `tls` (frames in clear)."""
     placement: str = "auto"
     """"pack" (fill a machine's GPUs first), "spread" (one agent per Ray node) or "auto"
     (pack agents that hold a GPU, spread the others as far as Ray can); `ray_placement.py`."""
@@ -96,6 +98,7 @@ def agent_config(
             compile_decode=opts["compile_decode"],
         ),
         preload_engine=opts["preload_engine"],
+        allow_plain=bool(opts.get("allow_plain")),
         host_group=opts.get("host_group"),
         host_mates=tuple(opts.get("host_mates", ())),
         tls=TlsConfig(*map(Path, opts["tls"])) if opts.get("tls") else None,
@@ -242,6 +245,7 @@ class RayCluster:
             "fuse_projections": c.fuse_projections,
             "compile_decode": c.compile_decode,
             "preload_engine": c.preload_engine,
+            "allow_plain": c.allow_plain,
             "tls": [str(c.tls.cert_path), str(c.tls.key_path), str(c.tls.ca_path)]
             if c.tls
             else None,

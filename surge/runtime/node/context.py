@@ -73,6 +73,9 @@ class AgentConfig:
     tls: TlsConfig | None = None
     """TLS for every connection this agent accepts or makes (None: plain TCP; the token is
     proven, never sent, either way)."""
+    allow_plain: bool = False
+    """Listen on a non-loopback address without TLS (`--allow-plain`): emulated clusters on
+    one machine, or a network the user trusts."""
     fault_corrupt_sends: int = 0
     """Testing only: corrupt the payload of this many block sends."""
     fault_shm_free_bytes: int | None = None
