@@ -212,3 +212,15 @@ def test_frames_in_clear_only_on_loopback_or_when_asked(tmp_path):
         "allow_plain": True
     }
     assert cluster_settings("ray", {}, {}) == {}  # a local Ray cluster on loopback
+
+
+def test_certs_name_what_is_missing(tmp_path):
+    argv = [sys.executable, "-m", "surge.cli", "node", "certs", str(tmp_path / "pki")]
+    env = {**os.environ, "PATH": str(tmp_path)}  # no openssl on it
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: making certificates needs the openssl command: install openssl"
+    ]
+    out = subprocess.run([*argv, "--members", "a/b"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "a member name is letters, digits" in out.stderr
