@@ -156,7 +156,7 @@ async def burst(
         # the hot instances to take their first requests (16 calls at K=4, ~20-70 ms on
         # quarter-core nodes, were counted into its first new capacity).
         if mode == LOAD_THEN_SERVE:
-            scaling = load_then_serve(client, server, manifest, args, ctx.opened)
+            scaling = load_then_serve(client, server, manifest, args, ctx.report.opened)
         else:
             scaling = run_scale_out(ctx)
         scale_task = asyncio.get_running_loop().create_task(scaling)
@@ -175,11 +175,15 @@ async def burst(
             "ttft_p99_s": round(percentile(ttft, 0.99), 4),
             "ttft_mean_s": round(statistics.mean(ttft), 4),
             "all_requests_done_s": round(done, 4),
-            "multicast_complete_s": ctx.multicast.complete_s if ctx.multicast else None,
+            "multicast_complete_s": ctx.report.multicast.complete_s
+            if ctx.report.multicast
+            else None,
             "endpoints_opened": [
-                [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.opened
+                [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.report.opened
             ],
-            "mode_switches": [[n, round(t - start, 3), moved] for n, t, moved in ctx.retired],
+            "mode_switches": [
+                [n, round(t - start, 3), moved] for n, t, moved in ctx.report.retired
+            ],
             "requests_via_pipelines": sum(any("pipe" in h for h in r.hops) for r in reqs),
             "tokens_per_s_timeline": timeline(reqs, start, args.bucket_s),
             "burst_submitted_s": round(submitted_s, 4),

@@ -28,7 +28,6 @@ from surge.control.pool import ParameterPool
 from surge.control.scaleout_side import DeploymentSide
 from surge.control.scaleouts import (
     ScaleOutOffer,
-    ScaleOutResult,
     first_endpoint_s,
     start_scale_out,
 )
@@ -49,6 +48,7 @@ from surge.policy.placement import MachineView, PlacementRequest, place, prefers
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.scaleout import ScaleOutReport
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ class Autoscaler:
         name, m = dep.name, self.metrics
         in_flight = len(dests) * dep.manifest.num_blocks
         m.blocks_in_flight.labels(name).inc(in_flight)
-        result = ScaleOutResult()
+        report = ScaleOutReport()
         booked: list[int] = []  # spare slots the scale-out took (ParaServe group members)
         t0_s = time.monotonic()
         first = asyncio.get_running_loop().create_task(first_endpoint_s(dep, t0_s))
@@ -293,9 +293,9 @@ class Autoscaler:
                 engine=self.engine,
                 timeout_s=self.config.scale_out_timeout_s,
                 serve_while_loading=owns_multicast,
-                result=result,
+                report=report,
             )
-            kind = result.kind or "unknown"
+            kind = report.kind or "unknown"
             dep.last_start = kind
             m.scale_outs.labels(name, kind).inc()
             load_s = time.monotonic() - t0_s
@@ -321,10 +321,10 @@ class Autoscaler:
             first.cancel()
             if owns_multicast:
                 dep.multicasting = False
-            m.kv_migrated.labels(name).inc(result.num_kv_migrated)
-            m.live_prefilled.labels(name).inc(result.num_live_prefilled)
-            dep.num_kv_migrated += result.num_kv_migrated
-            dep.num_live_prefilled += result.num_live_prefilled
+            m.kv_migrated.labels(name).inc(report.kv_migrated)
+            m.live_prefilled.labels(name).inc(report.live_prefilled)
+            dep.num_kv_migrated += report.kv_migrated
+            dep.num_live_prefilled += report.live_prefilled
             m.blocks_in_flight.labels(name).dec(in_flight)
             for d in [*dests, *booked]:
                 self.nic_load[d] = max(0, self.nic_load.get(d, 0) - 1)

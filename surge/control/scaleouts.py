@@ -4,8 +4,9 @@ What flows: the autoscaler (`control/autoscaler.py`) has placed destinations for
 deployment; `start_scale_out` turns the parameter pool into the start-up question of
 `policy.startup` (`startup_request`: each destination's own tier, the complete GPU and host
 copies elsewhere), adds the SLOs and link speed ParaServe's Alg. 1/2 need and the
-controller's hooks (`ScaleOutOffer`), builds the `ScaleOutContext` and awaits
-`surge.runtime.scaleout.run_scale_out`; what happened comes back in a `ScaleOutResult`.
+controller's side (`ScaleOutOffer.side`, a `DeploymentSide`), builds the frozen
+`ScaleOutContext` and awaits `surge.runtime.scaleout.run_scale_out`; what happened is
+written on the `ScaleOutReport` the caller passed in (filled even when it fails part way).
 The simulator asks the same start-up question (`sim/loading.Loader.startup_request`).
 Owned by control/.
 """
@@ -23,20 +24,8 @@ from surge.policy.multicast.topology import NodeLinks
 from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig, serve_system
 from surge.runtime.client import ClusterClient
-from surge.runtime.scaleout import ControllerSide, ScaleOutContext, run_scale_out
+from surge.runtime.scaleout import ControllerSide, ScaleOutContext, ScaleOutReport, run_scale_out
 from surge.runtime.scaleout import context as sc
-
-
-@dataclass
-class ScaleOutResult:
-    """What one scale-out reports back (the counters are filled even when it fails)."""
-
-    kind: str | None = None
-    """Start kind (hot, warm, cold); None when it failed."""
-    num_kv_migrated: int = 0
-    """Requests moved with their KV cache (ParaServe consolidation)."""
-    num_live_prefilled: int = 0
-    """Requests prefilled cooperatively (BlitzScale live scaling)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +109,7 @@ async def start_scale_out(
     engine: EngineConfig,
     timeout_s: float,
     serve_while_loading: bool,
-    result: ScaleOutResult,
+    report: ScaleOutReport,
 ) -> None:
     """Bring `dests` up as local instances of `dep` by its system; fills `result`.
 
@@ -158,11 +147,9 @@ async def start_scale_out(
         events=offer.events,
         links=offer.links,
         hosted_s=dict(dep.host_last_used_s),
+        report=report,
     )
-    try:
-        result.kind = await run_scale_out(ctx)
-    finally:
-        result.num_kv_migrated, result.num_live_prefilled = ctx.kv_migrated, ctx.live_prefilled
+    await run_scale_out(ctx)
 
 
 async def first_endpoint_s(dep: Deployment, t0_s: float, poll_s: float = 0.005) -> float:

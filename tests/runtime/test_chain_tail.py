@@ -89,8 +89,8 @@ def test_a_scale_out_forwards_from_a_receiver_still_loading(
     # The tail, not the serving copy whose egress the first multicast holds (fails if the
     # start-up ignored the `loading` copy or the runtime could not pull from it).
     assert plan.sources == (Source(1, "loading"),)
-    assert second.sources == (1,) and set(opened) == {1, 2}
-    result = second.multicast
+    assert second.report.sources == (1,) and set(opened) == {1, 2}
+    result = second.report.multicast
     assert result is not None and result.complete_s is not None
     assert all(a is not None for a in result.arrival_s[1])  # node 2 (plan node 1) has all
     # Every count went back: no instance is left marked busy or receiving.

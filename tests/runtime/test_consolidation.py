@@ -175,12 +175,12 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
             await client.close()
 
     reqs, ctx = asyncio.run(run())
-    (group,) = ctx.groups
+    (group,) = ctx.report.groups
     assert len(group.members) == 2 and group.sizing.pipeline_size == 2, group
     (first, second) = group.parts
     assert set(first).isdisjoint(second) and sorted(first + second) == list(range(4))
     assert all(r.hops[0].startswith(f"{MODEL}-pgroup-") for r in reqs)
-    (decision,) = ctx.consolidations
+    (decision,) = ctx.report.consolidations
     if num_requests == 1:
         assert decision.mode == "scale_down" and len(serving) == 1
         assert released == [n for n in group.members if n not in serving]
@@ -188,5 +188,5 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
         assert decision.mode == "scale_up" and sorted(serving) == sorted(group.members)
         assert not released
     assert sorted(booked) == sorted(n for n in group.members if n != 0)
-    assert ctx.kv_migrated >= 1 and all(r.hops[-1].startswith(f"{MODEL}-node") for r in reqs)
+    assert ctx.report.kv_migrated >= 1 and all(r.hops[-1].startswith(f"{MODEL}-node") for r in reqs)
     check_against_reference(tiny_hf, reqs, params.max_tokens)

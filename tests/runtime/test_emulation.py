@@ -117,11 +117,12 @@ def test_an_emulated_scale_out_serves_every_request(make_cluster, manifest) -> N
 
     reqs, ctx, st = asyncio.run(run())
     assert all(len(r.output_token_ids) == 4 for r in reqs)
-    assert ctx.opened, "the scale-out opened no endpoint"
-    assert ctx.multicast is not None and ctx.multicast.complete_s is not None
+    assert ctx.report.opened, "the scale-out opened no endpoint"
+    assert ctx.report.multicast is not None and ctx.report.multicast.complete_s is not None
     # The multicast moved the emulated model: at least D x its time over one 400 Gb/s link.
     assert (
-        ctx.multicast.complete_s >= 0.9 * D * emulated(manifest).config.profile.total_bytes / 50e9
+        ctx.report.multicast.complete_s
+        >= 0.9 * D * emulated(manifest).config.profile.total_bytes / 50e9
     )
     assert st[0].emulated_steps > 0 and sum(s.emulated_steps for s in st.values()) > 0
     for s in st.values():

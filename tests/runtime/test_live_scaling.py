@@ -77,19 +77,19 @@ def test_slo_check_gates_live_scaling_and_requests_redistribute(
     live = [r for r in reqs if r.hops[0].startswith("live-")]
     hops = [r.hops for r in reqs]
     if slo == "loose":
-        assert ctx.live_prefilled == 0 and not live and not batches, hops
-        assert ctx.live_declined >= 1
+        assert ctx.report.live_prefilled == 0 and not live and not batches, hops
+        assert ctx.report.live_declined >= 1
     else:
-        assert ctx.live_prefilled == len(live) >= 1, hops
+        assert ctx.report.live_prefilled == len(live) >= 1, hops
         # Each batch says which schedule split it, made with Time_l measured on this run.
-        assert sum(ctx.live_batches.values()) == len(batches) >= 1
+        assert sum(ctx.report.live_batches.values()) == len(batches) >= 1
         assert all(e.schedule in ("zigzag", "best_effort") for e in batches)
         # The fallback serves only until two blocks have landed; then Time_l is measured.
-        measured = [r for r in ctx.live_load_ratios if r.measured]
+        measured = [r for r in ctx.report.live_load_ratios if r.measured]
         assert measured and all(r.layer_load_s and r.layer_exec_s for r in measured)
-        assert not any(r.measured for r in ctx.live_load_ratios[: -len(measured)])
+        assert not any(r.measured for r in ctx.report.live_load_ratios[: -len(measured)])
         assert any(e.load_ratio_measured for e in batches), batches
-        assert {e.load_ratio for e in batches} <= {r.value for r in ctx.live_load_ratios}
+        assert {e.load_ratio for e in batches} <= {r.value for r in ctx.report.live_load_ratios}
     _check_tokens(tiny_hf, reqs)
 
 
@@ -142,7 +142,7 @@ def test_whole_new_instance_takes_its_share_of_the_old_ones_requests(
             await client.close()
 
     reqs, ctx = asyncio.run(run())
-    assert ctx.live_redistributed == 3
+    assert ctx.report.live_redistributed == 3
     on_new = [r for r in reqs if r.hops[-1] == f"{MODEL}-node1"]
     assert on_new == reqs[3:], [r.hops for r in reqs]
     _check_tokens(tiny_hf, reqs)

@@ -178,13 +178,13 @@ def test_scale_out_opens_pipelines_in_plan_order_and_switches_modes(
             await client.close()
 
     reqs, ctx, kind = asyncio.run(run())
-    assert kind == "hot" and ctx.sources == (0, 1)
-    assert ctx.multicast is not None and ctx.multicast.complete_s is not None
-    pipes = [name for name, _, nodes in ctx.opened if len(nodes) > 1]
+    assert kind == "hot" and ctx.report.sources == (0, 1)
+    assert ctx.report.multicast is not None and ctx.report.multicast.complete_s is not None
+    pipes = [name for name, _, nodes in ctx.report.opened if len(nodes) > 1]
     # Pipelines open in the order the plan predicts, and every one is retired by a mode switch.
     order = [int(name.split("-pipe")[1].split("-")[0]) for name in pipes]
     assert pipes and order == sorted(order)
-    assert {p for p, _, _ in ctx.retired} == set(pipes)
+    assert {p for p, _, _ in ctx.report.retired} == set(pipes)
     assert sorted(served) == list(range(2, num_nodes))
     check_against_reference(tiny_hf, reqs, 40)
 

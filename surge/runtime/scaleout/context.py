@@ -7,9 +7,10 @@ elsewhere, the ParaServe spare slots, the SLOs and link speed, each node's repor
 (caps, host group) and its `ControllerSide` (the few things only the controller can do:
 book a slot, make a host copy, hear that a local instance serves, say what each egress
 carries).
-`run.py` carries the scale-out out and records on the context what it
-did (`pipelines_opened`, `kv_migrated`, `live_prefilled`, the ParaServe group, `opened` and
-`retired` endpoints), which the controller reads for its metrics and tests read to see
+The context is frozen: the one mutable part is its `ScaleOutReport`, where `run.py` and the
+mechanisms record what the scale-out did (`pipelines_opened`, `kv_migrated`,
+`live_prefilled`, the ParaServe group, `opened` and `retired` endpoints), which the
+controller reads for its metrics and tests read to see
 that a strategy really ran. Endpoint names are made here and only here.
 """
 
@@ -150,8 +151,43 @@ class ControllerHooks:
 
 
 @dataclass
+class ScaleOutReport:
+    """What one scale-out did: the controller reads it for its metrics, tests to see that a
+    strategy really ran (filled even when the scale-out fails part way)."""
+
+    kind: str | None = None
+    """`hot`, `warm` or `cold` (the start-up plan's kind)."""
+    sources: tuple[int, ...] = ()
+    """Multicast sources used (plan nodes 0..K-1)."""
+    multicast: MulticastResult | None = None
+    """The multicast's result (arrivals, completion, re-plans), if one ran."""
+    pipelines_opened: int = 0
+    kv_migrated: int = 0
+    """Requests moved with their KV cache (ParaServe consolidation)."""
+    live_prefilled: int = 0
+    """Requests prefilled cooperatively by live scaling (BlitzScale)."""
+    live_batches: dict[str, int] = field(default_factory=dict)
+    """Live-scaled batches per §5.2 schedule that gave their split ("zigzag", "best_effort")."""
+    live_declined: int = 0
+    """Looks at a non-empty queue where the SLO check said normal routing meets the TTFT SLO."""
+    live_load_ratios: list[LoadRatio] = field(default_factory=list)
+    """Eq. 1's Time_l of each live-scaling schedule made (measured or the fallback)."""
+    live_redistributed: int = 0
+    """Requests moved to a new instance once it held every layer (§5.2 step 3)."""
+    opened: list[tuple[str, float, tuple[int, ...]]] = field(default_factory=list)
+    """(endpoint, monotonic time, nodes) in the order endpoints opened."""
+    retired: list[tuple[str, float, int]] = field(default_factory=list)
+    """(pipeline, monotonic time, requests moved) for every mode switch."""
+    groups: list[GroupPlan] = field(default_factory=list)
+    """ParaServe's groups (Alg. 2 + Alg. 1), one per instance wanted."""
+    consolidations: list[ConsolidationDecision] = field(default_factory=list)
+    """ParaServe's §6.1 decision for each group, in the same order."""
+
+
+@dataclass(frozen=True)
 class ScaleOutContext:
-    """Everything one scale-out needs, and what it did (read by the controller)."""
+    """Everything one scale-out is given (the request record: frozen), its controller side,
+    and its `report`."""
 
     client: ClusterClient
     server: Server
@@ -186,34 +222,8 @@ class ScaleOutContext:
     hosted_s: Mapping[int, float] = field(default_factory=dict)
     """When each node last hosted the model (served it or took a host copy; monotonic
     s): FlexPipe's §7 Eq. 13 history (`system.place_new_group`)."""
-    # ---- what happened (written by the scale-out) ----
-    kind: str | None = None
-    """`hot`, `warm` or `cold` (the start-up plan's kind)."""
-    sources: tuple[int, ...] = ()
-    """Multicast sources used (plan nodes 0..K-1)."""
-    multicast: MulticastResult | None = None
-    """The multicast's result (arrivals, completion, re-plans), if one ran."""
-    pipelines_opened: int = 0
-    kv_migrated: int = 0
-    """Requests moved with their KV cache (ParaServe consolidation)."""
-    live_prefilled: int = 0
-    """Requests prefilled cooperatively by live scaling (BlitzScale)."""
-    live_batches: dict[str, int] = field(default_factory=dict)
-    """Live-scaled batches per §5.2 schedule that gave their split ("zigzag", "best_effort")."""
-    live_declined: int = 0
-    """Looks at a non-empty queue where the SLO check said normal routing meets the TTFT SLO."""
-    live_load_ratios: list[LoadRatio] = field(default_factory=list)
-    """Eq. 1's Time_l of each live-scaling schedule made (measured or the fallback)."""
-    live_redistributed: int = 0
-    """Requests moved to a new instance once it held every layer (§5.2 step 3)."""
-    opened: list[tuple[str, float, tuple[int, ...]]] = field(default_factory=list)
-    """(endpoint, monotonic time, nodes) in the order endpoints opened."""
-    retired: list[tuple[str, float, int]] = field(default_factory=list)
-    """(pipeline, monotonic time, requests moved) for every mode switch."""
-    groups: list[GroupPlan] = field(default_factory=list)
-    """ParaServe's groups (Alg. 2 + Alg. 1), one per instance wanted."""
-    consolidations: list[ConsolidationDecision] = field(default_factory=list)
-    """ParaServe's §6.1 decision for each group, in the same order."""
+    report: ScaleOutReport = field(default_factory=ScaleOutReport)
+    """What the scale-out did, written as it goes (the one mutable part)."""
 
     @property
     def model(self) -> str:
@@ -237,6 +247,6 @@ class ScaleOutContext:
     ) -> None:
         """An endpoint serves; a pipeline's `stages` are (node, first_layer, end_layer)."""
         if len(nodes) > 1:
-            self.pipelines_opened += 1
+            self.report.pipelines_opened += 1
             self.events.publish(PipelineOpened(model=self.model, name=name, stages=tuple(stages)))
-        self.opened.append((name, time.monotonic(), nodes))
+        self.report.opened.append((name, time.monotonic(), nodes))

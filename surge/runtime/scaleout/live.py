@@ -177,7 +177,7 @@ class LiveScaling:
         solved = state.num_schedules
         action = await asyncio.to_thread(state.look, self._view(new, layers[new], olds))
         if state.num_schedules != solved:
-            ctx.live_load_ratios.append(state.ratio)
+            ctx.report.live_load_ratios.append(state.ratio)
             log.info(
                 "live scaling: %s schedule, Time_l %.3g (%s), %d batches",
                 state.schedule.policy if state.schedule else "?",
@@ -186,7 +186,7 @@ class LiveScaling:
                 state.problem.num_batches if state.problem else 0,
             )
         if isinstance(action, Decline) and action.reason == "slo":
-            ctx.live_declined += 1
+            ctx.report.live_declined += 1
         if not isinstance(action, RunBatch):
             return  # normal routing goes on (a zigzag batch may wait for its layers)
         # The queue may have moved while the schedule was solved: take the batch now.
@@ -205,8 +205,8 @@ class LiveScaling:
         deliver = None if server.pd is None else functools.partial(server.pd.hold, old=old)
         try:
             await live_prefill(server, ctx.manifest, new, old, t, batch, deliver)
-            ctx.live_prefilled += len(batch)
-            ctx.live_batches[schedule] = ctx.live_batches.get(schedule, 0) + 1
+            ctx.report.live_prefilled += len(batch)
+            ctx.report.live_batches[schedule] = ctx.report.live_batches.get(schedule, 0) + 1
             ev = LiveBatch(
                 model=ctx.model,
                 new_node=new,
@@ -254,7 +254,7 @@ class LiveScaling:
             # The newest first: they are the ones still waiting on the old instance.
             reqs = [r for r in reversed(old.requests.values()) if not r.done.is_set()]
             reqs = await old.abort(reqs[: move.num_requests])
-            ctx.live_redistributed += len(reqs)
+            ctx.report.live_redistributed += len(reqs)
             log.info("redistribution: %d requests %s -> %s", len(reqs), old.name, new.name)
             # At the head of the queue, not routed yet: the new instance opens next.
             server.put_back(reqs)

@@ -117,7 +117,7 @@ class _Carrier:
         if name is None:
             return
         moved = await self.ctx.server.retire(name)
-        self.ctx.retired.append((name, time.monotonic(), len(moved)))
+        self.ctx.report.retired.append((name, time.monotonic(), len(moved)))
         self.ctx.events.publish(
             PipelineRetired(model=self.ctx.model, name=name, num_moved=len(moved))
         )
@@ -176,7 +176,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
                 live.arrived(ev.node, ev.block, ev.t)
             for action in state.arrive(plan_node[ev.node], ev.block):
                 await carrier.carry_out(action)
-        ctx.multicast = task.result()
+        ctx.report.multicast = task.result()
     finally:
         ctx.hooks.sending(forwarders, -1)
         ctx.client.unsubscribe(events)

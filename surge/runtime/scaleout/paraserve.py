@@ -140,7 +140,7 @@ def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
 async def run_groups(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Every destination's instance comes up through a group (see the module docstring)."""
     groups = plan_groups(ctx)
-    ctx.groups.extend(groups)
+    ctx.report.groups.extend(groups)
     dests = {d.node for d in ctx.destinations}
     used = {m for g in groups for m in g.members}
     tiers = {d.node: d.own_tier for d in (*ctx.destinations, *ctx.spares)}
@@ -164,7 +164,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     members, parts = group.members, group.parts
     if len(members) == 1:
         await load_blocks(ctx, members[0], list(range(ctx.manifest.num_blocks)), tiers[members[0]])
-        ctx.consolidations.append(_decide(ctx, 1))
+        ctx.report.consolidations.append(_decide(ctx, 1))
         await open_local(ctx, members[0])
         return
     try:
@@ -184,7 +184,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     await ctx.server.add_endpoint(pipe)
     ctx.record_open(name, pipe.nodes, stages)
     decision = _decide(ctx, len(members))
-    ctx.consolidations.append(decision)
+    ctx.report.consolidations.append(decision)
     keep = len(members)
     if ctx.system.consolidation == "predictor":
         keep = min(keep, decision.num_workers_to_keep)
@@ -231,7 +231,7 @@ async def _consolidate(
         inflight = list(pipe.requests.values())
         try:
             counts = await consolidate(ctx.server, pipe, targets)
-            ctx.kv_migrated += counts["migrated"]
+            ctx.report.kv_migrated += counts["migrated"]
             nodes = tuple(t.node for t in targets)
             ev = Consolidation(
                 model=ctx.model, name=pipe.name, targets=nodes, num_migrated=counts["migrated"]

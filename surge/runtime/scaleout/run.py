@@ -52,7 +52,7 @@ async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
 async def run_scale_out(ctx: ScaleOutContext) -> str:
     """Bring the context's destinations up as local instances; returns the start kind."""
     plan = startup_plan(ctx)
-    ctx.kind = plan.kind
+    ctx.report.kind = plan.kind
     if ctx.system.group_sizing == "flexpipe":
         await run_flexpipe(ctx, plan)
         return plan.kind
@@ -71,7 +71,7 @@ async def run_scale_out(ctx: ScaleOutContext) -> str:
             await ctx.hooks.make_host_copy(leader.node)
             tasks.append(asyncio.ensure_future(load_then_serve(ctx, leader.node, "host")))
         if plan.receivers:
-            ctx.sources = tuple(s.node for s in plan.sources)
+            ctx.report.sources = tuple(s.node for s in plan.sources)
             tasks.append(asyncio.ensure_future(_multicast(ctx, plan)))
     finally:
         results = await asyncio.gather(*tasks, return_exceptions=True)
