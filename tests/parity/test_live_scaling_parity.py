@@ -23,6 +23,7 @@ from surge.events import NO_BUS
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.scaleout import ScaleOutReport
 from surge.runtime.scaleout import live as runtime_live
 from surge.sim.request import SimRequest
 from tests.parity.conftest import FakeClient
@@ -85,10 +86,7 @@ def _runtime_log(s: Scenario) -> list[tuple]:
         client=client,
         ttft_slo_s=Slo().ttft_s,
         events=NO_BUS,
-        live_load_ratios=[],
-        live_declined=0,
-        live_prefilled=0,
-        live_batches={},
+        report=ScaleOutReport(),
     )
 
     async def live_prefill(server, manifest, new, old, t, batch, deliver) -> None:
