@@ -2,7 +2,10 @@
 `error:` line with the fix and exit 2; and `surge --version`."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,22 @@ from tests.conftest import run_surge
 def test_version() -> None:
     proc = run_surge("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"surge {surge.__version__}"
+
+
+@pytest.fixture(scope="module")
+def tiny_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A surge home whose default model is the tiny one (context 2048), made here, whatever
+    this machine's setup imported (SmolLM2's context of 8192 would run 5,000 tokens)."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "SURGE_HOME": str(home)}
+    subprocess.run(
+        [sys.executable, "-c", "from surge.model.default_store import default_store as d; d()"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return home
 
 
 @pytest.mark.parametrize(
@@ -33,9 +52,10 @@ def test_version() -> None:
          ["exceeds the model's context of 2048", "--max-tokens 2047 or fewer"]),
     ],
 )  # fmt: skip
-def test_one_error_line_each(tmp_path: Path, args, words) -> None:
+def test_one_error_line_each(tmp_path: Path, tiny_home: Path, args, words) -> None:
     args = tuple(str(tmp_path / "out") if a == "OUT" else a for a in args)
-    assert_one_line_error(run_surge(*args), *words)
+    env = {**os.environ, "SURGE_HOME": str(tiny_home)}
+    assert_one_line_error(run_surge(*args, env=env), *words)
     assert not (tmp_path / "out").exists()
 
 
