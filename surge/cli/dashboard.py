@@ -31,7 +31,7 @@ def dashboard(
     tl = Timeline.read(timeline)  # a bad file is one error line, before anything listens
     if not 0 <= port < 65536:
         raise SurgeError(f"--port must be 0..65535 (got {port})")
-    from surge.cli.serve import bind_listener
+    from surge.cli.listener import bind_listener
 
     sock = bind_listener(host, port)
     try:

@@ -8,10 +8,8 @@ Ctrl-C (or SIGTERM) stops the server, the controller and every agent it started.
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -21,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from surge.cli.listener import bind_listener
 from surge.cli.serve_cluster import cluster_settings
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
@@ -256,36 +255,6 @@ def read_chat_template(path: Path) -> str:
     if not text.strip():
         raise SurgeError(f"--chat-template {path} is empty; give a Jinja chat template file")
     return text
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port for the API, or one `SurgeError` line saying why not."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )[0]
-        # proto IPPROTO_TCP, not 0 (what `socket.create_server` makes): asyncio turns Nagle
-        # off (TCP_NODELAY) only on accepted sockets whose proto says TCP, and with Nagle on
-        # every response of more than one write waited ~40 ms for a delayed ACK (issue 36:
-        # /health answered in 45 ms on an idle server, 6 ms after this).
-        sock = socket.socket(family, kind, proto)
-        try:
-            if os.name != "nt":
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            sock.listen(2048)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-    except OSError as e:
-        why = os.strerror(e.errno) if e.errno else str(e)
-        hint = (
-            "; stop what listens there or pick another --port (0: any free port)"
-            if e.errno == errno.EADDRINUSE
-            else ""
-        )
-        raise SurgeError(f"cannot listen on {host}:{port}: {why}{hint}") from None
 
 
 _CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {

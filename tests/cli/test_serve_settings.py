@@ -82,7 +82,7 @@ def test_the_api_socket_turns_nagle_off() -> None:
     import asyncio
     import socket
 
-    from surge.cli.serve import bind_listener
+    from surge.cli.listener import bind_listener
 
     sock = bind_listener("127.0.0.1", 0)
     got: dict[str, int] = {}
