@@ -4,7 +4,7 @@ What it measures: a sender process pushes `--blocks` frames of `--block-mb` MiB 
 one authenticated `Connection` (`runtime/transport.py`); a receiver process lands every
 payload in one pre-allocated buffer (as an agent lands a block in its tier) and answers
 each frame; the time from the first send to the last answer gives GB/s. Plain and TLS
-(`runtime/tls.py`, certificates from `surge node certs`) alternate for `--repeats` rounds;
+(`runtime/security/tls.py`, certificates from `surge node certs`) alternate for `--repeats` rounds;
 the JSON holds every round, the medians and TLS/plain as a ratio. Loopback has no wire
 limit, so this is the CPU cost of TLS on this machine: the ceiling of one connection.
 
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from surge.runtime.tls import TlsConfig
+from surge.runtime.security.tls import TlsConfig
 from surge.runtime.transport import Connection, accept_hello, connect
 
 TOKEN = "benchmark-token-0123456789abcdef"

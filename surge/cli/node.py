@@ -91,9 +91,9 @@ def run(
 ) -> None:
     """Run one node agent until it is told to shut down."""
     from surge.config import EngineConfig
-    from surge.runtime.cluster_token import resolve_token
     from surge.runtime.node.agent import AgentConfig, run_agent
-    from surge.runtime.tls import TlsConfig, check_plain_allowed
+    from surge.runtime.security.cluster_token import resolve_token
+    from surge.runtime.security.tls import TlsConfig, check_plain_allowed
 
     token = resolve_token(token_file, "an agent")
     caps = (
@@ -160,7 +160,7 @@ def certs(
 ) -> None:
     """Make a cluster CA (reused if OUT_DIR has one) and a certificate per member, for
     --tls-cert/--tls-key/--tls-ca (needs the openssl command)."""
-    from surge.runtime.tls_certs import make_ca, make_member
+    from surge.runtime.security.tls_certs import make_ca, make_member
 
     names = [m.strip() for m in members.split(",") if m.strip()]
     if not names:

@@ -27,6 +27,7 @@ from surge.cli.serve_config import (
     host_groups,
     load_config,
     per_node_numbers,
+    read_chat_template,
     resolve_api_key,
     resolve_state_dir,
 )
@@ -242,19 +243,6 @@ def serve(
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sock.close()
-
-
-def read_chat_template(path: Path) -> str:
-    """The text of a `--chat-template` file, or one `SurgeError` line saying why not."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SurgeError(
-            f"--chat-template {path}: cannot read it ({e.__class__.__name__})"
-        ) from None
-    if not text.strip():
-        raise SurgeError(f"--chat-template {path} is empty; give a Jinja chat template file")
-    return text
 
 
 _CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {

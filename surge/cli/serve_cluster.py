@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from surge.errors import SurgeError
-from surge.runtime.cluster_token import resolve_token
 from surge.runtime.launch.ray_placement import PLACEMENTS
 from surge.runtime.launch.static_cluster import parse_entry
-from surge.runtime.tls import TlsConfig, check_plain_allowed
+from surge.runtime.security.cluster_token import resolve_token
+from surge.runtime.security.tls import TlsConfig, check_plain_allowed
 
 LAUNCHERS = ("local", "ray", "static")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.errors import SurgeError
-from surge.policy.machine_fit import ClusterAsk, MachineFacts, machine_problems
+from surge.policy.nodes.machine_fit import ClusterAsk, MachineFacts, machine_problems
 from surge.policy.systems import SYSTEMS, serve_system
 
 SERVE_KEYS = {
@@ -191,9 +191,22 @@ def machine_facts() -> MachineFacts:
 
 def check_machine(nodes: int, host_cache_bytes: int, allow_overcommit: bool) -> None:
     """Refuse (one `SurgeError` with the numbers) a local cluster this machine cannot hold
-    (`policy/machine_fit.py`), unless `--allow-overcommit`."""
+    (`policy/nodes/machine_fit.py`), unless `--allow-overcommit`."""
     if allow_overcommit:
         return
     problems = machine_problems(ClusterAsk(nodes, host_cache_bytes), machine_facts())
     if problems:
         raise SurgeError("; ".join(problems) + " (or pass --allow-overcommit)")
+
+
+def read_chat_template(path: Path) -> str:
+    """The text of a `--chat-template` file, or one `SurgeError` line saying why not."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SurgeError(
+            f"--chat-template {path}: cannot read it ({e.__class__.__name__})"
+        ) from None
+    if not text.strip():
+        raise SurgeError(f"--chat-template {path} is empty; give a Jinja chat template file")
+    return text

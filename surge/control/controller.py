@@ -1,7 +1,7 @@
 """The controller: lifecycle, the event pump, and the narrow facade the HTTP API uses.
 
 What flows: at `start`, agents are launched (`LocalCluster`, `RayCluster`) or running ones
-are joined, and the collaborators are wired with what they need passed in:
+are joined (`launching.py`), and the collaborators are wired with what they need passed in:
 - `deployments.py`: create / delete / restore after a restart / teardown / describe;
 - `requests.py`: submit to a deployment's router, metrics and aborts when done;
 - `admission.py`: the hold queue's bound (429) at submit and its timeout (503), checked
@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from surge.config import EngineConfig
 from surge.control import admission
@@ -31,6 +31,7 @@ from surge.control.copies import Copies
 from surge.control.deployments import Deployments
 from surge.control.emulation import EmulationCounts
 from surge.control.healing import NodeHealer
+from surge.control.launching import AgentCluster, agent_pids, launch_cluster
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.requests import Requests
@@ -51,87 +52,6 @@ from surge.runtime.protocol import AgentDown, BlockArrived, Event, LinkReport, S
 __all__ = ["Controller", "ControllerConfig", "Deployment", "TrackedRequest"]
 
 log = logging.getLogger(__name__)
-
-
-class AgentCluster(Protocol):
-    """What the controller needs of a launcher (`LocalCluster`, `RayCluster`,
-    `StaticCluster`)."""
-
-    addresses: dict[int, tuple[str, int]]
-    token: str
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-
-
-def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
-    """A `LocalCluster`, `RayCluster` (same surface) of `config.nodes` agents, or a
-    `StaticCluster` joining that many running ones."""
-    common: dict[str, Any] = {
-        "num_nodes": config.nodes,
-        "link_gbps": config.link_gbps,
-        "remote_dir": registry,
-        "max_num_seqs": config.max_num_seqs,
-        "preload_engine": config.preload_engine,
-        "fuse_projections": config.fuse_projections,
-        "compile_decode": config.compile_decode,
-    }
-    if config.emulation is not None and config.launcher != "local":
-        raise SurgeError("--emulate needs --launcher local (loopback or netns cluster)")
-    if config.emulation is not None:
-        common["emulation"] = config.emulation
-    if config.launcher == "static":
-        from surge.runtime.cluster_token import resolve_token
-        from surge.runtime.launch.static_cluster import StaticCluster, StaticClusterConfig
-
-        return StaticCluster(
-            StaticClusterConfig(
-                agents=config.agents,
-                token=resolve_token(config.token_file, "the controller"),
-                num_nodes=config.nodes,
-                tls=config.tls,
-                timeout_s=config.agents_timeout_s,
-            )
-        )
-    common["tls"] = config.tls
-    if config.launcher == "ray":
-        from surge.runtime.launch.ray_cluster import RayCluster, RayClusterConfig
-
-        host = config.agent_host  # "node-ip": a cluster across hosts, each agent on its own
-        placement = {
-            "placement": config.ray_placement,
-            "gpus_per_agent": config.ray_gpus_per_agent,
-            "allow_plain": config.allow_plain,
-        }
-        return RayCluster(
-            RayClusterConfig(address=config.ray_address, agent_host=host, **placement, **common)
-        )
-    if config.launcher != "local":
-        raise SurgeError(f"launcher {config.launcher!r} is not one of local, ray, static")
-    common |= {
-        "egress_gbps": config.egress_gbps,
-        "ingress_gbps": config.ingress_gbps,
-        "host_groups": config.host_groups,
-    }
-    if config.cluster == "netns":
-        from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig
-
-        return NetnsCluster(NetnsClusterConfig(**common))
-    if config.cluster != "loopback":
-        raise SurgeError(f"cluster {config.cluster!r} is not one of loopback, netns")
-    from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
-
-    return LocalCluster(LocalClusterConfig(**common))
-
-
-def agent_pids(cluster: Any) -> dict[int, int]:
-    """Process id of each agent this controller started (none for agents it joined)."""
-    if cluster is None:
-        return {}
-    pids = getattr(cluster, "pids", None)  # RayCluster: the actors' children
-    if pids is not None:
-        return dict(pids)
-    return {n: p.pid for n, p in cluster.procs.items()}  # LocalCluster: our children
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ of its own, so a long op on the control connection never looks like a freeze); a
 misses `heartbeat_timeout_s` is marked down (`ClusterClient.mark_down`: its event stream
 ends with `AgentDown`, so its requests re-run as for a kill). On every `AgentDown` (from the
 controller's event pump) a launcher that can (`LocalCluster.restart`) replaces the agent
-after `policy.node_health.restart_delay_s`, and the new agent is wired in: connected, told
+after `policy.nodes.node_health.restart_delay_s`, and the new agent is wired in: connected, told
 its peers (and the peers told of it), every deployment registered, its disk holdings read.
-Every decision is `policy/node_health.py`'s. Owned by control/.
+Every decision is `policy/nodes/node_health.py`'s. Owned by control/.
 """
 
 import asyncio
@@ -21,7 +21,7 @@ from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment
 from surge.policy.multicast.topology import NodeLinks
-from surge.policy.node_health import restart_delay_s, restarts_in_a_row
+from surge.policy.nodes.node_health import restart_delay_s, restarts_in_a_row
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import LinkReport, RegisterOp, SetPeersOp, StatusOp
 

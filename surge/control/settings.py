@@ -9,7 +9,7 @@ from pathlib import Path
 
 from surge.emulation import Emulation
 from surge.errors import SurgeError
-from surge.runtime.tls import TlsConfig
+from surge.runtime.security.tls import TlsConfig
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
 """Each node's host-cache budget unless `host_cache_gb` says otherwise."""
@@ -56,7 +56,7 @@ class ControllerConfig:
     """How often every live agent is asked for its status (`control/healing.py`)."""
     heartbeat_timeout_s: float = 5.0
     """An agent that has not answered in this long is frozen: treated as down and replaced
-    (`policy/node_health.py`)."""
+    (`policy/nodes/node_health.py`)."""
     max_agent_restarts: int = 5
     """Restarts in a row of a dead agent (launcher local) before its node stays down."""
     scale_out_timeout_s: float = 120.0
@@ -87,7 +87,7 @@ class ControllerConfig:
     """With launcher "static": the file holding the agents' cluster token (None:
     `$SURGE_TOKEN`)."""
     tls: TlsConfig | None = None
-    """TLS between this controller and the agents, and among them (`runtime/tls.py`; None:
+    """TLS between this controller and the agents, and among them (`runtime/security/tls.py`; None:
     plain TCP, the token still proven, never sent). Started agents get the same files."""
     allow_plain: bool = False
     """With launcher "ray": agents may listen on a non-loopback `agent_host` without `tls`

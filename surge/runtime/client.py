@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 from surge.errors import SurgeError
 from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp, decode_event
-from surge.runtime.tls import ClusterTls
+from surge.runtime.security.tls import ClusterTls
 from surge.runtime.transport import Connection, ConnectionClosed, connect
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ memory) with `sock_recv_into`: no StreamReader, no copies of the payload in Pyth
 issue measured StreamReader.readexactly ten times slower than recv_into on loopback).
 Every connection starts with a handshake that proves both ends know the cluster's shared
 token without sending it (HMAC-SHA256 over two fresh nonces, compared in constant time); a
-wrong token is refused and the connection closed. With TLS configured (`runtime/tls.py`)
-the TLS handshake comes first and every frame after it is encrypted (`runtime/channel.py`);
+wrong token is refused and the connection closed. With TLS configured (`runtime/security/tls.py`)
+the TLS handshake comes first and every frame after it is encrypted (`runtime/security/channel.py`);
 without, the payload path stays zero-copy. Egress and ingress token buckets pace every
 chunk. Owned by the runtime; the agent server and its clients both use `Connection`.
 """
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from surge.runtime.channel import PlainChannel, TlsChannel, TlsHandshakeError
+from surge.runtime.security.channel import PlainChannel, TlsChannel, TlsHandshakeError
 from surge.runtime.token_bucket import TokenBucket
 from surge.wire import HEADER_LEN, FrameError, check_header_len, parse_header
 

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from surge.policy.node_health import RESTART_RESET_S, restart_delay_s, restarts_in_a_row
+from surge.policy.nodes.node_health import RESTART_RESET_S, restart_delay_s, restarts_in_a_row
 from tests.control.conftest import Serve, start_serve
 from tests.control.test_serve_openai import wait_for
 

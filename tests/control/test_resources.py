@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from surge.policy.machine_fit import (
+from surge.policy.nodes.machine_fit import (
     AGENT_BASE_BYTES,
     ClusterAsk,
     MachineFacts,

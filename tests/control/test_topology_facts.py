@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.control.controller import launch_cluster
+from surge.control.launching import launch_cluster
 from surge.control.pd import egress_traffic
 from surge.control.settings import ControllerConfig
 from surge.errors import SurgeError

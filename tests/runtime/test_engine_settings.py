@@ -4,7 +4,7 @@
 
 from pathlib import Path
 
-from surge.control.controller import launch_cluster
+from surge.control.launching import launch_cluster
 from surge.control.settings import ControllerConfig
 from surge.runtime.launch.agent_process import agent_argv
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig

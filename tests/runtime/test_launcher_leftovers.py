@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from surge.control.controller import launch_cluster
+from surge.control.launching import launch_cluster
 from surge.control.settings import ControllerConfig
 from surge.runtime.launch.local import (
     WORK_DIR_PREFIX,

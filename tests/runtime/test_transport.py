@@ -220,7 +220,7 @@ def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet(
     the socket's low-water mark is the rest of the frame, at most `RECV_LOWAT_BYTES`. A
     payload's last bytes, fewer than the mark, still arrive, and the next header is read
     as soon as it is there (the mark is back at one byte)."""
-    from surge.runtime.channel import RECV_LOWAT_BYTES
+    from surge.runtime.security.channel import RECV_LOWAT_BYTES
     from surge.runtime.transport import Connection
 
     payload_bytes, piece_bytes = RECV_LOWAT_BYTES * 3 + 12_345, 8 << 10

@@ -38,7 +38,7 @@ from surge.runtime.launch.agent_process import (
 )
 from surge.runtime.node.context import AgentConfig
 from surge.runtime.protocol import SetPeersOp
-from surge.runtime.tls import TlsConfig
+from surge.runtime.security.tls import TlsConfig
 from surge.runtime.transport import DEFAULT_HOST
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class LocalClusterConfig:
     """Every agent's `EngineConfig.compile_decode`."""
     start_timeout_s: float = 60.0
     tls: TlsConfig | None = None
-    """TLS between the agents and with their controller (`runtime/tls.py`; None: plain)."""
+    """TLS between the agents and with their controller (`runtime/security/tls.py`; None: plain)."""
     extra_args: dict[int, list[str]] = field(default_factory=dict)
     """Extra command-line arguments for some nodes (testing: fault injection)."""
     emulation: Emulation | None = None

@@ -32,7 +32,7 @@ from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import agent_argv, agent_env, wait_ready
 from surge.runtime.launch.ray_placement import host_groups, plan_placement
 from surge.runtime.node.context import AgentConfig
-from surge.runtime.tls import TlsConfig
+from surge.runtime.security.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 

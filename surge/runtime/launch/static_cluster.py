@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from surge.errors import SurgeError
 from surge.runtime.protocol import StatusOp, StatusReply
-from surge.runtime.tls import ClusterTls, TlsConfig
+from surge.runtime.security.tls import ClusterTls, TlsConfig
 from surge.runtime.transport import AuthError, connect
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ RETRY_S = 0.5
 """Pause between two tries of an agent that did not answer yet."""
 REJOIN_WAIT_S = 60.0
 """How long one `restart` waits for a lost agent to answer again (the healer retries with
-backoff, `policy.node_health`): a pod's restart fits, a machine's reboot may take several."""
+backoff, `policy.nodes.node_health`): a pod's restart fits, a machine's reboot may take several."""
 
 
 @dataclass(frozen=True)

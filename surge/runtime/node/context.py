@@ -16,7 +16,7 @@ from surge.config import EngineConfig
 from surge.emulation import EmulationConfig, StepPacer
 from surge.errors import SurgeError
 from surge.runtime.protocol import Event, Op, Reply
-from surge.runtime.tls import ClusterTls, TlsConfig
+from surge.runtime.security.tls import ClusterTls, TlsConfig
 from surge.runtime.token_bucket import TokenBucket
 from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed, connect
 

@@ -3,7 +3,7 @@
 What flows: a directory and member names in; out, `ca.pem`/`ca.key` (the cluster CA) and
 `<member>.pem`/`<member>.key` per member, each certificate signed by the CA for both TLS
 roles (an agent accepts connections and makes them). `surge node certs` calls this; the
-files are what `--tls-cert/--tls-key/--tls-ca` take (`runtime/tls.py`). Keys are written
+files are what `--tls-cert/--tls-key/--tls-ca` take (`runtime/security/tls.py`). Keys are written
 readable by their owner only. Owned by the runtime; the openssl CLI does the cryptography
 (no Python dependency for it).
 """
