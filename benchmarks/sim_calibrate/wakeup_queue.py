@@ -255,7 +255,7 @@ if __name__ == "__main__":
     ap.add_argument(
         "--profile",
         type=Path,
-        default=Path(__file__).parents[1] / "results" / "sim_calibration_repeats_fix12.json",
+        default=Path(__file__).parent / "recorded" / "sim_calibration_repeats_fix12.json",
     )
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()

@@ -13,7 +13,9 @@ from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
 from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "benchmarks" / "results" / "sim_calibration_repeats_fused_store.json"
+RECORDED = (
+    ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_repeats_fused_store.json"
+)
 
 
 def _contention(k1: float, k2: float) -> dict:

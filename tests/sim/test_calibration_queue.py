@@ -22,7 +22,7 @@ from surge.sim.settings import SimSettings
 from tests.sim.test_serving_transfers import _Busy
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "benchmarks" / "results" / "sim_calibration_repeats_fix12.json"
+RECORDED = ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_repeats_fix12.json"
 
 
 def test_flows_slow_only_once_serving_and_transfers_want_more_than_the_cores():

@@ -20,7 +20,9 @@ from surge.sim.settings import SimSettings
 from tests.sim.test_serving_transfers import _Busy
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "benchmarks" / "results" / "sim_calibration_repeats_fused_store.json"
+RECORDED = (
+    ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_repeats_fused_store.json"
+)
 
 
 def _sharing(slowdown: float) -> tuple[ComputeSharing, dict]:

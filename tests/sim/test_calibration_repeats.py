@@ -31,7 +31,9 @@ from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "benchmarks" / "results" / "sim_calibration.json"
 BURST = ROOT / "benchmarks" / "results" / "scale_burst.json"
-CONTENTION = ROOT / "benchmarks" / "results" / "sim_calibration_contention_loaded.json"
+CONTENTION = (
+    ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_contention_loaded.json"
+)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])

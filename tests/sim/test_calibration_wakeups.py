@@ -30,7 +30,9 @@ from surge.sim.settings import SimSettings
 from tests.sim.test_serving_transfers import _Busy
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = ROOT / "benchmarks" / "results" / "sim_calibration_repeats_quiet_fix11.json"
+RECORDED = (
+    ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_repeats_quiet_fix11.json"
+)
 
 
 @pytest.mark.parametrize("demand", [0.0, 0.3, 0.8, 1.5])
