@@ -9,8 +9,10 @@ arrival at a time. Out: for each arrival, the actions to carry out, in order:
 - `GoLive(node)`: the node holds `live_start_fraction` of the blocks: it starts serving
   cooperatively (BlitzScale §4, live scaling);
 - `GoLocal(node)`: the node holds every block: it serves alone;
-- `RetirePipeline(index)`: right after its member went local, an open pipeline retires and
-  its requests move on (λScale §4.4 mode switch).
+- `RetirePipeline(index)`: right after its last member went local (every member holds the
+  whole model, λScale §4.4 "after model scaling is complete"), an open pipeline retires
+  and its unfinished requests are spread evenly over its members (`spread_evenly`), each
+  of which rebuilds their KV cache by recomputation (the mode switch).
 A pipeline one of whose members is already complete never opens (that member serves alone
 instead). With `none` (load-then-serve) only `GoLocal` is emitted.
 
@@ -51,10 +53,39 @@ class GoLocal:
 
 @dataclass(frozen=True)
 class RetirePipeline:
-    """Retire open pipeline `index`; its requests move to the complete member (mode switch)."""
+    """Retire open pipeline `index`; its unfinished requests, in admission order, go to
+    its members as `spread_evenly` says (λScale §4.4 mode switch)."""
 
     index: int
     pipeline: Pipeline
+
+
+def spread_evenly(
+    num_requests: int, loads: tuple[int, ...], capacities: tuple[int, ...]
+) -> tuple[int | None, ...]:
+    """Where each of a retired pipeline's `num_requests` unfinished requests (admission
+    order) moves: the index of a member, or None (no member has room: the head of the
+    queue, which the router serves). λScale §4.4 "evenly distributes incomplete requests
+    of an execution pipeline among all participating nodes", each recomputing their KV
+    cache locally (cheaper than all-to-all KV transfers). Evenly by load: each request
+    goes to the member with the fewest requests (`loads`: in flight there now, plus
+    those given so far; ties to the first in stage order), so members that started
+    equal get them round robin, and none is filled past its `capacities` (a member that
+    went local before its pipeline retired may already be serving others)."""
+    if not loads or len(loads) != len(capacities):
+        raise SurgeError("a pipeline's requests need one load and one capacity per member")
+    if num_requests < 0:
+        raise SurgeError(f"num_requests must be >= 0 (got {num_requests})")
+    load = list(loads)
+    out: list[int | None] = []
+    for _ in range(num_requests):
+        i = min(range(len(load)), key=lambda m: (load[m] - capacities[m] >= 0, load[m], m))
+        if load[i] >= capacities[i]:
+            out.append(None)
+            continue
+        load[i] += 1
+        out.append(i)
+    return tuple(out)
 
 
 LoadingAction = OpenPipeline | GoLive | GoLocal | RetirePipeline
@@ -133,14 +164,18 @@ class LoadingState:
         actions: list[LoadingAction] = []
         pipes = s.pipelines
         if self.complete(node):
-            # A complete member serves alone: its pending pipelines never open, its open
-            # ones retire after it goes local (λScale §4.4).
+            # A complete member serves alone: its pending pipelines never open. Its open
+            # ones keep serving until every member is complete, then retire and spread
+            # their requests over all members (λScale §4.4: the switch comes "after model
+            # scaling is complete, each node maintains a full model instance"; in a
+            # binomial plan a pipeline's members complete in the same step).
             self.pending = [i for i in self.pending if node not in pipes[i].nodes]
             self.live.discard(node)
             actions.append(GoLocal(node))
             for i in [i for i in self.open if node in pipes[i].nodes]:
-                self.open.remove(i)
-                actions.append(RetirePipeline(i, pipes[i]))
+                if all(self.complete(v) for v in pipes[i].nodes):
+                    self.open.remove(i)
+                    actions.append(RetirePipeline(i, pipes[i]))
             return tuple(actions)
         live_now = len(held) >= s.live_start_fraction * s.num_blocks
         if s.mode == "live" and node not in self.live and live_now:

@@ -4,8 +4,10 @@ What flows: `ServeRequest`s come in (`submit`); each goes to the endpoint that
 `surge.policy.router.route` picks among the live endpoints with room (the one router the
 simulator uses too), or waits in FIFO order until one has room. Endpoints come and go
 during a scale-out (λScale §4.3-§4.4): `retire` takes an endpoint's unfinished requests
-back (tokens so far included) and routes them again ahead of the queue, so they continue
-elsewhere by rebuilding their KV cache with one prefill over prompt + output. An endpoint
+back (tokens so far included) and either spreads them evenly over the endpoints named
+(a pipeline's members' local instances at a mode switch, `policy.loading.spread_evenly`)
+or routes them again ahead of the queue, so they continue elsewhere by rebuilding their
+KV cache with one prefill over prompt + output. An endpoint
 that fails (an agent died, `AgentDown`) is retired the same way: nothing is lost or
 duplicated, because a request's tokens are only appended once a step has come back.
 
@@ -23,6 +25,7 @@ from typing import Protocol
 
 from surge.engine.sampling import SamplingParams
 from surge.policy import router
+from surge.policy.loading import spread_evenly
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import AgentDown, RequestFailed, TokenGenerated
@@ -186,16 +189,52 @@ class Server:
             ep.on_failure = self._endpoint_failed
         await self.dispatch()
 
-    async def retire(self, name: str) -> list[ServeRequest]:
-        """Take an endpoint out; its unfinished requests continue elsewhere (mode switch)."""
+    async def retire(self, name: str, spread_over: tuple[str, ...] = ()) -> list[ServeRequest]:
+        """Take an endpoint out; its unfinished requests continue elsewhere: spread evenly
+        over the live endpoints named in `spread_over` (λScale §4.4 mode switch), or, with
+        none of them live (a failure, P/D roles), back at the head of the queue."""
         ep = self.endpoints.pop(name, None)
         if ep is None:
             return []
         if self.pd is not None:
             self.pd.forget(name)
-        # Moved requests go first: they were admitted before anything still queued.
-        moved = self.put_back(await ep.take_back())
+        back = await ep.take_back()
+        targets = [self.endpoints[n] for n in spread_over if n in self.endpoints]
+        targets = [t for t in targets if not t.failed]
+        if targets and self.pd is None:
+            moved = await self._spread(back, targets)
+        else:
+            # Moved requests go first: they were admitted before anything still queued.
+            moved = self.put_back(back)
         await self.dispatch()
+        return moved
+
+    async def _spread(
+        self, reqs: list[ServeRequest], targets: list[Endpoint]
+    ) -> list[ServeRequest]:
+        """Hand `reqs` (admission order) to `targets` as `spread_evenly` says, past the
+        router: each target recomputes its share's KV cache (λScale §4.4). Those no
+        target has room for, and any whose hand-over fails, go to the head of the queue."""
+        moved = [r for r in reqs if self.unplaced(r)]
+        where = spread_evenly(
+            len(moved),
+            tuple(t.outstanding for t in targets),
+            tuple(t.capacity for t in targets),
+        )
+        self.put_back([r for r, i in zip(moved, where, strict=True) if i is None])
+        for req, i in zip(moved, where, strict=True):
+            if i is None:
+                continue
+            ep = targets[i]
+            req.dispatched_t = time.monotonic()
+            req.endpoint = ep.name
+            req.hops.append(ep.name)
+            try:
+                await ep.submit(req)
+            except Exception as e:  # the target failed meanwhile: route it instead
+                log.info("mode-switch hand-over to %s failed (%s); queueing", ep.name, e)
+                ep.requests.pop(req.req_id, None)
+                self.put_back([req])
         return moved
 
     async def _endpoint_failed(self, ep: Endpoint) -> None:

@@ -81,6 +81,7 @@ class Loader:
 
         def go() -> None:
             if inst.released:
+                self.multicasts.hand_over(pool, inst)  # its mode-switch share goes back
                 return
             inst.serving = True
             inst.loaded = True
@@ -89,6 +90,7 @@ class Loader:
             self.world.publish(
                 InstanceUp, model=name, node=inst.machine, name=f"{name}-m{inst.machine}"
             )
+            self.multicasts.hand_over(pool, inst)  # λScale §4.4: its share first
             self.requests.drain(pool)
             self.live.redistribute(pool, inst)
 

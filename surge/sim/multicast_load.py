@@ -7,7 +7,9 @@ pipelines opened and retired, live targets, instances going local (their TP fan-
 then `ready`). Every decision is a policy call:
 - the multicast plan and its execution pipelines: `surge.policy.multicast.scale_out.plan_scale_out`;
 - what opens, goes live, goes local and retires as blocks arrive:
-  `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4).
+  `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4);
+- where a retired pipeline's requests go: `surge.policy.loading.spread_evenly` over its
+  members (λScale §4.4), each held until its member's instance serves (`hand_over`).
 Plan nodes are start-up ids: an instance's id, or `HOST_NODE + m` for the host copy of
 machine m; a host source's blocks leave its machine's NIC from host memory.
 """
@@ -25,6 +27,7 @@ from surge.policy.loading import (
     LoadingState,
     OpenPipeline,
     RetirePipeline,
+    spread_evenly,
 )
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.multicast.plan import Transfer
@@ -37,6 +40,7 @@ from surge.sim.live_scaling import LiveScaling
 from surge.sim.multicast_run import MulticastRun
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
+from surge.sim.request import SimRequest
 from surge.sim.world import HOST_NODE, World
 
 
@@ -90,6 +94,9 @@ class MulticastLoads:
         self.host_sending: dict[int, int] = {}
         """Per machine: multicasts its host copy is sending now (`Instance.sending` for a
         GPU copy); `policy.startup` ranks sources by the egress they have left."""
+        self.spread: dict[int, list[SimRequest]] = {}
+        """Per member instance id: a retired pipeline's requests held for it until it
+        serves (λScale §4.4 mode switch; `hand_over`)."""
         self.inflight: dict[int, ChainTail] = {}
         """Per receiving instance id: the blocks landed so far, for later multicasts that
         chain from it (`policy.startup` tier `loading`)."""
@@ -342,7 +349,7 @@ class MulticastLoads:
                 ep.released = True
                 name = self.world.models[pool.model].name
                 self.world.publish(PipelineRetired, model=name, name=f"{name}-pipe{ep.id}")
-                self.requests.requeue(pool, ep.drain())
+                self.spread_retired(pool, ep.drain(), [node(v) for v in action.pipeline.nodes])
         elif isinstance(action, GoLocal):
             self.live.go_local(node(action.node))
             if sharded:
@@ -350,10 +357,42 @@ class MulticastLoads:
             else:
                 self._fan_out(pool, node(action.node))
 
+    def spread_retired(self, pool: Pool, reqs: list[SimRequest], members: list[Instance]) -> None:
+        """A retired pipeline's requests (admission order) go to its members as
+        `spread_evenly` says (λScale §4.4), each held until its member serves; those no
+        member has room for, and all of them under P/D or with every member gone, go to
+        the head of the queue (as the runtime's `Server.retire` does)."""
+        members = [m for m in members if not m.released]
+        if not members or pool.role != "both":
+            self.requests.requeue(pool, reqs)
+            return
+        reqs = sorted(reqs, key=lambda r: r.id)
+        loads = tuple(m.outstanding + m.reserved + len(self.spread.get(m.id, ())) for m in members)
+        where = spread_evenly(len(reqs), loads, tuple(m.max_batch for m in members))
+        for req, i in zip(reqs, where, strict=True):
+            if i is not None:
+                self.spread.setdefault(members[i].id, []).append(req)
+        for m in members:
+            if m.serving:
+                self.hand_over(pool, m)
+        self.requests.requeue(pool, [r for r, i in zip(reqs, where, strict=True) if i is None])
+
+    def hand_over(self, pool: Pool, inst: Instance) -> None:
+        """`inst` serves (or was given back): the requests a mode switch spread onto it
+        start there (or, given back, go to the head of the queue)."""
+        held = self.spread.pop(inst.id, [])
+        if not held:
+            return
+        if inst.released:
+            self.requests.requeue(pool, held)
+        else:
+            inst.submit_many(held)
+
     def _fan_out(self, pool: Pool, inst: Instance) -> None:
         """The lead GPU holds the model: it forwards the other GPUs' shards inside the
         machine (λScale §4.3), then the instance starts."""
         if inst.released:
+            self.hand_over(pool, inst)  # its mode-switch share goes back to the queue
             return
         world = self.world
         rest = inst.gpus[1:]

@@ -1,6 +1,7 @@
 """Serve-while-loading parity: a 1 -> 4 λScale scale-out of a 4-block model, with the same
 blocks arriving in the same order, opens the same execution pipelines and retires them (mode
-switch) and brings the same nodes up alone, in the same order, in `surge serve`
+switch, spreading its requests over the same members) and brings the same nodes up
+alone, in the same order, in `surge serve`
 (`runtime/scaleout/multicast.py`) and in the simulator (`sim/multicast_load.py`).
 
 Each body plans its multicast (which must come out the same) and carries the plan's
@@ -87,8 +88,10 @@ def _runtime_log(seed: int) -> tuple[list, Plan]:
             self.endpoints[ep.name] = ep
             log.append(("open", tuple(sorted(ep.nodes))))
 
-        async def retire(self, name: str) -> list:
+        async def retire(self, name: str, spread_over: tuple[str, ...] = ()) -> list:
             log.append(("retire", tuple(sorted(self.endpoints.pop(name).nodes))))
+            # λScale §4.4: the members whose local instances take its requests
+            log.append(("spread", tuple(int(n.rsplit("node", 1)[1]) for n in spread_over)))
             return []
 
     async def open_local(ctx, node: int) -> None:
@@ -133,6 +136,14 @@ def _sim_log(seed: int, tmp_path) -> tuple[list, Plan]:
         gpus = {g for w in ep.placement.workers for g in w}
         return tuple(sorted(machine[i.id] for i in new if i.gpus[0] in gpus))
 
+    spread_retired = sim.loader.multicasts.spread_retired
+
+    def spread(pool, reqs, members) -> None:
+        log.append(("spread", tuple(m.machine for m in members)))
+        spread_retired(pool, reqs, members)
+
+    sim.loader.multicasts.spread_retired = spread  # type: ignore[method-assign]
+
     class Recording(list):
         def append(self, ep) -> None:
             log.append(("open", machines_of(ep)))
@@ -173,4 +184,7 @@ def test_same_arrivals_open_and_retire_the_same_pipelines(seed: int, tmp_path) -
     assert runtime == sim
     kinds = [k for k, _ in runtime]
     assert "open" in kinds and "retire" in kinds  # pipelines served, then mode-switched
+    for i, (kind, nodes) in enumerate(runtime):  # spread over all of the pipeline's members
+        if kind == "retire":
+            assert runtime[i + 1][0] == "spread" and tuple(sorted(runtime[i + 1][1])) == nodes
     assert sorted(n for k, n in runtime if k == "local") == [1, 2, 3, 4]

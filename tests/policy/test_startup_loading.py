@@ -7,12 +7,12 @@ import pytest
 
 from surge.errors import SurgeError
 from surge.policy.loading import (
-    GoLive,
     GoLocal,
     LoadingSettings,
     LoadingState,
     OpenPipeline,
     RetirePipeline,
+    spread_evenly,
 )
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.policy.paraserve.sizing import GpuServer, StageTimes
@@ -133,54 +133,40 @@ def test_loading_opens_pipelines_then_mode_switches_in_plan_order() -> None:
     assert opened and sorted(retired) == sorted(opened)  # every open pipeline retires
     locals_ = [a.node for a in actions if isinstance(a, GoLocal)]
     assert sorted(locals_) == [1, 2, 3, 4, 5]
-    for i, a in enumerate(actions):  # a retirement follows its member's GoLocal at once
+    for i, a in enumerate(actions):  # a retirement follows its last member's GoLocal at once
         if isinstance(a, RetirePipeline):
-            prior = [x for x in actions[:i] if isinstance(x, GoLocal)]
-            assert prior[-1].node in a.pipeline.nodes
+            prior = [x.node for x in actions[:i] if isinstance(x, GoLocal)]
+            assert prior[-1] in a.pipeline.nodes
+            assert set(a.pipeline.nodes) <= set(prior)  # λScale §4.4: every member is whole
     assert state.arrive(1, 0) == ()  # duplicates change nothing
 
 
-def test_a_pipeline_with_a_complete_member_never_opens() -> None:
+def test_a_pipeline_retires_only_once_every_member_holds_the_model() -> None:
     state, outcome = _pipelines_state()
-    pipe = outcome.pipelines[0]
-    member = pipe.nodes[0]
-    for blk in range(4):
-        state.arrive(member, blk)  # the member completes first
-    actions = []
-    for s in pipe.stages:
+    pipe = next(p for p in outcome.pipelines if len(p.nodes) >= 2)
+    index = outcome.pipelines.index(pipe)
+    for s in pipe.stages:  # the pipeline opens
         for blk in range(s.first_block, s.last_block + 1):
-            actions += state.arrive(s.node, blk)
-    assert not any(isinstance(a, OpenPipeline) and a.index == 0 for a in actions)
+            state.arrive(s.node, blk)
+    assert index in state.open
+    first, *rest = pipe.nodes
+    done = [a for blk in range(4) for a in state.arrive(first, blk)]
+    assert GoLocal(first) in done and not any(isinstance(a, RetirePipeline) for a in done)
+    assert index in state.open  # one member whole: the pipeline still serves
+    for v in rest:
+        done = [a for blk in range(4) for a in state.arrive(v, blk)]
+    assert done[-1] == RetirePipeline(index, pipe) and index not in state.open
 
 
-def test_live_and_load_then_serve_modes() -> None:
-    outcome = plan_scale_out(MulticastRequest(num_nodes=2, num_blocks=4))
-    live = LoadingState(LoadingSettings(2, 4, 1, outcome.pipelines, "live", 0.5))
-    assert live.arrive(1, 0) == ()
-    assert live.arrive(1, 1) == (GoLive(1),)
-    assert live.arrive(1, 2) == ()
-    assert live.arrive(1, 3) == (GoLocal(1),)
-    none = LoadingState(LoadingSettings(2, 4, 1, outcome.pipelines, "none"))
-    assert [none.arrive(1, b) for b in range(4)][-1] == (GoLocal(1),)
+def test_spread_evenly_deals_requests_round_robin_over_the_members() -> None:
+    assert spread_evenly(7, (0, 0, 0), (9, 9, 9)) == (0, 1, 2, 0, 1, 2, 0)
+    counts = [spread_evenly(11, (0,) * 4, (64,) * 4).count(m) for m in range(4)]
+    assert max(counts) - min(counts) <= 1 and sum(counts) == 11
+    # a member already busy gets fewer; none past its capacity: the rest go to the queue
+    assert spread_evenly(5, (2, 0), (3, 9)) == (1, 1, 0, 1, 1)
+    assert spread_evenly(4, (1, 1), (2, 2)) == (0, 1, None, None)
+    assert spread_evenly(0, (1,), (1,)) == ()
     with pytest.raises(SurgeError):
-        none.arrive(7, 0)
+        spread_evenly(3, (), ())
     with pytest.raises(SurgeError):
-        LoadingSettings(2, 4, 1, (), "eager")
-
-
-def test_one_host_source_per_machine_and_blitzscale_prefers_instances() -> None:
-    dests = (Destination(1, "host", machine=0), Destination(2, "host", machine=0), Destination(3))
-    plan = plan_startup(StartupRequest(LAMBDA, dests, (Copy(9, "host", machine=0),)))
-    assert plan.sources == (Source(9, "host"),)  # machine 0's NIC once
-    assert {x.node for x in plan.local} == {1, 2} and plan.receivers == (3,)
-    blitz = system_config("blitzscale")
-    hot = plan_startup(StartupRequest(blitz, dests, (Copy(7, "gpu"), Copy(9, "host"))))
-    assert hot.sources == (Source(7, "gpu"),)  # BlitzScale §2: from deployed instances
-    assert hot.local == () and hot.receivers == (1, 2, 3)
-    both = (Copy(7, "gpu", machine=5), Copy(8, "host", machine=5), Copy(9, "host", machine=6))
-    lam = plan_startup(
-        StartupRequest(LAMBDA, (Destination(1), Destination(2), Destination(3)), both)
-    )
-    assert lam.sources == (Source(7, "gpu"), Source(9, "host"))  # machine 5's NIC sends once
-    warm = plan_startup(StartupRequest(blitz, dests, (Copy(9, "host", machine=0),)))
-    assert warm.sources == (Source(9, "host"),) and len(warm.local) == 2
+        spread_evenly(3, (0, 0), (1,))

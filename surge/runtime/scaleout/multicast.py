@@ -10,7 +10,8 @@ verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) 
 - `OpenPipeline`: open the planned execution pipeline as a `PipelineEndpoint`;
 - `GoLive`: the node joins BlitzScale live scaling (`scaleout/live.py`);
 - `GoLocal`: the node holds every block: open its local instance;
-- `RetirePipeline`: retire the pipeline; its requests move on (mode switch).
+- `RetirePipeline`: retire the pipeline; its requests are spread evenly over its members'
+  local instances (λScale §4.4 mode switch, `policy.loading.spread_evenly`).
 With `serve_while_loading` off (another multicast of the model still serves), the state
 machine runs in mode `none`: receivers serve only once whole. Out: endpoints opened and
 retired, recorded on the context. The state machine is the same one the simulator feeds.
@@ -36,7 +37,12 @@ from surge.policy.startup import StartupPlan
 from surge.runtime.endpoints import PipelineEndpoint
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockArrived
-from surge.runtime.scaleout.context import ScaleOutContext, pipeline_name, stage_layers
+from surge.runtime.scaleout.context import (
+    ScaleOutContext,
+    instance_name,
+    pipeline_name,
+    stage_layers,
+)
 from surge.runtime.scaleout.live import LiveScaling
 from surge.runtime.scaleout.local import open_local
 
@@ -110,13 +116,16 @@ class _Carrier:
             if self.live is not None:
                 self.live.opened()
         elif isinstance(action, RetirePipeline):
-            await self.retire(action.index)
+            members = tuple(instance_name(ctx.model, self.agents[v]) for v in action.pipeline.nodes)
+            await self.retire(action.index, members)
 
-    async def retire(self, index: int) -> None:
+    async def retire(self, index: int, spread_over: tuple[str, ...] = ()) -> None:
+        """Retire open pipeline `index`: its requests spread over the local instances in
+        `spread_over` (a mode switch), or, with none (a member died), go back to the queue."""
         name = self.names.pop(index, None)
         if name is None:
             return
-        moved = await self.ctx.server.retire(name)
+        moved = await self.ctx.server.retire(name, spread_over)
         self.ctx.report.retired.append((name, time.monotonic(), len(moved)))
         self.ctx.events.publish(
             PipelineRetired(model=self.ctx.model, name=name, num_moved=len(moved))
