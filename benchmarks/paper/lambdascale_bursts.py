@@ -22,6 +22,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ratio, run, write
+from lambdascale_figs import WARM_LOADS_ALONE
+from rows import row
 
 from surge.policy.systems import system_config
 from surge.sim.metrics import ttft_s
@@ -79,11 +81,17 @@ def fig13(warm: int = 4) -> dict:
     out = {
         "lambdascale": _one(trace, "lambdascale", lam, warm),
         "serverlessllm": _one(trace, "serverlessllm", sllm, warm),
+        # S-LLM's 0.5-s engine start is not in the λScale paper: at 0 (its most favourable
+        # bound) the ordering must still hold for it not to rest on that constant
+        "serverlessllm-init0": _one(trace, "serverlessllm", replace(sllm, init_s=0.0), warm),
     }
     return {
         "systems": out,
         "p90_ratio_serverlessllm": ratio(
             out["serverlessllm"]["ttft_p90_s"], out["lambdascale"]["ttft_p90_s"]
+        ),
+        "p90_ratio_serverlessllm_init0": ratio(
+            out["serverlessllm-init0"]["ttft_p90_s"], out["lambdascale"]["ttft_p90_s"]
         ),
         "paper": {"p90_ratio_serverlessllm": 1.63},
     }
@@ -103,6 +111,59 @@ def fig16() -> dict:
         "mean_ttft_k1_over_k4": ratio(out["k1"]["ttft_mean_s"], out["k4"]["ttft_mean_s"]),
         "paper": {"ordering": "k=4 scales fastest, then k=2, then k=1"},
     }
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """REPORT.md rows (`report.py`)."""
+    f12, f13, f16 = doc["fig12"], doc["fig13"], doc["fig16"]
+    sp = f12["speedup"]
+    lam12 = f12["systems"]["lambdascale"]["all_first_token_s"]
+    z = f13.get("p90_ratio_serverlessllm_init0")
+    k = {n: v["ttft_mean_s"] for n, v in f16["systems"].items()}
+    return [
+        row(
+            "λScale",
+            "Fig. 12",
+            "50 requests at once, 1 warm instance (13B, 12 nodes): all served in 1.1 s; "
+            "FaaSNet 2x, NCCL 1.4x, ServerlessLLM-SSD 8x slower",
+            "1.1 s; 2x / 1.4x / 8x",
+            f"{lam12:.2f} s; FaaSNet {sp['faasnet']:.2f}x, NCCL {sp['nccl']:.2f}x, "
+            f"S-LLM-SSD {sp['serverlessllm-ssd']:.2f}x",
+            ordering=1 < sp["nccl"] < sp["faasnet"] < sp["serverlessllm-ssd"],
+            pairs=(
+                (lam12, 1.1),
+                (sp["faasnet"], 2.0),
+                (sp["nccl"], 1.4),
+                (sp["serverlessllm-ssd"], 8.0),
+            ),
+            cause="λScale's own time matches (1.15 vs 1.1 s) but the baselines are faster than "
+            "the paper's: the flow model charges a multicast only its bytes (Fig. 8: FaaSNet "
+            "complete at 1.11 s on 12 nodes) and ServerlessLLM-SSD only its 40-Gb/s read plus "
+            "0.5 s; the paper's baselines pay per-block software costs (λScale Fig. 17) that "
+            "no baseline here carries. Not isolated by a counterfactual run.",
+        ),
+        row(
+            "λScale",
+            "Fig. 13",
+            "scaling via the local cache (4 warm, host copies everywhere): p90 TTFT 1.63x "
+            "below ServerlessLLM",
+            "1.63x",
+            f"{f13['p90_ratio_serverlessllm']:.2f}x with S-LLM's 0.5-s start; "
+            + (f"{z:.2f}x with it at 0" if z is not None else "start 0 not run"),
+            ordering=None if z is None else z > 1,
+            sim_value=f13["p90_ratio_serverlessllm"],
+            paper_value=1.63,
+            cause=WARM_LOADS_ALONE,
+        ),
+        row(
+            "λScale",
+            "Fig. 16",
+            "k-way transmission (100 requests, k warm): k=4 fastest, then k=2, then k=1",
+            "ordering only",
+            f"mean TTFT k=1 {k['k1']:.2f} s, k=2 {k['k2']:.2f} s, k=4 {k['k4']:.2f} s",
+            ordering=k["k4"] < k["k2"] < k["k1"],
+        ),
+    ]
 
 
 def draw(doc: dict) -> object:

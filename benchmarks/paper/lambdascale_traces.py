@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ratio, run, run_scenario, write
+from rows import row
 
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.policy.systems import system_config
@@ -130,6 +131,16 @@ def fig3(seed: int = 0) -> dict:
 
 
 FIG14_SYSTEMS = ("lambdascale", "faasnet", "nccl", "serverlessllm", "serverlessllm-5min", "ideal")
+FIG14_COUNTERFACTUALS = {
+    # S-LLM missing its host cache on every load (the paper's S-LLM shared its hosts)
+    "serverlessllm-ssd": lambda: replace(system_config("serverlessllm"), host_cache="none"),
+    # FaaSNet never back to SSD: one instance kept through the trace's empty minutes
+    "faasnet-keep1": lambda: replace(
+        system_config("faasnet"),
+        autoscale=replace(system_config("faasnet").autoscale, min_replicas=1),
+    ),
+}
+"""Fig. 14's measured causes (azure-code only): change one assumption per baseline."""
 
 
 def fig14() -> dict:
@@ -137,12 +148,13 @@ def fig14() -> dict:
     for name in ("azure-code", "azure-conv"):
         trace = time_slice(load_trace(name), 0.0, 1800.0)
         res = {}
-        for sys_name in FIG14_SYSTEMS:
+        extra = FIG14_COUNTERFACTUALS if name == "azure-code" else {}
+        for sys_name in (*FIG14_SYSTEMS, *extra):
             base = sys_name.removesuffix("-5min")
-            cfg = system_config(base)
+            cfg = extra[sys_name]() if sys_name in extra else system_config(base)
             if sys_name.endswith("-5min"):
                 cfg = replace(cfg, keep_alive_s=300.0)
-            settings = SimSettings("lambdascale-testbed1", ("llama2-13b",), base)
+            settings = SimSettings("lambdascale-testbed1", ("llama2-13b",), cfg.name)
             res[sys_name], _ = run(trace, settings, cfg)
         out[name] = _savings(res)
     out["paper"] = {
@@ -202,6 +214,82 @@ def draw(doc: dict) -> object:
         ax[2 + i].set(title=f"{title}: GPU-seconds")
         ax[2 + i].tick_params(axis="x", rotation=45)
     return fig
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """REPORT.md rows (`report.py`)."""
+    f2, f3, code, mm = doc["fig2"], doc["fig3"], doc["fig14"]["azure-code"], doc["multi_model"]
+    ssd = (f3["azure-code"]["ssd_share"], f3["azure-conv"]["ssd_share"])
+    save = {k: code[f"saving_vs_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
+    p99 = {k: code[f"p99_ttft_ratio_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
+    mp99 = {k: mm[f"p99_ttft_ratio_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
+    return [
+        row(
+            "λScale",
+            "Fig. 2",
+            "keep-alive with 12 models, 3 per node, LRU: > 95% of models stay < 15 s",
+            "95%",
+            f"{f2['azure_code']['share_under_15s']:.1%} on azure-code (Poisson at the same "
+            f"rate {f2['poisson']['share_under_15s']:.1%})",
+            ordering=None,
+            sim_value=f2["azure_code"]["share_under_15s"],
+            paper_value=0.95,
+            cause="The share grows with burstiness (Poisson 43% -> Azure code 76%, same "
+            "rate); the paper's BurstGPT is burstier and is not in shared/traces.",
+        ),
+        row(
+            "λScale",
+            "Fig. 3",
+            "SSD loads with a 15-s keep-alive: 64% / 36% of requests (two traces)",
+            "64% / 36%",
+            f"azure-code {ssd[0]:.0%}, azure-conv {ssd[1]:.0%}",
+            ordering=ssd[0] > ssd[1],
+            pairs=((ssd[0], 0.64), (ssd[1], 0.36)),
+            cause="With the per-node LRU of 3 of 12 models most misses are capacity "
+            "misses, not keep-alive ones (conv: hot 39%, memory 4%); the paper states "
+            "neither its node count nor its routing.",
+        ),
+        row(
+            "λScale",
+            "Fig. 14",
+            "GPU time, 30-min bursty trace (13B, Testbed1; Azure code for BurstGPT): 17.8% / "
+            "18.1% / 31.3% less than FaaSNet / NCCL / ServerlessLLM",
+            "17.8% / 18.1% / 31.3%",
+            " / ".join(f"{v:.1%}" for v in save.values())
+            + f"; {code['gap_to_ideal']:.0%} above Ideal",
+            ordering=min(save.values()) > 0,
+            pairs=tuple(zip(save.values(), (0.178, 0.181, 0.313), strict=True)),
+            cause=None
+            if "saving_vs_serverlessllm-ssd" not in code
+            else "One model on 1-TB hosts: S-LLM hits its host cache on most loads, while "
+            "FaaSNet and NCCL load from SSD after each of Azure code's empty minutes (no GPU "
+            "copy left). Counterfactuals: S-LLM missing every load: saving vs S-LLM "
+            f"{save['serverlessllm']:.1%} -> {code['saving_vs_serverlessllm-ssd']:.1%}; FaaSNet "
+            f"keeping one instance: vs FaaSNet {save['faasnet']:.1%} -> "
+            f"{code['saving_vs_faasnet-keep1']:.1%} (paper 31.3% / 17.8%: BurstGPT, not in "
+            "shared/traces).",
+        ),
+        row(
+            "λScale",
+            "Fig. 15",
+            "TTFT CDF on the bursty trace: λScale ahead of every baseline",
+            "ordering only",
+            "p99 TTFT FaaSNet / NCCL / S-LLM over λScale: "
+            + " / ".join(f"{v:.2f}x" for v in p99.values()),
+            ordering=min(p99.values()) > 1,
+        ),
+        row(
+            "λScale",
+            "§7.5 multi-model",
+            "up to 5x lower tail latency (abstract, §7.5)",
+            "5x",
+            "`lambdascale-multi`: p99 TTFT FaaSNet / NCCL / S-LLM over λScale "
+            + " / ".join(f"{v:.2f}x" for v in mp99.values()),
+            ordering=min(mp99.values()) > 1,
+            sim_value=mp99["serverlessllm"],
+            paper_value=5.0,
+        ),
+    ]
 
 
 def main() -> None:

@@ -22,9 +22,15 @@ from surge.sim.multicast_run import MulticastRun
 
 
 def isolated_multicast(
-    cluster: str, model: str, system: SystemConfig, num_nodes: int, num_sources: int = 1
+    cluster: str,
+    model: str,
+    system: SystemConfig,
+    num_nodes: int,
+    num_sources: int = 1,
+    arrivals: dict[tuple[int, int], float] | None = None,
 ) -> dict[str, float]:
-    """Times of one scale-out of `model` from `num_sources` to all `num_nodes` nodes."""
+    """Times of one scale-out of `model` from `num_sources` to all `num_nodes` nodes;
+    `arrivals` (when given) gets each (node, block)'s arrival time (λScale Fig. 8)."""
     loop = EventLoop()
     net = FlowNetwork(loop)
     state = ClusterState(load_cluster(cluster), net)
@@ -57,6 +63,8 @@ def isolated_multicast(
     intra_bytes_s = machines[0].group.intra_gpu_gbps * 1e9 / 8
 
     def on_arrival(node: int, block: int) -> None:
+        if arrivals is not None:
+            arrivals[(node, block)] = loop.now_s
         for action in loading.arrive(node, block):
             t = loop.now_s
             if isinstance(action, GoLocal) and fanout > 1:

@@ -43,14 +43,16 @@ shape for every CV, as the paper's offline-configured baselines, §3.3 / §9), a
 earlier runs' ratio (best of static-fine and static-coarse only).
 """
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 
 from surge.policy.flexpipe.settings import FlexPipeSettings
-from surge.policy.systems import system_config
+from surge.policy.systems import SystemConfig, system_config
 from surge.sim.events import Priority
 from surge.sim.metrics import gpus_over_time, summarize
+from surge.sim.result import SimResult
 from surge.sim.settings import SimSettings, Slo
 from surge.sim.simulator import Simulation
 from surge.traces.gamma import gamma_arrivals, gamma_trace
@@ -128,10 +130,13 @@ def run_one(
     workload: str = "gamma",
     phase_s: float = 120.0,
     provisioned_groups: int | None = None,
+    on_result: Callable[[SimResult], None] | None = None,
+    change: Callable[[SystemConfig], SystemConfig] | None = None,
 ) -> dict:
     """One variant on one trace. A `provisioned-N` or `isocost-N` variant holds
     `provisioned_groups` groups of N stages from before the first arrival to the end (see
-    the module)."""
+    the module). `on_result` gets the raw result (per-request times, FlexPipe Fig. 11);
+    `change` alters the system last (a counterfactual)."""
     if workload == "phased":
         trace = phased_trace(rate_rps, cv, duration_s, seed, phase_s, input_tokens, output_tokens)
     else:
@@ -156,6 +161,8 @@ def run_one(
             config.autoscale, min_replicas=provisioned_groups, max_replicas=provisioned_groups
         )
         config = replace(config, autoscale=fixed)
+    if change is not None:
+        config = change(config)
     sim = Simulation(trace, settings, config)
     if lead_s:  # one decision at time 0: min_replicas groups start loading
         for pool in sim.pools.values():
@@ -164,6 +171,8 @@ def run_one(
             )
     held = _probe_groups(sim, lead_s)
     res = sim.run()
+    if on_result is not None:
+        on_result(res)
     s = summarize(res, settings)
     done = res.done_s >= 0
     e2e = res.done_s[done] - res.arrival_s[done]

@@ -1,0 +1,93 @@
+"""REPORT.md rows of blitzscale_eval.py's JSON: §6.1 per workload, §6.2 GPU time (with the
+measured counterfactual from its `rate_sensitivity` runs) and host-cache copies (Fig. 16).
+
+In: benchmarks/results/paper/blitzscale_eval.json. Out: `rows.row` dicts for `report.py`.
+"""
+
+from rows import row
+
+PAPER_6_1 = {"7b-azurecode": 0.555, "8b-azureconv": 0.310, "70b-azurecode": 0.861}
+"""§6.1: BlitzScale's mean TTFT reduction vs S-LLM per workload (86.1% is BurstGPT's 70B,
+replayed on Azure code here)."""
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """REPORT.md rows (`report.py`): §6.1 per workload, §6.2 GPU time and host cache."""
+    rows = []
+    sens = {
+        r["system"]: r
+        for r in doc["rate_sensitivity"]["rows"]
+        if r["rate_scale"] == 2.0 and r["cluster"].startswith("blitzscale-a")
+    }
+    for name, w in doc["ttft_6_1"]["workloads"].items():
+        red = w["ttft_reduction_vs_serverlessllm"]
+        sllm = w["systems"]["serverlessllm"]
+        miss = sllm["cache_misses"]
+        cause = (
+            f"S-LLM rarely misses its host cache ({miss} of {miss + sllm['cache_hits']} "
+            "loads miss): the trace "
+            "never idles a logical host for the 5-min keep-alive, so S-LLM reloads over PCIe "
+            "as AllCache does; measured on the 7B workload, S-LLM missing at the paper's rate "
+            "closes the gap (its row)."
+        )
+        if name == "7b-azurecode" and "serverlessllm-keepalive60" in sens:
+            k60 = sens["serverlessllm-keepalive60"]
+            cause = (
+                f"S-LLM rarely misses its host cache ({miss} misses): these traces never idle "
+                "a host for the 5-min keep-alive. Counterfactual: S-LLM with a 60-s keep-alive "
+                f"(misses {k60['cache_misses']} of {k60['loads']} loads, the paper's 20-46% "
+                f"regime): reduction {red:.1%} -> "
+                f"{1 - sens['blitzscale']['ttft_mean_s'] / k60['ttft_mean_s']:.1%} (paper 55.5%)."
+            )
+        rows.append(
+            row(
+                "BlitzScale",
+                f"§6.1 Fig. 13 {name}",
+                f"mean TTFT vs S-LLM ({w['trace']}, {w['cluster']}): {PAPER_6_1[name]:.1%} "
+                "shorter; close to AllCache",
+                f"{PAPER_6_1[name]:.1%}",
+                f"{red:.1%} shorter; {w['ttft_mean_s_ratio_vs_allcache']:.2f}x AllCache; "
+                f"S-LLM misses {miss}",
+                ordering=red > 0 and w["ttft_mean_s_ratio_vs_allcache"] < 1.2,
+                sim_value=1 - red,
+                paper_value=1 - PAPER_6_1[name],
+                cause=cause,
+            )
+        )
+    g = doc["gpu_time"]
+    cause = None
+    if "serverlessllm-keepalive60" in sens:
+        k60 = sens["serverlessllm-keepalive60"]["gpu_seconds"]
+        cause = (
+            "S-LLM's monitor over-scales while its loads are slow (§6.2), but here its loads "
+            "hit host memory. Counterfactual: S-LLM with a 60-s keep-alive (misses as the "
+            f"paper's): reduction {g['gpu_reduction_vs_serverlessllm']:.1%} -> "
+            f"{1 - sens['blitzscale']['gpu_seconds'] / k60:.1%} (paper 40%)."
+        )
+    rows.append(
+        row(
+            "BlitzScale",
+            "§6.2 Fig. 14",
+            "GPU time (7B, AzureCode): 40% lower than S-LLM",
+            "40%",
+            f"{g['gpu_reduction_vs_serverlessllm']:.1%} lower than S-LLM, "
+            f"{g['gpu_reduction_vs_allcache']:.1%} than AllCache",
+            ordering=g["gpu_reduction_vs_serverlessllm"] > 0,
+            sim_value=g["gpu_reduction_vs_serverlessllm"],
+            paper_value=0.40,
+            cause=cause,
+        )
+    )
+    h = doc["host_cache"]["systems"]
+    rows.append(
+        row(
+            "BlitzScale",
+            "§6.2 Fig. 16",
+            "host-cache copies: BlitzScale always 1, S-LLM orders of magnitude more",
+            "1 vs >> 1",
+            f"1 vs mean {h['serverlessllm']['mean_copies']:.1f} (max "
+            f"{h['serverlessllm']['max_copies']:.0f}, all 32 hosts)",
+            ordering=h["blitzscale"]["max_copies"] <= 1 < h["serverlessllm"]["mean_copies"],
+        )
+    )
+    return rows

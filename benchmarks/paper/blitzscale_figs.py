@@ -1,0 +1,333 @@
+"""BlitzScale Fig. 15 (vs DistServe), 17 (ablation) and 18 (1 -> 16 instances with NVLink
+broadcast) in the simulator, at the paper's scale.
+
+- Fig. 15 (§6.2): Llama-2 7B on Azure code (§6.1's 7B workload: x2 on cluster A as 32
+  one-GPU logical hosts), BlitzScale against DistServe, P/D-disaggregated on a fixed pool
+  (no autoscaling, as DistServe), with all 32 GPUs (full: 16 prefill + 16 decode) or half
+  (8 + 8). Paper: vs DistServe (half) 35% shorter TTFT and 41% shorter TBT; vs DistServe
+  (full) P99 within +2%, with far fewer GPUs.
+- Fig. 17 (§6.3): on §6.1's workloads, ServerlessLLM (P/D with BlitzScale's monitor) then
+  +Network (multicast from deployed instances and the O(1) host copy, load-then-serve), then
+  +Plan (sources ranked by the bandwidth they have left, Alg. 1's interference-aware
+  plan), then +Live (live scaling and prefill->decode mutation: BlitzScale). Average TTFT
+  and TBT. Paper: +Network the large step, +Plan 0.4-5%, +Live up to 40% (AzureCode TBT).
+- Fig. 18 (§6.3): one cached copy of Llama-2 7B to 16 prefill instances on cluster A
+  (4 x 8 A800, NVLink in a machine, 100 Gb/s RDMA per GPU): BlitzScale's copy on a GPU
+  (NVLink broadcast in its machine, then RDMA with live scaling), ServerlessLLM's in that
+  machine's host memory (the others load from SSD). Prefill throughput over time; headline:
+  time to 80% of the peak prefill rate, S-LLM / BlitzScale (paper: scale done at ~1,100 vs
+  ~3,100, 2.8x; 7 NVLink instances first).
+BurstGPT is not in shared/traces: the 70B workload replays Azure code (as blitzscale_eval).
+Run: python benchmarks/paper/blitzscale_figs.py (about a minute).
+"""
+
+import itertools
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from blitzscale_eval import WORKLOADS, logical_hosts, systems_6_1
+from common import run, write
+from ramp import smooth, time_to_share, token_rate
+from rows import row
+
+from surge.policy.systems import system_config
+from surge.sim.hardware import cluster_from_spec, cluster_spec
+from surge.sim.metrics import tpot_s
+from surge.sim.settings import SimSettings
+from surge.traces.request import make_trace
+from surge.traces.resolve import load_trace
+from surge.traces.transform import scale_rate, time_slice
+
+log = logging.getLogger("blitzscale_figs")
+PAPER = "BlitzScale"
+STEP_S = 0.05
+SMOOTH_BINS = 20
+"""Fig. 18's prefill rate is averaged over 1 s (20 bins of 50 ms) before its ramp is read."""
+DURATION_S = 600.0
+"""Ten of §6.1's twenty minutes per workload keeps the run short; the first ten minutes of
+Azure code hold its bursts and an empty stretch."""
+
+
+def _trace(trace_name: str, scale: float, duration_s: float = DURATION_S):
+    return time_slice(scale_rate(load_trace(trace_name), scale), 0.0, duration_s)
+
+
+def _measure(trace, settings: SimSettings, cfg) -> dict:
+    summary, res = run(trace, settings, cfg)
+    tbt = tpot_s(res)
+    return {
+        "ttft_mean_s": summary["ttft_mean_s"],
+        "ttft_p99_s": summary["ttft_p99_s"],
+        "tbt_mean_s": float(tbt.mean()) if len(tbt) else None,
+        "tbt_p99_s": float(np.percentile(tbt, 99)) if len(tbt) else None,
+        "gpu_seconds": summary["gpu_seconds"],
+    }
+
+
+def distserve(gpus_per_pool: int):
+    """DistServe: BlitzScale's P/D serving on a fixed pool of `gpus_per_pool` prefill and as
+    many decode instances (§6.2: "DistServe cannot dynamically adjust the instances")."""
+    blitz = system_config("blitzscale")
+    fixed = {"min_replicas": gpus_per_pool, "max_replicas": gpus_per_pool}
+    return replace(
+        blitz,
+        name="distserve",
+        mutation=False,
+        autoscale=replace(blitz.autoscale, **fixed),
+        decode_autoscale=replace(blitz.decode_autoscale, **fixed),
+    )
+
+
+def fig15() -> dict:
+    _, model, trace_name, scale, preset, per_host = WORKLOADS[0]
+    trace = _trace(trace_name, scale)
+    cluster = logical_hosts(preset, per_host)
+    out = {}
+    blitz = system_config("blitzscale")
+    for name, cfg, warm in (
+        ("blitzscale", blitz, 0),
+        # counterfactual: the load monitor's per-instance bounds (not in the paper: §5.3
+        # profiles them offline) lowered from 8 to 2 queued prefills and 32 to 8 decodes
+        (
+            "blitzscale-bounds2-8",
+            replace(
+                blitz,
+                autoscale=replace(blitz.autoscale, target_ongoing_requests=2.0),
+                decode_autoscale=replace(blitz.decode_autoscale, target_ongoing_requests=8.0),
+            ),
+            0,
+        ),
+        ("distserve-full", distserve(cluster.num_gpus // 2), cluster.num_gpus // 2),
+        ("distserve-half", distserve(cluster.num_gpus // 4), cluster.num_gpus // 4),
+    ):
+        log.info("fig15 %s", name)
+        settings = SimSettings(cluster, (model,), cfg.name, warm_instances=warm)
+        out[name] = _measure(trace, settings, cfg)
+    b, half, full = out["blitzscale"], out["distserve-half"], out["distserve-full"]
+    return {
+        "workload": f"{model} {trace_name} x{scale}, {cluster.name}, {DURATION_S:.0f} s",
+        "systems": out,
+        "ttft_reduction_vs_half": 1 - b["ttft_mean_s"] / half["ttft_mean_s"],
+        "tbt_reduction_vs_half": 1 - b["tbt_mean_s"] / half["tbt_mean_s"],
+        "p99_ttft_vs_full": b["ttft_p99_s"] / full["ttft_p99_s"] - 1,
+        "gpu_seconds_vs_full": b["gpu_seconds"] / full["gpu_seconds"],
+        "counterfactual_monitor_bounds": {
+            k: {
+                "ttft_reduction_vs_half": 1 - v["ttft_mean_s"] / half["ttft_mean_s"],
+                "tbt_reduction_vs_half": 1 - v["tbt_mean_s"] / half["tbt_mean_s"],
+                "gpu_seconds_vs_full": v["gpu_seconds"] / full["gpu_seconds"],
+            }
+            for k, v in out.items()
+            if k.startswith("blitzscale")
+        },
+        "paper": {
+            "ttft_reduction_vs_half": 0.35,
+            "tbt_reduction_vs_half": 0.41,
+            "p99_vs_full": 0.02,
+        },
+    }
+
+
+def ablation_systems() -> dict:
+    """Fig. 17's steps, each adding one technique to the one before."""
+    base = systems_6_1()
+    blitz = base["blitzscale"]
+    network = replace(
+        blitz,
+        name="blitzscale",
+        serve_while_loading="none",
+        mutation=False,
+        sources_by_bandwidth=False,
+    )
+    return {
+        "serverlessllm": base["serverlessllm"],
+        "+network": network,
+        "+plan": replace(network, sources_by_bandwidth=True),
+        "+live": blitz,
+    }
+
+
+def fig17() -> dict:
+    out: dict = {}
+    steps = ablation_systems()
+    for name, model, trace_name, scale, preset, per_host in WORKLOADS:
+        trace = _trace(trace_name, scale)
+        cluster = logical_hosts(preset, per_host)
+        res = {}
+        for step, cfg in steps.items():
+            log.info("fig17 %s %s", name, step)
+            res[step] = _measure(trace, SimSettings(cluster, (model,), cfg.name), cfg)
+        out[name] = res
+    gains = {}
+    for name, res in out.items():
+        keys = list(res)
+        gains[name] = {
+            f"{k}_{metric}": 1 - res[k][metric] / res[prev][metric]
+            for prev, k in itertools.pairwise(keys)
+            for metric in ("ttft_mean_s", "tbt_mean_s")
+            if res[prev][metric]
+        }
+    return {"workloads": out, "gain_over_previous_step": gains}
+
+
+def cluster_a() -> object:
+    """Cluster A as 4 machines of 8 GPUs with Table 1's SSD bandwidth per GPU (10 Gb/s:
+    "a 4-GPU 70 B instance needs 28 seconds"), 80 Gb/s per machine."""
+    g = cluster_spec("blitzscale-a")["groups"][0]
+    return cluster_from_spec("blitzscale-a/ssd-per-gpu", {"groups": [{**g, "ssd_gbps": 80}]})
+
+
+def fig18(duration_s: float = 40.0, rate_rps: float = 120.0) -> dict:
+    """1 -> 16 prefill instances of 7B on cluster A from one cached copy: prompts of 2048
+    tokens, one output token, more than 16 instances prefill (so all 16 are asked for)."""
+    arrival = np.arange(int(duration_s * rate_rps)) / rate_rps
+    n = len(arrival)
+    trace = make_trace("prefill", arrival, np.full(n, 2048), np.full(n, 1))
+    cap = {"max_replicas": 16, "min_replicas": 1}
+    blitz = system_config("blitzscale")
+    colocated = {"pd_disaggregation": False, "mutation": False}
+    systems = {
+        "blitzscale": replace(blitz, **colocated, autoscale=replace(blitz.autoscale, **cap)),
+        "serverlessllm": replace(
+            system_config("serverlessllm"),
+            host_cache="pinned-one",
+            autoscale=replace(blitz.autoscale, **cap),
+        ),
+    }
+    out, rates = {}, {}
+    end = float(arrival[-1])
+    for name, cfg in systems.items():
+        log.info("fig18 %s", name)
+        settings = SimSettings(cluster_a(), ("llama2-7b",), name, warm_instances=1)
+        _, res = run(trace, settings, cfg)
+        times, rates[name] = token_rate(res, trace, STEP_S, end, prefill=True)
+        out[name] = {
+            "gpu_changes": [(t, g) for t, g in res.gpu_changes if t < 5],
+            "loads": {"memory": res.cache_hits, "ssd": res.cache_misses, "net": res.network_loads},
+            "rate_curve": rates[name][: int(20 / STEP_S)].round(0).tolist(),
+        }
+    # one reference for both: 80% of the best 1-s prefill rate either reaches (16 instances)
+    peak = max(float(smooth(r, SMOOTH_BINS).max()) for r in rates.values())
+    for name, r in rates.items():
+        out[name]["ramp_s"] = time_to_share(times, r, 0.8, SMOOTH_BINS, peak)
+    return {
+        "systems": out,
+        "reference_prefill_tokens_per_s": peak,
+        "ramp_ratio": out["serverlessllm"]["ramp_s"] / out["blitzscale"]["ramp_s"],
+        "paper": {"blitzscale_done": 1.1, "serverlessllm_done": 3.1, "ratio": 3.1 / 1.1},
+    }
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """REPORT.md rows (`report.py`), with the measured counterfactuals of the misses."""
+    f15, f17, f18 = doc["fig15"], doc["fig17"], doc["fig18"]
+    g = f17["gain_over_previous_step"]
+    w = f17["workloads"]
+    net = {n: v["+network_ttft_mean_s"] for n, v in g.items()}
+    plan = [v[f"+plan_{m}"] for v in g.values() for m in ("ttft_mean_s", "tbt_mean_s")]
+    live = max(max(v["+live_ttft_mean_s"], v["+live_tbt_mean_s"]) for v in g.values())
+    every_step = all(x > -0.01 for v in g.values() for x in v.values())
+    cf = f15["counterfactual_monitor_bounds"]["blitzscale-bounds2-8"]
+
+    def pct(xs) -> str:
+        return " / ".join(f"{x:+.1%}" for x in xs)
+
+    code = w["7b-azurecode"]
+    return [
+        row(
+            PAPER,
+            "Fig. 15",
+            "vs DistServe (7B, AzureCode): 35% shorter mean TTFT and 41% shorter TBT than "
+            "DistServe (half the GPUs); P99 within 2% of DistServe (all GPUs)",
+            "35% / 41%; +2%",
+            f"TTFT {f15['ttft_reduction_vs_half']:+.0%} and TBT {f15['tbt_reduction_vs_half']:+.0%}"
+            f" shorter than half; P99 TTFT {f15['p99_ttft_vs_full']:+.0%} vs full, with "
+            f"{f15['gpu_seconds_vs_full']:.2f}x its GPU-seconds",
+            ordering=f15["ttft_reduction_vs_half"] > 0 and f15["tbt_reduction_vs_half"] > 0,
+            pairs=((f15["ttft_reduction_vs_half"], 0.35), (f15["tbt_reduction_vs_half"], 0.41)),
+            cause="BlitzScale's load monitor keeps its few instances busy (8 queued prefills, "
+            "32 decodes per instance: bounds the paper does not give, §5.3 profiles them), so "
+            "it queues where DistServe's 16 always-on GPUs do not. Counterfactual: bounds 2 "
+            f"and 8: TTFT vs half {f15['ttft_reduction_vs_half']:+.0%} -> "
+            f"{cf['ttft_reduction_vs_half']:+.0%}, TBT {f15['tbt_reduction_vs_half']:+.0%} -> "
+            f"{cf['tbt_reduction_vs_half']:+.0%}, GPU-seconds {cf['gpu_seconds_vs_full']:.2f}x "
+            "full's (paper +35% / +41%). Not yet rerun after pd's P/D changes.",
+        ),
+        row(
+            PAPER,
+            "Fig. 17",
+            "ablation (7B code, 8B conv, 70B code): +Network the big step, +Plan 0.4-5%, +Live "
+            "up to 40% (AzureCode TBT)",
+            "+Live up to 40%",
+            f"TTFT gain +Network {pct(net.values())}; +Plan TTFT/TBT {pct(plan)}; +Live best "
+            f"{live:.1%}",
+            ordering=every_step,
+            sim_value=live,
+            paper_value=0.40,
+            cause="7B/code: multicast without Alg. 1's source ranking (+Network) sends "
+            "successive one-target scale-outs from the same least-loaded instance, whose "
+            f"egress they split: mean TTFT {code['serverlessllm']['ttft_mean_s']:.2f} -> "
+            f"{code['+network']['ttft_mean_s']:.2f} s; +Plan (ranking by bandwidth left) "
+            f"-> {code['+plan']['ttft_mean_s']:.2f} s: here the plan, not the network, is the "
+            "big step. +Live: S-LLM-like host hits leave little for live scaling to hide.",
+        ),
+        row(
+            PAPER,
+            "Fig. 18",
+            "1 -> 16 instances of 7B on cluster A: NVLink broadcast to the copy's machine "
+            "first, scale done ~1.1 vs ~3.1 for S-LLM (2.8x)",
+            "2.8x",
+            "time to 80% of the 16-instance prefill rate: BlitzScale "
+            f"{f18['systems']['blitzscale']['ramp_s']:.2f} s, S-LLM "
+            f"{f18['systems']['serverlessllm']['ramp_s']:.2f} s ({f18['ramp_ratio']:.2f}x)",
+            ordering=f18["ramp_ratio"] > 1,
+            sim_value=f18["ramp_ratio"],
+            paper_value=3.1 / 1.1,
+        ),
+    ]
+
+
+def draw(doc: dict) -> object:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(17, 4))
+    s = doc["fig15"]["systems"]
+    x = np.arange(len(s))
+    ax[0].bar(x - 0.2, [v["ttft_mean_s"] for v in s.values()], 0.4, label="mean TTFT")
+    ax[0].bar(x + 0.2, [v["tbt_mean_s"] * 10 for v in s.values()], 0.4, label="mean TBT x10")
+    ax[0].set_xticks(x, list(s))
+    ax[0].set(title="Fig. 15: vs DistServe", ylabel="s")
+    ax[0].legend()
+    w = doc["fig17"]["workloads"]
+    steps = list(next(iter(w.values())))
+    x = np.arange(len(steps))
+    for i, (name, res) in enumerate(w.items()):
+        ax[1].bar(x + (i - 1) * 0.27, [res[k]["ttft_mean_s"] for k in steps], 0.27, label=name)
+    ax[1].set_xticks(x, steps)
+    ax[1].set(title="Fig. 17: ablation, mean TTFT", ylabel="s", yscale="log")
+    ax[1].legend()
+    for name, v in doc["fig18"]["systems"].items():
+        c = v["rate_curve"]
+        ax[2].plot(np.arange(len(c)) * STEP_S, c, label=name)
+    ax[2].set(title="Fig. 18: 1 -> 16 instances, prefill tokens/s", xlabel="s")
+    ax[2].legend()
+    return fig
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    doc = {"fig18": fig18(), "fig15": fig15(), "fig17": fig17()}
+    write("blitzscale_figs", doc, draw(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The "emulated runtime" column of REPORT.md: what the GPU-time emulation measured.
+
+In: benchmarks/results/*.json written by the emulation benchmarks (benchmarks/emulation/,
+real agents paced as the paper's cluster, docs/emulation.md). Out: "paper|figure" -> one
+table cell, labelled EMULATED with its setting. Two ways in: the known result files below,
+and any result JSON carrying a top-level `report_emulated` list of {"paper", "figure",
+"emulated"} (how a new emulation benchmark adds its cell without touching this file).
+Owned by the paper reproductions.
+"""
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("report.emulated")
+
+
+def _lambdascale_fig9(doc: dict) -> dict[str, str]:
+    s = doc["summary"]
+    cap, ratio = s["first_capacity_s"]["emulated"], s["k1_over_k4_first_capacity"]
+    return {
+        "λScale|Fig. 9": f"EMULATED ({doc['emulate']}, {doc['nodes']} agents, dilation "
+        f"{doc['time_dilation']:g}): first capacity k=1 {cap['1']:.2f} s, k=4 {cap['4']:.3f} s "
+        f"({ratio['emulated']:.2f}x; sim {ratio['simulated']:.2f}x)"
+    }
+
+
+def _paraserve_fig8(doc: dict) -> dict[str, str]:
+    ft = doc["first_token_s"]["emulated"]
+    return {
+        "ParaServe|Fig. 8": f"EMULATED ({doc['emulate']}, dilation {doc['time_dilation']:g}): "
+        f"cold-start TTFT 1 worker {ft['1']:.2f} s, 4 workers {ft['4']:.2f} s "
+        f"({doc['group_speedup']['emulated']:.2f}x; sim {doc['group_speedup']['simulated']:.2f}x)"
+    }
+
+
+KNOWN: dict[str, Callable[[dict], dict[str, str]]] = {
+    "emulation_lambdascale_d80.json": _lambdascale_fig9,
+    "emulation_paraserve.json": _paraserve_fig8,
+}
+"""Result files of the emulation benchmarks that predate `report_emulated`."""
+
+
+def emulated_cells(results_dir: Path) -> dict[str, str]:
+    """Every emulated cell found under `results_dir` (top level only)."""
+    cells: dict[str, str] = {}
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            log.warning("%s unreadable: skipped", path)
+            continue
+        if not isinstance(doc, dict):
+            continue
+        if path.name in KNOWN:
+            cells |= KNOWN[path.name](doc)
+        for item in doc.get("report_emulated", ()):
+            cells[f"{item['paper']}|{item['figure']}"] = str(item["emulated"])
+    return cells

@@ -1,0 +1,324 @@
+"""FlexPipe Fig. 11 (pipeline stall recovery), Fig. 13 (production prefill latency) and §9.6
+(instance initialisation, always-on reservation) in the simulator, on the paper's cluster
+(`flexpipe`: 82 A100s over 42 servers, 100 Gb/s), with the §9 baselines as
+`benchmarks/systems/flexpipe_sim.py` deploys them.
+
+- Fig. 11 (§9.3): Gamma arrivals at 20 QPS, CV 1 / 2 / 4, 600 s (512 in, 128 out, Llama-2
+  7B). A stall starts when a request's latency exceeds 1.5x the run's P25 latency and ends
+  at the first later request back within 1.2x (the paper's definition); recovery = the
+  time between their arrivals. Median recovery per system: FlexPipe, AlpaServe (4-stage
+  pipelines provisioned once for the peak: `provisioned-4`), ServerlessLLM (load then
+  serve, autoscaled). Paper at CV 4: FlexPipe 9 ms, AlpaServe 16 ms, ServerlessLLM 50 ms
+  (MuxServe and Tetris multiplex GPUs, which the simulator does not model).
+- Fig. 13 (§9.5): the production trace FlexPipe cites (Alibaba GenTD26 request trace,
+  shared/traces/alibaba_genai_2026: its busiest six hours, time-compressed 36x to 600 s),
+  Llama-2 7B, Llama-3 8B, Llama-2 13B (the paper's WHISPER-9B and BERT-21B are not LLMs
+  we profile; OPT-66B see FIG13_MODELS); mean TTFT (prefill latency) of FlexPipe vs
+  ServerlessLLM as shipped (LRU host cache, SSD on a miss) and, the measured cause, with
+  every load from host memory. Paper: 6.43-24.38% lower, 17.32% on average.
+- §9.6: instance initialisation of one cold start (a lone request's first token, cold minus
+  warm) for FlexPipe's 4-stage group vs a whole-model instance (from host memory, the same
+  engine start), the same models. Paper: 72% lower on average; always-on reservation 30% of peak
+  (vs 75%): flexpipe_cv.json's `flexpipe_always_held_over_peak` (its CV-4 run).
+Run: python benchmarks/paper/flexpipe_figs.py (a minute or two). Needs shared/traces.
+"""
+
+import json
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # benchmarks.systems
+
+from common import run, write
+from rows import row
+
+from benchmarks.systems.flexpipe_sim import run_one
+from surge.errors import SurgeError
+from surge.policy.flexpipe.settings import FlexPipeSettings
+from surge.policy.systems import system_config
+from surge.sim.metrics import ttft_s
+from surge.sim.settings import SimSettings, Slo
+from surge.traces.request import make_trace
+from surge.traces.resolve import load_trace
+from surge.traces.transform import scale_rate, time_slice
+
+HERE = Path(__file__).resolve().parent
+log = logging.getLogger("flexpipe_figs")
+PAPER = "FlexPipe"
+CLUSTER = "flexpipe"
+KW = {
+    "cluster": CLUSTER,
+    "model": "llama2-7b",
+    "rate_rps": 20.0,
+    "duration_s": 600.0,
+    "seed": 1,
+    "slo": Slo(ttft_s=5.0, tpot_s=0.2),
+    "fine_stages": 4,
+    "input_tokens": 512,
+    "output_tokens": 128,
+}
+"""§9's setting, as `flexpipe_cv.py` runs it."""
+FIG13_MODELS = ("llama2-7b", "llama3-8b", "llama2-13b")
+"""OPT-66B (the paper's largest) fits no machine of the `flexpipe` preset whole (2 x 80 GB
+without NVLink), which the whole-model baseline needs."""
+CV_JSON = HERE.parents[0] / "results" / "flexpipe_cv.json"
+
+
+def recovery_s(arrival_s: np.ndarray, latency_s: np.ndarray) -> list[float]:
+    """Stall recoveries (§9.3): a stall starts at a request over 1.5x the P25 latency and
+    ends at the next request back within 1.2x; seconds between their arrivals."""
+    order = np.argsort(arrival_s)
+    t, lat = arrival_s[order], latency_s[order]
+    base = float(np.percentile(lat, 25))
+    out, start = [], None
+    for ti, li in zip(t, lat, strict=True):
+        if start is None and li > 1.5 * base:
+            start = ti
+        elif start is not None and li <= 1.2 * base:
+            out.append(float(ti - start))
+            start = None
+    return out
+
+
+def _latency_run(variant: str, cv: float, **kw) -> dict:
+    got = []
+    summary = run_one(variant, cv, on_result=got.append, **{**KW, **kw})
+    res = got[0]
+    done = res.done_s >= 0
+    rec = recovery_s(res.arrival_s[done], res.done_s[done] - res.arrival_s[done])
+    return {
+        "stalls": len(rec),
+        "recovery_median_s": float(np.median(rec)) if rec else 0.0,
+        "recovery_p90_s": float(np.percentile(rec, 90)) if rec else 0.0,
+        "e2e_p99_s": summary["e2e_p99_s"],
+        "gpus_peak": summary["gpus_peak"],
+    }
+
+
+def fig11() -> dict:
+    out: dict = {}
+    for cv in (1.0, 2.0, 4.0):
+        log.info("fig11 CV %g", cv)
+        static = run_one("static-4", cv, **KW)
+        groups = max(1, -(-static["gpus_peak"] // 4))
+        out[f"{cv:g}"] = {
+            "flexpipe": _latency_run("flexpipe", cv),
+            "alpaserve": _latency_run("provisioned-4", cv, provisioned_groups=groups),
+            "serverlessllm": _latency_run("load-then-serve", cv),
+        }
+    # counterfactual at CV 4: FlexPipe keeping every group it scaled to (no 2-s release),
+    # as AlpaServe holds its peak provisioning
+    hold = _latency_run(
+        "flexpipe",
+        4.0,
+        change=lambda c: replace(c, autoscale=replace(c.autoscale, downscale_delay_s=3600.0)),
+    )
+    return {
+        "by_cv": out,
+        "counterfactual_cv4_flexpipe_holding": hold,
+        "paper_cv4_ms": {"flexpipe": 9, "alpaserve": 16, "serverlessllm": 50},
+    }
+
+
+def production_trace():
+    """The Alibaba GenTD26 requests' busiest six hours, compressed to 600 s."""
+    trace = load_trace("alibaba-genai")
+    hours = np.floor(trace.arrival_s / 3600.0)
+    counts = np.bincount(hours.astype(int))
+    six = np.convolve(counts, np.ones(6), mode="valid")
+    start_h = int(np.argmax(six))
+    window = time_slice(trace, start_h * 3600.0, 6 * 3600.0)
+    return scale_rate(window, 36.0)
+
+
+def fig13() -> dict:
+    trace = production_trace()
+    out: dict = {"requests": trace.num_requests, "models": {}}
+    for model in FIG13_MODELS:
+        log.info("fig13 %s", model)
+        res = {}
+        sllm = system_config("serverlessllm")
+        for name, cfg in (
+            ("flexpipe", system_config("flexpipe")),
+            ("serverlessllm", sllm),
+            # counterfactual: every load from host memory (FlexPipe's own host copies)
+            ("serverlessllm-host", replace(sllm, host_cache="all")),
+        ):
+            s, _ = run(trace, SimSettings(CLUSTER, (model,), cfg.name), cfg)
+            res[name] = {"ttft_mean_s": s["ttft_mean_s"], "ttft_p99_s": s["ttft_p99_s"]}
+        for other in ("serverlessllm", "serverlessllm-host"):
+            res[f"improvement_vs_{other}"] = (
+                1 - res["flexpipe"]["ttft_mean_s"] / res[other]["ttft_mean_s"]
+            )
+        out["models"][model] = res
+    imp = [v["improvement_vs_serverlessllm"] for v in out["models"].values()]
+    out["mean_improvement"] = float(np.mean(imp))
+    out["mean_improvement_vs_host"] = float(
+        np.mean([v["improvement_vs_serverlessllm-host"] for v in out["models"].values()])
+    )
+    out["paper"] = {"range": "6.43-24.38%", "mean": 0.1732}
+    return out
+
+
+def init_latency() -> dict:
+    """§9.6: initialisation of one cold start, FlexPipe 4-stage vs a whole-model instance."""
+    one = make_trace("one", [0.0], [512], [1])
+    out = {}
+    # FlexPipe scaling out at its finest granularity (a lone request gives no CV, so the
+    # CV loop would pick one stage); §7: each stage loads its share in parallel
+    flex = replace(
+        system_config("flexpipe"),
+        flexpipe=FlexPipeSettings(stage_counts=(KW["fine_stages"],), cv_targets=(0.0,)),
+    )
+    # the static instance loads the whole model from host memory with FlexPipe's engine
+    # start, so only the pipelined load differs
+    whole = replace(system_config("serverlessllm"), host_cache="all", init_s=flex.init_s)
+    for model in FIG13_MODELS:
+        res = {}
+        for name, cfg in (("flexpipe", flex), ("serverlessllm", whole)):
+            first = []
+            for warm in (0, 1):  # cold minus warm first token: the initialisation alone
+                settings = SimSettings(
+                    CLUSTER, (model,), name, slo=Slo(1000.0, 10.0), warm_instances=warm
+                )
+                _, r = run(one, settings, cfg)
+                first.append(float(ttft_s(r)[0]))
+            res[name] = first[0] - first[1]
+        res["reduction"] = 1 - res["flexpipe"] / res["serverlessllm"]
+        out[model] = res
+    always = None
+    if CV_JSON.exists():
+        r = json.loads(CV_JSON.read_text())["sim"]["by_cv"]["4"]["ratios"]
+        always = r["flexpipe_always_held_over_peak"]
+    return {
+        "models": out,
+        "mean_reduction": float(np.mean([v["reduction"] for v in out.values()])),
+        "always_held_over_peak_cv4": always,
+        "paper": {"init_reduction": 0.72, "always_on": 0.30, "static_always_on": 0.75},
+    }
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """REPORT.md rows (`report.py`)."""
+    f11, f13, f96 = doc["fig11"], doc["fig13"], doc["init"]
+    c4 = f11["by_cv"]["4"]
+    med = {k: v["recovery_median_s"] * 1e3 for k, v in c4.items()}
+    hold = f11["counterfactual_cv4_flexpipe_holding"]
+    speedup = med["serverlessllm"] / max(med["flexpipe"], 1e-9)
+    imp = {m: v["improvement_vs_serverlessllm"] for m, v in f13["models"].items()}
+    always = f96["always_held_over_peak_cv4"]
+    return [
+        row(
+            PAPER,
+            "Fig. 11",
+            "stall recovery at CV 4: FlexPipe 9 ms, 44% faster than AlpaServe (16 ms), 82% "
+            "than ServerlessLLM (50 ms)",
+            "9 / 16 / 50 ms",
+            "median recovery at CV 4 (stalls): "
+            + ", ".join(
+                f"{k} {v['recovery_median_s'] * 1e3:.0f} ms ({v['stalls']})"
+                if v["stalls"]
+                else f"{k} no stall"
+                for k, v in c4.items()
+            )
+            + f"; ServerlessLLM / FlexPipe {speedup:.1f}x",
+            ordering=c4["alpaserve"]["stalls"] > 0
+            and med["flexpipe"] < min(med["alpaserve"], med["serverlessllm"]),
+            sim_value=speedup,
+            paper_value=50 / 9,
+            cause="AlpaServe as §9 deploys it holds the trace's peak capacity throughout and "
+            "never stalls; FlexPipe releases idle groups after 2 s and stalls while a burst "
+            "waits for new ones to load; ServerlessLLM stalls rarely but for seconds (SSD "
+            "loads). Counterfactual: FlexPipe keeping every group it scaled to: stalls "
+            f"{c4['flexpipe']['stalls']} -> {hold['stalls']}, median "
+            f"{med['flexpipe']:.0f} -> {hold['recovery_median_s'] * 1e3:.0f} ms (paper: "
+            "9 ms; its stalls are stage imbalances a refactor fixes, §9.3).",
+        ),
+        row(
+            PAPER,
+            "Fig. 13",
+            "production trace (prefill latency, 4 models): 6.43-24.38% lower, 17.32% on average",
+            "17.32%",
+            "mean TTFT vs ServerlessLLM, Alibaba GenTD26 busiest 6 h: "
+            + ", ".join(f"{m} {v:+.1%}" for m, v in imp.items())
+            + f"; mean {f13['mean_improvement']:+.1%}",
+            ordering=min(imp.values()) > 0,
+            sim_value=f13["mean_improvement"],
+            paper_value=0.1732,
+            cause="ServerlessLLM's first loads of each model come from SSD (its LRU host "
+            "cache starts empty; FlexPipe keeps host copies, §7). Counterfactual: "
+            "ServerlessLLM with every load from host memory: mean improvement "
+            f"{f13['mean_improvement']:+.1%} -> {f13['mean_improvement_vs_host']:+.1%} "
+            "(paper 17.32%).",
+        ),
+        row(
+            PAPER,
+            "§9.6",
+            "production case study: instance initialisation 72% lower; always-on reservation "
+            "30% of peak (static 75%)",
+            "72%; 30%",
+            f"cold-start initialisation {f96['mean_reduction']:.0%} lower (4-stage group vs "
+            "whole model, 7B/8B/13B); always-on "
+            + (
+                f"{always:.0%} of peak at CV 4"
+                if always is not None
+                else "n/a (no flexpipe_cv.json)"
+            ),
+            ordering=f96["mean_reduction"] > 0,
+            sim_value=f96["mean_reduction"],
+            paper_value=0.72,
+        ),
+    ]
+
+
+def draw(doc: dict) -> object:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4))
+    cvs = list(doc["fig11"]["by_cv"])
+    x = np.arange(len(cvs))
+    for i, name in enumerate(("flexpipe", "alpaserve", "serverlessllm")):
+        med = [doc["fig11"]["by_cv"][c][name]["recovery_median_s"] * 1e3 for c in cvs]
+        ax[0].bar(x + (i - 1) * 0.27, med, 0.27, label=name)
+    ax[0].set_xticks(x, [f"CV {c}" for c in cvs])
+    ax[0].set(title="Fig. 11: median stall recovery", ylabel="ms")
+    ax[0].legend()
+    m = doc["fig13"]["models"]
+    x = np.arange(len(m))
+    for i, name in enumerate(("flexpipe", "serverlessllm")):
+        ax[1].bar(
+            x + (i - 0.5) * 0.4, [v[name]["ttft_mean_s"] for v in m.values()], 0.4, label=name
+        )
+    ax[1].set_xticks(x, list(m))
+    ax[1].set(title="Fig. 13: mean TTFT, production trace", ylabel="s")
+    ax[1].legend()
+    m = doc["init"]["models"]
+    for i, name in enumerate(("flexpipe", "serverlessllm")):
+        ax[2].bar(x + (i - 0.5) * 0.4, [v[name] for v in m.values()], 0.4, label=name)
+    ax[2].set_xticks(x, list(m))
+    ax[2].set(title="§9.6: cold-start first token", ylabel="s")
+    ax[2].legend()
+    return fig
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        doc = {"init": init_latency(), "fig13": fig13(), "fig11": fig11()}
+    except SurgeError as exc:  # shared/traces absent: say so, no partial result
+        log.error("error: %s (FlexPipe Fig. 13 replays the Alibaba GenTD26 trace)", exc)
+        return 2
+    write("flexpipe_figs", doc, draw(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""REPORT.md rows of paraserve_eval.py's JSON: §8.3 SLO attainment, §8.4 scale-down and
+scale-up, §8.5 brownfield, each miss with the counterfactual that script measured.
+
+In: benchmarks/results/paper/paraserve_eval.json. Out: `rows.row` dicts for `report.py`.
+"""
+
+from rows import row
+
+PAPER = "ParaServe"
+
+
+def report_rows(doc: dict) -> list[dict]:
+    e2e, down, up, brown = doc["e2e"], doc["scale_down"], doc["scale_up"], doc["brownfield"]
+    holds = all(r["ratio_vs_best_baseline"] > 1 for r in e2e["rows"])
+    start = [
+        v["paraserve_ratio"]
+        for r in e2e["rows"]
+        for v in r.get("serverlessllm_start_sensitivity", {}).values()
+    ]
+    hops = down.get("counterfactual_stage_hop_s", {})
+    containers = brown.get("counterfactual_container_s", {})
+    return [
+        row(
+            PAPER,
+            "§8.3 Fig. 11",
+            "TTFT SLO attainment over the baselines (384 models, testbed ii): up to 1.74x",
+            "1.74x",
+            f"up to {e2e['max_ratio_vs_best_baseline']:.2f}x over the best baseline, "
+            f"{e2e['max_ratio_vs_any_baseline']:.2f}x over any; with S-LLM's engine start "
+            "0.5 s after / 4.0 s beside its load, worst point "
+            + (f"{min(start):.2f}x" if start else "not run"),
+            ordering=holds,
+            sim_value=e2e["max_ratio_vs_best_baseline"],
+            paper_value=1.74,
+            cause=None
+            if not start or min(start) > 1
+            else "The ordering at 1.2 and 2.4 req/s rests on S-LLM's 6.8-s engine start "
+            "beside its load (a lower bound from §8.2): with other starts it misses there.",
+        ),
+        row(
+            PAPER,
+            "§8.4 Fig. 13",
+            "scale-down: generation time without / with consolidation (13B, 512 tokens): 2.29x",
+            "2.29x",
+            f"{down['generation_ratio']:.2f}x",
+            ordering=down["generation_ratio"] > 1,
+            sim_value=down["generation_ratio"],
+            paper_value=2.29,
+            cause="A 4-stage pipeline pays one stage hop per stage per token, 1 ms here; the "
+            "paper's crosses 16 Gb/s TCP between GPU servers (§4.1 t_n). Counterfactual: "
+            + ", ".join(f"hop {h} s -> {v:.2f}x" for h, v in hops.items())
+            + f" (from {down['generation_ratio']:.2f}x at 1 ms; paper 2.29x).",
+        ),
+        row(
+            PAPER,
+            "§8.4 Fig. 14",
+            "scale-up: mean TTFT 1 worker / 4 workers under a burst (128 requests): 1.87x; "
+            "TPOT 1.08-1.19x",
+            "1.87x",
+            f"TTFT {up['ttft_ratio']:.2f}x, TPOT {up['tpot_ratio']:.2f}x",
+            ordering=up["ttft_ratio"] > 1,
+            sim_value=up["ttft_ratio"],
+            paper_value=1.87,
+        ),
+        row(
+            PAPER,
+            "§8.5 Fig. 15",
+            "brownfield (7B, A10, 5 Gb/s): mean cold-start TTFT 2.6x below serverless vLLM",
+            "2.6x",
+            f"{brown['ttft_ratio']:.2f}x",
+            ordering=brown["ttft_ratio"] > 1,
+            sim_value=brown["ttft_ratio"],
+            paper_value=2.6,
+            cause="Production functions create a container before anything else, and §8.5 "
+            "deploys ParaServe's parameter manager but no prefetcher, so nothing overlaps "
+            "it; the simulator models no container. Counterfactual: a container creation "
+            "of "
+            + ", ".join(f"{c} s -> {v:.2f}x" for c, v in containers.items())
+            + f" (from {brown['ttft_ratio']:.2f}x; paper 2.6x; the paper gives no time).",
+        ),
+    ]

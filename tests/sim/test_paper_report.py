@@ -1,0 +1,130 @@
+"""benchmarks/paper/report.py: REPORT.md is generated from the reproductions' JSON.
+
+Small JSON documents in a temporary directory go through a stand-in `report_rows`, the
+emulated cells and the renderer: one table per paper, "within 20%" computed from the
+numbers, a miss without a cause flagged, a missing result file named with the command that
+makes it.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+PAPER_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "paper"
+sys.path.insert(0, str(PAPER_DIR))
+
+import report  # noqa: E402
+from emulated import emulated_cells  # noqa: E402
+from rows import row, within  # noqa: E402
+
+
+def test_within_twenty_percent_of_a_value_or_a_range() -> None:
+    assert within(1.19, 1.0) is True
+    assert within(1.21, 1.0) is False
+    assert within(0.79, 1.0) is False
+    assert within(None, 1.0) is None
+    assert within(1.0, None) is None
+    # every simulated point inside the paper's range widened by 20%
+    assert within(sim_range=(3.2, 12.0), paper_range=(3.75, 11.4)) is True
+    assert within(sim_range=(2.9, 5.0), paper_range=(3.75, 11.4)) is False
+    assert within(sim_value=14.0, paper_range=(3.75, 11.4)) is False
+
+
+def test_row_with_several_numbers_needs_all_within() -> None:
+    r = row("P", "Fig. 1", "c", "1 / 2", "s", True, pairs=((1.1, 1.0), (2.0, 2.0)))
+    assert r["within_20"] is True
+    r = row("P", "Fig. 1", "c", "1 / 2", "s", True, pairs=((1.1, 1.0), (3.0, 2.0)))
+    assert r["within_20"] is False
+
+
+def _rows_of(doc: dict) -> list[dict]:
+    """A stand-in script's `report_rows`: one row per entry of the document."""
+    return [
+        row(
+            e["paper"],
+            e["figure"],
+            "claim | with a bar",
+            str(e["paper_value"]),
+            f"{e['sim']:.2f}x",
+            e["ordering"],
+            sim_value=e["sim"],
+            paper_value=e["paper_value"],
+            cause=e.get("cause"),
+        )
+        for e in doc["entries"]
+    ]
+
+
+def _write(path: Path, doc: dict) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_generator_renders_one_table_per_paper_with_causes_and_emulated(tmp_path: Path) -> None:
+    doc = {
+        "entries": [
+            {
+                "paper": "λScale",
+                "figure": "Fig. 9",
+                "paper_value": 4.8,
+                "sim": 4.0,
+                "ordering": True,
+            },
+            {
+                "paper": "λScale",
+                "figure": "Fig. 14",
+                "paper_value": 0.313,
+                "sim": 0.07,
+                "ordering": True,
+                "cause": "measured: S-LLM hits its cache",
+            },
+            {
+                "paper": "ParaServe",
+                "figure": "§8.5",
+                "paper_value": 2.6,
+                "sim": 4.35,
+                "ordering": True,
+            },
+        ]
+    }
+    src = _write(tmp_path / "a.json", doc)
+    rows = report.collect([("standin", src, None)], load_rows=lambda module: _rows_of)
+    results = tmp_path / "results"
+    results.mkdir()
+    emu = {
+        "report_emulated": [{"paper": "λScale", "figure": "Fig. 9", "emulated": "EMULATED 4.16x"}]
+    }
+    _write(results / "emulation_new.json", emu)
+    text = report.render(report.merge(rows, emulated_cells(results)))
+
+    assert text.count("## λScale") == 1 and text.count("## ParaServe") == 1
+    assert "## BlitzScale" not in text  # no rows, no table
+    lines = text.splitlines()
+    fig9 = next(ln for ln in lines if ln.startswith("| Fig. 9 "))
+    assert "EMULATED 4.16x" in fig9 and "| yes | yes |" in fig9  # 4.0 vs 4.8: -17%
+    fig14 = next(ln for ln in lines if ln.startswith("| Fig. 14 "))
+    assert "| **no** |" in fig14 and "measured: S-LLM hits its cache" in fig14
+    para = next(ln for ln in lines if ln.startswith("| §8.5 "))
+    assert "**not measured**" in para and "not run" in para
+    assert "claim / with a bar" in fig9  # a "|" in a cell cannot break the table
+    assert "**1 of 3 rows (33%)" in text and "1 of them without a measured cause" in text
+
+
+def test_missing_result_names_the_command_that_makes_it(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nothing.json")
+    with pytest.raises(report.ReportError, match=r"run `python benchmarks/paper/x_figs\.py`"):
+        report.collect([("x_figs", missing, None)], load_rows=lambda module: _rows_of)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(report.ReportError, match="unreadable"):
+        report.collect([("x_figs", str(bad), None)], load_rows=lambda module: _rows_of)
+
+
+def test_every_source_module_has_report_rows() -> None:
+    """Each listed source is read through a real `report_rows` (no stand-in rows)."""
+    import importlib
+
+    for module, _path, _how in report.SOURCES:
+        assert callable(importlib.import_module(module).report_rows), module
