@@ -31,6 +31,7 @@ SOURCES = (
     ("lambdascale_traces", "benchmarks/results/paper/lambdascale_traces.json", None),
     ("lambdascale_bursts", "benchmarks/results/paper/lambdascale_bursts.json", None),
     ("lambdascale_figs", "benchmarks/results/paper/lambdascale_figs.json", None),
+    ("lambdascale_ablation", "benchmarks/results/paper/lambdascale_ablation.json", None),
     (
         "blitzscale_eval_rows",
         "benchmarks/results/paper/blitzscale_eval.json",

@@ -294,6 +294,7 @@ SCRIPTS = (
     "lambdascale_traces",
     "lambdascale_bursts",
     "lambdascale_figs",
+    "lambdascale_ablation",
     "blitzscale_eval",
     "blitzscale_figs",
     "paraserve_eval",
