@@ -15,7 +15,6 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from surge.config import EngineConfig
@@ -47,6 +46,7 @@ from surge.policy.multicast.topology import NodeLinks
 from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ScaleOutReport
 
@@ -95,8 +95,12 @@ class Autoscaler:
         load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None,
         events: EventBus = NO_BUS,
         links: dict[int, NodeLinks] | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
+        self.clock = clock
+        """The control plane's clock (`runtime/clock.py`): its tick, every window and
+        keep-alive it decides by, in emulated seconds under GPU-time emulation."""
         self.config, self.engine, self.deployments = config, engine, deployments
         self.copies, self.live_nodes = copies, live_nodes
         self.load_failed = load_failed
@@ -105,8 +109,9 @@ class Autoscaler:
         """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
         self._wake = asyncio.Event()
         self.flexpipe = FlexPipeControl(
-            client, pool, metrics, copies, live_nodes, self.free_slots, config.link_gbps, events
-        )
+            client, pool, metrics, copies, live_nodes, self.free_slots, config.link_gbps, events,
+            clock,
+        )  # fmt: skip
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
@@ -121,18 +126,13 @@ class Autoscaler:
         self._wake.set()
 
     async def run(self) -> None:
-        """Tick every `tick_s` until cancelled; a failing tick is logged, not fatal."""
-        last_s = time.monotonic()
+        """Tick every `tick_s` (of the clock) until cancelled; a failing tick is logged,
+        not fatal."""
+        last_s = self.clock.now_s()
         while True:
-            # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow a cancel that
-            # lands as its timeout fires, and the controller's stop would wait forever.
-            waiter = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=self.config.tick_s)
-            finally:
-                waiter.cancel()
+            await self.clock.wait(self._wake, self.config.tick_s)
             self._wake.clear()
-            now_s = time.monotonic()
+            now_s = self.clock.now_s()
             dt_s, last_s = now_s - last_s, now_s
             try:
                 await self.tick(now_s, dt_s)
@@ -222,7 +222,7 @@ class Autoscaler:
 
     def _scale_out(self, dep: Deployment, count: int) -> None:
         """Place `count` new instances by `policy.placement` and start their scale-out."""
-        t0_s = time.monotonic()
+        t0_s = self.clock.now_s()
         hosts = set(self.pool.complete(dep.name, "host"))
         slots = self.config.slots_per_node
         machines = [
@@ -254,7 +254,7 @@ class Autoscaler:
         dep.multicasting = True
         dep.num_scale_outs += 1
         self.events.publish(ScaleOutStarted(model=dep.name, nodes=tuple(dests)))
-        placement_s = time.monotonic() - t0_s
+        placement_s = self.clock.now_s() - t0_s
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast, placement_s))
 
     def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
@@ -281,7 +281,7 @@ class Autoscaler:
         m.blocks_in_flight.labels(name).inc(in_flight)
         report = ScaleOutReport()
         booked: list[int] = []  # spare slots the scale-out took (ParaServe group members)
-        t0_s = time.monotonic()
+        t0_s = self.clock.now_s()
         first = asyncio.get_running_loop().create_task(first_endpoint_s(dep, t0_s))
         try:
             await start_scale_out(
@@ -291,14 +291,14 @@ class Autoscaler:
                 dests,
                 self._offer(dep, dests, booked),
                 engine=self.engine,
-                timeout_s=self.config.scale_out_timeout_s,
+                timeout_s=self.clock.real_s(self.config.scale_out_timeout_s),
                 serve_while_loading=owns_multicast,
                 report=report,
             )
             kind = report.kind or "unknown"
             dep.last_start = kind
             m.scale_outs.labels(name, kind).inc()
-            load_s = time.monotonic() - t0_s
+            load_s = self.clock.now_s() - t0_s
             log.info("%s: %s scale-out to %s in %.2f s", name, kind, dests, load_s)
             self.events.publish(
                 ScaleOutDone(model=name, nodes=tuple(dests), kind=kind, load_s=load_s)
@@ -309,7 +309,7 @@ class Autoscaler:
             first_s = first.result() if first.done() else None
             phase.labels(name, kind, "first_endpoint").observe(first_s or load_s)
         except Exception as e:
-            load_s = time.monotonic() - t0_s
+            load_s = self.clock.now_s() - t0_s
             self.events.publish(
                 ScaleOutDone(model=name, nodes=tuple(dests), kind="failed", load_s=load_s)
             )
@@ -343,7 +343,7 @@ class Autoscaler:
         inst.endpoint = ep
         inst.idle_since_s = None
         self.events.publish(InstanceUp(model=dep.name, node=node, name=ep.name))
-        dep.host_last_used_s[node] = time.monotonic()
+        dep.host_last_used_s[node] = self.clock.now_s()
 
     async def release(self, dep: Deployment, node: int) -> None:
         """Retire the deployment's instance on `node` and free its slot."""

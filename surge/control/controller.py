@@ -19,7 +19,6 @@ only the facade below. Owned by control/.
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from surge.control import admission
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
-from surge.control.emulation import EmulationCounts
+from surge.control.emulation import EmulationCounts, control_clock
 from surge.control.healing import NodeHealer
 from surge.control.launching import AgentCluster, agent_pids, launch_cluster
 from surge.control.metrics import Metrics
@@ -96,7 +95,9 @@ class Controller:
         self.links: dict[int, NodeLinks] = {}
         """Each agent's links as it reported them at start (caps, host group): the
         multicast planner's topology (`policy.topology`)."""
-        self.started_s = time.monotonic()
+        self.clock = control_clock(config.emulation)
+        """The control plane's clock (`runtime/clock.py`; emulated under `emulation`)."""
+        self.started_s = self.clock.now_s()
         self._wiring: _Wiring | None = None
         self._tasks: list[asyncio.Task] = []
         self.stopping = False
@@ -153,8 +154,8 @@ class Controller:
     async def _hold_loop(self) -> None:
         """Every tick: end the requests held past their deployment's hold timeout (503)."""
         while True:
-            await asyncio.sleep(self.config.tick_s)
-            now_s = time.monotonic()
+            await self.clock.sleep(self.config.tick_s)
+            now_s = self.clock.now_s()
             for dep in list(self.deployments.values()):
                 try:
                     admission.expire(dep, now_s, self.metrics)
@@ -163,8 +164,9 @@ class Controller:
 
     def _wire(self, client: ClusterClient, store: DeploymentStore) -> _Wiring:
         copies = Copies(
-            client, self.pool, self.deployments, self.config, self.live_nodes, self.started_s
-        )
+            client, self.pool, self.deployments, self.config, self.live_nodes, self.started_s,
+            self.clock,
+        )  # fmt: skip
         autoscaler = Autoscaler(
             client,
             self.pool,
@@ -176,6 +178,7 @@ class Controller:
             self.live_nodes,
             events=self.events,
             links=self.links,
+            clock=self.clock,
         )
         deployments = Deployments(
             client,
@@ -186,6 +189,7 @@ class Controller:
             self.deployments,
             copies,
             self.live_nodes,
+            self.clock,
         )
         requests = Requests(client, self.deployments, self.metrics, autoscaler.wake)
         deployments.check_capacity = self._check_capacity

@@ -10,7 +10,6 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from surge.control.pool import ParameterPool
@@ -25,6 +24,7 @@ from surge.policy.host_copies import (
 )
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit
 from surge.runtime.client import ClusterClient
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp
 from surge.runtime.scaleout.context import instance_name
 
@@ -42,8 +42,12 @@ class Copies:
         config: ControllerConfig,
         live_nodes: Callable[[], list[int]],
         started_s: float,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.client, self.pool, self.deployments = client, pool, deployments
+        self.clock = clock
+        """The control plane's clock (`runtime/clock.py`): keep-alives and back-offs run on
+        it (`started_s` is one of its readings)."""
         self.live_nodes = live_nodes
         self.settings = CacheSettings(config.host_cache_bytes, config.host_keep_alive_s)
         self.started_s = started_s
@@ -114,7 +118,7 @@ class Copies:
     async def make_host_copy(self, dep: Deployment, node: int, pin: bool) -> None:
         """Load the model into a node's host tier (from its disk or the registry, by
         `policy.host_copies`), evicting the copies `policy.keepalive.admit` names first."""
-        now = time.monotonic()
+        now = self.clock.now_s()
         entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=pin)
         decision = admit(self._entries(node), entry, self.settings)
         if not decision.admit:  # only an unpinned copy can be refused
@@ -142,7 +146,7 @@ class Copies:
         """BlitzScale §5.3: give the model a complete, pinned host copy where
         `policy.host_copies.pinned_copy` says (an existing copy, else the roomiest node)."""
         failures, retry_at = self.failures.get(dep.name, (0, 0.0))
-        if time.monotonic() < retry_at:  # backing off after a failure (policy.host_copies)
+        if self.clock.now_s() < retry_at:  # backing off after a failure (policy.host_copies)
             return
         choice = pinned_copy(self._caches(), self.settings, self.pool.complete(dep.name, "host"))
         if choice is None:
@@ -159,7 +163,7 @@ class Copies:
                 if self.load_failed is not None:
                     await self.load_failed(dep, e)
                 wait_s = host_copy_retry_s(failures + 1)
-                self.failures[dep.name] = (failures + 1, time.monotonic() + wait_s)
+                self.failures[dep.name] = (failures + 1, self.clock.now_s() + wait_s)
                 if dep.failure is None:  # once, then quietly until it works (no log flood)
                     (log.warning if failures == 0 else log.debug)(
                         "%s: host copy on node %d failed (try %d; next in %.0f s): %s",

@@ -31,6 +31,7 @@ from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailab
 from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
 from surge.runtime.server import Server
 
@@ -85,9 +86,12 @@ class Deployments:
         deployments: dict[str, Deployment],
         copies: Copies,
         live_nodes: Callable[[], list[int]],
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
         self.store, self.registry, self.deployments = store, registry, deployments
+        self.clock = clock
+        """The control plane's clock: each deployment's `Server` stamps its requests with it."""
         self.copies, self.live_nodes = copies, live_nodes
         self.failed: dict[str, FailedDeployment] = {}
         """Stored deployments that cannot serve, by name (listed, deletable, not retried)."""
@@ -169,7 +173,7 @@ class Deployments:
             if self.pool.blocks_at(name, node, "gpu"):
                 await self.copies.release_slot(name, node, manifest.num_blocks)
         routing = serve_system(spec.strategy).routing
-        dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing))
+        dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing, self.clock))
         self.deployments[name] = dep
         await self.copies.restore_invariant(dep)
         return dep

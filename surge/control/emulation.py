@@ -1,22 +1,39 @@
-"""GPU-time emulation seen from the control plane: the agents' paced-step counts as metrics.
+"""GPU-time emulation seen from the control plane: its clock, and the agents' paced-step counts.
 
-What flows: on a `/metrics` scrape, each live agent's `StatusReply` (its paced steps and
-violations, `surge.emulation.pacing`) in; the per-node counters `surge_emulation_steps_total`
-and `surge_emulation_violations_total` (`control/metrics.py`) out, raised by what each agent
-counted since the last scrape. Owned by control/; called by the controller's facade.
+What flows: at start, the controller's `ControllerConfig.emulation` in, its one `Clock` out
+(`control_clock`: the central hook where the time dilation D reaches the control plane; every
+collaborator and each deployment's `Server` read time from it). On a `/metrics` scrape, each
+live agent's `StatusReply` (its paced steps and violations, `surge.emulation.pacing`) in; the
+per-node counters `surge_emulation_steps_total` and `surge_emulation_violations_total`
+(`control/metrics.py`) out, raised by what each agent counted since the last scrape. Owned by
+control/; called by the controller's facade.
 """
 
 import asyncio
 import logging
 
 from surge.control.metrics import Metrics
+from surge.emulation import Emulation
 from surge.runtime.client import ClusterClient
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
 
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 2.0
 """A scrape waits this long for an agent's counts (a busy or dead agent is skipped)."""
+
+
+def control_clock(emulation: Emulation | None) -> Clock:
+    """The control plane's clock: under GPU-time emulation it runs D times slower than the
+    host's (an emulated second lasts D real ones), so the autoscaler's tick and windows,
+    keep-alives, hold timeouts, SLOs and every system's windows keep their emulated
+    values and act at the emulated cluster's pace (docs/emulation.md "Clock"); else the
+    host's clock. The agents' heartbeats (`control/healing.py`) stay on the host's clock:
+    they watch real processes."""
+    if emulation is None:
+        return REAL_CLOCK
+    return Clock(emulation.config.time_dilation)
 
 
 class EmulationCounts:

@@ -47,6 +47,7 @@ from surge.policy.flexpipe.system import (
 )
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import LoadOp
 from surge.runtime.refactor import FlexPipeline, Stages, refactor_pipeline
 from surge.runtime.scaleout.context import DEFAULT_FETCH_GBPS
@@ -110,7 +111,10 @@ class FlexPipeControl:
         free_slots_of: Callable[[int], int],
         link_gbps: float | None = None,
         events: EventBus = NO_BUS,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
+        self.clock = clock
+        """The control plane's clock (refactorings are timed on it)."""
         self.client, self.pool, self.metrics, self.copies = client, pool, metrics, copies
         self.events = events
         """The dashboard's stream: each completed refactoring (`Refactor`)."""
@@ -203,7 +207,7 @@ class FlexPipeControl:
 
         pipe.refactoring = False  # refactor_pipeline takes it from here
         try:
-            result = await refactor_pipeline(pipe, target, load, alive, micro)
+            result = await refactor_pipeline(pipe, target, load, alive, micro, self.clock)
         except Exception as e:
             log.warning("%s: refactoring %s to %s failed: %s", dep.name, pipe.name, target, e)
             rec.failed_refactors += 1

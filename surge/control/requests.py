@@ -40,7 +40,8 @@ class Requests:
         self, dep: Deployment, prompt_token_ids: list[int], params: SamplingParams
     ) -> TrackedRequest:
         admission.check(dep, self.metrics)
-        req = TrackedRequest(f"{dep.name}-{time.monotonic_ns()}", list(prompt_token_ids), params)
+        req_id = f"{dep.name}-{time.monotonic_ns()}"
+        req = TrackedRequest(req_id, list(prompt_token_ids), params, clock=dep.server.clock)
         req.deployment = dep.name
         req.at_zero = not dep.serving() and not dep.server.endpoints
         dep.server.requests[req.req_id] = req

@@ -12,7 +12,6 @@ Owned by control/.
 """
 
 import asyncio
-import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -154,8 +153,9 @@ async def start_scale_out(
 
 async def first_endpoint_s(dep: Deployment, t0_s: float, poll_s: float = 0.005) -> float:
     """Seconds from `t0_s` until an endpoint not there at the start serves `dep` (a
-    pipeline or a local instance): the scale-out's first-endpoint phase."""
+    pipeline or a local instance): the scale-out's first-endpoint phase (`t0_s` and the
+    result on the deployment's clock; `poll_s` real)."""
     before = set(dep.server.endpoints)
     while not set(dep.server.endpoints) - before:
         await asyncio.sleep(poll_s)
-    return time.monotonic() - t0_s
+    return dep.server.clock.now_s() - t0_s

@@ -2,14 +2,13 @@
 and the `TrackedRequest` the HTTP API streams from.
 
 Mutable records shared by the collaborators of `control/controller.py` (deployments,
-requests, autoscaler, copies): each field says who writes it. Times are `time.monotonic()`
-seconds. Owned by control/.
+requests, autoscaler, copies): each field says who writes it. Times are the control
+plane's clock's (`runtime/clock.py`: emulated seconds under GPU-time emulation). Owned by control/.
 """
 
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +74,7 @@ class TrackedRequest(ServeRequest):
     def finish(self, reason: str) -> None:
         """End it from the controller's side (stop string, deletion, client gone)."""
         if not self.done.is_set():
-            self.done_t = time.monotonic()
+            self.done_t = self.clock.now_s()
             self.finish_reason = reason
             self.done.set()
             self.progress.set()

@@ -20,7 +20,6 @@ again (`Server.requeue`). Owned by the runtime; decisions are `surge.policy.blit
 
 import asyncio
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -146,7 +145,7 @@ class PdServing:
     def on_token(self, ep: Endpoint, ev: TokenGenerated) -> None:
         """A token came back from `ep` (after the endpoint appended it)."""
         times = self._token_times.setdefault(ep.name, deque(maxlen=4096))
-        times.append(time.monotonic())
+        times.append(self.server.clock.now_s())
         if ev.finished:  # room on `ep`: a waiting hand-off may go now
             self.kick()
             return

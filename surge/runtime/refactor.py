@@ -25,13 +25,13 @@ from `surge.policy.flexpipe.system`.
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.refactor import RefactorPlan
 from surge.policy.flexpipe.system import refactor
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
 from surge.runtime.protocol import KvPushOp, KvTarget, StageCloseOp, StageKvCopyOp, StageOpenOp
 
@@ -211,25 +211,26 @@ async def refactor_pipeline(
     load: Callable[[int, list[int]], Awaitable[None]],
     alive: Callable[[], bool] = lambda: True,
     num_micro_batches: int | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> RefactorResult:
     """Re-cut `pipe` into `target` stages while it serves (see the module docstring).
-    `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the
-    pipeline still serves (the server may retire it meanwhile); `num_micro_batches`: the
-    head engines that take requests on the new stages (the caller's policy decision,
-    `microbatch.pipeline_micro_batches`; None: as before), set at the switch.
-    Raises on failure, with the old stages still serving unless the pipeline itself
-    failed."""
+    `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the pipeline
+    still serves (the server may retire it meanwhile); `num_micro_batches`: the head
+    engines that take requests on the new stages (the caller's policy decision,
+    `microbatch.pipeline_micro_batches`; None: as before), set at the switch. The result's
+    times are `clock`'s (the pipeline's server's). Raises on failure, with the old stages
+    still serving unless the pipeline itself failed."""
     if pipe.refactoring:
         raise RuntimeError(f"{pipe.name} is already refactoring")
     pipe.refactoring = True
     try:
-        t0 = time.monotonic()
+        t0 = clock.now_s()
         await asyncio.gather(
             *(load(node, blocks_of_stage(pipe.manifest, a, b)) for node, a, b in target)
         )
-        load_s = time.monotonic() - t0
+        load_s = clock.now_s() - t0
         async with pipe.gate.exclusive():
-            t1 = time.monotonic()
+            t1 = clock.now_s()
             if pipe.failed or not alive():
                 raise EndpointFailed(f"{pipe.name} stopped serving before its refactoring")
             before = list(pipe.stages)
@@ -257,7 +258,7 @@ async def refactor_pipeline(
             if num_micro_batches is not None:  # new engines start on the new stages
                 pipe.set_micro_batches(num_micro_batches)
             await _close(pipe, old_key, [n for n, _, _ in before])
-            pause_s = time.monotonic() - t1
+            pause_s = clock.now_s() - t1
         result = RefactorResult(
             direction=direction_of(len(before), len(target)),
             num_stages_before=len(before),

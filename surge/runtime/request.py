@@ -8,12 +8,13 @@ from an execution pipeline to a local instance at a mode switch. Owned by the ru
 """
 
 import asyncio
-import time
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from surge.engine.sampling import SamplingParams, TokenLogprobs
+from surge.runtime.clock import REAL_CLOCK, Clock
 
 
 @dataclass
@@ -23,14 +24,14 @@ class ServeRequest:
     req_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_t: float = field(default_factory=time.monotonic)
-    """When it arrived (monotonic clock)."""
+    arrival_t: float = math.nan
+    """When it arrived (`clock`; NaN when made: now)."""
     output_token_ids: list[int] = field(default_factory=list)
     first_token_t: float | None = None
     dispatched_t: float | None = None
-    """When the router last handed it to an endpoint (monotonic clock)."""
+    """When the router last handed it to an endpoint (`clock`)."""
     token_times: list[float] = field(default_factory=list)
-    """When each token came back (monotonic clock)."""
+    """When each token came back (`clock`)."""
     done_t: float | None = None
     finish_reason: str | None = None
     endpoint: str | None = None
@@ -49,9 +50,16 @@ class ServeRequest:
     """Prompt tokens its (last) prefill took from the prefix cache (None: not prefilled yet)."""
     refusals: int = 0
     """How many times an agent refused it (`LocalEndpoint.submit`)."""
+    clock: Clock = field(default=REAL_CLOCK, repr=False, compare=False)
+    """What its times are read from: its server's (`runtime/clock.py`; emulated seconds
+    under GPU-time emulation)."""
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.arrival_t):
+            self.arrival_t = self.clock.now_s()
 
     def add_token(self, token: int, finished: bool, reason: str | None) -> None:
-        now = time.monotonic()
+        now = self.clock.now_s()
         if self.first_token_t is None:
             self.first_token_t = now
         self.output_token_ids.append(token)
@@ -72,7 +80,7 @@ class ServeRequest:
         it), so whoever waits on `done` sees the reason instead of waiting forever."""
         if self.done.is_set():
             return
-        self.error, self.finish_reason, self.done_t = message, "error", time.monotonic()
+        self.error, self.finish_reason, self.done_t = message, "error", self.clock.now_s()
         self.done.set()
         if self.on_done is not None:
             self.on_done()

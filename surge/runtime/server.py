@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from collections import deque
 from typing import Protocol
 
@@ -27,6 +26,7 @@ from surge.engine.sampling import SamplingParams
 from surge.policy import router
 from surge.policy.loading import spread_evenly
 from surge.runtime.client import ClusterClient
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
 from surge.runtime.protocol import AgentDown, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
@@ -73,17 +73,26 @@ class PdRouting(Protocol):
 class Server:
     """Routes requests of one model over its live endpoints (`policy.router.route`)."""
 
-    def __init__(self, client: ClusterClient, model: str, routing: str = "least-loaded") -> None:
+    def __init__(
+        self,
+        client: ClusterClient,
+        model: str,
+        routing: str = "least-loaded",
+        clock: Clock = REAL_CLOCK,
+    ) -> None:
         self.client, self.model = client, model
+        self.clock = clock
+        """The serving plane's clock (`runtime/clock.py`): its requests' times and every
+        time the deployment's scale-outs read."""
         self.routing = routing
         """The system's routing rule (`SystemConfig.routing`, `policy.router.ROUTINGS`)."""
         self.endpoints: dict[str, Endpoint] = {}
         self.queue: list[ServeRequest] = []
         self.requests: dict[str, ServeRequest] = {}
         self.arrivals: deque[float] = deque(maxlen=MAX_ARRIVALS_KEPT)
-        """Arrival times (monotonic) of the requests submitted, oldest first."""
+        """Arrival times (`clock`) of the requests submitted, oldest first."""
         self.departures: deque[float] = deque(maxlen=MAX_ARRIVALS_KEPT)
-        """When queued requests left the queue for an endpoint (monotonic), oldest first:
+        """When queued requests left the queue for an endpoint (`clock`), oldest first:
         how fast the queue drains (BlitzScale's live-scaling SLO check)."""
         self.prefill_spans: deque[tuple[float, float, int]] = deque(maxlen=MAX_SPANS_KEPT)
         """(handed to a local instance, first token, tokens prefilled) of recent requests:
@@ -95,7 +104,7 @@ class Server:
         self._pump = asyncio.get_running_loop().create_task(self._pump_events())
 
     def new_request(self, prompt_token_ids: list[int], params: SamplingParams) -> ServeRequest:
-        req = ServeRequest(f"r{next(self._ids)}", list(prompt_token_ids), params)
+        req = ServeRequest(f"r{next(self._ids)}", list(prompt_token_ids), params, clock=self.clock)
         self.requests[req.req_id] = req
         return req
 
@@ -130,7 +139,7 @@ class Server:
                 return
             ep = live[choice]
             req = self.queue.pop(0)
-            req.dispatched_t = time.monotonic()
+            req.dispatched_t = self.clock.now_s()
             self.departures.append(req.dispatched_t)
             req.endpoint = ep.name
             req.hops.append(ep.name)
@@ -226,7 +235,7 @@ class Server:
             if i is None:
                 continue
             ep = targets[i]
-            req.dispatched_t = time.monotonic()
+            req.dispatched_t = self.clock.now_s()
             req.endpoint = ep.name
             req.hops.append(ep.name)
             try:

@@ -249,4 +249,4 @@ class ScaleOutContext:
         if len(nodes) > 1:
             self.report.pipelines_opened += 1
             self.events.publish(PipelineOpened(model=self.model, name=name, stages=tuple(stages)))
-        self.report.opened.append((name, time.monotonic(), nodes))
+        self.report.opened.append((name, self.server.clock.now_s(), nodes))

@@ -24,7 +24,6 @@ prefill of `PROFILE_TOKENS` costs `PREFILL_OVER_DECODE` decodes.
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 
 from surge.config import EngineConfig
@@ -124,7 +123,7 @@ async def profile_stages(pipe: FlexPipeline) -> None:
 def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
     profile = layer_profile(ctx.manifest, ctx.system, None)
     settings = ctx.system.flexpipe
-    arrivals = arrivals_in_window(tuple(ctx.server.arrivals), time.monotonic(), settings)
+    arrivals = arrivals_in_window(tuple(ctx.server.arrivals), ctx.server.clock.now_s(), settings)
     eta = scale_out_num_stages(
         arrivals,
         len(ctx.server.queue),
@@ -147,7 +146,7 @@ def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> Stage
         ctx.fetch_gbps,
         2 * ctx.manifest.total_bytes,
         settings,
-        Affinity(history, {n: machine.get(n, n) for n in spares}, time.monotonic()),
+        Affinity(history, {n: machine.get(n, n) for n in spares}, ctx.server.clock.now_s()),
     )
     assert choice is not None  # one stage on the destination always fits
     return choice

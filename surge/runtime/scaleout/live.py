@@ -78,15 +78,17 @@ class LiveScaling:
         self.live.discard(node)
 
     def arrived(self, node: int, block: int, t_s: float) -> None:
-        """A block landed on receiver `node` at `t_s` (wall clock, as its agent says)."""
+        """A block landed on receiver `node` at `t_s` (wall clock, as its agent says; kept
+        in the serving clock's seconds, as the prefill spans it is weighed against)."""
         if node in self._arrivals:
             b = self.ctx.manifest.blocks[block]
-            self._arrivals[node].append((t_s, b.end_layer - b.first_layer))
+            t = self.ctx.server.clock.of_real(t_s)
+            self._arrivals[node].append((t, b.end_layer - b.first_layer))
 
     def start(self) -> asyncio.Task:
         """Start looking at the queue (as the multicast starts: its start time is each
         receiver's zero, so the first block already measures the load speed)."""
-        now = time.time()  # the agents' events carry wall-clock times
+        now = self.ctx.server.clock.of_real(time.time())  # agents stamp wall-clock times
         for arrivals in self._arrivals.values():
             arrivals.append((now, 0))
         loop = asyncio.get_running_loop()
@@ -121,7 +123,8 @@ class LiveScaling:
 
     def _view(self, new: int, held: int, olds: list[LocalEndpoint]) -> LiveView:
         """Receiver `new` and the queue as `LiveScalingState.look` sees them now."""
-        server, now = self.ctx.server, time.monotonic()
+        server = self.ctx.server
+        now = server.clock.now_s()
         pd = server.pd
         spans = [PrefillSpan(a, b, n) for a, b, n in server.prefill_spans]
         return LiveView(

@@ -19,7 +19,6 @@ retired, recorded on the context. The state machine is the same one the simulato
 
 import asyncio
 import logging
-import time
 
 from surge.events import ModeSwitch, PipelineRetired
 from surge.policy.loading import (
@@ -94,12 +93,12 @@ class _Carrier:
             name = pipeline_name(ctx.model, self.mc_id, action.index)
             stages = stage_layers(ctx.manifest, action.pipeline, self.agents)
             ep = PipelineEndpoint(ctx.client, ctx.manifest, ctx.model, name, stages, ctx.engine)
-            t0 = time.monotonic()
+            t0 = ctx.server.clock.now_s()
             await ep.open()
             await ctx.server.add_endpoint(ep)
             self.names[action.index] = name
             ctx.record_open(name, ep.nodes, stages)
-            log.info("opened %s on %s in %.3f s", name, ep.nodes, time.monotonic() - t0)
+            log.info("opened %s on %s in %.3f s", name, ep.nodes, ctx.server.clock.now_s() - t0)
         elif isinstance(action, GoLive):
             if self.live is not None:
                 self.live.go_live(self.agents[action.node])
@@ -126,7 +125,7 @@ class _Carrier:
         if name is None:
             return
         moved = await self.ctx.server.retire(name, spread_over)
-        self.ctx.report.retired.append((name, time.monotonic(), len(moved)))
+        self.ctx.report.retired.append((name, self.ctx.server.clock.now_s(), len(moved)))
         self.ctx.events.publish(
             PipelineRetired(model=self.ctx.model, name=name, num_moved=len(moved))
         )

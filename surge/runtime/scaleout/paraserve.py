@@ -30,7 +30,6 @@ before the first cold start), documented in docs/scaleout.md:
 import asyncio
 import logging
 import math
-import time
 
 from surge.errors import SurgeError
 from surge.events import Consolidation, PipelineRetired
@@ -68,7 +67,7 @@ PREFILL_OVER_DECODE = 4.0
 def alg1_inputs_of(ctx: ScaleOutContext) -> tuple[StageTimes, SizingSettings]:
     """Alg. 1's stage times and settings for this model (see the module docstring), by
     `policy.startup.alg1_inputs`."""
-    now = time.monotonic()
+    now = ctx.server.clock.now_s()
     decode_s = ctx.manifest.total_bytes / WEIGHT_READ_BYTES_PER_S
     wait_s = max((now - r.arrival_t for r in ctx.server.queue), default=0.0)
     return alg1_inputs(ctx.system, PREFILL_OVER_DECODE * decode_s, decode_s, wait_s)
@@ -103,7 +102,7 @@ def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
     and Alg. 2's state carries the earlier groups' workers."""
     pool = [d.node for d in ctx.destinations] + [d.node for d in ctx.spares]
     sizes = tuple(b.size_bytes for b in ctx.manifest.blocks)
-    now = time.monotonic()
+    now = ctx.server.clock.now_s()
     networks = _networks(ctx, pool, now)
     times, settings = alg1_inputs_of(ctx)
     groups: list[GroupPlan] = []
@@ -204,7 +203,11 @@ def _decide(ctx: ScaleOutContext, pipeline_size: int) -> ConsolidationDecision:
         window_s=ctx.system.predictor_window_s, max_pipeline_size=ctx.system.pipeline_size
     )
     return decide_consolidation(
-        tuple(ctx.server.arrivals), time.monotonic(), len(ctx.server.queue), pipeline_size, settings
+        tuple(ctx.server.arrivals),
+        ctx.server.clock.now_s(),
+        len(ctx.server.queue),
+        pipeline_size,
+        settings,
     )
 
 
