@@ -4,14 +4,11 @@ Experiments (paper figure -> what is simulated):
 - λScale Fig. 7: multicast latency of 7B/13B (Testbed1, 8 and 12 nodes) and 70B
   (Testbed2, 4 nodes x 4 GPUs), λScale vs FaaSNet vs NCCL; headline: max speedups.
 - λScale Fig. 9: first new serving capacity with k = 1, 2, 4 sources, 13B, 12 nodes.
-- λScale Fig. 14: GPU-seconds on a 30-minute bursty trace (Azure code instead of
-  BurstGPT, which is not in shared/traces), llama2-13b on Testbed1.
-- λScale Fig. 2/3: host-cache keep-alive with 12 models, 3 per node, LRU; SSD-load share
-  with a 15-s keep-alive on the Azure code and conv traces.
-- BlitzScale §6.1: mean TTFT vs ServerlessLLM and AllCache, llama2-7b, cluster B, AzureCode.
 - ParaServe Fig. 8: cold-start TTFT, ParaServe (4 workers) vs ServerlessLLM (no cache)
   vs serverless vLLM, llama2-13b on V100 and llama2-7b on A10 (testbed i).
-Run: python benchmarks/paper/reproduce.py  (about 1-3 minutes on one core)
+λScale Fig. 2/3/14 and BlitzScale §6.1, once here too, are lambdascale_traces.py and
+blitzscale_eval.py; every other figure is one of the scripts in SCRIPTS.
+Run: python benchmarks/paper/reproduce.py  (seconds)
      python benchmarks/paper/reproduce.py --all  (this, then every script in SCRIPTS,
      then report.py: REPORT.md regenerated from all their JSON)
 """
@@ -21,26 +18,21 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from multicast import isolated_multicast
 from rows import row
 
-from surge.policy.keepalive import CacheEntry, CacheSettings, admit
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
-from surge.sim.metrics import gpu_seconds, summarize
 from surge.sim.scenario import load_scenario
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import simulate
 from surge.traces.request import make_trace
-from surge.traces.resolve import load_trace
-from surge.traces.transform import assign_models, scale_rate, time_slice
 
 OUT = Path(__file__).resolve().parent / "results.json"
 log = logging.getLogger("reproduce")
@@ -87,118 +79,6 @@ def fig9() -> dict:
     }
 
 
-def fig14() -> dict:
-    trace = time_slice(load_trace("azure-code"), 0.0, 1800.0)
-    res = {}
-    for name in ("lambdascale", "faasnet", "nccl", "serverlessllm", "ideal"):
-        settings = SimSettings("lambdascale-testbed1", ("llama2-13b",), name)
-        r = simulate(trace, settings)
-        s = summarize(r, settings)
-        res[name] = {
-            "gpu_seconds": gpu_seconds(r),
-            "ttft_p90_s": s["ttft_p90_s"],
-            "ttft_p99_s": s["ttft_p99_s"],
-        }
-    lam = res["lambdascale"]["gpu_seconds"]
-    return {
-        "systems": res,
-        "saving_vs_faasnet": 1 - lam / res["faasnet"]["gpu_seconds"],
-        "saving_vs_nccl": 1 - lam / res["nccl"]["gpu_seconds"],
-        "saving_vs_serverlessllm": 1 - lam / res["serverlessllm"]["gpu_seconds"],
-        "gap_to_ideal": lam / res["ideal"]["gpu_seconds"] - 1,
-        "paper": {
-            "saving_vs_faasnet": 0.178,
-            "saving_vs_nccl": 0.181,
-            "saving_vs_serverlessllm": 0.313,
-            "gap_to_ideal": "0.043-0.186",
-        },
-    }
-
-
-def fig2(seed: int = 0) -> dict:
-    """Keep-alive times: 12 models, node memory holds 3, each model 1 req/min per node, LRU."""
-    rng = np.random.default_rng(seed)
-    size = 138_000_000_000
-    settings = CacheSettings(3 * size)
-    lifetimes: list[float] = []
-    for _node in range(12):
-        n = 12 * 60  # one hour per node
-        t = np.sort(rng.uniform(0, 3600, n))
-        models = rng.integers(0, 12, n)
-        cache: dict[str, CacheEntry] = {}
-        since: dict[str, float] = {}
-        for ti, m in zip(t, models, strict=True):
-            name = f"m{m}"
-            entry = CacheEntry(name, size, float(ti))
-            d = admit(tuple(cache.values()), entry, settings)
-            for v in d.evict:
-                del cache[v]
-                lifetimes.append(float(ti) - since.pop(v))
-            if name not in cache:
-                since[name] = float(ti)
-            cache[name] = entry
-    arr = np.array(lifetimes)
-    return {
-        "evictions": len(arr),
-        "p50_s": float(np.median(arr)),
-        "p95_s": float(np.percentile(arr, 95)),
-        "share_under_15s": float((arr < 15).mean()),
-        "paper": {"share_under_15s": 0.95},
-    }
-
-
-def fig3() -> dict:
-    out = {}
-    for name in ("azure-code", "azure-conv"):
-        trace = assign_models(load_trace(name), 12, seed=0)
-        sllm = replace(system_config("serverlessllm"), keep_alive_s=15.0, host_cache_fraction=0.42)
-        settings = SimSettings("lambdascale-testbed2", ("llama2-70b*12",), "serverlessllm")
-        r = simulate(trace, settings, system=sllm)
-        loads = r.cache_hits + r.cache_misses
-        total = loads + r.hot_requests
-        out[name] = {
-            "ssd_share_of_loads": r.cache_misses / max(loads, 1),
-            "memory_loads": r.cache_hits,
-            "ssd_loads": r.cache_misses,
-            "hot_requests": r.hot_requests,
-            "ssd_share_of_all": r.cache_misses / total,
-        }
-    out["paper"] = {
-        "azure-code_ssd": 0.64,
-        "azure-conv_ssd": 0.36,
-        "note": "paper replays BurstGPT and Azure; we replay Azure code and conv",
-    }
-    return out
-
-
-def blitzscale() -> dict:
-    trace = time_slice(scale_rate(load_trace("azure-code"), 2.0), 0.0, 1200.0)
-    res = {}
-    for name in ("blitzscale", "serverlessllm", "allcache"):
-        sys_cfg = system_config(name)
-        if name == "serverlessllm":
-            sys_cfg = replace(sys_cfg, keep_alive_s=30.0, host_cache_fraction=0.02)
-        settings = SimSettings("blitzscale-b", ("llama2-7b",), name)
-        r = simulate(trace, settings, system=sys_cfg)
-        s = summarize(r, settings)
-        res[name] = {
-            "ttft_mean_s": s["ttft_mean_s"],
-            "ttft_p90_s": s["ttft_p90_s"],
-            "gpu_seconds": s["gpu_seconds"],
-            "cache_misses": s["cache_misses"],
-        }
-    b, sl, ac = (res[n]["ttft_mean_s"] for n in ("blitzscale", "serverlessllm", "allcache"))
-    return {
-        "systems": res,
-        "ttft_reduction_vs_serverlessllm": 1 - b / sl,
-        "ttft_ratio_vs_allcache": b / ac,
-        "paper": {
-            "ttft_reduction_vs_serverlessllm": "0.861 / 0.555 / 0.310 (three workloads)",
-            "ttft_ratio_vs_allcache": "close to 1",
-        },
-    }
-
-
 def paraserve() -> dict:
     """Fig. 8 runs ParaServe with 4 workers (the paper's setting: `group_sizing` fixed);
     `alg1_ttft_s` is the shipped system (Alg. 1 sizes the group by the default 5-s TTFT
@@ -238,9 +118,7 @@ def paraserve() -> dict:
 
 
 def report_rows(doc: dict) -> list[dict]:
-    """REPORT.md rows of results.json (`report.py`): λScale Fig. 7 and 9, ParaServe Fig. 8
-    (the older Fig. 2/3/14 and BlitzScale §6.1 runs here are superseded by
-    lambdascale_traces.py and blitzscale_eval.py, whose rows the report uses)."""
+    """REPORT.md rows of results.json (`report.py`): λScale Fig. 7 and 9, ParaServe Fig. 8."""
     f7, f9, p8 = doc["lambdascale_fig7"], doc["lambdascale_fig9"], doc["paraserve_fig8"]
     fast = all(r["lambdascale"] < min(r["faasnet"], r["nccl"]) for r in f7["rows"])
     k = {n: f9["times"][n]["first_capacity_s"] for n in ("k1", "k2", "k4")}
@@ -291,29 +169,41 @@ def report_rows(doc: dict) -> list[dict]:
 
 
 SCRIPTS = (
-    "lambdascale_traces",
-    "lambdascale_bursts",
-    "lambdascale_figs",
-    "lambdascale_ablation",
     "blitzscale_eval",
     "blitzscale_figs",
-    "paraserve_eval",
     "flexpipe_figs",
+    "paraserve_eval",
+    "lambdascale_traces",
+    "lambdascale_figs",
+    "lambdascale_bursts",
+    "lambdascale_ablation",
 )
-"""The other reproduction scripts beside this one (`--all`); benchmarks/systems/flexpipe_cv.py
-(FlexPipe §9.1-§9.4, with its runtime half) runs on its own."""
+"""The other reproduction scripts beside this one (`--all`), longest first;
+benchmarks/systems/flexpipe_cv.py (FlexPipe §9.1-§9.4, with its runtime half) runs on its
+own."""
 
 
-def run_all() -> int:
-    """Every script in SCRIPTS, then report.py; the first failure stops it."""
+def run_all(jobs: int = 2) -> int:
+    """Every script in SCRIPTS, `jobs` at a time (each is one process: the machine's two
+    cores both work), then report.py; a failure stops the report."""
     here = Path(__file__).resolve().parent
-    for name in (*SCRIPTS, "report"):
-        log.info("running %s.py", name)
-        done = subprocess.run([sys.executable, str(here / f"{name}.py")], check=False)
-        if done.returncode:
-            log.error("error: %s.py exited %d; REPORT.md not regenerated", name, done.returncode)
-            return done.returncode
-    return 0
+    pending = list(SCRIPTS)
+    running: list[tuple[str, subprocess.Popen]] = []
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            log.info("running %s.py", name)
+            running.append((name, subprocess.Popen([sys.executable, str(here / f"{name}.py")])))
+        time.sleep(0.5)
+        for name, proc in [r for r in running if r[1].poll() is not None]:
+            running.remove((name, proc))
+            if proc.returncode:
+                failed.append(f"{name}.py exited {proc.returncode}")
+    if failed:
+        log.error("error: %s; REPORT.md not regenerated", ", ".join(failed))
+        return 1
+    return subprocess.run([sys.executable, str(here / "report.py")], check=False).returncode
 
 
 def main() -> int:
@@ -322,22 +212,23 @@ def main() -> int:
     parser.add_argument(
         "--all", action="store_true", help="then run every other script and report.py"
     )
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="scripts run at once with --all (default 2)"
+    )
     args = parser.parse_args()
     results = {}
     for name, fn in (
         ("lambdascale_fig7", fig7),
         ("lambdascale_fig9", fig9),
-        ("lambdascale_fig2", fig2),
-        ("lambdascale_fig3", fig3),
-        ("lambdascale_fig14", fig14),
-        ("blitzscale_6_1", blitzscale),
         ("paraserve_fig8", paraserve),
     ):
         log.info("running %s", name)
         results[name] = fn()
         log.info("%s", json.dumps(results[name], indent=1, default=str)[:1500])
     OUT.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return run_all() if args.all else 0
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    return run_all(args.jobs) if args.all else 0
 
 
 if __name__ == "__main__":
