@@ -35,7 +35,8 @@ from collections.abc import Callable
 import torch
 from torch._dynamo.utils import counters
 
-from surge.engine.model import AttnContext, HeadWeights, LayerWeights, decoder_layer, final_logits
+from surge.engine.attention import AttnContext
+from surge.engine.model import HeadWeights, LayerWeights, decoder_layer, final_logits
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch
 

@@ -3,7 +3,10 @@
 Why: a batch-1 decode step is one-row projections over every weight, memory-bound. MKL's
 sgemv on the stored `[in, out]` layout reads 24-27 GB/s with one thread on this project's
 VM, where a tensor sum reads ~40 GB/s; the kernel (the output row in cached chunks, eight
-weight rows streamed into it at a time) reads 39-41 GB/s on the 100mb preset's shapes.
+weight rows streamed into it at a time) reads 39-41 GB/s on the 100mb preset's shapes. It
+runs on torch's intra-op threads (`at::parallel_for` over column slices; a call under 256 KB
+of weights stays on one thread), so the fast path is the default one whatever
+`torch.get_num_threads()` is; the sums do not depend on the thread count.
 
 What flows: `build()` compiles the C++ extension once per machine and source (~15 s;
 `setup.sh` runs it, as does `python -m surge.engine.gemv`) into a cache directory named by
@@ -40,9 +43,6 @@ STALE_LOCK_S = 600.0
 
 _built = False
 _tried = False
-_one_thread = True
-"""The kernel is single-threaded: with more intra-op threads MKL's threaded gemv reads faster,
-so it is used only while torch runs one thread (looked at on every `load()`)."""
 
 
 def _cpu_ok() -> bool:
@@ -120,8 +120,7 @@ def load() -> bool:
     """Load the built kernel and register `surge::gemv_row`'s shape function; True when it
     can run here. Never compiles: without a build (`build()`, run by setup.sh) one-row
     projections stay MKL's."""
-    global _built, _tried, _one_thread
-    _one_thread = torch.get_num_threads() == 1
+    global _built, _tried
     if _built or _tried:
         return _built
     if not _can_run():
@@ -148,11 +147,10 @@ def load() -> bool:
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, the weight
-    stored `[in, out]` (its transpose has unit column stride), the kernel built and torch on
-    one thread when `load()` last looked."""
+    stored `[in, out]` (its transpose has unit column stride), the kernel loaded. Any thread
+    count: the kernel splits the output columns over torch's intra-op threads."""
     return (
         _built
-        and _one_thread
         and x.numel() == x.shape[-1]
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

@@ -10,10 +10,13 @@ them, so every stage of a pipeline keeps its own page table for the same sequenc
 Per step, `prepare` turns a `BatchMeta` into the `AttnContext` every layer uses.
 """
 
+import itertools
+
 import torch
 
+from surge.engine.attention import AttnContext
 from surge.engine.batch import BatchMeta
-from surge.engine.model import AttnContext, RopeTable
+from surge.engine.model import RopeTable
 from surge.engine.page_pool import OutOfPagesError, PagePool
 
 __all__ = ["OutOfPagesError", "PagedKVCache", "pages_needed"]
@@ -116,13 +119,26 @@ class PagedKVCache:
         if batch.block_hashes:
             self.register_blocks(batch)
         K = max(totals)
-        num_gather_pages = pages_needed(K, self.page_size)
+        new_keys_only = not whole_pages and Q > 1 and all(c == 0 for c in batch.ctx_lens)
+        new_keys_only = new_keys_only and all(q == Q for q in batch.q_lens)
+        prior_len, prior_first_slot = 0, None
+        # The two-part path calls ATen's CPU flash kernel: CPU only.
+        cpu = self.device.type == "cpu"
+        if cpu and not whole_pages and B == 1 and Q > 1 and batch.ctx_lens[0] > 0:
+            prior_len = batch.ctx_lens[0]
+            prior_first_slot = self._consecutive_from(batch.seq_ids[0], prior_len)
+        # Pages gathered: none when nothing is read back from the cache (new keys only, or
+        # the earlier tokens a view); with `prior_len`, the earlier tokens' pages only.
+        gather_len = prior_len if prior_len else K
+        if new_keys_only or prior_first_slot is not None:
+            gather_len = 0
+        num_gather_pages = pages_needed(gather_len, self.page_size)
         # Built as Python lists and converted once: per-sequence tensor ops cost more here.
         gather: list[int] = []
         writes: list[int] = []
         for sid, ctx_len, total in zip(batch.seq_ids, batch.ctx_lens, totals, strict=True):
             table = self._tables[sid]
-            used = pages_needed(total, self.page_size)
+            used = min(pages_needed(total, self.page_size), num_gather_pages)
             gather += table[:used]
             gather += [0] * (num_gather_pages - used)  # padding: any valid page, masked out
             writes += self._slots[sid][ctx_len:total]
@@ -143,7 +159,8 @@ class PagedKVCache:
         if not all(q == Q for q in batch.q_lens):
             valid_index = (torch.arange(B)[:, None] * Q + i[None, :])[i[None, :] < qlen[:, None]]
         mask = None
-        if whole_pages or not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0)):
+        needs_mask = not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0))
+        if whole_pages or (needs_mask and not new_keys_only and not prior_len):
             j = torch.arange(num_gather_pages * self.page_size if whole_pages else K)
             # Key j is visible to query i iff it is at or before the query's position.
             mask = (j[None, None, :] <= positions[:, :, None]).unsqueeze(1)
@@ -157,4 +174,15 @@ class PagedKVCache:
             page_size_tokens=self.page_size,
             num_keys=None if whole_pages else K,
             mask=mask,
+            new_keys_only=new_keys_only,
+            prior_len=prior_len,
+            prior_first_slot=prior_first_slot,
         )
+
+    def _consecutive_from(self, seq_id: int, num_tokens: int) -> int | None:
+        """The first slot of a sequence's first `num_tokens` tokens when they sit in
+        consecutive slots (its pages handed out in order), else None."""
+        table = self._tables[seq_id][: pages_needed(num_tokens, self.page_size)]
+        if table and all(b - a == 1 for a, b in itertools.pairwise(table)):
+            return table[0] * self.page_size
+        return None

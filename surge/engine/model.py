@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from surge.engine.attention import AttnContext, attend
 from surge.engine.linear import Linear, fuse_linears, split_linear
 from surge.model.arch import (
     EMBED_NAME,
@@ -23,10 +24,6 @@ from surge.model.arch import (
     layer_prefix,
 )
 from surge.model.stored_names import GATE_UP, QKV, split_sizes
-
-SDPA_HAS_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)
-"""`scaled_dot_product_attention(enable_gqa=)` came in torch 2.5; on 2.4 (the oldest torch surge
-runs on) keys and values are repeated per query head instead (the same numbers, more memory)."""
 
 
 @dataclass(frozen=True)
@@ -155,34 +152,6 @@ def embedding_of(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     return tensors[EMBED_NAME]
 
 
-@dataclass
-class AttnContext:
-    """Per-step attention plumbing shared by every layer of a range (built by the KV cache).
-
-    The batch is padded to [B, Q] query tokens; keys are gathered from the cache to [B, K].
-    """
-
-    cos: torch.Tensor
-    """[B, Q, 1, head_dim] rotary cosines of each query position (in the model's dtype)."""
-    sin: torch.Tensor
-    """[B, Q, 1, head_dim] rotary sines, sign-folded for `apply_rope`."""
-    write_slots: torch.Tensor
-    """[N] cache slots that receive the N valid new tokens' keys and values."""
-    valid_index: torch.Tensor | None
-    """[N] indices of the valid tokens in the flattened [B*Q] batch; None if all are valid."""
-    gather_pages: torch.Tensor
-    """[B, P] cache pages holding the keys each sequence attends to, in order (padded with
-    page 0); gathered whole, since one copy of a page is far cheaper than one per slot."""
-    page_size_tokens: int
-    """Slots per cache page."""
-    num_keys: int | None
-    """K: keys attended per sequence after the gather (the longest sequence's length); None:
-    every gathered slot, K = pages * page size (the compiled decode step: no int that changes
-    every step in its graph; the mask hides the padding)."""
-    mask: torch.Tensor | None
-    """[B, 1, Q, K] boolean: query i of sequence b may attend key j; None for one causal seq."""
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as Hugging Face computes it (normalise in float32, cast, then scale)."""
     if x.dtype == torch.float32:
@@ -258,14 +227,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
-def gather_keys(cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-    """[B, K, kv_heads, d] of one layer's cache [slots, kv_heads, d], gathered page by page."""
-    B, heads_dims = ctx.gather_pages.shape[0], cache.shape[1:]
-    pages = cache.view(-1, ctx.page_size_tokens, *heads_dims)
-    gathered = pages.index_select(0, ctx.gather_pages.view(-1)).view(B, -1, *heads_dims)
-    return gathered if ctx.num_keys is None else gathered[:, : ctx.num_keys]
-
-
 def decoder_layer(
     x: torch.Tensor,
     w: LayerWeights,
@@ -294,22 +255,8 @@ def decoder_layer(
         k_new, v_new = k_new[ctx.valid_index], v_new[ctx.valid_index]
     k_cache.index_copy_(0, ctx.write_slots, k_new)
     v_cache.index_copy_(0, ctx.write_slots, v_new)
-    keys = gather_keys(k_cache, ctx)
-    values = gather_keys(v_cache, ctx)
-
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-    gqa = {"enable_gqa": nh != nkv} if SDPA_HAS_GQA else {}
-    if not SDPA_HAS_GQA and nh != nkv:
-        keys, values = keys.repeat_interleave(nh // nkv, 1), values.repeat_interleave(nh // nkv, 1)
-    attn = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        keys,
-        values,
-        attn_mask=ctx.mask,
-        is_causal=ctx.mask is None and Q > 1,
-        **gqa,
-    )
-    x = x + w.o(attn.transpose(1, 2).reshape(B, Q, nh * d))
+    attn = attend(q, k, v, k_cache, v_cache, ctx)
+    x = x + w.o(attn.reshape(B, Q, nh * d))
     h = rms_norm(x, w.post_norm, arch.rms_norm_eps)
     if w.gate_up is not None:
         gate, up = w.gate_up(h).chunk(2, dim=-1)

@@ -67,18 +67,24 @@ def test_only_one_float32_row_of_a_stored_weight_is_usable() -> None:
     assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
 
 
-def test_more_than_one_thread_keeps_mkl() -> None:
-    """The kernel runs on one thread; MKL's gemv uses them all."""
+def test_every_thread_count_uses_the_kernel_with_the_same_sums() -> None:
+    """The kernel splits output columns over torch's threads (the default path at any thread
+    count), and each column's sum is the same whatever the split."""
     before = torch.get_num_threads()
-    w = _stored(16, 8, seed=0)
+    w = _stored(3000, 600, seed=1)  # above the one-thread floor, several column slices
+    x = torch.randn(1, 600)
     try:
-        torch.set_num_threads(2)
-        gemv.load()
-        assert not gemv.usable(torch.randn(1, 8), w)
+        torch.set_num_threads(1)
+        one = torch.ops.surge.gemv_row(x, w.t())
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            gemv.load()
+            assert gemv.usable(x, w)
+            assert torch.equal(torch.ops.surge.gemv_row(x, w.t()), one)
+        torch.testing.assert_close(one, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
         gemv.load()
-    assert gemv.usable(torch.randn(1, 8), w)  # back on one thread
 
 
 def test_a_compiled_one_row_projection_calls_the_kernel() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import surge.engine.model as engine_model
+import surge.engine.attention as engine_attention
 from surge.config import EngineConfig
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
@@ -23,5 +23,5 @@ def test_gqa_without_enable_gqa_gives_the_same_tokens(
 ) -> None:
     assert read_manifest(tiny_store).arch.num_kv_heads < read_manifest(tiny_store).arch.num_heads
     with_gqa = _greedy(tiny_store)
-    monkeypatch.setattr(engine_model, "SDPA_HAS_GQA", False)
+    monkeypatch.setattr(engine_attention, "SDPA_HAS_GQA", False)
     assert _greedy(tiny_store) == with_gqa

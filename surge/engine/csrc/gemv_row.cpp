@@ -1,4 +1,5 @@
-// One-row projection y = x @ Wt for batch-1 decode on CPU (AVX2 + FMA), float32.
+// One-row projection y = x @ Wt for batch-1 decode on CPU (AVX2 + FMA), float32, on torch's
+// intra-op threads (at::parallel_for over column slices).
 //
 // Wt is the stored [in, out] layout of a projection (rows of `out` floats, row stride `ld`:
 // a column slice of a fused q|k|v or gate|up keeps its parent's stride). The output row is
@@ -9,6 +10,7 @@
 // MKL's sgemv on the same layout reads 24-27 GB/s and a tensor sum 39-40 GB/s (variants:
 // 4 or 16 rows at a time 31-34 GB/s; no chunking 36; chunks of 512 columns 37). Sums run in
 // another order than MKL's, so results differ in the last bits (relative ~1e-6).
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <immintrin.h>
 
@@ -19,6 +21,10 @@ namespace {
 
 constexpr int64_t kRows = 8;
 constexpr int64_t kChunk = 1024;
+constexpr int64_t kMinSlice = 64;
+// Below this many weight floats (256 KB) one thread does the whole call: waking a second
+// costs more than it saves.
+constexpr int64_t kMinParallelFloats = 64 * 1024;
 
 void fold_rows(const float* rows, int64_t ld, const float* xs, int64_t nrows, float* y,
                int64_t j0, int64_t j1) {
@@ -68,12 +74,21 @@ torch::Tensor gemv_row(torch::Tensor x, torch::Tensor wt) {
   const float* w = wt.data_ptr<float>();
   const float* xs = xc.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t j1 = std::min(n, j0 + kChunk);
-    for (int64_t r = 0; r < k; r += kRows) {
-      fold_rows(w + r * ld, ld, xs + r, std::min(kRows, k - r), out, j0, j1);
+  // Threads split the output columns: each streams its own column slice of every weight
+  // row (a slice is at least kMinSlice columns, a multiple of 16, at most kChunk), so no
+  // sums are shared between threads and the result does not depend on the thread count.
+  const int64_t threads = k * n >= kMinParallelFloats ? at::get_num_threads() : 1;
+  int64_t slice = std::min(kChunk, std::max(kMinSlice, (n + threads - 1) / threads));
+  slice = (slice + 15) / 16 * 16;
+  const int64_t num_slices = (n + slice - 1) / slice;
+  at::parallel_for(0, num_slices, 1, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; s++) {
+      const int64_t j0 = s * slice, j1 = std::min(n, j0 + slice);
+      for (int64_t r = 0; r < k; r += kRows) {
+        fold_rows(w + r * ld, ld, xs + r, std::min(kRows, k - r), out, j0, j1);
+      }
     }
-  }
+  });
   return y;
 }
 
