@@ -22,7 +22,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ratio, run, write
-from lambdascale_figs import WARM_LOADS_ALONE
 from rows import row
 
 from surge.policy.systems import system_config
@@ -57,6 +56,16 @@ def _one(trace, name: str, cfg, warm: int) -> dict:
     }
 
 
+def sllm_start_from_fig12() -> float:
+    """ServerlessLLM's engine start as λScale's own Fig. 12 implies it (the paper gives none;
+    ours ships 0.5 s): the start that makes ServerlessLLM-SSD serve all 50 requests at the
+    paper's 8x λScale's 1.1 s; a start adds to that time one for one, so it is 8.8 s minus
+    the time with none."""
+    sllm_ssd = replace(system_config("serverlessllm"), host_cache="none", init_s=0.0)
+    at0 = _one(burst(50), "serverlessllm", sllm_ssd, 1)["all_first_token_s"]
+    return max(8.0 * 1.1 - at0, 0.0)
+
+
 def fig12(warm: int = 1) -> dict:
     trace = burst(50)
     sllm_ssd = replace(system_config("serverlessllm"), host_cache="none")
@@ -70,11 +79,13 @@ def fig12(warm: int = 1) -> dict:
     return {
         "systems": out,
         "speedup": {k: ratio(v["all_first_token_s"], lam) for k, v in out.items()},
+        "serverlessllm_init_derived_s": sllm_start_from_fig12(),
         "paper": {"lambdascale_s": 1.1, "faasnet": 2.0, "nccl": 1.4, "serverlessllm-ssd": 8.0},
     }
 
 
-def fig13(warm: int = 4) -> dict:
+def fig13(derived_init_s: float | None = None, warm: int = 4) -> dict:
+    """`derived_init_s`: S-LLM's engine start as Fig. 12 implies it (a second counterfactual)."""
     trace = burst(50)
     lam = replace(system_config("lambdascale"), host_cache="all")
     sllm = replace(system_config("serverlessllm"), host_cache="all")
@@ -85,7 +96,15 @@ def fig13(warm: int = 4) -> dict:
         # bound) the ordering must still hold for it not to rest on that constant
         "serverlessllm-init0": _one(trace, "serverlessllm", replace(sllm, init_s=0.0), warm),
     }
+    if derived_init_s is not None:
+        out["serverlessllm-init-fig12"] = _one(
+            trace, "serverlessllm", replace(sllm, init_s=derived_init_s), warm
+        )
+    derived = out.get("serverlessllm-init-fig12")
     return {
+        "p90_ratio_serverlessllm_init_fig12": None
+        if derived is None
+        else ratio(derived["ttft_p90_s"], out["lambdascale"]["ttft_p90_s"]),
         "systems": out,
         "p90_ratio_serverlessllm": ratio(
             out["serverlessllm"]["ttft_p90_s"], out["lambdascale"]["ttft_p90_s"]
@@ -113,12 +132,26 @@ def fig16() -> dict:
     }
 
 
+WARM_LOADS_ALONE = (
+    "The ordering rests on ServerlessLLM's engine start, which the λScale paper does not give; "
+    "it is derived here from the paper's Fig. 12 (S-LLM-SSD serving 50 requests in 8x "
+    "λScale's 1.1 s), not the shipped 0.5 s. Measured counterfactual: with the start at 0 "
+    "the ratio is 1.00x, because in the simulator λScale's warm nodes each load from their "
+    "own host memory alone, as ServerlessLLM's do; the paper's serve across the loading "
+    "nodes from their first block (FaaScale §5 'copies collaborate', issue 35's warm-start "
+    "pipelines, not yet in the simulator)."
+)
+"""The cause of λScale Fig. 10 and 13 (lambdascale_figs.py uses it too)."""
+
+
 def report_rows(doc: dict) -> list[dict]:
     """REPORT.md rows (`report.py`)."""
     f12, f13, f16 = doc["fig12"], doc["fig13"], doc["fig16"]
     sp = f12["speedup"]
     lam12 = f12["systems"]["lambdascale"]["all_first_token_s"]
     z = f13.get("p90_ratio_serverlessllm_init0")
+    zd = f13.get("p90_ratio_serverlessllm_init_fig12")
+    d_init = f12.get("serverlessllm_init_derived_s")
     k = {n: v["ttft_mean_s"] for n, v in f16["systems"].items()}
     return [
         row(
@@ -148,10 +181,11 @@ def report_rows(doc: dict) -> list[dict]:
             "scaling via the local cache (4 warm, host copies everywhere): p90 TTFT 1.63x "
             "below ServerlessLLM",
             "1.63x",
-            f"{f13['p90_ratio_serverlessllm']:.2f}x with S-LLM's 0.5-s start; "
-            + (f"{z:.2f}x with it at 0" if z is not None else "start 0 not run"),
-            ordering=None if z is None else z > 1,
-            sim_value=f13["p90_ratio_serverlessllm"],
+            (f"{zd:.2f}x with S-LLM's start derived from Fig. 12 ({d_init:.1f} s); " if zd else "")
+            + f"{f13['p90_ratio_serverlessllm']:.2f}x with the shipped 0.5 s; "
+            + (f"{z:.2f}x at 0" if z is not None else "start 0 not run"),
+            ordering=None if zd is None else zd > 1,
+            sim_value=zd,
             paper_value=1.63,
             cause=WARM_LOADS_ALONE,
         ),
@@ -185,7 +219,11 @@ def draw(doc: dict) -> object:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     doc = {}
-    for name, fn in (("fig12", fig12), ("fig13", fig13), ("fig16", fig16)):
+    for name, fn in (
+        ("fig12", fig12),
+        ("fig13", lambda: fig13(doc["fig12"]["serverlessllm_init_derived_s"])),
+        ("fig16", fig16),
+    ):
         log.info("running %s", name)
         doc[name] = fn()
     write("lambdascale_bursts", doc, draw(doc))
