@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ratio, run, run_scenario, write
+from lambdascale_bursts import sllm_start_from_fig12
 from rows import row
 
 from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
@@ -144,6 +145,10 @@ FIG14_COUNTERFACTUALS = {
         system_config("faasnet"),
         autoscale=replace(system_config("faasnet").autoscale, min_replicas=1),
     ),
+    # S-LLM with its engine start as λScale's Fig. 12 implies it (the rows judge this one)
+    "serverlessllm-fig12start": lambda: replace(
+        system_config("serverlessllm"), init_s=sllm_start_from_fig12()
+    ),
 }
 """Fig. 14's measured causes (azure-code only): change one assumption per baseline."""
 
@@ -226,6 +231,9 @@ def report_rows(doc: dict) -> list[dict]:
     f2, f3, code, mm = doc["fig2"], doc["fig3"], doc["fig14"]["azure-code"], doc["multi_model"]
     ssd = (f3["azure-code"]["ssd_share"], f3["azure-conv"]["ssd_share"])
     save = {k: code[f"saving_vs_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
+    shipped = save["serverlessllm"]
+    if "saving_vs_serverlessllm-fig12start" in code:  # S-LLM's start derived, not shipped
+        save["serverlessllm"] = code["saving_vs_serverlessllm-fig12start"]
     p99 = {k: code[f"p99_ttft_ratio_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
     mp99 = {k: mm[f"p99_ttft_ratio_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
     return [
@@ -266,7 +274,8 @@ def report_rows(doc: dict) -> list[dict]:
             "18.1% / 31.3% less than FaaSNet / NCCL / ServerlessLLM",
             "17.8% / 18.1% / 31.3%",
             " / ".join(f"{v:.1%}" for v in save.values())
-            + f"; {code['gap_to_ideal']:.0%} above Ideal",
+            + f" (S-LLM's start derived from Fig. 12; {shipped:.1%} with the shipped 0.5 s); "
+            + f"{code['gap_to_ideal']:.0%} above Ideal",
             ordering=min(save.values()) > 0,
             pairs=tuple(zip(save.values(), (0.178, 0.181, 0.313), strict=True)),
             cause=None
@@ -274,7 +283,7 @@ def report_rows(doc: dict) -> list[dict]:
             else "One model on 1-TB hosts: S-LLM hits its host cache on most loads, while "
             "FaaSNet and NCCL load from SSD after each of Azure code's empty minutes (no GPU "
             "copy left). Counterfactuals: S-LLM missing every load: saving vs S-LLM "
-            f"{save['serverlessllm']:.1%} -> {code['saving_vs_serverlessllm-ssd']:.1%}; FaaSNet "
+            f"{shipped:.1%} -> {code['saving_vs_serverlessllm-ssd']:.1%}; FaaSNet "
             f"keeping one instance: vs FaaSNet {save['faasnet']:.1%} -> "
             f"{code['saving_vs_faasnet-keep1']:.1%} (paper 31.3% / 17.8%: BurstGPT, not in "
             "shared/traces).",
