@@ -19,6 +19,7 @@ import pytest
 
 from surge.policy.flexpipe.system import LayerProfile
 from surge.policy.systems import system_config
+from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.scaleout import flexpipe as runtime_flexpipe
 from surge.sim import flexpipe as sim_flexpipe
 from tests.parity.sim_world import entry_pool, simulation
@@ -37,7 +38,7 @@ def _runtime_choice(
     ctx = SimpleNamespace(
         manifest=manifest,
         system=SYSTEM,
-        server=SimpleNamespace(arrivals=[], queue=[]),
+        server=SimpleNamespace(arrivals=[], queue=[], clock=REAL_CLOCK),
         ttft_slo_s=5.0,
         fetch_gbps=10.0,
         destinations=(SimpleNamespace(node=free[0], machine=None),),

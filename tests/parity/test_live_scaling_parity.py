@@ -22,6 +22,7 @@ import pytest
 from surge.events import NO_BUS
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
+from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ScaleOutReport
 from surge.runtime.scaleout import live as runtime_live
@@ -73,7 +74,12 @@ def _runtime_log(s: Scenario) -> list[tuple]:
         for i in range(s.num_waiting)
     ]
     server = SimpleNamespace(
-        endpoints=endpoints, queue=queue, pd=None, prefill_spans=[], departures=[]
+        endpoints=endpoints,
+        queue=queue,
+        pd=None,
+        prefill_spans=[],
+        departures=[],
+        clock=REAL_CLOCK,
     )
     server.take = lambda reqs: queue.__setitem__(slice(None), [r for r in queue if r not in reqs])
     blocks = [SimpleNamespace(first_layer=b, end_layer=b + 1) for b in range(NUM_LAYERS)]

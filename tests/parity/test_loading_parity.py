@@ -19,6 +19,7 @@ import pytest
 from surge.policy.multicast.plan import Plan
 from surge.policy.startup import Copy, Destination, StartupRequest, plan_startup
 from surge.policy.systems import system_config
+from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout import multicast as runtime_multicast
 from surge.runtime.scaleout.context import ControllerHooks, ScaleOutContext
@@ -80,6 +81,7 @@ def _runtime_log(seed: int) -> tuple[list, Plan]:
 
     class Server:
         model = "m"
+        clock = REAL_CLOCK
 
         def __init__(self) -> None:
             self.endpoints: dict[str, Pipeline] = {}

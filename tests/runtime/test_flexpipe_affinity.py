@@ -12,6 +12,7 @@ from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from surge.policy.startup import Destination
 from surge.policy.systems import serve_system
+from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.scaleout.flexpipe import choose_pipeline
 
 SPARES = [1, 2, 3, 4, 5, 6]
@@ -27,7 +28,7 @@ def _ctx(manifest, hosted_s: dict[int, float]) -> SimpleNamespace:
     return SimpleNamespace(
         manifest=manifest,
         system=replace(serve_system("flexpipe"), stage_hop_s=0.0),
-        server=SimpleNamespace(arrivals=sorted(arrivals), queue=[waiting] * 64),
+        server=SimpleNamespace(arrivals=sorted(arrivals), queue=[waiting] * 64, clock=REAL_CLOCK),
         fetch_gbps=10.0,
         ttft_slo_s=1.0,
         destinations=(Destination(0, "host", machine=0),),
