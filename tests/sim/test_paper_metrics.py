@@ -10,11 +10,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "paper"))
 
-from flexpipe_figs import recovery_s  # noqa: E402
-from ramp import time_to_share, token_rate  # noqa: E402
+from flexpipe_figs import recovery_s
+from ramp import time_to_share, token_rate
 
-from surge.sim.result import SimResult  # noqa: E402
-from surge.traces.request import make_trace  # noqa: E402
+from surge.sim.result import SimResult
+from surge.traces.request import make_trace
 
 
 def _result(first: list[float], done: list[float], out: list[int]) -> SimResult:
@@ -33,7 +33,7 @@ def _result(first: list[float], done: list[float], out: list[int]) -> SimResult:
 def test_token_rate_spreads_decode_and_counts_prompts_at_first_token() -> None:
     trace = make_trace("t", np.zeros(2), np.array([100, 300]), np.array([10, 10]))
     res = _result([0.0, 1.0], [1.0, 2.0], [10, 10])
-    times, rate = token_rate(res, trace, 0.5, 2.0)
+    _times, rate = token_rate(res, trace, 0.5, 2.0)
     assert np.allclose(rate, [10, 10, 10, 10])  # 10 tokens over 1 s each, back to back
     _, prompt = token_rate(res, trace, 0.5, 2.0, prefill=True)
     assert np.allclose(prompt * 0.5, [100, 0, 300, 0])
