@@ -74,6 +74,8 @@ class PdServing:
         self.in_hand: list[_InHand] = []
         """Live-prefilled requests whose K/V is here, waiting for decode room (FIFO)."""
         self._drainer: asyncio.Task | None = None
+        self._joining: dict[str, str] = {}
+        """Roles of instances being told theirs (not yet in `roles`)."""
 
     # ---- roles and routing ----------------------------------------------------------
 
@@ -86,10 +88,17 @@ class PdServing:
         ]
 
     async def assign(self, ep: LocalEndpoint) -> None:
-        """Give a joining local instance its role (before it takes any request)."""
-        roles = [self.roles[e.name] for _, e in self._locals()]
+        """Give a joining local instance its role (before it takes any request). Instances
+        joining at once (a scale-out's destinations) count each other's roles: each is
+        booked in `_joining` before the agent is told, or both would see the same counts
+        (two prefill instances and no decode one for 1:1 targets)."""
+        roles = [self.roles[e.name] for _, e in self._locals()] + list(self._joining.values())
         role = pd.role_for_new(roles.count(pd.PREFILL), roles.count(pd.DECODE), self.targets)
-        await self.server.client.call(ep.node, InstanceRoleOp(instance=ep.name, role=role))  # type: ignore[arg-type]
+        self._joining[ep.name] = role
+        try:
+            await self.server.client.call(ep.node, InstanceRoleOp(instance=ep.name, role=role))  # type: ignore[arg-type]
+        finally:
+            self._joining.pop(ep.name, None)
         self.roles[ep.name] = role
         log.info("%s joins as a %s instance", ep.name, role)
 
