@@ -1,9 +1,9 @@
 """Per-layer cost of prefill and decode as linear models, for a model on a GPU.
 
 In: a `ModelProfile`, a `GpuProfile` and the tensor-parallel degree. Out: a `CostModel`
-with, per layer, prefill_s(tokens) = a_p + b_p * tokens and decode_s(batch) = a_d +
-b_d * batch (roofline: decode streams the layer's weights once per step, prefill is
-compute-bound), or the measured per-layer costs of a calibrated profile
+with, per layer, prefill_s(tokens) = a_p + max(w, b_p * tokens) and decode_s(batch) = a_d +
+b_d * batch (roofline: every step streams the layer's weights once, w seconds: decode is
+bound by it, a prefill by its compute unless its tokens are few — then it is the read), or the measured per-layer costs of a calibrated profile
 (`GpuProfile.measured_layer_costs_s`). Whole-model step times multiply by the layers a
 GPU runs; with TP = g each GPU streams 1/g of the weights and does 1/g of the FLOPs,
 plus an all-reduce cost.
@@ -32,11 +32,16 @@ class CostModel:
     """b_d: per-layer cost of one sequence in the decode batch."""
     num_layers: int
     """Layers of the whole model."""
+    prefill_floor_s: float = 0.0
+    """w: per-layer time to stream the layer's weights, the least a prefill step takes
+    however few its tokens (a roofline's memory bound; 0: none, as in a measured profile)."""
 
     def prefill_s(self, tokens: int, layers: int | None = None) -> float:
         """Seconds to prefill `tokens` prompt tokens through `layers` (default all)."""
         n = self.num_layers if layers is None else layers
-        return n * (self.prefill_fixed_s + self.prefill_per_token_s * tokens)
+        return n * (
+            self.prefill_fixed_s + max(self.prefill_floor_s, self.prefill_per_token_s * tokens)
+        )
 
     def prefill_parts_s(self, parts: list[tuple[int, int]]) -> float:
         """Seconds of one prefill step whose requests run different numbers of layers:
@@ -44,9 +49,8 @@ class CostModel:
         only its last layers); the fixed cost is paid once per layer any request runs.
         With every request at `num_layers` this is `prefill_s` of the total tokens."""
         layers = max(n for _, n in parts)
-        return layers * self.prefill_fixed_s + self.prefill_per_token_s * sum(
-            t * n for t, n in parts
-        )
+        compute = self.prefill_per_token_s * sum(t * n for t, n in parts)
+        return layers * self.prefill_fixed_s + max(layers * self.prefill_floor_s, compute)
 
     def decode_s(self, batch: int, layers: int | None = None) -> float:
         """Seconds of one decode step of `batch` sequences through `layers`."""
@@ -63,10 +67,12 @@ def cost_model(model: ModelProfile, gpu: GpuProfile, tp: int = 1) -> CostModel:
     bytes_s = gpu.mem_bandwidth_gbs * 1e9 * gpu.decode_efficiency * tp
     overhead = gpu.layer_overhead_s + (TP_ALLREDUCE_S_PER_LAYER if tp > 1 else 0.0)
     per_token = model.flops_per_token_per_layer / flops_s
+    weights_s = model.layer_bytes / bytes_s
     return CostModel(
         prefill_fixed_s=overhead,
         prefill_per_token_s=per_token,
-        decode_fixed_s=overhead + model.layer_bytes / bytes_s,
+        decode_fixed_s=overhead + weights_s,
         decode_per_seq_s=per_token,
         num_layers=model.num_layers,
+        prefill_floor_s=weights_s,
     )
