@@ -1,12 +1,11 @@
 """Per-layer cost of prefill and decode as linear models, for a model on a GPU.
-
-In: a `ModelProfile`, a `GpuProfile` and the tensor-parallel degree. Out: a `CostModel`
-with, per layer, prefill_s(tokens) = a_p + max(w, b_p * tokens) and decode_s(batch) = a_d +
-b_d * batch (roofline: every step streams the layer's weights once, w seconds: decode is
-bound by it, a prefill by its compute unless its tokens are few — then it is the read), or the measured per-layer costs of a calibrated profile
-(`GpuProfile.measured_layer_costs_s`). Whole-model step times multiply by the layers a
-GPU runs; with TP = g each GPU streams 1/g of the weights and does 1/g of the FLOPs,
-plus an all-reduce cost.
+In: a `ModelProfile`, a `GpuProfile` and the tensor-parallel degree. Out: a `CostModel` with,
+per layer, prefill_s(tokens) = a_p + max(w, b_p * tokens) and decode_s(batch) = a_d + b_d *
+batch (roofline: every step streams the layer's weights once, w seconds: decode is bound by it,
+a prefill by its compute unless its tokens are few — then it is the read), or the measured
+per-layer costs of a calibrated profile (`GpuProfile.measured_layer_costs_s`). Whole-model step
+times multiply by the layers a GPU runs; with TP = g each GPU streams 1/g of the weights and
+does 1/g of the FLOPs, plus an all-reduce cost.
 """
 
 from dataclasses import dataclass
