@@ -32,7 +32,8 @@ class EngineConfig:
     """Automatic prefix caching: full KV blocks are kept by hash after their sequence ends and
     reused by later sequences that start with the same tokens (`surge.engine.page_pool`)."""
     device: str = "auto"
-    """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""
+    """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`; `fake` is for tests: the
+    CPU computes, behind a fake GPU whose block copies are recorded (`surge.engine.devmem`)."""
     pack_cpu_weights: bool = True
     """On CPU with float32 weights, build a oneDNN-blocked copy of each projection and use it
     for calls of 2 or more rows (batched decode, prefill), which MKL runs slowly from the
@@ -91,6 +92,6 @@ class EngineConfig:
                 raise SurgeError(f"engine setting {name} must be true or false")
         if self.prefill_chunk_tokens < 0:
             raise SurgeError("engine setting prefill_chunk_tokens must be >= 0 (0: never split)")
-        if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
+        if self.device not in ("auto", "fake") and not self.device.startswith(("cpu", "cuda")):
             raise SurgeError(f"device {self.device!r} is not auto, cpu or cuda[:N]")
         return self

@@ -23,6 +23,7 @@ from surge.config import EngineConfig
 from surge.engine import gemv
 from surge.engine.batch import BatchMeta
 from surge.engine.device import pick_device
+from surge.engine.devmem import DeviceMemory, device_memory, move_block
 from surge.engine.kv_cache import PagedKVCache
 from surge.engine.linear import can_pack
 from surge.engine.model import (
@@ -34,8 +35,8 @@ from surge.engine.model import (
     final_logits,
 )
 from surge.errors import SurgeError
-from surge.model.blocks import block_tensors, read_block_file, torch_dtype
-from surge.model.manifest import Manifest
+from surge.model.blocks import read_block_file, tensors_in, torch_dtype
+from surge.model.manifest import Manifest, verify_block
 
 if TYPE_CHECKING:
     from surge.engine.compiled import DecodeGraph
@@ -51,11 +52,14 @@ class ModelRunner:
         manifest: Manifest,
         config: EngineConfig = EngineConfig(),
         layer_range: tuple[int, int] | None = None,
+        memory: DeviceMemory | None = None,
     ) -> None:
         self.manifest = manifest
         self.arch = manifest.arch
         self.config = config.validate()
         self.device = pick_device(config.device)
+        self.memory = memory if memory is not None else device_memory(config.device)
+        """How block bytes reach the device (`surge.engine.devmem`; a test passes a fake)."""
         self.dtype = torch_dtype(self.arch.dtype)
         first, end = layer_range or (0, self.arch.num_layers)
         if not 0 <= first < end <= self.arch.num_layers:
@@ -76,8 +80,11 @@ class ModelRunner:
         self.k_layers, self.v_layers = tuple(self.kv.k), tuple(self.kv.v)
         """Per-layer views of the cache, made once (not 2 views per layer per step)."""
         self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device, self.dtype)
-        self.block_buffers: dict[int, bytearray] = {}
-        """Block index -> its buffer (kept alive: the weights are views into it)."""
+        self.block_buffers: dict[int, bytearray | memoryview] = {}
+        """Block index -> the host buffer `add_block` took it from (on the CPU the weights
+        are views into it)."""
+        self.block_data: dict[int, torch.Tensor] = {}
+        """Block index -> its bytes on the device (uint8; the weights are views into it)."""
         self.layers: dict[int, LayerWeights] = {}
         self.embedding: torch.Tensor | None = None
         self.head: HeadWeights | None = None
@@ -106,13 +113,23 @@ class ModelRunner:
 
     # ---- blocks ----------------------------------------------------------------------
 
-    def add_block(self, index: int, buf: bytearray, verify: bool = True) -> None:
-        """Make block `index` usable from `buf` (a buffer read from disk or received)."""
-        info = self.manifest.blocks[index]
-        tensors = block_tensors(info, buf, verify=verify)
-        if self.device.type != "cpu":
-            tensors = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+    def add_block(self, index: int, buf: bytearray | memoryview, verify: bool = True) -> None:
+        """Make block `index` usable from `buf` (a buffer read from disk or received): its
+        bytes move to the device (`devmem.move_block`: one copy, or on the CPU the buffer
+        itself), and the block is taken in once they arrived."""
+        if verify:
+            verify_block(self.manifest.blocks[index], memoryview(buf).cast("B"))
+        copy = move_block(self.memory, buf, adopt=True)
+        copy.event.wait()
         self.block_buffers[index] = buf
+        self.install_block(index, copy.data)
+
+    def install_block(self, index: int, data: torch.Tensor) -> None:
+        """Take in block `index` from its bytes on the device (uint8, already arrived: the
+        node's store waits for the copy's event, `runtime/node/store.py`); no copy."""
+        info = self.manifest.blocks[index]
+        tensors = tensors_in(info, data)
+        self.block_data[index] = data
         fuse = self.config.fuse_projections
         for layer in range(info.first_layer, info.end_layer):
             weights = LayerWeights.from_tensors(tensors, layer, self.arch, fuse)
@@ -138,7 +155,7 @@ class ModelRunner:
             if self.end_layer == self.arch.num_layers:
                 indices = sorted({*indices, self.manifest.num_blocks - 1})
         for i in indices:
-            if i not in self.block_buffers:
+            if i not in self.block_data:
                 info = self.manifest.blocks[i]
                 self.add_block(i, read_block_file(self.manifest.block_path(i), info), verify=False)
 

@@ -66,14 +66,28 @@ def block_tensors(
         )
     if view.readonly:
         raise SurgeError(f"block {info.index}: buffer is read-only; receive into a bytearray")
+    data = (
+        torch.frombuffer(view, dtype=torch.uint8)
+        if len(view)
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    return tensors_in(info, data)
+
+
+def tensors_in(info: BlockInfo, data: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Tensors of a block as views into `data`, its bytes as a uint8 tensor on any device
+    (a host buffer, or the block's arena in device memory: `surge.engine.devmem`)."""
+    if data.numel() != info.size_bytes:
+        raise SurgeError(
+            f"block {info.index}: {data.numel()} bytes on {data.device}, expected {info.size_bytes}"
+        )
     out: dict[str, torch.Tensor] = {}
     for t in info.tensors:
         dtype = torch_dtype(t.dtype)
-        numel = t.size_bytes // dtype.itemsize
         if t.size_bytes == 0:
-            out[t.name] = torch.empty(t.shape, dtype=dtype)
+            out[t.name] = torch.empty(t.shape, dtype=dtype, device=data.device)
             continue
-        flat = torch.frombuffer(view, dtype=dtype, count=numel, offset=t.offset_bytes)
+        flat = data[t.offset_bytes : t.offset_bytes + t.size_bytes].view(dtype)
         if t.transposed:  # stored [in, out]; the reader sees [out, in] as a strided view
             out[t.name] = flat.view(t.shape[::-1]).t()
         else:

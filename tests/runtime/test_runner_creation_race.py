@@ -1,4 +1,4 @@
-"""Blocks landing together are taken into one runner: `AgentStore._add_to_runner` runs in
+"""Blocks landing together are taken into one runner: `AgentStore._install` runs in
 worker threads, and the first block creates the runner. Without a lock two threads could
 each create one; the blocks added to the runner that lost were missing ("runner lacks
 layers [1]" on a generate after a multicast whose dead node's dependants pulled two blocks
@@ -15,11 +15,11 @@ from surge.runtime.node.store import AgentStore, ModelState
 class SlowRunner:
     """Takes long enough to build that two threads both find no runner."""
 
-    def __init__(self, manifest, config) -> None:
+    def __init__(self, manifest, config, memory=None) -> None:
         time.sleep(0.05)
         self.blocks: set[int] = set()
 
-    def add_block(self, index: int, buf, verify: bool = True) -> None:
+    def install_block(self, index: int, data) -> None:
         self.blocks.add(index)
 
 
@@ -27,10 +27,11 @@ def test_blocks_landing_together_share_one_runner(monkeypatch) -> None:
     monkeypatch.setattr(runner_module, "ModelRunner", SlowRunner)
     store = AgentStore.__new__(AgentStore)
     store.ctx = SimpleNamespace(config=SimpleNamespace(engine=None))
+    store._memory = object()  # the device seam, already chosen
+    store._memory_lock = threading.Lock()
+    store.host_cache = SimpleNamespace(pinner=store._memory)
     state = ModelState(manifest=None)  # type: ignore[arg-type]
-    threads = [
-        threading.Thread(target=store._add_to_runner, args=(state, b, b"")) for b in range(4)
-    ]
+    threads = [threading.Thread(target=store._install, args=(state, b, b"")) for b in range(4)]
     for t in threads:
         t.start()
     for t in threads:

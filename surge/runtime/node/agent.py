@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
@@ -65,7 +66,9 @@ PARENT_CHECK_S = 1.0
 class NodeAgent:
     """The server side of one node."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, memory: Any = None) -> None:
+        """`memory`: the engine's device seam (`surge.engine.devmem`; a test's fake), else
+        chosen by the engine's device setting."""
         self.config = config
         self.node = config.node
         rate = gbps_to_bytes_per_s
@@ -84,7 +87,7 @@ class NodeAgent:
             pacer=step_pacer(config),
             tls=config.tls.load() if config.tls is not None else None,
         )
-        self.store = AgentStore(self.ctx)
+        self.store = AgentStore(self.ctx, memory)
         self.transfer = AgentTransfer(self.ctx, self.store)
         self.serving = AgentServing(self.ctx, self.store)
         self.local = AgentInstances(self.ctx, self.store, self.serving.fetch_kv)

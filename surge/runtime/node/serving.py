@@ -96,14 +96,15 @@ class AgentServing:
             needed.add(0)
         if end == manifest.arch.num_layers:
             needed.add(manifest.num_blocks - 1)
-        missing = sorted(b for b in needed if b not in state.gpu_buffers)
+        missing = sorted(b for b in needed if b not in state.device_blocks)
         if missing:
             raise SurgeError(
                 f"node {self.ctx.node} lacks blocks {missing} for layers {first}-{end - 1}"
             )
-        runner = ModelRunner(manifest, self.ctx.config.engine, layer_range=(first, end))
-        for b in sorted(needed):
-            runner.add_block(b, state.gpu_buffers[b], verify=False)
+        memory = self.store.device_memory()
+        runner = ModelRunner(manifest, self.ctx.config.engine, (first, end), memory=memory)
+        for b in sorted(needed):  # the gpu tier's device copy itself: no second copy
+            runner.install_block(b, state.device_blocks[b])
         return runner
 
     async def op_stage_open(

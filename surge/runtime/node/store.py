@@ -2,9 +2,13 @@
 
 What flows in: `register`, `load`, `evict` and `checksums` ops, and verified blocks handed
 over by the data path (`landed`). What flows out: `arrival` events once a block is usable
-in its tier, and buffers of held blocks (`buffer_of`) for peers and runners. The host tier
-is shared memory (`tiers.HostCache`); the gpu tier is the engine's runner over buffers the
-blocks were received into (no copies). Owned by the node agent (`runtime/node/agent.py`).
+in its tier, and buffers of held blocks (`buffer_of`) for peers. The host tier is shared
+memory (`tiers.HostCache`, pinned where the device copies); the gpu tier is each block's
+bytes on the device (`ModelState.device_blocks`) and the engine's runner over them. A block
+reaches the device through the engine's device seam (`surge.engine.devmem`): one contiguous
+copy on the copy stream with one event (on the CPU the received buffer itself, no copy),
+and it is announced in the gpu tier only once that event completed. Owned by the node
+agent (`runtime/node/agent.py`).
 """
 
 import asyncio
@@ -48,6 +52,10 @@ class ModelState:
     present: dict[int, asyncio.Event] = field(default_factory=dict)
     """Per block: set while a verified copy is held (peers may pull it)."""
     gpu_buffers: dict[int, Any] = field(default_factory=dict)
+    """Per gpu-tier block: the host buffer it landed in (peers are served from it)."""
+    device_blocks: dict[int, Any] = field(default_factory=dict)
+    """Per block whose copy to the device completed: its bytes there (a uint8 tensor); the
+    gpu tier as reported and as runners see it."""
     runner: Any = None
     """The engine's runner over the gpu-tier blocks (created on the first one)."""
     runner_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -67,16 +75,22 @@ class ModelState:
 
     @property
     def complete_in_gpu(self) -> bool:
-        return self.runner is not None and len(self.gpu_buffers) == self.manifest.num_blocks
+        return self.runner is not None and len(self.device_blocks) == self.manifest.num_blocks
 
 
 class AgentStore:
     """The tiers of one node and the ops that fill and empty them."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, memory: Any = None) -> None:
         self.ctx = ctx
         config = ctx.config
         self.host_cache = HostCache(config.cluster_id, config.node)
+        self._memory = memory
+        """The engine's device seam (`surge.engine.devmem.DeviceMemory`): passed in (a test's
+        fake), else chosen by the engine's device setting on first use (`device_memory`)."""
+        self._memory_lock = threading.Lock()
+        if memory is not None or config.preload_engine:  # torch is imported: pin as we go
+            self.device_memory()
         self.disk = DiskTier(config.disk_dir, _bucket(config.disk_gbps))
         self.pcie = _bucket(config.pcie_gbps)
         """Paces a load from this node's host copy into its gpu tier (host -> GPU)."""
@@ -102,7 +116,25 @@ class AgentStore:
         }
 
     def close(self) -> None:
+        for state in self.models.values():  # drop the gpu tier's views before the segments
+            state.gpu_buffers.clear()
+            state.device_blocks.clear()
+            state.runner = None
         self.host_cache.close()
+        if self._memory is not None:
+            self._memory.close()
+
+    def device_memory(self) -> Any:
+        """The device seam, chosen on first use (imports torch: call it off the event loop
+        unless the engine is loaded). From then on the host tier is pinned with it."""
+        with self._memory_lock:
+            if self._memory is None:
+                from surge.engine.devmem import device_memory
+
+                self._memory = device_memory(self.ctx.config.engine.device)
+            if self.host_cache.pinner is None:
+                self.host_cache.set_pinner(self._memory)
+            return self._memory
 
     # ---- what is held -----------------------------------------------------------
 
@@ -118,7 +150,7 @@ class AgentStore:
         return {
             name: ModelHolding(
                 host=tuple(self.host_cache.blocks(name)),
-                gpu=tuple(sorted(st.gpu_buffers)),
+                gpu=tuple(sorted(st.device_blocks)),
                 disk=tuple(self.disk.blocks(name, st.manifest)),
             )
             for name, st in self.models.items()
@@ -137,6 +169,8 @@ class AgentStore:
         info = self.model(name).block(block)
         if tier == "host":
             return self.host_cache.allocate(name, info)
+        if self._memory is not None:  # pinned where the device copies from it
+            return self._memory.host_buffer(info.size_bytes)
         return memoryview(bytearray(info.size_bytes))
 
     async def landed(
@@ -150,15 +184,20 @@ class AgentStore:
         mc_id: str | None = None,
         src: int | None = None,
         step: float | None = None,
+        adopt: bool = True,
     ) -> None:
-        """A verified block is in `buf`: make it usable in its tier and announce it."""
+        """A verified block is in `buf`: make it usable in its tier and announce it. In the
+        gpu tier that is once its copy to the device completed; `adopt`: `buf` is the gpu
+        tier's own (received into it), else borrowed (the host tier's) and always copied."""
         state = self.model(name)
         landed_t = time.time()
         if tier == "gpu":
             state.gpu_buffers[block] = buf
-        state.event(block).set()  # peers may pull it now, while the runner takes it in
+        state.event(block).set()  # peers may pull it now, while it moves to the device
         if tier == "gpu":
-            await asyncio.to_thread(self._add_to_runner, state, block, buf)
+            await asyncio.to_thread(self._to_device, state, block, buf, adopt)
+        elif self.host_cache.pinner is not None:
+            await asyncio.to_thread(self.host_cache.pin, name, block)
         # The event goes out once the block is usable in its tier; `t` is when it landed.
         await self.ctx.emit(
             BlockArrived(
@@ -174,13 +213,28 @@ class AgentStore:
             )
         )
 
-    def _add_to_runner(self, state: ModelState, block: int, buf: memoryview) -> None:
+    def _to_device(self, state: ModelState, block: int, buf: memoryview, adopt: bool) -> None:
+        """One block to the device and into the runner (a worker thread): the copy is issued
+        on the copy stream and the block taken in only when its event completed, while the
+        event loop receives the next block (ParaServe §5 overlap; ServerlessLLM §4)."""
+        from surge.engine.devmem import move_block
+
+        memory = self.device_memory()
+        copy = move_block(memory, buf, adopt)
+        copy.event.wait()
+        self._install(state, block, copy.data)
+
+    def _install(self, state: ModelState, block: int, data: Any) -> None:
+        """Take a block's arrived device bytes into the gpu tier and the model's runner."""
         with state.runner_lock:
             if state.runner is None:
                 from surge.engine.runner import ModelRunner
 
-                state.runner = ModelRunner(state.manifest, self.ctx.config.engine)
-        state.runner.add_block(block, buf, verify=False)  # verified on arrival
+                state.runner = ModelRunner(
+                    state.manifest, self.ctx.config.engine, memory=self.device_memory()
+                )
+        state.runner.install_block(block, data)
+        state.device_blocks[block] = data
 
     # ---- ops ---------------------------------------------------------------------
 
@@ -209,10 +263,12 @@ class AgentStore:
         # takes it (ParaServe §5, worker-level overlap).
         landing: asyncio.Task | None = None
 
-        async def land_after(prev: asyncio.Task | None, block: int, buf: memoryview) -> None:
+        async def land_after(
+            prev: asyncio.Task | None, block: int, buf: memoryview, adopt: bool
+        ) -> None:
             if prev is not None:
                 await prev
-            await self.landed(op.model, block, tier, buf, source=op.source)
+            await self.landed(op.model, block, tier, buf, source=op.source, adopt=adopt)
 
         tier = op.tier
         made: list[int] = []  # host segments this load created (removed if it fails)
@@ -231,10 +287,15 @@ class AgentStore:
                     await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
                     await asyncio.to_thread(self.disk.write, op.model, info, buf)
                     continue
-                buf = self.target_buffer(op.model, info.index, tier)
-                await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
+                adopt = not (tier == "gpu" and op.source == "host")
+                if adopt:
+                    buf = self.target_buffer(op.model, info.index, tier)
+                    await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
+                else:  # a warm start: the device copies straight from the (pinned) host copy
+                    buf = self._host_copy(op.model, info)
+                    await asyncio.to_thread(self.pcie.consume_blocking, info.size_bytes)
                 landing = asyncio.get_running_loop().create_task(
-                    land_after(landing, info.index, buf)
+                    land_after(landing, info.index, buf, adopt)
                 )
             fetched_s = time.perf_counter() - t0
             if landing is not None:
@@ -252,11 +313,8 @@ class AgentStore:
         return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)
 
     def _read_source(self, source: Source, name: str, info: BlockInfo, buf: memoryview) -> None:
-        if source == "host":  # warm start: this node's own host copy into another tier
-            held = self.host_cache.get(name, info.index)
-            if held is None:
-                raise SurgeError(f"node {self.ctx.node} holds no host copy of block {info.index}")
-            buf[: info.size_bytes] = held[: info.size_bytes]
+        if source == "host":  # this node's own host copy into another tier
+            buf[: info.size_bytes] = self._host_copy(name, info)
             self.pcie.consume_blocking(info.size_bytes)
         elif source == "disk":
             self.disk.read_into(name, info, buf)
@@ -266,6 +324,12 @@ class AgentStore:
                     f"node {self.ctx.node} has no registry configured (start it with --remote-dir)"
                 )
             self.remote.read_into(name, info, buf)
+
+    def _host_copy(self, name: str, info: BlockInfo) -> memoryview:
+        held = self.host_cache.get(name, info.index)
+        if held is None:
+            raise SurgeError(f"node {self.ctx.node} holds no host copy of block {info.index}")
+        return held[: info.size_bytes]
 
     async def op_evict(self, op: EvictOp, conn: Connection, p: memoryview) -> Ack:
         state = self.model(op.model)
@@ -278,7 +342,8 @@ class AgentStore:
                 self.disk.evict(op.model, info)
             else:
                 state.gpu_buffers.pop(block, None)
-                if not state.gpu_buffers:
+                state.device_blocks.pop(block, None)
+                if not state.device_blocks:
                     state.runner = None
             if self.buffer_of(op.model, block) is None and block in state.present:
                 state.present[block].clear()

@@ -3,7 +3,9 @@ and the `remote` registry (a store directory read through a bandwidth cap, like 
 model hub). The `gpu` tier is the engine's runner, owned by the agent.
 
 Host buffers are POSIX shared-memory segments owned by the agent process, so they outlive
-any runner and a block received into one is the very memory the runner's tensors view.
+any runner; on the CPU a block received into one is the very memory the runner's tensors
+view. Where the engine's device copies (CUDA), each segment is registered with it as pinned
+once (`HostCache.pin`), so a warm start copies from it at the link's speed.
 """
 
 import hashlib
@@ -11,6 +13,7 @@ import logging
 import shutil
 from multiprocessing import shared_memory
 from pathlib import Path
+from typing import Protocol
 
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, Manifest, verify_block
@@ -49,12 +52,23 @@ def check_shm_room(model: str, infos: list[BlockInfo], free_bytes: int | None = 
         )
 
 
+class Pinner(Protocol):
+    """What pins host memory for the device (`surge.engine.devmem.DeviceMemory`)."""
+
+    def register_host(self, buf: memoryview) -> None: ...
+
+    def unregister_host(self, buf: memoryview) -> None: ...
+
+
 class HostCache:
     """Block buffers in shared memory, keyed by (model, block)."""
 
     def __init__(self, cluster_id: str, node: int) -> None:
         self.cluster_id = cluster_id
         self.node = node
+        self.pinner: Pinner | None = None
+        """The device that pins segments (set once the engine's device is known)."""
+        self._pinned: set[tuple[str, int]] = set()
         self._segments: dict[tuple[str, int], shared_memory.SharedMemory] = {}
         self._closing: list[shared_memory.SharedMemory] = []
         """Evicted segments a view still pins (the runner's tensors, a send in flight, a
@@ -79,6 +93,22 @@ class HostCache:
             self._segments[key] = seg
         return self._segments[key].buf[: info.size_bytes]
 
+    def set_pinner(self, pinner: Pinner) -> None:
+        """Pin with `pinner` from now on, and pin what is held already (blocking: run it
+        off the event loop)."""
+        self.pinner = pinner
+        for model, block in list(self._segments):
+            self.pin(model, block)
+
+    def pin(self, model: str, block: int) -> None:
+        """Register a held block's segment as pinned, once (blocking: page-locking a large
+        segment takes a while; run it off the event loop)."""
+        seg = self._segments.get((model, block))
+        if seg is None or self.pinner is None or (model, block) in self._pinned:
+            return
+        self.pinner.register_host(seg.buf)
+        self._pinned.add((model, block))
+
     def get(self, model: str, block: int) -> memoryview | None:
         seg = self._segments.get((model, block))
         return None if seg is None else seg.buf
@@ -92,6 +122,9 @@ class HostCache:
         self._closing = [seg for seg in self._closing if not _closed(seg)]
         seg = self._segments.pop((model, block), None)
         if seg is not None:
+            if (model, block) in self._pinned and self.pinner is not None:
+                self._pinned.discard((model, block))
+                self.pinner.unregister_host(seg.buf)
             seg.unlink()
             if not _closed(seg):
                 self._closing.append(seg)

@@ -212,9 +212,14 @@ class AgentTransfer:
         self.store.model(op.model)
         recv = sorted(op.recv)
         if op.tier == "gpu":  # import the engine (torch, ~1.5 s) while the first block travels
-            self.ctx.spawn(asyncio.to_thread(import_engine))
+            self.ctx.spawn(asyncio.to_thread(self._prepare_device))
         self.ctx.spawn(self._receive_all(op, recv))
         return MulticastReply(mc_id=op.mc_id, num_recv=len(recv))
+
+    def _prepare_device(self) -> None:
+        """Import the engine and choose its device seam (blocks then land in pinned memory)."""
+        import_engine()
+        self.store.device_memory()
 
     async def _receive_all(self, op: MulticastOp, recv: list[tuple[int, int, int]]) -> None:
         """Pull `recv` in plan order, pipelined: block i is verified and taken into its tier
