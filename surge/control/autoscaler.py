@@ -49,6 +49,7 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ScaleOutReport
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,12 @@ class Autoscaler:
         events: EventBus = NO_BUS,
         links: dict[int, NodeLinks] | None = None,
         clock: Clock = REAL_CLOCK,
+        estimates: ServingEstimates = HOST_ESTIMATES,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
+        self.estimates = estimates
+        """Compute and fetch rates the scale-outs assume before measuring
+        (`control/emulation.serving_estimates`)."""
         self.clock = clock
         """The control plane's clock (`runtime/clock.py`): its tick, every window and
         keep-alive it decides by, in emulated seconds under GPU-time emulation."""
@@ -110,7 +115,7 @@ class Autoscaler:
         self._wake = asyncio.Event()
         self.flexpipe = FlexPipeControl(
             client, pool, metrics, copies, live_nodes, self.free_slots, config.link_gbps, events,
-            clock,
+            clock, estimates,
         )  # fmt: skip
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
@@ -269,6 +274,7 @@ class Autoscaler:
             link_gbps=self.config.link_gbps,
             events=self.events,
             links=self.links,
+            estimates=self.estimates,
         )
 
     async def _run_scale_out(

@@ -28,7 +28,7 @@ from surge.control import admission
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
-from surge.control.emulation import EmulationCounts, control_clock
+from surge.control.emulation import EmulationCounts, control_clock, serving_estimates
 from surge.control.healing import NodeHealer
 from surge.control.launching import AgentCluster, agent_pids, launch_cluster
 from surge.control.metrics import Metrics
@@ -179,6 +179,7 @@ class Controller:
             events=self.events,
             links=self.links,
             clock=self.clock,
+            estimates=serving_estimates(self.config.emulation),
         )
         deployments = Deployments(
             client,

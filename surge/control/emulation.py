@@ -2,7 +2,8 @@
 
 What flows: at start, the controller's `ControllerConfig.emulation` in, its one `Clock` out
 (`control_clock`: the central hook where the time dilation D reaches the control plane; every
-collaborator and each deployment's `Server` read time from it). On a `/metrics` scrape, each
+collaborator and each deployment's `Server` read time from it) and the compute and fetch
+rates its scale-outs assume (`serving_estimates`). On a `/metrics` scrape, each
 live agent's `StatusReply` (its paced steps and violations, `surge.emulation.pacing`) in; the
 per-node counters `surge_emulation_steps_total` and `surge_emulation_violations_total`
 (`control/metrics.py`) out, raised by what each agent counted since the last scrape. Owned by
@@ -17,6 +18,9 @@ from surge.emulation import Emulation
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
+from surge.sim.costs import cost_model
+from surge.sim.hardware import gpu_profile
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,31 @@ def control_clock(emulation: Emulation | None) -> Clock:
     if emulation is None:
         return REAL_CLOCK
     return Clock(emulation.config.time_dilation)
+
+
+ESTIMATE_PROMPT_TOKENS = 32
+"""The short prompt whose prefill `ServingEstimates.prefill_over_decode` stands for (as the
+FlexPipe stage profile's, `scaleout/flexpipe.PROFILE_TOKENS`)."""
+
+
+def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
+    """The compute and fetch rates the scale-outs assume before measuring: under GPU-time
+    emulation the emulated cluster's, in emulated seconds for the real store (its first
+    GPU's cost model for the emulated model, `sim/costs.py`: a decode step's weight read, a
+    short prompt's prefill over it; its registry link scaled by the store's bytes ratio),
+    so ParaServe's Alg. 1 and FlexPipe's profile and load time weigh what the emulated
+    cluster would (the host's own compute and links are not the emulated ones); else the
+    host's rules of thumb."""
+    if emulation is None:
+        return HOST_ESTIMATES
+    node = emulation.nodes(1)[0]
+    cost = cost_model(emulation.config.profile, gpu_profile(node.gpu))
+    decode_s = cost.decode_s(1)
+    return ServingEstimates(
+        weight_read_bytes_per_s=emulation.real_model_bytes / decode_s,
+        prefill_over_decode=cost.prefill_s(ESTIMATE_PROMPT_TOKENS) / decode_s,
+        fetch_gbps=node.registry_gbps * emulation.scale.weights_ratio,
+    )
 
 
 class EmulationCounts:

@@ -50,7 +50,7 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import LoadOp
 from surge.runtime.refactor import FlexPipeline, Stages, refactor_pipeline
-from surge.runtime.scaleout.context import DEFAULT_FETCH_GBPS
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 from surge.runtime.scaleout.flexpipe import (
     free_slots,
     layer_profile,
@@ -112,14 +112,17 @@ class FlexPipeControl:
         link_gbps: float | None = None,
         events: EventBus = NO_BUS,
         clock: Clock = REAL_CLOCK,
+        estimates: ServingEstimates = HOST_ESTIMATES,
     ) -> None:
         self.clock = clock
         """The control plane's clock (refactorings are timed on it)."""
+        self.estimates = estimates
+        """Compute and fetch rates before the stages are profiled (`scaleout/estimates.py`)."""
         self.client, self.pool, self.metrics, self.copies = client, pool, metrics, copies
         self.events = events
         """The dashboard's stream: each completed refactoring (`Refactor`)."""
         self.live_nodes, self.free_slots_of = live_nodes, free_slots_of
-        self.link_gbps = link_gbps or DEFAULT_FETCH_GBPS
+        self.link_gbps = link_gbps or estimates.fetch_gbps
 
     async def tick(self, dep: Deployment, now_s: float) -> None:
         if not is_flexpipe(dep):
@@ -141,7 +144,7 @@ class FlexPipeControl:
         pipes = [
             e for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline) and not e.failed
         ]
-        profile = layer_profile(dep.manifest, system, pipes[0] if pipes else None)
+        profile = layer_profile(dep.manifest, system, pipes[0] if pipes else None, self.estimates)
         arrivals = arrivals_in_window(tuple(dep.server.arrivals), now_s, settings)
         rec.cv = cv_of_arrivals(arrivals)
         eq4, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)

@@ -24,7 +24,7 @@ from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig, serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.scaleout import ControllerSide, ScaleOutContext, ScaleOutReport, run_scale_out
-from surge.runtime.scaleout import context as sc
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class ScaleOutOffer:
     """Where the scale-out publishes what it does (the dashboard's stream)."""
     links: Mapping[int, NodeLinks] = field(default_factory=dict)
     """Each agent's reported links (caps, host group): the multicast planner's topology."""
+    estimates: ServingEstimates = HOST_ESTIMATES
+    """Compute and fetch rates assumed before measuring (`control/emulation.py`)."""
 
 
 def startup_request(
@@ -142,7 +144,8 @@ async def start_scale_out(
         fetching=dict(offer.nic_load),
         ttft_slo_s=slo.ttft_s,
         tpot_slo_s=slo.tpot_s,
-        fetch_gbps=offer.link_gbps or sc.DEFAULT_FETCH_GBPS,
+        fetch_gbps=offer.link_gbps or offer.estimates.fetch_gbps,
+        estimates=offer.estimates,
         events=offer.events,
         links=offer.links,
         hosted_s=dict(dep.host_last_used_s),

@@ -21,6 +21,7 @@ from surge.policy.flexpipe.system import LayerProfile
 from surge.policy.systems import system_config
 from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.scaleout import flexpipe as runtime_flexpipe
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.sim import flexpipe as sim_flexpipe
 from tests.parity.sim_world import entry_pool, simulation
 
@@ -41,6 +42,7 @@ def _runtime_choice(
         server=SimpleNamespace(arrivals=[], queue=[], clock=REAL_CLOCK),
         ttft_slo_s=5.0,
         fetch_gbps=10.0,
+        estimates=HOST_ESTIMATES,
         destinations=(SimpleNamespace(node=free[0], machine=None),),
         spares=tuple(SimpleNamespace(node=n, machine=None) for n in free[1:]),
         hosted_s={},

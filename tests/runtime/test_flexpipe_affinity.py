@@ -13,6 +13,7 @@ from surge.model.manifest import read_manifest
 from surge.policy.startup import Destination
 from surge.policy.systems import serve_system
 from surge.runtime.clock import REAL_CLOCK
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.runtime.scaleout.flexpipe import choose_pipeline
 
 SPARES = [1, 2, 3, 4, 5, 6]
@@ -30,6 +31,7 @@ def _ctx(manifest, hosted_s: dict[int, float]) -> SimpleNamespace:
         system=replace(serve_system("flexpipe"), stage_hop_s=0.0),
         server=SimpleNamespace(arrivals=sorted(arrivals), queue=[waiting] * 64, clock=REAL_CLOCK),
         fetch_gbps=10.0,
+        estimates=HOST_ESTIMATES,
         ttft_slo_s=1.0,
         destinations=(Destination(0, "host", machine=0),),
         spares=tuple(Destination(n, "remote", machine=n) for n in SPARES),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from surge.emulation import StepPacer
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers
 from surge.runtime.node.instances import kv_parts
@@ -44,9 +45,12 @@ def refactor_handlers(
     stage_of: Any,
     node: int,
     peer_conn: Callable[[int], AbstractAsyncContextManager[Connection]],
+    pacer: StepPacer | None = None,
 ) -> Handlers:
     """The ops below, over `stage_of(pipeline) -> Stage` (raises for an unknown one), on
-    agent `node`, reaching other agents through `peer_conn(node)`."""
+    agent `node`, reaching other agents through `peer_conn(node)`. Under GPU-time emulation
+    (`pacer`) a stage profile reports the emulated GPU's layer times (what its paced steps
+    last, in emulated seconds), not the host's."""
 
     async def op_kv_push(op: KvPushOp, conn: Connection, p: memoryview) -> KvPushReply:
         import torch
@@ -131,7 +135,16 @@ def refactor_handlers(
                 out.append(best)
             return out
 
+        def emulated() -> tuple[list[float], list[float]]:
+            assert pacer is not None
+            n = runner.arch.num_layers
+            layers = range(stage.first_layer, stage.end_layer)
+            prefill = [pacer.emulated_s((op.num_tokens,), i, i + 1, n) for i in layers]
+            return prefill, [pacer.emulated_s((1,), i, i + 1, n) for i in layers]
+
         def run() -> tuple[list[float], list[float]]:
+            if pacer is not None:
+                return emulated()
             q = op.num_tokens
             try:
                 x = torch.randn(1, q, hidden_size) * 0.02

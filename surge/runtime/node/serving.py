@@ -70,7 +70,7 @@ class AgentServing:
             StageCloseOp: self.op_stage_close,
             KvExportOp: self.op_kv_export,
             # FlexPipe refactoring and profiling
-            **refactor_handlers(self._stage, self.ctx.node, self._peer_conn),
+            **refactor_handlers(self._stage, self.ctx.node, self._peer_conn, self.ctx.pacer),
         }
 
     def close(self) -> None:

@@ -32,10 +32,8 @@ from surge.policy.systems import SystemConfig
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.multicast import MulticastResult
+from surge.runtime.scaleout.estimates import DEFAULT_FETCH_GBPS, HOST_ESTIMATES, ServingEstimates
 from surge.runtime.server import Server
-
-DEFAULT_FETCH_GBPS = 10.0
-"""Network rate a worker's fetch is estimated at when the controller knows no link speed."""
 
 
 def instance_name(model: str, node: int) -> str:
@@ -213,6 +211,9 @@ class ScaleOutContext:
     ttft_slo_s: float = Slo.ttft_s
     tpot_slo_s: float = Slo.tpot_s
     fetch_gbps: float = DEFAULT_FETCH_GBPS
+    estimates: ServingEstimates = HOST_ESTIMATES
+    """Compute rates assumed before measuring (`scaleout/estimates.py`; the emulated GPU's
+    under emulation)."""
     """Network rate one worker's fetch gets (ParaServe's b_i before contention)."""
     events: EventBus = NO_BUS
     """Where what happens is published for the dashboard (`surge/events.py`)."""

@@ -18,8 +18,9 @@ system, the server's arrivals). For each destination, one `FlexPipeline`:
 - then each stage is profiled on its node (`stage_profile`: per-layer prefill and decode
   times, activation bytes), which the partition DP uses from then on (`layer_profile`).
 Before a model has been profiled, `layer_profile` estimates, documented in
-docs/flexpipe.md: a decode step reads the weights once at `WEIGHT_READ_BYTES_PER_S`, a
-prefill of `PROFILE_TOKENS` costs `PREFILL_OVER_DECODE` decodes.
+docs/flexpipe.md (`scaleout/estimates.py`: the emulated GPU's under emulation): a decode step
+reads the weights once at `weight_read_bytes_per_s`, a prefill of `PROFILE_TOKENS` costs
+`prefill_over_decode` decodes.
 """
 
 import asyncio
@@ -45,8 +46,8 @@ from surge.runtime.protocol import StageProfileOp
 from surge.runtime.refactor import FlexPipeline, blocks_of_stage
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, flexpipe_name
+from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 from surge.runtime.scaleout.local import load_blocks
-from surge.runtime.scaleout.paraserve import PREFILL_OVER_DECODE, WEIGHT_READ_BYTES_PER_S
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,13 @@ PROFILE_TOKENS = 32
 
 
 def layer_profile(
-    manifest: Manifest, system: SystemConfig, pipe: FlexPipeline | None
+    manifest: Manifest,
+    system: SystemConfig,
+    pipe: FlexPipeline | None,
+    estimates: ServingEstimates = HOST_ESTIMATES,
 ) -> LayerProfile:
     """The model's layer profile: measured on the nodes once `pipe` has been profiled
-    (every layer), else the estimates of the module docstring."""
+    (every layer), else the estimates of the module docstring (`estimates`)."""
     n = manifest.arch.num_layers
     param_bytes = max(1, manifest.total_bytes // n)
     measured = pipe.layer_times if pipe is not None else {}
@@ -74,10 +78,10 @@ def layer_profile(
             hop_s=system.stage_hop_s,
             layer_prefill_s=prefill,
         )
-    decode_s = manifest.total_bytes / WEIGHT_READ_BYTES_PER_S / n
+    decode_s = estimates.decode_s(manifest.total_bytes) / n
     return LayerProfile(
         num_layers=n,
-        prefill_s=PREFILL_OVER_DECODE * decode_s,
+        prefill_s=estimates.prefill_over_decode * decode_s,
         decode_s=decode_s,
         param_bytes=param_bytes,
         activation_bytes=manifest.arch.hidden_size * 4 * PROFILE_TOKENS,
@@ -121,7 +125,7 @@ async def profile_stages(pipe: FlexPipeline) -> None:
 
 
 def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
-    profile = layer_profile(ctx.manifest, ctx.system, None)
+    profile = layer_profile(ctx.manifest, ctx.system, None, ctx.estimates)
     settings = ctx.system.flexpipe
     arrivals = arrivals_in_window(tuple(ctx.server.arrivals), ctx.server.clock.now_s(), settings)
     eta = scale_out_num_stages(

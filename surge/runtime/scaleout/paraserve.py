@@ -22,8 +22,9 @@ before the first cold start), documented in docs/scaleout.md:
 - `policy.startup.alg1_inputs`, as in the simulator: t_c = the system's `init_s` (and t_cc,
   Eq. 5, when its start-up runs beside the fetch: `init_overlaps_load`); t_n = `stage_hop_s`;
 - fetch at `ctx.fetch_gbps` (the controller's link speed), host-to-GPU at `PCIE_GBPS`;
-- t_d = the model's bytes read once at `WEIGHT_READ_BYTES_PER_S` (decode is memory bound),
-  t_p = `PREFILL_OVER_DECODE` x t_d;
+- t_d = the model's bytes read once at `ctx.estimates`' weight-read rate (decode is memory
+  bound), t_p = its `prefill_over_decode` x t_d (`scaleout/estimates.py`: rule-of-thumb
+  constants, or the emulated GPU's cost model under GPU-time emulation);
 - t_w = the longest wait among the requests queued now (measured).
 """
 
@@ -58,19 +59,15 @@ log = logging.getLogger(__name__)
 PCIE_GBPS = 100.0
 """Host-to-GPU rate assumed for Alg. 1's load term (PCIe 4.0 x16 is ~200 Gbit/s; half of it
 is what a loader reaches in practice)."""
-WEIGHT_READ_BYTES_PER_S = 10e9
-"""Weights read per second by one decode step (memory bound), for t_d."""
-PREFILL_OVER_DECODE = 4.0
-"""t_p / t_d for a short prompt (a prefill reads the weights once and computes more)."""
 
 
 def alg1_inputs_of(ctx: ScaleOutContext) -> tuple[StageTimes, SizingSettings]:
     """Alg. 1's stage times and settings for this model (see the module docstring), by
     `policy.startup.alg1_inputs`."""
     now = ctx.server.clock.now_s()
-    decode_s = ctx.manifest.total_bytes / WEIGHT_READ_BYTES_PER_S
+    decode_s = ctx.estimates.decode_s(ctx.manifest.total_bytes)
     wait_s = max((now - r.arrival_t for r in ctx.server.queue), default=0.0)
-    return alg1_inputs(ctx.system, PREFILL_OVER_DECODE * decode_s, decode_s, wait_s)
+    return alg1_inputs(ctx.system, ctx.estimates.prefill_over_decode * decode_s, decode_s, wait_s)
 
 
 def _networks(ctx: ScaleOutContext, nodes: list[int], now_s: float) -> tuple[ServerNetwork, ...]:
