@@ -1,0 +1,274 @@
+"""BlitzScale §6.1 on the emulated runtime: an AzureCode burst, TTFT and TBT of BlitzScale vs
+ServerlessLLM (SSD) and AllCache, beside the simulator. Labelled EMULATED.
+
+The paper's 7B setting (§6.1 Fig. 13, §6.2: Llama-2 7B on AzureCode, cluster A's A800s as
+one-GPU logical hosts with a 100 Gb/s RDMA NIC each, SSD 10 Gb/s, PCIe 128 Gb/s; preset
+`blitzscale-a-hosts`), its first `--nodes` hosts, at `--time-dilation D`. The requests are
+the AzureCode trace's (`azure-code`, its gaps divided by `--rate-scale`: §6.1's x2) from
+`--start` for `--duration` emulated seconds, prompts clipped to the emulated model's context.
+Every system runs §6.1's way: P/D disaggregated (one prefill and one decode instance serving
+when the burst starts), BlitzScale's monitor and autoscaler settings, the deployment's TTFT
+SLO 450 ms (§3: Llama-2 7B); only where new weights come from differs:
+- `blitzscale`: multicast chains from the serving instances over the NICs, live scaling
+  (zigzag) while layers arrive, prefill->decode mutation;
+- `serverlessllm`: each new instance loads from its own host cache on a hit, else its SSD
+  (the model on every host's disk, as ServerlessLLM stores it, §2); keep-alive 300 s;
+- `allcache`: ServerlessLLM with the model in every host's memory (§6: "always load the
+  parameters from the host cache").
+Each system starts from the same copies: the model in host memory on the first two hosts
+(where the first instances start; AllCache: on every host) and, for ServerlessLLM, on every
+host's disk. One cluster of
+agents serves the three in turn. Beside it, the simulator on the same hosts, requests and
+systems (`benchmarks/paper/blitzscale_eval.systems_6_1`, two warm instances). Every time is
+in emulated seconds; the JSON records D, the host's load and each run's violations.
+
+Usage: python -m benchmarks.emulation.blitzscale --time-dilation 80 \\
+           --json benchmarks/results/emulation_blitzscale.json \\
+           --png benchmarks/results/emulation_blitzscale.png
+"""
+
+import argparse
+import asyncio
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import add_cluster_args
+from benchmarks.emulation.lambdascale import shrunk_cluster
+from benchmarks.emulation.serving import (
+    Workload,
+    emulated_cluster,
+    link_store,
+    percentile,
+    real_model,
+    report_head,
+    serve_workload,
+    stage,
+)
+from surge.emulation import Emulation, EmulationConfig
+from surge.model.manifest import Manifest
+from surge.traces.resolve import load_trace
+
+log = logging.getLogger("emulation_blitzscale")
+MODEL = "code7b"
+SYSTEMS = ("blitzscale", "serverlessllm", "allcache")
+PAPER = {
+    "source": "BlitzScale §6.1 Fig. 13: on AzureCode with Llama-2 7B, 55.5% shorter TTFT and "
+    "57.8% shorter TBT than ServerlessLLM; close to AllCache, faster than it on AzureCode",
+    "ttft_blitzscale_over_sllm": 0.445,
+    "tbt_blitzscale_over_sllm": 0.422,
+}
+TTFT_SLO_MS = 450.0
+"""BlitzScale §3: the TTFT SLO of Llama-2 7B (TBT 150 ms)."""
+SLLM_KEEP_ALIVE_S = 300.0
+"""ServerlessLLM's host-cache keep-alive as BlitzScale ran it (§3: "a 5-minute keep-alive")."""
+
+
+def workload(args) -> Workload:
+    """The trace's requests from `--start` for `--duration` emulated s, at `--rate-scale`."""
+    trace = load_trace(args.trace)
+    at = trace.arrival_s / args.rate_scale
+    pick = (at >= args.start) & (at < args.start + args.duration)
+    prompts = np.clip(trace.input_tokens[pick], 1, args.max_prompt)
+    outputs = np.clip(trace.output_tokens[pick], 1, args.max_tokens)
+    return Workload(
+        tuple(float(a - args.start) for a in at[pick]),
+        tuple(int(p) for p in prompts),
+        tuple(int(o) for o in outputs),
+    )
+
+
+def spec(system: str, args) -> dict:
+    """§6.1's deployment: P/D, BlitzScale's monitor for every system (as `systems_6_1`)."""
+    strategy = "blitzscale" if system == "blitzscale" else "serverlessllm"
+    return {
+        "name": MODEL,
+        "model": str(args.store),
+        "strategy": strategy,
+        "pd": {"prefill": 1, "decode": 1},
+        "slo": {"ttft_ms": TTFT_SLO_MS},
+        "autoscaling": {
+            "min_replicas": 2,
+            "max_replicas": args.nodes,
+            "target_tokens_per_s": 2000.0,
+            "target_kv_usage": 0.8,
+            "downscale_delay_s": 2.0,
+        },
+    }
+
+
+def simulated(args, config: EmulationConfig, wl: Workload) -> dict:
+    """The simulator on the same hosts, requests and §6.1 systems, two instances warm."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper"))
+    from blitzscale_eval import systems_6_1
+
+    from surge.sim.settings import SimSettings, Slo
+    from surge.sim.simulator import simulate
+    from surge.traces.request import make_trace
+
+    cluster = shrunk_cluster(config.preset, args.nodes)
+    trace = make_trace("burst", list(wl.arrival_s), list(wl.prompt_tokens), list(wl.output_tokens))
+    out = {}
+    for name, system in systems_6_1().items():
+        settings = SimSettings(
+            cluster,
+            (config.model,),
+            name,
+            slo=Slo(TTFT_SLO_MS / 1000, 0.15),
+            warm_instances=2,
+            max_batch=args.max_num_seqs,
+        )
+        r = simulate(trace, settings, system=system)
+        ttft = [float(f - a) for f, a in zip(r.first_token_s, r.arrival_s, strict=True)]
+        out[name] = {
+            "ttft_mean_s": round(float(np.mean(ttft)), 4),
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p90_s": percentile(ttft, 90),
+            "ttft_p99_s": percentile(ttft, 99),
+        }
+    return out
+
+
+def ratios(res: dict, base: str = "blitzscale") -> dict:
+    keys = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tbt_mean_s", "tbt_p50_s")
+    b = res[base]
+    return {
+        n: {k: round(b[k] / r[k], 3) if b.get(k) and r.get(k) else None for k in keys}
+        for n, r in res.items()
+        if n != base
+    }
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, res in report["emulated"].items():
+        xs = res["ttfts_s"]
+        a.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
+        t = [p[0] for p in res["instances_timeline"]]
+        b.step(t, [p[1] for p in res["instances_timeline"]], where="post", label=name)
+    a.set_xscale("log")
+    a.set_xlabel("TTFT (emulated s)")
+    a.set_ylabel("fraction of requests")
+    a.legend()
+    b.set_xlabel("emulated s from the burst's start")
+    b.set_ylabel("instances (loading or serving)")
+    b.legend()
+    fig.suptitle(
+        f"EMULATED {report['emulate']}, {report['nodes']} hosts, D={report['time_dilation']:g}, "
+        f"{report['requests']} AzureCode requests"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl: Workload):
+    cluster = emulated_cluster(args, tmp, emulation)
+    out, staging = {}, {}
+    with cluster:
+        for system in args.systems.split(","):
+            link_store(tmp, MODEL)
+            hosts = list(range(args.nodes)) if system == "allcache" else [0, 1]
+            disks = list(range(args.nodes)) if system == "serverlessllm" else []
+            staging[system] = round(await stage(cluster, MODEL, manifest, disks, hosts), 1)
+            state = tmp / f"state-{system}"
+            state.mkdir()
+            (state / "registry").symlink_to(tmp / "reg")
+            controller = {"max_num_seqs": args.max_num_seqs}
+            if system != "blitzscale":
+                controller["host_keep_alive_s"] = SLLM_KEEP_ALIVE_S
+            out[system] = await serve_workload(
+                cluster, state, emulation, spec(system, args), wl, 2, controller
+            )
+            log.info(
+                "%s: %s",
+                system,
+                {
+                    k: v
+                    for k, v in out[system].items()
+                    if k not in ("ttfts_s", "instances_timeline")
+                },
+            )
+    return out, staging
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--trace", default="azure-code")
+    ap.add_argument("--rate-scale", type=float, default=2.0, help="§6.1 scales AzureCode x2")
+    ap.add_argument("--start", type=float, default=424.0, help="emulated s into the scaled trace")
+    ap.add_argument("--duration", type=float, default=4.0, help="emulated s of arrivals")
+    ap.add_argument("--max-prompt", type=int, default=4000, help="Llama-2's 4096 context")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="batch limit per instance")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument(
+        "--json", type=Path, default=Path("benchmarks/results/emulation_blitzscale.json")
+    )
+    ap.add_argument("--png", type=Path, default=None)
+    add_cluster_args(ap)
+    ap.set_defaults(emulate="blitzscale-a-hosts:llama2-7b", time_dilation=80.0)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
+    if unknown := [s for s in args.systems.split(",") if s not in SYSTEMS]:
+        ap.error(f"unknown system {unknown[0]}; choose from {', '.join(SYSTEMS)}")
+    config = EmulationConfig.parse(args.emulate, args.time_dilation)
+    wl = workload(args)
+    if not wl.num_requests:
+        ap.error(f"no request of {args.trace} in the window; move --start or widen --duration")
+    report: dict = report_head(args, config, PAPER) | {
+        "requests": wl.num_requests,
+        "workload": {
+            "trace": f"{args.trace} x{args.rate_scale:g}",
+            "window_s": [args.start, args.start + args.duration],
+            "prompt_tokens_mean": round(float(np.mean(wl.prompt_tokens)), 1),
+            "output_tokens_mean": round(float(np.mean(wl.output_tokens)), 1),
+        },
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        manifest = real_model(tmp, args)
+        args.store = tmp / "store"
+        emulation = Emulation.for_store(config, manifest)
+        report["real_model_bytes"] = manifest.total_bytes
+        report["emulated"], report["staging_real_s"] = asyncio.run(
+            run_all(args, tmp, manifest, emulation, wl)
+        )
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["simulated"] = simulated(args, config, wl)
+    report["ratios_to_blitzscale"] = {
+        "emulated": ratios(report["emulated"]),
+        "simulated": ratios(report["simulated"]),
+    }
+    report["sim_error"] = {
+        n: {
+            k: round(s[k] / e[k] - 1, 3) if e.get(k) else None
+            for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s")
+        }
+        for n, s in report["simulated"].items()
+        if (e := report["emulated"].get(n))
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.png:
+        plot(report, args.png)
+    print(json.dumps({k: report[k] for k in ("ratios_to_blitzscale", "sim_error")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""FlexPipe §9 on the emulated runtime: Gamma arrivals of a given CV, FlexPipe vs static
+pipeline shapes and ServerlessLLM, beside the simulator. Labelled EMULATED.
+
+The paper's setting scaled to `--nodes` GPUs (§9: 42 servers, 82 GPUs, 100 Gb/s, 20 QPS
+over the cluster; preset `flexpipe`, its first `--nodes` GPUs, two per server), Llama-2 7B
+(one of §9's models), at `--time-dilation D`. Per CV in `--cvs`, the same Gamma trace
+(`surge.traces.gamma.gamma_trace`, `--rate` QPS: §9's 20 QPS per 82 GPUs, scaled to the
+GPUs here) for `--duration` emulated seconds, `--prompt-tokens` in, `--output-tokens` out
+(§9: 128), served by:
+- `flexpipe`: the granularity loop free to choose among 1/2/4/8 stages (Eq. 4), split and
+  merge in flight;
+- `static-N` (each of `--statics`): the same system held at N stages (its one FlexPipe
+  settings object, as `benchmarks/systems/flexpipe_sim.py` holds it);
+- `serverlessllm`: whole-model local instances, each loaded from its host cache or SSD.
+Every variant starts from the same copies (the model in host memory on the first GPU's
+server, on every other one's disk) with one instance serving (§9: FlexPipe keeps a share of the peak
+ready; here one instance), the same autoscaler target, and scales up to every GPU. One
+cluster of agents serves every run in turn. Beside it, the simulator on the same GPUs,
+trace and variants (`flexpipe_sim.run_one`). Times are emulated seconds; the JSON records
+D, the host's load and each run's violations.
+
+Usage: python -m benchmarks.emulation.flexpipe --time-dilation 40 \\
+           --json benchmarks/results/emulation_flexpipe.json \\
+           --png benchmarks/results/emulation_flexpipe.png
+"""
+
+import argparse
+import asyncio
+import faulthandler
+import json
+import logging
+import os
+import signal
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks.common import add_cluster_args
+from benchmarks.emulation.lambdascale import shrunk_cluster
+from benchmarks.emulation.serving import (
+    Workload,
+    emulated_cluster,
+    link_store,
+    real_model,
+    report_head,
+    serve_workload,
+    stage,
+)
+from surge.emulation import Emulation, EmulationConfig
+from surge.policy.flexpipe.settings import FlexPipeSettings
+from surge.policy.systems import SYSTEMS
+from surge.traces.gamma import gamma_trace
+
+log = logging.getLogger("emulation_flexpipe")
+MODEL = "fp7b"
+PAPER = {
+    "source": "FlexPipe §9.1 Fig. 8: at CV=1 38.3% lower latency than AlpaServe and "
+    "ServerlessLLM; at CV=4 66.1% lower than AlpaServe, 80.6% lower than MuxServe, "
+    "ServerlessLLM's throughput -40.4%",
+    "latency_flexpipe_over_sllm_cv1": 0.617,
+    "latency_flexpipe_over_static_cv4": 0.339,
+}
+
+
+def workload(args, cv: float) -> Workload:
+    t = gamma_trace(args.rate, cv, args.duration, args.seed, args.prompt_tokens, args.output_tokens)
+    return Workload(
+        tuple(float(a) for a in t.arrival_s),
+        tuple(int(p) for p in t.input_tokens),
+        tuple(int(o) for o in t.output_tokens),
+    )
+
+
+def spec(variant: str, args) -> dict:
+    return {
+        "name": MODEL,
+        "model": str(args.store),
+        "strategy": "serverlessllm" if variant == "serverlessllm" else "flexpipe",
+        "autoscaling": {
+            "min_replicas": 1,
+            "max_replicas": args.nodes,
+            "target_ongoing_requests": args.target_ongoing,
+        },
+    }
+
+
+def held_at(variant: str) -> FlexPipeSettings | None:
+    """A static variant's FlexPipe settings: one stage count (None: as shipped)."""
+    if not variant.startswith("static-"):
+        return None
+    return FlexPipeSettings(stage_counts=(int(variant.split("-")[1]),), cv_targets=(0.0,))
+
+
+async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs) -> dict:
+    cluster = emulated_cluster(args, tmp, emulation)
+    out: dict = {}
+    with cluster:
+        for cv in cvs:
+            wl = workload(args, cv)
+            for variant in variants:
+                link_store(tmp, MODEL)
+                # the model in host memory on the first server, on every other one's disk
+                await stage(cluster, MODEL, manifest, list(range(1, args.nodes)), [0])
+                state = tmp / f"state-{variant}-{cv:g}"
+                state.mkdir()
+                (state / "registry").symlink_to(tmp / "reg")
+                original = SYSTEMS["flexpipe"]
+                settings = held_at(variant)
+                if settings is not None:  # read by the controller and the scale-out alike
+                    SYSTEMS["flexpipe"] = replace(original, flexpipe=settings)
+                try:
+                    res = await serve_workload(
+                        cluster,
+                        state,
+                        emulation,
+                        spec(variant, args),
+                        wl,
+                        1,
+                        {"max_num_seqs": args.max_num_seqs},
+                    )
+                finally:
+                    SYSTEMS["flexpipe"] = original
+                out.setdefault(f"{cv:g}", {})[variant] = res
+                log.info(
+                    "cv %g %s: e2e p50/p99 %s/%s s, ttft p50 %s, refactors %s, violations %s",
+                    cv, variant, res["e2e_p50_s"], res["e2e_p99_s"], res["ttft_p50_s"],
+                    (res["flexpipe"] or {}).get("refactors"), res["emulation"],
+                )  # fmt: skip
+    return out
+
+
+def simulated(args, config: EmulationConfig, variants, cvs) -> dict:
+    from benchmarks.systems.flexpipe_sim import run_one
+    from surge.sim.settings import Slo
+
+    cluster = shrunk_cluster(config.preset, args.nodes)
+    out: dict = {}
+    for cv in cvs:
+        for variant in variants:
+            name = "load-then-serve" if variant == "serverlessllm" else variant
+            r = run_one(
+                name,
+                cv,
+                cluster=cluster,  # type: ignore[arg-type]
+                model=config.model,
+                rate_rps=args.rate,
+                duration_s=args.duration,
+                seed=args.seed,
+                slo=Slo(),
+                fine_stages=4,
+                input_tokens=args.prompt_tokens,
+                output_tokens=args.output_tokens,
+            )
+            keys = ("e2e_p50_s", "e2e_p99_s", "e2e_mean_s", "ttft_p50_s", "ttft_p99_s")
+            out.setdefault(f"{cv:g}", {})[variant] = {
+                k: round(r[k], 4) if r[k] is not None else None for k in keys
+            } | {"gpu_seconds": round(r["gpu_seconds"], 2)}
+    return out
+
+
+def ratios(by_cv: dict) -> dict:
+    """Each variant's e2e mean / p99 and TTFT p50 over flexpipe's (> 1: flexpipe better)."""
+    out: dict = {}
+    for cv, row in by_cv.items():
+        fp = row.get("flexpipe")
+        if not fp:
+            continue
+        out[cv] = {
+            v: {
+                k: round(r[k] / fp[k], 3) if r.get(k) and fp.get(k) else None
+                for k in ("e2e_mean_s", "e2e_p99_s", "ttft_p50_s")
+            }
+            for v, r in row.items()
+            if v != "flexpipe"
+        }
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cvs = list(report["emulated"])
+    variants = list(report["emulated"][cvs[0]])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(variants)
+    for ax, key, title in zip(
+        axes, ("e2e_mean_s", "e2e_p99_s"), ("mean latency", "p99 latency"), strict=True
+    ):
+        for i, v in enumerate(variants):
+            for body, hatch in (("emulated", ""), ("simulated", "//")):
+                vals = [(report[body].get(cv, {}).get(v) or {}).get(key) or 0 for cv in cvs]
+                off = (i - len(variants) / 2 + 0.5) * width
+                ax.bar(
+                    [
+                        j + off + (0.5 * width / 2 if hatch else -0.5 * width / 2)
+                        for j in range(len(cvs))
+                    ],
+                    vals,
+                    width / 2,
+                    hatch=hatch,
+                    label=f"{v} ({body})",
+                )
+        ax.set_xticks(range(len(cvs)), [f"CV={cv}" for cv in cvs])
+        ax.set_ylabel(f"{title} (emulated s)")
+        ax.set_title(title)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(
+        f"EMULATED {report['emulate']}, {report['nodes']} GPUs, D={report['time_dilation']:g}, "
+        f"{report['rate_qps']} QPS Gamma arrivals"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--cvs", default="1,4")
+    ap.add_argument("--rate", type=float, default=2.0, help="§9: 20 QPS per 82 GPUs")
+    ap.add_argument("--duration", type=float, default=8.0, help="emulated s of arrivals per CV")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--output-tokens", type=int, default=128, help="§9: 128")
+    ap.add_argument("--statics", default="1,4", help="static stage counts compared")
+    ap.add_argument("--target-ongoing", type=float, default=4.0)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--max-prompt", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/emulation_flexpipe.json"))
+    ap.add_argument("--png", type=Path, default=None)
+    add_cluster_args(ap)
+    ap.set_defaults(emulate="flexpipe:llama2-7b", time_dilation=40.0)
+    args = ap.parse_args()
+    args.max_prompt, args.max_tokens = args.prompt_tokens, args.output_tokens
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
+    config = EmulationConfig.parse(args.emulate, args.time_dilation)
+    cvs = [float(c) for c in args.cvs.split(",")]
+    variants = ["flexpipe", *(f"static-{n}" for n in args.statics.split(",")), "serverlessllm"]
+    report: dict = report_head(args, config, PAPER) | {"rate_qps": args.rate}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        manifest = real_model(tmp, args)
+        args.store = tmp / "store"
+        emulation = Emulation.for_store(config, manifest)
+        report["real_model_bytes"] = manifest.total_bytes
+        report["emulated"] = asyncio.run(run_all(args, tmp, manifest, emulation, variants, cvs))
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["simulated"] = simulated(args, config, variants, cvs)
+    report["ratios_to_flexpipe"] = {
+        "emulated": ratios(report["emulated"]),
+        "simulated": ratios(report["simulated"]),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.png:
+        plot(report, args.png)
+    print(json.dumps(report["ratios_to_flexpipe"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""The real controller on an emulated cluster: a workload replayed in emulated time, per system.
+
+Shared by the emulated system benchmarks (`blitzscale.py`, `flexpipe.py`). One cluster of
+agents emulating PRESET:MODEL serves every system in turn (its agents keep their disk
+copies are deleted after each system, and the scenario's disk and host copies staged before
+the next one), each system behind a fresh `Controller` whose clock is the
+emulation's (`control/emulation.control_clock`: its autoscaler, keep-alives and SLOs act in
+emulated seconds). Requests are submitted at their emulated arrival times on that clock;
+TTFT and TBT are the controller's own request stamps, so every time here is emulated seconds.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import machine, make_cluster
+from benchmarks.emulation.lambdascale import violations
+from surge.control.controller import Controller, ControllerConfig
+from surge.emulation import Emulation, EmulationConfig
+from surge.engine.sampling import SamplingParams
+from surge.model.importer import import_checkpoint
+from surge.model.manifest import Manifest, read_manifest
+from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.runtime.launch.local import LocalCluster
+from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp, StatusOp
+
+log = logging.getLogger("emulation_serving")
+
+READY_TIMEOUT_S = 3600.0
+"""Real seconds the first instances may take to serve (loads at D = 80 take minutes)."""
+DONE_TIMEOUT_S = 5400.0
+"""Real seconds the workload may take to finish."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in emulated seconds from the start of the replay."""
+
+    arrival_s: tuple[float, ...]
+    prompt_tokens: tuple[int, ...]
+    output_tokens: tuple[int, ...]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.arrival_s)
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 4) if xs else None
+
+
+def report_head(args: argparse.Namespace, config: EmulationConfig, paper: dict) -> dict:
+    """What every emulated system benchmark's JSON starts with: the label, D, the settings,
+    the paper's numbers and the machine (its load when the run starts)."""
+    return {
+        "label": "EMULATED: real agents paced as the emulated cluster (docs/emulation.md)",
+        "emulate": config.spec,
+        "time_dilation": args.time_dilation,
+        "nodes": args.nodes,
+        "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "png")},
+        "times": "emulated seconds (real / time_dilation)",
+        "paper": paper,
+        "machine": machine(args) | {"load_average_start": os.getloadavg()},
+    }
+
+
+def real_model(tmp: Path, args: argparse.Namespace) -> Manifest:
+    """The real small model at `tmp/store` (the registry `tmp/reg` links it per run): a tiny
+    Llama of `--layers` layers with room for `--max-prompt` + `--max-tokens`, cut into
+    `--blocks` blocks."""
+    cfg = TinyModelConfig(
+        num_layers=args.layers,
+        hidden_size=128,
+        intermediate_size=344,
+        max_position_embeddings=args.max_prompt + args.max_tokens + 64,
+    )
+    create_tiny_model(tmp / "hf", cfg)
+    import_checkpoint(tmp / "hf", tmp / "store", num_blocks=args.blocks, progress=False)
+    (tmp / "reg").mkdir()
+    return read_manifest(tmp / "store")
+
+
+def emulated_cluster(args: argparse.Namespace, tmp: Path, emulation: Emulation) -> LocalCluster:
+    """`--nodes` agents emulating the benchmark's cluster, reading the registry `tmp/reg`."""
+    return make_cluster(
+        args,
+        num_nodes=args.nodes,
+        max_num_seqs=args.max_num_seqs,
+        remote_dir=tmp / "reg",
+        emulation=emulation,
+        start_timeout_s=600.0,  # agents importing torch on two shared cores
+    )
+
+
+def link_store(tmp: Path, name: str) -> None:
+    """The registry's copy of the store, as the controller makes it (a deletion unlinks it)."""
+    link = tmp / "reg" / name
+    if not link.is_symlink():
+        link.symlink_to(tmp / "store", target_is_directory=True)
+
+
+async def counts(cluster: LocalCluster) -> dict[int, tuple[int, int]]:
+    """Each agent's paced steps and violations so far."""
+    return {n: (s[0], s[1]) for n, s in (await violations(cluster)).items()}
+
+
+async def stage(
+    cluster: LocalCluster,
+    name: str,
+    manifest: Manifest,
+    disk_nodes: list[int],
+    host_nodes: list[int],
+) -> float:
+    """Agents' copies as a scenario starts: no GPU or host copy anywhere, then the whole
+    model on the disk of `disk_nodes` and in the host memory of `host_nodes`, each read
+    from the registry at its emulated rate (in parallel: every agent has its own registry
+    link). Returns the real seconds it took."""
+    t0 = time.monotonic()
+    client = cluster.client()
+    await client.connect()
+    blocks = tuple(range(manifest.num_blocks))
+    try:
+        nodes = sorted(cluster.addresses)
+        await client.broadcast(RegisterOp(model=name, manifest=manifest), nodes)
+        held = await client.broadcast(StatusOp(), nodes)
+
+        async def one(node: int) -> None:
+            for tier in ("gpu", "host"):
+                await client.call(node, EvictOp(model=name, blocks=blocks, tier=tier))
+            holding = held[node].models.get(name)
+            on_disk = holding is not None and len(holding.disk) == len(blocks)
+            if node in disk_nodes and not on_disk:
+                await client.call(node, LoadOp(name, blocks, tier="disk", source="remote"))
+            if node in host_nodes:
+                await client.call(node, LoadOp(name, blocks, tier="host", source="remote"))
+
+        await asyncio.gather(*(one(n) for n in nodes))
+    finally:
+        await client.close()
+    return time.monotonic() - t0
+
+
+async def serve_workload(
+    cluster: LocalCluster,
+    state: Path,
+    emulation: Emulation,
+    spec: dict[str, Any],
+    workload: Workload,
+    ready: int,
+    controller: dict[str, Any],
+) -> dict[str, Any]:
+    """Deploy `spec` behind a fresh controller on `cluster`, wait for `ready` serving
+    instances, replay `workload` on the controller's (emulated) clock and report what the
+    requests and the controller saw, in emulated seconds."""
+    cfg = ControllerConfig(
+        state_dir=state, nodes=len(cluster.addresses), emulation=emulation, **controller
+    )
+    ctl = Controller(cfg, cluster.addresses, cluster.token)
+    await ctl.start()
+    try:
+        dep = await ctl.create(spec)
+        t0 = time.monotonic()
+        while len(dep.serving()) < ready or dep.multicasting:
+            if time.monotonic() - t0 > READY_TIMEOUT_S:
+                raise RuntimeError(f"{spec['strategy']}: {ready} first instances never served")
+            await asyncio.sleep(0.2)
+        log.info("%s: %d instances serve after %.0f real s", spec["strategy"], ready,
+                 time.monotonic() - t0)  # fmt: skip
+        setup_real_s = time.monotonic() - t0
+        clock = ctl.clock
+        before = await counts(cluster)
+        held: list[tuple[float, int]] = []
+        start = clock.now_s()
+        real0 = time.monotonic()
+
+        async def sample() -> None:
+            while True:
+                held.append((clock.now_s() - start, len(dep.instances)))
+                await clock.sleep(0.05)
+
+        sampler = asyncio.get_running_loop().create_task(sample())
+        rng = np.random.default_rng(0)
+        reqs = []
+        for at_s, prompt, out in zip(
+            workload.arrival_s, workload.prompt_tokens, workload.output_tokens, strict=True
+        ):
+            delay = start + at_s - clock.now_s()
+            if delay > 0:
+                await clock.sleep(delay)
+            ids = [int(x) for x in rng.integers(2, 500, prompt)]
+            params = SamplingParams(max_tokens=out, ignore_eos=True)
+            reqs.append(await ctl.submit(dep, ids, params))
+        log.info("%s: %d requests submitted; waiting for them", spec["strategy"], len(reqs))
+        waits = asyncio.gather(*(r.done.wait() for r in reqs))
+        await asyncio.wait_for(waits, DONE_TIMEOUT_S)
+        sampler.cancel()
+        after = await counts(cluster)
+        end_s = max(r.done_t or clock.now_s() for r in reqs) - start
+        ttft = [r.first_token_t - r.arrival_t for r in reqs if r.first_token_t is not None]
+        tbt = [b - a for r in reqs for a, b in itertools.pairwise(r.token_times)]
+        e2e = [r.done_t - r.arrival_t for r in reqs if r.done_t is not None and not r.error]
+        gpu_s = sum(0.05 * n for t, n in held if t <= end_s)
+        status = ctl.describe(dep)["status"]
+        pd = dep.server.pd
+        m = ctl.metrics
+        scale_outs = {
+            s.labels["start"]: s.value
+            for metric in m.scale_outs.collect()
+            for s in metric.samples
+            if s.name.endswith("_total") and s.labels.get("model") == spec["name"]
+        }
+        steps = sum(after[n][0] - before[n][0] for n in after)
+        bad = sum(after[n][1] - before[n][1] for n in after)
+        return {
+            "strategy": spec["strategy"],
+            "requests": len(reqs),
+            "failed": sum(r.finish_reason == "error" for r in reqs),
+            "ttft_mean_s": round(float(np.mean(ttft)), 4) if ttft else None,
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p90_s": percentile(ttft, 90),
+            "ttft_p99_s": percentile(ttft, 99),
+            "e2e_mean_s": round(float(np.mean(e2e)), 4) if e2e else None,
+            "e2e_p50_s": percentile(e2e, 50),
+            "e2e_p99_s": percentile(e2e, 99),
+            "tbt_mean_s": round(float(np.mean(tbt)), 5) if tbt else None,
+            "tbt_p50_s": percentile(tbt, 50),
+            "tbt_p99_s": percentile(tbt, 99),
+            "gpu_s": round(gpu_s, 3),
+            "all_done_s": round(end_s, 3),
+            "max_instances": max((n for _, n in held), default=0),
+            "scale_outs": scale_outs,
+            "live_prefilled": status.get("live_prefilled", 0),
+            "handoffs": pd.num_handoffs if pd else 0,
+            "mutations": pd.num_mutations if pd else 0,
+            "flexpipe": status.get("flexpipe"),
+            "ttfts_s": sorted(round(x, 4) for x in ttft),
+            "instances_timeline": [[round(t, 3), n] for t, n in held[:: max(1, len(held) // 200)]],
+            "emulation": {
+                "steps": steps,
+                "violations": bad,
+                "violation_rate": round(bad / steps, 4) if steps else None,
+            },
+            "setup_real_s": round(setup_real_s, 1),
+            "replay_real_s": round(time.monotonic() - real0, 1),
+            "load_average": os.getloadavg(),
+        }
+    finally:
+        with contextlib.suppress(
+            Exception
+        ):  # instances and copies go: the next system starts clean
+            await ctl.delete(spec["name"])
+        await ctl.stop()
