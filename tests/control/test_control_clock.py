@@ -134,3 +134,21 @@ def test_a_requests_times_are_emulated_seconds() -> None:
     assert req.first_token_t - req.arrival_t == pytest.approx(0.5)  # TTFT, emulated s
     assert req.token_times[1] - req.token_times[0] == pytest.approx(0.1)  # TBT
     assert req.done_t - req.arrival_t == pytest.approx(0.6)
+
+
+def test_live_scaling_lets_a_dilated_step_finish(monkeypatch) -> None:
+    """BlitzScale's live scaling lets the step in progress finish `STOP_WAIT_S` of the
+    serving clock: at D = 10 a step of 10x its emulated time is not cut off (cut off, its
+    live prefill is lost and its requests are prefilled again)."""
+    from surge.runtime.scaleout import live
+
+    monkeypatch.setattr(live, "STOP_WAIT_S", 0.03)  # 0.3 real s at D = 10
+    ctx = SimpleNamespace(server=SimpleNamespace(clock=Clock(D)))
+    scaling = live.LiveScaling(ctx, {})  # type: ignore[arg-type]
+
+    async def run() -> bool:
+        step = asyncio.get_running_loop().create_task(asyncio.sleep(0.15))  # a dilated step
+        await scaling.stop(step)
+        return step.cancelled()
+
+    assert asyncio.run(run()) is False

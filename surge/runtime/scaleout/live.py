@@ -52,7 +52,9 @@ from surge.runtime.scaleout.context import ScaleOutContext, held_layers
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
-"""How often the queue is looked at (requests arrive without telling this loop)."""
+"""How often the queue is looked at (requests arrive without telling this loop); seconds of
+the serving clock, as `STOP_WAIT_S` (emulated under GPU-time emulation, where a step lasts
+D times its emulated time)."""
 STOP_WAIT_S = 30.0
 """How long `stop` lets a step in progress finish before cancelling it."""
 
@@ -105,7 +107,8 @@ class LiveScaling:
         requests neither queued nor on an instance."""
         self._stopping = True
         try:
-            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT_S)
+            wait_s = self.ctx.server.clock.real_s(STOP_WAIT_S)
+            await asyncio.wait_for(asyncio.shield(task), wait_s)
         except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -115,7 +118,7 @@ class LiveScaling:
 
     async def _loop(self) -> None:
         while not self._stopping:
-            await asyncio.sleep(POLL_S)
+            await self.ctx.server.clock.sleep(POLL_S)
             if not self._stopping:
                 await self.step()
 
