@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blitzscale_eval import WORKLOADS, logical_hosts, systems_6_1
+from blitzscale_eval import SSD_GBPS_PER_GPU, WORKLOADS, logical_hosts, systems_6_1
 from common import run, write
 from ramp import smooth, time_to_share, token_rate
 from rows import row
@@ -180,7 +180,8 @@ def cluster_a() -> object:
     """Cluster A as 4 machines of 8 GPUs with Table 1's SSD bandwidth per GPU (10 Gb/s:
     "a 4-GPU 70 B instance needs 28 seconds"), 80 Gb/s per machine."""
     g = cluster_spec("blitzscale-a")["groups"][0]
-    return cluster_from_spec("blitzscale-a/ssd-per-gpu", {"groups": [{**g, "ssd_gbps": 80}]})
+    ssd = SSD_GBPS_PER_GPU * g["gpus_per_node"]
+    return cluster_from_spec("blitzscale-a/ssd-per-gpu", {"groups": [{**g, "ssd_gbps": ssd}]})
 
 
 def fig18(duration_s: float = 40.0, rate_rps: float = 120.0) -> dict:
@@ -304,7 +305,7 @@ def draw(doc: dict) -> object:
     x = np.arange(len(s))
     ax[0].bar(x - 0.2, [v["ttft_mean_s"] for v in s.values()], 0.4, label="mean TTFT")
     ax[0].bar(x + 0.2, [v["tbt_mean_s"] * 10 for v in s.values()], 0.4, label="mean TBT x10")
-    ax[0].set_xticks(x, list(s))
+    ax[0].set_xticks(x, list(s), rotation=15, fontsize=8)
     ax[0].set(title="Fig. 15: vs DistServe", ylabel="s")
     ax[0].legend()
     w = doc["fig17"]["workloads"]
@@ -316,9 +317,9 @@ def draw(doc: dict) -> object:
     ax[1].set(title="Fig. 17: ablation, mean TTFT", ylabel="s", yscale="log")
     ax[1].legend()
     for name, v in doc["fig18"]["systems"].items():
-        c = v["rate_curve"]
+        c = smooth(np.array(v["rate_curve"]), SMOOTH_BINS)
         ax[2].plot(np.arange(len(c)) * STEP_S, c, label=name)
-    ax[2].set(title="Fig. 18: 1 -> 16 instances, prefill tokens/s", xlabel="s")
+    ax[2].set(title="Fig. 18: 1 -> 16 instances, prefill tokens/s (1-s mean)", xlabel="s")
     ax[2].legend()
     return fig
 

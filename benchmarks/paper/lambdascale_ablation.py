@@ -104,19 +104,20 @@ def measure() -> dict:
     for _ in range(REPEATS):  # interleaved, so a busy spell hits every step alike
         for step in STEPS:
             times[step].append(transfer_s(step, sizes, bufs))
-    med = {s: float(np.median(v)) for s, v in times.items()}
+    # the fastest of the repeats: on a shared machine the others carry other processes' time
+    med = {s: float(np.min(v)) for s, v in times.items()}
     return {
         "block_bytes": sum(sizes),
         "tensors": TENSORS,
         "repeats": REPEATS,
-        "median_s": med,
+        "fastest_s": med,
         "all_s": times,
         "share_of_none": {s: med[s] / med["none"] for s in STEPS},
     }
 
 
 def report_rows(doc: dict) -> list[dict]:
-    m = doc["median_s"]
+    m = doc["fastest_s"]
     pairs = list(itertools.pairwise(STEPS))
     falls = all(m[a] > m[b] for a, b in pairs)
     flat = [b for a, b in pairs if m[b] >= m[a] * 0.95]
@@ -129,7 +130,7 @@ def report_rows(doc: dict) -> list[dict]:
             "ordering; None > 20 ms",
             "RUNTIME transport, not the simulator (it carries bytes only): one "
             f"{doc['block_bytes'] / 2**20:.0f}-MB block of {doc['tensors']} tensors over a "
-            "local socket, median of "
+            "local socket, fastest of "
             f"{doc['repeats']}: " + " > ".join(f"{s} {m[s] * 1e3:.1f} ms" for s in STEPS),
             ordering=falls,
             cause=None
@@ -148,7 +149,7 @@ def draw(doc: dict) -> object:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    m = doc["median_s"]
+    m = doc["fastest_s"]
     ax.bar(list(m), [v * 1e3 for v in m.values()])
     ax.set(title="λScale Fig. 17: one block's transfer (runtime, loopback)", ylabel="ms")
     return fig
@@ -157,7 +158,7 @@ def draw(doc: dict) -> object:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     doc = measure()
-    log.info("%s", {k: round(v * 1e3, 2) for k, v in doc["median_s"].items()})
+    log.info("%s", {k: round(v * 1e3, 2) for k, v in doc["fastest_s"].items()})
     write("lambdascale_ablation", doc, draw(doc))
 
 

@@ -299,10 +299,10 @@ def draw(doc: dict) -> object:
     for i, key in enumerate(("fig10", "fig11")):
         for model, v in doc[key]["models"].items():
             for sys_name in ("lambdascale", "serverlessllm"):
-                c = v["systems"][sys_name]["rate_curve"]
+                c = smooth(np.array(v["systems"][sys_name]["rate_curve"]), SMOOTH_BINS)
                 ls = "-" if sys_name == "lambdascale" else "--"
                 ax[i + 1].plot(np.arange(len(c)) * STEP_S, c, ls, label=f"{model} {sys_name}")
-        ax[i + 1].set(title=f"{key}: token rate", xlabel="s", ylabel="tokens/s")
+        ax[i + 1].set(title=f"{key}: token rate (0.5-s mean)", xlabel="s", ylabel="tokens/s")
         ax[i + 1].legend(fontsize=6)
     for label, c in doc["fig18"]["complete_s"].items():
         ax[3].plot(list(c), list(c.values()), "o-", label=label)
