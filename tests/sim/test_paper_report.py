@@ -128,3 +128,22 @@ def test_every_source_module_has_report_rows() -> None:
 
     for module, _path, _how in report.SOURCES:
         assert callable(importlib.import_module(module).report_rows), module
+
+
+def test_emulation_results_fill_their_rows_and_a_bad_layout_is_skipped(tmp_path: Path) -> None:
+    blitz = {
+        "emulate": "blitzscale-a-hosts:llama2-7b",
+        "time_dilation": 20.0,
+        "requests": 40,
+        "ratios_to_blitzscale": {
+            "emulated": {"serverlessllm": {"ttft_mean_s": 0.52}, "allcache": {"ttft_mean_s": 0.9}},
+            "simulated": {"serverlessllm": {"ttft_mean_s": 0.6}, "allcache": {"ttft_mean_s": 0.95}},
+        },
+    }
+    _write(tmp_path / "emulation_blitzscale.json", blitz)
+    _write(tmp_path / "emulation_flexpipe.json", {"emulate": "x"})  # no ratios: skipped
+    cells = emulated_cells(tmp_path)
+    cell = cells["BlitzScale|§6.1 Fig. 13 7b-azurecode"]
+    assert cell.startswith("EMULATED (blitzscale-a-hosts:llama2-7b, dilation 20)")
+    assert "serverlessllm 0.52x (sim 0.6x)" in cell
+    assert "FlexPipe|Fig. 8" not in cells
