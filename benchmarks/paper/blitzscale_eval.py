@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ratio, run, run_scenario, write
+from common import ratio, run, run_main, run_scenario, write
 
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
@@ -334,4 +334,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

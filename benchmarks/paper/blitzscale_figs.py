@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blitzscale_eval import SSD_GBPS_PER_GPU, WORKLOADS, logical_hosts, systems_6_1
-from common import run, write
+from common import run, run_main, write
 from ramp import smooth, time_to_share, token_rate
 from rows import row
 
@@ -331,4 +331,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -6,9 +6,12 @@ benchmarks/results/paper/ (one JSON and one PNG per script).
 """
 
 import json
+import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from surge.errors import SurgeError
 from surge.policy.systems import SystemConfig
 from surge.sim.metrics import summarize
 from surge.sim.result import SimResult
@@ -70,3 +73,18 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def run_main(main: Callable[[], object]) -> int:
+    """Run a reproduction's `main`; a missing trace (shared/traces absent or moved) or other
+    bad input is one `error:` line naming the fix and exit status 2, with nothing written."""
+    try:
+        main()
+    except SurgeError as exc:
+        logging.getLogger("paper").error(
+            "error: %s (the paper reproductions replay shared/traces: put it beside the "
+            "repository or set SURGE_TRACES)",
+            exc,
+        )
+        return 2
+    return 0

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ratio, run, write
+from common import ratio, run, run_main, write
 from rows import row
 
 from surge.policy.systems import system_config
@@ -230,4 +230,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import run, write
+from common import run, run_main, write
 from lambdascale_bursts import WARM_LOADS_ALONE, sllm_start_from_fig12
 from multicast import isolated_multicast
 from ramp import smooth, time_to_share, token_rate
@@ -320,4 +320,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

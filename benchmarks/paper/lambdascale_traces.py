@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ratio, run, run_scenario, write
+from common import ratio, run, run_main, run_scenario, write
 from lambdascale_bursts import sllm_start_from_fig12
 from rows import row
 
@@ -322,4 +322,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ratio, run, run_scenario, write
+from common import ratio, run, run_main, run_scenario, write
 
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
@@ -272,4 +272,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -147,3 +147,19 @@ def test_emulation_results_fill_their_rows_and_a_bad_layout_is_skipped(tmp_path:
     assert cell.startswith("EMULATED (blitzscale-a-hosts:llama2-7b, dilation 20)")
     assert "serverlessllm 0.52x (sim 0.6x)" in cell
     assert "FlexPipe|Fig. 8" not in cells
+
+
+def test_a_reproduction_without_its_traces_says_so_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """shared/traces absent: one error line naming the fix, status 2, no traceback."""
+    from common import run_main
+
+    from surge.traces.resolve import load_trace
+
+    monkeypatch.setenv("SURGE_TRACES", str(tmp_path / "no-traces"))
+    assert run_main(lambda: load_trace("azure-code")) == 2
+    (record,) = caplog.records
+    assert record.getMessage().startswith("error: trace azure-code not found")
+    assert "SURGE_TRACES" in record.getMessage()
+    assert run_main(lambda: None) == 0
