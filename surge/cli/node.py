@@ -49,6 +49,9 @@ def run(
     max_kv_tokens: Annotated[
         int, typer.Option(help="KV-cache capacity (tokens) of each runner on this node.")
     ] = 16384,
+    device: Annotated[
+        str, typer.Option(help="Where this node's engines run: auto, cpu, cuda[:N] (fake: tests).")
+    ] = "auto",
     preload_engine: Annotated[
         bool, typer.Option(help="Import the engine before announcing readiness.")
     ] = True,
@@ -136,6 +139,7 @@ def run(
             max_kv_tokens=max_kv_tokens,
             fuse_projections=fuse_projections,
             compile_decode=compile_decode,
+            device=device,
         ).validate(),
         preload_engine=preload_engine,
         pace_links=pace_links,

@@ -239,7 +239,10 @@ class Controller:
                 dep = self.deployments.get(ev.model)
                 if dep is None:
                     continue
-                self.pool.add(ev.model, ev.node, ev.tier, (ev.block,))
+                if ev.source == "mate" and ev.src is not None:  # a mate's device copy
+                    self.pool.add_shared(ev.model, ev.node, ev.src, (ev.block,))
+                else:
+                    self.pool.add(ev.model, ev.node, ev.tier, (ev.block,))
                 size = dep.manifest.blocks[ev.block].size_bytes
                 self.metrics.bytes_moved.labels(ev.model, ev.tier).inc(size)
                 self.events.publish(

@@ -5,6 +5,10 @@ starts (agents re-register what they hold) and kept current from arrival events 
 controller's own loads and evictions. Answers the questions a scale-out asks: which nodes
 hold a complete copy in a tier (hot = gpu, warm = host), which hold it on disk, and whether
 the BlitzScale invariant (one complete host copy per deployed model) holds.
+
+A gpu copy is either a node's own or, in a host group, a mate's device copy opened through
+IPC (`open_mate_copy`, arrivals with source `mate`): `shared_from` knows which, so a
+node's death takes the copies its mates mapped from it along (docs/gpu.md).
 """
 
 from collections import defaultdict
@@ -24,6 +28,8 @@ class ParameterPool:
     copies: dict[str, dict[int, set[tuple[int, str]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(set))
     )
+    shared_from: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    """model -> node -> the host mate whose device copy that node's gpu tier maps."""
 
     def add_model(self, model: str, num_blocks: int) -> None:
         self.num_blocks[model] = num_blocks
@@ -31,6 +37,13 @@ class ParameterPool:
     def drop_model(self, model: str) -> None:
         self.num_blocks.pop(model, None)
         self.copies.pop(model, None)
+        self.shared_from.pop(model, None)
+
+    def add_shared(self, model: str, node: int, owner: int, blocks: Iterable[int]) -> None:
+        """`node` mapped `owner`'s device copy of `blocks` (a gpu copy that lives on
+        `owner`'s device)."""
+        self.add(model, node, "gpu", blocks)
+        self.shared_from[model][node] = owner
 
     def add(self, model: str, node: int, tier: str, blocks: Iterable[int]) -> None:
         for b in blocks:
@@ -41,11 +54,17 @@ class ParameterPool:
             self.copies[model][b].discard((node, tier))
 
     def drop_node(self, node: int) -> None:
-        """A node died: every copy it held is gone."""
-        for per_block in self.copies.values():
+        """A node died: every copy it held is gone, and so are its mates' gpu copies that
+        mapped its device memory."""
+        for model, per_block in self.copies.items():
+            sharers = [n for n, owner in self.shared_from[model].items() if owner == node]
             for holders in per_block.values():
                 for tier in TIERS:
                     holders.discard((node, tier))
+                for sharer in sharers:
+                    holders.discard((sharer, "gpu"))
+            for gone in (node, *sharers):
+                self.shared_from[model].pop(gone, None)
 
     def load_status(self, node: int, status: StatusReply) -> None:
         """Take in one agent's `status` answer (what it holds, tier by tier)."""

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from surge.engine.batch import BatchMeta
+from surge.engine.ipc_handle import IpcHandle
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
 from surge.runtime import protocol as p
@@ -55,6 +56,8 @@ OPS = [
     p.InstanceAbortOp(instance="i", req_ids=("r1", "r2")),
     p.InstanceCloseOp(instance="i"),
     p.KvExportOp(pipeline="pp", seq_id=0, num_tokens=5),
+    p.ExportDeviceOp(model="m", blocks=(0, 2)),
+    p.OpenMateCopyOp(model="m", blocks=(0, 1), mate=1),
     p.KvImportOp(pipeline="pp", seq_id=0, parts=(PART,)),
     p.KvPushOp(
         pipeline="pp", new_pipeline="pp@1", seq_id=0, num_tokens=5, targets=(p.KvTarget(2, 0, 3),)
@@ -66,6 +69,12 @@ OPS = [
 ]
 
 REPLIES = [
+    p.DeviceHandlesReply(
+        handles=(
+            IpcHandle(kind="fake", device_index=0, num_bytes=64, handle_hex="2f"),
+            IpcHandle("cuda", 1, 128, "ab" * 64, 512, "cd" * 8, 3, "ef" * 64, True),
+        )
+    ),
     p.Ack(),
     p.HandoffReply(part=PART, output_token_ids=(3, 4), num_cached=5),
     p.KvPushReply(num_bytes=4096),
@@ -102,6 +111,7 @@ REPLIES = [
 EVENTS = [
     p.BlockArrived(node=1, t=2.5, model="m", block=0, tier="host", source="disk"),
     p.BlockArrived(node=1, t=2.5, model="m", block=0, tier="gpu", mc_id="x", src=0, step=1.0),
+    p.BlockArrived(node=1, t=2.5, model="m", block=0, tier="gpu", source="mate", src=0),
     p.ReceiveDone(node=1, t=3.0, mc_id="x", model="m"),
     p.BlockCorrupt(node=1, t=3.0, mc_id="x", model="m", block=2, src=0),
     p.PullFailed(node=1, t=3.0, mc_id="x", model="m", block=2, src=0, reason="gone"),

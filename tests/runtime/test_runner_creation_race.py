@@ -1,4 +1,4 @@
-"""Blocks landing together are taken into one runner: `AgentStore._install` runs in
+"""Blocks landing together are taken into one runner: `AgentStore.take_in` runs in
 worker threads, and the first block creates the runner. Without a lock two threads could
 each create one; the blocks added to the runner that lost were missing ("runner lacks
 layers [1]" on a generate after a multicast whose dead node's dependants pulled two blocks
@@ -31,7 +31,7 @@ def test_blocks_landing_together_share_one_runner(monkeypatch) -> None:
     store._memory_lock = threading.Lock()
     store.host_cache = SimpleNamespace(pinner=store._memory)
     state = ModelState(manifest=None)  # type: ignore[arg-type]
-    threads = [threading.Thread(target=store._install, args=(state, b, b"")) for b in range(4)]
+    threads = [threading.Thread(target=store.take_in, args=(state, b, b"")) for b in range(4)]
     for t in threads:
         t.start()
     for t in threads:

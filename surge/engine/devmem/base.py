@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from surge.engine.ipc_handle import IpcHandle
 from surge.errors import SurgeError
 
 
@@ -47,32 +48,6 @@ class DeviceCopy:
     data: torch.Tensor
     """uint8 [size_bytes] on the device (the block's arena, or an opened IPC mapping)."""
     event: CopyEvent
-
-
-@dataclass(frozen=True)
-class IpcHandle:
-    """A device allocation another process of the same machine can open (CUDA IPC: the
-    fields of `torch.UntypedStorage._share_cuda_`; fake: a file in /dev/shm). JSON on the wire:
-    byte strings travel as hex."""
-
-    kind: str
-    """`cuda` or `fake`: the body that made it (and the only one that can open it)."""
-    device_index: int
-    num_bytes: int
-    handle_hex: str
-    """CUDA: the cudaIpcMemHandle of the allocation; fake: the hex of the file's path."""
-    offset_bytes: int = 0
-    """Where the arena starts in that allocation (CUDA's caching allocator sub-allocates)."""
-    ref_counter_hex: str = ""
-    ref_counter_offset: int = 0
-    event_hex: str = ""
-    event_sync_required: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("cuda", "fake"):
-            raise SurgeError(f"IPC handle of unknown kind {self.kind!r} (cuda or fake)")
-        if self.num_bytes < 0 or self.offset_bytes < 0 or self.device_index < 0:
-            raise SurgeError("IPC handle sizes, offsets and device index must be >= 0")
 
 
 class DeviceMemory(Protocol):

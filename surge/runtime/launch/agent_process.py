@@ -41,6 +41,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
         cmd.append("--no-fuse-projections")
     if config.engine.compile_decode:
         cmd.append("--compile-decode")
+    if config.engine.device != "auto":
+        cmd += ["--device", config.engine.device]
     if not config.preload_engine:
         cmd.append("--no-preload-engine")
     if not config.pace_links:

@@ -84,6 +84,8 @@ class LocalClusterConfig:
     """Every agent's `EngineConfig.fuse_projections`."""
     compile_decode: bool = False
     """Every agent's `EngineConfig.compile_decode`."""
+    device: str = "auto"
+    """Every agent's `EngineConfig.device` (`fake`: the tests' recorded fake GPU)."""
     start_timeout_s: float = 60.0
     tls: TlsConfig | None = None
     """TLS between the agents and with their controller (`runtime/security/tls.py`; None: plain)."""
@@ -248,6 +250,7 @@ class LocalCluster:
                 max_kv_tokens=self.config.max_kv_tokens,
                 fuse_projections=self.config.fuse_projections,
                 compile_decode=self.config.compile_decode,
+                device=self.config.device,
             ),
             preload_engine=self.config.preload_engine,
             tls=self.config.tls,

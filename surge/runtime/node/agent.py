@@ -30,6 +30,7 @@ from surge.runtime.node.context import (
     import_engine,
     step_pacer,
 )
+from surge.runtime.node.device_share import AgentDeviceShare
 from surge.runtime.node.instances import AgentInstances
 from surge.runtime.node.serving import AgentServing
 from surge.runtime.node.store import AgentStore, ModelState
@@ -89,6 +90,7 @@ class NodeAgent:
         )
         self.store = AgentStore(self.ctx, memory)
         self.transfer = AgentTransfer(self.ctx, self.store)
+        self.device_share = AgentDeviceShare(self.ctx, self.store)
         self.serving = AgentServing(self.ctx, self.store)
         self.local = AgentInstances(self.ctx, self.store, self.serving.fetch_kv)
         self.handlers: Handlers = {
@@ -96,6 +98,7 @@ class NodeAgent:
             ShutdownOp: self.op_shutdown,
             **self.store.handlers(),
             **self.transfer.handlers(),
+            **self.device_share.handlers(),
             **self.serving.handlers(),
             **self.local.handlers(),
         }

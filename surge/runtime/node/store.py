@@ -222,9 +222,9 @@ class AgentStore:
         memory = self.device_memory()
         copy = move_block(memory, buf, adopt)
         copy.event.wait()
-        self._install(state, block, copy.data)
+        self.take_in(state, block, copy.data)
 
-    def _install(self, state: ModelState, block: int, data: Any) -> None:
+    def take_in(self, state: ModelState, block: int, data: Any) -> None:
         """Take a block's arrived device bytes into the gpu tier and the model's runner."""
         with state.runner_lock:
             if state.runner is None:

@@ -4,7 +4,8 @@ What flows: ops (controller or peer -> agent), replies (agent -> sender), events
 subscribers). Each is a frozen dataclass, validated at construction (a bad value raises
 `SurgeError`), with `to_json()` / `from_json(d)`; its JSON is the frame header (payload
 bytes, where an op has them, travel beside it). Defaults live in the dataclasses only.
-The definitions are in this package: `ops.py` (K/V movement: `kv_ops.py`), `replies.py`,
+The definitions are in this package: `ops.py` (K/V movement: `kv_ops.py`; a host group's
+shared device copy: `device_ops.py`), `replies.py`,
 `events.py`, on the typed JSON codec `surge/json_codec.py`. Callers outside the package
 import from here, never from a submodule.
 
@@ -24,6 +25,7 @@ field, sent back as `{"ok": false, "error": ...}`); the agent looks the handler 
 op's class. Owned by the runtime; docs/runtime.md (Protocol) has the table.
 """
 
+from surge.runtime.protocol.device_ops import DeviceHandlesReply, ExportDeviceOp, OpenMateCopyOp
 from surge.runtime.protocol.events import (
     EVENTS,
     AgentDown,
@@ -121,8 +123,10 @@ __all__ = [
     "BlockReply",
     "ChecksumsOp",
     "ChecksumsReply",
+    "DeviceHandlesReply",
     "Event",
     "EvictOp",
+    "ExportDeviceOp",
     "GenerateOp",
     "GenerateReply",
     "GetBlockOp",
@@ -151,6 +155,7 @@ __all__ = [
     "MulticastOp",
     "MulticastReply",
     "Op",
+    "OpenMateCopyOp",
     "PipelineReply",
     "PullFailed",
     "PullFromOp",

@@ -38,8 +38,9 @@ Tier = Literal["host", "gpu", "disk"]
 """Where blocks are held: shared host memory, the engine's (gpu) buffers, local disk."""
 LandingTier = Literal["host", "gpu"]
 """Tiers a block can be received into over the network."""
-Source = Literal["disk", "host", "remote"]
-"""Where `load` reads blocks from: local disk, this node's host copy, the registry."""
+Source = Literal["disk", "host", "remote", "mate"]
+"""Where blocks come from: local disk, this node's host copy, the registry (what `load`
+reads), or a host mate's device copy (`open_mate_copy`, announced with this source)."""
 
 MULTICAST_WAIT_S = 120.0
 """How long a receiver's pull waits for its source to hold the block (multicast,
@@ -129,6 +130,7 @@ class LoadOp(Op[LoadReply], name="load", reply=LoadReply):
 
     def __post_init__(self) -> None:
         _blocks_ok("op load", self.blocks)
+        require(self.source != "mate", "op load", "a mate's device copy is open_mate_copy's")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""Agents of one host group share one device copy (`open_mate_copy`, IPC handles), on the
+fake GPU whose arenas are files in /dev/shm: the mate that opens the copy makes no arena of
+its own and generates the reference's tokens from the owner's memory; an agent outside
+the group is refused; the parameter pool drops a mapped copy with its owner."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from surge.control.pool import ParameterPool
+from surge.engine.devmem.fake import ARENA_DIR, ARENA_PREFIX
+from surge.engine.sampling import SamplingParams
+from surge.errors import SurgeError
+from surge.runtime.protocol import BlockArrived, GenerateOp, LoadOp, OpenMateCopyOp, StatusOp
+from surge.runtime.transport import RemoteError
+from tests.engine.reference import assert_same_tokens, hf_greedy
+from tests.runtime.conftest import MODEL, connected
+
+PROMPT = [0, 5, 9, 200, 31]
+
+
+def arenas_of(pid: int) -> list[Path]:
+    return sorted(ARENA_DIR.glob(f"{ARENA_PREFIX}{pid}_*"))
+
+
+def test_a_host_group_shares_one_device_copy(make_cluster, manifest, tiny_hf) -> None:
+    cluster = make_cluster(3, host_groups=((0, 1),), device="fake")
+    blocks = tuple(range(manifest.num_blocks))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    ref, logits = hf_greedy(tiny_hf, PROMPT, 12)
+    pids = {n: p.pid for n, p in cluster.procs.items()}
+
+    async def run() -> None:
+        client = await connected(cluster, manifest, {0: list(blocks)}, tier="gpu")
+        try:
+            assert len(arenas_of(pids[0])) == len(blocks)  # the owner's one device copy
+            q = client.subscribe((BlockArrived,), model=MODEL)
+            await client.call(1, OpenMateCopyOp(model=MODEL, blocks=blocks, mate=0))
+            got = [q.get_nowait() for _ in range(q.qsize())]
+            shared = [e for e in got if e.node == 1 and e.tier == "gpu"]
+            assert [e.block for e in shared] == list(blocks)
+            assert all(e.source == "mate" and e.src == 0 for e in shared)
+            assert arenas_of(pids[1]) == [], "the mate copied instead of sharing"
+            status = await client.call(1, StatusOp())
+            assert status.models[MODEL].gpu == blocks
+            for node in (0, 1):
+                reply = await client.call(
+                    node, GenerateOp(model=MODEL, prompt_token_ids=tuple(PROMPT), params=params)
+                )
+                assert_same_tokens(list(reply.token_ids), ref, logits, f"node {node}")
+            with pytest.raises(RemoteError, match="not a host mate"):
+                await client.call(2, OpenMateCopyOp(model=MODEL, blocks=blocks, mate=0))
+            with pytest.raises(SurgeError, match="a mate's device copy is open_mate_copy"):
+                LoadOp(model=MODEL, blocks=blocks, source="mate")
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    cluster.stop()
+    assert not any(arenas_of(pid) for pid in pids.values()), (
+        "a fake device arena outlived its agent"
+    )
+
+
+def test_the_pool_drops_a_mapped_copy_with_its_owner() -> None:
+    pool = ParameterPool()
+    pool.add_model("m", 2)
+    pool.add("m", 0, "gpu", (0, 1))
+    pool.add_shared("m", 1, 0, (0, 1))
+    pool.add("m", 2, "gpu", (0, 1))
+    assert pool.complete("m", "gpu") == [0, 1, 2]
+    pool.drop_node(0)
+    assert pool.complete("m", "gpu") == [2]  # node 1's copy was node 0's memory
+    assert pool.shared_from["m"] == {}
