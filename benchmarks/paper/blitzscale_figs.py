@@ -258,7 +258,8 @@ def report_rows(doc: dict) -> list[dict]:
             f"and 8: TTFT vs half {f15['ttft_reduction_vs_half']:+.0%} -> "
             f"{cf['ttft_reduction_vs_half']:+.0%}, TBT {f15['tbt_reduction_vs_half']:+.0%} -> "
             f"{cf['tbt_reduction_vs_half']:+.0%}, GPU-seconds {cf['gpu_seconds_vs_full']:.2f}x "
-            "full's (paper +35% / +41%). Not yet rerun after pd's P/D changes.",
+            "full's (paper +35% / +41%). Numbers from main as of this run; issue 35's P/D work "
+            "may move them (rerun blitzscale_figs.py).",
         ),
         row(
             PAPER,
@@ -276,7 +277,8 @@ def report_rows(doc: dict) -> list[dict]:
             f"egress they split: mean TTFT {code['serverlessllm']['ttft_mean_s']:.2f} -> "
             f"{code['+network']['ttft_mean_s']:.2f} s; +Plan (ranking by bandwidth left) "
             f"-> {code['+plan']['ttft_mean_s']:.2f} s: here the plan, not the network, is the "
-            "big step. +Live: S-LLM-like host hits leave little for live scaling to hide.",
+            "big step. +Live's best gain (7B TBT) falls short of the paper's 40%; that gap is not "
+            "isolated by a counterfactual run.",
         ),
         row(
             PAPER,
