@@ -188,16 +188,29 @@ def run_all(jobs: int = 2) -> int:
     cores both work), then report.py; a failure stops the report."""
     here = Path(__file__).resolve().parent
     pending = list(SCRIPTS)
-    running: list[tuple[str, subprocess.Popen]] = []
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
     failed = []
+    start = time.monotonic()
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
             log.info("running %s.py", name)
-            running.append((name, subprocess.Popen([sys.executable, str(here / f"{name}.py")])))
+            proc = subprocess.Popen([sys.executable, str(here / f"{name}.py")])
+            running[name] = (proc, time.monotonic())
         time.sleep(0.5)
-        for name, proc in [r for r in running if r[1].poll() is not None]:
-            running.remove((name, proc))
+        for name, (proc, began) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            done = len(SCRIPTS) - len(pending) - len(running)
+            log.info(
+                "%s.py done in %.0f s (%d of %d, %.0f s so far)",
+                name,
+                time.monotonic() - began,
+                done,
+                len(SCRIPTS),
+                time.monotonic() - start,
+            )
             if proc.returncode:
                 failed.append(f"{name}.py exited {proc.returncode}")
     if failed:
