@@ -111,7 +111,6 @@ def systems_6_1(sllm_init_s: float | None = None) -> dict:
     same = {
         "pd_disaggregation": True,
         "autoscale": blitz.autoscale,
-        "decode_autoscale": blitz.decode_autoscale,
     }
     sllm = replace(system_config("serverlessllm"), keep_alive_s=300.0, **same)
     if sllm_init_s is not None:

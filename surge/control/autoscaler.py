@@ -42,6 +42,7 @@ from surge.events import (
     ScaleOutStarted,
 )
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
 from surge.policy.systems import serve_system
@@ -212,10 +213,9 @@ class Autoscaler:
         load = pool_load(dep, now_s, self.monitor, self.engine.max_kv_tokens)
         decision = decide(load, settings, dep.autoscale_state)
         dep.autoscale_state = decision.state
-        scale_out = decision.scale_out
-        if scale_out == 0 and monitor_wants and len(dep.serving()) == len(dep.instances):
-            room = settings.max_replicas is None or len(dep.instances) < settings.max_replicas
-            scale_out = monitor_wants if room else 0
+        room = settings.max_replicas is None or len(dep.instances) < settings.max_replicas
+        all_serving = len(dep.serving()) == len(dep.instances)
+        scale_out = with_monitor(decision.scale_out, monitor_wants, all_serving, room)
         if scale_out > 0:
             self._scale_out(dep, scale_out)
         for node in decision.release:

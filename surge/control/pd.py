@@ -4,8 +4,9 @@ What flows, every autoscaler tick, per deployment that runs P/D (its spec's `pd:
 system with `pd_disaggregation`, e.g. blitzscale): the server's `PdServing`
 (`runtime/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
 tokens/s, KV use per instance) -> `policy.pd.decide_mutation` (when the system mutates)
--> `PdServing.mutate`; then `policy.pd.monitor` says whether the pool wants one more
-instance than the concurrency target asks (the autoscaler adds it). Hand-off and
+-> `policy.blitzscale.pd.look` (a mutation when the system mutates, then the per-role
+monitor) -> `PdServing.mutate`; the monitor's wish for one more instance than the
+concurrency target asks goes to the autoscaler (`policy.blitzscale.pd.with_monitor`). Hand-off and
 mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
 `surge_pd_instances`). `egress_traffic` reports, for a multicast being planned, which
 nodes' egress carries K/V (prefill instances, parked hand-offs): `policy.topology` prunes
@@ -19,7 +20,7 @@ from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus, Mutation
-from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, decide_mutation, monitor
+from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look
 from surge.policy.multicast.topology import NodeTraffic
 from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
@@ -65,7 +66,9 @@ class PdControl:
         if dep.spec.pd is None and not system.pd_disaggregation:
             return None
         targets = dep.spec.pd or PdTargets()
-        dep.server.pd = PdServing(dep.server, targets, self.engine.max_kv_tokens)
+        dep.server.pd = PdServing(
+            dep.server, targets, self.engine.max_kv_tokens, mutation=system.mutation
+        )
         return dep.server.pd
 
     async def tick(self, dep: Deployment, now_s: float) -> int:
@@ -77,23 +80,23 @@ class PdControl:
         system = serve_system(dep.spec.strategy)
         last_s = self._last_mutation_s.get(dep.name)
         load = pd.load(now_s, float("inf") if last_s is None else now_s - last_s)
-        if system.mutation:
-            mutation = decide_mutation(load, system.pd)
-            ep = pd.endpoint_at(mutation.index) if mutation is not None else None
-            if mutation is not None and ep is not None:
-                log.info("%s: mutate %s (%s)", dep.name, ep.name, mutation.reason)
-                try:
-                    await pd.mutate(ep)
-                    self._last_mutation_s[dep.name] = now_s
-                    node = getattr(ep, "node", -1)
-                    self.events.publish(
-                        Mutation(model=dep.name, node=node, from_role=PREFILL, to_role=DECODE)
-                    )
-                except Exception as e:  # its agent died: failover retires it
-                    log.warning("%s: mutation of %s failed: %s", dep.name, ep.name, e)
-                load = pd.load(now_s, 0.0)
+        seen = look(load, system.pd, system.mutation)
+        mutation = seen.mutation
+        ep = pd.endpoint_at(mutation.index) if mutation is not None else None
+        if mutation is not None and ep is not None:
+            log.info("%s: mutate %s (%s)", dep.name, ep.name, mutation.reason)
+            try:
+                await pd.mutate(ep)
+                self._last_mutation_s[dep.name] = now_s
+                node = getattr(ep, "node", -1)
+                self.events.publish(
+                    Mutation(model=dep.name, node=node, from_role=PREFILL, to_role=DECODE)
+                )
+            except Exception as e:  # its agent died: failover retires it
+                log.warning("%s: mutation of %s failed: %s", dep.name, ep.name, e)
+            load = pd.load(now_s, 0.0)
         self._count(dep, pd, load.instances)
-        return monitor(load, system.pd).scale_out
+        return seen.monitor.scale_out
 
     def _count(self, dep: Deployment, pd: PdServing, instances: tuple) -> None:
         m, name = self.metrics, dep.name

@@ -115,22 +115,18 @@ class SystemConfig:
     (ParaServe §5.1 prefetcher, §5.2 parameter manager: Eq. 5's max(start-up, fetch));
     False: it begins once they are in."""
     pd_disaggregation: bool = False
-    """Separate prefill and decode pools, KV cache moved over the network (BlitzScale §6)."""
+    """Prefill and decode instances, KV cache moved over the network (BlitzScale §6)."""
     mutation: bool = False
-    """Decode scale-out first turns idle prefill instances into decode ones (§5.2)."""
+    """The P/D monitor turns idle or overprovisioned prefill instances into decode ones
+    when decode is the bottleneck (§5.2, `policy.blitzscale.pd.decide_mutation`)."""
     pd: PdSettings = field(default_factory=PdSettings)
     """The P/D monitor's thresholds (`surge.policy.blitzscale.pd`): when decode is the
     bottleneck."""
     decision_interval_s: float = 0.1
     """Autoscaler decisions happen on ticks of this period (arrivals batch into one)."""
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
-    """Autoscaler settings of every pool (the prefill pool under P/D)."""
-    decode_autoscale: AutoscaleSettings = field(
-        default_factory=lambda: AutoscaleSettings(
-            target_ongoing_requests=32.0, downscale_delay_s=2.0, keep_alive_s=None
-        )
-    )
-    """Autoscaler settings of decode pools under P/D (decode holds requests longer)."""
+    """Autoscaler settings of every deployment (one pool per model, under P/D too: the
+    instances take roles, `surge.policy.blitzscale.pd`)."""
     routing: str = "least-loaded"
     """How the router picks an endpoint (`surge.policy.router.ROUTINGS`): `least-loaded`
     spreads requests, `pack` fills the busiest endpoint under its target first (FlexPipe)."""

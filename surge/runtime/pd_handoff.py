@@ -57,8 +57,12 @@ class _InHand:
 class PdServing:
     """The P/D side of one deployment's server."""
 
-    def __init__(self, server: "Server", targets: pd.PdTargets, max_kv_tokens: int) -> None:
+    def __init__(
+        self, server: "Server", targets: pd.PdTargets, max_kv_tokens: int, mutation: bool = False
+    ) -> None:
         self.server, self.targets, self.max_kv_tokens = server, targets, max_kv_tokens
+        self.mutation = mutation
+        """The system mutates prefill instances (new ones past the targets prefill)."""
         self.roles: dict[str, str] = {}
         """Endpoint name -> its role; an endpoint without one serves whole requests."""
         self.num_handoffs = 0
@@ -93,7 +97,8 @@ class PdServing:
         booked in `_joining` before the agent is told, or both would see the same counts
         (two prefill instances and no decode one for 1:1 targets)."""
         roles = [self.roles[e.name] for _, e in self._locals()] + list(self._joining.values())
-        role = pd.role_for_new(roles.count(pd.PREFILL), roles.count(pd.DECODE), self.targets)
+        num_prefill, num_decode = roles.count(pd.PREFILL), roles.count(pd.DECODE)
+        role = pd.role_for_new(num_prefill, num_decode, self.targets, self.mutation)
         self._joining[ep.name] = role
         try:
             await self.server.client.call(ep.node, InstanceRoleOp(instance=ep.name, role=role))  # type: ignore[arg-type]

@@ -17,8 +17,10 @@ Compute sharing: `share` (set by the simulator when several endpoints share one 
 cores, `SimSettings.shared_cores`) multiplies the speed of every step, including a
 prefill in flight, whose remaining work is rescheduled at the new rate; `on_busy(engine)`
 is called whenever it turns busy or idle.
-Roles: `both`, `prefill` (requests leave after their first token), `decode` (requests
-arrive with their KV cache and join the batch without a prefill).
+Roles: `both` and `decode` serve a request to its end, `prefill` hands it on after its first
+token (`on_prefilled`, P/D disaggregation); a request whose KV cache came with it
+(`SimRequest.kv_ready`, a P/D hand-off) joins the decode batch without a prefill, and
+`resume` keeps a request this engine prefilled to decode it here (no decode instance).
 """
 
 import heapq
@@ -151,6 +153,16 @@ class Batcher:
         if self.phase != PREFILL:
             self._advance()
 
+    def resume(self, req: SimRequest) -> None:
+        """Decode here a request this engine prefilled and handed on (`on_prefilled`):
+        P/D with no decode instance, or the hand-off target is this engine itself."""
+        self.idle_since_s = None
+        self._settle()
+        self.kv_tokens += req.context_tokens
+        self._join(req)
+        if self.phase != PREFILL:  # a prefill in flight advances when it ends
+            self._advance()
+
     def take_waiting(self, count: int) -> list[SimRequest]:
         """Up to `count` waiting requests that have not started anywhere, oldest first."""
         taken = [r for r in self.waiting if r.skip_layers == 0 and r.generated == 0][:count]
@@ -267,16 +279,15 @@ class Batcher:
             busy = len(self.running) + len(batch)
             fits_kv = self.kv_tokens + need <= self.kv_capacity_tokens or busy == 0
             fits_prefill = (
-                self.role == "decode"
-                or tokens + req.prefill_tokens <= self.max_prefill_tokens
-                or not batch
+                req.kv_ready or tokens + req.prefill_tokens <= self.max_prefill_tokens or not batch
             )
             if busy >= self.max_batch or not fits_kv or not fits_prefill:
                 break
             self.waiting.popleft()
             self.admitted_s.append(self.loop.now_s)
             self.kv_tokens += need
-            tokens += req.prefill_tokens
+            if not req.kv_ready:
+                tokens += req.prefill_tokens
             batch.append(req)
         return batch
 
@@ -288,10 +299,12 @@ class Batcher:
             return
         self._settle()
         batch = self._admit()
-        if batch and self.role == "decode":
-            for req in batch:
+        handed = [req for req in batch if req.kv_ready]
+        if handed:  # P/D hand-offs: their KV cache is here already
+            batch = [req for req in batch if not req.kv_ready]
+            for req in handed:
+                req.kv_ready = False
                 self._join(req)
-            batch = []
         if batch:
             if self._event is not None:
                 self._event.cancel()

@@ -7,10 +7,10 @@ and two signals to the autoscaler passed in: `on_demand(pool)` (a request arrive
 queued: check at the next decision tick) and `on_idle(pool)` (an endpoint emptied: check
 after the downscale delay).
 
-A pool is one model in one role (`both`, or `prefill` / `decode` under P/D): its
-instances, its open execution pipelines (λScale §4.3) and its queue. Under P/D a
-prefilled request moves to the decode pool with its KV cache over the network
-(BlitzScale §6).
+A pool is one model: its instances, its open execution pipelines (λScale §4.3) and its
+queue. Under P/D disaggregation (BlitzScale §6) its `PdPool` (`sim/pd.py`) holds the
+instances' roles and says which endpoints take new requests and which instance decodes a
+prefilled request; the request's KV cache then moves there over the network.
 """
 
 from collections import deque
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from surge.policy.autoscale import AutoscaleState
 from surge.policy.router import Endpoint, route
 from surge.sim.instance import Instance
+from surge.sim.pd import PdPool
 from surge.sim.request import SimRequest
 from surge.sim.world import World
 
@@ -26,10 +27,13 @@ from surge.sim.world import World
 class Pool:
     """Instances of one model in one role, and the requests waiting for them."""
 
-    def __init__(self, index: int, model: int, role: str) -> None:
+    def __init__(self, index: int, model: int, role: str, pd: PdPool | None = None) -> None:
         self.index = index
         self.model = model
         self.role = role
+        self.pd = pd
+        """Roles and hand-offs under P/D disaggregation (None: every instance serves whole
+        requests)."""
         self.instances: list[Instance] = []
         """Instances (and ParaServe groups) the autoscaler counts."""
         self.pipelines: list[Instance] = []
@@ -47,8 +51,14 @@ class Pool:
         return (self.model, self.role)
 
     def endpoints(self) -> list[Instance]:
-        """What the router may choose: serving instances, then open pipelines."""
-        return [i for i in self.instances if i.serving] + self.pipelines
+        """What the router may choose: serving instances, then open pipelines (under P/D
+        the ones `policy.blitzscale.pd.routable` names)."""
+        eps = [i for i in self.instances if i.serving] + self.pipelines
+        return eps if self.pd is None else self.pd.routable(eps)
+
+    def held(self, inst: Instance) -> int:
+        """Requests `inst` holds: its engine's, K/V on its way to it, parked on it."""
+        return inst.outstanding + inst.reserved if self.pd is None else self.pd.held(inst)
 
 
 class Requests:
@@ -70,9 +80,8 @@ class Requests:
         self.window_s = world.system.predictor_window_s
 
     def entry_pool(self, req: SimRequest) -> Pool:
-        """The pool a new request enters (prefill under P/D)."""
-        role = "prefill" if self.world.system.pd_disaggregation else "both"
-        return self.pools[(req.model, role)]
+        """The pool a new request enters."""
+        return self.pools[(req.model, "both")]
 
     def arrive(self, req: SimRequest) -> None:
         """A request arrives from the trace."""
@@ -96,7 +105,7 @@ class Requests:
             [
                 Endpoint(
                     e.id,
-                    e.outstanding + e.reserved,
+                    pool.held(e),
                     e.max_batch,
                     e.speed,
                     e.route_target,
@@ -109,14 +118,14 @@ class Requests:
         if chosen is None:
             return False
         inst = eps[0] if eps[0].id == chosen else next(e for e in eps if e.id == chosen)
-        if pool.role == "decode" and req.kv_gpu >= 0:
-            self._send_kv(pool, req, inst)
-        else:
-            inst.submit(req)
+        inst.submit(req)
         return True
 
     def drain(self, pool: Pool) -> None:
-        """Dispatch queued requests while endpoints have room."""
+        """Hand parked requests off (P/D), then dispatch queued requests, while endpoints
+        have room."""
+        if pool.pd is not None:
+            self._hand_off(pool)
         while pool.queue:
             if not self.dispatch(pool, pool.queue[0]):
                 return
@@ -134,13 +143,21 @@ class Requests:
         self._freed(inst)
 
     def on_prefilled(self, inst: Instance, req: SimRequest) -> None:
-        """A prefill instance finished `req`'s prefill: it moves to the decode pool."""
-        req.kv_gpu = inst.gpus[0]
-        decode = self.pools[(req.model, "decode")]
-        if not self.dispatch(decode, req):
-            decode.queue.append(req)
-        self.on_demand(decode)
+        """A prefill instance finished `req`'s prefill: it parks there until the P/D
+        policy names the instance that decodes it."""
+        pool = self.pools[inst.pool_key]
+        assert pool.pd is not None, "only a P/D pool has prefill instances"
+        pool.pd.park(inst, req)
+        self.on_demand(pool)
         self._freed(inst)
+
+    def lost(self, pool: Pool, reqs: list[SimRequest]) -> None:
+        """Prefilled requests whose K/V is gone (their instance left): prefilled again,
+        prompt and generated tokens (as `surge serve` requeues them)."""
+        for req in reqs:
+            req.recompute = True
+        if reqs:
+            self.requeue(pool, reqs)
 
     def _freed(self, inst: Instance) -> None:
         pool = self.pools[inst.pool_key]
@@ -148,18 +165,29 @@ class Requests:
         if inst.outstanding == 0 and not pool.queue:
             self.on_idle(pool)
 
-    def _send_kv(self, pool: Pool, req: SimRequest, inst: Instance) -> None:
-        """Move a prefilled request's KV cache to decode instance `inst` (BlitzScale §6)."""
+    def _hand_off(self, pool: Pool) -> None:
+        """Parked requests, oldest first, to the instances `policy.blitzscale.pd`
+        names while one has room (BlitzScale §6)."""
+        assert pool.pd is not None
+        while (handoff := pool.pd.next_handoff()) is not None:
+            src, req, target = handoff
+            if target is src:
+                src.resume(req)  # its K/V is here: it decodes here
+            else:
+                self._send_kv(pool, req, src, target)
+
+    def _send_kv(self, pool: Pool, req: SimRequest, src: Instance, inst: Instance) -> None:
+        """Move a prefilled request's KV cache from `src` to decode instance `inst`."""
         inst.reserved += 1
         prof = self.world.models[req.model].profile
-        path = self.world.state.gpu_to_gpu(req.kv_gpu, inst.gpus[0])
+        path = self.world.state.gpu_to_gpu(src.gpus[0], inst.gpus[0])
 
         def arrived() -> None:
             inst.reserved -= 1
-            req.kv_gpu = -1
             if inst.released:
-                self.requeue(pool, [req])
+                self.lost(pool, [req])
             else:
+                req.kv_ready = True
                 inst.submit(req)
 
         self.world.net.start(path, prof.kv_bytes_per_token * req.input_tokens, arrived)

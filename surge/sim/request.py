@@ -15,7 +15,7 @@ class SimRequest:
         "generated",
         "id",
         "input_tokens",
-        "kv_gpu",
+        "kv_ready",
         "model",
         "output_tokens",
         "recompute",
@@ -31,8 +31,9 @@ class SimRequest:
         self.first_token_s = -1.0
         self.done_s = -1.0
         self.generated = 0
-        self.kv_gpu = -1
-        """GPU holding its KV cache after a disaggregated prefill (-1: none)."""
+        self.kv_ready = False
+        """Its KV cache came with it (a P/D hand-off): it joins the decode batch of the
+        instance it is submitted to without a prefill there."""
         self.recompute = False
         """True when it must rebuild its KV cache (prompt + generated) before decoding."""
         self.skip_layers = 0

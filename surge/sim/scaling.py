@@ -2,17 +2,20 @@
 
 In: autoscaler checks (`check_soon` at the next decision tick, `check_after_idle` after
 the downscale delay, or a `wake_at_s` the policy asks for). Out: scale-outs (placement by
-`surge.policy.placement.place`, then the loads `start_load` carries out), releases,
-BlitzScale §5.2 mutation (idle prefill instances become decode ones); GPUs are held
-and given back through `sim/gpus.py`'s `Gpus` (the GPU time series). Every decision is
-`surge.policy.autoscale.decide` with the pool's `AutoscaleState`; the system's settings
-(decode pools under P/D have their own) are read from `SystemConfig`.
+`surge.policy.placement.place`, then the loads `start_load` carries out), releases; GPUs
+are held and given back through `sim/gpus.py`'s `Gpus` (the GPU time series). Every
+decision is `surge.policy.autoscale.decide` with the pool's `AutoscaleState` and the
+system's settings; under P/D each decision is first a look of the P/D monitor
+(`policy.blitzscale.pd.look`, `sim/pd.py`: BlitzScale §5.2 mutation, and the monitor's
+wish for one more instance, added by `policy.blitzscale.pd.with_monitor`), as
+`surge serve`'s autoscaler tick does (`control/pd.py`, `control/autoscaler.py`).
 
 `InstanceFactory` builds every endpoint (plain instances, execution pipelines, ParaServe
 groups and the instances they consolidate into) with every field declared in
 `Instance.__init__`.
 """
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -24,6 +27,7 @@ from surge.policy.autoscale import (
     ScaleDecision,
     decide,
 )
+from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.paraserve.gpu_share import pipeline_speed
 from surge.policy.placement import (
     MIN_KV_FRACTION,
@@ -191,20 +195,36 @@ class Scaler:
     def autoscale(self, pool: Pool) -> bool:
         """One `surge.policy.autoscale.decide` call for `pool`, carried out; True if it
         repeated the pool's last decision (nothing changed since, at the same instant)."""
-        sys, now = self.world.system, self.world.loop.now_s
-        settings = sys.decode_autoscale if pool.role == "decode" else sys.autoscale
-        settings = self.adjust(pool, settings)
+        now = self.world.loop.now_s
+        settings = self.adjust(pool, self.world.system.autoscale)
+        wants = self.pd_look(pool, now)
         load = pool_load(pool, now, monitor=True)
-        if self._repeats(pool, now, load, settings):
+        if not wants and self._repeats(pool, now, load, settings):
             self._carry_out(pool, self._last[pool.index][3])
             return True
         decision = decide(load, settings, pool.autoscale_state)
+        if wants:
+            room = settings.max_replicas is None or len(pool.instances) < settings.max_replicas
+            serving = all(i.serving for i in pool.instances)
+            more = with_monitor(decision.scale_out, wants, serving, room)
+            decision = dataclasses.replace(decision, scale_out=more)
         if decision.scale_out or decision.release:
             self._last.pop(pool.index, None)
         else:
             self._last[pool.index] = (now, load, settings, decision)
         self._carry_out(pool, decision)
         return False
+
+    def pd_look(self, pool: Pool, now_s: float) -> int:
+        """P/D: one look of the monitor (a mutation carried out); the instances it wants
+        on top of the autoscaler's (0 or 1)."""
+        if pool.pd is None:
+            return 0
+        seen = pool.pd.look(now_s, len(pool.queue))
+        if seen.mutation is not None:
+            self.world.event(pool.model, pool.role, "mutate")
+            self.requests.drain(pool)  # the new decode instance takes waiting hand-offs
+        return seen.monitor.scale_out
 
     def _repeats(
         self, pool: Pool, now_s: float, load: PoolLoad, settings: AutoscaleSettings
@@ -257,10 +277,6 @@ class Scaler:
     def scale_out(self, pool: Pool, count: int, warm: bool = False) -> None:
         """Add `count` instances to `pool` (fewer when GPUs run out)."""
         sys, world = self.world.system, self.world
-        if pool.role == "decode" and sys.mutation and not warm:
-            count -= self._mutate(pool, count)
-            if count <= 0:
-                return
         if sys.load == "registry-parallel" and not warm:
             started = self.start_groups(pool, count)
             if started:
@@ -288,6 +304,8 @@ class Scaler:
         """Give `inst` back; other pools waiting for GPUs get a chance at once."""
         inst.released = True
         pool.instances.remove(inst)
+        if pool.pd is not None:  # what was parked on it is prefilled again
+            self.requests.lost(pool, pool.pd.leave(inst))
         self.gpus.give_back_placement(inst.placement)
         self.world.event(pool.model, pool.role, "release")
         name = self.world.models[pool.model].name
@@ -302,24 +320,6 @@ class Scaler:
             if other.queue and other is not skip:
                 self.autoscale(other)
 
-    def _mutate(self, decode: Pool, count: int) -> int:
-        """Turn idle prefill instances into decode ones (BlitzScale §5.2); how many."""
-        prefill = self.pools[(decode.model, "prefill")]
-        idle = [
-            i
-            for i in prefill.instances
-            if i.serving and i.outstanding == 0 and not i.sending and i.reserved == 0
-        ][:count]
-        for inst in idle:
-            prefill.instances.remove(inst)
-            inst.role = "decode"
-            inst.pool_key = decode.key
-            decode.instances.append(inst)
-        if idle:
-            self.world.event(decode.model, decode.role, "mutate", len(idle))
-            self.requests.drain(decode)
-        return len(idle)
-
 
 def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     """The pool as `policy.autoscale` sees it: its instances (loading until loaded; a
@@ -332,9 +332,9 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     loads = tuple(
         InstanceLoad(
             i.id,
-            i.outstanding + i.reserved,
+            pool.held(i),
             not i.loaded or i.sending > 0,
-            i.idle_since_s if i.sending == 0 and i.reserved == 0 else None,
+            i.idle_since_s if i.sending == 0 and pool.held(i) == i.outstanding else None,
             i.decode_tokens_per_s if monitor else 0.0,
             min(1.0, i.kv_tokens / i.kv_capacity_tokens)
             if monitor and i.kv_capacity_tokens

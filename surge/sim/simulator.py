@@ -23,6 +23,7 @@ import numpy as np
 
 from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
+from surge.policy.blitzscale.pd import PdTargets
 from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.placement import model_home
@@ -38,6 +39,7 @@ from surge.sim.hardware import ClusterProfile, load_cluster
 from surge.sim.host_cache import HostCache
 from surge.sim.loading import Loader
 from surge.sim.models import ModelProfile, load_model
+from surge.sim.pd import PdPool
 from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
 from surge.sim.result import SimResult
@@ -121,12 +123,13 @@ class Simulation:
         )
         self._publish_start()
         self.requests = self._requests(trace)
-        roles = ("prefill", "decode") if self.system.pd_disaggregation else ("both",)
         self._elbows: dict[tuple[int, int, int], int] = {}
         self.pools: dict[tuple[int, str], Pool] = {}
+        sys = self.system
         for m in range(len(models)):
-            for role in roles:
-                self.pools[(m, role)] = Pool(len(self.pools), m, role)
+            # P/D: one pool whose instances take roles, as a `surge serve` deployment
+            pd = PdPool(sys.pd, PdTargets(), sys.mutation) if sys.pd_disaggregation else None
+            self.pools[(m, "both")] = Pool(m, m, "both", pd)
         self._wire()
 
     def _publish_start(self) -> None:

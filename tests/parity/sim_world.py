@@ -66,8 +66,8 @@ def add_host_copy(sim: Simulation, machine: int) -> None:
 
 
 def entry_pool(sim: Simulation) -> Pool:
-    """Model 0's pool new requests enter (prefill under P/D disaggregation)."""
-    return sim.pools[(0, "prefill" if sim.system.pd_disaggregation else "both")]
+    """Model 0's pool (under P/D too: its instances take roles)."""
+    return sim.pools[(0, "both")]
 
 
 def instance_on(sim: Simulation, machine: int, serving: bool) -> Instance:

@@ -18,7 +18,7 @@ from surge.policy.blitzscale.pd import (
     routable,
 )
 
-S = PdSettings(decode_busy_requests=4, kv_busy_fraction=0.8)
+S = PdSettings(decode_busy_fraction=0.5, kv_busy_fraction=0.8)
 
 
 def _i(index, role, outstanding=0, capacity=8, kv=0.0) -> PdInstance:
@@ -35,6 +35,9 @@ def test_new_instances_fill_the_targets_then_keep_their_ratio() -> None:
     assert roles == [PREFILL, PREFILL, DECODE, PREFILL, DECODE, PREFILL]
     # After a mutation (one prefill fewer) the next instance is a prefill one.
     assert role_for_new(1, 2, t) == PREFILL
+    # A system that mutates grows decode by mutation (§5.2): past the targets, prefill.
+    assert role_for_new(4, 1, t) == DECODE and role_for_new(4, 1, t, mutation=True) == PREFILL
+    assert role_for_new(2, 0, t, mutation=True) == DECODE  # the targets first
     with pytest.raises(SurgeError):
         PdTargets(0, 1)
 

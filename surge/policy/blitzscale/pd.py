@@ -4,7 +4,9 @@ In: the serving instances of one P/D deployment as `PdInstance`s (role, requests
 tokens/s and KV-cache use measured by the body), the requests waiting at the router, the
 deployment's `PdTargets` and the system's `PdSettings`. Out:
 - `role_for_new`: the role a new instance takes (prefill until the prefill target is met,
-  then decode, then whichever role is furthest below its share of the targets);
+  then decode; past both, prefill when the system mutates — decode then grows by
+  mutation, new prefill instances compensate, §5.2 — else whichever role is furthest
+  below its share of the targets);
 - `routable`: which instances take new requests (prefill ones; every one when none is a
   prefill instance, so a deployment is never left without a way in);
 - `handoff_target`: which decode instance adopts a finished prefill's KV cache (the least
@@ -21,13 +23,17 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   another instance now because one role is saturated (KV use at the threshold on every
   decode instance, or prefill full while requests wait). The pool-level half — instances
   enough for the pool's tokens/s and KV use, and the 2 s scale-down — is
-  `policy.autoscale.decide` with the system's `target_tokens_per_s` / `target_kv_usage`.
-Pure and deterministic; `surge serve` (`control/pd.py`, `runtime/pd_handoff.py`) and tests
-call these and carry out what they return.
+  `policy.autoscale.decide` with the system's `target_tokens_per_s` / `target_kv_usage`;
+- `look`: one look of the monitor (mutation when the system mutates, then the per-role
+  monitor on the deployment as it is after that mutation) -> `PdLook`;
+  `with_monitor` adds what the monitor wants to the autoscaler's own scale-out.
+Pure and deterministic. Both bodies carry these out: `surge serve` (`control/pd.py`,
+`runtime/pd_handoff.py`) and the simulator (`sim/pd.py`, `sim/pools.py`, `sim/scaling.py`);
+`tests/parity/test_pd_parity.py` proves they take the same actions.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
 
@@ -53,8 +59,9 @@ class PdTargets:
 class PdSettings:
     """The P/D monitor's thresholds (a system's field). Validated at construction."""
 
-    decode_busy_requests: float = 4.0
-    """Requests per decode instance at which decode is the bottleneck."""
+    decode_busy_fraction: float = 0.75
+    """Requests held per decode instance over its capacity (mean over the decode
+    instances) at which decode is the bottleneck."""
     kv_busy_fraction: float = 0.8
     """KV-cache use (0..1) of a decode instance at which decode is the bottleneck."""
     prefill_idle_requests: int = 0
@@ -66,8 +73,8 @@ class PdSettings:
     effect first)."""
 
     def __post_init__(self) -> None:
-        if not self.decode_busy_requests > 0 or not 0 < self.kv_busy_fraction <= 1:
-            raise SurgeError("pd: decode_busy_requests > 0 and kv_busy_fraction in (0, 1]")
+        if not 0 < self.decode_busy_fraction <= 1 or not 0 < self.kv_busy_fraction <= 1:
+            raise SurgeError("pd: decode_busy_fraction and kv_busy_fraction in (0, 1]")
         if self.prefill_idle_requests < 0 or self.min_prefill < 1:
             raise SurgeError("pd: prefill_idle_requests >= 0 and min_prefill >= 1")
         if self.mutation_cooldown_s < 0:
@@ -129,12 +136,21 @@ class MonitorDecision:
     reason: str = ""
 
 
-def role_for_new(num_prefill: int, num_decode: int, targets: PdTargets) -> str:
-    """The role of a new instance of a deployment holding these counts."""
+def role_for_new(
+    num_prefill: int, num_decode: int, targets: PdTargets, mutation: bool = False
+) -> str:
+    """The role of a new instance of a deployment holding these counts; `mutation`: the
+    system mutates prefill instances into decode ones."""
     if num_prefill < targets.prefill:
         return PREFILL
     if num_decode < targets.decode:
         return DECODE
+    if mutation:
+        # BlitzScale §5.2: a decode instance is scaled by switching a prefill instance to
+        # decode while new prefill instances compensate (§6.1: on AzureCode "we can
+        # directly mutate a prefill instance to a decode instance while lively scaling
+        # another prefill instance"), so past the targets new instances prefill.
+        return PREFILL
     # Past both targets: keep the targets' ratio (prefill on ties).
     if num_prefill * targets.decode <= num_decode * targets.prefill:
         return PREFILL
@@ -167,9 +183,9 @@ def _decode_bottleneck(load: PdLoad, s: PdSettings) -> str | None:
         return "no decode instance"
     if load.num_handoffs_waiting > 0:
         return f"{load.num_handoffs_waiting} prefilled requests wait for decode room"
-    per = sum(i.outstanding for i in decode) / len(decode)
-    if per >= s.decode_busy_requests:
-        return f"{per:.1f} requests per decode instance >= {s.decode_busy_requests}"
+    per = sum(i.outstanding / i.capacity for i in decode) / len(decode)
+    if per >= s.decode_busy_fraction:
+        return f"decode instances {per:.2f} full >= {s.decode_busy_fraction}"
     kv = max(i.kv_usage for i in decode)
     if kv >= s.kv_busy_fraction:
         return f"decode KV use {kv:.2f} >= {s.kv_busy_fraction}"
@@ -209,3 +225,36 @@ def monitor(load: PdLoad, s: PdSettings) -> MonitorDecision:
     if load.num_waiting > 0 and prefill and all(i.outstanding >= i.capacity for i in prefill):
         return MonitorDecision(1, "requests wait and every prefill instance is full")
     return MonitorDecision(0)
+
+
+@dataclass(frozen=True)
+class PdLook:
+    """One look of the P/D monitor: what to carry out now."""
+
+    mutation: Mutation | None
+    """The prefill instance to turn into a decode one now, if any."""
+    monitor: MonitorDecision
+    """What the per-role monitor asks of the autoscaler, seen after the mutation."""
+
+
+def look(load: PdLoad, s: PdSettings, mutation: bool) -> PdLook:
+    """The monitor's look at a deployment: a mutation (only when the system mutates,
+    §5.2), then `monitor` on the deployment as that mutation leaves it (the mutated
+    instance decodes; the cooldown restarts)."""
+    chosen = decide_mutation(load, s) if mutation else None
+    after = load
+    if chosen is not None:
+        instances = tuple(
+            replace(i, role=DECODE) if i.index == chosen.index else i for i in load.instances
+        )
+        after = replace(load, instances=instances, since_last_mutation_s=0.0)
+    return PdLook(chosen, monitor(after, s))
+
+
+def with_monitor(scale_out: int, wants: int, all_serving: bool, room: bool) -> int:
+    """Instances to add: the autoscaler's `scale_out`, or, when it adds none, what the
+    monitor `wants` — only when every instance serves (one still loading answers the
+    monitor already) and the deployment has room below its `max_replicas`."""
+    if scale_out == 0 and wants and all_serving and room:
+        return wants
+    return scale_out

@@ -1,0 +1,120 @@
+"""P/D disaggregation in the simulator (BlitzScale §5.2, §6): `policy.blitzscale.pd` carried out.
+
+What flows: a P/D model has one pool, as a `surge serve` deployment has one server; its
+`PdPool` holds the roles. An instance that starts serving joins
+(`policy.blitzscale.pd.role_for_new`); new requests go to the instances
+`policy.blitzscale.pd.routable` names; a prefilled request parks on its prefill instance
+and waits here (`parked`, oldest first) until `policy.blitzscale.pd.handoff_target` names
+an instance to decode it (the source itself when none decodes; none while every decode
+instance is full); `look` is the monitor's look (`policy.blitzscale.pd.look`: a mutation,
+carried out here, and the monitor's wish for one more instance). The views are built as
+the runtime builds them (`runtime/pd_handoff.PdServing`): an instance's index is its
+place in join order (its age), its requests count the ones parked on it.
+Moving the K/V (a network transfer) is `sim/pools.py`'s; when to look is
+`sim/scaling.py`'s. Owned by the simulator; decides nothing itself.
+"""
+
+from collections import deque
+
+from surge.policy.blitzscale import pd
+from surge.sim.instance import Instance
+from surge.sim.request import SimRequest
+
+
+class PdPool:
+    """The P/D side of one model's pool."""
+
+    def __init__(self, settings: pd.PdSettings, targets: pd.PdTargets, mutation: bool) -> None:
+        self.settings, self.targets, self.mutation = settings, targets, mutation
+        self.members: list[Instance] = []
+        """Serving instances with a role, in join order (their index is their age)."""
+        self.parked: deque[tuple[Instance, SimRequest]] = deque()
+        """Prefilled requests waiting for decode room, oldest first, with their source."""
+        self.last_mutation_s: float | None = None
+        self.num_mutations = 0
+
+    # ---- roles and routing ----------------------------------------------------------
+
+    def join(self, inst: Instance) -> str:
+        """`inst` starts serving: its role (before it takes any request)."""
+        roles = [m.role for m in self.members]
+        num_prefill, num_decode = roles.count(pd.PREFILL), roles.count(pd.DECODE)
+        inst.role = pd.role_for_new(num_prefill, num_decode, self.targets, self.mutation)
+        self.members.append(inst)
+        return inst.role
+
+    def leave(self, inst: Instance) -> list[SimRequest]:
+        """`inst` stops serving: the requests parked on it, whose K/V goes with it."""
+        if inst in self.members:
+            self.members.remove(inst)
+        lost = [r for src, r in self.parked if src is inst]
+        if lost:
+            self.parked = deque((s, r) for s, r in self.parked if s is not inst)
+        return lost
+
+    def held(self, inst: Instance) -> int:
+        """Requests `inst` holds as the runtime counts them: its engine's, those whose
+        K/V is on its way to it, and those parked on it."""
+        return inst.outstanding + inst.reserved + sum(1 for s, _ in self.parked if s is inst)
+
+    def views(self) -> tuple[pd.PdInstance, ...]:
+        """The members as `policy.blitzscale.pd` sees them."""
+        return tuple(
+            pd.PdInstance(
+                index=k,
+                role=m.role,
+                outstanding=self.held(m),
+                capacity=max(1, m.max_batch),
+                tokens_per_s=m.decode_tokens_per_s,
+                kv_usage=min(1.0, m.kv_tokens / m.kv_capacity_tokens)
+                if m.kv_capacity_tokens
+                else 0.0,
+                parked=sum(1 for s, _ in self.parked if s is m),
+            )
+            for k, m in enumerate(self.members)
+        )
+
+    def routable(self, endpoints: list[Instance]) -> list[Instance]:
+        """The endpoints new requests may go to. Execution pipelines have no role: they
+        serve only when no instance prefills (as in the runtime)."""
+        keep = {self.members[k].id for k in pd.routable(self.views())}
+        chosen = [e for e in endpoints if e.id in keep]
+        return chosen if chosen else endpoints
+
+    # ---- hand-off -------------------------------------------------------------------
+
+    def park(self, src: Instance, req: SimRequest) -> None:
+        """`src` prefilled `req`: it waits for a decode instance."""
+        self.parked.append((src, req))
+
+    def next_handoff(self) -> tuple[Instance, SimRequest, Instance] | None:
+        """The oldest parked request and the instance to decode it, taken off the queue;
+        None while every decode instance is full (or nothing waits)."""
+        if not self.parked:
+            return None
+        src, req = self.parked[0]
+        index = self.members.index(src) if src in self.members else -1
+        chosen = pd.handoff_target(index, self.views())
+        if chosen is None:
+            return None
+        self.parked.popleft()
+        return src, req, src if chosen == -1 else self.members[chosen]
+
+    # ---- the monitor ----------------------------------------------------------------
+
+    def look(self, now_s: float, num_waiting: int) -> pd.PdLook:
+        """One look of the monitor; a mutation it chooses is carried out here."""
+        last = self.last_mutation_s
+        load = pd.PdLoad(
+            instances=self.views(),
+            num_waiting=num_waiting,
+            num_handoffs_waiting=len(self.parked),
+            since_last_mutation_s=float("inf") if last is None else now_s - last,
+        )
+        seen = pd.look(load, self.settings, self.mutation)
+        if seen.mutation is not None:
+            # §5.2: the instance keeps its weights and its requests; it decodes from now on
+            self.members[seen.mutation.index].role = pd.DECODE
+            self.last_mutation_s = now_s
+            self.num_mutations += 1
+        return seen

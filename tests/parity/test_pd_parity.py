@@ -1,0 +1,190 @@
+"""P/D parity (BlitzScale §5.2, §6): the same deployment, described once, gets the same roles,
+routes new requests to the same instances, hands a prefilled request to the same instance
+(or keeps it waiting), and its monitor mutates the same instance and asks for the same
+extra instance, in `surge serve` (`runtime/pd_handoff.PdServing`, `control/pd.PdControl`)
+and in the simulator (`sim/pd.PdPool` through `sim/pools.Requests` and
+`sim/scaling.Scaler`).
+
+Each body is built with the scenario's instances joining in order, each holding the
+scenario's requests; what the body then *did* is recorded at its effects: the roles it
+gave, the endpoints it lets new requests reach, the hand-off it started (the transport
+stubbed), the role change it carried out and the instances it asked for. Instances are
+named by join order in both."""
+
+import asyncio
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+from surge.config import EngineConfig
+from surge.control.metrics import Metrics
+from surge.control.pd import PdControl
+from surge.policy.blitzscale.pd import PdTargets
+from surge.policy.systems import system_config
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.pd_handoff import PdServing
+from surge.runtime.server import Server
+from surge.sim.instance import Instance
+from surge.sim.pools import Requests
+from surge.sim.request import SimRequest
+from tests.parity.conftest import FakeClient
+from tests.parity.sim_world import entry_pool, instance_on, simulation
+
+SYSTEM = system_config("blitzscale")
+CAPACITY = 4
+NOW_S = 100.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """A P/D deployment at one instant."""
+
+    held: tuple[int, ...]
+    """Requests on each instance, in join order (roles: `role_for_new`'s)."""
+    parked_on: int
+    """The instance that has just prefilled one more request (its hand-off)."""
+    waiting: int = 0
+    """Requests at the router when the monitor looks."""
+
+
+TARGETS = PdTargets(prefill=1, decode=2)
+"""Roles as instances join: prefill, decode, decode, then prefill (blitzscale mutates: decode
+grows by mutation past the targets)."""
+
+CASES = {
+    # P, D, D, P: equal decode instances, the oldest adopts; then decode is busy and the
+    # youngest idle prefill instance mutates
+    "handoff-then-mutate": Case((0, 3, 3, 0), parked_on=0),
+    # one prefill instance alone: it decodes its own request
+    "source-decodes": Case((2,), parked_on=0),
+    # P, D, D, P: the least-loaded decode instance adopts; nothing to mutate
+    "least-loaded": Case((0, 3, 1, 1), parked_on=3),
+    # every decode instance full: the request waits; the idle young prefill instance
+    # mutates, and the waiting request goes to it
+    "decode-full": Case((0, 4, 4, 0), parked_on=0),
+    # one full prefill instance, requests waiting: the monitor wants one more
+    "prefill-full": Case((4,), parked_on=0, waiting=3),
+}
+
+
+@dataclass
+class Log:
+    roles: list[str]
+    routable: list[int]
+    handoffs: list[tuple[int, int]]
+    """(source, target) of the hand-offs started when the request was prefilled."""
+    handoffs_after_look: list[tuple[int, int]]
+    """... and those the monitor's look set going (a mutation made room)."""
+    wants: int
+    roles_after: list[str]
+
+
+def _runtime(case: Case) -> Log:
+    class Client(FakeClient):
+        async def call(self, node, op):
+            return None
+
+    async def run() -> Log:
+        server = Server(Client(), "m")  # type: ignore[arg-type]
+        control = PdControl(Metrics(), EngineConfig())
+        dep = SimpleNamespace(
+            name="m", spec=SimpleNamespace(strategy=SYSTEM.name, pd=TARGETS), server=server
+        )
+        pd = control.attach(dep)  # type: ignore[arg-type]
+        assert isinstance(pd, PdServing)
+        eps = []
+        for k, held in enumerate(case.held):
+            ep = LocalEndpoint(server.client, k, "m", f"i{k}", capacity=CAPACITY)
+            await server.add_endpoint(ep)
+            for r in range(held):
+                held_req = SimpleNamespace(prompt_token_ids=[1], output_token_ids=[])
+                ep.requests[f"i{k}r{r}"] = held_req
+            eps.append(ep)
+        roles = [pd.roles[e.name] for e in eps]
+        routable = sorted(eps.index(e) for e in pd.routable(dict(enumerate(eps))).values())
+        done: list[tuple[int, int]] = []
+
+        async def handoff(src, req, target) -> None:  # the transport stubbed
+            target.requests[req.req_id] = src.requests.pop(req.req_id)
+            done.append((eps.index(src), eps.index(target)))
+
+        pd.handoff = handoff  # type: ignore[method-assign]
+        src = eps[case.parked_on]
+        req = SimpleNamespace(req_id="parked", prompt_token_ids=[1], output_token_ids=[])
+        src.requests[req.req_id] = req
+        pd.pending.append((src, req))  # as `on_token` parks it after its prefill
+        await pd._drain()
+        first = list(done)
+        server.queue.extend(SimpleNamespace() for _ in range(case.waiting))
+        wants = await control.tick(dep, NOW_S)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the kick's drain, if any
+        roles_after = [pd.roles[e.name] for e in eps]
+        return Log(roles, routable, first, done[len(first) :], wants, roles_after)
+
+    return asyncio.run(run())
+
+
+def _sim(case: Case, tmp_path) -> Log:
+    sim = simulation(tmp_path, SYSTEM, len(case.held), "registry")
+    pool = entry_pool(sim)
+    assert pool.pd is not None
+    pool.pd.targets = TARGETS  # the deployment's `pd:` (the runtime's spec above)
+    insts: list[Instance] = []
+    for k, held in enumerate(case.held):
+        inst = instance_on(sim, k, serving=False)
+        inst.max_batch = CAPACITY
+        pool.instances.append(inst)
+        sim.loader.ready(pool, inst)  # it serves: it joins
+        inst.waiting.extend(SimRequest(1000 * k + r, 0, 0.0, 1, 1) for r in range(held))
+        insts.append(inst)
+    roles = [i.role for i in insts]
+    routable = sorted(insts.index(e) for e in pool.endpoints())
+    done: list[tuple[int, int]] = []
+    patch = pytest.MonkeyPatch()
+
+    def send_kv(self, pool, req, src, inst) -> None:  # the transport stubbed
+        inst.reserved += 1
+        done.append((insts.index(src), insts.index(inst)))
+
+    def resume(self, req) -> None:
+        self.waiting.append(req)
+        done.append((insts.index(self),) * 2)
+
+    with patch.context() as mp:
+        mp.setattr(Requests, "_send_kv", send_kv)
+        mp.setattr(Instance, "resume", resume)
+        sim.router.on_prefilled(insts[case.parked_on], SimRequest(-1, 0, 0.0, 1, 1))
+        first = list(done)
+        pool.queue.extend(SimRequest(-2 - r, 0, 0.0, 1, 1) for r in range(case.waiting))
+        sim.world.loop.now_s = NOW_S
+        wants = sim.scaler.pd_look(pool, NOW_S)
+    roles_after = [i.role for i in insts]
+    return Log(roles, routable, first, done[len(first) :], wants, roles_after)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_both_bodies_take_the_same_pd_actions(name: str, tmp_path) -> None:
+    case = CASES[name]
+    runtime, sim = _runtime(case), _sim(case, tmp_path)
+    assert runtime == sim
+
+
+def test_the_cases_exercise_every_decision(tmp_path) -> None:
+    """The scenarios are not vacuous: between them, each decision takes each branch."""
+    logs = {}
+    for n, c in CASES.items():
+        (tmp_path / n).mkdir()
+        logs[n] = _sim(c, tmp_path / n)
+    p, d = "prefill", "decode"
+    assert logs["handoff-then-mutate"].roles == [p, d, d, p]
+    assert logs["handoff-then-mutate"].handoffs == [(0, 1)]
+    assert logs["source-decodes"].handoffs == [(0, 0)]
+    assert logs["least-loaded"].handoffs == [(3, 2)]
+    assert logs["decode-full"].handoffs == []
+    assert logs["decode-full"].handoffs_after_look == [(0, 3)]
+    assert logs["handoff-then-mutate"].roles_after == [p, d, d, d]
+    assert logs["decode-full"].roles_after == [p, d, d, d]
+    assert logs["least-loaded"].roles_after == logs["least-loaded"].roles
+    assert logs["prefill-full"].wants == 1
+    assert logs["handoff-then-mutate"].routable == [0, 3]
