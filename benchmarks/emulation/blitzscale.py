@@ -189,7 +189,7 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
             if system != "blitzscale":
                 controller["host_keep_alive_s"] = SLLM_KEEP_ALIVE_S
             out[system] = await serve_workload(
-                cluster, state, emulation, spec(system, args), wl, 2, controller
+                cluster, state, emulation, spec(system, args), wl, 2, controller, args.drain
             )
             log.info(
                 "%s: %s",
@@ -216,6 +216,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument(
+        "--drain",
+        type=float,
+        default=None,
+        help="stop this many emulated s after every request's first token (default: when all "
+        "are done); TBT then counts the tokens seen until then",
+    )
     ap.add_argument(
         "--json", type=Path, default=Path("benchmarks/results/emulation_blitzscale.json")
     )

@@ -157,6 +157,7 @@ async def serve_workload(
     workload: Workload,
     ready: int,
     controller: dict[str, Any],
+    drain_s: float | None = None,
 ) -> dict[str, Any]:
     """Deploy `spec` behind a fresh controller on `cluster`, wait for `ready` serving
     instances, replay `workload` on the controller's (emulated) clock and report what the
@@ -201,7 +202,16 @@ async def serve_workload(
             reqs.append(await ctl.submit(dep, ids, params))
         log.info("%s: %d requests submitted; waiting for them", spec["strategy"], len(reqs))
         waits = asyncio.gather(*(r.done.wait() for r in reqs))
-        await asyncio.wait_for(waits, DONE_TIMEOUT_S)
+        if drain_s is None:
+            await asyncio.wait_for(waits, DONE_TIMEOUT_S)
+        else:  # every TTFT, then `drain_s` emulated s of decoding; the rest is cut off
+            t0 = time.monotonic()
+            while any(r.first_token_t is None and not r.done.is_set() for r in reqs):
+                if time.monotonic() - t0 > DONE_TIMEOUT_S:
+                    raise RuntimeError(f"{spec['strategy']}: requests never got a first token")
+                await asyncio.sleep(0.2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waits, clock.real_s(drain_s))
         sampler.cancel()
         after = await counts(cluster)
         end_s = max(r.done_t or clock.now_s() for r in reqs) - start
@@ -223,6 +233,7 @@ async def serve_workload(
         return {
             "strategy": spec["strategy"],
             "requests": len(reqs),
+            "finished": sum(r.done.is_set() for r in reqs),
             "failed": sum(r.finish_reason == "error" for r in reqs),
             "ttft_mean_s": round(float(np.mean(ttft)), 4) if ttft else None,
             "ttft_p50_s": percentile(ttft, 50),
