@@ -1,0 +1,37 @@
+"""`benchmarks/gpu_check.py --device cpu` runs to the end (small shapes, the sharing agents
+on the fake GPU), so the GPU check is never stale when a GPU machine finally runs it: every
+part reports numbers, none an error, and the two agents of the host group agree."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--out", str(out)]
+    cmd += ["--work-dir", str(tmp_path / "work")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for name in ("link", "warm", "decode", "engine", "hf", "share"):
+        assert "error" not in result[name], (name, result[name].get("error"))
+    for size in ("8MiB", "32MiB"):
+        rates = result["link"][size]
+        assert min(rates["pageable_gbps"], rates["pinned_gbps"], rates["registered_shm_gbps"]) > 0
+    assert result["warm"]["bytes"] == result["store"]["bytes"] > 0
+    assert 0 < result["warm"]["copied_s"] <= result["warm"]["first_token_s"]
+    assert result["decode"]["b1_ms"] > 0 and result["decode"]["b8_ms"] > 0
+    assert result["engine_vs_transformers"]["tokens_per_s_ratio"] > 0
+    assert result["engine_vs_transformers"]["same_first_tokens"] == 8  # float32: exact
+    assert result["share"]["same_tokens"] is True
+    assert result["verdict"]["share_same_tokens"] is True
+    assert result["verdict"]["warm_start"] is None, "no GPU bar is judged on the CPU"
