@@ -141,8 +141,9 @@ class CudaMemory:
     def _copy(self, src: torch.Tensor | None, arena: torch.Tensor) -> CudaEvent:
         """One copy on the copy stream, after what the engine's stream issued so far (the
         arena's allocation is ordered on it), and the event recorded after it."""
+        engine_stream = torch.cuda.current_stream(self.device)  # before switching streams
         with torch.cuda.stream(self.stream):
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            self.stream.wait_stream(engine_stream)
             if src is not None:
                 arena.copy_(src, non_blocking=True)
             # The arena lives as long as its block: never freed while the copy runs.

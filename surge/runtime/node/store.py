@@ -132,8 +132,8 @@ class AgentStore:
                 from surge.engine.devmem import device_memory
 
                 self._memory = device_memory(self.ctx.config.engine.device)
-            if self.host_cache.pinner is None:
-                self.host_cache.set_pinner(self._memory)
+            if self.host_cache.pinner is None and not self._memory.shares_host_memory:
+                self.host_cache.set_pinner(self._memory)  # CPU: nothing to pin
             return self._memory
 
     # ---- what is held -----------------------------------------------------------
