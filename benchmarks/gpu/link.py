@@ -7,12 +7,17 @@ Each is the best of `repeats` copies of the whole buffer, one contiguous copy on
 stream waited on by its event (the block path's own calls).
 """
 
+import shutil
 import time
 from multiprocessing import shared_memory
 
 import torch
 
 from surge.engine.devmem import DeviceMemory
+from surge.errors import SurgeError
+from surge.runtime.node.tiers import SHM_DIR
+
+MIB = 1 << 20
 
 
 def copy_gbps(memory: DeviceMemory, src: memoryview, repeats: int) -> float:
@@ -37,6 +42,11 @@ def link_rates(memory: DeviceMemory, num_bytes: int, repeats: int = 3) -> dict[s
     torch.frombuffer(pinned, dtype=torch.uint8).fill_(1)
     out["pinned_gbps"] = copy_gbps(memory, pinned, repeats)
     del pinned
+    free = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else num_bytes
+    if free < num_bytes:  # a write past /dev/shm's room is a SIGBUS, not an error
+        raise SurgeError(
+            f"{SHM_DIR} has {free / MIB:.0f} MiB free; the test needs {num_bytes / MIB:.0f}"
+        )
     seg = shared_memory.SharedMemory(create=True, size=num_bytes)
     try:
         torch.frombuffer(seg.buf, dtype=torch.uint8).fill_(1)

@@ -19,7 +19,7 @@ from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest
 from surge.model.tiny import TinyModelConfig, create_tiny_model
-from surge.runtime.node.tiers import HostCache
+from surge.runtime.node.tiers import HostCache, check_shm_room
 
 SHAPES = {
     "llama-2-7b": TinyModelConfig(
@@ -65,6 +65,7 @@ def warm_start(
 ) -> tuple[LLMEngine, dict[str, float]]:
     """Every block in registered shared memory (the host tier), then timed: one copy per
     block on the copy stream, each taken in at its event, and one prefill to the first token."""
+    check_shm_room("the 7B-shaped store", list(manifest.blocks))  # not a SIGBUS midway
     host = HostCache("gpucheck", 0)
     try:
         host.set_pinner(memory)
