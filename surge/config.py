@@ -65,12 +65,15 @@ class EngineConfig:
     """Run pure-decode steps as one `torch.compile`d (inductor) graph, which fuses the
     element-wise ops between projections (`surge.engine.compiled`): token ids to logits on
     a runner holding the whole model, its layers on a pipeline stage. Prefill stays eager.
-    Costs compile time on first use, logged: ~3 graphs (batch 1, batch >= 2, and one
-    recompile as the key count first changes), each ~5-20 s on this project's VM for the
-    100mb preset; the step that needs a graph waits for it. While gradual fusing or packing
-    is under way (`fuse_projections`, `pack_cpu_weights`), decode steps run eager, so neither
-    recompiles. On a CPU with AVX2, a compiled batch-1 step's projections go through
-    surge's own one-row kernel (`surge.engine.gemv`; built once per machine, ~15 s)."""
+    Never on the request path: a background thread compiles the graphs (batch 1 and batch
+    >= 2, from a scratch page of the KV cache) as soon as the runner holds its layers —
+    before the first request on a warm node — and steps run eager until a graph fits them.
+    Graphs persist in inductor's on-disk cache (~/.cache/surge/inductor), so a later process
+    on the same machine compiles far faster. Off by default for now: a process that exits
+    while its compile thread runs (a short `surge generate`, a test's stage process) can die
+    at exit with dynamo mid-compile (measured: stage processes exited non-zero); long-lived
+    servers turn it on. Needs a C++ compiler (g++, or `CXX`) and torch >= 2.6
+    (`torch.compiler.set_stance`); else decode stays eager."""
 
     @property
     def num_pages(self) -> int:

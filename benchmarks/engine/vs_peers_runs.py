@@ -21,11 +21,22 @@ WORKERS = HERE.parent / "workers.py"
 
 class Worker:
     def __init__(
-        self, name: str, python: str, model_dir: Path, vocab: int, threads: int, dtype: str
+        self,
+        name: str,
+        python: str,
+        model_dir: Path,
+        vocab: int,
+        threads: int | None,
+        dtype: str,
+        max_len: int = 1024,
     ) -> None:
+        """`threads` None: the engine's default thread count (torch's: the machine's cores)."""
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.pop(var, None)
+            if threads is not None:
+                env[var] = str(threads)
         if name == "vllm":
             env.pop("PYTHONPATH")
             # In-process engine core (its worker processes die silently here) and a KV cache
@@ -35,7 +46,7 @@ class Worker:
             # Its own thread binding would take every core; OMP_NUM_THREADS decides instead.
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         cmd = [python, str(WORKERS), "--worker", name, "--model-dir", str(model_dir)]
-        cmd += ["--vocab", str(vocab), "--dtype", dtype]
+        cmd += ["--vocab", str(vocab), "--dtype", dtype, "--max-len", str(max_len)]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
         )
@@ -48,9 +59,9 @@ class Worker:
                 return line[len(prefix) :].strip()
         raise RuntimeError(f"{self.name} worker exited (rc {self.proc.wait()})")
 
-    def measure(self, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    def measure(self, batch: int, prompt_len: int, new_tokens: int, seed: int) -> dict:
         assert self.proc.stdin is not None
-        req = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens}
+        req = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "seed": seed}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         return json.loads(self._expect("RESULT "))
@@ -86,7 +97,8 @@ def projection_weights(store: Path, fuse: bool) -> list:
     from surge.engine.runner import ModelRunner
     from surge.model.manifest import read_manifest
 
-    runner = ModelRunner(read_manifest(store), EngineConfig(fuse_projections=fuse))
+    config = EngineConfig(fuse_projections=fuse, compile_decode=False)
+    runner = ModelRunner(read_manifest(store), config)
     runner.load_blocks()
     while runner.fuse_queue:  # what the engine does over its first steps
         runner.fuse_some()

@@ -17,35 +17,40 @@ from pathlib import Path
 RUNNER_DTYPES = ("float32", "bfloat16")
 
 
-def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(batch * 1000 + prompt_len)
+def prompts_for(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Random prompts; a new `seed` per measurement, so no engine's prefix cache hits."""
+    rng = random.Random(seed * 1_000_003 + batch * 1000 + prompt_len)
     return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(batch)]
 
 
-def surge_runner(
-    model_dir: str, dtype: str, pack: bool = True, compile_decode: bool = False, fuse: bool = True
-):
+def surge_runner(model_dir: str, dtype: str, compile_decode: bool = True):
+    """surge with its defaults; as a warm node, its decode graphs compiled (in the background,
+    as ever) before the first measurement."""
     # The store holds the checkpoint's dtype; surge runs it as stored.
     from surge.config import EngineConfig
     from surge.engine.llm_engine import LLMEngine
     from surge.engine.sampling import SamplingParams
     from surge.model.manifest import read_manifest
 
-    config = EngineConfig(
-        pack_cpu_weights=pack, compile_decode=compile_decode, fuse_projections=fuse
-    )
-    engine = LLMEngine(read_manifest(Path(model_dir)), config)
+    engine = LLMEngine(read_manifest(Path(model_dir)), EngineConfig(compile_decode=compile_decode))
+    graph = engine.executor.runner.decode_graph
+    if graph is not None:
+        graph.wait()
 
     def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         outs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
         return [o.token_ids for o in outs]
 
     def stats() -> dict:
-        """The compiled decode step's graphs so far (compile_decode only)."""
-        graph = engine.executor.runner.decode_graph
+        """The compiled decode step's graphs so far, and steps that ran eager."""
         if graph is None:
             return {}
-        return {"num_compiles": graph.num_compiles, "compile_s": round(graph.compile_s, 1)}
+        return {
+            "num_compiles": graph.num_compiles,
+            "compile_s": round(graph.compile_s, 1),
+            "compiled_steps": graph.num_calls,
+            "eager_decode_steps": graph.num_eager_steps,
+        }
 
     run.stats = stats  # type: ignore[attr-defined]
     return run
@@ -74,11 +79,11 @@ def transformers_runner(model_dir: str, dtype: str):
     return run
 
 
-def vllm_runner(model_dir: str, dtype: str):
+def vllm_runner(model_dir: str, dtype: str, max_len: int = 1024):
     from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
 
     # Its default configuration (compiled), the checkpoint's dtype, no tokenizer (ids in/out).
-    llm = LLM(model=model_dir, dtype=dtype, skip_tokenizer_init=True, max_model_len=1024)
+    llm = LLM(model=model_dir, dtype=dtype, skip_tokenizer_init=True, max_model_len=max_len)
 
     def run(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -88,47 +93,42 @@ def vllm_runner(model_dir: str, dtype: str):
     return run
 
 
-def surge_nopack_runner(model_dir: str, dtype: str):
-    """surge with `EngineConfig.pack_cpu_weights` off (no oneDNN-packed projections)."""
-    return surge_runner(model_dir, dtype, pack=False)
-
-
-def surge_compiled_runner(model_dir: str, dtype: str):
-    """surge with `EngineConfig.compile_decode` on (decode steps as one inductor graph)."""
-    return surge_runner(model_dir, dtype, compile_decode=True)
-
-
-def surge_unfused_runner(model_dir: str, dtype: str):
-    """surge with `EngineConfig.fuse_projections` off (q, k, v, gate, up separate matmuls)."""
-    return surge_runner(model_dir, dtype, fuse=False)
+def surge_eager_runner(model_dir: str, dtype: str):
+    """surge with `EngineConfig.compile_decode` off (every step eager)."""
+    return surge_runner(model_dir, dtype, compile_decode=False)
 
 
 RUNNERS = {
     "surge": surge_runner,
-    "surge-nopack": surge_nopack_runner,
-    "surge-compiled": surge_compiled_runner,
-    "surge-unfused": surge_unfused_runner,
+    "surge-eager": surge_eager_runner,
     "transformers": transformers_runner,
     "vllm": vllm_runner,
 }
 
 
-def worker(name: str, model_dir: str, vocab: int, dtype: str) -> None:
-    """Answer one JSON line per request on stdin: {batch, prompt_len, new_tokens}."""
-    run = RUNNERS[name](model_dir, dtype)
+def worker(name: str, model_dir: str, vocab: int, dtype: str, max_len: int) -> None:
+    """Answer one JSON line per request on stdin: {batch, prompt_len, new_tokens, seed}.
+    With new_tokens 1 (a prefill measurement) the run is timed once; otherwise also with 1
+    new token on other prompts, so decode = the difference."""
+    kw = {"max_len": max_len} if name == "vllm" else {}
+    run = RUNNERS[name](model_dir, dtype, **kw)
     out = sys.stdout
     sys.stdout = sys.stderr  # whatever the engine prints must not mix with the answers
     print("READY", file=out, flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        prompts = prompts_for(req["batch"], req["prompt_len"], vocab)
+        batch, prompt_len, new = req["batch"], req["prompt_len"], req["new_tokens"]
+        prompts = prompts_for(batch, prompt_len, vocab, 2 * req["seed"])
         t, c = time.perf_counter(), time.process_time()
-        tokens = run(prompts, req["new_tokens"])
+        tokens = run(prompts, new)
         t_full, c_full = time.perf_counter() - t, time.process_time() - c
-        t, c = time.perf_counter(), time.process_time()
-        run(prompts, 1)
-        t_one, c_one = time.perf_counter() - t, time.process_time() - c
-        assert all(len(x) == req["new_tokens"] for x in tokens)
+        t_one, c_one = t_full, c_full
+        if new > 1:
+            other = prompts_for(batch, prompt_len, vocab, 2 * req["seed"] + 1)
+            t, c = time.perf_counter(), time.process_time()
+            run(other, 1)
+            t_one, c_one = time.perf_counter() - t, time.process_time() - c
+        assert all(len(x) == new for x in tokens)
         ans = {"t_full_s": t_full, "t_one_s": t_one, "first_tokens": tokens[0]}
         ans |= {"cpu_full_s": c_full, "cpu_one_s": c_one}
         ans |= getattr(run, "stats", dict)()
@@ -141,8 +141,9 @@ def main() -> None:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--vocab", type=int, required=True)
     ap.add_argument("--dtype", choices=RUNNER_DTYPES, default="float32")
+    ap.add_argument("--max-len", type=int, default=1024, help="vLLM's max_model_len")
     args = ap.parse_args()
-    worker(args.worker, args.model_dir, args.vocab, args.dtype)
+    worker(args.worker, args.model_dir, args.vocab, args.dtype, args.max_len)
 
 
 if __name__ == "__main__":

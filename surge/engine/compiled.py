@@ -1,6 +1,6 @@
 """`DecodeGraph`: the layer stack of a decode step, compiled with `torch.compile` (inductor).
 
-Opt-in (`EngineConfig.compile_decode`). Why: at batch 1 a decode step of a small model is
+On by default (`EngineConfig.compile_decode`). Why: at batch 1 a decode step of a small model is
 ~35 eager ops per layer besides its 7 projections (norms, rope, KV write and page gather,
 attention, residual adds), each paying PyTorch's per-op dispatch; inductor fuses the
 element-wise chains into a few C++ loops and runs the whole stack from one call. The
@@ -22,15 +22,29 @@ step to step are marked dynamic (batch, pages gathered, keys attended), so the g
 and fixed: one for batch 1, one for every batch >= 2 (and one more for each when packing,
 `EngineConfig.pack_cpu_weights`, has swapped in packed projections; inductor's cache makes that
 one quick). Keys are attended a whole page at a time under a mask (`AttnContext.num_keys`
-None), so no per-step int enters the graph. Each compile is logged with its time; the step
-that triggers it pays it.
+None), so no per-step int enters the graph; a step gathers at least two pages (the second
+masked), so a page count of 1 (which dynamo specializes) never asks for another graph.
+
+Never on the request path: graphs are compiled by a background thread, from scratch inputs
+(a reserved page of the KV cache, `PagedKVCache.scratch_context`), never from a live step.
+The runner starts it as soon as it holds its layers (`ModelRunner.add_block`): on a warm
+node that is before the first request; on a node serving while blocks land, steps run eager
+until the graph is ready. A step uses a graph only while no compile is running, under
+dynamo's `fail_on_recompile` stance: a step whose shape no graph fits (a new batch class,
+packed weights swapped in) raises instead of compiling, runs eager, and hands its shape
+class to the thread. Compiled graphs persist on disk across processes: inductor's FX graph
+cache under `~/.cache/surge/inductor` (`$TORCHINDUCTOR_CACHE_DIR` if set), so a second
+process on the same machine and model only traces (seconds) instead of compiling.
 """
 
 import logging
 import os
 import shutil
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
@@ -73,30 +87,180 @@ def decode_model(
     return final_logits(x[:, -1], head, arch)
 
 
-class DecodeGraph:
-    """One runner's compiled decode step (compiled lazily, per shape class, on first use)."""
+RECOMPILE_REFUSED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+"""The start of the error dynamo raises for a call no graph fits under `fail_on_recompile`."""
+STACK, MODEL = "stack", "model"
+"""What a graph computes: a stage's layers (hidden in and out) or the whole model (ids to
+logits)."""
 
-    def __init__(self) -> None:
+DYNAMO_LOCK = threading.Lock()
+"""Held by a background compile for its whole run. Dynamo is not thread-safe: two threads
+compiling at once, or a step looking up the graphs of a code object (all runners share
+`decode_model`'s) while another thread adds one, crashed the process (SIGFPE) in tests. So
+one compile at a time per process, and steps run eager while any compile runs."""
+
+
+def wait_for_compiles(timeout_s: float = -1) -> bool:
+    """Wait until no background compile runs in this process (before touching dynamo's
+    global state, e.g. `torch._dynamo.reset()`); False on timeout."""
+    if not DYNAMO_LOCK.acquire(timeout=timeout_s):
+        return False
+    DYNAMO_LOCK.release()
+    return True
+
+
+MAX_REFUSALS = 16
+"""Steps no graph fits before decode stays eager for good (past dynamo's recompile limit a
+compile produces no graph, and every step would start another)."""
+
+CompileJob = tuple[str, int]
+"""(STACK or MODEL, batch size class: 1 or 2 standing for every batch >= 2)."""
+
+
+def batch_class(batch_size: int) -> int:
+    """Batch 1 has its own graphs (one-row projections); every larger batch shares one."""
+    return 1 if batch_size == 1 else 2
+
+
+def surge_inductor_cache_dir() -> Path:
+    """Where compiled graphs persist across processes and reboots unless
+    `$TORCHINDUCTOR_CACHE_DIR` names another directory: `$XDG_CACHE_HOME` (or ~/.cache)
+    /surge/inductor (torch's default is under /tmp)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "surge" / "inductor"
+
+
+class DecodeGraph:
+    """One runner's compiled decode step: graphs compiled in a background thread, used by
+    steps only once they fit (see the module docstring)."""
+
+    def __init__(
+        self,
+        compile_args: Callable[[CompileJob], tuple],
+        settle_weights: Callable[[], None] = lambda: None,
+        backend: str = "inductor",
+    ) -> None:
+        """`compile_args(job)`: scratch inputs of that job's graph (called in the thread);
+        `settle_weights()`: finish fusing and packing before compiling, so the graphs are
+        compiled for the weights the steps will have."""
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
-        if not compiler:
+        if backend == "inductor" and not compiler:
             raise SurgeError(
                 "compile_decode needs a C++ compiler for inductor (install g++, or set CXX); "
                 "or turn compile_decode off"
             )
+        # Inductor reads the variable on each cache access, and writes its /tmp default
+        # into it when first asked: replace that default (not a directory a user chose).
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(surge_inductor_cache_dir())
         # No size/stride/alignment asserts in inductor's wrapper (~60 calls per step at 6
         # layers): dynamo's guards already check every input's sizes and strides. The
         # wrapper itself in C++ (`cpp_wrapper`): the Python one costs ~0.3-0.5 ms per step
         # (its kernel calls and views); measured on this project's VM, 100mb preset, one
         # thread, same tokens: batch-1 decode 6.0-6.6 -> 5.5-6.1 ms of CPU per step.
         options = {"size_asserts": False, "alignment_asserts": False, "cpp_wrapper": True}
-        self.fn = torch.compile(decode_stack, dynamic=None, options=options)
-        self.model_fn = torch.compile(decode_model, dynamic=None, options=options)
+        kw: dict = {"options": options} if backend == "inductor" else {"backend": backend}
+        self.fns = {
+            STACK: torch.compile(decode_stack, dynamic=None, **kw),
+            MODEL: torch.compile(decode_model, dynamic=None, **kw),
+        }
+        # Dynamo's recompile limit counts per code object, shared by every runner in the
+        # process (2 graphs each): room for many runners before steps would stay eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        # Weakly: a runner dropped while its graphs compile (a short-lived engine) is freed,
+        # and the thread stops at its next graph instead of compiling for nobody.
+        self._compile_args = _weak(compile_args)
+        self._settle_weights = _weak(settle_weights)
         self.num_calls = 0
+        """Steps that ran a compiled graph."""
         self.num_model_calls = 0
         """Of `num_calls`, those through `model` (token ids to logits in one graph)."""
+        self.num_eager_steps = 0
+        """Decode steps that ran eager because no graph was ready for them."""
+        self.num_refusals = 0
+        """Steps no graph fitted (each hands its batch class to the compile thread)."""
         self.num_compiles = 0
         """Graphs compiled for this runner (each logged with its time)."""
         self.compile_s = 0.0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+        """A compile that failed (logged; steps then stay eager)."""
+
+    @property
+    def compiling(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, jobs: Sequence[CompileJob]) -> bool:
+        """Compile these graphs in a background thread; False if one is running already or a
+        compile failed before (steps then stay eager)."""
+        with self._lock:
+            if self.compiling or self.error is not None:
+                return False
+            self._thread = threading.Thread(
+                target=self._compile_all, args=(tuple(jobs),), name="surge-compile", daemon=True
+            )
+            self._thread.start()
+            return True
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the background compile (if any); True once none is running."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+        return not self.compiling
+
+    def _compile_all(self, jobs: tuple[CompileJob, ...]) -> None:
+        with DYNAMO_LOCK:
+            self._compile_jobs(jobs)
+
+    def _compile_jobs(self, jobs: tuple[CompileJob, ...]) -> None:
+        try:
+            with torch.inference_mode():  # what the steps run under: the graphs guard on it
+                settle = self._settle_weights()
+                if settle is None:
+                    return
+                settle()
+                del settle
+                for job in jobs:
+                    if not self._compile(job):
+                        return
+        except Exception as e:  # a failed compile must not take the server down: eager stays
+            self.error = e
+            log.warning("compiling the decode step failed (%s); decode stays eager", e)
+
+    def _compile(self, job: CompileJob) -> bool:
+        """Compile one graph; False when its runner is gone."""
+        which, _ = job
+        compile_args = self._compile_args()
+        if compile_args is None:
+            return False
+        args = compile_args(job)
+        del compile_args
+        mark_dynamic(which, args)
+        before = counters["stats"]["unique_graphs"]
+        start = time.perf_counter()
+        self.fns[which](*args)
+        if counters["stats"]["unique_graphs"] == before:
+            return True  # a graph for it existed already
+        took = time.perf_counter() - start
+        self.num_compiles += 1
+        self.compile_s += took
+        ctx = args[-3]
+        assert isinstance(ctx, AttnContext)
+        log.info(
+            "compiled the decode step (%s, batch %s, %d layers) in %.1f s in the background "
+            "(compile %d, %.1f s in all)",
+            which,
+            "1" if job[1] == 1 else ">= 2",
+            len(args[-2]),
+            took,
+            self.num_compiles,
+            self.compile_s,
+        )
+        return True
 
     def __call__(
         self,
@@ -106,10 +270,10 @@ class DecodeGraph:
         ctx: AttnContext,
         k_caches: tuple[torch.Tensor, ...],
         v_caches: tuple[torch.Tensor, ...],
-    ) -> torch.Tensor:
-        """Hidden states [B, 1, hidden] through `layers` (a pipeline stage's range)."""
-        torch._dynamo.maybe_mark_dynamic(x, 0)
-        return self._run(self.fn, "", len(layers), x, layers, arch, ctx, k_caches, v_caches)
+    ) -> torch.Tensor | None:
+        """Hidden states [B, 1, hidden] through `layers` (a pipeline stage's range); None:
+        no graph is ready for this step, run it eager."""
+        return self._try(STACK, (x, layers, arch, ctx, k_caches, v_caches))
 
     def model(
         self,
@@ -121,41 +285,52 @@ class DecodeGraph:
         ctx: AttnContext,
         k_caches: tuple[torch.Tensor, ...],
         v_caches: tuple[torch.Tensor, ...],
-    ) -> torch.Tensor:
-        """Token ids [B, 1] -> float32 logits [B, vocab] through the whole model, one call."""
-        torch._dynamo.maybe_mark_dynamic(token_ids, 0)
+    ) -> torch.Tensor | None:
+        """Token ids [B, 1] -> float32 logits [B, vocab] through the whole model, one call;
+        None: no graph is ready for this step, run it eager."""
         args = (token_ids, embedding, layers, head, arch, ctx, k_caches, v_caches)
-        self.num_model_calls += 1
-        return self._run(self.model_fn, " with embedding and head", len(layers), *args)
-
-    def _run(
-        self, fn: Callable[..., torch.Tensor], what: str, num_layers: int, *args: object
-    ) -> torch.Tensor:
-        ctx = args[-3]
-        assert isinstance(ctx, AttnContext)
-        # Sizes that move from step to step; size-1 dims (batch 1) stay specialized.
-        for t in (ctx.cos, ctx.sin, ctx.write_slots, ctx.gather_pages):
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-        torch._dynamo.maybe_mark_dynamic(ctx.gather_pages, 1)
-        if ctx.mask is not None:
-            torch._dynamo.maybe_mark_dynamic(ctx.mask, 0)
-            torch._dynamo.maybe_mark_dynamic(ctx.mask, 3)
-        before = counters["stats"]["unique_graphs"]
-        start = time.perf_counter()
-        out = fn(*args)
-        self.num_calls += 1
-        if counters["stats"]["unique_graphs"] != before:
-            took = time.perf_counter() - start
-            self.num_compiles += 1
-            self.compile_s += took
-            log.info(
-                "compiled the decode step%s (batch %d, %d layers) in %.1f s (compile %d, "
-                "%.1f s in all)",
-                what,
-                ctx.gather_pages.shape[0],
-                num_layers,
-                took,
-                self.num_compiles,
-                self.compile_s,
-            )
+        out = self._try(MODEL, args)
+        self.num_model_calls += out is not None
         return out
+
+    def _try(self, which: str, args: tuple) -> torch.Tensor | None:
+        """Run a ready graph; never compile here (the request path)."""
+        if self.compiling or self.error is not None or DYNAMO_LOCK.locked():
+            self.num_eager_steps += 1
+            return None
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                out = self.fns[which](*args)
+        except RuntimeError as e:
+            if not str(e).startswith(RECOMPILE_REFUSED):
+                raise
+            self.num_eager_steps += 1
+            self.num_refusals += 1
+            if self.num_refusals > MAX_REFUSALS:  # compiles that never fit: stop trying
+                self.error = RuntimeError(f"no compiled graph fit after {MAX_REFUSALS} tries")
+                log.warning("decode stays eager: %s", self.error)
+                return None
+            self.start([(which, batch_class(args[0].shape[0]))])
+            return None
+        self.num_calls += 1
+        return out
+
+
+def _weak(fn: Callable) -> Callable[[], Callable | None]:
+    """A weak reference to a callable (a bound method: to its object)."""
+    if hasattr(fn, "__self__"):
+        return weakref.WeakMethod(fn)  # type: ignore[arg-type]
+    return lambda: fn
+
+
+def mark_dynamic(which: str, args: tuple) -> None:
+    """Mark the sizes that move from step to step (size-1 dims, batch 1, stay specialized)."""
+    ctx = args[-3]
+    assert isinstance(ctx, AttnContext)
+    torch._dynamo.maybe_mark_dynamic(args[0], 0)  # token ids or hidden states: the batch
+    for t in (ctx.cos, ctx.sin, ctx.write_slots, ctx.gather_pages):
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    torch._dynamo.maybe_mark_dynamic(ctx.gather_pages, 1)
+    if ctx.mask is not None:
+        torch._dynamo.maybe_mark_dynamic(ctx.mask, 0)
+        torch._dynamo.maybe_mark_dynamic(ctx.mask, 3)

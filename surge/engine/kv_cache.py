@@ -42,7 +42,10 @@ class PagedKVCache:
     ) -> None:
         self.page_size = page_size_tokens
         self.num_pages = num_pages
-        shape = (num_layers, num_pages * page_size_tokens, num_kv_heads, head_dim)
+        # One page more than the pool hands out: the scratch page, which only the decode
+        # graphs' background compile writes (`scratch_context`), never a sequence.
+        self.scratch_page = num_pages
+        shape = (num_layers, (num_pages + 1) * page_size_tokens, num_kv_heads, head_dim)
         # Zeros, not empty: padded gathers read unused slots, which must be finite.
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -133,6 +136,8 @@ class PagedKVCache:
         if new_keys_only or prior_first_slot is not None:
             gather_len = 0
         num_gather_pages = pages_needed(gather_len, self.page_size)
+        if whole_pages:  # at least two: a compiled graph would specialize a count of one
+            num_gather_pages = max(num_gather_pages, 2)
         # Built as Python lists and converted once: per-sequence tensor ops cost more here.
         gather: list[int] = []
         writes: list[int] = []
@@ -177,6 +182,26 @@ class PagedKVCache:
             new_keys_only=new_keys_only,
             prior_len=prior_len,
             prior_first_slot=prior_first_slot,
+        )
+
+    def scratch_context(self, batch_size: int, rope: RopeTable) -> AttnContext:
+        """A decode step's context for `batch_size` sequences at position 0 that writes and
+        reads only the scratch page (compiling a graph from it touches no sequence), shaped
+        like `prepare(..., whole_pages=True)`'s: two pages gathered, the second masked."""
+        first = self.scratch_page * self.page_size
+        positions = torch.zeros(batch_size, 1, dtype=torch.int64)
+        cos, sin = rope.lookup(positions.to(rope.inv_freq.device), 0)
+        j = torch.arange(2 * self.page_size)
+        mask = (j[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        return AttnContext(
+            cos=cos,
+            sin=sin,
+            write_slots=torch.arange(first, first + batch_size, device=self.device),
+            valid_index=None,
+            gather_pages=torch.full((batch_size, 2), self.scratch_page, device=self.device),
+            page_size_tokens=self.page_size,
+            num_keys=None,
+            mask=mask.to(self.device),
         )
 
     def _consecutive_from(self, seq_id: int, num_tokens: int) -> int | None:

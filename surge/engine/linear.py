@@ -89,7 +89,9 @@ class Linear:
         return Linear.of(self.weight, self.bias, pack=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.numel() > x.shape[-1]:  # two or more rows
+        # Rows first: a batch-1 graph then never reads `packed`, so packing, swapping it in,
+        # does not invalidate that graph.
+        if x.numel() > x.shape[-1] and self.packed is not None:  # two or more rows
             if torch.compiler.is_compiling():
                 return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -194,19 +194,25 @@ class RopeTable:
     ) -> None:
         self.inv_freq = rope_inv_freq(rope, head_dim).to(device)
         self.dtype = dtype
-        self.cos = torch.empty(0, head_dim, device=device, dtype=dtype)
-        self.sin_signed = torch.empty(0, head_dim, device=device, dtype=dtype)
+        empty = torch.empty(0, head_dim, device=device, dtype=dtype)
+        self.tables: tuple[torch.Tensor, torch.Tensor] = (empty, empty)
+        """(cos, sin_signed) [positions, head_dim], replaced whole when grown."""
 
     def lookup(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, ...]:
         """cos, sin_signed [*positions.shape, 1, head_dim] of `positions` (all <=
         `max_position`), ready for `apply_rope` on [..., heads, head_dim]."""
-        if max_position >= self.cos.shape[0]:
-            n = max(max_position + 1, 2 * self.cos.shape[0], 256)
+        # One read of the pair: the decode graphs' compile thread looks up too, and a table
+        # another thread swaps in mid-call must not be mixed with the one checked.
+        cos, sin_signed = self.tables
+        if max_position >= cos.shape[0]:
+            n = max(max_position + 1, 2 * cos.shape[0], 256)
             t = torch.arange(n, device=self.inv_freq.device, dtype=torch.int64).float()
             freqs = torch.outer(t, self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin_signed = rope_tables(emb.cos(), emb.sin(), self.dtype)
-        return self.cos[positions].unsqueeze(-2), self.sin_signed[positions].unsqueeze(-2)
+            cos, sin_signed = rope_tables(emb.cos(), emb.sin(), self.dtype)
+            if cos.shape[0] > self.tables[0].shape[0]:
+                self.tables = (cos, sin_signed)
+        return cos[positions].unsqueeze(-2), sin_signed[positions].unsqueeze(-2)
 
 
 def rope_tables(

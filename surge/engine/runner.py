@@ -13,6 +13,7 @@ of networks: `surge.engine.hidden` turns hidden states into bytes for whoever ca
 """
 
 import logging
+import threading
 from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ import torch
 
 from surge.config import EngineConfig
 from surge.engine import gemv
+from surge.engine.attention import AttnContext
 from surge.engine.batch import BatchMeta
 from surge.engine.device import pick_device
 from surge.engine.devmem import DeviceMemory, device_memory, move_block
@@ -104,12 +106,20 @@ class ModelRunner:
         self.fuse_queue: deque[int] = deque()
         """Layers of an older store (separate q/k/v, gate/up) still to fuse
         (`EngineConfig.fuse_projections`); stays empty for a version-3 store."""
+        self.weights_lock = threading.Lock()
+        """Held while fusing or packing (the steps' gradual work, or the compile thread's
+        `settle_weights`): never both at once."""
         self.decode_graph: DecodeGraph | None = None
-        if config.compile_decode:  # imported only then: torch._dynamo adds ~1 s to start-up
+        if config.compile_decode and hasattr(torch.compiler, "set_stance"):
+            # Imported only then: torch._dynamo adds ~1 s to start-up.
             from surge.engine import compiled
 
-            self.decode_graph = compiled.DecodeGraph()
+            self.decode_graph = compiled.DecodeGraph(self.compile_args, self.settle_weights)
+        elif config.compile_decode:
+            log.info("torch %s lacks set_stance: decode steps stay eager", torch.__version__)
         """The compiled decode step (`EngineConfig.compile_decode`), else None."""
+        self.compile_started = False
+        """The background compile was started (once this runner held its layers)."""
 
     # ---- blocks ----------------------------------------------------------------------
 
@@ -145,6 +155,47 @@ class ModelRunner:
             if self.packs:
                 self.pack_queue.append((None, "lm_head"))
         log.debug("block %d ready (layers %d-%d)", index, info.first_layer, info.end_layer - 1)
+        self._start_compile()
+
+    def _start_compile(self) -> None:
+        """Once every layer (and, for a whole model, the embedding and head) is here, compile
+        the decode graphs in the background: before the first request on a warm node, beside
+        the eager steps on one serving while its blocks land (`surge.engine.compiled`)."""
+        if self.decode_graph is None or self.compile_started:
+            return
+        if not self.holds_layers(self.first_layer, self.end_layer):
+            return
+        from surge.engine.compiled import MODEL, STACK
+
+        whole_range = self.first_layer == 0 and self.end_layer == self.arch.num_layers
+        if whole_range and not self.holds_whole_model:
+            return  # a whole model's graph also needs the embedding and the head
+        which = MODEL if whole_range else STACK
+        self.compile_started = self.decode_graph.start([(which, 1), (which, 2)])
+
+    def compile_args(self, job: tuple[str, int]) -> tuple:
+        """Scratch inputs of a decode graph (`DecodeGraph`'s compile thread): a step of
+        `batch` sequences writing only the cache's reserved scratch page."""
+        from surge.engine.compiled import MODEL
+
+        which, batch = job
+        ctx = self.kv.scratch_context(batch, self.rope)
+        layers = tuple(self.layers[layer] for layer in range(self.first_layer, self.end_layer))
+        caches = (self.k_layers, self.v_layers)
+        if which == MODEL:
+            ids = torch.zeros(batch, 1, dtype=torch.int64, device=self.device)
+            return (ids, self.embedding, layers, self.head, self.arch, ctx, *caches)
+        x = torch.zeros(batch, 1, self.arch.hidden_size, dtype=self.dtype, device=self.device)
+        return (x, layers, self.arch, ctx, *caches)
+
+    def settle_weights(self) -> None:
+        """Finish fusing and packing now (the compile thread, before it compiles: graphs for
+        the weights the steps will have)."""
+        with self.weights_lock:
+            while self.fuse_queue:
+                self.fuse_some()
+            while self.pack_queue:
+                self.pack_some()
 
     def load_blocks(self, indices: list[int] | None = None) -> None:
         """Read blocks from the store on disk (default: every block this range needs)."""
@@ -226,10 +277,14 @@ class ModelRunner:
     def _before_step(self, batch: BatchMeta) -> bool:
         """Fuse and pack a little (gradually, see `fuse_some`, `pack_some`); whether this
         step runs compiled (a pure decode step, fusing and packing settled)."""
-        if self.fuse_queue:
-            self.fuse_some()
-        if self.pack_queue and batch.num_seqs >= 2:
-            self.pack_some()
+        if (self.fuse_queue or self.pack_queue) and self.weights_lock.acquire(blocking=False):
+            try:  # not while the compile thread settles them
+                if self.fuse_queue:
+                    self.fuse_some()
+                if self.pack_queue and batch.num_seqs >= 2:
+                    self.pack_some()
+            finally:
+                self.weights_lock.release()
         return self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled
 
     @torch.inference_mode()
@@ -258,7 +313,17 @@ class ModelRunner:
             lo, hi = start - self.first_layer, end - self.first_layer
             layers = tuple(self.layers[layer] for layer in range(start, end))
             k_caches, v_caches = self.k_layers[lo:hi], self.v_layers[lo:hi]
-            return self.decode_graph(x, layers, self.arch, ctx, k_caches, v_caches)
+            # Graphs are compiled for inference tensors (dynamo guards on the dispatch keys):
+            # hidden states that came over the wire are copied into one (a row per sequence).
+            x = x if x.is_inference() else x.clone()
+            out = self.decode_graph(x, layers, self.arch, ctx, k_caches, v_caches)
+            if out is not None:
+                return out
+        return self._eager_layers(start, end, x, ctx)
+
+    def _eager_layers(
+        self, start: int, end: int, x: torch.Tensor, ctx: AttnContext
+    ) -> torch.Tensor:
         for layer in range(start, end):
             i = layer - self.first_layer
             x = decoder_layer(
@@ -307,8 +372,13 @@ class ModelRunner:
         ctx = self.kv.prepare(batch, self.rope, whole_pages=True)
         layers = tuple(self.layers[layer] for layer in range(self.arch.num_layers))
         ids = token_ids.to(self.device)
+        ids = ids if ids.is_inference() else ids.clone()  # what the graphs were compiled for
         args = (self.arch, ctx, self.k_layers, self.v_layers)
-        return self.decode_graph.model(ids, self.embedding, layers, self.head, *args)
+        logits = self.decode_graph.model(ids, self.embedding, layers, self.head, *args)
+        if logits is not None:
+            return logits
+        hidden = self._eager_layers(0, self.end_layer, self.embed(token_ids), ctx)
+        return self.logits(hidden, batch)
 
     def free(self, seq_id: int) -> None:
         """Drop a sequence's KV cache."""

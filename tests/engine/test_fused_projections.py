@@ -92,7 +92,7 @@ def test_stored_fused_is_used_with_zero_copies(stores: tuple[Path, Path, Path]) 
     _, new, _ = stores
     manifest = read_manifest(new)
     for fuse in (True, False):
-        runner = ModelRunner(manifest, EngineConfig(fuse_projections=fuse))
+        runner = ModelRunner(manifest, EngineConfig(compile_decode=False, fuse_projections=fuse))
         runner.load_blocks()
         assert not runner.fuse_queue and _fused_layers(runner) == {fuse}
         spans = _spans(runner)
@@ -124,7 +124,9 @@ def test_every_layout_and_setting_gives_the_reference_tokens(
     cases = [(new, True), (new, False), (old, True), (old, False)]
     out, runners = [], []
     for store, fuse in cases:
-        engine = LLMEngine(read_manifest(store), EngineConfig(fuse_projections=fuse, **base))
+        engine = LLMEngine(
+            read_manifest(store), EngineConfig(compile_decode=False, fuse_projections=fuse, **base)
+        )
         batch = engine.generate(prompts, params)
         lone = engine.generate([prompts[0]], params)
         out.append([c.token_ids for c in batch + lone])
@@ -162,7 +164,11 @@ def test_older_store_fused_gradually_in_a_layer_range_and_block_buffers_untouche
     import_checkpoint(tiny_hf, store, 3, progress=False, fuse_projections=False)
     manifest = read_manifest(store)
     end = manifest.arch.num_layers
-    runner = ModelRunner(manifest, EngineConfig(max_pack_bytes_per_step=1), layer_range=(1, end))
+    runner = ModelRunner(
+        manifest,
+        EngineConfig(compile_decode=False, max_pack_bytes_per_step=1),
+        layer_range=(1, end),
+    )
     runner.load_blocks()
     before = {i: bytes(buf) for i, buf in runner.block_buffers.items()}
     held = sorted(runner.layers)  # the range's layers (and any other its blocks hold)

@@ -67,6 +67,7 @@ def test_runner_packs_gradually_and_only_on_batched_steps(tiny_store: Path, pack
     probe.load_blocks()
     biggest = max(p.num_bytes for p in _projections(probe))
     config = EngineConfig(  # unfused: fusing's copies would share the per-step budget
+        compile_decode=False,  # the steps' gradual packing (a compile thread packs all)
         pack_cpu_weights=pack,
         max_pack_bytes_per_step=biggest,
         pack_min_hidden_size=1,
@@ -102,7 +103,9 @@ def test_packed_engine_matches_transformers(tiny_hf: Path, tiny_store: Path) -> 
     """A batch of different lengths (prefill and batched decode on the packed path) gives
     transformers' greedy tokens (near-tie rule of tests/engine/reference.py)."""
     prompts = [[0, 5, 9, 200, 31, 17, 4], [0, 8], [0, 3, 44, 55, 66, 77, 88, 99, 100]]
-    config = EngineConfig(max_pack_bytes_per_step=1, pack_min_hidden_size=1)  # one per step
+    config = EngineConfig(
+        compile_decode=False, max_pack_bytes_per_step=1, pack_min_hidden_size=1
+    )  # one per step
     engine = LLMEngine.from_store(tiny_store, config)
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     runner = engine.executor.runner
@@ -120,7 +123,9 @@ def test_narrow_models_are_not_packed(tiny_store: Path) -> None:
     runner = ModelRunner(manifest)
     runner.load_blocks()
     assert not runner.packs and not runner.pack_queue
-    wide = ModelRunner(manifest, EngineConfig(pack_min_hidden_size=manifest.arch.hidden_size))
+    wide = ModelRunner(
+        manifest, EngineConfig(compile_decode=False, pack_min_hidden_size=manifest.arch.hidden_size)
+    )
     wide.load_blocks()
     assert wide.packs and not wide.fuse_queue  # the store holds q|k|v, gate|up fused
     assert len(wide.pack_queue) == 1 + 4 * manifest.arch.num_layers  # q|k|v, o, gate|up, down
