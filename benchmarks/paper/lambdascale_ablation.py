@@ -20,6 +20,7 @@ number is this runtime measurement. Run: python benchmarks/paper/lambdascale_abl
 
 import itertools
 import logging
+import os
 import socket
 import sys
 import threading
@@ -37,7 +38,7 @@ log = logging.getLogger("lambdascale_ablation")
 TENSORS = 22
 """Tensors in one of 16 blocks of Llama-2 13B (2.5 layers x 9 tensors)."""
 BLOCK_BYTES = 32 * 1024 * 1024
-REPEATS = 11
+REPEATS = 21
 STEPS = ("none", "+pre-alloc", "+tensor-pack", "+host-mem")
 
 
@@ -107,6 +108,7 @@ def measure() -> dict:
     # the fastest of the repeats: on a shared machine the others carry other processes' time
     med = {s: float(np.min(v)) for s, v in times.items()}
     return {
+        "load_average": os.getloadavg()[0],
         "block_bytes": sum(sizes),
         "tensors": TENSORS,
         "repeats": REPEATS,
@@ -135,9 +137,11 @@ def report_rows(doc: dict) -> list[dict]:
             ordering=falls,
             cause=None
             if falls and not flat
-            else f"{', '.join(flat)} gains under 5% here: on a local socket a message costs "
-            "microseconds, where an RDMA request pays its processing (the paper's reason for "
-            "packing, §7.6); allocation and the staging copy are real on a CPU and show.",
+            else f"{', '.join(flat)} did not take 5% off here. On a local socket a message "
+            "costs microseconds, where an RDMA request pays its processing (the paper's reason "
+            "for packing, §7.6), so packing gains little; and on this shared 2-core host (load "
+            f"{doc.get('load_average', float('nan')):.0f} at the run) even the fastest of "
+            f"{doc['repeats']} repeats moves by tens of percent between runs.",
         )
     ]
 
