@@ -6,9 +6,11 @@ and then (§6.1) consolidation into standalone instances. Decisions:
 - the group: `surge.policy.startup.plan_group` (Alg. 2's contention-adjusted network
   shares, whose per-machine state `networks` this module keeps and advances with
   `placement.finish_worker`; then Alg. 1's size by the model's SLO and stage
-  times from the cost model) when `group_sizing` is `alg1`; `pipeline_size` workers
-  placed by `surge.policy.placement` when `fixed`; parts by bytes
-  (`surge.policy.startup.split_blocks`);
+  times from the cost model) when `group_sizing` is `alg1`; when `fixed`, or Alg. 1
+  finds no group, `surge.policy.paraserve.groups.fixed_group` on the workers
+  `surge.policy.placement` places (`pipeline_size`, fewer when fewer GPUs are free, as
+  `surge serve` does); parts by bytes (`surge.policy.startup.split_blocks`); the
+  groups of one scale-out in turn, until one cannot start;
 - FlexPipe systems: stage count, layers and GPUs from `sim.flexpipe.FlexPipe.shape`
   (and in-flight refactoring at every autoscaler check: `FlexPipe.retune`);
 - GPU shares (ParaServe §4.1.1-§4.1.2, `SimSettings.fractional_gpus`): a low-memory
@@ -22,6 +24,7 @@ and then (§6.1) consolidation into standalone instances. Decisions:
 from collections.abc import Callable
 
 from surge.policy.paraserve.gpu_share import SHARE_EPS, low_memory_share, pick_gpu
+from surge.policy.paraserve.groups import fixed_group
 from surge.policy.paraserve.placement import ServerNetwork, finish_worker
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
@@ -30,7 +33,6 @@ from surge.policy.startup import (
     alg1_inputs,
     plan_group,
     serving_at_s,
-    split_blocks,
 )
 from surge.sim.consolidation import Consolidation
 from surge.sim.costs import cost_model
@@ -221,16 +223,13 @@ class Groups:
         elif shaped is not None:
             workers, member_bytes, spans = shaped
         else:
-            # `fixed`, or Alg. 1 found no group: its fallback (one full-memory worker)
-            # needs a server that holds the whole model; then `pipeline_size` workers
-            # start instead (reported to the policy owner; see docs/simulator.md).
-            size = sys.pipeline_size
-            stage_bytes = -(-slot.profile.total_bytes // size)
-            tp = tp_for(slot.group, stage_bytes, world.settings.kv_memory_fraction) or 1
-            workers = list(self.place(pool, size, tp))
-            if len(workers) < size:
+            # `fixed`, or Alg. 1 found no group: `policy.paraserve.groups.fixed_group`, the
+            # first `pipeline_size` workers placed, fewer when fewer GPUs are free (each
+            # then holds a larger part: as many GPUs as that part needs)
+            group = self._fixed(pool, blocks)
+            if group is None:
                 return False
-            member_bytes = [sum(blocks[b] for b in part) for part in split_blocks(blocks, size)]
+            workers, member_bytes = group
         if not workers:
             return False
         machine_of = world.state.machine_of_gpu
@@ -268,6 +267,23 @@ class Groups:
         for i, (w, nbytes) in enumerate(zip(workers, member_bytes, strict=True)):
             self._fetch(pool, w, nbytes, lambda i=i: member_done(i), count=True)
         return True
+
+    def _fixed(
+        self, pool: Pool, blocks: tuple[int, ...]
+    ) -> tuple[list[tuple[int, ...]], list[int]] | None:
+        """`fixed_group` on the workers `policy.placement` places: the largest group of up
+        to `pipeline_size` whose workers find GPUs. Workers and their bytes; None if none."""
+        world = self.world
+        slot = world.models[pool.model]
+        for size in range(min(world.system.pipeline_size, len(blocks)), 0, -1):
+            stage_bytes = -(-slot.profile.total_bytes // size)
+            tp = tp_for(slot.group, stage_bytes, world.settings.kv_memory_fraction) or 1
+            placed = list(self.place(pool, size, tp))
+            group = fixed_group(range(len(placed)), blocks, size)
+            if group is not None and len(group.members) == size:
+                workers = [placed[i] for i in group.members]
+                return workers, [sum(blocks[b] for b in part) for part in group.parts]
+        return None
 
     def _forget(self, model_id: str) -> None:
         """A planned group that does not start: its workers leave Alg. 2's state (every

@@ -15,7 +15,8 @@ start-up plan (each destination's own tier). For each instance wanted, one group
   instances; the group's running requests move onto them with their KV caches
   (`runtime/consolidation.py` `consolidate`); the other members' slots are released.
 With `consolidation` `scale-up` every member is kept; with `group_sizing` `fixed` the group
-is the destination and the first `pipeline_size - 1` spares.
+is the destination and the first free nodes, `pipeline_size` in all or fewer
+(`policy.paraserve.groups`: the groups, their fallback and the loop are policy's).
 
 Stage times for Alg. 1 are estimates (ParaServe keeps historical ones; this runtime has none
 before the first cold start), documented in docs/scaleout.md:
@@ -34,20 +35,20 @@ import math
 
 from surge.errors import SurgeError
 from surge.events import Consolidation, PipelineRetired
+from surge.policy.paraserve.groups import GroupsRequest
+from surge.policy.paraserve.groups import plan_groups as policy_plan_groups
 from surge.policy.paraserve.placement import FetchingWorker, ServerNetwork
 from surge.policy.paraserve.predictor import (
     ConsolidationDecision,
     PredictorSettings,
     decide_consolidation,
 )
-from surge.policy.paraserve.sizing import GpuServer, SizingDecision, SizingSettings, StageTimes
+from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import (
     GroupPlan,
     GroupRequest,
     StartupPlan,
     alg1_inputs,
-    plan_group,
-    split_blocks,
 )
 from surge.runtime.consolidation import consolidate
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
@@ -85,52 +86,39 @@ def _networks(ctx: ScaleOutContext, nodes: list[int], now_s: float) -> tuple[Ser
     )
 
 
-def _fixed_group(ctx: ScaleOutContext, dest: int, free: list[int]) -> GroupPlan:
-    """`group_sizing` fixed: the destination and the first spares, `pipeline_size` in all."""
-    members = (dest, *[n for n in free if n != dest][: ctx.system.pipeline_size - 1])
-    members = members[: ctx.manifest.num_blocks]
-    sizes = tuple(b.size_bytes for b in ctx.manifest.blocks)
-    decision = SizingDecision(len(members), 0, (), members, math.nan, math.nan, False)
-    return GroupPlan(members, split_blocks(sizes, len(members)), decision, ())
-
-
 def plan_groups(ctx: ScaleOutContext) -> list[GroupPlan]:
-    """One group per destination; each group's members leave the pool for the next one,
-    and Alg. 2's state carries the earlier groups' workers."""
+    """One group per destination, by `policy.paraserve.groups.plan_groups` (fewer when the
+    nodes run out: more next tick); an error when not even one can form."""
     pool = [d.node for d in ctx.destinations] + [d.node for d in ctx.spares]
-    sizes = tuple(b.size_bytes for b in ctx.manifest.blocks)
     now = ctx.server.clock.now_s()
-    networks = _networks(ctx, pool, now)
     times, settings = alg1_inputs_of(ctx)
-    groups: list[GroupPlan] = []
-    for dest in ctx.destinations:
-        free = [n for n in pool if all(n not in g.members for g in groups)]
-        if ctx.system.group_sizing == "fixed":
-            groups.append(_fixed_group(ctx, dest.node, free))
-            continue
-        request = GroupRequest(
-            block_bytes=sizes,
-            servers=tuple(
-                GpuServer(n, ctx.manifest.total_bytes, ctx.fetch_gbps, PCIE_GBPS) for n in free
-            ),
-            times=times,
-            ttft_slo_s=ctx.ttft_slo_s,
-            tpot_slo_s=ctx.tpot_slo_s,
-            settings=settings,
-            networks=networks,
-            now_s=now,
-            model_id=f"{ctx.model}/{len(groups)}",
+    alg1 = GroupRequest(
+        block_bytes=tuple(b.size_bytes for b in ctx.manifest.blocks),
+        servers=tuple(
+            GpuServer(n, ctx.manifest.total_bytes, ctx.fetch_gbps, PCIE_GBPS) for n in pool
+        ),
+        times=times,
+        ttft_slo_s=ctx.ttft_slo_s,
+        tpot_slo_s=ctx.tpot_slo_s,
+        settings=settings,
+        networks=_networks(ctx, pool, now),
+        now_s=now,
+        model_id=ctx.model,
+    )
+    groups = policy_plan_groups(
+        GroupsRequest(
+            leaders=tuple(d.node for d in ctx.destinations),
+            spares=tuple(d.node for d in ctx.spares),
+            sizing=ctx.system.group_sizing,
+            pipeline_size=ctx.system.pipeline_size,
+            alg1=alg1,
         )
-        group = plan_group(request) if free else None
-        if group is None:
-            if groups:  # earlier groups took the nodes: fewer instances now, more next tick
-                break
-            raise SurgeError(
-                f"{ctx.model}: no free node can take a ParaServe worker; free a slot or add nodes"
-            )
-        groups.append(group)
-        networks = group.networks
-    return groups
+    )
+    if not groups:
+        raise SurgeError(
+            f"{ctx.model}: no free node can take a ParaServe worker; free a slot or add nodes"
+        )
+    return list(groups)
 
 
 async def run_groups(ctx: ScaleOutContext, plan: StartupPlan) -> None:
