@@ -224,7 +224,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=128, help="§9: 128")
-    ap.add_argument("--statics", default="1,4", help="static stage counts compared")
+    ap.add_argument("--statics", default="1,4", help="static stage counts compared ('': none)")
     ap.add_argument("--target-ongoing", type=float, default=4.0)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--max-prompt", type=int, default=512)
@@ -241,7 +241,8 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     config = EmulationConfig.parse(args.emulate, args.time_dilation)
     cvs = [float(c) for c in args.cvs.split(",")]
-    variants = ["flexpipe", *(f"static-{n}" for n in args.statics.split(",")), "serverlessllm"]
+    statics = [f"static-{n}" for n in args.statics.split(",") if n]
+    variants = ["flexpipe", *statics, "serverlessllm"]
     report: dict = report_head(args, config, PAPER) | {"rate_qps": args.rate}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
