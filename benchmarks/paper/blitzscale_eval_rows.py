@@ -4,7 +4,7 @@ measured counterfactual from its `rate_sensitivity` runs) and host-cache copies 
 In: benchmarks/results/paper/blitzscale_eval.json. Out: `rows.row` dicts for `report.py`.
 """
 
-from rows import row
+from rows import row, within
 
 PAPER_6_1 = {"7b-azurecode": 0.555, "8b-azureconv": 0.310, "70b-azurecode": 0.861}
 """§6.1: BlitzScale's mean TTFT reduction vs S-LLM per workload (86.1% is BurstGPT's 70B,
@@ -19,26 +19,25 @@ def report_rows(doc: dict) -> list[dict]:
         for r in doc["rate_sensitivity"]["rows"]
         if r["rate_scale"] == 2.0 and r["cluster"].startswith("blitzscale-a")
     }
+    counterfactual = ""
+    seven = doc["ttft_6_1"]["workloads"].get("7b-azurecode")
+    if seven and "serverlessllm-keepalive60" in sens:
+        k60 = sens["serverlessllm-keepalive60"]
+        counterfactual = (
+            "Counterfactual (7B, AzureCode x2): S-LLM with a 60-s keep-alive misses "
+            f"{k60['cache_misses']} of {k60['loads']} loads (the paper's 20-46% regime) and "
+            f"BlitzScale's reduction moves {seven['ttft_reduction_vs_serverlessllm']:.1%} -> "
+            f"{1 - sens['blitzscale']['ttft_mean_s'] / k60['ttft_mean_s']:.1%}."
+        )
     for name, w in doc["ttft_6_1"]["workloads"].items():
         red = w["ttft_reduction_vs_serverlessllm"]
         sllm = w["systems"]["serverlessllm"]
         miss = sllm["cache_misses"]
         cause = (
             f"S-LLM rarely misses its host cache ({miss} of {miss + sllm['cache_hits']} "
-            "loads miss): the trace "
-            "never idles a logical host for the 5-min keep-alive, so S-LLM reloads over PCIe "
-            "as AllCache does; measured on the 7B workload, S-LLM missing at the paper's rate "
-            "closes the gap (its row)."
+            "loads miss): the trace never idles a logical host for the 5-min keep-alive, so "
+            "S-LLM reloads over PCIe as AllCache does. " + counterfactual
         )
-        if name == "7b-azurecode" and "serverlessllm-keepalive60" in sens:
-            k60 = sens["serverlessllm-keepalive60"]
-            cause = (
-                f"S-LLM rarely misses its host cache ({miss} misses): these traces never idle "
-                "a host for the 5-min keep-alive. Counterfactual: S-LLM with a 60-s keep-alive "
-                f"(misses {k60['cache_misses']} of {k60['loads']} loads, the paper's 20-46% "
-                f"regime): reduction {red:.1%} -> "
-                f"{1 - sens['blitzscale']['ttft_mean_s'] / k60['ttft_mean_s']:.1%} (paper 55.5%)."
-            )
         rows.append(
             row(
                 "BlitzScale",
@@ -51,7 +50,7 @@ def report_rows(doc: dict) -> list[dict]:
                 ordering=red > 0 and w["ttft_mean_s_ratio_vs_allcache"] < 1.2,
                 sim_value=1 - red,
                 paper_value=1 - PAPER_6_1[name],
-                cause=cause,
+                cause=None if within(1 - red, 1 - PAPER_6_1[name]) else cause,
             )
         )
     g = doc["gpu_time"]
