@@ -9,7 +9,8 @@ re-plans made.
 Each agent gets only its own receive list and runs it without a global barrier (see
 `runtime/node/transfer.py`). This module subscribes to the plan's events; when a pull fails —
 the source died or kept sending corrupt bytes — it names another live holder of that block
-(sources first, then the earliest receiver), waiting for one to exist if none does yet.
+(`policy.multicast.replan.replan_source`: sources first, then the earliest receiver in the
+plan's order), waiting for one to exist if none does yet.
 Nodes that were downstream of a dead node recover the same way, transitively.
 """
 
@@ -23,6 +24,7 @@ from typing import Any, cast
 
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.plan import Plan
+from surge.policy.multicast.replan import replan_source
 from surge.policy.multicast.timing import first_capacity_s
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import (
@@ -120,16 +122,11 @@ class MulticastExecutor:
         for node, block, bad_src in self.pending:
             if not self._alive(node) or block in self.holds[node]:
                 continue
-            holders = [
-                v
-                for v in range(self.plan.num_nodes)
-                if v != node and v != bad_src and self._alive(v) and block in self.holds[v]
-            ]
-            if not holders:
+            alive = [self._alive(v) for v in range(self.plan.num_nodes)]
+            src = replan_source(node, block, bad_src, self.holds, alive, self.plan.num_sources)
+            if src is None:  # no live holder yet: wait for one
                 still.append((node, block, bad_src))
                 continue
-            # Sources first (they hold everything), then whoever has had it longest.
-            src = min(holders, key=lambda v: (v >= self.plan.num_sources, v))
             self.replans.append({"node": node, "block": block, "from": src, "instead_of": bad_src})
             log.info("re-plan: node %d pulls block %d from %d (not %d)", node, block, src, bad_src)
             try:
