@@ -26,6 +26,7 @@ token (`on_prefilled`, P/D disaggregation); a request whose KV cache came with i
 import heapq
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Self
 
 from surge.sim.costs import CostModel
@@ -36,6 +37,25 @@ IDLE, PREFILL, DECODE = 0, 1, 2
 EPS_TOKENS = 1e-9
 ADMISSIONS_KEPT = 4096
 """Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one serving engine is: its cost model and limits (a `Batcher` starts from it;
+    role, speed and hop may change later)."""
+
+    cost: CostModel
+    role: str
+    """`both`, `prefill` or `decode` (see the module docstring)."""
+    max_batch: int
+    """Requests running at once (and the router's capacity)."""
+    kv_capacity_tokens: int
+    max_prefill_tokens: int
+    """Tokens one prefill step admits (at least one request)."""
+    speed: float = 1.0
+    """Relative speed (a loading or shared GPU is slower)."""
+    hop_s: float = 0.0
+    """Activation hop per step between its pipeline stages."""
 
 
 class Batcher:
@@ -77,27 +97,21 @@ class Batcher:
         self,
         iid: int,
         loop: EventLoop,
-        cost: CostModel,
-        role: str,
-        max_batch: int,
-        kv_capacity_tokens: int,
-        max_prefill_tokens: int,
+        spec: EngineSpec,
         on_done: Callable[[Self, SimRequest], None],
         on_prefilled: Callable[[Self, SimRequest], None],
-        speed: float = 1.0,
-        hop_s: float = 0.0,
     ) -> None:
         self.id = iid
         self.loop = loop
-        self.cost = cost
-        self.role = role
-        self.max_batch = max_batch
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.max_prefill_tokens = max_prefill_tokens
+        self.cost = spec.cost
+        self.role = spec.role
+        self.max_batch = spec.max_batch
+        self.kv_capacity_tokens = spec.kv_capacity_tokens
+        self.max_prefill_tokens = spec.max_prefill_tokens
         self.on_done = on_done
         self.on_prefilled = on_prefilled
-        self.speed = speed
-        self.hop_s = hop_s
+        self.speed = spec.speed
+        self.hop_s = spec.hop_s
         self.waiting: deque[SimRequest] = deque()
         self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
         """When the latest requests left `waiting` for a step (the drain rate BlitzScale's

@@ -1,7 +1,7 @@
 """An instance (or execution pipeline): a serving endpoint where it runs, and its lifecycle.
 
-In: everything `Batcher` takes (`sim/batching.py`: the continuous-batching engine that
-serves its requests), its GPUs (`Placement`) and the (model, role) pool it serves in.
+In: what `Batcher` takes (`sim/batching.py`: the continuous-batching engine that serves
+its requests, from an `EngineSpec`), its GPUs (`Placement`) and the (model, role) pool it serves in.
 Out: the endpoint the router sends requests to and that scaling, loading, groups and
 compute sharing read and set. Placement and lifecycle (which GPUs, which pool,
 loaded/serving/released, KV hand-offs and multicasts in flight) are declared here, and
@@ -11,8 +11,7 @@ modules read and set only these fields.
 
 from collections.abc import Callable
 
-from surge.sim.batching import Batcher
-from surge.sim.costs import CostModel
+from surge.sim.batching import Batcher, EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.placement import NOWHERE, Placement
 from surge.sim.request import SimRequest
@@ -36,31 +35,13 @@ class Instance(Batcher):
         self,
         iid: int,
         loop: EventLoop,
-        cost: CostModel,
-        role: str,
-        max_batch: int,
-        kv_capacity_tokens: int,
-        max_prefill_tokens: int,
+        spec: EngineSpec,
         on_done: Callable[["Instance", SimRequest], None],
         on_prefilled: Callable[["Instance", SimRequest], None],
-        speed: float = 1.0,
-        hop_s: float = 0.0,
         placement: Placement = NOWHERE,
         pool_key: tuple[int, str] = (0, "both"),
     ) -> None:
-        super().__init__(
-            iid,
-            loop,
-            cost,
-            role,
-            max_batch,
-            kv_capacity_tokens,
-            max_prefill_tokens,
-            on_done,
-            on_prefilled,
-            speed,
-            hop_s,
-        )
+        super().__init__(iid, loop, spec, on_done, on_prefilled)
         self.route_target: float | None = None
         """Requests a `pack` router fills it up to (`policy.router`; FlexPipe groups)."""
         self.placement = placement

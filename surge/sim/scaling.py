@@ -39,6 +39,7 @@ from surge.policy.placement import (
     prefers_host_copy,
     tp_size,
 )
+from surge.sim.batching import EngineSpec
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
@@ -80,20 +81,23 @@ class InstanceFactory:
             speed *= pipeline_speed(placement.shares)
         kv_bytes = max(mem - slot.profile.total_bytes * WEIGHT_HEADROOM, mem * MIN_KV_FRACTION)
         self.next_id += 1
-        inst = Instance(
-            KEY_STRIDE + self.next_id,
-            world.loop,
+        spec = EngineSpec(
             cost_model(slot.profile, slot.group.gpu, tp),
             pool.role,
             settings.max_batch * (settings.pipeline_micro_batches if pipeline else 1),
             int(kv_bytes // slot.profile.kv_bytes_per_token),
             settings.max_prefill_tokens,
+            speed=speed,
+            hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
+        )
+        inst = Instance(
+            KEY_STRIDE + self.next_id,
+            world.loop,
+            spec,
             self.requests.on_done,
             self.requests.on_prefilled,
-            hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
             placement=placement,
             pool_key=pool.key,
-            speed=speed,
         )
         if self.sharing.enabled:
             inst.on_busy = self.sharing.on_busy

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from surge.policy.systems import system_config
+from surge.sim.batching import EngineSpec
 from surge.sim.costs import CostModel
 from surge.sim.events import EventLoop
 from surge.sim.instance import Instance
@@ -20,10 +21,8 @@ COST = CostModel(0.1, 0.0, 0.1, 0.0, 1)  # 0.1 s per prefill step, 0.1 s per dec
 
 
 def _instance(loop: EventLoop, on_done=lambda inst, req: None, max_batch: int = 4) -> Instance:
-    return Instance(
-        1, loop, COST, "both", max_batch, 10_000, 10_000,
-        on_done, lambda i, r: None,
-    )  # fmt: skip
+    spec = EngineSpec(COST, "both", max_batch, 10_000, 10_000)
+    return Instance(1, loop, spec, on_done, lambda i, r: None)
 
 
 def test_share_change_stretches_a_prefill_in_flight():

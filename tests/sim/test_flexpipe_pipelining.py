@@ -7,6 +7,7 @@ import pytest
 
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe.groups import pipeline_autoscale
+from surge.sim.batching import EngineSpec
 from surge.sim.costs import cost_model
 from surge.sim.events import EventLoop
 from surge.sim.hardware import load_cluster
@@ -26,17 +27,8 @@ def _decode_rate(micro_batches: int, num_requests: int) -> float:
     loop = EventLoop()
     cost = cost_model(load_model("llama2-7b"), load_cluster("flexpipe").groups[0].gpu)
     done: list[float] = []
-    inst = Instance(
-        1,
-        loop,
-        cost,
-        "both",
-        10_000,
-        10**9,
-        10**9,
-        lambda i, r: done.append(loop.now_s),
-        lambda i, r: None,
-    )
+    spec = EngineSpec(cost, "both", 10_000, 10**9, 10**9)
+    inst = Instance(1, loop, spec, lambda i, r: done.append(loop.now_s), lambda i, r: None)
     inst.set_micro_batches(micro_batches)
     inst.submit_many([SimRequest(i, 0, 0.0, 16, OUTPUT_TOKENS) for i in range(num_requests)])
     loop.run(1e6)

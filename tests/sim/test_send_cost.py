@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from surge.errors import SurgeError
+from surge.sim.batching import EngineSpec
 from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import CostModel
 from surge.sim.events import EventLoop
@@ -67,14 +68,14 @@ def test_a_pipeline_runs_at_its_most_loaded_stage_and_recovers_when_sending_ends
     link = net.add_link("nic-out/1", NIC_GBPS)
     sharing = ComputeSharing(net, 8.0, 0.0, send_cost_s_per_gb=400.0)
     cost = CostModel(0.1, 0.0, 0.1, 0.0, 1)
+    spec = EngineSpec(cost, "both", 4, 10_000, 10_000)
     pipe = Instance(
-        1, loop, cost, "both", 4, 10_000, 10_000, lambda i, r: None, lambda i, r: None,
+        1, loop, spec, lambda i, r: None, lambda i, r: None,
         placement=Placement(((0,), (1,), (2,)), 0),
     )  # fmt: skip
     alone = Instance(
-        2, loop, cost, "both", 4, 10_000, 10_000, lambda i, r: None, lambda i, r: None,
-        placement=Placement(((3,),), 1),
-    )  # fmt: skip
+        2, loop, spec, lambda i, r: None, lambda i, r: None, placement=Placement(((3,),), 1)
+    )
     assert sharing.serving_fraction(pipe) == 1.0
     sharing.on_transfers(1, 1, link)  # GPU 1 (the pipeline's second stage) sends
     assert sharing.serving_fraction(pipe) == pytest.approx(1 - 400.0 * 1e-3)
