@@ -4,14 +4,21 @@ its own and generates the reference's tokens from the owner's memory; an agent o
 the group is refused; the parameter pool drops a mapped copy with its owner."""
 
 import asyncio
+import os
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
 from surge.engine.devmem.fake import ARENA_DIR, ARENA_PREFIX
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
+from surge.runtime.launch.agent_process import agent_argv
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import BlockArrived, GenerateOp, LoadOp, OpenMateCopyOp, StatusOp
 from surge.runtime.transport import RemoteError
 from tests.engine.reference import assert_same_tokens, hf_greedy
@@ -73,3 +80,19 @@ def test_the_pool_drops_a_mapped_copy_with_its_owner() -> None:
     pool.drop_node(0)
     assert pool.complete("m", "gpu") == [2]  # node 1's copy was node 0's memory
     assert pool.shared_from["m"] == {}
+
+
+def test_node_run_refuses_an_unknown_device_with_one_error_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "surge.cli", "node", "run", "--node-id", "0"]
+    argv += ["--disk-dir", str(tmp_path), "--device", "tpu"]
+    env = {**os.environ, "SURGE_TOKEN": "t" * 32}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["error: device 'tpu' is not auto, cpu or cuda[:N]"]
+
+
+def test_launchers_pass_the_device_on(tmp_path: Path) -> None:
+    config = LocalCluster(LocalClusterConfig(num_nodes=1, device="fake")).agent_config(0)
+    argv = agent_argv(config)
+    assert argv[argv.index("--device") + 1] == "fake"
+    assert "--device" not in agent_argv(replace(config, engine=EngineConfig()))
