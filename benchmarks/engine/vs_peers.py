@@ -151,19 +151,22 @@ def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tupl
         for n in names:
             if per[n]:
                 row[n] = _rates(b, new, per[n])
+        # The surge the others are compared with: `surge` if it ran, else the first surge-*.
+        ref = next(n for n in names if n.startswith("surge") and n in row)
+        row["surge_reference"] = ref
         for n in names:
-            if n == "surge" or n not in row:
+            if n == ref or n not in row:
                 continue
             key = n.replace("-", "_")
             if new > 1:
                 for what in ("e2e_tok_s", "decode_tok_s", "e2e_tok_per_cpu_s"):
-                    row[f"surge_over_{key}_{what}"] = round(row["surge"][what] / row[n][what], 3)
+                    row[f"surge_over_{key}_{what}"] = round(row[ref][what] / row[n][what], 3)
             else:  # prefill seconds: > 1 means surge is faster
                 row[f"{key}_over_surge_prefill_s"] = round(
-                    row[n]["prefill_s"] / row["surge"]["prefill_s"], 3
+                    row[n]["prefill_s"] / row[ref]["prefill_s"], 3
                 )
         first = {n: per[n][0]["first_tokens"] for n in names if per[n]}
-        row["same_greedy_tokens"] = {n: first[n] == first["surge"] for n in first if n != "surge"}
+        row["same_greedy_tokens"] = {n: first[n] == first[ref] for n in first if n != ref}
         rows.append(row)
     # The batch-1 decode limit at this thread count, and what one-row projections reach.
     from surge.engine import gemv

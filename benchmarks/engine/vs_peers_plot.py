@@ -28,6 +28,8 @@ def plot(report: dict, path: Path) -> None:
                 y = r[e]["prefill_s"] if long else r[e]["e2e_tok_s"]
                 y = 1 / y if long else y  # prompts per second: higher is better everywhere
                 ax.bar(x, y, width, color=f"C{k}", label=e if i == 0 else None)
+                if e == r["surge_reference"]:
+                    continue
                 key = e.replace("-", "_")
                 ratio = r.get(f"{key}_over_surge_prefill_s" if long else
                               f"surge_over_{key}_e2e_tok_s")  # fmt: skip

@@ -118,8 +118,7 @@ class ModelRunner:
         elif config.compile_decode:
             log.info("torch %s lacks set_stance: decode steps stay eager", torch.__version__)
         """The compiled decode step (`EngineConfig.compile_decode`), else None."""
-        self.compile_started = False
-        """The background compile was started (once this runner held its layers)."""
+        self.compile_started = False  # the background compile, once the layers were here
 
     # ---- blocks ----------------------------------------------------------------------
 
@@ -163,13 +162,13 @@ class ModelRunner:
         the eager steps on one serving while its blocks land (`surge.engine.compiled`)."""
         if self.decode_graph is None or self.compile_started:
             return
-        if not self.holds_layers(self.first_layer, self.end_layer):
+        whole_range = self.first_layer == 0 and self.end_layer == self.arch.num_layers
+        # A whole model's graph also needs the embedding and the head.
+        if not (self.holds_whole_model if whole_range else self.holds_layers(
+                self.first_layer, self.end_layer)):  # fmt: skip
             return
         from surge.engine.compiled import MODEL, STACK
 
-        whole_range = self.first_layer == 0 and self.end_layer == self.arch.num_layers
-        if whole_range and not self.holds_whole_model:
-            return  # a whole model's graph also needs the embedding and the head
         which = MODEL if whole_range else STACK
         self.compile_started = self.decode_graph.start([(which, 1), (which, 2)])
 

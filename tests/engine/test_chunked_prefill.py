@@ -22,14 +22,20 @@ def test_pieces_give_the_same_tokens(tiny_store: Path) -> None:
     whole = _engine(tiny_store, 0).generate([LONG, SHORT], GREEDY)
     engine = _engine(tiny_store, 8)
     sid = engine.add_request(LONG, GREEDY)
+    engine.step()  # nothing decodes: no stall to bound, the prompt runs in one piece
+    assert engine.seqs[sid].output_token_ids
+    busy = _engine(tiny_store, 8)
+    busy.add_request(SHORT, SamplingParams(max_tokens=40, ignore_eos=True))
+    busy.step()  # SHORT's prefill; from now on it decodes
+    sid = busy.add_request(LONG, GREEDY)
     steps = 0
-    while not engine.seqs[sid].output_token_ids:
-        engine.step()
+    while not busy.seqs[sid].output_token_ids:
+        busy.step()
         steps += 1
-    assert steps == 8  # 61 tokens in pieces of 8
-    while engine.has_unfinished:
-        engine.step()
-    assert engine.seqs[sid].output_token_ids == whole[0].token_ids
+    assert steps == 2 * 8 - 1  # 61 tokens in pieces of 8, a decode between pieces
+    while busy.has_unfinished:
+        busy.step()
+    assert busy.seqs[sid].output_token_ids == whole[0].token_ids
     pieces = engine.generate([LONG, SHORT], GREEDY)
     assert [o.token_ids for o in pieces] == [o.token_ids for o in whole]
 
