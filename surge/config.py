@@ -25,9 +25,10 @@ class EngineConfig:
     """Most prompt tokens prefilled in one step (with `prefill_chunk_tokens` 0, a longer prompt
     still runs whole, alone)."""
     prefill_chunk_tokens: int = 512
-    """Chunked prefill: a prompt longer than this is prefilled in pieces of at most this many
-    tokens, and after a piece the running sequences decode one token before the next piece,
-    so a long prompt never stalls decodes for longer than one piece (0: never split)."""
+    """Chunked prefill: while other sequences decode, a prompt longer than this is prefilled
+    in pieces of at most this many tokens, and after a piece the running sequences decode one
+    token before the next piece, so a long prompt never stalls decodes for longer than one
+    piece (0: never split). With nothing decoding a piece is `max_prefill_tokens`."""
     enable_prefix_caching: bool = True
     """Automatic prefix caching: full KV blocks are kept by hash after their sequence ends and
     reused by later sequences that start with the same tokens (`surge.engine.page_pool`)."""
