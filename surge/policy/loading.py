@@ -100,7 +100,8 @@ class LoadingSettings:
     num_blocks: int
     """B: blocks of the model."""
     num_sources: int
-    """K: plan nodes 0..K-1 hold every block from the start."""
+    """K: plan nodes 0..K-1 hold every block from the start (0: warm nodes loading from
+    their own host memory, `policy.warm_pipelines`)."""
     pipelines: tuple[Pipeline, ...] = ()
     """The plan's execution pipelines (`MulticastOutcome.pipelines`)."""
     mode: str = "pipelines"
@@ -111,8 +112,8 @@ class LoadingSettings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SurgeError(f"serve-while-loading mode must be one of {MODES} (got {self.mode!r})")
-        if not 1 <= self.num_sources <= self.num_nodes or self.num_blocks < 1:
-            raise SurgeError("loading needs 1 <= sources <= nodes and >= 1 block")
+        if not 0 <= self.num_sources <= self.num_nodes or self.num_blocks < 1:
+            raise SurgeError("loading needs 0 <= sources <= nodes and >= 1 block")
         if not 0 < self.live_start_fraction <= 1:
             raise SurgeError("live_start_fraction must be in (0, 1]")
         for p in self.pipelines:

@@ -2,7 +2,7 @@
 
 In: the actions `surge.policy.loading.LoadingState` returns as blocks land, in order. Out:
 each action handed to the loader's `carry_out` when the runtime's carrier
-(`runtime/scaleout/multicast._Carrier`) would get to it. That carrier awaits each action
+(`runtime/scaleout/multicast.LoadingCarrier`) would get to it. That carrier awaits each action
 before it takes the next, and opening an endpoint costs the controller time:
 - a local instance (`GoLocal`): `SimSettings.endpoint_open_s` (`InstanceOpenOp` and the
   `Server.add_endpoint` that dispatches its first requests, `runtime/scaleout/local.py`);

@@ -24,6 +24,7 @@ from surge.policy.startup import (
     plan_startup,
     serving_at_s,
 )
+from surge.policy.warm_pipelines import WarmGroup, plan_warm_groups
 from surge.sim.events import Priority
 from surge.sim.fetch import fetch
 from surge.sim.flows import Link
@@ -33,6 +34,7 @@ from surge.sim.live_scaling import LiveScaling
 from surge.sim.multicast_load import MulticastLoads
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
+from surge.sim.warm_load import start_warm_group
 from surge.sim.world import HOST_NODE, World
 
 
@@ -81,7 +83,7 @@ class Loader:
 
         def go() -> None:
             if inst.released:
-                self.multicasts.hand_over(pool, inst)  # its mode-switch share goes back
+                self.multicasts.mode_switch.hand_over(pool, inst)  # its mode-switch share goes back
                 return
             inst.serving = True
             inst.loaded = True
@@ -92,7 +94,7 @@ class Loader:
             self.world.publish(
                 InstanceUp, model=name, node=inst.machine, name=f"{name}-m{inst.machine}"
             )
-            self.multicasts.hand_over(pool, inst)  # λScale §4.4: its share first
+            self.multicasts.mode_switch.hand_over(pool, inst)  # λScale §4.4: its share first
             self.requests.drain(pool)
             self.live.redistribute(pool, inst)
 
@@ -167,8 +169,20 @@ class Loader:
         if leader is not None:
             self._cold_leader(pool, by_id[leader.node], instances)
             return
+        # λScale §5 warm start: warm-local instances load in rotated orders and serve as
+        # execution pipelines meanwhile (`policy.warm_pipelines`), as `surge serve` does.
+        groups: tuple[WarmGroup, ...] = ()
+        if world.system.serve_while_loading == "pipelines":
+            warm = tuple(x.node for x in plan.local if x.source == "host")
+            groups = plan_warm_groups(warm, world.system.num_blocks)
+        grouped = {n for g in groups for n in g.nodes}
         for load in plan.local:
-            self.load_local(pool, by_id[load.node], "host" if load.source == "host" else "store")
+            if load.node not in grouped:
+                source = "host" if load.source == "host" else "store"
+                self.load_local(pool, by_id[load.node], source)
+        for g in groups:
+            members = [by_id[n] for n in g.nodes]
+            start_warm_group(self.multicasts, self.cache, pool, g, members, world.system.num_blocks)
         if plan.receivers:
             world.result.network_loads += len(plan.receivers)
             run = functools.partial(self.multicasts.start, pool, plan, by_id)

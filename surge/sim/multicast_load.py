@@ -9,7 +9,7 @@ then `ready`). Every decision is a policy call:
 - what opens, goes live, goes local and retires as blocks arrive:
   `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4);
 - where a retired pipeline's requests go: `surge.policy.loading.spread_evenly` over its
-  members (λScale §4.4), each held until its member's instance serves (`hand_over`).
+  members (λScale §4.4), carried out by `sim/mode_switch.py`.
 Plan nodes are start-up ids: an instance's id, or `HOST_NODE + m` for the host copy of
 machine m; a host source's blocks leave its machine's NIC from host memory.
 """
@@ -27,7 +27,6 @@ from surge.policy.loading import (
     LoadingState,
     OpenPipeline,
     RetirePipeline,
-    spread_evenly,
 )
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.multicast.plan import Transfer
@@ -37,10 +36,10 @@ from surge.sim.carrier import Carrier
 from surge.sim.flows import Link
 from surge.sim.instance import Instance
 from surge.sim.live_scaling import LiveScaling
+from surge.sim.mode_switch import SpreadRequests
 from surge.sim.multicast_run import MulticastRun
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
-from surge.sim.request import SimRequest
 from surge.sim.world import HOST_NODE, World
 
 
@@ -94,9 +93,8 @@ class MulticastLoads:
         self.host_sending: dict[int, int] = {}
         """Per machine: multicasts its host copy is sending now (`Instance.sending` for a
         GPU copy); `policy.startup` ranks sources by the egress they have left."""
-        self.spread: dict[int, list[SimRequest]] = {}
-        """Per member instance id: a retired pipeline's requests held for it until it
-        serves (λScale §4.4 mode switch; `hand_over`)."""
+        self.mode_switch = SpreadRequests(requests)
+        """Where retired pipelines' requests go (λScale §4.4)."""
         self.inflight: dict[int, ChainTail] = {}
         """Per receiving instance id: the blocks landed so far, for later multicasts that
         chain from it (`policy.startup` tier `loading`)."""
@@ -224,7 +222,7 @@ class MulticastLoads:
                 k += 1
             return k * num_layers // blocks
 
-        def carry_out(action: object) -> None:
+        def carry(action: object) -> None:
             if isinstance(action, GoLive):
                 inst = plan_nodes[action.node]
                 assert inst is not None, "loading actions name receivers"
@@ -232,9 +230,9 @@ class MulticastLoads:
                 load_s = functools.partial(layer_load_s, landed[action.node])
                 self.live.go_live(pool, inst, held, load_s)
             else:
-                self._carry_out(pool, action, plan_nodes, opened, sharded=lanes > 1)
+                self.carry_out(pool, action, plan_nodes, opened, sharded=lanes > 1)
 
-        carrier = Carrier(world.loop, receivers[0].id, world.settings, self.share, carry_out)
+        carrier = Carrier(world.loop, receivers[0].id, world.settings, self.share, carry)
 
         lanes_in: dict[tuple[int, int], int] = {}
         lanes_left = [lanes]
@@ -312,7 +310,7 @@ class MulticastLoads:
                     return i
         raise KeyError(iid)
 
-    def _carry_out(
+    def carry_out(
         self,
         pool: Pool,
         action: object,
@@ -320,8 +318,9 @@ class MulticastLoads:
         opened: dict[int, Instance],
         sharded: bool,
     ) -> None:
-        """One `surge.policy.loading` action (`GoLive` goes to `self.live`); `sharded`:
-        every GPU of a receiver got its own shards (no fan-out inside the machine)."""
+        """One `surge.policy.loading` action (`GoLive` goes to `self.live`) of a multicast
+        or a warm group (`sim/warm_load.py`); `sharded`: every GPU of a receiver got its
+        own shards (no fan-out inside the machine)."""
 
         def node(v: int) -> Instance:
             inst = plan_nodes[v]
@@ -349,7 +348,9 @@ class MulticastLoads:
                 ep.released = True
                 name = self.world.models[pool.model].name
                 self.world.publish(PipelineRetired, model=name, name=f"{name}-pipe{ep.id}")
-                self.spread_retired(pool, ep.drain(), [node(v) for v in action.pipeline.nodes])
+                self.mode_switch.spread_retired(
+                    pool, ep.drain(), [node(v) for v in action.pipeline.nodes]
+                )
         elif isinstance(action, GoLocal):
             self.live.go_local(node(action.node))
             if sharded:
@@ -357,42 +358,11 @@ class MulticastLoads:
             else:
                 self._fan_out(pool, node(action.node))
 
-    def spread_retired(self, pool: Pool, reqs: list[SimRequest], members: list[Instance]) -> None:
-        """A retired pipeline's requests (admission order) go to its members as
-        `spread_evenly` says (λScale §4.4), each held until its member serves; those no
-        member has room for, and all of them under P/D or with every member gone, go to
-        the head of the queue (as the runtime's `Server.retire` does)."""
-        members = [m for m in members if not m.released]
-        if not members or pool.role != "both":
-            self.requests.requeue(pool, reqs)
-            return
-        reqs = sorted(reqs, key=lambda r: r.id)
-        loads = tuple(m.outstanding + m.reserved + len(self.spread.get(m.id, ())) for m in members)
-        where = spread_evenly(len(reqs), loads, tuple(m.max_batch for m in members))
-        for req, i in zip(reqs, where, strict=True):
-            if i is not None:
-                self.spread.setdefault(members[i].id, []).append(req)
-        for m in members:
-            if m.serving:
-                self.hand_over(pool, m)
-        self.requests.requeue(pool, [r for r, i in zip(reqs, where, strict=True) if i is None])
-
-    def hand_over(self, pool: Pool, inst: Instance) -> None:
-        """`inst` serves (or was given back): the requests a mode switch spread onto it
-        start there (or, given back, go to the head of the queue)."""
-        held = self.spread.pop(inst.id, [])
-        if not held:
-            return
-        if inst.released:
-            self.requests.requeue(pool, held)
-        else:
-            inst.submit_many(held)
-
     def _fan_out(self, pool: Pool, inst: Instance) -> None:
         """The lead GPU holds the model: it forwards the other GPUs' shards inside the
         machine (λScale §4.3), then the instance starts."""
         if inst.released:
-            self.hand_over(pool, inst)  # its mode-switch share goes back to the queue
+            self.mode_switch.hand_over(pool, inst)  # its share goes back to the queue
             return
         world = self.world
         rest = inst.gpus[1:]

@@ -22,11 +22,12 @@ def simulation(
     store: str,
     model_layers: tuple[int, ...] = (8,),
     seed_host_copies: bool = False,
+    hidden_size: int = 64,
 ) -> Simulation:
     """A simulation of `system` on `num_machines` machines whose model store is `store`
     (`ssd`: every machine has a disk copy; `registry`: none), serving one tiny model per
     entry of `model_layers` (its layer count: the sizes differ); the system's host copies
-    are seeded only with `seed_host_copies`."""
+    are seeded only with `seed_host_copies`; `hidden_size` sets the models' size."""
     gpu = {
         "name": "g", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
         "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
@@ -44,7 +45,8 @@ def simulation(
         model = tmp_path / f"{name}.json"
         model.write_text(
             json.dumps(
-                {"name": name, "num_layers": layers, "hidden_size": 64, "intermediate_size": 128,
+                {"name": name, "num_layers": layers, "hidden_size": hidden_size,
+                 "intermediate_size": 2 * hidden_size,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
                  "context_tokens": 512, "dtype_bytes": 4}
             )

@@ -138,13 +138,13 @@ def _sim_log(seed: int, tmp_path) -> tuple[list, Plan]:
         gpus = {g for w in ep.placement.workers for g in w}
         return tuple(sorted(machine[i.id] for i in new if i.gpus[0] in gpus))
 
-    spread_retired = sim.loader.multicasts.spread_retired
+    spread_retired = sim.loader.multicasts.mode_switch.spread_retired
 
     def spread(pool, reqs, members) -> None:
         log.append(("spread", tuple(m.machine for m in members)))
         spread_retired(pool, reqs, members)
 
-    sim.loader.multicasts.spread_retired = spread  # type: ignore[method-assign]
+    sim.loader.multicasts.mode_switch.spread_retired = spread  # type: ignore[method-assign]
 
     class Recording(list):
         def append(self, ep) -> None:

@@ -1,6 +1,6 @@
 """Endpoint opening in the simulator (`SimSettings.endpoint_open_s`, `sim/carrier.py`): a
 multicast's endpoints open one after another, each costing the controller time, as the
-runtime's carrier (`runtime/scaleout/multicast._Carrier`) opens them."""
+runtime's carrier (`runtime/scaleout/multicast.LoadingCarrier`) opens them."""
 
 import itertools
 from dataclasses import replace

@@ -72,8 +72,9 @@ def plan_multicast(ctx: ScaleOutContext, agents: list[int], num_sources: int) ->
     )
 
 
-class _Carrier:
-    """Carries out the loading state machine's actions for one multicast."""
+class LoadingCarrier:
+    """Carries out the loading state machine's actions for one multicast (or one warm
+    group, `scaleout/warm.py`)."""
 
     def __init__(
         self,
@@ -165,7 +166,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     live = None
     if mode == "live":  # receivers only: the sources already serve
         live = LiveScaling(ctx, {a: state.held[v] for a, v in plan_node.items() if v >= k})
-    carrier = _Carrier(ctx, agents, executor.mc_id, live)
+    carrier = LoadingCarrier(ctx, agents, executor.mc_id, live)
     events = ctx.client.subscribe((BlockArrived,), model=ctx.model)
     task = asyncio.get_running_loop().create_task(executor.run())
     live_task = live.start() if live is not None else None

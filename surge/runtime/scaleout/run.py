@@ -9,7 +9,9 @@ What the plan says, and who carries it out (λScale §5, FaaScale §5):
 - `cold_leader`: first bring the model into that node's host tier (`hooks.make_host_copy`:
   the controller owns the host cache); it is then a host source;
 - `local`: each such destination loads the whole model from its own tier, then serves
-  (`scaleout/local.py`);
+  (`scaleout/local.py`); warm ones (their own host copy) of a system that serves while
+  loading with pipelines load as `policy.warm_pipelines` groups, serving as a pipeline
+  meanwhile (`scaleout/warm.py`, λScale §5);
 - `sources` / `receivers`: one multicast, plan node i = `plan.multicast_nodes[i]`
   (`scaleout/multicast.py`), serving while loading as the system says.
 Systems whose `load` is `registry-parallel` (ParaServe) fetch as pipeline groups instead
@@ -22,11 +24,13 @@ import asyncio
 import logging
 
 from surge.policy.startup import StartupPlan, StartupRequest, plan_startup
+from surge.policy.warm_pipelines import plan_warm_groups
 from surge.runtime.scaleout.context import ScaleOutContext
 from surge.runtime.scaleout.flexpipe import run_flexpipe
 from surge.runtime.scaleout.local import load_then_serve
 from surge.runtime.scaleout.multicast import run_multicast
 from surge.runtime.scaleout.paraserve import run_groups
+from surge.runtime.scaleout.warm import run_warm_group
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +64,21 @@ async def run_scale_out(ctx: ScaleOutContext) -> str:
         await run_groups(ctx, plan)
         return plan.kind
     leader = plan.cold_leader
+    local = [x for x in plan.local if leader is None or x.node != leader.node]
+    # λScale §5 warm start: warm-local destinations load in rotated orders and serve as
+    # execution pipelines meanwhile (with serve-while-loading pipelines).
+    groups = ()
+    if ctx.serve_while_loading and ctx.system.serve_while_loading == "pipelines":
+        warm = tuple(x.node for x in local if x.source == "host")
+        groups = plan_warm_groups(warm, ctx.manifest.num_blocks)
+    grouped = {n for g in groups for n in g.nodes}
     # Warm-local loads start at once; the leader's own load waits for its host copy.
     tasks = [
         asyncio.ensure_future(load_then_serve(ctx, x.node, x.source))
-        for x in plan.local
-        if leader is None or x.node != leader.node
+        for x in local
+        if x.node not in grouped
     ]
+    tasks += [asyncio.ensure_future(run_warm_group(ctx, g)) for g in groups]
     try:
         if leader is not None:
             await ctx.hooks.make_host_copy(leader.node)
