@@ -383,22 +383,28 @@ class ModelRunner:
         """Drop a sequence's KV cache."""
         self.kv.free(seq_id)
 
-    def export_kv(self, seq_id: int, num_tokens: int) -> torch.Tensor:
-        """K and V of a sequence's first `num_tokens` tokens for this runner's layers:
-        [layers, 2, num_tokens, kv_heads, head_dim] (a copy; for KV migration)."""
-        slots = torch.tensor(self.kv.slots_of(seq_id)[:num_tokens], device=self.device)
-        if len(slots) != num_tokens:
+    def export_kv(self, seq_id: int, num_tokens: int, first_token: int = 0) -> torch.Tensor:
+        """K and V of a sequence's tokens [first_token, num_tokens) for this runner's
+        layers: [layers, 2, num_tokens - first_token, kv_heads, head_dim] (a copy; for KV
+        migration; a later token range tops up an earlier copy)."""
+        slots = torch.tensor(self.kv.slots_of(seq_id)[first_token:num_tokens], device=self.device)
+        if len(slots) != num_tokens - first_token or not 0 <= first_token < num_tokens:
             raise ValueError(f"sequence {seq_id} has fewer than {num_tokens} cached tokens")
         return torch.stack((self.kv.k[:, slots], self.kv.v[:, slots]), dim=1).cpu()
 
-    def import_kv(self, seq_id: int, first_layer: int, kv: torch.Tensor) -> None:
-        """Write migrated K/V [layers, 2, n, kv_heads, head_dim] for layers from `first_layer`."""
+    def import_kv(
+        self, seq_id: int, first_layer: int, kv: torch.Tensor, first_token: int = 0
+    ) -> None:
+        """Write migrated K/V [layers, 2, n, kv_heads, head_dim] for layers from
+        `first_layer`, tokens [first_token, first_token + n)."""
         num_layers, _, n = kv.shape[:3]
         lo = first_layer - self.first_layer
         if lo < 0 or lo + num_layers > self.end_layer - self.first_layer:
             raise ValueError(f"layers {first_layer}+{num_layers} are outside this runner")
-        self.kv.ensure(seq_id, n)
-        slots = torch.tensor(self.kv.slots_of(seq_id)[:n], device=self.device)
+        self.kv.ensure(seq_id, first_token + n)
+        slots = torch.tensor(
+            self.kv.slots_of(seq_id)[first_token : first_token + n], device=self.device
+        )
         kv = kv.to(self.device, self.dtype)
         self.kv.k[lo : lo + num_layers, slots] = kv[:, 0]
         self.kv.v[lo : lo + num_layers, slots] = kv[:, 1]

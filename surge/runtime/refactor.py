@@ -5,12 +5,17 @@ whose head engines step through a `StepGate`. `refactor_pipeline` turns its stag
 ones (split: coarse -> fine, merge: fine -> coarse):
 1. the nodes of the new stages load the blocks they lack (`load`, the caller's: from their
    own tier) while the pipeline keeps serving;
-2. the gate closes between two engine steps (none in flight, none starts); the new stages
-   open under a new stage key next to the old ones;
-3. the K/V of every running sequence follows its layers: layers that stay on a node are
-   copied inside it (`stage_kv_copy`); layers that change node travel over the transport
-   as `system.refactor` (Eq. 10) lists them, valid tokens only, agent to agent
-   (`kv_push` to the old stage's node, which sends `kv_import` to each new holder);
+2. a snapshot between two steps (the gate closed for a moment) lists every running
+   sequence's valid tokens; the new stages open under a new stage key next to the old
+   ones and, while the old stages keep serving (FlexPipe §6.3: asynchronous transfer),
+   that K/V follows its layers: layers that stay on a node are copied inside it
+   (`stage_kv_copy`); layers that change node travel over the transport as
+   `system.refactor` (Eq. 10) lists them, valid tokens only, agent to agent (`kv_push` to
+   the old stage's node, which sends `kv_import` to each new holder);
+3. the gate closes between two engine steps (none in flight, none starts) and only the
+   top-up moves: the tokens generated since the snapshot, and whole sequences that
+   started meanwhile (`policy.flexpipe.refactor.kv_top_ups`); sequences that finished
+   meanwhile are freed on the new stages;
 4. the head engines' executors point at the new first stage, the head keeps the number
    of micro-batches the caller asks for (η for η stages, §7 Eq. 12; engines are added,
    or stop taking requests and drain), the old stages close, the gate opens. The
@@ -29,11 +34,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from surge.model.manifest import Manifest
-from surge.policy.flexpipe.refactor import RefactorPlan
+from surge.policy.flexpipe.refactor import RefactorPlan, kv_top_ups
 from surge.policy.flexpipe.system import refactor
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
-from surge.runtime.protocol import KvPushOp, KvTarget, StageCloseOp, StageKvCopyOp, StageOpenOp
+from surge.runtime.protocol import (
+    KvPushOp,
+    KvTarget,
+    StageCloseOp,
+    StageFreeOp,
+    StageKvCopyOp,
+    StageOpenOp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +148,11 @@ class RefactorResult:
     load_s: float
     """Loading the new stages' blocks (the pipeline served meanwhile)."""
     pause_s: float
-    """The gate closed: no step ran."""
+    """The gate closed: no step ran (the snapshot and the switch)."""
+    kv_bytes_paused: int = 0
+    """K/V bytes that crossed the transport during the pause (the top-up, §6.3)."""
+    precopy_s: float = 0.0
+    """Opening the new stages and copying the K/V while the old ones served."""
 
 
 def direction_of(before: int, after: int) -> str:
@@ -172,11 +188,17 @@ async def _close(pipe: FlexPipeline, key: str, nodes: list[int]) -> None:
             await pipe.client.call(node, StageCloseOp(pipeline=key))
 
 
-async def _move_kv(pipe: FlexPipeline, old_key: str, new_key: str, plan: RefactorPlan) -> int:
+async def _move_kv(
+    pipe: FlexPipeline,
+    old_key: str,
+    new_key: str,
+    plan: RefactorPlan,
+    first: dict[int, int],
+) -> tuple[int, set[int]]:
     """Carry out Eq. 10's copies: per (sequence, source stage) one `kv_push` to the source's
-    node, which sends each destination its contiguous layers directly. The pushes of all
-    sequences run at once (the gate is closed: every step waits for them). Returns the
-    bytes moved."""
+    node, which sends each destination its contiguous layers directly, tokens from
+    `first[seq]` on. The pushes of all sequences run at once. Returns the bytes moved and
+    the sequences whose push failed (one that finished meanwhile: it has nothing left)."""
     wanted: dict[tuple[int, int], dict[int, list[int]]] = {}
     tokens: dict[int, int] = {}
     for kv in plan.kv_copies:
@@ -196,13 +218,44 @@ async def _move_kv(pipe: FlexPipeline, old_key: str, new_key: str, plan: Refacto
             seq_id=sid,
             num_tokens=tokens[sid],
             targets=targets,
+            first_token=first.get(sid, 0),
         )
         return (await pipe.client.call(src, op)).num_bytes
 
+    keys = sorted(wanted)
     sent = await asyncio.gather(
-        *(push(sid, src, per_dst) for (sid, src), per_dst in sorted(wanted.items()))
+        *(push(sid, src, wanted[(sid, src)]) for sid, src in keys), return_exceptions=True
     )
-    return sum(sent)
+    failed = {sid for (sid, _), r in zip(keys, sent, strict=True) if isinstance(r, BaseException)}
+    return sum(r for r in sent if isinstance(r, int)), failed
+
+
+async def _copy_kv(
+    pipe: FlexPipeline,
+    before: Stages,
+    target: Stages,
+    keys: tuple[str, str],
+    copies: list[tuple[int, int, int]],
+) -> tuple[int, set[int]]:
+    """Copy each (seq, first token, tokens) from the old stages `keys[0]` to the new ones
+    `keys[1]`: layers that stay on a node inside it (`stage_kv_copy`), the others as
+    Eq. 10 lists them (`_move_kv`). Returns the bytes moved over the transport and the
+    sequences some copy of which failed."""
+    old_key, new_key = keys
+    stay = sorted({n for n, _, _ in before} & {n for n, _, _ in target})
+
+    async def copy_in_place(node: int, sid: int, first: int, n: int) -> None:
+        op = StageKvCopyOp(
+            pipeline=new_key, source=old_key, seqs=((sid, n),), first_tokens=(first,)
+        )
+        await pipe.client.call(node, op)
+
+    jobs = [(sid, copy_in_place(node, sid, f, n)) for node in stay for sid, f, n in copies]
+    done = await asyncio.gather(*(j for _, j in jobs), return_exceptions=True)
+    failed = {sid for (sid, _), r in zip(jobs, done, strict=True) if isinstance(r, BaseException)}
+    plan = refactor(_spans(before), _spans(target), [(str(sid), n) for sid, _, n in copies])
+    moved, lost = await _move_kv(pipe, old_key, new_key, plan, {sid: f for sid, f, _ in copies})
+    return moved, failed | lost
 
 
 async def refactor_pipeline(
@@ -229,26 +282,49 @@ async def refactor_pipeline(
             *(load(node, blocks_of_stage(pipe.manifest, a, b)) for node, a, b in target)
         )
         load_s = clock.now_s() - t0
+        before = list(pipe.stages)
+        old_key, new_key = pipe.stage_key, f"{pipe.name}@{pipe.version + 1}"
+        keys = (old_key, new_key)
+        # FlexPipe §6.3: the K/V moves while the old stages keep serving. A snapshot
+        # between two steps says what to copy now; the switch later moves only the rest.
+        async with pipe.gate.exclusive():
+            snapshot_s = clock.now_s()
+            copied = pipe.valid_tokens()
+            snapshot_s = clock.now_s() - snapshot_s
+        t_copy = clock.now_s()
+        try:
+            await _open(pipe, new_key, target)
+            kv_bytes, failed = await _copy_kv(
+                pipe, before, target, keys, [(sid, 0, n) for sid, n in copied]
+            )
+        except BaseException:
+            await _close(pipe, new_key, [n for n, _, _ in target])
+            raise
+        copied = [(sid, n) for sid, n in copied if sid not in failed]  # those go whole
+        precopy_s = clock.now_s() - t_copy
         async with pipe.gate.exclusive():
             t1 = clock.now_s()
-            if pipe.failed or not alive():
-                raise EndpointFailed(f"{pipe.name} stopped serving before its refactoring")
-            before = list(pipe.stages)
-            old_key, new_key = pipe.stage_key, f"{pipe.name}@{pipe.version + 1}"
-            valid = pipe.valid_tokens()
-            plan = refactor(_spans(before), _spans(target), [(str(s), n) for s, n in valid])
             try:
-                await _open(pipe, new_key, target)
-                stay = sorted({n for n, _, _ in before} & {n for n, _, _ in target})
-                for node in stay:
-                    copy = StageKvCopyOp(pipeline=new_key, source=old_key, seqs=tuple(valid))
-                    await pipe.client.call(node, copy)
-                kv_bytes = await _move_kv(pipe, old_key, new_key, plan)
+                if pipe.failed or not alive():
+                    raise EndpointFailed(f"{pipe.name} stopped serving before its refactoring")
+                valid = pipe.valid_tokens()
+                ups = kv_top_ups([(str(s), n) for s, n in copied], [(str(s), n) for s, n in valid])
+                rest = [(int(u.request_id), u.first_token, u.num_tokens) for u in ups]
+                paused_bytes, lost = await _copy_kv(pipe, before, target, keys, rest)
+                if lost:
+                    raise RuntimeError(f"{pipe.name}: K/V of sequences {sorted(lost)} did not move")
+                # Sequences copied before that finished meanwhile: free them on the new stages.
+                gone = tuple(sorted({s for s, _ in copied} - {s for s, _ in valid}))
+                if gone:
+                    await pipe.client.call(
+                        target[0][0], StageFreeOp(pipeline=new_key, seq_ids=gone)
+                    )
                 if pipe.failed or not alive():
                     raise EndpointFailed(f"{pipe.name} stopped serving during its refactoring")
             except BaseException:
                 await _close(pipe, new_key, [n for n, _, _ in target])
                 raise
+            kv_bytes += paused_bytes
             for g in pipe.groups:  # the switch: the next step goes to the new stages
                 executor = g.engine.executor
                 executor.pipeline, executor.head = new_key, target[0][0]  # type: ignore[attr-defined]
@@ -258,16 +334,18 @@ async def refactor_pipeline(
             if num_micro_batches is not None:  # new engines start on the new stages
                 pipe.set_micro_batches(num_micro_batches)
             await _close(pipe, old_key, [n for n, _, _ in before])
-            pause_s = clock.now_s() - t1
+            pause_s = snapshot_s + clock.now_s() - t1
         result = RefactorResult(
             direction=direction_of(len(before), len(target)),
             num_stages_before=len(before),
             num_stages_after=len(target),
             num_seqs=len(valid),
-            num_kv_copies=len(plan.kv_copies),
+            num_kv_copies=len(copied) + len(rest),
             kv_bytes=kv_bytes,
             load_s=load_s,
             pause_s=pause_s,
+            kv_bytes_paused=paused_bytes,
+            precopy_s=precopy_s,
         )
         log.info("%s refactored %s -> %s: %s", pipe.name, before, target, result)
         return result

@@ -89,3 +89,18 @@ def test_bad_stage_lists_are_user_errors() -> None:
         plan_refactor([StageSpan(0, 0, 4)], [StageSpan(1, 0, 3)], ())
     with pytest.raises(SurgeError):
         plan_refactor([StageSpan(0, 0, 4)], [StageSpan(1, 0, 4)], [RunningRequest("x", -1)])
+
+
+def test_kv_top_ups_move_only_what_came_since_the_copy() -> None:
+    """§6.3: the K/V copied while the old pipeline served needs only its newest tokens at
+    the switch; a request that started meanwhile (or whose cache shrank) goes whole, one
+    unchanged needs nothing, a finished one is dropped."""
+    from surge.policy.flexpipe.refactor import KvTopUp, kv_top_ups
+
+    copied = [("a", 10), ("b", 7), ("c", 5), ("gone", 3)]
+    running = [("a", 13), ("b", 7), ("c", 2), ("new", 4)]
+    assert kv_top_ups(copied, running) == (
+        KvTopUp("a", 10, 13),
+        KvTopUp("c", 0, 2),
+        KvTopUp("new", 0, 4),
+    )

@@ -134,6 +134,10 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
     assert (merge.direction, merge.num_stages_before, merge.num_stages_after) == ("merge", 3, 1)
     # K/V of the moved layers crossed the transport (no request recomputed: one hop each).
     assert split.num_seqs == len(PROMPTS) and split.kv_bytes > 0 and split.num_kv_copies > 0
+    # §6.3: the K/V moved while the old stages served; the pause carried only the tokens
+    # generated since (each request's few newest), not the K/V of every token.
+    for r in (split, merge):
+        assert r.kv_bytes_paused < r.kv_bytes and r.precopy_s > 0, r
     # The merge moved the late requests too: their groups drain on the merged stage.
     assert merge.num_seqs == len(PROMPTS) + 2 and merge.kv_bytes > 0
     # ... directly between agents: the controller only asked for it.

@@ -126,3 +126,32 @@ def plan_refactor(
     )
     evictions = tuple((old[b], b) for b in changed)
     return RefactorPlan(block_moves=moves, kv_copies=copies, evictions=evictions)
+
+
+@dataclass(frozen=True)
+class KvTopUp:
+    """One request's K/V still to move at the switch: tokens [first_token, num_tokens)."""
+
+    request_id: str
+    first_token: int
+    num_tokens: int
+
+
+def kv_top_ups(
+    copied: Sequence[tuple[str, int]], running: Sequence[tuple[str, int]]
+) -> tuple[KvTopUp, ...]:
+    """FlexPipe §6.3: the K/V of the running requests moves while the old pipeline keeps
+    serving (`copied`: (request, valid tokens) as copied then); at the switch only what
+    came since goes (`running`: (request, valid tokens) now), so the pause carries a few
+    tokens per request instead of every one. A request not copied before (it started
+    meanwhile), or with fewer valid tokens now than copied (its cache was rebuilt), goes
+    whole; one with as many as copied needs nothing; finished ones are dropped."""
+    before = dict(copied)
+    out = []
+    for rid, n in running:
+        first = before.get(rid, 0)
+        if first > n:
+            first = 0
+        if n > first:
+            out.append(KvTopUp(rid, first, n))
+    return tuple(out)

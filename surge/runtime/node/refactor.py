@@ -63,14 +63,16 @@ def refactor_handlers(
                     f"{op.pipeline} [{stage.first_layer}, {stage.end_layer}) on node {node}"
                 )
         async with stage.lock:  # never while a step writes this stage's cache
-            kv = await asyncio.to_thread(stage.runner.export_kv, op.seq_id, op.num_tokens)
+            kv = await asyncio.to_thread(
+                stage.runner.export_kv, op.seq_id, op.num_tokens, op.first_token
+            )
 
         async def push(t: KvTarget) -> int:
             part = kv[t.first_layer - stage.first_layer : t.end_layer - stage.first_layer]
             if t.node == node:  # the new stage is on this node too: write it in place
                 new: Stage = stage_of(op.new_pipeline)
                 async with new.lock:
-                    new.runner.import_kv(op.seq_id, t.first_layer, part)
+                    new.runner.import_kv(op.seq_id, t.first_layer, part, op.first_token)
                 return 0
             part = part.contiguous()
             shape = tuple(part.shape)
@@ -78,6 +80,7 @@ def refactor_handlers(
                 pipeline=op.new_pipeline,
                 seq_id=op.seq_id,
                 parts=(KvPart(t.first_layer, t.end_layer, shape),),
+                first_token=op.first_token,
             )
             body = part.view(-1).view(torch.uint8).numpy()
             async with peer_conn(t.node) as c:
@@ -92,7 +95,7 @@ def refactor_handlers(
         parts = kv_parts(op.parts, p, stage.runner.dtype, "kv_import")
         async with stage.lock:
             for first_layer, kv in parts:
-                stage.runner.import_kv(op.seq_id, first_layer, kv)
+                stage.runner.import_kv(op.seq_id, first_layer, kv, op.first_token)
         return Ack()
 
     async def op_stage_kv_copy(op: StageKvCopyOp, conn: Connection, p: memoryview) -> Ack:
@@ -103,11 +106,13 @@ def refactor_handlers(
         if lo >= hi:
             return Ack()
 
+        firsts = op.first_tokens or (0,) * len(op.seqs)
+
         def copy() -> None:
-            for seq_id, num_tokens in op.seqs:
-                kv = old.runner.export_kv(seq_id, num_tokens)
+            for (seq_id, num_tokens), first in zip(op.seqs, firsts, strict=True):
+                kv = old.runner.export_kv(seq_id, num_tokens, first)
                 part = kv[lo - old.first_layer : hi - old.first_layer]
-                new.runner.import_kv(seq_id, lo, part)
+                new.runner.import_kv(seq_id, lo, part, first)
 
         async with old.lock, new.lock:
             await asyncio.to_thread(copy)

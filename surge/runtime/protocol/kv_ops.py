@@ -73,6 +73,9 @@ class KvImportOp(Op[Ack], name="kv_import"):
     pipeline: str
     seq_id: int
     parts: tuple[KvPart, ...]
+    first_token: int = 0
+    """The parts hold tokens [first_token, first_token + n): a top-up of an earlier copy
+    (FlexPipe §6.3: K/V moves while the old pipeline serves; the pause sends the rest)."""
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,15 @@ class KvPushOp(Op[KvPushReply], name="kv_push", reply=KvPushReply):
     seq_id: int
     num_tokens: int
     targets: tuple[KvTarget, ...]
+    first_token: int = 0
+    """Send tokens [first_token, num_tokens) only (the rest went earlier)."""
 
     def __post_init__(self) -> None:
         require(
             self.num_tokens >= 1 and bool(self.targets), "op kv_push", "needs tokens and targets"
+        )
+        require(
+            0 <= self.first_token < self.num_tokens, "op kv_push", "needs first_token < num_tokens"
         )
 
 
@@ -114,3 +122,5 @@ class StageKvCopyOp(Op[Ack], name="stage_kv_copy"):
     pipeline: str
     source: str
     seqs: tuple[tuple[int, int], ...]
+    first_tokens: tuple[int, ...] = ()
+    """Per entry of `seqs`: copy tokens from this one on (empty: all from 0)."""
