@@ -23,15 +23,19 @@ def simulation(
     model_layers: tuple[int, ...] = (8,),
     seed_host_copies: bool = False,
     hidden_size: int = 64,
+    gpu_speedup: float = 1.0,
 ) -> Simulation:
     """A simulation of `system` on `num_machines` machines whose model store is `store`
     (`ssd`: every machine has a disk copy; `registry`: none), serving one tiny model per
     entry of `model_layers` (its layer count: the sizes differ); the system's host copies
-    are seeded only with `seed_host_copies`; `hidden_size` sets the models' size."""
+    are seeded only with `seed_host_copies`; `hidden_size` sets the models' size,
+    `gpu_speedup` multiplies the GPU's compute and memory bandwidth."""
     gpu = {
         "name": "g", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
         "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
     }  # fmt: skip
+    gpu["tflops"] *= gpu_speedup
+    gpu["mem_bandwidth_gbs"] *= gpu_speedup
     group = {
         "num_nodes": num_machines, "gpu": gpu, "gpus_per_node": 1, "nic_gbps": 10,
         "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gb": 16,

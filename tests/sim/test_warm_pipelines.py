@@ -16,8 +16,9 @@ def _warm_start(tmp_path, mode: str) -> tuple[list, list[SimRequest], list]:
     (time, stages), the requests, the instances)."""
     tmp_path.mkdir()
     system = replace(SYSTEM, serve_while_loading=mode)
-    # 8 layers of hidden 4096: ~3 GB, ~0.25 s host -> GPU at 100 Gbit/s
-    sim = simulation(tmp_path, system, 3, "registry", hidden_size=4096)
+    # 8 layers of hidden 4096: ~3 GB, ~0.25 s host -> GPU at 100 Gbit/s; a GPU fast
+    # enough that loading, not compute, decides when the first token comes
+    sim = simulation(tmp_path, system, 3, "registry", hidden_size=4096, gpu_speedup=1000.0)
     pool = entry_pool(sim)
     for m in range(3):
         add_host_copy(sim, m)
