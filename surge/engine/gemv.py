@@ -147,10 +147,13 @@ def load() -> bool:
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, the weight
-    stored `[in, out]` (its transpose has unit column stride), the kernel loaded. Any thread
-    count: the kernel splits the output columns over torch's intra-op threads."""
+    stored `[in, out]` (its transpose has unit column stride), the kernel loaded, torch on
+    one thread. At more threads MKL's gemv stays: on this VM's current host (quiet, SmolLM2's
+    projections, 2 threads) it read 20.0 GB/s against the threaded kernel's 10.9 (one thread:
+    15.8 against 12.5 here; on the earlier host the kernel led, 39-41 against 24-27)."""
     return (
         _built
+        and torch.get_num_threads() == 1
         and x.numel() == x.shape[-1]
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

@@ -68,8 +68,9 @@ def test_only_one_float32_row_of_a_stored_weight_is_usable() -> None:
 
 
 def test_every_thread_count_uses_the_kernel_with_the_same_sums() -> None:
-    """The kernel splits output columns over torch's threads (the default path at any thread
-    count), and each column's sum is the same whatever the split."""
+    """The kernel splits output columns over torch's threads, and each column's sum is the
+    same whatever the split; the engine calls it at one thread only (MKL is faster at more
+    on this VM's current host)."""
     before = torch.get_num_threads()
     w = _stored(3000, 600, seed=1)  # above the one-thread floor, several column slices
     x = torch.randn(1, 600)
@@ -78,8 +79,7 @@ def test_every_thread_count_uses_the_kernel_with_the_same_sums() -> None:
         one = torch.ops.surge.gemv_row(x, w.t())
         for threads in (2, 3):
             torch.set_num_threads(threads)
-            gemv.load()
-            assert gemv.usable(x, w)
+            assert not gemv.usable(x, w)  # the engine keeps MKL's threaded gemv there
             assert torch.equal(torch.ops.surge.gemv_row(x, w.t()), one)
         torch.testing.assert_close(one, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-4)
     finally:
