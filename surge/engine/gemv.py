@@ -4,9 +4,9 @@ Why: a batch-1 decode step is one-row projections over every weight, memory-boun
 sgemv on the stored `[in, out]` layout reads 24-27 GB/s with one thread on this project's
 VM, where a tensor sum reads ~40 GB/s; the kernel (the output row in cached chunks, eight
 weight rows streamed into it at a time) reads 39-41 GB/s on the 100mb preset's shapes. It
-runs on torch's intra-op threads (`at::parallel_for` over column slices; a call under 256 KB
-of weights stays on one thread), so the fast path is the default one whatever
-`torch.get_num_threads()` is; the sums do not depend on the thread count.
+can split output columns over torch's intra-op threads (`at::parallel_for`; the sums do not
+depend on the split), but the engine calls it at one thread only (`usable`): at two, MKL's
+threaded gemv read faster on this VM's current host.
 
 What flows: `build()` compiles the C++ extension once per machine and source (~15 s;
 `setup.sh` runs it, as does `python -m surge.engine.gemv`) into a cache directory named by
