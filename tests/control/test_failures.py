@@ -33,6 +33,7 @@ def test_agent_killed_under_load_loses_no_request(serve_factory, tiny_store_dir,
     wait_for(lambda: s.metric("surge_instances", MODEL) == 2, 60, "two instances")
     prompts = [f"Story {i}: the little model" for i in range(8)]
     progress = [0] * len(prompts)
+    finished = [False] * len(prompts)
 
     async def load():
         c = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="sesame", max_retries=0)
@@ -45,24 +46,28 @@ def test_agent_killed_under_load_loses_no_request(serve_factory, tiny_store_dir,
             async for ch in stream:
                 parts.append(ch.choices[0].text if ch.choices else "")
                 progress[i] += 1
+            finished[i] = True
             return "".join(parts)
 
-        async def killer() -> int:
-            while min(progress) < 5:
-                await asyncio.sleep(0.01)
+        async def killer() -> tuple[int, int]:
+            # Once every stream has its first chunk (a fast engine may send a whole answer in
+            # a few chunks, so waiting for more could wait forever): kill a serving agent.
+            while min(progress) < 1:
+                await asyncio.sleep(0.005)
             nodes = (await asyncio.to_thread(s.http.get, "/v1/nodes")).json()["data"]
             victim = next(n for n in nodes if MODEL in n["instances"])
             os.kill(victim["pid"], signal.SIGKILL)
-            return victim["node"]
+            return victim["node"], finished.count(False)
 
         k = asyncio.ensure_future(killer())
         outs = await asyncio.wait_for(
             asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))), 120
         )
         await c.close()
-        return outs, await k
+        return outs, await asyncio.wait_for(k, 30)
 
-    outs, victim = asyncio.run(load())
+    outs, (victim, in_flight) = asyncio.run(load())
+    assert in_flight > 0, "every request had finished before the kill: nothing was under load"
     for p, out in zip(prompts, outs, strict=True):
         assert out == reference(p, 160), f"{p} (node {victim} was killed)"
     # The killed agent is replaced (issue 36): /health is ok again with every node up.
