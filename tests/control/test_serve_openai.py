@@ -255,4 +255,7 @@ def test_logprobs_completions_and_chat(client) -> None:
     chunks = client.chat.completions.create(messages=msgs, logprobs=True, stream=True, **kw)
     streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
                 for t in ch.choices[0].logprobs.content]  # fmt: skip
-    assert [t.logprob for t in streamed] == [t.logprob for t in content]
+    # Same tokens; the values agree to float error only: the two requests may take different
+    # attention paths (engine/attention.py: a prefix-cache hit, another batch shape).
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
