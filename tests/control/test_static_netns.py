@@ -17,7 +17,7 @@ import pytest
 from surge.runtime.launch import netns
 from tests.conftest import REPO, run_surge
 from tests.control.conftest import start_serve
-from tests.control.test_serve_openai import GREEDY, MODEL
+from tests.control.test_serve_openai import GREEDY, MODEL, wait_for
 from tests.control.test_static import TOKEN, stop_by_pid
 from tests.runtime.test_netns import needs_netns
 
@@ -99,10 +99,8 @@ def test_static_agents_in_namespaces_join_over_tls_and_strangers_are_refused(
             proc, _ = start_agent(nodes[1], 1, tmp_path, registry, token_file,
                                   tls_args(pki, "agent"))  # fmt: skip
             agents[1] = proc
-            deadline = time.monotonic() + 120
-            while not all(n["up"] for n in s.http.get("/v1/nodes").json()["data"]):
-                assert time.monotonic() < deadline, "agent 1 did not rejoin"
-                time.sleep(0.5)
+            up = lambda: all(n["up"] for n in s.http.get("/v1/nodes").json()["data"])  # noqa: E731
+            wait_for(up, 120, "agent 1 to rejoin")
             out = c.completions.create(model=MODEL, prompt="Again", max_tokens=8, **GREEDY)
             assert out.choices[0].text == reference("Again", 8)
         finally:
