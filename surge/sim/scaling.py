@@ -28,6 +28,7 @@ from surge.policy.autoscale import (
     decide,
 )
 from surge.policy.blitzscale.pd import with_monitor
+from surge.policy.flexpipe.microbatch import pipeline_micro_batches
 from surge.policy.paraserve.gpu_share import pipeline_speed
 from surge.policy.placement import (
     MIN_KV_FRACTION,
@@ -68,8 +69,9 @@ class InstanceFactory:
 
     def make(self, pool: Pool, placement: Placement, pipeline: bool = False) -> Instance:
         """A new endpoint of `pool` on `placement`; its workers run in stage order (one
-        activation hop per stage boundary). `pipeline`: an execution pipeline, whose
-        capacity is `pipeline_micro_batches` times the batch limit."""
+        activation hop per stage boundary). `pipeline`: an execution pipeline, with
+        `SimSettings.pipeline_micro_batches` micro-batches in flight (None: one per stage)
+        and that many times the batch limit."""
         world, settings = self.world, self.world.settings
         slot = world.models[pool.model]
         tp = len(placement.gpus)
@@ -80,11 +82,19 @@ class InstanceFactory:
         if placement.shares:
             speed *= pipeline_speed(placement.shares)
         kv_bytes = max(mem - slot.profile.total_bytes * WEIGHT_HEADROOM, mem * MIN_KV_FRACTION)
+        # λScale §4.3 Fig. 6a: each stage of a pipeline works on a different batch (None);
+        # an int is this runtime's fixed count of micro-batch groups (`SimSettings`)
+        staged = pipeline and settings.pipeline_micro_batches is None
+        micro = 1
+        if pipeline:
+            micro = settings.pipeline_micro_batches or pipeline_micro_batches(
+                len(placement.workers)
+            )
         self.next_id += 1
         spec = EngineSpec(
             cost_model(slot.profile, slot.group.gpu, tp),
             pool.role,
-            settings.max_batch * (settings.pipeline_micro_batches if pipeline else 1),
+            settings.max_batch * micro,
             int(kv_bytes // slot.profile.kv_bytes_per_token),
             settings.max_prefill_tokens,
             speed=speed,
@@ -99,6 +109,8 @@ class InstanceFactory:
             placement=placement,
             pool_key=pool.key,
         )
+        if staged:
+            inst.set_micro_batches(micro)
         if self.sharing.enabled:
             inst.on_busy = self.sharing.on_busy
         return inst

@@ -119,9 +119,15 @@ class SimSettings:
     sends the blocks from the process that serves; `benchmarks/sim_calibrate/send.py`
     measures the serving rate lost per GB/s sent (`sim_calibration.json`, `send_cost`:
     0.86 on Nov 23 21:10, about the sending CPU, ~1 CPU-second per GB)."""
-    pipeline_micro_batches: int = 1
-    """Micro-batch groups an execution pipeline runs at once; its capacity is this times
-    `max_batch` (the runtime's `PipelineEndpoint` uses 2)."""
+    pipeline_micro_batches: int | None = None
+    """Micro-batches an execution pipeline (λScale's, ParaServe's groups) keeps in flight.
+    None (the default, the paper systems): one per stage, each stage working on a
+    different batch (λScale §4.3 Fig. 6a "2D execution pipelines"; the same rule as
+    FlexPipe §7 Eq. 12, `policy.flexpipe.microbatch.pipeline_micro_batches`), so a
+    g-stage pipeline holds g x `max_batch` sequences and serves at the sum of its stages'
+    rates. An int m: this runtime's `PipelineEndpoint` (2 micro-batch groups), modelled
+    as a batch limit of m x `max_batch` stepping through every layer at once (no
+    micro-batch schedule), as `benchmarks/sim_calibrate` measures it."""
 
     pipeline_speed: float = 1.0
     """Serving speed of an execution pipeline relative to its cost model (one batch of
@@ -177,8 +183,10 @@ class SimSettings:
             raise SurgeError("warm_instances must be >= 0")
         if self.shared_cores is not None and not self.shared_cores > 0:
             raise SurgeError("shared_cores must be > 0 or None")
-        if self.transfer_cores < 0 or self.pipeline_micro_batches < 1:
-            raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1")
+        if self.transfer_cores < 0 or (
+            self.pipeline_micro_batches is not None and self.pipeline_micro_batches < 1
+        ):
+            raise SurgeError("transfer_cores must be >= 0, pipeline_micro_batches >= 1 or None")
         if self.transfers_first and self.shared_cores is None:
             raise SurgeError("transfers_first needs shared_cores (one host's cores)")
         if not 0 <= self.send_cpu_cores <= max(self.transfer_cores, 0.0):
