@@ -60,7 +60,7 @@ class EngineConfig:
     q|k|v and gate|up fused (`surge.model.stored_names`): no copy, off splits them into views.
     Older stores cost a copy of those weights (~2/3 of a Llama layer's bytes), made
     gradually: blocks land unfused and usable at once, and every step fuses at most
-    `max_pack_bytes_per_step` of layers (`ModelRunner.fuse_some`). The block buffers stay
+    `max_pack_bytes_per_step` of layers (`BlockWeights.fuse_some`). The block buffers stay
     untouched. The same tokens as unfused (tests/engine/test_fused_projections.py)."""
     compile_decode: bool = False
     """Run pure-decode steps as one `torch.compile`d (inductor) graph, which fuses the

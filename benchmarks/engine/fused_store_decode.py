@@ -115,17 +115,19 @@ def main() -> None:
         settled_runners = {}
         for e, (layout, fuse) in ENGINES.items():
             r = settled_runners[e] = fresh_runner(stores[layout], fuse)
-            while r.fuse_queue:
-                r.fuse_some()
-            while r.pack_queue:
-                r.pack_some()
+            while r.weights.fuse_queue:
+                r.weights.fuse_some()
+            while r.weights.pack_queue:
+                r.weights.pack_some()
         names = list(ENGINES)
         for rnd in range(args.rounds):
             for e in names[rnd % 3 :] + names[: rnd % 3]:
                 layout, fuse = ENGINES[e]
                 # A fresh instance: blocks just landed, first steps at batch 1.
                 r = fresh_runner(stores[layout], fuse)
-                copied[e] = sum(r.layers[layer].fusable_bytes for layer in r.fuse_queue)
+                copied[e] = sum(
+                    r.weights.layers[layer].fusable_bytes for layer in r.weights.fuse_queue
+                )
                 last = prefill(r, 1, cfg.vocab_size)
                 times, out = decode(r, last, args.first_steps)
                 first[e].append(sum(times))

@@ -100,11 +100,11 @@ def projection_weights(store: Path, fuse: bool) -> list:
     config = EngineConfig(fuse_projections=fuse, compile_decode=False)
     runner = ModelRunner(read_manifest(store), config)
     runner.load_blocks()
-    while runner.fuse_queue:  # what the engine does over its first steps
-        runner.fuse_some()
-    return [runner.head.lm_head.weight] + [
+    while runner.weights.fuse_queue:  # what the engine does over its first steps
+        runner.weights.fuse_some()
+    return [runner.weights.head.lm_head.weight] + [
         getattr(layer, name).weight
-        for layer in runner.layers.values()
+        for layer in runner.weights.layers.values()
         for name in layer.projection_names
     ]
 

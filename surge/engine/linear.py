@@ -11,7 +11,7 @@ decode) MKL's gemv on the plain view is as fast or faster, so one-row calls keep
 
 Who owns what: the runner builds a `Linear` per weight when a block lands and, with
 `EngineConfig.pack_cpu_weights`, swaps in packed ones a few per batched step
-(`ModelRunner.pack_some`); `surge.engine.model` calls it. The packed copy costs a
+(`BlockWeights.pack_some`); `surge.engine.model` calls it. The packed copy costs a
 second copy of the weights' bytes in memory; the block buffer itself is never modified.
 Under `torch.compile` (`surge.engine.compiled`) the packed call goes through the opaque
 `surge::packed_linear` op: inductor lowers oneDNN's op only for weights frozen into the graph.

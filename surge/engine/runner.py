@@ -2,7 +2,9 @@
 
 A runner owns a layer range [first_layer, end_layer) — the KV cache of exactly those layers —
 and any subset of blocks, added one at a time as they arrive (from a file, or a buffer a peer
-sent). Its three calls map a step onto the model:
+sent). How a block's bytes reach the device and become weights is `BlockWeights`'
+(`surge.engine.block_weights`, the device-copy path); this file is the step path. Its three
+calls map a step onto the model:
 
     embed(token_ids) -> hidden           (needs the first block)
     run_layers(start, end, hidden, batch) -> hidden
@@ -13,9 +15,6 @@ of networks: `surge.engine.hidden` turns hidden states into bytes for whoever ca
 """
 
 import logging
-import threading
-from collections import deque
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,21 +23,14 @@ from surge.config import EngineConfig
 from surge.engine import gemv
 from surge.engine.attention import AttnContext
 from surge.engine.batch import BatchMeta
+from surge.engine.block_weights import BlockWeights
 from surge.engine.device import pick_device
-from surge.engine.devmem import DeviceMemory, device_memory, move_block
+from surge.engine.devmem import DeviceMemory, device_memory
 from surge.engine.kv_cache import PagedKVCache
-from surge.engine.linear import can_pack
-from surge.engine.model import (
-    HeadWeights,
-    LayerWeights,
-    RopeTable,
-    decoder_layer,
-    embedding_of,
-    final_logits,
-)
+from surge.engine.model import RopeTable, decoder_layer, final_logits
 from surge.errors import SurgeError
-from surge.model.blocks import read_block_file, tensors_in, torch_dtype
-from surge.model.manifest import Manifest, verify_block
+from surge.model.blocks import torch_dtype
+from surge.model.manifest import Manifest
 
 if TYPE_CHECKING:
     from surge.engine.compiled import DecodeGraph
@@ -47,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    """Holds blocks of one model and runs layer ranges of them, with a paged KV cache."""
+    """Runs layer ranges of the blocks it holds (`BlockWeights`), with a paged KV cache."""
 
     def __init__(
         self,
@@ -60,8 +52,6 @@ class ModelRunner:
         self.arch = manifest.arch
         self.config = config.validate()
         self.device = pick_device(config.device)
-        self.memory = memory if memory is not None else device_memory(config.device)
-        """How block bytes reach the device (`surge.engine.devmem`; a test passes a fake)."""
         self.dtype = torch_dtype(self.arch.dtype)
         first, end = layer_range or (0, self.arch.num_layers)
         if not 0 <= first < end <= self.arch.num_layers:
@@ -70,6 +60,9 @@ class ModelRunner:
                 f"{self.arch.num_layers} layers"
             )
         self.first_layer, self.end_layer = first, end
+        memory = memory if memory is not None else device_memory(config.device)
+        self.weights = BlockWeights(manifest, self.config, self.device, memory, self.dtype)
+        """The blocks held, as layers, embedding and head (the device-copy path)."""
         self.kv = PagedKVCache(
             num_layers=end - first,
             num_pages=config.num_pages,
@@ -82,39 +75,14 @@ class ModelRunner:
         self.k_layers, self.v_layers = tuple(self.kv.k), tuple(self.kv.v)
         """Per-layer views of the cache, made once (not 2 views per layer per step)."""
         self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device, self.dtype)
-        self.block_buffers: dict[int, bytearray | memoryview] = {}
-        """Block index -> the host buffer `add_block` took it from (on the CPU the weights
-        are views into it)."""
-        self.block_data: dict[int, torch.Tensor] = {}
-        """Block index -> its bytes on the device (uint8; the weights are views into it)."""
-        self.layers: dict[int, LayerWeights] = {}
-        self.embedding: torch.Tensor | None = None
-        self.head: HeadWeights | None = None
-        self.packs = (
-            config.pack_cpu_weights
-            and self.arch.hidden_size >= config.pack_min_hidden_size
-            and self.device.type == "cpu"
-            and can_pack(torch.empty(1, 1, dtype=self.dtype))
-        )
-        """Whether projections get packed copies (gradually, `pack_some`)."""
         if self.device.type == "cpu" and self.dtype == torch.float32:
             gemv.load()  # one-row projections through surge's kernel (if setup.sh built it)
-        self.pack_queue: deque[tuple[int | None, str]] = deque()
-        """Projections still unpacked: (layer, field), or (None, "lm_head") for the head."""
-        self.num_packed = 0
-        """Projections packed so far (with `pack_queue`: whether packing is under way)."""
-        self.fuse_queue: deque[int] = deque()
-        """Layers of an older store (separate q/k/v, gate/up) still to fuse
-        (`EngineConfig.fuse_projections`); stays empty for a version-3 store."""
-        self.weights_lock = threading.Lock()
-        """Held while fusing or packing (the steps' gradual work, or the compile thread's
-        `settle_weights`): never both at once."""
         self.decode_graph: DecodeGraph | None = None
         if config.compile_decode and hasattr(torch.compiler, "set_stance"):
             # Imported only then: torch._dynamo adds ~1 s to start-up.
             from surge.engine import compiled
 
-            self.decode_graph = compiled.DecodeGraph(self.compile_args, self.settle_weights)
+            self.decode_graph = compiled.DecodeGraph(self.compile_args, self.weights.settle)
         elif config.compile_decode:
             log.info("torch %s lacks set_stance: decode steps stay eager", torch.__version__)
         """The compiled decode step (`EngineConfig.compile_decode`), else None."""
@@ -123,37 +91,22 @@ class ModelRunner:
     # ---- blocks ----------------------------------------------------------------------
 
     def add_block(self, index: int, buf: bytearray | memoryview, verify: bool = True) -> None:
-        """Make block `index` usable from `buf` (a buffer read from disk or received): its
-        bytes move to the device (`devmem.move_block`: one copy, or on the CPU the buffer
-        itself), and the block is taken in once they arrived."""
-        if verify:
-            verify_block(self.manifest.blocks[index], memoryview(buf).cast("B"))
-        copy = move_block(self.memory, buf, adopt=True)
-        copy.event.wait()
-        self.block_buffers[index] = buf
-        self.install_block(index, copy.data)
+        """Make block `index` usable from `buf` (a buffer read from disk or received; see
+        `BlockWeights.add_block`)."""
+        self.weights.add_block(index, buf, verify)
+        self._start_compile()
 
     def install_block(self, index: int, data: torch.Tensor) -> None:
-        """Take in block `index` from its bytes on the device (uint8, already arrived: the
-        node's store waits for the copy's event, `runtime/node/store.py`); no copy."""
-        info = self.manifest.blocks[index]
-        tensors = tensors_in(info, data)
-        self.block_data[index] = data
-        fuse = self.config.fuse_projections
-        for layer in range(info.first_layer, info.end_layer):
-            weights = LayerWeights.from_tensors(tensors, layer, self.arch, fuse)
-            self.layers[layer] = weights
-            if fuse and not weights.is_fused:  # an older store: fused by `fuse_some`, then packed
-                self.fuse_queue.append(layer)
-            elif self.packs:
-                self.pack_queue.extend((layer, name) for name in weights.projection_names)
-        if info.has_embed:
-            self.embedding = embedding_of(tensors)
-        if info.has_head:
-            self.head = HeadWeights.from_tensors(tensors)
-            if self.packs:
-                self.pack_queue.append((None, "lm_head"))
-        log.debug("block %d ready (layers %d-%d)", index, info.first_layer, info.end_layer - 1)
+        """Take in block `index` from its bytes on the device, already arrived (see
+        `BlockWeights.install_block`); no copy."""
+        self.weights.install_block(index, data)
+        self._start_compile()
+
+    def load_blocks(self, indices: list[int] | None = None) -> None:
+        """Read blocks from the store on disk (default: every block this range needs)."""
+        if indices is None:
+            indices = self.weights.blocks_for(self.first_layer, self.end_layer)
+        self.weights.load_blocks(indices)
         self._start_compile()
 
     def _start_compile(self) -> None:
@@ -164,7 +117,7 @@ class ModelRunner:
             return
         whole_range = self.first_layer == 0 and self.end_layer == self.arch.num_layers
         # A whole model's graph also needs the embedding and the head.
-        if not (self.holds_whole_model if whole_range else self.holds_layers(
+        if not (self.holds_whole_model if whole_range else self.weights.holds_layers(
                 self.first_layer, self.end_layer)):  # fmt: skip
             return
         from surge.engine.compiled import MODEL, STACK
@@ -179,112 +132,31 @@ class ModelRunner:
 
         which, batch = job
         ctx = self.kv.scratch_context(batch, self.rope)
-        layers = tuple(self.layers[layer] for layer in range(self.first_layer, self.end_layer))
+        w = self.weights
+        layers = tuple(w.layers[layer] for layer in range(self.first_layer, self.end_layer))
         caches = (self.k_layers, self.v_layers)
         if which == MODEL:
             ids = torch.zeros(batch, 1, dtype=torch.int64, device=self.device)
-            return (ids, self.embedding, layers, self.head, self.arch, ctx, *caches)
+            return (ids, w.embedding, layers, w.head, self.arch, ctx, *caches)
         x = torch.zeros(batch, 1, self.arch.hidden_size, dtype=self.dtype, device=self.device)
         return (x, layers, self.arch, ctx, *caches)
-
-    def settle_weights(self) -> None:
-        """Finish fusing and packing now (the compile thread, before it compiles: graphs for
-        the weights the steps will have)."""
-        with self.weights_lock:
-            while self.fuse_queue:
-                self.fuse_some()
-            while self.pack_queue:
-                self.pack_some()
-
-    def load_blocks(self, indices: list[int] | None = None) -> None:
-        """Read blocks from the store on disk (default: every block this range needs)."""
-        if indices is None:
-            indices = self.manifest.blocks_for_layers(self.first_layer, self.end_layer)
-            if self.first_layer == 0:
-                indices = sorted({0, *indices})
-            if self.end_layer == self.arch.num_layers:
-                indices = sorted({*indices, self.manifest.num_blocks - 1})
-        for i in indices:
-            if i not in self.block_data:
-                info = self.manifest.blocks[i]
-                self.add_block(i, read_block_file(self.manifest.block_path(i), info), verify=False)
-
-    def pack_some(self) -> int:
-        """Pack queued projections, at most `max_pack_bytes_per_step` of them (at least one).
-
-        Called on steps of 2 or more sequences, so a node that is still receiving blocks or
-        serves one sequence at a time spends nothing on packing; returns the bytes packed.
-        """
-        done, budget = 0, self.config.max_pack_bytes_per_step
-        while self.pack_queue:
-            layer, name = self.pack_queue[0]
-            owner = self.head if layer is None else self.layers[layer]
-            lin = getattr(owner, name)
-            if done and done + lin.num_bytes > budget:
-                break
-            self.pack_queue.popleft()
-            self.num_packed += 1
-            packed = replace(owner, **{name: lin.with_packing()})
-            if layer is None:
-                self.head = packed
-            else:
-                self.layers[layer] = packed
-            done += lin.num_bytes
-        return done
-
-    def fuse_some(self) -> int:
-        """Fuse queued layers' q/k/v and gate/up, at most `max_pack_bytes_per_step` of copies
-        (at least one layer); returns the bytes copied.
-
-        Only stores written before version 3 queue layers here (newer ones hold the fused
-        matrices: nothing to copy). Called on every step, so a block is usable the moment it
-        lands (fusing copies ~2/3 of a layer's bytes: done as blocks landed, a scale-out would
-        wait for it, as it did for packing) and a few steps later every layer runs fused.
-        Fused layers join the packing queue, so packing packs the fused matrices.
-        """
-        done, budget = 0, self.config.max_pack_bytes_per_step
-        while self.fuse_queue:
-            layer = self.fuse_queue[0]
-            cost = self.layers[layer].fusable_bytes
-            if done and done + cost > budget:
-                break
-            self.fuse_queue.popleft()
-            fused = self.layers[layer] = self.layers[layer].fused()
-            if self.packs:
-                self.pack_queue.extend((layer, name) for name in fused.projection_names)
-            done += cost
-        return done
-
-    @property
-    def packing_settled(self) -> bool:
-        """Neither fusing nor packing is half done (a half-converted layer stack would
-        recompile the graph)."""
-        return not self.fuse_queue and (not self.pack_queue or self.num_packed == 0)
-
-    def holds_layers(self, start: int, end: int) -> bool:
-        return all(layer in self.layers for layer in range(start, end))
 
     # ---- execution -------------------------------------------------------------------
 
     @torch.inference_mode()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token ids [B, Q] -> hidden states [B, Q, hidden]."""
-        if self.embedding is None:
+        embedding = self.weights.embedding
+        if embedding is None:
             raise RuntimeError("embed() needs the first block, which this runner lacks")
-        return self.embedding[token_ids.to(self.device)]
+        return embedding[token_ids.to(self.device)]
 
     def _before_step(self, batch: BatchMeta) -> bool:
         """Fuse and pack a little (gradually, see `fuse_some`, `pack_some`); whether this
         step runs compiled (a pure decode step, fusing and packing settled)."""
-        if (self.fuse_queue or self.pack_queue) and self.weights_lock.acquire(blocking=False):
-            try:  # not while the compile thread settles them
-                if self.fuse_queue:
-                    self.fuse_some()
-                if self.pack_queue and batch.num_seqs >= 2:
-                    self.pack_some()
-            finally:
-                self.weights_lock.release()
-        return self.decode_graph is not None and batch.max_q_len == 1 and self.packing_settled
+        self.weights.step_work(batch.num_seqs)
+        settled = self.weights.packing_settled
+        return self.decode_graph is not None and batch.max_q_len == 1 and settled
 
     @torch.inference_mode()
     def run_layers(
@@ -296,8 +168,8 @@ class ModelRunner:
                 f"layers [{start}, {end}) are outside this runner's range "
                 f"[{self.first_layer}, {self.end_layer})"
             )
-        if not self.holds_layers(start, end):
-            missing = [layer for layer in range(start, end) if layer not in self.layers]
+        if not self.weights.holds_layers(start, end):
+            missing = [layer for layer in range(start, end) if layer not in self.weights.layers]
             raise RuntimeError(f"runner lacks layers {missing}")
         return self._layers(start, end, hidden, batch, self._before_step(batch))
 
@@ -310,7 +182,7 @@ class ModelRunner:
         if compiled:
             assert self.decode_graph is not None
             lo, hi = start - self.first_layer, end - self.first_layer
-            layers = tuple(self.layers[layer] for layer in range(start, end))
+            layers = tuple(self.weights.layers[layer] for layer in range(start, end))
             k_caches, v_caches = self.k_layers[lo:hi], self.v_layers[lo:hi]
             # Graphs are compiled for inference tensors (dynamo guards on the dispatch keys):
             # hidden states that came over the wire are copied into one (a row per sequence).
@@ -326,21 +198,22 @@ class ModelRunner:
         for layer in range(start, end):
             i = layer - self.first_layer
             x = decoder_layer(
-                x, self.layers[layer], self.arch, ctx, self.k_layers[i], self.v_layers[i]
+                x, self.weights.layers[layer], self.arch, ctx, self.k_layers[i], self.v_layers[i]
             )
         return x
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
         """float32 logits [B, vocab] at each sequence's last new token."""
-        if self.head is None:
+        head = self.weights.head
+        if head is None:
             raise RuntimeError("logits() needs the last block, which this runner lacks")
         if all(q == hidden.shape[1] for q in batch.q_lens):  # decode, or equal pieces: a view
             rows = hidden[:, -1]
         else:
             last = torch.tensor([q - 1 for q in batch.q_lens], device=hidden.device)
             rows = hidden[torch.arange(batch.num_seqs, device=hidden.device), last]
-        return final_logits(rows.to(self.device), self.head, self.arch)
+        return final_logits(rows.to(self.device), head, self.arch)
 
     def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
         """The whole model in one call: token ids [B, Q] -> logits [B, vocab]."""
@@ -353,11 +226,8 @@ class ModelRunner:
     @property
     def holds_whole_model(self) -> bool:
         """Every layer, the embedding and the head are here (a full local instance)."""
-        return (
-            self.embedding is not None
-            and self.head is not None
-            and len(self.layers) == self.end_layer - self.first_layer == self.arch.num_layers
-        )
+        whole_range = self.end_layer - self.first_layer == self.arch.num_layers
+        return whole_range and self.weights.holds_whole_model
 
     @torch.inference_mode()
     def _forward_compiled(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
@@ -367,13 +237,14 @@ class ModelRunner:
             hidden = self._layers(0, self.end_layer, self.embed(token_ids), batch, False)
             return self.logits(hidden, batch)
         assert self.decode_graph is not None
-        assert self.embedding is not None and self.head is not None
+        w = self.weights
+        assert w.embedding is not None and w.head is not None
         ctx = self.kv.prepare(batch, self.rope, whole_pages=True)
-        layers = tuple(self.layers[layer] for layer in range(self.arch.num_layers))
+        layers = tuple(w.layers[layer] for layer in range(self.arch.num_layers))
         ids = token_ids.to(self.device)
         ids = ids if ids.is_inference() else ids.clone()  # what the graphs were compiled for
         args = (self.arch, ctx, self.k_layers, self.v_layers)
-        logits = self.decode_graph.model(ids, self.embedding, layers, self.head, *args)
+        logits = self.decode_graph.model(ids, w.embedding, layers, w.head, *args)
         if logits is not None:
             return logits
         hidden = self._eager_layers(0, self.end_layer, self.embed(token_ids), ctx)

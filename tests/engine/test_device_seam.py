@@ -135,11 +135,13 @@ def test_a_runner_fed_through_the_fake_gpu_gives_the_cpu_tokens(tiny_store: Path
         added = threading.Thread(target=gpu.load_blocks)
         added.start()
         wait_until(lambda: fake.pending() == 1)
-        assert not gpu.layers and gpu.embedding is None, "taken in before its copy completed"
+        assert not gpu.weights.layers and gpu.weights.embedding is None, (
+            "taken in before its copy completed"
+        )
         fake.release_all()
         added.join(30)
         assert [c.num_bytes for c in fake.copies] == [b.size_bytes for b in manifest.blocks]
-        assert set(gpu.block_data) == set(range(manifest.num_blocks))
+        assert set(gpu.weights.block_data) == set(range(manifest.num_blocks))
         prompt = [0, 5, 9, 200, 31]
         assert greedy(gpu, prompt, 12) == greedy(cpu, prompt, 12)
     finally:

@@ -57,7 +57,7 @@ def test_fuse_projections_is_validated() -> None:
 def _fused_layers(runner: ModelRunner) -> set[bool]:
     """Per layer: fused (qkv and gate_up set, the separate ones None) or unfused (reverse)."""
     kinds = set()
-    for w in runner.layers.values():
+    for w in runner.weights.layers.values():
         fused = w.qkv is not None and w.gate_up is not None
         separate = all(getattr(w, n) is not None for n in ("q", "k", "v", "gate", "up"))
         assert fused != separate, "a layer is half fused"
@@ -67,7 +67,9 @@ def _fused_layers(runner: ModelRunner) -> set[bool]:
 
 def _spans(runner: ModelRunner) -> list[tuple[int, int]]:
     """Address ranges of the runner's block buffers."""
-    buffers = [torch.frombuffer(buf, dtype=torch.uint8) for buf in runner.block_buffers.values()]
+    buffers = [
+        torch.frombuffer(buf, dtype=torch.uint8) for buf in runner.weights.block_buffers.values()
+    ]
     return [(b.data_ptr(), b.data_ptr() + b.numel()) for b in buffers]
 
 
@@ -94,9 +96,9 @@ def test_stored_fused_is_used_with_zero_copies(stores: tuple[Path, Path, Path]) 
     for fuse in (True, False):
         runner = ModelRunner(manifest, EngineConfig(compile_decode=False, fuse_projections=fuse))
         runner.load_blocks()
-        assert not runner.fuse_queue and _fused_layers(runner) == {fuse}
+        assert not runner.weights.fuse_queue and _fused_layers(runner) == {fuse}
         spans = _spans(runner)
-        for w in runner.layers.values():
+        for w in runner.weights.layers.values():
             lins = [getattr(w, n) for n in w.projection_names]
             assert len(lins) == (4 if fuse else 7)
             assert all(_in_buffers(lin.weight, spans) for lin in lins)
@@ -106,7 +108,7 @@ def test_stored_fused_is_used_with_zero_copies(stores: tuple[Path, Path, Path]) 
                 assert w.k.weight.data_ptr() - q.data_ptr() == q.shape[0] * q.element_size()
         meta = BatchMeta(seq_ids=(0,), q_lens=(3,), ctx_lens=(0,))
         runner.forward(torch.tensor([[0, 5, 9]]), meta)
-        assert not runner.fuse_queue and _fused_layers(runner) == {fuse}
+        assert not runner.weights.fuse_queue and _fused_layers(runner) == {fuse}
 
 
 def test_every_layout_and_setting_gives_the_reference_tokens(
@@ -135,12 +137,12 @@ def test_every_layout_and_setting_gives_the_reference_tokens(
     ref, ref_logits = hf_greedy(hf_dir, prompts[0], 16)
     assert_same_tokens(out[0][-1], ref, ref_logits, f"{hf_dir.name} fused store")
     assert [_fused_layers(r) for r in runners] == [{True}, {False}, {True}, {False}]
-    assert not any(r.fuse_queue for r in runners)
+    assert not any(r.weights.fuse_queue for r in runners)
     fused, split, runtime_fused, _ = runners
-    assert fused.layers[0].qkv.packed is not None  # the batched steps used the packed copy
-    assert split.layers[0].q.packed is not None  # a packed copy of a view: fine
+    assert fused.weights.layers[0].qkv.packed is not None  # the batched steps used the packed copy
+    assert split.weights.layers[0].q.packed is not None  # a packed copy of a view: fine
     spans = _spans(runtime_fused)  # an older store's fused weights are copies
-    assert not _in_buffers(runtime_fused.layers[0].qkv.weight, spans)
+    assert not _in_buffers(runtime_fused.weights.layers[0].qkv.weight, spans)
     # The logits agree closely too (one step of a fresh sequence through each).
     tokens = torch.tensor([prompts[2]])
     logits = []
@@ -170,21 +172,21 @@ def test_older_store_fused_gradually_in_a_layer_range_and_block_buffers_untouche
         layer_range=(1, end),
     )
     runner.load_blocks()
-    before = {i: bytes(buf) for i, buf in runner.block_buffers.items()}
-    held = sorted(runner.layers)  # the range's layers (and any other its blocks hold)
+    before = {i: bytes(buf) for i, buf in runner.weights.block_buffers.items()}
+    held = sorted(runner.weights.layers)  # the range's layers (and any other its blocks hold)
     assert set(held) >= set(range(1, end)) and _fused_layers(runner) == {False}
-    assert list(runner.fuse_queue) == held
+    assert list(runner.weights.fuse_queue) == held
     hidden = torch.randn(1, 1, manifest.arch.hidden_size)
     steps = []
     for step in range(len(held) + 2):
         meta = BatchMeta(seq_ids=(0,), ctx_lens=(step,), q_lens=(1,))
         runner.run_layers(1, end, hidden, meta)  # one-sequence steps fuse too
-        steps.append(sum(w.is_fused for w in runner.layers.values()))
+        steps.append(sum(w.is_fused for w in runner.weights.layers.values()))
     assert steps == [min(s + 1, len(held)) for s in range(len(held) + 2)]  # a layer a step
-    assert _fused_layers(runner) == {True} and not runner.fuse_queue
-    w = runner.layers[1]
+    assert _fused_layers(runner) == {True} and not runner.weights.fuse_queue
+    w = runner.weights.layers[1]
     assert w.qkv is not None and w.gate_up is not None
     spans = _spans(runner)
     assert _in_buffers(w.o.weight, spans)  # o: a view
     assert not _in_buffers(w.qkv.weight, spans)  # qkv: a copy
-    assert {i: bytes(buf) for i, buf in runner.block_buffers.items()} == before
+    assert {i: bytes(buf) for i, buf in runner.weights.block_buffers.items()} == before

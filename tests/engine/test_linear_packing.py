@@ -46,8 +46,10 @@ def test_unpacked_when_not_asked_or_not_float32() -> None:
 
 
 def _projections(runner: ModelRunner) -> list[Linear]:
-    return [runner.head.lm_head] + [
-        getattr(layer, name) for layer in runner.layers.values() for name in layer.projection_names
+    return [runner.weights.head.lm_head] + [
+        getattr(layer, name)
+        for layer in runner.weights.layers.values()
+        for name in layer.projection_names
     ]
 
 
@@ -91,9 +93,9 @@ def test_runner_packs_gradually_and_only_on_batched_steps(tiny_store: Path, pack
         per_step.append(packed_bytes() - before)
         steps += 1
     if not pack:
-        assert steps == 20 and per_step == [0] * 20 and not runner.pack_queue
+        assert steps == 20 and per_step == [0] * 20 and not runner.weights.pack_queue
         return
-    assert all(p.packed is not None for p in _projections(runner)) and not runner.pack_queue
+    assert all(p.packed is not None for p in _projections(runner)) and not runner.weights.pack_queue
     assert 2 <= steps <= len(_projections(runner))  # spread over steps
     assert all(0 < b <= biggest for b in per_step)  # every step some, never over the budget
 
@@ -109,8 +111,8 @@ def test_packed_engine_matches_transformers(tiny_hf: Path, tiny_store: Path) -> 
     engine = LLMEngine.from_store(tiny_store, config)
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     runner = engine.executor.runner
-    assert runner.layers[0].qkv.packed is not None  # packed while generating ...
-    assert runner.pack_queue  # ... part way: steps ran on a half-packed model too
+    assert runner.weights.layers[0].qkv.packed is not None  # packed while generating ...
+    assert runner.weights.pack_queue  # ... part way: steps ran on a half-packed model too
     for prompt, out in zip(prompts, outs, strict=True):
         ref, logits = hf_greedy(tiny_hf, prompt, 12)
         assert_same_tokens(out.token_ids, ref, logits, f"packed {prompt[:3]}")
@@ -122,10 +124,13 @@ def test_narrow_models_are_not_packed(tiny_store: Path) -> None:
     assert manifest.arch.hidden_size < EngineConfig().pack_min_hidden_size
     runner = ModelRunner(manifest)
     runner.load_blocks()
-    assert not runner.packs and not runner.pack_queue
+    assert not runner.weights.packs and not runner.weights.pack_queue
     wide = ModelRunner(
         manifest, EngineConfig(compile_decode=False, pack_min_hidden_size=manifest.arch.hidden_size)
     )
     wide.load_blocks()
-    assert wide.packs and not wide.fuse_queue  # the store holds q|k|v, gate|up fused
-    assert len(wide.pack_queue) == 1 + 4 * manifest.arch.num_layers  # q|k|v, o, gate|up, down
+    # the store holds q|k|v, gate|up fused
+    assert wide.weights.packs and not wide.weights.fuse_queue
+    assert (
+        len(wide.weights.pack_queue) == 1 + 4 * manifest.arch.num_layers
+    )  # q|k|v, o, gate|up, down
