@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ratio, run, run_main, run_scenario, write
 
+from surge.policy.paraserve.gpu_share import pipeline_speed
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
@@ -131,7 +132,8 @@ SCALE_DOWN_HOPS_S = (0.01, 0.02)
 between GPU servers (§4.1's t_n); the shipped hop is 1 ms."""
 
 
-def _scale_down_once(hop_s: float | None = None) -> dict:
+def _scale_down_once(hop_s: float | None = None, pipeline_speed: float = 1.0) -> dict:
+    """`pipeline_speed`: the 4-worker group's compute relative to whole GPUs."""
     one = make_trace("one", [0.0], [512], [512])
     out = {}
     for mode in ("predictor", "none"):
@@ -140,7 +142,9 @@ def _scale_down_once(hop_s: float | None = None) -> dict:
         )
         if hop_s is not None:
             cfg = replace(cfg, stage_hop_s=hop_s)
-        settings = SimSettings(_v100_only(), ("llama2-13b",), "paraserve", slo=LOOSE)
+        settings = SimSettings(
+            _v100_only(), ("llama2-13b",), "paraserve", slo=LOOSE, pipeline_speed=pipeline_speed
+        )
         _, res = run(one, settings, cfg)
         out[mode] = {
             "ttft_s": float(ttft_s(res)[0]),
@@ -155,9 +159,15 @@ def scale_down() -> dict:
     for hop in SCALE_DOWN_HOPS_S:
         h = _scale_down_once(hop)
         hops[f"{hop:g}"] = ratio(h["none"]["generation_s"], h["predictor"]["generation_s"])
+    # §4.1.1: by default a worker's GPU memory, and with it its compute quota, is its
+    # part's share: 4 workers at 1/4 each (the group runs at `pipeline_speed` of them)
+    quarter = _scale_down_once(pipeline_speed=pipeline_speed((0.25,) * 4))
     return {
         "systems": out,
         "generation_ratio": ratio(out["none"]["generation_s"], out["predictor"]["generation_s"]),
+        "counterfactual_quarter_quota": ratio(
+            quarter["none"]["generation_s"], quarter["predictor"]["generation_s"]
+        ),
         "counterfactual_stage_hop_s": hops,
         "paper": {"generation_ratio": 2.29},
     }
