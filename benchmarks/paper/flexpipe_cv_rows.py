@@ -25,7 +25,8 @@ def _efficiency(x: dict) -> float:
 
 
 def report_rows(doc: dict) -> list[dict]:
-    """Fig. 8 (latency), Fig. 10 (tail stability) and Fig. 12 (resource efficiency)."""
+    """Fig. 8 (latency) and Fig. 12 (resource efficiency); Fig. 10 (tail stability) is
+    `flexpipe_figs.py`'s, beside its counterfactual."""
     by_cv, hop = doc["sim"]["by_cv"], doc["sim"]["hop_sensitivity"]
     red = {
         cv: 1 - by_cv[cv]["flexpipe"]["e2e_mean_s"] / _best_provisioned(by_cv[cv])["e2e_mean_s"]
@@ -35,10 +36,6 @@ def report_rows(doc: dict) -> list[dict]:
         cv: 1
         - hop["by_cv"][cv]["flexpipe"]["e2e_mean_s"]
         / _best_provisioned(hop["by_cv"][cv])["e2e_mean_s"]
-        for cv in PAPER_LATENCY
-    }
-    tail = {
-        cv: by_cv[cv]["load-then-serve"]["e2e_p99_s"] / by_cv[cv]["flexpipe"]["e2e_p99_s"]
         for cv in PAPER_LATENCY
     }
     c4 = by_cv["4"]
@@ -66,21 +63,6 @@ def report_rows(doc: dict) -> list[dict]:
             "queues, so FlexPipe's finer stages only add hops (1 ms per stage per step). "
             f"Counterfactual: a 0.1-ms (RDMA) hop: {pct(red)} -> {pct(red_hop)} (paper "
             "+38% / +47% / +66%: its statics queue, §9.1).",
-        ),
-        row(
-            PAPER,
-            "Fig. 10",
-            "tail stability: competitors' P99 degrades 2-3x against FlexPipe's as CV grows",
-            "2-3x",
-            "P99 ServerlessLLM / FlexPipe at CV 1 / 2 / 4: "
-            + " / ".join(f"{v:.2f}x" for v in tail.values()),
-            ordering=min(tail.values()) > 1,
-            sim_range=(min(tail.values()), max(tail.values())),
-            paper_range=(2.0, 3.0),
-            cause="ServerlessLLM's tail is its cold starts: its LRU host cache starts empty "
-            "and the first loads come from SSD, which the paper's ServerlessLLM (warm "
-            "caches over a 2-hour run) pays less often; FlexPipe Fig. 13's counterfactual "
-            "(every load from host memory) shows the same cause on the production trace.",
         ),
         row(
             PAPER,
