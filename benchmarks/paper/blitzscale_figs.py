@@ -7,9 +7,10 @@ broadcast) in the simulator, at the paper's scale.
   policy assigns them as instances join. Paper: vs DistServe (half) 35% shorter TTFT and
   41% shorter TBT; vs DistServe (full) P99 within +2%, with far fewer GPUs.
 - Fig. 17 (§6.3): on §6.1's workloads, ServerlessLLM (P/D with BlitzScale's monitor) then
-  +Network (multicast from deployed instances and the O(1) host copy, load-then-serve), then
-  +Plan (sources ranked by the bandwidth they have left, Alg. 1's interference-aware
-  plan), then +Live (live scaling and prefill->decode mutation: BlitzScale). Average TTFT
+  +Network (multicast from deployed instances and the O(1) host copy by Alg. 1's chains,
+  sources ranked by the bandwidth they have left; load-then-serve), then +Plan (Alg. 1
+  line 2: sources whose egress serves, a P/D prefill's K/V, are pruned), then +Live (live
+  scaling and prefill->decode mutation: BlitzScale). Average TTFT
   and TBT. Paper: +Network the large step, +Plan 0.4-5%, +Live up to 40% (AzureCode TBT).
 - Fig. 18 (§6.3): one cached copy of Llama-2 7B to 16 prefill instances on cluster A
   (4 x 8 A800, NVLink in a machine, 100 Gb/s RDMA per GPU): BlitzScale's copy on a GPU
@@ -131,23 +132,27 @@ def ablation_systems() -> dict:
     """Fig. 17's steps, each adding one technique to the one before."""
     base = systems_6_1()
     blitz = base["blitzscale"]
+    # +Network: the multicast planner (Alg. 1's chains, sources by bandwidth left, lines
+    # 4-11) without line 2's prune of sources whose egress serves; +Plan adds the prune
+    # (§6.3: "an interference scale plan reduces the TTFT and TBT ... by 0.4-5%")
     network = replace(
         blitz,
         name="blitzscale",
         serve_while_loading="none",
         mutation=False,
-        sources_by_bandwidth=False,
+        prune_busy_sources=False,
     )
     return {
         "serverlessllm": base["serverlessllm"],
         "+network": network,
-        "+plan": replace(network, sources_by_bandwidth=True),
+        "+plan": replace(network, prune_busy_sources=True),
         "+live": blitz,
     }
 
 
 def fig17() -> dict:
     out: dict = {}
+    split: dict = {w[0]: {} for w in WORKLOADS}
     steps = ablation_systems()
     for name, model, trace_name, scale, preset, per_host in WORKLOADS:
         trace = _trace(trace_name, scale)
@@ -157,6 +162,13 @@ def fig17() -> dict:
             log.info("fig17 %s %s", name, step)
             res[step] = _measure(trace, SimSettings(cluster, (model,), cfg.name), cfg)
         out[name] = res
+        # +Live is two techniques (§6.3): each alone on top of +Plan
+        for label, cfg in (
+            ("live_only", replace(steps["+live"], mutation=False)),
+            ("mutation_only", replace(steps["+plan"], mutation=True)),
+        ):
+            log.info("fig17 %s %s", name, label)
+            split[name][label] = _measure(trace, SimSettings(cluster, (model,), cfg.name), cfg)
     gains = {}
     for name, res in out.items():
         keys = list(res)
@@ -166,7 +178,7 @@ def fig17() -> dict:
             for metric in ("ttft_mean_s", "tbt_mean_s")
             if res[prev][metric]
         }
-    return {"workloads": out, "gain_over_previous_step": gains}
+    return {"workloads": out, "gain_over_previous_step": gains, "live_split": split}
 
 
 def cluster_a() -> object:
@@ -233,6 +245,10 @@ def report_rows(doc: dict) -> list[dict]:
         return " / ".join(f"{x:+.1%}" for x in xs)
 
     code = w["7b-azurecode"]
+    split = f17.get("live_split", {}).get("7b-azurecode") or {
+        k: {"ttft_mean_s": float("nan"), "tbt_mean_s": float("nan")}
+        for k in ("live_only", "mutation_only")
+    }
     return [
         row(
             PAPER,
@@ -251,8 +267,7 @@ def report_rows(doc: dict) -> list[dict]:
             f"TTFT vs half {f15['ttft_reduction_vs_half']:+.0%} -> "
             f"{cf['ttft_reduction_vs_half']:+.0%}, TBT {f15['tbt_reduction_vs_half']:+.0%} -> "
             f"{cf['tbt_reduction_vs_half']:+.0%}, GPU-seconds {cf['gpu_seconds_vs_full']:.2f}x "
-            "full's (paper +35% / +41%). Numbers from main as of this run; issue 35's P/D work "
-            "may move them (rerun blitzscale_figs.py).",
+            "full's (paper +35% / +41%).",
         ),
         row(
             PAPER,
@@ -265,13 +280,17 @@ def report_rows(doc: dict) -> list[dict]:
             ordering=every_step,
             sim_value=live,
             paper_value=0.40,
-            cause="7B/code: multicast without Alg. 1's source ranking (+Network) sends "
-            "successive one-target scale-outs from the same least-loaded instance, whose "
-            f"egress they split: mean TTFT {code['serverlessllm']['ttft_mean_s']:.2f} -> "
-            f"{code['+network']['ttft_mean_s']:.2f} s; +Plan (ranking by bandwidth left) "
-            f"-> {code['+plan']['ttft_mean_s']:.2f} s: here the plan, not the network, is the "
-            f"big step. +Live's best gain ({live:.0%}) against the paper's 40% is not isolated "
-            "by a counterfactual run.",
+            cause="+Live is the big step here, not +Network, and it costs 7B/code its TBT. "
+            "+Network is small on 70B because S-LLM's loads there hit host memory (§6.1 "
+            "70B's cause). +Live is live scaling plus prefill->decode mutation; each alone "
+            f"on +Plan (7B/code, +Plan TTFT {code['+plan']['ttft_mean_s']:.2f} s, TBT "
+            f"{code['+plan']['tbt_mean_s'] * 1e3:.0f} ms): live scaling only "
+            f"{split['live_only']['ttft_mean_s']:.2f} s / "
+            f"{split['live_only']['tbt_mean_s'] * 1e3:.0f} ms, mutation only "
+            f"{split['mutation_only']['ttft_mean_s']:.2f} s / "
+            f"{split['mutation_only']['tbt_mean_s'] * 1e3:.0f} ms: the mutation gives the TTFT "
+            "gain and the TBT loss, where the paper's +Live cut AzureCode's TBT (the P/D "
+            "role and mutation rules, `policy/blitzscale/pd.py`, are issue 30's).",
         ),
         row(
             PAPER,

@@ -177,13 +177,18 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     dests = request.destinations
 
     by_bandwidth = system.sources_by_bandwidth
+    prune = system.prune_busy_sources
+
+    def busy(c: Copy) -> bool:
+        return prune and c.busy_egress
 
     # Ties go by machine, then id: ids are each body's own, machines mean the same in both.
-    # Copies whose egress is busy go last (BlitzScale §5.1 interference); by bandwidth,
-    # copies whose egress earlier multicasts hold go after free ones (Alg. 1 line 5).
+    # Copies whose egress is busy go last (BlitzScale §5.1 Alg. 1 line 2, unless the
+    # system does not prune); by bandwidth, copies whose egress earlier multicasts hold go
+    # after free ones (Alg. 1 line 5).
     def order(c: Copy) -> tuple[bool, int, int, int, int]:
         machine = c.node if c.machine is None else c.machine
-        return (c.busy_egress, c.sending if by_bandwidth else 0, c.outstanding, machine, c.node)
+        return (busy(c), c.sending if by_bandwidth else 0, c.outstanding, machine, c.node)
 
     gpu = sorted((c for c in request.copies if c.tier == "gpu"), key=order)
     host = sorted((c for c in request.copies if c.tier == "host"), key=order)
@@ -197,7 +202,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     # §5.3) by the bandwidth they have left: deployed instances send (§2) while one has its
     # egress free; once every one is busy (K/V, or an earlier scale-out's multicast) the
     # pool's host copy sends before them, rather than one more flow on a held NIC.
-    free_gpu = [c for c in gpu if not (by_bandwidth and (c.busy_egress or c.sending))]
+    free_gpu = [c for c in gpu if not (by_bandwidth and (busy(c) or c.sending))]
     use_host = system.host_sources_when_hot or not free_gpu
     warm_local = [d for d in dests if d.own_tier == "host" and use_host]
     receivers = [d for d in dests if d not in warm_local]
@@ -220,7 +225,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         # Free GPU copies, free host copies, free chain tails, then by egress held.
         tails = sorted((c for c in request.copies if c.tier == "loading"), key=order)
         candidates += [Source(c.node, "loading") for c in tails]
-        held = {(c.node, c.tier): (c.busy_egress, c.sending) for c in request.copies}
+        held = {(c.node, c.tier): (busy(c), c.sending) for c in request.copies}
         candidates.sort(key=lambda s: (*held.get((s.node, s.tier), (False, 0)), TIER_RANK[s.tier]))
     leader: LocalLoad | None = None
     if receivers and not candidates:

@@ -84,6 +84,12 @@ class SystemConfig:
     Alg. 1 line 5 pops the source with the most `CurrentBW_s`): copies already sending an
     earlier scale-out's multicast go after free ones, and a host copy of the parameter
     pool (§5.3) before any GPU copy whose egress is held. False: GPU copies by load."""
+    prune_busy_sources: bool = True
+    """BlitzScale §5.1 Alg. 1 line 2, the interference-free plan (Fig. 17's "+Plan"): a
+    copy whose egress carries serving traffic (a P/D prefill instance's K/V, `Copy.
+    busy_egress`) is pruned from the sources, sending only when no other copy is left.
+    False: sources are chosen without regard to serving traffic (Fig. 17's "+Network"
+    step: Alg. 1's chains by bandwidth, without the prune)."""
     shard_multicast: bool = False
     """A tensor-parallel target's GPUs each receive their own shard of every block over
     their own network link, from the same GPU index of the sender (BlitzScale §2-§3 and

@@ -42,6 +42,20 @@ def test_the_pool_host_copy_sends_before_a_held_gpu_copy_not_before_a_free_one()
     assert _sources(plain, (held, host)) == (Source(7, "gpu"),)
 
 
+def test_without_the_prune_a_serving_copy_sends_as_any_other() -> None:
+    """Alg. 1 line 2 alone (`prune_busy_sources`, Fig. 17's "+Plan" step): without it the
+    K/V-sending prefill instance is ranked like any copy, by bandwidth then load."""
+    kv = Copy(7, "gpu", busy_egress=True, outstanding=0, machine=0)
+    idle = Copy(8, "gpu", outstanding=3, machine=1)
+    host = Copy(9, "host", machine=2)
+    assert BLITZ.prune_busy_sources
+    assert _sources(BLITZ, (kv, idle)) == (Source(8, "gpu"),)
+    assert _sources(BLITZ, (kv, host)) == (Source(9, "host"),)
+    unpruned = replace(BLITZ, prune_busy_sources=False)
+    assert _sources(unpruned, (kv, idle)) == (Source(7, "gpu"),)  # the least loaded
+    assert _sources(unpruned, (kv, host)) == (Source(7, "gpu"),)  # a free GPU copy
+
+
 def test_a_chain_tail_sends_when_every_complete_copy_is_held() -> None:
     held = (Copy(7, "gpu", sending=1), Copy(9, "host", machine=0, sending=2))
     tail = Copy(5, "loading", machine=3)
