@@ -5,7 +5,8 @@ deployment; `start_scale_out` turns the parameter pool into the start-up questio
 `policy.startup` (`startup_request`: each destination's own tier, the complete GPU and host
 copies elsewhere), adds the SLOs and link speed ParaServe's Alg. 1/2 need and the
 controller's side (`ScaleOutOffer.side`, a `DeploymentSide`), builds the frozen
-`ScaleOutContext` and awaits `surge.runtime.scaleout.run_scale_out`; what happened is
+`ScaleOutContext` (with the nodes whose own device copy a host mate may open,
+`device_owners`) and awaits `surge.runtime.scaleout.run_scale_out`; what happened is
 written on the `ScaleOutReport` the caller passed in (filled even when it fails part way).
 The simulator asks the same start-up question (`sim/loading.Loader.startup_request`).
 Owned by control/.
@@ -91,6 +92,13 @@ def startup_request(
     return StartupRequest(system, own_tiers(pool, model, dests), tuple(copies))
 
 
+def device_owners(pool: ParameterPool, model: str, live: set[int]) -> tuple[int, ...]:
+    """Live nodes holding a complete device copy of `model` of their own (not one mapped
+    from a host mate, `ParameterPool.shared_from`): the copies `policy.mate_copies` opens."""
+    mapped = pool.shared_from.get(model, {})
+    return tuple(n for n in pool.complete(model, "gpu") if n in live and n not in mapped)
+
+
 def own_tiers(pool: ParameterPool, model: str, nodes: list[int]) -> tuple[Destination, ...]:
     """Each node as a destination with its own best complete copy (host, disk or none)."""
     host, disk = set(pool.complete(model, "host")), set(pool.complete(model, "disk"))
@@ -148,6 +156,7 @@ async def start_scale_out(
         estimates=offer.estimates,
         events=offer.events,
         links=offer.links,
+        device_owners=device_owners(pool, dep.name, live),
         hosted_s=dict(dep.host_last_used_s),
         report=report,
     )

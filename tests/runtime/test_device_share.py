@@ -1,7 +1,9 @@
 """Agents of one host group share one device copy (`open_mate_copy`, IPC handles), on the
 fake GPU whose arenas are files in /dev/shm: the mate that opens the copy makes no arena of
 its own and generates the reference's tokens from the owner's memory; an agent outside
-the group is refused; the parameter pool drops a mapped copy with its owner."""
+the group is refused; the parameter pool drops a mapped copy with its owner. A scale-out
+chooses the share by itself (`policy.mate_copies`): its destination in the owner's host
+group opens the copy, one outside it loads its own."""
 
 import asyncio
 import os
@@ -14,15 +16,30 @@ import pytest
 
 from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
+from surge.control.scaleouts import device_owners
 from surge.engine.devmem.fake import ARENA_DIR, ARENA_PREFIX
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
+from surge.policy.mate_copies import MateOpen
+from surge.policy.startup import Copy, Destination
+from surge.policy.systems import system_config
 from surge.runtime.launch.agent_process import agent_argv
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
-from surge.runtime.protocol import BlockArrived, GenerateOp, LoadOp, OpenMateCopyOp, StatusOp
+from surge.runtime.protocol import (
+    BlockArrived,
+    GenerateOp,
+    LinkReport,
+    LoadOp,
+    OpenMateCopyOp,
+    SetPeersOp,
+    StatusOp,
+)
+from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.server import Server
 from surge.runtime.transport import RemoteError
 from tests.engine.reference import assert_same_tokens, hf_greedy
 from tests.runtime.conftest import MODEL, connected
+from tests.runtime.test_serving import PROMPTS, check_against_reference
 
 PROMPT = [0, 5, 9, 200, 31]
 
@@ -68,6 +85,68 @@ def test_a_host_group_shares_one_device_copy(make_cluster, manifest, tiny_hf) ->
     assert not any(arenas_of(pid) for pid in pids.values()), (
         "a fake device arena outlived its agent"
     )
+
+
+def test_a_scale_out_opens_the_host_groups_copy_by_itself(make_cluster, manifest, tiny_hf) -> None:
+    cluster = make_cluster(3, host_groups=((0, 1),), device="fake")
+    blocks = tuple(range(manifest.num_blocks))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    pids = {n: p.pid for n, p in cluster.procs.items()}
+    opened: list[int] = []
+
+    async def on_local(node: int, ep) -> None:
+        opened.append(node)
+
+    async def run():
+        client = await connected(cluster, manifest, {0: list(blocks)}, tier="gpu")
+        server = Server(client, MODEL)
+        try:
+            hello = await client.broadcast(SetPeersOp(peers=dict(cluster.addresses)))
+            links = {n: LinkReport.planned(r.links) for n, r in hello.items()}
+            assert all(links[n].shares_device for n in range(3))  # the fake GPU shares
+            q = client.subscribe((BlockArrived,), model=MODEL)
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                replace(system_config("blitzscale"), num_blocks=manifest.num_blocks),
+                (Destination(1), Destination(2)),
+                ControllerHooks(on_local=on_local),
+                copies=(Copy(0, "gpu"),),
+                engine=EngineConfig(max_num_seqs=4),
+                links=links,
+                device_owners=(0,),
+            )
+            kind = await run_scale_out(ctx)
+            reqs = [server.new_request(p, params) for p in PROMPTS]
+            for r in reqs:
+                await server.submit(r)
+            await server.wait_all(60)
+            got = [q.get_nowait() for _ in range(q.qsize())]
+            return kind, ctx.report, reqs, got
+        finally:
+            await server.close()
+            await client.close()
+
+    kind, report, reqs, got = asyncio.run(run())
+    assert kind == "hot" and report.mate_opens == (MateOpen(1, 0),)
+    assert sorted(opened) == [1, 2]
+    to_1 = {(e.source, e.src) for e in got if e.node == 1 and e.tier == "gpu"}
+    assert to_1 == {("mate", 0)}, "node 1 loaded instead of opening its mate's copy"
+    assert arenas_of(pids[1]) == [], "the mate copied instead of sharing"
+    assert len(arenas_of(pids[2])) == len(blocks)  # outside the group: a copy of its own
+    assert {e.source for e in got if e.node == 2} != {"mate"}
+    check_against_reference(tiny_hf, reqs, 6)
+
+
+def test_the_controller_offers_only_own_device_copies() -> None:
+    pool = ParameterPool()
+    pool.add_model("m", 2)
+    pool.add("m", 0, "gpu", (0, 1))
+    pool.add_shared("m", 1, 0, (0, 1))
+    pool.add("m", 3, "gpu", (0,))  # not complete
+    assert device_owners(pool, "m", {0, 1, 3}) == (0,)
+    assert device_owners(pool, "m", {1, 3}) == ()  # the owner is down
 
 
 def test_the_pool_drops_a_mapped_copy_with_its_owner() -> None:

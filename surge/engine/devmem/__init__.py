@@ -19,7 +19,7 @@ from surge.engine.devmem.base import (
     IpcHandle,
     move_block,
 )
-from surge.engine.devmem.select import device_memory
+from surge.engine.devmem.select import device_memory, shares_device
 
 __all__ = [
     "DONE",
@@ -29,4 +29,5 @@ __all__ = [
     "IpcHandle",
     "device_memory",
     "move_block",
+    "shares_device",
 ]

@@ -30,6 +30,15 @@ def device_memory(setting: str = "auto") -> DeviceMemory:
         return memory
 
 
+def shares_device(setting: str = "auto") -> bool:
+    """Whether the body `device_memory(setting)` makes can export its arenas to other
+    processes (`DeviceMemory.can_share`: CUDA and the fake GPU, not the CPU), answered
+    without making it (an agent reports it in its hello, before it touched the device)."""
+    from surge.engine.device import pick_device
+
+    return setting == "fake" or pick_device(setting).type == "cuda"
+
+
 def _make(key: str) -> DeviceMemory:
     if key == "fake":
         return FakeMemory()

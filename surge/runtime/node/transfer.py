@@ -141,7 +141,8 @@ class AgentTransfer:
             others = [n for n in self.ctx.peers if n != self.ctx.node]
             await asyncio.gather(*(self._peer(n) for n in others), return_exceptions=True)
         c = self.ctx.config
-        links = LinkReport(c.egress_gbps, c.ingress_gbps, c.host_group, c.host_gbps)
+        shares = await asyncio.to_thread(_shares_device, c.engine.device)
+        links = LinkReport(c.egress_gbps, c.ingress_gbps, c.host_group, c.host_gbps, shares)
         return SetPeersReply(peers=tuple(sorted(self.ctx.peers)), links=links)
 
     async def op_get_block(self, op: GetBlockOp, conn: Connection, p: memoryview) -> None:
@@ -316,3 +317,10 @@ class AgentTransfer:
             self._receive_one(op.mc_id, op.model, op.tier, op.step, op.block, op.src, op.wait_s)
         )
         return Ack()
+
+
+def _shares_device(setting: str) -> bool:
+    """Whether host mates can open this agent's device memory (imports torch: a thread)."""
+    from surge.engine.devmem import shares_device
+
+    return shares_device(setting)

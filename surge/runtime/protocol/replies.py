@@ -74,6 +74,8 @@ class LinkReport(Reply):
     ingress_gbps: float | None = None
     host_group: str | None = None
     host_gbps: float | None = None
+    shares_device: bool = False
+    """Its host mates can open its device memory (CUDA IPC, the fake GPU; not the CPU)."""
 
     @staticmethod
     def planned(report: "LinkReport | None") -> NodeLinks:
@@ -82,7 +84,11 @@ class LinkReport(Reply):
         if report is None:
             return NodeLinks()
         return NodeLinks(
-            report.egress_gbps, report.ingress_gbps, report.host_group, report.host_gbps
+            report.egress_gbps,
+            report.ingress_gbps,
+            report.host_group,
+            report.host_gbps,
+            report.shares_device,
         )
 
 

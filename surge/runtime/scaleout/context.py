@@ -23,6 +23,7 @@ from surge.config import EngineConfig
 from surge.events import NO_BUS, EventBus, PipelineOpened
 from surge.model.manifest import Manifest
 from surge.policy.blitzscale.live_scaling import LoadRatio
+from surge.policy.mate_copies import MateOpen
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.paraserve.predictor import ConsolidationDecision
@@ -180,6 +181,8 @@ class ScaleOutReport:
     """ParaServe's groups (Alg. 2 + Alg. 1), one per instance wanted."""
     consolidations: list[ConsolidationDecision] = field(default_factory=list)
     """ParaServe's §6.1 decision for each group, in the same order."""
+    mate_opens: tuple[MateOpen, ...] = ()
+    """Destinations that opened a host mate's device copy (`policy.mate_copies`)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,9 @@ class ScaleOutContext:
     links: Mapping[int, NodeLinks] = field(default_factory=dict)
     """Each node's links as its agent reported them (NIC caps, host group); a node not in
     it is planned as uncapped and alone (`policy.topology`)."""
+    device_owners: tuple[int, ...] = ()
+    """Live nodes holding a complete device copy of the model of their own (not mapped from
+    a host mate): a destination in one's host group opens it (`policy.mate_copies`)."""
     hosted_s: Mapping[int, float] = field(default_factory=dict)
     """When each node last hosted the model (served it or took a host copy; monotonic
     s): FlexPipe's §7 Eq. 13 history (`system.place_new_group`)."""

@@ -1,13 +1,15 @@
-"""A destination loading from its own tier and serving alone.
+"""A destination loading from its own tier, or opening a host mate's device copy, and serving
+alone.
 
 What flows: a node id and where its blocks come from (its own `host`, `disk` or `remote`
-tier, as `policy.startup` said); a `LoadOp` into the gpu tier, then an instance
+tier, as `policy.startup` said; or a host mate's device copy, as `policy.mate_copies`
+said: an `OpenMateCopyOp`); a `LoadOp` into the gpu tier, then an instance
 (`InstanceOpenOp` through `LocalEndpoint.open`), which the server routes to and the
 controller hears about (`hooks.on_local`). Used by `run.py`, `multicast.py` (`GoLocal`) and
 `paraserve.py` (parts and the rest).
 """
 
-from surge.runtime.protocol import LoadOp
+from surge.runtime.protocol import LoadOp, OpenMateCopyOp
 from surge.runtime.scaleout.context import ScaleOutContext
 
 
@@ -29,4 +31,12 @@ async def open_local(ctx: ScaleOutContext, node: int) -> None:
 async def load_then_serve(ctx: ScaleOutContext, node: int, source: str) -> None:
     """Load the whole model from the node's own tier, then serve."""
     await load_blocks(ctx, node, list(range(ctx.manifest.num_blocks)), source)
+    await open_local(ctx, node)
+
+
+async def open_mate_then_serve(ctx: ScaleOutContext, node: int, mate: int) -> None:
+    """Map host mate `mate`'s device copy of the whole model into the node's gpu tier (no
+    copy on the same device), then serve."""
+    blocks = tuple(range(ctx.manifest.num_blocks))
+    await ctx.client.call(node, OpenMateCopyOp(model=ctx.model, blocks=blocks, mate=mate))
     await open_local(ctx, node)

@@ -5,7 +5,10 @@ elsewhere, the system). Out: every destination serving as a local instance (repo
 through `hooks.on_local`), with whatever the system serves on the way, recorded on the
 context; returns the start kind (hot, warm, cold).
 
-What the plan says, and who carries it out (λScale §5, FaaScale §5):
+First, destinations whose host group already holds a device copy of the model open it
+instead of loading one (`policy.mate_copies`; `scaleout/local.open_mate_then_serve`), and
+the start-up plan covers the others. What the plan says, and who carries it out (λScale
+§5, FaaScale §5):
 - `cold_leader`: first bring the model into that node's host tier (`hooks.make_host_copy`:
   the controller owns the host cache); it is then a host source;
 - `local`: each such destination loads the whole model from its own tier, then serves
@@ -22,12 +25,14 @@ No choice is made here: sources, leader and groups come from
 
 import asyncio
 import logging
+from dataclasses import replace
 
+from surge.policy.mate_copies import plan_mate_opens
 from surge.policy.startup import StartupPlan, StartupRequest, plan_startup
 from surge.policy.warm_pipelines import plan_warm_groups
 from surge.runtime.scaleout.context import ScaleOutContext
 from surge.runtime.scaleout.flexpipe import run_flexpipe
-from surge.runtime.scaleout.local import load_then_serve
+from surge.runtime.scaleout.local import load_then_serve, open_mate_then_serve
 from surge.runtime.scaleout.multicast import run_multicast
 from surge.runtime.scaleout.paraserve import run_groups
 from surge.runtime.scaleout.warm import run_warm_group
@@ -55,6 +60,25 @@ async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
 
 async def run_scale_out(ctx: ScaleOutContext) -> str:
     """Bring the context's destinations up as local instances; returns the start kind."""
+    opens = plan_mate_opens(ctx.nodes, ctx.links, ctx.device_owners)
+    if not opens:
+        return await _run_planned(ctx)
+    ctx.report.mate_opens = opens
+    opened = {o.node for o in opens}
+    rest = tuple(d for d in ctx.destinations if d.node not in opened)
+    tasks = [asyncio.ensure_future(open_mate_then_serve(ctx, o.node, o.mate)) for o in opens]
+    if rest:  # the same report: what the rest does is written beside the opens
+        tasks.append(asyncio.ensure_future(_run_planned(replace(ctx, destinations=rest))))
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    ctx.report.kind = "hot"  # a device copy existed
+    return "hot"
+
+
+async def _run_planned(ctx: ScaleOutContext) -> str:
+    """`run_scale_out` for the destinations `policy.startup` plans."""
     plan = startup_plan(ctx)
     ctx.report.kind = plan.kind
     if ctx.system.group_sizing == "flexpipe":
