@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 def egress_traffic(deployments: Iterable[Deployment]) -> dict[int, NodeTraffic]:
     """What each node's egress carries for P/D now, over every deployment: its prefill
-    instances (each sends K/V out, BlitzScale §5.1) and the hand-offs parked on it. The
+    instances (each sends K/V out, BlitzScale §5.1) and the hand-offs parked on it or
+    leaving it. The
     facts `policy.topology.busy_sources` prunes multicast sources by."""
     prefill: dict[int, int] = {}
     parked: dict[int, int] = {}
@@ -42,8 +43,8 @@ def egress_traffic(deployments: Iterable[Deployment]) -> dict[int, NodeTraffic]:
         for ep in dep.server.endpoints.values():
             if isinstance(ep, LocalEndpoint) and not ep.failed and pd.roles.get(ep.name) == PREFILL:
                 prefill[ep.node] = prefill.get(ep.node, 0) + 1
-        for src, _ in pd.pending:
-            parked[src.node] = parked.get(src.node, 0) + 1
+        for node, n in pd.egress_handoffs().items():
+            parked[node] = parked.get(node, 0) + n
     return {
         n: NodeTraffic(prefill.get(n, 0), parked.get(n, 0)) for n in sorted({*prefill, *parked})
     }

@@ -8,19 +8,27 @@ each request after its prefill (`runtime/node/pd.py`) and says so with its first
 (`instance_handoff`: typed header + raw bytes) and gives it to the decode instance
 `policy.pd.handoff_target` picks, which adopts it and decodes on, token-exact
 (`runtime/consolidation.py`'s adoption, the KV migration ParaServe consolidation uses).
+Hand-offs run in parallel, one at a time per (source, target) pair: each prefill
+instance sends its K/V to the decode instances over its own NIC (BlitzScale §3 Fig. 8a,
+after DistServe), so pairs do not wait for one another; a pair whose link is busy leaves its request
+waiting while later ones take other pairs, and the target's slot is reserved from the
+choice until it adopts, so two hand-offs never take the same last slot.
 `mutate` turns a prefill instance into a decode one without touching its weights (§5.2),
 when `control/pd.py` says so from `policy.pd.decide_mutation`. `load` is what the monitor
 sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S` and KV use.
 
-Failures lose no request: a request is on exactly one of {an endpoint, the queue} at each
-await, so if the prefill agent dies before its K/V is taken, or the decode agent while it
-adopts, the request goes back to the head of the queue with its tokens and is prefilled
-again (`Server.requeue`). Owned by the runtime; decisions are `surge.policy.blitzscale.pd`'s.
+Failures lose no request: a request is on exactly one of {an endpoint, the queue, a
+hand-off in flight} at each await, so if the prefill agent dies before its K/V is taken,
+or the decode agent while it adopts, the request goes back to the head of the queue with
+its tokens and is prefilled again (`Server.requeue`). Owned by the runtime; decisions
+are `surge.policy.blitzscale.pd`'s.
 """
 
 import asyncio
+import functools
 import logging
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,6 +49,9 @@ if TYPE_CHECKING:
     from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
+
+HERE = ""
+"""The source name of K/V the controller holds (live-prefilled requests, `hold`)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,17 @@ class PdServing:
         """Requests parked on a prefill instance, waiting for decode room (FIFO)."""
         self.in_hand: list[_InHand] = []
         """Live-prefilled requests whose K/V is here, waiting for decode room (FIFO)."""
-        self._drainer: asyncio.Task | None = None
+        self._in_flight: dict[tuple[str, str], tuple[asyncio.Task, int | None]] = {}
+        """(source, target) instance names -> the hand-off on that pair: one at a time per
+        pair, pairs in parallel (each over its own NICs, BlitzScale §3 Fig. 8a), with the
+        node whose egress it leaves (None: K/V held here, whose source is `HERE`)."""
+        self._reserving: set[tuple[str, str]] = set()
+        """Pairs whose hand-off has a decode slot reserved on its target: chosen, K/V in
+        flight, not yet adopted (`_view` counts it, so two hand-offs never both take the
+        last slot)."""
+        self.peak_in_flight = 0
+        """Most hand-offs in flight at once so far."""
+        self._closed = False
         self._joining: dict[str, str] = {}
         """Roles of instances being told theirs (not yet in `roles`)."""
 
@@ -131,11 +152,12 @@ class PdServing:
         if now_s is not None:
             rate = sum(1 for t in times if t >= now_s - RATE_WINDOW_S) / RATE_WINDOW_S
         parked = sum(1 for src, _ in self.pending if src is e)
+        reserved = sum(1 for _, target in self._reserving if target == e.name)
         return pd.PdInstance(
             index=index,
             role=role,
             parked=parked,
-            outstanding=e.outstanding,
+            outstanding=e.outstanding + reserved,
             capacity=max(1, e.capacity),
             tokens_per_s=rate,
             kv_usage=min(1.0, held / self.max_kv_tokens) if self.max_kv_tokens else 0.0,
@@ -172,9 +194,12 @@ class PdServing:
         self.kick()
 
     def kick(self) -> None:
-        """Hand off what can go now (a task: called from event handlers and ticks)."""
-        if (self.pending or self.in_hand) and (self._drainer is None or self._drainer.done()):
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        """Start every hand-off that may go now (called from event handlers and ticks, and
+        when a hand-off ends)."""
+        if self._closed or not (self.pending or self.in_hand):
+            return
+        if self._start_in_hand():
+            self._start_pending()
 
     async def hold(
         self,
@@ -190,55 +215,91 @@ class PdServing:
         self.in_hand.append(_InHand(req, parts, payload, num_cached, old))
         self.kick()
 
-    async def _drain(self) -> None:
-        """Hand waiting requests off, oldest first, while decode instances have room: K/V
-        already here first (nothing else holds it), then K/V parked on prefill instances."""
-        while self.in_hand:
-            held = self.in_hand[0]
+    def _views(self) -> list[pd.PdInstance]:
+        return [v for i, e in self._locals() if (v := self._view(i, e)) is not None]
+
+    def _start_in_hand(self) -> bool:
+        """Start the hand-offs of K/V held here, oldest first: every one whose target's
+        pair is free. False when every decode instance is full (nothing more may go)."""
+        k = 0
+        while k < len(self.in_hand):
+            held = self.in_hand[k]
             if held.req.done.is_set():
-                self.in_hand.pop(0)
+                self.in_hand.pop(k)
                 continue
-            views = [v for i, e in self._locals() if (v := self._view(i, e)) is not None]
-            index = pd.handoff_target(-1, views)
-            target = (
-                held.old if index == -1 else self.endpoint_at(index) if index is not None else None
-            )
+            index = pd.handoff_target(-1, self._views())
+            if index is None:
+                return False  # every decode instance is full
+            target = held.old if index == -1 else self.endpoint_at(index)
             if target is None:
-                return  # every decode instance is full
-            self.in_hand.pop(0)
-            try:
-                await adopt(
-                    self.server,
-                    target,
-                    held.req,
-                    num_cached=held.num_cached,
-                    parts=held.parts,
-                    payload=held.payload,
-                )
-                self.num_handoffs += 1
-            except Exception as e:  # its agent died or has no room: prefill it again
-                log.info("%s could not adopt %s (%s)", target.name, held.req.req_id, e)
-                self.num_handoff_retries += 1
-                await self.server.requeue([held.req])
-        while self.pending:
-            src, req = self.pending[0]
+                return False
+            pair = (HERE, target.name)
+            if pair in self._in_flight:
+                k += 1  # that link is busy: a later request may take another
+                continue
+            self.in_hand.pop(k)
+            self._start(pair, None, self._adopt_held(held, target))
+        return True
+
+    def _start_pending(self) -> None:
+        """Start the hand-offs of K/V parked on prefill instances, oldest first: every one
+        whose (source, target) pair is free, while a decode instance has room."""
+        k = 0
+        while k < len(self.pending):
+            src, req = self.pending[k]
             if req.req_id not in src.requests or src.failed:
-                self.pending.pop(0)  # retired meanwhile: it is back in the queue already
+                self.pending.pop(k)  # retired meanwhile: it is back in the queue already
                 continue
             src_index = next((i for i, e in self._locals() if e is src), -1)
-            views = [v for i, e in self._locals() if (v := self._view(i, e)) is not None]
-            index = pd.handoff_target(src_index, views)
+            index = pd.handoff_target(src_index, self._views())
             target = None if index is None else self.endpoint_at(index)
             if target is None:
                 return  # every decode instance is full: the K/V waits where it is
-            self.pending.pop(0)
-            await self.handoff(src, req, target)
+            pair = (src.name, target.name)
+            if pair in self._in_flight:
+                k += 1
+                continue
+            self.pending.pop(k)
+            del src.requests[req.req_id]  # off `src` now: its slot frees, `target`'s is reserved
+            self._start(pair, src.node, self.handoff(src, req, target))
+
+    def _start(self, pair: tuple[str, str], node: int | None, job: Coroutine) -> None:
+        """Run one hand-off on `pair` (source, target) from `node`'s egress, the target's
+        room reserved until it adopts (`_view` counts it)."""
+        self._reserving.add(pair)
+        task = asyncio.get_running_loop().create_task(job)
+        self._in_flight[pair] = (task, node)
+        self.peak_in_flight = max(self.peak_in_flight, len(self._in_flight))
+        task.add_done_callback(functools.partial(self._ended, pair))
+
+    def _ended(self, pair: tuple[str, str], task: asyncio.Task) -> None:
+        self._reserving.discard(pair)
+        self._in_flight.pop(pair, None)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.error("hand-off %s -> %s failed: %r", *pair, e)
+        self.kick()  # that pair is free (and maybe some room): the next may go
+
+    async def _adopt_held(self, held: _InHand, target: LocalEndpoint) -> None:
+        self._reserving.discard((HERE, target.name))  # `adopt` books it on `target` now
+        try:
+            await adopt(
+                self.server,
+                target,
+                held.req,
+                num_cached=held.num_cached,
+                parts=held.parts,
+                payload=held.payload,
+            )
+            self.num_handoffs += 1
+        except Exception as e:  # its agent died or has no room: prefill it again
+            log.info("%s could not adopt %s (%s)", target.name, held.req.req_id, e)
+            self.num_handoff_retries += 1
+            await self.server.requeue([held.req])
 
     async def handoff(self, src: LocalEndpoint, req: ServeRequest, target: LocalEndpoint) -> None:
-        """Move a request parked on prefill instance `src` to `target`."""
+        """Move a request parked on prefill instance `src` (taken off it already) to `target`
+        (whose room `_start` reserved: the request is on neither while its K/V is in flight)."""
         server = self.server
-        if src.requests.pop(req.req_id, None) is None:
-            return  # retired meanwhile: the request is back in the queue already
         try:
             reply, body = await server.client.call_bytes(
                 src.node, InstanceHandoffOp(instance=src.name, req_id=req.req_id)
@@ -252,6 +313,7 @@ class PdServing:
         for tok in missing:  # tokens the agent made that had not arrived here yet
             req.add_token(tok, False, None)
         payload = bytes(body)
+        self._reserving.discard((src.name, target.name))  # `adopt` books it on `target` now
         for ep in dict.fromkeys(t for t in (target, src) if not t.failed):
             try:
                 await adopt(
@@ -284,6 +346,17 @@ class PdServing:
         self.kick()
         await self.server.dispatch()
 
+    def egress_handoffs(self) -> dict[int, int]:
+        """Node -> hand-offs whose K/V leaves its egress now or waits there (parked): what
+        the multicast planner prunes sources by (BlitzScale §5.1)."""
+        out: dict[int, int] = {}
+        nodes = [src.node for src, _ in self.pending]
+        nodes += [node for _, node in self._in_flight.values() if node is not None]
+        for node in nodes:
+            out[node] = out.get(node, 0) + 1
+        return out
+
     async def close(self) -> None:
-        if self._drainer is not None:
-            self._drainer.cancel()
+        self._closed = True
+        for task, _ in list(self._in_flight.values()):
+            task.cancel()

@@ -15,10 +15,12 @@ from surge.runtime.endpoints import LocalEndpoint
 
 
 def _dep(roles: dict[int, str], parked_on: list[int]) -> SimpleNamespace:
+    """A deployment with these roles; `parked_on`: the node of each hand-off parked or in
+    flight (`PdServing.egress_handoffs`, counted in tests/runtime/test_pd_parallel.py)."""
     eps = {n: LocalEndpoint(None, n, "m", f"m-node{n}") for n in roles}  # type: ignore[arg-type]
+    out = {n: parked_on.count(n) for n in set(parked_on)}
     pd = SimpleNamespace(
-        roles={eps[n].name: r for n, r in roles.items()},
-        pending=[(eps[n], object()) for n in parked_on],
+        roles={eps[n].name: r for n, r in roles.items()}, egress_handoffs=lambda: out
     )
     server = SimpleNamespace(pd=pd, endpoints={e.name: e for e in eps.values()})
     return SimpleNamespace(server=server)

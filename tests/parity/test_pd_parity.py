@@ -106,7 +106,8 @@ def _runtime(case: Case) -> Log:
         done: list[tuple[int, int]] = []
 
         async def handoff(src, req, target) -> None:  # the transport stubbed
-            target.requests[req.req_id] = src.requests.pop(req.req_id)
+            assert req.req_id not in src.requests  # taken off its source as it starts
+            target.requests[req.req_id] = req
             done.append((eps.index(src), eps.index(target)))
 
         pd.handoff = handoff  # type: ignore[method-assign]
@@ -114,11 +115,14 @@ def _runtime(case: Case) -> Log:
         req = SimpleNamespace(req_id="parked", prompt_token_ids=[1], output_token_ids=[])
         src.requests[req.req_id] = req
         pd.pending.append((src, req))  # as `on_token` parks it after its prefill
-        await pd._drain()
+        pd.kick()  # the hand-offs that may go start as tasks
+        for _ in range(2):  # each runs, then its end frees its pair and reservation
+            await asyncio.sleep(0)
         first = list(done)
         server.queue.extend(SimpleNamespace() for _ in range(case.waiting))
         wants = await control.tick(dep, NOW_S)  # type: ignore[arg-type]
-        await asyncio.sleep(0)  # the kick's drain, if any
+        for _ in range(2):  # the hand-off a mutation let go, if any, and its end
+            await asyncio.sleep(0)
         roles_after = [pd.roles[e.name] for e in eps]
         return Log(roles, routable, first, done[len(first) :], wants, roles_after)
 

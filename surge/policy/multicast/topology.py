@@ -62,7 +62,7 @@ class NodeTraffic:
     prefill_instances: int = 0
     """P/D prefill instances on the node (each sends K/V to decode instances)."""
     handoffs_out: int = 0
-    """K/V hand-offs waiting to leave the node now."""
+    """K/V hand-offs waiting to leave the node or leaving it now."""
 
     @property
     def outgoing(self) -> int:
