@@ -128,6 +128,8 @@ class ScaleOutDone(TimelineEvent, type_name="scale_out_done"):
     nodes: tuple[int, ...]
     kind: str
     load_s: float
+    sources: tuple[int, ...] = ()
+    """The multicast's sources, when one ran (its plan nodes 0..K-1)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,14 +28,9 @@ Usage: python -m benchmarks.emulation.blitzscale --time-dilation 80 \\
 """
 
 import argparse
-import asyncio
-import faulthandler
 import json
 import logging
-import os
-import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +40,14 @@ from benchmarks.emulation.lambdascale import shrunk_cluster
 from benchmarks.emulation.serving import (
     Workload,
     emulated_cluster,
-    link_store,
+    fresh_copies,
     percentile,
-    real_model,
     report_head,
+    run_on_real_model,
+    save_partial,
     serve_workload,
-    stage,
+    start_logging,
+    write_report,
 )
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
@@ -178,13 +175,12 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
     out, staging = {}, {}
     with cluster:
         for system in args.systems.split(","):
-            link_store(tmp, MODEL)
             hosts = list(range(args.nodes)) if system == "allcache" else [0, 1]
             disks = list(range(args.nodes)) if system == "serverlessllm" else []
-            staging[system] = round(await stage(cluster, MODEL, manifest, disks, hosts), 1)
-            state = tmp / f"state-{system}"
-            state.mkdir()
-            (state / "registry").symlink_to(tmp / "reg")
+            state, staged_s = await fresh_copies(
+                cluster, tmp, MODEL, manifest, system, disks, hosts
+            )
+            staging[system] = round(staged_s, 1)
             controller = {"max_num_seqs": args.max_num_seqs}
             if system != "blitzscale":
                 controller["host_keep_alive_s"] = SLLM_KEEP_ALIVE_S
@@ -200,6 +196,7 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
                     if k not in ("ttfts_s", "instances_timeline")
                 },
             )
+            save_partial(args, out)
     return out, staging
 
 
@@ -230,8 +227,7 @@ def main() -> None:
     add_cluster_args(ap)
     ap.set_defaults(emulate="blitzscale-a-hosts:llama2-7b", time_dilation=80.0)
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
+    start_logging()
     if unknown := [s for s in args.systems.split(",") if s not in SYSTEMS]:
         ap.error(f"unknown system {unknown[0]}; choose from {', '.join(SYSTEMS)}")
     config = EmulationConfig.parse(args.emulate, args.time_dilation)
@@ -247,16 +243,9 @@ def main() -> None:
             "output_tokens_mean": round(float(np.mean(wl.output_tokens)), 1),
         },
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        manifest = real_model(tmp, args)
-        args.store = tmp / "store"
-        emulation = Emulation.for_store(config, manifest)
-        report["real_model_bytes"] = manifest.total_bytes
-        report["emulated"], report["staging_real_s"] = asyncio.run(
-            run_all(args, tmp, manifest, emulation, wl)
-        )
-    report["machine"]["load_average_end"] = os.getloadavg()
+    (report["emulated"], report["staging_real_s"]), report["real_model_bytes"] = run_on_real_model(
+        args, config, lambda tmp, m, e: run_all(args, tmp, m, e, wl)
+    )
     report["simulated"] = simulated(args, config, wl)
     report["ratios_to_blitzscale"] = {
         "emulated": ratios(report["emulated"]),
@@ -270,10 +259,7 @@ def main() -> None:
         for n, s in report["simulated"].items()
         if (e := report["emulated"].get(n))
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
-    if args.png:
-        plot(report, args.png)
+    write_report(args, report, plot)
     print(json.dumps({k: report[k] for k in ("ratios_to_blitzscale", "sim_error")}, indent=1))
 
 

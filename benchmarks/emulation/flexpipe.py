@@ -25,13 +25,8 @@ Usage: python -m benchmarks.emulation.flexpipe --time-dilation 40 \\
 """
 
 import argparse
-import asyncio
-import faulthandler
 import json
 import logging
-import os
-import signal
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,11 +35,13 @@ from benchmarks.emulation.lambdascale import shrunk_cluster
 from benchmarks.emulation.serving import (
     Workload,
     emulated_cluster,
-    link_store,
-    real_model,
+    fresh_copies,
     report_head,
+    run_on_real_model,
+    save_partial,
     serve_workload,
-    stage,
+    start_logging,
+    write_report,
 )
 from surge.emulation import Emulation, EmulationConfig
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -98,12 +95,11 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
         for cv in cvs:
             wl = workload(args, cv)
             for variant in variants:
-                link_store(tmp, MODEL)
                 # the model in host memory on the first server, on every other one's disk
-                await stage(cluster, MODEL, manifest, list(range(1, args.nodes)), [0])
-                state = tmp / f"state-{variant}-{cv:g}"
-                state.mkdir()
-                (state / "registry").symlink_to(tmp / "reg")
+                disks = list(range(1, args.nodes))
+                state, _ = await fresh_copies(
+                    cluster, tmp, MODEL, manifest, f"{variant}-{cv:g}", disks, [0]
+                )
                 original = SYSTEMS["flexpipe"]
                 settings = held_at(variant)
                 if settings is not None:  # read by the controller and the scale-out alike
@@ -121,6 +117,7 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
                 finally:
                     SYSTEMS["flexpipe"] = original
                 out.setdefault(f"{cv:g}", {})[variant] = res
+                save_partial(args, out)
                 log.info(
                     "cv %g %s: e2e p50/p99 %s/%s s, ttft p50 %s, refactors %s, violations %s",
                     cv, variant, res["e2e_p50_s"], res["e2e_p99_s"], res["ttft_p50_s"],
@@ -237,30 +234,21 @@ def main() -> None:
     ap.set_defaults(emulate="flexpipe:llama2-7b", time_dilation=40.0)
     args = ap.parse_args()
     args.max_prompt, args.max_tokens = args.prompt_tokens, args.output_tokens
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
+    start_logging()
     config = EmulationConfig.parse(args.emulate, args.time_dilation)
     cvs = [float(c) for c in args.cvs.split(",")]
     statics = [f"static-{n}" for n in args.statics.split(",") if n]
     variants = ["flexpipe", *statics, "serverlessllm"]
     report: dict = report_head(args, config, PAPER) | {"rate_qps": args.rate}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        manifest = real_model(tmp, args)
-        args.store = tmp / "store"
-        emulation = Emulation.for_store(config, manifest)
-        report["real_model_bytes"] = manifest.total_bytes
-        report["emulated"] = asyncio.run(run_all(args, tmp, manifest, emulation, variants, cvs))
-    report["machine"]["load_average_end"] = os.getloadavg()
+    report["emulated"], report["real_model_bytes"] = run_on_real_model(
+        args, config, lambda tmp, m, e: run_all(args, tmp, m, e, variants, cvs)
+    )
     report["simulated"] = simulated(args, config, variants, cvs)
     report["ratios_to_flexpipe"] = {
         "emulated": ratios(report["emulated"]),
         "simulated": ratios(report["simulated"]),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
-    if args.png:
-        plot(report, args.png)
+    write_report(args, report, plot)
     print(json.dumps(report["ratios_to_flexpipe"], indent=1))
 
 

@@ -1,21 +1,30 @@
 """The real controller on an emulated cluster: a workload replayed in emulated time, per system.
 
 Shared by the emulated system benchmarks (`blitzscale.py`, `flexpipe.py`). One cluster of
-agents emulating PRESET:MODEL serves every system in turn (its agents keep their disk
-copies are deleted after each system, and the scenario's disk and host copies staged before
-the next one), each system behind a fresh `Controller` whose clock is the
+agents emulating PRESET:MODEL serves every system in turn (the deployment's copies are
+deleted after each system, and the scenario's disk and host copies staged before the next
+one), each system behind a fresh `Controller` whose clock is the
 emulation's (`control/emulation.control_clock`: its autoscaler, keep-alives and SLOs act in
 emulated seconds). Requests are submitted at their emulated arrival times on that clock;
 TTFT and TBT are the controller's own request stamps, so every time here is emulated seconds.
+What the benchmarks share besides: `start_logging`, `run_on_real_model` (the real small model
+in a temporary directory), `fresh_copies` (before each system's run), `save_partial` (after
+it) and `write_report`;
+each run's scale-outs are read back by `timeline.py`.
 """
 
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import itertools
+import json
 import logging
 import os
+import signal
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +33,11 @@ import numpy as np
 
 from benchmarks.common import machine, make_cluster
 from benchmarks.emulation.lambdascale import violations
+from benchmarks.emulation.timeline import scale_out_timeline
 from surge.control.controller import Controller, ControllerConfig
 from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
+from surge.events import TimelineEvent
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import TinyModelConfig, create_tiny_model
@@ -108,6 +119,70 @@ def link_store(tmp: Path, name: str) -> None:
         link.symlink_to(tmp / "store", target_is_directory=True)
 
 
+async def fresh_copies(
+    cluster: LocalCluster,
+    tmp: Path,
+    name: str,
+    manifest: Manifest,
+    run: str,
+    disk_nodes: list[int],
+    host_nodes: list[int],
+) -> tuple[Path, float]:
+    """Before one system's run: the registry's copy back, the agents' copies staged
+    (`stage`), and a fresh controller state directory `tmp/state-RUN` reading that
+    registry. Returns the state directory and the real seconds staging took."""
+    link_store(tmp, name)
+    staging_s = await stage(cluster, name, manifest, disk_nodes, host_nodes)
+    state = tmp / f"state-{run}"
+    state.mkdir()
+    (state / "registry").symlink_to(tmp / "reg")
+    return state, staging_s
+
+
+def start_logging() -> None:
+    """INFO logs with times; `kill -USR1 PID` prints every thread's stack (a run that
+    seems stuck at D = 80 is usually only slow)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    faulthandler.register(signal.SIGUSR1)
+
+
+def run_on_real_model(
+    args: argparse.Namespace,
+    config: EmulationConfig,
+    run: Callable[[Path, Manifest, Emulation], Awaitable[Any]],
+) -> tuple[Any, int]:
+    """`run(tmp, manifest, emulation)` in a temporary directory holding the real small
+    model (`real_model`; `args.store` is its path), emulating `config`. Returns what it
+    returned and the real model's bytes."""
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        manifest = real_model(tmp, args)
+        args.store = tmp / "store"
+        emulation = Emulation.for_store(config, manifest)
+        return asyncio.run(run(tmp, manifest, emulation)), manifest.total_bytes
+
+
+def save_partial(args: argparse.Namespace, emulated: dict) -> Path:
+    """The runs finished so far, at `$TMPDIR/<json stem>.partial.json` (not beside the
+    results: a run cut off leaves no second result file there). Returns the path."""
+    path = Path(tempfile.gettempdir()) / f"{args.json.stem}.partial.json"
+    path.write_text(json.dumps({"partial": True, "emulated": emulated}, indent=1) + "\n")
+    log.info("runs so far: %s", path)
+    return path
+
+
+def write_report(
+    args: argparse.Namespace, report: dict, plot: Callable[[dict, Path], None]
+) -> None:
+    """The result JSON at `--json` (the host's load at the end added), the figure at
+    `--png` if asked."""
+    report["machine"]["load_average_end"] = os.getloadavg()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.png:
+        plot(report, args.png)
+
+
 async def counts(cluster: LocalCluster) -> dict[int, tuple[int, int]]:
     """Each agent's paced steps and violations so far."""
     return {n: (s[0], s[1]) for n, s in (await violations(cluster)).items()}
@@ -167,6 +242,7 @@ async def serve_workload(
     )
     ctl = Controller(cfg, cluster.addresses, cluster.token)
     await ctl.start()
+    seen = ctl.events.subscribe()  # scale-outs, blocks landing, instances up
     try:
         dep = await ctl.create(spec)
         t0 = time.monotonic()
@@ -180,12 +256,21 @@ async def serve_workload(
         clock = ctl.clock
         before = await counts(cluster)
         held: list[tuple[float, int]] = []
+        egress: list[tuple[float, dict[int, int]]] = []
         start = clock.now_s()
         real0 = time.monotonic()
+        while not seen.queue.empty():  # what happened before the replay
+            seen.queue.get_nowait()
+
+        events: list[TimelineEvent] = []
 
         async def sample() -> None:
             while True:
+                while not seen.queue.empty():  # kept here: the bus's queue is bounded
+                    events.append(seen.queue.get_nowait())
                 held.append((clock.now_s() - start, len(dep.instances)))
+                if dep.server.pd is not None:
+                    egress.append((clock.now_s() - start, dep.server.pd.egress_handoffs()))
                 await clock.sleep(0.05)
 
         sampler = asyncio.get_running_loop().create_task(sample())
@@ -222,6 +307,11 @@ async def serve_workload(
         status = ctl.describe(dep)["status"]
         pd = dep.server.pd
         m = ctl.metrics
+        events += [seen.queue.get_nowait() for _ in range(seen.queue.qsize())]
+        bus_t0 = ctl.events.t0
+        timeline = scale_out_timeline(
+            events, lambda t_s: clock.of_real(bus_t0 + t_s) - start, egress
+        )
         scale_outs = {
             s.labels["start"]: s.value
             for metric in m.scale_outs.collect()
@@ -255,6 +345,8 @@ async def serve_workload(
             "flexpipe": status.get("flexpipe"),
             "ttfts_s": sorted(round(x, 4) for x in ttft),
             "instances_timeline": [[round(t, 3), n] for t, n in held[:: max(1, len(held) // 200)]],
+            "scale_out_timeline": timeline,
+            "peak_handoffs_in_flight": pd.peak_in_flight if pd else 0,
             "emulation": {
                 "steps": steps,
                 "violations": bad,
@@ -269,4 +361,5 @@ async def serve_workload(
             Exception
         ):  # instances and copies go: the next system starts clean
             await ctl.delete(spec["name"])
+        ctl.events.unsubscribe(seen)
         await ctl.stop()

@@ -307,7 +307,13 @@ class Autoscaler:
             load_s = self.clock.now_s() - t0_s
             log.info("%s: %s scale-out to %s in %.2f s", name, kind, dests, load_s)
             self.events.publish(
-                ScaleOutDone(model=name, nodes=tuple(dests), kind=kind, load_s=load_s)
+                ScaleOutDone(
+                    model=name,
+                    nodes=tuple(dests),
+                    kind=kind,
+                    load_s=load_s,
+                    sources=report.sources,
+                )
             )
             phase = m.scale_out_phase
             phase.labels(name, kind, "placement").observe(placement_s)

@@ -1,0 +1,55 @@
+"""What each scale-out of an emulated serving run did, when: read from the controller's events.
+
+In: the timeline events a `Controller` published during a replay (`surge/events.py`:
+`ScaleOutStarted`, `ScaleOutDone`, `BlockLanded`, `InstanceUp`), a map from the bus's
+stamps to emulated seconds, and samples of each node's outgoing P/D K/V hand-offs. Out: one
+row per scale-out for the benchmark's JSON (`serving.serve_workload`), so a late or slow
+scale-out shows where its time went: the decision, the multicast's blocks, the instance up,
+and whether its sources' NICs also carried K/V.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from surge.events import BlockLanded, InstanceUp, ScaleOutDone, ScaleOutStarted, TimelineEvent
+
+
+def scale_out_timeline(
+    events: list[TimelineEvent],
+    emulated_s: Callable[[float], float],
+    egress: list[tuple[float, dict[int, int]]],
+) -> list[dict[str, Any]]:
+    """Each scale-out in emulated s from the replay's start (`emulated_s` maps a bus stamp):
+    when placement chose its nodes, its multicast sources, each node's first and last GPU
+    block and when it served, when the scale-out ended and took how long; and, from the
+    samples of `egress` (P/D K/V hand-offs leaving each node), the share of its span each
+    source was sending K/V too (BlitzScale §5.1: a source's NIC shared with serving)."""
+    out: list[dict[str, Any]] = []
+    open_: dict[tuple[int, ...], dict[str, Any]] = {}
+    for ev in events:
+        t = round(emulated_s(ev.t_s), 3)
+        if isinstance(ev, ScaleOutStarted):
+            open_[ev.nodes] = {"nodes": list(ev.nodes), "started_s": t, "blocks": {}, "up": {}}
+            out.append(open_[ev.nodes])
+        elif isinstance(ev, ScaleOutDone) and ev.nodes in open_:
+            row = open_.pop(ev.nodes)
+            row |= {"done_s": t, "kind": ev.kind, "took_s": round(ev.load_s, 3)}
+            row["sources"] = list(ev.sources)
+        elif isinstance(ev, BlockLanded) and ev.tier == "gpu":
+            for row in out:
+                if ev.node in row["nodes"] and "done_s" not in row:
+                    first, _ = row["blocks"].get(ev.node, (t, t))
+                    row["blocks"][ev.node] = (first, t)
+        elif isinstance(ev, InstanceUp):
+            for row in out:
+                if ev.node in row["nodes"] and "done_s" not in row:
+                    row["up"][ev.node] = t
+    for row in out:
+        lo, hi = row["started_s"], row.get("done_s", float("inf"))
+        window = [e for t, e in egress if lo <= t <= hi]
+        row["source_sending_kv"] = {
+            s: round(sum(e.get(s, 0) > 0 for e in window) / len(window), 3) if window else None
+            for s in row.get("sources", [])
+        }
+        row["blocks"] = {n: list(v) for n, v in row["blocks"].items()}
+    return out
