@@ -132,25 +132,41 @@ async def live_prefill(
     num_layers_on_new: int,
     reqs: list[ServeRequest],
     deliver: Callable[[ServeRequest, list[KvPart], bytes, int], Awaitable[None]] | None = None,
-) -> None:
+) -> tuple[tuple[int, float, float], ...]:
     """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
     sample each first token here, then hand the requests (with their whole KV cache) to
     `old`, which decodes them (BlitzScale §4 live autoscaling) — or to `deliver(req,
-    parts, payload, num_cached)` (P/D: a decode instance adopts it, `runtime/pd_handoff.py`)."""
+    parts, payload, num_cached)` (P/D: a decode instance adopts it, `runtime/pd_handoff.py`).
+    Returns the (node, start, end) wall-clock spans of the two stages' compute."""
     L = manifest.arch.num_layers
     T = num_layers_on_new
     if not 1 <= T < L:
         raise ValueError(f"the new instance must run 1..{L - 1} layers (got {T})")
     client = server.client
     name = f"live-{secrets.token_hex(3)}"
-    await client.call(
-        new_node,
-        StageOpenOp(
-            pipeline=name, model=server.model, first_layer=0, end_layer=T, next_node=old.node
+    # Each node runs its live batches' layers one batch at a time (BlitzScale Fig. 12b:
+    # the target on batch i+1 while the source is on batch i, never two on one side).
+    # Both stages open at once, on pooled connections: batches under way together must
+    # not queue behind each other's calls on the nodes' control connections.
+    group = f"live-{server.model}"
+    await asyncio.gather(
+        client.call_bytes(
+            new_node,
+            StageOpenOp(
+                pipeline=name,
+                model=server.model,
+                first_layer=0,
+                end_layer=T,
+                next_node=old.node,
+                compute_group=group,
+            ),
         ),
-    )
-    await client.call(
-        old.node, StageOpenOp(pipeline=name, model=server.model, first_layer=T, end_layer=L)
+        client.call_bytes(
+            old.node,
+            StageOpenOp(
+                pipeline=name, model=server.model, first_layer=T, end_layer=L, compute_group=group
+            ),
+        ),
     )
     try:
         seq_ids = tuple(range(len(reqs)))
@@ -182,6 +198,7 @@ async def live_prefill(
                 _export(server, new_node, name, b, n), _export(server, old.node, name, b, n)
             )
             await deliver(r, [p for p, _ in parts], b"".join(x for _, x in parts), n)
+        return reply.spans
     finally:
         for node in (new_node, old.node):
-            await client.call(node, StageCloseOp(pipeline=name))
+            await client.call_bytes(node, StageCloseOp(pipeline=name))

@@ -15,7 +15,11 @@ source finishes, then it decodes there (or, under P/D, hands its KV cache to a d
 instance as any prefill). C2 is carried out, not assumed: a batch reaches the source only
 when the target has finished its T layers and the activation has crossed the network (a
 flow that shares links with the multicast), and the source runs it FIFO after what it
-already has. The target executes one batch at a time; it is not a router endpoint until
+already has. The target executes one batch at a time and takes the next while the source
+runs the last (Fig. 12b), up to `LiveSettings.max_in_flight` batches under way (started,
+first token not back), as the runtime's batch tasks are. A zigzag batch waiting for
+layers is looked at again when the block that brings them lands (`landed`, §5.2 (2)
+preemption), not only at the poll. It is not a router endpoint until
 it holds every layer (then `Loader.ready` serves it alone and `redistribute` spreads the
 sources' unstarted requests over both, §5.2 step 3).
 
@@ -94,6 +98,15 @@ class _Target:
         self.state = state
         self.busy = False
         self.live = True
+        self.batches: list[list[SimRequest]] = []
+        """Its batches under way (first token not back yet)."""
+        self.poll_due = False
+        """A later look is scheduled already."""
+
+    def in_flight(self) -> int:
+        """Batches started whose first token has not come back."""
+        self.batches = [b for b in self.batches if any(r.first_token_s < 0 for r in b)]
+        return len(self.batches)
 
 
 class LiveScaling:
@@ -153,10 +166,26 @@ class LiveScaling:
             moved.sort(key=lambda r: r.arrival_s)
             self.requests.requeue(pool, moved)
 
+    def landed(self, iid: int) -> None:
+        """A block landed on instance `iid`: if it is a live target whose pending zigzag
+        batch waited for the layers it brings, look again now (§5.2 (2) preemption)."""
+        t = self.targets.get(iid)
+        if t is not None and not t.busy and t.state.wakes(t.held_layers()):
+            self.world.result.live_woken += 1
+            self._step(iid)
+
     # --- one step -----------------------------------------------------------------
     def _later(self, iid: int, delay_s: float) -> None:
-        at = self.world.loop.now_s + delay_s
-        self.world.loop.schedule(at, Priority.INSTANCE, iid, lambda: self._step(iid))
+        t = self.targets.get(iid)
+        if t is None or t.poll_due:
+            return
+        t.poll_due = True
+
+        def poll() -> None:
+            t.poll_due = False
+            self._step(iid)
+
+        self.world.loop.schedule(self.world.loop.now_s + delay_s, Priority.INSTANCE, iid, poll)
 
     def _sources(self, t: _Target) -> list[Instance]:
         return [
@@ -187,6 +216,7 @@ class LiveScaling:
             layer_load_s=t.layer_load_s(),
             prefill_s_per_token=per_token,
             drain_per_s=drain_rate_per_s(admitted, now),
+            in_flight=t.in_flight(),
         )
 
     def _step(self, iid: int) -> None:
@@ -221,6 +251,7 @@ class LiveScaling:
             )
         )
         t.busy = True
+        t.batches.append(batch)
         tokens = sum(r.prefill_tokens for r in batch)
         run_s = t.inst.cost.prefill_s(tokens, split)
         done = functools.partial(self._target_done, t, source, split, batch, tokens)

@@ -268,6 +268,8 @@ class MulticastLoads:
                 world.publish(BlockLanded, model=slot.name, node=where, block=block, tier="gpu")
             for action in loading.arrive(node, block):
                 carrier.submit(action)
+            if inst is not None:  # a pending live batch may run now (BlitzScale §5.2 (2))
+                self.live.landed(inst.id)
 
         def on_finished() -> None:
             for s in senders:

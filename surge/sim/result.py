@@ -55,3 +55,6 @@ class SimResult:
     """How long each evicted host-cache entry stayed (λScale Fig. 2)."""
     live_batches: list = field(default_factory=list)
     """BlitzScale live scaling: one `sim.live_scaling.LiveRecord` per cooperative batch."""
+    live_woken: int = 0
+    """Live looks made when a block landed that a pending zigzag batch waited for (§5.2
+    (2) preemption), not at the poll."""

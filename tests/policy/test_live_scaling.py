@@ -3,12 +3,21 @@ between the zigzag ILP and best effort, and the redistribution once the new inst
 whole."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from surge.errors import SurgeError
 from surge.policy.blitzscale.live_scaling import (
+    Decline,
     InstanceLoad,
+    LiveScalingState,
+    LiveSettings,
+    LiveSource,
+    LiveView,
+    RunBatch,
+    WaitForLayers,
+    Waiting,
     choose_schedule,
     layer_load_s,
     measured_load_ratio,
@@ -150,3 +159,30 @@ def test_redistribution_spreads_evenly_within_the_new_room() -> None:
     assert sum(m.num_requests for m in small) == 2
     # Balanced already: nothing moves.
     assert plan_redistribution([InstanceLoad(0, 2, 4)], InstanceLoad(1, 2, 4)) == ()
+
+
+def _look_state() -> tuple[LiveScalingState, LiveView]:
+    settings = LiveSettings(num_layers=4, live_batch=2, fallback_load_ratio=2.0, ttft_slo_s=0.01)
+    waiting = tuple(Waiting(0.0, 10) for _ in range(12))
+    view = LiveView(now_s=100.0, held_layers=1, sources=(LiveSource(0, 1),), waiting=waiting)
+    return LiveScalingState(settings), view
+
+
+def test_batches_overlap_up_to_max_in_flight_and_a_landing_layer_wakes_the_pending_one() -> None:
+    """Fig. 12b: the next batch starts while one is under way (up to `max_in_flight`);
+    §5.2 (2): a zigzag batch waiting for layer 2 is woken by the layer that brings it."""
+    state, view = _look_state()
+    first = state.look(view)
+    assert isinstance(first, RunBatch) and first.schedule == "zigzag" and first.split == 1
+    second = state.look(replace(view, in_flight=1))  # batch 1 under way: batch 2 starts
+    assert isinstance(second, RunBatch) and second.index == 1
+    assert state.look(replace(view, in_flight=2)) == Decline("busy")
+    assert not state.wakes(1) and state.pending_layers is None
+    assert state.look(replace(view, in_flight=1)) == WaitForLayers(2)  # batch 3: T = 2
+    assert not state.wakes(1) and state.wakes(2)
+    third = state.look(replace(view, held_layers=2))
+    assert isinstance(third, RunBatch) and third.split == 2 and state.pending_layers is None
+    with pytest.raises(SurgeError):
+        LiveSettings(
+            num_layers=4, live_batch=2, fallback_load_ratio=2.0, ttft_slo_s=1, max_in_flight=0
+        )

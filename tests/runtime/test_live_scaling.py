@@ -27,6 +27,37 @@ SLOS_S = {"tight": 0.05, "loose": 600.0}
 meets 10 minutes by far."""
 
 
+async def one_at_a_time_on_node0(client, server, prompts, params) -> list:
+    """Node 0's instance serves one request at a time; `prompts` are all submitted."""
+    old = LocalEndpoint(client, 0, MODEL, f"{MODEL}-node0", capacity=1)
+    await old.open()
+    await server.add_endpoint(old)
+    reqs = [server.new_request(p, params) for p in prompts]
+    for r in reqs:
+        await server.submit(r)
+    return reqs
+
+
+def live_context(client, server, manifest, system, ttft_slo_s: float, events=None):
+    """A scale-out of node 1 from node 0's copy, with `system`'s live scaling."""
+
+    async def on_local(node: int, ep) -> None:
+        return None
+
+    return ScaleOutContext(
+        client,
+        server,
+        manifest,
+        system,
+        (Destination(1),),
+        ControllerHooks(on_local=on_local),
+        copies=(Copy(0, "gpu", outstanding=1),),
+        engine=EngineConfig(max_num_seqs=1),
+        ttft_slo_s=ttft_slo_s,
+        events=events or EventBus(),
+    )
+
+
 @pytest.mark.parametrize("slo", ["tight", "loose"])
 def test_slo_check_gates_live_scaling_and_requests_redistribute(
     slo, make_cluster, manifest, tiny_hf
@@ -40,30 +71,12 @@ def test_slo_check_gates_live_scaling_and_requests_redistribute(
     bus = EventBus()
     seen = bus.subscribe()
 
-    async def on_local(node: int, ep) -> None:
-        return None
-
     async def run():
         client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3]})
         try:
-            old = LocalEndpoint(client, 0, MODEL, f"{MODEL}-node0", capacity=1)
-            await old.open()
-            await server.add_endpoint(old)
-            reqs = [server.new_request(p, params) for p in PROMPTS * 6]
-            for r in reqs:
-                await server.submit(r)
-            ctx = ScaleOutContext(
-                client,
-                server,
-                manifest,
-                replace(system_config("blitzscale"), live_batch=6),
-                (Destination(1),),
-                ControllerHooks(on_local=on_local),
-                copies=(Copy(0, "gpu", outstanding=1),),
-                engine=EngineConfig(max_num_seqs=1),
-                ttft_slo_s=SLOS_S[slo],
-                events=bus,
-            )
+            reqs = await one_at_a_time_on_node0(client, server, PROMPTS * 6, params)
+            system = replace(system_config("blitzscale"), live_batch=6)
+            ctx = live_context(client, server, manifest, system, SLOS_S[slo], bus)
             await run_scale_out(ctx)
             await server.wait_all(60)
             return reqs, ctx

@@ -138,3 +138,27 @@ def test_the_load_monitor_sees_tokens_per_s_and_kv_use():
     assert busy and all(0 < i.kv_usage <= 1 for i in busy)
     assert any(i.tokens_per_s > 0 for i in busy)  # the decoding ones (a prefill one has none)
     assert all(i.kv_usage == pytest.approx(kv[i.instance_id]) for i in busy)
+
+
+def test_batches_overlap_and_a_landing_layer_wakes_the_pending_batch(burst):
+    """Fig. 12b: a target's next batch starts before an earlier one's first token (the
+    target on one batch while the source runs another), at most `max_in_flight` under way;
+    §5.2 (2): a zigzag batch that waited for layers ran when the block bringing them
+    landed (`LiveScaling.landed`), not at the next poll."""
+    sim, res = burst
+    first = {r.id: r.first_token_s for r in sim.requests}
+    recs = res.live_batches
+    done = {id(a): min(first[i] for i in a.request_ids) for a in recs}
+    overlapping = [
+        (a, b)
+        for a in recs
+        for b in recs
+        if a is not b and a.target == b.target and a.start_s < b.start_s < done[id(a)]
+    ]
+    assert overlapping
+    for a in recs:  # never more than max_in_flight (2) batches of one target under way
+        under_way = [
+            b for b in recs if b.target == a.target and b.start_s <= a.start_s < done[id(b)]
+        ]
+        assert len(under_way) <= 2
+    assert res.live_woken >= 1

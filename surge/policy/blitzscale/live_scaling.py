@@ -6,19 +6,24 @@ then one `LiveView` per look: the layers the target holds, the serving instances
 help (the *sources*), the requests waiting that have not started, and what the body
 measured on this run (seconds per layer reaching the target, a source's prefill seconds
 per token, the queue's drain rate). Out, from `LiveScalingState.look`, one action:
-- `Decline`: nothing to do (no source, no request, no layer), the §5.2 SLO check holds
+- `Decline`: nothing to do (no source, no request, no layer), `max_in_flight` batches
+  of this target are under way already, the §5.2 SLO check holds
   (`slo_check.needs_live_scaling`: every queued request meets its TTFT SLO under normal
   routing), or the schedule's next batch runs on the source alone (T_i = 0);
 - `WaitForLayers`: the zigzag schedule's next batch needs more layers than the target
-  holds (§5.2 "the delay won't waste GPU": the queue keeps being routed normally);
+  holds (§5.2 "the delay won't waste GPU": the queue keeps being routed normally); the
+  batch is *pending* and `wakes(held)` says when a layer that lands makes it runnable:
+  the body looks again at once (§5.2 (2) preemption on layer arrival), not at its poll;
 - `RunBatch`: prefill the first `num_requests` waiting requests cooperatively, the first
   `split` layers on the target, the rest on `source` (the least loaded, ties to the
   lowest id), which then decodes them.
 A schedule (`choose_schedule`: the zigzag ILP of Eq. 1 when it beats best effort, else
-best effort) covers the batches waiting when it starts, with Time_l measured on this run
-(`measured_load_ratio`); it starts afresh after a declined look, and once Time_l is
-measured where the last one used the fallback. Best effort's splits are clipped to the
-layers held and to L - 1.
+best effort) covers the batches waiting when it starts; up to `max_in_flight` of its
+batches are under way at once, so the target runs batch i+1's T layers while the source
+runs batch i's S (the cross-batch overlap of Fig. 12b that Eq. 1's C2 schedules), with
+Time_l measured on this run (`measured_load_ratio`); it starts afresh after a declined
+look, and once Time_l is measured where the last one used the fallback. Best effort's
+splits are clipped to the layers held and to L - 1.
 `plan_redistribution` (§5.2 step 3): once the target holds every layer, requests are
 spread evenly between it and the instances it helped.
 `surge serve` (`runtime/scaleout/live.py`) and the simulator (`sim/live_scaling.py`)
@@ -137,10 +142,16 @@ class LiveSettings:
     """Time_l until the run has measured it (`SystemConfig.live_load_ratio`)."""
     ttft_slo_s: float
     """The model's TTFT SLO (the §5.2 check)."""
+    max_in_flight: int = 2
+    """Batches of one target under way at once (started, first token not yet back). Two
+    let the target run batch i+1's first layers while the source runs batch i's rest
+    (Fig. 12b); one would run them strictly one after another."""
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.live_batch < 1 or not self.fallback_load_ratio > 0:
             raise SurgeError("live scaling needs >= 1 layer, live_batch >= 1, Time_l > 0")
+        if self.max_in_flight < 1:
+            raise SurgeError(f"max_in_flight must be >= 1 (got {self.max_in_flight})")
         if not self.ttft_slo_s > 0:
             raise SurgeError(f"TTFT SLO must be > 0 (got {self.ttft_slo_s})")
 
@@ -180,6 +191,8 @@ class LiveView:
     """A source's prefill seconds per prompt token (all L layers); None: not yet."""
     drain_per_s: float | None = None
     """Requests leaving the queue per second now (`slo_check.drain_rate_per_s`)."""
+    in_flight: int = 0
+    """This target's batches under way (started, first token not back yet)."""
 
 
 @dataclass(frozen=True)
@@ -187,8 +200,9 @@ class Decline:
     """Nothing runs cooperatively now; normal routing goes on."""
 
     reason: str
-    """`idle` (no source, request or layer), `slo` (the SLO holds without help) or
-    `source-alone` (the schedule's next batch has T_i = 0)."""
+    """`idle` (no source, request or layer), `busy` (`max_in_flight` batches under way),
+    `slo` (the SLO holds without help) or `source-alone` (the schedule's next batch has
+    T_i = 0)."""
 
 
 @dataclass(frozen=True)
@@ -241,11 +255,23 @@ class LiveScalingState:
         self.ratio = LoadRatio(settings.fallback_load_ratio, False)
         self.num_schedules = 0
         """Schedules solved so far (each a fresh `ratio`)."""
+        self.pending_layers: int | None = None
+        """Layers the pending batch waits for (after `WaitForLayers`); None: none pends."""
+
+    def wakes(self, held_layers: int) -> bool:
+        """Whether the target now holding `held_layers` layers makes the pending batch
+        runnable: BlitzScale §5.2 (2) "whenever a new layer loads, we scan the pending
+        queue and execute all requests that require that layer" — the body looks again
+        at once instead of at its next poll."""
+        return self.pending_layers is not None and held_layers >= self.pending_layers
 
     def look(self, view: LiveView) -> LiveAction:
         """What the target does now (see the module docstring)."""
+        self.pending_layers = None
         s = self.settings
         held = min(view.held_layers, s.num_layers)
+        if view.in_flight >= s.max_in_flight:
+            return Decline("busy")
         if not view.sources or not view.waiting or held < 1:
             return Decline("idle")
         if self._slo_holds(view, held):
@@ -258,6 +284,7 @@ class LiveScalingState:
         assert self.schedule is not None and self.problem is not None
         want = self.splits[0][0]
         if self.schedule.policy == "zigzag" and held < want < s.num_layers:
+            self.pending_layers = want
             return WaitForLayers(want)
         index = len(self.schedule.splits) - len(self.splits)
         planned = self.splits.pop(0)

@@ -22,6 +22,8 @@ Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext
 import asyncio
 import contextlib
 import logging
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from surge.emulation import TrafficCharges, traffic_charges
@@ -60,6 +62,8 @@ class AgentServing:
     def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
         self.ctx, self.store = ctx, store
         self.stages: dict[str, Stage] = {}
+        self.group_locks: dict[str, asyncio.Lock] = {}
+        """`StageOpenOp.compute_group` -> the lock its stages share."""
         self._stage_pool: dict[int, list[Connection]] = {}
 
     def handlers(self) -> Handlers:
@@ -112,7 +116,10 @@ class AgentServing:
     ) -> PipelineReply:
         first, end = op.first_layer, op.end_layer
         runner = await asyncio.to_thread(self._stage_runner, op.model, first, end)
-        self.stages[op.pipeline] = Stage(op.pipeline, op.model, first, end, op.next_node, runner)
+        stage = Stage(op.pipeline, op.model, first, end, op.next_node, runner)
+        if op.compute_group is not None:  # one step at a time across the group
+            stage.lock = self.group_locks.setdefault(op.compute_group, asyncio.Lock())
+        self.stages[op.pipeline] = stage
         return PipelineReply(pipeline=op.pipeline)
 
     async def op_stage_step(self, op: StageStepOp, conn: Connection, p: memoryview) -> None:
@@ -123,13 +130,14 @@ class AgentServing:
         stage = self._stage(op.pipeline)
         pacer = self.ctx.pacer
 
-        def compute() -> tuple[StageStepOp | StageStepReply, Any]:
+        def compute() -> tuple[StageStepOp | StageStepReply, Any, tuple[int, float, float]]:
             started_s = pacer.clock() if pacer is not None else 0.0
+            t0 = time.time()
             out = run()
             if pacer is not None:  # the stage's share of the emulated model's layers
                 layers = stage.runner.arch.num_layers
                 pacer.pace(started_s, out[2], stage.first_layer, stage.end_layer, layers)
-            return out[0], out[1]
+            return out[0], out[1], (self.ctx.node, t0, time.time())
 
         def run() -> tuple[StageStepOp | StageStepReply, Any, tuple[int, ...]]:
             if op.kind == "tokens":
@@ -147,12 +155,15 @@ class AgentServing:
             return forward, hidden_to_bytes(hidden, batch), batch.q_lens
 
         async with stage.lock:
-            out, payload = await asyncio.to_thread(compute)
+            out, payload, span = await asyncio.to_thread(compute)
         pace = self._charges(stage.model).hidden
         if isinstance(out, StageStepOp):  # hand on to the next stage; its logits come back
             async with self._peer_conn(stage.next_node) as nxt:
                 reply, payload = await nxt.request(out.to_json(), payload, pace=pace)
-            out = StageStepReply.from_json(reply)
+            later = StageStepReply.from_json(reply)
+            out = replace(later, spans=(span, *later.spans))
+        else:
+            out = replace(out, spans=(span,))
         await conn.send(ok_header(out), payload, pace)
 
     async def op_stage_free(self, op: StageFreeOp, conn: Connection, p: memoryview) -> Ack:

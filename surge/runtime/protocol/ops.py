@@ -212,6 +212,10 @@ class StageOpenOp(Op[PipelineReply], name="stage_open", reply=PipelineReply):
     first_layer: int
     end_layer: int
     next_node: int | None = None
+    compute_group: str | None = None
+    """Stages opened here with the same group compute one step at a time, in arrival
+    order (a live target runs its batches' layers one batch after another, BlitzScale
+    Fig. 12b); None: this stage alone."""
 
     def __post_init__(self) -> None:
         span = f"{self.first_layer}..{self.end_layer}"

@@ -143,6 +143,10 @@ class StageStepReply(Reply):
 
     shape: tuple[int, ...]
     kind: Literal["logits"] = "logits"
+    spans: tuple[tuple[int, float, float], ...] = ()
+    """(node, start, end) of each stage's compute for this step, in stage order (wall
+    clock, seconds since the epoch): who worked on which batch when (BlitzScale's
+    cross-batch overlap, Fig. 12b, is read from these)."""
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,15 @@ class ScaleOutReport:
     """Eq. 1's Time_l of each live-scaling schedule made (measured or the fallback)."""
     live_redistributed: int = 0
     """Requests moved to a new instance once it held every layer (§5.2 step 3)."""
+    live_spans: list[tuple[int, str, tuple[tuple[int, float, float], ...]]] = field(
+        default_factory=list
+    )
+    """(batch number, schedule, its stages' (node, start, end) compute spans) of each
+    live batch: the target's and the source's work on different batches overlaps
+    (Fig. 12b) where a batch's source span meets a later batch's target span."""
+    live_woken: int = 0
+    """Looks made at once because a layer landed that a pending batch waited for (§5.2
+    (2) preemption), not at the poll."""
     opened: list[tuple[str, float, tuple[int, ...]]] = field(default_factory=list)
     """(endpoint, monotonic time, nodes) in the order endpoints opened."""
     retired: list[tuple[str, float, int]] = field(default_factory=list)

@@ -14,8 +14,13 @@ waiting for layers, the split, the source); this file carries out a `RunBatch`: 
 T layers on the receiver, the rest on the source, which then decodes them
 (`runtime/consolidation.py` `live_prefill`); under P/D the K/V goes to a decode instance
 instead, as soon as one has room (`runtime/pd_handoff.py` `PdServing.hold`). The schedule
-is solved in a worker thread (the ILP may take tens of ms). A failed step puts its
-requests back at the head of the queue.
+is solved in a worker thread (the ILP may take tens of ms). A batch runs as its own task,
+so up to `LiveSettings.max_in_flight` of a target's batches are under way at once: the
+target runs batch i+1's first layers while the source runs batch i's rest (Fig. 12b's
+cross-batch overlap, which the zigzag ILP schedules; each batch's stage compute spans
+are recorded in `live_spans`). A zigzag batch waiting for layers is woken by the block
+arrival that brings them (`LiveScalingState.wakes`, §5.2 (2) preemption), not by the
+next poll. A failed batch puts its requests back at the head of the queue.
 When a receiver holds every layer and serves, `redistribute` spreads the old instances'
 requests evenly onto it (§5.2 step 3, `plan_redistribution`): moved requests continue
 there token-exact (aborted on the old instance, re-prefilled over prompt + output).
@@ -72,6 +77,10 @@ class LiveScaling:
         self._states: dict[int, LiveScalingState] = {}
         """Receiver -> its cooperative batches (the policy's state machine)."""
         self._stopping = False
+        self._running: dict[int, set[asyncio.Task]] = {}
+        """Receiver -> its batches under way."""
+        self._wake = asyncio.Event()
+        """Set when a block lands that a pending zigzag batch waited for."""
 
     def go_live(self, node: int) -> None:
         self.live.add(node)
@@ -86,6 +95,13 @@ class LiveScaling:
             b = self.ctx.manifest.blocks[block]
             t = self.ctx.server.clock.of_real(t_s)
             self._arrivals[node].append((t, b.end_layer - b.first_layer))
+        state = self._states.get(node)
+        # The loading state adds `block` after this call: count it in already.
+        if state is not None and state.wakes(
+            held_layers(self.ctx.manifest, self.held[node] | {block})
+        ):
+            self.ctx.report.live_woken += 1
+            self._wake.set()
 
     def start(self) -> asyncio.Task:
         """Start looking at the queue (as the multicast starts: its start time is each
@@ -106,6 +122,7 @@ class LiveScaling:
         """Stop after the step in progress: cancelling a step midway would leave its
         requests neither queued nor on an instance."""
         self._stopping = True
+        self._wake.set()
         try:
             wait_s = self.ctx.server.clock.real_s(STOP_WAIT_S)
             await asyncio.wait_for(asyncio.shield(task), wait_s)
@@ -117,10 +134,19 @@ class LiveScaling:
             log.warning("live scaling ended with %s", e)
 
     async def _loop(self) -> None:
-        while not self._stopping:
-            await self.ctx.server.clock.sleep(POLL_S)
-            if not self._stopping:
-                await self.step()
+        started = False
+        poll_s = self.ctx.server.clock.real_s(POLL_S)  # POLL_S on the serving clock
+        try:
+            while not self._stopping:
+                if not started:  # a batch just started: look again at once (the next)
+                    with contextlib.suppress(TimeoutError):  # a poll, or a layer landed
+                        await asyncio.wait_for(self._wake.wait(), poll_s)
+                self._wake.clear()
+                started = not self._stopping and await self.step()
+        finally:  # the batches under way finish (or are cancelled with the loop)
+            running = [t for ts in self._running.values() for t in ts]
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
 
     # ---- one look at the queue ------------------------------------------------------
 
@@ -145,6 +171,7 @@ class LiveScaling:
             layer_load_s=layer_load_s(self._arrivals.get(new, [])),
             prefill_s_per_token=prefill_s_per_token(spans),
             drain_per_s=drain_rate_per_s(server.departures, now),
+            in_flight=len(self._running.get(new, ())),
         )
 
     def _waiting(self) -> list[ServeRequest]:
@@ -163,8 +190,9 @@ class LiveScaling:
             self._states[node] = LiveScalingState(settings)
         return self._states[node]
 
-    async def step(self) -> None:
-        """One look at the queue: carry out what `LiveScalingState.look` says."""
+    async def step(self) -> bool:
+        """One look at the queue: carry out what `LiveScalingState.look` says; whether a
+        batch started."""
         ctx, server = self.ctx, self.ctx.server
         olds = [
             e
@@ -178,7 +206,7 @@ class LiveScaling:
         }
         new = pick_target(layers)
         if new is None:
-            return
+            return False
         state = self._state(new)
         solved = state.num_schedules
         action = await asyncio.to_thread(state.look, self._view(new, layers[new], olds))
@@ -194,23 +222,29 @@ class LiveScaling:
         if isinstance(action, Decline) and action.reason == "slo":
             ctx.report.live_declined += 1
         if not isinstance(action, RunBatch):
-            return  # normal routing goes on (a zigzag batch may wait for its layers)
+            return False  # normal routing goes on (a zigzag batch may wait for its layers)
         # The queue may have moved while the schedule was solved: take the batch now.
         batch = self._waiting()[: action.num_requests]
         old = next((e for e in olds if e.node == action.source), None)
         if batch and old is not None:
-            await self._run_batch(new, old, action, batch)
+            server.take(batch)  # now, so the next look sees them gone
+            task = asyncio.get_running_loop().create_task(self._run_batch(new, old, action, batch))
+            running = self._running.setdefault(new, set())
+            running.add(task)
+            task.add_done_callback(running.discard)
+            return True
+        return False
 
     async def _run_batch(
         self, new: int, old: LocalEndpoint, action: RunBatch, batch: list[ServeRequest]
     ) -> None:
         ctx, server = self.ctx, self.ctx.server
         t, schedule, ratio = action.split, action.schedule, action.load_ratio
-        server.take(batch)
         # P/D: a decode instance adopts each one as soon as one has room.
         deliver = None if server.pd is None else functools.partial(server.pd.hold, old=old)
         try:
-            await live_prefill(server, ctx.manifest, new, old, t, batch, deliver)
+            spans = await live_prefill(server, ctx.manifest, new, old, t, batch, deliver)
+            ctx.report.live_spans.append((action.index, schedule, spans))
             ctx.report.live_prefilled += len(batch)
             ctx.report.live_batches[schedule] = ctx.report.live_batches.get(schedule, 0) + 1
             ev = LiveBatch(
