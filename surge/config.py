@@ -35,6 +35,14 @@ class EngineConfig:
     device: str = "auto"
     """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`; `fake` is for tests: the
     CPU computes, behind a fake GPU whose block copies are recorded (`surge.engine.devmem`)."""
+    dtype: str = "auto"
+    """Weights, activations and KV cache: `auto` (bfloat16 on CUDA, the store's dtype on the
+    CPU; `surge.engine.device.compute_dtype`), `float32`, `bfloat16` or `float16`. Weights
+    stored in another dtype are cast once as their block is taken in (a copy on the device)."""
+    cuda_graphs: bool = True
+    """On CUDA, replay a whole model's decode steps of up to 32 sequences as CUDA graphs,
+    captured per batch-size bucket on first use (`surge.engine.cuda_graphs`); ignored on
+    the CPU (its decode path is `compile_decode`)."""
     pack_cpu_weights: bool = True
     """On CPU with float32 weights, build a oneDNN-blocked copy of each projection and use it
     for calls of 2 or more rows (batched decode, prefill), which MKL runs slowly from the
@@ -74,7 +82,8 @@ class EngineConfig:
     while its compile thread runs (a short `surge generate`, a test's stage process) can die
     at exit with dynamo mid-compile (measured: stage processes exited non-zero); long-lived
     servers turn it on. Needs a C++ compiler (g++, or `CXX`) and torch >= 2.6
-    (`torch.compiler.set_stance`); else decode stays eager."""
+    (`torch.compiler.set_stance`); else decode stays eager. The CPU's decode path only: on
+    CUDA decode steps are `cuda_graphs` (`surge.engine.device.decode_path`)."""
 
     @property
     def num_pages(self) -> int:
@@ -91,11 +100,15 @@ class EngineConfig:
         ):
             if getattr(self, name) < 1:
                 raise SurgeError(f"engine setting {name} must be >= 1")
-        for name in ("compile_decode", "fuse_projections"):
+        for name in ("compile_decode", "fuse_projections", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise SurgeError(f"engine setting {name} must be true or false")
         if self.prefill_chunk_tokens < 0:
             raise SurgeError("engine setting prefill_chunk_tokens must be >= 0 (0: never split)")
         if self.device not in ("auto", "fake") and not self.device.startswith(("cpu", "cuda")):
             raise SurgeError(f"device {self.device!r} is not auto, cpu or cuda[:N]")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise SurgeError(
+                f"engine dtype {self.dtype!r} is not auto, float32, bfloat16 or float16"
+            )
         return self

@@ -4,7 +4,8 @@ What flows in: blocks, one at a time as they arrive (a buffer read from disk or 
 a peer, or bytes the node's store already moved to the device). Each block's bytes reach the
 device through the device seam (`surge.engine.devmem.move_block`: one contiguous copy with one
 event, or on the CPU the buffer itself), and only once they arrived are they cut into
-`LayerWeights`, the embedding and the head (views of the block's bytes, `tensors_in`). Out:
+`LayerWeights`, the embedding and the head (views of the block's bytes, `tensors_in`; cast
+copies where the store's dtype is not the one the steps compute in). Out:
 those weights, which `ModelRunner`'s step path reads, and the gradual work on them: an older
 store's q/k/v and gate/up fused (`fuse_some`), CPU projections packed for oneDNN
 (`pack_some`), a little per step so that no step stalls on it. Owned by the runner
@@ -40,6 +41,9 @@ class BlockWeights:
         dtype: torch.dtype,
     ) -> None:
         self.manifest, self.arch, self.config = manifest, manifest.arch, config
+        self.dtype = dtype
+        """The dtype the steps compute in (`engine.device.compute_dtype`): weights stored
+        in another are cast as their block is taken in."""
         self.memory = memory
         """How block bytes reach the device (`surge.engine.devmem`; a test passes a fake)."""
         self.block_buffers: dict[int, bytearray | memoryview] = {}
@@ -86,6 +90,9 @@ class BlockWeights:
         node's store waits for the copy's event, `runtime/node/store.py`); no copy."""
         info = self.manifest.blocks[index]
         tensors = tensors_in(info, data)
+        cast = {n for n, t in tensors.items() if t.is_floating_point() and t.dtype != self.dtype}
+        if cast:  # e.g. a float32 store on CUDA: one copy each (strides kept), not views
+            tensors |= {n: tensors[n].to(self.dtype) for n in cast}
         self.block_data[index] = data
         fuse = self.config.fuse_projections
         for layer in range(info.first_layer, info.end_layer):

@@ -24,7 +24,8 @@ from surge.engine import gemv
 from surge.engine.attention import AttnContext
 from surge.engine.batch import BatchMeta
 from surge.engine.block_weights import BlockWeights
-from surge.engine.device import pick_device
+from surge.engine.cuda_graphs import CudaGraphDecode, TorchCudaGraphs
+from surge.engine.device import compute_dtype, decode_path, pick_device
 from surge.engine.devmem import DeviceMemory, device_memory
 from surge.engine.kv_cache import PagedKVCache
 from surge.engine.model import RopeTable, decoder_layer, final_logits
@@ -52,7 +53,8 @@ class ModelRunner:
         self.arch = manifest.arch
         self.config = config.validate()
         self.device = pick_device(config.device)
-        self.dtype = torch_dtype(self.arch.dtype)
+        self.dtype = compute_dtype(config.dtype, self.device, torch_dtype(self.arch.dtype))
+        """What weights, activations and the KV cache are in (bfloat16 on CUDA)."""
         first, end = layer_range or (0, self.arch.num_layers)
         if not 0 <= first < end <= self.arch.num_layers:
             raise SurgeError(
@@ -77,13 +79,26 @@ class ModelRunner:
         self.rope = RopeTable(self.arch.rope, self.arch.head_dim, self.device, self.dtype)
         if self.device.type == "cpu" and self.dtype == torch.float32:
             gemv.load()  # one-row projections through surge's kernel (if setup.sh built it)
+        path = decode_path(self.device, config.cuda_graphs, config.compile_decode)
+        self.cuda_graphs: CudaGraphDecode | None = None
+        """A whole model's decode steps as CUDA graphs (on CUDA, `EngineConfig.cuda_graphs`;
+        a test sets one with another capture on the CPU), else None."""
+        if path == "cuda_graphs":
+            self.cuda_graphs = CudaGraphDecode(
+                self.decode_logits,
+                self.kv.scratch_page,
+                config.page_size_tokens,
+                self.device,
+                TorchCudaGraphs(),
+                max_batch=config.max_num_seqs,
+            )
         self.decode_graph: DecodeGraph | None = None
-        if config.compile_decode and hasattr(torch.compiler, "set_stance"):
+        if path == "compiled" and hasattr(torch.compiler, "set_stance"):
             # Imported only then: torch._dynamo adds ~1 s to start-up.
             from surge.engine import compiled
 
             self.decode_graph = compiled.DecodeGraph(self.compile_args, self.weights.settle)
-        elif config.compile_decode:
+        elif path == "compiled":
             log.info("torch %s lacks set_stance: decode steps stay eager", torch.__version__)
         """The compiled decode step (`EngineConfig.compile_decode`), else None."""
         self.compile_started = False  # the background compile, once the layers were here
@@ -217,6 +232,8 @@ class ModelRunner:
 
     def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
         """The whole model in one call: token ids [B, Q] -> logits [B, vocab]."""
+        if self.cuda_graphs is not None and self.holds_whole_model:
+            return self._forward_graphed(token_ids, batch)
         if self.decode_graph is not None and self.holds_whole_model:
             return self._forward_compiled(token_ids, batch)
         hidden = self.embed(token_ids)
@@ -249,6 +266,30 @@ class ModelRunner:
             return logits
         hidden = self._eager_layers(0, self.end_layer, self.embed(token_ids), ctx)
         return self.logits(hidden, batch)
+
+    @torch.inference_mode()
+    def _forward_graphed(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        """`forward` on CUDA: a pure decode step, once the weights are settled, replays its
+        bucket's CUDA graph (`surge.engine.cuda_graphs`); other steps run eager."""
+        assert self.cuda_graphs is not None
+        self.weights.step_work(batch.num_seqs)
+        if batch.max_q_len == 1 and self.weights.packing_settled:
+            ctx = self.kv.prepare(batch, self.rope, whole_pages=True)
+            logits = self.cuda_graphs(token_ids.to(self.device), ctx)
+            if logits is not None:
+                return logits
+            hidden = self._eager_layers(0, self.end_layer, self.embed(token_ids), ctx)
+            return self.logits(hidden, batch)
+        hidden = self._layers(0, self.end_layer, self.embed(token_ids), batch, False)
+        return self.logits(hidden, batch)
+
+    def decode_logits(self, token_ids: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """A whole model's decode step, eager, from tensors only (what a CUDA graph of
+        `CudaGraphDecode` captures): token ids [B, 1] -> float32 logits [B, vocab]."""
+        w = self.weights
+        assert w.embedding is not None and w.head is not None
+        x = self._eager_layers(0, self.end_layer, w.embedding[token_ids], ctx)
+        return final_logits(x[:, -1], w.head, self.arch)
 
     def free(self, seq_id: int) -> None:
         """Drop a sequence's KV cache."""
