@@ -11,10 +11,13 @@ What it measures, each against its physical bound, in one run:
    first token, against the bytes over the pinned link rate measured in 1;
 3. decode ms/token at batch 1 and 8 against the HBM bound (weights / `--hbm-gbps`);
 4. two agents of one host group sharing one device copy (IPC), tokens compared;
-5. the engine's tokens/s against transformers on the same device, batch 1.
+5. the engine's decode tokens/s against transformers on the same device and dtype, batch 1,
+   and the paths the engine took there (dtype, decode path: `surge.engine.device`);
+6. decode through CUDA graphs against eager, batch 1 and 8, same weights, same tokens.
 A part that fails is recorded with its error and the rest still run. With `--device cpu`
-the shapes are small (float32) and the sharing agents run on the fake GPU (CPU memory cannot be
-shared through the device seam): it proves the script runs, not any GPU number.
+the shapes are small (float32), the sharing agents run on the fake GPU (CPU memory cannot be
+shared through the device seam) and the graph path is re-run eagerly: it proves the script
+and those code paths run, not any GPU number.
 """
 
 import argparse
@@ -32,17 +35,9 @@ from typing import Any
 import torch
 
 from benchmarks.gpu.link import link_rates
-from benchmarks.gpu.model import (
-    PROMPT,
-    SHAPES,
-    decode_ms,
-    engine_config,
-    engine_tokens_per_s,
-    make_store,
-    transformers_tokens_per_s,
-    warm_start,
-)
+from benchmarks.gpu.model import PROMPT, SHAPES, engine_config, make_store, warm_start
 from benchmarks.gpu.share import shared_copy
+from benchmarks.gpu.speed import decode_ms, engine_vs_transformers, graphs_vs_eager
 from surge.engine.devmem import device_memory
 
 log = logging.getLogger("gpu_check")
@@ -67,7 +62,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hbm-gbps", type=float, default=3350.0, help="device memory bandwidth")
     ap.add_argument("--work-dir", type=Path, default=None, help="default: a temporary dir")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_check.json"))
-    ap.add_argument("--skip", default="", help="parts to skip: link,warm,decode,share,hf")
+    ap.add_argument("--skip", default="", help="parts to skip: link,warm,decode,hf,graphs,share")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     args.shape = args.shape or ("small" if cpu else "llama-2-7b")
@@ -123,32 +118,28 @@ def run(args: argparse.Namespace) -> dict:
                 result["warm"]["vs_pinned_link"] = bound_s / result["warm"]["first_token_s"]
         if engine is not None:
             part(result, "decode", args.skip, lambda: decode(engine, manifest, args))
-            ours = part(
-                result, "engine", args.skip, lambda: engine_tokens_per_s(engine, args.tokens)
+            both = part(
+                result, "hf", args.skip, lambda: engine_vs_transformers(engine, hf_dir, args.tokens)
             )
-            if ours:
-                result["engine"] = {"tokens_per_s": ours[0], "token_ids": ours[1]}
+            if both:
+                result.update(both)
+                ours, theirs = both["engine"], both["hf"]
+                result["engine_vs_transformers"] = {
+                    "decode_tokens_per_s_ratio": ours["decode_tokens_per_s"]
+                    / theirs["decode_tokens_per_s"],
+                    "same_first_tokens": same_prefix(ours["token_ids"], theirs["token_ids"]),
+                }
+            steps = max(4, args.tokens // 2)
+            part(result, "graphs", args.skip, lambda: graphs_vs_eager(engine, steps))
             del engine, started
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        part(
-            result,
-            "hf",
-            args.skip,
-            lambda: transformers_tokens_per_s(hf_dir, memory.device, args.tokens),
-        )
-        if "tokens_per_s" in result.get("engine", {}) and "tokens_per_s" in result.get("hf", {}):
-            ours, theirs = result["engine"], result["hf"]
-            result["engine_vs_transformers"] = {
-                "tokens_per_s_ratio": ours["tokens_per_s"] / theirs["tokens_per_s"],
-                "same_first_tokens": same_prefix(ours["token_ids"], theirs["token_ids"]),
-            }
         agents_device = "fake" if device == "cpu" else device
         part(
             result,
             "share",
             args.skip,
-            lambda: shared_copy(work / "registry", args.shape, agents_device, PROMPT, 8),
+            lambda: shared_copy(work / "reg", "m", agents_device, PROMPT, 8),
         )
     finally:
         if args.work_dir is None:
@@ -192,6 +183,7 @@ def verdict(result: dict) -> dict[str, bool | None]:
         if gpu and decode_ratio
         else None,
         "share_same_tokens": result.get("share", {}).get("same_tokens"),
+        "graphs_same_tokens": result.get("graphs", {}).get("same_tokens"),
     }
 
 

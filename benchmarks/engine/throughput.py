@@ -40,9 +40,10 @@ def time_surge(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> 
     return time.perf_counter() - t
 
 
-def time_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
-    ids = torch.tensor(prompts)
-    t = time.perf_counter()
+def hf_greedy_ids(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' greedy generate of `new_tokens` per prompt (EOS ignored), on the
+    model's device; the new token ids (read back: the call has finished on the device)."""
+    ids = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
         out = model.generate(
             ids,
@@ -54,6 +55,12 @@ def time_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
             pad_token_id=0,
         )
     assert out.shape[1] == ids.shape[1] + new_tokens
+    return out[:, ids.shape[1] :].tolist()
+
+
+def time_hf(model, prompts: list[list[int]], new_tokens: int) -> float:
+    t = time.perf_counter()
+    hf_greedy_ids(model, prompts, new_tokens)
     return time.perf_counter() - t
 
 

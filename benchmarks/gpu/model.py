@@ -1,9 +1,9 @@
-"""The 7B-shaped store made on the machine, and what the engine does with it.
+"""The 7B-shaped store made on the machine, and the warm start from it.
 
 What flows: a shape in (`SHAPES`: Llama-2-7B, or a small one for `--device cpu`); a random
-bf16 checkpoint and its block store out (`make_store`); then the warm start (every block in
-registered shared memory, as the host tier holds it, to the first token), decode ms/token
-at batch 1 and 8, and tokens/s of the engine against transformers on the same device.
+checkpoint and its block store out (`make_store`: the benchmarks' `registry_model`, model
+`m` of `work/reg`); then the warm start (every block in registered shared memory, as the
+host tier holds it, to the first token), whose engine `benchmarks/gpu/speed.py` times.
 """
 
 import time
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import registry_model
 from surge.config import EngineConfig
 from surge.engine.devmem import DeviceMemory, move_block
 from surge.engine.llm_engine import LLMEngine, LocalExecutor
 from surge.engine.runner import ModelRunner
 from surge.engine.sampling import SamplingParams
-from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import TinyModelConfig
 from surge.runtime.node.tiers import HostCache, check_shm_room
 
 SHAPES = {
@@ -47,13 +47,11 @@ PROMPT = [1, 450, 1996, 1354, 1701, 432, 1204, 975, 278, 1366, 1203, 1889, 13, 1
 
 
 def make_store(shape: str, work: Path, num_blocks: int) -> tuple[Path, Manifest, float]:
-    """A random checkpoint of `shape` and its store (`work/registry/<shape>`); seconds."""
+    """A random checkpoint of `shape` (`work/hf`) and its store (`work/reg/m`); seconds."""
     t0 = time.perf_counter()
-    hf_dir = create_tiny_model(work / "hf", SHAPES[shape])
-    store = work / "registry" / shape
     blocks = min(num_blocks, SHAPES[shape].num_layers)
-    manifest = import_checkpoint(hf_dir, store, num_blocks=blocks, progress=False)
-    return hf_dir, manifest, time.perf_counter() - t0
+    manifest = registry_model(work, SHAPES[shape], blocks)
+    return work / "hf", manifest, time.perf_counter() - t0
 
 
 def engine_config(device: str, max_kv_tokens: int) -> EngineConfig:
@@ -98,58 +96,6 @@ def warm_start(
         "copy_gbps": manifest.total_bytes / copied_s / 1e9,
         "first_token_s": first_token_s,
     }
-
-
-def decode_ms(engine: LLMEngine, batch: int, steps: int) -> float:
-    """ms per decode step with `batch` sequences running (after their prefill)."""
-    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request([*PROMPT[:-1], 100 + i], params)
-    engine.step()  # the prefill
-    engine.step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    ms = (time.perf_counter() - t0) * 1e3 / steps
-    while engine.has_unfinished:
-        engine.step()
-    return ms
-
-
-def engine_tokens_per_s(engine: LLMEngine, tokens: int) -> tuple[float, list[int]]:
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    engine.generate([PROMPT], SamplingParams(max_tokens=2, ignore_eos=True))  # warm
-    t0 = time.perf_counter()
-    out = engine.generate([PROMPT], params)[0].token_ids
-    return tokens / (time.perf_counter() - t0), out
-
-
-def transformers_tokens_per_s(hf_dir: Path, device: torch.device, tokens: int) -> dict:
-    """transformers' greedy generate on the same device, bf16, batch 1."""
-    from transformers import AutoModelForCausalLM
-
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).to(device).eval()
-    load_s = time.perf_counter() - t0
-    ids = torch.tensor([PROMPT], device=device)
-
-    def run(n: int) -> list[int]:
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        return out[0, len(PROMPT) :].tolist()
-
-    run(2)  # warm
-    t0 = time.perf_counter()
-    out = run(tokens)
-    rate = tokens / (time.perf_counter() - t0)
-    return {"tokens_per_s": rate, "load_s": load_s, "token_ids": out}
 
 
 def sync(memory: DeviceMemory) -> None:

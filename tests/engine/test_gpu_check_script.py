@@ -1,6 +1,7 @@
 """`benchmarks/gpu_check.py --device cpu` runs to the end (small shapes, the sharing agents
-on the fake GPU), so the GPU check is never stale when a GPU machine finally runs it: every
-part reports numbers, none an error, and the two agents of the host group agree."""
+on the fake GPU, the CUDA-graph path re-run eagerly), so the GPU check is never stale when a
+GPU machine finally runs it: every part reports numbers, none an error, the two agents of
+the host group agree, and the graph path gives the eager tokens."""
 
 import json
 import os
@@ -22,7 +23,7 @@ def test_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    for name in ("link", "warm", "decode", "engine", "hf", "share"):
+    for name in ("link", "warm", "decode", "engine", "hf", "graphs", "share"):
         assert "error" not in result[name], (name, result[name].get("error"))
     for size in ("8MiB", "32MiB"):
         rates = result["link"][size]
@@ -30,8 +31,13 @@ def test_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
     assert result["warm"]["bytes"] == result["store"]["bytes"] > 0
     assert 0 < result["warm"]["copied_s"] <= result["warm"]["first_token_s"]
     assert result["decode"]["b1_ms"] > 0 and result["decode"]["b8_ms"] > 0
-    assert result["engine_vs_transformers"]["tokens_per_s_ratio"] > 0
+    assert result["engine_vs_transformers"]["decode_tokens_per_s_ratio"] > 0
     assert result["engine_vs_transformers"]["same_first_tokens"] == 8  # float32: exact
+    assert result["engine"]["dtype"] == "float32" and result["engine"]["decode_path"] == "eager"
+    graphs = result["graphs"]  # the graph path's code ran (re-run on the CPU), same tokens
+    assert graphs["same_tokens"] is True and graphs["replays"] > 0
+    assert {b for b, _ in graphs["buckets"]} == {1, 8}
+    assert result["verdict"]["graphs_same_tokens"] is True
     assert result["share"]["same_tokens"] is True
     assert result["verdict"]["share_same_tokens"] is True
     assert result["verdict"]["warm_start"] is None, "no GPU bar is judged on the CPU"
