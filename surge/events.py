@@ -14,24 +14,24 @@ per-request publisher (`control/requests.py`) checks `bus.active` before it buil
 A slow subscriber never slows the publisher: its queue is bounded and overflowing events are
 dropped (and counted) for it alone.
 
-This module imports nothing of surge but `errors.py` and `json_codec.py` (events decode
-field by field, as the agent protocol's do), so `control/`, `runtime/` and `sim/` all
-publish the same types (the import rules forbid `runtime/` and `sim/` to import
-`control/`). Producers: FlexPipe
+This module imports nothing of surge but `errors.py` and `json_codec.py` (events are
+named, registered and decoded field by field as the agent protocol's are:
+`json_codec.Named`), so `control/`, `runtime/` and `sim/` all publish the same types (the
+import rules forbid `runtime/` and `sim/` to import `control/`). Producers: FlexPipe
 (`Refactor`), BlitzScale P/D (`PdRole`, `Handoff`, `Mutation`) publish the types defined here.
 """
 
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from surge.errors import SurgeError
-from surge.json_codec import Message
+from surge.json_codec import Named, Registry
 
-EVENT_TYPES: dict[str, type["TimelineEvent"]] = {}
+EVENT_TYPES = Registry("type", "timeline event")
 """Event type name -> class; filled by each class definition."""
 
 TIMELINE_FORMAT = "surge-timeline/1"
@@ -39,51 +39,28 @@ TIMELINE_FORMAT = "surge-timeline/1"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TimelineEvent(Message):
-    """Something that happened, `t_s` seconds after the bus started."""
+class TimelineEvent(Named):
+    """Something that happened, `t_s` seconds after the bus started. Subclasses name
+    themselves, `class X(TimelineEvent, name=...)`, as the agent's events do;
+    `TimelineEvent.decode(d)` gives the typed event of one JSON object, each field checked
+    against its type (a SurgeError names what is wrong)."""
 
-    TYPE: ClassVar[str] = ""
+    REGISTRY: ClassVar[Registry] = EVENT_TYPES
     t_s: float = 0.0
-
-    def __init_subclass__(cls, type_name: str = "", **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        if type_name:
-            cls.TYPE = type_name
-            EVENT_TYPES[type_name] = cls
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.TYPE, **asdict(self)}
-
-    @classmethod
-    def _where(cls) -> str:
-        return f"timeline event {cls.TYPE}"
-
-    @staticmethod
-    def decode(d: Any) -> "TimelineEvent":
-        """The typed event of one JSON object, each field checked against its type (the
-        codec of the agent protocol, `surge/json_codec.py`); a SurgeError names what is
-        wrong."""
-        if not isinstance(d, dict) or d.get("type") not in EVENT_TYPES:
-            got = d.get("type") if isinstance(d, dict) else type(d).__name__
-            raise SurgeError(f"timeline event: unknown type {got!r}")
-        try:
-            return EVENT_TYPES[d["type"]].from_json(d)
-        except (TypeError, ValueError) as e:
-            raise SurgeError(f"timeline event {d['type']}: {e}") from None
 
 
 # ---- the cluster and its deployments ---------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodesKnown(TimelineEvent, type_name="nodes"):
+class NodesKnown(TimelineEvent, name="nodes"):
     """The cluster's nodes (one row each on the page)."""
 
     nodes: tuple[int, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeploymentUp(TimelineEvent, type_name="deployment"):
+class DeploymentUp(TimelineEvent, name="deployment"):
     """A deployment exists: its strategy (a `policy.systems` name) and its model's shape."""
 
     model: str
@@ -95,12 +72,12 @@ class DeploymentUp(TimelineEvent, type_name="deployment"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeploymentGone(TimelineEvent, type_name="deployment_gone"):
+class DeploymentGone(TimelineEvent, name="deployment_gone"):
     model: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockLanded(TimelineEvent, type_name="block"):
+class BlockLanded(TimelineEvent, name="block"):
     """A verified block is usable in a node's tier (gpu, host or disk)."""
 
     model: str
@@ -113,7 +90,7 @@ class BlockLanded(TimelineEvent, type_name="block"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScaleOutStarted(TimelineEvent, type_name="scale_out"):
+class ScaleOutStarted(TimelineEvent, name="scale_out"):
     """Placement chose `nodes` for new instances of `model`."""
 
     model: str
@@ -121,7 +98,7 @@ class ScaleOutStarted(TimelineEvent, type_name="scale_out"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScaleOutDone(TimelineEvent, type_name="scale_out_done"):
+class ScaleOutDone(TimelineEvent, name="scale_out_done"):
     """A scale-out ended: its start kind (hot, warm, cold; "failed")."""
 
     model: str
@@ -133,7 +110,7 @@ class ScaleOutDone(TimelineEvent, type_name="scale_out_done"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class InstanceUp(TimelineEvent, type_name="instance"):
+class InstanceUp(TimelineEvent, name="instance"):
     """A local instance of `model` serves on `node`."""
 
     model: str
@@ -142,7 +119,7 @@ class InstanceUp(TimelineEvent, type_name="instance"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class InstanceDrained(TimelineEvent, type_name="instance_drained"):
+class InstanceDrained(TimelineEvent, name="instance_drained"):
     """The instance on `node` was released (its GPU copy goes)."""
 
     model: str
@@ -150,7 +127,7 @@ class InstanceDrained(TimelineEvent, type_name="instance_drained"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PipelineOpened(TimelineEvent, type_name="pipeline"):
+class PipelineOpened(TimelineEvent, name="pipeline"):
     """An execution pipeline serves: `stages` are (node, first_layer, end_layer)."""
 
     model: str
@@ -159,7 +136,7 @@ class PipelineOpened(TimelineEvent, type_name="pipeline"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PipelineRetired(TimelineEvent, type_name="pipeline_retired"):
+class PipelineRetired(TimelineEvent, name="pipeline_retired"):
     """A pipeline retired (a mode switch): `num_moved` requests moved on."""
 
     model: str
@@ -168,7 +145,7 @@ class PipelineRetired(TimelineEvent, type_name="pipeline_retired"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModeSwitch(TimelineEvent, type_name="mode"):
+class ModeSwitch(TimelineEvent, name="mode"):
     """A node's serving mode changed while loading: `live` (joins BlitzScale live
     scaling), `local` (holds every block: serves alone)."""
 
@@ -178,7 +155,7 @@ class ModeSwitch(TimelineEvent, type_name="mode"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Consolidation(TimelineEvent, type_name="consolidation"):
+class Consolidation(TimelineEvent, name="consolidation"):
     """A pipeline group consolidated onto `targets` (ParaServe §6.1), KV moved."""
 
     model: str
@@ -188,7 +165,7 @@ class Consolidation(TimelineEvent, type_name="consolidation"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Refactor(TimelineEvent, type_name="refactor"):
+class Refactor(TimelineEvent, name="refactor"):
     """A pipeline's stages changed in place (FlexPipe refactoring)."""
 
     model: str
@@ -198,7 +175,7 @@ class Refactor(TimelineEvent, type_name="refactor"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LiveBatch(TimelineEvent, type_name="live_batch"):
+class LiveBatch(TimelineEvent, name="live_batch"):
     """BlitzScale live scaling: layers [0, split_layer) of a batch ran on `new_node`, the
     rest on `old_node`."""
 
@@ -216,7 +193,7 @@ class LiveBatch(TimelineEvent, type_name="live_batch"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PdRole(TimelineEvent, type_name="pd_role"):
+class PdRole(TimelineEvent, name="pd_role"):
     """A node serves `role` (prefill, decode or both) for `model`."""
 
     model: str
@@ -225,7 +202,7 @@ class PdRole(TimelineEvent, type_name="pd_role"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Handoff(TimelineEvent, type_name="handoff"):
+class Handoff(TimelineEvent, name="handoff"):
     """KV caches of `num_requests` moved from a prefill to a decode instance."""
 
     model: str
@@ -235,7 +212,7 @@ class Handoff(TimelineEvent, type_name="handoff"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Mutation(TimelineEvent, type_name="mutation"):
+class Mutation(TimelineEvent, name="mutation"):
     """An instance changed role (BlitzScale P/D: a prefill instance becomes a decode one)."""
 
     model: str
@@ -248,7 +225,7 @@ class Mutation(TimelineEvent, type_name="mutation"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RequestDone(TimelineEvent, type_name="request"):
+class RequestDone(TimelineEvent, name="request"):
     """One request finished: its TTFT and mean inter-token latency (None: no token)."""
 
     model: str
@@ -258,7 +235,7 @@ class RequestDone(TimelineEvent, type_name="request"):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Load(TimelineEvent, type_name="load"):
+class Load(TimelineEvent, name="load"):
     """A deployment's load at one autoscaler tick."""
 
     model: str

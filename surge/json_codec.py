@@ -4,15 +4,17 @@ What flows: a frame header (a JSON object) in, a typed message out, and back. Ea
 decoded by its type hint — int, float, str, bool, Literal, `X | None`, `tuple[X, ...]`,
 fixed tuples, `dict[K, V]`, or any class with `to_json`/`from_json` (SamplingParams,
 BatchMeta, Manifest) — and a value of the wrong type raises a `SurgeError` that names the
-message and the field. Range checks live in each message's `__post_init__`. Used by the
-agent protocol (`runtime/protocol/`) and the dashboard's timeline events (`events.py`);
-nothing here knows any message by name. Imports nothing of surge but `errors.py`.
+message and the field. Range checks live in each message's `__post_init__`. A family of
+messages named by an envelope key (the agent's ops and events, the dashboard's timeline
+events) is a `Registry` that its `Named` classes fill: one way to name, register, encode
+and decode all of them. Used by the agent protocol (`runtime/protocol/`) and the timeline
+(`events.py`); nothing here knows any message by name. Imports nothing of surge but `errors.py`.
 """
 
 import functools
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Literal, Self, Union
 
@@ -207,20 +209,70 @@ class Message:
         return cls(**kwargs)
 
 
-def register(registry: dict[str, type], name: str, cls: type, what: str) -> None:
-    """Add a message class to its registry (op or event names), once."""
-    if name in registry:
-        raise TypeError(f"{what} {name!r} is defined twice")
-    registry[name] = cls
+class Registry(Mapping[str, type]):
+    """One family of named messages (the agent's ops, its events, the timeline's events):
+    name -> class, filled by each class definition (`Named`), and the JSON key that
+    carries the name."""
+
+    def __init__(self, key: str, family: str) -> None:
+        self.key = key
+        """The envelope key holding a message's name (`"op"`, `"type"`)."""
+        self.family = family
+        """What its messages are, for errors ("op", "event", "timeline event")."""
+        self._classes: dict[str, type] = {}
+
+    def add(self, name: str, cls: type) -> None:
+        """Register `cls` under `name`, once."""
+        if name in self._classes:
+            raise TypeError(f"{self.family} {name!r} is defined twice")
+        self._classes[name] = cls
+
+    def decode(self, d: Any) -> Any:
+        """The message of the class `d[key]` names, each field checked against its type; a
+        SurgeError names an unknown name or a bad field."""
+        name = d.get(self.key) if isinstance(d, Mapping) else None
+        cls = self._classes.get(name) if isinstance(name, str) else None
+        if cls is None:
+            raise SurgeError(f"unknown {self.family} {name!r}; known: {sorted(self._classes)}")
+        return cls.from_json(d)
+
+    def __getitem__(self, name: str) -> type:
+        return self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
 
 
-def decode_named(registry: dict[str, type[Message]], key: str, d: Any, what: str) -> Any:
-    """The message of the class `d[key]` names; a SurgeError names an unknown name."""
-    name = d.get(key) if isinstance(d, Mapping) else None
-    cls = registry.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise SurgeError(f"unknown {what} {name!r}; known: {sorted(registry)}")
-    return cls.from_json(d)
+@dataclass(frozen=True)
+class Named(Message):
+    """A message of a family: `class X(Base, name="...")` names it and adds it to the
+    family's `REGISTRY` (which the family's base sets); its JSON carries the name under the
+    registry's key, before its fields. `Base.decode(d)` gives the typed message of any
+    member of the family."""
+
+    REGISTRY: ClassVar[Registry]
+    NAME: ClassVar[str] = ""
+
+    def __init_subclass__(cls, name: str = "", **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if name:
+            cls.NAME = name
+            cls.REGISTRY.add(name, cls)
+
+    @classmethod
+    def _where(cls) -> str:
+        return f"{cls.REGISTRY.family} {cls.NAME}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.REGISTRY.key: self.NAME, **super().to_json()}
+
+    @classmethod
+    def decode(cls, d: Any) -> Self:
+        """The typed message of a JSON object of this family (`Registry.decode`)."""
+        return cls.REGISTRY.decode(d)
 
 
 def require(ok: bool, where: str, message: str) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from surge.errors import SurgeError
-from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp, decode_event
+from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp
 from surge.runtime.security.tls import ClusterTls
 from surge.runtime.transport import Connection, ConnectionClosed, connect
 
@@ -90,7 +90,7 @@ class ClusterClient:
             while True:
                 header, _ = await sub.recv()
                 try:
-                    event: Event | None = decode_event(header)
+                    event: Event | None = Event.decode(header)
                 except SurgeError as e:  # a newer agent's event: nobody can read it
                     log.warning("node %d sent an event this client cannot read: %s", node, e)
                     event = None

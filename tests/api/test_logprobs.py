@@ -6,7 +6,7 @@ from pathlib import Path
 
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
-from surge.runtime.protocol import TokenGenerated, decode_event
+from surge.runtime.protocol import Event, TokenGenerated
 
 
 def _run(engine: LLMEngine, prompts, params):
@@ -44,10 +44,10 @@ def test_token_event_carries_logprobs_over_the_wire() -> None:
         node=0, t=1.0, instance="i", req_id="r", token=3, finished=False, finish_reason=None,
         logprob=-0.5, top_logprobs=((3, -0.5), (4, -1.25)),
     )  # fmt: skip
-    back = decode_event(ev.to_json())
+    back = Event.decode(ev.to_json())
     assert back == ev
     plain = TokenGenerated(
         node=0, t=1.0, instance="i", req_id="r", token=3, finished=True, finish_reason="stop"
     )
-    assert decode_event(plain.to_json()).logprob is None
+    assert Event.decode(plain.to_json()).logprob is None
     assert SamplingParams.from_json(SamplingParams(logprobs=2).to_json()).logprobs == 2

@@ -42,9 +42,9 @@ def test_the_agent_refuses_an_out_of_range_seed_when_it_decodes_the_op() -> None
     import pytest
 
     from surge.errors import SurgeError
-    from surge.runtime.protocol import InstanceSubmitOp, decode_op
+    from surge.runtime.protocol import InstanceSubmitOp, Op
 
     op = InstanceSubmitOp(instance="i", req_id="r", prompt_token_ids=(1,)).to_json()
     op["params"]["seed"] = 2**64
     with pytest.raises(SurgeError, match="seed"):
-        decode_op(op)
+        Op.decode(op)

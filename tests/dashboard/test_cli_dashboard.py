@@ -20,7 +20,7 @@ def test_bad_timeline_files_are_one_error_line(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "surge-timeline/1", "events": [{"type": "warp"}]}')
     r = run_surge("dashboard", str(bad))
-    assert r.returncode == 2 and "unknown type 'warp'" in r.stderr
+    assert r.returncode == 2 and "unknown timeline event 'warp'" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

@@ -104,7 +104,7 @@ def test_timeline_file_round_trip_and_bad_files(tmp_path) -> None:
         Timeline.read(tmp_path / "other.json")
     data = json.loads(path.read_text())
     data["events"][0]["type"] = "nonsense"
-    with pytest.raises(SurgeError, match="unknown type 'nonsense'"):
+    with pytest.raises(SurgeError, match="unknown timeline event 'nonsense'"):
         Timeline.from_json(data)
     del data["events"][1]["block"]
     data["events"][0]["type"] = "pipeline"

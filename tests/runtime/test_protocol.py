@@ -3,6 +3,7 @@ from a real agent (which keeps serving), and subscriptions get only what they as
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import pytest
 
@@ -134,9 +135,34 @@ def test_round_trip_through_json(msg) -> None:
     wire = json.loads(json.dumps(msg.to_json()))  # what crosses the socket
     assert type(msg).from_json(wire) == msg
     if isinstance(msg, p.Op):
-        assert p.decode_op({**wire, "length": 0}) == msg
+        assert p.Op.decode({**wire, "length": 0}) == msg
     if isinstance(msg, p.Event):
-        assert p.decode_event(wire) == msg
+        assert p.Event.decode(wire) == msg
+
+
+def test_ops_agent_events_and_timeline_events_are_named_one_way() -> None:
+    """One registry kind for every family (`json_codec.Registry`, filled by `Named`): a name
+    defined twice is refused, and a family decodes only its own names."""
+    from surge.events import EVENT_TYPES, BlockLanded, TimelineEvent
+
+    for base, registry in ((p.Op, p.OPS), (p.Event, p.EVENTS), (TimelineEvent, EVENT_TYPES)):
+        assert base.REGISTRY is registry and all(issubclass(c, base) for c in registry.values())
+    with pytest.raises(TypeError, match="op 'load' is defined twice"):
+
+        @dataclass(frozen=True)
+        class AnotherLoad(p.Op[p.Ack], name="load"):
+            pass
+
+    with pytest.raises(TypeError, match="timeline event 'block' is defined twice"):
+
+        @dataclass(frozen=True, kw_only=True)
+        class AnotherBlock(TimelineEvent, name="block"):
+            pass
+
+    landed = BlockLanded(model="m", node=0, block=1, tier="gpu").to_json()
+    assert TimelineEvent.decode(landed) == BlockLanded(model="m", node=0, block=1, tier="gpu")
+    with pytest.raises(SurgeError, match="unknown event 'block'"):
+        p.Event.decode(landed)  # a timeline event is not an agent's event
 
 
 def test_json_keeps_the_dict_shape_senders_built() -> None:
@@ -156,7 +182,7 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
         "params": PARAMS.to_json(),
         "output_token_ids": [],
     }
-    assert p.decode_op(old_submit).to_json() == old_submit
+    assert p.Op.decode(old_submit).to_json() == old_submit
     arrival = p.BlockArrived(node=1, t=2.0, model="m", block=3, tier="host", source="disk")
     assert arrival.to_json() == {
         "kind": "event",
@@ -205,7 +231,7 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
 )
 def test_bad_ops_raise_a_clear_error(header, message) -> None:
     with pytest.raises(SurgeError, match=message):
-        p.decode_op(header)
+        p.Op.decode(header)
 
 
 def test_sampling_params_json() -> None:

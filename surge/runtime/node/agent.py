@@ -43,7 +43,6 @@ from surge.runtime.protocol import (
     StatusOp,
     StatusReply,
     SubscribeOp,
-    decode_op,
     error_header,
     ok_header,
 )
@@ -176,7 +175,7 @@ class NodeAgent:
             while True:
                 header, payload = await conn.recv()
                 try:
-                    op = decode_op(header)
+                    op = Op.decode(header)
                 except SurgeError as e:  # unknown op or bad field: say so, keep serving
                     await conn.send(error_header(str(e)))
                     continue

@@ -20,7 +20,7 @@ Usage (controller side, `ClusterClient`):
     ev = await q.get()                                  # a BlockArrived or an AgentDown
     client.unsubscribe(q)
 
-Agent side: `decode_op(header)` gives the op (or a SurgeError for an unknown op or a bad
+Agent side: `Op.decode(header)` gives the op (or a SurgeError for an unknown op or a bad
 field, sent back as `{"ok": false, "error": ...}`); the agent looks the handler up by the
 op's class. Owned by the runtime; docs/runtime.md (Protocol) has the table.
 """
@@ -36,7 +36,6 @@ from surge.runtime.protocol.events import (
     ReceiveDone,
     RequestFailed,
     TokenGenerated,
-    decode_event,
 )
 from surge.runtime.protocol.kv_ops import (
     InstanceAdoptOp,
@@ -79,7 +78,6 @@ from surge.runtime.protocol.ops import (
     StatusOp,
     SubscribeOp,
     Tier,
-    decode_op,
 )
 from surge.runtime.protocol.replies import (
     AbortReply,
@@ -181,8 +179,6 @@ __all__ = [
     "SubscribeOp",
     "Tier",
     "TokenGenerated",
-    "decode_event",
-    "decode_op",
     "error_header",
     "ok_header",
 ]

@@ -1,7 +1,7 @@
 """Every event an agent emits (and `agent_down`, which the client makes), as dataclasses.
 
 What flows: the agent's event stream sends `{"kind": "event", "type": ..., "node", "t",
-...fields}`; `ClusterClient` decodes each with `decode_event` and hands it only to the
+...fields}`; `ClusterClient` decodes each with `Event.decode` and hands it only to the
 subscribers that asked for its class (and model). The JSON is what the agent sent as
 dicts before. Owned by the runtime (see docs/runtime.md, Protocol).
 """
@@ -9,45 +9,32 @@ dicts before. Owned by the runtime (see docs/runtime.md, Protocol).
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from surge.json_codec import Message, decode_named, register
+from surge.json_codec import Named, Registry
 
-EVENTS: dict[str, type["Event"]] = {}
+EVENTS = Registry("type", "event")
 """Event type name -> its class. Filled by each class definition."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Event(Message):
-    """Something that happened on a node. Subclasses name themselves: `class X(Event, name=...)`."""
+class Event(Named):
+    """Something that happened on a node. Subclasses name themselves: `class X(Event, name=...)`;
+    `Event.decode(d)` gives the typed event of an event frame (a SurgeError names an
+    unknown type or a bad field)."""
 
-    NAME: ClassVar[str] = ""
+    REGISTRY: ClassVar[Registry] = EVENTS
 
     node: int
     """The agent it happened on."""
     t: float
     """Wall-clock time (time.time()) it happened."""
 
-    def __init_subclass__(cls, name: str = "", **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        if name:
-            cls.NAME = name
-            register(EVENTS, name, cls, "event")
-
-    @classmethod
-    def _where(cls) -> str:
-        return f"event {cls.NAME}"
-
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "event", "type": self.NAME, **super().to_json()}
+        return {"kind": "event", **super().to_json()}
 
     @property
     def model_name(self) -> str | None:
         """The model this event is about (None: not about one model)."""
         return getattr(self, "model", None)
-
-
-def decode_event(d: dict[str, Any]) -> Event:
-    """The typed event of an event frame; a SurgeError names an unknown type or bad field."""
-    return decode_named(EVENTS, "type", d, "event type")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,6 @@
 """Every request a node agent answers, as a frozen dataclass naming its reply class.
 
-What flows: the controller (and peers) send an `Op`; the agent decodes it with `decode_op`,
+What flows: the controller (and peers) send an `Op`; the agent decodes it with `Op.decode`,
 runs the handler registered for its class, and answers with the op's `REPLY` (plus
 `"ok": true`), or `{"ok": false, "error": ...}`. The JSON of each op is the dict the
 senders built by hand before (`"op"` key + fields), so dict senders and typed senders mix.
@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import SamplingParams
-from surge.json_codec import Message, decode_named, register, require
+from surge.json_codec import Named, Registry, require
 from surge.model.manifest import Manifest
 from surge.runtime.protocol.replies import (
     AbortReply,
@@ -53,35 +53,24 @@ NO_STEP = 1e9
 
 R = TypeVar("R", bound=Reply)
 
-OPS: dict[str, type["Op"]] = {}
+OPS = Registry("op", "op")
 """Op name -> its class. Filled by each class definition."""
 
 
 @dataclass(frozen=True)
-class Op(Message, Generic[R]):
-    """A request to an agent. Subclasses name themselves: `class X(Op[Y], name=..., reply=Y)`."""
+class Op(Named, Generic[R]):
+    """A request to an agent. Subclasses name themselves: `class X(Op[Y], name=..., reply=Y)`;
+    `Op.decode(header)` gives the typed op of a request header (a SurgeError names an
+    unknown op or a bad field)."""
 
-    NAME: ClassVar[str] = ""
+    REGISTRY: ClassVar[Registry] = OPS
     REPLY: ClassVar[type[Reply]] = Ack
     STRICT: ClassVar[bool] = True
 
     def __init_subclass__(cls, name: str = "", reply: type[Reply] = Ack, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
+        super().__init_subclass__(name=name, **kw)
         if name:
-            cls.NAME, cls.REPLY = name, reply
-            register(OPS, name, cls, "op")
-
-    @classmethod
-    def _where(cls) -> str:
-        return f"op {cls.NAME}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.NAME, **super().to_json()}
-
-
-def decode_op(header: dict[str, Any]) -> Op:
-    """The typed op of a request header; a SurgeError names an unknown op or a bad field."""
-    return decode_named(OPS, "op", header, "op")
+            cls.REPLY = reply
 
 
 def _blocks_ok(where: str, blocks: tuple[int, ...]) -> None:
