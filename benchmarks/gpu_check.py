@@ -1,7 +1,10 @@
 """The GPU check: one command, JSON out, no network (issue 33; docs/gpu.md).
 
-    python -m benchmarks.gpu_check                    # on a GPU machine (<= 8 min on an H100)
-    python -m benchmarks.gpu_check --device cpu       # small shapes, seconds (CI runs it)
+    python benchmarks/gpu_check.py                    # on a GPU machine (<= 8 min on an H100)
+    python -m benchmarks.gpu_check --device cpu       # small shapes, ~1.5 min (CI runs it)
+
+Run from the repository's root, it needs no install of surge (the root goes on the path,
+the agents' too).
 
 What it measures, each against its physical bound, in one run:
 1. host -> device GB/s from pageable, pinned and registered shared memory (256 MiB, 2 GiB)
@@ -23,8 +26,10 @@ and those code paths run, not any GPU number.
 import argparse
 import json
 import logging
+import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -33,6 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+if not __package__:  # python benchmarks/gpu_check.py: the root on this path and the agents'
+    ROOT = str(Path(__file__).resolve().parents[1])
+    sys.path.insert(0, ROOT)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.getenv("PYTHONPATH")]))
 
 from benchmarks.gpu.link import link_rates
 from benchmarks.gpu.model import PROMPT, SHAPES, engine_config, make_store, warm_start
@@ -205,6 +215,42 @@ def conditions(args: argparse.Namespace, memory) -> dict:
     return out
 
 
+TABLE_PARTS = (
+    "link",
+    "warm",
+    "decode",
+    "engine",
+    "hf",
+    "engine_vs_transformers",
+    "graphs",
+    "share",
+    "verdict",
+)
+
+
+def table(result: dict) -> str:
+    """The result as the markdown table docs/gpu.md holds: one row per measured number
+    (token lists and tracebacks left out; an error as its one line)."""
+    rows = ["| part | measure | value |", "|---|---|---|"]
+
+    def walk(part: str, prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            if "error" in value:
+                rows.append(f"| {part} | error | {value['error'][:120]} |")
+                return
+            for k, v in value.items():
+                walk(part, f"{prefix}{k}." if isinstance(v, dict) else f"{prefix}{k}", v)
+        elif not isinstance(value, list):
+            shown = f"{value:.4g}" if isinstance(value, float) else value
+            rows.append(f"| {part} | {prefix} | {shown} |")
+
+    for name in TABLE_PARTS:
+        if name in result:
+            walk(name, "", result[name])
+    rows.append(f"| total | seconds | {result.get('total_s', 0):.0f} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse(argv)
@@ -214,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     log.info("wrote %s (%.0f s): %s", args.out, result["total_s"], result["verdict"])
+    log.info("the table for docs/gpu.md:\n%s", table(result))
 
 
 if __name__ == "__main__":

@@ -41,3 +41,6 @@ def test_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
     assert result["share"]["same_tokens"] is True
     assert result["verdict"]["share_same_tokens"] is True
     assert result["verdict"]["warm_start"] is None, "no GPU bar is judged on the CPU"
+    table = proc.stderr[proc.stderr.index("| part | measure | value |") :]  # for docs/gpu.md
+    assert "| verdict | graphs_same_tokens | True |" in table
+    assert "| engine | decode_path | eager |" in table and "token_ids" not in table
