@@ -41,6 +41,8 @@ from benchmarks.emulation.serving import (
     Workload,
     emulated_cluster,
     fresh_copies,
+    load_partial,
+    partial_path,
     percentile,
     report_head,
     run_on_real_model,
@@ -171,10 +173,13 @@ def plot(report: dict, path: Path) -> None:
 
 
 async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl: Workload):
+    earlier = load_partial(args) if args.resume else {}
+    out, staging = earlier.get("emulated", {}), earlier.get("staging", {})
+    if out:
+        log.info("--resume: %s finished earlier (%s)", ", ".join(out), partial_path(args))
     cluster = emulated_cluster(args, tmp, emulation)
-    out, staging = {}, {}
     with cluster:
-        for system in args.systems.split(","):
+        for system in [s for s in args.systems.split(",") if s not in out]:
             hosts = list(range(args.nodes)) if system == "allcache" else [0, 1]
             disks = list(range(args.nodes)) if system == "serverlessllm" else []
             state, staged_s = await fresh_copies(
@@ -196,7 +201,7 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
                     if k not in ("ttfts_s", "instances_timeline")
                 },
             )
-            save_partial(args, out)
+            save_partial(args, out, staging=staging)
     return out, staging
 
 
@@ -222,6 +227,13 @@ def main() -> None:
     )
     ap.add_argument(
         "--json", type=Path, default=Path("benchmarks/results/emulation_blitzscale.json")
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the systems an earlier invocation with the same settings finished "
+        "(kept in $TMPDIR/<json stem>.partial.json) and run only the others: a long "
+        "comparison in several sittings",
     )
     ap.add_argument("--png", type=Path, default=None)
     add_cluster_args(ap)

@@ -69,6 +69,13 @@ def percentile(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 4) if xs else None
 
 
+def report_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The run's settings as the JSON records them (not where it writes, nor `--resume`
+    or `--systems`: a resumed run may finish the systems left)."""
+    skip = ("json", "png", "resume", "systems", "store")
+    return {k: str(v) for k, v in vars(args).items() if k not in skip}
+
+
 def report_head(args: argparse.Namespace, config: EmulationConfig, paper: dict) -> dict:
     """What every emulated system benchmark's JSON starts with: the label, D, the settings,
     the paper's numbers and the machine (its load when the run starts)."""
@@ -77,7 +84,7 @@ def report_head(args: argparse.Namespace, config: EmulationConfig, paper: dict) 
         "emulate": config.spec,
         "time_dilation": args.time_dilation,
         "nodes": args.nodes,
-        "settings": {k: str(v) for k, v in vars(args).items() if k not in ("json", "png")},
+        "settings": report_settings(args),
         "times": "emulated seconds (real / time_dilation)",
         "paper": paper,
         "machine": machine(args) | {"load_average_start": os.getloadavg()},
@@ -162,13 +169,33 @@ def run_on_real_model(
         return asyncio.run(run(tmp, manifest, emulation)), manifest.total_bytes
 
 
-def save_partial(args: argparse.Namespace, emulated: dict) -> Path:
-    """The runs finished so far, at `$TMPDIR/<json stem>.partial.json` (not beside the
-    results: a run cut off leaves no second result file there). Returns the path."""
-    path = Path(tempfile.gettempdir()) / f"{args.json.stem}.partial.json"
-    path.write_text(json.dumps({"partial": True, "emulated": emulated}, indent=1) + "\n")
+def partial_path(args: argparse.Namespace) -> Path:
+    """Where the runs finished so far are kept: `$TMPDIR/<json stem>.partial.json` (not
+    beside the results: a run cut off leaves no second result file there)."""
+    return Path(tempfile.gettempdir()) / f"{args.json.stem}.partial.json"
+
+
+def save_partial(args: argparse.Namespace, emulated: dict, **extra: Any) -> Path:
+    """The runs finished so far (and `extra` fields) at `partial_path`; returns it."""
+    path = partial_path(args)
+    doc = {"partial": True, "settings": report_settings(args), "emulated": emulated} | extra
+    path.write_text(json.dumps(doc, indent=1) + "\n")
     log.info("runs so far: %s", path)
     return path
+
+
+def load_partial(args: argparse.Namespace) -> dict:
+    """What `save_partial` kept from an earlier invocation with the same settings
+    (`--resume`: its finished runs are not run again); {} when there is none or its
+    settings differ."""
+    path = partial_path(args)
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    if doc.get("settings") != report_settings(args):
+        log.warning("%s was written with other settings: starting afresh", path)
+        return {}
+    return doc
 
 
 def write_report(
