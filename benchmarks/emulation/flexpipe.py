@@ -36,6 +36,8 @@ from benchmarks.emulation.serving import (
     Workload,
     emulated_cluster,
     fresh_copies,
+    load_partial,
+    partial_path,
     report_head,
     run_on_real_model,
     save_partial,
@@ -89,12 +91,15 @@ def held_at(variant: str) -> FlexPipeSettings | None:
 
 
 async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs) -> dict:
+    out: dict = load_partial(args).get("emulated", {}) if args.resume else {}
+    if out:
+        done = {cv: list(row) for cv, row in out.items()}
+        log.info("--resume: %s finished earlier (%s)", done, partial_path(args))
     cluster = emulated_cluster(args, tmp, emulation)
-    out: dict = {}
     with cluster:
         for cv in cvs:
             wl = workload(args, cv)
-            for variant in variants:
+            for variant in [v for v in variants if v not in out.get(f"{cv:g}", {})]:
                 # the model in host memory on the first server, on every other one's disk
                 disks = list(range(1, args.nodes))
                 state, _ = await fresh_copies(
@@ -230,6 +235,12 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/emulation_flexpipe.json"))
     ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the (CV, variant) runs an earlier invocation with the same settings "
+        "finished (in $TMPDIR/<json stem>.partial.json) and run only the others",
+    )
     add_cluster_args(ap)
     ap.set_defaults(emulate="flexpipe:llama2-7b", time_dilation=40.0)
     args = ap.parse_args()

@@ -70,9 +70,9 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 def report_settings(args: argparse.Namespace) -> dict[str, str]:
-    """The run's settings as the JSON records them (not where it writes, nor `--resume`
-    or `--systems`: a resumed run may finish the systems left)."""
-    skip = ("json", "png", "resume", "systems", "store")
+    """The run's settings as the JSON records them (not where it writes, nor `--resume`,
+    nor which systems, statics and CVs run: a resumed run may finish those left)."""
+    skip = ("json", "png", "resume", "systems", "statics", "cvs", "store")
     return {k: str(v) for k, v in vars(args).items() if k not in skip}
 
 
