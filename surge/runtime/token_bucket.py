@@ -3,7 +3,9 @@
 Each agent owns one bucket per direction; every chunk sent or received consumes tokens
 first, so N agents on one machine behave like N machines with N NICs of a chosen speed.
 Consumers go into debt and sleep it off, so concurrent flows share the rate fairly in
-aggregate without a queue.
+aggregate without a queue. Background consumers (`background=True`: ParaServe §4.2's
+parameter prefetch, `policy.paraserve.prefetch.BACKGROUND`) never go into debt: they take
+only the tokens the others leave, so a foreground packet never waits behind their bytes.
 """
 
 import asyncio
@@ -58,17 +60,45 @@ class TokenBucket:
             with self._lock:
                 self._tokens = min(self.burst, self._tokens + num_bytes)
 
-    async def consume(self, num_bytes: int) -> None:
+    def _take_left(self, num_bytes: int) -> tuple[int, float]:
+        """Background: take up to `num_bytes` of the tokens held now, never into debt;
+        (bytes taken, how long to sleep before trying again when none were)."""
+        assert self.rate is not None
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self._tokens <= 0:  # foreground debt is paid off first
+                return 0, -self._tokens / self.rate + 0.001
+            taken = int(min(num_bytes, self._tokens))
+            self._tokens -= taken
+            return taken, 0.0
+
+    async def consume(self, num_bytes: int, background: bool = False) -> None:
         """Wait until `num_bytes` may pass."""
         if self.rate is None or num_bytes <= 0:
+            return
+        if background:
+            while num_bytes > 0:
+                taken, delay = self._take_left(num_bytes)
+                num_bytes -= taken
+                if num_bytes > 0:
+                    await asyncio.sleep(delay or min(num_bytes, self.burst) / self.rate)
             return
         delay = self._take(num_bytes)
         if delay > 0:
             await asyncio.sleep(delay)
 
-    def consume_blocking(self, num_bytes: int) -> None:
+    def consume_blocking(self, num_bytes: int, background: bool = False) -> None:
         """`consume` for threads (disk and remote reads)."""
         if self.rate is None or num_bytes <= 0:
+            return
+        if background:
+            while num_bytes > 0:
+                taken, delay = self._take_left(num_bytes)
+                num_bytes -= taken
+                if num_bytes > 0:
+                    time.sleep(delay or min(num_bytes, self.burst) / self.rate)
             return
         delay = self._take(num_bytes)
         if delay > 0:

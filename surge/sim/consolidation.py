@@ -2,7 +2,8 @@
 
 In: a pipeline group that has just started serving (`sim.groups.Groups`), each member's
 bytes. Out: kept members fetch the rest of the model (counted in Alg. 2's per-machine
-state, `placement.admit_background`), then become standalone instances; the
+state, `placement.admit_background`), or load it from host memory where their node
+prefetched it (`sim.prefetch`, ParaServe §5), then become standalone instances; the
 group retires (its requests move to them and recompute their KV cache) and the other
 members' GPUs are freed. Decisions: how many to keep,
 `surge.policy.paraserve.predictor.decide_consolidation` (`predictor`: scale down to one
@@ -22,6 +23,7 @@ from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
+from surge.sim.prefetch import Prefetches
 from surge.sim.scaling import tp_for
 from surge.sim.world import World
 
@@ -39,8 +41,11 @@ class Consolidation:
         make_endpoint: Callable[[Pool, Placement, bool], Instance],
         ready: Callable[[Pool, Instance, float], None],
         on_network_change: Callable[[], None],
+        prefetches: Prefetches,
     ) -> None:
         self.world = world
+        self.prefetches = prefetches
+        """The members' background prefetches of the rest (`sim.prefetch`)."""
         self.requests = requests
         self.gpus = gpus
         self.networks = networks
@@ -52,7 +57,8 @@ class Consolidation:
         self.on_network_change = on_network_change
         """Called when a background fetch ends (pools Alg. 2 refused decide again)."""
 
-    def _keep(self, pool: Pool, size: int) -> int:
+    def keep(self, pool: Pool, size: int) -> int:
+        """How many of a group of `size` §6.1 keeps, by the window now."""
         sys = self.world.system
         if sys.consolidation == "scale-up":
             return size
@@ -84,7 +90,7 @@ class Consolidation:
         full_tp = tp_for(slot.group, slot.profile.total_bytes, world.settings.kv_memory_fraction)
         if full_tp is None:
             return  # no machine of the group holds the whole model: it serves as a group
-        wanted = self._keep(pool, len(member_bytes))
+        wanted = self.keep(pool, len(member_bytes))
         kept: list[_Kept] = []
         for i, w in enumerate(group.placement.workers):
             if len(kept) == wanted:
@@ -121,15 +127,17 @@ class Consolidation:
         total = slot.profile.total_bytes
         for k in kept:
             rest = total - member_bytes[k.index]
-            done = self._background(group.id, k, rest, one_done)
             if k.moves:
                 # its part goes from its old GPU to the new one inside the machine
                 world.net.start(
                     state.gpu_to_gpu(k.gpus[0], k.extra[0]), member_bytes[k.index], one_done
                 )
-                self.fetch(pool, k.extra, rest, done, count=False)
-            else:
-                self.fetch(pool, k.gpus + k.extra, rest, done, count=False)
+            gpus = k.extra if k.moves else k.gpus + k.extra
+            # ParaServe §5 Fig. 6(b): a member whose node prefetched the rest loads it from
+            # host memory (once landed); the others fetch it now
+            if not self.prefetches.load_rest(group.id, k.index, gpus, rest, one_done):
+                done = self._background(group.id, k, rest, one_done)
+                self.fetch(pool, gpus, rest, done, count=False)
 
     def _background(
         self, group_id: int, k: "_Kept", rest: int, done: Callable[[], None]

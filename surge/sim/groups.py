@@ -18,6 +18,8 @@ and then (§6.1) consolidation into standalone instances. Decisions:
   `gpu_share.pick_gpu` picks (best fit: GPUs are shared by workers of several
   groups and models); Alg. 1 sees a machine with no free GPU as free memory of the
   largest free share;
+- the node prefetcher (§5 Fig. 6(b)): members `policy.paraserve.prefetch` names fetch
+  the rest into host memory once their part landed (`sim.prefetch`);
 - consolidation (§6.1): `sim.consolidation.Consolidation`.
 """
 
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from surge.policy.paraserve.gpu_share import SHARE_EPS, low_memory_share, pick_gpu
 from surge.policy.paraserve.groups import fixed_group
 from surge.policy.paraserve.placement import ServerNetwork, finish_worker
+from surge.policy.paraserve.prefetch import plan_prefetch
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
 from surge.policy.startup import (
@@ -33,6 +36,7 @@ from surge.policy.startup import (
     alg1_inputs,
     plan_group,
     serving_at_s,
+    split_blocks,
 )
 from surge.sim.consolidation import Consolidation
 from surge.sim.costs import cost_model
@@ -44,6 +48,7 @@ from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
+from surge.sim.prefetch import Prefetches
 from surge.sim.scaling import tp_for
 from surge.sim.world import World
 
@@ -79,6 +84,7 @@ class Groups:
         self.on_network_change = on_network_change
         """Called when a tracked fetch ends: Alg. 2 may now offer a share it refused, so
         pools waiting for a group decide again (as they do when GPUs are released)."""
+        self.prefetches = Prefetches(world, self.networks, on_network_change)
         self.consolidation = Consolidation(
             world,
             requests,
@@ -88,6 +94,7 @@ class Groups:
             make_endpoint,
             ready,
             on_network_change,
+            self.prefetches,
         )
         self.started = 0
 
@@ -246,8 +253,12 @@ class Groups:
             self.flexpipe.register(inst, spans)
         left = [len(workers)]
         launch_s = world.loop.now_s
+        rests = self._prefetch_rests(pool, workers, member_bytes) if shaped is None else {}
 
         def member_done(i: int) -> None:
+            if i in rests and not inst.released:  # ParaServe §5: then the rest, into host
+                machine = world.state.machine_of_gpu[workers[i][0]].index
+                self.prefetches.start(inst.id, i, machine, pool.model, rests[i])
             if tracked:
                 m = tracked[i]
                 self.networks[m] = finish_worker(
@@ -267,6 +278,32 @@ class Groups:
         for i, (w, nbytes) in enumerate(zip(workers, member_bytes, strict=True)):
             self._fetch(pool, w, nbytes, lambda i=i: member_done(i), count=True)
         return True
+
+    def _prefetch_rests(
+        self, pool: Pool, workers: list[tuple[int, ...]], member_bytes: list[int]
+    ) -> dict[int, int]:
+        """Member index -> bytes of the rest its node prefetches after its part
+        (`policy.paraserve.prefetch.plan_prefetch`, as the runtime: the §6.1 window's
+        prediction as the group starts; a member whose machine holds a host copy is warm)."""
+        world = self.world
+        if len(workers) < 2:
+            return {}
+        machines = [world.state.machine_of_gpu[w[0]].index for w in workers]
+        warm = world.system.load == "allcache"
+        tiers = tuple(
+            "host" if warm or self.cache.has_copy(m, pool.model) else "remote" for m in machines
+        )
+        blocks = self._block_bytes(pool.model)
+        plans = plan_prefetch(
+            tuple(range(len(workers))),
+            split_blocks(blocks, len(workers)),
+            len(blocks),
+            tiers,
+            world.system.consolidation,
+            self.consolidation.keep(pool, len(workers)),
+        )
+        total = sum(member_bytes)
+        return {p.node: total - member_bytes[p.node] for p in plans if p.rest}
 
     def _fixed(
         self, pool: Pool, blocks: tuple[int, ...]

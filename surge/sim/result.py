@@ -58,3 +58,8 @@ class SimResult:
     live_woken: int = 0
     """Live looks made when a block landed that a pending zigzag batch waited for (§5.2
     (2) preemption), not at the poll."""
+    prefetches: int = 0
+    """ParaServe §5: members whose node prefetched the rest into host memory while their
+    group loaded and served (`sim.prefetch`)."""
+    prefetch_hits: int = 0
+    """Consolidating members that loaded a prefetched rest from host memory."""

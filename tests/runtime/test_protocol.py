@@ -26,6 +26,7 @@ OPS = [
     p.RegisterOp(model="m"),
     p.SetPeersOp(peers={0: ("127.0.0.1", 9000), 1: ("127.0.0.1", 9001)}, preconnect=False),
     p.LoadOp(model="m", blocks=(0, 1), tier="gpu", source="remote"),
+    p.LoadOp(model="m", blocks=(2,), tier="host", source="remote", priority="background"),
     p.EvictOp(model="m", blocks=(3,), tier="disk"),
     p.ChecksumsOp(model="m"),
     p.GenerateOp(model="m", prompt_token_ids=(1, 2), params=PARAMS),
@@ -173,6 +174,7 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
         "blocks": [0, 1],
         "tier": "host",
         "source": "disk",
+        "priority": "critical",
     }
     old_submit = {
         "op": "instance_submit",

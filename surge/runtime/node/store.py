@@ -19,6 +19,7 @@ from typing import Any
 
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, Manifest, block_checksum, read_manifest
+from surge.policy.paraserve.prefetch import Priority
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry, check_shm_room
 from surge.runtime.protocol import (
@@ -290,7 +291,8 @@ class AgentStore:
                 adopt = not (tier == "gpu" and op.source == "host")
                 if adopt:
                     buf = self.target_buffer(op.model, info.index, tier)
-                    await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
+                    read = self._read_source
+                    await asyncio.to_thread(read, op.source, op.model, info, buf, op.priority)
                 else:  # a warm start: the device copies straight from the (pinned) host copy
                     buf = self._host_copy(op.model, info)
                     await asyncio.to_thread(self.pcie.consume_blocking, info.size_bytes)
@@ -312,7 +314,14 @@ class AgentStore:
             raise
         return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)
 
-    def _read_source(self, source: Source, name: str, info: BlockInfo, buf: memoryview) -> None:
+    def _read_source(
+        self,
+        source: Source,
+        name: str,
+        info: BlockInfo,
+        buf: memoryview,
+        priority: Priority = "critical",
+    ) -> None:
         if source == "host":  # this node's own host copy into another tier
             buf[: info.size_bytes] = self._host_copy(name, info)
             self.pcie.consume_blocking(info.size_bytes)
@@ -323,7 +332,10 @@ class AgentStore:
                 raise SurgeError(
                     f"node {self.ctx.node} has no registry configured (start it with --remote-dir)"
                 )
-            self.remote.read_into(name, info, buf)
+            # ParaServe §4.2: a background fetch shares the NIC with inference packets,
+            # which go first (a critical one is paced by the registry's cap alone)
+            nic = self.ctx.ingress if priority == "background" else None
+            self.remote.read_into(name, info, buf, nic)
 
     def _host_copy(self, name: str, info: BlockInfo) -> memoryview:
         held = self.host_cache.get(name, info.index)

@@ -193,12 +193,20 @@ class RemoteRegistry:
     def store_dir(self, model: str) -> Path:
         return self.root / model
 
-    def read_into(self, model: str, info: BlockInfo, out: memoryview) -> None:
-        _read_file_into(self.store_dir(model) / info.file, info, out, self.bucket)
+    def read_into(
+        self, model: str, info: BlockInfo, out: memoryview, nic: TokenBucket | None = None
+    ) -> None:
+        """Read a block; with `nic`, each chunk also crosses that NIC cap as background
+        traffic (ParaServe §4.2: inference packets first)."""
+        _read_file_into(self.store_dir(model) / info.file, info, out, self.bucket, nic)
 
 
 def _read_file_into(
-    path: Path, info: BlockInfo, out: memoryview, bucket: TokenBucket | None
+    path: Path,
+    info: BlockInfo,
+    out: memoryview,
+    bucket: TokenBucket | None,
+    nic: TokenBucket | None = None,
 ) -> None:
     """Read a block file into `out` chunk by chunk (paced), then check its checksum."""
     if not path.is_file():
@@ -212,6 +220,8 @@ def _read_file_into(
                 break
             if bucket is not None:
                 bucket.consume_blocking(n)
+            if nic is not None:
+                nic.consume_blocking(n, background=True)
             got += n
     if got != info.size_bytes:
         raise SurgeError(

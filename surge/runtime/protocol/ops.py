@@ -14,6 +14,7 @@ from surge.engine.batch import BatchMeta
 from surge.engine.sampling import SamplingParams
 from surge.json_codec import Named, Registry, require
 from surge.model.manifest import Manifest
+from surge.policy.paraserve.prefetch import Priority
 from surge.runtime.protocol.replies import (
     AbortReply,
     Ack,
@@ -116,6 +117,10 @@ class LoadOp(Op[LoadReply], name="load", reply=LoadReply):
     blocks: tuple[int, ...]
     tier: Tier = "host"
     source: Source = "disk"
+    priority: Priority = "critical"
+    """`background`: a read from the registry also crosses the node's NIC (its ingress
+    cap), taking only the bandwidth inference traffic leaves (ParaServe §4.2; the node
+    prefetcher's rest, `policy.paraserve.prefetch`)."""
 
     def __post_init__(self) -> None:
         _blocks_ok("op load", self.blocks)

@@ -196,6 +196,9 @@ class ScaleOutReport:
     """ParaServe's groups (Alg. 2 + Alg. 1), one per instance wanted."""
     consolidations: list[ConsolidationDecision] = field(default_factory=list)
     """ParaServe's §6.1 decision for each group, in the same order."""
+    prefetched: list[tuple[int, float, float]] = field(default_factory=list)
+    """(node, start, end on the serving clock) of each ParaServe member's background
+    prefetch of the rest into its host tier (§5 Fig. 6(b), `policy.paraserve.prefetch`)."""
     mate_opens: tuple[MateOpen, ...] = ()
     """Destinations that opened a host mate's device copy (`policy.mate_copies`)."""
 

@@ -43,6 +43,7 @@ from surge.policy.paraserve.predictor import (
     PredictorSettings,
     decide_consolidation,
 )
+from surge.policy.paraserve.prefetch import BACKGROUND, MemberPrefetch, plan_prefetch
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import (
     GroupPlan,
@@ -52,6 +53,7 @@ from surge.policy.startup import (
 )
 from surge.runtime.consolidation import consolidate
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
 from surge.runtime.scaleout.local import load_blocks, open_local
 
@@ -151,11 +153,13 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
         ctx.report.consolidations.append(_decide(ctx, 1))
         await open_local(ctx, members[0])
         return
+    plans = _prefetch_plans(ctx, group, tiers)
+    prefetching: dict[int, asyncio.Task] = {}
     try:
-        await asyncio.gather(
-            *(load_blocks(ctx, m, list(p), tiers[m]) for m, p in zip(members, parts, strict=True))
-        )
+        await asyncio.gather(*(_fetch_parts(ctx, plans[m], tiers[m], prefetching) for m in members))
     except BaseException:
+        for task in prefetching.values():
+            task.cancel()
         for m in members:
             await ctx.hooks.release(m)
         raise
@@ -175,12 +179,58 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     keepers, others = members[:keep], members[keep:]
     log.info("%s: %s keeps %s (%s)", ctx.model, name, keepers, decision)
     try:
-        await _consolidate(ctx, pipe, group, keepers, tiers)
+        await _consolidate(ctx, pipe, group, keepers, tiers, prefetching)
     finally:
+        for m in others:  # not kept: their prefetch is of no use now
+            if m in prefetching:
+                prefetching[m].cancel()
         await ctx.server.retire(name)  # no-op once consolidated
         ctx.events.publish(PipelineRetired(model=ctx.model, name=name))
         for m in others:
             await ctx.hooks.release(m)
+
+
+def _prefetch_plans(
+    ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, str]
+) -> dict[int, MemberPrefetch]:
+    """`policy.paraserve.prefetch` for this group, with the §6.1 prediction as it starts."""
+    plans = plan_prefetch(
+        group.members,
+        group.parts,
+        ctx.manifest.num_blocks,
+        tuple(tiers[m] for m in group.members),
+        ctx.system.consolidation,
+        _decide(ctx, len(group.members)).num_workers_to_keep,
+    )
+    return {p.node: p for p in plans}
+
+
+async def _fetch_parts(
+    ctx: ScaleOutContext, plan: MemberPrefetch, source: str, prefetching: dict[int, asyncio.Task]
+) -> None:
+    """A member's node prefetcher (ParaServe §5 Fig. 6(b): "downloads two parts of model
+    sequentially"): its own part into the gpu tier, then (if the plan says) the rest into
+    its host tier as background traffic (§4.2: inference packets first), left running while
+    the group serves; the rest is then a host copy the controller's host cache accounts."""
+    await load_blocks(ctx, plan.node, list(plan.own), source)
+    if plan.rest:
+        op = LoadOp(
+            model=ctx.model,
+            blocks=plan.rest,
+            tier="host",
+            source=source,
+            priority=BACKGROUND,  # type: ignore[arg-type]
+        )
+        started = ctx.server.clock.now_s()
+        task = asyncio.get_running_loop().create_task(ctx.client.call(plan.node, op))
+        task.add_done_callback(
+            lambda t: (
+                t.cancelled()
+                or t.exception()
+                or ctx.report.prefetched.append((plan.node, started, ctx.server.clock.now_s()))
+            )
+        )
+        prefetching[plan.node] = task
 
 
 def _decide(ctx: ScaleOutContext, pipeline_size: int) -> ConsolidationDecision:
@@ -202,13 +252,25 @@ async def _consolidate(
     group: GroupPlan,
     keepers: tuple[int, ...],
     tiers: dict[int, str],
+    prefetching: dict[int, asyncio.Task],
 ) -> None:
-    """Kept members fetch the rest and open; the group's requests move onto them."""
+    """Kept members load the rest and open; the group's requests move onto them. A member
+    whose node prefetched the rest loads it from its host tier (the parameter manager,
+    ParaServe §5-§6: over PCIe, not the network); one whose prefetch failed, or that had
+    none, fetches it from its own tier."""
     part_of = dict(zip(group.members, group.parts, strict=True))
     b = ctx.manifest.num_blocks
 
     async def fetch_rest(m: int) -> LocalEndpoint:
-        await load_blocks(ctx, m, [x for x in range(b) if x not in part_of[m]], tiers[m])
+        rest = [x for x in range(b) if x not in part_of[m]]
+        source = tiers[m]
+        if m in prefetching:
+            try:
+                await prefetching[m]
+                source = "host"
+            except Exception as e:  # the registry still has it
+                log.warning("%s: node %d's prefetch failed (%s); fetching", ctx.model, m, e)
+        await load_blocks(ctx, m, rest, source)
         ep = ctx.local_endpoint(m)
         await ep.open()
         return ep
