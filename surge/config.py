@@ -6,9 +6,30 @@ dataclass beside the code it configures (`control/settings.py`, `sim/settings.py
 CLI flag or a config file fills one in and `validate()` checks it before anything starts.
 """
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
+
+COMPILE_DECODE_ENV = "SURGE_COMPILE_DECODE"
+"""Environment variable that sets the default of `EngineConfig.compile_decode` (and of every
+setting that hands it on: `ControllerConfig`, the launchers, `surge node run`): unset, 1,
+true, on: compiled; 0, false, off: eager. The test suite sets 0 (each engine would compile
+~12 s of CPU beside it, tests/conftest.py); an explicit setting always wins."""
+
+_ON, _OFF = ("", "1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def compile_decode_default() -> bool:
+    """The default of every `compile_decode` setting: on unless $SURGE_COMPILE_DECODE says
+    off."""
+    value = os.environ.get(COMPILE_DECODE_ENV, "").strip().lower()
+    if value not in _ON + _OFF:
+        raise SurgeError(
+            f"${COMPILE_DECODE_ENV}={value[:20]!r} is not 1/true/on or 0/false/off; "
+            "set one of those or unset it"
+        )
+    return value in _ON
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,7 @@ class EngineConfig:
     gradually: blocks land unfused and usable at once, and every step fuses at most
     `max_pack_bytes_per_step` of layers (`BlockWeights.fuse_some`). The block buffers stay
     untouched. The same tokens as unfused (tests/engine/test_fused_projections.py)."""
-    compile_decode: bool = False
+    compile_decode: bool = field(default_factory=compile_decode_default)
     """Run pure-decode steps as one `torch.compile`d (inductor) graph, which fuses the
     element-wise ops between projections (`surge.engine.compiled`): token ids to logits on
     a runner holding the whole model, its layers on a pipeline stage. Prefill stays eager.
@@ -78,12 +99,11 @@ class EngineConfig:
     >= 2, from a scratch page of the KV cache) as soon as the runner holds its layers —
     before the first request on a warm node — and steps run eager until a graph fits them.
     Graphs persist in inductor's on-disk cache (~/.cache/surge/inductor), so a later process
-    on the same machine compiles far faster. Off by default for now: a process that exits
-    while its compile thread runs (a short `surge generate`, a test's stage process) can die
-    at exit with dynamo mid-compile (measured: stage processes exited non-zero); long-lived
-    servers turn it on. Needs a C++ compiler (g++, or `CXX`) and torch >= 2.6
-    (`torch.compiler.set_stance`); else decode stays eager. The CPU's decode path only: on
-    CUDA decode steps are `cuda_graphs` (`surge.engine.device.decode_path`)."""
+    on the same machine compiles far faster. A process that exits mid-compile abandons it
+    (`surge.engine.compile_exit`: exit does not wait for it). On by default
+    (`$SURGE_COMPILE_DECODE` changes the default). Needs a C++ compiler (g++, or `CXX`) and
+    torch >= 2.6 (`torch.compiler.set_stance`); else decode stays eager. The CPU's decode
+    path only: on CUDA decode steps are `cuda_graphs` (`surge.engine.device.decode_path`)."""
 
     @property
     def num_pages(self) -> int:

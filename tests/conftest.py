@@ -1,16 +1,24 @@
 """Shared fixtures: tiny checkpoints made on the fly (random weights, real HF formats)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from surge.config import COMPILE_DECODE_ENV
 from surge.model.importer import import_checkpoint
 from surge.model.tiny import TinyModelConfig, create_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Engines run eager in the tests unless one turns compiled decode on: by default each engine,
+# agent and stage process would compile its decode graphs in a background thread (~12 s of
+# CPU each with a warm cache) beside the test. Inherited by the processes tests start; a run
+# with SURGE_COMPILE_DECODE=1 tests everything with it on.
+os.environ.setdefault(COMPILE_DECODE_ENV, "0")
 
 
 @pytest.fixture(scope="session")

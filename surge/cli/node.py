@@ -59,8 +59,11 @@ def run(
         bool, typer.Option(help="Fuse q/k/v and gate/up in this node's engines.")
     ] = True,
     compile_decode: Annotated[
-        bool, typer.Option(help="Compile decode steps (each new instance compiles first).")
-    ] = False,
+        bool | None,
+        typer.Option(
+            help="Compile decode steps in the background (default on; $SURGE_COMPILE_DECODE)."
+        ),
+    ] = None,
     pace_links: Annotated[
         bool, typer.Option(help="Pace the NIC caps here (off: the kernel shapes them).")
     ] = True,
@@ -138,8 +141,8 @@ def run(
             max_num_seqs=max_num_seqs,
             max_kv_tokens=max_kv_tokens,
             fuse_projections=fuse_projections,
-            compile_decode=compile_decode,
             device=device,
+            **({} if compile_decode is None else {"compile_decode": compile_decode}),
         ).validate(),
         preload_engine=preload_engine,
         pace_links=pace_links,

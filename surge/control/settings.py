@@ -4,9 +4,10 @@ Plain frozen data, read by `control/controller.py` and handed to its collaborato
 (`deployments.py`, `requests.py`, `autoscaler.py`, `copies.py`). Owned by control/.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from surge.config import compile_decode_default
 from surge.emulation import Emulation
 from surge.errors import SurgeError
 from surge.runtime.security.tls import TlsConfig
@@ -49,9 +50,9 @@ class ControllerConfig:
     """Agents' engines fuse q/k/v and gate/up (`EngineConfig.fuse_projections`: faster
     decode; free for stores of version 3, which hold them fused; an older store's fresh
     instances pay a copy in their first steps — re-import it, or turn this off)."""
-    compile_decode: bool = False
+    compile_decode: bool = field(default_factory=compile_decode_default)
     """Agents' engines compile their decode steps (`EngineConfig.compile_decode`: faster
-    decode once compiled; each new instance pays 15-30 s of compilation on CPU first)."""
+    decode once compiled, in a background thread while steps run eager; on by default)."""
     heartbeat_s: float = 1.0
     """How often every live agent is asked for its status (`control/healing.py`)."""
     heartbeat_timeout_s: float = 5.0

@@ -34,7 +34,8 @@ dynamo's `fail_on_recompile` stance: a step whose shape no graph fits (a new bat
 packed weights swapped in) raises instead of compiling, runs eager, and hands its shape
 class to the thread. Compiled graphs persist on disk across processes: inductor's FX graph
 cache under `~/.cache/surge/inductor` (`$TORCHINDUCTOR_CACHE_DIR` if set), so a second
-process on the same machine and model only traces (seconds) instead of compiling.
+process on the same machine and model only traces (seconds) instead of compiling. A process
+that exits mid-compile abandons it cleanly and at once (`compile_exit`).
 """
 
 import logging
@@ -50,6 +51,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from surge.engine.attention import AttnContext
+from surge.engine.compile_exit import CompileAbandoned, stop_at_exit
 from surge.engine.model import HeadWeights, LayerWeights, decoder_layer, final_logits
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch
@@ -138,11 +140,12 @@ class DecodeGraph:
         self,
         compile_args: Callable[[CompileJob], tuple],
         settle_weights: Callable[[], None] = lambda: None,
-        backend: str = "inductor",
+        backend: str | Callable = "inductor",
     ) -> None:
         """`compile_args(job)`: scratch inputs of that job's graph (called in the thread);
         `settle_weights()`: finish fusing and packing before compiling, so the graphs are
-        compiled for the weights the steps will have."""
+        compiled for the weights the steps will have; `backend`: inductor, or any
+        `torch.compile` backend (tests)."""
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
         if backend == "inductor" and not compiler:
             raise SurgeError(
@@ -202,6 +205,7 @@ class DecodeGraph:
             self._thread = threading.Thread(
                 target=self._compile_all, args=(tuple(jobs),), name="surge-compile", daemon=True
             )
+            stop_at_exit(self._thread)
             self._thread.start()
             return True
 
@@ -213,8 +217,11 @@ class DecodeGraph:
         return not self.compiling
 
     def _compile_all(self, jobs: tuple[CompileJob, ...]) -> None:
-        with DYNAMO_LOCK:
-            self._compile_jobs(jobs)
+        try:
+            with DYNAMO_LOCK:
+                self._compile_jobs(jobs)
+        except CompileAbandoned:  # raised just after the jobs ended: nothing left to stop
+            pass
 
     def _compile_jobs(self, jobs: tuple[CompileJob, ...]) -> None:
         try:
@@ -227,6 +234,8 @@ class DecodeGraph:
                 for job in jobs:
                     if not self._compile(job):
                         return
+        except CompileAbandoned:  # the process exits (`surge.engine.compile_exit`)
+            self.error = RuntimeError("compile abandoned at exit")
         except Exception as e:  # a failed compile must not take the server down: eager stays
             self.error = e
             log.warning("compiling the decode step failed (%s); decode stays eager", e)

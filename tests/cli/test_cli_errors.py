@@ -81,3 +81,10 @@ def test_a_manifest_naming_a_file_outside_its_store_says_nothing_about_it(
     proc = run_surge("model", "inspect", str(store), "--verify")
     assert_one_line_error(proc, "not a file inside the store", "import the model again")
     assert "12345" not in proc.stderr
+
+
+def test_a_bad_compile_decode_environment_is_one_error_line(tmp_path: Path) -> None:
+    env = {**os.environ, "SURGE_COMPILE_DECODE": "maybe", "SURGE_TOKEN": "t" * 32}
+    args = ("node", "run", "--node-id", "0", "--port", "0", "--disk-dir", str(tmp_path))
+    proc = run_surge(*args, env=env)
+    assert_one_line_error(proc, "SURGE_COMPILE_DECODE", "0/false/off")

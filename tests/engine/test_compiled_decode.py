@@ -5,6 +5,8 @@ One heavy test on purpose: it compiles inductor graphs (tiny model, 2-3 graphs):
 loaded 2-core VM with a cold inductor cache, ~15 s warm; the other engine tests stay eager.
 """
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -130,3 +132,47 @@ def test_a_cold_node_serves_eager_while_its_graph_compiles(
     warm = [c.token_ids for c in engine.generate([prompt], params)]
     assert warm == cold
     assert graph.num_calls == params.max_tokens - 1  # every decode step of the warm run
+
+
+HELD_COMPILE = """
+import sys, threading, time
+from pathlib import Path
+from surge.config import EngineConfig
+from surge.engine import compiled
+from surge.engine.runner import ModelRunner
+from surge.model.manifest import read_manifest
+
+runner = ModelRunner(read_manifest(Path(sys.argv[1])), EngineConfig(compile_decode=False))
+runner.load_blocks()
+inside = threading.Event()
+
+def held_backend(gm, example_inputs):  # a compile inside dynamo's frame that never ends
+    inside.set()
+    try:
+        while True:
+            time.sleep(0.01)
+    except BaseException as e:
+        print("compile unwound:", type(e).__name__, flush=True)
+        raise
+
+graph = compiled.DecodeGraph(runner.compile_args, backend=held_backend)
+graph.start([(compiled.MODEL, 1)])
+assert inside.wait(300)
+print("exiting mid-compile", flush=True)
+"""
+
+
+def test_a_process_exits_cleanly_mid_compile(tiny_store: Path) -> None:
+    """A process that ends while its decode graph compiles (a short `surge generate`, a
+    stage process) exits 0 and at once: the compile thread is unwound before the interpreter
+    finalizes (a daemon thread still inside dynamo then crashed the process: SIGSEGV or
+    SIGABRT at exit), and exit does not wait for the compile to finish."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HELD_COMPILE, str(tiny_store)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines == ["exiting mid-compile", "compile unwound: CompileAbandoned"], proc.stdout

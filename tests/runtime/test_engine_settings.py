@@ -4,13 +4,18 @@
 
 from pathlib import Path
 
+import pytest
+
+from surge.config import COMPILE_DECODE_ENV, EngineConfig
 from surge.control.launching import launch_cluster
 from surge.control.settings import ControllerConfig
 from surge.runtime.launch.agent_process import agent_argv
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 
-def test_the_controllers_engine_settings_reach_every_agents_command_line(tmp_path: Path) -> None:
+def test_the_controllers_engine_settings_reach_every_agents_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = ControllerConfig(state_dir=tmp_path, nodes=2, fuse_projections=False, compile_decode=True)
     cluster = launch_cluster(cfg, tmp_path / "registry")
     assert isinstance(cluster, LocalCluster)
@@ -19,10 +24,24 @@ def test_the_controllers_engine_settings_reach_every_agents_command_line(tmp_pat
         assert not agent.engine.fuse_projections and agent.engine.compile_decode
         argv = agent_argv(agent)
         assert "--no-fuse-projections" in argv and "--compile-decode" in argv
+    monkeypatch.delenv(COMPILE_DECODE_ENV, raising=False)  # the suite turns it off
     default = LocalCluster(LocalClusterConfig(num_nodes=1)).agent_config(0)
-    argv = agent_argv(default)  # the defaults add nothing
-    assert default.engine.fuse_projections and not default.engine.compile_decode
-    assert "--no-fuse-projections" not in argv and "--compile-decode" not in argv
+    argv = agent_argv(default)  # compiled by default, said explicitly to the agent
+    assert default.engine.fuse_projections and default.engine.compile_decode
+    assert "--no-fuse-projections" not in argv and "--compile-decode" in argv
+    assert ControllerConfig(state_dir=tmp_path).compile_decode
+
+
+@pytest.mark.parametrize(("value", "want"), [("0", False), ("off", False), ("1", True), ("", True)])
+def test_compile_decode_default_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, want: bool
+) -> None:
+    monkeypatch.setenv(COMPILE_DECODE_ENV, value)
+    assert EngineConfig().compile_decode is want
+    assert LocalClusterConfig(num_nodes=1).compile_decode is want
+    argv = agent_argv(LocalCluster(LocalClusterConfig(num_nodes=1)).agent_config(0))
+    assert ("--compile-decode" if want else "--no-compile-decode") in argv
+    assert EngineConfig(compile_decode=not want).compile_decode is not want  # explicit wins
 
 
 def test_agents_start_with_the_settings_on_their_command_line(tmp_path: Path) -> None:

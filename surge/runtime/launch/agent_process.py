@@ -39,8 +39,7 @@ def agent_argv(config: AgentConfig) -> list[str]:
     cmd += ["--max-kv-tokens", str(config.engine.max_kv_tokens)]
     if not config.engine.fuse_projections:
         cmd.append("--no-fuse-projections")
-    if config.engine.compile_decode:
-        cmd.append("--compile-decode")
+    cmd.append("--compile-decode" if config.engine.compile_decode else "--no-compile-decode")
     if config.engine.device != "auto":
         cmd += ["--device", config.engine.device]
     if not config.preload_engine:

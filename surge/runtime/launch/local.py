@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-from surge.config import EngineConfig
+from surge.config import EngineConfig, compile_decode_default
 from surge.emulation import EmulatedNode, Emulation
 from surge.errors import SurgeError
 from surge.runtime.client import ClusterClient
@@ -82,7 +82,7 @@ class LocalClusterConfig:
     that only move bytes (faster start)."""
     fuse_projections: bool = True
     """Every agent's `EngineConfig.fuse_projections`."""
-    compile_decode: bool = False
+    compile_decode: bool = field(default_factory=compile_decode_default)
     """Every agent's `EngineConfig.compile_decode`."""
     device: str = "auto"
     """Every agent's `EngineConfig.device` (`fake`: the tests' recorded fake GPU)."""

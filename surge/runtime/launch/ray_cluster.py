@@ -23,11 +23,11 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from surge.config import EngineConfig
+from surge.config import EngineConfig, compile_decode_default
 from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import agent_argv, agent_env, wait_ready
 from surge.runtime.launch.ray_placement import host_groups, plan_placement
@@ -57,7 +57,7 @@ class RayClusterConfig:
     preload_engine: bool = True
     fuse_projections: bool = True
     """Every agent's `EngineConfig.fuse_projections`."""
-    compile_decode: bool = False
+    compile_decode: bool = field(default_factory=compile_decode_default)
     """Every agent's `EngineConfig.compile_decode`."""
     num_cpus_per_agent: float = 0.0
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
