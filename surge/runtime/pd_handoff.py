@@ -1,18 +1,19 @@
 """P/D disaggregation in the serving runtime (BlitzScale §5.2, §6): roles, hand-off, mutation.
 
 What flows: the `Server` of a P/D deployment holds one `PdServing`. Each local instance
-gets a role when it joins (`policy.pd.role_for_new`, sent as `instance_role`); new
-requests go only to prefill instances (`policy.pd.routable`). A prefill instance parks
-each request after its prefill (`runtime/node/pd.py`) and says so with its first token
-(`finish_reason == HANDOFF_REASON`); `handoff` then takes the parked K/V off it
-(`instance_handoff`: typed header + raw bytes) and gives it to the decode instance
-`policy.pd.handoff_target` picks, which adopts it and decodes on, token-exact
-(`runtime/consolidation.py`'s adoption, the KV migration ParaServe consolidation uses).
-Hand-offs run in parallel, one at a time per (source, target) pair: each prefill
-instance sends its K/V to the decode instances over its own NIC (BlitzScale §3 Fig. 8a,
-after DistServe), so pairs do not wait for one another; a pair whose link is busy leaves its request
-waiting while later ones take other pairs, and the target's slot is reserved from the
-choice until it adopts, so two hand-offs never take the same last slot.
+gets a role when it joins (`policy.pd.role_for_new` on the deployment's load, sent as
+`instance_role`); new requests go only to prefill instances (`policy.pd.routable`). A
+prefill instance parks each request after its prefill (`runtime/node/pd.py`) and says
+so with its first token (`finish_reason == HANDOFF_REASON`); `handoff` then takes the
+parked K/V off it (`instance_handoff`: typed header + raw bytes) and gives it to the
+decode instance `policy.pd.handoff_target` picks, which adopts it and decodes on,
+token-exact (`runtime/consolidation.py`'s adoption, the KV migration ParaServe
+consolidation uses). Hand-offs run in parallel, one at a time per (source, target) pair:
+each prefill instance sends its K/V to the decode instances over its own NIC (BlitzScale
+§3 Fig. 8a, after DistServe), so pairs do not wait for one another; a pair whose link is
+busy leaves its request waiting while later ones take other pairs, and the target's slot
+is reserved from the choice until it adopts, so two hand-offs never take the same last
+slot.
 `mutate` turns a prefill instance into a decode one without touching its weights (§5.2),
 when `control/pd.py` says so from `policy.pd.decide_mutation`. `load` is what the monitor
 sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S` and KV use.
@@ -29,7 +30,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from surge.policy.autoscale import RATE_WINDOW_S
@@ -99,8 +100,8 @@ class PdServing:
         self.peak_in_flight = 0
         """Most hand-offs in flight at once so far."""
         self._closed = False
-        self._joining: dict[str, str] = {}
-        """Roles of instances being told theirs (not yet in `roles`)."""
+        self._joining: dict[str, pd.PdInstance] = {}
+        """Instances being told their role (not yet in `roles`), as `policy.pd` sees them."""
 
     # ---- roles and routing ----------------------------------------------------------
 
@@ -113,14 +114,17 @@ class PdServing:
         ]
 
     async def assign(self, ep: LocalEndpoint) -> None:
-        """Give a joining local instance its role (before it takes any request). Instances
-        joining at once (a scale-out's destinations) count each other's roles: each is
-        booked in `_joining` before the agent is told, or both would see the same counts
-        (two prefill instances and no decode one for 1:1 targets)."""
-        roles = [self.roles[e.name] for _, e in self._locals()] + list(self._joining.values())
-        num_prefill, num_decode = roles.count(pd.PREFILL), roles.count(pd.DECODE)
-        role = pd.role_for_new(num_prefill, num_decode, self.targets, self.mutation)
-        self._joining[ep.name] = role
+        """Give a joining local instance its role (before it takes any request), on the
+        deployment's load. Instances joining at once (a scale-out's destinations) count
+        each other: each is booked in `_joining`, holding nothing, before the agent is
+        told, or both would see the same deployment (two prefill instances and no decode
+        one for 1:1 targets)."""
+        load = self.load(self.server.clock.now_s(), float("inf"))
+        joining = tuple(self._joining.values())
+        load = replace(load, instances=load.instances + joining)
+        role = pd.role_for_new(load, self.targets, self.mutation)
+        index = -1 - len(joining)  # not a serving instance's index (those are >= 0)
+        self._joining[ep.name] = pd.PdInstance(index, role, 0, max(1, ep.capacity))
         try:
             await self.server.client.call(ep.node, InstanceRoleOp(instance=ep.name, role=role))  # type: ignore[arg-type]
         finally:

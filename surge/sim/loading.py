@@ -88,7 +88,7 @@ class Loader:
             inst.serving = True
             inst.loaded = True
             if pool.pd is not None:  # P/D: its role before its first request
-                pool.pd.join(inst)
+                pool.pd.join(inst, len(pool.queue))
             inst.idle_since_s = self.world.loop.now_s if inst.outstanding == 0 else None
             name = self.world.models[pool.model].name
             self.world.publish(

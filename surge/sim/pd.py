@@ -2,7 +2,7 @@
 
 What flows: a P/D model has one pool, as a `surge serve` deployment has one server; its
 `PdPool` holds the roles. An instance that starts serving joins
-(`policy.blitzscale.pd.role_for_new`); new requests go to the instances
+(`policy.blitzscale.pd.role_for_new`, on the pool's load); new requests go to the instances
 `policy.blitzscale.pd.routable` names; a prefilled request parks on its prefill instance
 and waits here (`parked`, oldest first) until `policy.blitzscale.pd.handoff_target` names
 an instance to decode it (the source itself when none decodes; none while every decode
@@ -35,11 +35,10 @@ class PdPool:
 
     # ---- roles and routing ----------------------------------------------------------
 
-    def join(self, inst: Instance) -> str:
-        """`inst` starts serving: its role (before it takes any request)."""
-        roles = [m.role for m in self.members]
-        num_prefill, num_decode = roles.count(pd.PREFILL), roles.count(pd.DECODE)
-        inst.role = pd.role_for_new(num_prefill, num_decode, self.targets, self.mutation)
+    def join(self, inst: Instance, num_waiting: int) -> str:
+        """`inst` starts serving, `num_waiting` requests queued at the router: its role
+        (before it takes any request)."""
+        inst.role = pd.role_for_new(self.load(num_waiting), self.targets, self.mutation)
         self.members.append(inst)
         return inst.role
 
@@ -102,15 +101,19 @@ class PdPool:
 
     # ---- the monitor ----------------------------------------------------------------
 
-    def look(self, now_s: float, num_waiting: int) -> pd.PdLook:
-        """One look of the monitor; a mutation it chooses is carried out here."""
-        last = self.last_mutation_s
-        load = pd.PdLoad(
+    def load(self, num_waiting: int, since_last_mutation_s: float = float("inf")) -> pd.PdLoad:
+        """The pool as `policy.blitzscale.pd` sees it, `num_waiting` requests queued."""
+        return pd.PdLoad(
             instances=self.views(),
             num_waiting=num_waiting,
             num_handoffs_waiting=len(self.parked),
-            since_last_mutation_s=float("inf") if last is None else now_s - last,
+            since_last_mutation_s=since_last_mutation_s,
         )
+
+    def look(self, now_s: float, num_waiting: int) -> pd.PdLook:
+        """One look of the monitor; a mutation it chooses is carried out here."""
+        last = self.last_mutation_s
+        load = self.load(num_waiting, float("inf") if last is None else now_s - last)
         seen = pd.look(load, self.settings, self.mutation)
         if seen.mutation is not None:
             # §5.2: the instance keeps its weights and its requests; it decodes from now on

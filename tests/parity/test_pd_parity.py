@@ -12,7 +12,7 @@ stubbed), the role change it carried out and the instances it asked for. Instanc
 named by join order in both."""
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +21,7 @@ from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.control.pd import PdControl
 from surge.policy.blitzscale.pd import PdTargets
-from surge.policy.systems import system_config
+from surge.policy.systems import SystemConfig, system_config
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.pd_handoff import PdServing
 from surge.runtime.server import Server
@@ -32,6 +32,9 @@ from tests.parity.conftest import FakeClient
 from tests.parity.sim_world import entry_pool, instance_on, simulation
 
 SYSTEM = system_config("blitzscale")
+BASELINE = replace(system_config("serverlessllm"), pd_disaggregation=True)
+"""A system that does not mutate, P/D-disaggregated as BlitzScale §6.1 runs its baselines (in
+`surge serve`: its deployment's `pd:`)."""
 CAPACITY = 4
 NOW_S = 100.0
 
@@ -46,6 +49,7 @@ class Case:
     """The instance that has just prefilled one more request (its hand-off)."""
     waiting: int = 0
     """Requests at the router when the monitor looks."""
+    system: SystemConfig = SYSTEM
 
 
 TARGETS = PdTargets(prefill=1, decode=2)
@@ -65,6 +69,9 @@ CASES = {
     "decode-full": Case((0, 4, 4, 0), parked_on=0),
     # one full prefill instance, requests waiting: the monitor wants one more
     "prefill-full": Case((4,), parked_on=0, waiting=3),
+    # a system that does not mutate, past its targets: P, D, D, then the busier role
+    # (decode, 3/4 full) -- the targets' ratio alone would make i3 a prefill instance
+    "baseline-decode-busy": Case((0, 3, 3, 0), parked_on=0, system=BASELINE),
 }
 
 
@@ -89,7 +96,7 @@ def _runtime(case: Case) -> Log:
         server = Server(Client(), "m")  # type: ignore[arg-type]
         control = PdControl(Metrics(), EngineConfig())
         dep = SimpleNamespace(
-            name="m", spec=SimpleNamespace(strategy=SYSTEM.name, pd=TARGETS), server=server
+            name="m", spec=SimpleNamespace(strategy=case.system.name, pd=TARGETS), server=server
         )
         pd = control.attach(dep)  # type: ignore[arg-type]
         assert isinstance(pd, PdServing)
@@ -130,7 +137,7 @@ def _runtime(case: Case) -> Log:
 
 
 def _sim(case: Case, tmp_path) -> Log:
-    sim = simulation(tmp_path, SYSTEM, len(case.held), "registry")
+    sim = simulation(tmp_path, case.system, len(case.held), "registry")
     pool = entry_pool(sim)
     assert pool.pd is not None
     pool.pd.targets = TARGETS  # the deployment's `pd:` (the runtime's spec above)
@@ -192,3 +199,5 @@ def test_the_cases_exercise_every_decision(tmp_path) -> None:
     assert logs["least-loaded"].roles_after == logs["least-loaded"].roles
     assert logs["prefill-full"].wants == 1
     assert logs["handoff-then-mutate"].routable == [0, 3]
+    assert logs["baseline-decode-busy"].roles == [p, d, d, d]
+    assert logs["baseline-decode-busy"].routable == [0]

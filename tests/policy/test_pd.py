@@ -1,6 +1,8 @@
 """`surge.policy.blitzscale.pd`: roles of new instances, routing, hand-off target, mutation,
 monitor."""
 
+from dataclasses import replace
+
 import pytest
 
 from surge.errors import SurgeError
@@ -15,6 +17,7 @@ from surge.policy.blitzscale.pd import (
     handoff_target,
     monitor,
     role_for_new,
+    role_loads,
     routable,
 )
 
@@ -25,21 +28,50 @@ def _i(index, role, outstanding=0, capacity=8, kv=0.0) -> PdInstance:
     return PdInstance(index, role, outstanding, capacity, kv_usage=kv)
 
 
-def test_new_instances_fill_the_targets_then_keep_their_ratio() -> None:
+def _fleet(num_prefill: int, num_decode: int, held: int = 0) -> PdLoad:
+    """A deployment of idle prefill instances and decode ones holding `held` each."""
+    roles = [PREFILL] * num_prefill + [DECODE] * num_decode
+    return PdLoad(tuple(_i(k, r, held if r == DECODE else 0) for k, r in enumerate(roles)))
+
+
+def test_new_instances_fill_the_targets_then_keep_their_ratio_when_idle() -> None:
     t = PdTargets(prefill=2, decode=1)
     roles, p, d = [], 0, 0
     for _ in range(6):
-        r = role_for_new(p, d, t)
+        r = role_for_new(_fleet(p, d), t)
         roles.append(r)
         p, d = p + (r == PREFILL), d + (r == DECODE)
     assert roles == [PREFILL, PREFILL, DECODE, PREFILL, DECODE, PREFILL]
     # After a mutation (one prefill fewer) the next instance is a prefill one.
-    assert role_for_new(1, 2, t) == PREFILL
+    assert role_for_new(_fleet(1, 2), t) == PREFILL
     # A system that mutates grows decode by mutation (§5.2): past the targets, prefill.
-    assert role_for_new(4, 1, t) == DECODE and role_for_new(4, 1, t, mutation=True) == PREFILL
-    assert role_for_new(2, 0, t, mutation=True) == DECODE  # the targets first
+    assert role_for_new(_fleet(4, 1), t) == DECODE
+    assert role_for_new(_fleet(4, 1), t, mutation=True) == PREFILL
+    assert role_for_new(_fleet(2, 0), t, mutation=True) == DECODE  # the targets first
     with pytest.raises(SurgeError):
         PdTargets(0, 1)
+
+
+def test_past_the_targets_a_system_that_does_not_mutate_grows_the_busier_role() -> None:
+    """§6.1: the baselines' prefill and decode "scale independently based on their loads"
+    (the ratio alone would give these 1:1 fleets a prefill instance every time)."""
+    t = PdTargets(prefill=1, decode=1)
+    assert role_for_new(_fleet(1, 1, held=6), t) == DECODE  # decode 6/8 full, prefill idle
+    assert role_for_new(_fleet(1, 1, held=6), t, mutation=True) == PREFILL
+    queued = replace(_fleet(1, 1, held=6), num_waiting=8)  # prefill (0 + 8)/8 > 6/8
+    assert role_for_new(queued, t) == PREFILL
+    # Prefilled requests waiting for decode room count on decode's side, not prefill's.
+    parked = PdLoad(
+        (PdInstance(0, PREFILL, 4, 8, parked=4), _i(1, DECODE, 2)), num_handoffs_waiting=4
+    )
+    assert role_loads(parked) == (0.0, 0.75)
+    assert role_for_new(parked, t) == DECODE
+    # KV use counts for decode (the mean over decode instances).
+    kv = PdLoad((_i(0, PREFILL, 2), _i(1, DECODE, 1, kv=0.9), _i(2, DECODE, 1, kv=0.5)))
+    assert role_loads(kv) == (0.25, 0.7)
+    assert role_for_new(kv, PdTargets(1, 2)) == DECODE
+    # Equally busy: the targets' ratio again (1:1 here, a tie: prefill).
+    assert role_for_new(PdLoad((_i(0, PREFILL, 4), _i(1, DECODE, 4))), t) == PREFILL
 
 
 def test_new_requests_go_to_prefill_and_handoffs_to_the_least_loaded_decode() -> None:

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
+from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.pd_handoff import PdServing
 from surge.runtime.protocol import Ack, InstanceRoleOp
 
@@ -25,9 +26,9 @@ class SlowAgents:
 
 def test_instances_joining_at_once_split_into_prefill_and_decode() -> None:
     agents = SlowAgents()
-    server = SimpleNamespace(client=agents, endpoints={})
+    server = SimpleNamespace(client=agents, endpoints={}, queue=[], clock=REAL_CLOCK)
     pd = PdServing(server, PdTargets(prefill=1, decode=1), 1024)  # type: ignore[arg-type]
-    eps = [SimpleNamespace(node=n, name=f"m-node{n}", failed=False) for n in (0, 1)]
+    eps = [SimpleNamespace(node=n, name=f"m-node{n}", failed=False, capacity=4) for n in (0, 1)]
 
     async def run() -> None:
         await asyncio.gather(*(pd.assign(ep) for ep in eps))  # type: ignore[arg-type]

@@ -5,8 +5,9 @@ tokens/s and KV-cache use measured by the body), the requests waiting at the rou
 deployment's `PdTargets` and the system's `PdSettings`. Out:
 - `role_for_new`: the role a new instance takes (prefill until the prefill target is met,
   then decode; past both, prefill when the system mutates — decode then grows by
-  mutation, new prefill instances compensate, §5.2 — else whichever role is furthest
-  below its share of the targets);
+  mutation, new prefill instances compensate, §5.2 — else the busier role by
+  `role_loads`, §6.1's baselines scaling each role on its own load, and the targets'
+  ratio when both are equally busy);
 - `routable`: which instances take new requests (prefill ones; every one when none is a
   prefill instance, so a deployment is never left without a way in);
 - `handoff_target`: which decode instance adopts a finished prefill's KV cache (the least
@@ -136,11 +137,12 @@ class MonitorDecision:
     reason: str = ""
 
 
-def role_for_new(
-    num_prefill: int, num_decode: int, targets: PdTargets, mutation: bool = False
-) -> str:
-    """The role of a new instance of a deployment holding these counts; `mutation`: the
-    system mutates prefill instances into decode ones."""
+def role_for_new(load: PdLoad, targets: PdTargets, mutation: bool = False) -> str:
+    """The role of a new instance of a deployment as `load` shows it (instances joining at
+    the same time included, holding nothing); `mutation`: the system mutates prefill
+    instances into decode ones."""
+    roles = [i.role for i in load.instances]
+    num_prefill, num_decode = roles.count(PREFILL), roles.count(DECODE)
     if num_prefill < targets.prefill:
         return PREFILL
     if num_decode < targets.decode:
@@ -151,10 +153,34 @@ def role_for_new(
         # directly mutate a prefill instance to a decode instance while lively scaling
         # another prefill instance"), so past the targets new instances prefill.
         return PREFILL
-    # Past both targets: keep the targets' ratio (prefill on ties).
+    # §6.1: the baselines' "prefill and decode instances scales independently based on
+    # their loads": the busier role grows. Equally busy (an idle fleet starting, as
+    # DistServe's fixed one does): keep the targets' ratio, prefill on ties.
+    prefill_load, decode_load = role_loads(load)
+    if prefill_load != decode_load:
+        return PREFILL if prefill_load > decode_load else DECODE
     if num_prefill * targets.decode <= num_decode * targets.prefill:
         return PREFILL
     return DECODE
+
+
+def role_loads(load: PdLoad) -> tuple[float, float]:
+    """(prefill, decode) load of a deployment, each a fraction of its role's capacity:
+    prefill, the requests its instances prefill (parked ones excluded) and those waiting
+    at the router; decode, the requests its instances hold and those waiting for decode
+    room, or its instances' mean KV-cache use when higher. A role without instances: 0."""
+    prefill = [i for i in load.instances if i.role == PREFILL]
+    decode = [i for i in load.instances if i.role == DECODE]
+    prefill_load = 0.0
+    if prefill:
+        held = sum(i.outstanding - i.parked for i in prefill) + load.num_waiting
+        prefill_load = held / sum(i.capacity for i in prefill)
+    decode_load = 0.0
+    if decode:
+        held = sum(i.outstanding for i in decode) + load.num_handoffs_waiting
+        kv = sum(i.kv_usage for i in decode) / len(decode)
+        decode_load = max(held / sum(i.capacity for i in decode), kv)
+    return prefill_load, decode_load
 
 
 def routable(instances: Sequence[PdInstance]) -> tuple[int, ...]:
