@@ -6,7 +6,7 @@ state, `placement.admit_background`), or load it from host memory where their no
 prefetched it (`sim.prefetch`, ParaServe §5), then become standalone instances; the
 group retires (its requests move to them and recompute their KV cache) and the other
 members' GPUs are freed. Decisions: how many to keep,
-`surge.policy.paraserve.predictor.decide_consolidation` (`predictor`: scale down to one
+`surge.policy.paraserve.predictor.consolidate_group` (`predictor`: scale down to one
 worker or up to several) or every member (`scale-up`); where a member holding a share of
 one GPU becomes a full worker, `surge.policy.paraserve.gpu_share.consolidation_gpu` (its
 own GPU grown, or a free one of its machine); a whole-GPU member takes more GPUs of its
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from surge.policy.paraserve.gpu_share import consolidation_gpu
 from surge.policy.paraserve.placement import ServerNetwork, admit_background, finish_worker
-from surge.policy.paraserve.predictor import PredictorSettings, decide_consolidation
+from surge.policy.paraserve.predictor import consolidate_group
 from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
@@ -58,22 +58,12 @@ class Consolidation:
         """Called when a background fetch ends (pools Alg. 2 refused decide again)."""
 
     def keep(self, pool: Pool, size: int) -> int:
-        """How many of a group of `size` §6.1 keeps, by the window now."""
-        sys = self.world.system
-        if sys.consolidation == "scale-up":
-            return size
-        decision = decide_consolidation(
-            pool.arrivals_s,
-            self.world.loop.now_s,
-            len(pool.queue),
-            size,
-            PredictorSettings(
-                window_s=sys.predictor_window_s,
-                requests_per_worker=max(1, round(sys.autoscale.target_ongoing_requests)),
-                max_pipeline_size=sys.pipeline_size,
-            ),
-        )
-        return 1 if decision.mode == "scale_down" else min(decision.num_workers_to_keep, size)
+        """Members of a group of `size` that become instances (§6.1, on the pool's
+        arrivals and queue: `policy.paraserve.predictor.consolidate_group`)."""
+        now_s = self.world.loop.now_s
+        return consolidate_group(
+            self.world.system, pool.arrivals_s, now_s, len(pool.queue), size
+        ).keep
 
     def start(
         self,

@@ -112,19 +112,20 @@ def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, 
     assert switched, [r.hops for r in reqs]
 
 
-@pytest.mark.parametrize("num_requests", [1, 6], ids=["quiet-scale-down", "busy-scale-up"])
+@pytest.mark.parametrize("num_requests", [1, 10], ids=["quiet-scale-down", "busy-scale-up"])
 def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
     num_requests, tmp_path, tiny_store_dir, reference
 ) -> None:
     """One instance wanted (target 100 ongoing), three nodes, a 0.02 Gbit/s registry: one
     worker would fetch the 4 MB model in ~1.6 s, over the 1.5 s TTFT SLO, so Alg. 1 sizes a
     group of two, fetching halves in parallel. The §6.1 window then holds one arrival
-    (scale-down: one instance stays) or six (scale-up: both members stay)."""
+    (scale-down: one instance stays) or ten (scale-up: both members stay; a worker takes
+    paraserve's concurrency target, 8 requests, `predictor.predictor_settings`)."""
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
     # Every link 0.02 Gbit/s, the registry's too; the controller plans with that speed.
     cluster = _cluster(state, num_nodes=3, link_gbps=0.02, remote_gbps=0.02)
-    prompts = PROMPTS[:num_requests]
+    prompts = [f"Tale {i}: a model wakes up" for i in range(num_requests)]
 
     async def run():
         ctl = Controller(

@@ -1,6 +1,7 @@
 """KV-cache migration: pipeline consolidation both ways, and BlitzScale live scaling."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -125,11 +126,15 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
     """One instance wanted on node 0, nodes 1-2 spare, a 0.02 Gbit/s registry: one worker
     would take ~1.6 s to fetch the model, over the 1.5 s TTFT SLO, so Alg. 1 picks a group of
     two that fetch disjoint halves. The §6.1 predictor then keeps one member (one arrival in
-    the window) or both (a busy window), and the requests move with their KV caches."""
+    the window) or both (a busy window: six arrivals, a worker taking one request at a time
+    here, the system's concurrency target), and the requests move with their KV caches."""
     from surge.policy.startup import Destination
     from surge.policy.systems import system_config
     from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
 
+    paraserve = system_config("paraserve")
+    autoscale = replace(paraserve.autoscale, target_ongoing_requests=1.0)
+    one_request_per_worker = replace(paraserve, autoscale=autoscale)
     cluster = make_cluster(3, remote_gbps=0.02, preload_engine=True)
     # Long enough to be running when the kept members have fetched the rest (~0.8 s): 240
     # tokens was not (a quiet machine decodes them in ~0.8 s and the request finished first);
@@ -160,7 +165,7 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
                 client,
                 server,
                 manifest,
-                system_config("paraserve"),
+                one_request_per_worker,
                 (Destination(0),),
                 ControllerHooks(on_local=on_local, book=book, release=release),
                 spares=(Destination(1), Destination(2)),

@@ -9,7 +9,11 @@ to keep. A burst bigger than one group starts several groups (Fig. 7: 30 workers
 groups of four and one of two).
 
 In: arrival times (seconds, any order), the current time and queue length, the group's
-pipeline size, `PredictorSettings`. Out: a `ConsolidationDecision`.
+pipeline size, `PredictorSettings`. Out: a `ConsolidationDecision`. `consolidate_group` is
+the call both bodies make for a group that has served (`runtime/scaleout/paraserve.py`,
+`sim/consolidation.py`): the predictor's settings from the system, the decision, and how
+many members become instances; `tests/parity/test_consolidation_parity.py` proves they
+agree.
 """
 
 import math
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from surge.errors import SurgeError
+from surge.policy.systems import SystemConfig
 
 
 @dataclass(frozen=True)
@@ -109,3 +114,41 @@ def decide_consolidation(
         predicted_arrivals=num_predicted,
         groups=plan_groups(wanted, pipeline_size, settings.max_pipeline_size),
     )
+
+
+def predictor_settings(system: SystemConfig) -> PredictorSettings:
+    """The §6.1 predictor of `system`: its window, its largest group, and a worker serving
+    the system's per-instance concurrency target (`autoscale.target_ongoing_requests`)."""
+    return PredictorSettings(
+        window_s=system.predictor_window_s,
+        requests_per_worker=max(1, round(system.autoscale.target_ongoing_requests)),
+        max_pipeline_size=system.pipeline_size,
+    )
+
+
+@dataclass(frozen=True)
+class GroupConsolidation:
+    """What becomes of a pipeline group of `size` workers once it has served."""
+
+    decision: ConsolidationDecision
+    keep: int
+    """Members that fetch the rest and become instances (the first `keep`, 1..size)."""
+
+
+def consolidate_group(
+    system: SystemConfig,
+    arrival_times_s: Iterable[float],
+    now_s: float,
+    queue_length: int,
+    size: int,
+) -> GroupConsolidation:
+    """§6.1 for a group of `size` workers: the predictor's decision (`predictor_settings`)
+    and the members kept — the decision's workers (one on a scale-down) with
+    `consolidation` `predictor`, every member otherwise (`scale-up`)."""
+    decision = decide_consolidation(
+        arrival_times_s, now_s, queue_length, size, predictor_settings(system)
+    )
+    keep = size
+    if system.consolidation == "predictor":
+        keep = min(size, decision.num_workers_to_keep)
+    return GroupConsolidation(decision, keep)

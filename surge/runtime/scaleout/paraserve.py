@@ -9,11 +9,12 @@ start-up plan (each destination's own tier). For each instance wanted, one group
   parallel by several nodes. Members that are not destinations are booked with
   `hooks.book`; destinations no group uses are given back with `hooks.release`.
 - the members fetch their parts at once, then serve together as one `PipelineEndpoint`;
-- `policy.paraserve_predictor.decide_consolidation` (§6.1, the deployment's arrivals in
-  the system's `predictor_window_s`, and its queue) says how many members to keep: scale
-  down to one, or scale up to several. The kept members fetch the rest and become local
-  instances; the group's running requests move onto them with their KV caches
-  (`runtime/consolidation.py` `consolidate`); the other members' slots are released.
+- `policy.paraserve.predictor.consolidate_group` (§6.1, the deployment's arrivals in
+  the system's `predictor_window_s`, and its queue; the simulator makes the same call)
+  says how many members to keep: scale down to one, or scale up to several. The kept
+  members fetch the rest and become local instances; the group's running requests move
+  onto them with their KV caches (`runtime/consolidation.py` `consolidate`); the other
+  members' slots are released.
 With `consolidation` `scale-up` every member is kept; with `group_sizing` `fixed` the group
 is the destination and the first free nodes, `pipeline_size` in all or fewer
 (`policy.paraserve.groups`: the groups, their fallback and the loop are policy's).
@@ -38,11 +39,7 @@ from surge.events import Consolidation, PipelineRetired
 from surge.policy.paraserve.groups import GroupsRequest
 from surge.policy.paraserve.groups import plan_groups as policy_plan_groups
 from surge.policy.paraserve.placement import FetchingWorker, ServerNetwork
-from surge.policy.paraserve.predictor import (
-    ConsolidationDecision,
-    PredictorSettings,
-    decide_consolidation,
-)
+from surge.policy.paraserve.predictor import GroupConsolidation, consolidate_group
 from surge.policy.paraserve.prefetch import BACKGROUND, MemberPrefetch, plan_prefetch
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import (
@@ -150,7 +147,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     members, parts = group.members, group.parts
     if len(members) == 1:
         await load_blocks(ctx, members[0], list(range(ctx.manifest.num_blocks)), tiers[members[0]])
-        ctx.report.consolidations.append(_decide(ctx, 1))
+        ctx.report.consolidations.append(group_consolidation(ctx, 1).decision)
         await open_local(ctx, members[0])
         return
     plans = _prefetch_plans(ctx, group, tiers)
@@ -171,13 +168,10 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
     await pipe.open()
     await ctx.server.add_endpoint(pipe)
     ctx.record_open(name, pipe.nodes, stages)
-    decision = _decide(ctx, len(members))
-    ctx.report.consolidations.append(decision)
-    keep = len(members)
-    if ctx.system.consolidation == "predictor":
-        keep = min(keep, decision.num_workers_to_keep)
-    keepers, others = members[:keep], members[keep:]
-    log.info("%s: %s keeps %s (%s)", ctx.model, name, keepers, decision)
+    chosen = group_consolidation(ctx, len(members))
+    ctx.report.consolidations.append(chosen.decision)
+    keepers, others = members[: chosen.keep], members[chosen.keep :]
+    log.info("%s: %s keeps %s (%s)", ctx.model, name, keepers, chosen.decision)
     try:
         await _consolidate(ctx, pipe, group, keepers, tiers, prefetching)
     finally:
@@ -200,7 +194,7 @@ def _prefetch_plans(
         ctx.manifest.num_blocks,
         tuple(tiers[m] for m in group.members),
         ctx.system.consolidation,
-        _decide(ctx, len(group.members)).num_workers_to_keep,
+        group_consolidation(ctx, len(group.members)).keep,
     )
     return {p.node: p for p in plans}
 
@@ -233,17 +227,12 @@ async def _fetch_parts(
         prefetching[plan.node] = task
 
 
-def _decide(ctx: ScaleOutContext, pipeline_size: int) -> ConsolidationDecision:
-    settings = PredictorSettings(
-        window_s=ctx.system.predictor_window_s, max_pipeline_size=ctx.system.pipeline_size
-    )
-    return decide_consolidation(
-        tuple(ctx.server.arrivals),
-        ctx.server.clock.now_s(),
-        len(ctx.server.queue),
-        pipeline_size,
-        settings,
-    )
+def group_consolidation(ctx: ScaleOutContext, size: int) -> GroupConsolidation:
+    """§6.1 for a group of `size` members that has served, on the deployment's arrivals
+    and queue (`policy.paraserve.predictor.consolidate_group`)."""
+    server = ctx.server
+    now_s = server.clock.now_s()
+    return consolidate_group(ctx.system, tuple(server.arrivals), now_s, len(server.queue), size)
 
 
 async def _consolidate(
