@@ -1,11 +1,11 @@
 """λScale on the Azure traces: Fig. 2 and 3 (host-cache keep-alive and misses), Fig. 14
 (GPU time on a 30-minute bursty trace) and the same comparison on a multi-model cluster.
 
-- Fig. 2 (§2.3): 12 models, node memory holds 3, LRU (`policy.keepalive.admit`), each
+- Fig. 2 (§2.3): 12 models, node memory holds 3, LRU (`policy.copies.keepalive.admit`), each
   model ~1 request per minute per node. The paper's own method is a trace-driven cache
   simulation; we replay the Azure code trace over 12 nodes (its 2.57 req/s over 12 x 12
   model-node pairs is 1.07 per minute each) and, for contrast, Poisson arrivals.
-- Fig. 3 (§2.3): the same caches with a 15-s keep-alive (`policy.keepalive.expired`):
+- Fig. 3 (§2.3): the same caches with a 15-s keep-alive (`policy.copies.keepalive.expired`):
   the share of requests that find the model on a GPU (hot: a request of that model is
   still running there), in host memory, or only on SSD; both Azure traces, 6 nodes
   (Testbed2). Also the full simulator (scenario `lambdascale-fig3`, ServerlessLLM).
@@ -30,7 +30,7 @@ from common import ratio, run, run_main, run_scenario, write
 from lambdascale_bursts import sllm_start_from_fig12
 from rows import row
 
-from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
+from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.policy.systems import system_config
 from surge.sim.scenario import load_scenario
 from surge.sim.scenario_traffic import build_trace

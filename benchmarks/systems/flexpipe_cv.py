@@ -63,7 +63,7 @@ from surge.model.importer import import_checkpoint
 from surge.model.tiny import create_tiny_model
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import SYSTEMS
-from surge.runtime.refactor import FlexPipeline
+from surge.runtime.migration.refactor import FlexPipeline
 from surge.sim.settings import Slo
 from surge.traces.gamma import gamma_arrivals
 

@@ -9,7 +9,7 @@ scale-out, destinations by `policy.placement.place` (host copies first where
 `start_scale_out` (the runtime brings them up by the deployment's strategy);
 for a release, the instance is retired from the router and its slot released
 (`copies.py`). After the deployments, the pinned-copy invariant and host-copy expiry
-(`copies.py`, by `policy.host_copies`). Prometheus gauges are set from what it observed.
+(`copies.py`, by `policy.copies.host_copies`). Prometheus gauges are set from what it observed.
 Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 

@@ -8,8 +8,8 @@ are joined (`launching.py`), and the collaborators are wired with what they need
   every tick by `_hold_loop` (`policy.admission`);
 - `autoscaler.py`: the tick (observe -> `policy.autoscale` -> `policy.placement` -> the
   runtime's scale-out; releases);
-- `copies.py`: host copies, GPU-slot release, the pinned-copy invariant (`policy.host_copies`,
-  `policy.keepalive`).
+- `copies.py`: host copies, GPU-slot release, the pinned-copy invariant
+  (`policy.copies.host_copies`, `policy.copies.keepalive`).
 The event pump takes the agents' typed events (`BlockArrived` into the parameter pool,
 `AgentDown`: its copies and instances are gone). Every decision is `surge.policy`'s; this
 file and its collaborators carry decisions out. `surge/api/app.py` and `surge serve` use

@@ -4,7 +4,8 @@ and the release of a slot's GPU copy.
 What flows: the controller's deployments and the parameter pool in; agent ops out (`load`
 into the host tier, `evict`, `instance_close`), with the pool updated from what the agents
 did. Every choice is `surge.policy`'s: which node keeps the pinned copy and which copies
-expire (`policy.host_copies`), which copies make room for a new one (`policy.keepalive`).
+expire (`policy.copies.host_copies`), which copies make room for a new one
+(`policy.copies.keepalive`).
 Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 
@@ -15,14 +16,14 @@ from collections.abc import Awaitable, Callable
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment
-from surge.policy.host_copies import (
+from surge.policy.copies.host_copies import (
     NodeHostCache,
     expired_copies,
     host_copy_retry_s,
     host_copy_source,
     pinned_copy,
 )
-from surge.policy.keepalive import CacheEntry, CacheSettings, admit
+from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp
@@ -106,7 +107,7 @@ class Copies:
         ]
 
     def expire(self, now_s: float) -> None:
-        """Evict the host copies `policy.host_copies` says have expired."""
+        """Evict the host copies `policy.copies.host_copies` says have expired."""
         for node, model in expired_copies(self._caches(), now_s, self.settings):
             self.evict_host(self.deployments[model], node)
 
@@ -117,7 +118,8 @@ class Copies:
 
     async def make_host_copy(self, dep: Deployment, node: int, pin: bool) -> None:
         """Load the model into a node's host tier (from its disk or the registry, by
-        `policy.host_copies`), evicting the copies `policy.keepalive.admit` names first."""
+        `policy.copies.host_copies`), evicting the copies `policy.copies.keepalive.admit`
+        names first."""
         now = self.clock.now_s()
         entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=pin)
         decision = admit(self._entries(node), entry, self.settings)
@@ -144,9 +146,9 @@ class Copies:
 
     async def restore_invariant(self, dep: Deployment) -> None:
         """BlitzScale §5.3: give the model a complete, pinned host copy where
-        `policy.host_copies.pinned_copy` says (an existing copy, else the roomiest node)."""
+        `policy.copies.host_copies.pinned_copy` says (an existing copy, else the roomiest node)."""
         failures, retry_at = self.failures.get(dep.name, (0, 0.0))
-        if self.clock.now_s() < retry_at:  # backing off after a failure (policy.host_copies)
+        if self.clock.now_s() < retry_at:  # backing off after a failure (policy.copies.host_copies)
             return
         choice = pinned_copy(self._caches(), self.settings, self.pool.complete(dep.name, "host"))
         if choice is None:

@@ -10,7 +10,7 @@ serving `FlexPipeline` that `groups.group_refactors` names (split while requests
 wait, merged to what holds its load while none does) is re-cut: `choose_stages` keeps its
 first nodes and places new stages on free slots (Eq. 6), their slots are booked
 (`Deployment.instances`, the pipeline as their endpoint), and
-`runtime.refactor.refactor_pipeline` splits or merges it in flight (K/V follows the
+`runtime.migration.refactor.refactor_pipeline` splits or merges it in flight (K/V follows the
 layers, Eq. 10). Slots the pipeline no longer uses are released afterwards; on a failure the booked
 ones are. `surge_pipeline_refactors_total{model,direction}` counts refactorings and
 `describe_flexpipe` is the deployment status' `flexpipe` entry (`surge status`). Slots of a
@@ -48,8 +48,8 @@ from surge.policy.flexpipe.system import (
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
+from surge.runtime.migration.refactor import FlexPipeline, Stages, refactor_pipeline
 from surge.runtime.protocol import LoadOp
-from surge.runtime.refactor import FlexPipeline, Stages, refactor_pipeline
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 from surge.runtime.scaleout.flexpipe import (
     free_slots,

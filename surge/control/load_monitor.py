@@ -5,10 +5,10 @@ What flows: every autoscaler tick, `LoadMonitor.observe` samples each instance's
 tokens its requests hold). `tokens_per_s` is the rate over the trailing `RATE_WINDOW_S`;
 `kv_usage` is the tokens held over the engine's KV capacity (`max_kv_tokens`) — the
 agents do not report their page tables, so this counts tokens, not pages, as
-`runtime/pd_handoff.py` and the `vllm:kv_cache_usage_perc` gauge do. The autoscaler puts both into
-each `InstanceLoad` (`autoscaler.pool_load`) and `policy.autoscale.decide` decides
-(BlitzScale §5.3: instances enough to keep each under `target_tokens_per_s` and
-`target_kv_usage`). Owned by control/; decides nothing.
+`runtime/migration/pd_handoff.py` and the `vllm:kv_cache_usage_perc` gauge do. The
+autoscaler puts both into each `InstanceLoad` (`autoscaler.pool_load`) and
+`policy.autoscale.decide` decides (BlitzScale §5.3: instances enough to keep each under
+`target_tokens_per_s` and `target_kv_usage`). Owned by control/; decides nothing.
 """
 
 from collections import deque

@@ -2,7 +2,7 @@
 
 What flows, every autoscaler tick, per deployment that runs P/D (its spec's `pd:`, or a
 system with `pd_disaggregation`, e.g. blitzscale): the server's `PdServing`
-(`runtime/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
+(`runtime/migration/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
 tokens/s, KV use per instance) -> `policy.pd.decide_mutation` (when the system mutates)
 -> `policy.blitzscale.pd.look` (a mutation when the system mutates, then the per-role
 monitor) -> `PdServing.mutate`; the monitor's wish for one more instance than the
@@ -24,7 +24,7 @@ from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look
 from surge.policy.multicast.topology import NodeTraffic
 from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.pd_handoff import PdServing
+from surge.runtime.migration.pd_handoff import PdServing
 
 log = logging.getLogger(__name__)
 

@@ -97,7 +97,7 @@ def startup_request(
 
 def device_owners(pool: ParameterPool, model: str, live: set[int]) -> tuple[int, ...]:
     """Live nodes holding a complete device copy of `model` of their own (not one mapped
-    from a host mate, `ParameterPool.shared_from`): the copies `policy.mate_copies` opens."""
+    from a host mate, `ParameterPool.shared_from`): the copies `policy.copies.mate_copies` opens."""
     mapped = pool.shared_from.get(model, {})
     return tuple(n for n in pool.complete(model, "gpu") if n in live and n not in mapped)
 

@@ -6,7 +6,7 @@ where a new instance's weights come from (`load`, decided per destination by
 `surge.policy.startup`), which multicast plan (`surge.policy.multicast.scale_out` strategy), how
 it serves while loading (`surge.policy.loading`: execution pipelines, BlitzScale live
 scaling, or load-then-serve), ParaServe's group sizing (Alg. 1) and consolidation
-(§6.1 predictor), how the host cache behaves (`surge.policy.keepalive`), the
+(§6.1 predictor), how the host cache behaves (`surge.policy.copies.keepalive`), the
 autoscaler's settings (`surge.policy.autoscale`), and P/D disaggregation. No system has
 code of its own in the runtime or the simulator: both read these fields.
 """

@@ -45,7 +45,7 @@ MAX_SPANS_KEPT = 64
 
 class PdRouting(Protocol):
     """A deployment's P/D disaggregation as its `Server` and the code around it see it
-    (`runtime/pd_handoff.py` `PdServing`; BlitzScale §5.2, §6). A protocol, so the server
+    (`runtime/migration/pd_handoff.py` `PdServing`; BlitzScale §5.2, §6). A protocol, so the server
     does not import the hand-off (which imports the server's consolidation)."""
 
     roles: dict[str, str]
@@ -101,7 +101,7 @@ class Server:
         the serving instances' measured prefill time (live scaling's Time_l)."""
         self._ids = itertools.count()
         self.pd: PdRouting | None = None
-        """P/D disaggregation (`runtime/pd_handoff.py`), when the deployment runs it."""
+        """P/D disaggregation (`runtime/migration/pd_handoff.py`), when the deployment runs it."""
         self._events = client.subscribe((TokenGenerated, RequestFailed, AgentDown), model=model)
         self._pump = asyncio.get_running_loop().create_task(self._pump_events())
 

@@ -5,7 +5,7 @@ of every kind of transfer (GPU to GPU over the network or inside a machine, host
 memory to GPU, host memory of one machine to a GPU of another (a host copy as a
 multicast source, FaaScale §5), SSD or registry to GPU or to host memory (a cold
 leader restoring the host copy)), and per-machine host caches holding
-`surge.policy.keepalive.CacheEntry`s.
+`surge.policy.copies.keepalive.CacheEntry`s.
 
 Links per machine m: `nic-out/m`, `nic-in/m` (machine NIC), `ssd/m`, and per GPU g:
 `pcie/g` (host -> GPU), `gnic-out/g`, `gnic-in/g` (per-GPU RDMA NIC, when the preset
@@ -14,7 +14,7 @@ inside the machine, into g). `registry` is cluster-wide; a per-machine cap adds
 `reg/m`.
 """
 
-from surge.policy.keepalive import CacheEntry
+from surge.policy.copies.keepalive import CacheEntry
 from surge.sim.flows import FlowNetwork, Link
 from surge.sim.hardware import ClusterProfile, Machine
 

@@ -4,13 +4,13 @@ In: the system's `host_cache` choice (`lru`, `pinned-one`, `all`, `none`), its k
 and cache fraction, and the loads and releases the simulator carries out. Out: the
 entries in `ClusterState.host_cache` (what `surge.policy.startup` sees as host copies and
 `surge.policy.placement` as locality), and the lifetimes of evicted entries. Admission and
-expiry are `surge.policy.keepalive` decisions (LRU + keep-alive, ServerlessLLM).
+expiry are `surge.policy.copies.keepalive` decisions (LRU + keep-alive, ServerlessLLM).
 """
 
 from collections.abc import Callable
 
-from surge.policy.host_copies import NodeHostCache, pinned_copy
-from surge.policy.keepalive import CacheEntry, CacheSettings, admit, expired
+from surge.policy.copies.host_copies import NodeHostCache, pinned_copy
+from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.sim.world import World
 
 
@@ -35,7 +35,7 @@ class HostCache:
     def seed(self) -> None:
         """Fill the caches at time 0: every own machine (`all`) or one per model, in model
         order (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica),
-        where `policy.host_copies.pinned_copy` puts it: the roomiest machine of the
+        where `policy.copies.host_copies.pinned_copy` puts it: the roomiest machine of the
         model's group, ties to the lowest index."""
         mode = self.world.system.host_cache
         if mode not in ("all", "pinned-one"):

@@ -8,7 +8,7 @@ and waits here (`parked`, oldest first) until `policy.blitzscale.pd.handoff_targ
 an instance to decode it (the source itself when none decodes; none while every decode
 instance is full); `look` is the monitor's look (`policy.blitzscale.pd.look`: a mutation,
 carried out here, and the monitor's wish for one more instance). The views are built as
-the runtime builds them (`runtime/pd_handoff.PdServing`): an instance's index is its
+the runtime builds them (`runtime/migration/pd_handoff.PdServing`): an instance's index is its
 place in join order (its age), its requests count the ones parked on it.
 Moving the K/V (a network transfer) is `sim/pools.py`'s; when to look is
 `sim/scaling.py`'s. Owned by the simulator; decides nothing itself.

@@ -22,7 +22,7 @@ Shape (units in names):
 ServeGen's clients, ranked busiest first; model i takes the trace's i-th, the rest are
 dropped) or `each` (every model its own draw of a generator, seeds apart: per-model
 Gamma processes, ParaServe §8.3's method). Host memory, GPUs per host and the host
-cache's keep-alive and size (the LRU of `policy.keepalive`) come from the cluster and
+cache's keep-alive and size (the LRU of `policy.copies.keepalive`) come from the cluster and
 the system overrides.
 """
 

@@ -11,7 +11,7 @@ The parts, each one concern, dependencies passed in (no part imports another's s
   `policy.loading.LoadingState`;
 - `groups.Groups`: ParaServe groups (`policy.startup.plan_group`) and consolidation
   (`policy.paraserve_predictor`);
-- `host_cache.HostCache`: `policy.keepalive`;
+- `host_cache.HostCache`: `policy.copies.keepalive`;
 - `compute_sharing.ComputeSharing`: processor sharing of one host's cores.
 This module builds them, schedules the arrivals and the sampler, and runs the loop.
 """

@@ -18,7 +18,7 @@ from surge.events import Refactor
 from surge.model.tokenizer import load_tokenizer
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import SYSTEMS
-from surge.runtime.refactor import FlexPipeline
+from surge.runtime.migration.refactor import FlexPipeline
 from tests.control.test_strategies import PROMPTS, _check, _cluster, _deploy, _until
 
 MAX_TOKENS = 1200

@@ -13,7 +13,7 @@ from surge.model.manifest import read_manifest
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.router import Endpoint, route
 from surge.policy.systems import serve_system
-from surge.runtime.refactor import FlexPipeline
+from surge.runtime.migration.refactor import FlexPipeline
 from surge.runtime.scaleout.flexpipe import micro_batches
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from surge.control.copies import Copies
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
-from surge.policy.host_copies import host_copy_retry_s
+from surge.policy.copies.host_copies import host_copy_retry_s
 from surge.runtime.protocol import LoadOp
 from surge.runtime.transport import RemoteError
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from surge.policy.keepalive import CacheEntry
+from surge.policy.copies.keepalive import CacheEntry
 from surge.policy.systems import SystemConfig
 from surge.sim.instance import Instance, Placement
 from surge.sim.pools import Pool

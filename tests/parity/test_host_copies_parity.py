@@ -1,7 +1,7 @@
 """Pinned host copy parity (BlitzScale §5.3): models of different sizes deployed one after
 another onto the same empty nodes get their pinned host copy on the same node in
 `surge serve` (`control/copies.Copies.restore_invariant`) and in the simulator
-(`sim/host_cache.HostCache.seed`, `pinned-one`): both ask `policy.host_copies.pinned_copy`
+(`sim/host_cache.HostCache.seed`, `pinned-one`): both ask `policy.copies.host_copies.pinned_copy`
 (the roomiest node, ties to the lowest id). Node i of the runtime is machine i."""
 
 import asyncio

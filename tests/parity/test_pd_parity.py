@@ -1,7 +1,7 @@
 """P/D parity (BlitzScale §5.2, §6): the same deployment, described once, gets the same roles,
 routes new requests to the same instances, hands a prefilled request to the same instance
 (or keeps it waiting), and its monitor mutates the same instance and asks for the same
-extra instance, in `surge serve` (`runtime/pd_handoff.PdServing`, `control/pd.PdControl`)
+extra instance, in `surge serve` (`runtime/migration/pd_handoff.PdServing`, `control/pd.PdControl`)
 and in the simulator (`sim/pd.PdPool` through `sim/pools.Requests` and
 `sim/scaling.Scaler`).
 
@@ -23,7 +23,7 @@ from surge.control.pd import PdControl
 from surge.policy.blitzscale.pd import PdTargets
 from surge.policy.systems import SystemConfig, system_config
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.pd_handoff import PdServing
+from surge.runtime.migration.pd_handoff import PdServing
 from surge.runtime.server import Server
 from surge.sim.instance import Instance
 from surge.sim.pools import Requests

@@ -1,14 +1,14 @@
-"""The host-copy rules `surge serve`'s controller carries out (`surge.policy.host_copies`):
+"""The host-copy rules `surge serve`'s controller carries out (`surge.policy.copies.host_copies`):
 which node keeps a model's pinned copy, which copies expire, where a new copy is read."""
 
-from surge.policy.host_copies import (
+from surge.policy.copies.host_copies import (
     NodeHostCache,
     PinnedCopy,
     expired_copies,
     host_copy_source,
     pinned_copy,
 )
-from surge.policy.keepalive import CacheEntry, CacheSettings
+from surge.policy.copies.keepalive import CacheEntry, CacheSettings
 
 GB = 1 << 30
 SETTINGS = CacheSettings(capacity_bytes=4 * GB, keep_alive_s=10.0)

@@ -1,7 +1,7 @@
-"""`policy.mate_copies`: a destination opens a host mate's own device copy where both devices
+"""`policy.copies.mate_copies`: a destination opens a host mate's own device copy where both devices
 share, and nowhere else."""
 
-from surge.policy.mate_copies import MateOpen, plan_mate_opens
+from surge.policy.copies.mate_copies import MateOpen, plan_mate_opens
 from surge.policy.multicast.topology import NodeLinks
 
 GPU_A = NodeLinks(host="a", shares_device=True)

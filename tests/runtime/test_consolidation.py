@@ -7,8 +7,8 @@ import pytest
 
 from surge.engine.sampling import SamplingParams
 from surge.policy.blitzscale.zigzag import ZigzagProblem, best_effort
-from surge.runtime.consolidation import consolidate, live_prefill
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.migration.consolidation import consolidate, live_prefill
 from surge.runtime.protocol import InstanceAdoptOp, KvSource, LoadOp
 from surge.runtime.server import Server
 from surge.runtime.transport import RemoteError

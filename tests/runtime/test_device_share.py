@@ -2,7 +2,7 @@
 fake GPU whose arenas are files in /dev/shm: the mate that opens the copy makes no arena of
 its own and generates the reference's tokens from the owner's memory; an agent outside
 the group is refused; the parameter pool drops a mapped copy with its owner. A scale-out
-chooses the share by itself (`policy.mate_copies`): its destination in the owner's host
+chooses the share by itself (`policy.copies.mate_copies`): its destination in the owner's host
 group opens the copy, one outside it loads its own."""
 
 import asyncio
@@ -20,7 +20,7 @@ from surge.control.scaleouts import device_owners
 from surge.engine.devmem.fake import ARENA_DIR, ARENA_PREFIX
 from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
-from surge.policy.mate_copies import MateOpen
+from surge.policy.copies.mate_copies import MateOpen
 from surge.policy.startup import Copy, Destination
 from surge.policy.systems import system_config
 from surge.runtime.launch.agent_process import agent_argv

@@ -10,8 +10,8 @@ from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.migration.refactor import FlexPipeline, blocks_of_stage, refactor_pipeline
 from surge.runtime.protocol import LoadOp, StageProfileOp
-from surge.runtime.refactor import FlexPipeline, blocks_of_stage, refactor_pipeline
 from surge.runtime.scaleout.flexpipe import micro_batches
 from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL, connected, record_ops

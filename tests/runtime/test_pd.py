@@ -11,7 +11,7 @@ from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.pd_handoff import PdServing
+from surge.runtime.migration.pd_handoff import PdServing
 from surge.runtime.server import Server
 from tests.runtime.conftest import MODEL
 from tests.runtime.test_serving import PROMPTS, check_against_reference, ready_cluster

@@ -10,7 +10,7 @@ from typing import Any
 from surge.engine.sampling import SamplingParams
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.pd_handoff import PdServing
+from surge.runtime.migration.pd_handoff import PdServing
 from surge.runtime.protocol import (
     HANDOFF_REASON,
     Ack,

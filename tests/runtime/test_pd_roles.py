@@ -7,7 +7,7 @@ from typing import Any
 
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
 from surge.runtime.clock import REAL_CLOCK
-from surge.runtime.pd_handoff import PdServing
+from surge.runtime.migration.pd_handoff import PdServing
 from surge.runtime.protocol import Ack, InstanceRoleOp
 
 

@@ -29,7 +29,8 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   monitor on the deployment as it is after that mutation) -> `PdLook`;
   `with_monitor` adds what the monitor wants to the autoscaler's own scale-out.
 Pure and deterministic. Both bodies carry these out: `surge serve` (`control/pd.py`,
-`runtime/pd_handoff.py`) and the simulator (`sim/pd.py`, `sim/pools.py`, `sim/scaling.py`);
+`runtime/migration/pd_handoff.py`) and the simulator (`sim/pd.py`, `sim/pools.py`,
+`sim/scaling.py`);
 `tests/parity/test_pd_parity.py` proves they take the same actions.
 """
 

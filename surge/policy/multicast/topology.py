@@ -46,7 +46,7 @@ class NodeLinks:
     """The fast link between nodes of its host (None: `HOST_LINK_GBPS`)."""
     shares_device: bool = False
     """Its device's memory can be opened by the other nodes of its host (CUDA IPC, the fake
-    GPU; not the CPU): a mate's device copy is shared, not copied (`policy.mate_copies`)."""
+    GPU; not the CPU): a mate's device copy is shared, not copied (`policy.copies.mate_copies`)."""
 
     def __post_init__(self) -> None:
         for name in ("egress_gbps", "ingress_gbps", "host_gbps"):

@@ -1,6 +1,6 @@
 """What an agent does for FlexPipe's inflight refactoring and profiling (paper 003 §5, §6).
 
-What flows: the controller (`runtime/refactor.py`) re-cuts a live pipeline between two
+What flows: the controller (`runtime/migration/refactor.py`) re-cuts a live pipeline between two
 steps. A node that keeps some layers opens its new stage next to the old one and copies
 the K/V of the layers both share inside the node (`stage_kv_copy`: no transport); K/V of
 layers that change node goes agent to agent: the old stage's node exports it and sends each

@@ -23,7 +23,7 @@ from surge.config import EngineConfig
 from surge.events import NO_BUS, EventBus, PipelineOpened
 from surge.model.manifest import Manifest
 from surge.policy.blitzscale.live_scaling import LoadRatio
-from surge.policy.mate_copies import MateOpen
+from surge.policy.copies.mate_copies import MateOpen
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.paraserve.predictor import ConsolidationDecision
@@ -200,7 +200,7 @@ class ScaleOutReport:
     """(node, start, end on the serving clock) of each ParaServe member's background
     prefetch of the rest into its host tier (§5 Fig. 6(b), `policy.paraserve.prefetch`)."""
     mate_opens: tuple[MateOpen, ...] = ()
-    """Destinations that opened a host mate's device copy (`policy.mate_copies`)."""
+    """Destinations that opened a host mate's device copy (`policy.copies.mate_copies`)."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class ScaleOutContext:
     it is planned as uncapped and alone (`policy.topology`)."""
     device_owners: tuple[int, ...] = ()
     """Live nodes holding a complete device copy of the model of their own (not mapped from
-    a host mate): a destination in one's host group opens it (`policy.mate_copies`)."""
+    a host mate): a destination in one's host group opens it (`policy.copies.mate_copies`)."""
     hosted_s: Mapping[int, float] = field(default_factory=dict)
     """When each node last hosted the model (served it or took a host copy; monotonic
     s): FlexPipe's §7 Eq. 13 history (`system.place_new_group`)."""

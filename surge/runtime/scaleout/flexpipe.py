@@ -42,8 +42,8 @@ from surge.policy.flexpipe.system import (
 )
 from surge.policy.startup import StartupPlan
 from surge.policy.systems import SystemConfig
+from surge.runtime.migration.refactor import FlexPipeline, blocks_of_stage
 from surge.runtime.protocol import StageProfileOp
-from surge.runtime.refactor import FlexPipeline, blocks_of_stage
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, flexpipe_name
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates

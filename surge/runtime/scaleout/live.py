@@ -12,8 +12,8 @@ from its block arrivals, the serving instances' prefill time per token
 `LiveScalingState.look` decides (the SLO check against `ctx.ttft_slo_s`, the schedule,
 waiting for layers, the split, the source); this file carries out a `RunBatch`: the first
 T layers on the receiver, the rest on the source, which then decodes them
-(`runtime/consolidation.py` `live_prefill`); under P/D the K/V goes to a decode instance
-instead, as soon as one has room (`runtime/pd_handoff.py` `PdServing.hold`). The schedule
+(`runtime/migration/consolidation.py` `live_prefill`); under P/D the K/V goes to a decode instance
+instead, as soon as one has room (`runtime/migration/pd_handoff.py` `PdServing.hold`). The schedule
 is solved in a worker thread (the ILP may take tens of ms). A batch runs as its own task,
 so up to `LiveSettings.max_in_flight` of a target's batches are under way at once: the
 target runs batch i+1's first layers while the source runs batch i's rest (Fig. 12b's
@@ -49,8 +49,8 @@ from surge.policy.blitzscale.live_scaling import (
     plan_redistribution,
 )
 from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
-from surge.runtime.consolidation import live_prefill
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.migration.consolidation import live_prefill
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, held_layers
 

@@ -2,7 +2,7 @@
 alone.
 
 What flows: a node id and where its blocks come from (its own `host`, `disk` or `remote`
-tier, as `policy.startup` said; or a host mate's device copy, as `policy.mate_copies`
+tier, as `policy.startup` said; or a host mate's device copy, as `policy.copies.mate_copies`
 said: an `OpenMateCopyOp`); a `LoadOp` into the gpu tier, then an instance
 (`InstanceOpenOp` through `LocalEndpoint.open`), which the server routes to and the
 controller hears about (`hooks.on_local`). Used by `run.py`, `multicast.py` (`GoLocal`) and

@@ -13,7 +13,7 @@ start-up plan (each destination's own tier). For each instance wanted, one group
   the system's `predictor_window_s`, and its queue; the simulator makes the same call)
   says how many members to keep: scale down to one, or scale up to several. The kept
   members fetch the rest and become local instances; the group's running requests move
-  onto them with their KV caches (`runtime/consolidation.py` `consolidate`); the other
+  onto them with their KV caches (`runtime/migration/consolidation.py` `consolidate`); the other
   members' slots are released.
 With `consolidation` `scale-up` every member is kept; with `group_sizing` `fixed` the group
 is the destination and the first free nodes, `pipeline_size` in all or fewer
@@ -48,8 +48,8 @@ from surge.policy.startup import (
     StartupPlan,
     alg1_inputs,
 )
-from surge.runtime.consolidation import consolidate
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.migration.consolidation import consolidate
 from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
 from surge.runtime.scaleout.local import load_blocks, open_local

@@ -6,7 +6,7 @@ through `hooks.on_local`), with whatever the system serves on the way, recorded 
 context; returns the start kind (hot, warm, cold).
 
 First, destinations whose host group already holds a device copy of the model open it
-instead of loading one (`policy.mate_copies`; `scaleout/local.open_mate_then_serve`), and
+instead of loading one (`policy.copies.mate_copies`; `scaleout/local.open_mate_then_serve`), and
 the start-up plan covers the others. What the plan says, and who carries it out (λScale
 §5, FaaScale §5):
 - `cold_leader`: first bring the model into that node's host tier (`hooks.make_host_copy`:
@@ -27,7 +27,7 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from surge.policy.mate_copies import plan_mate_opens
+from surge.policy.copies.mate_copies import plan_mate_opens
 from surge.policy.startup import StartupPlan, StartupRequest, plan_startup
 from surge.policy.warm_pipelines import plan_warm_groups
 from surge.runtime.scaleout.context import ScaleOutContext

@@ -7,7 +7,7 @@ prefill instance parks each request after its prefill (`runtime/node/pd.py`) and
 so with its first token (`finish_reason == HANDOFF_REASON`); `handoff` then takes the
 parked K/V off it (`instance_handoff`: typed header + raw bytes) and gives it to the
 decode instance `policy.pd.handoff_target` picks, which adopts it and decodes on,
-token-exact (`runtime/consolidation.py`'s adoption, the KV migration ParaServe
+token-exact (`runtime/migration/consolidation.py`'s adoption, the KV migration ParaServe
 consolidation uses). Hand-offs run in parallel, one at a time per (source, target) pair:
 each prefill instance sends its K/V to the decode instances over its own NIC (BlitzScale
 §3 Fig. 8a, after DistServe), so pairs do not wait for one another; a pair whose link is
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import pd
-from surge.runtime.consolidation import adopt
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
+from surge.runtime.migration.consolidation import adopt
 from surge.runtime.protocol import (
     HANDOFF_REASON,
     InstanceHandoffOp,

@@ -2,7 +2,7 @@
 where a new host copy is read from.
 
 In: each live node's host cache as `NodeHostCache` (its `CacheEntry`s from
-`surge.policy.keepalive`, and the models with an instance on it), the cache settings, the
+`surge.policy.copies.keepalive`, and the models with an instance on it), the cache settings, the
 nodes already holding a complete host copy of a model. Out: a `PinnedCopy` (the node and
 whether the copy must be loaded there), the (node, model) copies to evict now, and the
 `load` source of a new copy. `surge serve`'s controller (`control/copies.py`) carries them
@@ -13,7 +13,7 @@ Rules:
   node's host memory, pinned (never evicted). An existing complete copy is pinned (the
   lowest node id: no load at all); with none, a copy is loaded on the node with the most
   free host memory (ties: lowest node id), so the pinned copies spread over the cluster.
-- Keep-alive (ServerlessLLM, `policy.keepalive.expired`): an unpinned copy unused for the
+- Keep-alive (ServerlessLLM, `policy.copies.keepalive.expired`): an unpinned copy unused for the
   keep-alive leaves host memory, but never from a node where the model has an instance
   (loading or serving: its host copy is in use).
 - A new copy is read from the node's own disk when every block is there, else from the
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from surge.policy.keepalive import CacheEntry, CacheSettings, expired
+from surge.policy.copies.keepalive import CacheEntry, CacheSettings, expired
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,8 @@ async def live_prefill(
     """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
     sample each first token here, then hand the requests (with their whole KV cache) to
     `old`, which decodes them (BlitzScale §4 live autoscaling) — or to `deliver(req,
-    parts, payload, num_cached)` (P/D: a decode instance adopts it, `runtime/pd_handoff.py`).
+    parts, payload, num_cached)` (P/D: a decode instance adopts it,
+    `runtime/migration/pd_handoff.py`).
     Returns the (node, start, end) wall-clock spans of the two stages' compute."""
     L = manifest.arch.num_layers
     T = num_layers_on_new

@@ -1,0 +1,6 @@
+"""Running requests moved between endpoints, their K/V with them.
+
+ParaServe §6 consolidation and BlitzScale live prefill (`consolidation.py`), FlexPipe's
+in-flight refactoring (`refactor.py`), the P/D hand-off from a prefill instance to a decode
+one (`pd_handoff.py`).
+"""
