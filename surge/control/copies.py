@@ -24,6 +24,8 @@ from surge.policy.copies.host_copies import (
     pinned_copy,
 )
 from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit
+from surge.policy.flexpipe.host_keep import keep_host_after_eviction
+from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp
@@ -73,12 +75,27 @@ class Copies:
         except Exception as e:  # none open there (never came up, or closed already)
             log.debug("%s: instance_close on node %d: %s", model, node, e)
         blocks = tuple(range(num_blocks))
+        keep = self._keeps_host(model, node)
         try:
-            await self.client.call(node, EvictOp(model=model, blocks=blocks, tier="gpu"))
+            op = EvictOp(model=model, blocks=blocks, tier="gpu", keep_host=keep)
+            await self.client.call(node, op)
         except Exception as e:
             log.warning("%s: gpu copy on node %d not evicted: %s", model, node, e)
             return
         self.pool.remove(model, node, "gpu", blocks)
+        if keep:  # the kept blocks came in as host arrivals: the cache's LRU clock starts
+            self.deployments[model].host_last_used_s[node] = self.clock.now_s()
+
+    def _keeps_host(self, model: str, node: int) -> bool:
+        """FlexPipe §7: a freed slot's GPU blocks stay in its host tier when the host cache
+        admits the model there without evicting another (`policy.flexpipe.host_keep`)."""
+        dep = self.deployments.get(model)
+        if dep is None:
+            return False
+        entry = CacheEntry(model, dep.manifest.total_bytes, self.clock.now_s())
+        decision = admit(self._entries(node), entry, self.settings)
+        system = serve_system(dep.spec.strategy)
+        return keep_host_after_eviction(system, decision.admit and not decision.evict)
 
     # ---- host copies -------------------------------------------------------------
 

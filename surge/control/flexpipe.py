@@ -21,6 +21,7 @@ so surplus pipelines go idle and the autoscaler releases them. Every decision is
 `surge.policy.flexpipe.system`'s. Owned by control/.
 """
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ from surge.policy.flexpipe.groups import (
     pipeline_autoscale,
     pipeline_target,
 )
+from surge.policy.flexpipe.host_keep import stage_sources
 from surge.policy.flexpipe.system import (
     arrivals_in_window,
     choose_num_stages,
@@ -200,10 +202,14 @@ class FlexPipeControl:
         async def load(node: int, blocks: list[int]) -> None:
             held = self.pool.blocks_at(dep.name, node, "gpu")
             missing = tuple(b for b in blocks if b not in held)
-            if missing:
-                source = own_tiers(self.pool, dep.name, [node])[0].own_tier
-                op = LoadOp(dep.name, missing, tier="gpu", source=source)  # type: ignore[arg-type]
-                await self.client.call(node, op)
+            # FlexPipe §7: the blocks it kept in its host tier load from there
+            own = own_tiers(self.pool, dep.name, [node])[0].own_tier
+            kept = self.pool.blocks_at(dep.name, node, "host")
+            ops = [
+                LoadOp(dep.name, part, tier="gpu", source=src)  # type: ignore[arg-type]
+                for src, part in stage_sources(own, kept, missing)
+            ]
+            await asyncio.gather(*(self.client.call(node, op) for op in ops))
 
         def alive() -> bool:
             return dep.server.endpoints.get(pipe.name) is pipe

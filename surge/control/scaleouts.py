@@ -170,6 +170,9 @@ async def start_scale_out(
         links=offer.links,
         device_owners=device_owners(pool, dep.name, live),
         hosted_s=dict(dep.host_last_used_s),
+        host_blocks={
+            n: frozenset(pool.blocks_at(dep.name, n, "host")) for n in (*dests, *offer.spares)
+        },
         report=report,
     )
     await run_scale_out(ctx)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
-from surge.events import Refactor
+from surge.events import BlockLanded, Refactor
 from surge.model.tokenizer import load_tokenizer
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import SYSTEMS
@@ -94,7 +94,14 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
             await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
             await _until(lambda: _done(dep, "merge") and _stage_counts(dep) == [1], "merge", 30)
             await _until(lambda: len(dep.instances) == 1, "the merged-away slot released")
+            (left,) = [n for n in split_nodes if n not in dep.instances]
+            # FlexPipe §7: its stage's blocks stay in its host tier (announced as arrivals)
+            kept = lambda: ctl.pool.blocks_at(dep.name, left, "host")  # noqa: E731
+            await _until(lambda: bool(kept()), "the merged-away stage kept in host", 10)
+            held = (kept(), ctl.pool.blocks_at(dep.name, left, "gpu"))
             return (
+                left,
+                held,
                 (coarse_micro, split_micro, _micro_batches(dep)),
                 reqs,
                 mid,
@@ -109,9 +116,19 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
             await ctl.stop()
 
     with cluster:
-        micro, reqs, mid, coarse_nodes, split_nodes, split_status, status, metrics, events = (
-            asyncio.run(run())
-        )
+        (
+            left,
+            (kept, left_gpu),
+            micro,
+            reqs,
+            mid,
+            coarse_nodes,
+            split_nodes,
+            split_status,
+            status,
+            metrics,
+            events,
+        ) = asyncio.run(run())
     # The head keeps one micro-batch per stage through both refactorings (the policy's
     # count, as in the simulator): 1, then 2 once split, 1 again once merged.
     assert micro == ([1], [2], [1]), micro
@@ -126,3 +143,13 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
     # The dashboard sees both refactorings, with the new stages' nodes.
     shapes = [len(e.stages) for e in events if isinstance(e, Refactor)]
     assert shapes[:2] == [2, 1], shapes
+    # FlexPipe §7 host copies kept after GPU eviction: the node merged away freed its GPU
+    # copy, and its stage's blocks landed in its host tier after the merge (GPU -> host), so
+    # a later stage there loads warm (`policy.flexpipe.host_keep.stage_sources`).
+    merge_at = [i for i, e in enumerate(events) if isinstance(e, Refactor)][1]
+    landed = [
+        e.block
+        for e in events[merge_at:]
+        if isinstance(e, BlockLanded) and e.node == left and e.tier == "host"
+    ]
+    assert landed and set(landed) <= kept and not left_gpu, (left, landed, kept, left_gpu)

@@ -12,6 +12,7 @@ agent (`runtime/node/agent.py`).
 """
 
 import asyncio
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from surge.runtime.protocol import (
 )
 from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
 from surge.runtime.transport import Connection
+
+log = logging.getLogger(__name__)
 
 
 def _bucket(gbps: float | None) -> TokenBucket:
@@ -345,6 +348,8 @@ class AgentStore:
 
     async def op_evict(self, op: EvictOp, conn: Connection, p: memoryview) -> Ack:
         state = self.model(op.model)
+        if op.keep_host:
+            await self._keep_in_host(op.model, state, op.blocks)
         for block in op.blocks:
             info = state.block(block)
             if op.tier == "host":
@@ -360,6 +365,29 @@ class AgentStore:
             if self.buffer_of(op.model, block) is None and block in state.present:
                 state.present[block].clear()
         return Ack()
+
+    async def _keep_in_host(self, name: str, state: ModelState, blocks: tuple[int, ...]) -> None:
+        """FlexPipe §7: gpu-tier blocks not in the host tier are copied there (from the
+        buffer each landed in, else from the device) and announced, before the eviction
+        frees them; without room in shared memory none is kept."""
+        infos = [
+            state.block(b)
+            for b in blocks
+            if b in state.device_blocks and self.host_cache.get(name, b) is None
+        ]
+        try:
+            check_shm_room(name, infos, self.ctx.config.fault_shm_free_bytes)
+        except SurgeError as e:
+            log.warning("node %d keeps no host copy of %s: %s", self.ctx.node, name, e)
+            return
+        for info in infos:
+            held = state.gpu_buffers.get(info.index)
+            if held is None:  # a device copy only: read it back
+                data = state.device_blocks[info.index]
+                held = memoryview(data.cpu().numpy()).cast("B")
+            buf = self.host_cache.allocate(name, info)
+            buf[: info.size_bytes] = held[: info.size_bytes]
+            await self.landed(name, info.index, "host", buf)
 
     async def op_checksums(
         self, op: ChecksumsOp, conn: Connection, p: memoryview

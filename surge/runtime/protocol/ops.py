@@ -132,9 +132,14 @@ class EvictOp(Op[Ack], name="evict"):
     model: str
     blocks: tuple[int, ...]
     tier: Tier = "host"
+    keep_host: bool = False
+    """With tier `gpu`: the blocks go to the host tier before they are freed (a GPU ->
+    host copy, announced as `arrival`s in `host`; FlexPipe §7 host copies kept after GPU
+    eviction, `policy.flexpipe.host_keep`). No room in shared memory: they are freed only."""
 
     def __post_init__(self) -> None:
         _blocks_ok("op evict", self.blocks)
+        require(not self.keep_host or self.tier == "gpu", "op evict", "keep_host is for gpu")
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,10 @@ class ScaleOutContext:
     hosted_s: Mapping[int, float] = field(default_factory=dict)
     """When each node last hosted the model (served it or took a host copy; monotonic
     s): FlexPipe's §7 Eq. 13 history (`system.place_new_group`)."""
+    host_blocks: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    """Blocks each destination and spare holds in its host tier, complete or not: a
+    FlexPipe stage whose blocks are all there loads from it (kept after a GPU eviction,
+    §7; `policy.flexpipe.host_keep.stage_sources`)."""
     report: ScaleOutReport = field(default_factory=ScaleOutReport)
     """What the scale-out did, written as it goes (the one mutable part)."""
 

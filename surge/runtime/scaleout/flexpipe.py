@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from surge.config import EngineConfig
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.granularity import cv_of_arrivals
+from surge.policy.flexpipe.host_keep import stage_sources
 from surge.policy.flexpipe.microbatch import head_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.stage_placement import Affinity
@@ -183,13 +184,15 @@ async def _open_pipeline(
     ctx: ScaleOutContext, choice: StageChoice, tiers: dict[int, str]
 ) -> BaseException | None:
     stages = [(n, a, b) for n, (a, b) in zip(choice.slots, choice.bounds, strict=True)]
+
+    async def load(n: int, blocks: list[int]) -> None:
+        # FlexPipe §7: the blocks the node kept in host memory load from there
+        held = ctx.host_blocks.get(n, frozenset())
+        parts = stage_sources(tiers.get(n, "remote"), held, blocks)
+        await asyncio.gather(*(load_blocks(ctx, n, list(b), src) for src, b in parts))
+
     try:
-        await asyncio.gather(
-            *(
-                load_blocks(ctx, n, blocks_of_stage(ctx.manifest, a, b), tiers.get(n, "remote"))
-                for n, a, b in stages
-            )
-        )
+        await asyncio.gather(*(load(n, blocks_of_stage(ctx.manifest, a, b)) for n, a, b in stages))
         name = flexpipe_name(ctx.model)
         micro, most = micro_batches(ctx.system, ctx.manifest, ctx.engine, len(stages))
         pipe = FlexPipeline(
