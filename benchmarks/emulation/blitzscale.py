@@ -177,9 +177,12 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
     out, staging = earlier.get("emulated", {}), earlier.get("staging", {})
     if out:
         log.info("--resume: %s finished earlier (%s)", ", ".join(out), partial_path(args))
+    todo = [s for s in args.systems.split(",") if s not in out]
+    if not todo:  # every system finished earlier: only the report is written
+        return out, staging
     cluster = emulated_cluster(args, tmp, emulation)
     with cluster:
-        for system in [s for s in args.systems.split(",") if s not in out]:
+        for system in todo:
             hosts = list(range(args.nodes)) if system == "allcache" else [0, 1]
             disks = list(range(args.nodes)) if system == "serverlessllm" else []
             state, staged_s = await fresh_copies(
