@@ -253,7 +253,7 @@ class Groups:
             self.flexpipe.register(inst, spans)
         left = [len(workers)]
         launch_s = world.loop.now_s
-        rests = self._prefetch_rests(pool, workers, member_bytes) if shaped is None else {}
+        rests = self.prefetch_rests(pool, workers, member_bytes) if shaped is None else {}
 
         def member_done(i: int) -> None:
             if i in rests and not inst.released:  # ParaServe §5: then the rest, into host
@@ -279,7 +279,7 @@ class Groups:
             self._fetch(pool, w, nbytes, lambda i=i: member_done(i), count=True)
         return True
 
-    def _prefetch_rests(
+    def prefetch_rests(
         self, pool: Pool, workers: list[tuple[int, ...]], member_bytes: list[int]
     ) -> dict[int, int]:
         """Member index -> bytes of the rest its node prefetches after its part

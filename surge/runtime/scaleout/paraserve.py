@@ -150,7 +150,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
         ctx.report.consolidations.append(group_consolidation(ctx, 1).decision)
         await open_local(ctx, members[0])
         return
-    plans = _prefetch_plans(ctx, group, tiers)
+    plans = prefetch_plans(ctx, group, tiers)
     prefetching: dict[int, asyncio.Task] = {}
     try:
         await asyncio.gather(*(_fetch_parts(ctx, plans[m], tiers[m], prefetching) for m in members))
@@ -184,7 +184,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
             await ctx.hooks.release(m)
 
 
-def _prefetch_plans(
+def prefetch_plans(
     ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, str]
 ) -> dict[int, MemberPrefetch]:
     """`policy.paraserve.prefetch` for this group, with the §6.1 prediction as it starts."""
