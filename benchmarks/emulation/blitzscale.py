@@ -23,8 +23,8 @@ systems (`benchmarks/paper/blitzscale_eval.systems_6_1`, two warm instances). Ev
 in emulated seconds; the JSON records D, the host's load and each run's violations.
 
 Usage: python -m benchmarks.emulation.blitzscale --time-dilation 80 \\
-           --json benchmarks/results/emulation_blitzscale.json \\
-           --png benchmarks/results/emulation_blitzscale.png
+           --json benchmarks/results/emulation/emulation_blitzscale.json \\
+           --png benchmarks/results/emulation/emulation_blitzscale.png
 """
 
 import argparse
@@ -229,7 +229,7 @@ def main() -> None:
         "are done); TBT then counts the tokens seen until then",
     )
     ap.add_argument(
-        "--json", type=Path, default=Path("benchmarks/results/emulation_blitzscale.json")
+        "--json", type=Path, default=Path("benchmarks/results/emulation/emulation_blitzscale.json")
     )
     ap.add_argument(
         "--resume",

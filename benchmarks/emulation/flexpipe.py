@@ -20,8 +20,8 @@ trace and variants (`flexpipe_sim.run_one`). Times are emulated seconds; the JSO
 D, the host's load and each run's violations.
 
 Usage: python -m benchmarks.emulation.flexpipe --time-dilation 40 \\
-           --json benchmarks/results/emulation_flexpipe.json \\
-           --png benchmarks/results/emulation_flexpipe.png
+           --json benchmarks/results/emulation/emulation_flexpipe.json \\
+           --png benchmarks/results/emulation/emulation_flexpipe.png
 """
 
 import argparse
@@ -233,7 +233,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/emulation_flexpipe.json"))
+    ap.add_argument(
+        "--json", type=Path, default=Path("benchmarks/results/emulation/emulation_flexpipe.json")
+    )
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument(
         "--resume",

@@ -15,8 +15,8 @@ end, endpoints opened and mode switches (the timeline), and each agent's paced s
 violations.
 
 Usage: python -m benchmarks.emulation.lambdascale --nodes 12 --time-dilation 20 \
-           --json benchmarks/results/emulation_lambdascale.json \
-           --png benchmarks/results/emulation_lambdascale.png
+           --json benchmarks/results/emulation/emulation_lambdascale.json \
+           --png benchmarks/results/emulation/emulation_lambdascale.png
 """
 
 import argparse
@@ -186,7 +186,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4, help="batch limit per instance")
     ap.add_argument("--bucket-s", type=float, default=0.25, help="timeline bucket, real s")
     ap.add_argument(
-        "--json", type=Path, default=Path("benchmarks/results/emulation_lambdascale.json")
+        "--json", type=Path, default=Path("benchmarks/results/emulation/emulation_lambdascale.json")
     )
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--replot", type=Path, default=None, help="only redraw --png from this JSON")

@@ -11,7 +11,8 @@ that size (`group_sizing` fixed), and of one worker; its engine start (`init_s`,
 overlapping the load, `policy/systems.py`) is set to 0, as the emulated runtime has no
 engine-start pause beyond its real one. Writes JSON (+ PNG).
 
-Usage: python -m benchmarks.emulation.paraserve --json benchmarks/results/emulation_paraserve.json
+Usage: python -m benchmarks.emulation.paraserve \
+           --json benchmarks/results/emulation/emulation_paraserve.json
 """
 
 import argparse
@@ -62,7 +63,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument(
-        "--json", type=Path, default=Path("benchmarks/results/emulation_paraserve.json")
+        "--json", type=Path, default=Path("benchmarks/results/emulation/emulation_paraserve.json")
     )
     add_cluster_args(ap)
     ap.set_defaults(emulate="paraserve-1:llama2-7b", time_dilation=10.0)

@@ -13,7 +13,7 @@ Reported, alternating the engines round by round (one thread, medians of rounds)
   blocks landed (what a scale-out's new instance runs first: runtime-fused copies a layer's
   projections per step there), and the bytes copied for fusing;
 - settled decode: ms per decode step at `--batches` once fusing and packing are done.
-Writes benchmarks/results/fused_store_decode.json.
+Writes benchmarks/results/engine/fused_store_decode.json.
 
 Usage: python -m benchmarks.engine.fused_store_decode [--preset 100mb] [--batches 1,8] [--rounds 7]
 """
@@ -38,7 +38,7 @@ from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model, preset
 
 log = logging.getLogger("fused_store_decode")
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"
 ENGINES = {
     "stored-fused": ("fused", True),
     "runtime-fused": ("separate", True),

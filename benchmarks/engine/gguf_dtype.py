@@ -6,7 +6,7 @@ twice (`surge model import --dtype`), one engine each, default settings and thre
 prefill, then `--decode` batch-1 greedy decode steps (ms per step), then a batch-8 decode
 (ms per step). Reported: the median of the rounds per dtype and bf16/fp32 ratios (> 1: fp32
 is faster). Also whether the two give the same greedy tokens. Writes
-benchmarks/results/gguf_dtype.json and .png.
+benchmarks/results/engine/gguf_dtype.json and .png.
 
 `--threads N` sets torch's threads (default: torch's own, as users run it); on a shared VM
 whose cores are busy, one thread avoids OpenMP's spinning between threads, which slowed a
@@ -35,7 +35,7 @@ from surge.model.gguf import import_gguf
 from surge.model.manifest import read_manifest
 
 log = logging.getLogger("gguf_dtype")
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"
 DTYPES = ("float32", "bfloat16")
 PREFILL = [504, 3575, 282, 4649, 314, 7042, 30, 198] * 16  # 128 tokens of real text
 

@@ -9,7 +9,7 @@ the rest of the machine hits both alike; the result is the ratio of their median
 the later requests (goal: ≥ 3x lower with caching). Greedy outputs of the two are compared
 too (a hit must not change a token).
 
-Writes benchmarks/results/prefix_cache.json.
+Writes benchmarks/results/engine/prefix_cache.json.
 Usage: python benchmarks/engine/prefix_cache.py [--preset 100mb] [--system-len 512] [--requests 8]
 """
 
@@ -31,7 +31,7 @@ from surge.model.importer import import_checkpoint
 from surge.model.tiny import create_tiny_model, preset
 
 log = logging.getLogger("prefix_cache")
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"
 
 
 def ttft_s(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> tuple[float, list]:

@@ -1,6 +1,6 @@
 """Decode throughput of the surge engine vs transformers `generate`, same model, same run.
 
-Writes benchmarks/results/engine_throughput.json and .png. Decode tokens/s is measured as
+Writes benchmarks/results/engine/engine_throughput.json and .png. Decode tokens/s is measured as
 batch * (N - 1) / (t(N new tokens) - t(1 new token)), so prefill is excluded for both; the
 two engines alternate over several rounds and the median is reported, since absolute times
 on a shared machine mean little. The ratio surge / transformers is the result.
@@ -25,7 +25,7 @@ from surge.model.importer import import_checkpoint
 from surge.model.tiny import create_tiny_model, preset
 
 log = logging.getLogger("engine_throughput")
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"
 
 
 def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "engine_throughput.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from transformers import AutoModelForCausalLM

@@ -16,7 +16,7 @@ memory-bandwidth limit of batch-1 decode measured in the same run at the same th
 (read bandwidth of a 512 MB tensor / bytes of projections read per token), and what surge's
 one-row kernel and MKL's gemv reach over the same weights. The 1-minute load average is
 recorded with every measurement (the machine is shared). Rates per wall second and per CPU
-second of each engine's process. Writes benchmarks/results/engine_vs_peers.json and .png.
+second of each engine's process. Writes benchmarks/results/engine/engine_vs_peers.json and .png.
 
 Usage: python -m benchmarks.engine.vs_peers [--models 100mb,smollm2] [--threads default,1]
        [--decode-batches 1,8,32] [--prompt-batches 16] [--long-prompts 2000,8000]
@@ -54,7 +54,7 @@ else:  # python benchmarks/engine/vs_peers.py: this directory is on sys.path
 
 log = logging.getLogger("engine_vs_peers")
 HERE = Path(__file__).resolve()
-RESULTS = HERE.parents[1] / "results"
+RESULTS = HERE.parents[1] / "results" / "engine"
 REPO = HERE.parents[2]
 DECODE = (64, 64)
 """Decode-heavy shape: prompt tokens, new tokens."""

@@ -1,6 +1,6 @@
 """The "emulated runtime" column of REPORT.md: what the GPU-time emulation measured.
 
-In: benchmarks/results/*.json written by the emulation benchmarks (benchmarks/emulation/,
+In: benchmarks/results/emulation/*.json written by the emulation benchmarks (benchmarks/emulation/,
 real agents paced as the paper's cluster, docs/emulation.md). Out: "paper|figure" -> one
 table cell, labelled EMULATED with its setting. Two ways in: the known result files below,
 and any result JSON carrying a top-level `report_emulated` list of {"paper", "figure",

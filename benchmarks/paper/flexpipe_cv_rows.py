@@ -1,7 +1,7 @@
 """REPORT.md rows of FlexPipe §9.1-§9.4 from `benchmarks/systems/flexpipe_cv.py`'s simulator
 part (82 A100s, Gamma arrivals at 20 QPS, CV 1/2/4/8, 600 s, Llama-2 7B).
 
-In: benchmarks/results/flexpipe_cv.json (`sim.by_cv`: every variant per CV, and
+In: benchmarks/results/systems/flexpipe_cv.json (`sim.by_cv`: every variant per CV, and
 `sim.hop_sensitivity`: the same at a 0.1-ms stage hop). Out: `rows.row` dicts for
 `report.py`. Baselines as §9 deploys them: AlpaServe = the best static shape provisioned
 once for the peak (`provisioned-N`, the shape of lowest p99: "configures pipelines based on

@@ -65,7 +65,7 @@ KW = {
 FIG13_MODELS = ("llama2-7b", "llama3-8b", "llama2-13b")
 """OPT-66B (the paper's largest) fits no machine of the `flexpipe` preset whole (2 x 80 GB
 without NVLink), which the whole-model baseline needs."""
-CV_JSON = HERE.parents[0] / "results" / "flexpipe_cv.json"
+CV_JSON = HERE.parents[0] / "results" / "systems" / "flexpipe_cv.json"
 
 
 def recovery_s(arrival_s: np.ndarray, latency_s: np.ndarray) -> list[float]:

@@ -14,7 +14,7 @@ Testbed2 for 70B: 4 nodes x 4 GPUs).
   the others from SSD. Same ramp metric. Paper: 3.75x to 11.4x over the three sizes.
 - Fig. 18: multicast completion of 13B to 12 nodes for B = 8, 16, 24, 32, 48 under the
   policy's timing model with a per-transfer overhead DERIVED from this project's runtime
-  (`benchmarks/results/multicast.json`: measured completion minus the plan's optimum, per
+  (`benchmarks/results/scaleout/multicast.json`: measured completion minus the plan's optimum, per
   plan step). Paper: 16 blocks is the fastest.
 ServerlessLLM's engine start is not in the λScale paper (ours ships 0.5 s): Fig. 10/11 run
 it as λScale's Fig. 12 implies (`lambdascale_bursts.sllm_start_from_fig12`), at 0.5 s and
@@ -49,7 +49,7 @@ from surge.traces.request import make_trace
 log = logging.getLogger("lambdascale_figs")
 PAPER = "λScale"
 TB1 = "lambdascale-testbed1"
-MULTICAST_JSON = Path(__file__).resolve().parents[1] / "results" / "multicast.json"
+MULTICAST_JSON = Path(__file__).resolve().parents[1] / "results" / "scaleout" / "multicast.json"
 RAMP_SHARE = 0.8
 """A ramp ends when the token rate (averaged over SMOOTH_BINS) first reaches this share of
 the best rate any system reaches on the same load (the full cluster serving)."""
@@ -191,7 +191,7 @@ def fig8() -> dict:
 
 def measured_overhead_s() -> float:
     """Per plan step, what the runtime's multicast took beyond the plan's optimum
-    (benchmarks/results/multicast.json: real bytes between agents on loopback)."""
+    (benchmarks/results/scaleout/multicast.json: real bytes between agents on loopback)."""
     doc = json.loads(MULTICAST_JSON.read_text())
     b = doc["strategies"]["binomial"]
     return (b["complete_s"] - b["optimal_s"]) / b["plan_steps"]
@@ -207,7 +207,7 @@ def fig18() -> dict:
     best = min(curves["measured_overhead"], key=curves["measured_overhead"].get)
     return {
         "transfer_overhead_s": overhead,
-        "overhead_source": "benchmarks/results/multicast.json (binomial, 8 agents, 16 "
+        "overhead_source": "benchmarks/results/scaleout/multicast.json (binomial, 8 agents, 16 "
         "blocks): (complete_s - optimal_s) / plan_steps",
         "complete_s": curves,
         "best_blocks": best,

@@ -3,7 +3,7 @@
 In: each reproduction script's result JSON, read back through its `report_rows(doc)` (the
 claim, the paper's number, the simulated one and, for a miss, its cause with the measured
 counterfactual the script ran: `rows.row`); the emulated runtime's results
-(benchmarks/results/*.json, `emulated.py`). Out: REPORT.md, one
+(benchmarks/results/emulation/*.json, `emulated.py`). Out: REPORT.md, one
 table per paper: figure, claim, paper, simulator, emulated runtime, ordering holds, within
 20%, cause where not. Owned by the paper reproductions.
 Run: python benchmarks/paper/report.py  (seconds; it runs no simulation)
@@ -24,7 +24,7 @@ from emulated import emulated_cells
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 log = logging.getLogger("report")
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "emulation"
 PAPERS = ("λScale", "BlitzScale", "FlexPipe", "ParaServe")
 SOURCES = (
     ("reproduce", "benchmarks/paper/results.json", "python benchmarks/paper/reproduce.py"),
@@ -40,8 +40,9 @@ SOURCES = (
     ("blitzscale_figs", "benchmarks/results/paper/blitzscale_figs.json", None),
     (
         "flexpipe_cv_rows",
-        "benchmarks/results/flexpipe_cv.json",
-        "python -m benchmarks.systems.flexpipe_cv --json benchmarks/results/flexpipe_cv.json",
+        "benchmarks/results/systems/flexpipe_cv.json",
+        "python -m benchmarks.systems.flexpipe_cv"
+        " --json benchmarks/results/systems/flexpipe_cv.json",
     ),
     ("flexpipe_figs", "benchmarks/results/paper/flexpipe_figs.json", None),
     (

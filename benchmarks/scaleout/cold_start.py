@@ -64,12 +64,14 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--remote-gbps", type=float, default=0.2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=None, help="default: results/cold_start.json")
+    ap.add_argument(
+        "--json", type=Path, default=None, help="default: results/scaleout/cold_start.json"
+    )
     add_cluster_args(ap)
     args = ap.parse_args()
     if args.json is None:
         suffix = "" if args.cluster == "loopback" else f"_{args.cluster}"
-        args.json = Path(f"benchmarks/results/cold_start{suffix}.json")
+        args.json = Path(f"benchmarks/results/scaleout/cold_start{suffix}.json")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     where: dict = {}

@@ -7,7 +7,8 @@ compares each with the timing model's optimum for the same links and block sizes
 efficiency = optimal_s / complete_s. Writes JSON (and a PNG of block arrivals per node).
 
 Usage: python -m benchmarks.scaleout.multicast --nodes 8 --model-mb 64 --blocks 16 --link-gbps 0.5 \
-           --json benchmarks/results/multicast.json --png benchmarks/results/multicast.png
+           --json benchmarks/results/scaleout/multicast.json \
+           --png benchmarks/results/scaleout/multicast.png
        python -m benchmarks.scaleout.multicast --cluster netns ... (root; see docs/testbed.md)
 """
 
@@ -133,7 +134,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--link-gbps", type=float, default=0.5)
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/multicast.json"))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scaleout/multicast.json"))
     ap.add_argument("--png", type=Path, default=None)
     add_cluster_args(ap)
     ap.add_argument(

@@ -10,7 +10,7 @@ A ratio of 1.0 means optimal; the lower bounds are from `surge.policy.multicast.
 Everything is deterministic (the heterogeneous links come from a seeded generator),
 so the numbers are exact properties of the plans, not measurements.
 
-Writes benchmarks/results/multicast_plans.json and .png.
+Writes benchmarks/results/scaleout/multicast_plans.json and .png.
 Usage: python benchmarks/scaleout/multicast_plans.py
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.multicast.scale_out import STRATEGIES, MulticastRequest, plan_scale_out
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "scaleout"
 NODE_COUNTS = (4, 8, 12, 16, 32, 64)
 BLOCK_COUNTS = (8, 32, 64)
 SOURCE_COUNTS = (1, 4)

@@ -10,7 +10,7 @@ With --old REV the same requests also run on the planner of git revision REV (it
 `surge/` package unpacked into a temporary folder), end to end, up to --old-max-nodes
 and --old-timeout-s seconds a request, for the speed-up measured in the same run.
 
-Writes benchmarks/results/planner_speed.json.
+Writes benchmarks/results/scaleout/planner_speed.json.
 Usage: python -m benchmarks.scaleout.planner_speed [--old REV] [--old-max-nodes 1024]
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from surge.policy.multicast.scale_out import MAX_BLOCK_TRANSFERS, MAX_BLOCKS, MAX_NODES, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "benchmarks" / "results" / "planner_speed.json"
+OUT = ROOT / "benchmarks" / "results" / "scaleout" / "planner_speed.json"
 NODE_COUNTS = (64, 256, 1024, 4096, 16384)
 NUM_BLOCKS = 64
 NUM_SOURCES = 1

@@ -16,8 +16,8 @@ registry; first-token time when a 4-way pipeline group fetches a quarter each vs
 fetching the whole model.
 
 Usage: python -m benchmarks.scaleout.scale_burst --nodes 8 --blocks 16 --link-gbps 0.5 \
-           --requests 64 --json benchmarks/results/scale_burst.json \
-           --png benchmarks/results/scale_burst.png
+           --requests 64 --json benchmarks/results/scaleout/scale_burst.json \
+           --png benchmarks/results/scaleout/scale_burst.png
        python -m benchmarks.scaleout.scale_burst --cluster netns --sources 1,2,4 ...
            (one report per K under "by_sources", each with both modes of the same run)
 """
@@ -381,7 +381,9 @@ def main() -> None:
         help="import the model in the pre-version-3 layout (q/k/v, gate/up separate: engines "
         "that fuse copy them in their first steps)",
     )
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_burst.json"))
+    ap.add_argument(
+        "--json", type=Path, default=Path("benchmarks/results/scaleout/scale_burst.json")
+    )
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument(
         "--replot", type=Path, default=None, help="only redraw --png from this result JSON"

@@ -207,7 +207,9 @@ if __name__ == "__main__":
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    real = json.loads((Path(__file__).parents[1] / "results" / "scale_burst.json").read_text())
+    real = json.loads(
+        (Path(__file__).parents[1] / "results" / "scaleout" / "scale_burst.json").read_text()
+    )
     rounds = []
     for i in range(args.rounds):
         t = time.monotonic()

@@ -61,14 +61,14 @@
    new parameter); the round checks it (`sim_calibrate/wakeup_queue.py`: the K=2 multicast with
    and without pipelines serving on its receivers, their event loops' run-queue wait).
 8. Compares predicted vs measured TTFT p50/p90 and writes
-   `benchmarks/results/sim_calibration.json`, with the prediction after each fix.
+   `benchmarks/results/sim_calibrate/sim_calibration.json`, with the prediction after each fix.
    `--run-real` runs the runtime's four bursts (K=1, 2 x both modes) `--repeats` times,
    interleaved with as many profile rounds (`sim_calibrate/repeats.py`): the simulator runs
    on the MEDIAN profile and is compared with the MEDIAN of the runtime's percentiles, each
    beside the runtime's spread (min/max over the repeats); each repeat's own profile
    against its own bursts is reported too (`paired_by_repeat`). Without `--run-real`: the
    bursts of `--bursts JSON..` (previous calibrations, each its repeats) or the committed
-   `benchmarks/results/scale_burst*.json` (one sample each).
+   `benchmarks/results/scaleout/scale_burst*.json` (one sample each).
 
 Why the median profile for the headline: the profile rounds are measured minutes away
 from the bursts they would be paired with, so a round shares only slow drift with "its"
@@ -118,7 +118,10 @@ from benchmarks.sim_calibrate.rounds import (
 __all__ = ["FIXES", "MODES", "predict", "simulate_burst"]  # their home: sim_calibrate/predict
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-MEASURED = {1: RESULTS / "scale_burst.json", 2: RESULTS / "scale_burst_k2.json"}
+MEASURED = {
+    1: RESULTS / "scaleout" / "scale_burst.json",
+    2: RESULTS / "scaleout" / "scale_burst_k2.json",
+}
 TOLERANCE = 0.15
 
 
@@ -162,7 +165,7 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="take the runtime's bursts from these calibrations (their repeats, in turn)",
     )
-    ap.add_argument("--json", type=Path, default=RESULTS / "sim_calibration.json")
+    ap.add_argument("--json", type=Path, default=RESULTS / "sim_calibrate" / "sim_calibration.json")
     args = ap.parse_args()
     for name in ("repeats", "reps", "requests"):
         if getattr(args, name) < 1:

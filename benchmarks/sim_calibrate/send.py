@@ -127,5 +127,7 @@ def measure_send_cost(model_mb: float, blocks: int, real: dict, reps: int) -> di
 if __name__ == "__main__":  # a quick look: python -m benchmarks.sim_calibrate.send
     import json
 
-    real = json.loads((Path(__file__).parents[1] / "results" / "scale_burst.json").read_text())
+    real = json.loads(
+        (Path(__file__).parents[1] / "results" / "scaleout" / "scale_burst.json").read_text()
+    )
     print(json.dumps(measure_send_cost(64, real["blocks"], real, 1), indent=1))

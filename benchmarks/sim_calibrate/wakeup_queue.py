@@ -260,7 +260,7 @@ if __name__ == "__main__":
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    results = Path(__file__).parents[1] / "results"
+    results = Path(__file__).parents[1] / "results" / "scaleout"
     real = json.loads((results / "scale_burst.json").read_text())
     w = args.transfer_cores
     if w is None:

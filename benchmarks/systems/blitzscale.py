@@ -20,7 +20,7 @@ model. Reported per system: TTFT and TBT p50/p99 (the controller's clock), GPU-s
 batches / hand-offs / mutations, and each one's ratio to blitzscale.
 
 Run: `python -m benchmarks.systems.blitzscale [--nodes 4 --requests 48 --time-scale 20]`; writes
-benchmarks/results/blitzscale.json and a PNG of the TTFT CDFs.
+benchmarks/results/systems/blitzscale.json and a PNG of the TTFT CDFs.
 """
 
 import argparse
@@ -178,8 +178,8 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=2.0, help="target_ongoing_requests")
     ap.add_argument("--ttft-slo-ms", type=float, default=500.0)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/blitzscale.json"))
-    ap.add_argument("--png", type=Path, default=Path("benchmarks/results/blitzscale.png"))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/systems/blitzscale.json"))
+    ap.add_argument("--png", type=Path, default=Path("benchmarks/results/systems/blitzscale.png"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     names = args.systems.split(",")

@@ -31,8 +31,8 @@ static-coarse alone and the earlier best-of-fine-and-coarse; against the provisi
 statics: the one with the lowest p99 and the coarse one; against the statics at flexpipe's
 cost: the one with the lowest p99).
 
-Usage: python -m benchmarks.systems.flexpipe_cv --json benchmarks/results/flexpipe_cv.json \
-           --png benchmarks/results/flexpipe_cv.png
+Usage: python -m benchmarks.systems.flexpipe_cv --json benchmarks/results/systems/flexpipe_cv.json \
+           --png benchmarks/results/systems/flexpipe_cv.png
        (--skip-sim / --skip-runtime; short: --duration 6 --cvs 1,4 --sim-duration 120)
 """
 

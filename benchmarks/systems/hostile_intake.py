@@ -12,7 +12,7 @@ Reported per case: the answer (status, seconds), the controller's peak RSS over 
 and the case says so. Ratios are after/before per case, from the same run.
 
 Run: `python -m benchmarks.systems.hostile_intake --code before=DIR --code after=.`; writes
-benchmarks/results/hostile_intake.json and .png.
+benchmarks/results/systems/hostile_intake.json and .png.
 """
 
 import argparse
@@ -188,7 +188,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--code", action="append", default=[], help="LABEL=DIR of a surge tree")
     ap.add_argument("--rss-cap-gb", type=float, default=3.0)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/hostile_intake.json"))
+    ap.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results/systems/hostile_intake.json")
+    )
     args = ap.parse_args()
     codes = dict(c.split("=", 1) for c in args.code) or {"after": "."}
     cap = int(args.rss_cap_gb * 1e9)

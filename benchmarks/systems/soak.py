@@ -17,7 +17,7 @@ reset, a stream cut without `[DONE]`, a timeout) — which must be 0. Growth is 
 the last fifth of the run minus the mean of the fifth after warm-up (the first fifth).
 
 Run: `python -m benchmarks.systems.soak [--minutes 30 --rate 2 --nodes 3]`; writes
-benchmarks/results/soak.json and .png.
+benchmarks/results/systems/soak.json and .png.
 """
 
 import argparse
@@ -42,7 +42,7 @@ from surge.traces.resolve import load_trace
 
 MODEL = "surge-tiny"
 VOCAB = 1024
-OUT = Path("benchmarks/results/soak.json")
+OUT = Path("benchmarks/results/systems/soak.json")
 
 
 def start_serve(state: Path, nodes: int) -> tuple[subprocess.Popen, str]:

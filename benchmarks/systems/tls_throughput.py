@@ -8,7 +8,8 @@ each frame; the time from the first send to the last answer gives GB/s. Plain an
 the JSON holds every round, the medians and TLS/plain as a ratio. Loopback has no wire
 limit, so this is the CPU cost of TLS on this machine: the ceiling of one connection.
 
-    python -m benchmarks.systems.tls_throughput  # -> benchmarks/results/tls_throughput.{json,png}
+    python -m benchmarks.systems.tls_throughput
+    # -> benchmarks/results/systems/tls_throughput.{json,png}
 """
 
 import argparse
@@ -30,7 +31,7 @@ from surge.runtime.security.tls import TlsConfig
 from surge.runtime.transport import Connection, accept_hello, connect
 
 TOKEN = "benchmark-token-0123456789abcdef"
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "systems"
 
 
 def _receiver(port_out, tls: TlsConfig | None, block_bytes: int) -> None:

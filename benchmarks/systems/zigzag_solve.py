@@ -6,7 +6,7 @@ over several load ratios (Time_l, load time of a layer over its execution time),
 REPEATS times each after one warm-up solve, and records the median and worst wall
 time with the ILP's and best-effort's average latencies (layer-execution units).
 
-Writes benchmarks/results/zigzag_solve.json.
+Writes benchmarks/results/systems/zigzag_solve.json.
 Usage: python benchmarks/systems/zigzag_solve.py
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from surge.policy.blitzscale.zigzag import ZigzagProblem, best_effort, solve_zigzag
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "systems"
 SHAPES = ((32, 12), (80, 12))  # (layers, batches)
 LOAD_RATIOS = (0.25, 0.5, 1.0, 2.0, 6.0)
 REPEATS = 20

@@ -29,8 +29,8 @@ from benchmarks.sim_calibrate.repeats import (
 from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "benchmarks" / "results" / "sim_calibration.json"
-BURST = ROOT / "benchmarks" / "results" / "scale_burst.json"
+COMMITTED = ROOT / "benchmarks" / "results" / "sim_calibrate" / "sim_calibration.json"
+BURST = ROOT / "benchmarks" / "results" / "scaleout" / "scale_burst.json"
 CONTENTION = (
     ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_contention_loaded.json"
 )
