@@ -19,8 +19,8 @@ Each system starts from the same copies: the model in host memory on the first t
 (where the first instances start; AllCache: on every host) and, for ServerlessLLM, on every
 host's disk. One cluster of
 agents serves the three in turn. Beside it, the simulator on the same hosts, requests and
-systems (`benchmarks/paper/blitzscale_eval.systems_6_1`, two warm instances). Every time is
-in emulated seconds; the JSON records D, the host's load and each run's violations.
+systems (`benchmarks/paper/blitzscale/blitzscale_eval.systems_6_1`, two warm instances).
+Every time is in emulated seconds; the JSON records D, the host's load and each run's violations.
 
 Usage: python -m benchmarks.emulation.blitzscale --time-dilation 80 \\
            --json benchmarks/results/emulation/emulation_blitzscale.json \\
@@ -105,7 +105,7 @@ def spec(system: str, args) -> dict:
 
 def simulated(args, config: EmulationConfig, wl: Workload) -> dict:
     """The simulator on the same hosts, requests and §6.1 systems, two instances warm."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper" / "blitzscale"))
     from blitzscale_eval import systems_6_1
 
     from surge.sim.settings import SimSettings, Slo

@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from emulated import emulated_cells
 
 HERE = Path(__file__).resolve().parent
+PAPER_FOLDERS = ("lambdascale", "blitzscale", "flexpipe", "paraserve")
+"""One folder per paper beside the shared pieces; each source module lives in one."""
+sys.path[1:1] = [str(HERE / folder) for folder in PAPER_FOLDERS]  # their `report_rows`
 ROOT = HERE.parents[1]
 log = logging.getLogger("report")
 RESULTS = ROOT / "benchmarks" / "results" / "emulation"
@@ -35,7 +38,7 @@ SOURCES = (
     (
         "blitzscale_eval_rows",
         "benchmarks/results/paper/blitzscale_eval.json",
-        "python benchmarks/paper/blitzscale_eval.py",
+        "python benchmarks/paper/blitzscale/blitzscale_eval.py",
     ),
     ("blitzscale_figs", "benchmarks/results/paper/blitzscale_figs.json", None),
     (
@@ -48,11 +51,11 @@ SOURCES = (
     (
         "paraserve_rows",
         "benchmarks/results/paper/paraserve_eval.json",
-        "python benchmarks/paper/paraserve_eval.py",
+        "python benchmarks/paper/paraserve/paraserve_eval.py",
     ),
 )
-"""(module in benchmarks/paper whose `report_rows(doc)` reads the JSON, the result JSON, how
-to make it when that is not `python benchmarks/paper/<module>.py`)."""
+"""(module in benchmarks/paper/<paper>/ whose `report_rows(doc)` reads the JSON, the result
+JSON, how to make it when that is not running the module's own script, `script_of`)."""
 COLUMNS = (
     "figure",
     "claim",
@@ -63,6 +66,13 @@ COLUMNS = (
     "within 20%",
     "cause where not",
 )
+
+
+def script_of(module: str) -> str:
+    """The script of a module: in its paper's folder, else beside this file."""
+    found = [HERE / folder / f"{module}.py" for folder in PAPER_FOLDERS]
+    path = next((p for p in found if p.exists()), HERE / f"{module}.py")
+    return str(path.relative_to(ROOT))
 
 
 class ReportError(Exception):
@@ -79,7 +89,7 @@ def collect(
     for module, path, how in sources:
         file = ROOT / path
         if not file.exists():
-            make = how or f"python benchmarks/paper/{module}.py"
+            make = how or f"python {script_of(module)}"
             raise ReportError(f"{path} is missing: run `{make}` first")
         try:
             doc = json.loads(file.read_text())

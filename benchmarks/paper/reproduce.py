@@ -169,16 +169,17 @@ def report_rows(doc: dict) -> list[dict]:
 
 
 SCRIPTS = (
-    "blitzscale_eval",
-    "blitzscale_figs",
-    "flexpipe_figs",
-    "paraserve_eval",
-    "lambdascale_traces",
-    "lambdascale_figs",
-    "lambdascale_bursts",
-    "lambdascale_ablation",
+    "blitzscale/blitzscale_eval",
+    "blitzscale/blitzscale_figs",
+    "flexpipe/flexpipe_figs",
+    "paraserve/paraserve_eval",
+    "lambdascale/lambdascale_traces",
+    "lambdascale/lambdascale_figs",
+    "lambdascale/lambdascale_bursts",
+    "lambdascale/lambdascale_ablation",
 )
-"""The other reproduction scripts beside this one (`--all`), longest first;
+"""The other reproduction scripts, in the per-paper folders beside this one (`--all`), longest
+first;
 benchmarks/systems/flexpipe_cv.py (FlexPipe §9.1-§9.4, with its runtime half) runs on its
 own."""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "paper"))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "benchmarks" / "paper" / "flexpipe"))
 
 from flexpipe_figs import recovery_s
 from ramp import time_to_share, token_rate

@@ -19,7 +19,7 @@ broadcast) in the simulator, at the paper's scale.
   time to 80% of the peak prefill rate, S-LLM / BlitzScale (paper: scale done at ~1,100 vs
   ~3,100, 2.8x; 7 NVLink instances first).
 BurstGPT is not in shared/traces: the 70B workload replays Azure code (as blitzscale_eval).
-Run: python benchmarks/paper/blitzscale_figs.py (about a minute).
+Run: python benchmarks/paper/blitzscale/blitzscale_figs.py (about a minute).
 """
 
 import itertools
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from blitzscale_eval import SSD_GBPS_PER_GPU, WORKLOADS, logical_hosts, systems_6_1
 from common import run, run_main, write

@@ -14,7 +14,7 @@
   1-TB host cache never evicting (as before) and with its default 5-minute keep-alive.
 - Multi-model (scenario `lambdascale-multi`): 12 models of two sizes competing for 16
   GPUs and 64-GB host caches; GPU-seconds and TTFT tails.
-Run: python benchmarks/paper/lambdascale_traces.py (about a minute on one core).
+Run: python benchmarks/paper/lambdascale/lambdascale_traces.py (about a minute on one core).
 """
 
 import logging
@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import ratio, run, run_main, run_scenario, write
 from lambdascale_bursts import sllm_start_from_fig12

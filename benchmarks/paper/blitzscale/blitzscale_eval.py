@@ -21,7 +21,7 @@ use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model cluster.
   scale-down (the measured cause of its higher median TTFT against the shipped
   baselines); the baselines as shipped and, §6.1's method, P/D-disaggregated with
   BlitzScale's monitor (`serverlessllm-pd`, `allcache-pd`).
-Run: python benchmarks/paper/blitzscale_eval.py (a few minutes on one core).
+Run: python benchmarks/paper/blitzscale/blitzscale_eval.py (a few minutes on one core).
 """
 
 import argparse
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import ratio, run, run_main, run_scenario, write
 

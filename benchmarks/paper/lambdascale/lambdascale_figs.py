@@ -19,7 +19,7 @@ Testbed2 for 70B: 4 nodes x 4 GPUs).
 ServerlessLLM's engine start is not in the λScale paper (ours ships 0.5 s): Fig. 10/11 run
 it as λScale's Fig. 12 implies (`lambdascale_bursts.sllm_start_from_fig12`), at 0.5 s and
 at 0 (the bound most favourable to ServerlessLLM); the rows judge the derived one.
-Run: python benchmarks/paper/lambdascale_figs.py (about 30 s).
+Run: python benchmarks/paper/lambdascale/lambdascale_figs.py (about 30 s).
 """
 
 import json
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import run, run_main, write
 from lambdascale_bursts import sllm_start_cause, sllm_start_from_fig12

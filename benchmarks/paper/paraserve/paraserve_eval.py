@@ -21,7 +21,7 @@ scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
   apart (past the 5-minute grace period); ParaServe (Alg. 1 sizing at the Table 2 7B
   chatbot SLO, 7.5 s) vs serverless vLLM;
   headline: mean cold-start TTFT ratio (paper 2.6x).
-Run: python benchmarks/paper/paraserve_eval.py (about 20 s on one core).
+Run: python benchmarks/paper/paraserve/paraserve_eval.py (about 20 s on one core).
 """
 
 import logging
@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import ratio, run, run_main, run_scenario, write
 

@@ -9,7 +9,7 @@ and k-way transmission (Fig. 16), Llama-2 13B on Testbed1 (12 nodes, one H800 ea
   host caches for both systems); headline: p90 TTFT, ServerlessLLM over λScale (1.63x).
 - Fig. 16: λScale with k = 1, 2, 4 sources (k warm instances), 100 requests at once;
   headline: mean TTFT over the burst (paper: k=4 fastest, then k=2, then k=1; no number).
-Run: python benchmarks/paper/lambdascale_bursts.py (about 10 s).
+Run: python benchmarks/paper/lambdascale/lambdascale_bursts.py (about 10 s).
 """
 
 import logging
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import ratio, run, run_main, write
 from rows import row

@@ -20,7 +20,7 @@
   warm) for FlexPipe's 4-stage group vs a whole-model instance (from host memory, the same
   engine start), the same models. Paper: 72% lower on average; always-on reservation 30% of peak
   (vs 75%): flexpipe_cv.json's `flexpipe_always_held_over_peak` (its CV-4 run).
-Run: python benchmarks/paper/flexpipe_figs.py (a minute or two). Needs shared/traces.
+Run: python benchmarks/paper/flexpipe/flexpipe_figs.py (a minute or two). Needs shared/traces.
 """
 
 import json
@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # benchmarks.systems
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
+sys.path.insert(2, str(Path(__file__).resolve().parents[3]))  # benchmarks.systems
 
 from common import run, run_main, write
 from rows import row
@@ -65,7 +66,7 @@ KW = {
 FIG13_MODELS = ("llama2-7b", "llama3-8b", "llama2-13b")
 """OPT-66B (the paper's largest) fits no machine of the `flexpipe` preset whole (2 x 80 GB
 without NVLink), which the whole-model baseline needs."""
-CV_JSON = HERE.parents[0] / "results" / "systems" / "flexpipe_cv.json"
+CV_JSON = HERE.parents[1] / "results" / "systems" / "flexpipe_cv.json"
 
 
 def recovery_s(arrival_s: np.ndarray, latency_s: np.ndarray) -> list[float]:

@@ -15,7 +15,8 @@ from one thread to another over a socketpair, REPEATS times per configuration:
 Paper: latency falls at each step, "None" above 20 ms (its absolute times are GDR on H800s;
 these are CPU and socket times, so only the ordering and the shares compare). The simulator
 carries bytes only (Fig. 18's per-transfer overhead stands for all of this), so the row's
-number is this runtime measurement. Run: python benchmarks/paper/lambdascale_ablation.py (s).
+number is this runtime measurement.
+Run: python benchmarks/paper/lambdascale/lambdascale_ablation.py (seconds).
 """
 
 import itertools
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import write
 from rows import row
