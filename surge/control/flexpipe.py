@@ -72,9 +72,9 @@ def is_flexpipe(dep: Deployment) -> bool:
 def flexpipe_autoscale(dep: Deployment, base: AutoscaleSettings) -> AutoscaleSettings:
     """The autoscaler's knobs for a FlexPipe deployment: a pipeline of η stages with m
     micro-batches in flight works on min(η, m) of them at once, so it takes that many
-    instances' worth of requests (`groups.pipeline_autoscale`; m is η in both
-    bodies, `microbatch.pipeline_micro_batches`, the runtime's bounded by the KV
-    cache); other deployments keep `base`."""
+    instances' worth of requests (`groups.pipeline_autoscale`, given η in both bodies;
+    m is `microbatch.flexpipe_micro_batches` in both, η bounded by the KV cache); other
+    deployments keep `base`."""
     if not is_flexpipe(dep):
         return base
     busy = [

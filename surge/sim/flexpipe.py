@@ -20,7 +20,7 @@ from surge.policy.flexpipe.groups import (
     pipeline_autoscale,
     pipeline_target,
 )
-from surge.policy.flexpipe.microbatch import pipeline_micro_batches
+from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.system import (
     Affinity,
@@ -212,9 +212,16 @@ class FlexPipe:
 
     def _pipeline(self, inst: Instance, num_stages: int) -> None:
         """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum
-        of its stages' throughputs): η times the batch limit, each step one micro-batch."""
-        inst.max_batch = self.world.settings.max_batch * num_stages
-        inst.set_micro_batches(pipeline_micro_batches(num_stages))
+        of its stages' throughputs), as many as its KV cache allows, the runtime head's
+        count (`microbatch.flexpipe_micro_batches`): that many times the batch limit,
+        each step one micro-batch."""
+        assert self.settings is not None
+        num_layers = self.world.models[inst.pool_key[0]].profile.num_layers
+        micro, _ = flexpipe_micro_batches(
+            self.settings, num_stages, num_layers, inst.kv_capacity_tokens
+        )
+        inst.max_batch = self.world.settings.max_batch * micro
+        inst.set_micro_batches(micro)
         inst.route_target = pipeline_target(self.world.system.autoscale, num_stages)
 
     def retune(self, pool: Pool) -> None:

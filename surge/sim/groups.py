@@ -246,7 +246,8 @@ class Groups:
             tuple(shares) if any(s < 1.0 for s in shares) else (),
         )
         self.gpus.take_placement(placement)
-        # a multi-worker group is a pipeline: `pipeline_micro_batches` batches in flight
+        # a multi-worker group is a pipeline: micro-batches in flight (a FlexPipe group's
+        # count is `flexpipe_micro_batches`, set by `register`)
         inst = self.make_endpoint(pool, placement, len(workers) > 1)
         pool.instances.append(inst)
         if shaped is not None and not chosen:

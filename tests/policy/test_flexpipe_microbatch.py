@@ -5,7 +5,7 @@ holds. The runtime's scale-out asks the same function the simulator does."""
 from surge.config import EngineConfig
 from surge.model.manifest import read_manifest
 from surge.policy.flexpipe.microbatch import (
-    head_micro_batches,
+    flexpipe_micro_batches,
     micro_batch_budgets,
     micro_batch_limit,
     pipeline_micro_batches,
@@ -18,8 +18,10 @@ def test_eta_stages_keep_eta_micro_batches_up_to_the_kv_limit() -> None:
     assert [pipeline_micro_batches(n) for n in (1, 2, 4, 8)] == [1, 2, 4, 8]
     assert micro_batch_limit(16384, 2048) == 8 and micro_batch_limit(1000, 2048) == 1
     assert pipeline_micro_batches(8, limit=3) == 3 and pipeline_micro_batches(2, limit=3) == 2
-    assert head_micro_batches(4, 8, 16384, 2048) == (4, 8)
-    assert head_micro_batches(4, 8, 4096, 2048) == (2, 2)
+    settings = serve_system("flexpipe").flexpipe  # stage counts up to 8, 2048-token groups
+    assert flexpipe_micro_batches(settings, 4, 32, 16384) == (4, 8)
+    assert flexpipe_micro_batches(settings, 4, 32, 4096) == (2, 2)
+    assert flexpipe_micro_batches(settings, 4, 6, 16384) == (4, 6)  # finest: 6 layers
 
 
 def test_the_runtime_head_of_a_four_stage_pipeline_keeps_four(tiny_store) -> None:

@@ -7,18 +7,21 @@ micro-batch group holds now. Out:
 - `pipeline_micro_batches`: η micro-batches in flight for η stages (§7 Eq. 12: a
   pipeline serves the sum of its stages' throughputs, Σ_k μ_jk, when every stage works
   on one micro-batch), at most the limit;
+- `flexpipe_micro_batches`: a FlexPipe pipeline's count, the decision both bodies take
+  through this one call: η for η stages, bounded by its cache (`micro_batch_limit`);
 - `micro_batch_budgets`: the KV pages each group may hold after the count changed (a
   refactoring, §6): groups past the count drain with what they have, the others share
   the rest as evenly as their held pages allow.
 The simulator (`sim/flexpipe.py`, `Instance.set_micro_batches`) and the runtime's
 pipeline head (`runtime/endpoints.py` `PipelineEndpoint`, set by the FlexPipe scale-out
-and the controller's refactorings) both take their count from here. Pure and
-deterministic.
+and the controller's refactorings) both take their count from `flexpipe_micro_batches`
+(`tests/parity/test_flexpipe_micro_batches_parity.py`). Pure and deterministic.
 """
 
 from collections.abc import Sequence
 
 from surge.errors import SurgeError
+from surge.policy.flexpipe.settings import FlexPipeSettings
 
 
 def micro_batch_limit(max_kv_tokens: int, min_group_kv_tokens: int) -> int:
@@ -77,11 +80,14 @@ def micro_batch_budgets(
     return tuple(out)
 
 
-def head_micro_batches(
-    num_stages: int, finest_stages: int, max_kv_tokens: int, min_group_kv_tokens: int
+def flexpipe_micro_batches(
+    settings: FlexPipeSettings, num_stages: int, num_layers: int, max_kv_tokens: int
 ) -> tuple[int, int]:
-    """A runtime pipeline head's (micro-batches for `num_stages` stages, the most it may
-    need for any granularity up to `finest_stages`), both bounded by its stages' cache
-    (`micro_batch_limit`); the second sizes a sequence's share of the cache."""
-    limit = micro_batch_limit(max_kv_tokens, min_group_kv_tokens)
-    return pipeline_micro_batches(num_stages, limit), pipeline_micro_batches(finest_stages, limit)
+    """A FlexPipe pipeline's (micro-batches in flight for `num_stages` stages, the most it
+    may need at any granularity of `settings.stage_counts` a model of `num_layers` layers
+    allows), both bounded by a cache of `max_kv_tokens` tokens split in groups of at least
+    `settings.min_group_kv_tokens` (§7 Eq. 12, `micro_batch_limit`). The runtime's head
+    sizes a sequence's share of its cache by the second; the simulator uses the first."""
+    finest = min(max(settings.stage_counts), num_layers)
+    limit = micro_batch_limit(max_kv_tokens, settings.min_group_kv_tokens)
+    return pipeline_micro_batches(num_stages, limit), pipeline_micro_batches(finest, limit)

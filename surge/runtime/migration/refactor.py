@@ -270,7 +270,7 @@ async def refactor_pipeline(
     `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the pipeline
     still serves (the server may retire it meanwhile); `num_micro_batches`: the head
     engines that take requests on the new stages (the caller's policy decision,
-    `microbatch.pipeline_micro_batches`; None: as before), set at the switch. The result's
+    `microbatch.flexpipe_micro_batches`; None: as before), set at the switch. The result's
     times are `clock`'s (the pipeline's server's). Raises on failure, with the old stages
     still serving unless the pipeline itself failed."""
     if pipe.refactoring:

@@ -31,7 +31,7 @@ from surge.config import EngineConfig
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.granularity import cv_of_arrivals
 from surge.policy.flexpipe.host_keep import stage_sources
-from surge.policy.flexpipe.microbatch import head_micro_batches
+from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.stage_placement import Affinity
 from surge.policy.flexpipe.system import (
@@ -104,10 +104,10 @@ def micro_batches(
     system: SystemConfig, manifest: Manifest, engine: EngineConfig, num_stages: int
 ) -> tuple[int, int]:
     """The head's micro-batches for `num_stages` stages and the most for any granularity
-    (§7 Eq. 12, `microbatch.head_micro_batches`, bounded by the KV cache)."""
-    s = system.flexpipe
-    finest = min(max(s.stage_counts), manifest.arch.num_layers)
-    return head_micro_batches(num_stages, finest, engine.max_kv_tokens, s.min_group_kv_tokens)
+    (§7 Eq. 12, `microbatch.flexpipe_micro_batches`, bounded by the KV cache)."""
+    return flexpipe_micro_batches(
+        system.flexpipe, num_stages, manifest.arch.num_layers, engine.max_kv_tokens
+    )
 
 
 def free_slots(nodes: list[int], manifest: Manifest) -> list[SlotState]:
