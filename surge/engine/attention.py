@@ -17,8 +17,14 @@ blocked over keys with an online softmax, so nothing of size queries x keys is s
   above the diagonal. A masked call over everything instead built a [Q, K] mask and
   gathered every key again on each piece, so an 8,000-token prompt in 512-token pieces
   re-read its whole cache 16 times (Sarathi-Serve §4 chunks without that cost).
-- *Everything else* (decode, mixed lengths, CUDA): each sequence's pages gathered a page at
-  a time, padding masked (the compiled decode step attends whole pages, `num_keys` None).
+- *Decode on CPU* (every sequence one new token, float32, surge's kernels built:
+  `key_lens` set): `surge::decode_attention` (csrc/decode_attention.cpp) reads each
+  sequence's keys and values where they sit in the paged cache, through its page table, as
+  vLLM's PagedAttention does (Kwon et al. SOSP'23 §4): no gathered copy of the context per
+  layer, no mask, one op instead of ~8 (two gathers, transposes, the mask, SDPA), eager or
+  inside the compiled decode graph.
+- *Everything else* (mixed lengths, CUDA, no kernel): each sequence's pages gathered a page
+  at a time, padding masked (the compiled decode step attends whole pages, `num_keys` None).
 """
 
 from dataclasses import dataclass
@@ -67,6 +73,10 @@ class AttnContext:
     prior_first_slot: int | None = None
     """With `prior_len`: the earlier tokens sit in consecutive slots from this one (a view of
     the cache); None: gather `gather_pages`."""
+    key_lens: torch.Tensor | None = None
+    """[B] int64: keys each sequence attends, its new token's included (a decode step read
+    straight from the paged cache through `gather_pages`, `surge::decode_attention`); None:
+    the other paths."""
 
 
 def gather_keys(cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
@@ -104,6 +114,12 @@ def attend(
     """Attention of queries q [B, Q, heads, d] given this step's keys and values k, v
     [B, Q, kv_heads, d] (already written to the caches [slots, kv_heads, d]): [B, Q, heads, d]."""
     nh, nkv = q.shape[2], k.shape[2]
+    if ctx.key_lens is not None:  # decode: keys and values read where they sit in the cache
+        out = torch.ops.surge.decode_attention(
+            q[:, 0], k_cache, v_cache, ctx.gather_pages, ctx.key_lens,
+            ctx.page_size_tokens, q.shape[-1] ** -0.5,
+        )  # fmt: skip
+        return out.unsqueeze(1)
     gqa = {"enable_gqa": nh != nkv} if SDPA_HAS_GQA else {}
     qt = q.transpose(1, 2)
     if ctx.new_keys_only:

@@ -340,6 +340,8 @@ def mark_dynamic(which: str, args: tuple) -> None:
     for t in (ctx.cos, ctx.sin, ctx.write_slots, ctx.gather_pages):
         torch._dynamo.maybe_mark_dynamic(t, 0)
     torch._dynamo.maybe_mark_dynamic(ctx.gather_pages, 1)
+    if ctx.key_lens is not None:
+        torch._dynamo.maybe_mark_dynamic(ctx.key_lens, 0)
     if ctx.mask is not None:
         torch._dynamo.maybe_mark_dynamic(ctx.mask, 0)
         torch._dynamo.maybe_mark_dynamic(ctx.mask, 3)

@@ -34,8 +34,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "gemv_row.cpp"
-"""The kernel's C++ source (built by torch's extension loader)."""
+SOURCES = tuple(
+    Path(__file__).parent / "csrc" / n for n in ("gemv_row.cpp", "decode_attention.cpp")
+)
+"""The C++ sources of surge's CPU kernels, built into one library by torch's extension
+loader: `surge::gemv_row` and `surge::decode_attention` (`surge.engine.attention`)."""
 CFLAGS = ("-O3", "-mavx2", "-mfma")
 STALE_LOCK_S = 600.0
 """A build lock older than this was left by a build that died (a build takes ~15 s):
@@ -53,9 +56,13 @@ def _gemv_row_fake(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], wt.shape[1]))
 
 
+def _decode_attention_fake(q: torch.Tensor, *_args) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
 def build_name() -> str:
     """The extension's name, unique to this source, these flags and this torch."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     digest.update(" ".join(CFLAGS).encode() + torch.__version__.encode())
     return f"surge_gemv_row_{digest.hexdigest()[:12]}"
 
@@ -97,13 +104,14 @@ def build() -> bool:
         lock.unlink(missing_ok=True)
     # The source is compiled from inside the build directory: the build's command line is
     # then the same from every checkout, and ninja does not rebuild when the checkout moves.
-    source = where / SOURCE.name
-    source.write_bytes(SOURCE.read_bytes())
+    sources = [where / src.name for src in SOURCES]
+    for src, copy in zip(SOURCES, sources, strict=True):
+        copy.write_bytes(src.read_bytes())
     start = time.perf_counter()
     try:
         load_extension(
             name=build_name(),
-            sources=[str(source)],
+            sources=[str(src) for src in sources],
             extra_cflags=list(CFLAGS),
             build_directory=str(where),
             is_python_module=False,
@@ -137,12 +145,18 @@ def load() -> bool:
         if not hasattr(torch.ops.surge, "gemv_row"):
             torch.ops.load_library(str(path))
         torch.library.register_fake("surge::gemv_row", _gemv_row_fake)
+        torch.library.register_fake("surge::decode_attention", _decode_attention_fake)
     except Exception as e:  # a damaged build is not fatal: MKL computes the same thing
         log.warning("gemv_row: %s did not load (%s); one-row projections stay MKL's", path, e)
         return False
     _built = True
     log.info("gemv_row: kernel loaded in %.2f s", time.perf_counter() - start)
     return True
+
+
+def loaded() -> bool:
+    """Whether surge's CPU kernels are loaded here (`load()` found them built)."""
+    return _built
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -14,6 +14,7 @@ import itertools
 
 import torch
 
+from surge.engine import gemv
 from surge.engine.attention import AttnContext
 from surge.engine.batch import BatchMeta
 from surge.engine.model import RopeTable
@@ -54,6 +55,12 @@ class PagedKVCache:
         self._tables: dict[int, list[int]] = {}
         self._slots: dict[int, list[int]] = {}
         """Each sequence's cache slots in token order (its page table, expanded once)."""
+
+    @property
+    def reads_pages_directly(self) -> bool:
+        """Decode steps attend straight from the pages (`AttnContext.key_lens`): float32 on
+        the CPU with surge's kernels loaded (`surge.engine.gemv.load`)."""
+        return self.device.type == "cpu" and self.k.dtype == torch.float32 and gemv.loaded()
 
     @property
     def num_free_pages(self) -> int:
@@ -122,6 +129,7 @@ class PagedKVCache:
         if batch.block_hashes:
             self.register_blocks(batch)
         K = max(totals)
+        direct = Q == 1 and self.reads_pages_directly
         new_keys_only = not whole_pages and Q > 1 and all(c == 0 for c in batch.ctx_lens)
         new_keys_only = new_keys_only and all(q == Q for q in batch.q_lens)
         prior_len, prior_first_slot = 0, None
@@ -165,7 +173,7 @@ class PagedKVCache:
             valid_index = (torch.arange(B)[:, None] * Q + i[None, :])[i[None, :] < qlen[:, None]]
         mask = None
         needs_mask = not (B == 1 and (Q == 1 or batch.ctx_lens[0] == 0))
-        if whole_pages or (needs_mask and not new_keys_only and not prior_len):
+        if not direct and (whole_pages or (needs_mask and not new_keys_only and not prior_len)):
             j = torch.arange(num_gather_pages * self.page_size if whole_pages else K)
             # Key j is visible to query i iff it is at or before the query's position.
             mask = (j[None, None, :] <= positions[:, :, None]).unsqueeze(1)
@@ -182,6 +190,7 @@ class PagedKVCache:
             new_keys_only=new_keys_only,
             prior_len=prior_len,
             prior_first_slot=prior_first_slot,
+            key_lens=positions.view(B).add(1).to(self.device) if direct else None,
         )
 
     def scratch_context(self, batch_size: int, rope: RopeTable) -> AttnContext:
@@ -193,6 +202,7 @@ class PagedKVCache:
         cos, sin = rope.lookup(positions.to(rope.inv_freq.device), 0)
         j = torch.arange(2 * self.page_size)
         mask = (j[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        direct = self.reads_pages_directly  # the steps' contexts, field for field
         return AttnContext(
             cos=cos,
             sin=sin,
@@ -201,7 +211,10 @@ class PagedKVCache:
             gather_pages=torch.full((batch_size, 2), self.scratch_page, device=self.device),
             page_size_tokens=self.page_size,
             num_keys=None,
-            mask=mask.to(self.device),
+            mask=None if direct else mask.to(self.device),
+            key_lens=torch.ones(batch_size, dtype=torch.int64, device=self.device)
+            if direct
+            else None,
         )
 
     def _consecutive_from(self, seq_id: int, num_tokens: int) -> int | None:

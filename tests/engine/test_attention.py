@@ -4,7 +4,9 @@ the KV cache picks the path without a mask or a gather where it can."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from surge.engine import gemv
 from surge.engine.attention import attend
 from surge.engine.batch import BatchMeta
 from surge.engine.kv_cache import PagedKVCache
@@ -79,13 +81,49 @@ def test_prompts_from_position_zero_attend_their_own_keys_only() -> None:
         torch.testing.assert_close(out[b], _reference(q[b], keys, values, 0))
 
 
-def test_decode_and_mixed_steps_gather_and_mask() -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["gathered", "from-pages"])
+def test_decode_and_mixed_steps_gather_and_mask(direct: bool, monkeypatch) -> None:
+    """Decode steps read the paged cache directly (`surge::decode_attention`) where surge's
+    kernels are built, else gather and mask; mixed steps always gather and mask. Both give
+    the reference's numbers, here with GQA and sequences whose pages interleave."""
+    if direct and not gemv.load():
+        pytest.skip("surge's CPU kernels are not built here (./setup.sh builds them)")
+    monkeypatch.setattr(gemv, "loaded", lambda: direct)
     torch.manual_seed(2)
     cache, rope = _cache()
     history: dict = {}
     _piece(cache, rope, BatchMeta((1, 2), (0, 0), (5, 3)), history)  # different lengths
-    out, ctx, q = _piece(cache, rope, BatchMeta((1, 2), (5, 3), (1, 1)), history)
-    assert not ctx.new_keys_only and ctx.prior_len == 0 and ctx.mask is not None
-    for b, (sid, first) in enumerate(((1, 5), (2, 3))):
-        keys, values = history[sid]
-        torch.testing.assert_close(out[b], _reference(q[b], keys, values, first))
+    lens = {1: 5, 2: 3}
+    for _ in range(PAGE + 2):  # decode steps crossing pages, each sequence's pages apart
+        out, ctx, q = _piece(cache, rope, BatchMeta((1, 2), (lens[1], lens[2]), (1, 1)), history)
+        assert not ctx.new_keys_only and ctx.prior_len == 0
+        assert (ctx.key_lens is not None, ctx.mask is None) == (direct, direct)
+        for b, sid in enumerate((1, 2)):
+            keys, values = history[sid]
+            torch.testing.assert_close(out[b], _reference(q[b], keys, values, lens[sid]))
+            lens[sid] += 1
+    # A mixed step (one decoding, one prefilling) gathers and masks either way.
+    out, ctx, q = _piece(cache, rope, BatchMeta((1, 3), (lens[1], 0), (1, 4)), history)
+    assert ctx.key_lens is None and ctx.mask is not None
+    keys, values = history[1]
+    torch.testing.assert_close(out[0, :1], _reference(q[0, :1], keys, values, lens[1]))
+
+
+def test_the_decode_kernel_matches_the_gathered_path_at_real_widths() -> None:
+    """At SmolLM2's head layout (9 heads over 3 kv heads, d 64: the kernel's vector loops)
+    and contexts of 1 to 300 keys, the kernel gives SDPA's numbers over the gathered keys."""
+    if not gemv.load():
+        pytest.skip("surge's CPU kernels are not built here (./setup.sh builds them)")
+    torch.manual_seed(3)
+    heads, kv_heads, d, page = 9, 3, 64, 16
+    k_cache, v_cache = torch.randn(2, 40 * page, kv_heads, d).unbind(0)
+    lens = torch.tensor([1, 17, 300, 64])
+    pages = torch.stack([torch.randperm(40)[:20] for _ in lens])  # scattered page tables
+    q = torch.randn(len(lens), heads, d)
+    got = torch.ops.surge.decode_attention(q, k_cache, v_cache, pages, lens, page, d**-0.5)
+    for b, n in enumerate(lens.tolist()):
+        slots = (pages[b, :, None] * page + torch.arange(page)).flatten()[:n]
+        keys = k_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        values = v_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
+        want = F.scaled_dot_product_attention(q[b, :, None], keys, values)[:, 0]
+        torch.testing.assert_close(got[b], want)

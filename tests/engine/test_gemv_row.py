@@ -165,16 +165,19 @@ def test_build_clears_a_dead_builds_lock_and_builds_from_its_own_copy(
     assert gemv.build() is False  # the fake build failed: MKL stays
     assert seen["lock_left"] is False
     assert seen["build_directory"] == str(where)
-    assert seen["sources"] == [str(where / gemv.SOURCE.name)]
-    assert (where / gemv.SOURCE.name).read_bytes() == gemv.SOURCE.read_bytes()
+    assert seen["sources"] == [str(where / src.name) for src in gemv.SOURCES]
+    for src in gemv.SOURCES:
+        assert (where / src.name).read_bytes() == src.read_bytes()
 
 
 def test_the_build_is_named_by_its_source_not_its_checkout(tmp_path: Path, monkeypatch) -> None:
     name = gemv.build_name()
-    copy = tmp_path / "elsewhere" / "gemv_row.cpp"
-    copy.parent.mkdir()
-    copy.write_bytes(gemv.SOURCE.read_bytes())
-    monkeypatch.setattr(gemv, "SOURCE", copy)
+    copies = tuple(tmp_path / "elsewhere" / src.name for src in gemv.SOURCES)
+    copies[0].parent.mkdir()
+    for src, copy in zip(gemv.SOURCES, copies, strict=True):
+        copy.write_bytes(src.read_bytes())
+    monkeypatch.setattr(gemv, "SOURCES", copies)
+    copy = copies[-1]
     assert gemv.build_name() == name
     copy.write_bytes(copy.read_bytes() + b"\n// changed\n")
     assert gemv.build_name() != name

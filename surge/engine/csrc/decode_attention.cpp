@@ -1,0 +1,119 @@
+// surge::decode_attention: one new query token per sequence attends its keys straight from
+// the paged KV cache (no gather of the context into a contiguous copy, no mask), float32,
+// the (sequence, kv head) pairs split over torch's intra-op threads (at::parallel_for).
+// vLLM's CPU build reads its paged cache the same way (PagedAttention, Kwon et al. SOSP'23 §4).
+//
+// q [B, H, D]; k_cache, v_cache [slots, KVH, D] (one layer; slot = page * page_size + i);
+// pages [B, P] int64 (each sequence's page table, padded); lens [B] int64 (keys attended:
+// positions 0 .. lens[b] - 1, the new token's included, already written); scale = D^-0.5.
+// Out [B, H, D]. H = G * KVH: query head h reads kv head h / G (grouped-query attention).
+// Softmax in float32 with the maximum subtracted (the same math as SDPA; sums in another
+// order, so logits differ in the last bits).
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  }
+  __m256 acc = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+  float total = _mm_cvtss_f32(s);
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// out[0:n] += w * x[0:n]
+inline void axpy(float* out, const float* x, float w, int64_t n) {
+  int64_t i = 0;
+  __m256 wv = _mm256_set1_ps(w);
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(out + i)));
+  }
+  for (; i < n; ++i) out[i] += w * x[i];
+}
+
+}  // namespace
+
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& pages_in,
+                            const at::Tensor& lens_in, int64_t page_size, double scale) {
+  TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "bad ranks");
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat,
+              "decode_attention takes float32");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor pages = pages_in.to(at::kLong).contiguous();
+  const at::Tensor lens = lens_in.to(at::kLong).contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t KVH = k_cache.size(1), P = pages.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && H % KVH == 0 && pages.size(0) == B && lens.size(0) == B,
+              "shapes do not match");
+  const int64_t G = H / KVH;
+  at::Tensor out = at::empty({B, H, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  const int64_t* ln = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, B * KVH, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / KVH, kh = w % KVH;
+      const int64_t n = std::min(ln[b], P * page_size);
+      scores.assign(G * std::max<int64_t>(n, 1), 0.f);
+      const float* qh = qp + (b * H + kh * G) * D;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t slot = pg[b * P + t / page_size] * page_size + t % page_size;
+        const float* kt = kp + (slot * KVH + kh) * D;
+        for (int64_t g = 0; g < G; ++g) scores[g * n + t] = dot(qh + g * D, kt, D) * sc;
+      }
+      float* oh = op + (b * H + kh * G) * D;
+      std::fill(oh, oh + G * D, 0.f);
+      for (int64_t g = 0; g < G; ++g) {
+        float* s = scores.data() + g * n;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
+        float sum = 0.f;
+        for (int64_t t = 0; t < n; ++t) {
+          s[t] = std::exp(s[t] - mx);
+          sum += s[t];
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t slot = pg[b * P + t / page_size] * page_size + t % page_size;
+        const float* vt = vp + (slot * KVH + kh) * D;
+        for (int64_t g = 0; g < G; ++g) axpy(oh + g * D, vt, scores[g * n + t], D);
+      }
+    }
+  });
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(surge, m) {
+  m.def(
+      "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor pages, Tensor lens, "
+      "int page_size, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(surge, CPU, m) { m.impl("decode_attention", &decode_attention); }
