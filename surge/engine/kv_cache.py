@@ -117,11 +117,15 @@ class PagedKVCache:
         self.pool.release(list(reversed(self._tables.pop(seq_id, []))))
         self._slots.pop(seq_id, None)
 
-    def prepare(self, batch: BatchMeta, rope: RopeTable, whole_pages: bool = False) -> AttnContext:
+    def prepare(
+        self, batch: BatchMeta, rope: RopeTable, whole_pages: bool = False, direct: bool = True
+    ) -> AttnContext:
         """Reserve pages for the step's new tokens and build the attention plumbing.
 
         `whole_pages`: attend every gathered slot under a mask (`AttnContext.num_keys` None),
-        so no key count enters a compiled graph (`surge.engine.compiled`)."""
+        so no key count enters a compiled graph (`surge.engine.compiled`). `direct` False:
+        never the paged decode kernel (a CUDA graph's static inputs are the gathered pages
+        and their mask, `surge.engine.cuda_graphs`)."""
         B, Q = batch.num_seqs, batch.max_q_len
         totals = [c + q for c, q in zip(batch.ctx_lens, batch.q_lens, strict=True)]
         for sid, total in zip(batch.seq_ids, totals, strict=True):
@@ -129,7 +133,7 @@ class PagedKVCache:
         if batch.block_hashes:
             self.register_blocks(batch)
         K = max(totals)
-        direct = Q == 1 and self.reads_pages_directly
+        direct = direct and Q == 1 and self.reads_pages_directly
         new_keys_only = not whole_pages and Q > 1 and all(c == 0 for c in batch.ctx_lens)
         new_keys_only = new_keys_only and all(q == Q for q in batch.q_lens)
         prior_len, prior_first_slot = 0, None

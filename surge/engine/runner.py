@@ -274,7 +274,7 @@ class ModelRunner:
         assert self.cuda_graphs is not None
         self.weights.step_work(batch.num_seqs)
         if batch.max_q_len == 1 and self.weights.packing_settled:
-            ctx = self.kv.prepare(batch, self.rope, whole_pages=True)
+            ctx = self.kv.prepare(batch, self.rope, whole_pages=True, direct=False)
             logits = self.cuda_graphs(token_ids.to(self.device), ctx)
             if logits is not None:
                 return logits
