@@ -59,7 +59,6 @@ def startup_request(
     busy: frozenset[int] | set[int] = frozenset(),
     sending: Mapping[int, int] | None = None,
     loading: Collection[int] = (),
-    host_sending: Mapping[int, int] | None = None,
 ) -> StartupRequest:
     """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
     none), and every complete copy on another live node — its GPU copy (with the load of
@@ -68,8 +67,7 @@ def startup_request(
     by) and its host copy; a node is its own machine, so the policy sends from one of
     them. `loading`: nodes whose instance receives a multicast now, offered as chain tails
     (tier `loading`: they forward blocks as they land; only `sources_by_bandwidth` systems
-    take them). `host_sending`: multicasts each node's host copy is a source of now. The
-    simulator asks the same question (`sim/loading.Loader.startup_request`)."""
+    take them). The simulator asks the same question (`sim/loading.Loader.startup_request`)."""
     sending = sending or {}
     gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
     others = [n for n in sorted(gpu | host) if n not in dests and n in live]
@@ -85,8 +83,7 @@ def startup_request(
         for n in others
         if n in gpu
     ]
-    held = host_sending or {}
-    copies += [Copy(n, "host", machine=n, sending=held.get(n, 0)) for n in others if n in host]
+    copies += [Copy(n, "host", machine=n) for n in others if n in host]
     tails = sorted(n for n in loading if n not in dests and n in live and n not in gpu)
     copies += [
         Copy(n, "loading", outstanding.get(n, 0), machine=n, sending=sending.get(n, 0))
@@ -137,16 +134,7 @@ async def start_scale_out(
     sending = {i.node: i.num_sending for i in dep.instances.values()}
     tails = {i.node for i in dep.instances.values() if i.receiving and i.endpoint is None}
     question = startup_request(
-        system,
-        pool,
-        dep.name,
-        dests,
-        outstanding,
-        live,
-        busy,
-        sending,
-        loading=tails,
-        host_sending=dep.host_sending,
+        system, pool, dep.name, dests, outstanding, live, busy, sending, loading=tails
     )
     slo = dep.spec.slo.seconds()
     ctx = ScaleOutContext(

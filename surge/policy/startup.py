@@ -17,8 +17,6 @@ Out: a `StartupPlan`:
   (BlitzScale §2: multicast from deployed instances) or, with `sources_by_bandwidth`,
   none has its egress free (§5.1 Alg. 1: sources by the bandwidth they have left, so the
   pool's host copy goes before GPU copies whose egress K/V or earlier multicasts hold);
-  what a copy's egress carries is its machine's (every copy of a machine sends over its
-  one NIC);
 - `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first, then
   the first in placement order)
   brings the model into its host tier from its disk or the registry, restoring the
@@ -95,13 +93,11 @@ class Copy:
     """The machine it is on; None = a machine of its own."""
     busy_egress: bool = False
     """Its node's egress carries serving traffic (a P/D prefill instance's K/V): it sends
-    only when no free copy is left (BlitzScale §5.1; the chain planner prunes it too).
-    Every copy of its machine counts as busy (one NIC)."""
+    only when no free copy is left (BlitzScale §5.1; the chain planner prunes it too)."""
     sending: int = 0
     """Multicasts it is a source of now: its egress is already shared, so copies sending
     less go first (BlitzScale §5.1 Alg. 1 line 5 pops the source with the most bandwidth
-    left, `CurrentBW_s`; a copy whose egress an earlier scale-out holds has less). A copy
-    ranks by the sum over its machine's copies (one NIC)."""
+    left, `CurrentBW_s`; a copy whose egress an earlier scale-out holds has less)."""
 
     def __post_init__(self) -> None:
         if self.sending < 0 or self.outstanding < 0:
@@ -182,18 +178,9 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
 
     by_bandwidth = system.sources_by_bandwidth
     prune = system.prune_busy_sources
-    # A machine's copies share its NIC (BlitzScale §5.1 Alg. 1: `CurrentBW_s` is what the
-    # link has left): a copy's egress is busy, and held by as many multicasts, as all the
-    # copies of its machine together. (Per copy, a host copy beside a GPU copy that sends
-    # looked free: six emulated §6.1 scale-outs all sent from one NIC.)
-    egress: dict[tuple[str, int], tuple[bool, int]] = {}
-    for c in request.copies:
-        busy, held_by = egress.get(_machine(c.node, c.machine), (False, 0))
-        busy = busy or (prune and c.busy_egress)  # Alg. 1 line 2, unless not pruned
-        egress[_machine(c.node, c.machine)] = (busy, held_by + c.sending)
 
-    def nic(c: Copy) -> tuple[bool, int]:
-        return egress[_machine(c.node, c.machine)]
+    def busy(c: Copy) -> bool:
+        return prune and c.busy_egress
 
     # Ties go by machine, then id: ids are each body's own, machines mean the same in both.
     # Copies whose egress is busy go last (BlitzScale §5.1 Alg. 1 line 2, unless the
@@ -201,8 +188,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     # after free ones (Alg. 1 line 5).
     def order(c: Copy) -> tuple[bool, int, int, int, int]:
         machine = c.node if c.machine is None else c.machine
-        busy, held_by = nic(c)
-        return (busy, held_by if by_bandwidth else 0, c.outstanding, machine, c.node)
+        return (busy(c), c.sending if by_bandwidth else 0, c.outstanding, machine, c.node)
 
     gpu = sorted((c for c in request.copies if c.tier == "gpu"), key=order)
     host = sorted((c for c in request.copies if c.tier == "host"), key=order)
@@ -216,7 +202,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     # §5.3) by the bandwidth they have left: deployed instances send (§2) while one has its
     # egress free; once every one is busy (K/V, or an earlier scale-out's multicast) the
     # pool's host copy sends before them, rather than one more flow on a held NIC.
-    free_gpu = [c for c in gpu if not (by_bandwidth and any(nic(c)))]
+    free_gpu = [c for c in gpu if not (by_bandwidth and (busy(c) or c.sending))]
     use_host = system.host_sources_when_hot or not free_gpu
     warm_local = [d for d in dests if d.own_tier == "host" and use_host]
     receivers = [d for d in dests if d not in warm_local]
@@ -239,7 +225,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         # Free GPU copies, free host copies, free chain tails, then by egress held.
         tails = sorted((c for c in request.copies if c.tier == "loading"), key=order)
         candidates += [Source(c.node, "loading") for c in tails]
-        held = {(c.node, c.tier): nic(c) for c in request.copies}
+        held = {(c.node, c.tier): (busy(c), c.sending) for c in request.copies}
         candidates.sort(key=lambda s: (*held.get((s.node, s.tier), (False, 0)), TIER_RANK[s.tier]))
     leader: LocalLoad | None = None
     if receivers and not candidates:
