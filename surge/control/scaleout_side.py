@@ -69,6 +69,11 @@ class DeploymentSide:
             if inst is not None:
                 inst.num_sending = max(0, inst.num_sending + delta)
 
+    def host_sending(self, nodes: tuple[int, ...], delta: int) -> None:
+        held = self.dep.host_sending
+        for n in nodes:
+            held[n] = max(0, held.get(n, 0) + delta)
+
     def receiving(self, nodes: tuple[int, ...], now: bool) -> None:
         for n in nodes:
             inst = self.dep.instances.get(n)

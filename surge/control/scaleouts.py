@@ -59,6 +59,7 @@ def startup_request(
     busy: frozenset[int] | set[int] = frozenset(),
     sending: Mapping[int, int] | None = None,
     loading: Collection[int] = (),
+    host_sending: Mapping[int, int] | None = None,
 ) -> StartupRequest:
     """What `policy.startup` is asked for `dests`: each one's own best tier (host, disk,
     none), and every complete copy on another live node — its GPU copy (with the load of
@@ -67,7 +68,10 @@ def startup_request(
     by) and its host copy; a node is its own machine, so the policy sends from one of
     them. `loading`: nodes whose instance receives a multicast now, offered as chain tails
     (tier `loading`: they forward blocks as they land; only `sources_by_bandwidth` systems
-    take them). The simulator asks the same question (`sim/loading.Loader.startup_request`)."""
+    take them). `host_sending`: multicasts each node's host copy is a source of now. Every
+    copy of a node leaves by the node's one link (`Copy.egress`; BlitzScale §5.1 Alg. 1's
+    `CurrentBW_s` is the link's). The simulator asks the same question
+    (`sim/loading.Loader.startup_request`)."""
     sending = sending or {}
     gpu, host = set(pool.complete(model, "gpu")), set(pool.complete(model, "host"))
     others = [n for n in sorted(gpu | host) if n not in dests and n in live]
@@ -79,17 +83,28 @@ def startup_request(
             machine=n,
             busy_egress=n in busy,
             sending=sending.get(n, 0),
+            egress=_link(n),
         )
         for n in others
         if n in gpu
     ]
-    copies += [Copy(n, "host", machine=n) for n in others if n in host]
+    held = host_sending or {}
+    copies += [
+        Copy(n, "host", machine=n, sending=held.get(n, 0), egress=_link(n))
+        for n in others
+        if n in host
+    ]
     tails = sorted(n for n in loading if n not in dests and n in live and n not in gpu)
     copies += [
-        Copy(n, "loading", outstanding.get(n, 0), machine=n, sending=sending.get(n, 0))
+        Copy(n, "loading", outstanding.get(n, 0), n, sending=sending.get(n, 0), egress=_link(n))
         for n in tails
     ]
     return StartupRequest(system, own_tiers(pool, model, dests), tuple(copies))
+
+
+def _link(node: int) -> str:
+    """The egress link of `node`'s copies: an agent is a machine with one NIC."""
+    return f"node/{node}"
 
 
 def device_owners(pool: ParameterPool, model: str, live: set[int]) -> tuple[int, ...]:
@@ -134,7 +149,16 @@ async def start_scale_out(
     sending = {i.node: i.num_sending for i in dep.instances.values()}
     tails = {i.node for i in dep.instances.values() if i.receiving and i.endpoint is None}
     question = startup_request(
-        system, pool, dep.name, dests, outstanding, live, busy, sending, loading=tails
+        system,
+        pool,
+        dep.name,
+        dests,
+        outstanding,
+        live,
+        busy,
+        sending,
+        loading=tails,
+        host_sending=dep.host_sending,
     )
     slo = dep.spec.slo.seconds()
     ctx = ScaleOutContext(

@@ -151,6 +151,9 @@ class Deployment:
     """Requests prefilled by live scaling (BlitzScale)."""
     multicasting: bool = False
     """A serve-while-loading scale-out of this deployment is running."""
+    host_sending: dict[int, int] = field(default_factory=dict)
+    """Node -> multicasts its host copy is a source of now (its NIC is held: later
+    start-ups rank it by the egress left, as the simulator's `host_sending`)."""
     failure: str | None = None
     """Why it failed (its store went bad); set once, by `deployments.py` `fail`."""
     flexpipe: FlexPipeRecord | None = None

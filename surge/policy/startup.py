@@ -17,6 +17,8 @@ Out: a `StartupPlan`:
   (BlitzScale §2: multicast from deployed instances) or, with `sources_by_bandwidth`,
   none has its egress free (§5.1 Alg. 1: sources by the bandwidth they have left, so the
   pool's host copy goes before GPU copies whose egress K/V or earlier multicasts hold);
+  the bandwidth a copy has left is its egress link's (`Copy.egress`: a node's host copy
+  and its GPU copy may leave by one NIC);
 - `cold_leader`: with no copy in memory anywhere, one receiver (a disk holder first, then
   the first in placement order)
   brings the model into its host tier from its disk or the registry, restoring the
@@ -98,6 +100,10 @@ class Copy:
     """Multicasts it is a source of now: its egress is already shared, so copies sending
     less go first (BlitzScale §5.1 Alg. 1 line 5 pops the source with the most bandwidth
     left, `CurrentBW_s`; a copy whose egress an earlier scale-out holds has less)."""
+    egress: str | None = None
+    """The network link its blocks leave by (each body names its own links); copies that
+    name the same one share its bandwidth: each ranks by what all of them send (§5.1
+    Alg. 1's `CurrentBW_s` is what the link has left). None: a link of its own."""
 
     def __post_init__(self) -> None:
         if self.sending < 0 or self.outstanding < 0:
@@ -180,7 +186,24 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     prune = system.prune_busy_sources
 
     def busy(c: Copy) -> bool:
+        # Alg. 1 line 2 prunes a source that itself "sends outcast network" (K/V).
         return prune and c.busy_egress
+
+    # A link's load: what every copy leaving by it sends (Alg. 1 line 5: `CurrentBW_s` is
+    # what the link has left; per copy, a node's host copy looked free while its GPU copy
+    # sent over the same NIC: six emulated §6.1 scale-outs all left by one NIC). A
+    # link-mate's K/V takes bandwidth but prunes no one: §5.1 only "controls the scale
+    # bandwidth" of a GPU sharing a NIC with a prefill, so it ranks later, never vetoed.
+    load: dict[str, int] = {}
+    for c in request.copies:
+        if c.egress is not None:
+            load[c.egress] = load.get(c.egress, 0) + c.sending + int(busy(c))
+
+    def held(c: Copy) -> int:
+        """Flows on its egress besides its own K/V (which `busy` prunes for)."""
+        if c.egress is None:
+            return c.sending
+        return load[c.egress] - int(busy(c))
 
     # Ties go by machine, then id: ids are each body's own, machines mean the same in both.
     # Copies whose egress is busy go last (BlitzScale §5.1 Alg. 1 line 2, unless the
@@ -188,7 +211,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     # after free ones (Alg. 1 line 5).
     def order(c: Copy) -> tuple[bool, int, int, int, int]:
         machine = c.node if c.machine is None else c.machine
-        return (busy(c), c.sending if by_bandwidth else 0, c.outstanding, machine, c.node)
+        return (busy(c), held(c) if by_bandwidth else 0, c.outstanding, machine, c.node)
 
     gpu = sorted((c for c in request.copies if c.tier == "gpu"), key=order)
     host = sorted((c for c in request.copies if c.tier == "host"), key=order)
@@ -202,7 +225,7 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
     # §5.3) by the bandwidth they have left: deployed instances send (§2) while one has its
     # egress free; once every one is busy (K/V, or an earlier scale-out's multicast) the
     # pool's host copy sends before them, rather than one more flow on a held NIC.
-    free_gpu = [c for c in gpu if not (by_bandwidth and (busy(c) or c.sending))]
+    free_gpu = [c for c in gpu if not (by_bandwidth and (busy(c) or held(c)))]
     use_host = system.host_sources_when_hot or not free_gpu
     warm_local = [d for d in dests if d.own_tier == "host" and use_host]
     receivers = [d for d in dests if d not in warm_local]
@@ -225,8 +248,8 @@ def plan_startup(request: StartupRequest) -> StartupPlan:
         # Free GPU copies, free host copies, free chain tails, then by egress held.
         tails = sorted((c for c in request.copies if c.tier == "loading"), key=order)
         candidates += [Source(c.node, "loading") for c in tails]
-        held = {(c.node, c.tier): (busy(c), c.sending) for c in request.copies}
-        candidates.sort(key=lambda s: (*held.get((s.node, s.tier), (False, 0)), TIER_RANK[s.tier]))
+        left = {(c.node, c.tier): (busy(c), held(c)) for c in request.copies}
+        candidates.sort(key=lambda s: (*left.get((s.node, s.tier), (False, 0)), TIER_RANK[s.tier]))
     leader: LocalLoad | None = None
     if receivers and not candidates:
         if system.cold_fallback == "local":

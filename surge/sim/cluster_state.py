@@ -70,6 +70,16 @@ class ClusterState:
             return (self._link(f"gnic-out/{src}"), self._link(f"gnic-in/{dst}"))
         return (self._link(f"nic-out/{ms.index}"), self._link(f"nic-in/{md.index}"))
 
+    def gpu_egress(self, gpu: int) -> str:
+        """Name of the link `gpu`'s blocks leave its machine by (`gpu_to_gpu`): its own
+        RDMA NIC where the preset has one, else the machine NIC."""
+        m = self.machine_of_gpu[gpu]
+        return f"gnic-out/{gpu}" if m.group.gpu_nic_gbps is not None else f"nic-out/{m.index}"
+
+    def host_egress(self, machine: int) -> str:
+        """Name of the link a host copy's blocks leave `machine` by (`host_to_remote_gpu`)."""
+        return f"nic-out/{machine}"
+
     def agent_links(self, gpu: int) -> tuple[tuple[Link, ...], tuple[Link, ...]]:
         """The network links `gpu`'s node agent sends (egress) and receives (ingress)
         blocks through."""

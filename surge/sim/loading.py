@@ -125,8 +125,11 @@ class Loader:
     def startup_request(self, pool: Pool, instances: list[Instance]) -> StartupRequest:
         """What `policy.startup` is asked for `instances`: each one's own tier, the GPU
         copies of serving instances and the host copies of other machines (one id per
-        machine: `HOST_NODE + m`). `surge serve` asks the same question
+        machine: `HOST_NODE + m`), each named with the link its blocks leave by (a GPU's
+        own NIC where the preset has one, else the machine NIC; BlitzScale §5.1 Alg. 1
+        ranks sources by what that link has left). `surge serve` asks the same question
         (`control/scaleouts.startup_request`)."""
+        state = self.world.state
         dest_machines = {i.machine for i in instances}
         model_instances = [
             i for (m, _), p in self.pools.items() if m == pool.model for i in p.instances
@@ -136,7 +139,13 @@ class Loader:
             # a P/D prefill instance's egress carries K/V hand-offs (BlitzScale §5.1)
             busy = i.role == "prefill" and i.outstanding > 0
             return Copy(
-                i.id, tier, i.outstanding, machine=i.machine, busy_egress=busy, sending=i.sending
+                i.id,
+                tier,
+                i.outstanding,
+                machine=i.machine,
+                busy_egress=busy,
+                sending=i.sending,
+                egress=state.gpu_egress(i.gpus[0]),
             )
 
         gpu_copies = [
@@ -150,7 +159,13 @@ class Loader:
             if i.id in self.multicasts.inflight and not i.released
         ]
         host_copies = [
-            Copy(HOST_NODE + m, "host", machine=m, sending=self.multicasts.host_sending.get(m, 0))
+            Copy(
+                HOST_NODE + m,
+                "host",
+                machine=m,
+                sending=self.multicasts.host_sending.get(m, 0),
+                egress=state.host_egress(m),
+            )
             for m in self.cache.machines_with(pool.model)
             if m not in dest_machines
         ]

@@ -37,6 +37,8 @@ class Scenario:
     """Machines whose serving instance is a source of one multicast now."""
     loading: tuple[int, ...] = ()
     """Machines whose instance receives a multicast now (a chain tail)."""
+    host_sending: tuple[int, ...] = ()
+    """Machines whose host copy is a source of one multicast now."""
 
 
 SCENARIOS = {
@@ -54,6 +56,12 @@ SCENARIOS = {
     ),
     "a chain tail before a sending instance (blitzscale)": Scenario(
         "blitzscale", gpu=(0,), host=(), new=(2, 3), sending=(0,), loading=(1,)
+    ),
+    "a host copy beside a sending instance waits (blitzscale)": Scenario(
+        "blitzscale", gpu=(0,), host=(0,), new=(2, 3), sending=(0,), loading=(1,)
+    ),
+    "a sending host copy after a chain tail (blitzscale)": Scenario(
+        "blitzscale", gpu=(), host=(0,), new=(2, 3), host_sending=(0,), loading=(1,)
     ),
     "a chain tail is not a source for lambdascale": Scenario(
         "lambdascale", gpu=(0,), host=(), new=(2, 3), loading=(1,)
@@ -76,7 +84,15 @@ def _runtime_plan(s: Scenario) -> StartupPlan:
     system = system_config(s.system)
     sending = dict.fromkeys(s.sending, 1)
     request = runtime_request(
-        system, pool, "m", list(s.new), {}, live, sending=sending, loading=s.loading
+        system,
+        pool,
+        "m",
+        list(s.new),
+        {},
+        live,
+        sending=sending,
+        loading=s.loading,
+        host_sending=dict.fromkeys(s.host_sending, 1),
     )
     return plan_startup(request)
 
@@ -85,6 +101,8 @@ def _sim_plan(s: Scenario, tmp_path) -> StartupPlan:
     sim = simulation(tmp_path, system_config(s.system), NUM_MACHINES, s.store)
     for m in s.host:
         add_host_copy(sim, m)
+    for m in s.host_sending:
+        sim.loader.multicasts.host_sending[m] = 1
     machine_of: dict[int, int] = {}
     for m in s.gpu:
         inst = instance_on(sim, m, serving=True)
@@ -133,6 +151,11 @@ def test_both_bodies_plan_the_same_start_up(name: str, tmp_path) -> None:
         # §5.1 Alg. 1 line 10: a receiver still loading forwards as blocks land, ahead of a
         # copy whose egress is held (fails if the runtime offers no chain tails).
         assert runtime.sources == (Source(1, "loading"), Source(0, "gpu"))
+    if name.startswith(("a host copy beside", "a sending host copy")):
+        # One NIC per machine (§5.1 Alg. 1's CurrentBW_s): the host copy of a machine that
+        # sends already goes after a free chain tail (fails per copy, or if the runtime
+        # does not count what host copies send).
+        assert runtime.sources[0] == Source(1, "loading"), runtime.sources
     if name.startswith("a chain tail is not"):
         assert runtime.sources == (Source(0, "gpu"),)
     if name.startswith("serverlessllm"):

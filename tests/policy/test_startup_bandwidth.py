@@ -70,6 +70,44 @@ def test_a_chain_tail_sends_when_every_complete_copy_is_held() -> None:
     )
 
 
+def test_copies_that_leave_by_one_link_share_its_bandwidth() -> None:
+    """A host copy whose link a GPU copy's multicast holds has no bandwidth left (§5.1
+    Alg. 1's `CurrentBW_s` is the link's): a free chain tail or another link's host copy
+    goes first. (Ranked per copy, every emulated §6.1 scale-out left by node 0's NIC.)"""
+    gpu = Copy(0, "gpu", sending=1, machine=0, egress="nic0")
+    beside = Copy(10, "host", machine=0, egress="nic0")
+    tail = Copy(2, "loading", machine=2, egress="nic2")
+    assert _sources(BLITZ, (gpu, beside, tail)) == (Source(2, "loading"),)
+    other = Copy(11, "host", machine=3, egress="nic3")
+    assert _sources(BLITZ, (gpu, beside, other)) == (Source(11, "host"),)
+    # and the other way round: a GPU copy beside a sending host copy is held, not free
+    idle = Copy(0, "gpu", machine=0, egress="nic0")
+    sent = replace(beside, sending=1)
+    assert _sources(BLITZ, (idle, sent, other)) == (Source(11, "host"),)
+    # a host copy leaving by a link of its own (the simulator's machine NIC beside
+    # per-GPU NICs) is free
+    assert _sources(BLITZ, (gpu, replace(beside, egress="nic-out/0"), tail)) == (
+        Source(10, "host"),
+    )
+
+
+def test_a_link_mates_kv_ranks_a_copy_later_but_never_prunes_it() -> None:
+    """Alg. 1 line 2 prunes a source that itself sends K/V; a copy that only shares a
+    NIC with a prefill instance is §5.1's corner case ("we only control the scale
+    bandwidth usage"): it ranks after free copies, and still sends when it is the one
+    copy not itself busy. So a P/D pool's idle decode instance stays the live-scaling
+    source beside its machine's busy prefill one (machine-wide busy flags took it away
+    and no cooperative batch ran)."""
+    prefill = Copy(0, "gpu", busy_egress=True, machine=0, egress="nic0")
+    decode = Copy(3, "gpu", machine=0, egress="nic0")
+    far = Copy(12, "host", machine=4, egress="nic4")
+    assert _sources(BLITZ, (prefill, decode, far)) == (Source(12, "host"),)
+    assert _sources(BLITZ, (prefill, decode)) == (Source(3, "gpu"),)
+    # per-GPU NICs (BlitzScale Table 1): machine mates do not share one
+    own = replace(decode, egress="gnic3")
+    assert _sources(BLITZ, (replace(prefill, egress="gnic0"), own, far)) == (Source(3, "gpu"),)
+
+
 def test_bad_copies_are_refused() -> None:
     with pytest.raises(SurgeError, match="sending"):
         Copy(1, "gpu", sending=-1)

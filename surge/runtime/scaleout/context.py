@@ -114,6 +114,10 @@ class ControllerSide(Protocol):
         """Nodes whose instance starts (+1) or stops (-1) sending its GPU copy to a
         multicast: busy meanwhile, and later start-ups rank it by the egress it has left."""
 
+    def host_sending(self, nodes: tuple[int, ...], delta: int) -> None:
+        """Nodes whose host copy starts (+1) or stops (-1) sending to a multicast: their
+        NIC is held meanwhile, so later start-ups rank them by the egress left."""
+
     def traffic(self) -> Mapping[int, NodeTraffic]:
         """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
         asked when a multicast is planned: `policy.topology` prunes busy sources."""
@@ -141,6 +145,8 @@ class ControllerHooks:
     """Nodes whose instance starts (+1) or stops (-1) sending its GPU copy to a multicast
     (a source, a chain tail, or a receiver forwarding within the plan): the autoscaler
     counts it busy meanwhile, and later start-ups rank it by the egress it has left."""
+    host_sending: Callable[[tuple[int, ...], int], None] = lambda nodes, delta: None
+    """Nodes whose host copy starts (+1) or stops (-1) sending to a multicast (its NIC held)."""
     traffic: Callable[[], Mapping[int, NodeTraffic]] = dict
     """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
     asked when a multicast is planned: `policy.topology` prunes busy sources."""

@@ -46,15 +46,19 @@ def startup_plan(ctx: ScaleOutContext) -> StartupPlan:
 
 async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """The multicast. While it runs, its GPU sources and chain tails are busy sending (a
-    host copy is not an instance), and its receivers are chain tails a later start-up may
-    forward from (BlitzScale §5.1 Alg. 1 line 10; tests/parity/test_startup_parity.py)."""
+    host copy is not an instance: its node's NIC is held, `host_sending`), and its
+    receivers are chain tails a later start-up may forward from (BlitzScale §5.1 Alg. 1
+    line 10; tests/parity/test_startup_parity.py)."""
     senders = tuple(s.node for s in plan.sources if s.tier in ("gpu", "loading"))
+    hosts = tuple(s.node for s in plan.sources if s.tier == "host")
     ctx.hooks.sending(senders, 1)
+    ctx.hooks.host_sending(hosts, 1)
     ctx.hooks.receiving(plan.receivers, True)
     try:
         await run_multicast(ctx, plan)
     finally:
         ctx.hooks.receiving(plan.receivers, False)
+        ctx.hooks.host_sending(hosts, -1)
         ctx.hooks.sending(senders, -1)
 
 
