@@ -24,12 +24,14 @@ def simulation(
     seed_host_copies: bool = False,
     hidden_size: int = 64,
     gpu_speedup: float = 1.0,
+    gpus_per_node: int = 1,
 ) -> Simulation:
     """A simulation of `system` on `num_machines` machines whose model store is `store`
     (`ssd`: every machine has a disk copy; `registry`: none), serving one tiny model per
     entry of `model_layers` (its layer count: the sizes differ); the system's host copies
     are seeded only with `seed_host_copies`; `hidden_size` sets the models' size,
-    `gpu_speedup` multiplies the GPU's compute and memory bandwidth."""
+    `gpu_speedup` multiplies the GPU's compute and memory bandwidth; `gpus_per_node` GPUs
+    share each machine's NIC and its fast link."""
     gpu = {
         "name": "g", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
         "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
@@ -37,7 +39,7 @@ def simulation(
     gpu["tflops"] *= gpu_speedup
     gpu["mem_bandwidth_gbs"] *= gpu_speedup
     group = {
-        "num_nodes": num_machines, "gpu": gpu, "gpus_per_node": 1, "nic_gbps": 10,
+        "num_nodes": num_machines, "gpu": gpu, "gpus_per_node": gpus_per_node, "nic_gbps": 10,
         "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gb": 16,
         "model_store": store,
     }  # fmt: skip
@@ -76,10 +78,11 @@ def entry_pool(sim: Simulation) -> Pool:
     return sim.pools[(0, "both")]
 
 
-def instance_on(sim: Simulation, machine: int, serving: bool) -> Instance:
-    """A new instance of model 0 on `machine`'s GPU (a serving one joins the pool)."""
+def instance_on(sim: Simulation, machine: int, serving: bool, gpu_index: int = 0) -> Instance:
+    """A new instance of model 0 on `machine`'s GPU `gpu_index` (a serving one joins the
+    pool)."""
     pool = entry_pool(sim)
-    gpu = sim.world.state.machines[machine].first_gpu
+    gpu = sim.world.state.machines[machine].first_gpu + gpu_index
     inst = sim.loader.make_endpoint(pool, Placement(((gpu,),), machine), False)
     if serving:
         inst.loaded = inst.serving = True

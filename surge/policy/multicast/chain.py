@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from surge.errors import SurgeError
 from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.nvlink_units import target_units
 from surge.policy.multicast.plan import Plan
 from surge.policy.multicast.send_queues import plan_forest
 from surge.policy.multicast.subgroups import check_sizes
@@ -44,29 +45,6 @@ class Chains:
     """Sources left out because their egress is busy with serving traffic."""
 
 
-def _target_units(num_sources: int, cluster: Cluster) -> tuple[list[list[int]], list[list[int]]]:
-    """Network targets as units (NVLink groups collapsed), and NVLink-local chains.
-
-    Returns (units, local_chains): each unit lists its nodes with the network receiver
-    first; each local chain is [free source, its NVLink group's targets...].
-    """
-    free_sources = [s for s in range(num_sources) if s not in cluster.busy_egress]
-    units: list[list[int]] = []
-    local_chains: list[list[int]] = []
-    placed: set[int] = set()
-    for group in cluster.nvlink_groups:
-        targets = sorted(g for g in group if g >= num_sources)
-        group_sources = [g for g in sorted(group) if g in free_sources]
-        if group_sources and targets:
-            local_chains.append([group_sources[0], *targets])
-        elif targets:
-            head = min(targets, key=lambda t: (-cluster.ingress_gbps[t], t))
-            units.append([head, *[t for t in targets if t != head]])
-        placed |= set(targets)
-    units += [[t] for t in range(num_sources, cluster.num_nodes) if t not in placed]
-    return units, local_chains
-
-
 def build_chains(num_nodes: int, num_sources: int, cluster: Cluster) -> Chains:
     """Greedy chain construction of BlitzScale Alg. 1 (see module docstring)."""
     if cluster.num_nodes != num_nodes:
@@ -77,7 +55,7 @@ def build_chains(num_nodes: int, num_sources: int, cluster: Cluster) -> Chains:
             "every source's egress is busy with serving traffic; add a source whose "
             "egress is free (BlitzScale prunes busy sources)"
         )
-    units, local_chains = _target_units(num_sources, cluster)
+    units, local_chains = target_units(num_sources, cluster)
     children: dict[int, list[int]] = {node: [] for node in range(num_nodes)}
     # A source with an NVLink chain feeds the network through that chain's last node.
     network_sender = {s: s for s in range(num_sources)}

@@ -161,11 +161,21 @@ def pipelines_kway(
     settings: PipelineSettings | None = None,
 ) -> tuple[Pipeline, ...]:
     """Pipelines of λScale Alg. 2: each fixed group forms at its earliest covering step."""
+    return pipelines_of_groups(plan, kway_pipeline_groups(subgroups), settings)
+
+
+def pipelines_of_groups(
+    plan: Plan,
+    groups: Sequence[Sequence[int]],
+    settings: PipelineSettings | None = None,
+) -> tuple[Pipeline, ...]:
+    """One pipeline per fixed node group, formed at the group's earliest covering step
+    (λScale Alg. 2's groups, or one group per local replica: §4.3 Case 3, Fig. 6c)."""
     settings = settings or PipelineSettings()
     arrival = arrival_matrix(plan)
     completion = arrival.max(axis=1)
     formed: list[Pipeline] = []
-    for group in kway_pipeline_groups(subgroups):
+    for group in groups:
         nodes = np.asarray(group, dtype=np.int64)
         # Before every block is somewhere in the group no cover exists: start there,
         # unless fewer than two incomplete nodes are left by then (nothing forms).

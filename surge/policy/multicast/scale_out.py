@@ -18,11 +18,17 @@ from surge.policy.multicast.binomial import plan_binomial
 from surge.policy.multicast.chain import STRATEGY as CHAIN
 from surge.policy.multicast.chain import plan_chain
 from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.nvlink_replication import (
+    plan_binomial_nvlink,
+    replica_pipeline_groups,
+    replicates_over_nvlink,
+)
 from surge.policy.multicast.pipelines import (
     Pipeline,
     PipelineSettings,
     pipelines_earliest,
     pipelines_kway,
+    pipelines_of_groups,
 )
 from surge.policy.multicast.plan import Plan
 from surge.policy.multicast.subgroups import check_sizes, split_subgroups
@@ -140,6 +146,8 @@ def plan_multicast(request: MulticastRequest) -> Plan:
     """The step plan of `request.strategy`."""
     n, b, k = request.num_nodes, request.num_blocks, request.num_sources
     if request.strategy == BINOMIAL:
+        if replicates_over_nvlink(k, request.cluster):  # λScale §4.3 Case 3
+            return plan_binomial_nvlink(n, b, k, request.links)
         return plan_binomial(n, b, k, request.cluster)
     if request.strategy == CHAIN:
         return plan_chain(n, b, k, request.links)
@@ -148,9 +156,16 @@ def plan_multicast(request: MulticastRequest) -> Plan:
     return plan_naive(n, b, k)
 
 
-def plan_pipelines(plan: Plan, settings: PipelineSettings | None = None) -> tuple[Pipeline, ...]:
-    """λScale Alg. 2 for a k-way binomial plan (K > 1), earliest covers otherwise."""
+def plan_pipelines(
+    plan: Plan, settings: PipelineSettings | None = None, cluster: Cluster | None = None
+) -> tuple[Pipeline, ...]:
+    """λScale Alg. 2 for a k-way binomial plan (K > 1; with intra-node replication, one
+    pipeline per local replica of each Alg. 2 group, §4.3 Case 3), earliest covers
+    otherwise. `cluster`: the one the plan was made on."""
     if plan.strategy == BINOMIAL and plan.num_sources > 1:
+        if cluster is not None and replicates_over_nvlink(plan.num_sources, cluster):
+            groups = replica_pipeline_groups(plan.num_sources, cluster)
+            return pipelines_of_groups(plan, groups, settings)
         groups = split_subgroups(plan.num_nodes, plan.num_sources)
         return pipelines_kway(plan, groups, settings)
     return pipelines_earliest(plan, settings)
@@ -178,6 +193,6 @@ def plan_scale_out(request: MulticastRequest) -> MulticastOutcome:
     """Plan, pipelines and timeline of `request`."""
     with _cyclic_gc_paused():
         plan = plan_multicast(request)
-        pipelines = plan_pipelines(plan, request.pipelines)
+        pipelines = plan_pipelines(plan, request.pipelines, request.cluster)
         timeline = simulate(plan, pipelines, request.timing)
     return MulticastOutcome(request, plan, pipelines, timeline)
