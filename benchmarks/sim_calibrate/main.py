@@ -9,11 +9,11 @@
 2. Transport: one block between two agents at the cap (`--link-gbps`), and the whole
    multicast to the 8 agents (K=1 and K=2, no serving): the effective per-link rate
    (planned block steps at the cap / measured end) and the agents' CPU per block
-   transfer (framing, receive, crc32 verify) -> `SimSettings.transfer_cores`.
+   transfer (framing, receive, crc32 verify) -> `TestbedHost.transfer_cores`.
 3. Endpoint opening: the controller's seconds to open one local instance / one execution
    pipeline while the burst is served (`measure.measure_endpoint_open`),
    as CPU seconds of the controller and the opened agents (cores-free seconds) ->
-   `SimSettings.endpoint_open_s`, `pipeline_open_s` (the simulator opens a multicast's
+   `TestbedHost.endpoint_open_s`, `pipeline_open_s` (the simulator opens a multicast's
    endpoints one after another, as the runtime's carrier does: `sim/carrier.py`).
 4. Writes that as a simulator profile (an inline GPU profile with
    `measured_layer_costs_s`, a model file of the burst's shape, an 8-node cluster file
@@ -21,7 +21,7 @@
    requests at t=0, binomial multicast with K sources, batch limit 4, pipelines of 2
    micro-batch groups (as `PipelineEndpoint`), modes execute_while_load (λScale
    pipelines) and stop_the_world (load-then-serve). The 8 agents share the machine's 2
-   cores (`SimSettings.shared_cores`), transfers included. One profile serves both modes
+   cores (`TestbedHost.shared_cores`), transfers included. One profile serves both modes
    and both K.
 5. Pipeline speed: an execution pipeline's throughput vs a local instance on one burst,
    in the runtime and in the model (`sim_calibrate/pipeline.py`); their ratio ->
@@ -29,12 +29,12 @@
 6. Sending while serving: the serving rate a source's agent loses per GB/s it sends
    (`sim_calibrate/send.py`: the burst served with and without the agent sending the
    model at the cap; its CPU seconds per GB sent alongside) ->
-   `SimSettings.send_cost_s_per_gb`.
+   `TestbedHost.send_cost_s_per_gb`.
 7. Transfers first: block transfers take their CPU ahead of serving
-   (`SimSettings.transfers_first`; the agents moving blocks are I/O-bound, and Linux runs a
+   (`TestbedHost.transfers_first`; the agents moving blocks are I/O-bound, and Linux runs a
    task waking from I/O ahead of CPU-bound ones; measured, the runtime's multicast barely
    slows while hot instances serve). No parameter: fix 8 switches it on.
-   Fix 9 (`SimSettings.serving_transfers_shared`): an agent that also serves is CPU-bound,
+   Fix 9 (`TestbedHost.serving_transfers_shared`): an agent that also serves is CPU-bound,
    so its end of a transfer runs at its serving share (the sender's part of the transfer
    CPU, `send_cpu_cores`, from step 6's CPU seconds per GB sent; the receiver's the rest).
    Fix 10 (`sim_calibrate/contention.py`): step 2's transfer CPU is measured on a host
@@ -47,8 +47,8 @@
    its CPU share; the profile round times the same blocks into a serving agent and into an
    idle one at once while two hot instances saturate the host -> their ratio
    `serving_receive_slowdown` (median over the pairs, at least 1), which replaces fix 9's
-   receiving end (`SimSettings.serving_receive_slowdown`; without it fix 11 is fix 10).
-   Fix 12 (`SimSettings.transfer_wakeups`): the transfers' CPU as wake-ups that hold whole
+   receiving end (`TestbedHost.serving_receive_slowdown`; without it fix 11 is fix 10).
+   Fix 12 (`TestbedHost.transfer_wakeups`): the transfers' CPU as wake-ups that hold whole
    cores (an M/M/c queue's busy servers), the busy endpoints on the cores left: a lone hot
    source loses part of its core though the host has room (no new parameter: the transfer
    CPU of fix 10); the profile round checks it (`sim_calibrate/serving.py`: the K=1 hot
@@ -56,7 +56,7 @@
    cores from the others' measured CPU). Fix 13: the serving step's costs fitted at the
    burst's shapes only (`profiling.burst_shape_costs`: decode batches up to
    the batch limit), and the pipeline speed against that model. Fix 15
-   (`SimSettings.transfer_wakeups_queue`): when serving threads and the transfers' CPU want
+   (`TestbedHost.transfer_wakeups_queue`): when serving threads and the transfers' CPU want
    more than the cores, the wake-ups queue with the serving threads and the flows slow (no
    new parameter); the round checks it (`sim_calibrate/wakeup_queue.py`: the K=2 multicast with
    and without pipelines serving on its receivers, their event loops' run-queue wait).

@@ -15,6 +15,7 @@ from pathlib import Path
 from benchmarks.sim_calibrate.profiling import burst_trace, sim_files
 from benchmarks.sim_calibrate.repeats import SCENARIOS, scenario_name
 from benchmarks.sim_calibrate.rounds import PIPELINE_MICRO_BATCHES
+from benchmarks.sim_calibrate.testbed import TestbedHost
 
 MODES = {"execute_while_load": "pipelines", "stop_the_world": "none"}
 """Scale-out mode -> the simulated system's `serve_while_loading`."""
@@ -70,29 +71,29 @@ def simulate_burst(
         system=system.name,
         max_batch=real["max_num_seqs"],
         warm_instances=k,
-        shared_cores=cores,
-        transfer_cores=transfer_cores if cores is not None else 0.0,
         pipeline_micro_batches=micro_batches,
+        pipeline_speed=pipeline_speed,
+    )
+    shared = cores is not None
+    host = TestbedHost(
+        shared_cores=cores,
+        transfer_cores=transfer_cores if shared else 0.0,
         endpoint_open_s=opens["endpoint_open_s"] if opens else 0.0,
         pipeline_open_s=opens["pipeline_open_s"] if opens else 0.0,
-        pipeline_speed=pipeline_speed,
-        send_cost_s_per_gb=send_cost_s_per_gb if cores is not None else 0.0,
-        transfers_first=transfers_first and cores is not None,
-        serving_transfers_shared=serving_transfers_shared and transfers_first and cores is not None,
-        send_cpu_cores=min(send_cpu_cores, transfer_cores) if cores is not None else 0.0,
+        send_cost_s_per_gb=send_cost_s_per_gb if shared else 0.0,
+        transfers_first=transfers_first and shared,
+        serving_transfers_shared=serving_transfers_shared and transfers_first and shared,
+        send_cpu_cores=min(send_cpu_cores, transfer_cores) if shared else 0.0,
         serving_receive_slowdown=serving_receive_slowdown
-        if serving_transfers_shared and transfers_first and cores is not None
+        if serving_transfers_shared and transfers_first and shared
         else 0.0,
-        transfer_wakeups=transfer_wakeups and transfers_first and cores is not None,
-        serving_efficiency_in_transfers=efficiency_in_transfers if cores is not None else 1.0,
-        transfer_wakeups_queue=wakeups_queue
-        and transfer_wakeups
-        and transfers_first
-        and cores is not None,
+        transfer_wakeups=transfer_wakeups and transfers_first and shared,
+        serving_efficiency_in_transfers=efficiency_in_transfers if shared else 1.0,
+        transfer_wakeups_queue=wakeups_queue and transfer_wakeups and transfers_first and shared,
     )
     trace = burst_trace(real["requests"], tuple(real["prompt_len"]), real["max_tokens"])
     recorder = Recorder()
-    res = Simulation(trace, settings, system, timeline=recorder).run()
+    res = Simulation(trace, settings, system, timeline=recorder, host=host).run()
     opened = [
         round(ev.t_s, 3)
         for ev in recorder.events

@@ -15,7 +15,7 @@ Out: per pair, each receiver's seconds from the first block's start to its last 
 (`serving_s`, `idle_s`), their ratio, every agent's cores over the pair (`/proc`: was the
 host saturated, the receiver busy serving?), and the medians: `serving_receive_slowdown` =
 median(serving_s / idle_s) over the pairs during the burst, which
-`SimSettings.serving_receive_slowdown` takes (`sim_calibrate/predict.py` fix 11: a serving
+`TestbedHost.serving_receive_slowdown` takes (`sim_calibrate/predict.py` fix 11: a serving
 node's ingress links at 1 / that, instead of fix 9's share formula). Nothing is fitted to
 the bursts: the ratio is a transfer's own time in this runtime.
 """

@@ -10,7 +10,7 @@ the burst's link cap; agent 0 holds it in its gpu tier and serves through a
 3. agent 0 sends the whole model to agent 1 and serves nothing ("send only"): agent 0's CPU
    seconds (/proc) per GB sent.
 Out: `send_cpu_s_per_gb` (step 3) and `send_cost_s_per_gb` = the serving rate lost while
-sending (1 - serve+send / idle) per GB/s sent (step 2): what `SimSettings.send_cost_s_per_gb`
+sending (1 - serve+send / idle) per GB/s sent (step 2): what `TestbedHost.send_cost_s_per_gb`
 applies (a node sending at B GB/s serves at 1 - cost * B). Nov 23: 0.86 s/GB at 21:10,
 about the sending CPU (0.94-1.25 CPU-s/GB); before the issue-15 engine changes (~20:30)
 6.6-17 s/GB, the agent then serving at ~half its rate on < 0.7 cores. The machine's other

@@ -1,5 +1,5 @@
 """Where a hot source's serving time goes while the scale-out's multicast runs
-(calibration fix 12: `SimSettings.transfer_wakeups`).
+(calibration fix 12: `TestbedHost.transfer_wakeups`).
 
 What flows: the burst's model on a `LocalCluster` of the burst's 8 agents at its link cap;
 agent 0 holds it (`m`) in its gpu tier and serves through a `LocalEndpoint`, as the K=1
@@ -74,7 +74,7 @@ def steps_of(times: list[float], gap_s: float = STEP_GAP_S) -> list[list[float]]
 def model_cores(alone_cores: float, others_cores: float, cores: float) -> float:
     """The hot agent's cores during the multicast by fix 12's model: its cores alone times
     `wakeup_share` of one busy endpoint while the others' measured CPU runs first."""
-    from surge.sim.compute_sharing import wakeup_share
+    from benchmarks.sim_calibrate.compute_sharing import wakeup_share
 
     return alone_cores * wakeup_share(cores, 1, others_cores)
 

@@ -1,5 +1,5 @@
 """Whether pipelines serving on the receiving nodes stretch the scale-out's multicast
-(calibration fix 15: `SimSettings.transfer_wakeups_queue`).
+(calibration fix 15: `TestbedHost.transfer_wakeups_queue`).
 
 What flows: the burst's model on a `LocalCluster` of the burst's 8 agents at its link cap.
 Every agent holds it (`m`) in its gpu tier (loaded from disk, as
@@ -45,7 +45,7 @@ def loop_schedstat(pid: int) -> tuple[float, float, int]:
 def model_of(hot_only: dict, busy_served: int, cores: float, transfer_cores: float) -> dict:
     """Fix 15's flow speeds and event-loop shares with the transfer CPU `hot_only` measured
     (its receivers' event loops' cores): served over hot_only (`module docstring`)."""
-    from surge.sim.compute_sharing import queued_flow_speed
+    from benchmarks.sim_calibrate.compute_sharing import queued_flow_speed
 
     demand = hot_only["receivers_loop_cores"]
     speed = {

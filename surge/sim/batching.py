@@ -13,8 +13,8 @@ decode step has the same batch, so all running requests advance at 1/step_s toke
 second; the engine keeps a decode clock V (tokens each running request has generated
 since V = 0) and a heap of the V at which each request finishes, and schedules only
 the next finish. That is O(1) events per request instead of one per token.
-Compute sharing: `share` (set by the simulator when several endpoints share one host's
-cores, `SimSettings.shared_cores`) multiplies the speed of every step, including a
+Compute sharing: `share` (set by a host model when several endpoints share one host's
+cores, `sim/host.py`; 1.0 on a real cluster) multiplies the speed of every step, including a
 prefill in flight, whose remaining work is rescheduled at the new rate; `on_busy(engine)`
 is called whenever it turns busy or idle.
 Roles: `both` and `decode` serve a request to its end, `prefill` hands it on after its first

@@ -31,7 +31,7 @@ class Link:
         self.flows: set[Flow] = set()
         self.speed = 1.0
         """Fraction of its capacity the hosts' CPUs let it move now (< 1: the agent at
-        this end is CPU-bound, `ComputeSharing`)."""
+        this end is CPU-bound: a host model's, `sim/host.py`)."""
 
 
 class Flow:
@@ -69,7 +69,7 @@ class FlowNetwork:
         """Bytes of finished flows."""
         self.speed = 1.0
         """Fraction of its fair share every flow moves at (< 1: the hosts' CPUs, not the
-        links, limit transfers; `SimSettings.transfer_cores`)."""
+        links, limit transfers: a host model's, `sim/host.py`)."""
 
     def set_speed(self, speed: float) -> None:
         """Change the speed of every flow, those in flight included."""

@@ -27,7 +27,7 @@ from surge.policy.startup import (
 from surge.policy.warm_pipelines import WarmGroup, plan_warm_groups
 from surge.sim.events import Priority
 from surge.sim.fetch import fetch
-from surge.sim.flows import Link
+from surge.sim.host import HostModel
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
 from surge.sim.live_scaling import LiveScaling
@@ -48,9 +48,8 @@ class Loader:
         requests: Requests,
         cache: HostCache,
         make_endpoint: Callable[[Pool, Placement, bool], Instance],
-        on_transfers: Callable[[int, int | None, Link | None], None],
+        host: HostModel,
         num_blocks: Callable[[int, int, int], int],
-        share: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self.world = world
         self.pools = pools
@@ -70,9 +69,8 @@ class Loader:
             requests,
             self.live,
             make_endpoint,
-            on_transfers,
+            host,
             num_blocks,
-            share,
             self.ready,
             self.load_local,
         )

@@ -34,6 +34,7 @@ from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest,
 from surge.policy.startup import StartupPlan
 from surge.sim.carrier import Carrier
 from surge.sim.flows import Link
+from surge.sim.host import HostModel
 from surge.sim.instance import Instance
 from surge.sim.live_scaling import LiveScaling
 from surge.sim.mode_switch import SpreadRequests
@@ -69,9 +70,8 @@ class MulticastLoads:
         requests: Requests,
         live: LiveScaling,
         make_endpoint: Callable[[Pool, Placement, bool], Instance],
-        on_transfers: Callable[[int, int | None, Link | None], None],
+        host: HostModel,
         num_blocks: Callable[[int, int, int], int],
-        share: Callable[[], float],
         ready: Callable[[Pool, Instance, float], None],
         load_local: Callable[[Pool, Instance, str], None],
     ) -> None:
@@ -80,12 +80,10 @@ class MulticastLoads:
         self.requests = requests
         self.live = live
         self.make_endpoint = make_endpoint
-        self.on_transfers = on_transfers
-        """(+1 / -1, sender's lead GPU or None, egress): `ComputeSharing.on_transfers`."""
+        self.host = host
+        """Told of every block transfer and asked what each loading action costs."""
         self.num_blocks = num_blocks
         """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
-        self.share = share
-        """The processor share an endpoint opening gets now (`ComputeSharing.share`)."""
         self.ready = ready
         """`Loader.ready`: an instance holding the whole model serves after a delay."""
         self.load_local = load_local
@@ -232,7 +230,7 @@ class MulticastLoads:
             else:
                 self.carry_out(pool, action, plan_nodes, opened, sharded=lanes > 1)
 
-        carrier = Carrier(world.loop, receivers[0].id, world.settings, self.share, carry)
+        carrier = Carrier(world.loop, receivers[0].id, self.host.action_s, carry)
 
         lanes_in: dict[tuple[int, int], int] = {}
         lanes_left = [lanes]
@@ -278,11 +276,11 @@ class MulticastLoads:
                 self.host_sending[m] -= 1
 
         def on_transfers(delta: int, tr: Transfer, lane: int = 0) -> None:
-            sender = plan_nodes[tr.src] if world.settings.send_cost_s_per_gb > 0 else None
-            if sender is None:  # no send cost, or a host copy (no serving process sends it)
-                self.on_transfers(delta, None, None)
+            sender = plan_nodes[tr.src]
+            if sender is None:  # a host copy: no serving process sends it
+                self.host.on_transfers(delta, None, None)
             else:
-                self.on_transfers(delta, sender.gpus[lane], path(tr.src, tr.dst, lane)[0])
+                self.host.on_transfers(delta, sender.gpus[lane], path(tr.src, tr.dst, lane)[0])
 
         block_bytes = math.ceil(slot.profile.total_bytes / blocks)
         partial = {i: tails[v].blocks for i, v in enumerate(nodes[:k]) if v in tails}

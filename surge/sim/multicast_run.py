@@ -5,7 +5,7 @@ plan nodes (the caller resolves what a node is: a GPU, or the host memory of a m
 for a host source), the block size, and callbacks. Out: `on_arrival(node, block)` as
 each block lands (the caller feeds it to `surge.policy.loading.LoadingState`, which
 decides what opens and retires), `on_finished()` at the end, and `on_transfers(+1 / -1,
-transfer)` as a transfer starts / ends (CPU consumers under `SimSettings.shared_cores`).
+transfer)` as a transfer starts / ends (for the host model, `sim/host.py`).
 
 Execution is self-timed, as node agents run a plan (and as `surge.policy.multicast.timing`
 models it): each node sends its transfers in plan order and receives its transfers in

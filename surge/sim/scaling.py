@@ -41,11 +41,11 @@ from surge.policy.placement import (
     tp_size,
 )
 from surge.sim.batching import EngineSpec
-from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority
 from surge.sim.gpus import Gpus
 from surge.sim.hardware import NodeGroup
+from surge.sim.host import HostModel
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
@@ -60,11 +60,12 @@ class InstanceFactory:
         self,
         world: World,
         requests: Requests,
-        sharing: ComputeSharing,
+        host: HostModel,
     ) -> None:
         self.world = world
         self.requests = requests
-        self.sharing = sharing
+        self.host = host
+        """Told of every endpoint made (`HostModel.attach`)."""
         self.next_id = 0
 
     def make(self, pool: Pool, placement: Placement, pipeline: bool = False) -> Instance:
@@ -111,8 +112,7 @@ class InstanceFactory:
         )
         if staged:
             inst.set_micro_batches(micro)
-        if self.sharing.enabled:
-            inst.on_busy = self.sharing.on_busy
+        self.host.attach(inst)
         return inst
 
 

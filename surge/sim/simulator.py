@@ -12,7 +12,8 @@ The parts, each one concern, dependencies passed in (no part imports another's s
 - `groups.Groups`: ParaServe groups (`policy.startup.plan_group`) and consolidation
   (`policy.paraserve_predictor`);
 - `host_cache.HostCache`: `policy.copies.keepalive`;
-- `compute_sharing.ComputeSharing`: processor sharing of one host's cores.
+- `host.HostModel`: what the machines' compute costs beside the GPUs' (`DedicatedHost`, a
+  real cluster, unless a benchmark passes its own: `benchmarks/sim_calibrate/testbed.py`).
 This module builds them, schedules the arrivals and the sampler, and runs the loop.
 """
 
@@ -29,13 +30,13 @@ from surge.policy.multicast.cluster import Cluster
 from surge.policy.placement import model_home
 from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
-from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flexpipe import FlexPipe
 from surge.sim.flows import FlowNetwork
 from surge.sim.gpus import Gpus
 from surge.sim.groups import Groups
 from surge.sim.hardware import ClusterProfile, load_cluster
+from surge.sim.host import DedicatedHost, HostFactory
 from surge.sim.host_cache import HostCache
 from surge.sim.loading import Loader
 from surge.sim.models import ModelProfile, load_model
@@ -90,8 +91,11 @@ class Simulation:
         settings: SimSettings,
         system: SystemConfig | None = None,
         timeline: Recorder | None = None,
+        host: HostFactory | None = None,
     ) -> None:
         self.settings = settings
+        self.host_factory = host
+        """Builds the host model (None: `DedicatedHost`, every paper profile)."""
         self.system: SystemConfig = system or system_config(settings.system)
         """The system's policies; `system` overrides the name (variants in benchmarks)."""
         loop = EventLoop()
@@ -149,22 +153,10 @@ class Simulation:
             )
 
     def _wire(self) -> None:
-        world, settings = self.world, self.settings
+        world = self.world
         self.cache = HostCache(world)
         self.cache.seed()
-        self.sharing = ComputeSharing(
-            world.net,
-            shared_cores=settings.shared_cores,
-            transfer_cores=settings.transfer_cores,
-            send_cost_s_per_gb=settings.send_cost_s_per_gb,
-            transfers_first=settings.transfers_first,
-            links_of_gpu=world.state.agent_links if settings.serving_transfers_shared else None,
-            send_cpu_cores=settings.send_cpu_cores,
-            receive_slowdown=settings.serving_receive_slowdown,
-            wakeups=settings.transfer_wakeups,
-            efficiency_in_transfers=settings.serving_efficiency_in_transfers,
-            wakeups_queue=settings.transfer_wakeups_queue,
-        )
+        self.host = self.host_factory(world) if self.host_factory else DedicatedHost()
         self.router = Requests(
             world,
             self.pools,
@@ -173,16 +165,15 @@ class Simulation:
         )
         self.router.unfinished = len(self.requests)
         self.gpus = Gpus(world)
-        factory = InstanceFactory(world, self.router, self.sharing)
+        factory = InstanceFactory(world, self.router, self.host)
         self.loader = Loader(
             world,
             self.pools,
             self.router,
             self.cache,
             factory.make,
-            self.sharing.on_transfers,
+            self.host,
             self._num_blocks,
-            self.sharing.share,
         )
         self.flexpipe = FlexPipe(world, self.gpus, lambda p: self.scaler.check_after_idle(p))
         self.groups = Groups(
@@ -315,6 +306,8 @@ def simulate(
     settings: SimSettings,
     on_progress: Callable[[float], None] | None = None,
     system: SystemConfig | None = None,
+    host: HostFactory | None = None,
 ) -> SimResult:
-    """Run `settings.system` (or the given `system` variant) on `trace`."""
-    return Simulation(trace, settings, system).run(on_progress)
+    """Run `settings.system` (or the given `system` variant) on `trace` (on `host`'s
+    machines: `Simulation`)."""
+    return Simulation(trace, settings, system, host=host).run(on_progress)

@@ -41,7 +41,7 @@ def start_warm_group(
     def carry(action: object) -> None:
         multicasts.carry_out(pool, action, plan_nodes, opened, sharded=True)
 
-    carrier = Carrier(world.loop, members[0].id, world.settings, multicasts.share, carry)
+    carrier = Carrier(world.loop, members[0].id, multicasts.host.action_s, carry)
     block_bytes = math.ceil(world.models[pool.model].profile.total_bytes / num_blocks)
 
     def load(j: int, k: int) -> None:

@@ -1,4 +1,9 @@
-"""Processor sharing of one host's cores (`SimSettings.shared_cores`).
+"""Processor sharing of one host's cores: the CPU testbed's host model (`testbed.TestbedHost`).
+
+Not the product simulator's: under GPU-time emulation, and on every paper profile, a node's
+time is its GPU's (`surge/sim/host.py`); this models the testbed surge was first calibrated
+on (every agent on one machine's 2 cores), for `benchmarks/sim_calibrate`. It plugs into
+the simulator as its `HostModel` (`Simulation(host=TestbedHost(...))`).
 
 In: endpoints turning busy or idle (`Instance.on_busy`) and multicast block transfers
 starting and ending (with their sender's lead GPU and egress link). Out: every busy
@@ -9,9 +14,9 @@ pipeline with 2 micro-batch streams measured ~1.0 core, like a local instance) +
 `FlowNetwork.set_speed`). With `shared_cores` None nothing is shared. With
 `transfers_first` the transfers take their CPU first (flows at min(1, cores / transfer
 demand)) and busy endpoints share what is left (I/O-bound agents run ahead of CPU-bound
-serving under Linux's scheduler; `SimSettings.transfers_first`).
+serving under Linux's scheduler; `TestbedHost.transfers_first`).
 
-Sending and serving on one node (`SimSettings.send_cost_s_per_gb`): a node's agent sends
+Sending and serving on one node (`TestbedHost.send_cost_s_per_gb`): a node's agent sends
 the blocks of a multicast from the process that serves, so while a node sends at B GB/s
 its endpoints serve at
 (1 - send_cost_s_per_gb * B) of their share (at least `MIN_SERVING_FRACTION`); an
@@ -20,7 +25,7 @@ load among its GPUs. B is the sender's egress links' capacity times the flow net
 speed while it has a transfer in flight (its egress is what a multicast sender fills).
 0 (the default): the old model exactly.
 
-Serving agents move blocks at their share (`SimSettings.serving_transfers_shared`, with
+Serving agents move blocks at their share (`TestbedHost.serving_transfers_shared`, with
 `transfers_first`): transfers go first because the agents that only move blocks are
 I/O-bound. An agent that also serves (a busy endpoint on its GPU: a hot source, a pipeline
 stage) is CPU-bound, and a block's CPU work at its end (framing and sending out of the
@@ -29,10 +34,10 @@ scheduler gives it. A block's time at that end is its wire time plus that CPU's 
 wait: with e the cores the end's CPU work takes at the link's full rate, the end's link
 moves at 1 / (1 + e * (1/s - 1)) of its rate (`Link.speed`). e is measured: the sender's
 `send_cpu_cores` and the receiver's `transfer_cores - send_cpu_cores`. With
-`SimSettings.serving_receive_slowdown` r (measured: blocks into a serving agent vs into an
+`TestbedHost.serving_receive_slowdown` r (measured: blocks into a serving agent vs into an
 idle one, at once), a serving node's ingress links move at 1/r instead (calibration fix 11).
 
-Transfers as wake-ups (`SimSettings.transfer_wakeups`, with `transfers_first`): the
+Transfers as wake-ups (`TestbedHost.transfer_wakeups`, with `transfers_first`): the
 transfers' CPU is not a fluid that fills the cores the endpoints leave idle; it comes as
 short wake-ups of the agents that move blocks (one per chunk received, verified, relayed),
 each taking a whole core while it runs, ahead of serving. With a transfer demand of a cores
@@ -43,7 +48,7 @@ share; with fewer endpoints than cores it is less (a hot source alone on 2 cores
 of a core, not 1, at a = 0.68: the wake-ups land on its core whenever the other one is
 taken). Measured: `benchmarks/sim_calibrate/serving.py` (calibration fix 12).
 
-Wake-ups queue behind serving (`SimSettings.transfer_wakeups_queue`, with `transfer_wakeups`;
+Wake-ups queue behind serving (`TestbedHost.transfer_wakeups_queue`, with `transfer_wakeups`;
 calibration fix 15): the wake-ups go first only while a core is free for them. When the B
 busy endpoints (one serving thread's core each; a pipeline counts once, as its stages take
 turns) and the transfers' CPU a want more than the c cores, every core is held by a serving
@@ -57,7 +62,7 @@ simulated one); K=1 stop-the-world (1 endpoint + ~0.7 cores of wake-ups): no cha
 Measured: `benchmarks/sim_calibrate/wakeup_queue.py` (the receivers' event loops' run-queue wait
 and the multicast's time with and without pipelines serving on them).
 
-Serving per core while transfers run (`SimSettings.serving_efficiency_in_transfers` e,
+Serving per core while transfers run (`TestbedHost.serving_efficiency_in_transfers` e,
 default 1): while any block transfer is in flight on the host, every busy endpoint serves
 at e of its share (a serving agent's steps take more CPU each while the host moves blocks:
 measured as the hot agent's tokens per second of its engine threads' CPU with a multicast
@@ -68,6 +73,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+from surge.policy.loading import GoLocal, OpenPipeline
 from surge.sim.flows import FlowNetwork, Link
 from surge.sim.instance import Instance
 
@@ -127,8 +133,12 @@ class ComputeSharing:
         wakeups: bool = False,
         efficiency_in_transfers: float = 1.0,
         wakeups_queue: bool = False,
+        endpoint_open_s: float = 0.0,
+        pipeline_open_s: float = 0.0,
     ) -> None:
         self.net = net
+        self.open_s = {GoLocal: endpoint_open_s, OpenPipeline: pipeline_open_s}
+        """Controller seconds (cores free) to open a local instance / a pipeline."""
         self.shared_cores = shared_cores
         self.transfer_cores = transfer_cores
         self.transfers_first = transfers_first
@@ -192,6 +202,19 @@ class ComputeSharing:
                 self.shared_cores, len(self.busy), demand * speed, self.transfer_cores
             )
         return speed
+
+    def attach(self, inst: Instance) -> None:
+        """`inst` was made (`HostModel.attach`): its busy / idle turns reshare the cores."""
+        if self.enabled:
+            inst.on_busy = self.on_busy
+
+    def action_s(self, action: object) -> float:
+        """Seconds to carry out `action` now (`HostModel.action_s`): opening a local
+        instance or an execution pipeline costs its measured controller seconds with the
+        cores free, stretched by the processor share at its start (the runtime's carrier
+        awaits each opening: `runtime/scaleout/multicast.LoadingCarrier`); the rest, none."""
+        cost_s = self.open_s.get(type(action), 0.0)
+        return cost_s / self.share() if cost_s > 0 else 0.0
 
     def on_busy(self, inst: Instance) -> None:
         """`inst` turned busy or idle."""

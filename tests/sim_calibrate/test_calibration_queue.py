@@ -1,5 +1,5 @@
 """Calibration fix 15: the transfers' wake-ups queue behind serving threads that fill the
-cores (`SimSettings.transfer_wakeups_queue`, `sim/compute_sharing.queued_flow_speed`), and
+cores (`TestbedHost.transfer_wakeups_queue`, `compute_sharing.queued_flow_speed`), and
 its check (`benchmarks/sim_calibrate/wakeup_queue.py`)."""
 
 import itertools
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.sim_calibrate.compute_sharing import ComputeSharing, queued_flow_speed
 from benchmarks.sim_calibrate.predict import predict
 from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
 from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from benchmarks.sim_calibrate.wakeup_queue import loop_schedstat, median_queue, model_of, summarize
 from surge.errors import SurgeError
-from surge.sim.compute_sharing import ComputeSharing, queued_flow_speed
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
-from surge.sim.settings import SimSettings
-from tests.sim.test_serving_transfers import _Busy
+from tests.sim_calibrate.test_serving_transfers import _Busy
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_repeats_fix12.json"
@@ -66,12 +66,10 @@ def test_busy_pipelines_slow_the_flows_only_with_the_queue(queue):
 
 def test_the_queue_needs_transfer_wakeups():
     with pytest.raises(SurgeError, match="transfer_wakeups_queue"):
-        SimSettings(
-            "c.json", ("m",), "lambdascale", shared_cores=2.0, transfers_first=True,
+        TestbedHost(shared_cores=2.0, transfers_first=True,
             transfer_wakeups_queue=True,
         )  # fmt: skip
-    SimSettings(
-        "c.json", ("m",), "lambdascale", shared_cores=2.0, transfers_first=True,
+    TestbedHost(shared_cores=2.0, transfers_first=True,
         transfer_wakeups=True, transfer_wakeups_queue=True,
     )  # fmt: skip
 

@@ -1,5 +1,5 @@
-"""A serving agent's block transfers at its CPU share (`SimSettings.serving_transfers_shared`,
-`sim/compute_sharing.py`, `Link.speed` in `sim/flows.py`): with transfers first, the links
+"""A serving agent's block transfers at its CPU share (`TestbedHost.serving_transfers_shared`,
+`compute_sharing.py`, `Link.speed` in `sim/flows.py`): with transfers first, the links
 at a node with a busy endpoint move blocks at 1 / (1 + e * (1/share - 1)), e the cores
 that end's work takes (the sender's `send_cpu_cores`, the receiver's the rest of
 `transfer_cores`); off, every transfer goes first (the old model)."""
@@ -7,14 +7,14 @@ that end's work takes (the sender's `send_cpu_cores`, the receiver's the rest of
 import numpy as np
 import pytest
 
+from benchmarks.sim_calibrate.compute_sharing import ComputeSharing
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
-from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flows import FlowNetwork
 from surge.sim.placement import Placement
-from surge.sim.settings import SimSettings
 from surge.traces.request import Trace
-from tests.sim.test_compute_sharing import _burst_sim
+from tests.sim_calibrate.testbed_burst import burst_on_testbed
 
 
 def test_a_slowed_link_slows_its_flows_and_restores():
@@ -73,12 +73,12 @@ def _run(tmp_path, shared: bool) -> tuple[float, float]:
     from surge.sim.simulator import Simulation
 
     trace = Trace("t", np.zeros(4), np.full(4, 4), np.full(4, 1))
-    settings, system = _burst_sim(
+    settings, system, host = burst_on_testbed(
         tmp_path, 2, 1e-3, "none", shared_cores=1.0, transfer_cores=0.5,
         transfers_first=True, serving_transfers_shared=shared, send_cpu_cores=0.4,
     )  # fmt: skip
     recorder = Recorder()
-    res = Simulation(trace, settings, system, timeline=recorder).run()
+    res = Simulation(trace, settings, system, timeline=recorder, host=host).run()
     landed = [e.t_s for e in recorder.events if isinstance(e, BlockLanded) and e.node == 1]
     return float(res.done_s.max()), min(landed)
 
@@ -97,8 +97,6 @@ def test_a_serving_sender_sends_slower(tmp_path):
 
 def test_settings_checked():
     with pytest.raises(SurgeError, match="serving_transfers_shared needs transfers_first"):
-        SimSettings(
-            "c.json", ("m",), "lambdascale", shared_cores=2.0, serving_transfers_shared=True
-        )
+        TestbedHost(shared_cores=2.0, serving_transfers_shared=True)
     with pytest.raises(SurgeError, match="send_cpu_cores must be between"):
-        SimSettings("c.json", ("m",), "lambdascale", transfer_cores=0.1, send_cpu_cores=0.2)
+        TestbedHost(transfer_cores=0.1, send_cpu_cores=0.2)

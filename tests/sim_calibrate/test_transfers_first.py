@@ -1,16 +1,16 @@
-"""Block transfers ahead of serving (`SimSettings.transfers_first`,
-`sim/compute_sharing.py`): flows take their CPU first, busy endpoints share what is left;
+"""Block transfers ahead of serving (`TestbedHost.transfers_first`,
+`compute_sharing.py`): flows take their CPU first, busy endpoints share what is left;
 off, every consumer gets one equal share (the old model)."""
 
 import numpy as np
 import pytest
 
+from benchmarks.sim_calibrate.compute_sharing import ComputeSharing
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
-from surge.sim.compute_sharing import ComputeSharing
-from surge.sim.settings import SimSettings
 from surge.sim.simulator import simulate
 from surge.traces.request import Trace
-from tests.sim.test_compute_sharing import _burst_sim
+from tests.sim_calibrate.testbed_burst import burst_on_testbed
 
 
 class _Net:
@@ -45,11 +45,11 @@ def test_a_serving_endpoint_gets_what_transfers_leave(tmp_path):
     trace = Trace("t", np.zeros(4), np.full(4, 4), np.full(4, 1))
     first_ttft = {}
     for first in (False, True):
-        settings, system = _burst_sim(
+        settings, system, host = burst_on_testbed(
             tmp_path, 2, 1e-3, "none", shared_cores=1.0, transfer_cores=0.5,
             transfers_first=first,
         )  # fmt: skip
-        res = simulate(trace, settings, system=system)
+        res = simulate(trace, settings, system=system, host=host)
         first_ttft[first] = float(np.min(res.first_token_s - res.arrival_s))
     assert first_ttft[False] == pytest.approx(0.001 + 0.099 / (1 / 1.5), abs=1e-6)
     assert first_ttft[True] == pytest.approx(0.001 + 0.099 / 0.5, abs=1e-6)
@@ -57,4 +57,4 @@ def test_a_serving_endpoint_gets_what_transfers_leave(tmp_path):
 
 def test_needs_shared_cores() -> None:
     with pytest.raises(SurgeError, match="transfers_first needs shared_cores"):
-        SimSettings("c.json", ("m",), "lambdascale", transfers_first=True)
+        TestbedHost(transfers_first=True)

@@ -1,5 +1,5 @@
 """Calibration fixes 12 and 13: the transfers' CPU as wake-ups holding whole cores
-(`SimSettings.transfer_wakeups`, `sim/compute_sharing.wakeup_share`), its measurement
+(`TestbedHost.transfer_wakeups`, `compute_sharing.wakeup_share`), its measurement
 (`benchmarks/sim_calibrate/serving.py`), and the serving step fitted at the burst's shapes
 (`measure.burst_shape_costs`)."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.sim_calibrate.compute_sharing import ComputeSharing, cores_held, wakeup_share
 from benchmarks.sim_calibrate.predict import predict
 from benchmarks.sim_calibrate.profiling import burst_shape_costs
 from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
@@ -22,12 +23,11 @@ from benchmarks.sim_calibrate.serving import (
     steps_of,
     summarize,
 )
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
-from surge.sim.compute_sharing import ComputeSharing, cores_held, wakeup_share
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
-from surge.sim.settings import SimSettings
-from tests.sim.test_serving_transfers import _Busy
+from tests.sim_calibrate.test_serving_transfers import _Busy
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = (
@@ -82,9 +82,8 @@ def test_a_hot_source_shares_with_transfers_in_flight_only_under_wakeups(wakeups
 
 def test_transfer_wakeups_needs_transfers_first():
     with pytest.raises(SurgeError, match="transfer_wakeups"):
-        SimSettings("c.json", ("m",), "lambdascale", shared_cores=2.0, transfer_wakeups=True)
-    SimSettings(
-        "c.json", ("m",), "lambdascale", shared_cores=2.0, transfers_first=True,
+        TestbedHost(shared_cores=2.0, transfer_wakeups=True)
+    TestbedHost(shared_cores=2.0, transfers_first=True,
         transfer_wakeups=True,
     )  # fmt: skip
 
@@ -182,7 +181,7 @@ def test_fix_14_serves_at_the_measured_efficiency_only_while_transfers_run():
     sharing.on_transfers(-2)
     assert hot.share == 1.0
     with pytest.raises(SurgeError, match="serving_efficiency_in_transfers"):
-        SimSettings("c.json", ("m",), "lambdascale", serving_efficiency_in_transfers=0.9)
+        TestbedHost(serving_efficiency_in_transfers=0.9)
 
 
 def test_fix_14_takes_the_engine_threads_tokens_per_cpu_second_and_caps_it_at_1():

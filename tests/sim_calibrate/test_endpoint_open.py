@@ -1,4 +1,4 @@
-"""Endpoint opening in the simulator (`SimSettings.endpoint_open_s`, `sim/carrier.py`): a
+"""Endpoint opening on the CPU testbed (`TestbedHost.endpoint_open_s`, `sim/carrier.py`): a
 multicast's endpoints open one after another, each costing the controller time, as the
 runtime's carrier (`runtime/scaleout/multicast.LoadingCarrier`) opens them."""
 
@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
 from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
 from surge.policy.autoscale import AutoscaleSettings
@@ -37,12 +38,11 @@ def run(open_s: float, pipe_open_s: float, mode: str = "pipelines") -> dict:
         "lambdascale",
         warm_instances=1,
         max_batch=4,
-        endpoint_open_s=open_s,
-        pipeline_open_s=pipe_open_s,
     )
+    host = TestbedHost(endpoint_open_s=open_s, pipeline_open_s=pipe_open_s)
     trace = make_trace("burst", [0.0] * REQUESTS, [200] * REQUESTS, [16] * REQUESTS)
     recorder = Recorder()
-    res = Simulation(trace, settings, system, timeline=recorder).run()
+    res = Simulation(trace, settings, system, timeline=recorder, host=host).run()
     last_block: dict[int, float] = {}
     for ev in recorder.events:
         if isinstance(ev, BlockLanded) and ev.tier == "gpu":
@@ -100,39 +100,4 @@ def test_pipelines_open_after_pipeline_open_s_and_delay_what_follows(runs):
 
 def test_negative_open_costs_are_refused():
     with pytest.raises(SurgeError, match="endpoint_open_s"):
-        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", endpoint_open_s=-1)
-
-
-def test_pipeline_speed_slows_execution_pipelines_only():
-    """`SimSettings.pipeline_speed` (the runtime's measured pipeline throughput over the
-    model's): a pipeline's requests take 1/speed as long; a plain instance's do not."""
-    from types import SimpleNamespace
-
-    from surge.sim.compute_sharing import ComputeSharing
-    from surge.sim.flows import FlowNetwork
-    from surge.sim.placement import Placement
-    from surge.sim.pools import Pool
-    from surge.sim.request import SimRequest
-    from surge.sim.scaling import InstanceFactory
-
-    def done_s(pipeline: bool, speed: float) -> float:
-        settings = SimSettings(
-            "lambdascale-testbed1", ("llama2-7b",), "lambdascale", pipeline_speed=speed
-        )
-        trace = make_trace("one", [0.0], [1], [1])
-        world = Simulation(trace, settings).world
-        done: list[float] = []
-        requests = SimpleNamespace(
-            on_done=lambda i, r: done.append(world.loop.now_s), on_prefilled=lambda i, r: None
-        )
-        factory = InstanceFactory(world, requests, ComputeSharing(FlowNetwork(world.loop), None, 0))  # type: ignore[arg-type]
-        placement = Placement(((0,), (1,)) if pipeline else ((0,),), 0)
-        ep = factory.make(Pool(0, 0, "both"), placement, pipeline=pipeline)
-        ep.submit(SimRequest(0, 0, 0.0, 500, 20))
-        world.loop.run()
-        return done[0]
-
-    assert done_s(True, 0.5) > 1.5 * done_s(True, 1.0)  # compute at half speed; hops not
-    assert done_s(False, 0.5) == done_s(False, 1.0)
-    with pytest.raises(SurgeError, match="pipeline_speed"):
-        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", pipeline_speed=0)
+        TestbedHost(endpoint_open_s=-1)

@@ -1,5 +1,5 @@
 """Calibration fix 11: blocks into a serving agent at their MEASURED slow-down
-(`SimSettings.serving_receive_slowdown`, `sim/compute_sharing.py`;
+(`TestbedHost.serving_receive_slowdown`, `compute_sharing.py`;
 `benchmarks/sim_calibrate/receive.py`, `rounds.profile_of`,
 `predict.predict`)."""
 
@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.sim_calibrate.compute_sharing import ComputeSharing
 from benchmarks.sim_calibrate.predict import predict
 from benchmarks.sim_calibrate.receive import chain_plan, median_receive, receive_seconds
 from benchmarks.sim_calibrate.repeats import SCENARIOS, bursts_of, scenario_name
 from benchmarks.sim_calibrate.rounds import profile_of, rounds_of
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
-from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
-from surge.sim.settings import SimSettings
-from tests.sim.test_serving_transfers import _Busy
+from tests.sim_calibrate.test_serving_transfers import _Busy
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = (
@@ -64,11 +64,10 @@ def test_an_idle_node_receives_at_full_speed_whatever_the_slowdown():
 def test_settings_checked():
     base = dict(shared_cores=2.0, transfers_first=True)
     with pytest.raises(SurgeError, match="0 \\(off\\) or >= 1"):
-        SimSettings("c.json", ("m",), "lambdascale", serving_receive_slowdown=0.9, **base)
+        TestbedHost(serving_receive_slowdown=0.9, **base)
     with pytest.raises(SurgeError, match="needs serving_transfers_shared"):
-        SimSettings("c.json", ("m",), "lambdascale", serving_receive_slowdown=1.5, **base)
-    SimSettings(
-        "c.json", ("m",), "lambdascale", serving_transfers_shared=True,
+        TestbedHost(serving_receive_slowdown=1.5, **base)
+    TestbedHost(serving_transfers_shared=True,
         serving_receive_slowdown=1.5, **base,
     )  # fmt: skip
 

@@ -1,22 +1,22 @@
-"""Sending and serving on one node (`SimSettings.send_cost_s_per_gb`,
-`sim/compute_sharing.py`): while a node sends multicast blocks its endpoints serve at
+"""Sending and serving on one node (`TestbedHost.send_cost_s_per_gb`,
+`compute_sharing.py`): while a node sends multicast blocks its endpoints serve at
 (1 - send_cost_s_per_gb * GB/s sent) of their share; cost 0 is the old model."""
 
 import numpy as np
 import pytest
 
+from benchmarks.sim_calibrate.compute_sharing import ComputeSharing
+from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
 from surge.sim.batching import EngineSpec
-from surge.sim.compute_sharing import ComputeSharing
 from surge.sim.costs import CostModel
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
-from surge.sim.settings import SimSettings
 from surge.sim.simulator import simulate
 from surge.traces.request import Trace
-from tests.sim.test_compute_sharing import _burst_sim
+from tests.sim_calibrate.testbed_burst import burst_on_testbed
 
 NIC_GBPS = 0.008
 """1 MB/s = 1e-3 GB/s: one block transfer lasts the whole first prefill."""
@@ -24,10 +24,10 @@ NIC_GBPS = 0.008
 
 def _first_ttft(tmp_path, send_cost: float, shared_cores: float = 8.0) -> tuple[float, object]:
     trace = Trace("t", np.zeros(4), np.full(4, 4), np.full(4, 1))
-    settings, system = _burst_sim(
+    settings, system, host = burst_on_testbed(
         tmp_path, 2, NIC_GBPS, "none", shared_cores=shared_cores, send_cost_s_per_gb=send_cost
     )
-    res = simulate(trace, settings, system=system)
+    res = simulate(trace, settings, system=system, host=host)
     return float(np.min(res.first_token_s - res.arrival_s)), res
 
 
@@ -47,18 +47,18 @@ def test_cost_zero_is_the_old_model(tmp_path):
     trace = Trace("t", np.zeros(16), np.full(16, 4), np.full(16, 3))
     out = []
     for kw in ({}, {"send_cost_s_per_gb": 0.0}):
-        settings, system = _burst_sim(
+        settings, system, host = burst_on_testbed(
             tmp_path, 4, 0.01, "pipelines", shared_cores=2.0, transfer_cores=0.3, **kw
         )
-        res = simulate(trace, settings, system=system)
+        res = simulate(trace, settings, system=system, host=host)
         out.append((res.first_token_s.tobytes(), res.done_s.tobytes()))
     assert out[0] == out[1]
     # ... and a cost changes the result (the sources and forwarding receivers send).
-    settings, system = _burst_sim(
+    settings, system, host = burst_on_testbed(
         tmp_path, 4, 0.01, "pipelines", shared_cores=2.0, transfer_cores=0.3,
         send_cost_s_per_gb=200.0,
     )  # fmt: skip
-    res = simulate(trace, settings, system=system)
+    res = simulate(trace, settings, system=system, host=host)
     assert res.done_s.max() > np.frombuffer(out[0][1]).max()
 
 
@@ -91,6 +91,6 @@ def test_a_pipeline_runs_at_its_most_loaded_stage_and_recovers_when_sending_ends
 
 def test_bad_send_costs_are_refused():
     with pytest.raises(SurgeError, match="send_cost_s_per_gb"):
-        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", send_cost_s_per_gb=-1)
+        TestbedHost(send_cost_s_per_gb=-1)
     with pytest.raises(SurgeError, match="shared_cores"):
-        SimSettings("lambdascale-testbed1", ("llama2-7b",), "lambdascale", send_cost_s_per_gb=1)
+        TestbedHost(send_cost_s_per_gb=1)
