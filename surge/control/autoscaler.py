@@ -335,6 +335,8 @@ class Autoscaler:
                 dep.multicasting = False
             m.kv_migrated.labels(name).inc(report.kv_migrated)
             m.live_prefilled.labels(name).inc(report.live_prefilled)
+            m.consolidations.labels(name).inc(report.consolidated)
+            m.pipelines_opened.labels(name).inc(report.pipelines_opened)
             dep.num_kv_migrated += report.kv_migrated
             dep.num_live_prefilled += report.live_prefilled
             m.blocks_in_flight.labels(name).dec(in_flight)

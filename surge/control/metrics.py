@@ -96,6 +96,18 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.consolidations = Counter(
+            "surge_consolidations",
+            "ParaServe pipeline groups consolidated onto their kept members (§6.1)",
+            ["model"],
+            registry=r,
+        )
+        self.pipelines_opened = Counter(
+            "surge_pipelines_opened",
+            "Execution pipelines opened to serve while a model loads (λScale §4.3)",
+            ["model"],
+            registry=r,
+        )
         self.live_prefilled = Counter(
             "surge_live_prefill_requests",
             "Requests prefilled by live scaling (BlitzScale: layers split new/old instance)",

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from surge.control.controller import Controller, ControllerConfig
 from surge.control.state import Deployment, TrackedRequest
@@ -46,6 +47,16 @@ async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 60) -> 
     while not cond():
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.05)
+
+
+def _counter(ctl: Controller, name: str) -> float:
+    """The controller's counter `name` (its `_total` sample) for the test model, from /metrics'
+    text, as a dashboard reads it."""
+    for family in text_string_to_metric_families(ctl.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("model") == MODEL:
+                return sample.value
+    return 0.0
 
 
 async def _deploy(
@@ -94,13 +105,16 @@ def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, 
             # sometimes finished the burst before the pipeline opened on the Nov 24 host
             # (decode ~2.5x faster than when this test was written).
             reqs = await _run_burst(ctl, dep, tok, 960)
-            return reqs
+            await _until(lambda: not dep.multicasting, "the scale-out's end")
+            opened = _counter(ctl, "surge_pipelines_opened_total")
+            return reqs, opened
         finally:
             await ctl.stop()
 
     with cluster:
-        reqs = asyncio.run(run())
+        reqs, opened = asyncio.run(run())
     _check(reqs, tok, reference, 960)
+    assert opened >= 1  # /metrics shows the pipelines opening
     switched = [
         r
         for r in reqs
@@ -140,6 +154,7 @@ def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
             dep = await _deploy(ctl, tiny_store_dir, "paraserve", scaling, slo={"ttft_ms": 1500})
             reqs = await _run_burst(ctl, dep, tok, 240, prompts)
             await _until(lambda: all(i.endpoint for i in dep.instances.values()), "settled")
+            await _until(lambda: _counter(ctl, "surge_consolidations_total") >= 1, "counted")
             got = []
             while not arrivals.empty():
                 got.append(arrivals.get_nowait())

@@ -169,6 +169,9 @@ class ScaleOutReport:
     pipelines_opened: int = 0
     kv_migrated: int = 0
     """Requests moved with their KV cache (ParaServe consolidation)."""
+    consolidated: int = 0
+    """ParaServe groups consolidated onto their kept members (§6.1), whether their requests
+    moved with their KV cache or were routed again."""
     live_prefilled: int = 0
     """Requests prefilled cooperatively by live scaling (BlitzScale)."""
     live_batches: dict[str, int] = field(default_factory=dict)

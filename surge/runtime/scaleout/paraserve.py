@@ -271,6 +271,7 @@ async def _consolidate(
         try:
             counts = await consolidate(ctx.server, pipe, targets)
             ctx.report.kv_migrated += counts["migrated"]
+            ctx.report.consolidated += 1
             nodes = tuple(t.node for t in targets)
             ev = Consolidation(
                 model=ctx.model, name=pipe.name, targets=nodes, num_migrated=counts["migrated"]
