@@ -121,11 +121,11 @@ class Autoscaler:
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
-        self.pd = PdControl(metrics, engine, events)
-        self.monitor = LoadMonitor()
-        """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
         self.links = links if links is not None else {}
         """Each agent's reported links (the multicast planner's topology)."""
+        self.pd = PdControl(metrics, engine, events, self.links)
+        self.monitor = LoadMonitor()
+        """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""

@@ -3,7 +3,7 @@
 What flows, every autoscaler tick, per deployment that runs P/D (its spec's `pd:`, or a
 system with `pd_disaggregation`, e.g. blitzscale): the server's `PdServing`
 (`runtime/migration/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
-tokens/s, KV use per instance) -> `policy.pd.decide_mutation` (when the system mutates)
+tokens/s, KV use, K/V ingress per instance) -> `policy.pd.decide_mutation` (when the system mutates)
 -> `policy.blitzscale.pd.look` (a mutation when the system mutates, then the per-role
 monitor) -> `PdServing.mutate`; the monitor's wish for one more instance than the
 concurrency target asks goes to the autoscaler (`policy.blitzscale.pd.with_monitor`). Hand-off and
@@ -14,14 +14,14 @@ those sources (BlitzScale §5.1). Called by `control/autoscaler.py`; decides not
 """
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus, Mutation
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look
-from surge.policy.multicast.topology import NodeTraffic
+from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.pd_handoff import PdServing
@@ -53,8 +53,17 @@ def egress_traffic(deployments: Iterable[Deployment]) -> dict[int, NodeTraffic]:
 class PdControl:
     """The P/D monitor of every deployment that disaggregates."""
 
-    def __init__(self, metrics: Metrics, engine: EngineConfig, events: EventBus = NO_BUS) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        engine: EngineConfig,
+        events: EventBus = NO_BUS,
+        links: Mapping[int, NodeLinks] | None = None,
+    ) -> None:
         self.metrics, self.engine, self.events = metrics, engine, events
+        self.links: Mapping[int, NodeLinks] = links if links is not None else {}
+        """Each agent's reported links (the controller's, kept current by it): the K/V
+        ingress the monitor weighs (`PdServing.received`)."""
         self._reported: dict[str, tuple[int, int]] = {}
         """Deployment -> (hand-offs, mutations) already counted in the metrics."""
         self._last_mutation_s: dict[str, float] = {}
@@ -68,7 +77,11 @@ class PdControl:
             return None
         targets = dep.spec.pd or PdTargets()
         dep.server.pd = PdServing(
-            dep.server, targets, self.engine.max_kv_tokens, mutation=system.mutation
+            dep.server,
+            targets,
+            self.engine.max_kv_tokens,
+            mutation=system.mutation,
+            links=self.links,
         )
         return dep.server.pd
 

@@ -15,7 +15,9 @@ Moving the K/V (a network transfer) is `sim/pools.py`'s; when to look is
 """
 
 from collections import deque
+from collections.abc import Callable
 
+from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import pd
 from surge.sim.instance import Instance
 from surge.sim.request import SimRequest
@@ -24,8 +26,18 @@ from surge.sim.request import SimRequest
 class PdPool:
     """The P/D side of one model's pool."""
 
-    def __init__(self, settings: pd.PdSettings, targets: pd.PdTargets, mutation: bool) -> None:
+    def __init__(
+        self,
+        settings: pd.PdSettings,
+        targets: pd.PdTargets,
+        mutation: bool,
+        clock: Callable[[], float],
+    ) -> None:
         self.settings, self.targets, self.mutation = settings, targets, mutation
+        self.clock = clock
+        self.ingress: dict[int, deque[tuple[float, float]]] = {}
+        """Instance id -> (when, link-seconds) of each hand-off sent to it: its bytes over
+        the target's ingress bytes/s (`handed`)."""
         self.members: list[Instance] = []
         """Serving instances with a role, in join order (their index is their age)."""
         self.parked: deque[tuple[Instance, SimRequest]] = deque()
@@ -46,6 +58,7 @@ class PdPool:
         """`inst` stops serving: the requests parked on it, whose K/V goes with it."""
         if inst in self.members:
             self.members.remove(inst)
+        self.ingress.pop(inst.id, None)
         lost = [r for src, r in self.parked if src is inst]
         if lost:
             self.parked = deque((s, r) for s, r in self.parked if s is not inst)
@@ -55,6 +68,17 @@ class PdPool:
         """Requests `inst` holds as the runtime counts them: its engine's, those whose
         K/V is on its way to it, and those parked on it."""
         return inst.outstanding + inst.reserved + sum(1 for s, _ in self.parked if s is inst)
+
+    def handed(self, inst: Instance, link_s: float) -> None:
+        """A hand-off to `inst` started, `link_s` seconds of its ingress link's capacity."""
+        self.ingress.setdefault(inst.id, deque()).append((self.clock(), link_s))
+
+    def ingress_usage(self, inst: Instance) -> float:
+        """`policy.blitzscale.pd.ingress_usage` of the hand-offs to `inst`."""
+        sent = self.ingress.get(inst.id, deque())
+        while sent and sent[0][0] < self.clock() - RATE_WINDOW_S:
+            sent.popleft()
+        return pd.ingress_usage(sent, self.clock())
 
     def views(self) -> tuple[pd.PdInstance, ...]:
         """The members as `policy.blitzscale.pd` sees them."""
@@ -69,6 +93,7 @@ class PdPool:
                 if m.kv_capacity_tokens
                 else 0.0,
                 parked=sum(1 for s, _ in self.parked if s is m),
+                kv_ingress_usage=self.ingress_usage(m),
             )
             for k, m in enumerate(self.members)
         )

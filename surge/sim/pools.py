@@ -190,4 +190,9 @@ class Requests:
                 req.kv_ready = True
                 inst.submit(req)
 
-        self.world.net.start(path, prof.kv_bytes_per_token * req.input_tokens, arrived)
+        nbytes = prof.kv_bytes_per_token * req.input_tokens
+        # the monitor's K/V ingress (BlitzScale §5.2): this hand-off's time alone on the
+        # target's receiving link
+        assert pool.pd is not None
+        pool.pd.handed(inst, nbytes / path[-1].bytes_per_s)
+        self.world.net.start(path, nbytes, arrived)

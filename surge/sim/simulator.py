@@ -130,9 +130,13 @@ class Simulation:
         self._elbows: dict[tuple[int, int, int], int] = {}
         self.pools: dict[tuple[int, str], Pool] = {}
         sys = self.system
+
+        def clock() -> float:
+            return loop.now_s
+
         for m in range(len(models)):
             # P/D: one pool whose instances take roles, as a `surge serve` deployment
-            pd = PdPool(sys.pd, PdTargets(), sys.mutation) if sys.pd_disaggregation else None
+            pd = PdPool(sys.pd, PdTargets(), sys.mutation, clock) if sys.pd_disaggregation else None
             self.pools[(m, "both")] = Pool(m, m, "both", pd)
         self._wire()
 

@@ -21,7 +21,9 @@ from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.control.pd import PdControl
 from surge.policy.blitzscale.pd import PdTargets
+from surge.policy.multicast.topology import NodeLinks
 from surge.policy.systems import SystemConfig, system_config
+from surge.runtime.clock import Clock
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.pd_handoff import PdServing
 from surge.runtime.server import Server
@@ -37,6 +39,9 @@ BASELINE = replace(system_config("serverlessllm"), pd_disaggregation=True)
 `surge serve`: its deployment's `pd:`)."""
 CAPACITY = 4
 NOW_S = 100.0
+LINK_GBPS = 100.0
+"""Each node's reported ingress cap in `surge serve` (the simulator's hand-offs count
+seconds of their target's link directly)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class Case:
     waiting: int = 0
     """Requests at the router when the monitor looks."""
     system: SystemConfig = SYSTEM
+    fed_s: tuple[float, ...] = ()
+    """Seconds of each instance's ingress link that the hand-offs to it took within the
+    monitor's window (BlitzScale §5.2's K/V incast), as each body counts them."""
 
 
 TARGETS = PdTargets(prefill=1, decode=2)
@@ -67,6 +75,9 @@ CASES = {
     # every decode instance full: the request waits; the idle young prefill instance
     # mutates, and the waiting request goes to it
     "decode-full": Case((0, 4, 4, 0), parked_on=0),
+    # P, D, D, P: decode instances holding one request each, but K/V handed to i2 filled
+    # 1.6 s of its link within the 2-s window: decode is the bottleneck, i3 mutates
+    "ingress-bound": Case((0, 1, 1, 0), parked_on=0, fed_s=(0.0, 0.0, 1.6, 0.0)),
     # one full prefill instance, requests waiting: the monitor wants one more
     "prefill-full": Case((4,), parked_on=0, waiting=3),
     # a system that does not mutate, past its targets: P, D, D, then the busier role
@@ -93,8 +104,9 @@ def _runtime(case: Case) -> Log:
             return None
 
     async def run() -> Log:
-        server = Server(Client(), "m")  # type: ignore[arg-type]
-        control = PdControl(Metrics(), EngineConfig())
+        server = Server(Client(), "m", clock=Clock(monotonic=lambda: NOW_S))  # type: ignore[arg-type]
+        links = {k: NodeLinks(ingress_gbps=LINK_GBPS) for k in range(len(case.held))}
+        control = PdControl(Metrics(), EngineConfig(), links=links)
         dep = SimpleNamespace(
             name="m", spec=SimpleNamespace(strategy=case.system.name, pd=TARGETS), server=server
         )
@@ -109,6 +121,9 @@ def _runtime(case: Case) -> Log:
                 ep.requests[f"i{k}r{r}"] = held_req
             eps.append(ep)
         roles = [pd.roles[e.name] for e in eps]
+        for ep, fed_s in zip(eps, case.fed_s or (0.0,) * len(eps), strict=True):
+            if fed_s:  # a hand-off's K/V payload went to `ep` (`PdServing.handoff`)
+                pd.received(None, ep, round(fed_s * LINK_GBPS * 1e9 / 8))
         routable = sorted(eps.index(e) for e in pd.routable(dict(enumerate(eps))).values())
         done: list[tuple[int, int]] = []
 
@@ -150,6 +165,10 @@ def _sim(case: Case, tmp_path) -> Log:
         inst.waiting.extend(SimRequest(1000 * k + r, 0, 0.0, 1, 1) for r in range(held))
         insts.append(inst)
     roles = [i.role for i in insts]
+    sim.world.loop.now_s = NOW_S
+    for inst, fed_s in zip(insts, case.fed_s or (0.0,) * len(insts), strict=True):
+        if fed_s:  # a hand-off's K/V flow started to `inst` (`Requests._send_kv`)
+            pool.pd.handed(inst, fed_s)
     routable = sorted(insts.index(e) for e in pool.endpoints())
     done: list[tuple[int, int]] = []
     patch = pytest.MonkeyPatch()
@@ -195,6 +214,7 @@ def test_the_cases_exercise_every_decision(tmp_path) -> None:
     assert logs["decode-full"].handoffs == []
     assert logs["decode-full"].handoffs_after_look == [(0, 3)]
     assert logs["handoff-then-mutate"].roles_after == [p, d, d, d]
+    assert logs["ingress-bound"].roles_after == [p, d, d, d]  # by ingress alone
     assert logs["decode-full"].roles_after == [p, d, d, d]
     assert logs["least-loaded"].roles_after == logs["least-loaded"].roles
     assert logs["prefill-full"].wants == 1

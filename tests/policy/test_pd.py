@@ -120,3 +120,25 @@ def test_monitor_asks_for_capacity_on_kv_pressure_or_saturated_prefill() -> None
     sat = (_i(0, PREFILL, 8), _i(1, DECODE))
     assert monitor(PdLoad(sat, num_waiting=3), S).scale_out == 1
     assert monitor(PdLoad(sat, num_waiting=0), S).scale_out == 0
+
+
+def test_decode_ingress_is_decode_load() -> None:
+    """BlitzScale §5.2: a decode instance takes in every request's K/V through one link
+    (its incast). Decode instances holding few requests, with little KV in use, whose links
+    the K/V handed to them fills, are a decode bottleneck: a prefill instance mutates, and a
+    system that does not mutate gives a new instance the decode role."""
+    calm = (_i(0, PREFILL, 1), _i(1, PREFILL, 0), _i(2, DECODE, 1), _i(3, DECODE, 1))
+    assert decide_mutation(PdLoad(calm), S) is None
+    # one decode instance's link carried 0.6 s of K/V per second over the window
+    fed = (*calm[:3], replace(calm[3], kv_ingress_usage=0.6))
+    m = decide_mutation(PdLoad(fed), S)
+    assert m is not None and m.index == 1 and "ingress" in m.reason
+    # below the threshold it is not
+    light = (*calm[:3], replace(calm[3], kv_ingress_usage=0.4))
+    assert decide_mutation(PdLoad(light), S) is None
+    # the baselines' roles (§6.1: each role scales on its load): decode busier by ingress
+    busy_prefill = (_i(0, PREFILL, 3), _i(1, DECODE, 1))
+    assert role_for_new(PdLoad(busy_prefill), PdTargets()) == PREFILL
+    fed_decode = (busy_prefill[0], replace(busy_prefill[1], kv_ingress_usage=0.9))
+    assert role_loads(PdLoad(fed_decode))[1] == pytest.approx(0.9)
+    assert role_for_new(PdLoad(fed_decode), PdTargets()) == DECODE

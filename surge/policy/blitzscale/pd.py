@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation (BlitzScale §5.2, §6): every P/D decision.
 
 In: the serving instances of one P/D deployment as `PdInstance`s (role, requests held,
-tokens/s and KV-cache use measured by the body), the requests waiting at the router, the
+tokens/s, KV-cache use and K/V ingress measured by the body), the requests waiting at the
+router, the
 deployment's `PdTargets` and the system's `PdSettings`. Out:
 - `role_for_new`: the role a new instance takes (prefill until the prefill target is met,
   then decode; past both, prefill when the system mutates — decode then grows by
@@ -16,10 +17,13 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   instance, which then takes fewer new requests — the back-pressure that shows decode is
   the bottleneck);
 - `decide_mutation` (§5.2 "mutation"): when decode is the bottleneck (hand-offs waiting
-  for decode room, requests per decode instance or KV-cache use at the threshold) and a
+  for decode room, requests per decode instance, K/V ingress or KV-cache use at the
+  threshold) and a
   prefill instance is idle (nothing but parked requests) or
   overprovisioned, that prefill instance becomes a decode one, keeping its weights;
   `min_prefill` prefill instances always stay;
+- `ingress_usage`: the K/V ingress both bodies measure (hand-offs' link time per second
+  over the monitor's window);
 - `monitor` (BlitzScale's load monitor, §5, its per-role half): whether the pool wants
   another instance now because one role is saturated (KV use at the threshold on every
   decode instance, or prefill full while requests wait). The pool-level half — instances
@@ -38,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
+from surge.policy.autoscale import RATE_WINDOW_S
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -63,7 +68,8 @@ class PdSettings:
 
     decode_busy_fraction: float = 0.75
     """Requests held per decode instance over its capacity (mean over the decode
-    instances) at which decode is the bottleneck."""
+    instances), or K/V handed to one decode instance over what its link carries, at which
+    decode is the bottleneck."""
     kv_busy_fraction: float = 0.8
     """KV-cache use (0..1) of a decode instance at which decode is the bottleneck."""
     prefill_idle_requests: int = 0
@@ -100,6 +106,12 @@ class PdInstance:
     """Fraction of its KV cache in use, 0..1."""
     parked: int = 0
     """Of `outstanding`, requests prefilled and parked, waiting for a decode instance."""
+    kv_ingress_usage: float = 0.0
+    """K/V handed to it over the monitor's window as a fraction of what its ingress link
+    carries in that time (each hand-off's bytes over the link's bytes/s, summed, over the
+    window; > 1 when more arrives than the link carries): the tokens per second of §5.3's
+    monitor that a decode instance takes in, whose upper bound is its link (§5.2: K/V
+    transfer is incast on decode)."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -169,7 +181,9 @@ def role_loads(load: PdLoad) -> tuple[float, float]:
     """(prefill, decode) load of a deployment, each a fraction of its role's capacity:
     prefill, the requests its instances prefill (parked ones excluded) and those waiting
     at the router; decode, the requests its instances hold and those waiting for decode
-    room, or its instances' mean KV-cache use when higher. A role without instances: 0."""
+    room, or its instances' mean KV-cache use or mean K/V ingress when higher (a decode
+    instance takes in every request's K/V through one link: §5.2's incast). A role
+    without instances: 0."""
     prefill = [i for i in load.instances if i.role == PREFILL]
     decode = [i for i in load.instances if i.role == DECODE]
     prefill_load = 0.0
@@ -180,8 +194,16 @@ def role_loads(load: PdLoad) -> tuple[float, float]:
     if decode:
         held = sum(i.outstanding for i in decode) + load.num_handoffs_waiting
         kv = sum(i.kv_usage for i in decode) / len(decode)
-        decode_load = max(held / sum(i.capacity for i in decode), kv)
+        ingress = sum(i.kv_ingress_usage for i in decode) / len(decode)
+        decode_load = max(held / sum(i.capacity for i in decode), kv, ingress)
     return prefill_load, decode_load
+
+
+def ingress_usage(handed: Sequence[tuple[float, float]], now_s: float) -> float:
+    """An instance's `kv_ingress_usage` now: of its hand-offs as (when, seconds of its
+    ingress link the K/V takes alone), those within the monitor's window, per second of
+    the window."""
+    return sum(s for t, s in handed if t >= now_s - RATE_WINDOW_S) / RATE_WINDOW_S
 
 
 def routable(instances: Sequence[PdInstance]) -> tuple[int, ...]:
@@ -205,6 +227,10 @@ def handoff_target(source: int, instances: Sequence[PdInstance]) -> int | None:
 
 
 def _decode_bottleneck(load: PdLoad, s: PdSettings) -> str | None:
+    # §5.3's monitor: tokens/s and KV use against a per-instance bound. A decode instance
+    # takes in each request's K/V (§5.2: "the incast nature of ... KVCache transfer"), so
+    # the K/V handed to it counts against its link as its requests count against its
+    # capacity (the same threshold); like KV use, one instance over it is a bottleneck.
     decode = [i for i in load.instances if i.role == DECODE]
     if not decode:
         return "no decode instance"
@@ -213,6 +239,9 @@ def _decode_bottleneck(load: PdLoad, s: PdSettings) -> str | None:
     per = sum(i.outstanding / i.capacity for i in decode) / len(decode)
     if per >= s.decode_busy_fraction:
         return f"decode instances {per:.2f} full >= {s.decode_busy_fraction}"
+    ingress = max(i.kv_ingress_usage for i in decode)
+    if ingress >= s.decode_busy_fraction:
+        return f"decode K/V ingress {ingress:.2f} of its links >= {s.decode_busy_fraction}"
     kv = max(i.kv_usage for i in decode)
     if kv >= s.kv_busy_fraction:
         return f"decode KV use {kv:.2f} >= {s.kv_busy_fraction}"

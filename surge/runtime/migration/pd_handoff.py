@@ -16,7 +16,9 @@ is reserved from the choice until it adopts, so two hand-offs never take the sam
 slot.
 `mutate` turns a prefill instance into a decode one without touching its weights (§5.2),
 when `control/pd.py` says so from `policy.pd.decide_mutation`. `load` is what the monitor
-sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S` and KV use.
+sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S`, KV use, and the K/V
+handed to it over that window as a fraction of its ingress link (`received`, BlitzScale
+§5.2's K/V incast; an uncapped link counts none).
 
 Failures lose no request: a request is on exactly one of {an endpoint, the queue, a
 hand-off in flight} at each await, so if the prefill agent dies before its K/V is taken,
@@ -29,12 +31,13 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import pd
+from surge.policy.multicast.topology import HOST_LINK_GBPS, NodeLinks
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
 from surge.runtime.migration.consolidation import adopt
 from surge.runtime.protocol import (
@@ -70,9 +73,18 @@ class PdServing:
     """The P/D side of one deployment's server."""
 
     def __init__(
-        self, server: "Server", targets: pd.PdTargets, max_kv_tokens: int, mutation: bool = False
+        self,
+        server: "Server",
+        targets: pd.PdTargets,
+        max_kv_tokens: int,
+        mutation: bool = False,
+        links: Mapping[int, NodeLinks] | None = None,
     ) -> None:
         self.server, self.targets, self.max_kv_tokens = server, targets, max_kv_tokens
+        self.links: Mapping[int, NodeLinks] = links if links is not None else {}
+        """Each node's reported links: the caps a hand-off's K/V arrives through."""
+        self._ingress: dict[str, deque[tuple[float, float]]] = {}
+        """Endpoint name -> (when, link-seconds) of each hand-off to it (`received`)."""
         self.mutation = mutation
         """The system mutates prefill instances (new ones past the targets prefill)."""
         self.roles: dict[str, str] = {}
@@ -135,6 +147,21 @@ class PdServing:
     def forget(self, name: str) -> None:
         self.roles.pop(name, None)
         self._token_times.pop(name, None)
+        self._ingress.pop(name, None)
+
+    def received(self, source_node: int | None, target: LocalEndpoint, nbytes: int) -> None:
+        """A hand-off's `nbytes` of K/V go to `target` from `source_node` (None: from here):
+        their time alone on the link they arrive through (a host mate's fast link, else
+        its NIC; uncapped: none), as the simulator counts it (`PdPool.handed`)."""
+        into = self.links.get(target.node, NodeLinks())
+        src = self.links.get(source_node, NodeLinks()) if source_node is not None else None
+        if src is not None and into.host is not None and src.host == into.host:
+            gbps: float | None = into.host_gbps or HOST_LINK_GBPS
+        else:
+            gbps = into.ingress_gbps
+        if gbps:
+            sent = self._ingress.setdefault(target.name, deque())
+            sent.append((self.server.clock.now_s(), nbytes * 8 / (gbps * 1e9)))
 
     def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]:
         """The endpoints new requests may go to (`policy.pd.routable`). Execution pipelines
@@ -152,9 +179,13 @@ class PdServing:
             return None
         held = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in e.requests.values())
         times = self._token_times.get(e.name, ())
-        rate = 0.0
+        rate, ingress = 0.0, 0.0
         if now_s is not None:
             rate = sum(1 for t in times if t >= now_s - RATE_WINDOW_S) / RATE_WINDOW_S
+            sent = self._ingress.get(e.name, deque())
+            while sent and sent[0][0] < now_s - RATE_WINDOW_S:
+                sent.popleft()
+            ingress = pd.ingress_usage(sent, now_s)
         parked = sum(1 for src, _ in self.pending if src is e)
         reserved = sum(1 for _, target in self._reserving if target == e.name)
         return pd.PdInstance(
@@ -165,6 +196,7 @@ class PdServing:
             capacity=max(1, e.capacity),
             tokens_per_s=rate,
             kv_usage=min(1.0, held / self.max_kv_tokens) if self.max_kv_tokens else 0.0,
+            kv_ingress_usage=ingress,
         )
 
     def load(self, now_s: float, since_last_mutation_s: float) -> pd.PdLoad:
@@ -285,6 +317,7 @@ class PdServing:
 
     async def _adopt_held(self, held: _InHand, target: LocalEndpoint) -> None:
         self._reserving.discard((HERE, target.name))  # `adopt` books it on `target` now
+        self.received(None, target, len(held.payload))
         try:
             await adopt(
                 self.server,
@@ -318,6 +351,7 @@ class PdServing:
             req.add_token(tok, False, None)
         payload = bytes(body)
         self._reserving.discard((src.name, target.name))  # `adopt` books it on `target` now
+        self.received(src.node, target, len(payload))
         for ep in dict.fromkeys(t for t in (target, src) if not t.failed):
             try:
                 await adopt(
