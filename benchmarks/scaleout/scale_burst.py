@@ -26,172 +26,35 @@ import argparse
 import asyncio
 import json
 import logging
-import random
-import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import (
     add_cluster_args,
-    cores_during,
-    cpu_s,
     emulation_of,
     machine,
     make_cluster,
     model_config,
     seed_disk,
 )
-from surge.config import EngineConfig
+from benchmarks.scaleout.burst_run import (
+    LINK_OVER_DISK,
+    LOAD_THEN_SERVE,
+    MODEL,
+    MODES,
+    burst,
+)
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
-from surge.policy.startup import Copy, Destination
-from surge.policy.systems import system_config
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.launch.local import LocalCluster
-from surge.runtime.protocol import LoadOp, RegisterOp, Source
-from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.protocol import LoadOp, RegisterOp
 from surge.runtime.server import Server
 
 log = logging.getLogger("scale_burst")
-MODEL = "burst"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def timeline(reqs, start: float, bucket_s: float) -> list[list[float]]:
-    times = [t - start for r in reqs for t in r.token_times]
-    if not times:
-        return []
-    num = int(max(times) / bucket_s) + 1
-    counts = [0] * num
-    for t in times:
-        counts[int(t / bucket_s)] += 1
-    return [[round(i * bucket_s, 3), round(c / bucket_s, 2)] for i, c in enumerate(counts)]
-
-
-MODES = ("execute_while_load", "stop_the_world")
-"""Serve while loading (λScale pipelines + mode switch) or only once whole."""
-LOAD_THEN_SERVE = "load_then_serve"
-"""ServerlessLLM: every new node reads the model from its own disk at --disk-gbps (no
-multicast), and serves once it holds all of it (`--modes ...,load_then_serve`)."""
-LINK_OVER_DISK = 10
-"""Default disk rate = link rate / this: λScale's testbed (Table 1) has 400 Gb/s InfiniBand
-(50 GB/s) and 5 GB/s NVMe per node."""
-
-
-async def load_then_serve(client, server: Server, manifest: Manifest, args, opened: list) -> None:
-    """Each destination loads the whole model from its disk, then serves alone."""
-    blocks = tuple(range(manifest.num_blocks))
-
-    async def one(node: int) -> None:
-        await client.call(node, LoadOp(model=MODEL, blocks=blocks, source="remote", tier="gpu"))
-        ep = LocalEndpoint(client, node, MODEL, f"{MODEL}-node{node}", capacity=args.max_num_seqs)
-        await ep.open()
-        await server.add_endpoint(ep)
-        opened.append((ep.name, time.monotonic(), (node,)))
-
-    await asyncio.gather(*(one(n) for n in range(args.sources, args.nodes)))
-
-
-async def _serving(node: int, ep: LocalEndpoint) -> None:
-    """A destination serves alone (the benchmark has no controller to tell)."""
-
-
-async def burst(
-    cluster: LocalCluster, manifest: Manifest, mode: str, args, hot_from: Source = "disk"
-) -> dict:
-    """One burst on `args.sources` hot instances (loaded from `hot_from` before the clock
-    starts) scaled out to every other node in `mode`; times in seconds from the burst."""
-    client = cluster.client()
-    await client.connect()
-    await cluster.wire_peers(client)
-    await client.broadcast(RegisterOp(model=MODEL, manifest=manifest))
-    blocks = tuple(range(manifest.num_blocks))
-    await asyncio.gather(
-        *(
-            client.call(src, LoadOp(model=MODEL, blocks=blocks, source=hot_from, tier="gpu"))
-            for src in range(args.sources)
-        )
-    )
-    server = Server(client, MODEL)
-    engine = EngineConfig(max_num_seqs=args.max_num_seqs, max_kv_tokens=2048)
-    try:
-        for src in range(args.sources):
-            hot = LocalEndpoint(
-                client, src, MODEL, f"{MODEL}-node{src}", capacity=args.max_num_seqs
-            )
-            await hot.open()
-            await server.add_endpoint(hot)
-        rng = random.Random(0)
-        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-        lo, hi = args.prompt_len
-        reqs = [
-            server.new_request([rng.randrange(2, 500) for _ in range(rng.randint(lo, hi))], params)
-            for _ in range(args.requests)
-        ]
-        ctx = ScaleOutContext(
-            client,
-            server,
-            manifest,
-            # λScale's binomial plan and pipelines, every hot instance a source.
-            replace(system_config("lambdascale"), max_sources=args.sources),
-            tuple(Destination(n) for n in range(args.sources, args.nodes)),
-            ControllerHooks(on_local=_serving),
-            copies=tuple(Copy(n, "gpu") for n in range(args.sources)),
-            engine=engine,
-            timeout_s=600,
-            serve_while_loading=mode == "execute_while_load",
-        )
-        pids = {n: proc.pid for n, proc in getattr(cluster, "procs", {}).items()}
-        cpu_before = (time.process_time(), cpu_s(pids))
-        start = time.monotonic()
-        # The burst and the scale-out both start at t=0: the scale-out does not wait for
-        # the hot instances to take their first requests (16 calls at K=4, ~20-70 ms on
-        # quarter-core nodes, were counted into its first new capacity).
-        if mode == LOAD_THEN_SERVE:
-            scaling = load_then_serve(client, server, manifest, args, ctx.report.opened)
-        else:
-            scaling = run_scale_out(ctx)
-        scale_task = asyncio.get_running_loop().create_task(scaling)
-        for r in reqs:
-            await server.submit(r)
-        submitted_s = time.monotonic() - start
-        await scale_task
-        await server.wait_all(600)
-        cpu_after = (time.process_time(), cpu_s(pids))
-        wall_s = time.monotonic() - start
-        ttft = [r.first_token_t - r.arrival_t for r in reqs]
-        done = max(r.done_t for r in reqs) - start
-        return {
-            "ttft_p50_s": round(percentile(ttft, 0.5), 4),
-            "ttft_p90_s": round(percentile(ttft, 0.9), 4),
-            "ttft_p99_s": round(percentile(ttft, 0.99), 4),
-            "ttft_mean_s": round(statistics.mean(ttft), 4),
-            "all_requests_done_s": round(done, 4),
-            "multicast_complete_s": ctx.report.multicast.complete_s
-            if ctx.report.multicast
-            else None,
-            "endpoints_opened": [
-                [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.report.opened
-            ],
-            "mode_switches": [
-                [n, round(t - start, 3), moved] for n, t, moved in ctx.report.retired
-            ],
-            "requests_via_pipelines": sum(any("pipe" in h for h in r.hops) for r in reqs),
-            "tokens_per_s_timeline": timeline(reqs, start, args.bucket_s),
-            "burst_submitted_s": round(submitted_s, 4),
-            "cores_during_burst": cores_during(cpu_before, cpu_after, wall_s),
-        }
-    finally:
-        await server.close()
-        await client.close()
 
 
 async def cold_start(

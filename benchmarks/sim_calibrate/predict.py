@@ -40,9 +40,11 @@ def simulate_burst(
     transfer_wakeups: bool = False,
     efficiency_in_transfers: float = 1.0,
     wakeups_queue: bool = False,
+    base: str = "lambdascale",
 ):
-    """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst)."""
-    from benchmarks.scaleout.scale_burst import percentile
+    """TTFT p50/p90 of the simulated burst (same percentile rule as scale_burst), scaled
+    out by `base`'s system (λScale §7's baselines: `faasnet`, `nccl`, `serverlessllm`)."""
+    from benchmarks.scaleout.burst_run import percentile
     from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
     from surge.policy.autoscale import AutoscaleSettings
     from surge.policy.systems import system_config
@@ -51,8 +53,8 @@ def simulate_burst(
 
     k = real["sources"]
     system = replace(
-        system_config("lambdascale"),
-        name=f"lambdascale-{mode}",
+        system_config(base),
+        name=f"{base}-{mode}",
         max_sources=k,
         num_blocks=real["blocks"],
         serve_while_loading=MODES[mode],
@@ -105,6 +107,7 @@ def simulate_burst(
     return {
         "ttft_p50_s": round(percentile(ttft, 0.5), 4),
         "ttft_p90_s": round(percentile(ttft, 0.9), 4),
+        "ttft_max_s": round(max(ttft), 4),
         "all_requests_done_s": round(float(res.done_s.max()), 4),
         "pipelines_opened": sum(1 for e in res.scale_events if e[2] == "pipeline"),
         "endpoints_opened_s": opened,

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import model_config
-from benchmarks.scaleout.scale_burst import percentile
+from benchmarks.scaleout.burst_run import percentile
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint

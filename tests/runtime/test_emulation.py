@@ -7,11 +7,14 @@ import time
 
 import pytest
 
+from surge.config import COMPILE_DECODE_ENV
 from surge.emulation import Emulation, EmulationConfig, StepPacer
 from surge.engine.sampling import SamplingParams
 from surge.policy.startup import Copy, Destination
 from surge.policy.systems import system_config
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.launch.agent_process import agent_argv
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import LoadOp, RegisterOp, StatusOp
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
 from surge.runtime.server import Server
@@ -135,3 +138,17 @@ def test_bad_emulation_specs_are_refused(bad: str) -> None:
 
     with pytest.raises(SurgeError, match="PRESET:MODEL"):
         EmulationConfig.parse(bad)
+
+
+def test_emulated_agents_decode_eager_whatever_the_default(manifest, monkeypatch) -> None:
+    """A compile started as an agent receives its layers ran during the scale-out on the
+    shared cores and doubled the emulated multicast (docs/emulation.md): an emulated
+    agent's decode is eager even where the default compiles; a plain one keeps it."""
+    monkeypatch.delenv(COMPILE_DECODE_ENV, raising=False)  # the suite turns it off
+    plain = LocalCluster(LocalClusterConfig(num_nodes=2))
+    assert plain.agent_config(0).engine.compile_decode
+    cluster = LocalCluster(LocalClusterConfig(num_nodes=2, emulation=emulated(manifest)))
+    for node in range(2):
+        agent = cluster.agent_config(node)
+        assert agent.emulate == SPEC and not agent.engine.compile_decode
+        assert "--no-compile-decode" in agent_argv(agent)

@@ -309,7 +309,13 @@ class LocalCluster:
 
 def emulated_agent(agent: AgentConfig, config: LocalClusterConfig) -> AgentConfig:
     """`agent` as node `agent.node` of `config`'s emulation: its disk, registry and
-    host -> GPU rates scaled, its KV capacity the emulated GPU's, its steps paced."""
+    host -> GPU rates scaled, its KV capacity the emulated GPU's, its steps paced, its
+    decode eager. Why eager: a paced step lasts the emulated GPU's time whatever the real
+    one costs (while it fits), so compiling buys the emulation nothing, and the compile an
+    agent starts as soon as it holds its layers (`engine/compiled.py`) runs during the
+    scale-out, taking the shared cores the emulated cluster's transfers and pipeline
+    openings need: measured, it doubled λScale's emulated K=4 multicast (1.11 vs 0.57
+    emulated s, same sitting, D=80; docs/emulation.md)."""
     emulation = config.emulation
     assert emulation is not None
     hw, scale = config.emulated_nodes[agent.node], emulation.scale
@@ -321,7 +327,7 @@ def emulated_agent(agent: AgentConfig, config: LocalClusterConfig) -> AgentConfi
         emulate=emulation.config.spec,
         emulated_gpu=hw.gpu,
         time_dilation=emulation.config.time_dilation,
-        engine=replace(agent.engine, max_kv_tokens=emulation.kv_tokens(hw)),
+        engine=replace(agent.engine, max_kv_tokens=emulation.kv_tokens(hw), compile_decode=False),
     )
 
 

@@ -13,7 +13,9 @@ verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) 
 - `RetirePipeline`: retire the pipeline; its requests are spread evenly over its members'
   local instances (λScale §4.4 mode switch, `policy.loading.spread_evenly`).
 With `serve_while_loading` off (another multicast of the model still serves), the state
-machine runs in mode `none`: receivers serve only once whole. Out: endpoints opened and
+machine runs in mode `none`: receivers serve only once whole. A system with a
+`group_setup_s` (the NCCL baseline) waits that long on the serving clock before the first
+block moves (its communicator's creation). Out: endpoints opened and
 retired, recorded on the context. The state machine is the same one the simulator feeds.
 """
 
@@ -135,6 +137,11 @@ class LoadingCarrier:
 
 async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Multicast to `plan.receivers` into the gpu tier, serving while it loads."""
+    if ctx.system.group_setup_s > 0:
+        # NCCL-style broadcast: a communicator among these agents first (BlitzScale §5:
+        # ~100 ms; λScale §7.2: "up to hundreds of milliseconds"), on the serving clock,
+        # before it plans, as the simulator's loader waits it (`sim/loading.py`)
+        await ctx.server.clock.sleep(ctx.system.group_setup_s)
     agents = list(plan.multicast_nodes)
     k, b = len(plan.sources), ctx.manifest.num_blocks
     outcome = plan_multicast(ctx, agents, k)
