@@ -43,6 +43,7 @@ from surge.events import (
 )
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
 from surge.policy.blitzscale.pd import with_monitor
+from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
 from surge.policy.systems import serve_system
@@ -114,15 +115,17 @@ class Autoscaler:
         self.nic_load: dict[int, int] = {}
         """Scale-outs each node's NIC takes part in now (placement spreads over NICs)."""
         self._wake = asyncio.Event()
+        self.links = links if links is not None else {}
+        """Each agent's reported links (the multicast planner's topology, FlexPipe's HRG)."""
+        self.scaling_marks: list[ScalingMark] = []
+        """FlexPipe §7's HRG markers: servers new groups and refactorings loaded onto."""
         self.flexpipe = FlexPipeControl(
             client, pool, metrics, copies, live_nodes, self.free_slots, config.link_gbps, events,
-            clock, estimates,
+            clock, estimates, self.links, self.scaling_marks,
         )  # fmt: skip
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
-        self.links = links if links is not None else {}
-        """Each agent's reported links (the multicast planner's topology)."""
         self.pd = PdControl(metrics, engine, events, self.links)
         self.monitor = LoadMonitor()
         """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""

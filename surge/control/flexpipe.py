@@ -23,12 +23,13 @@ so surplus pipelines go idle and the autoscaler releases them. Every decision is
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from surge.control.copies import Copies
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
+from surge.control.scaleout_side import record_marks
 from surge.control.scaleouts import own_tiers
 from surge.control.state import Deployment, FlexPipeRecord, Instance
 from surge.events import NO_BUS, EventBus, Refactor
@@ -41,12 +42,14 @@ from surge.policy.flexpipe.groups import (
     pipeline_target,
 )
 from surge.policy.flexpipe.host_keep import stage_sources
+from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.flexpipe.system import (
     arrivals_in_window,
     choose_num_stages,
     choose_stages,
     split_stages,
 )
+from surge.policy.multicast.topology import NodeLinks
 from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
@@ -55,10 +58,12 @@ from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 from surge.runtime.scaleout.flexpipe import (
     free_slots,
+    hrg_view,
     layer_profile,
     load_seconds,
     micro_batches,
     profile_stages,
+    scaling_marks,
     waiting_decode_steps,
 )
 
@@ -115,8 +120,14 @@ class FlexPipeControl:
         events: EventBus = NO_BUS,
         clock: Clock = REAL_CLOCK,
         estimates: ServingEstimates = HOST_ESTIMATES,
+        links: Mapping[int, NodeLinks] | None = None,
+        scaling_marks: list[ScalingMark] | None = None,
     ) -> None:
         self.clock = clock
+        self.links: Mapping[int, NodeLinks] = links if links is not None else {}
+        """Each agent's reported links: its host group is its server in §7's HRG."""
+        self.scaling_marks = scaling_marks if scaling_marks is not None else []
+        """The cluster's HRG markers (the autoscaler's list: scale-outs add theirs)."""
         """The control plane's clock (refactorings are timed on it)."""
         self.estimates = estimates
         """Compute and fetch rates before the stages are profiled (`scaleout/estimates.py`)."""
@@ -174,6 +185,7 @@ class FlexPipeControl:
                 self.link_gbps,
                 2 * dep.manifest.total_bytes,
                 settings,
+                hrg=hrg_view([*kept, *free], self.links, now_s, tuple(self.scaling_marks)),
             )
             if choice is None:
                 continue
@@ -181,6 +193,7 @@ class FlexPipeControl:
             if target == list(pipe.stages):
                 continue  # no free slot for a finer cut now
             new = [n for n in choice.slots if n not in kept]
+            record_marks(self.scaling_marks, scaling_marks(new, self.links, now_s))
             for n in new:
                 dep.instances[n] = Instance(n, endpoint=pipe)  # type: ignore[arg-type]
                 rec.booked.add(n)

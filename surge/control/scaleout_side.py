@@ -3,9 +3,10 @@
 What flows: the runtime's scale-out (`runtime/scaleout/`) calls `DeploymentSide` back
 through the `ControllerSide` protocol: book a spare slot for a ParaServe or FlexPipe group
 member and give it back, bring the model into a node's host tier (a cold leader), hear that
-a node serves as a local instance, count which instances send or receive a multicast, and
-ask what each egress carries. It acts on the deployment's records and on the autoscaler's
-slot ledger (`SlotLedger`, passed in; the autoscaler is one). Owned by control/.
+a node serves as a local instance, count which instances send or receive a multicast, ask
+what each egress carries, and read and add FlexPipe's scaling marks (§7's HRG). It acts on
+the deployment's records and on the autoscaler's slot ledger (`SlotLedger`, passed in; the
+autoscaler is one). Owned by control/.
 """
 
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from typing import Protocol
 from surge.control.copies import Copies
 from surge.control.pd import egress_traffic
 from surge.control.state import Deployment, Instance
+from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.topology import NodeTraffic
 from surge.runtime.endpoints import LocalEndpoint
 
@@ -26,6 +28,9 @@ class SlotLedger(Protocol):
     copies: Copies
     deployments: dict[str, Deployment]
     live_nodes: Callable[[], list[int]]
+    scaling_marks: list[ScalingMark]
+    """The cluster's recent scaling events (FlexPipe §7's HRG; FlexPipe's loop adds its
+    refactorings' too)."""
 
     def free_slots(self, node: int) -> int: ...
 
@@ -82,3 +87,19 @@ class DeploymentSide:
 
     def traffic(self) -> Mapping[int, NodeTraffic]:
         return egress_traffic(self.ledger.deployments.values())
+
+    def scaling_marks(self) -> tuple[ScalingMark, ...]:
+        return tuple(self.ledger.scaling_marks)
+
+    def mark_scaling(self, marks: tuple[ScalingMark, ...]) -> None:
+        record_marks(self.ledger.scaling_marks, marks)
+
+
+MAX_MARKS = 256
+"""Most scaling marks kept (the HRG reads only those in its window, seconds old)."""
+
+
+def record_marks(kept: list[ScalingMark], marks: tuple[ScalingMark, ...]) -> None:
+    """Append `marks` to the cluster's list, keeping the latest `MAX_MARKS`."""
+    kept.extend(marks)
+    del kept[:-MAX_MARKS]

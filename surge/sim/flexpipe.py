@@ -20,6 +20,7 @@ from surge.policy.flexpipe.groups import (
     pipeline_autoscale,
     pipeline_target,
 )
+from surge.policy.flexpipe.hrg import HrgView, ScalingMark
 from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.system import (
@@ -77,6 +78,9 @@ class FlexPipe:
         """Per model: machine -> when it last hosted a stage of it (Eq. 13's H_i)."""
         self.refactor_log: list[tuple[float, str, int, int]] = []
         """(time, direction, stages before, stages after) of every completed refactoring."""
+        self.marks: list[ScalingMark] = []
+        """§7 HRG's scaling event markers: machines a group was placed on or refactored
+        onto, and when."""
 
     @property
     def enabled(self) -> bool:
@@ -130,6 +134,11 @@ class FlexPipe:
         own = [m for m in world.state.machines if m.group is slot.group]
         slot_bytes = self._slot_bytes(pool.model)
         free = [SlotState(g, slot_bytes) for m in own for g in world.state.free_on(m)]
+        hrg = HrgView(
+            {g: world.state.machine_of_gpu[g].index for g in (*kept, *(f.slot_id for f in free))},
+            marks=self._recent_marks(),
+            now_s=world.loop.now_s,
+        )
         affinity = None
         if not kept:
             hosted = self.hosted.get(pool.model, {})
@@ -148,7 +157,21 @@ class FlexPipe:
             slot_bytes,
             self.settings,
             affinity,
+            hrg,
         )
+
+    def _recent_marks(self) -> tuple[ScalingMark, ...]:
+        """The HRG's markers still inside its window (older ones are dropped)."""
+        assert self.settings is not None
+        window = self.settings.hrg.mark_window_s
+        now = self.world.loop.now_s
+        self.marks = [m for m in self.marks if now - m.at_s <= window]
+        return tuple(self.marks)
+
+    def _mark(self, gpus: tuple[int, ...]) -> None:
+        """A scaling event on the machines of `gpus` now (§7 HRG)."""
+        machines = {self.world.state.machine_of_gpu[g].index for g in gpus}
+        self.marks += [ScalingMark(m, self.world.loop.now_s) for m in sorted(machines)]
 
     def _hosting(self, model: int, spans: Spans) -> None:
         """The machines of `spans` host `model` now (Eq. 13's history)."""
@@ -194,6 +217,7 @@ class FlexPipe:
         if choice is None:
             return None
         spans = tuple(zip(choice.slots, choice.bounds, strict=True))
+        self._mark(choice.slots)
         return [(g,) for g in choice.slots], self._stage_bytes(pool.model, choice.bounds), spans
 
     def autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
@@ -284,6 +308,7 @@ class FlexPipe:
             return  # no free GPU for a finer cut now
         old_gpus = {g for g, _ in spans}
         self.gpus.take(tuple(g for g in choice.slots if g not in old_gpus))
+        self._mark(tuple(g for g in choice.slots if g not in old_gpus))
         valid = [(str(r.id), r.input_tokens + r.generated) for _, _, r in inst.running]
         plan = refactor(spans, target, valid)
         prof = world.models[pool.model].profile

@@ -18,9 +18,11 @@ from types import SimpleNamespace
 import pytest
 
 from surge.policy.flexpipe.system import LayerProfile
+from surge.policy.multicast.topology import NodeLinks
 from surge.policy.systems import system_config
 from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.scaleout import flexpipe as runtime_flexpipe
+from surge.runtime.scaleout.context import ControllerHooks
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.sim import flexpipe as sim_flexpipe
 from tests.parity.sim_world import entry_pool, simulation
@@ -30,7 +32,7 @@ SYSTEM = replace(system_config("flexpipe"), num_blocks=NUM_LAYERS)
 
 
 def _runtime_choice(
-    free: list[int], eta: int, profile: LayerProfile
+    free: list[int], eta: int, profile: LayerProfile, gpus_per_host: int = 1
 ) -> list[tuple[int, tuple[int, int]]]:
     total_bytes = profile.param_bytes * NUM_LAYERS
     manifest = SimpleNamespace(
@@ -46,6 +48,8 @@ def _runtime_choice(
         destinations=(SimpleNamespace(node=free[0], machine=None),),
         spares=tuple(SimpleNamespace(node=n, machine=None) for n in free[1:]),
         hosted_s={},
+        links={n: NodeLinks(host=f"h{n // gpus_per_host}") for n in range(8)},
+        hooks=ControllerHooks(on_local=None),  # type: ignore[arg-type]
     )
     patch = pytest.MonkeyPatch()
     with patch.context() as mp:
@@ -56,12 +60,16 @@ def _runtime_choice(
 
 
 def _sim_choice(
-    free: list[int], eta: int, tmp_path
+    free: list[int], eta: int, tmp_path, gpus_per_node: int = 1
 ) -> tuple[list[tuple[int, tuple[int, int]]] | None, LayerProfile]:
-    num_machines = max(free) + 1
-    sim = simulation(tmp_path, SYSTEM, num_machines, "registry", (NUM_LAYERS,))
-    busy = [m for m in range(num_machines) if m not in free]
-    sim.gpus.take(tuple(sim.world.state.machines[m].first_gpu for m in busy))
+    """The simulator's choice on machines of `gpus_per_node` GPUs, `free` the free GPUs (one
+    per machine: machine ids, as GPU ids are then)."""
+    num_machines = max(free) // gpus_per_node + 1
+    sim = simulation(
+        tmp_path, SYSTEM, num_machines, "registry", (NUM_LAYERS,), gpus_per_node=gpus_per_node
+    )
+    busy = [g for g in range(num_machines * gpus_per_node) if g not in free]
+    sim.gpus.take(tuple(busy))
     patch = pytest.MonkeyPatch()
     with patch.context() as mp:
         mp.setattr(sim_flexpipe.FlexPipe, "_scale_out_num_stages", lambda self, pool: eta)
@@ -69,6 +77,8 @@ def _sim_choice(
     profile = sim.flexpipe._profile(0)
     if shaped is None:
         return None, profile
+    if gpus_per_node > 1:
+        return [(g, bounds) for g, bounds in shaped[2]], profile
     machine = sim.world.state.machine_of_gpu
     return [(machine[g].index, bounds) for g, bounds in shaped[2]], profile
 
@@ -85,3 +95,20 @@ def test_both_bodies_cut_and_place_a_new_group_alike(free: list[int], eta: int, 
     assert [m for m, _ in runtime] == free[: len(runtime)]
     assert runtime[0][1][0] == 0 and runtime[-1][1][1] == NUM_LAYERS
     assert len(runtime) == min(eta, len(free))
+
+
+@pytest.mark.parametrize(
+    "free,eta,slots",
+    [([0, 1, 2, 3], 2, [0, 1]), ([2, 0, 3], 2, [2, 3]), ([0, 1, 2, 3], 4, [0, 1, 2, 3])],
+    ids=["one machine", "the destination's mate, not the lower node", "two whole machines"],
+)
+def test_both_bodies_keep_stages_inside_a_machine(
+    free: list[int], eta: int, slots: list[int], tmp_path
+) -> None:
+    # FlexPipe §7's HRG: machines of two GPUs (the runtime: host groups of two nodes); GPU
+    # and node n sit on machine n // 2 in both. The new stages take the destination's
+    # machine-mate before a lower node elsewhere (Eq. 6 alone would take node 0).
+    sim, profile = _sim_choice(free, eta, tmp_path, gpus_per_node=2)
+    runtime = _runtime_choice(free, eta, profile, gpus_per_host=2)
+    assert runtime == sim
+    assert [g for g, _ in runtime] == slots

@@ -2,7 +2,8 @@
 `system.place_new_group`): the spare nodes that hosted the model most recently
 (served it, or took a host copy: the controller's `host_last_used_s`) take its stages
 first; without a history, Eq. 6 alone (the lowest free nodes). A placement that ignores
-the history fails this test."""
+the history fails this test. With host groups, §7's HRG puts the stages on the fewest
+hosts, away from hosts a recent scale-out loaded onto."""
 
 import time
 from dataclasses import replace
@@ -10,16 +11,19 @@ from types import SimpleNamespace
 
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
+from surge.policy.flexpipe.hrg import ScalingMark
+from surge.policy.multicast.topology import NodeLinks
 from surge.policy.startup import Destination
 from surge.policy.systems import serve_system
 from surge.runtime.clock import REAL_CLOCK
+from surge.runtime.scaleout.context import ControllerHooks
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.runtime.scaleout.flexpipe import choose_pipeline
 
 SPARES = [1, 2, 3, 4, 5, 6]
 
 
-def _ctx(manifest, hosted_s: dict[int, float]) -> SimpleNamespace:
+def _ctx(manifest, hosted_s: dict[int, float], links=None, marks=()) -> SimpleNamespace:
     """A burst: arrivals in two clumps and a long queue, so the new pipeline is fine (with
     free hops: on loopback a tiny model loads in milliseconds, and the system's 1-ms hop
     per token would keep it coarse, `useful_stages`)."""
@@ -36,6 +40,8 @@ def _ctx(manifest, hosted_s: dict[int, float]) -> SimpleNamespace:
         destinations=(Destination(0, "host", machine=0),),
         spares=tuple(Destination(n, "remote", machine=n) for n in SPARES),
         hosted_s=hosted_s,
+        links=links or {},  # none: each node its own server (§7's HRG leaves Eq. 13 be)
+        hooks=ControllerHooks(on_local=None, scaling_marks=lambda: marks),  # type: ignore[arg-type]
     )
 
 
@@ -55,3 +61,21 @@ def test_a_new_pipeline_takes_the_models_recent_hosts_first(tiny_store) -> None:
     # Fewer past hosts than stages: they all take one, the lowest others the rest.
     placed = choose_pipeline(_ctx(manifest, {5: now - 20.0}), 0, SPARES)
     assert set(placed.slots[1:]) == {5, *SPARES[: num_extra - 1]}, placed
+
+
+def test_host_groups_and_scaling_marks_steer_the_stages(tiny_store) -> None:
+    # FlexPipe §7's HRG in surge serve: node 0 alone on its host, spares 1-2 on one host,
+    # 3-4 on another, 5-6 on a third; a host just scaled onto (a mark) comes last.
+    manifest = read_manifest(tiny_store)
+    hosts = {0: "a", 1: "b", 2: "b", 3: "c", 4: "c", 5: "d", 6: "d"}
+    links = {n: NodeLinks(host=h) for n, h in hosts.items()}
+    plain = choose_pipeline(_ctx(manifest, {}, links), 0, SPARES)
+    extra = plain.slots[1:]
+    assert len(extra) >= 2, plain
+    assert len({hosts[n] for n in extra}) == -(-len(extra) // 2)  # the fewest hosts
+    marked = {hosts[n] for n in extra[:2]}
+    marks = tuple(
+        ScalingMark(min(n for n in hosts if hosts[n] == h), time.monotonic()) for h in marked
+    )
+    steered = choose_pipeline(_ctx(manifest, {}, links, marks), 0, SPARES)
+    assert not {hosts[n] for n in steered.slots[1:3]} & marked, steered

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
 from surge.policy.flexpipe.granularity import GranularitySettings, ScalingSettings
+from surge.policy.flexpipe.hrg import HrgSettings
 from surge.policy.flexpipe.slot_allocation import AffinitySettings, MultiplexSettings
 
 
@@ -27,6 +28,9 @@ class FlexPipeSettings:
     """Eq. 6/9's constants."""
     affinity: AffinitySettings = field(default_factory=AffinitySettings)
     """Eq. 13's constants: where a new group goes among the servers that hosted the model."""
+    hrg: HrgSettings = field(default_factory=HrgSettings)
+    """§7's Hierarchical Resource Graph: a pipeline's stages on the fewest servers, one rack,
+    away from recent scaling (`flexpipe/hrg.py`)."""
     boundary_penalty_s: float = 0.0
     """λ of Eq. 2 (layers are the blocks here: every cut is at a block boundary)."""
     cv_window_s: float = 30.0

@@ -34,10 +34,11 @@ from surge.policy.flexpipe.granularity import (
     cv_of_arrivals,
     update_granularity,
 )
+from surge.policy.flexpipe.hrg import HrgView, group_by_server, hrg_domains
 from surge.policy.flexpipe.partition import OperatorProfile, PartitionSettings, partition_model
 from surge.policy.flexpipe.refactor import RefactorPlan, RunningRequest, StageSpan, plan_refactor
 from surge.policy.flexpipe.settings import FlexPipeSettings
-from surge.policy.flexpipe.slot_allocation import SlotState
+from surge.policy.flexpipe.slot_allocation import SlotState, affinity_score
 from surge.policy.flexpipe.stage_placement import Affinity, place_new_group, place_stages
 
 
@@ -244,12 +245,16 @@ def choose_stages(
     max_slot_memory_bytes: int,
     settings: FlexPipeSettings,
     affinity: Affinity | None = None,
+    hrg: HrgView | None = None,
 ) -> StageChoice | None:
     """The layers (§5 Eq. 2) and slots (§6.2 Eq. 6) of a `num_stages` pipeline. The first
     stages stay on `kept_slots` (the pipeline's slots now, in stage order: a refactoring
     moves as little as it can), the others go where `place_stages` puts them among
     `free_slots`, or for a new pipeline with `affinity`, where `place_new_group` does
-    (§7 Eq. 13: the model's recent hosts first).
+    (§7 Eq. 13: the model's recent hosts first). With `hrg` (§7's Hierarchical Resource
+    Graph, `flexpipe/hrg.py`) they are placed inside the narrowest part of the hierarchy
+    that takes them all (one server, then one rack, the fewest servers), stages of one
+    server adjacent.
     When the free slots cannot take them, the next coarser granularity of
     `settings.stage_counts` is tried (fewer stages than wanted beats none); None if not
     even one stage fits."""
@@ -265,13 +270,52 @@ def choose_stages(
             return StageChoice(bounds, kept)
         throughput = 1.0 / max(profile.decode_s * profile.num_layers / eta, 1e-9)
         free = [f for f in free_slots if f.slot_id not in kept]
-        if affinity is None:
-            placed = place_stages("pipeline", extra, throughput, cv, free, settings)
-        else:
-            placed = place_new_group(
-                "pipeline", extra, throughput, cv, free, affinity.server_of, affinity.history,
-                affinity.now_s, settings,
-            )  # fmt: skip
+        placed = _place_extra(extra, throughput, cv, kept, free, settings, affinity, hrg)
         if placed is not None:
             return StageChoice(bounds, kept + placed)
+    return None
+
+
+def _place_extra(
+    extra: list[int],
+    throughput: float,
+    cv: float,
+    kept: tuple[int, ...],
+    free: list[SlotState],
+    settings: FlexPipeSettings,
+    affinity: Affinity | None,
+    hrg: HrgView | None,
+) -> tuple[int, ...] | None:
+    """The slots of the stages past `kept`: Eq. 6 (or Eq. 13 then Eq. 6) inside each of
+    the HRG's candidate domains in turn, or over every free slot without an HRG."""
+    if hrg is not None and affinity is not None:  # Eq. 13's score ranks past hosts
+        counts = {
+            h: sum(1 for f in free if hrg.server_of[f.slot_id] == h) for h in hrg.server_of.values()
+        }
+        scores = {
+            r.server_id: affinity_score(
+                r, counts.get(r.server_id, 0), affinity.now_s, settings.affinity
+            )
+            for r in affinity.history
+        }
+        hrg = replace(hrg, past_hosts=scores)
+    domains = [[f.slot_id for f in free]]
+    if hrg is not None:
+        domains = [list(d) for d in hrg_domains(kept, domains[0], len(extra), hrg, settings.hrg)]
+    by_id = {f.slot_id: f for f in free}
+    for domain in domains:
+        slots = [by_id[s] for s in domain]
+        if affinity is None:
+            placed = place_stages("pipeline", extra, throughput, cv, slots, settings)
+        else:
+            placed = place_new_group(
+                "pipeline", extra, throughput, cv, slots, affinity.server_of, affinity.history,
+                affinity.now_s, settings,
+            )  # fmt: skip
+        if placed is None:
+            continue
+        if hrg is None:
+            return placed
+        alike = {(by_id[s].free_memory_bytes, by_id[s].resident_models) for s in placed}
+        return group_by_server(kept, placed, hrg, len(alike) == 1)
     return None

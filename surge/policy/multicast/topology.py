@@ -18,7 +18,7 @@ source with a hand-off leaving it now. Decode and colocated instances only send 
 traffic is kept: a slower scale-out beats none (the paper assumes a free source exists).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
@@ -77,6 +77,17 @@ def busy_sources(num_sources: int, traffic: Sequence[NodeTraffic]) -> frozenset[
         keep = min(range(num_sources), key=lambda s: (traffic[s].outgoing, s))
         busy.remove(keep)
     return frozenset(busy)
+
+
+def server_of_nodes(links: Mapping[int, NodeLinks]) -> dict[int, int]:
+    """Each node's server: the lowest node of its host group, itself when alone (FlexPipe
+    §7's HRG places a pipeline's stages on the fewest servers, `policy.flexpipe.hrg`)."""
+    first: dict[str, int] = {}
+    for node in sorted(links):
+        host = links[node].host
+        if host is not None:
+            first.setdefault(host, node)
+    return {n: first[x.host] if x.host is not None else n for n, x in links.items()}
 
 
 def _groups(links: Sequence[NodeLinks]) -> tuple[tuple[int, ...], ...]:

@@ -24,6 +24,7 @@ from surge.events import NO_BUS, EventBus, PipelineOpened
 from surge.model.manifest import Manifest
 from surge.policy.blitzscale.live_scaling import LoadRatio
 from surge.policy.copies.mate_copies import MateOpen
+from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.paraserve.predictor import ConsolidationDecision
@@ -126,6 +127,12 @@ class ControllerSide(Protocol):
         """Nodes whose new instance starts (True) or stops (False) receiving a multicast: a
         chain tail meanwhile (`policy.startup` tier `loading`)."""
 
+    def scaling_marks(self) -> tuple[ScalingMark, ...]:
+        """The cluster's recent scaling events (FlexPipe §7's HRG markers)."""
+
+    def mark_scaling(self, marks: tuple[ScalingMark, ...]) -> None:
+        """Servers a FlexPipe group was just placed on (their links load its stages)."""
+
 
 @dataclass(frozen=True)
 class ControllerHooks:
@@ -153,6 +160,10 @@ class ControllerHooks:
     receiving: Callable[[tuple[int, ...], bool], None] = lambda nodes, now: None
     """Nodes whose new instance starts (True) or stops (False) receiving a multicast: a
     chain tail meanwhile (`policy.startup` tier `loading`)."""
+    scaling_marks: Callable[[], tuple[ScalingMark, ...]] = tuple
+    """The cluster's recent scaling events (FlexPipe §7's HRG markers)."""
+    mark_scaling: Callable[[tuple[ScalingMark, ...]], None] = lambda marks: None
+    """Servers a FlexPipe group was just placed on."""
 
 
 @dataclass

@@ -25,12 +25,13 @@ reads the weights once at `weight_read_bytes_per_s`, a prefill of `PROFILE_TOKEN
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from surge.config import EngineConfig
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.granularity import cv_of_arrivals
 from surge.policy.flexpipe.host_keep import stage_sources
+from surge.policy.flexpipe.hrg import HrgView, ScalingMark
 from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.stage_placement import Affinity
@@ -41,6 +42,7 @@ from surge.policy.flexpipe.system import (
     choose_stages,
     scale_out_num_stages,
 )
+from surge.policy.multicast.topology import NodeLinks, server_of_nodes
 from surge.policy.startup import StartupPlan
 from surge.policy.systems import SystemConfig
 from surge.runtime.migration.refactor import FlexPipeline, blocks_of_stage
@@ -125,6 +127,27 @@ async def profile_stages(pipe: FlexPipeline) -> None:
         pipe.activation_bytes_per_token = reply.activation_bytes_per_token
 
 
+def hrg_view(
+    nodes: Sequence[int],
+    links: Mapping[int, NodeLinks],
+    now_s: float,
+    marks: tuple[ScalingMark, ...] = (),
+) -> HrgView:
+    """What FlexPipe §7's HRG sees of `nodes`: each node's server is its host group (the
+    nodes that share a machine and its fast link), else the node alone; `marks`: the
+    cluster's recent scaling events."""
+    servers = server_of_nodes(links)
+    return HrgView({n: servers.get(n, n) for n in nodes}, marks=marks, now_s=now_s)
+
+
+def scaling_marks(
+    nodes: Sequence[int], links: Mapping[int, NodeLinks], now_s: float
+) -> tuple[ScalingMark, ...]:
+    """§7's HRG markers for a group just placed on `nodes`: their servers, now."""
+    servers = server_of_nodes(links)
+    return tuple(ScalingMark(s, now_s) for s in sorted({servers.get(n, n) for n in nodes}))
+
+
 def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> StageChoice:
     profile = layer_profile(ctx.manifest, ctx.system, None, ctx.estimates)
     settings = ctx.system.flexpipe
@@ -152,6 +175,7 @@ def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> Stage
         2 * ctx.manifest.total_bytes,
         settings,
         Affinity(history, {n: machine.get(n, n) for n in spares}, ctx.server.clock.now_s()),
+        hrg_view([dest, *spares], ctx.links, ctx.server.clock.now_s(), ctx.hooks.scaling_marks()),
     )
     assert choice is not None  # one stage on the destination always fits
     return choice
@@ -167,6 +191,7 @@ async def run_flexpipe(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     for dest in ctx.destinations:
         choice = choose_pipeline(ctx, dest.node, spares)
         members = list(choice.slots)
+        ctx.hooks.mark_scaling(scaling_marks(members, ctx.links, ctx.server.clock.now_s()))
         booked = [m for m in members[1:] if ctx.hooks.book(m)]
         if len(booked) < len(members) - 1:  # a spare was taken meanwhile: one stage
             for m in booked:
