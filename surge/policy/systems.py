@@ -94,8 +94,8 @@ class SystemConfig:
     """A tensor-parallel target's GPUs each receive their own shard of every block over
     their own network link, from the same GPU index of the sender (BlitzScale §2-§3 and
     Table 1 count scaling bandwidth per GPU: "200 Gbps per-GPU"). False: the lead GPU
-    receives whole blocks and forwards the other GPUs' shards inside the machine once it
-    holds the model (λScale §4.3)."""
+    receives whole blocks and forwards each block's shards to the other GPUs inside the
+    machine as it lands (λScale §4.3 Case 2)."""
     consolidation: str = "none"
     """After a `registry-parallel` group serves: `none` (it serves as a group for life),
     `scale-up` (every member fetches the rest and becomes an instance), `predictor`

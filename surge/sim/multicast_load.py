@@ -9,7 +9,9 @@ then `ready`). Every decision is a policy call:
 - what opens, goes live, goes local and retires as blocks arrive:
   `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4);
 - where a retired pipeline's requests go: `surge.policy.loading.spread_evenly` over its
-  members (λScale §4.4), carried out by `sim/mode_switch.py`.
+  members (λScale §4.4), carried out by `sim/mode_switch.py`;
+- whether a multi-GPU receiver's lead GPU passes each block's shards on as it lands
+  (λScale §4.3 Case 2): `surge.policy.multicast.nvlink_replication.shards_per_block`.
 Plan nodes are start-up ids: an instance's id, or `HOST_NODE + m` for the host copy of
 machine m; a host source's blocks leave its machine's NIC from host memory.
 """
@@ -29,6 +31,7 @@ from surge.policy.loading import (
     RetirePipeline,
 )
 from surge.policy.multicast.cluster import Cluster
+from surge.policy.multicast.nvlink_replication import shards_per_block
 from surge.policy.multicast.plan import Transfer
 from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.startup import StartupPlan
@@ -184,6 +187,13 @@ class MulticastLoads:
         tp = len(receivers[0].gpus)
         same_tp = all(len(i.gpus) == tp for i in gpu_nodes.values())
         lanes = tp if sys.shard_multicast and tp > 1 and same_tp else 1
+        # λScale §4.3 Case 2: with one lane a multi-GPU receiver's lead GPU takes whole
+        # blocks and hands each one's shards to its other GPUs as it lands: the member then
+        # holds complete blocks for its (tensor-parallel) pipeline stage, and the whole
+        # model on every GPU when it goes local.
+        per_block = lanes == 1 and any(
+            shards_per_block(sys.shard_multicast, len(i.gpus)) for i in receivers
+        )
 
         def path(src: int, dst: int, lane: int = 0) -> tuple[Link, ...]:
             to = gpu_nodes[nodes[dst]].gpus[lane]
@@ -228,7 +238,7 @@ class MulticastLoads:
                 load_s = functools.partial(layer_load_s, landed[action.node])
                 self.live.go_live(pool, inst, held, load_s)
             else:
-                self.carry_out(pool, action, plan_nodes, opened, sharded=lanes > 1)
+                self.carry_out(pool, action, plan_nodes, opened)
 
         carrier = Carrier(world.loop, receivers[0].id, self.host.action_s, carry)
 
@@ -240,7 +250,11 @@ class MulticastLoads:
             lanes_in[(node, block)] = got
             if got == lanes:
                 del lanes_in[(node, block)]
-                on_arrival(node, block)
+                inst = plan_nodes[node]
+                if per_block and inst is not None and len(inst.gpus) > 1:
+                    self._shard_block(inst, block_bytes, functools.partial(on_arrival, node, block))
+                else:
+                    on_arrival(node, block)
 
         def on_lane_finished() -> None:
             lanes_left[0] -= 1
@@ -316,11 +330,9 @@ class MulticastLoads:
         action: object,
         plan_nodes: list[Instance | None],
         opened: dict[int, Instance],
-        sharded: bool,
     ) -> None:
         """One `surge.policy.loading` action (`GoLive` goes to `self.live`) of a multicast
-        or a warm group (`sim/warm_load.py`); `sharded`: every GPU of a receiver got its
-        own shards (no fan-out inside the machine)."""
+        or a warm group (`sim/warm_load.py`)."""
 
         def node(v: int) -> Instance:
             inst = plan_nodes[v]
@@ -353,32 +365,31 @@ class MulticastLoads:
                 )
         elif isinstance(action, GoLocal):
             self.live.go_local(node(action.node))
-            if sharded:
-                self.ready(pool, node(action.node), self.world.system.init_s)
-            else:
-                self._fan_out(pool, node(action.node))
+            self._go_local(pool, node(action.node))
 
-    def _fan_out(self, pool: Pool, inst: Instance) -> None:
-        """The lead GPU holds the model: it forwards the other GPUs' shards inside the
-        machine (λScale §4.3), then the instance starts."""
+    def _shard_block(self, inst: Instance, block_bytes: int, done: Callable[[], None]) -> None:
+        """λScale §4.3 Case 2: a block landed on `inst`'s lead GPU; its other GPUs' shards
+        go over the machine's link at once; `done` once every GPU holds its shard."""
+        world = self.world
+        rest = inst.gpus[1:]
+        left = [len(rest)]
+
+        def one_done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done()
+
+        for g in rest:
+            path = world.state.gpu_to_gpu(inst.gpus[0], g)
+            world.net.start(path, math.ceil(block_bytes / len(inst.gpus)), one_done)
+
+    def _go_local(self, pool: Pool, inst: Instance) -> None:
+        """The instance holds the whole model (one GPU, or every block's shards on each of
+        its GPUs: `_shard_block`): it starts, unless it was released meanwhile."""
         if inst.released:
             self.mode_switch.hand_over(pool, inst)  # its share goes back to the queue
             return
-        world = self.world
-        rest = inst.gpus[1:]
-        if not rest:
-            self.ready(pool, inst, world.system.init_s)
-            return
-        left = [len(rest)]
-
-        def fan_done() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                self.ready(pool, inst, world.system.init_s)
-
-        share = world.models[pool.model].profile.total_bytes / len(inst.gpus)
-        for g in rest:
-            world.net.start(world.state.gpu_to_gpu(inst.gpus[0], g), share, fan_done)
+        self.ready(pool, inst, self.world.system.init_s)
 
 
 def _forward(block: int, runs: list[MulticastRun], node: int) -> None:

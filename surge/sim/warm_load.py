@@ -39,7 +39,7 @@ def start_warm_group(
     opened: dict[int, Instance] = {}
 
     def carry(action: object) -> None:
-        multicasts.carry_out(pool, action, plan_nodes, opened, sharded=True)
+        multicasts.carry_out(pool, action, plan_nodes, opened)
 
     carrier = Carrier(world.loop, members[0].id, multicasts.host.action_s, carry)
     block_bytes = math.ceil(world.models[pool.model].profile.total_bytes / num_blocks)

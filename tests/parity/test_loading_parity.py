@@ -173,7 +173,7 @@ def _sim_log(seed: int, tmp_path) -> tuple[list, Plan]:
     patch = pytest.MonkeyPatch()
     with patch.context() as mp:
         mp.setattr(sim_multicast, "MulticastRun", Run)
-        mp.setattr(sim_multicast.MulticastLoads, "_fan_out", fan_out)
+        mp.setattr(sim_multicast.MulticastLoads, "_go_local", fan_out)
         sim.loader.load(pool, new)
     return log, seen["plan"]
 

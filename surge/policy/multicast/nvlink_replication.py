@@ -3,8 +3,10 @@
 In: N nodes, B blocks, K sources and the `Cluster` (its NVLink groups: nodes of one
 machine). Out: `replicates_over_nvlink` (whether Case 3 applies), `plan_binomial_nvlink`
 (the `Plan`) and `replica_pipeline_groups` (the node groups of λScale Alg. 2's pipelines,
-one per local replica: Fig. 6c). `scale_out.plan_multicast` and `plan_pipelines` call them
-for the `binomial` strategy; both bodies get the same plan from the same `Cluster` (the
+one per local replica: Fig. 6c); and Case 2's `shards_per_block` (a multi-GPU member's
+lead GPU passes each block's shards on as it lands; the simulator carries it out).
+`scale_out.plan_multicast` and `plan_pipelines` call the Case 3 functions for the
+`binomial` strategy; both bodies get the same plan from the same `Cluster` (the
 simulator's machines, `surge serve`'s host groups).
 
 λScale §4.3 Case 3: "as soon as the first GPU receives model blocks, it can quickly
@@ -118,3 +120,12 @@ def replica_pipeline_groups(num_sources: int, cluster: Cluster) -> list[list[int
             if len(group) >= 2:
                 groups.append(group)
     return groups
+
+
+def shards_per_block(shard_multicast: bool, gpus_per_member: int) -> bool:
+    """λScale §4.3 Case 2 ("GPUs that have received complete blocks can immediately begin
+    forming execution pipelines across nodes"): a member of several GPUs whose lead GPU
+    receives whole blocks passes each block's shards to its other GPUs as the block lands,
+    so it holds complete blocks for a tensor-parallel stage at once. False for one GPU, or
+    when every GPU pulls its own shard over its own NIC (`shard_multicast`, BlitzScale)."""
+    return gpus_per_member > 1 and not shard_multicast
