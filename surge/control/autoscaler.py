@@ -126,7 +126,7 @@ class Autoscaler:
         """FlexPipe's granularity loop (refactors live pipelines; `control/flexpipe.py`)."""
         self.events = events
         """The dashboard's stream: scale-outs, instances up and drained, load per tick."""
-        self.pd = PdControl(metrics, engine, events, self.links)
+        self.pd = PdControl(metrics, engine, events, self.links, config.emulation)
         self.monitor = LoadMonitor()
         """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
 

@@ -14,7 +14,8 @@ import asyncio
 import logging
 
 from surge.control.metrics import Metrics
-from surge.emulation import Emulation
+from surge.emulation import Emulation, traffic_charges
+from surge.model.manifest import Manifest
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
@@ -63,6 +64,15 @@ def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
         prefill_over_decode=cost.prefill_s(ESTIMATE_PROMPT_TOKENS) / decode_s,
         fetch_gbps=node.registry_gbps * emulation.scale.weights_ratio,
     )
+
+
+def kv_pace(emulation: Emulation | None, manifest: Manifest) -> float:
+    """How K/V the controller sends (P/D hand-offs) is paced: under GPU-time emulation at
+    the K/V's own real / emulated byte ratio (`surge.emulation.traffic_charges`; the links
+    are scaled for the weights'), else as its bytes."""
+    if emulation is None:
+        return 1.0
+    return traffic_charges(emulation.config.profile, manifest).kv
 
 
 class EmulationCounts:

@@ -17,8 +17,10 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from surge.config import EngineConfig
+from surge.control.emulation import kv_pace
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment
+from surge.emulation import Emulation
 from surge.events import NO_BUS, EventBus, Mutation
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
@@ -59,11 +61,14 @@ class PdControl:
         engine: EngineConfig,
         events: EventBus = NO_BUS,
         links: Mapping[int, NodeLinks] | None = None,
+        emulation: Emulation | None = None,
     ) -> None:
         self.metrics, self.engine, self.events = metrics, engine, events
         self.links: Mapping[int, NodeLinks] = links if links is not None else {}
         """Each agent's reported links (the controller's, kept current by it): the K/V
         ingress the monitor weighs (`PdServing.received`)."""
+        self.emulation = emulation
+        """GPU-time emulation: the K/V hand-offs are paced at its K/V byte ratio."""
         self._reported: dict[str, tuple[int, int]] = {}
         """Deployment -> (hand-offs, mutations) already counted in the metrics."""
         self._last_mutation_s: dict[str, float] = {}
@@ -82,6 +87,7 @@ class PdControl:
             self.engine.max_kv_tokens,
             mutation=system.mutation,
             links=self.links,
+            kv_pace=kv_pace(self.emulation, dep.manifest),
         )
         return dep.server.pd
 

@@ -123,7 +123,11 @@ class ClusterClient:
         self._subs = [s for s in self._subs if s.queue is not q]
 
     async def _exchange(
-        self, node: int, header: dict[str, Any], payload: bytes | memoryview = b""
+        self,
+        node: int,
+        header: dict[str, Any],
+        payload: bytes | memoryview = b"",
+        pace: float = 1.0,
     ) -> tuple[dict[str, Any], memoryview]:
         """A request with a payload answer, on a pooled connection of its own, so that many
         may be in flight to one agent at once (micro-batches of a pipeline)."""
@@ -133,7 +137,7 @@ class ClusterClient:
             host, port = self.addresses[node]
             conn = await connect(host, port, self.token, "controller-data", tls=self.tls)
         try:
-            reply, body = await conn.request(header, payload)
+            reply, body = await conn.request(header, payload, pace=pace)
         except BaseException:
             conn.close()
             raise
@@ -147,10 +151,11 @@ class ClusterClient:
         return cast(R, op.REPLY.from_json(reply))
 
     async def call_bytes(
-        self, node: int, op: Op[R], payload: bytes | memoryview = b""
+        self, node: int, op: Op[R], payload: bytes | memoryview = b"", pace: float = 1.0
     ) -> tuple[R, memoryview]:
-        """A typed op with a payload and/or a payload answer, on a pooled connection."""
-        reply, body = await self._exchange(node, op.to_json(), payload)
+        """A typed op with a payload and/or a payload answer, on a pooled connection; the
+        agent's ingress paces the payload as `pace` times its bytes (`Connection.send`)."""
+        reply, body = await self._exchange(node, op.to_json(), payload, pace)
         return cast(R, op.REPLY.from_json(reply)), body
 
     async def broadcast(self, op: Op[R], nodes: list[int] | None = None) -> dict[int, R]:

@@ -40,6 +40,8 @@ class KvAgents:
         self.changed = asyncio.Condition()
         self.on_overlap: Callable[[], None] = lambda: None
         """Called once `overlap` transfers are in flight."""
+        self.adopt_paces: list[float] = []
+        """How each adopt's K/V payload was paced (`ClusterClient.call_bytes`)."""
 
     def subscribe(self, event_types: tuple, model: str | None = None) -> asyncio.Queue:
         return asyncio.Queue()
@@ -50,9 +52,12 @@ class KvAgents:
     async def call(self, node: int, op: Any) -> Ack:
         return Ack()
 
-    async def call_bytes(self, node: int, op: Any, payload: bytes = b"") -> tuple[Any, bytes]:
+    async def call_bytes(
+        self, node: int, op: Any, payload: bytes = b"", pace: float = 1.0
+    ) -> tuple[Any, bytes]:
         if isinstance(op, InstanceAdoptOp):
             self.events.append(("adopt", op.instance, op.req_id))
+            self.adopt_paces.append(pace)
             return Ack(), b""
         assert isinstance(op, InstanceHandoffOp)
         self.events.append(("send", op.instance, op.req_id))
@@ -81,9 +86,11 @@ def peak_transfers(events: list[tuple[str, str, str]]) -> int:
     return peak
 
 
-async def _deployment(agents: KvAgents, roles: dict[str, str], decode_capacity: int = 8):
+async def _deployment(
+    agents: KvAgents, roles: dict[str, str], decode_capacity: int = 8, kv_pace: float = 1.0
+):
     server = Server(agents, MODEL)  # type: ignore[arg-type]
-    pd = PdServing(server, PdTargets(1, 1), 1024)
+    pd = PdServing(server, PdTargets(1, 1), 1024, kv_pace=kv_pace)
     server.pd = pd
     eps = {}
     for node, (name, role) in enumerate(roles.items()):
@@ -198,3 +205,20 @@ def test_a_handoff_in_flight_holds_its_targets_last_slot() -> None:
     assert [e[0] for e in before] == ["send", "sent", "adopt"], before
     assert peak_transfers(events) == 1, events
     assert [e[0] for e in events] == ["send", "sent", "adopt"] * 2
+
+
+def test_the_controller_sends_handed_off_kv_at_its_kv_pace() -> None:
+    """Under GPU-time emulation the K/V the controller relays to the decode agent is paced
+    as K/V (`PdServing.kv_pace`, `control/emulation.kv_pace`), not as weight bytes."""
+
+    async def run() -> list[float]:
+        agents = KvAgents(overlap=1)
+        server, pd, eps = await _deployment(agents, {"p0": PREFILL, "d0": DECODE}, kv_pace=0.06)
+        try:
+            _park(server, pd, eps["p0"])
+            await _settle(pd, agents, 1)
+            return agents.adopt_paces
+        finally:
+            await server.close()
+
+    assert asyncio.run(run()) == [0.06]

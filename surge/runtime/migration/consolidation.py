@@ -54,9 +54,11 @@ async def adopt(
     parts: list[KvPart] | None = None,
     payload: bytes = b"",
     sources: tuple[KvSource, ...] = (),
+    pace: float = 1.0,
 ) -> None:
-    """`target` continues `req` with its K/V: `parts` + `payload` sent from here, or
-    `sources` its agent pulls from the stages itself."""
+    """`target` continues `req` with its K/V: `parts` + `payload` sent from here (paced as
+    `pace` times its bytes: GPU-time emulation's K/V charge), or `sources` its agent pulls
+    from the stages itself."""
     target.requests[req.req_id] = req  # before the call: tokens may stream at once
     endpoint, num_hops = req.endpoint, len(req.hops)
     req.endpoint = target.name
@@ -72,7 +74,7 @@ async def adopt(
         sources=sources,
     )
     try:
-        await server.client.call_bytes(target.node, adopt, payload)
+        await server.client.call_bytes(target.node, adopt, payload, pace)
     except BaseException:
         target.requests.pop(req.req_id, None)  # the agent does not hold it: not the target's
         req.endpoint = endpoint

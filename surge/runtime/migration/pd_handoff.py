@@ -79,12 +79,16 @@ class PdServing:
         max_kv_tokens: int,
         mutation: bool = False,
         links: Mapping[int, NodeLinks] | None = None,
+        kv_pace: float = 1.0,
     ) -> None:
         self.server, self.targets, self.max_kv_tokens = server, targets, max_kv_tokens
         self.links: Mapping[int, NodeLinks] = links if links is not None else {}
         """Each node's reported links: the caps a hand-off's K/V arrives through."""
         self._ingress: dict[str, deque[tuple[float, float]]] = {}
         """Endpoint name -> (when, link-seconds) of each hand-off to it (`received`)."""
+        self.kv_pace = kv_pace
+        """How the K/V sent from here to a decode agent is paced (GPU-time emulation: the
+        K/V's own byte ratio, `control/emulation.kv_pace`; 1: as its bytes)."""
         self.mutation = mutation
         """The system mutates prefill instances (new ones past the targets prefill)."""
         self.roles: dict[str, str] = {}
@@ -152,7 +156,8 @@ class PdServing:
     def received(self, source_node: int | None, target: LocalEndpoint, nbytes: int) -> None:
         """A hand-off's `nbytes` of K/V go to `target` from `source_node` (None: from here):
         their time alone on the link they arrive through (a host mate's fast link, else
-        its NIC; uncapped: none), as the simulator counts it (`PdPool.handed`)."""
+        its NIC; uncapped: none), as the simulator counts it (`PdPool.handed`); paced bytes
+        (`kv_pace`: under GPU-time emulation the link caps are scaled for weight bytes)."""
         into = self.links.get(target.node, NodeLinks())
         src = self.links.get(source_node, NodeLinks()) if source_node is not None else None
         if src is not None and into.host is not None and src.host == into.host:
@@ -161,7 +166,8 @@ class PdServing:
             gbps = into.ingress_gbps
         if gbps:
             sent = self._ingress.setdefault(target.name, deque())
-            sent.append((self.server.clock.now_s(), nbytes * 8 / (gbps * 1e9)))
+            link_s = nbytes * self.kv_pace * 8 / (gbps * 1e9)
+            sent.append((self.server.clock.now_s(), link_s))
 
     def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]:
         """The endpoints new requests may go to (`policy.pd.routable`). Execution pipelines
@@ -326,6 +332,7 @@ class PdServing:
                 num_cached=held.num_cached,
                 parts=held.parts,
                 payload=held.payload,
+                pace=self.kv_pace,
             )
             self.num_handoffs += 1
         except Exception as e:  # its agent died or has no room: prefill it again
@@ -361,6 +368,7 @@ class PdServing:
                     num_cached=reply.num_cached,
                     parts=[reply.part],
                     payload=payload,
+                    pace=self.kv_pace,
                 )
             except Exception as e:  # the decode agent died, or it has no room after all
                 log.info("%s could not adopt %s (%s)", ep.name, req.req_id, e)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from surge.emulation import traffic_charges
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.local_instance import LocalInstance
@@ -88,7 +89,14 @@ class AgentInstances:
         self.fetch_kv = fetch_kv
         """One K/V part from the stage that holds it (`AgentServing.fetch_kv`)."""
         self.instances: dict[str, LocalInstance] = {}
-        self.pd = AgentPd(self.instances)
+        self.pd = AgentPd(self.instances, self._kv_charge)
+
+    def _kv_charge(self, model: str) -> float:
+        """How a K/V frame of `model` leaving this node is paced: under GPU-time emulation
+        at the K/V's own real / emulated byte ratio (`surge.emulation.traffic_charges`)."""
+        if self.ctx.pacer is None:
+            return 1.0
+        return traffic_charges(self.ctx.pacer.model, self.store.model(model).manifest).kv
 
     def handlers(self) -> Handlers:
         return {

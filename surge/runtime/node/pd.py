@@ -12,6 +12,7 @@ the decode instance that policy picks, which adopts it (`instance_adopt`). Mutat
 stay parked until taken. Composed into `AgentInstances` (`runtime/node/instances.py`).
 """
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from surge.errors import SurgeError
@@ -63,8 +64,13 @@ def step_and_park(inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, st
 class AgentPd:
     """`instance_role` and `instance_handoff` over the node's local instances."""
 
-    def __init__(self, instances: dict[str, LocalInstance]) -> None:
+    def __init__(
+        self, instances: dict[str, LocalInstance], kv_charge: Callable[[str], float]
+    ) -> None:
         self.instances = instances
+        self.kv_charge = kv_charge
+        """Model -> how its K/V frames are paced (`Connection.send`'s `pace`): under GPU-time
+        emulation the K/V's own byte ratio, not the weights' the links are scaled for."""
 
     def _instance(self, name: str) -> LocalInstance:
         inst = self.instances.get(name)
@@ -93,4 +99,6 @@ class AgentPd:
         parked = inst.parked.pop(op.req_id, None)
         if parked is None:
             raise SurgeError(f"request {op.req_id} is not parked on {op.instance}")
-        await conn.send(ok_header(parked.reply), parked.payload)
+        # Paced as the emulated model's K/V (at 1, a 7B hand-off took 17x its time: 0.61 s
+        # per leg instead of 37 ms, and P/D decode starved: docs/emulation.md).
+        await conn.send(ok_header(parked.reply), parked.payload, self.kv_charge(inst.model))
