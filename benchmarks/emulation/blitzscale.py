@@ -201,7 +201,7 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
                 {
                     k: v
                     for k, v in out[system].items()
-                    if k not in ("ttfts_s", "instances_timeline")
+                    if k not in ("ttfts_s", "instances_timeline", "request_timeline")
                 },
             )
             save_partial(args, out, staging=staging)

@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks.common import machine, make_cluster
 from benchmarks.emulation.lambdascale import violations
-from benchmarks.emulation.timeline import scale_out_timeline
+from benchmarks.emulation.timeline import request_timeline, scale_out_timeline
 from surge.control.controller import Controller, ControllerConfig
 from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
@@ -336,9 +336,11 @@ async def serve_workload(
         m = ctl.metrics
         events += [seen.queue.get_nowait() for _ in range(seen.queue.qsize())]
         bus_t0 = ctl.events.t0
-        timeline = scale_out_timeline(
-            events, lambda t_s: clock.of_real(bus_t0 + t_s) - start, egress
-        )
+
+        def emulated_s(t_s: float) -> float:
+            return clock.of_real(bus_t0 + t_s) - start
+
+        timeline = scale_out_timeline(events, emulated_s, egress)
         scale_outs = {
             s.labels["start"]: s.value
             for metric in m.scale_outs.collect()
@@ -373,6 +375,7 @@ async def serve_workload(
             "ttfts_s": sorted(round(x, 4) for x in ttft),
             "instances_timeline": [[round(t, 3), n] for t, n in held[:: max(1, len(held) // 200)]],
             "scale_out_timeline": timeline,
+            "request_timeline": request_timeline(reqs, start),
             "peak_handoffs_in_flight": pd.peak_in_flight if pd else 0,
             "emulation": {
                 "steps": steps,

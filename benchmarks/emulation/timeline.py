@@ -5,13 +5,42 @@ In: the timeline events a `Controller` published during a replay (`surge/events.
 stamps to emulated seconds, and samples of each node's outgoing P/D K/V hand-offs. Out: one
 row per scale-out for the benchmark's JSON (`serving.serve_workload`), so a late or slow
 scale-out shows where its time went: the decision, the multicast's blocks, the instance up,
-and whether its sources' NICs also carried K/V.
+and whether its sources' NICs also carried K/V. `request_timeline` does
+the same for each request (queued, routed, first and second token: under P/D the second
+comes after the hand-off, so a parked request shows).
 """
 
 from collections.abc import Callable
 from typing import Any
 
-from surge.events import BlockLanded, InstanceUp, ScaleOutDone, ScaleOutStarted, TimelineEvent
+from surge.events import (
+    BlockLanded,
+    InstanceUp,
+    ScaleOutDone,
+    ScaleOutStarted,
+    TimelineEvent,
+)
+from surge.runtime.request import ServeRequest
+
+
+def request_timeline(reqs: list[ServeRequest], start: float) -> list[list[Any]]:
+    """Per request, in emulated s from `start` (None: never): arrival, routed to an
+    endpoint, first token, second token, done, and the endpoints it went to."""
+
+    def at(t: float | None) -> float | None:
+        return None if t is None else round(t - start, 3)
+
+    return [
+        [
+            at(r.arrival_t),
+            at(r.dispatched_t),
+            at(r.first_token_t),
+            at(r.token_times[1] if len(r.token_times) > 1 else None),
+            at(r.done_t),
+            list(r.hops),
+        ]
+        for r in reqs
+    ]
 
 
 def scale_out_timeline(
