@@ -1,12 +1,14 @@
-"""`surge::gemv_row`: batch-1 projections through surge's own AVX2 kernel (`csrc/gemv_row.cpp`).
+"""`surge::gemv_row`: decode projections of 1-8 rows through surge's kernel (`csrc/gemv_row.cpp`).
 
-Why: a batch-1 decode step is one-row projections over every weight, memory-bound. MKL's
-sgemv on the stored `[in, out]` layout reads 24-27 GB/s with one thread on this project's
-VM, where a tensor sum reads ~40 GB/s; the kernel (the output row in cached chunks, eight
-weight rows streamed into it at a time) reads 39-41 GB/s on the 100mb preset's shapes. It
-can split output columns over torch's intra-op threads (`at::parallel_for`; the sums do not
-depend on the split), but the engine calls it at one thread only (`usable`): at two, MKL's
-threaded gemv read faster on this VM's current host.
+Why: a decode step of a small batch is projections of a few rows over every weight,
+memory-bound: what counts is how fast the weights stream. The kernel folds eight weight rows
+at a time into the output rows, a cached chunk of columns at a time, with AVX-512 where the
+CPU has it (else AVX2); for 2-8 input rows every weight vector loaded serves all of them, so
+the weight streams once per call. It splits the weight's rows over torch's intra-op threads
+(`at::parallel_for` over twelve fixed row blocks, partial sums added in block order, so the
+sums do not depend on the thread count): each thread streams contiguous rows, which the
+prefetchers follow (the earlier split of the output columns gave each thread short strided
+runs and read slower at two threads than at one). The engine calls it at every thread count.
 
 What flows: `build()` compiles the C++ extension once per machine and source (~15 s;
 `setup.sh` runs it, as does `python -m surge.engine.gemv`) into a cache directory named by
@@ -16,10 +18,11 @@ an agent never waits at start-up for a build or for another process's build lock
 whether the op can run here: float32 on a CPU with AVX2 and FMA, the library built. The
 extension registers `surge::gemv_row(x, wt)` with the dispatcher itself (schema and CPU
 kernel), so a compiled decode graph's C++ wrapper calls it without Python; its shape
-function is registered here. Who uses it: `Linear.__call__` for every one-row float32 call
-on CPU, eager or inside a compiled decode step; `ModelRunner` (and an agent's engine import
-at start-up) call `load()`. Sums run in another order than MKL's: logits differ in the
-last bits, as inductor's already do (the engine tests check the tokens against HF's).
+function is registered here. Who uses it: `Linear.__call__` for every float32 call of up
+to `MAX_ROWS` rows on CPU, eager or inside a compiled decode step; `ModelRunner` (and an
+agent's engine import at start-up) call `load()`. Sums run in another order than MKL's:
+logits differ in the last bits, as inductor's already do (the engine tests check the tokens
+against HF's).
 """
 
 import hashlib
@@ -40,6 +43,9 @@ SOURCES = tuple(
 """The C++ sources of surge's CPU kernels, built into one library by torch's extension
 loader: `surge::gemv_row` and `surge::decode_attention` (`surge.engine.attention`)."""
 CFLAGS = ("-O3", "-mavx2", "-mfma")
+MAX_ROWS = 8
+"""Input rows one kernel call takes (`x` [rows, in]): a decode batch up to 8 streams each
+weight once for all its rows; more rows go to oneDNN's packed GEMM (`engine/linear.py`)."""
 STALE_LOCK_S = 600.0
 """A build lock older than this was left by a build that died (a build takes ~15 s):
 `build()` removes it rather than wait on it forever (torch's loader would)."""
@@ -161,14 +167,12 @@ def loaded() -> bool:
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, the weight
-    stored `[in, out]` (its transpose has unit column stride), the kernel loaded, torch on
-    one thread. At more threads MKL's gemv stays: on this VM's current host (quiet, SmolLM2's
-    projections, 2 threads) it read 20.0 GB/s against the threaded kernel's 10.9 (one thread:
-    15.8 against 12.5 here; on the earlier host the kernel led, 39-41 against 24-27)."""
+    stored `[in, out]` (its transpose has unit column stride), the kernel loaded. At any
+    thread count: the kernel splits the weight's rows over torch's threads."""
     return (
         _built
-        and torch.get_num_threads() == 1
-        and x.numel() == x.shape[-1]
+        and x.dim() >= 1
+        and 0 < x.numel() <= MAX_ROWS * x.shape[-1]
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.device.type == "cpu"

@@ -6,8 +6,9 @@ MKL's row-major sgemm is slow at the small row counts a decoding batch has (2-64
 repacks the weight on every call. oneDNN can keep a copy of the weight in its blocked layout
 (`mkldnn._reorder_linear_weight`) and multiply against it directly; measured on this project's
 2-core EPYC VM, one thread, a 100 MB Llama's 43 projections: 24.6 -> 18.8 ms at 8 rows and
-42.5 -> 36.0 ms at 32 rows (benchmarks/engine/vs_peers.py for end to end). At one row (batch-1
-decode) MKL's gemv on the plain view is as fast or faster, so one-row calls keep using it.
+42.5 -> 36.0 ms at 32 rows (benchmarks/engine/vs_peers.py for end to end). Calls of up to
+`gemv.MAX_ROWS` rows (decode) go to surge's own kernel on the plain view instead
+(`engine/gemv.py`), which streams the weight once for all rows; without it, MKL's gemv.
 
 Who owns what: the runner builds a `Linear` per weight when a block lands and, with
 `EngineConfig.pack_cpu_weights`, swaps in packed ones a few per batched step
@@ -89,17 +90,17 @@ class Linear:
         return Linear.of(self.weight, self.bias, pack=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # Rows first: a batch-1 graph then never reads `packed`, so packing, swapping it in,
-        # does not invalidate that graph.
+        # surge's kernel first: a decode batch of up to `gemv.MAX_ROWS` rows streams the
+        # weight once for all its rows (`engine/gemv.py`), faster than MKL's gemv at one row
+        # and oneDNN's packed GEMM at a few. Such graphs then never read `packed`, so
+        # packing, swapping it in, does not invalidate them.
+        if gemv.usable(x, self.weight):
+            y = torch.ops.surge.gemv_row(x, self.weight.t())
+            return y if self.bias is None else y + self.bias
         if x.numel() > x.shape[-1] and self.packed is not None:  # two or more rows
             if torch.compiler.is_compiling():
                 return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if gemv.usable(x, self.weight):
-            # One row (batch-1 decode): surge's kernel reads the weight faster than MKL's
-            # gemv (`engine/gemv.py`).
-            y = torch.ops.surge.gemv_row(x, self.weight.t())
-            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 

@@ -19,7 +19,7 @@ from surge.engine.linear import Linear, fuse_linears, split_linear
 
 @pytest.fixture(autouse=True)
 def _kernel() -> Iterator[None]:
-    """The kernel built, torch on one thread (where the engine uses it), restored after."""
+    """The kernel built, torch on one thread (unless a test sets more), restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -59,32 +59,69 @@ def test_a_column_slice_of_a_fused_projection_keeps_its_stride() -> None:
         torch.testing.assert_close(torch.ops.surge.gemv_row(x, wt), x @ orig.weight.t())
 
 
-def test_only_one_float32_row_of_a_stored_weight_is_usable() -> None:
+@pytest.mark.parametrize("rows", range(2, gemv.MAX_ROWS + 1))
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (1000, 97), (13, 8)])
+def test_a_small_batch_streams_the_weight_once_with_mkls_sums(
+    rows: int, out_features: int, in_features: int
+) -> None:
+    """Up to `MAX_ROWS` input rows (a decode batch) in one call, every row MKL's numbers,
+    at one thread and at two (the threaded row blocks)."""
+    w = _stored(out_features, in_features, seed=rows)
+    x = torch.randn(rows, 1, in_features)  # [batch, 1 token, hidden], as a decode step has
+    assert gemv.usable(x, w)
+    ref = torch.nn.functional.linear(x, w)
+    got = torch.ops.surge.gemv_row(x, w.t())
+    assert got.shape == ref.shape == (rows, 1, out_features)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+    torch.set_num_threads(2)
+    assert torch.equal(torch.ops.surge.gemv_row(x, w.t()), got)
+
+
+def test_only_a_few_float32_rows_of_a_stored_weight_are_usable() -> None:
     w = _stored(16, 8, seed=0)
     assert gemv.usable(torch.randn(1, 8), w)
-    assert not gemv.usable(torch.randn(2, 8), w)  # two rows: packed/MKL
+    assert gemv.usable(torch.randn(gemv.MAX_ROWS, 8), w)
+    assert not gemv.usable(torch.randn(gemv.MAX_ROWS + 1, 8), w)  # more rows: packed/MKL
     assert not gemv.usable(torch.randn(1, 8), w.contiguous())  # not the stored layout
     assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
 
 
-def test_every_thread_count_uses_the_kernel_with_the_same_sums() -> None:
-    """The kernel splits output columns over torch's threads, and each column's sum is the
-    same whatever the split; the engine calls it at one thread only (MKL is faster at more
-    on this VM's current host)."""
+@pytest.mark.parametrize(("out_features", "in_features"), [(3000, 600), (960, 576), (576, 1536)])
+def test_every_thread_count_uses_the_kernel_with_the_same_sums(
+    out_features: int, in_features: int
+) -> None:
+    """The kernel splits the weight's rows over torch's threads in fixed blocks, so each
+    column's sum is the same whatever the thread count; the engine uses it at every count
+    (at two threads it used to keep MKL's gemv, the kernel's column split reading slower)."""
     before = torch.get_num_threads()
-    w = _stored(3000, 600, seed=1)  # above the one-thread floor, several column slices
-    x = torch.randn(1, 600)
+    w = _stored(out_features, in_features, seed=1)  # above the one-thread floor
+    x = torch.randn(1, in_features)
     try:
         torch.set_num_threads(1)
         one = torch.ops.surge.gemv_row(x, w.t())
-        for threads in (2, 3):
+        for threads in (2, 3, 4):
             torch.set_num_threads(threads)
-            assert not gemv.usable(x, w)  # the engine keeps MKL's threaded gemv there
+            assert gemv.usable(x, w)
             assert torch.equal(torch.ops.surge.gemv_row(x, w.t()), one)
         torch.testing.assert_close(one, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
         gemv.load()
+
+
+def test_a_column_slice_keeps_its_stride_in_the_row_blocks() -> None:
+    """A part of a fused projection large enough for the threaded row blocks."""
+    q, k, v = (Linear(_stored(n, 576, seed=n)) for n in (576, 192, 192))
+    parts = split_linear(fuse_linears([q, k, v]), [576, 192, 192])
+    x = torch.randn(1, 576)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for part, orig in zip(parts, (q, k, v), strict=True):
+            got = torch.ops.surge.gemv_row(x, part.weight.t())
+            torch.testing.assert_close(got, x @ orig.weight.t(), rtol=1e-5, atol=1e-4)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_compiled_one_row_projection_calls_the_kernel() -> None:
@@ -108,7 +145,7 @@ def test_a_compiled_one_row_projection_calls_the_kernel() -> None:
     torch.testing.assert_close(got, torch.nn.functional.linear(x, lin.weight, lin.bias))
 
 
-def test_an_eager_one_row_projection_calls_the_kernel(monkeypatch) -> None:
+def test_an_eager_projection_of_a_few_rows_calls_the_kernel(monkeypatch) -> None:
     lin = Linear(_stored(48, 32, seed=2))
     calls = []
     real = torch.ops.surge.gemv_row
@@ -120,8 +157,9 @@ def test_an_eager_one_row_projection_calls_the_kernel(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.ops.surge, "gemv_row", Spy())
     lin(torch.randn(1, 32))
-    lin(torch.randn(3, 32))  # three rows: MKL
-    assert calls == [(32, 48)]
+    lin(torch.randn(3, 32))  # a small batch: the kernel too
+    lin(torch.randn(gemv.MAX_ROWS + 1, 32))  # more rows: MKL
+    assert calls == [(32, 48), (32, 48)]
 
 
 def test_load_never_compiles_and_reports_the_kernel_missing(tmp_path: Path) -> None:
