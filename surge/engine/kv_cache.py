@@ -210,7 +210,8 @@ class PagedKVCache:
         return AttnContext(
             cos=cos,
             sin=sin,
-            write_slots=torch.arange(first, first + batch_size, device=self.device),
+            # A batch larger than a page writes some scratch slots twice: never read back.
+            write_slots=first + torch.arange(batch_size, device=self.device) % self.page_size,
             valid_index=None,
             gather_pages=torch.full((batch_size, 2), self.scratch_page, device=self.device),
             page_size_tokens=self.page_size,

@@ -22,8 +22,9 @@ from surge.errors import SurgeError
 from surge.model.manifest import read_manifest
 
 MAX_GRAPHS = 2
-"""Batch 1 and batch >= 2 (compiled in the background once the weights are packed; packing
-no longer changes the batch-1 graph, and a step always gathers 2+ pages)."""
+"""Batch 1 and batches 2-8 (compiled in the background once the weights are packed; packing
+changes neither, their projections being surge's kernel, and a step always gathers 2+
+pages); a batch above 8 adds a third when it first comes."""
 
 
 def test_compile_decode_is_validated() -> None:
@@ -59,6 +60,31 @@ def test_compiled_decode_matches_eager_with_few_graphs(tiny_store: Path) -> None
     assert graph.num_compiles == MAX_GRAPHS
     # A full local runner decodes token ids to logits in one graph (embedding and head in it).
     assert graph.num_model_calls == graph.num_calls
+
+
+def test_a_batch_above_the_kernels_rows_gets_its_own_graph(tiny_store: Path) -> None:
+    """A graph of batches 2-8 guards on at most `gemv.MAX_ROWS` rows (surge's kernel); a
+    larger batch gets a third graph, compiled in the background when it first comes, and
+    runs it from then on with the eager path's tokens (one graph for every batch >= 2 made
+    larger batches refuse on every step until decode stayed eager for good)."""
+    from surge.engine import gemv
+
+    base = {"pack_min_hidden_size": 1, "page_size_tokens": 8}
+    n = gemv.MAX_ROWS + 2
+    prompts = [[5 + (i * 7 + j) % 50 for j in range(3 + i)] for i in range(n)]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    eager = LLMEngine(read_manifest(tiny_store), EngineConfig(compile_decode=False, **base))
+    want = [c.token_ids for c in eager.generate(prompts, params)]
+    engine = LLMEngine(read_manifest(tiny_store), EngineConfig(compile_decode=True, **base))
+    graph = engine.executor.runner.decode_graph
+    assert graph is not None and graph.wait(timeout_s=600) and graph.error is None
+    first = [c.token_ids for c in engine.generate(prompts, params)]  # starts the third graph
+    assert graph.wait(timeout_s=600) and graph.error is None
+    eager_steps, calls = graph.num_eager_steps, graph.num_calls
+    again = [c.token_ids for c in engine.generate(prompts, params)]
+    assert first == again == want
+    assert graph.num_eager_steps == eager_steps  # every decode step ran a graph
+    assert graph.num_calls == calls + params.max_tokens - 1
 
 
 def test_compiled_stages_match_eager(tiny_store: Path) -> None:
