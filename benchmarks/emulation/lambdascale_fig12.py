@@ -72,7 +72,7 @@ def plan_of(name: str) -> tuple[SystemConfig, str, str, str]:
     if name == "serverlessllm-ssd":
         sllm = replace(system_config("serverlessllm"), host_cache="none")
         return sllm, LOAD_THEN_SERVE, "disk", "serverlessllm"
-    raise SystemExit(f"error: unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
 
 
 def run_emulated(args, tmp: Path, manifest: Manifest, emulation: Emulation, name: str) -> dict:
@@ -178,6 +178,9 @@ def report_cell(report: dict) -> list[dict]:
         f"{report['time_dilation']:g}, {report['requests']} requests): all first tokens "
         f"λScale {lam} s; {ratios}; NCCL as chain + group set-up, not gloo"
     )
+    missing = [n for n in SYSTEMS if n not in report["systems"]]
+    if missing:
+        text += f"; not run: {', '.join(missing)}"
     return [{"paper": "λScale", "figure": "Fig. 12", "emulated": text}]
 
 
@@ -204,13 +207,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     names = args.systems.split(",")
     for n in names:
-        plan_of(n)
+        try:
+            plan_of(n)
+        except ValueError as exc:
+            ap.error(f"--systems: {exc}")  # one `error:` line, exit 2
     config = EmulationConfig.parse(args.emulate, args.time_dilation)
     report: dict = {"systems": {}}
     if args.resume and args.json.exists():
         report = json.loads(args.json.read_text())
         if report.get("time_dilation") != args.time_dilation or report.get("nodes") != args.nodes:
-            raise SystemExit("error: --resume needs the JSON's --time-dilation and --nodes")
+            ap.error("--resume needs the JSON's --time-dilation and --nodes (or a new --json)")
     report.update(
         label="EMULATED: real agents paced as the emulated cluster (docs/emulation.md)",
         emulate=config.spec,

@@ -1,0 +1,46 @@
+"""λScale Fig. 12 on the emulation (`benchmarks/emulation/lambdascale_fig12.py`): each system's
+all-served time over λScale's, emulated and simulated, the simulator's error, the emulated
+order, and a report cell that names what was not run."""
+
+import pytest
+
+from benchmarks.emulation.lambdascale_fig12 import SYSTEMS, plan_of, report_cell, summarize
+
+
+def _run(emulated_s: float, simulated_s: float) -> dict:
+    def body(t: float) -> dict:
+        return {"ttft_max_s": t, "ttft_p50_s": t / 2, "ttft_p90_s": t * 0.9}
+
+    emu = body(emulated_s) | {"emulation": {"violation_rate": 0.0}}
+    return {"emulated": emu, "simulated": body(simulated_s)}
+
+
+def test_ratios_errors_order_and_what_was_not_run() -> None:
+    report = {
+        "emulate": "lambdascale-testbed1:llama2-13b",
+        "nodes": 12,
+        "time_dilation": 80.0,
+        "requests": 50,
+        "systems": {
+            "lambdascale": _run(0.5, 0.45),
+            "faasnet": _run(1.0, 1.1),
+            "nccl": _run(0.7, 0.7),
+        },
+    }
+    report["summary"] = s = summarize(report)
+    assert s["over_lambdascale"]["emulated"] == {"faasnet": 2.0, "nccl": 1.4}
+    assert s["over_lambdascale"]["simulated"]["faasnet"] == pytest.approx(1.1 / 0.45, abs=1e-3)
+    assert s["sim_error"]["lambdascale"]["ttft_max_s"] == pytest.approx(-0.1)
+    assert s["order_emulated"] == ["lambdascale", "nccl", "faasnet"]
+    (cell,) = report_cell(report)
+    assert (cell["paper"], cell["figure"]) == ("λScale", "Fig. 12")
+    assert "EMULATED" in cell["emulated"] and "not run: serverlessllm-ssd" in cell["emulated"]
+
+
+def test_every_system_has_a_plan_and_an_unknown_one_is_refused() -> None:
+    modes = {name: plan_of(name)[1] for name in SYSTEMS}
+    assert modes["lambdascale"] == "execute_while_load"
+    assert plan_of("nccl")[0].group_setup_s > 0  # the communicator's creation
+    assert plan_of("serverlessllm-ssd")[2] == "disk"
+    with pytest.raises(ValueError, match="unknown system"):
+        plan_of("tetris")
