@@ -47,7 +47,7 @@ def _blitzscale_6_1(doc: dict) -> dict[str, str]:
     def cell(other: str) -> str:
         e = (emu.get(other) or {}).get("ttft_mean_s")
         s = (sim.get(other) or {}).get("ttft_mean_s")
-        return f"{other} {e}x (sim {s}x)"
+        return f"{other} {e}x (sim {s}x)" if e is not None else f"{other} not run (sim {s}x)"
 
     return {
         "BlitzScale|§6.1 Fig. 13 7b-azurecode": f"{_head(doc)}, {doc.get('requests')} "
