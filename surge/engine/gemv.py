@@ -166,11 +166,15 @@ def loaded() -> bool:
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight.T` may go through the kernel: one row, float32 on CPU, the weight
-    stored `[in, out]` (its transpose has unit column stride), the kernel loaded. At any
-    thread count: the kernel splits the weight's rows over torch's threads."""
+    """Whether `x @ weight.T` may go through the kernel: 1 to `MAX_ROWS` rows, float32 on
+    CPU, the weight stored `[in, out]` (its transpose has unit column stride), the kernel
+    loaded, torch on one thread. At more threads MKL's gemv and oneDNN stay: on an idle box
+    (engine_vs_peers 2026-11-28 05:48, SmolLM2's projections, 2 threads) MKL's gemv read
+    27.6 GB/s against the row-block kernel's 14.9 (under load the kernel led by 10-35x:
+    MKL's threads stall behind other work; users' numbers are quiet ones)."""
     return (
         _built
+        and torch.get_num_threads() == 1
         and x.dim() >= 1
         and 0 < x.numel() <= MAX_ROWS * x.shape[-1]
         and x.dtype == torch.float32
