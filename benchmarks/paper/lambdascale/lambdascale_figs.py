@@ -50,7 +50,7 @@ from surge.traces.request import make_trace
 log = logging.getLogger("lambdascale_figs")
 PAPER = "λScale"
 TB1 = "lambdascale-testbed1"
-MULTICAST_JSON = Path(__file__).resolve().parents[1] / "results" / "scaleout" / "multicast.json"
+MULTICAST_JSON = Path(__file__).resolve().parents[2] / "results" / "scaleout" / "multicast.json"
 RAMP_SHARE = 0.8
 """A ramp ends when the token rate (averaged over SMOOTH_BINS) first reaches this share of
 the best rate any system reaches on the same load (the full cluster serving)."""
