@@ -2,11 +2,13 @@
 agent's disk tier with a store without copying it, and the cluster to run on
 (`--cluster loopback`: agents on 127.0.0.1 with token-bucket caps; `--cluster netns`: agents
 in network namespaces with tc-shaped links and a CPU quota each, see docs/testbed.md), and
-where a run's CPU goes (`cpu_s`, `cores_during`: per process, from /proc)."""
+where a run's CPU goes (`cpu_s`, `cores_during`: per process, from /proc), and which code a
+run measured (`code_version`)."""
 
 import argparse
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,27 @@ from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
 from surge.model.tiny import TinyModelConfig
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+
+
+def code_version() -> dict[str, Any]:
+    """The commit a run measured and whether `surge/` differed from it (a result written in
+    several sittings says per run which code it came from); None where git is absent."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*cmd: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *cmd], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    changes = git("status", "--porcelain", "--", "surge")
+    return {
+        "commit": git("rev-parse", "--short=7", "HEAD"),
+        "surge_modified": None if changes is None else bool(changes),
+    }
 
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:

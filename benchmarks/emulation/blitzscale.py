@@ -137,7 +137,9 @@ def simulated(args, config: EmulationConfig, wl: Workload) -> dict:
 
 def ratios(res: dict, base: str = "blitzscale") -> dict:
     keys = ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tbt_mean_s", "tbt_p50_s")
-    b = res[base]
+    b = res.get(base)
+    if b is None:  # a first sitting that ran only the baselines: nothing to divide by yet
+        return {}
     return {
         n: {k: round(b[k] / r[k], 3) if b.get(k) and r.get(k) else None for k in keys}
         for n, r in res.items()

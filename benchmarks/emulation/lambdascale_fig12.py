@@ -23,22 +23,26 @@ token (`ttft_max_s`). NOT the issue's NCCL: that asks a real `torch.distributed`
 broadcast over the shaped links; this one is the NCCL baseline as the simulator models it
 (the planner's chain plus the group creation), carried out by the runtime's block multicast.
 
-Usage (one sitting per system, `--resume` adds to the JSON):
+Usage (one sitting per system, `--resume` adds to the JSON; a system may run at its own D,
+each run records its own):
     python -m benchmarks.emulation.lambdascale_fig12 --systems lambdascale \\
         --json benchmarks/results/emulation/emulation_lambdascale_fig12.json
     python -m benchmarks.emulation.lambdascale_fig12 --systems nccl,faasnet --resume ...
+    python -m benchmarks.emulation.lambdascale_fig12 --systems serverlessllm-ssd \\
+        --time-dilation 40 --resume ...   # its disk load is ~7 real min at D = 80
 """
 
 import argparse
 import asyncio
 import json
 import logging
+import os
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, machine, make_cluster
+from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
 from benchmarks.emulation.lambdascale import real_model, shrunk_cluster, violations
 from benchmarks.emulation.serving import stage
 from benchmarks.scaleout.burst_run import LOAD_THEN_SERVE, MODEL, burst
@@ -107,7 +111,10 @@ def run_emulated(args, tmp: Path, manifest: Manifest, emulation: Emulation, name
         "violation_rate": round(bad / total, 4) if total else None,
         "real_wall_s": round(wall, 2),
         "staging_real_s": round(staged_s, 2),
+        "time_dilation": args.time_dilation,
+        "load_average_end": os.getloadavg(),
     }
+    out["code"] = code_version()
     log.info(
         "emulated %s: all first tokens %.3f s, violations %d/%d",
         name,
@@ -162,7 +169,22 @@ def summarize(report: dict) -> dict:
     out["violation_rate"] = {
         n: r["emulated"]["emulation"]["violation_rate"] for n, r in runs.items()
     }
+    out["time_dilation"] = {n: dilation(report, n) for n in runs}
     return out
+
+
+def dilations(report: dict) -> str:
+    """'80' or '80, serverlessllm-ssd at 40': the JSON's D and each run's own where it differs."""
+    base = report["time_dilation"]
+    own = [f", {n} at {d:g}" for n in report["systems"] if (d := dilation(report, n)) != base]
+    return f"{base:g}{''.join(own)}"
+
+
+def dilation(report: dict, name: str) -> float:
+    """The D `name` ran at (runs from before the per-run record ran at the JSON's D)."""
+    return report["systems"][name]["emulated"]["emulation"].get(
+        "time_dilation", report["time_dilation"]
+    )
 
 
 def report_cell(report: dict) -> list[dict]:
@@ -175,7 +197,7 @@ def report_cell(report: dict) -> list[dict]:
     )
     text = (
         f"EMULATED ({report['emulate']}, {report['nodes']} agents, dilation "
-        f"{report['time_dilation']:g}, {report['requests']} requests): all first tokens "
+        f"{dilations(report)}, {report['requests']} requests): all first tokens "
         f"λScale {lam} s; {ratios}; NCCL as chain + group set-up, not gloo"
     )
     missing = [n for n in SYSTEMS if n not in report["systems"]]
@@ -212,15 +234,16 @@ def main() -> None:
         except ValueError as exc:
             ap.error(f"--systems: {exc}")  # one `error:` line, exit 2
     config = EmulationConfig.parse(args.emulate, args.time_dilation)
-    report: dict = {"systems": {}}
+    report: dict = {"systems": {}, "time_dilation": args.time_dilation}
     if args.resume and args.json.exists():
         report = json.loads(args.json.read_text())
-        if report.get("time_dilation") != args.time_dilation or report.get("nodes") != args.nodes:
-            ap.error("--resume needs the JSON's --time-dilation and --nodes (or a new --json)")
+        if report.get("nodes") != args.nodes or report.get("emulate") != config.spec:
+            ap.error("--resume needs the JSON's --nodes and --emulate (or a new --json)")
+        # A system may run at its own D (each run records it; times are emulated seconds
+        # either way): ServerlessLLM-SSD's disk load is pure pacing, ~7 real min at D = 80.
     report.update(
         label="EMULATED: real agents paced as the emulated cluster (docs/emulation.md)",
         emulate=config.spec,
-        time_dilation=args.time_dilation,
         nodes=args.nodes,
         blocks=args.blocks,
         requests=args.requests,
@@ -276,7 +299,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("all requests' first token (emulated s)")
     ax.legend()
     ax.set_title(
-        f"EMULATED {report['emulate']}, {report['nodes']} agents, D={report['time_dilation']:g}, "
+        f"EMULATED {report['emulate']}, {report['nodes']} agents, D={dilations(report)}, "
         f"{report['requests']} requests, 1 warm instance (λScale Fig. 12)"
     )
     fig.tight_layout()

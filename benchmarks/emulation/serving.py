@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import machine, make_cluster
+from benchmarks.common import code_version, machine, make_cluster
 from benchmarks.emulation.lambdascale import violations
 from benchmarks.emulation.timeline import request_timeline, scale_out_timeline
 from surge.control.controller import Controller, ControllerConfig
@@ -385,6 +385,7 @@ async def serve_workload(
             "setup_real_s": round(setup_real_s, 1),
             "replay_real_s": round(time.monotonic() - real0, 1),
             "load_average": os.getloadavg(),
+            "code": code_version(),
         }
     finally:
         with contextlib.suppress(

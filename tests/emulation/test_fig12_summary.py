@@ -37,6 +37,25 @@ def test_ratios_errors_order_and_what_was_not_run() -> None:
     assert "EMULATED" in cell["emulated"] and "not run: serverlessllm-ssd" in cell["emulated"]
 
 
+def test_a_system_run_at_its_own_dilation_says_so() -> None:
+    """ServerlessLLM-SSD's disk load is pure pacing: it may run at a lower D than the rest
+    (resumed into the same JSON); the summary, the cell and the figure name each D."""
+    ssd = _run(4.0, 3.6)
+    ssd["emulated"]["emulation"]["time_dilation"] = 40.0
+    report = {
+        "emulate": "lambdascale-testbed1:llama2-13b",
+        "nodes": 12,
+        "time_dilation": 80.0,
+        "requests": 50,
+        "systems": {"lambdascale": _run(0.5, 0.45), "serverlessllm-ssd": ssd},
+    }
+    report["summary"] = s = summarize(report)
+    assert s["time_dilation"] == {"lambdascale": 80.0, "serverlessllm-ssd": 40.0}
+    assert s["over_lambdascale"]["emulated"] == {"serverlessllm-ssd": 8.0}
+    (cell,) = report_cell(report)
+    assert "dilation 80, serverlessllm-ssd at 40," in cell["emulated"]
+
+
 def test_every_system_has_a_plan_and_an_unknown_one_is_refused() -> None:
     modes = {name: plan_of(name)[1] for name in SYSTEMS}
     assert modes["lambdascale"] == "execute_while_load"
