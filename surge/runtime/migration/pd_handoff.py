@@ -157,7 +157,10 @@ class PdServing:
         """A hand-off's `nbytes` of K/V go to `target` from `source_node` (None: from here):
         their time alone on the link they arrive through (a host mate's fast link, else
         its NIC; uncapped: none), as the simulator counts it (`PdPool.handed`); paced bytes
-        (`kv_pace`: under GPU-time emulation the link caps are scaled for weight bytes)."""
+        (`kv_pace`: under GPU-time emulation the link caps are scaled for weight bytes),
+        in the serving clock's seconds (the caps are real: emulated ones D times slower, so
+        a link-second of them is 1/D emulated second — counted as real, every hand-off
+        looked D times the incast it is and every new baseline instance joined as decode)."""
         into = self.links.get(target.node, NodeLinks())
         src = self.links.get(source_node, NodeLinks()) if source_node is not None else None
         if src is not None and into.host is not None and src.host == into.host:
@@ -166,7 +169,7 @@ class PdServing:
             gbps = into.ingress_gbps
         if gbps:
             sent = self._ingress.setdefault(target.name, deque())
-            link_s = nbytes * self.kv_pace * 8 / (gbps * 1e9)
+            link_s = self.server.clock.of_real(nbytes * self.kv_pace * 8 / (gbps * 1e9))
             sent.append((self.server.clock.now_s(), link_s))
 
     def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]:
