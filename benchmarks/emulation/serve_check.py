@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.common import code_version
 from surge.runtime.launch import netns
 
 log = logging.getLogger("serve_check")
@@ -306,6 +307,7 @@ def check_one(name: str, sc: Scenario, store: Path, args: argparse.Namespace) ->
             if args.keep_logs is not None:
                 args.keep_logs.mkdir(parents=True, exist_ok=True)
                 (args.keep_logs / f"{name}.log").write_text(log_path.read_text())
+    out["code"] = code_version()
     out["wall_s"] = round(time.monotonic() - t0, 1)
     out["load_average"] = {"start": load_start, "end": os.getloadavg()}
     out["mechanism_shown"] = out.get("counter_value", 0) >= 1
@@ -326,6 +328,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep-logs", type=Path, default=None, help="copy serve's logs here")
     ap.add_argument("--json", type=Path, default=RESULT)
     args = ap.parse_args(argv)
+    # A `timeout` or kill(1) unwinds like Ctrl-C: the running check stops its server first.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     missing = netns.missing_requirements()
