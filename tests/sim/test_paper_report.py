@@ -130,6 +130,16 @@ def test_every_source_module_has_report_rows() -> None:
         assert callable(importlib.import_module(module).report_rows), module
 
 
+def test_inputs_a_reproduction_reads_from_other_benchmarks_exist() -> None:
+    """Paths into benchmarks/results that a reproduction reads (the per-paper folders moved
+    the scripts one level down; lambdascale_figs.py then read a path that did not exist)."""
+    import importlib
+
+    figs = importlib.import_module("lambdascale_figs")
+    assert figs.MULTICAST_JSON.is_file(), figs.MULTICAST_JSON
+    assert importlib.import_module("flexpipe_figs").CV_JSON.is_file()
+
+
 def test_the_committed_results_give_each_figure_one_row_and_each_miss_a_cause() -> None:
     """The real result files: no figure twice (a row moved between scripts stays one row)
     and no miss without its measured cause, as the issue asks of REPORT.md."""
