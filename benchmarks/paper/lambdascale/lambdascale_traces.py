@@ -150,6 +150,8 @@ FIG14_COUNTERFACTUALS = {
     "serverlessllm-fig12start": lambda: replace(
         system_config("serverlessllm"), init_s=sllm_start_from_fig12()
     ),
+    # ... and at its most favourable bound, no engine start: what the orderings rest on
+    "serverlessllm-init0": lambda: replace(system_config("serverlessllm"), init_s=0.0),
 }
 """Fig. 14's measured causes (azure-code only): change one assumption per baseline."""
 
@@ -193,6 +195,12 @@ def multi_model() -> dict:
     scn = load_scenario("lambdascale-multi")
     trace = build_trace(scn)
     res = {name: run_scenario(scn, trace, name)[0] for name in scn.systems}
+    if "serverlessllm" in scn.systems:  # S-LLM with no engine start and with the one Fig. 12
+        # implies (its shipped 0.5 s is not in the λScale paper): what the row rests on
+        sllm = scn.system("serverlessllm")
+        for key, init_s in (("init0", 0.0), ("fig12start", sllm_start_from_fig12())):
+            cfg = replace(sllm, init_s=init_s)
+            res[f"serverlessllm-{key}"] = run(trace, scn.settings("serverlessllm"), cfg)[0]
     return {"scenario": scn.name, "requests": trace.num_requests, **_savings(res)}
 
 
@@ -236,7 +244,19 @@ def report_rows(doc: dict) -> list[dict]:
     if "saving_vs_serverlessllm-fig12start" in code:  # S-LLM's start derived, not shipped
         save["serverlessllm"] = code["saving_vs_serverlessllm-fig12start"]
     p99 = {k: code[f"p99_ttft_ratio_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
+    shipped_p99 = p99["serverlessllm"]
+    if "p99_ttft_ratio_serverlessllm-fig12start" in code:  # judged as Fig. 14 is
+        p99["serverlessllm"] = code["p99_ttft_ratio_serverlessllm-fig12start"]
     mp99 = {k: mm[f"p99_ttft_ratio_{k}"] for k in ("faasnet", "nccl", "serverlessllm")}
+    shipped_mp99 = mp99["serverlessllm"]
+    if "p99_ttft_ratio_serverlessllm-fig12start" in mm:  # judged as Fig. 14 is
+        mp99["serverlessllm"] = mm["p99_ttft_ratio_serverlessllm-fig12start"]
+    nan = float("nan")
+    at0 = {
+        "saving": code.get("saving_vs_serverlessllm-init0", nan),
+        "p99": code.get("p99_ttft_ratio_serverlessllm-init0", nan),
+        "multi_p99": mm.get("p99_ttft_ratio_serverlessllm-init0", nan),
+    }
     return [
         row(
             "λScale",
@@ -287,7 +307,8 @@ def report_rows(doc: dict) -> list[dict]:
             f"{shipped:.1%} -> {code['saving_vs_serverlessllm-ssd']:.1%}; FaaSNet "
             f"keeping one instance: vs FaaSNet {save['faasnet']:.1%} -> "
             f"{code['saving_vs_faasnet-keep1']:.1%} (paper 31.3% / 17.8%: BurstGPT, not in "
-            "shared/traces).",
+            "shared/traces). The saving vs S-LLM rests on S-LLM's engine start, which the "
+            f"λScale paper does not give: with none, {at0['saving']:.1%}.",
         ),
         row(
             "λScale",
@@ -295,8 +316,14 @@ def report_rows(doc: dict) -> list[dict]:
             "TTFT CDF on the bursty trace: λScale ahead of every baseline",
             "ordering only",
             "p99 TTFT FaaSNet / NCCL / S-LLM over λScale: "
-            + " / ".join(f"{v:.2f}x" for v in p99.values()),
+            + " / ".join(f"{v:.2f}x" for v in p99.values())
+            + f" (S-LLM's start derived from Fig. 12; shipped 0.5 s {shipped_p99:.2f}x, "
+            f"none {at0['p99']:.2f}x)",
             ordering=min(p99.values()) > 1,
+            cause="The lead over S-LLM rests on S-LLM's engine start (derived from Fig. 12, "
+            "as Fig. 14 is judged): with none the two tie (p99 "
+            f"{at0['p99']:.2f}x); FaaSNet and NCCL fall back to SSD after the trace's "
+            "empty minutes whatever the start.",
         ),
         row(
             "λScale",
@@ -304,10 +331,15 @@ def report_rows(doc: dict) -> list[dict]:
             "up to 5x lower tail latency (abstract, §7.5)",
             "5x",
             "`lambdascale-multi`: p99 TTFT FaaSNet / NCCL / S-LLM over λScale "
-            + " / ".join(f"{v:.2f}x" for v in mp99.values()),
+            + " / ".join(f"{v:.2f}x" for v in mp99.values())
+            + f" (S-LLM's start derived from Fig. 12; shipped 0.5 s {shipped_mp99:.2f}x, none "
+            f"{at0['multi_p99']:.2f}x)",
             ordering=min(mp99.values()) > 1,
             sim_value=mp99["serverlessllm"],
             paper_value=5.0,
+            cause="Judged, as Fig. 14, with S-LLM's engine start derived from Fig. 12 (the "
+            "λScale paper gives none); the ratio rests on it (within 20% at the derived "
+            "3.0 s and the shipped 0.5 s, not at 0), the ordering does not.",
         ),
     ]
 
