@@ -167,23 +167,17 @@ class Reference:
         return self.many([prompt], max_tokens)[0]
 
     def many(self, prompts: list[str], max_tokens: int) -> list[str]:
-        import torch
-
         from surge.engine.sampling import SamplingParams
+        from tests.engine.reference import one_torch_thread
 
         todo = list(dict.fromkeys(p for p in prompts if (p, max_tokens) not in self.cache))
         if todo:
-            # One torch thread: on a loaded 2-core host every op of a 2-thread run waits a
-            # scheduling slice for its second thread (measured at load 13: 20 prompts x 100
-            # tokens 125.7 s at 2 threads, 5.7 s at 1). The tokens are the same: the cluster,
-            # at torch's default threads, must equal them token for token.
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
+            # One torch thread (measured at load 13: 20 prompts x 100 tokens 125.7 s at 2
+            # threads, 5.7 s at 1). The tokens are the same: the cluster, at torch's default
+            # threads, must equal them token for token.
+            with one_torch_thread():
                 params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
                 outs = self.engine.generate([self.tok.encode(p).ids for p in todo], params)
-            finally:
-                torch.set_num_threads(threads)
             for p, out in zip(todo, outs, strict=True):
                 self.cache[(p, max_tokens)] = self.tok.decode(out.token_ids)
         return [self.cache[(p, max_tokens)] for p in prompts]

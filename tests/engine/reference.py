@@ -6,6 +6,8 @@ test says so with a warning. Anything else is a failure.
 """
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -13,6 +15,23 @@ import torch
 NEAR_TIE = 1e-4
 
 _models: dict[Path, object] = {}
+_greedy: dict[tuple[Path, tuple[int, ...], int], tuple[list[int], list[torch.Tensor]]] = {}
+"""References already computed this session (several tests and requests share a prompt)."""
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """This process's torch at one thread for a reference run, then as it was: on a loaded
+    2-core host every op of a 2-thread run waits a scheduling slice for its second thread
+    (measured at load 9: 60 tokens of the tiny model 0.63 s at 1 thread, over 240 s at 2).
+    A thread count changes only the order of float32 sums: a token it could flip is a
+    near-tie, which `assert_same_tokens` accepts."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def hf_greedy(
@@ -20,9 +39,20 @@ def hf_greedy(
 ) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and per-step logits from transformers (float32, EOS ignored); with
     `gguf_file`, transformers reads that GGUF file in `hf_dir` itself."""
+    key = hf_dir / gguf_file if gguf_file else hf_dir
+    memo = (key, tuple(prompt), max_new_tokens)
+    if memo not in _greedy:
+        with one_torch_thread():
+            _greedy[memo] = _generate(key, hf_dir, prompt, max_new_tokens, gguf_file)
+    tokens, logits = _greedy[memo]
+    return list(tokens), list(logits)
+
+
+def _generate(
+    key: Path, hf_dir: Path, prompt: list[int], max_new_tokens: int, gguf_file: str | None
+) -> tuple[list[int], list[torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    key = hf_dir / gguf_file if gguf_file else hf_dir
     if key not in _models:
         kw = {"gguf_file": gguf_file} if gguf_file else {}
         _models[key] = AutoModelForCausalLM.from_pretrained(

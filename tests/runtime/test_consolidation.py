@@ -136,12 +136,16 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
     paraserve = system_config("paraserve")
     autoscale = replace(paraserve.autoscale, target_ongoing_requests=1.0)
     one_request_per_worker = replace(paraserve, autoscale=autoscale)
-    cluster = make_cluster(3, remote_gbps=0.02, preload_engine=True)
-    # Long enough to be running when the kept members have fetched the rest (~0.8 s): 240
-    # tokens was not (a quiet machine decodes them in ~0.8 s and the request finished first);
-    # 800 kept a 3.4x margin until decode got ~2.5x faster (Nov 24 host, surge's one-row
-    # kernel), so 2000.
-    params = SamplingParams(max_tokens=2000, ignore_eos=True)
+    # Every engine step paced as llama2-7b on ParaServe's own GPU (§8.1 testbed (i): an A10,
+    # ~35 ms a decode step; docs/emulation.md), the links as above: 200 tokens last >= 7 s on
+    # a host of any speed, past the consolidation (the kept members fetch the rest in ~0.8 s;
+    # the whole scale-out took 3.1 s at load 8). Unpaced, a quiet host decoded 240 tokens
+    # before it, so the test decoded (and checked against transformers) 2,000.
+    pace = ["--emulate", "paraserve-1:llama2-7b", "--emulated-gpu", "A10"]
+    cluster = make_cluster(
+        3, remote_gbps=0.02, preload_engine=True, extra_args=dict.fromkeys(range(3), pace)
+    )
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
     booked: list[int] = []
     released: list[int] = []
     serving: list[int] = []
@@ -187,6 +191,7 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
     assert set(first).isdisjoint(second) and sorted(first + second) == list(range(4))
     assert all(r.hops[0].startswith(f"{MODEL}-pgroup-") for r in reqs)
     (decision,) = ctx.report.consolidations
+    assert ctx.report.consolidated == 1  # the group's requests moved, not only re-queued
     if num_requests == 1:
         assert decision.mode == "scale_down" and len(serving) == 1
         assert released == [n for n in group.members if n not in serving]

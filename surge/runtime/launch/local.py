@@ -90,7 +90,7 @@ class LocalClusterConfig:
     tls: TlsConfig | None = None
     """TLS between the agents and with their controller (`runtime/security/tls.py`; None: plain)."""
     extra_args: dict[int, list[str]] = field(default_factory=dict)
-    """Extra command-line arguments for some nodes (testing: fault injection)."""
+    """Extra command-line arguments for some nodes (testing: fault injection, step pacing)."""
     emulation: Emulation | None = None
     """GPU-time emulation (docs/emulation.md): the agents stand for the first `num_nodes`
     GPUs of the emulation's preset. Their links, disk, registry and host -> GPU rates, host
