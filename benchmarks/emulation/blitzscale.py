@@ -103,8 +103,18 @@ def spec(system: str, args) -> dict:
     }
 
 
-def simulated(args, config: EmulationConfig, wl: Workload) -> dict:
-    """The simulator on the same hosts, requests and §6.1 systems, two instances warm."""
+SIM_SLLM_INIT_S = 0.0
+"""ServerlessLLM's and AllCache's engine start in the simulator beside the emulated run: 0,
+as the runtime's controller starts an instance (it paces no engine start, only the real
+one, ~0 emulated s; as ParaServe's emulated benchmark sets its start to 0). The shipped,
+unsourced 0.5 s (`policy/systems.py`; what REPORT.md's simulator row uses) moves AllCache's
+simulated first new instance from 1.84 to 2.34 s; `simulated_shipped_start` keeps those
+numbers beside."""
+
+
+def simulated(args, config: EmulationConfig, wl: Workload, sllm_init_s: float | None) -> dict:
+    """The simulator on the same hosts, requests and §6.1 systems, two instances warm;
+    ServerlessLLM's and AllCache's engine start `sllm_init_s` (None: the shipped one)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper" / "blitzscale"))
     from blitzscale_eval import systems_6_1
 
@@ -115,7 +125,7 @@ def simulated(args, config: EmulationConfig, wl: Workload) -> dict:
     cluster = shrunk_cluster(config.preset, args.nodes)
     trace = make_trace("burst", list(wl.arrival_s), list(wl.prompt_tokens), list(wl.output_tokens))
     out = {}
-    for name, system in systems_6_1().items():
+    for name, system in systems_6_1(sllm_init_s).items():
         settings = SimSettings(
             cluster,
             (config.model,),
@@ -180,7 +190,9 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
     if out:
         log.info("--resume: %s finished earlier (%s)", ", ".join(out), partial_path(args))
     todo = [s for s in args.systems.split(",") if s not in out]
-    if not todo:  # every system finished earlier: only the report is written
+    if not todo:  # every system finished earlier: only the report is written, and this
+        # invocation's load says nothing of theirs (each run keeps its own `load_average`)
+        args.report_only = True
         return out, staging
     cluster = emulated_cluster(args, tmp, emulation)
     with cluster:
@@ -263,7 +275,15 @@ def main() -> None:
     (report["emulated"], report["staging_real_s"]), report["real_model_bytes"] = run_on_real_model(
         args, config, lambda tmp, m, e: run_all(args, tmp, m, e, wl)
     )
-    report["simulated"] = simulated(args, config, wl)
+    if getattr(args, "report_only", False):
+        report["machine"]["load_average_start"] = None
+        report["machine"]["loads"] = "per run: each system's load_average (its own sitting)"
+    report["simulated"] = simulated(args, config, wl, SIM_SLLM_INIT_S)
+    report["simulated_engine_start_s"] = {
+        "serverlessllm": SIM_SLLM_INIT_S,
+        "allcache": SIM_SLLM_INIT_S,
+    }
+    report["simulated_shipped_start"] = simulated(args, config, wl, None)
     report["ratios_to_blitzscale"] = {
         "emulated": ratios(report["emulated"]),
         "simulated": ratios(report["simulated"]),

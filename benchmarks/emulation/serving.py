@@ -203,7 +203,8 @@ def write_report(
 ) -> None:
     """The result JSON at `--json` (the host's load at the end added), the figure at
     `--png` if asked."""
-    report["machine"]["load_average_end"] = os.getloadavg()
+    if report["machine"].get("load_average_start") is not None:
+        report["machine"]["load_average_end"] = os.getloadavg()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.png:

@@ -49,10 +49,17 @@ def _blitzscale_6_1(doc: dict) -> dict[str, str]:
         s = (sim.get(other) or {}).get("ttft_mean_s")
         return f"{other} {e}x (sim {s}x)" if e is not None else f"{other} not run (sim {s}x)"
 
+    start = (doc.get("simulated_engine_start_s") or {}).get("allcache")
+    note = (
+        f"; sim beside it with S-LLM/AllCache's engine start {start:g} s as the runtime's"
+        if start is not None
+        else ""
+    )
     return {
         "BlitzScale|§6.1 Fig. 13 7b-azurecode": f"{_head(doc)}, {doc.get('requests')} "
         "requests: mean TTFT BlitzScale / "
         + ", ".join(cell(o) for o in ("serverlessllm", "allcache"))
+        + note
     }
 
 
