@@ -220,7 +220,8 @@ class Autoscaler:
         all_serving = len(dep.serving()) == len(dep.instances)
         scale_out = with_monitor(decision.scale_out, monitor_wants, all_serving, room)
         if scale_out > 0:
-            self._scale_out(dep, scale_out)
+            added = self._scale_out(dep, scale_out)
+            await self.pd.on_scale_out(dep, now_s, added)  # §5.2 mutation
         for node in decision.release:
             await self.release(dep, node)
 
@@ -228,8 +229,9 @@ class Autoscaler:
         used = sum(node in d.instances for d in self.deployments.values())
         return self.config.slots_per_node - used
 
-    def _scale_out(self, dep: Deployment, count: int) -> None:
-        """Place `count` new instances by `policy.placement` and start their scale-out."""
+    def _scale_out(self, dep: Deployment, count: int) -> int:
+        """Place `count` new instances by `policy.placement` and start their scale-out;
+        how many it placed."""
         t0_s = self.clock.now_s()
         hosts = set(self.pool.complete(dep.name, "host"))
         slots = self.config.slots_per_node
@@ -252,7 +254,7 @@ class Autoscaler:
         placed = place(machines, request)
         dests = [gpus[0] // slots for gpus in placed]
         if not dests:
-            return
+            return 0
         for d in dests:
             dep.instances[d] = Instance(d)
             self.nic_load[d] = self.nic_load.get(d, 0) + 1
@@ -264,6 +266,7 @@ class Autoscaler:
         self.events.publish(ScaleOutStarted(model=dep.name, nodes=tuple(dests)))
         placement_s = self.clock.now_s() - t0_s
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast, placement_s))
+        return len(dests)
 
     def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
         return ScaleOutOffer(

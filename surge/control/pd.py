@@ -5,7 +5,9 @@ system with `pd_disaggregation`, e.g. blitzscale): the server's `PdServing`
 (`runtime/migration/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
 tokens/s, KV use, K/V ingress per instance) -> `policy.pd.decide_mutation` (when the system mutates)
 -> `policy.blitzscale.pd.look` (a mutation when the system mutates, then the per-role
-monitor) -> `PdServing.mutate`; the monitor's wish for one more instance than the
+monitor) -> `PdServing.mutate`; at a scale-out of a system that mutates, `on_scale_out` carries out
+`policy.blitzscale.pd.scale_out_mutations` (§5.2: decode grows by mutation, the new
+instances prefill); the monitor's wish for one more instance than the
 concurrency target asks goes to the autoscaler (`policy.blitzscale.pd.with_monitor`). Hand-off and
 mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
 `surge_pd_instances`). `egress_traffic` reports, for a multicast being planned, which
@@ -22,7 +24,8 @@ from surge.control.metrics import Metrics
 from surge.control.state import Deployment
 from surge.emulation import Emulation
 from surge.events import NO_BUS, EventBus, Mutation
-from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look
+from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look, scale_out_mutations
+from surge.policy.blitzscale.pd import Mutation as MutationChoice
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
@@ -101,22 +104,42 @@ class PdControl:
         last_s = self._last_mutation_s.get(dep.name)
         load = pd.load(now_s, float("inf") if last_s is None else now_s - last_s)
         seen = look(load, system.pd, system.mutation)
-        mutation = seen.mutation
-        ep = pd.endpoint_at(mutation.index) if mutation is not None else None
-        if mutation is not None and ep is not None:
-            log.info("%s: mutate %s (%s)", dep.name, ep.name, mutation.reason)
-            try:
-                await pd.mutate(ep)
-                self._last_mutation_s[dep.name] = now_s
-                node = getattr(ep, "node", -1)
-                self.events.publish(
-                    Mutation(model=dep.name, node=node, from_role=PREFILL, to_role=DECODE)
-                )
-            except Exception as e:  # its agent died: failover retires it
-                log.warning("%s: mutation of %s failed: %s", dep.name, ep.name, e)
+        if seen.mutation is not None and await self._mutate(dep, pd, seen.mutation, now_s):
             load = pd.load(now_s, 0.0)
         self._count(dep, pd, load.instances)
         return seen.monitor.scale_out
+
+    async def on_scale_out(self, dep: Deployment, now_s: float, added: int) -> int:
+        """The autoscaler just started `added` instances of `dep`: the mutations
+        `policy.blitzscale.pd.scale_out_mutations` names, carried out (a system that
+        mutates only, §5.2). How many."""
+        pd = dep.server.pd
+        system = serve_system(dep.spec.strategy)
+        if pd is None or not system.mutation or added < 1:
+            return 0
+        last_s = self._last_mutation_s.get(dep.name)
+        load = pd.load(now_s, float("inf") if last_s is None else now_s - last_s)
+        chosen = scale_out_mutations(load, pd.targets, added, system.pd)
+        done = [await self._mutate(dep, pd, m, now_s) for m in chosen]
+        return sum(done)
+
+    async def _mutate(
+        self, dep: Deployment, pd: PdServing, m: MutationChoice, now_s: float
+    ) -> bool:
+        """Turn the prefill instance `m` names into a decode one; whether it did."""
+        ep = pd.endpoint_at(m.index)
+        if ep is None:
+            return False
+        log.info("%s: mutate %s (%s)", dep.name, ep.name, m.reason)
+        try:
+            await pd.mutate(ep)
+        except Exception as e:  # its agent died: failover retires it
+            log.warning("%s: mutation of %s failed: %s", dep.name, ep.name, e)
+            return False
+        self._last_mutation_s[dep.name] = now_s
+        node = getattr(ep, "node", -1)
+        self.events.publish(Mutation(model=dep.name, node=node, from_role=PREFILL, to_role=DECODE))
+        return True
 
     def _count(self, dep: Deployment, pd: PdServing, instances: tuple) -> None:
         m, name = self.metrics, dep.name

@@ -141,8 +141,23 @@ class PdPool:
         load = self.load(num_waiting, float("inf") if last is None else now_s - last)
         seen = pd.look(load, self.settings, self.mutation)
         if seen.mutation is not None:
-            # §5.2: the instance keeps its weights and its requests; it decodes from now on
-            self.members[seen.mutation.index].role = pd.DECODE
-            self.last_mutation_s = now_s
-            self.num_mutations += 1
+            self._mutate(seen.mutation, now_s)
         return seen
+
+    def scale_out(self, now_s: float, num_waiting: int, count: int) -> int:
+        """A scale-out of `count` instances was decided: the mutations
+        `policy.blitzscale.pd.scale_out_mutations` names, carried out here (when the system
+        mutates). How many."""
+        if not self.mutation:
+            return 0
+        load = self.load(num_waiting)
+        chosen = pd.scale_out_mutations(load, self.targets, count, self.settings)
+        for m in chosen:
+            self._mutate(m, now_s)
+        return len(chosen)
+
+    def _mutate(self, m: pd.Mutation, now_s: float) -> None:
+        # §5.2: the instance keeps its weights and its requests; it decodes from now on
+        self.members[m.index].role = pd.DECODE
+        self.last_mutation_s = now_s
+        self.num_mutations += 1

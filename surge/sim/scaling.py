@@ -7,8 +7,10 @@ are held and given back through `sim/gpus.py`'s `Gpus` (the GPU time series). Ev
 decision is `surge.policy.autoscale.decide` with the pool's `AutoscaleState` and the
 system's settings; under P/D each decision is first a look of the P/D monitor
 (`policy.blitzscale.pd.look`, `sim/pd.py`: BlitzScale §5.2 mutation, and the monitor's
-wish for one more instance, added by `policy.blitzscale.pd.with_monitor`), as
-`surge serve`'s autoscaler tick does (`control/pd.py`, `control/autoscaler.py`).
+wish for one more instance, added by `policy.blitzscale.pd.with_monitor`), and each
+scale-out of a system that mutates carries out `policy.blitzscale.pd.scale_out_mutations`
+(`PdPool.scale_out`), as `surge serve`'s autoscaler tick does (`control/pd.py`,
+`control/autoscaler.py`).
 
 `InstanceFactory` builds every endpoint (plain instances, execution pipelines, ParaServe
 groups and the instances they consolidate into) with every field declared in
@@ -263,7 +265,15 @@ class Scaler:
         if decision.wake_at_s is not None and decision.wake_at_s > now:
             self._at(pool, decision.wake_at_s + 1e-9)
         if decision.scale_out:
+            before = len(pool.instances)
             self.scale_out(pool, decision.scale_out)
+            if pool.pd is not None:  # §5.2: decode grows by mutation as the new ones load
+                added = len(pool.instances) - before
+                mutated = pool.pd.scale_out(now, len(pool.queue), added)
+                for _ in range(mutated):
+                    self.world.event(pool.model, pool.role, "mutate")
+                if mutated:
+                    self.requests.drain(pool)
         for iid in decision.release:
             # a release lets other pools decide at once, and a decode pool's scale-out may
             # mutate (take over) an idle prefill instance this decision meant to release

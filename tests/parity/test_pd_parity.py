@@ -78,6 +78,10 @@ CASES = {
     # P, D, D, P: decode instances holding one request each, but K/V handed to i2 filled
     # 1.6 s of its link within the 2-s window: decode is the bottleneck, i3 mutates
     "ingress-bound": Case((0, 1, 1, 0), parked_on=0, fed_s=(0.0, 0.0, 1.6, 0.0)),
+    # P, D, D, P: decode half full (below the monitor's threshold), prefill nearly idle:
+    # the monitor does nothing, but a scale-out's new instance would decode by load, so
+    # the idle prefill instance i3 mutates at once and the new one will prefill (§5.2)
+    "scale-out-for-decode": Case((1, 2, 2, 0), parked_on=0),
     # one full prefill instance, requests waiting: the monitor wants one more
     "prefill-full": Case((4,), parked_on=0, waiting=3),
     # a system that does not mutate, past its targets: P, D, D, then the busier role
@@ -96,6 +100,9 @@ class Log:
     """... and those the monitor's look set going (a mutation made room)."""
     wants: int
     roles_after: list[str]
+    roles_after_scale_out: list[str]
+    """... and after the autoscaler then started one instance (§5.2's mutation at a
+    scale-out, `policy.blitzscale.pd.scale_out_mutations`)."""
 
 
 def _runtime(case: Case) -> Log:
@@ -145,7 +152,9 @@ def _runtime(case: Case) -> Log:
         for _ in range(2):  # the hand-off a mutation let go, if any, and its end
             await asyncio.sleep(0)
         roles_after = [pd.roles[e.name] for e in eps]
-        return Log(roles, routable, first, done[len(first) :], wants, roles_after)
+        await control.on_scale_out(dep, NOW_S, 1)  # type: ignore[arg-type]
+        scaled = [pd.roles[e.name] for e in eps]
+        return Log(roles, routable, first, done[len(first) :], wants, roles_after, scaled)
 
     return asyncio.run(run())
 
@@ -188,8 +197,10 @@ def _sim(case: Case, tmp_path) -> Log:
         pool.queue.extend(SimRequest(-2 - r, 0, 0.0, 1, 1) for r in range(case.waiting))
         sim.world.loop.now_s = NOW_S
         wants = sim.scaler.pd_look(pool, NOW_S)
-    roles_after = [i.role for i in insts]
-    return Log(roles, routable, first, done[len(first) :], wants, roles_after)
+        roles_after = [i.role for i in insts]
+        pool.pd.scale_out(NOW_S, len(pool.queue), 1)  # `Scaler._carry_out`'s call
+    scaled = [i.role for i in insts]
+    return Log(roles, routable, first, done[len(first) :], wants, roles_after, scaled)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -217,6 +228,11 @@ def test_the_cases_exercise_every_decision(tmp_path) -> None:
     assert logs["decode-full"].roles_after == [p, d, d, d]
     assert logs["least-loaded"].roles_after == logs["least-loaded"].roles
     assert logs["prefill-full"].wants == 1
+    assert logs["handoff-then-mutate"].wants == 1  # the prefill instance that compensates
+    scaled = logs["scale-out-for-decode"]
+    assert scaled.roles_after == scaled.roles == [p, d, d, p]  # the monitor does nothing
+    assert scaled.roles_after_scale_out == [p, d, d, d]  # the scale-out mutates i3
+    assert logs["baseline-decode-busy"].roles_after_scale_out == [p, d, d, d]  # no mutation
     assert logs["handoff-then-mutate"].routable == [0, 3]
     assert logs["baseline-decode-busy"].roles == [p, d, d, d]
     assert logs["baseline-decode-busy"].routable == [0]

@@ -15,10 +15,12 @@ from surge.policy.blitzscale.pd import (
     PdTargets,
     decide_mutation,
     handoff_target,
+    look,
     monitor,
     role_for_new,
     role_loads,
     routable,
+    scale_out_mutations,
 )
 
 S = PdSettings(decode_busy_fraction=0.5, kv_busy_fraction=0.8)
@@ -142,3 +144,37 @@ def test_decode_ingress_is_decode_load() -> None:
     fed_decode = (busy_prefill[0], replace(busy_prefill[1], kv_ingress_usage=0.9))
     assert role_loads(PdLoad(fed_decode))[1] == pytest.approx(0.9)
     assert role_for_new(PdLoad(fed_decode), PdTargets()) == DECODE
+
+
+def test_a_scale_out_for_decode_load_mutates_a_prefill_instance_at_once() -> None:
+    """BlitzScale §5.2/§6.3: decode is scaled by switching a prefill instance to decode at
+    the scale-out decision, while the new instance prefills (the remedy) -- not only once a
+    prefill instance idles while decode is the bottleneck."""
+    t = PdTargets(prefill=1, decode=1)
+    # decode 5/8 (below the monitor's threshold), two prefill instances, one idle
+    fleet = PdLoad((_i(0, PREFILL, 2), _i(1, DECODE, 5), _i(2, PREFILL, 0)))
+    assert decide_mutation(fleet, PdSettings()) is None  # the monitor alone does nothing
+    assert role_for_new(fleet, t) == DECODE  # by load a new instance would decode
+    (m,) = scale_out_mutations(fleet, t, 1, PdSettings())
+    assert m.index == 2  # the idle one
+    # two new instances: the second sees the first mutation (decode 5/16): it prefills
+    assert len(scale_out_mutations(fleet, t, 2, PdSettings())) == 1
+    # prefill busier than decode: the new instance prefills, nothing mutates
+    queued = replace(fleet, num_waiting=20)
+    assert scale_out_mutations(queued, t, 1, PdSettings()) == ()
+    # `min_prefill` stays prefill
+    alone = PdLoad((_i(0, PREFILL, 0), _i(1, DECODE, 7)))
+    assert scale_out_mutations(alone, t, 1, PdSettings()) == ()
+    # off (the counterfactual of mutation by the monitor alone): none, and no remedy
+    off = PdSettings(mutate_on_scale_out=False)
+    assert scale_out_mutations(fleet, t, 1, off) == ()
+
+
+def test_the_monitor_asks_for_a_prefill_instance_after_each_mutation() -> None:
+    """§5.2: "we scale multiple prefill instances to compensate"."""
+    busy = PdLoad((_i(0, PREFILL), _i(1, DECODE, 7), _i(2, PREFILL)))
+    seen = look(busy, S, mutation=True)
+    assert seen.mutation is not None and seen.monitor.scale_out == 1
+    assert look(busy, S, mutation=False).monitor.scale_out == 0
+    alone = look(busy, replace(S, mutate_on_scale_out=False), mutation=True)
+    assert alone.mutation is not None and alone.monitor.scale_out == 0

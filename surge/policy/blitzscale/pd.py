@@ -22,6 +22,9 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   prefill instance is idle (nothing but parked requests) or
   overprovisioned, that prefill instance becomes a decode one, keeping its weights;
   `min_prefill` prefill instances always stay;
+- `scale_out_mutations` (§5.2, §6.3): at a scale-out decision, the prefill instances that
+  turn into decode ones now, one for each new instance that roles by load would make a
+  decode one; the new instances prefill (the remedy);
 - `ingress_usage`: the K/V ingress both bodies measure (hand-offs' link time per second
   over the monitor's window);
 - `monitor` (BlitzScale's load monitor, §5, its per-role half): whether the pool wants
@@ -79,6 +82,12 @@ class PdSettings:
     mutation_cooldown_s: float = 1.0
     """Least time between two mutations of one deployment (the monitor sees the last one's
     effect first)."""
+    mutate_on_scale_out: bool = True
+    """Mutation is how decode scales (§5.2, §6.3): a scale-out whose new instance would
+    decode by load mutates a prefill instance at once (`scale_out_mutations`), and each
+    mutation the monitor makes asks for a prefill instance to compensate. False: the
+    monitor's mutation alone, when decode is the bottleneck and a prefill instance idles
+    (surge before 2026-11-28; Fig. 17's counterfactual)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.decode_busy_fraction <= 1 or not 0 < self.kv_busy_fraction <= 1:
@@ -226,6 +235,14 @@ def handoff_target(source: int, instances: Sequence[PdInstance]) -> int | None:
     return min(room, key=_load).index if room else None
 
 
+def _idle(i: PdInstance, s: PdSettings) -> bool:
+    return i.outstanding - i.parked <= s.prefill_idle_requests
+
+
+def _load_young(i: PdInstance) -> tuple[float, int]:
+    return (i.outstanding / i.capacity, -i.index)
+
+
 def _decode_bottleneck(load: PdLoad, s: PdSettings) -> str | None:
     # §5.3's monitor: tokens/s and KV use against a per-instance bound. A decode instance
     # takes in each request's K/V (§5.2: "the incast nature of ... KVCache transfer"), so
@@ -261,13 +278,48 @@ def decide_mutation(load: PdLoad, s: PdSettings) -> Mutation | None:
     # Idle prefill instances first; else, with nothing waiting at the router, prefill is
     # overprovisioned and the least loaded one goes. The youngest among equals: the
     # oldest prefill instances stay prefill.
-    idle = [i for i in prefill if i.outstanding - i.parked <= s.prefill_idle_requests]
+    idle = [i for i in prefill if _idle(i, s)]
     if idle:
         return Mutation(max(idle, key=lambda i: i.index).index, reason + "; prefill idle")
     if load.num_waiting == 0:
-        least = min(prefill, key=lambda i: (i.outstanding / i.capacity, -i.index))
+        least = min(prefill, key=_load_young)
         return Mutation(least.index, reason + "; prefill overprovisioned")
     return None
+
+
+def scale_out_mutations(
+    load: PdLoad, targets: PdTargets, count: int, s: PdSettings
+) -> tuple[Mutation, ...]:
+    """§5.2 at a scale-out decision of `count` instances: the prefill instances that turn
+    into decode ones now, one for each new instance
+    that roles by load (`role_for_new` without mutation, the baselines' §6.1 rule) would
+    make a decode one past the targets. That instance prefills instead (a mutating system's
+    new instances do, `role_for_new`): "when live scaling a decode instance, we first
+    switch a prefill instance to a decode instance. At the same time, we scale multiple
+    prefill instances to compensate". So decode grows when the load asks for it, at once
+    and without moving weights, not only once a prefill instance idles. Serving prefill
+    instances only, idle ones first, then the least loaded (the youngest among equals);
+    `min_prefill` always stay. The load is the serving instances' (§6.3 mutates when "its
+    prefill instances are relatively spare"; instances still loading serve nothing yet)
+    plus the new instances decided here, joining and holding nothing."""
+    if not s.mutate_on_scale_out:
+        return ()
+    instances = list(load.instances)
+    capacity = max((i.capacity for i in instances), default=1)
+    chosen: list[Mutation] = []
+    joining = -1  # joining instances' indices: below every serving one's (>= 0)
+    for _ in range(count):
+        view = replace(load, instances=tuple(instances))
+        role = role_for_new(view, targets, mutation=True)
+        if role == PREFILL and role_for_new(view, targets) == DECODE:
+            prefill = [i for i in instances if i.role == PREFILL and i.index >= 0]
+            if len(prefill) > s.min_prefill:
+                least = min(prefill, key=lambda i: (not _idle(i, s), *_load_young(i)))
+                chosen.append(Mutation(least.index, "a scale-out for decode load"))
+                instances = [replace(i, role=DECODE) if i is least else i for i in instances]
+        instances.append(PdInstance(joining, role, 0, capacity))
+        joining -= 1
+    return tuple(chosen)
 
 
 def monitor(load: PdLoad, s: PdSettings) -> MonitorDecision:
@@ -296,7 +348,9 @@ class PdLook:
 def look(load: PdLoad, s: PdSettings, mutation: bool) -> PdLook:
     """The monitor's look at a deployment: a mutation (only when the system mutates,
     §5.2), then `monitor` on the deployment as that mutation leaves it (the mutated
-    instance decodes; the cooldown restarts)."""
+    instance decodes; the cooldown restarts); after a mutation the monitor asks for one
+    instance more, the prefill one that compensates (§5.2, §6.3: "mutate a prefill instance
+    to a decode instance while lively scaling another prefill instance for remedy")."""
     chosen = decide_mutation(load, s) if mutation else None
     after = load
     if chosen is not None:
@@ -304,7 +358,10 @@ def look(load: PdLoad, s: PdSettings, mutation: bool) -> PdLook:
             replace(i, role=DECODE) if i.index == chosen.index else i for i in load.instances
         )
         after = replace(load, instances=instances, since_last_mutation_s=0.0)
-    return PdLook(chosen, monitor(after, s))
+    wants = monitor(after, s)
+    if chosen is not None and s.mutate_on_scale_out:  # §5.2: "... to compensate"
+        wants = MonitorDecision(1, "a prefill instance to compensate the mutation")
+    return PdLook(chosen, wants)
 
 
 def with_monitor(scale_out: int, wants: int, all_serving: bool, room: bool) -> int:
