@@ -47,7 +47,11 @@ SOURCES = (
         "python -m benchmarks.systems.flexpipe_cv"
         " --json benchmarks/results/systems/flexpipe_cv.json",
     ),
-    ("flexpipe_figs", "benchmarks/results/paper/flexpipe_figs.json", None),
+    (
+        "flexpipe_figs_rows",
+        "benchmarks/results/paper/flexpipe_figs.json",
+        "python benchmarks/paper/flexpipe/flexpipe_figs.py",
+    ),
     (
         "paraserve_rows",
         "benchmarks/results/paper/paraserve_eval.json",
