@@ -172,6 +172,7 @@ class Requests:
         while (handoff := pool.pd.next_handoff()) is not None:
             src, req, target = handoff
             if target is src:
+                self.world.result.decoded_in_place.append(req.id)
                 src.resume(req)  # its K/V is here: it decodes here
             else:
                 self._send_kv(pool, req, src, target)

@@ -77,10 +77,14 @@ def test_tensor_parallel_instances_take_gpus_of_one_machine():
 
 def test_blitzscale_disaggregates_and_mutates():
     trace = _burst(rate=20, cv=4, duration=120)
-    _, s = _run("blitzscale", trace, cluster="blitzscale-b", models=("llama2-7b",))
+    r, s = _run("blitzscale", trace, cluster="blitzscale-b", models=("llama2-7b",))
     assert s["finished"] == trace.num_requests
     assert s["mutations"] > 0
     assert s["network_loads"] > 0
+    # the first requests are decoded where they were prefilled (no decode instance yet);
+    # the others are handed off, so not every request is recorded in place
+    in_place = set(r.decoded_in_place)
+    assert 0 in in_place and 0 < len(in_place) < trace.num_requests
 
 
 def test_gpu_seconds_grow_with_load_time():
