@@ -86,14 +86,15 @@ def test_only_a_few_float32_rows_of_a_stored_weight_are_usable() -> None:
     assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(3000, 600), (960, 576), (576, 1536)])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(3000, 600), (960, 576), (576, 1536), (20000, 576)]
+)
 def test_every_thread_count_uses_the_kernel_with_the_same_sums(
     out_features: int, in_features: int
 ) -> None:
     """The kernel splits the weight's rows over torch's threads in fixed blocks, so each
-    column's sum is the same whatever the thread count (the column split before gave the
-    same sums too, but read slower at two threads than at one). The engine calls it at one
-    thread only: idle, MKL's threaded gemv reads faster (`gemv.usable`)."""
+    column's sum is the same whatever the thread count, and the engine calls it at every
+    thread count (2 is torch's default here)."""
     before = torch.get_num_threads()
     w = _stored(out_features, in_features, seed=1)  # above the one-thread floor
     x = torch.randn(1, in_features)
@@ -102,7 +103,7 @@ def test_every_thread_count_uses_the_kernel_with_the_same_sums(
         one = torch.ops.surge.gemv_row(x, w.t())
         for threads in (2, 3, 4):
             torch.set_num_threads(threads)
-            assert not gemv.usable(x, w)
+            assert gemv.usable(x, w)
             assert torch.equal(torch.ops.surge.gemv_row(x, w.t()), one)
         torch.testing.assert_close(one, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-4)
     finally:
@@ -125,8 +126,20 @@ def test_a_column_slice_keeps_its_stride_in_the_row_blocks() -> None:
         torch.set_num_threads(before)
 
 
+def test_the_kernel_runs_on_torchs_openmp_threads() -> None:
+    """The library is built with OpenMP and shares torch's runtime: built without it,
+    `at::parallel_for` ran every block on the calling thread (the kernel read at one
+    thread's speed whatever torch's thread count), and a second OpenMP runtime would start a
+    second team of threads on the same cores."""
+    library = gemv.library_path().read_bytes()
+    assert b"GOMP_parallel" in library and b"libgomp.so.1" in library  # calls, links OpenMP
+    gomp = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()}
+    assert len({p for p in gomp if "libgomp" in Path(p).name}) == 1
+
+
 def test_a_compiled_one_row_projection_calls_the_kernel() -> None:
-    """Fails if the compiled path quietly keeps MKL's gemv."""
+    """Fails if the compiled path quietly keeps MKL's gemv, or breaks the graph to choose
+    (asking torch for its thread count inside the graph did, at every projection)."""
     lin = Linear(_stored(48, 32, seed=1), torch.randn(48))
     x = torch.randn(1, 32)
     called: list = []
@@ -137,8 +150,9 @@ def test_a_compiled_one_row_projection_calls_the_kernel() -> None:
 
     assert compiled.wait_for_compiles(timeout_s=600)  # other tests' engines' compiles
     torch._dynamo.reset()
+    torch.set_num_threads(2)
     try:
-        got = torch.compile(lin.__call__, backend=backend)(x)
+        got = torch.compile(lin.__call__, backend=backend, fullgraph=True)(x)
     finally:
         torch._dynamo.reset()
     assert torch.ops.surge.gemv_row.default in called or torch.ops.surge.gemv_row in called

@@ -1,15 +1,17 @@
-// One-row projection y = x @ Wt for batch-1 decode on CPU (AVX2 + FMA), float32, on torch's
-// intra-op threads (at::parallel_for over fixed blocks of the weight's rows).
+// Decode projection y = x @ Wt of 1-8 rows on CPU (AVX2 + FMA, AVX-512 where present),
+// float32, on torch's intra-op threads (at::parallel_for: the library is built with OpenMP
+// and shares torch's runtime; built without it, at::parallel_for ran serially).
 //
 // Wt is the stored [in, out] layout of a projection (rows of `out` floats, row stride `ld`:
-// a column slice of a fused q|k|v or gate|up keeps its parent's stride). The output row is
-// done in chunks of kChunk columns (4 KB: stays in L1); for each chunk, eight rows of Wt at
-// a time are folded into it, sixteen columns per iteration with two accumulators. The reads
-// are eight sequential streams, which the hardware prefetchers follow. Measured with one
-// thread on this project's VM over the 100mb preset's projection shapes: 39-41 GB/s, where
-// MKL's sgemv on the same layout reads 24-27 GB/s and a tensor sum 39-40 GB/s (variants:
-// 4 or 16 rows at a time 31-34 GB/s; no chunking 36; chunks of 512 columns 37). Sums run in
-// another order than MKL's, so results differ in the last bits (relative ~1e-6).
+// a column slice of a fused q|k|v or gate|up keeps its parent's stride). The output rows are
+// done in chunks of kChunkFloats / M columns (32 KB: stays in L1); for each chunk, eight rows
+// of Wt at a time are folded into it, each weight vector loaded serving every input row, and
+// each row prefetched a page ahead. Threads split the weight's rows in fixed blocks (partial
+// sums added in block order), or, for the wide head, its columns: either way the sums do not
+// depend on the thread count. Measured (strict quiet-run, 2026-11-28 07:38, SmolLM2's
+// projections in step order, 538 MB, best of 6): at 2 threads 31.8 GB/s at one row where
+// MKL's gemv reads 30.2, and 16.5 GB/s at eight rows where MKL's sgemm reads 12.4. Sums run
+// in another order than MKL's, so results differ in the last bits (relative ~1e-6).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <immintrin.h>
@@ -20,7 +22,16 @@
 namespace {
 
 constexpr int64_t kRows = 8;
-constexpr int64_t kChunk = 1024;
+// Output floats a column chunk holds over its M rows (32 KB: stays in L1 beside the streams).
+constexpr int64_t kChunkFloats = 8192;
+// From this many columns on (the vocabulary's head) threads split the columns, in tiles of
+// kTile, instead of the rows.
+constexpr int64_t kWideColumns = 16384;
+constexpr int64_t kTile = 64;
+// How far ahead along a row the AVX-512 loop prefetches (4 KB, a page). Measured on SmolLM2's
+// projections in step order (strict quiet-run, 2 threads): 4 KB ahead 31.8 GB/s at one row
+// and 16.5 at eight, none 30.4 and 15.6, 2 KB ahead 28.8 and 16.4 (best of 6 passes).
+constexpr int64_t kPrefetchFloats = 1024;
 // Below this many weight floats (256 KB) one thread does the whole call: waking a second
 // costs more than it saves.
 constexpr int64_t kMinParallelFloats = 64 * 1024;
@@ -110,6 +121,10 @@ __attribute__((target("avx512f"))) void fold_rows_m512(const float* rows, int64_
     for (int64_t i = 0; i < nrows; i++) {
       const __m512 wa = _mm512_loadu_ps(rows + i * ld + j);
       const __m512 wb = _mm512_loadu_ps(rows + i * ld + j + 16);
+      // The same row a page ahead (the hardware prefetchers stop at page boundaries).
+      const char* ahead = reinterpret_cast<const char*>(rows + i * ld + j + kPrefetchFloats);
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
       for (int m = 0; m < M; m++) {
         const __m512 c = _mm512_set1_ps(xt[i * M + m]);
         a[m] = _mm512_fmadd_ps(wa, c, a[m]);
@@ -132,43 +147,52 @@ __attribute__((target("avx512f"))) void fold_rows_m512(const float* rows, int64_
 
 const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
 
-// The rows of Wt in [r0, r1), every column, folded into the M output rows y (stride n), a
-// chunk of columns at a time: the single-threaded kernel over one row block. x is the one
-// input row (M == 1) or the M inputs transposed (`fold_rows_m`).
+// The rows of Wt in [r0, r1) and its columns in [c0, c1), folded into the M output rows y
+// (stride ldy), a chunk of columns at a time: the single-threaded kernel over one block. x is
+// the one input row (M == 1) or the M inputs transposed (`fold_rows_m`).
 template <int M>
-void fold_block(const float* w, int64_t ld, const float* x, int64_t r0, int64_t r1, int64_t n,
-                float* y) {
-  // M output chunks stay in L1 together: 4 KB each up to two rows, 2 KB beyond.
-  constexpr int64_t chunk = M <= 2 ? kChunk : kChunk / 2;
-  for (int64_t j0 = 0; j0 < n; j0 += chunk) {
-    const int64_t j1 = std::min(n, j0 + chunk);
+void fold_block(const float* w, int64_t ld, const float* x, int64_t r0, int64_t r1, int64_t c0,
+                int64_t c1, float* y, int64_t ldy) {
+  // M output chunks of kChunkFloats / M floats stay in L1 together while the rows stream.
+  constexpr int64_t chunk = kChunkFloats / M;
+  for (int64_t j0 = c0; j0 < c1; j0 += chunk) {
+    const int64_t j1 = std::min(c1, j0 + chunk);
     for (int64_t r = r0; r < r1; r += kRows) {
       const int64_t nrows = std::min(kRows, r1 - r);
       if (kHasAvx512) {
-        fold_rows_m512<M>(w + r * ld, ld, x + r * M, nrows, y, n, j0, j1);
+        fold_rows_m512<M>(w + r * ld, ld, x + r * M, nrows, y, ldy, j0, j1);
       } else if constexpr (M == 1) {
         fold_rows(w + r * ld, ld, x + r, nrows, y, j0, j1);
       } else {
-        fold_rows_m<M>(w + r * ld, ld, x + r * M, nrows, y, n, j0, j1);
+        fold_rows_m<M>(w + r * ld, ld, x + r * M, nrows, y, ldy, j0, j1);
       }
     }
   }
 }
 
-// y [M, n] = x [M, k] @ Wt, x given as fold_block<M> takes it; the weight's rows split over
-// torch's threads (see gemv_row).
+// y [M, n] = x [M, k] @ Wt, x given as fold_block<M> takes it, on torch's intra-op threads
+// (see gemv_row). The split depends on the shape only, never on the thread count, so the sums
+// do not either.
 template <int M>
 void gemv_rows(const float* w, int64_t ld, const float* x, int64_t k, int64_t n, float* y) {
   if (k * n < kMinParallelFloats || k <= kRows) {
-    fold_block<M>(w, ld, x, 0, k, n, y);
+    fold_block<M>(w, ld, x, 0, k, 0, n, y, n);
+    return;
+  }
+  if (n >= kWideColumns) {
+    // A wide matrix (the vocabulary's head): each thread takes a contiguous range of
+    // columns over every row, so every output sums its rows in one order, and no partials.
+    at::parallel_for(0, (n + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+      fold_block<M>(w, ld, x, 0, k, t0 * kTile, std::min(n, t1 * kTile), y, n);
+    });
     return;
   }
   const int64_t per_block = ((k + kBlocks - 1) / kBlocks + kRows - 1) / kRows * kRows;
   const int64_t blocks = (k + per_block - 1) / per_block;
   // The partials live in a buffer kept per calling thread, not a tensor per call: a buffer
-  // over malloc's mmap threshold (128 KB; the lm_head's are 2.4 MB) was mapped, faulted in
-  // and unmapped on every call, and an unmap stops the other threads for a TLB shootdown.
-  // Each block zeroes its own partial rows, on the thread that fills them.
+  // over malloc's mmap threshold (128 KB) was mapped, faulted in and unmapped on every call,
+  // and an unmap stops the other threads for a TLB shootdown. Each block zeroes its own
+  // partial rows, on the thread that fills them.
   thread_local std::vector<float> buffer;
   if (buffer.size() < static_cast<size_t>(blocks * M * n)) buffer.resize(blocks * M * n);
   float* p = buffer.data();
@@ -176,7 +200,7 @@ void gemv_rows(const float* w, int64_t ld, const float* x, int64_t k, int64_t n,
     for (int64_t b = b0; b < b1; b++) {
       float* part = p + b * M * n;
       std::fill(part, part + M * n, 0.0f);
-      fold_block<M>(w, ld, x, b * per_block, std::min(k, (b + 1) * per_block), n, part);
+      fold_block<M>(w, ld, x, b * per_block, std::min(k, (b + 1) * per_block), 0, n, part, n);
     }
   });
   at::parallel_for(0, M * n, kMinReduceColumns, [&](int64_t j0, int64_t j1) {
