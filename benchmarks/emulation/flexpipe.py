@@ -12,12 +12,16 @@ GPUs here) for `--duration` emulated seconds, `--prompt-tokens` in, `--output-to
 - `static-N` (each of `--statics`): the same system held at N stages (its one FlexPipe
   settings object, as `benchmarks/systems/flexpipe_sim.py` holds it);
 - `serverlessllm`: whole-model local instances, each loaded from its host cache or SSD.
-Every variant starts from the same copies (the model in host memory on the first GPU's
-server, on every other one's disk) with one instance serving (§9: FlexPipe keeps a share of the peak
-ready; here one instance), the same autoscaler target, and scales up to every GPU. One
-cluster of agents serves every run in turn. Beside it, the simulator on the same GPUs,
-trace and variants (`flexpipe_sim.run_one`). Times are emulated seconds; the JSON records
-D, the host's load and each run's violations.
+Every variant starts with one instance serving (§9: FlexPipe keeps a share of the peak
+ready; here one instance), the same autoscaler target, and scales up to every GPU; its
+copies are where its system's host cache keeps them (`copies`: the model in host memory
+on the first GPU, on every other one's disk; in every GPU's host memory for FlexPipe,
+whose §7 middle tier keeps "parameter copies in host memory even after GPU eviction",
+`host_cache="all"`). One cluster of agents serves every run in turn. Beside it, the
+simulator on the same GPUs, trace and variants, deployed as the runtime deploys them
+(`flexpipe_sim.run_one`: one warm instance, the agents' batch limit, the deployment's
+autoscaler knobs over the system's, read by the runtime's own `autoscaling_from_json`).
+Times are emulated seconds; the JSON records D, the host's load and each run's violations.
 
 Usage: python -m benchmarks.emulation.flexpipe --time-dilation 40 \\
            --json benchmarks/results/emulation/emulation_flexpipe.json \\
@@ -27,6 +31,7 @@ Usage: python -m benchmarks.emulation.flexpipe --time-dilation 40 \\
 import argparse
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +43,7 @@ from benchmarks.emulation.serving import (
     fresh_copies,
     load_partial,
     partial_path,
+    percentile,
     report_head,
     run_on_real_model,
     save_partial,
@@ -45,9 +51,10 @@ from benchmarks.emulation.serving import (
     start_logging,
     write_report,
 )
+from surge.control.spec import autoscaling_from_json
 from surge.emulation import Emulation, EmulationConfig
 from surge.policy.flexpipe.settings import FlexPipeSettings
-from surge.policy.systems import SYSTEMS
+from surge.policy.systems import SYSTEMS, SystemConfig
 from surge.traces.gamma import gamma_trace
 
 log = logging.getLogger("emulation_flexpipe")
@@ -70,16 +77,26 @@ def workload(args, cv: float) -> Workload:
     )
 
 
+def strategy(variant: str) -> str:
+    return "serverlessllm" if variant == "serverlessllm" else "flexpipe"
+
+
+def autoscaling(args) -> dict:
+    """Every variant's autoscaler knobs (over its system's): one instance kept, up to
+    every GPU, `--target-ongoing` requests per instance."""
+    return {
+        "min_replicas": 1,
+        "max_replicas": args.nodes,
+        "target_ongoing_requests": args.target_ongoing,
+    }
+
+
 def spec(variant: str, args) -> dict:
     return {
         "name": MODEL,
         "model": str(args.store),
-        "strategy": "serverlessllm" if variant == "serverlessllm" else "flexpipe",
-        "autoscaling": {
-            "min_replicas": 1,
-            "max_replicas": args.nodes,
-            "target_ongoing_requests": args.target_ongoing,
-        },
+        "strategy": strategy(variant),
+        "autoscaling": autoscaling(args),
     }
 
 
@@ -88,6 +105,28 @@ def held_at(variant: str) -> FlexPipeSettings | None:
     if not variant.startswith("static-"):
         return None
     return FlexPipeSettings(stage_counts=(int(variant.split("-")[1]),), cv_targets=(0.0,))
+
+
+def copies(variant: str, nodes: int) -> tuple[list[int], list[int]]:
+    """(nodes with the model on disk, nodes with it in host memory) as a run starts, where
+    the simulator's system keeps it: the first GPU's host memory (its instance serves) and
+    every other GPU's disk; every GPU's host memory where the system's host cache holds
+    every model (`host_cache="all"`, FlexPipe §7)."""
+    hosts = list(range(nodes)) if SYSTEMS[strategy(variant)].host_cache == "all" else [0]
+    return list(range(1, nodes)), hosts
+
+
+def deployed(variant: str, args) -> Callable[[SystemConfig], SystemConfig]:
+    """The simulator's system as the runtime deploys `variant`: the deployment's
+    autoscaler knobs (`spec`) over the system's, by the controller's own reader."""
+
+    del variant  # every variant's knobs are the same (`autoscaling`)
+
+    def change(config: SystemConfig) -> SystemConfig:
+        knobs = autoscaling_from_json(autoscaling(args), config.autoscale)
+        return replace(config, autoscale=knobs)
+
+    return change
 
 
 async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs) -> dict:
@@ -100,10 +139,9 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
         for cv in cvs:
             wl = workload(args, cv)
             for variant in [v for v in variants if v not in out.get(f"{cv:g}", {})]:
-                # the model in host memory on the first server, on every other one's disk
-                disks = list(range(1, args.nodes))
+                disks, hosts = copies(variant, args.nodes)
                 state, _ = await fresh_copies(
-                    cluster, tmp, MODEL, manifest, f"{variant}-{cv:g}", disks, [0]
+                    cluster, tmp, MODEL, manifest, f"{variant}-{cv:g}", disks, hosts
                 )
                 original = SYSTEMS["flexpipe"]
                 settings = held_at(variant)
@@ -132,6 +170,7 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
 
 
 def simulated(args, config: EmulationConfig, variants, cvs) -> dict:
+    """The simulator's run of each (CV, variant): latencies, TTFTs and refactors."""
     from benchmarks.systems.flexpipe_sim import run_one
     from surge.sim.settings import Slo
 
@@ -140,6 +179,7 @@ def simulated(args, config: EmulationConfig, variants, cvs) -> dict:
     for cv in cvs:
         for variant in variants:
             name = "load-then-serve" if variant == "serverlessllm" else variant
+            raw: list = []
             r = run_one(
                 name,
                 cv,
@@ -152,11 +192,37 @@ def simulated(args, config: EmulationConfig, variants, cvs) -> dict:
                 fine_stages=4,
                 input_tokens=args.prompt_tokens,
                 output_tokens=args.output_tokens,
+                on_result=raw.append,
+                change=deployed(variant, args),
+                max_batch=args.max_num_seqs,
+                warm_instances=1,
             )
+            ttft = [
+                float(f - a) for f, a in zip(raw[0].first_token_s, raw[0].arrival_s, strict=True)
+            ]
             keys = ("e2e_p50_s", "e2e_p99_s", "e2e_mean_s", "ttft_p50_s", "ttft_p99_s")
             out.setdefault(f"{cv:g}", {})[variant] = {
                 k: round(r[k], 4) if r[k] is not None else None for k in keys
-            } | {"gpu_seconds": round(r["gpu_seconds"], 2)}
+            } | {
+                "ttft_p90_s": percentile(ttft, 90),
+                "ttfts_s": sorted(round(x, 4) for x in ttft),
+                "refactors": r["refactors"],
+                "gpu_seconds": round(r["gpu_seconds"], 2),
+            }
+    return out
+
+
+def sim_over_emulated(report: dict) -> dict:
+    """Per (CV, variant): the simulator's TTFT p50 / p90 and e2e mean over the emulated
+    runtime's (the issue's bar: within 15%, i.e. 0.85-1.15)."""
+    out: dict = {}
+    for cv, row in report["emulated"].items():
+        for v, emu in row.items():
+            sim = report["simulated"].get(cv, {}).get(v) or {}
+            out.setdefault(cv, {})[v] = {
+                k: round(sim[k] / emu[k], 3) if sim.get(k) and emu.get(k) else None
+                for k in ("ttft_p50_s", "ttft_p90_s", "e2e_mean_s")
+            }
     return out
 
 
@@ -226,7 +292,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=128, help="§9: 128")
-    ap.add_argument("--statics", default="1,4", help="static stage counts compared ('': none)")
+    ap.add_argument("--statics", default="1,2,4,8", help="static stage counts compared ('': none)")
+    ap.add_argument(
+        "--systems",
+        default="",
+        help="the variants run on the emulation this time (comma list of flexpipe, static-N, "
+        "serverlessllm; '': all); the simulator runs all of them",
+    )
     ap.add_argument("--target-ongoing", type=float, default=4.0)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--max-prompt", type=int, default=512)
@@ -252,11 +324,15 @@ def main() -> None:
     cvs = [float(c) for c in args.cvs.split(",")]
     statics = [f"static-{n}" for n in args.statics.split(",") if n]
     variants = ["flexpipe", *statics, "serverlessllm"]
+    chosen = [v for v in args.systems.split(",") if v] or variants
+    if unknown := sorted(set(chosen) - set(variants)):
+        ap.error(f"--systems: unknown {', '.join(unknown)} (choose among {', '.join(variants)})")
     report: dict = report_head(args, config, PAPER) | {"rate_qps": args.rate}
     report["emulated"], report["real_model_bytes"] = run_on_real_model(
-        args, config, lambda tmp, m, e: run_all(args, tmp, m, e, variants, cvs)
+        args, config, lambda tmp, m, e: run_all(args, tmp, m, e, chosen, cvs)
     )
     report["simulated"] = simulated(args, config, variants, cvs)
+    report["sim_over_emulated"] = sim_over_emulated(report)
     report["ratios_to_flexpipe"] = {
         "emulated": ratios(report["emulated"]),
         "simulated": ratios(report["simulated"]),

@@ -132,17 +132,25 @@ def run_one(
     provisioned_groups: int | None = None,
     on_result: Callable[[SimResult], None] | None = None,
     change: Callable[[SystemConfig], SystemConfig] | None = None,
+    max_batch: int | None = None,
+    warm_instances: int = 0,
 ) -> dict:
     """One variant on one trace. A `provisioned-N` or `isocost-N` variant holds
     `provisioned_groups` groups of N stages from before the first arrival to the end (see
     the module). `on_result` gets the raw result (per-request times, FlexPipe Fig. 11);
-    `change` alters the system last (a counterfactual)."""
+    `change` alters the system last (a counterfactual). `max_batch` (None: the simulator's
+    default) and `warm_instances` (serving at time 0) set the scenario as the emulated
+    runtime's benchmark deploys it (`benchmarks/emulation/flexpipe.py`)."""
     if workload == "phased":
         trace = phased_trace(rate_rps, cv, duration_s, seed, phase_s, input_tokens, output_tokens)
     else:
         trace = gamma_trace(rate_rps, cv, duration_s, seed, input_tokens, output_tokens)
     system = "serverlessllm" if variant == "load-then-serve" else "flexpipe"
     settings = SimSettings(cluster, (model,), system, seed=seed, slo=slo)
+    if max_batch is not None or warm_instances:
+        settings = replace(
+            settings, max_batch=max_batch or settings.max_batch, warm_instances=warm_instances
+        )
     stages = _static_stages(variant, fine_stages, coarse_stages)
     config = system_config(system)
     if stages is not None:  # the system's one FlexPipe settings object, held at one shape
