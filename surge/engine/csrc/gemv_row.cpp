@@ -157,6 +157,9 @@ void fold_block(const float* w, int64_t ld, const float* x, int64_t r0, int64_t 
   constexpr int64_t chunk = kChunkFloats / M;
   for (int64_t j0 = c0; j0 < c1; j0 += chunk) {
     const int64_t j1 = std::min(c1, j0 + chunk);
+    // The block is this chunk's only writer: it zeroes the chunk where it is about to sum
+    // into it (in cache, on its own thread), not the caller the whole output beforehand.
+    for (int m = 0; m < M; m++) std::fill(y + m * ldy + j0, y + m * ldy + j1, 0.0f);
     for (int64_t r = r0; r < r1; r += kRows) {
       const int64_t nrows = std::min(kRows, r1 - r);
       if (kHasAvx512) {
@@ -192,19 +195,19 @@ void gemv_rows(const float* w, int64_t ld, const float* x, int64_t k, int64_t n,
   // The partials live in a buffer kept per calling thread, not a tensor per call: a buffer
   // over malloc's mmap threshold (128 KB) was mapped, faulted in and unmapped on every call,
   // and an unmap stops the other threads for a TLB shootdown. Each block zeroes its own
-  // partial rows, on the thread that fills them.
+  // partial rows (`fold_block`), on the thread that fills them.
   thread_local std::vector<float> buffer;
   if (buffer.size() < static_cast<size_t>(blocks * M * n)) buffer.resize(blocks * M * n);
   float* p = buffer.data();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++) {
       float* part = p + b * M * n;
-      std::fill(part, part + M * n, 0.0f);
       fold_block<M>(w, ld, x, b * per_block, std::min(k, (b + 1) * per_block), 0, n, part, n);
     }
   });
   at::parallel_for(0, M * n, kMinReduceColumns, [&](int64_t j0, int64_t j1) {
-    for (int64_t b = 0; b < blocks; b++) {
+    std::copy(p + j0, p + j1, y + j0);
+    for (int64_t b = 1; b < blocks; b++) {
       const float* row = p + b * M * n;
       for (int64_t j = j0; j < j1; j++) y[j] += row[j];
     }
@@ -225,7 +228,7 @@ torch::Tensor gemv_row(torch::Tensor x, torch::Tensor wt) {
               " input rows, not ", m);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
-  auto y = torch::zeros(shape, x.options());
+  auto y = torch::empty(shape, x.options());  // every output is written (`fold_block`)
   const float* w = wt.data_ptr<float>();
   float* out = y.data_ptr<float>();
   // Threads split the weight's rows (the input), not its columns: each streams whole
@@ -240,8 +243,16 @@ torch::Tensor gemv_row(torch::Tensor x, torch::Tensor wt) {
     gemv_rows<1>(w, ld, xc.data_ptr<float>(), k, n, out);
     return y;
   }
-  auto xt = x.reshape({m, k}).t().contiguous();  // [k, M]: see fold_rows_m
-  const float* xs = xt.data_ptr<float>();
+  // The inputs transposed, [k, M] (see fold_rows_m), into a buffer kept per calling
+  // thread: a transposed copy as a tensor cost a clone's dispatch per call.
+  auto xc = x.contiguous();
+  const float* xr = xc.data_ptr<float>();
+  thread_local std::vector<float> transposed;
+  if (transposed.size() < static_cast<size_t>(k * m)) transposed.resize(k * m);
+  float* xs = transposed.data();
+  for (int64_t i = 0; i < m; i++) {
+    for (int64_t r = 0; r < k; r++) xs[r * m + i] = xr[i * k + r];
+  }
   switch (m) {
     case 2: gemv_rows<2>(w, ld, xs, k, n, out); break;
     case 3: gemv_rows<3>(w, ld, xs, k, n, out); break;
