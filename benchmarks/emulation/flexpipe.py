@@ -331,7 +331,9 @@ def main() -> None:
     report["emulated"], report["real_model_bytes"] = run_on_real_model(
         args, config, lambda tmp, m, e: run_all(args, tmp, m, e, chosen, cvs)
     )
-    report["simulated"] = simulated(args, config, variants, cvs)
+    # every CV with emulated runs (a --resume sitting may have run others than `--cvs`)
+    sim_cvs = sorted({float(c) for c in report["emulated"]} | set(cvs))
+    report["simulated"] = simulated(args, config, variants, sim_cvs)
     report["sim_over_emulated"] = sim_over_emulated(report)
     report["ratios_to_flexpipe"] = {
         "emulated": ratios(report["emulated"]),

@@ -234,6 +234,19 @@ class FlexPipe:
         self._pipeline(inst, len(spans))
         self._hosting(inst.pool_key[0], spans)
 
+    def adopt_warm(self, pool: Pool) -> None:
+        """`pool`'s instances serving at time 0 (`SimSettings.warm_instances`, whole models
+        on one GPU each) become one-stage groups, as the runtime deploys its first
+        FlexPipeline (`[(node, 0, L)]`): routed to their pipeline target and re-cut by the
+        granularity loop like any group (before, they were plain instances the loop never
+        saw, which `pack` treated as full)."""
+        if not self.enabled:
+            return
+        layers = self.world.models[pool.model].profile.num_layers
+        for inst in pool.instances:
+            if inst.id not in self.spans:
+                self.register(inst, ((inst.placement.workers[0][0], (0, layers)),))
+
     def _pipeline(self, inst: Instance, num_stages: int) -> None:
         """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum
         of its stages' throughputs), as many as its KV cache allows, the runtime head's

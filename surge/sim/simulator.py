@@ -264,6 +264,7 @@ class Simulation:
         if self.settings.warm_instances:
             for pool in self.pools.values():
                 self.scaler.scale_out(pool, self.settings.warm_instances, warm=True)
+                self.flexpipe.adopt_warm(pool)
         loop.schedule(0.0, Priority.SAMPLE, 0, self._sample)
         last = self.requests[-1].arrival_s if self.requests else 0.0
         loop.run(last + self.settings.max_drain_s, on_progress)
