@@ -73,7 +73,8 @@ class Scenario:
     serve: dict[str, Any] = field(default_factory=dict)
     """Config-file keys of `surge serve` beside nodes and deployments (max_num_seqs, ...)."""
     time_dilation: float = 20.0
-    """D (`--time-dilation`): the least that keeps violations under 1% here (README)."""
+    """D (`--time-dilation`) of this check: violations stayed under 1% at it on this host
+    (docs/emulation.md, "Checking a deployment's mechanisms")."""
     settle_s: float = 60.0
     """Real seconds after the burst to wait for the counter (a consolidation follows the
     burst's quiet window)."""
