@@ -236,16 +236,29 @@ class FlexPipe:
 
     def adopt_warm(self, pool: Pool) -> None:
         """`pool`'s instances serving at time 0 (`SimSettings.warm_instances`, whole models
-        on one GPU each) become one-stage groups, as the runtime deploys its first
-        FlexPipeline (`[(node, 0, L)]`): routed to their pipeline target and re-cut by the
-        granularity loop like any group (before, they were plain instances the loop never
-        saw, which `pack` treated as full)."""
+        on one GPU each) become groups of the stage count a new group gets now (Eq. 11/12
+        with no arrivals yet: one stage as shipped, N for a system held at N), their
+        first stage on their GPU and the rest on free ones, as the runtime deploys its
+        first FlexPipeline: routed to their pipeline target and re-cut by the granularity
+        loop like any group (before, they were plain instances the loop never saw, which
+        `pack` treated as full)."""
         if not self.enabled:
             return
         layers = self.world.models[pool.model].profile.num_layers
         for inst in pool.instances:
-            if inst.id not in self.spans:
-                self.register(inst, ((inst.placement.workers[0][0], (0, layers)),))
+            if inst.id in self.spans:
+                continue
+            gpu = inst.placement.workers[0][0]
+            spans: Spans = ((gpu, (0, layers)),)
+            eta = self._scale_out_num_stages(pool)
+            choice = self._choose(pool, eta, (gpu,)) if eta > 1 else None
+            if choice is not None:
+                spans = tuple(zip(choice.slots, choice.bounds, strict=True))
+                self.gpus.take(tuple(g for g in choice.slots if g != gpu))
+                machine = self.world.state.machine_of_gpu[gpu].index
+                inst.placement = Placement(tuple((g,) for g, _ in spans), machine)
+                inst.set_hop((len(spans) - 1) * self.world.system.stage_hop_s)
+            self.register(inst, spans)
 
     def _pipeline(self, inst: Instance, num_stages: int) -> None:
         """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum
