@@ -264,6 +264,7 @@ def check_one(name: str, sc: Scenario, store: Path, args: argparse.Namespace) ->
             out.update(
                 counter=sc.counter,
                 counter_value=metric_sum(text, sc.counter),
+                counter_by_label=metric_by_label(text, sc.counter),
                 counters={
                     c: metric_sum(text, c)
                     for c in (
