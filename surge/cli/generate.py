@@ -51,10 +51,10 @@ def generate(
     """Generate text from a model store on this machine (CUDA if present, else CPU)."""
     if (prompt is None) == (prompt_token_ids is None):
         raise SurgeError("give exactly one of --prompt TEXT or --prompt-token-ids 1,2,3")
+    # torch-free imports first: a bad flag, store or prompt is refused in well under a second,
+    # before torch (~3 s to import) loads with the engine below.
     from surge.config import EngineConfig
-    from surge.engine.llm_engine import LLMEngine, check_prompt, context_limit
     from surge.engine.sampling import SamplingParams
-    from surge.model.default_store import default_model
     from surge.model.manifest import read_manifest
     from surge.model.tokenizer import load_tokenizer
 
@@ -68,7 +68,11 @@ def generate(
         seed=seed,
         ignore_eos=ignore_eos,
     ).validate()
-    manifest = read_manifest(store_dir if store_dir is not None else default_model()[0])
+    if store_dir is None:
+        from surge.model.default_store import default_model
+
+        store_dir = default_model()[0]
+    manifest = read_manifest(store_dir)
     tokenizer = (
         load_tokenizer(manifest.root / manifest.tokenizer_file)
         if manifest.tokenizer_file and manifest.root
@@ -80,6 +84,8 @@ def generate(
         ids = tokenizer.encode(prompt).ids
     else:
         ids = _parse_token_ids(prompt_token_ids or "")
+    from surge.engine.llm_engine import LLMEngine, check_prompt, context_limit
+
     config = EngineConfig()
     check_prompt(manifest.arch, config, ids)
     limit = context_limit(manifest.arch, config)

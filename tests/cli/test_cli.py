@@ -6,6 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.model.tiny import PRESETS
@@ -115,48 +117,43 @@ def test_generate_without_a_store_makes_the_default_model(tmp_path: Path) -> Non
     assert again == first
 
 
-def test_bad_inputs_exit_2_with_one_line(tiny_hf: Path, tmp_path: Path) -> None:
-    assert_one_line_error(
-        run_surge("model", "import", str(tmp_path / "nope"), str(tmp_path / "s")), "not a directory"
-    )
+# Each bad input is its own case (its own `surge` subprocess), so pytest-xdist spreads them
+# over the workers. "{hf}" is the tiny HF checkpoint, "{store}" its imported block store,
+# "{tmp}" a fresh directory.
+BAD_INPUTS = [
+    (("model", "import", "{tmp}/nope", "{tmp}/s"), ("not a directory",)),
+    (("model", "import", "{tmp}/gpt2", "{tmp}/s"), ("not a Llama-family model",)),
+    (("model", "import", "{hf}", "{tmp}/s", "--blocks", "0"), ("out of range", "1 <= blocks <= 4")),
+    (("model", "import", "{hf}", "{tmp}/s", "--blocks", "9"), ("out of range", "1 <= blocks <= 4")),
+    (("generate", "{tmp}/nope", "--prompt", "x"), ("not a directory",)),
+    (("generate", "{hf}", "--prompt", "x"), ("surge model import",)),
+    (
+        ("generate", "{store}", "--prompt-token-ids", ",".join(["5"] * 2048)),
+        ("2048 tokens", "shorten the prompt"),
+    ),
+    (("generate", "{store}", "--prompt-token-ids", "1,x"), ("comma-separated",)),
+    (("generate", "{store}"), ("--prompt",)),
+    (("generate", "{store}", "--prompt", "x", "--top-p", "0"), ("top_p",)),
+    (("model", "create-tiny", "{tmp}/t", "--preset", "huge"), ("--preset",)),
+]
+
+
+@pytest.mark.parametrize(("args", "fragments"), BAD_INPUTS, ids=lambda v: " ".join(v)[:40])
+def test_bad_inputs_exit_2_with_one_line(
+    args: tuple[str, ...],
+    fragments: tuple[str, ...],
+    tiny_hf: Path,
+    tiny_store: Path,
+    tmp_path: Path,
+) -> None:
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    assert_one_line_error(
-        run_surge("model", "import", str(gpt2), str(tmp_path / "s")), "not a Llama-family model"
-    )
-    for b in ("0", "9"):
-        assert_one_line_error(
-            run_surge("model", "import", str(tiny_hf), str(tmp_path / "s"), "--blocks", b),
-            "out of range",
-            "1 <= blocks <= 4",
-        )
-    assert_one_line_error(
-        run_surge("generate", str(tmp_path / "nope"), "--prompt", "x"), "not a directory"
-    )
-    assert_one_line_error(
-        run_surge("generate", str(tiny_hf), "--prompt", "x"), "surge model import"
-    )
+    paths = {"hf": str(tiny_hf), "store": str(tiny_store), "tmp": str(tmp_path)}
+    assert_one_line_error(run_surge(*(a.format(**paths) for a in args)), *fragments)
 
-    store = tmp_path / "store"
-    assert run_surge("model", "import", str(tiny_hf), str(store), "-q").returncode == 0
-    too_long = ",".join(["5"] * 2048)
-    assert_one_line_error(
-        run_surge("generate", str(store), "--prompt-token-ids", too_long),
-        "2048 tokens",
-        "shorten the prompt",
-    )
-    assert_one_line_error(
-        run_surge("generate", str(store), "--prompt-token-ids", "1,x"), "comma-separated"
-    )
-    assert_one_line_error(run_surge("generate", str(store)), "--prompt")
-    assert_one_line_error(
-        run_surge("generate", str(store), "--prompt", "x", "--top-p", "0"), "top_p"
-    )
-    assert_one_line_error(
-        run_surge("model", "create-tiny", str(tmp_path / "t"), "--preset", "huge"), "--preset"
-    )
-    # A usage error (unknown option) is also exit 2 and names the problem.
+
+def test_an_unknown_option_exits_2_naming_it() -> None:
     proc = run_surge("generate", "--bogus")
     assert proc.returncode == 2 and "No such option" in proc.stderr
 
