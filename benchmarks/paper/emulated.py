@@ -80,7 +80,7 @@ def _flexpipe_fig8(doc: dict) -> dict[str, str]:
         return f"{v}x" if v is not None else "not run"
 
     parts = []
-    for cv, row in emu.items():
+    for cv, row in sorted(emu.items(), key=lambda kv: float(kv[0])):
         srow = sim.get(cv, {})
         sllm = (row.get("serverlessllm") or {}).get("e2e_mean_s")
         sim_sllm = (srow.get("serverlessllm") or {}).get("e2e_mean_s")
