@@ -13,8 +13,9 @@ from the rest of the machine hits them alike. Shapes:
 - long prompts (`--long-prompts`, the real model): prompt + 1 token, seconds (prefill).
 Each measurement uses new random prompts (no engine's prefix cache hits). Beside them, the
 memory-bandwidth limit of batch-1 decode measured in the same run at the same thread count
-(read bandwidth of a 512 MB tensor / bytes of projections read per token), and what surge's
-one-row kernel and MKL's gemv reach over the same weights. The 1-minute load average is
+(the best read bandwidth over a 512 MB tensor, torch's sum or MKL's gemv, / bytes of
+projections read per token), and what surge's one-row kernel and MKL's gemv reach over the
+same weights. The 1-minute load average is
 recorded with every measurement (the machine is shared). Rates per wall second and per CPU
 second of each engine's process. Writes benchmarks/results/engine/engine_vs_peers.json and .png.
 

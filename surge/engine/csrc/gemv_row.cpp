@@ -6,9 +6,9 @@
 // a column slice of a fused q|k|v or gate|up keeps its parent's stride). The output rows are
 // done in chunks of kChunkFloats / M columns (32 KB: stays in L1); for each chunk, eight rows
 // of Wt at a time are folded into it, each weight vector loaded serving every input row, and
-// each row prefetched a page ahead. Threads split the weight's rows in fixed blocks (partial
-// sums added in block order), or, for the wide head, its columns: either way the sums do not
-// depend on the thread count. Measured (strict quiet-run, 2026-11-28 07:38, SmolLM2's
+// for a batch each row prefetched a page ahead. Threads split the weight's rows in fixed
+// blocks (partial sums added in block order), or, for the wide head, its columns: either way
+// the sums do not depend on the thread count. Measured (strict quiet-run, 2026-11-28 07:38, SmolLM2's
 // projections in step order, 538 MB, best of 6): at 2 threads 31.8 GB/s at one row where
 // MKL's gemv reads 30.2, and 16.5 GB/s at eight rows where MKL's sgemm reads 12.4. Sums run
 // in another order than MKL's, so results differ in the last bits (relative ~1e-6).
@@ -28,9 +28,11 @@ constexpr int64_t kChunkFloats = 8192;
 // kTile, instead of the rows.
 constexpr int64_t kWideColumns = 16384;
 constexpr int64_t kTile = 64;
-// How far ahead along a row the AVX-512 loop prefetches (4 KB, a page). Measured on SmolLM2's
-// projections in step order (strict quiet-run, 2 threads): 4 KB ahead 31.8 GB/s at one row
-// and 16.5 at eight, none 30.4 and 15.6, 2 KB ahead 28.8 and 16.4 (best of 6 passes).
+// How far ahead along a row the AVX-512 loop prefetches for a batch (2-8 rows): 4 KB, a page
+// (the hardware prefetchers stop at page boundaries). Measured on SmolLM2's projections in
+// step order (strict quiet-run, best of 6 passes): 8 rows at 2 threads 32.5 ms with it, 34.4
+// without, 2 KB ahead 32.8; one row at 2 threads 16.9 / 17.7 / 18.7 ms but medians 21.4 /
+// 20.8 / 21.5 (a wash), and at one thread 30.2 with it against 28.4 without: one row skips it.
 constexpr int64_t kPrefetchFloats = 1024;
 // Below this many weight floats (256 KB) one thread does the whole call: waking a second
 // costs more than it saves.
@@ -121,10 +123,11 @@ __attribute__((target("avx512f"))) void fold_rows_m512(const float* rows, int64_
     for (int64_t i = 0; i < nrows; i++) {
       const __m512 wa = _mm512_loadu_ps(rows + i * ld + j);
       const __m512 wb = _mm512_loadu_ps(rows + i * ld + j + 16);
-      // The same row a page ahead (the hardware prefetchers stop at page boundaries).
-      const char* ahead = reinterpret_cast<const char*>(rows + i * ld + j + kPrefetchFloats);
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      if constexpr (M > 1) {  // the same row a page ahead (see kPrefetchFloats)
+        const char* ahead = reinterpret_cast<const char*>(rows + i * ld + j + kPrefetchFloats);
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      }
       for (int m = 0; m < M; m++) {
         const __m512 c = _mm512_set1_ps(xt[i * M + m]);
         a[m] = _mm512_fmadd_ps(wa, c, a[m]);
