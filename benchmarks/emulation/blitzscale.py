@@ -207,7 +207,15 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
             if system != "blitzscale":
                 controller["host_keep_alive_s"] = SLLM_KEEP_ALIVE_S
             out[system] = await serve_workload(
-                cluster, state, emulation, spec(system, args), wl, 2, controller, args.drain
+                cluster,
+                state,
+                emulation,
+                spec(system, args),
+                wl,
+                2,
+                controller,
+                args.drain,
+                on_result=lambda r, s=system: save_partial(args, out | {s: r}, staging=staging),
             )
             log.info(
                 "%s: %s",

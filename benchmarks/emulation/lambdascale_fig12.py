@@ -299,8 +299,9 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel("all requests' first token (emulated s)")
     ax.legend()
     ax.set_title(
-        f"EMULATED {report['emulate']}, {report['nodes']} agents, D={dilations(report)}, "
-        f"{report['requests']} requests, 1 warm instance (λScale Fig. 12)"
+        f"EMULATED {report['emulate']}, {report['nodes']} agents, D={dilations(report)},\n"
+        f"{report['requests']} requests, 1 warm instance (λScale Fig. 12)",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)

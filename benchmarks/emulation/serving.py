@@ -261,10 +261,13 @@ async def serve_workload(
     ready: int,
     controller: dict[str, Any],
     drain_s: float | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Deploy `spec` behind a fresh controller on `cluster`, wait for `ready` serving
     instances, replay `workload` on the controller's (emulated) clock and report what the
-    requests and the controller saw, in emulated seconds."""
+    requests and the controller saw, in emulated seconds. `on_result` gets it before the
+    deployment is deleted: the deletion waits for loads still in flight (a ServerlessLLM SSD
+    load outlasts the burst by minutes at D = 40), and a sitting cut off then keeps it."""
     cfg = ControllerConfig(
         state_dir=state, nodes=len(cluster.addresses), emulation=emulation, **controller
     )
@@ -350,7 +353,7 @@ async def serve_workload(
         }
         steps = sum(after[n][0] - before[n][0] for n in after)
         bad = sum(after[n][1] - before[n][1] for n in after)
-        return {
+        result = {
             "strategy": spec["strategy"],
             "requests": len(reqs),
             "finished": sum(r.done.is_set() for r in reqs),
@@ -388,6 +391,9 @@ async def serve_workload(
             "load_average": os.getloadavg(),
             "code": code_version(),
         }
+        if on_result is not None:
+            on_result(result)
+        return result
     finally:
         with contextlib.suppress(
             Exception
