@@ -81,6 +81,7 @@ def _log(server: Serve) -> str:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_client_that_goes_away_aborts_its_work(server: Serve, stream: bool) -> None:
     agent = _agent_of(server, "a")
     _busy_then_gone(server, {"model": "a", **LONG, "stream": stream})
@@ -90,6 +91,7 @@ def test_a_client_that_goes_away_aborts_its_work(server: Serve, stream: bool) ->
     assert "Traceback" not in log and "internal error" not in log
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_deleting_a_deployment_ends_its_requests_with_an_error(server: Serve) -> None:
     answers: dict[str, httpx.Response] = {}
 

@@ -51,6 +51,7 @@ def _response(s: socket.socket) -> str:
     return data.decode(errors="replace")
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_declared_huge_body_is_413_at_once_without_being_sent(server: Serve) -> None:
     size = 300 * 10**6
     t0 = time.monotonic()

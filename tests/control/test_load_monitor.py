@@ -7,6 +7,8 @@ controller and reaches the policy."""
 import asyncio
 import time
 
+import pytest
+
 from surge.control.controller import Controller, ControllerConfig
 from surge.control.spec import DeploymentSpec
 from surge.engine.sampling import SamplingParams
@@ -31,6 +33,7 @@ def test_a_spec_takes_its_systems_autoscaling_and_overrides_fields() -> None:
     assert mine.autoscaling.target_ongoing_requests == BLITZ.target_ongoing_requests
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_blitzscale_scales_down_after_two_idle_seconds_lambdascale_does_not(
     tmp_path, tiny_store_dir
 ) -> None:

@@ -25,6 +25,7 @@ def _value(text: str, name: str, **labels: str) -> float:
     return total
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_hold_queue_refuses_past_its_bound_and_times_out_held_requests(tmp_path, tiny_store_dir):
     state = tmp_path / "state"
     (state / "registry").mkdir(parents=True)

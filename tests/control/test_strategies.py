@@ -127,6 +127,7 @@ def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, 
 
 
 @pytest.mark.parametrize("num_requests", [1, 10], ids=["quiet-scale-down", "busy-scale-up"])
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
     num_requests, tmp_path, tiny_store_dir, reference
 ) -> None:

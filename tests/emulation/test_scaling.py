@@ -108,6 +108,7 @@ def test_activations_and_kv_are_charged_at_their_own_ratio(tiny_store) -> None:
     assert 0 < c.hidden < 0.1 and 0 < c.kv < 1  # both far cheaper than a weight byte
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_frame_paced_at_a_charge_takes_that_share_of_its_time() -> None:
     """`send(pace=f)` pays f tokens a byte at both ends: a 1 MB frame at 0.1 over a 4 MB/s
     link takes ~25 ms, not ~250 ms; a bad pace in a header is a frame error."""

@@ -120,6 +120,7 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
 
 
 @pytest.mark.parametrize("num_requests", [1, 6], ids=["quiet-scale-down", "busy-scale-up"])
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_paraserve_single_cold_start_fetches_in_parallel(
     num_requests, make_cluster, manifest, tiny_hf
 ) -> None:

@@ -33,6 +33,7 @@ async def status(client, nodes):
     return {n: await client.call(n, StatusOp()) for n in nodes}
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_loads_and_steps_take_the_emulated_time(make_cluster, manifest) -> None:
     emu = emulated(manifest)
     cluster = make_cluster(1, emulation=emu, preload_engine=True)

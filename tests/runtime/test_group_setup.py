@@ -26,6 +26,7 @@ async def _on_local(node: int, ep) -> None:
 
 
 @pytest.mark.parametrize("setup_s", [0.0, SETUP_S])
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_multicast_waits_for_its_group_on_the_serving_clock(
     setup_s, make_cluster, manifest
 ) -> None:

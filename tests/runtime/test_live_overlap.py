@@ -9,6 +9,8 @@ import asyncio
 import time
 from dataclasses import replace
 
+import pytest
+
 from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
 from surge.policy.systems import system_config
@@ -33,6 +35,7 @@ def _overlaps(a: tuple[int, float, float], b: tuple[int, float, float]) -> bool:
     return max(a[1], b[1]) < min(a[2], b[2])
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_zigzag_batches_overlap_across_target_and_source_and_wake_on_a_layer(
     make_cluster, manifest, tiny_hf
 ) -> None:

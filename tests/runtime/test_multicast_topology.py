@@ -10,6 +10,8 @@ who sent which block to whom, which must be the plan's forest.
 import asyncio
 from collections.abc import Mapping
 
+import pytest
+
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.systems import system_config
 from surge.runtime.launch.local import LocalCluster
@@ -101,6 +103,7 @@ def test_a_slow_node_is_chained_last_and_is_slow(make_cluster, manifest) -> None
     assert done[1] >= 0.8 * manifest.total_bytes * 8 / (SLOW_GBPS * 1e9)
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_host_group_is_fed_once_over_the_network(make_cluster, manifest) -> None:
     group = (1, 3, 4)
     nic_gbps = NIC_GBPS / 4

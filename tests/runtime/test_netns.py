@@ -101,6 +101,7 @@ def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None, dead: S
 
 
 @needs_netns
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_shaped_three_node_cluster_multicasts_token_exact_at_the_tc_rate(
     make_netns, manifest
 ) -> None:
@@ -161,6 +162,7 @@ def tcp_seconds(cluster: NetnsCluster, src: int, dst: int, num_bytes: int) -> fl
 
 
 @needs_netns
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_host_group_has_a_fast_link_of_its_own(make_netns) -> None:
     gbps, num_bytes = 0.05, 4_000_000
     cluster = make_netns(3, link_gbps=gbps, host_groups=((0, 1),), cpu_cores_per_node=0)

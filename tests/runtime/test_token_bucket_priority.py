@@ -11,6 +11,8 @@ import statistics
 import threading
 import time
 
+import pytest
+
 from surge.runtime.token_bucket import TokenBucket
 
 RATE_BYTES_PER_S = 2e6
@@ -49,6 +51,7 @@ def _packet_waits(background: bool) -> tuple[float, float]:
     return statistics.median(waits), fetched[0] / (time.perf_counter() - t0)
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_packets_do_not_wait_behind_a_background_fetch() -> None:
     prio_wait_s, prio_rate = _packet_waits(background=True)
     fifo_wait_s, _ = _packet_waits(background=False)

@@ -23,6 +23,7 @@ from surge.wire import encode_frame
 from tests.runtime.conftest import MODEL, connected
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_token_bucket_paces_to_its_rate() -> None:
     bucket = TokenBucket(10e6)  # 10 MB/s
 
@@ -138,6 +139,7 @@ def one_block_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("egress_gbps", "ingress_gbps"), [((0.2, 0.2), (0.2, 0.2)), ((0.4, 0.4), (0.1, 0.1))]
 )
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_bandwidth_caps_hold_within_15_percent(
     make_cluster,
     one_block_registry: Path,
@@ -163,6 +165,7 @@ def test_bandwidth_caps_hold_within_15_percent(
     assert result.complete_s == pytest.approx(expected_s, rel=0.15)
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_wait_sent_holds_until_the_peer_has_the_bytes() -> None:
     """`send` returns once the kernel took a frame; `wait_sent` returns only once the peer
     has it (the agent's egress port is busy until then, so two sends never share a link)."""
@@ -215,6 +218,7 @@ def test_wait_sent_holds_until_the_peer_has_the_bytes() -> None:
     assert after == 0 and waited_s < 5.0
 
 
+@pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_trickling_payload_wakes_the_reader_per_low_water_mark_not_per_packet() -> None:
     """A payload arriving a few KB at a time (a slow link) is read in a few large pieces:
     the socket's low-water mark is the rest of the frame, at most `RECV_LOWAT_BYTES`. A
