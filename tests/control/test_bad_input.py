@@ -232,7 +232,8 @@ def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
 def test_bad_config_file_is_one_line_exit_2(tmp_path: Path, name, text, words) -> None:
     cfg = tmp_path / name
     cfg.write_text(text)
-    r = run_surge("serve", "--config", str(cfg), "--state-dir", str(tmp_path / "s"))
+    # --port 0: settings are checked after the listener binds, and 8000 may be another test's.
+    r = run_surge("serve", "--config", str(cfg), "--state-dir", str(tmp_path / "s"), "--port", "0")
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and words in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
