@@ -9,6 +9,10 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'surg
 from tests.control.conftest import start_serve  # noqa: E402
 from tests.control.test_serve_openai import GREEDY, MODEL  # noqa: E402
 
+# Each test starts its own local Ray cluster on 127.0.0.1: under pytest-xdist two at once on
+# the 2 workers would compete for Ray's default ports and the cores; one worker runs them all.
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 @pytest.fixture
 def ray_address():
