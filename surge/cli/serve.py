@@ -13,7 +13,6 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,15 +23,14 @@ from surge.cli.serve_cluster import cluster_settings
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
     check_machine,
-    host_groups,
+    controller_config,
     load_config,
-    per_node_numbers,
+    make_state_dir,
     read_chat_template,
     resolve_api_key,
-    resolve_state_dir,
 )
 from surge.cli.serve_emulation import emulated_store, emulation_config
-from surge.control.settings import DEFAULT_HOST_CACHE_BYTES
+from surge.control.settings import DEFAULT_HOST_CACHE_BYTES, ControllerConfig
 from surge.errors import SurgeError
 from surge.policy.systems import serve_system
 
@@ -225,10 +223,13 @@ def serve(
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
     cfg["cluster"] = cluster
     cfg["agent_host"] = agent_host or "127.0.0.1"
+    ccfg = controller_config(
+        cfg, num_nodes
+    )  # checked before the port binds: nothing bound on a bad one
     # Bind before anything starts: a busy port is one error line, not a started cluster.
     sock = bind_listener(cfg.get("host", "127.0.0.1"), port_)
     try:  # after the port: a busy port must leave nothing behind
-        cfg["state_path"] = resolve_state_dir(cfg.get("state_dir"))
+        make_state_dir(ccfg.state_dir)
     except SurgeError:
         sock.close()
         raise
@@ -239,56 +240,31 @@ def serve(
     # This process handles SIGINT from its event loop on, and stops the agents itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        asyncio.run(_serve(cfg, num_nodes, sock, deployments, {"strategy": strategy_, **chat}))
+        asyncio.run(_serve(cfg, ccfg, sock, deployments, {"strategy": strategy_, **chat}))
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sock.close()
 
-
-_CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {
-    "link_gbps": float,
-    "slots_per_node": int,
-    "max_num_seqs": int,
-    "fuse_projections": bool,
-    "compile_decode": bool,
-    "tick_s": float,
-    "launcher": str,
-    "ray_address": str,
-    "cluster": str,
-    "agent_host": str,
-}
-"""Config-file keys (and flags) that fill `ControllerConfig` fields of the same name, each
-with its conversion; a key absent or null keeps the field's default."""
 
 SHUTDOWN_GRACE_S = 5.0
 """On Ctrl-C, how long open responses may finish before they are cut."""
 
 
 async def _serve(
-    cfg: dict[str, Any], num_nodes: int, sock: socket.socket, deployments: list, default: dict
+    cfg: dict[str, Any],
+    ccfg: ControllerConfig,
+    sock: socket.socket,
+    deployments: list,
+    default: dict,
 ) -> None:
     """`default`: the settings (strategy, chat template) of the default model's deployment."""
     import uvicorn
 
     from surge.api.app import create_app
-    from surge.control.controller import Controller, ControllerConfig
+    from surge.control.controller import Controller
     from surge.model.default_store import default_model
 
-    state = cfg["state_path"]
-    # Only the settings the user gave: every default lives in `ControllerConfig` alone.
-    given = {k: conv(cfg[k]) for k, conv in _CONTROLLER_FIELDS.items() if cfg.get(k) is not None}
-    if cfg.get("host_cache_gb") is not None:
-        given["host_cache_bytes"] = int(float(cfg["host_cache_gb"]) * (1 << 30))
-    ccfg = ControllerConfig(
-        state_dir=state,
-        nodes=num_nodes,
-        egress_gbps=per_node_numbers(cfg, "egress_gbps"),
-        ingress_gbps=per_node_numbers(cfg, "ingress_gbps"),
-        host_groups=tuple(host_groups(cfg)),
-        emulation=cfg.get("emulation"),
-        **given,
-        **cfg["cluster_settings"],
-    )
+    state = ccfg.state_dir
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -325,7 +301,7 @@ async def _serve(
                         "ready": True,
                         "url": f"http://{bound[0]}:{bound[1]}",
                         "port": bound[1],
-                        "nodes": num_nodes,
+                        "nodes": ccfg.nodes,
                         "models": sorted(controller.deployments),
                         "state_dir": str(state),
                     }

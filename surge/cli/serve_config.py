@@ -7,9 +7,11 @@ import hashlib
 import os
 import shutil
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from surge.control.settings import ControllerConfig
 from surge.errors import SurgeError
 from surge.policy.nodes.machine_fit import ClusterAsk, MachineFacts, machine_problems
 from surge.policy.systems import SYSTEMS, serve_system
@@ -140,10 +142,14 @@ def default_state_dir() -> Path:
     return surge_home() / "serve" / f"{clone.name}-{digest}"
 
 
-def resolve_state_dir(value: str | None) -> Path:
+def state_dir_path(value: str | None) -> Path:
     """The state directory to use (`--state-dir`, the config's `state_dir`, else the default
-    above), created and checked writable before anything starts."""
-    path = Path(value).expanduser().resolve() if value else default_state_dir()
+    above); nothing is made yet (`make_state_dir` does, once the port is ours)."""
+    return Path(value).expanduser().resolve() if value else default_state_dir()
+
+
+def make_state_dir(path: Path) -> None:
+    """Create the state directory and check it is writable, or one `SurgeError` line."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -153,7 +159,42 @@ def resolve_state_dir(value: str | None) -> Path:
         raise SurgeError(
             f"--state-dir {path} cannot be used ({e.strerror}); give a writable directory"
         ) from None
-    return path
+
+
+CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "link_gbps": float,
+    "slots_per_node": int,
+    "max_num_seqs": int,
+    "fuse_projections": bool,
+    "compile_decode": bool,
+    "tick_s": float,
+    "launcher": str,
+    "ray_address": str,
+    "cluster": str,
+    "agent_host": str,
+}
+"""Config-file keys (and flags) that fill `ControllerConfig` fields of the same name, each
+with its conversion; a key absent or null keeps the field's default."""
+
+
+def controller_config(cfg: dict[str, Any], num_nodes: int) -> ControllerConfig:
+    """The control plane's settings from `serve`'s merged flags and config file, validated
+    (per-node caps, host groups: `ControllerConfig.__post_init__`) before anything binds or
+    starts, so a bad one is one `error:` line."""
+    # Only the settings the user gave: every default lives in `ControllerConfig` alone.
+    given = {k: conv(cfg[k]) for k, conv in CONTROLLER_FIELDS.items() if cfg.get(k) is not None}
+    if cfg.get("host_cache_gb") is not None:
+        given["host_cache_bytes"] = int(float(cfg["host_cache_gb"]) * (1 << 30))
+    return ControllerConfig(
+        state_dir=state_dir_path(cfg.get("state_dir")),
+        nodes=num_nodes,
+        egress_gbps=per_node_numbers(cfg, "egress_gbps"),
+        ingress_gbps=per_node_numbers(cfg, "ingress_gbps"),
+        host_groups=tuple(host_groups(cfg)),
+        emulation=cfg.get("emulation"),
+        **given,
+        **cfg["cluster_settings"],
+    )
 
 
 def resolve_api_key(flag: str | None, config: str | None) -> str | None:

@@ -232,7 +232,7 @@ def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
 def test_bad_config_file_is_one_line_exit_2(tmp_path: Path, name, text, words) -> None:
     cfg = tmp_path / name
     cfg.write_text(text)
-    # --port 0: settings are checked after the listener binds, and 8000 may be another test's.
+    # --port 0: 8000 may be another test's (a good config file would bind it).
     r = run_surge("serve", "--config", str(cfg), "--state-dir", str(tmp_path / "s"), "--port", "0")
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and words in r.stderr, r.stderr
@@ -257,3 +257,29 @@ def test_thin_client_without_a_server_is_one_line(tmp_path: Path) -> None:
     r = run_surge("status", "--url", "http://127.0.0.1:9")
     assert r.returncode == 2 and "cannot reach surge" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("nodes: 2\nhost_groups: [[0, 5]]\n", "host_groups must be disjoint"),
+        ("nodes: 2\nhost_groups: [[zero]]\n", "host_groups must be lists of node ids"),
+        ("nodes: 2\ningress_gbps: [1, 0]\n", "one cap > 0 per node"),
+        ("nodes: 2\negress_gbps: [1, x]\n", "egress_gbps must be a list of numbers"),
+    ],
+)
+def test_bad_settings_are_refused_before_the_port_binds(tmp_path: Path, text, words) -> None:
+    """A port someone else holds: settings checked first answer with their own error, not
+    'cannot listen'; nothing was made (the state directory) and nothing started."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(text)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = run_surge("serve", "--config", str(cfg), "--state-dir", str(tmp_path / "s"),
+                      "--port", str(port))  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()
