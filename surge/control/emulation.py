@@ -50,7 +50,8 @@ def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
     """The compute and fetch rates the scale-outs assume before measuring: under GPU-time
     emulation the emulated cluster's, in emulated seconds for the real store (its first
     GPU's cost model for the emulated model, `sim/costs.py`: a decode step's weight read, a
-    short prompt's prefill over it; its registry link scaled by the store's bytes ratio),
+    short prompt's prefill over it; its registry link, PCIe and SSD scaled by the store's
+    bytes ratio),
     so ParaServe's Alg. 1 and FlexPipe's profile and load time weigh what the emulated
     cluster would (the host's own compute and links are not the emulated ones); else the
     host's rules of thumb."""
@@ -63,6 +64,8 @@ def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
         weight_read_bytes_per_s=emulation.real_model_bytes / decode_s,
         prefill_over_decode=cost.prefill_s(ESTIMATE_PROMPT_TOKENS) / decode_s,
         fetch_gbps=node.registry_gbps * emulation.scale.weights_ratio,
+        host_gbps=node.pcie_gbps * emulation.scale.weights_ratio,
+        disk_gbps=node.ssd_gbps * emulation.scale.weights_ratio,
     )
 
 

@@ -5,7 +5,8 @@ system's `group_sizing` is `flexpipe`; at most every `decision_interval_s` it ta
 arrivals of the last `cv_window_s` (the deployment's `Server` keeps them) to
 `system.choose_num_stages` (Eq. 4, smoothed, with hysteresis; the state is the
 deployment's `FlexPipeRecord`), capped by `system.split_stages` (the model's load
-time over this cluster's link against the hops of the waiting requests' tokens). Each
+time from the best tier the free nodes hold, `policy.flexpipe.scaling_load`, against the
+hops of the waiting requests' tokens). Each
 serving `FlexPipeline` that `groups.group_refactors` names (split while requests
 wait, merged to what holds its load while none does) is re-cut: `choose_stages` keeps its
 first nodes and places new stages on free slots (Eq. 6), their slots are booked
@@ -162,7 +163,13 @@ class FlexPipeControl:
         rec.cv = cv_of_arrivals(arrivals)
         eq4, rec.state = choose_num_stages(arrivals, profile, rec.state, settings)
         queue = dep.server.queue
-        load_s = load_seconds(dep.manifest, self.link_gbps)
+        free_now = [  # the nodes a split's new stages may load on (§7 Eq. 12's S_j)
+            n
+            for n in self.live_nodes()
+            if n not in dep.instances and n not in rec.booked and self.free_slots_of(n) > 0
+        ]
+        tiers = [d.own_tier for d in own_tiers(self.pool, dep.name, free_now)]
+        load_s = load_seconds(dep.manifest, tiers, self.estimates.tier_rates(self.link_gbps))
         rec.num_stages = split_stages(eq4, load_s, profile, waiting_decode_steps(queue), settings)
         views = [
             GroupView(i, len(p.stages), p.outstanding, p.refactoring) for i, p in enumerate(pipes)

@@ -22,6 +22,7 @@ from surge.policy.flexpipe.groups import (
 )
 from surge.policy.flexpipe.hrg import HrgView, ScalingMark
 from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
+from surge.policy.flexpipe.scaling_load import TierRates, new_group_load_s
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.system import (
     Affinity,
@@ -180,9 +181,21 @@ class FlexPipe:
             hosted[self.world.state.machine_of_gpu[g].index] = self.world.loop.now_s
 
     def _load_s(self, pool: Pool) -> float:
-        """The whole model from host memory (a stage of m loads 1/m of it)."""
-        slot = self.world.models[pool.model]
-        return slot.profile.total_bytes * 8 / (slot.group.pcie_gbps * 1e9)
+        """§7 Eq. 12's S_j: the whole model from the best tier the free GPUs of the model's
+        node group hold (`new_group_load_s`: host memory where the machine's host cache
+        holds it, else the model store), a stage of m loads 1/m of it."""
+        world = self.world
+        slot = world.models[pool.model]
+        grp = slot.group
+        store = "disk" if grp.model_store == "ssd" else "remote"
+        own = [m for m in world.state.machines if m.group is grp and world.state.free_on(m)]
+        warm = world.system.load == "allcache"
+        tiers = [
+            "host" if warm or slot.name in world.state.host_cache[m.index] else store for m in own
+        ]
+        fetch = world.state.fetch_gbps(own[0].index) if own else grp.nic_gbps
+        rates = TierRates(grp.pcie_gbps, grp.ssd_gbps, fetch)
+        return new_group_load_s(slot.profile.total_bytes, tiers, rates)
 
     @staticmethod
     def _decode_steps(pool: Pool) -> float | None:
@@ -194,9 +207,9 @@ class FlexPipe:
     def _scale_out_num_stages(self, pool: Pool) -> int:
         """§7 Eq. 11/12 for a new group (`scale_out_num_stages`): the arrivals'
         CV times the queue, no finer than its hops are worth, fine enough that the queue is
-        served within the TTFT SLO while the model loads from host memory split over the
-        stages. The granularity controller's state is updated too (it owns the shape from
-        then on)."""
+        served within the TTFT SLO while the model loads split over the stages from the
+        best tier its free GPUs hold (`_load_s`). The granularity controller's state is
+        updated too (it owns the shape from then on)."""
         assert self.settings is not None
         self._num_stages(pool)
         slot = self.world.models[pool.model]

@@ -34,7 +34,11 @@ def test_estimates_are_the_emulated_gpus_and_links() -> None:
     # emulated registry link (16 Gb/s NIC), not D times that: the clock is emulated.
     manifest = SimpleNamespace(total_bytes=REAL_BYTES, arch=SimpleNamespace(num_layers=16))
     emulated_s = model.total_bytes * 8 / 16e9
-    assert load_seconds(manifest, est.fetch_gbps) == pytest.approx(emulated_s)  # type: ignore[arg-type]
+    rates = est.tier_rates()
+    assert load_seconds(manifest, ["remote"], rates) == pytest.approx(emulated_s)  # type: ignore[arg-type]
+    # From a host copy: over the emulated PCIe (128 Gb/s on paraserve-1).
+    pcie_s = model.total_bytes * 8 / 128e9
+    assert load_seconds(manifest, ["remote", "host"], rates) == pytest.approx(pcie_s)  # type: ignore[arg-type]
     # FlexPipe's layer profile before measuring: the emulated decode step over the layers.
     manifest.arch.hidden_size = 128
     profile = layer_profile(manifest, system_config("flexpipe"), None, est)  # type: ignore[arg-type]

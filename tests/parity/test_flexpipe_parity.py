@@ -45,8 +45,8 @@ def _runtime_choice(
         ttft_slo_s=5.0,
         fetch_gbps=10.0,
         estimates=HOST_ESTIMATES,
-        destinations=(SimpleNamespace(node=free[0], machine=None),),
-        spares=tuple(SimpleNamespace(node=n, machine=None) for n in free[1:]),
+        destinations=(SimpleNamespace(node=free[0], machine=None, own_tier="remote"),),
+        spares=tuple(SimpleNamespace(node=n, machine=None, own_tier="remote") for n in free[1:]),
         hosted_s={},
         links={n: NodeLinks(host=f"h{n // gpus_per_host}") for n in range(8)},
         hooks=ControllerHooks(on_local=None),  # type: ignore[arg-type]

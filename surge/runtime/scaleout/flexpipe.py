@@ -4,8 +4,9 @@ In: the context (destinations, spare nodes with a free slot and their own tiers,
 system, the server's arrivals). For each destination, one `FlexPipeline`:
 - the stage count of a new instance (§7 Eq. 11/12, `system.scale_out_num_stages`:
   the arrivals' CV over the last `cv_window_s` times the queue length, fine enough that
-  the queue is served within the TTFT SLO when the model loads at `fetch_gbps` split over
-  the stages; never coarser than Eq. 4's choice); the controller's granularity loop,
+  the queue is served within the TTFT SLO when the model loads split over the stages from
+  the best tier the destination and spares hold, `load_seconds`; never coarser than Eq.
+  4's choice); the controller's granularity loop,
   `control/flexpipe.py`, owns the shape from then on;
 - layers (§5 Eq. 2) and nodes by `system.choose_stages`: the destination runs
   the first stage, spares (booked with `hooks.book`) the others, placed by
@@ -25,7 +26,7 @@ reads the weights once at `weight_read_bytes_per_s`, a prefill of `PROFILE_TOKEN
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from surge.config import EngineConfig
 from surge.model.manifest import Manifest
@@ -33,6 +34,7 @@ from surge.policy.flexpipe.granularity import cv_of_arrivals
 from surge.policy.flexpipe.host_keep import stage_sources
 from surge.policy.flexpipe.hrg import HrgView, ScalingMark
 from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
+from surge.policy.flexpipe.scaling_load import TierRates, new_group_load_s
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.stage_placement import Affinity
 from surge.policy.flexpipe.system import (
@@ -92,9 +94,11 @@ def layer_profile(
     )
 
 
-def load_seconds(manifest: Manifest, fetch_gbps: float) -> float:
-    """The whole model over a link of `fetch_gbps` (a stage of m loads 1/m of it)."""
-    return manifest.total_bytes * 8 / (fetch_gbps * 1e9)
+def load_seconds(manifest: Manifest, candidate_tiers: Iterable[str], rates: TierRates) -> float:
+    """§7 Eq. 12's S_j: the whole model from the best tier `candidate_tiers` hold (the
+    nodes a new group or a split may use; a stage of m loads 1/m of it),
+    `policy.flexpipe.scaling_load.new_group_load_s`."""
+    return new_group_load_s(manifest.total_bytes, candidate_tiers, rates)
 
 
 def waiting_decode_steps(queue: Sequence[ServeRequest]) -> float | None:
@@ -157,7 +161,11 @@ def choose_pipeline(ctx: ScaleOutContext, dest: int, spares: list[int]) -> Stage
         len(ctx.server.queue),
         profile,
         ctx.ttft_slo_s,
-        load_seconds(ctx.manifest, ctx.fetch_gbps),
+        load_seconds(
+            ctx.manifest,
+            [d.own_tier for d in (*ctx.destinations, *ctx.spares) if d.node in (dest, *spares)],
+            ctx.estimates.tier_rates(ctx.fetch_gbps),
+        ),
         settings,
         waiting_decode_steps(ctx.server.queue),
     )

@@ -52,13 +52,13 @@ from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.migration.consolidation import consolidate
 from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
+from surge.runtime.scaleout.estimates import DEFAULT_HOST_GBPS
 from surge.runtime.scaleout.local import load_blocks, open_local
 
 log = logging.getLogger(__name__)
 
-PCIE_GBPS = 100.0
-"""Host-to-GPU rate assumed for Alg. 1's load term (PCIe 4.0 x16 is ~200 Gbit/s; half of it
-is what a loader reaches in practice)."""
+PCIE_GBPS = DEFAULT_HOST_GBPS
+"""Host-to-GPU rate assumed for Alg. 1's load term (`estimates.DEFAULT_HOST_GBPS`)."""
 
 
 def alg1_inputs_of(ctx: ScaleOutContext) -> tuple[StageTimes, SizingSettings]:
