@@ -12,7 +12,7 @@ bandwidth over a 512 MB tensor (`vs_peers_runs.read_bandwidth_gbps`). Writes
 benchmarks/results/engine/gemv_shapes.json and .png. The 1-minute load average is recorded:
 run it through `/work/notes/quiet-run --strict` (the 2 cores are shared).
 
-Usage: python -m benchmarks.engine.gemv_shapes [--threads default,1] [--rows 1,8] [--passes 6]
+Usage: python -m benchmarks.engine.gemv_shapes [--threads default,1] [--rows 1,2,4,8] [--passes 6]
 """
 
 import argparse
@@ -120,7 +120,7 @@ def plot(report: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="default,1", help="'default' (torch's) and/or counts")
-    ap.add_argument("--rows", default="1,8", help="input rows per call (a decode batch)")
+    ap.add_argument("--rows", default="1,2,4,8", help="input rows per call (a decode batch)")
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--out", type=Path, default=RESULTS / "gemv_shapes.json")
     args = ap.parse_args()

