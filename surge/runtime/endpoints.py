@@ -29,6 +29,7 @@ from surge.engine.llm_engine import LLMEngine, TokenEvent
 from surge.engine.sampling import TokenLogprobs
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
+from surge.policy.pipeline_batches import join_micro_batch
 from surge.runtime.client import ClusterClient
 from surge.runtime.engine_loop import run_engine
 from surge.runtime.protocol import (
@@ -320,8 +321,8 @@ class PipelineEndpoint(Endpoint):
         if self.failed:
             raise EndpointFailed(self.name)
         self.requests[req.req_id] = req
-        active = self.groups[: self.num_micro_batches]
-        group = min(active, key=lambda g: len(g.seqs) + len(g.pending))
+        active = self.groups[: self.num_micro_batches]  # its micro-batch: `join_micro_batch`
+        group = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
         group.pending.append(req)
         group.wake.set()
 

@@ -31,6 +31,7 @@ from typing import Self
 
 from surge.sim.costs import CostModel
 from surge.sim.events import Event, EventLoop, Priority
+from surge.sim.pipelined_prefill import MicroBatchLoads, plan_prefill
 from surge.sim.request import SimRequest
 
 IDLE, PREFILL, DECODE = 0, 1, 2
@@ -63,7 +64,7 @@ class Batcher:
 
     __slots__ = (
         "_event",
-        "_prefill_extra_s",
+        "_first_token_after_s",
         "_prefill_left_s",
         "_prefill_rate",
         "admitted_s",
@@ -77,6 +78,7 @@ class Batcher:
         "max_batch",
         "max_prefill_tokens",
         "micro_batches",
+        "micro_loads",
         "on_busy",
         "on_done",
         "on_prefilled",
@@ -131,11 +133,14 @@ class Batcher:
         self.on_busy: Callable[[Self], None] | None = None
         """Called when the engine turns busy or idle (compute sharing)."""
         self._prefill_left_s = 0.0
-        self._prefill_extra_s = 0.0
+        self._first_token_after_s: list[float] = []
+        """Per prefilling request: its first token after the step (`plan_prefill`)."""
         self._prefill_rate = 1.0
         self.micro_batches = 1
         """Micro-batches in flight through its stages (FlexPipe pipelines: one per stage,
         `set_micro_batches`); 1: the whole batch steps through every layer at once."""
+        self.micro_loads = MicroBatchLoads()
+        """Which micro-batch each request is in (pipelined engines)."""
 
     # --- load signals -------------------------------------------------------------
     @property
@@ -210,8 +215,10 @@ class Batcher:
         pipeline's throughput is the sum of its stages'). Each decode step then runs a
         micro-batch of ⌈running / count⌉ sequences through 1/count of the layers per
         stage, the stages in parallel: every sequence advances one token per
-        decode_s(⌈running / count⌉) + hops; a prefill holds the pipeline for 1/count of
-        its compute (the first stage), its first token comes after all of it."""
+        decode_s(⌈running / count⌉) + hops. Admitted requests prefill per micro-batch
+        (`sim/pipelined_prefill.py`): the step holds the pipeline for the first stage's
+        share of every micro-batch, each micro-batch's first tokens come as it leaves the
+        last stage."""
         self._rate_change(lambda: setattr(self, "micro_batches", max(1, count)))
 
     def set_share(self, share: float) -> None:
@@ -251,6 +258,7 @@ class Batcher:
         self.waiting.clear()
         self.running.clear()
         self.prefilling.clear()
+        self.micro_loads.clear()
         self.kv_tokens = 0
         self._set_phase(IDLE)
         return out
@@ -323,13 +331,14 @@ class Batcher:
             if self._event is not None:
                 self._event.cancel()
                 self._event = None
-            self.prefilling = batch
             # Work in seconds at rate 1, hop included at the current rate (after a
             # rate change the hop scales too: one number for compute + hop).
-            work_s = self._prefill_work_s(batch)
-            held_s = work_s / self.micro_batches  # the first stage's share (pipelined)
-            self._prefill_left_s = held_s + self.hop_s * (self.speed * self.share)
-            self._prefill_extra_s = (work_s - held_s) / (self.speed * self.share)
+            self.prefilling, held_s, after_s = plan_prefill(
+                batch, self.micro_batches, self.micro_loads, self._prefill_work_s
+            )
+            rate = self.speed * self.share
+            self._prefill_left_s = held_s + self.hop_s * rate
+            self._first_token_after_s = [a / rate for a in after_s]
             self._set_phase(PREFILL)
             self._schedule_prefill()
             return
@@ -363,21 +372,23 @@ class Batcher:
         req.generated = req.output_tokens
         self.kv_tokens -= req.context_tokens
         self.tokens_done += req.output_tokens
+        self.micro_loads.leave(req)
         self.on_done(self, req)
 
     def _on_prefill(self) -> None:
         self._event = None
         self.v_time_s = self.loop.now_s
         batch, self.prefilling = self.prefilling, []
-        for req in batch:
+        for req, after_s in zip(batch, self._first_token_after_s, strict=True):
             req.recompute = False
             req.skip_layers = 0
             if req.first_token_s < 0:
                 # the later stages' share of a pipelined prefill (0 when not pipelined)
-                req.first_token_s = self.loop.now_s + self._prefill_extra_s
+                req.first_token_s = self.loop.now_s + after_s
                 req.generated = 1
             if self.role == "prefill":
                 self.kv_tokens -= req.context_tokens
+                self.micro_loads.leave(req)
                 self.on_prefilled(self, req)
             else:
                 self._join(req)
