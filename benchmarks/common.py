@@ -14,7 +14,7 @@ from typing import Any
 
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
-from surge.model.tiny import TinyModelConfig
+from surge.model.tiny_shape import TinyModelConfig
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 
 

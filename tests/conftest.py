@@ -10,7 +10,8 @@ import pytest
 
 from surge.config import COMPILE_DECODE_ENV
 from surge.model.importer import import_checkpoint
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -32,7 +32,8 @@ from benchmarks.scaleout.burst_run import MODEL, MODES, burst
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 from surge.runtime.launch.local import LocalCluster
 from surge.runtime.protocol import StatusOp
 from surge.sim.hardware import ClusterProfile, cluster_from_spec, cluster_spec

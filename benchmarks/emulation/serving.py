@@ -40,7 +40,8 @@ from surge.engine.sampling import SamplingParams
 from surge.events import TimelineEvent
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 from surge.runtime.launch.local import LocalCluster
 from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp, StatusOp
 

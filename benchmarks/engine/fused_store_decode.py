@@ -35,7 +35,8 @@ from surge.engine.batch import BatchMeta
 from surge.engine.runner import ModelRunner
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
-from surge.model.tiny import create_tiny_model, preset
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import preset
 
 log = logging.getLogger("fused_store_decode")
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"

@@ -28,7 +28,8 @@ from surge.config import EngineConfig
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
-from surge.model.tiny import create_tiny_model, preset
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import preset
 
 log = logging.getLogger("prefix_cache")
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"

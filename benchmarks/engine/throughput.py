@@ -22,7 +22,8 @@ import torch
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
-from surge.model.tiny import create_tiny_model, preset
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import preset
 
 log = logging.getLogger("engine_throughput")
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "engine"

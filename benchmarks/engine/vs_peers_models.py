@@ -1,7 +1,7 @@
 """The models benchmarks/engine/vs_peers.py compares engines on: one HF checkpoint directory
 (what transformers and vLLM load) and the surge store imported from it, per model.
 
-What flows: a spec (a preset name of `surge.model.tiny`: random weights; `smollm2`: the
+What flows: a spec (a preset name of `surge.model.tiny_shape`: random weights; `smollm2`: the
 real model's GGUF that setup fetches; or a path to an HF directory or a .gguf file) in, a
 dict out: name, hf_dir, store, vocab, max_len (longest sequence the engines are set up
 for), real (a trained model: long-prompt shapes run on it). A GGUF is dequantized once by
@@ -14,7 +14,8 @@ from pathlib import Path
 
 def prepare_model(spec: str, where: Path) -> dict:
     from surge.model.importer import import_checkpoint
-    from surge.model.tiny import PRESETS, create_tiny_model, preset
+    from surge.model.tiny import create_tiny_model
+    from surge.model.tiny_shape import PRESETS, preset
 
     hf_dir, store = where / "hf", where / "store"
     real = True

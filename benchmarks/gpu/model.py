@@ -18,7 +18,7 @@ from surge.engine.llm_engine import LLMEngine, LocalExecutor
 from surge.engine.runner import ModelRunner
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import Manifest
-from surge.model.tiny import TinyModelConfig
+from surge.model.tiny_shape import TinyModelConfig
 from surge.runtime.node.tiers import HostCache, check_shm_room
 
 SHAPES = {

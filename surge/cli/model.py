@@ -31,8 +31,8 @@ def create_tiny(
     arch: Annotated[str, typer.Option(help="llama or qwen2 (adds q/k/v biases).")] = "llama",
 ) -> None:
     """Write a Hugging Face Llama checkpoint with random weights (same seed, same bytes)."""
-    from surge.model.tiny import check_fits_in_memory, create_tiny_model
-    from surge.model.tiny import preset as make_preset
+    from surge.model.tiny_shape import check_fits_in_memory, check_shape
+    from surge.model.tiny_shape import preset as make_preset
 
     if dtype not in ("float32", "bfloat16"):
         raise SurgeError(f"--dtype {dtype!r} is not float32 or bfloat16")
@@ -48,9 +48,12 @@ def create_tiny(
         dtype=dtype,
         model_type=arch,
     )
+    check_shape(cfg)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise SurgeError(f"{out_dir} is not empty; choose a new directory")
     check_fits_in_memory(cfg)
+    from surge.model.tiny import create_tiny_model  # torch: only once the call is good
+
     create_tiny_model(out_dir, cfg)
     size_mb = (out_dir / "model.safetensors").stat().st_size / 1e6
     typer.echo(f"wrote {out_dir} ({size_mb:.1f} MB, {cfg.num_layers} layers)")
@@ -77,7 +80,10 @@ def import_(
 ) -> None:
     """Pack a HF Llama-family checkpoint or a GGUF file into blocks: manifest.json +
     block-NNNN.bin files."""
-    from surge.model.gguf import import_gguf, is_gguf
+    from surge.model.import_checks import check_import, is_gguf
+
+    check_import(hf_dir, store_dir, blocks, overwrite, dtype)
+    from surge.model.gguf import import_gguf  # torch: only once the call is good
     from surge.model.importer import import_checkpoint
 
     if is_gguf(hf_dir):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import MANIFEST_NAME
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 
 log = logging.getLogger(__name__)
 

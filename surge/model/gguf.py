@@ -22,14 +22,16 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from surge.errors import SurgeError
+from surge.model.blocks import torch_dtype
 from surge.model.gguf_meta import GgufModel, hf_tensor_name, read_gguf_model
+from surge.model.import_checks import check_gguf_dtype, is_gguf
 from surge.model.importer import import_checkpoint
+from surge.model.layout import validate_num_blocks
 from surge.model.manifest import Manifest
 from surge.model.store_dir import prepare_store_dir
 
 log = logging.getLogger(__name__)
 
-STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_GGUF_DTYPE = "float32"
 """The store dtype a GGUF is dequantized to by default: float32. Measured here
 (`benchmarks/engine/gguf_dtype.py`, SmolLM2-135M Q4_1, same process, engines alternating): a
@@ -37,16 +39,6 @@ batch-1 decode step is 1.55x faster in fp32 (surge's one-row fp32 kernel and MKL
 has neither), prefill is even, batch-8 decode is 0.80x in bf16's favour (this Xeon has
 AMX-BF16). One user's answer is batch-1 decode, and fp32 is what transformers computes a GGUF
 in, so greedy tokens match it exactly; `--dtype bfloat16` halves memory for larger models."""
-GGUF_MAGIC = b"GGUF"
-
-
-def is_gguf(path: Path) -> bool:
-    """Whether `path` is a GGUF file (by its magic bytes, whatever its name)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except OSError:
-        return False
 
 
 def _open(path: Path) -> GGUFReader:
@@ -173,17 +165,18 @@ def import_gguf(
 ) -> Manifest:
     """Import GGUF file `gguf_file` into a block store at `store_dir` (weights in `dtype`)."""
     gguf_file, store_dir = Path(gguf_file), Path(store_dir)
-    if dtype not in STORE_DTYPES:
-        raise SurgeError(f"--dtype {dtype!r} is not one of {', '.join(STORE_DTYPES)}")
+    check_gguf_dtype(dtype)
     reader = _open(gguf_file)
     model = read_gguf_model(reader)
+    if num_blocks is not None:  # before minutes of dequantizing, not after
+        validate_num_blocks(num_blocks, int(model.config["num_hidden_layers"]))
     _check_tensors(reader)
     # The store directory's rules (never delete what the user owns; the GGUF may not sit in
     # it) before minutes of dequantizing; it is then an empty store directory surge made.
     prepare_store_dir(gguf_file, store_dir, overwrite)
     # Beside the store: same file system, and removed whatever happens.
     with tempfile.TemporaryDirectory(dir=store_dir.parent, prefix=".surge-gguf-") as tmp:
-        write_hf_checkpoint(reader, model, Path(tmp), STORE_DTYPES[dtype], progress)
+        write_hf_checkpoint(reader, model, Path(tmp), torch_dtype(dtype), progress)
         return import_checkpoint(
             Path(tmp),
             store_dir,

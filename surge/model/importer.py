@@ -22,12 +22,10 @@ from surge.model.arch import (
     FINAL_NORM_NAME,
     LM_HEAD_NAME,
     ModelArch,
-    arch_from_hf_config,
-    load_hf_config,
-    with_generation_eos,
 )
 from surge.model.blocks import DTYPE_NAMES
-from surge.model.layout import default_num_blocks, partition_layers, validate_num_blocks
+from surge.model.import_checks import checkpoint_arch
+from surge.model.layout import partition_layers
 from surge.model.manifest import (
     MANIFEST_NAME,
     TENSOR_ALIGNMENT_BYTES,
@@ -154,10 +152,7 @@ def import_checkpoint(
     `fuse_projections=False` writes q, k, v, gate and up as separate tensors, the layout of
     stores made before version 3 (which users still have on disk; tests check they serve)."""
     hf_dir, store_dir = Path(hf_dir), Path(store_dir)
-    arch = with_generation_eos(arch_from_hf_config(load_hf_config(hf_dir)), hf_dir)
-    if num_blocks is None:
-        num_blocks = default_num_blocks(arch.num_layers)
-    validate_num_blocks(num_blocks, arch.num_layers)
+    arch, num_blocks = checkpoint_arch(hf_dir, num_blocks)
     ckpt = _Checkpoint(hf_dir)
 
     # lm_head: tied models (or checkpoints that omit it) reuse the embeddings. The last block

@@ -22,8 +22,9 @@ def _inside(path: Path, parent: Path) -> bool:
     return path == parent or path.is_relative_to(parent)
 
 
-def prepare_store_dir(source: Path, store_dir: Path, overwrite: bool) -> None:
-    """Make `store_dir` an empty, marked directory to import `source` into, or refuse."""
+def check_store_dir(source: Path, store_dir: Path, overwrite: bool) -> None:
+    """Refuse (`SurgeError`) a `store_dir` that `prepare_store_dir` may not make into a store
+    for `source`; changes nothing."""
     src, out = Path(source).resolve(), Path(store_dir).resolve()
     if _inside(out, src) or _inside(src, out):
         relation = "is" if out == src else "is inside" if _inside(out, src) else "contains"
@@ -44,6 +45,13 @@ def prepare_store_dir(source: Path, store_dir: Path, overwrite: bool) -> None:
                 f"(no {STORE_MARKER} file), so --overwrite will not delete it; choose another "
                 f"directory or remove it yourself"
             )
+
+
+def prepare_store_dir(source: Path, store_dir: Path, overwrite: bool) -> None:
+    """Make `store_dir` an empty, marked directory to import `source` into, or refuse."""
+    check_store_dir(source, store_dir, overwrite)
+    out = Path(store_dir).resolve()
+    if out.is_dir() and any(out.iterdir()):  # one an import wrote, and --overwrite
         shutil.rmtree(out)
     try:
         out.mkdir(parents=True, exist_ok=True)

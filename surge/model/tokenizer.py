@@ -31,10 +31,15 @@ four, five, six, seven, eight, nine, ten. def main(): print("hello, world") retu
 """
 
 
-def build_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer with at most `vocab_size` tokens (ids 0/1 are <s>/</s>)."""
+def check_vocab_size(vocab_size: int) -> None:
+    """Raise `SurgeError` unless a tokenizer of `vocab_size` tokens can be built."""
     if vocab_size < MIN_VOCAB:
         raise SurgeError(f"--vocab {vocab_size} is too small: the tokenizer needs >= {MIN_VOCAB}")
+
+
+def build_tokenizer(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE tokenizer with at most `vocab_size` tokens (ids 0/1 are <s>/</s>)."""
+    check_vocab_size(vocab_size)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

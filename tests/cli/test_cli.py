@@ -10,7 +10,7 @@ import pytest
 
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
-from surge.model.tiny import PRESETS
+from surge.model.tiny_shape import PRESETS
 from tests.conftest import run_surge
 
 

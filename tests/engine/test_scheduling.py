@@ -140,7 +140,8 @@ def test_bad_requests_are_clear_errors(tiny_store: Path) -> None:
 
 def test_generation_stops_at_the_context_end(tmp_path: Path) -> None:
     from surge.model.importer import import_checkpoint
-    from surge.model.tiny import TinyModelConfig, create_tiny_model
+    from surge.model.tiny import create_tiny_model
+    from surge.model.tiny_shape import TinyModelConfig
 
     create_tiny_model(tmp_path / "hf", TinyModelConfig(num_layers=2, max_position_embeddings=12))
     import_checkpoint(tmp_path / "hf", tmp_path / "s", progress=False)

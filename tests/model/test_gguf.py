@@ -20,7 +20,8 @@ from surge.model.blocks import block_tensors, read_block_file
 from surge.model.gguf import import_gguf, unpermute_rows
 from surge.model.gguf_meta import PRE_TOKENIZER_SPLITS
 from surge.model.manifest import read_manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 from tests.engine.reference import assert_same_tokens, hf_greedy
 from tests.model.gguf_files import CHAT_TEMPLATE, permute, write_gguf
 
@@ -179,6 +180,12 @@ def test_not_a_gguf_and_bad_dtype(llama_gguf: Path, tmp_path: Path) -> None:
         import_gguf(tmp_path / "x.gguf", tmp_path / "s")
     with pytest.raises(SurgeError, match="dtype 'float16'"):
         import_gguf(llama_gguf, tmp_path / "s", dtype="float16")
+
+
+def test_too_many_blocks_are_refused_before_any_dequantizing(llama_gguf: Path, tmp_path: Path):
+    with pytest.raises(SurgeError, match="1 <= blocks <= 3"):
+        import_gguf(llama_gguf, tmp_path / "s", num_blocks=4, progress=False)
+    assert not (tmp_path / "s").exists(), "refused before the store directory is made"
 
 
 def test_store_dir_rules_hold_before_any_dequantizing(llama_gguf: Path, tmp_path: Path) -> None:

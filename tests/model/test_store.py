@@ -16,7 +16,8 @@ from surge.model.importer import import_checkpoint
 from surge.model.layout import default_num_blocks, partition_layers
 from surge.model.manifest import STORE_VERSION, block_checksum, read_manifest
 from surge.model.stored_names import FUSED_PARTS, split_sizes
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 
 
 def hf_views(arch: ModelArch, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -13,7 +13,8 @@ import pytest
 
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import read_manifest
-from surge.model.tiny import TinyModelConfig, create_tiny_model
+from surge.model.tiny import create_tiny_model
+from surge.model.tiny_shape import TinyModelConfig
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockReply, ChecksumsOp, StatusOp, ok_header
