@@ -3,9 +3,10 @@ and the release of a slot's GPU copy.
 
 What flows: the controller's deployments and the parameter pool in; agent ops out (`load`
 into the host tier, `evict`, `instance_close`), with the pool updated from what the agents
-did. Every choice is `surge.policy`'s: which node keeps the pinned copy and which copies
-expire (`policy.copies.host_copies`), which copies make room for a new one
-(`policy.copies.keepalive`).
+did. Every choice is `surge.policy`'s: which nodes keep a pinned copy, by the system's
+`host_cache` (none for ParaServe and ServerlessLLM, one for λScale and BlitzScale, every
+node for FlexPipe), and which copies expire (`policy.copies.host_copies`), which copies
+make room for a new one (`policy.copies.keepalive`).
 Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 
@@ -18,10 +19,11 @@ from surge.control.settings import ControllerConfig
 from surge.control.state import Deployment
 from surge.policy.copies.host_copies import (
     NodeHostCache,
+    PinnedCopy,
     expired_copies,
     host_copy_retry_s,
     host_copy_source,
-    pinned_copy,
+    kept_copies,
 )
 from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit
 from surge.policy.flexpipe.host_keep import keep_host_after_eviction
@@ -108,7 +110,7 @@ class Copies:
                         dep.name,
                         dep.manifest.total_bytes,
                         dep.host_last_used_s.get(node, self.started_s),
-                        pinned=dep.pinned_node == node,
+                        pinned=node in dep.pinned_nodes,
                     )
                 )
         return tuple(out)
@@ -159,25 +161,44 @@ class Copies:
         self.pool.add(dep.name, node, "host", blocks)
         dep.host_last_used_s[node] = now
         if pin:
-            dep.pinned_node = node
+            dep.pinned_nodes.add(node)
+
+    def kept(self, dep: Deployment) -> tuple[PinnedCopy, ...]:
+        """The pinned host copies the deployment keeps now, by its system's `host_cache`
+        (`policy.copies.host_copies.kept_copies`)."""
+        return kept_copies(
+            serve_system(dep.spec.strategy).host_cache,
+            self._caches(),
+            self.settings,
+            self.pool.complete(dep.name, "host"),
+            dep.pinned_nodes,
+        )
 
     async def restore_invariant(self, dep: Deployment) -> None:
-        """BlitzScale §5.3: give the model a complete, pinned host copy where
-        `policy.copies.host_copies.pinned_copy` says (an existing copy, else the roomiest node)."""
+        """Give the model the pinned host copies `kept` says (BlitzScale §5.3: one complete
+        copy, an existing one or else on the roomiest node; every node for `all`; none for
+        `lru` and `none`, whose first start is cold from the SSD or the registry). Copies
+        pinned before and no longer kept are unpinned (the keep-alive may take them)."""
         failures, retry_at = self.failures.get(dep.name, (0, 0.0))
         if self.clock.now_s() < retry_at:  # backing off after a failure (policy.copies.host_copies)
             return
-        choice = pinned_copy(self._caches(), self.settings, self.pool.complete(dep.name, "host"))
-        if choice is None:
-            return
-        if not choice.needs_load:
-            dep.pinned_node = choice.node
+        kept = self.kept(dep)
+        dep.pinned_nodes = {c.node for c in kept if not c.needs_load}
+        loads = [c.node for c in kept if c.needs_load]
+        if not loads:
             return
         dep.restoring = True
 
         async def run() -> None:
             try:
-                await self.make_host_copy(dep, choice.node, pin=True)
+                made = (self.make_host_copy(dep, n, pin=True) for n in loads)
+                errors = [
+                    r
+                    for r in await asyncio.gather(*made, return_exceptions=True)
+                    if isinstance(r, BaseException)
+                ]
+                if errors:  # every load has ended (none left running unowned)
+                    raise errors[0]
             except Exception as e:
                 if self.load_failed is not None:
                     await self.load_failed(dep, e)
@@ -185,30 +206,28 @@ class Copies:
                 self.failures[dep.name] = (failures + 1, self.clock.now_s() + wait_s)
                 if dep.failure is None:  # once, then quietly until it works (no log flood)
                     (log.warning if failures == 0 else log.debug)(
-                        "%s: host copy on node %d failed (try %d; next in %.0f s): %s",
-                        dep.name, choice.node, failures + 1, wait_s, e,
+                        "%s: host copy on nodes %s failed (try %d; next in %.0f s): %s",
+                        dep.name, loads, failures + 1, wait_s, e,
                     )  # fmt: skip
             else:
                 if self.failures.pop(dep.name, None) is not None:
-                    log.warning("%s: host copy made on node %d after %d failed tries",
-                                dep.name, choice.node, failures)  # fmt: skip
+                    log.warning("%s: host copy made on nodes %s after %d failed tries",
+                                dep.name, loads, failures)  # fmt: skip
             finally:
                 dep.restoring = False
 
         task = dep.spawn(run())
         if dep.num_scale_outs == 0:
-            await asyncio.shield(task)  # at creation: the first start is warm
+            await asyncio.shield(task)  # at creation: a kept copy makes the first start warm
 
     def invariant_holds(self, dep: Deployment) -> bool:
-        """The deployment's pinned host copy is complete on a live node."""
-        return dep.pinned_node is not None and dep.pinned_node in self.pool.complete(
-            dep.name, "host"
-        )
+        """The deployment's pinned host copies are the complete ones `kept` says."""
+        kept = self.kept(dep)
+        return not any(c.needs_load for c in kept) and dep.pinned_nodes == {c.node for c in kept}
 
     def node_down(self, node: int) -> None:
         """A node died: its copies are gone (the invariant is restored on the next tick)."""
         self.pool.drop_node(node)
         for dep in self.deployments.values():
-            if dep.pinned_node == node:
-                dep.pinned_node = None
+            dep.pinned_nodes.discard(node)
             dep.host_last_used_s.pop(node, None)

@@ -141,8 +141,10 @@ class Deployment:
     """Start kind of the last scale-out that completed: hot, warm or cold."""
     num_scale_outs: int = 0
     """Scale-outs started."""
-    pinned_node: int | None = None
-    """The node whose host copy is pinned (BlitzScale §5.3), None while there is none."""
+    pinned_nodes: set[int] = field(default_factory=set)
+    """Nodes whose host copy is pinned, as the system's `host_cache` keeps them
+    (`policy.copies.host_copies.kept_copies`: BlitzScale §5.3's one, every node under `all`,
+    none under `lru` and `none`)."""
     host_last_used_s: dict[int, float] = field(default_factory=dict)
     """Last use of the host copy on each node (keep-alive and LRU, `copies.py`)."""
     num_kv_migrated: int = 0
@@ -169,6 +171,11 @@ class Deployment:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def pinned_node(self) -> int | None:
+        """The lowest node with a pinned host copy (BlitzScale §5.3's one), None if none."""
+        return min(self.pinned_nodes, default=None)
 
     def serving(self) -> list[Instance]:
         """Instances whose local endpoint is open."""

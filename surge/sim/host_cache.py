@@ -9,7 +9,7 @@ expiry are `surge.policy.copies.keepalive` decisions (LRU + keep-alive, Serverle
 
 from collections.abc import Callable
 
-from surge.policy.copies.host_copies import NodeHostCache, pinned_copy
+from surge.policy.copies.host_copies import NodeHostCache, kept_copies
 from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.sim.world import World
 
@@ -33,27 +33,22 @@ class HostCache:
         the loads waiting for it, told whether the cache took it (`sim/fetch.py`)."""
 
     def seed(self) -> None:
-        """Fill the caches at time 0: every own machine (`all`) or one per model, in model
-        order (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica),
-        where `policy.copies.host_copies.pinned_copy` puts it: the roomiest machine of the
-        model's group, ties to the lowest index."""
+        """Fill the caches at time 0 with the copies each model keeps by the system's
+        `host_cache` (`policy.copies.host_copies.kept_copies`, as `surge serve`'s controller
+        at a deployment's creation): every own machine (`all`), one per model in model order
+        (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica; the
+        roomiest machine of the model's group, ties to the lowest index), none (`lru`,
+        `none`)."""
         mode = self.world.system.host_cache
-        if mode not in ("all", "pinned-one"):
-            return
         state = self.world.state
         for slot in self.world.models:
             own = [m.index for m in state.machines if m.group is slot.group]
-            if mode == "all":
-                targets = own
-            else:
-                caches = [NodeHostCache(m, tuple(state.host_cache[m].values())) for m in own]
-                held = [m for m in own if slot.name in state.host_cache[m]]
-                pinned = pinned_copy(caches, self.settings[own[0]], held)
-                targets = [] if pinned is None else [pinned.node]
-            for m in targets:
-                entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, mode == "pinned-one")
-                state.host_cache[m][slot.name] = entry
-                state.cached_machines.add(m)
+            caches = [NodeHostCache(m, tuple(state.host_cache[m].values())) for m in own]
+            held = [m for m in own if slot.name in state.host_cache[m]]
+            for copy in kept_copies(mode, caches, self.settings[own[0]], held):
+                entry = CacheEntry(slot.name, slot.profile.total_bytes, 0.0, pinned=True)
+                state.host_cache[copy.node][slot.name] = entry
+                state.cached_machines.add(copy.node)
 
     def has_copy(self, machine: int, model: int) -> bool:
         """Whether host memory of `machine` holds `model`."""

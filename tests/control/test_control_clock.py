@@ -65,7 +65,7 @@ def test_a_one_second_keep_alive_lasts_d_real_seconds() -> None:
     pool.add_model("m", 4)
     manifest = SimpleNamespace(total_bytes=1 << 20, num_blocks=4)
     dep = SimpleNamespace(
-        name="m", manifest=manifest, host_last_used_s={}, pinned_node=None, instances={}
+        name="m", manifest=manifest, host_last_used_s={}, pinned_nodes=set(), instances={}
     )
     dep.spawn = lambda coro: asyncio.get_event_loop().create_task(coro)
     config = ControllerConfig(state_dir=Path("/nonexistent"), host_keep_alive_s=1.0)

@@ -60,7 +60,9 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
     # hop per token `useful_stages` would keep one stage (splitting would not pay); this
     # test is about the loop, so hops are made free and Eq. 4's choice stands.
     fast = FlexPipeSettings(cv_window_s=2.0, decision_interval_s=0.2)
-    system = replace(SYSTEMS["flexpipe"], flexpipe=fast, stage_hop_s=0.0)
+    # No host copy ahead of use (FlexPipe's own `host_cache` `all` puts one on every node at
+    # creation): what puts the merged-away stage's blocks in its host tier is then §7's keep.
+    system = replace(SYSTEMS["flexpipe"], flexpipe=fast, stage_hop_s=0.0, host_cache="none")
     monkeypatch.setitem(SYSTEMS, "flexpipe", system)
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"

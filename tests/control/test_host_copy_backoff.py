@@ -34,7 +34,8 @@ def _deployment() -> SimpleNamespace:
         manifest=SimpleNamespace(total_bytes=4 << 20, num_blocks=2),
         restoring=False,
         num_scale_outs=0,
-        pinned_node=None,
+        pinned_nodes=set(),
+        spec=SimpleNamespace(strategy="lambdascale"),  # a pinned host copy (`pinned-one`)
         host_last_used_s={},
         instances={},
         failure=None,

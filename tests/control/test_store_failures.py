@@ -65,7 +65,7 @@ def test_damaged_stores_are_refused_and_a_store_gone_bad_fails_once(
                 for tier in ("host", "disk"):
                     await c.client.call(node, EvictOp(model="later", blocks=blocks, tier=tier))
                     c.pool.remove("later", node, tier, blocks)
-            dep.pinned_node = None
+            dep.pinned_nodes.clear()
             caplog.clear()
             deadline = time.monotonic() + 20
             while "later" in c.deployments and time.monotonic() < deadline:

@@ -90,13 +90,13 @@ def _runtime(case: Case, sizes: list[int]) -> tuple[bool, list[str]]:
             name=_name(i),
             manifest=SimpleNamespace(total_bytes=nbytes, num_blocks=4),
             host_last_used_s={},
-            pinned_node=None,
+            pinned_nodes=set(),
             spawn=asyncio.ensure_future,
         )
     for i, last_s, pinned in case.cached:
         pool.add(_name(i), 0, "host", list(range(4)))
         deployments[_name(i)].host_last_used_s[0] = last_s
-        deployments[_name(i)].pinned_node = 0 if pinned else None
+        deployments[_name(i)].pinned_nodes = {0} if pinned else set()
 
     async def take_one() -> None:
         await copies.make_host_copy(deployments[_name(case.new)], 0, pin=False)  # type: ignore[arg-type]

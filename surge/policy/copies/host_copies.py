@@ -1,17 +1,26 @@
-"""Host copies of deployed models: which node keeps the pinned copy, which copies expire, and
+"""Host copies of deployed models: which nodes keep a pinned copy, which copies expire, and
 where a new host copy is read from.
 
-In: each live node's host cache as `NodeHostCache` (its `CacheEntry`s from
-`surge.policy.copies.keepalive`, and the models with an instance on it), the cache settings, the
-nodes already holding a complete host copy of a model. Out: a `PinnedCopy` (the node and
-whether the copy must be loaded there), the (node, model) copies to evict now, and the
-`load` source of a new copy. `surge serve`'s controller (`control/copies.py`) carries them
-out; it decides nothing itself.
+In: the system's `host_cache` choice (`policy.systems.HOST_CACHES`), each live node's host
+cache as `NodeHostCache` (its `CacheEntry`s from `surge.policy.copies.keepalive`, and the
+models with an instance on it), the cache settings, the nodes already holding a complete
+host copy of a model (and those whose copy is pinned now). Out: the `PinnedCopy`s a deployed
+model keeps (each node and whether the copy must be loaded there), the (node, model) copies
+to evict now, and the `load` source of a new copy. `surge serve`'s controller
+(`control/copies.py`, at a deployment's creation and on every autoscaler tick) and the
+simulator (`sim/host_cache.py`, at time 0) carry them out; neither decides anything itself.
 
 Rules:
-- BlitzScale §5.3 O(1) host caching: every deployed model keeps one complete copy in some
-  node's host memory, pinned (never evicted). An existing complete copy is pinned (the
-  lowest node id: no load at all); with none, a copy is loaded on the node with the most
+- Which copies a deployed model keeps before any use (`kept_copies`), by the system's
+  `host_cache`: `pinned-one` one pinned copy (below); `all` a pinned copy on every live
+  node (AllCache; FlexPipe §7's host-memory tier); `lru` none (ServerlessLLM: the cache
+  fills with the models its instances load, LRU and keep-alive) and `none` none
+  (ParaServe §4, FaaSNet, NCCL: a cold start reads the registry or the SSD). So a system
+  without a host cache starts cold from its tier, as its paper deploys it.
+- BlitzScale §5.3 O(1) host caching (`pinned-one`; λScale's registered-memory replica):
+  every deployed model keeps one complete copy in some node's host memory, pinned (never
+  evicted). An existing complete copy is pinned (the one pinned already, else the lowest
+  node id: no load at all); with none, a copy is loaded on the node with the most
   free host memory (ties: lowest node id), so the pinned copies spread over the cluster.
 - Keep-alive (ServerlessLLM, `policy.copies.keepalive.expired`): an unpinned copy unused for the
   keep-alive leaves host memory, but never from a node where the model has an instance
@@ -21,7 +30,7 @@ Rules:
 Pure and deterministic.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,18 +64,47 @@ class PinnedCopy:
 
 
 def pinned_copy(
-    caches: Sequence[NodeHostCache], settings: CacheSettings, complete_on: Sequence[int]
+    caches: Sequence[NodeHostCache],
+    settings: CacheSettings,
+    complete_on: Sequence[int],
+    pinned_on: Collection[int] = (),
 ) -> PinnedCopy | None:
     """The pinned copy of a model whose complete host copies are on `complete_on` (live nodes
-    only count); None when no node is live."""
+    only count; one already pinned, in `pinned_on`, stays the pinned one); None when no
+    node is live."""
     live = {c.node for c in caches}
     held = sorted(n for n in complete_on if n in live)
     if held:
-        return PinnedCopy(held[0], needs_load=False)
+        kept = [n for n in held if n in pinned_on]
+        return PinnedCopy((kept or held)[0], needs_load=False)
     if not caches:
         return None
     best = min(caches, key=lambda c: (-c.free_bytes(settings.capacity_bytes), c.node))
     return PinnedCopy(best.node, needs_load=True)
+
+
+def kept_copies(
+    host_cache: str,
+    caches: Sequence[NodeHostCache],
+    settings: CacheSettings,
+    complete_on: Sequence[int],
+    pinned_on: Collection[int] = (),
+) -> tuple[PinnedCopy, ...]:
+    """The pinned host copies a deployed model keeps under the system's `host_cache` (see
+    the module docstring), by node; () for `lru` and `none`."""
+    if host_cache == "pinned-one":
+        one = pinned_copy(caches, settings, complete_on, pinned_on)
+        return () if one is None else (one,)
+    if host_cache == "all":
+        held = set(complete_on)
+        return tuple(PinnedCopy(c.node, c.node not in held) for c in sorted(caches, key=_node))
+    if host_cache in ("lru", "none"):
+        return ()
+    raise ValueError(f"unknown host_cache {host_cache!r}")
+
+
+def _node(c: NodeHostCache) -> int:
+    return c.node
 
 
 def expired_copies(
