@@ -8,6 +8,7 @@ SSE chunks ending `data: [DONE]`. Every request handed to the controller is hand
 with `controller.finished` whatever happens. Owned by the API layer.
 """
 
+import contextlib
 import logging
 import secrets
 import time
@@ -271,13 +272,18 @@ def openai_router(controller: Controller) -> APIRouter:
         if call.chat or any(call.echo_texts):
             for i in range(len(streams)):
                 yield chunk([choice(i, call.echo_texts[i // n], None, call.chat)])
+        # aclosing: a stream closed at a yield (its client gone) closes `merged` now, so its
+        # requests are handed back at once, not when the generator is garbage-collected.
         try:
-            async for i, d in merged(streams, controller.finished, KEEPALIVE_S):
-                if d is None:  # held (e.g. for a scale-out from zero): keep the stream open
-                    yield SSE_KEEPALIVE
-                    continue
-                lp = builders[i](d.first_token, d.num_tokens) if builders[i] else None
-                yield chunk([choice(i, d.text, d.finish_reason, False, lp)])
+            async with contextlib.aclosing(
+                merged(streams, controller.finished, KEEPALIVE_S)
+            ) as deltas:
+                async for i, d in deltas:
+                    if d is None:  # held (e.g. for a scale-out from zero): keep the stream open
+                        yield SSE_KEEPALIVE
+                        continue
+                    lp = builders[i](d.first_token, d.num_tokens) if builders[i] else None
+                    yield chunk([choice(i, d.text, d.finish_reason, False, lp)])
         except SurgeError as e:  # the status is sent already: the error goes in the stream
             yield sse(error_body(e))
             yield SSE_DONE

@@ -45,6 +45,7 @@ class Requests:
         req.deployment = dep.name
         req.at_zero = not dep.serving() and not dep.server.endpoints
         dep.server.requests[req.req_id] = req
+        self._count(dep)
         await dep.server.submit(req)
         if not dep.instances:
             self.wake_autoscaler()  # a request at zero: scale out at once (activator)
@@ -57,8 +58,14 @@ class Requests:
         if dep is None:
             return
         dep.server.requests.pop(req.req_id, None)
+        self._count(dep)
         if not req.done.is_set() or req.finish_reason in ("stop_string", "abort"):
             self._abort(dep, req)
+
+    def _count(self, dep: Deployment) -> None:
+        # The gauge moves with the books, not only at the autoscaler's next tick: a scrape
+        # right after a client went away must not count its requests (a tick may be late).
+        self.metrics.ongoing.labels(dep.name).set(len(dep.requests))
 
     def _record(self, dep: Deployment | None, req: TrackedRequest, status: str) -> None:
         m, name = self.metrics, req.deployment
