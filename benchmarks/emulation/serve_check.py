@@ -26,7 +26,6 @@ import asyncio
 import json
 import logging
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import httpx
 import yaml
 
 from benchmarks.common import code_version
+from surge.cli.serve_process import start_serve
 from surge.runtime.launch import netns
 
 log = logging.getLogger("serve_check")
@@ -160,37 +160,6 @@ def metric_by_label(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def start_serve(cmd: list[str], env: dict[str, str], log_path: Path) -> tuple[Any, dict]:
-    """`surge serve` in a process group of its own (a terminal's job), and its ready line."""
-    with open(log_path, "w") as err:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=err, env=env, cwd=REPO, text=True,
-            start_new_session=True,
-            # A terminal's job gets SIGINT's default action (a parent may ignore it).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
-    sel = selectors.DefaultSelector()
-    assert proc.stdout is not None
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"surge serve exited {proc.returncode}: "
-                                   f"{log_path.read_text()[-1500:]}")  # fmt: skip
-            if sel.select(0.5):
-                line = proc.stdout.readline()
-                if line.startswith("{"):
-                    return proc, json.loads(line)
-        raise RuntimeError(f"surge serve not ready within {READY_TIMEOUT_S:.0f} s")
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        raise
-    finally:
-        sel.close()
-
-
 async def burst(url: str, waves: tuple[tuple[float, int], ...], max_tokens: int) -> list[bool]:
     """Send each wave's requests at its time after now; each request's success."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
@@ -232,15 +201,16 @@ def check_one(name: str, sc: Scenario, store: Path, args: argparse.Namespace) ->
         if args.log_level:
             config["log_level"] = args.log_level
         (tmp / "serve.yaml").write_text(yaml.safe_dump(config))
-        cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0",
-               "--config", str(tmp / "serve.yaml"), "--state-dir", str(tmp / "state"),
-               "--cluster", "netns", "--emulate", sc.emulate,
-               "--time-dilation", str(dilation)]  # fmt: skip
+        serve_args = ["--port", "0", "--config", str(tmp / "serve.yaml"),
+                      "--state-dir", str(tmp / "state"), "--cluster", "netns",
+                      "--emulate", sc.emulate, "--time-dilation", str(dilation)]  # fmt: skip
         out: dict[str, Any] = {"emulate": sc.emulate, "nodes": sc.nodes,
                                "time_dilation": dilation, "config": config,
-                               "command": "surge " + " ".join(cmd[3:])}  # fmt: skip
+                               "command": "surge serve " + " ".join(serve_args)}  # fmt: skip
         log_path = tmp / "serve.log"
-        proc, ready = start_serve(cmd, env, log_path)
+        # A terminal's job: its own process group, killed whole if it fails to start.
+        proc, ready = start_serve(serve_args, log_path, env=env, cwd=REPO, own_session=True,
+                                  timeout_s=READY_TIMEOUT_S)  # fmt: skip
         prefix = f"sg{proc.pid & 0xFFFFFF:06x}"  # `netns.new_prefix` of the serving process
         out["ready_s"] = round(time.monotonic() - t0, 1)
         try:

@@ -1,13 +1,9 @@
 """A real `surge serve` in a subprocess (loopback, port 0), stopped at teardown with every
 agent it started; and a local greedy reference run of the same store."""
 
-import json
 import os
-import selectors
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,9 +11,8 @@ import httpx
 import pytest
 import yaml
 
+from surge.cli import serve_process
 from tests.conftest import REPO
-
-READY_TIMEOUT_S = 120
 
 
 class Serve:
@@ -53,12 +48,12 @@ class Serve:
         if self.proc.stdout:
             self.proc.stdout.close()
         for pid in self.agent_pids:  # the launcher stops its agents; make sure
-            if pid and _alive(pid):
+            if pid and process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
                 pytest.fail(f"agent {pid} outlived surge serve")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,38 +69,10 @@ def start_serve(tmp: Path, home: Path, config: dict, *args: str) -> Serve:
     cfg.write_text(yaml.safe_dump(config))
     state = tmp / "state"
     env = {**os.environ, "SURGE_HOME": str(home)}
-    log = open(tmp / "serve.log", "a")  # noqa: SIM115 (the process keeps it open)
-    cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0", "--config", str(cfg)]
-    proc = subprocess.Popen(
-        [*cmd, "--state-dir", str(state), *args],
-        stdout=subprocess.PIPE,
-        stderr=log,  # a file: a full pipe would block the server
-        env=env,
-        cwd=REPO,
-        text=True,
-    )
-    sel = selectors.DefaultSelector()
-    assert proc.stdout is not None
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                err = (tmp / "serve.log").read_text()[-2000:]
-                raise RuntimeError(f"surge serve exited: {err}")
-            if sel.select(0.2):
-                line = proc.stdout.readline()
-                if line.startswith("{"):
-                    key = args[args.index("--api-key") + 1] if "--api-key" in args else None
-                    return Serve(proc, json.loads(line), state, key)
-        raise RuntimeError("surge serve did not become ready")
-    except BaseException:
-        proc.kill()
-        proc.wait(10)
-        raise
-    finally:
-        sel.close()
-        log.close()
+    serve_args = ["--port", "0", "--config", str(cfg), "--state-dir", str(state), *args]
+    proc, info = serve_process.start_serve(serve_args, tmp / "serve.log", env=env, cwd=REPO)
+    key = args[args.index("--api-key") + 1] if "--api-key" in args else None
+    return Serve(proc, info, state, key)
 
 
 @pytest.fixture(scope="session")

@@ -3,28 +3,24 @@ before anything starts; a terminal's Ctrl-C (SIGINT to the whole process group) 
 cleanly: exit 0, no traceback, no "node N is down", no resource_tracker warnings, no agent
 or shared-memory segment left."""
 
-import json
 import os
-import selectors
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from surge.cli.serve_process import serve_command, start_serve
 from surge.model.manifest import read_manifest
 from tests.conftest import REPO, run_surge
-from tests.control.conftest import _alive
+from tests.control.conftest import process_alive
 
 
-def _serve_cmd(tmp: Path, port: int, *args: str) -> list[str]:
-    state = tmp / "state"
-    cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", str(port)]
-    return [*cmd, "--state-dir", str(state), *args]
+def _serve_args(tmp: Path, port: int, *args: str) -> list[str]:
+    return ["--port", str(port), "--state-dir", str(tmp / "state"), *args]
 
 
 def test_a_busy_port_is_one_error_line_before_anything_starts(tmp_path, surge_home):
@@ -33,7 +29,7 @@ def test_a_busy_port_is_one_error_line_before_anything_starts(tmp_path, surge_ho
         env = {**os.environ, "SURGE_HOME": str(surge_home)}
         t0 = time.monotonic()
         r = subprocess.run(
-            _serve_cmd(tmp_path, port, "--nodes", "2"),
+            serve_command(*_serve_args(tmp_path, port, "--nodes", "2")),
             capture_output=True,
             text=True,
             env=env,
@@ -54,31 +50,10 @@ def test_ctrl_c_stops_serve_cleanly(tmp_path, surge_home, tiny_store_dir):
     env = {**os.environ, "SURGE_HOME": str(surge_home)}
     before = {f.name for f in Path("/dev/shm").glob("surge_*")}
     err = tmp_path / "serve.err"
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            _serve_cmd(tmp_path, 0, "--nodes", "2"),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-            cwd=REPO,
-            text=True,
-            start_new_session=True,  # its own process group, like a terminal's foreground job
-            # A terminal's job gets SIGINT's default action (a test runner may ignore it).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+    # Its own process group with SIGINT's default action, like a terminal's foreground job.
+    args = _serve_args(tmp_path, 0, "--nodes", "2")
+    proc, info = start_serve(args, err, env=env, cwd=REPO, own_session=True)
     try:
-        sel = selectors.DefaultSelector()
-        assert proc.stdout is not None
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + 120
-        info = None
-        while info is None and time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(0.2):
-                line = proc.stdout.readline()
-                if line.startswith("{"):
-                    info = json.loads(line)
-        sel.close()
-        assert info is not None, err.read_text()[-2000:]
         with httpx.Client(base_url=info["url"], timeout=60) as http:
             pids = [n["pid"] for n in http.get("/v1/nodes").json()["data"]]
             r = http.post(
@@ -116,7 +91,7 @@ def test_ctrl_c_stops_serve_cleanly(tmp_path, surge_home, tiny_store_dir):
     for bad in ("Traceback", "is down", "leaked", "resource_tracker", "Aborted", "WARNING"):
         assert bad not in text, text
     time.sleep(0.5)
-    assert not [p for p in pids if p and _alive(p)], "an agent outlived surge serve"
+    assert not [p for p in pids if p and process_alive(p)], "an agent outlived surge serve"
     new = [f for f in Path("/dev/shm").glob("surge_*") if f.name not in before]
     left = [f.name for f in new if _owner_gone(f)]
     assert not left, left
