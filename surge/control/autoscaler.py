@@ -46,7 +46,6 @@ from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
-from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import LocalEndpoint
@@ -249,7 +248,7 @@ class Autoscaler:
         request = PlacementRequest(
             gpus_per_instance=1,
             num_instances=count,
-            prefer_host_copy=prefers_host_copy(serve_system(dep.spec.strategy)),
+            prefer_host_copy=prefers_host_copy(dep.spec.system),
         )
         placed = place(machines, request)
         dests = [gpus[0] // slots for gpus in placed]

@@ -27,7 +27,6 @@ from surge.policy.copies.host_copies import (
 )
 from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit
 from surge.policy.flexpipe.host_keep import keep_host_after_eviction
-from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp
@@ -96,7 +95,7 @@ class Copies:
             return False
         entry = CacheEntry(model, dep.manifest.total_bytes, self.clock.now_s())
         decision = admit(self._entries(node), entry, self.settings)
-        system = serve_system(dep.spec.strategy)
+        system = dep.spec.system
         return keep_host_after_eviction(system, decision.admit and not decision.evict)
 
     # ---- host copies -------------------------------------------------------------

@@ -29,7 +29,6 @@ from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
 from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable, shorten
 from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
-from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
@@ -172,7 +171,7 @@ class Deployments:
         for node in live:
             if self.pool.blocks_at(name, node, "gpu"):
                 await self.copies.release_slot(name, node, manifest.num_blocks)
-        routing = serve_system(spec.strategy).routing
+        routing = spec.system.routing
         dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing, self.clock))
         self.deployments[name] = dep
         await self.copies.restore_invariant(dep)

@@ -51,7 +51,6 @@ from surge.policy.flexpipe.system import (
     split_stages,
 )
 from surge.policy.multicast.topology import NodeLinks
-from surge.policy.systems import serve_system
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.migration.refactor import FlexPipeline, Stages, refactor_pipeline
@@ -72,7 +71,7 @@ log = logging.getLogger(__name__)
 
 
 def is_flexpipe(dep: Deployment) -> bool:
-    return serve_system(dep.spec.strategy).group_sizing == "flexpipe"
+    return dep.spec.system.group_sizing == "flexpipe"
 
 
 def flexpipe_autoscale(dep: Deployment, base: AutoscaleSettings) -> AutoscaleSettings:
@@ -150,7 +149,7 @@ class FlexPipeControl:
                 e.route_target = pipeline_target(dep.spec.autoscaling, e.num_stages)
                 if not e.failed and not e.refactoring:
                     await e.settle_kv()  # head engines that drained give their KV back
-        system = serve_system(dep.spec.strategy)
+        system = dep.spec.system
         settings = system.flexpipe
         if now_s - rec.last_decision_s < settings.decision_interval_s:
             return

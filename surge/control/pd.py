@@ -27,7 +27,6 @@ from surge.events import NO_BUS, EventBus, Mutation
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look, scale_out_mutations
 from surge.policy.blitzscale.pd import Mutation as MutationChoice
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
-from surge.policy.systems import serve_system
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.pd_handoff import PdServing
 
@@ -80,7 +79,7 @@ class PdControl:
         """The deployment's `PdServing`, made on first sight (before its first instance)."""
         if dep.server.pd is not None:
             return dep.server.pd
-        system = serve_system(dep.spec.strategy)
+        system = dep.spec.system
         if dep.spec.pd is None and not system.pd_disaggregation:
             return None
         targets = dep.spec.pd or PdTargets()
@@ -100,7 +99,7 @@ class PdControl:
         if pd is None:
             return 0
         pd.kick()  # a safety net: hand-offs that wait are retried every tick too
-        system = serve_system(dep.spec.strategy)
+        system = dep.spec.system
         last_s = self._last_mutation_s.get(dep.name)
         load = pd.load(now_s, float("inf") if last_s is None else now_s - last_s)
         seen = look(load, system.pd, system.mutation)
@@ -114,7 +113,7 @@ class PdControl:
         `policy.blitzscale.pd.scale_out_mutations` names, carried out (a system that
         mutates only, §5.2). How many."""
         pd = dep.server.pd
-        system = serve_system(dep.spec.strategy)
+        system = dep.spec.system
         if pd is None or not system.mutation or added < 1:
             return 0
         last_s = self._last_mutation_s.get(dep.name)

@@ -22,7 +22,7 @@ from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.startup import Copy, Destination, StartupRequest
-from surge.policy.systems import SystemConfig, serve_system
+from surge.policy.systems import SystemConfig
 from surge.runtime.client import ClusterClient
 from surge.runtime.scaleout import ControllerSide, ScaleOutContext, ScaleOutReport, run_scale_out
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
@@ -142,7 +142,7 @@ async def start_scale_out(
     defaults), the link speed and NIC load (ParaServe Alg. 1/2), each agent's
     reported links and what each egress carries (the multicast's topology), and the offer's
     hooks (a ParaServe group books spare slots and releases unused ones)."""
-    system = serve_system(dep.spec.strategy)
+    system = dep.spec.system
     live = set(client.addresses) - client.down
     outstanding = {i.node: i.endpoint.outstanding for i in dep.instances.values() if i.endpoint}
     busy = {n for n, t in offer.side.traffic().items() if t.outgoing > 0}

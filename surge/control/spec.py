@@ -1,5 +1,5 @@
 """What a deployment is: a model, its autoscaling knobs, its overload knobs (`admission`), its
-SLOs and its scale-out strategy.
+SLOs, its scale-out strategy and, for `flexpipe`, its FlexPipe knobs (`flexpipe`).
 
 Plain data, validated on construction from JSON-like dicts (the HTTP API, the config file
 and the SQLite store all go through `DeploymentSpec.from_json`). Every bad value raises a
@@ -8,15 +8,16 @@ and the SQLite store all go through `DeploymentSpec.from_json`). Every bad value
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from surge.errors import SurgeError, shorten
 from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdTargets
+from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.slo import Slo
-from surge.policy.systems import ALIASES, serve_system
+from surge.policy.systems import ALIASES, SystemConfig, serve_system
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_PATH_CHARS = 4096
@@ -118,6 +119,60 @@ def pd_from_json(d: Any) -> PdTargets | None:
     return PdTargets(prefill=_int(d, "prefill", 1, 1) or 1, decode=_int(d, "decode", 1, 1) or 1)
 
 
+FLEXPIPE_KNOBS = (
+    "stage_counts",
+    "cv_targets",
+    "cv_window_s",
+    "decision_interval_s",
+    "min_group_kv_tokens",
+    "default_decode_steps",
+)
+"""The `FlexPipeSettings` fields a deployment may set (docs/flexpipe.md); the nested
+constants (Eq. 4, 6, 11-13) stay the system's."""
+
+
+def _numbers(d: dict, key: str, integer: bool, minimum: float) -> tuple:
+    v = d[key]
+    kind = "integers" if integer else "numbers"
+    if not isinstance(v, list | tuple) or not v or any(x is None for x in v):
+        raise SurgeError(f"{key} must be a non-empty list of {kind} (got {shorten(repr(v))})")
+    return tuple(
+        _int({key: x}, key, None, int(minimum)) if integer else _number({key: x}, key, 0, minimum)
+        for x in v
+    )
+
+
+def flexpipe_from_json(d: Any, base: FlexPipeSettings) -> FlexPipeSettings:
+    """A deployment's FlexPipe knobs (`FLEXPIPE_KNOBS`) over its system's `base` (a field
+    left out keeps the base's value): e.g. `decision_interval_s` 0.05 lets the granularity
+    loop split a group inside a burst of a few seconds (docs/emulation.md). Unknown fields
+    and bad values raise `SurgeError` naming the field."""
+    if not isinstance(d, dict):
+        raise SurgeError(f"flexpipe must be an object (got {shorten(repr(d))})")
+    _unknown(d, set(FLEXPIPE_KNOBS), "flexpipe")
+    out: dict[str, Any] = {}
+    for key in ("cv_window_s", "decision_interval_s"):
+        if key in d:
+            out[key] = _number(d, key, 0, 0, inclusive=False)
+    for key in ("min_group_kv_tokens", "default_decode_steps"):
+        if key in d:
+            out[key] = _int(d, key, None, 1)
+    if "stage_counts" in d:
+        out["stage_counts"] = _numbers(d, "stage_counts", True, 1)
+    if "cv_targets" in d:
+        out["cv_targets"] = tuple(float(x) for x in _numbers(d, "cv_targets", False, 0))
+    try:
+        return replace(base, **out)
+    except SurgeError as e:
+        raise SurgeError(f"flexpipe: {e}") from None
+
+
+def flexpipe_to_json(settings: FlexPipeSettings) -> dict[str, Any]:
+    """The knobs `flexpipe_from_json` reads back (`FLEXPIPE_KNOBS`)."""
+    out = {k: getattr(settings, k) for k in FLEXPIPE_KNOBS}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
 @dataclass(frozen=True)
 class SloSpec:
     """A deployment's latency objectives as its JSON gives them, in milliseconds (reported
@@ -175,13 +230,22 @@ class DeploymentSpec:
     chat_template: str | None = None
     """A Jinja chat template (its text) used instead of the model's own (`surge serve
     --chat-template FILE`); None: the model's (`surge.api.chat`)."""
+    flexpipe: FlexPipeSettings | None = None
+    """FlexPipe's knobs for this deployment (strategy `flexpipe` only; `flexpipe_from_json`
+    over the system's); None: the system's (`policy/flexpipe/settings.py`)."""
+
+    @property
+    def system(self) -> SystemConfig:
+        """The system this deployment runs: its strategy's, with its own FlexPipe knobs."""
+        system = serve_system(self.strategy)
+        return system if self.flexpipe is None else replace(system, flexpipe=self.flexpipe)
 
     @staticmethod
     def from_json(d: Any) -> "DeploymentSpec":
         if not isinstance(d, dict):
             raise SurgeError("a deployment must be a JSON object")
         known = {"name", "model", "strategy", "autoscaling", "slo", "admission", "pd"}
-        known.add("chat_template")
+        known |= {"chat_template", "flexpipe"}
         _unknown(d, known, "deployment")
         name, model = d.get("name"), d.get("model")
         if not isinstance(name, str) or not NAME_RE.match(name):
@@ -199,8 +263,14 @@ class DeploymentSpec:
         strategy = d.get("strategy", "lambdascale")
         if not isinstance(strategy, str):
             raise SurgeError(f"strategy must be a string (got {strategy!r})")
-        serve_system(strategy)  # a clear error for unknown or simulator-only systems
+        system = serve_system(strategy)  # a clear error for unknown or simulator-only systems
         strategy = ALIASES.get(strategy, strategy)
+        flexpipe = d.get("flexpipe")
+        if flexpipe is not None and system.group_sizing != "flexpipe":
+            raise SurgeError(
+                f"flexpipe settings apply to strategy 'flexpipe' only (this deployment's is "
+                f"{strategy!r}): remove them or set strategy: flexpipe"
+            )
         return DeploymentSpec(
             name=name,
             model=model,
@@ -212,7 +282,10 @@ class DeploymentSpec:
             admission=admission_from_json(d.get("admission")),
             pd=pd_from_json(d.get("pd")),
             chat_template=_chat_template(d.get("chat_template")),
+            flexpipe=None if flexpipe is None else flexpipe_from_json(flexpipe, system.flexpipe),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["flexpipe"] = None if self.flexpipe is None else flexpipe_to_json(self.flexpipe)
+        return out

@@ -116,6 +116,18 @@ def check_error(r: httpx.Response, status: int, *words: str) -> None:
             ["keep_alive_s"],
         ),
         ("/v1/deployments", {"model": "/x"}, 400, ["name"]),
+        (
+            "/v1/deployments",
+            {"name": "d", "model": "/x", "strategy": "flexpipe", "flexpipe": {"cv_window_s": 0}},
+            400,
+            ["cv_window_s must be > 0"],
+        ),
+        (
+            "/v1/deployments",
+            {"name": "d", "model": "/x", "flexpipe": {"decision_interval_s": 0.05}},
+            400,
+            ["strategy 'flexpipe' only"],
+        ),
     ],
 )
 def test_bad_requests_get_4xx_json(server, path, body, status, words) -> None:  # noqa: F811
@@ -222,6 +234,12 @@ def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
         ("fuse.yaml", "fuse_projections: 1\n", "fuse_projections must be a bool"),
         ("dep.yaml", "deployments:\n  - {name: x, model: /m, strategy: magic}\n", "strategy"),
         ("strategy.yaml", "strategy: magic\n", "unknown strategy 'magic'"),
+        (
+            "flex.yaml",
+            "deployments:\n  - {name: x, model: /m, strategy: flexpipe, "
+            "flexpipe: {decision_interval_s: -1}}\n",
+            "decision_interval_s must be > 0",
+        ),
         ("sim.yaml", "strategy: faasnet\n", "only in the simulator"),
         ("list.yaml", "- 1\n- 2\n", "mapping"),
         ("groups.yaml", "nodes: 2\nhost_groups: [[0, 0]]\n", "host_groups must be disjoint"),

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from surge.config import EngineConfig
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
+from surge.control.spec import DeploymentSpec
 from surge.control.state import FlexPipeRecord
 from surge.model.manifest import read_manifest
 from surge.policy.autoscale import AutoscaleSettings
@@ -26,7 +27,8 @@ def _dep(strategy: str, stage_counts: list[int], manifest) -> SimpleNamespace:
             None, manifest, "m", f"p{i}", stages, EngineConfig(), micro, most
         )
     return SimpleNamespace(
-        spec=SimpleNamespace(strategy=strategy), server=SimpleNamespace(endpoints=pipes)
+        spec=SimpleNamespace(strategy=strategy, system=serve_system(strategy)),
+        server=SimpleNamespace(endpoints=pipes),
     )
 
 
@@ -61,3 +63,27 @@ def test_the_controller_sets_each_pipelines_pack_target(tiny_store) -> None:
     eps = [Endpoint(i, n, 64, 1.0, t) for i, (n, t) in enumerate(zip([1, 3], targets, strict=True))]
     assert route(eps, serve_system("flexpipe").routing) == 1
     assert route(eps, serve_system("lambdascale").routing) == 0
+
+
+def test_the_loop_decides_at_the_deployments_own_interval(tiny_store) -> None:
+    """A deployment's `flexpipe.decision_interval_s` (`DeploymentSpec.flexpipe`) is the
+    interval the controller's granularity loop decides at, not the system's 1 s."""
+    manifest = read_manifest(tiny_store)
+
+    def decided(spec: DeploymentSpec) -> bool:
+        dep = SimpleNamespace(
+            name="m",
+            spec=spec,
+            manifest=manifest,
+            instances={},
+            server=SimpleNamespace(endpoints={}, arrivals=[], queue=[]),
+            flexpipe=FlexPipeRecord(last_decision_s=100.0),
+        )
+        pool = SimpleNamespace(complete=lambda model, tier: [])
+        control = FlexPipeControl(None, pool, None, None, list, lambda n: 0)  # type: ignore[arg-type]
+        asyncio.run(control.tick(dep, 100.06))  # type: ignore[arg-type]
+        return dep.flexpipe.last_decision_s == 100.06
+
+    flex = {"name": "m", "model": "/m", "strategy": "flexpipe"}
+    assert not decided(DeploymentSpec.from_json(flex))
+    assert decided(DeploymentSpec.from_json(flex | {"flexpipe": {"decision_interval_s": 0.05}}))

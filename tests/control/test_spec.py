@@ -1,9 +1,13 @@
 """A deployment's strategy names a `surge.policy.systems` entry that `surge serve` runs."""
 
+import json
+import re
+
 import pytest
 
 from surge.cli.serve_config import SERVE_STRATEGIES
 from surge.control.spec import DeploymentSpec
+from surge.control.store import DeploymentStore
 from surge.errors import SurgeError
 from surge.policy.systems import SYSTEMS, serve_system
 
@@ -37,4 +41,66 @@ def test_autoscaling_takes_the_ray_serve_knob_names_only() -> None:
     with pytest.raises(SurgeError, match="unknown field 'scale_down_delay_s'"):
         DeploymentSpec.from_json(
             {"name": "m", "model": "/m", "autoscaling": {"scale_down_delay_s": 1}}
+        )
+
+
+FLEX = {"name": "m", "model": "/m", "strategy": "flexpipe"}
+
+
+def test_a_flexpipe_deployment_sets_its_own_knobs_over_the_systems() -> None:
+    base = serve_system("flexpipe").flexpipe
+    spec = DeploymentSpec.from_json(FLEX | {"flexpipe": {"decision_interval_s": 0.05}})
+    assert spec.flexpipe is not None and spec.flexpipe.decision_interval_s == 0.05
+    # the rest stays the system's, and the deployment's system carries the knobs
+    assert spec.flexpipe.cv_window_s == base.cv_window_s
+    assert spec.flexpipe.stage_counts == base.stage_counts
+    assert spec.system.flexpipe.decision_interval_s == 0.05
+    assert spec.system.group_sizing == "flexpipe"
+    shape = {"stage_counts": [1, 2], "cv_targets": [1, 4], "cv_window_s": 5}
+    spec2 = DeploymentSpec.from_json(FLEX | {"flexpipe": shape})
+    assert spec2.system.flexpipe.stage_counts == (1, 2)
+    assert spec2.system.flexpipe.cv_targets == (1.0, 4.0)
+    # none given: the system's own settings object
+    plain = DeploymentSpec.from_json(FLEX)
+    assert plain.flexpipe is None and plain.system is serve_system("flexpipe")
+
+
+def test_flexpipe_knobs_survive_the_json_round_trip_and_the_store(tmp_path) -> None:
+    knobs = {"decision_interval_s": 0.05, "stage_counts": [1, 4], "cv_targets": [1, 8]}
+    spec = DeploymentSpec.from_json(FLEX | {"flexpipe": knobs})
+    assert DeploymentSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    store = DeploymentStore(tmp_path / "deployments.sqlite")
+    store.add(spec)
+    store.add(DeploymentSpec.from_json(FLEX | {"name": "plain"}))
+    store.close()
+    again = DeploymentStore(tmp_path / "deployments.sqlite")  # a controller restart
+    [back, plain] = again.all()
+    again.close()
+    assert back == spec and back.system.flexpipe.decision_interval_s == 0.05
+    assert plain.flexpipe is None
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"decision_interval_s": 0}, "decision_interval_s must be > 0"),
+        ({"decision_interval_s": "fast"}, "decision_interval_s must be a number"),
+        ({"cv_window_s": -1}, "cv_window_s must be > 0"),
+        ({"interval": 1}, "unknown field 'interval' in flexpipe"),
+        ({"stage_counts": [1, 2]}, "one CV target per stage count"),
+        ({"stage_counts": [2, 1], "cv_targets": [1, 2]}, "ascending"),
+        ({"stage_counts": "1,2"}, "stage_counts must be a non-empty list"),
+        ({"min_group_kv_tokens": 0}, "min_group_kv_tokens must be >= 1"),
+        (3, "flexpipe must be an object"),
+    ],
+)
+def test_bad_flexpipe_knobs_are_refused_naming_the_field(body, words) -> None:
+    with pytest.raises(SurgeError, match=re.escape(words)):
+        DeploymentSpec.from_json(FLEX | {"flexpipe": body})
+
+
+def test_flexpipe_knobs_need_the_flexpipe_strategy() -> None:
+    with pytest.raises(SurgeError, match="strategy 'flexpipe' only"):
+        DeploymentSpec.from_json(
+            {"name": "m", "model": "/m", "strategy": "lambdascale", "flexpipe": {}}
         )

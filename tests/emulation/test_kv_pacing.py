@@ -13,6 +13,7 @@ import pytest
 from surge.control.emulation import kv_pace
 from surge.emulation import Emulation, EmulationConfig, traffic_charges
 from surge.model.manifest import read_manifest
+from surge.policy.systems import serve_system
 from surge.runtime.node.local_instance import Parked
 from surge.runtime.node.pd import AgentPd
 from surge.runtime.protocol import HandoffReply, InstanceHandoffOp, KvPart
@@ -74,7 +75,9 @@ def _ingress_usage(time_dilation: float, link_gbps: float, nbytes: int) -> float
         clock = Clock(time_dilation, monotonic=lambda: real_now_s)
         server = Server(Client(), "m", clock=clock)  # type: ignore[arg-type]
         control = PdControl(Metrics(), EngineConfig(), links={0: NodeLinks(ingress_gbps=link_gbps)})
-        spec = SimpleNamespace(strategy="serverlessllm", pd=PdTargets())
+        spec = SimpleNamespace(
+            strategy="serverlessllm", system=serve_system("serverlessllm"), pd=PdTargets()
+        )
         dep = SimpleNamespace(name="m", spec=spec, server=server, manifest=None)
         pd = control.attach(dep)  # type: ignore[arg-type]
         assert pd is not None

@@ -114,7 +114,7 @@ def _runtime(case: Case) -> Log:
         server = Server(Client(), "m", clock=Clock(monotonic=lambda: NOW_S))  # type: ignore[arg-type]
         links = {k: NodeLinks(ingress_gbps=LINK_GBPS) for k in range(len(case.held))}
         control = PdControl(Metrics(), EngineConfig(), links=links)
-        spec = SimpleNamespace(strategy=case.system.name, pd=TARGETS)
+        spec = SimpleNamespace(strategy=case.system.name, system=case.system, pd=TARGETS)
         dep = SimpleNamespace(name="m", spec=spec, server=server, manifest=None)
         pd = control.attach(dep)  # type: ignore[arg-type]
         assert isinstance(pd, PdServing)

@@ -15,7 +15,7 @@ from surge.control.copies import Copies
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
-from surge.policy.systems import SYSTEMS, system_config
+from surge.policy.systems import SYSTEMS, serve_system, system_config
 from tests.parity.conftest import FakeClient
 from tests.parity.sim_world import add_host_copy, entry_pool, simulation
 
@@ -46,7 +46,7 @@ def _runtime_nodes(strategy: str, count: int) -> list[int]:
     )
     dep = SimpleNamespace(
         name="m",
-        spec=SimpleNamespace(strategy=strategy),
+        spec=SimpleNamespace(strategy=strategy, system=serve_system(strategy)),
         instances={},
         multicasting=False,
         num_scale_outs=0,
