@@ -24,6 +24,7 @@ from surge.policy.systems import SystemConfig, system_config
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.launch.local import LocalCluster
+from surge.runtime.multicast import MulticastResult
 from surge.runtime.protocol import LoadOp, RegisterOp, Source
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
 from surge.runtime.server import Server
@@ -45,6 +46,24 @@ def timeline(reqs, start: float, bucket_s: float) -> list[list[float]]:
     for t in times:
         counts[int(t / bucket_s)] += 1
     return [[round(i * bucket_s, 3), round(c / bucket_s, 2)] for i, c in enumerate(counts)]
+
+
+def group_times(result: MulticastResult | None, clock: Clock) -> dict | None:
+    """A gloo group broadcast's measured times (`runtime/collective.py`; None without one):
+    real seconds as measured, and in `clock`'s seconds."""
+    g = result.group if result is not None else None
+    if g is None:
+        return None
+    return {
+        "setup_real_s": g.setup_s,
+        "setup_s": clock.of_real(g.setup_s) if g.setup_s is not None else None,
+        "member_setup_real_s": list(g.member_setup_s),
+        "broadcast_real_s": g.broadcast_s,
+        "broadcast_s": clock.of_real(g.broadcast_s) if g.broadcast_s is not None else None,
+        "bytes_per_target": g.num_bytes,
+        "errors": list(g.errors),
+        "fell_back": g.fell_back,
+    }
 
 
 MODES = ("execute_while_load", "stop_the_world")
@@ -174,6 +193,7 @@ async def burst(
             "multicast_complete_s": clock.of_real(ctx.report.multicast.complete_s)
             if ctx.report.multicast and ctx.report.multicast.complete_s is not None
             else None,
+            "group": group_times(ctx.report.multicast, clock),
             "endpoints_opened": [
                 [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.report.opened
             ],

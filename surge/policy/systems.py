@@ -23,6 +23,7 @@ LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
 HOST_CACHES = ("lru", "pinned-one", "all", "none")
 COLD_FALLBACKS = ("host-then-multicast", "local")
+MULTICAST_TRANSPORTS = ("blocks", "gloo")
 GROUP_SIZINGS = ("fixed", "alg1", "flexpipe")
 CONSOLIDATIONS = ("none", "scale-up", "predictor")
 ALIASES = {"load-then-serve": "serverlessllm"}
@@ -55,7 +56,14 @@ class SystemConfig:
     """Fraction of blocks after which a `live` target starts serving."""
     group_setup_s: float = 0.0
     """Fixed cost before each multicast (NCCL group creation: 100 ms per BlitzScale §5;
-    λScale §7.2 says up to hundreds of ms)."""
+    λScale §7.2 says up to hundreds of ms). The simulator waits it; the runtime waits it
+    only with the `blocks` transport (`gloo` creates a real group and pays what it takes)."""
+    multicast_transport: str = "blocks"
+    """How a `multicast` load's bytes move in the runtime: `blocks` (surge's own block
+    pulls, in the plan's order) or `gloo` (the NCCL baseline on CPU hosts: a real
+    `torch.distributed` gloo process group among the first source and the targets,
+    created per scale-out, broadcasting every block; `runtime/collective.py`). The
+    simulator models `gloo` as the plan plus `group_setup_s`."""
     cold_fallback: str = "host-then-multicast"
     """With no GPU copy: `host-then-multicast` (one target loads from the host copy or
     the store, then multicasts) or `local` (every target loads locally)."""
@@ -150,6 +158,7 @@ class SystemConfig:
             ("group_sizing", self.group_sizing, GROUP_SIZINGS),
             ("consolidation", self.consolidation, CONSOLIDATIONS),
             ("routing", self.routing, ROUTINGS),
+            ("multicast_transport", self.multicast_transport, MULTICAST_TRANSPORTS),
         )
         for name, value, allowed in checks:
             if value not in allowed:
@@ -166,6 +175,13 @@ class SystemConfig:
             raise SurgeError(f"system {self.name}: live_batch >= 1, ratios and windows > 0")
         if not 0 < self.host_cache_fraction <= 1:
             raise SurgeError(f"system {self.name}: host_cache_fraction must be in (0, 1]")
+
+    @property
+    def waited_setup_s(self) -> float:
+        """What the runtime waits before a multicast for a group it does not create: the
+        modelled `group_setup_s` with the `blocks` transport, 0 with `gloo` (its group's
+        real creation is the cost)."""
+        return self.group_setup_s if self.multicast_transport == "blocks" else 0.0
 
 
 BLITZSCALE_TOKENS_PER_S = 2000.0
@@ -274,12 +290,15 @@ SYSTEMS: dict[str, SystemConfig] = {
         host_cache="none",
         autoscale=_AUTOSCALE,
     ),
-    # NCCL broadcast (ring = chain) with group creation per scale-out, load-then-serve.
+    # NCCL broadcast (ring = chain) with group creation per scale-out, load-then-serve. The
+    # runtime carries it out as a real torch.distributed (gloo) broadcast; the simulator as
+    # the chain after group_setup_s.
     "nccl": SystemConfig(
         "nccl",
         "multicast",
         multicast_strategy="chain",
         group_setup_s=0.1,
+        multicast_transport="gloo",
         cold_fallback="local",
         host_cache="none",
         autoscale=_AUTOSCALE,

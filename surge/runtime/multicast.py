@@ -41,6 +41,25 @@ from surge.runtime.protocol import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class GroupTimes:
+    """What one gloo group broadcast measured (real seconds)."""
+
+    setup_s: float | None
+    """From the controller's first `group_broadcast` until the last member's group formed
+    (the rendezvous and gloo's connections among all members): the group's creation."""
+    member_setup_s: tuple[float | None, ...]
+    """Each member's own forming time, from its op to its group (rank order)."""
+    broadcast_s: float | None
+    """The slowest member's time from its group formed to its last block."""
+    num_bytes: int
+    """Bytes one target received (the model's)."""
+    errors: tuple[str, ...] = ()
+    """Why members failed (empty: the group moved every block)."""
+    fell_back: bool = False
+    """The group could not start: the plan's block pulls moved the model instead."""
+
+
 @dataclass
 class MulticastResult:
     """What happened during one multicast (plan node numbering)."""
@@ -60,6 +79,8 @@ class MulticastResult:
     corrupt_refetches: int = 0
     events: list[Event] = field(default_factory=list)
     """This multicast's events (arrivals, failed pulls, corrupt blocks, agents down)."""
+    group: GroupTimes | None = None
+    """With a gloo group broadcast (`runtime/collective.py`): its measured times."""
 
 
 class MulticastExecutor:
@@ -145,6 +166,20 @@ class MulticastExecutor:
                 log.info("re-plan to node %d failed: %s", node, e)
         self.pending = still
 
+    async def _launch(self) -> None:
+        """Start the agents' parts: each live node's receive list of the plan."""
+        await asyncio.gather(
+            *(
+                self.client.call(a, op)
+                for a, op in self._orders().items()
+                if a not in self.client.down
+            )
+        )
+
+    def _failed_source(self, ev: PullFailed) -> int:
+        """The plan node a failed pull names as its bad source (not asked again for it)."""
+        return self.node_of.get(ev.src, -1)
+
     async def run(self) -> MulticastResult:
         self.replans: list[dict[str, Any]] = []
         n, b = self.plan.num_nodes, self.plan.num_blocks
@@ -158,13 +193,7 @@ class MulticastExecutor:
             (BlockArrived, PullFailed, BlockCorrupt, AgentDown), model=self.model
         )
         start = time.time()
-        await asyncio.gather(
-            *(
-                self.client.call(a, op)
-                for a, op in self._orders().items()
-                if a not in self.client.down
-            )
-        )
+        await self._launch()
         deadline = time.monotonic() + self.timeout_s
         complete: float | None = None
         while not self._done():
@@ -193,8 +222,7 @@ class MulticastExecutor:
                     order[v].append(ev.block)
                 await self._assign_pending()
             elif isinstance(ev, PullFailed):
-                src = self.node_of.get(ev.src, -1)
-                self.pending.append((v, ev.block, src))
+                self.pending.append((v, ev.block, self._failed_source(ev)))
                 await self._assign_pending()
             elif isinstance(ev, BlockCorrupt):
                 corrupt += 1

@@ -59,7 +59,8 @@ def test_a_system_run_at_its_own_dilation_says_so() -> None:
 def test_every_system_has_a_plan_and_an_unknown_one_is_refused() -> None:
     modes = {name: plan_of(name)[1] for name in SYSTEMS}
     assert modes["lambdascale"] == "execute_while_load"
-    assert plan_of("nccl")[0].group_setup_s > 0  # the communicator's creation
+    assert plan_of("nccl")[0].group_setup_s > 0  # the simulator's communicator creation
+    assert plan_of("nccl")[0].multicast_transport == "gloo"  # the runtime's: a real group
     assert plan_of("serverlessllm-ssd")[2] == "disk"
     with pytest.raises(ValueError, match="unknown system"):
         plan_of("tetris")

@@ -1,7 +1,9 @@
-"""The NCCL baseline's group creation in `surge serve` (`SystemConfig.group_setup_s`, λScale
-§7.2, BlitzScale §5): a scale-out by a system with a set-up cost waits that long on the
-serving clock before its multicast plans and moves its first block, as the simulator's
-loader does (`sim/loading.py`); a system without one starts at once."""
+"""The NCCL baseline's group creation in `surge serve` (λScale §7.2, BlitzScale §5): with the
+`blocks` transport a scale-out by a system with a set-up cost (`SystemConfig.group_setup_s`)
+waits that long on the serving clock before its multicast plans and moves its first block,
+as the simulator's loader does (`sim/loading.py`), and a system without one starts at once;
+the `nccl` system itself (`gloo` transport) waits nothing modelled: it creates a real gloo
+group, whose measured creation is its set-up, and moves the model through it."""
 
 import asyncio
 import time
@@ -37,7 +39,7 @@ def test_a_multicast_waits_for_its_group_on_the_serving_clock(
         waited.append(real_s)
         await asyncio.sleep(real_s)
 
-    system = replace(system_config("nccl"), group_setup_s=setup_s)
+    system = replace(system_config("nccl"), multicast_transport="blocks", group_setup_s=setup_s)
 
     async def run() -> float:
         whole = {0: list(range(manifest.num_blocks))}
@@ -72,3 +74,42 @@ def test_a_multicast_waits_for_its_group_on_the_serving_clock(
     else:
         assert 2 * SETUP_S not in waited
         assert first_block_s < 2 * SETUP_S
+
+
+def test_the_nccl_baseline_scales_out_through_a_real_gloo_group(make_cluster, manifest) -> None:
+    cluster = make_cluster(3, preload_engine=True)  # no caps: loopback cannot shape gloo's
+    waited: list[float] = []
+
+    async def sleep(real_s: float) -> None:
+        waited.append(real_s)
+        await asyncio.sleep(real_s)
+
+    async def run():
+        whole = {0: list(range(manifest.num_blocks))}
+        client = await connected(cluster, manifest, whole, tier="gpu")
+        server = Server(client, MODEL, clock=Clock(2.0, sleep=sleep))
+        try:
+            ctx = ScaleOutContext(
+                client,
+                server,
+                manifest,
+                system_config("nccl"),
+                (Destination(1), Destination(2)),
+                ControllerHooks(on_local=_on_local),
+                copies=(Copy(0, "gpu"),),
+                engine=EngineConfig(max_num_seqs=2),
+                serve_while_loading=False,
+                timeout_s=60,
+            )
+            await run_scale_out(ctx)
+            return ctx.report.multicast
+        finally:
+            await server.close()
+            await client.close()
+
+    result = asyncio.run(run())
+    assert result is not None and result.complete_s is not None
+    g = result.group
+    assert g is not None and not g.fell_back and g.errors == ()
+    assert g.setup_s is not None and g.setup_s > 0 and g.num_bytes == manifest.total_bytes
+    assert 2 * system_config("nccl").group_setup_s not in waited  # measured, not modelled

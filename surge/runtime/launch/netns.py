@@ -329,3 +329,12 @@ def fast_path(dev: str, netns: str | None, match: str, peers: list[str], gbps: f
     for peer in peers:
         _run(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "0",
              "u32", "match", "ip", match, f"{peer}/32", "flowid", "1:30")  # fmt: skip
+
+
+def sent_bytes(dev: str, netns: str | None) -> int:
+    """Bytes the shaped root qdisc of `dev` has sent so far (every class: what the kernel
+    let through this link's cap, whoever's socket it came from)."""
+    tc = ["tc", "-n", netns] if netns else ["tc"]
+    out = _run(*tc, "-s", "qdisc", "show", "dev", dev, check=False)
+    m = re.search(r"qdisc htb 1: root.*?Sent (\d+) bytes", out, re.S)
+    return int(m.group(1)) if m else 0

@@ -143,3 +143,8 @@ class NetnsCluster(LocalCluster):
         self.nets.clear()
         self.bridge = None
         atexit.unregister(self.stop)
+
+    def link_bytes(self, node: int) -> tuple[int, int]:
+        """(egress, ingress) bytes the kernel has let through node's shaped link so far."""
+        nn = self.nets[node]
+        return netns.sent_bytes(nn.node_dev, nn.netns), netns.sent_bytes(nn.host_dev, None)

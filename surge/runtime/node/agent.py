@@ -7,7 +7,8 @@ on authenticated connections. What flows out: replies, block bytes to peers, and
 This file is the agent's server: sockets, the accept loop, dispatch by op class, events and
 lifecycle. Its parts are composed, each given the `NodeContext` (and the store) it needs:
 `AgentStore` (tiers and the register/load/evict/checksums ops), `AgentTransfer` (the block
-data path: get_block, multicast pulls, pull_from, set_peers), `AgentServing` (pipeline
+data path: get_block, multicast pulls, pull_from, set_peers), `AgentCollective` (a gloo
+group broadcast: the NCCL baseline), `AgentServing` (pipeline
 stages) and `AgentInstances` (full local instances, with their P/D side). The server
 answers `status`, `shutdown` and `subscribe` itself.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
+from surge.runtime.node.collective import AgentCollective
 from surge.runtime.node.context import (
     AgentConfig,
     Handlers,
@@ -89,6 +91,7 @@ class NodeAgent:
         )
         self.store = AgentStore(self.ctx, memory)
         self.transfer = AgentTransfer(self.ctx, self.store)
+        self.collective = AgentCollective(self.ctx, self.store)
         self.device_share = AgentDeviceShare(self.ctx, self.store)
         self.serving = AgentServing(self.ctx, self.store)
         self.local = AgentInstances(self.ctx, self.store, self.serving.fetch_kv)
@@ -97,6 +100,7 @@ class NodeAgent:
             ShutdownOp: self.op_shutdown,
             **self.store.handlers(),
             **self.transfer.handlers(),
+            **self.collective.handlers(),
             **self.device_share.handlers(),
             **self.serving.handlers(),
             **self.local.handlers(),

@@ -5,9 +5,9 @@ subscribers). Each is a frozen dataclass, validated at construction (a bad value
 `SurgeError`), with `to_json()` / `from_json(d)`; its JSON is the frame header (payload
 bytes, where an op has them, travel beside it). Defaults live in the dataclasses only.
 The definitions are in this package: `ops.py` (K/V movement: `kv_ops.py`; a host group's
-shared device copy: `device_ops.py`), `replies.py`,
-`events.py`, on the typed JSON codec `surge/json_codec.py`. Callers outside the package
-import from here, never from a submodule.
+shared device copy: `device_ops.py`; a gloo group broadcast's op and event: `group_ops.py`),
+`replies.py`, `events.py`, on the typed JSON codec `surge/json_codec.py`. Callers outside
+the package import from here, never from a submodule.
 
 Usage (controller side, `ClusterClient`):
 
@@ -36,6 +36,12 @@ from surge.runtime.protocol.events import (
     ReceiveDone,
     RequestFailed,
     TokenGenerated,
+)
+from surge.runtime.protocol.group_ops import (
+    GROUP_INIT_TIMEOUT_S,
+    GroupBroadcastOp,
+    GroupDone,
+    GroupReply,
 )
 from surge.runtime.protocol.kv_ops import (
     InstanceAdoptOp,
@@ -108,6 +114,7 @@ from surge.runtime.protocol.replies import (
 
 __all__ = [
     "EVENTS",
+    "GROUP_INIT_TIMEOUT_S",
     "HANDOFF_REASON",
     "MULTICAST_WAIT_S",
     "NO_STEP",
@@ -128,6 +135,9 @@ __all__ = [
     "GenerateOp",
     "GenerateReply",
     "GetBlockOp",
+    "GroupBroadcastOp",
+    "GroupDone",
+    "GroupReply",
     "HandoffReply",
     "InstanceAbortOp",
     "InstanceAdoptOp",

@@ -13,9 +13,11 @@ verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) 
 - `RetirePipeline`: retire the pipeline; its requests are spread evenly over its members'
   local instances (λScale §4.4 mode switch, `policy.loading.spread_evenly`).
 With `serve_while_loading` off (another multicast of the model still serves), the state
-machine runs in mode `none`: receivers serve only once whole. A system with a
-`group_setup_s` (the NCCL baseline) waits that long on the serving clock before the first
-block moves (its communicator's creation). Out: endpoints opened and
+machine runs in mode `none`: receivers serve only once whole. A system with the `gloo`
+`multicast_transport` (the NCCL baseline) moves the bytes in a real gloo group broadcast
+(`runtime/collective.py`), whose creation is its set-up cost; one with a `group_setup_s`
+and the `blocks` transport waits that long on the serving clock before the first block
+moves (a communicator's creation, modelled). Out: endpoints opened and
 retired, recorded on the context. The state machine is the same one the simulator feeds.
 """
 
@@ -35,6 +37,7 @@ from surge.policy.loading import (
 from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.policy.startup import StartupPlan
+from surge.runtime.collective import GroupExecutor
 from surge.runtime.endpoints import PipelineEndpoint
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockArrived
@@ -137,11 +140,11 @@ class LoadingCarrier:
 
 async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Multicast to `plan.receivers` into the gpu tier, serving while it loads."""
-    if ctx.system.group_setup_s > 0:
+    if ctx.system.waited_setup_s > 0:
         # NCCL-style broadcast: a communicator among these agents first (BlitzScale §5:
         # ~100 ms; λScale §7.2: "up to hundreds of milliseconds"), on the serving clock,
         # before it plans, as the simulator's loader waits it (`sim/loading.py`)
-        await ctx.server.clock.sleep(ctx.system.group_setup_s)
+        await ctx.server.clock.sleep(ctx.system.waited_setup_s)
     agents = list(plan.multicast_nodes)
     k, b = len(plan.sources), ctx.manifest.num_blocks
     outcome = plan_multicast(ctx, agents, k)
@@ -156,7 +159,8 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
             live_start_fraction=ctx.system.live_start_fraction,
         )
     )
-    executor = MulticastExecutor(
+    kind = GroupExecutor if ctx.system.multicast_transport == "gloo" else MulticastExecutor
+    executor = kind(
         ctx.client,
         ctx.model,
         outcome.plan,

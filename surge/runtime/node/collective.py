@@ -1,0 +1,170 @@
+"""How an agent takes part in a collective broadcast: the NCCL baseline's gloo group.
+
+In: `group_broadcast` (`protocol/group_ops.py`) from the controller's `GroupExecutor`
+(`runtime/collective.py`). The root (rank 0, a source holding every block) binds the
+group's rendezvous on its own address and answers where; each target joins it. Every member
+then forms a `torch.distributed` gloo group (`node/gloo_group.py`) — the group's creation,
+timed: the paper's per-scale-out set-up cost, measured — and the root broadcasts the model's
+blocks one collective per block, in order, from its held buffers straight into each
+target's preallocated tier buffers. A target checks each block against the manifest and
+lands it like a pulled one (`arrival` with the multicast's id), so the controller's loading
+state machine does not know how the bytes came. Out: arrivals; for every block a target
+could not receive (a member gone, a timeout), a `pull_failed` naming the root, so the
+controller's re-plan pulls it from a live holder over surge's own transport; and a
+`group_done` with the times, once the group is destroyed.
+
+Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext` and its
+`AgentStore`.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from surge.errors import SurgeError
+from surge.model.manifest import verify_block
+from surge.runtime.node.context import Handlers, NodeContext
+from surge.runtime.node.gloo_group import GlooGroup, bind_rendezvous
+from surge.runtime.node.store import AgentStore
+from surge.runtime.protocol import GroupBroadcastOp, GroupDone, GroupReply, PullFailed
+from surge.runtime.transport import Connection
+
+log = logging.getLogger(__name__)
+
+
+class AgentCollective:
+    """This node's side of gloo group broadcasts."""
+
+    def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
+        self.ctx, self.store = ctx, store
+
+    def handlers(self) -> Handlers:
+        return {GroupBroadcastOp: self.op_group_broadcast}
+
+    def _refuse_unless_shaped(self) -> None:
+        """A gloo group's sockets are torch's: plain TCP, outside the agent's TLS and its
+        token buckets. Refuse where that would leak bytes or skip the link caps."""
+        c = self.ctx.config
+        if self.ctx.tls is not None:
+            raise SurgeError(
+                "a gloo group's bytes are plain TCP and this cluster uses TLS: use the "
+                "`blocks` multicast transport"
+            )
+        if c.pace_links and (c.egress_gbps is not None or c.ingress_gbps is not None):
+            raise SurgeError(
+                "a gloo group's sockets bypass this agent's link pacing (token buckets): "
+                "run it on a cluster whose links the kernel shapes (--cluster netns) or "
+                "without link caps"
+            )
+
+    async def op_group_broadcast(
+        self, op: GroupBroadcastOp, conn: Connection, p: memoryview
+    ) -> GroupReply:
+        """Bind (root) or join (target) the group, answer, and run the broadcast in a task."""
+        self._refuse_unless_shaped()
+        state = self.store.model(op.model)
+        for b in op.blocks:
+            state.block(b)
+        if op.rank == 0 and any(self.store.buffer_of(op.model, b) is None for b in op.blocks):
+            raise SurgeError(f"node {self.ctx.node} cannot be the root: it lacks blocks")
+        start = time.monotonic()
+        host = self.ctx.config.host
+        if op.rank == 0:
+            listener = bind_rendezvous(host)
+            store_host, store_port = listener.getsockname()[:2]
+            group = await asyncio.to_thread(
+                GlooGroup.root_store, listener, op.world_size, op.init_timeout_s
+            )
+        else:
+            store_host, store_port = op.store_host, op.store_port
+            group = None  # a target connects in its task: the rendezvous may wait for the rest
+        self.ctx.spawn(self._run(op, group, start))
+        return GroupReply(store_host=store_host, store_port=store_port)
+
+    async def _run(self, op: GroupBroadcastOp, group: GlooGroup | None, start: float) -> None:
+        ready_t = setup_s = broadcast_s = None
+        landed: set[int] = set()
+        error = ""
+        num_bytes = 0
+        try:
+            if group is None:
+                group = await asyncio.to_thread(
+                    GlooGroup.member_store,
+                    self.ctx.config.host,
+                    op.store_host,
+                    op.store_port,
+                    op.init_timeout_s,
+                )
+            await asyncio.to_thread(group.form, op.rank, op.world_size, op.init_timeout_s)
+            ready_t, setup_s = time.time(), time.monotonic() - start
+            t0 = time.monotonic()
+            num_bytes = await self._broadcast(op, group, landed)
+            broadcast_s = time.monotonic() - t0
+        except (RuntimeError, SurgeError, OSError, ValueError) as e:
+            # torch raises RuntimeError (DistBackendError, DistNetworkError) for a member
+            # gone, a timeout, a refused rendezvous
+            error = f"{type(e).__name__}: {e}"[:500]
+            log.warning("node %d: group %s failed: %s", self.ctx.node, op.mc_id, error)
+        finally:
+            if group is not None:
+                await asyncio.to_thread(group.close, bool(error))
+        if op.rank != 0:
+            for b in op.blocks:
+                if b not in landed and not self.store.model(op.model).event(b).is_set():
+                    await self.ctx.emit(
+                        PullFailed(
+                            node=self.ctx.node,
+                            t=time.time(),
+                            mc_id=op.mc_id,
+                            model=op.model,
+                            block=b,
+                            src=op.root,
+                            reason=f"gloo group: {error or 'block not received'}",
+                        )
+                    )
+        await self.ctx.emit(
+            GroupDone(
+                node=self.ctx.node,
+                t=time.time(),
+                mc_id=op.mc_id,
+                model=op.model,
+                rank=op.rank,
+                ready_t=ready_t,
+                setup_s=setup_s,
+                broadcast_s=broadcast_s,
+                num_bytes=num_bytes,
+                error=error,
+            )
+        )
+
+    async def _broadcast(self, op: GroupBroadcastOp, group: GlooGroup, landed: set[int]) -> int:
+        """Every block from rank 0, one collective each, landed in order as it completes
+        (gloo runs the next ones meanwhile). Returns the bytes moved (received, or put in)."""
+        name, root = op.model, op.rank == 0
+        if root:
+            buffers = [self.store.buffer_of(name, b) for b in op.blocks]
+            if any(buf is None for buf in buffers):
+                raise SurgeError(f"node {self.ctx.node} evicted a block before the broadcast")
+        else:
+            buffers = [self.store.target_buffer(name, b, op.tier) for b in op.blocks]
+        bufs = [buf for buf in buffers if buf is not None]
+        works = await asyncio.to_thread(group.broadcast_all, bufs, op.timeout_s)
+        done = 0
+        try:
+            for step, (b, buf, work) in enumerate(zip(op.blocks, bufs, works, strict=True), 1):
+                await asyncio.to_thread(work.wait)
+                done += 1
+                if root or self.store.model(name).event(b).is_set():
+                    continue
+                await asyncio.to_thread(verify_block, self.store.model(name).block(b), buf)
+                await self.store.landed(name, b, op.tier, buf, mc_id=op.mc_id, src=op.root,
+                                        step=step)  # fmt: skip
+                landed.add(b)
+        finally:
+            if done < len(works):  # a failed member: the rest fail fast once the group aborts
+                await asyncio.to_thread(group.close, True)
+                for work in works[done:]:
+                    with contextlib.suppress(RuntimeError):
+                        await asyncio.to_thread(work.wait)
+        return sum(len(buf) for buf in bufs)
