@@ -197,3 +197,5 @@ def test_a_member_killed_mid_broadcast_fails_clearly(make_netns, manifest) -> No
     assert g is not None and g.errors, "the survivors should report the group's failure"
     assert result.dead_nodes == [victim]
     assert result.complete_s is not None  # the survivors hold every block (checked exact)
+    # what the group did not deliver came over surge's transport, the root allowed as source
+    assert result.replans and all(r["from"] == 0 for r in result.replans), result.replans
