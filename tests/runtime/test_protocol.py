@@ -33,6 +33,17 @@ OPS = [
     p.GetBlockOp(model="m", block=2, step=3.0, wait_s=1.5),
     p.MulticastOp(mc_id="x", model="m", recv=((1, 0, 2), (2, 1, 2)), tier="gpu", wait_s=5.0),
     p.PullFromOp(mc_id="x", model="m", block=1, src=3, step=2.0),
+    p.GroupBroadcastOp(
+        mc_id="x",
+        model="m",
+        rank=1,
+        world_size=3,
+        root=0,
+        blocks=(0, 1),
+        store_host="198.18.0.10",
+        store_port=4242,
+        timeout_s=9.0,
+    ),
     p.StageOpenOp(pipeline="pp", model="m", first_layer=0, end_layer=2, next_node=1),
     p.StageStepOp(pipeline="pp", kind="tokens", shape=(1, 3), batch=BatchMeta((0,), (0,), (3,))),
     p.StageFreeOp(pipeline="pp", seq_ids=(0, 4)),
@@ -71,6 +82,7 @@ OPS = [
 ]
 
 REPLIES = [
+    p.GroupReply(store_host="198.18.0.10", store_port=4242),
     p.DeviceHandlesReply(
         handles=(
             IpcHandle(kind="fake", device_index=0, num_bytes=64, handle_hex="2f"),
@@ -122,6 +134,29 @@ EVENTS = [
     ),
     p.RequestFailed(node=1, t=3.5, instance="i", req_id="r", error="the engine failed", model="m"),
     p.AgentDown(node=2, t=4.0),
+    p.GroupDone(
+        node=1,
+        t=5.0,
+        mc_id="x",
+        model="m",
+        rank=1,
+        ready_t=4.5,
+        setup_s=0.2,
+        broadcast_s=0.3,
+        num_bytes=64,
+    ),
+    p.GroupDone(
+        node=2,
+        t=5.0,
+        mc_id="x",
+        model="m",
+        rank=2,
+        ready_t=None,
+        setup_s=None,
+        broadcast_s=None,
+        num_bytes=0,
+        error="RuntimeError: timed out",
+    ),
 ]
 
 
