@@ -2,5 +2,5 @@
 
 ParaServe §6 consolidation and BlitzScale live prefill (`consolidation.py`), FlexPipe's
 in-flight refactoring (`refactor.py`), the P/D hand-off from a prefill instance to a decode
-one (`pd_handoff.py`).
+one (`pd_handoff.py`) and the K/V incast the monitor weighs (`kv_ingress.py`).
 """

@@ -17,8 +17,9 @@ slot.
 `mutate` turns a prefill instance into a decode one without touching its weights (§5.2),
 when `control/pd.py` says so from `policy.pd.decide_mutation`. `load` is what the monitor
 sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S`, KV use, and the K/V
-handed to it over that window as a fraction of its ingress link (`received`, BlitzScale
-§5.2's K/V incast; an uncapped link counts none).
+handed to it over that window as a fraction of its ingress link (`received`, counted by
+`runtime/migration/kv_ingress.py`: BlitzScale §5.2's K/V incast; an uncapped link counts
+none).
 
 Failures lose no request: a request is on exactly one of {an endpoint, the queue, a
 hand-off in flight} at each await, so if the prefill agent dies before its K/V is taken,
@@ -37,9 +38,10 @@ from typing import TYPE_CHECKING
 
 from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import pd
-from surge.policy.multicast.topology import HOST_LINK_GBPS, NodeLinks
+from surge.policy.multicast.topology import NodeLinks
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
 from surge.runtime.migration.consolidation import adopt
+from surge.runtime.migration.kv_ingress import KvIngress
 from surge.runtime.protocol import (
     HANDOFF_REASON,
     InstanceHandoffOp,
@@ -82,10 +84,8 @@ class PdServing:
         kv_pace: float = 1.0,
     ) -> None:
         self.server, self.targets, self.max_kv_tokens = server, targets, max_kv_tokens
-        self.links: Mapping[int, NodeLinks] = links if links is not None else {}
-        """Each node's reported links: the caps a hand-off's K/V arrives through."""
-        self._ingress: dict[str, deque[tuple[float, float]]] = {}
-        """Endpoint name -> (when, link-seconds) of each hand-off to it (`received`)."""
+        self.ingress = KvIngress(links if links is not None else {}, server.clock, kv_pace)
+        """The K/V handed to each instance over the monitor's window (`received`)."""
         self.kv_pace = kv_pace
         """How the K/V sent from here to a decode agent is paced (GPU-time emulation: the
         K/V's own byte ratio, `control/emulation.kv_pace`; 1: as its bytes)."""
@@ -151,26 +151,12 @@ class PdServing:
     def forget(self, name: str) -> None:
         self.roles.pop(name, None)
         self._token_times.pop(name, None)
-        self._ingress.pop(name, None)
+        self.ingress.forget(name)
 
     def received(self, source_node: int | None, target: LocalEndpoint, nbytes: int) -> None:
-        """A hand-off's `nbytes` of K/V go to `target` from `source_node` (None: from here):
-        their time alone on the link they arrive through (a host mate's fast link, else
-        its NIC; uncapped: none), as the simulator counts it (`PdPool.handed`); paced bytes
-        (`kv_pace`: under GPU-time emulation the link caps are scaled for weight bytes),
-        in the serving clock's seconds (the caps are real: emulated ones D times slower, so
-        a link-second of them is 1/D emulated second — counted as real, every hand-off
-        looked D times the incast it is and every new baseline instance joined as decode)."""
-        into = self.links.get(target.node, NodeLinks())
-        src = self.links.get(source_node, NodeLinks()) if source_node is not None else None
-        if src is not None and into.host is not None and src.host == into.host:
-            gbps: float | None = into.host_gbps or HOST_LINK_GBPS
-        else:
-            gbps = into.ingress_gbps
-        if gbps:
-            sent = self._ingress.setdefault(target.name, deque())
-            link_s = self.server.clock.of_real(nbytes * self.kv_pace * 8 / (gbps * 1e9))
-            sent.append((self.server.clock.now_s(), link_s))
+        """A hand-off's `nbytes` of K/V go to `target` from `source_node` (None: from here);
+        the monitor weighs them (`KvIngress.received`)."""
+        self.ingress.received(source_node, target.node, target.name, nbytes)
 
     def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]:
         """The endpoints new requests may go to (`policy.pd.routable`). Execution pipelines
@@ -191,10 +177,7 @@ class PdServing:
         rate, ingress = 0.0, 0.0
         if now_s is not None:
             rate = sum(1 for t in times if t >= now_s - RATE_WINDOW_S) / RATE_WINDOW_S
-            sent = self._ingress.get(e.name, deque())
-            while sent and sent[0][0] < now_s - RATE_WINDOW_S:
-                sent.popleft()
-            ingress = pd.ingress_usage(sent, now_s)
+            ingress = self.ingress.usage(e.name, now_s)
         parked = sum(1 for src, _ in self.pending if src is e)
         reserved = sum(1 for _, target in self._reserving if target == e.name)
         return pd.PdInstance(
