@@ -166,7 +166,7 @@ class Copies:
         """The pinned host copies the deployment keeps now, by its system's `host_cache`
         (`policy.copies.host_copies.kept_copies`)."""
         return kept_copies(
-            serve_system(dep.spec.strategy).host_cache,
+            dep.spec.system.host_cache,
             self._caches(),
             self.settings,
             self.pool.complete(dep.name, "host"),

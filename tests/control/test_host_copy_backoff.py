@@ -10,6 +10,7 @@ from surge.control.copies import Copies
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
 from surge.policy.copies.host_copies import host_copy_retry_s
+from surge.policy.systems import serve_system
 from surge.runtime.protocol import LoadOp
 from surge.runtime.transport import RemoteError
 
@@ -35,7 +36,8 @@ def _deployment() -> SimpleNamespace:
         restoring=False,
         num_scale_outs=0,
         pinned_nodes=set(),
-        spec=SimpleNamespace(strategy="lambdascale"),  # a pinned host copy (`pinned-one`)
+        # lambdascale keeps a pinned host copy (`pinned-one`)
+        spec=SimpleNamespace(strategy="lambdascale", system=serve_system("lambdascale")),
         host_last_used_s={},
         instances={},
         failure=None,

@@ -17,7 +17,7 @@ import pytest
 from surge.control.copies import Copies
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
-from surge.policy.systems import system_config
+from surge.policy.systems import serve_system, system_config
 from surge.runtime.protocol import Ack, LoadOp, Op
 from tests.parity.sim_world import simulation
 
@@ -64,7 +64,7 @@ def _runtime_pins(strategy: str, sizes: list[int]) -> tuple[list[list[int]], lis
                 instances={},
                 host_last_used_s={},
                 pinned_nodes=set(),
-                spec=SimpleNamespace(strategy=strategy),
+                spec=SimpleNamespace(strategy=strategy, system=serve_system(strategy)),
                 restoring=False,
                 num_scale_outs=0,
                 failure=None,
