@@ -23,7 +23,7 @@ LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
 HOST_CACHES = ("lru", "pinned-one", "all", "none")
 COLD_FALLBACKS = ("host-then-multicast", "local")
-MULTICAST_TRANSPORTS = ("blocks", "gloo")
+MULTICAST_TRANSPORTS = ("blocks", "gloo", "gloo-ring")
 GROUP_SIZINGS = ("fixed", "alg1", "flexpipe")
 CONSOLIDATIONS = ("none", "scale-up", "predictor")
 ALIASES = {"load-then-serve": "serverlessllm"}
@@ -60,10 +60,12 @@ class SystemConfig:
     only with the `blocks` transport (`gloo` creates a real group and pays what it takes)."""
     multicast_transport: str = "blocks"
     """How a `multicast` load's bytes move in the runtime: `blocks` (surge's own block
-    pulls, in the plan's order) or `gloo` (the NCCL baseline on CPU hosts: a real
+    pulls, in the plan's order), `gloo` (the NCCL baseline on CPU hosts: a real
     `torch.distributed` gloo process group among the first source and the targets,
-    created per scale-out, broadcasting every block; `runtime/collective.py`). The
-    simulator models `gloo` as the plan plus `group_setup_s`."""
+    created per scale-out, gloo's broadcast collective per block; `runtime/collective.py`)
+    or `gloo-ring` (the same group moving the blocks in NCCL's ring order: a
+    block-pipelined chain over gloo's send/recv). The simulator models both as the plan
+    plus `group_setup_s`."""
     cold_fallback: str = "host-then-multicast"
     """With no GPU copy: `host-then-multicast` (one target loads from the host copy or
     the store, then multicasts) or `local` (every target loads locally)."""

@@ -27,6 +27,7 @@ from surge.runtime.multicast import GroupTimes, MulticastExecutor, MulticastResu
 from surge.runtime.protocol import (
     GROUP_INIT_TIMEOUT_S,
     AgentDown,
+    GroupAlgorithm,
     GroupBroadcastOp,
     GroupDone,
     PullFailed,
@@ -45,9 +46,14 @@ reports (they follow the last arrival at once; a dead member never sends one).""
 
 
 class GroupExecutor(MulticastExecutor):
-    """A `MulticastExecutor` whose bytes move in one gloo group broadcast."""
+    """A `MulticastExecutor` whose bytes move in one gloo group broadcast (`algorithm`:
+    gloo's broadcast collective, or NCCL's ring order over send/recv)."""
 
     init_timeout_s: float = GROUP_INIT_TIMEOUT_S
+
+    def __init__(self, *args, algorithm: GroupAlgorithm = "broadcast", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.algorithm: GroupAlgorithm = algorithm
 
     def _members(self) -> list[int]:
         """Rank order: the first source, then every live target."""
@@ -72,6 +78,7 @@ class GroupExecutor(MulticastExecutor):
                 store_host=host,
                 store_port=port,
                 tier=self.tier,
+                algorithm=self.algorithm,
                 timeout_s=self.timeout_s * BROADCAST_TIMEOUT_SHARE,
                 init_timeout_s=min(self.init_timeout_s, self.timeout_s * BROADCAST_TIMEOUT_SHARE),
             )

@@ -72,7 +72,9 @@ def foreign_connections(pid: int, agent_ports: set[int]) -> list:
     ]
 
 
-def broadcast(cluster: LocalCluster, manifest, fault=None, formed: bool = True):
+def broadcast(
+    cluster: LocalCluster, manifest, fault=None, formed: bool = True, algorithm="broadcast"
+):
     """The model from node 0's gpu tier to every other node's through a gloo group; `fault`
     (given the client) runs beside it; `formed`: a group is expected to form. Returns the
     result, and the listeners each agent had while its group lived and after; checks every
@@ -91,7 +93,9 @@ def broadcast(cluster: LocalCluster, manifest, fault=None, formed: bool = True):
         client = await connected(cluster, manifest, whole, tier="gpu")
         done = client.subscribe((GroupDone,), model=MODEL)
         try:
-            ex = GroupExecutor(client, MODEL, plan, tier="gpu", timeout_s=TIMEOUT_S)
+            ex = GroupExecutor(
+                client, MODEL, plan, tier="gpu", timeout_s=TIMEOUT_S, algorithm=algorithm
+            )
             task = asyncio.create_task(ex.run())
             if fault is not None:
                 await fault(client)
@@ -120,13 +124,14 @@ def broadcast(cluster: LocalCluster, manifest, fault=None, formed: bool = True):
     return result, during, after
 
 
+@pytest.mark.parametrize("algorithm", ["broadcast", "ring"])
 def test_blocks_arrive_byte_exact_through_gloo_and_the_group_is_gone_after(
-    make_cluster, manifest
+    algorithm, make_cluster, manifest
 ) -> None:
     cluster = make_cluster(3, preload_engine=True)
     agent_ports = {v: {addr} for v, addr in cluster.addresses.items()}
     t0 = time.monotonic()
-    result, during, after = broadcast(cluster, manifest)
+    result, during, after = broadcast(cluster, manifest, algorithm=algorithm)
     assert time.monotonic() - t0 < TIMEOUT_S
     g = result.group
     assert g is not None and g.errors == () and not g.fell_back
@@ -178,7 +183,8 @@ def test_gloo_bytes_are_paced_by_tc_on_shaped_links(make_netns, manifest) -> Non
 
 
 @needs_netns
-def test_a_member_killed_mid_broadcast_fails_clearly(make_netns, manifest) -> None:  # noqa: F811
+@pytest.mark.parametrize("algorithm", ["broadcast", "ring"])
+def test_a_member_killed_mid_broadcast_fails_clearly(algorithm, make_netns, manifest) -> None:  # noqa: F811
     cluster = make_netns(4, link_gbps=0.02, preload_engine=True, cpu_cores_per_node=0)
     victim = 2
 
@@ -191,7 +197,7 @@ def test_a_member_killed_mid_broadcast_fails_clearly(make_netns, manifest) -> No
             client.unsubscribe(arrivals)
 
     t0 = time.monotonic()
-    result, _, _ = broadcast(cluster, manifest, kill)
+    result, _, _ = broadcast(cluster, manifest, kill, algorithm=algorithm)
     assert time.monotonic() - t0 < 2 * TIMEOUT_S
     g = result.group
     assert g is not None and g.errors, "the survivors should report the group's failure"

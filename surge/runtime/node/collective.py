@@ -4,9 +4,10 @@ In: `group_broadcast` (`protocol/group_ops.py`) from the controller's `GroupExec
 (`runtime/collective.py`). The root (rank 0, a source holding every block) binds the
 group's rendezvous on its own address and answers where; each target joins it. Every member
 then forms a `torch.distributed` gloo group (`node/gloo_group.py`) — the group's creation,
-timed: the paper's per-scale-out set-up cost, measured — and the root broadcasts the model's
-blocks one collective per block, in order, from its held buffers straight into each
-target's preallocated tier buffers. A target checks each block against the manifest and
+timed: the paper's per-scale-out set-up cost, measured — and the root sends the model's
+blocks in order (gloo's broadcast collective, one per block, or NCCL's ring order over
+gloo's send/recv: `op.algorithm`) from its held buffers straight into each target's
+preallocated tier buffers. A target checks each block against the manifest and
 lands it like a pulled one (`arrival` with the multicast's id), so the controller's loading
 state machine does not know how the bytes came. Out: arrivals; for every block a target
 could not receive (a member gone, a timeout), a `pull_failed` naming the root, so the
@@ -18,9 +19,9 @@ Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext
 """
 
 import asyncio
-import contextlib
 import logging
 import time
+from datetime import timedelta
 
 from surge.errors import SurgeError
 from surge.model.manifest import verify_block
@@ -99,30 +100,17 @@ class AgentCollective:
             await asyncio.to_thread(group.form, op.rank, op.world_size, op.init_timeout_s)
             ready_t, setup_s = time.time(), time.monotonic() - start
             t0 = time.monotonic()
-            num_bytes = await self._broadcast(op, group, landed)
+            num_bytes = await self._move(op, group, landed)
             broadcast_s = time.monotonic() - t0
         except (RuntimeError, SurgeError, OSError, ValueError) as e:
             # torch raises RuntimeError (DistBackendError, DistNetworkError) for a member
             # gone, a timeout, a refused rendezvous
             error = f"{type(e).__name__}: {e}"[:500]
             log.warning("node %d: group %s failed: %s", self.ctx.node, op.mc_id, error)
-        finally:
-            if group is not None:
-                await asyncio.to_thread(group.close, bool(error))
-        if op.rank != 0:
-            for b in op.blocks:
-                if b not in landed and not self.store.model(op.model).event(b).is_set():
-                    await self.ctx.emit(
-                        PullFailed(
-                            node=self.ctx.node,
-                            t=time.time(),
-                            mc_id=op.mc_id,
-                            model=op.model,
-                            block=b,
-                            src=op.root,
-                            reason=f"gloo group: {error or 'block not received'}",
-                        )
-                    )
+        if op.rank != 0:  # at once, before the group is torn down: the re-plan starts now
+            await self._report_missing(op, landed, error)
+        if group is not None:
+            await asyncio.to_thread(group.close, bool(error))
         await self.ctx.emit(
             GroupDone(
                 node=self.ctx.node,
@@ -138,33 +126,48 @@ class AgentCollective:
             )
         )
 
-    async def _broadcast(self, op: GroupBroadcastOp, group: GlooGroup, landed: set[int]) -> int:
-        """Every block from rank 0, one collective each, landed in order as it completes
-        (gloo runs the next ones meanwhile). Returns the bytes moved (received, or put in)."""
+    async def _report_missing(self, op: GroupBroadcastOp, landed: set[int], error: str) -> None:
+        """A failed pull for every block the group did not deliver here."""
+        for b in op.blocks:
+            if b in landed or self.store.model(op.model).event(b).is_set():
+                continue
+            await self.ctx.emit(
+                PullFailed(
+                    node=self.ctx.node,
+                    t=time.time(),
+                    mc_id=op.mc_id,
+                    model=op.model,
+                    block=b,
+                    src=op.root,
+                    reason=f"gloo group: {error or 'block not received'}",
+                )
+            )
+
+    async def _move(self, op: GroupBroadcastOp, group: GlooGroup, landed: set[int]) -> int:
+        """Every block from rank 0 (`op.algorithm`), landed in order as it completes (gloo
+        moves the next ones meanwhile). Returns the bytes moved (received, or put in)."""
         name, root = op.model, op.rank == 0
         if root:
-            buffers = [self.store.buffer_of(name, b) for b in op.blocks]
-            if any(buf is None for buf in buffers):
+            held = [self.store.buffer_of(name, b) for b in op.blocks]
+            bufs = [buf for buf in held if buf is not None]
+            if len(bufs) < len(held):
                 raise SurgeError(f"node {self.ctx.node} evicted a block before the broadcast")
         else:
-            buffers = [self.store.target_buffer(name, b, op.tier) for b in op.blocks]
-        bufs = [buf for buf in buffers if buf is not None]
-        works = await asyncio.to_thread(group.broadcast_all, bufs, op.timeout_s)
-        done = 0
-        try:
-            for step, (b, buf, work) in enumerate(zip(op.blocks, bufs, works, strict=True), 1):
-                await asyncio.to_thread(work.wait)
-                done += 1
-                if root or self.store.model(name).event(b).is_set():
-                    continue
-                await asyncio.to_thread(verify_block, self.store.model(name).block(b), buf)
-                await self.store.landed(name, b, op.tier, buf, mc_id=op.mc_id, src=op.root,
-                                        step=step)  # fmt: skip
-                landed.add(b)
-        finally:
-            if done < len(works):  # a failed member: the rest fail fast once the group aborts
-                await asyncio.to_thread(group.close, True)
-                for work in works[done:]:
-                    with contextlib.suppress(RuntimeError):
-                        await asyncio.to_thread(work.wait)
+            bufs = [self.store.target_buffer(name, b, op.tier) for b in op.blocks]
+        algo, rank, size = op.algorithm, op.rank, op.world_size
+        works = await asyncio.to_thread(group.start, algo, bufs, rank, size, op.timeout_s)
+        wait = timedelta(seconds=op.timeout_s)
+        sends = []
+        for step, (b, buf, work) in enumerate(zip(op.blocks, bufs, works, strict=True), 1):
+            await asyncio.to_thread(work.wait, wait)
+            if (fwd := group.forward(algo, step - 1, rank, size)) is not None:
+                sends.append(fwd)  # passed on before it is checked: the next rank checks too
+            if root or self.store.model(name).event(b).is_set():
+                continue
+            await asyncio.to_thread(verify_block, self.store.model(name).block(b), buf)
+            await self.store.landed(name, b, op.tier, buf, mc_id=op.mc_id, src=op.root,
+                                    step=step)  # fmt: skip
+            landed.add(b)
+        for fwd in sends:
+            await asyncio.to_thread(fwd.wait, wait)
         return sum(len(buf) for buf in bufs)

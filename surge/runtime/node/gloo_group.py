@@ -39,6 +39,7 @@ class GlooGroup:
         self.store = store
         self.host = host
         self.pg: Any = None
+        self.tensors: list[Any] = []
 
     @classmethod
     def root_store(cls, listener: socket.socket, world_size: int, init_timeout_s: float):
@@ -79,23 +80,39 @@ class GlooGroup:
         opts._timeout = timedelta(seconds=init_timeout_s)
         self.pg = ProcessGroupGloo(self.store, rank, world_size, opts)
 
-    def broadcast_all(self, buffers: list[memoryview], timeout_s: float) -> list[Any]:
-        """Start one broadcast from rank 0 per buffer, in order (gloo runs them on its own
-        threads); the root's buffers are read, the others' written in place. Returns each
-        one's work handle (`work.wait()` raises if its broadcast failed)."""
+    def start(
+        self, algorithm: str, buffers: list[memoryview], rank: int, size: int, timeout_s: float
+    ) -> list[Any]:
+        """Start moving every buffer from rank 0, in order; one work handle per buffer, each
+        done once this member holds (or, on the root, has put in) that buffer.
+        `broadcast`: gloo's own collective, one per buffer (a binomial tree over whole
+        tensors: the root sends each ceil(log2 size) times; gloo/broadcast.cc), run on the
+        group's threads. `ring`: NCCL's ring order over gloo's point-to-point ops (a chain,
+        block-pipelined): the root sends every buffer to rank 1, each other rank receives
+        from rank - 1 and, once a buffer is in, passes it on (`forward`)."""
         import torch
 
-        works = []
         with warnings.catch_warnings():  # the root's read-only buffers are only read
             warnings.simplefilter("ignore", UserWarning)
-            tensors = [torch.frombuffer(buf, dtype=torch.uint8) for buf in buffers]
-        for t in tensors:
-            works.append(self.pg.broadcast(t, 0, timedelta(seconds=timeout_s)))
-        return works
+            self.tensors = [torch.frombuffer(buf, dtype=torch.uint8) for buf in buffers]
+        if algorithm == "broadcast":
+            timeout = timedelta(seconds=timeout_s)
+            return [self.pg.broadcast(t, 0, timeout) for t in self.tensors]
+        if rank == 0:
+            return [self.pg.send([t], 1, tag) for tag, t in enumerate(self.tensors)]
+        return [self.pg.recv([t], rank - 1, tag) for tag, t in enumerate(self.tensors)]
+
+    def forward(self, algorithm: str, index: int, rank: int, size: int) -> Any:
+        """`ring`: pass buffer `index`, just received, on to rank + 1 (its work handle);
+        None where there is nothing to pass on (the last rank, the root, `broadcast`)."""
+        if algorithm != "ring" or rank == 0 or rank == size - 1:
+            return None
+        return self.pg.send([self.tensors[index]], rank + 1, index)
 
     def close(self, failed: bool) -> None:
-        """Destroy the group: abort it after a failure (its pending work fails now), shut it
-        down otherwise; then drop the store (the root's stops listening)."""
+        """Destroy the group: abort it after a failure, shut it down otherwise; then drop the
+        store (the root's stops listening). After a failure this returns once the group's
+        pending work has failed by its timeouts (gloo's abort does not wake a waiting op)."""
         pg, self.pg = self.pg, None
         if pg is not None:
             try:
@@ -104,3 +121,4 @@ class GlooGroup:
                 log.info("gloo group %s: %s", "abort" if failed else "shutdown", e)
             del pg
         self.store = None
+        self.tensors = []

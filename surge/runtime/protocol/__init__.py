@@ -39,6 +39,7 @@ from surge.runtime.protocol.events import (
 )
 from surge.runtime.protocol.group_ops import (
     GROUP_INIT_TIMEOUT_S,
+    GroupAlgorithm,
     GroupBroadcastOp,
     GroupDone,
     GroupReply,
@@ -135,6 +136,7 @@ __all__ = [
     "GenerateOp",
     "GenerateReply",
     "GetBlockOp",
+    "GroupAlgorithm",
     "GroupBroadcastOp",
     "GroupDone",
     "GroupReply",

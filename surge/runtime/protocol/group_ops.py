@@ -10,12 +10,16 @@ runtime (`runtime/node/collective.py` carries it out, `runtime/collective.py` dr
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
 from surge.json_codec import require
 from surge.runtime.protocol.events import Event
 from surge.runtime.protocol.ops import LandingTier, Op
 from surge.runtime.protocol.replies import Reply
 
+GroupAlgorithm = Literal["broadcast", "ring"]
+"""How a group moves the blocks: gloo's broadcast collective (a binomial tree per block) or
+NCCL's ring order (a block-pipelined chain over gloo's send/recv)."""
 GROUP_INIT_TIMEOUT_S = 60.0
 """How long a member waits for the whole group to form (the rendezvous and gloo's full mesh
 of connections) before it gives up: a member that never joins ends the attempt, not hangs it."""
@@ -31,13 +35,14 @@ class GroupReply(Reply):
 
 @dataclass(frozen=True)
 class GroupBroadcastOp(Op[GroupReply], name="group_broadcast", reply=GroupReply):
-    """Join `mc_id`'s gloo group as `rank` of `world_size` and broadcast `blocks` from rank
-    0 in order, one collective per block. Rank 0 (the source: holds every block) binds the
-    rendezvous on its own address and leaves `store_host` empty; a target connects to the
-    root's `store_host:store_port` and receives each block into its `tier`'s buffer, checks
-    it against the manifest and announces it (`arrival` with this `mc_id`, `src` = `root`).
-    `timeout_s` bounds each broadcast, `init_timeout_s` the group's forming. A block it
-    could not receive is reported as a `pull_failed` (another holder is named then)."""
+    """Join `mc_id`'s gloo group as `rank` of `world_size` and move `blocks` from rank 0 in
+    order (`algorithm`: one broadcast collective per block, or the ring's send/recv). Rank 0
+    (the source: holds every block) binds the rendezvous on its own address and leaves
+    `store_host` empty; a target connects to the root's `store_host:store_port` and receives
+    each block into its `tier`'s buffer, checks it against the manifest and announces it
+    (`arrival` with this `mc_id`, `src` = `root`). `timeout_s` bounds each block's move,
+    `init_timeout_s` the group's forming. A block it could not receive is reported as a
+    `pull_failed` (another holder is named then)."""
 
     mc_id: str
     model: str
@@ -49,6 +54,7 @@ class GroupBroadcastOp(Op[GroupReply], name="group_broadcast", reply=GroupReply)
     store_host: str = ""
     store_port: int = 0
     tier: LandingTier = "gpu"
+    algorithm: GroupAlgorithm = "broadcast"
     timeout_s: float = 120.0
     init_timeout_s: float = GROUP_INIT_TIMEOUT_S
 
@@ -58,6 +64,7 @@ class GroupBroadcastOp(Op[GroupReply], name="group_broadcast", reply=GroupReply)
         require(0 <= self.rank < self.world_size, where, f"rank {self.rank} not in the group")
         require(bool(self.blocks) and min(self.blocks) >= 0, where, "needs blocks >= 0")
         require(self.timeout_s > 0 and self.init_timeout_s > 0, where, "timeouts must be > 0")
+        require(self.algorithm in ("broadcast", "ring"), where, "algorithm: broadcast or ring")
         require(
             self.rank == 0 or (bool(self.store_host) and self.store_port > 0),
             where,

@@ -13,8 +13,8 @@ verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) 
 - `RetirePipeline`: retire the pipeline; its requests are spread evenly over its members'
   local instances (λScale §4.4 mode switch, `policy.loading.spread_evenly`).
 With `serve_while_loading` off (another multicast of the model still serves), the state
-machine runs in mode `none`: receivers serve only once whole. A system with the `gloo`
-`multicast_transport` (the NCCL baseline) moves the bytes in a real gloo group broadcast
+machine runs in mode `none`: receivers serve only once whole. A system with a `gloo` or
+`gloo-ring` `multicast_transport` (the NCCL baseline) moves the bytes in a real gloo group
 (`runtime/collective.py`), whose creation is its set-up cost; one with a `group_setup_s`
 and the `blocks` transport waits that long on the serving clock before the first block
 moves (a communicator's creation, modelled). Out: endpoints opened and
@@ -159,16 +159,20 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
             live_start_fraction=ctx.system.live_start_fraction,
         )
     )
-    kind = GroupExecutor if ctx.system.multicast_transport == "gloo" else MulticastExecutor
-    executor = kind(
-        ctx.client,
-        ctx.model,
-        outcome.plan,
-        agents,
-        tier="gpu",
-        pipelines=outcome.pipelines,
-        timeout_s=ctx.timeout_s,
-    )
+    transport = ctx.system.multicast_transport
+    where = (ctx.client, ctx.model, outcome.plan, agents)
+    if transport == "blocks":
+        executor = MulticastExecutor(
+            *where, tier="gpu", pipelines=outcome.pipelines, timeout_s=ctx.timeout_s
+        )
+    else:  # the NCCL baseline: a real gloo group moves the bytes
+        executor = GroupExecutor(
+            *where,
+            tier="gpu",
+            pipelines=outcome.pipelines,
+            timeout_s=ctx.timeout_s,
+            algorithm="ring" if transport == "gloo-ring" else "broadcast",
+        )
     plan_node = {a: i for i, a in enumerate(agents)}
     # Receivers that forward within the plan hold their egress too: a later start-up
     # ranks such a chain tail after a free one (tests/parity/test_startup_parity.py).
