@@ -27,11 +27,25 @@ def _lambdascale_fig9(doc: dict) -> dict[str, str]:
 
 
 def _paraserve_fig8(doc: dict) -> dict[str, str]:
-    ft = doc["first_token_s"]["emulated"]
+    ft, g = doc["first_token_s"]["emulated"], str(doc["nodes"])
+    vllm = ""
+    if "serverless-vllm" in ft:
+        vs = doc["speedup_vs_serverless_vllm"]
+        vllm = (
+            f", serverless vLLM {ft['serverless-vllm']:.2f} s ({vs['emulated']:.2f}x; sim "
+            f"{vs['simulated']:.2f}x)"
+        )
+    bad = doc.get("violations") or {}
+    tail = ""
+    if bad:
+        v, n = (sum(x[i] for x in bad.values()) for i in (0, 1))
+        load = doc["machine"].get("load_average_start", [None])[0]
+        tail = f"; {v} of {n} steps violated, host load {load:.1f} at the start"
     return {
         "ParaServe|Fig. 8": f"EMULATED ({doc['emulate']}, dilation {doc['time_dilation']:g}): "
-        f"cold-start TTFT 1 worker {ft['1']:.2f} s, 4 workers {ft['4']:.2f} s "
+        f"cold-start TTFT 1 worker {ft['1']:.2f} s, {g} workers {ft[g]:.2f} s "
         f"({doc['group_speedup']['emulated']:.2f}x; sim {doc['group_speedup']['simulated']:.2f}x)"
+        f"{vllm}{tail}"
     }
 
 

@@ -49,9 +49,12 @@ from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
+from surge.policy.systems import SystemConfig
+from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.launch.local import LocalCluster
 from surge.runtime.protocol import LoadOp, RegisterOp
+from surge.runtime.scaleout.local import engine_start
 from surge.runtime.server import Server
 
 log = logging.getLogger("scale_burst")
@@ -63,10 +66,14 @@ async def cold_start(
     group: int,
     prompt_len: int = 4,
     phases: dict[str, float] | None = None,
+    engine: SystemConfig | None = None,
+    clock: Clock = REAL_CLOCK,
 ) -> float:
     """First-token time of one request of `prompt_len` tokens on a model only in the
-    registry (ParaServe §4); `phases` (if given) gets when every member had fetched its part
-    and when the endpoint was open, seconds from the request."""
+    registry (ParaServe §4); `phases` (if given) gets when every member had fetched its part,
+    when its engine had started and when the endpoint was open, real seconds from the
+    request. `engine`: the members then wait for that system's engine start on `clock`, as
+    the emulated runtime's scale-outs do (`runtime/scaleout/local.engine_start`)."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
@@ -77,7 +84,7 @@ async def cold_start(
     try:
         prompt = [5 + i % 500 for i in range(prompt_len)]
         req = server.new_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
-        start = time.monotonic()
+        start, launch_s = time.monotonic(), clock.now_s()
         await server.submit(req)  # queued: nothing serves the model yet
         # Each member fetches only its part first (parallel fetch).
         await asyncio.gather(
@@ -97,10 +104,14 @@ async def cold_start(
             ]
             ep = PipelineEndpoint(client, manifest, MODEL, f"cold-{group}", stages)
         fetched = time.monotonic() - start
+        if engine is not None:
+            await engine_start(clock, engine, launch_s)
+        started = time.monotonic() - start
         await ep.open()
         await server.add_endpoint(ep)
+        opened = time.monotonic() - start
         if phases is not None:
-            phases.update(fetched_s=fetched, endpoint_open_s=time.monotonic() - start)
+            phases.update(fetched_s=fetched, engine_started_s=started, endpoint_open_s=opened)
         await asyncio.wait_for(req.done.wait(), 600)
         return req.first_token_t - start
     finally:

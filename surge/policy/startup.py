@@ -375,6 +375,14 @@ def serving_at_s(system: SystemConfig, launch_s: float, weights_in_s: float) -> 
     return weights_in_s + system.init_s
 
 
+def engine_start_wait_s(system: SystemConfig, launch_s: float, now_s: float) -> float:
+    """How long an instance launched at `launch_s`, whose weights are all in at `now_s`,
+    still waits for its engine start before it serves (`serving_at_s`; never negative):
+    what the simulator charges, and the emulated runtime paces (`runtime/scaleout/local.py`
+    `engine_start`)."""
+    return max(0.0, serving_at_s(system, launch_s, now_s) - now_s)
+
+
 def alg1_inputs(
     system: SystemConfig, prefill_s: float, decode_s: float, wait_s: float
 ) -> tuple[StageTimes, SizingSettings]:

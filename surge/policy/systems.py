@@ -125,7 +125,11 @@ class SystemConfig:
     """Activation hop between pipeline stages, per forward step, seconds."""
     init_s: float = 0.0
     """Engine start-up: after the weights are in, or beside their fetch and load with
-    `init_overlaps_load` (`surge.policy.startup.serving_at_s`)."""
+    `init_overlaps_load` (`surge.policy.startup.serving_at_s`). The simulator charges it,
+    and the emulated runtime paces it on the serving clock (`runtime/scaleout/local.py`
+    `engine_start`); on real hardware the engine's own start is what it takes. No paper
+    gives a number for any system's value below: each is marked unsourced where it is set
+    (docs/emulation.md "Engine starts")."""
     init_overlaps_load: bool = False
     """`init_s` runs from the instance's launch while its weights are fetched and loaded
     (ParaServe §5.1 prefetcher, §5.2 parameter manager: Eq. 5's max(start-up, fetch));
@@ -254,7 +258,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         group_sizing="alg1",
         consolidation="predictor",
         host_cache="none",
-        init_s=0.3,
+        init_s=0.3,  # unsourced: §2 Fig. 1 and §5 give the stages, not their seconds
         init_overlaps_load=True,
         autoscale=_AUTOSCALE,
         serve=True,
@@ -268,7 +272,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         pipeline_size=4,
         group_sizing="flexpipe",
         host_cache="all",
-        init_s=0.1,
+        init_s=0.1,  # unsourced: §9 reports initialization latency only as ratios
         autoscale=_FLEXPIPE_AUTOSCALE,
         routing="pack",
         serve=True,
@@ -279,7 +283,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         "local",
         host_cache="lru",
         keep_alive_s=None,
-        init_s=0.5,
+        init_s=0.5,  # unsourced (λScale Fig. 12 implies ~3 s: sllm_start_from_fig12)
         autoscale=_AUTOSCALE,
         serve=True,
     ),
@@ -315,7 +319,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         "registry-parallel",
         pipeline_size=1,
         host_cache="none",
-        init_s=4.0,
+        init_s=4.0,  # unsourced: ParaServe §2 Fig. 1's stages, read off a figure, not the text
         autoscale=_AUTOSCALE,
     ),
 }

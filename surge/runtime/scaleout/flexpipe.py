@@ -52,7 +52,7 @@ from surge.runtime.protocol import StageProfileOp
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, flexpipe_name
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
-from surge.runtime.scaleout.local import load_blocks
+from surge.runtime.scaleout.local import load_blocks, started
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +224,10 @@ async def _open_pipeline(
         parts = stage_sources(tiers.get(n, "remote"), held, blocks)
         await asyncio.gather(*(load_blocks(ctx, n, list(b), src) for src, b in parts))
 
+    launch_s = ctx.server.clock.now_s()
     try:
         await asyncio.gather(*(load(n, blocks_of_stage(ctx.manifest, a, b)) for n, a, b in stages))
+        await started(ctx, launch_s)
         name = flexpipe_name(ctx.model)
         micro, most = micro_batches(ctx.system, ctx.manifest, ctx.engine, len(stages))
         pipe = FlexPipeline(

@@ -6,11 +6,33 @@ tier, as `policy.startup` said; or a host mate's device copy, as `policy.copies.
 said: an `OpenMateCopyOp`); a `LoadOp` into the gpu tier, then an instance
 (`InstanceOpenOp` through `LocalEndpoint.open`), which the server routes to and the
 controller hears about (`hooks.on_local`). Used by `run.py`, `multicast.py` (`GoLocal`) and
-`paraserve.py` (parts and the rest).
+`paraserve.py` (parts and the rest). Under GPU-time emulation an instance whose weights are
+in waits for the engine start its system's `init_s` says before it serves (`engine_start`).
 """
 
+from surge.policy.startup import engine_start_wait_s
+from surge.policy.systems import SystemConfig
+from surge.runtime.clock import Clock
 from surge.runtime.protocol import LoadOp, OpenMateCopyOp
 from surge.runtime.scaleout.context import ScaleOutContext
+
+
+async def engine_start(clock: Clock, system: SystemConfig, launch_s: float) -> None:
+    """Wait, on `clock`, for the engine start of an instance launched at `launch_s` whose
+    weights are in now: `system.init_s` after them, or beside their fetch
+    (`init_overlaps_load`, ParaServe §5), as the simulator charges it
+    (`policy.startup.engine_start_wait_s`). Only under emulation: on real hardware the
+    engine's own start is real, and the emulated GPU's start is not the host's."""
+    wait_s = engine_start_wait_s(system, launch_s, clock.now_s())
+    if wait_s > 0:
+        await clock.sleep(wait_s)
+
+
+async def started(ctx: ScaleOutContext, launch_s: float) -> None:
+    """`engine_start` for one of the scale-out's instances when its engine start is paced
+    (`ctx.paced_engine_start`, set under emulation); else nothing."""
+    if ctx.paced_engine_start:
+        await engine_start(ctx.server.clock, ctx.system, launch_s)
 
 
 async def load_blocks(ctx: ScaleOutContext, node: int, blocks: list[int], source: str) -> None:
@@ -29,8 +51,10 @@ async def open_local(ctx: ScaleOutContext, node: int) -> None:
 
 
 async def load_then_serve(ctx: ScaleOutContext, node: int, source: str) -> None:
-    """Load the whole model from the node's own tier, then serve."""
+    """Load the whole model from the node's own tier, start the engine, then serve."""
+    launch_s = ctx.server.clock.now_s()
     await load_blocks(ctx, node, list(range(ctx.manifest.num_blocks)), source)
+    await started(ctx, launch_s)
     await open_local(ctx, node)
 
 

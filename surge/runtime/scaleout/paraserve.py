@@ -53,7 +53,7 @@ from surge.runtime.migration.consolidation import consolidate
 from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
 from surge.runtime.scaleout.estimates import DEFAULT_HOST_GBPS
-from surge.runtime.scaleout.local import load_blocks, open_local
+from surge.runtime.scaleout.local import load_blocks, open_local, started
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,11 @@ async def run_groups(ctx: ScaleOutContext, plan: StartupPlan) -> None:
 
 async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, str]) -> None:
     members, parts = group.members, group.parts
+    launch_s = ctx.server.clock.now_s()
     if len(members) == 1:
         await load_blocks(ctx, members[0], list(range(ctx.manifest.num_blocks)), tiers[members[0]])
         ctx.report.consolidations.append(group_consolidation(ctx, 1).decision)
+        await started(ctx, launch_s)
         await open_local(ctx, members[0])
         return
     plans = prefetch_plans(ctx, group, tiers)
@@ -160,6 +162,7 @@ async def _run_group(ctx: ScaleOutContext, group: GroupPlan, tiers: dict[int, st
         for m in members:
             await ctx.hooks.release(m)
         raise
+    await started(ctx, launch_s)  # Eq. 5: the members' start runs beside their fetch
     stages = [
         (m, *layer_span(ctx.manifest, p[0], p[-1])) for m, p in zip(members, parts, strict=True)
     ]
