@@ -205,6 +205,7 @@ def summarize(report: dict) -> dict:
         n: r["emulated"]["emulation"]["violation_rate"] for n, r in runs.items()
     }
     out["time_dilation"] = {n: dilation(report, n) for n in runs}
+    out["cluster"] = {n: r["emulated"].get("cluster", "loopback") for n, r in runs.items()}
     return out
 
 
@@ -293,6 +294,11 @@ def main() -> None:
             ap.error("--resume needs the JSON's --nodes and --emulate (or a new --json)")
         # A system may run at its own D (each run records it; times are emulated seconds
         # either way): ServerlessLLM-SSD's disk load is pure pacing, ~7 real min at D = 80.
+        # ... and on its own cluster kind (gloo needs netns): runs from before the per-run
+        # record ran on the JSON's one
+        earlier = report.get("machine", {}).get("cluster", "loopback")
+        for run in report["systems"].values():
+            run["emulated"].setdefault("cluster", earlier)
     report.update(
         label="EMULATED: real agents paced as the emulated cluster (docs/emulation.md)",
         emulate=config.spec,

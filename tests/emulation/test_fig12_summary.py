@@ -64,3 +64,26 @@ def test_every_system_has_a_plan_and_an_unknown_one_is_refused() -> None:
     assert plan_of("serverlessllm-ssd")[2] == "disk"
     with pytest.raises(ValueError, match="unknown system"):
         plan_of("tetris")
+
+
+def test_the_cell_says_how_nccl_ran_and_its_measured_group_set_up() -> None:
+    """An NCCL run through a real gloo group (netns) reports its group's measured creation;
+    one from before (the chain plus the modelled set-up) says it was not gloo."""
+    nccl = _run(0.9, 0.85)
+    report = {
+        "emulate": "lambdascale-testbed1:llama2-13b",
+        "nodes": 12,
+        "time_dilation": 80.0,
+        "requests": 50,
+        "systems": {"lambdascale": _run(0.5, 0.45), "nccl": nccl},
+    }
+    report["summary"] = summarize(report)
+    assert "NCCL as chain + group set-up, not gloo" in report_cell(report)[0]["emulated"]
+    nccl["emulated"] |= {
+        "cluster": "netns",
+        "group": {"setup_s": 0.0125, "setup_real_s": 1.0, "fell_back": False},
+    }
+    report["summary"] = s = summarize(report)
+    assert s["cluster"] == {"lambdascale": "loopback", "nccl": "netns"}
+    cell = report_cell(report)[0]["emulated"]
+    assert "real gloo broadcast on netns (group set-up measured 12.5 ms emulated, 1.00 s" in cell
