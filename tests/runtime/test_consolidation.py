@@ -119,6 +119,43 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
     check_against_reference(tiny_hf, reqs, 20)
 
 
+def test_live_batch_streams_every_first_token_before_its_hand_offs(
+    make_cluster, manifest, tiny_hf
+) -> None:
+    """A live batch's first tokens all come out when its prefill ends (BlitzScale §4), not
+    one hand-off apart: each adoption (K/V moved; under P/D it waits for decode room) sees
+    every request of the batch holding its first token. Before, request i's first token
+    waited for the hand-offs of requests 0..i-1 (emulated §6.1: 0.1-0.3 s apart)."""
+    cluster = make_cluster(2, preload_engine=True)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+
+    async def run():
+        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
+        try:
+            old = LocalEndpoint(client, 0, MODEL, "old")
+            await old.open()
+            await server.add_endpoint(old)
+            batch = [server.new_request(p, params) for p in PROMPTS]
+            record_ops(
+                client,
+                lambda op: (
+                    op == "InstanceAdoptOp"
+                    and at_adopt.append(sum(r.first_token_t is not None for r in batch))
+                ),
+            )
+            await live_prefill(server, manifest, 1, old, manifest.blocks[1].end_layer, batch)
+            await server.wait_all(60)
+            return batch
+        finally:
+            await server.close()
+            await client.close()
+
+    at_adopt: list[int] = []
+    reqs = asyncio.run(run())
+    assert at_adopt == [len(PROMPTS)] * len(PROMPTS), at_adopt
+    check_against_reference(tiny_hf, reqs, 6)
+
+
 @pytest.mark.parametrize("num_requests", [1, 6], ids=["quiet-scale-down", "busy-scale-up"])
 @pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_paraserve_single_cold_start_fetches_in_parallel(

@@ -183,10 +183,14 @@ async def live_prefill(
         logits = torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
         gens = [None if r.params.greedy else make_generator(r.params.seed) for r in reqs]
         first = Sampler()(logits, [r.params for r in reqs], gens)
-        for b, (r, tok) in enumerate(zip(reqs, first, strict=True)):
+        # Every first token of the batch is out when its prefill ends (BlitzScale §4: the
+        # batch's TTFT), before any hand-off: a hand-off moves K/V and, under P/D, waits
+        # for decode room, so first tokens stamped between them came one hand-off apart.
+        for r, tok in zip(reqs, first, strict=True):
             r.hops.append(name)
             stop = not r.params.ignore_eos and tok in manifest.arch.eos_token_ids
             r.add_token(tok, stop or r.params.max_tokens == 1, "stop" if stop else "length")
+        for b, r in enumerate(reqs):
             if r.done.is_set():
                 continue
             n = len(r.prompt_token_ids)
