@@ -1,4 +1,4 @@
-"""Blocks landing together are taken into one runner: `AgentStore.take_in` runs in
+"""Blocks landing together are taken into one runner: `DeviceTier.take_in` runs in
 worker threads, and the first block creates the runner. Without a lock two threads could
 each create one; the blocks added to the runner that lost were missing ("runner lacks
 layers [1]" on a generate after a multicast whose dead node's dependants pulled two blocks
@@ -9,7 +9,8 @@ import time
 from types import SimpleNamespace
 
 import surge.engine.runner as runner_module
-from surge.runtime.node.store import AgentStore, ModelState
+from surge.runtime.node.device_tier import DeviceTier
+from surge.runtime.node.model_state import ModelState
 
 
 class SlowRunner:
@@ -25,13 +26,11 @@ class SlowRunner:
 
 def test_blocks_landing_together_share_one_runner(monkeypatch) -> None:
     monkeypatch.setattr(runner_module, "ModelRunner", SlowRunner)
-    store = AgentStore.__new__(AgentStore)
-    store.ctx = SimpleNamespace(config=SimpleNamespace(engine=None))
-    store._memory = object()  # the device seam, already chosen
-    store._memory_lock = threading.Lock()
-    store.host_cache = SimpleNamespace(pinner=store._memory)
+    ctx = SimpleNamespace(config=SimpleNamespace(engine=None, preload_engine=False))
+    seam = SimpleNamespace(shares_host_memory=True)  # the device seam, already chosen
+    device = DeviceTier(ctx, SimpleNamespace(pinner=None), seam)  # type: ignore[arg-type]
     state = ModelState(manifest=None)  # type: ignore[arg-type]
-    threads = [threading.Thread(target=store.take_in, args=(state, b, b"")) for b in range(4)]
+    threads = [threading.Thread(target=device.take_in, args=(state, b, b"")) for b in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -34,8 +34,9 @@ from surge.runtime.node.context import (
 )
 from surge.runtime.node.device_share import AgentDeviceShare
 from surge.runtime.node.instances import AgentInstances
+from surge.runtime.node.model_state import ModelState
 from surge.runtime.node.serving import AgentServing
-from surge.runtime.node.store import AgentStore, ModelState
+from surge.runtime.node.store import AgentStore
 from surge.runtime.node.transfer import AgentTransfer
 from surge.runtime.protocol import (
     Ack,

@@ -15,7 +15,8 @@ import time
 
 from surge.errors import SurgeError
 from surge.runtime.node.context import Handlers, NodeContext
-from surge.runtime.node.store import AgentStore, ModelState
+from surge.runtime.node.model_state import ModelState
+from surge.runtime.node.store import AgentStore
 from surge.runtime.protocol import (
     BlockArrived,
     DeviceHandlesReply,
@@ -53,7 +54,7 @@ class AgentDeviceShare:
             state.block(b)
         if missing:
             raise SurgeError(f"node {self.ctx.node} holds blocks {missing} on no device")
-        memory = await asyncio.to_thread(self.store.device_memory)
+        memory = await asyncio.to_thread(self.store.device.memory)
         if not memory.can_share:
             raise SurgeError(f"node {self.ctx.node}'s device ({memory.device}) cannot share memory")
         handles = tuple(memory.export_ipc(state.device_blocks[b]) for b in op.blocks)
@@ -98,6 +99,6 @@ class AgentDeviceShare:
                 f"the mate's copy of block {block} has {handle.num_bytes} bytes, "
                 f"expected {info.size_bytes}"
             )
-        copy = self.store.device_memory().open_ipc(handle)
+        copy = self.store.device.memory().open_ipc(handle)
         copy.event.wait()
-        self.store.take_in(state, block, copy.data)
+        self.store.device.take_in(state, block, copy.data)

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     import torch
 
     from surge.engine.llm_engine import LLMEngine, TokenEvent
-    from surge.runtime.node.store import ModelState
+    from surge.runtime.node.model_state import ModelState
 
 
 log = logging.getLogger(__name__)

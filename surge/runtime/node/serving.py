@@ -105,7 +105,7 @@ class AgentServing:
             raise SurgeError(
                 f"node {self.ctx.node} lacks blocks {missing} for layers {first}-{end - 1}"
             )
-        memory = self.store.device_memory()
+        memory = self.store.device.memory()
         runner = ModelRunner(manifest, self.ctx.config.engine, (first, end), memory=memory)
         for b in sorted(needed):  # the gpu tier's device copy itself: no second copy
             runner.install_block(b, state.device_blocks[b])

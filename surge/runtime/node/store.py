@@ -4,24 +4,23 @@ What flows in: `register`, `load`, `evict` and `checksums` ops, and verified blo
 over by the data path (`landed`). What flows out: `arrival` events once a block is usable
 in its tier, and buffers of held blocks (`buffer_of`) for peers. The host tier is shared
 memory (`tiers.HostCache`, pinned where the device copies); the gpu tier is each block's
-bytes on the device (`ModelState.device_blocks`) and the engine's runner over them. A block
-reaches the device through the engine's device seam (`surge.engine.devmem`): one contiguous
-copy on the copy stream with one event (on the CPU the received buffer itself, no copy),
-and it is announced in the gpu tier only once that event completed. Owned by the node
-agent (`runtime/node/agent.py`).
+bytes on the device (`ModelState.device_blocks`, `model_state.py`) and the engine's runner
+over them. A block reaches the device through the device tier (`device_tier.py`), and it is
+announced in the gpu tier only once its copy there completed. Owned by the node agent
+(`runtime/node/agent.py`).
 """
 
 import asyncio
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from surge.errors import SurgeError
-from surge.model.manifest import BlockInfo, Manifest, block_checksum, read_manifest
+from surge.model.manifest import BlockInfo, block_checksum, read_manifest
 from surge.policy.paraserve.prefetch import Priority
 from surge.runtime.node.context import Handlers, NodeContext
+from surge.runtime.node.device_tier import DeviceTier
+from surge.runtime.node.model_state import ModelState
 from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry, check_shm_room
 from surge.runtime.protocol import (
     Ack,
@@ -48,40 +47,6 @@ def _bucket(gbps: float | None) -> TokenBucket:
     return TokenBucket(gbps_to_bytes_per_s(gbps) if gbps else None)
 
 
-@dataclass
-class ModelState:
-    """What this node holds of one model."""
-
-    manifest: Manifest
-    present: dict[int, asyncio.Event] = field(default_factory=dict)
-    """Per block: set while a verified copy is held (peers may pull it)."""
-    gpu_buffers: dict[int, Any] = field(default_factory=dict)
-    """Per gpu-tier block: the host buffer it landed in (peers are served from it)."""
-    device_blocks: dict[int, Any] = field(default_factory=dict)
-    """Per block whose copy to the device completed: its bytes there (a uint8 tensor); the
-    gpu tier as reported and as runners see it."""
-    runner: Any = None
-    """The engine's runner over the gpu-tier blocks (created on the first one)."""
-    runner_lock: threading.Lock = field(default_factory=threading.Lock)
-    """Blocks are taken into the runner in worker threads, several at once when they land
-    together: the first creates it, under this lock, or two would each create one and the
-    blocks added to the lost one would be missing from the runner."""
-
-    def event(self, block: int) -> asyncio.Event:
-        return self.present.setdefault(block, asyncio.Event())
-
-    def block(self, block: int) -> BlockInfo:
-        if not 0 <= block < self.manifest.num_blocks:
-            raise SurgeError(
-                f"block {block} is out of range: the model has {self.manifest.num_blocks} blocks"
-            )
-        return self.manifest.blocks[block]
-
-    @property
-    def complete_in_gpu(self) -> bool:
-        return self.runner is not None and len(self.device_blocks) == self.manifest.num_blocks
-
-
 class AgentStore:
     """The tiers of one node and the ops that fill and empty them."""
 
@@ -89,12 +54,8 @@ class AgentStore:
         self.ctx = ctx
         config = ctx.config
         self.host_cache = HostCache(config.cluster_id, config.node)
-        self._memory = memory
-        """The engine's device seam (`surge.engine.devmem.DeviceMemory`): passed in (a test's
-        fake), else chosen by the engine's device setting on first use (`device_memory`)."""
-        self._memory_lock = threading.Lock()
-        if memory is not None or config.preload_engine:  # torch is imported: pin as we go
-            self.device_memory()
+        self.device = DeviceTier(ctx, self.host_cache, memory)
+        """The gpu tier's device side: the engine's device seam, blocks copied to it."""
         self.disk = DiskTier(config.disk_dir, _bucket(config.disk_gbps))
         self.pcie = _bucket(config.pcie_gbps)
         """Paces a load from this node's host copy into its gpu tier (host -> GPU)."""
@@ -125,20 +86,7 @@ class AgentStore:
             state.device_blocks.clear()
             state.runner = None
         self.host_cache.close()
-        if self._memory is not None:
-            self._memory.close()
-
-    def device_memory(self) -> Any:
-        """The device seam, chosen on first use (imports torch: call it off the event loop
-        unless the engine is loaded). From then on the host tier is pinned with it."""
-        with self._memory_lock:
-            if self._memory is None:
-                from surge.engine.devmem import device_memory
-
-                self._memory = device_memory(self.ctx.config.engine.device)
-            if self.host_cache.pinner is None and not self._memory.shares_host_memory:
-                self.host_cache.set_pinner(self._memory)  # CPU: nothing to pin
-            return self._memory
+        self.device.close()
 
     # ---- what is held -----------------------------------------------------------
 
@@ -173,8 +121,8 @@ class AgentStore:
         info = self.model(name).block(block)
         if tier == "host":
             return self.host_cache.allocate(name, info)
-        if self._memory is not None:  # pinned where the device copies from it
-            return self._memory.host_buffer(info.size_bytes)
+        if self.device.chosen is not None:  # pinned where the device copies from it
+            return self.device.chosen.host_buffer(info.size_bytes)
         return memoryview(bytearray(info.size_bytes))
 
     async def landed(
@@ -199,7 +147,7 @@ class AgentStore:
             state.gpu_buffers[block] = buf
         state.event(block).set()  # peers may pull it now, while it moves to the device
         if tier == "gpu":
-            await asyncio.to_thread(self._to_device, state, block, buf, adopt)
+            await asyncio.to_thread(self.device.to_device, state, block, buf, adopt)
         elif self.host_cache.pinner is not None:
             await asyncio.to_thread(self.host_cache.pin, name, block)
         # The event goes out once the block is usable in its tier; `t` is when it landed.
@@ -216,29 +164,6 @@ class AgentStore:
                 step=step,
             )
         )
-
-    def _to_device(self, state: ModelState, block: int, buf: memoryview, adopt: bool) -> None:
-        """One block to the device and into the runner (a worker thread): the copy is issued
-        on the copy stream and the block taken in only when its event completed, while the
-        event loop receives the next block (ParaServe §5 overlap; ServerlessLLM §4)."""
-        from surge.engine.devmem import move_block
-
-        memory = self.device_memory()
-        copy = move_block(memory, buf, adopt)
-        copy.event.wait()
-        self.take_in(state, block, copy.data)
-
-    def take_in(self, state: ModelState, block: int, data: Any) -> None:
-        """Take a block's arrived device bytes into the gpu tier and the model's runner."""
-        with state.runner_lock:
-            if state.runner is None:
-                from surge.engine.runner import ModelRunner
-
-                state.runner = ModelRunner(
-                    state.manifest, self.ctx.config.engine, memory=self.device_memory()
-                )
-        state.runner.install_block(block, data)
-        state.device_blocks[block] = data
 
     # ---- ops ---------------------------------------------------------------------
 

@@ -220,7 +220,7 @@ class AgentTransfer:
     def _prepare_device(self) -> None:
         """Import the engine and choose its device seam (blocks then land in pinned memory)."""
         import_engine()
-        self.store.device_memory()
+        self.store.device.memory()
 
     async def _receive_all(self, op: MulticastOp, recv: list[tuple[int, int, int]]) -> None:
         """Pull `recv` in plan order, pipelined: block i is verified and taken into its tier
