@@ -37,19 +37,21 @@ import numpy as np
 
 from benchmarks.common import add_cluster_args
 from benchmarks.emulation.lambdascale import shrunk_cluster
+from benchmarks.emulation.report import (
+    load_partial,
+    partial_path,
+    report_head,
+    save_partial,
+    write_report,
+)
 from benchmarks.emulation.serving import (
     Workload,
     emulated_cluster,
     fresh_copies,
-    load_partial,
-    partial_path,
     percentile,
-    report_head,
     run_on_real_model,
-    save_partial,
     serve_workload,
     start_logging,
-    write_report,
 )
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
