@@ -40,6 +40,8 @@ BROADCAST_TIMEOUT_SHARE = 0.25
 """Each block's broadcast is bounded by this share of the executor's timeout: gloo cannot be
 interrupted (its abort does not wake a waiting member), so a member gone is noticed by its
 peers' timeouts, and the rest of the executor's time is left to pull what is missing."""
+LAUNCH_ERRORS = (SurgeError, RemoteError, ConnectionClosed, OSError)
+"""What a member's `group_broadcast` call raises when it refuses or cannot be reached."""
 DONE_WAIT_S = 10.0
 """How long the executor waits, after the model is in, for the members' `group_done`
 reports (they follow the last arrival at once; a dead member never sends one)."""
@@ -83,19 +85,35 @@ class GroupExecutor(MulticastExecutor):
                 init_timeout_s=min(self.init_timeout_s, self.timeout_s * BROADCAST_TIMEOUT_SHARE),
             )
 
+        self.started: list[int] = []
+        """Members that took their op: only these send a `group_done`."""
+        refused: BaseException | None = None
         try:
             reply = await self.client.call(self.members[0], op(0))
-            await asyncio.gather(
+        except LAUNCH_ERRORS as e:
+            refused = e
+        else:
+            self.started.append(self.members[0])
+            joined = await asyncio.gather(
                 *(
                     self.client.call(a, op(rank, reply.store_host, reply.store_port))
                     for rank, a in enumerate(self.members[1:], start=1)
-                )
+                ),
+                return_exceptions=True,
             )
-        except (SurgeError, RemoteError, ConnectionClosed, OSError) as e:
-            # A member refused (no gloo, TLS, unshaped links) or is unreachable: those that
-            # joined give up after init_timeout_s and report their blocks as failed pulls,
-            # which the block pulls started here make moot.
-            log.warning("gloo group %s could not start (%s): block pulls instead", self.mc_id, e)
+            for a, r in zip(self.members[1:], joined, strict=True):
+                if not isinstance(r, BaseException):
+                    self.started.append(a)
+                elif isinstance(r, LAUNCH_ERRORS):
+                    refused = r
+                else:
+                    raise r
+        if refused is not None:
+            # A member refused (no gloo, TLS, self-paced links) or is unreachable: those
+            # that joined give up after init_timeout_s and report their blocks as failed
+            # pulls, which the block pulls started here make moot.
+            log.warning("gloo group %s could not start (%s): block pulls instead", self.mc_id,
+                        refused)  # fmt: skip
             self.fell_back = True
             await super()._launch()
 
@@ -116,7 +134,7 @@ class GroupExecutor(MulticastExecutor):
         """The members' `group_done` reports (bounded wait), summed up."""
         got: dict[int, GroupDone] = {}
         deadline = time.monotonic() + DONE_WAIT_S
-        waiting = set(self.members)
+        waiting = set(self.started)
         while waiting - set(self.client.down) and (left := deadline - time.monotonic()) > 0:
             try:
                 ev = await asyncio.wait_for(self.done_q.get(), left)
