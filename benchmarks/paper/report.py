@@ -40,7 +40,11 @@ SOURCES = (
         "benchmarks/results/paper/blitzscale_eval.json",
         "python benchmarks/paper/blitzscale/blitzscale_eval.py",
     ),
-    ("blitzscale_figs", "benchmarks/results/paper/blitzscale_figs.json", None),
+    (
+        "blitzscale_figs_rows",
+        "benchmarks/results/paper/blitzscale_figs.json",
+        "python benchmarks/paper/blitzscale/blitzscale_figs.py",
+    ),
     (
         "flexpipe_cv_rows",
         "benchmarks/results/systems/flexpipe_cv.json",

@@ -1,0 +1,147 @@
+"""REPORT.md rows of blitzscale_figs.py's JSON: Fig. 15 (vs DistServe), Fig. 17 (the
+ablation's steps, with the measured TBT splits of its losses) and Fig. 18 (the ramp to 80% of
+the peak prefill rate).
+
+In: benchmarks/results/paper/blitzscale_figs.json. Out: `rows.row` dicts for `report.py`.
+"""
+
+from rows import row
+
+PAPER = "BlitzScale"
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """REPORT.md rows (`report.py`), with the measured counterfactuals of the misses."""
+    f15, f17, f18 = doc["fig15"], doc["fig17"], doc["fig18"]
+    g = f17["gain_over_previous_step"]
+    w = f17["workloads"]
+    net = {n: v["+network_ttft_mean_s"] for n, v in g.items()}
+    plan = [v[f"+plan_{m}"] for v in g.values() for m in ("ttft_mean_s", "tbt_mean_s")]
+    live = max(max(v["+live_ttft_mean_s"], v["+live_tbt_mean_s"]) for v in g.values())
+    every_step = all(x > -0.01 for v in g.values() for x in v.values())
+    cf = f15["counterfactual_monitor_bounds"]["blitzscale-bound2"]
+    nan = float("nan")
+    nm = f15["counterfactual_monitor_bounds"].get("blitzscale-no-mutation") or {
+        "ttft_reduction_vs_half": nan,
+        "tbt_reduction_vs_half": nan,
+    }
+    losses = [
+        f"{step.split('_')[0]} {metric} {name} {x:+.0%}"
+        for name, v in g.items()
+        for step, x in v.items()
+        if x <= -0.01
+        for metric in ("TTFT" if "ttft" in step else "TBT",)
+    ]
+    # each TBT loss split: requests decoded on their prefill instance (no decode
+    # instance then) against those handed off, before -> after the step
+    order = list(next(iter(w.values())))
+    tbt_split = []
+    for name, v in g.items():
+        for step, x in v.items():
+            if x > -0.01 or "tbt" not in step:
+                continue
+            k = step.split("_")[0]
+            a, b = w[name][order[order.index(k) - 1]], w[name][k]
+            if "tbt_in_place_requests" not in b:
+                continue
+            tbt_split.append(
+                f"{k} {name}: in place {a['tbt_in_place_requests']} -> "
+                f"{b['tbt_in_place_requests']} requests at "
+                f"{a['tbt_in_place_mean_s'] * 1e3:.0f} -> {b['tbt_in_place_mean_s'] * 1e3:.0f} ms, "
+                f"handed off {a['tbt_handed_off_mean_s'] * 1e3:.1f} -> "
+                f"{b['tbt_handed_off_mean_s'] * 1e3:.1f} ms"
+            )
+    biggest = {
+        name: max(("+network", "+plan", "+live"), key=lambda k: v[f"{k}_ttft_mean_s"])
+        for name, v in g.items()
+    }
+
+    def pct(xs) -> str:
+        return " / ".join(f"{x:+.1%}" for x in xs)
+
+    code_tbt = [g[n]["+live_tbt_mean_s"] for n in ("7b-azurecode", "70b-azurecode") if n in g]
+    monitor_only = []
+    for name, res in w.items():
+        alt = f17.get("live_split", {}).get(name, {}).get("monitor_mutation_only")
+        for metric in ("ttft_mean_s", "tbt_mean_s"):
+            monitor_only.append(1 - alt[metric] / res["+plan"][metric] if alt else nan)
+
+    code = w["7b-azurecode"]
+    split = f17.get("live_split", {}).get("7b-azurecode") or {
+        k: {"ttft_mean_s": float("nan"), "tbt_mean_s": float("nan")}
+        for k in ("live_only", "mutation_only")
+    }
+    return [
+        row(
+            PAPER,
+            "Fig. 15",
+            "vs DistServe (7B, AzureCode): 35% shorter mean TTFT and 41% shorter TBT than "
+            "DistServe (half the GPUs); P99 within 2% of DistServe (all GPUs)",
+            "35% / 41%; +2%",
+            f"TTFT {f15['ttft_reduction_vs_half']:+.0%} and TBT {f15['tbt_reduction_vs_half']:+.0%}"
+            f" shorter than half; P99 TTFT {f15['p99_ttft_vs_full']:+.0%} vs full, with "
+            f"{f15['gpu_seconds_vs_full']:.2f}x its GPU-seconds",
+            ordering=f15["ttft_reduction_vs_half"] > 0 and f15["tbt_reduction_vs_half"] > 0,
+            pairs=((f15["ttft_reduction_vs_half"], 0.35), (f15["tbt_reduction_vs_half"], 0.41)),
+            cause="TTFT: BlitzScale's load monitor keeps its few instances busy (8 requests "
+            "in flight per instance: a bound the paper does not give, §5.3 profiles it), so "
+            "it queues where DistServe's always-on GPUs do not. Counterfactual: a bound of 2: "
+            f"TTFT vs half {f15['ttft_reduction_vs_half']:+.0%} -> "
+            f"{cf['ttft_reduction_vs_half']:+.0%}, TBT {f15['tbt_reduction_vs_half']:+.0%} -> "
+            f"{cf['tbt_reduction_vs_half']:+.0%}, GPU-seconds {cf['gpu_seconds_vs_full']:.2f}x "
+            "full's (paper +35% / +41%). TBT counts the K/V hand-off (the first token is "
+            "the prefill's): BlitzScale decodes on fewer instances than DistServe-half's "
+            "fixed 8, so K/V from many prefill instances converges on fewer links; the "
+            "monitor grows decode on that K/V ingress (§5.2's incast) but only up to its "
+            "bound. Without the prefill->decode mutation "
+            f"(§5.2): TTFT {nm['ttft_reduction_vs_half']:+.0%}, TBT "
+            f"{nm['tbt_reduction_vs_half']:+.0%} vs half.",
+        ),
+        row(
+            PAPER,
+            "Fig. 17",
+            "ablation (7B code, 8B conv, 70B code): +Network the big step, +Plan 0.4-5%, +Live "
+            "up to 40% (AzureCode TBT)",
+            "+Live up to 40%",
+            f"TTFT gain +Network {pct(net.values())}; +Plan TTFT/TBT {pct(plan)}; +Live best "
+            f"{live:.1%}",
+            ordering=every_step,
+            sim_value=live,
+            paper_value=0.40,
+            cause="Steps that lose more than 1%: "
+            + ("; ".join(losses) or "none")
+            + ". Mean TBT is set by the few requests decoded on their prefill instance "
+            "(no decode instance yet: each burst after an idle stretch starts from one "
+            "instance, `policy.blitzscale.pd.handoff_target`), whose decode steps share "
+            "it with prefill: "
+            + ("; ".join(tbt_split) or "n/a")
+            + ". The biggest TTFT step per workload: "
+            + ", ".join(f"{k} {v}" for k, v in biggest.items())
+            + " (paper: +Network). +Live is live scaling plus prefill->decode mutation at "
+            "the scale-out decision with a prefill instance as remedy (§5.2, §6.3); each "
+            f"alone on +Plan (7B/code, +Plan TTFT {code['+plan']['ttft_mean_s']:.2f} s, "
+            f"TBT {code['+plan']['tbt_mean_s'] * 1e3:.0f} ms): live scaling only "
+            f"{split['live_only']['ttft_mean_s']:.2f} s / "
+            f"{split['live_only']['tbt_mean_s'] * 1e3:.0f} ms, mutation only "
+            f"{split['mutation_only']['ttft_mean_s']:.2f} s / "
+            f"{split['mutation_only']['tbt_mean_s'] * 1e3:.0f} ms. +Live's AzureCode TBT "
+            f"gain is {pct(code_tbt)} (7B / 70B; paper up to 40%). Counterfactual: mutation "
+            "by the monitor alone (once decode is the bottleneck and a prefill instance "
+            "idles, no remedy; surge before 2026-11-28): +Live TTFT / TBT gains "
+            f"{pct(monitor_only)} (7B, 8B, 70B): larger TTFT gains, but decode stays on "
+            "fewer instances and TBT, which counts each K/V hand-off, loses.",
+        ),
+        row(
+            PAPER,
+            "Fig. 18",
+            "1 -> 16 instances of 7B on cluster A: NVLink broadcast to the copy's machine "
+            "first, scale done ~1.1 vs ~3.1 for S-LLM (2.8x)",
+            "2.8x",
+            "time to 80% of the 16-instance prefill rate: BlitzScale "
+            f"{f18['systems']['blitzscale']['ramp_s']:.2f} s, S-LLM "
+            f"{f18['systems']['serverlessllm']['ramp_s']:.2f} s ({f18['ramp_ratio']:.2f}x)",
+            ordering=f18["ramp_ratio"] > 1,
+            sim_value=f18["ramp_ratio"],
+            paper_value=3.1 / 1.1,
+        ),
+    ]
