@@ -3,13 +3,13 @@
 In: a pool's scale-out of `count` groups (`start`). Out: for each, GPUs on the members,
 parallel fetches of disjoint parts, a pipeline endpoint serving once every part is in,
 and then (§6.1) consolidation into standalone instances. Decisions:
-- the group: `surge.policy.startup.plan_group` (Alg. 2's contention-adjusted network
+- the group: `surge.policy.paraserve.group_plan.plan_group` (Alg. 2's contention-adjusted network
   shares, whose per-machine state `networks` this module keeps and advances with
   `placement.finish_worker`; then Alg. 1's size by the model's SLO and stage
   times from the cost model) when `group_sizing` is `alg1`; when `fixed`, or Alg. 1
   finds no group, `surge.policy.paraserve.groups.fixed_group` on the workers
   `surge.policy.placement` places (`pipeline_size`, fewer when fewer GPUs are free, as
-  `surge serve` does); parts by bytes (`surge.policy.startup.split_blocks`); the
+  `surge serve` does); parts by bytes (`surge.policy.paraserve.group_plan.split_blocks`); the
   groups of one scale-out in turn, until one cannot start;
 - FlexPipe systems: stage count, layers and GPUs from `sim.flexpipe.FlexPipe.shape`
   (and in-flight refactoring at every autoscaler check: `FlexPipe.retune`);
@@ -26,18 +26,13 @@ and then (§6.1) consolidation into standalone instances. Decisions:
 from collections.abc import Callable
 
 from surge.policy.paraserve.gpu_share import SHARE_EPS, low_memory_share, pick_gpu
+from surge.policy.paraserve.group_plan import GroupRequest, alg1_inputs, plan_group, split_blocks
 from surge.policy.paraserve.groups import fixed_group
 from surge.policy.paraserve.placement import ServerNetwork, finish_worker
 from surge.policy.paraserve.prefetch import plan_prefetch
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
-from surge.policy.startup import (
-    GroupRequest,
-    alg1_inputs,
-    plan_group,
-    serving_at_s,
-    split_blocks,
-)
+from surge.policy.startup import serving_at_s
 from surge.sim.consolidation import Consolidation
 from surge.sim.costs import cost_model
 from surge.sim.events import Priority

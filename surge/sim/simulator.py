@@ -9,7 +9,7 @@ The parts, each one concern, dependencies passed in (no part imports another's s
 - `loading.Loader`: start-up by `policy.startup.plan_startup`, multicasts planned by
   `policy.multicast` and executed by `MulticastRun`, serve-while-loading by
   `policy.loading.LoadingState`;
-- `groups.Groups`: ParaServe groups (`policy.startup.plan_group`) and consolidation
+- `groups.Groups`: ParaServe groups (`policy.paraserve.group_plan.plan_group`) and consolidation
   (`policy.paraserve_predictor`);
 - `host_cache.HostCache`: `policy.copies.keepalive`;
 - `host.HostModel`: what the machines' compute costs beside the GPUs' (`DedicatedHost`, a

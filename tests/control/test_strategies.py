@@ -23,7 +23,7 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.control.state import Deployment, TrackedRequest
 from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import load_tokenizer
-from surge.policy.startup import split_blocks
+from surge.policy.paraserve.group_plan import split_blocks
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import BlockArrived
 from tests.control.conftest import Reference

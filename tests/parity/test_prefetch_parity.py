@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.policy.startup import split_blocks
+from surge.policy.paraserve.group_plan import split_blocks
 from surge.policy.systems import SystemConfig
 from surge.runtime.scaleout.paraserve import prefetch_plans
 from surge.runtime.server import Server

@@ -4,10 +4,10 @@ scale-out on one-worker servers."""
 
 import pytest
 
+from surge.policy.paraserve.group_plan import GroupRequest
 from surge.policy.paraserve.groups import GroupsRequest, choose_group, fixed_group, plan_groups
 from surge.policy.paraserve.placement import ServerNetwork
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
-from surge.policy.startup import GroupRequest
 
 BLOCKS = (100, 100, 100, 100, 100, 100)
 MODEL_BYTES = sum(BLOCKS)

@@ -15,18 +15,9 @@ from surge.policy.loading import (
     spread_evenly,
 )
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
+from surge.policy.paraserve.group_plan import GroupRequest, plan_group, split_blocks
 from surge.policy.paraserve.sizing import GpuServer, StageTimes
-from surge.policy.startup import (
-    Copy,
-    Destination,
-    GroupRequest,
-    LocalLoad,
-    Source,
-    StartupRequest,
-    plan_group,
-    plan_startup,
-    split_blocks,
-)
+from surge.policy.startup import Copy, Destination, LocalLoad, Source, StartupRequest, plan_startup
 from surge.policy.systems import system_config
 
 LAMBDA = system_config("lambdascale")

@@ -14,10 +14,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from surge.policy.paraserve.group_plan import GroupRequest, plan_group
 from surge.policy.paraserve.placement import ServerNetwork
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.slo import Slo
-from surge.policy.startup import GroupRequest, plan_group, serving_at_s
+from surge.policy.startup import serving_at_s
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.metrics import ttft_s

@@ -2,13 +2,13 @@
 
 In: the group sizing (`SystemConfig.group_sizing`: `fixed` or `alg1`), the wanted group
 size (`pipeline_size`), the model's block bytes, and the candidate workers in the caller's
-order; for `alg1` also Alg. 1/Alg. 2's request (`policy.startup.GroupRequest`). Out: a
+order; for `alg1` also Alg. 1/Alg. 2's request (`policy.paraserve.group_plan.GroupRequest`). Out: a
 `GroupPlan` (members in stage order, each one's blocks), or None when no worker is free.
 - `fixed_group`: the first `pipeline_size` candidates (no more than the blocks); fewer
   when fewer are free, down to one. Alg. 1's own rule when it has no answer is the
   smallest group, one worker ("Use single worker if no solution", ParaServe §4.1.1
   Alg. 1's last line): a cold start with fewer workers beats none.
-- `choose_group`: `fixed` -> `fixed_group`; `alg1` -> `policy.startup.plan_group`, and
+- `choose_group`: `fixed` -> `fixed_group`; `alg1` -> `policy.paraserve.group_plan.plan_group`, and
   when Alg. 1 finds no group (no server fits even a part), `fixed_group` on the
   candidates (the same fallback).
 - `plan_groups`: one group per leader (a scale-out's destination) on a pool of one-worker
@@ -27,8 +27,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from surge.policy.paraserve.group_plan import GroupPlan, GroupRequest, plan_group, split_blocks
 from surge.policy.paraserve.sizing import GpuServer, SizingDecision
-from surge.policy.startup import GroupPlan, GroupRequest, plan_group, split_blocks
 
 SIZINGS = ("fixed", "alg1")
 

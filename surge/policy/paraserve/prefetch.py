@@ -1,6 +1,6 @@
 """ParaServe's node prefetcher (§5, Fig. 6(b)) and its fetch priority (§4.2).
 
-In: a pipeline group (`policy.startup.GroupPlan`'s members and parts), the model's block
+In: a pipeline group (`group_plan.GroupPlan`'s members and parts), the model's block
 count, each member's own tier, the system's consolidation mode and the §6.1 predictor's
 number of workers to keep as the group starts. Out: one `MemberPrefetch` per member, which
 both bodies carry out (`runtime/scaleout/paraserve.py`, `sim/groups.py`).

@@ -27,9 +27,10 @@ from surge.policy.copies.mate_copies import MateOpen
 from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
+from surge.policy.paraserve.group_plan import GroupPlan
 from surge.policy.paraserve.predictor import ConsolidationDecision
 from surge.policy.slo import Slo
-from surge.policy.startup import Copy, Destination, GroupPlan
+from surge.policy.startup import Copy, Destination
 from surge.policy.systems import SystemConfig
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import LocalEndpoint

@@ -2,12 +2,12 @@
 
 In: the context (destinations = instances wanted, spare nodes with a free slot) and the
 start-up plan (each destination's own tier). For each instance wanted, one group:
-- `policy.startup.plan_group` picks it: Alg. 2's contention-adjusted network shares (the
-  workers already fetching on each node share its bandwidth), then Alg. 1's smallest size
-  whose predicted TTFT/TPOT meet the deployment's SLOs, members in stage order, each with a
-  contiguous part of the blocks balanced by bytes. A single cold start is thus fetched in
-  parallel by several nodes. Members that are not destinations are booked with
-  `hooks.book`; destinations no group uses are given back with `hooks.release`.
+- `policy.paraserve.group_plan.plan_group` picks it: Alg. 2's contention-adjusted network
+  shares (the workers already fetching on each node share its bandwidth), then Alg. 1's
+  smallest size whose predicted TTFT/TPOT meet the deployment's SLOs, members in stage
+  order, each with a contiguous part of the blocks balanced by bytes. A single cold start
+  is thus fetched in parallel by several nodes. Members that are not destinations are
+  booked with `hooks.book`; destinations no group uses are given back with `hooks.release`.
 - the members fetch their parts at once, then serve together as one `PipelineEndpoint`;
 - `policy.paraserve.predictor.consolidate_group` (§6.1, the deployment's arrivals in
   the system's `predictor_window_s`, and its queue; the simulator makes the same call)
@@ -21,8 +21,9 @@ is the destination and the first free nodes, `pipeline_size` in all or fewer
 
 Stage times for Alg. 1 are estimates (ParaServe keeps historical ones; this runtime has none
 before the first cold start), documented in docs/scaleout.md:
-- `policy.startup.alg1_inputs`, as in the simulator: t_c = the system's `init_s` (and t_cc,
-  Eq. 5, when its start-up runs beside the fetch: `init_overlaps_load`); t_n = `stage_hop_s`;
+- `policy.paraserve.group_plan.alg1_inputs`, as in the simulator: t_c = the system's
+  `init_s` (and t_cc, Eq. 5, when its start-up runs beside the fetch:
+  `init_overlaps_load`); t_n = `stage_hop_s`;
 - fetch at `ctx.fetch_gbps` (the controller's link speed), host-to-GPU at `PCIE_GBPS`;
 - t_d = the model's bytes read once at `ctx.estimates`' weight-read rate (decode is memory
   bound), t_p = its `prefill_over_decode` x t_d (`scaleout/estimates.py`: rule-of-thumb
@@ -36,18 +37,14 @@ import math
 
 from surge.errors import SurgeError
 from surge.events import Consolidation, PipelineRetired
+from surge.policy.paraserve.group_plan import GroupPlan, GroupRequest, alg1_inputs
 from surge.policy.paraserve.groups import GroupsRequest
 from surge.policy.paraserve.groups import plan_groups as policy_plan_groups
 from surge.policy.paraserve.placement import FetchingWorker, ServerNetwork
 from surge.policy.paraserve.predictor import GroupConsolidation, consolidate_group
 from surge.policy.paraserve.prefetch import BACKGROUND, MemberPrefetch, plan_prefetch
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
-from surge.policy.startup import (
-    GroupPlan,
-    GroupRequest,
-    StartupPlan,
-    alg1_inputs,
-)
+from surge.policy.startup import StartupPlan
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.migration.consolidation import consolidate
 from surge.runtime.protocol import LoadOp
@@ -63,7 +60,7 @@ PCIE_GBPS = DEFAULT_HOST_GBPS
 
 def alg1_inputs_of(ctx: ScaleOutContext) -> tuple[StageTimes, SizingSettings]:
     """Alg. 1's stage times and settings for this model (see the module docstring), by
-    `policy.startup.alg1_inputs`."""
+    `policy.paraserve.group_plan.alg1_inputs`."""
     now = ctx.server.clock.now_s()
     decode_s = ctx.estimates.decode_s(ctx.manifest.total_bytes)
     wait_s = max((now - r.arrival_t for r in ctx.server.queue), default=0.0)
