@@ -14,7 +14,7 @@ from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_o
 from surge.runtime.scaleout.run import startup_plan
 from tests.engine.reference import assert_same_tokens, hf_greedy
 from tests.runtime.conftest import MODEL
-from tests.runtime.test_consolidation import _setup
+from tests.runtime.test_consolidation import connected_server
 
 MAX_TOKENS = 12
 PROMPT = [0, 5, 9, 200, 31]
@@ -55,7 +55,8 @@ def test_a_scale_out_forwards_from_a_receiver_still_loading(
         )
 
     async def run():
-        client, server = await _setup(cluster, manifest, {0: list(range(manifest.num_blocks))})
+        every = list(range(manifest.num_blocks))
+        client, server = await connected_server(cluster, manifest, {0: every})
         arrivals = client.subscribe((BlockArrived,), model=MODEL)
         try:
             first = scale_out(client, server, 1, (Copy(0, "gpu"),))

@@ -16,7 +16,9 @@ from tests.runtime.conftest import MODEL, connected, record_ops
 from tests.runtime.test_serving import PROMPTS, check_against_reference
 
 
-async def _setup(cluster, manifest, loads: dict[int, list[int]]):
+async def connected_server(cluster, manifest, loads: dict[int, list[int]]):
+    """A client of `cluster` whose nodes hold `loads` (node -> blocks) in the gpu tier,
+    and a `Server` of MODEL over it."""
     client = await connected(cluster, manifest, loads, tier="gpu")
     return client, Server(client, MODEL)
 
@@ -31,7 +33,7 @@ def test_consolidation_migrates_kv_and_keeps_tokens(
     stages = [(0, 0, 2), (1, 2, 4)]
 
     async def run():
-        client, server = await _setup(cluster, manifest, {0: [0, 1], 1: [2, 3]})
+        client, server = await connected_server(cluster, manifest, {0: [0, 1], 1: [2, 3]})
         try:
             pipe = PipelineEndpoint(client, manifest, MODEL, "p", stages)
             await pipe.open()
@@ -95,7 +97,7 @@ def test_live_scaling_splits_prefill_by_layer(make_cluster, manifest, tiny_hf) -
     held = manifest.blocks[1].end_layer
 
     async def run():
-        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
+        client, server = await connected_server(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
         try:
             old = LocalEndpoint(client, 0, MODEL, "old")
             await old.open()
@@ -130,7 +132,7 @@ def test_live_batch_streams_every_first_token_before_its_hand_offs(
     params = SamplingParams(max_tokens=6, ignore_eos=True)
 
     async def run():
-        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
+        client, server = await connected_server(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
         try:
             old = LocalEndpoint(client, 0, MODEL, "old")
             await old.open()
@@ -199,7 +201,7 @@ def test_paraserve_single_cold_start_fetches_in_parallel(
         return True
 
     async def run():
-        client, server = await _setup(cluster, manifest, {})
+        client, server = await connected_server(cluster, manifest, {})
         try:
             reqs = [server.new_request(p, params) for p in (PROMPTS * 2)[:num_requests]]
             for r in reqs:

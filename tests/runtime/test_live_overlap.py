@@ -17,7 +17,7 @@ from surge.policy.systems import system_config
 from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.live import LiveScaling
 from tests.runtime.conftest import MODEL
-from tests.runtime.test_consolidation import _setup
+from tests.runtime.test_consolidation import connected_server
 from tests.runtime.test_emulation import SPEC
 from tests.runtime.test_live_scaling import live_context, one_at_a_time_on_node0
 from tests.runtime.test_serving import check_against_reference
@@ -50,7 +50,7 @@ def test_zigzag_batches_overlap_across_target_and_source_and_wake_on_a_layer(
 
     async def run():
         every = list(range(manifest.num_blocks))
-        client, server = await _setup(cluster, manifest, {0: every, 1: [0]})
+        client, server = await connected_server(cluster, manifest, {0: every, 1: [0]})
         try:
             reqs = await one_at_a_time_on_node0(client, server, LONG_PROMPTS * 6, params)
             ctx = live_context(client, server, manifest, system, ttft_slo_s=0.01)

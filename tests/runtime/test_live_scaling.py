@@ -18,7 +18,7 @@ from surge.runtime.scaleout.live import LiveScaling
 from surge.runtime.scaleout.local import open_local
 from tests.engine.reference import assert_same_tokens, hf_greedy
 from tests.runtime.conftest import MODEL
-from tests.runtime.test_consolidation import _setup
+from tests.runtime.test_consolidation import connected_server
 from tests.runtime.test_serving import PROMPTS
 
 MAX_TOKENS = 48
@@ -72,7 +72,7 @@ def test_slo_check_gates_live_scaling_and_requests_redistribute(
     seen = bus.subscribe()
 
     async def run():
-        client, server = await _setup(cluster, manifest, {0: [0, 1, 2, 3]})
+        client, server = await connected_server(cluster, manifest, {0: [0, 1, 2, 3]})
         try:
             reqs = await one_at_a_time_on_node0(client, server, PROMPTS * 6, params)
             system = replace(system_config("blitzscale"), live_batch=6)
@@ -128,7 +128,7 @@ def test_whole_new_instance_takes_its_share_of_the_old_ones_requests(
 
     async def run():
         every = list(range(manifest.num_blocks))
-        client, server = await _setup(cluster, manifest, {0: every, 1: every})
+        client, server = await connected_server(cluster, manifest, {0: every, 1: every})
         try:
             old = LocalEndpoint(client, 0, MODEL, f"{MODEL}-node0", capacity=6)
             await old.open()

@@ -17,7 +17,7 @@ from surge.policy.paraserve.gpu_share import (
     pick_gpu,
     pipeline_speed,
 )
-from surge.policy.paraserve.sizing import _slowdown
+from surge.policy.paraserve.sizing import pipeline_slowdown
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.gpus import Gpus
@@ -81,7 +81,7 @@ def test_pipeline_speed_is_eq2s_factor() -> None:
     for s in (1, 2, 3, 4):
         for w in range(s + 1):
             shares = [1.0] * w + [1 / s] * (s - w)
-            assert pipeline_speed(shares) == pytest.approx(1 / _slowdown(s, w))
+            assert pipeline_speed(shares) == pytest.approx(1 / pipeline_slowdown(s, w))
 
 
 # --- the simulator ------------------------------------------------------------------

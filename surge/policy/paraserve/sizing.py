@@ -179,7 +179,7 @@ def startup_s(request: SizingRequest, pipeline_size: int, server: GpuServer) -> 
     return t.runtime_init_s + fetch_s + load_s
 
 
-def _slowdown(pipeline_size: int, num_full: int) -> float:
+def pipeline_slowdown(pipeline_size: int, num_full: int) -> float:
     """s − w + w/s: a full-memory worker runs its part in 1/s of the time, a low-memory one
     (1/s of the compute quota) in the full time (§4.1.1)."""
     return pipeline_size - num_full + num_full / pipeline_size
@@ -194,16 +194,15 @@ def predict_ttft_s(
     return (
         t.wait_s
         + slowest
-        + t.prefill_s * _slowdown(pipeline_size, num_full)
+        + t.prefill_s * pipeline_slowdown(pipeline_size, num_full)
         + t.transmission_s * pipeline_size
     )
 
 
 def predict_tpot_s(times: StageTimes, pipeline_size: int, num_full: int) -> float:
     """Eq. 2: t_d (s − w + w/s) + t_n s."""
-    return (
-        times.decode_s * _slowdown(pipeline_size, num_full) + times.transmission_s * pipeline_size
-    )
+    slowdown = pipeline_slowdown(pipeline_size, num_full)
+    return times.decode_s * slowdown + times.transmission_s * pipeline_size
 
 
 def _choose_servers(
