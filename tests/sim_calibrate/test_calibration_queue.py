@@ -19,7 +19,7 @@ from benchmarks.sim_calibrate.wakeup_queue import loop_schedstat, median_queue, 
 from surge.errors import SurgeError
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
-from tests.sim_calibrate.test_serving_transfers import _Busy
+from tests.sim_calibrate.test_serving_transfers import BusyEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "benchmarks" / "sim_calibrate" / "recorded" / "sim_calibration_repeats_fix12.json"
@@ -46,17 +46,17 @@ def _sharing(queue: bool) -> tuple[ComputeSharing, FlowNetwork]:
 def test_busy_pipelines_slow_the_flows_only_with_the_queue(queue):
     sharing, net = _sharing(queue)
     for i in range(2):  # the K=2 hot sources
-        sharing.on_busy(_Busy(i, (i,), 1.0))
+        sharing.on_busy(BusyEndpoint(i, (i,), 1.0))
     sharing.on_transfers(+6)
     two = queued_flow_speed(2.0, 2, 0.6, 0.1) if queue else 1.0
     assert net.speed == pytest.approx(two)
     for i in range(2, 5):  # three pipelines serving on the receivers
-        sharing.on_busy(_Busy(i, (i,), 1.0))
+        sharing.on_busy(BusyEndpoint(i, (i,), 1.0))
     five = queued_flow_speed(2.0, 5, 0.6, 0.1) if queue else 1.0
     assert net.speed == pytest.approx(five)
     assert (net.speed < 0.9) == queue
     for i in range(2, 5):
-        pipe = _Busy(i, (i,), 1.0)
+        pipe = BusyEndpoint(i, (i,), 1.0)
         pipe.busy = False
         sharing.on_busy(pipe)
     assert net.speed == pytest.approx(two)

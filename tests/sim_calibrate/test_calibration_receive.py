@@ -17,7 +17,7 @@ from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
-from tests.sim_calibrate.test_serving_transfers import _Busy
+from tests.sim_calibrate.test_serving_transfers import BusyEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = (
@@ -39,20 +39,20 @@ def _sharing(slowdown: float) -> tuple[ComputeSharing, dict]:
 @pytest.mark.parametrize("slowdown", [1.0, 2.5])
 def test_a_serving_node_receives_at_the_measured_slowdown_and_sends_at_its_share(slowdown):
     sharing, links = _sharing(slowdown)
-    sharing.on_busy(_Busy(7, (0,), 1.0))
-    sharing.on_busy(_Busy(8, (1,), 1.0))  # share 0.5: fix 9 would receive at 1 / 1.2
+    sharing.on_busy(BusyEndpoint(7, (0,), 1.0))
+    sharing.on_busy(BusyEndpoint(8, (1,), 1.0))  # share 0.5: fix 9 would receive at 1 / 1.2
     out, into = links[0]
     assert out.speed == pytest.approx(1 / (1 + 0.1))  # the sender's end: fix 9's formula
     assert into.speed == pytest.approx(1 / slowdown)  # the receiver's: measured
     plain, plain_links = _sharing(0.0)
-    plain.on_busy(_Busy(7, (0,), 1.0))
-    plain.on_busy(_Busy(8, (1,), 1.0))
+    plain.on_busy(BusyEndpoint(7, (0,), 1.0))
+    plain.on_busy(BusyEndpoint(8, (1,), 1.0))
     assert plain_links[0][1].speed == pytest.approx(1 / 1.2)  # 0 = fix 9 unchanged
 
 
 def test_an_idle_node_receives_at_full_speed_whatever_the_slowdown():
     sharing, links = _sharing(3.0)
-    busy = _Busy(7, (0,), 1.0)
+    busy = BusyEndpoint(7, (0,), 1.0)
     sharing.on_busy(busy)
     assert links[0][1].speed == pytest.approx(1 / 3.0)
     assert links[1][1].speed == 1.0  # node 1 serves nothing

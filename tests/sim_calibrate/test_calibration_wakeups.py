@@ -27,7 +27,7 @@ from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
-from tests.sim_calibrate.test_serving_transfers import _Busy
+from tests.sim_calibrate.test_serving_transfers import BusyEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = (
@@ -66,7 +66,7 @@ def _sharing(wakeups: bool) -> ComputeSharing:
 @pytest.mark.parametrize("wakeups", [False, True])
 def test_a_hot_source_shares_with_transfers_in_flight_only_under_wakeups(wakeups):
     sharing = _sharing(wakeups)
-    hot = _Busy(0, (0,), 1.0)
+    hot = BusyEndpoint(0, (0,), 1.0)
     sharing.on_busy(hot)
     sharing.on_transfers(+6)
     expected = wakeup_share(2.0, 1, 6 * 0.11) if wakeups else 1.0
@@ -74,7 +74,7 @@ def test_a_hot_source_shares_with_transfers_in_flight_only_under_wakeups(wakeups
     assert (hot.share < 0.9) == wakeups
     sharing.on_transfers(-6)
     assert hot.share == 1.0
-    other = _Busy(1, (1,), 1.0)  # two busy on two cores: the fluid share either way
+    other = BusyEndpoint(1, (1,), 1.0)  # two busy on two cores: the fluid share either way
     sharing.on_busy(other)
     sharing.on_transfers(+4)
     assert hot.share == pytest.approx((2.0 - 0.44) / 2) and other.share == hot.share
@@ -173,7 +173,7 @@ def test_the_serving_summary_compares_the_model_with_the_measured_cores():
 
 def test_fix_14_serves_at_the_measured_efficiency_only_while_transfers_run():
     sharing = ComputeSharing(FlowNetwork(EventLoop()), 2.0, 0.11, efficiency_in_transfers=0.8)
-    hot = _Busy(0, (0,), 1.0)
+    hot = BusyEndpoint(0, (0,), 1.0)
     sharing.on_busy(hot)
     assert hot.share == 1.0
     sharing.on_transfers(+2)

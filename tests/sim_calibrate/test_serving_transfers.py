@@ -30,7 +30,7 @@ def test_a_slowed_link_slows_its_flows_and_restores():
     assert done["f"] == pytest.approx(1.5 + 0.25)
 
 
-class _Busy:
+class BusyEndpoint:
     """A busy endpoint on GPUs `gpus` at processor share `share`."""
 
     def __init__(self, iid: int, gpus: tuple[int, ...], share: float) -> None:
@@ -51,10 +51,10 @@ def test_links_at_a_serving_node_move_at_its_share():
         net, 1.0, 0.3, transfers_first=True,
         links_of_gpu=lambda g: ((links[g][0],), (links[g][1],)), send_cpu_cores=0.1,
     )  # fmt: skip
-    busy = _Busy(7, (0,), 1.0)
+    busy = BusyEndpoint(7, (0,), 1.0)
     sharing.on_busy(busy)  # alone on 1 core: share 1, nothing slowed
     assert [link.speed for link in links[0]] == [1.0, 1.0]
-    other = _Busy(8, (1,), 1.0)
+    other = BusyEndpoint(8, (1,), 1.0)
     sharing.on_busy(other)  # two on 1 core: share 0.5, wait factor 1/0.5 - 1 = 1
     out, into = links[0]
     assert out.speed == pytest.approx(1 / (1 + 0.1))  # the sender's 0.1 core
