@@ -26,7 +26,6 @@ import platform
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,12 +36,15 @@ from typing import Any
 import httpx
 import yaml
 
+from surge.cli import serve_process
 from surge.events import Recorder, TimelineEvent
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "results" / "dashboard_overhead.json"
 TIMELINE_OUT = REPO / "benchmarks" / "results" / "dashboard_timeline.json"
 MODEL = "surge-tiny"
+STARTUP_TIMEOUT_S = 600.0
+"""How long `surge serve` may take to have the model warm on every node."""
 
 
 def start_serve(work: Path, nodes: int) -> tuple[subprocess.Popen, str]:
@@ -59,21 +61,11 @@ def start_serve(work: Path, nodes: int) -> tuple[subprocess.Popen, str]:
     os.environ["SURGE_HOME"] = env["SURGE_HOME"]
     cfg["deployments"][0]["model"] = str(default_store())
     (work / "serve.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0"]
-    proc = subprocess.Popen(
-        [*cmd, "--config", str(work / "serve.yaml"), "--state-dir", str(work / "state")],
-        stdout=subprocess.PIPE,
-        stderr=open(work / "serve.log", "w"),  # noqa: SIM115 (the process keeps it)
-        text=True,
-        cwd=REPO,
-        env=env,
+    args = ["--port", "0", "--config", str(work / "serve.yaml"), "--state-dir", str(work / "state")]
+    proc, ready = serve_process.start_serve(
+        args, work / "serve.log", env=env, cwd=REPO, timeout_s=STARTUP_TIMEOUT_S
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("{"):
-        proc.kill()
-        raise RuntimeError(f"surge serve did not start; see {work / 'serve.log'}")
-    return proc, json.loads(line)["url"]
+    return proc, ready["url"]
 
 
 def wait_warm(url: str, nodes: int, timeout_s: float = 180) -> None:

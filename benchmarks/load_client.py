@@ -27,13 +27,14 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+
+from surge.cli import serve_process
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".venv-guidellm"
@@ -67,25 +68,9 @@ def start_serve(state: Path, nodes: int) -> tuple[subprocess.Popen, str]:
     # The tiny model by name: the default model is SmolLM2 where setup imported it.
     tiny = {"name": MODEL, "model": str(default_store())}
     cfg.write_text(yaml.safe_dump({"nodes": nodes, "deployments": [tiny]}))
-    cmd = [sys.executable, "-m", "surge.cli", "serve", "--port", "0", "--config", str(cfg)]
-    err = open(state / "serve.log", "w")  # noqa: SIM115 (the process keeps it)
-    proc = subprocess.Popen(
-        [*cmd, "--state-dir", str(state / "state")],
-        stdout=subprocess.PIPE,
-        stderr=err,
-        text=True,
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("{"):
-            return proc, json.loads(line)["url"]
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError(f"surge serve did not start; see {state / 'serve.log'}")
+    args = ["--port", "0", "--config", str(cfg), "--state-dir", str(state / "state")]
+    proc, ready = serve_process.start_serve(args, state / "serve.log", cwd=REPO, timeout_s=180)
+    return proc, ready["url"]
 
 
 def replay_slice(path: Path, num_requests: int, time_scale: float) -> list[dict[str, Any]]:

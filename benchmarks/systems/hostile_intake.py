@@ -22,7 +22,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from surge.cli import serve_process
 
 BODY_BYTES = 300 * 10**6
 PROMPT_BYTES = 8 * 10**6
@@ -51,22 +52,14 @@ def body_chunks(total: int) -> Iterator[bytes]:
 
 
 def start(code: Path, home: Path, state: Path) -> tuple[subprocess.Popen, str]:
+    """`surge serve` of the code at `code` (one node), in a session of its own (`stop` kills
+    the session when the RSS cap killed the controller); its process and URL."""
     env = {**os.environ, "SURGE_HOME": str(home), "PYTHONPATH": str(code)}
-    cmd = [sys.executable, "-m", "surge.cli", "serve", "--nodes", "1", "--port", "0"]
-    proc = subprocess.Popen(
-        [*cmd, "--state-dir", str(state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        cwd=code,
-        text=True,
-        start_new_session=True,
+    args = ["--nodes", "1", "--port", "0", "--state-dir", str(state)]
+    proc, ready = serve_process.start_serve(
+        args, state / "serve.log", env=env, cwd=code, own_session=True, timeout_s=600
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("{"):
-            return proc, json.loads(line)["url"]
-    raise RuntimeError("surge serve exited before it was ready")
+    return proc, ready["url"]
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -29,7 +29,6 @@ import random
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 import httpx
 import psutil
 
+from surge.cli import serve_process
 from surge.traces.resolve import load_trace
 
 MODEL = "surge-tiny"
@@ -49,15 +49,10 @@ def start_serve(state: Path, nodes: int) -> tuple[subprocess.Popen, str]:
     from surge.model.default_store import default_store
 
     # The tiny model by name: the default model is SmolLM2 where setup imported it.
-    cmd = [sys.executable, "-m", "surge.cli", "serve", "--nodes", str(nodes), "--port", "0",
-           "--model", str(default_store()), "--name", MODEL]  # fmt: skip
-    proc = subprocess.Popen([*cmd, "--state-dir", str(state)], stdout=subprocess.PIPE,
-                            stderr=open(state / "serve.log", "w"), text=True)  # noqa: SIM115  # fmt: skip
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("{"):
-            return proc, json.loads(line)["url"]
-    raise RuntimeError("surge serve exited before it was ready")
+    args = ["--nodes", str(nodes), "--port", "0", "--model", str(default_store()),
+            "--name", MODEL, "--state-dir", str(state)]  # fmt: skip
+    proc, ready = serve_process.start_serve(args, state / "serve.log", timeout_s=600)
+    return proc, ready["url"]
 
 
 async def one(c: httpx.AsyncClient, i: int, ids: list[int], out_tokens: int, stream: bool,
