@@ -28,8 +28,10 @@ import torch
 import torch.nn.functional as F
 
 if __package__:  # python -m benchmarks.engine.gemv_shapes
+    from benchmarks.engine.vs_peers import merged
     from benchmarks.engine.vs_peers_runs import read_bandwidth_gbps
 else:  # python benchmarks/engine/gemv_shapes.py
+    from vs_peers import merged  # type: ignore[no-redef]
     from vs_peers_runs import read_bandwidth_gbps  # type: ignore[no-redef]
 
 log = logging.getLogger("gemv_shapes")
@@ -76,6 +78,7 @@ def measure(threads: int, rows: int, passes: int, weights: list) -> dict:
                 times[name].append(one_pass(fn, weights, xs))
     num_bytes = sum(w.numel() * w.element_size() for w in weights)
     out = {"threads": threads, "rows": rows, "load_1min": os.getloadavg()[0]}
+    out["measured_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for name, ts in times.items():
         out[name] = {
             "best_ms": round(min(ts) * 1e3, 2),
@@ -117,13 +120,24 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def _threads_key(x: dict) -> tuple:
+    return (x["threads"],)
+
+
+def _rows_key(x: dict) -> tuple:
+    return (x["threads"], x["rows"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="default,1", help="'default' (torch's) and/or counts")
     ap.add_argument("--rows", default="1,2,4,8", help="input rows per call (a decode batch)")
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--out", type=Path, default=RESULTS / "gemv_shapes.json")
+    merge = "merge into --out: replace the (threads, rows) measured now, keep the others"
+    ap.add_argument("--resume", action="store_true", help=merge)
     args = ap.parse_args()
+    previous = json.loads(args.out.read_text()) if args.resume and args.out.exists() else {}
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from surge.engine import gemv
 
@@ -152,8 +166,8 @@ def main() -> None:
         },
         "settings": {k: str(v) for k, v in vars(args).items()},
         "bytes_per_pass": sum(w.numel() * w.element_size() for w in weights),
-        "read_bandwidth": read,
-        "results": results,
+        "read_bandwidth": merged(previous.get("read_bandwidth", []), read, _threads_key),
+        "results": merged(previous.get("results", []), results, _rows_key),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

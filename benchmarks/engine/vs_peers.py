@@ -29,7 +29,7 @@ another (`--decode-batches '' --prompt-batches '' --long-prompts 8000 --skip-ban
 Usage: python -m benchmarks.engine.vs_peers [--models 100mb,smollm2] [--threads default,1]
        [--decode-batches 1,8,32] [--prompt-batches 16] [--long-prompts 2000,8000]
        [--rounds 2] [--engines surge,surge-eager,transformers,vllm] [--vllm-python PATH]
-       [--resume] [--skip-bandwidth]
+       [--long-engines surge,transformers] [--resume] [--skip-bandwidth]
 """
 
 import argparse
@@ -125,8 +125,16 @@ def run_pair(
         if name == "vllm":
             if not Path(args.vllm_python).exists():
                 continue
+            # vLLM sizes its start-up (profiling, compiled ranges) by max_model_len: the
+            # longest sequence this run asks for, not the model's 8,192 (~2 min of a sitting).
+            longest = max([DECODE[0] + DECODE[1], PROMPT[0] + PROMPT[1]] + [
+                p + 16 for p in args.long_prompts
+                if model["real"] and p < ml and name in args.long_engines])  # fmt: skip
+            vllm_len = min(ml, max(1024, longest))
             try:
-                workers[name] = Worker(name, args.vllm_python, model["hf_dir"], n, threads, d, ml)
+                workers[name] = Worker(
+                    name, args.vllm_python, model["hf_dir"], n, threads, d, vllm_len
+                )
             except RuntimeError as e:
                 log.warning("vLLM worker failed to start: %s", e)
             continue
@@ -154,7 +162,7 @@ def run_pair(
             if s[0] == "long_prompt" and r >= args.long_rounds:
                 continue
             for n in names[r % len(names) :] + names[: r % len(names)]:
-                if s[0] == "long_prompt" and n == "vllm" and p + 1 > ml:
+                if s[0] == "long_prompt" and (n not in args.long_engines or p + 1 > ml):
                     continue
                 loads[s].append(os.getloadavg()[0])
                 raw[s][n].append(workers[n].measure(b, p, new, seed))
@@ -258,6 +266,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--long-rounds", type=int, default=1, help="rounds of the long prompts")
     ap.add_argument("--long-threads", default="default", help="thread counts of long prompts")
+    long_engines = "engines of the long prompts (the must-hold compares transformers)"
+    ap.add_argument("--long-engines", default=",".join(ENGINES), help=long_engines)
     ap.add_argument("--engines", default="surge,surge-eager,transformers,vllm")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--out", type=Path, default=RESULTS / "engine_vs_peers.json")
@@ -270,6 +280,7 @@ def main() -> None:
     args.decode_batches, args.prompt_batches = ints(args.decode_batches), ints(args.prompt_batches)
     args.long_prompts = ints(args.long_prompts)
     args.long_threads = [x if x == "default" else int(x) for x in args.long_threads.split(",")]
+    args.long_engines = args.long_engines.split(",")
     args.started_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     args.commit = _commit()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

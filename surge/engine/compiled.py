@@ -4,8 +4,8 @@ On by default (`EngineConfig.compile_decode`). Why: at batch 1 a decode step of 
 ~35 eager ops per layer besides its 7 projections (norms, rope, KV write and page gather,
 attention, residual adds), each paying PyTorch's per-op dispatch; inductor fuses the
 element-wise chains into a few C++ loops and runs the whole stack from one call. The
-projections stay opaque calls (up to 8 rows: surge's `surge::gemv_row`, `engine/gemv.py`,
-which setup builds, else MKL; more rows: oneDNN's packed kernel through
+projections stay opaque calls (up to `gemv.MAX_ROWS` rows: surge's `surge::gemv_row`,
+`engine/gemv.py`, which setup builds, else MKL; more rows: oneDNN's packed kernel through
 `surge::packed_linear`), SDPA stays ATen's. Logits differ from eager in the last bits only
 (inductor sums the norms in its own order), so only a near-tie could flip a greedy token;
 measured, the tokens are the eager path's (tests/engine/test_compiled_decode.py).
@@ -19,8 +19,8 @@ the caches, so the Python and dispatch work after it runs cache-cold). A pipelin
 out). Both get the step's `AttnContext`, the weights and the KV-cache views; prefill and mixed
 steps stay eager (matmul-bound; their query lengths would only add graphs). Shapes that change
 step to step are marked dynamic (batch, pages gathered, keys attended), so the graphs are few
-and fixed: one for batch 1, one for batches 2-8 (surge's kernel), one for larger batches
-(compiled when the first such step comes) (and one more for each when packing,
+and fixed: one for batch 1, one for batches 2-`gemv.MAX_ROWS` (surge's kernel), one for
+larger batches (compiled when the first such step comes) (and one more for each when packing,
 `EngineConfig.pack_cpu_weights`, has swapped in packed projections; inductor's cache makes that
 one quick). Keys are attended a whole page at a time under a mask (`AttnContext.num_keys`
 None), so no per-step int enters the graph; a step gathers at least two pages (the second

@@ -1,10 +1,11 @@
-"""`surge::gemv_row`: decode projections of 1-8 rows through surge's kernel (`csrc/gemv_row.cpp`).
+"""`surge::gemv_row`: decode projections of 1-6 rows through surge's kernel (`csrc/gemv_row.cpp`).
 
 Why: a decode step of a small batch is projections of a few rows over every weight,
 memory-bound: what counts is how fast the weights stream. The kernel folds eight weight rows
 at a time into the output rows, a cached chunk of columns at a time, with AVX-512 where the
 CPU has it (else AVX2); for 2-8 input rows every weight vector loaded serves all of them, so
-the weight streams once per call. It splits the weight's rows over torch's intra-op threads
+the weight streams once per call (the engine sends it up to `MAX_ROWS`, a measured rule).
+It splits the weight's rows over torch's intra-op threads
 (`at::parallel_for` over twelve fixed row blocks, partial sums added in block order; the
 head's columns; so the sums do not depend on the thread count): each thread streams
 contiguous rows, which the prefetchers follow. Built with OpenMP, sharing torch's runtime
@@ -44,9 +45,19 @@ SOURCES = tuple(
 loader: `surge::gemv_row` and `surge::decode_attention` (`surge.engine.attention`)."""
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
-MAX_ROWS = 8
-"""Input rows one kernel call takes (`x` [rows, in]): a decode batch up to 8 streams each
-weight once for all its rows; more rows go to oneDNN's packed GEMM (`engine/linear.py`)."""
+KERNEL_MAX_ROWS = 8
+"""Input rows one kernel call can take (`x` [rows, in]; `kMaxInputRows` in the source)."""
+MAX_ROWS = 6
+"""Input rows the engine sends through the kernel: a decode batch of up to 6 streams each
+weight once for all its rows; more rows go to oneDNN's packed GEMM (`engine/linear.py`).
+The rule is measured (benchmarks/engine/gemv_shapes.py, strict quiet-run 10:43 UTC
+2026-11-28, load 2.3, SmolLM2's projections in step order, 538 MB a pass, best of 4): kernel
+/ oneDNN packed ms at 2 rows 22.1 / 31.1 (2 threads) and 39.9 / 51.4 (1 thread), at 4 rows
+25.6 / 31.1 and 49.3 / 60.0, at 8 rows 40.9 / 39.5 and 65.4 / 60.0. At a few rows the
+kernel reads the weight once for all of them where oneDNN's time barely moves with the
+rows; at 8 the kernel's FMAs (a broadcast per row per weight vector) cost more than
+oneDNN's blocked GEMM: the lines cross near 7 rows at both thread counts, so one rule, no
+thread count asked (see `usable`)."""
 STALE_LOCK_S = 600.0
 """A build lock older than this was left by a build that died (a build takes ~15 s):
 `build()` removes it rather than wait on it forever (torch's loader would)."""
@@ -168,7 +179,7 @@ def loaded() -> bool:
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight.T` may go through the kernel: 1 to `MAX_ROWS` rows, float32 on
+    """Whether `x @ weight.T` goes through the kernel: 1 to `MAX_ROWS` rows, float32 on
     CPU, the weight stored `[in, out]` (its transpose has unit column stride), the kernel
     loaded. At any thread count: the kernel splits the weight over torch's OpenMP threads
     (idle, 2 threads, SmolLM2's projections: 31.8 GB/s against MKL's gemv 30.2 at one row).

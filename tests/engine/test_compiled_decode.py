@@ -22,9 +22,9 @@ from surge.errors import SurgeError
 from surge.model.manifest import read_manifest
 
 MAX_GRAPHS = 2
-"""Batch 1 and batches 2-8 (compiled in the background once the weights are packed; packing
-changes neither, their projections being surge's kernel, and a step always gathers 2+
-pages); a batch above 8 adds a third when it first comes."""
+"""Batch 1 and batches 2-`gemv.MAX_ROWS` (compiled in the background once the weights are
+packed; packing changes neither, their projections being surge's kernel, and a step always
+gathers 2+ pages); a larger batch adds a third when it first comes."""
 
 
 def test_compile_decode_is_validated() -> None:
@@ -63,8 +63,8 @@ def test_compiled_decode_matches_eager_with_few_graphs(tiny_store: Path) -> None
 
 
 def test_a_batch_above_the_kernels_rows_gets_its_own_graph(tiny_store: Path) -> None:
-    """A graph of batches 2-8 guards on at most `gemv.MAX_ROWS` rows (surge's kernel); a
-    larger batch gets a third graph, compiled in the background when it first comes, and
+    """A graph of batches 2-`gemv.MAX_ROWS` guards on at most that many rows (surge's
+    kernel); a larger batch gets a third graph, compiled in the background when it first comes, and
     runs it from then on with the eager path's tokens (one graph for every batch >= 2 made
     larger batches refuse on every step until decode stayed eager for good)."""
     from surge.engine import gemv

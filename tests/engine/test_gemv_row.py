@@ -59,16 +59,16 @@ def test_a_column_slice_of_a_fused_projection_keeps_its_stride() -> None:
         torch.testing.assert_close(torch.ops.surge.gemv_row(x, wt), x @ orig.weight.t())
 
 
-@pytest.mark.parametrize("rows", range(2, gemv.MAX_ROWS + 1))
+@pytest.mark.parametrize("rows", range(2, gemv.KERNEL_MAX_ROWS + 1))
 @pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (1000, 97), (13, 8)])
 def test_a_small_batch_streams_the_weight_once_with_mkls_sums(
     rows: int, out_features: int, in_features: int
 ) -> None:
-    """Up to `MAX_ROWS` input rows (a decode batch) in one call, every row MKL's numbers,
-    at one thread and at two (the threaded row blocks)."""
+    """Up to `KERNEL_MAX_ROWS` input rows (a decode batch) in one call, every row MKL's
+    numbers, at one thread and at two (the threaded row blocks)."""
     w = _stored(out_features, in_features, seed=rows)
     x = torch.randn(rows, 1, in_features)  # [batch, 1 token, hidden], as a decode step has
-    assert gemv.usable(x, w)
+    assert gemv.usable(x, w) == (rows <= gemv.MAX_ROWS)  # the engine's rule
     ref = torch.nn.functional.linear(x, w)
     got = torch.ops.surge.gemv_row(x, w.t())
     assert got.shape == ref.shape == (rows, 1, out_features)
@@ -82,6 +82,8 @@ def test_only_a_few_float32_rows_of_a_stored_weight_are_usable() -> None:
     assert gemv.usable(torch.randn(1, 8), w)
     assert gemv.usable(torch.randn(gemv.MAX_ROWS, 8), w)
     assert not gemv.usable(torch.randn(gemv.MAX_ROWS + 1, 8), w)  # more rows: packed/MKL
+    # 7-8 rows: oneDNN's packed GEMM is faster there (gemv_shapes, `gemv.MAX_ROWS`)
+    assert not gemv.usable(torch.randn(7, 8), w) and not gemv.usable(torch.randn(8, 8), w)
     assert not gemv.usable(torch.randn(1, 8), w.contiguous())  # not the stored layout
     assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
 
