@@ -131,15 +131,18 @@ def run_pair(
                 p + 16 for p in args.long_prompts
                 if model["real"] and p < ml and name in args.long_engines])  # fmt: skip
             vllm_len = min(ml, max(1024, longest))
-            try:
-                workers[name] = Worker(
-                    name, args.vllm_python, model["hf_dir"], n, threads, d, vllm_len
-                )
-            except RuntimeError as e:
-                log.warning("vLLM worker failed to start: %s", e)
+            workers[name] = Worker(name, args.vllm_python, model["hf_dir"], n, threads, d, vllm_len)
             continue
         where = model["store"] if name.startswith("surge") else model["hf_dir"]
         workers[name] = Worker(name, sys.executable, where, n, threads, d, ml)
+    for name, w in list(workers.items()):  # started side by side above; ready here
+        try:
+            w.wait_ready()
+        except RuntimeError as e:
+            if name != "vllm":
+                raise
+            log.warning("vLLM worker failed to start: %s", e)
+            del workers[name]
     names = list(workers)
     shapes = [("decode", *DECODE, b) for b in args.decode_batches]
     shapes += [("prompt", *PROMPT, b) for b in args.prompt_batches]

@@ -50,7 +50,14 @@ class Worker:
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
         )
-        self._expect("READY")
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        """Block until the engine has loaded (and compiled): workers start side by side,
+        their start-up (vLLM's compile, surge's graphs) never timed."""
+        if not self._ready:
+            self._expect("READY")
+            self._ready = True
 
     def _expect(self, prefix: str) -> str:
         assert self.proc.stdout is not None
@@ -60,6 +67,7 @@ class Worker:
         raise RuntimeError(f"{self.name} worker exited (rc {self.proc.wait()})")
 
     def measure(self, batch: int, prompt_len: int, new_tokens: int, seed: int) -> dict:
+        self.wait_ready()
         assert self.proc.stdin is not None
         req = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "seed": seed}
         self.proc.stdin.write(json.dumps(req) + "\n")
