@@ -9,8 +9,8 @@ import asyncio
 from surge.control.controller import Controller, ControllerConfig
 from surge.events import Mutation
 from surge.model.tokenizer import load_tokenizer
+from tests.control.strategy_run import check_tokens, deploy, local_cluster, run_burst, wait_until
 from tests.control.test_serve_openai import MODEL
-from tests.control.test_strategies import _check, _cluster, _deploy, _run_burst, _until
 
 PROMPTS = [f"Story {i}: the quick brown fox jumps over the lazy dog" for i in range(20)]
 MAX_TOKENS = 400
@@ -37,7 +37,7 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
     monitor, seeing hand-offs wait for decode room, mutates an idle prefill instance."""
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
-    cluster = _cluster(state, num_nodes=3, link_gbps=0.02)  # ~1.6 s to multicast the model
+    cluster = local_cluster(state, num_nodes=3, link_gbps=0.02)  # ~1.6 s to multicast the model
 
     async def run():
         cfg = ControllerConfig(state_dir=state, nodes=3, max_num_seqs=2)
@@ -49,11 +49,11 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
             pd = {"prefill": 1, "decode": 1}
             # A TTFT SLO the burst misses: the live-scaling SLO check (§5.2) lets it help.
             slo = {"ttft_ms": 50}
-            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling, pd=pd, slo=slo)
+            dep = await deploy(ctl, tiny_store_dir, "blitzscale", scaling, pd=pd, slo=slo)
             # ... and their scale-out over (one serve-while-loading multicast at a time).
             ready = lambda: len(dep.serving()) == 2 and not dep.multicasting  # noqa: E731
-            await _until(ready, "two first instances")
-            reqs = await _run_burst(ctl, dep, tok, MAX_TOKENS, PROMPTS)
+            await wait_until(ready, "two first instances")
+            reqs = await run_burst(ctl, dep, tok, MAX_TOKENS, PROMPTS)
             await ctl._w.autoscaler.tick(0.0, 0.0)  # metrics of the last moments
             events = [seen.queue.get_nowait() for _ in range(seen.queue.qsize())]
             return reqs, ctl.metrics.render().decode(), dict(dep.server.pd.roles), events
@@ -62,7 +62,7 @@ def test_blitzscale_burst_hands_off_mutates_and_live_scales(
 
     with cluster:
         reqs, metrics, roles, events = asyncio.run(run())
-    _check(reqs, tok, reference, MAX_TOKENS, PROMPTS)
+    check_tokens(reqs, tok, reference, MAX_TOKENS, PROMPTS)
     handoffs = _metric(metrics, "surge_pd_handoffs_total")
     mutations = _metric(metrics, "surge_pd_mutations_total")
     live = _metric(metrics, "surge_live_prefill_requests_total")

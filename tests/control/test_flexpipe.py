@@ -19,7 +19,7 @@ from surge.model.tokenizer import load_tokenizer
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.systems import SYSTEMS
 from surge.runtime.migration.refactor import FlexPipeline
-from tests.control.test_strategies import PROMPTS, _check, _cluster, _deploy, _until
+from tests.control.strategy_run import PROMPTS, check_tokens, deploy, local_cluster, wait_until
 
 MAX_TOKENS = 1200
 """Long enough that the split (blocks loaded on the second node, stages opened) lands while
@@ -66,7 +66,7 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
     monkeypatch.setitem(SYSTEMS, "flexpipe", system)
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
-    cluster = _cluster(state, num_nodes=2)
+    cluster = local_cluster(state, num_nodes=2)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
     async def run():
@@ -78,8 +78,8 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
         try:
             # a target of 3: one stage takes 4 (`PACK_MAX_OVER_TARGET`), two stages all 8
             scaling = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 3}
-            dep = await _deploy(ctl, tiny_store_dir, "flexpipe", scaling)
-            await _until(lambda: _stage_counts(dep) == [1], "a coarse pipeline")
+            dep = await deploy(ctl, tiny_store_dir, "flexpipe", scaling)
+            await wait_until(lambda: _stage_counts(dep) == [1], "a coarse pipeline")
             coarse_nodes = sorted(dep.instances)
             coarse_micro = _micro_batches(dep)
             reqs = []
@@ -88,18 +88,18 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
                     *(ctl.submit(dep, tok.encode(p).ids, params) for p in clump)
                 )
                 await asyncio.sleep(0.5)
-            await _until(lambda: _done(dep, "split") and _stage_counts(dep) == [2], "split", 30)
+            await wait_until(lambda: _done(dep, "split") and _stage_counts(dep) == [2], "split", 30)
             split_status = ctl.describe(dep)["status"]
             split_micro = _micro_batches(dep)
             mid = [len(r.output_token_ids) for r in reqs]
             split_nodes = sorted(dep.instances)
             await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
-            await _until(lambda: _done(dep, "merge") and _stage_counts(dep) == [1], "merge", 30)
-            await _until(lambda: len(dep.instances) == 1, "the merged-away slot released")
+            await wait_until(lambda: _done(dep, "merge") and _stage_counts(dep) == [1], "merge", 30)
+            await wait_until(lambda: len(dep.instances) == 1, "the merged-away slot released")
             (left,) = [n for n in split_nodes if n not in dep.instances]
             # FlexPipe §7: its stage's blocks stay in its host tier (announced as arrivals)
             kept = lambda: ctl.pool.blocks_at(dep.name, left, "host")  # noqa: E731
-            await _until(lambda: bool(kept()), "the merged-away stage kept in host", 10)
+            await wait_until(lambda: bool(kept()), "the merged-away stage kept in host", 10)
             held = (kept(), ctl.pool.blocks_at(dep.name, left, "gpu"))
             return (
                 left,
@@ -134,7 +134,7 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
     # The head keeps one micro-batch per stage through both refactorings (the policy's
     # count, as in the simulator): 1, then 2 once split, 1 again once merged.
     assert micro == ([1], [2], [1]), micro
-    _check(reqs, tok, reference, MAX_TOKENS)
+    check_tokens(reqs, tok, reference, MAX_TOKENS)
     assert len(coarse_nodes) == 1 and len(split_nodes) == 2
     assert any(0 < n < MAX_TOKENS for n in mid), mid  # the split came mid-generation
     assert split_status["flexpipe"]["refactors"]["split"] >= 1, split_status

@@ -14,8 +14,8 @@ import pytest
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.runtime.protocol import BlockArrived
+from tests.control.strategy_run import deploy, local_cluster
 from tests.control.test_serve_openai import MODEL
-from tests.control.test_strategies import _cluster, _deploy
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ def test_first_start_reads_the_tier_its_system_keeps(
     strategy: str, host_copies: int, first_source: str, tmp_path, tiny_store_dir
 ) -> None:
     state = tmp_path / "state"
-    cluster = _cluster(state, num_nodes=2)
+    cluster = local_cluster(state, num_nodes=2)
 
     async def run() -> tuple[list[int], set[int], list[BlockArrived]]:
         config = ControllerConfig(state_dir=state, nodes=2)
@@ -35,7 +35,7 @@ def test_first_start_reads_the_tier_its_system_keeps(
         arrivals = ctl.client.subscribe((BlockArrived,), model=MODEL)
         try:
             scaling = {"target_ongoing_requests": 100, "max_replicas": 1}
-            dep = await _deploy(ctl, tiny_store_dir, strategy, scaling)
+            dep = await deploy(ctl, tiny_store_dir, strategy, scaling)
             held = ctl.pool.complete(MODEL, "host")
             pinned = set(dep.pinned_nodes)
             params = SamplingParams(max_tokens=2, ignore_eos=True)

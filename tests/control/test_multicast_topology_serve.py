@@ -12,13 +12,13 @@ from surge.engine.sampling import SamplingParams
 from surge.policy.blitzscale.pd import DECODE, PREFILL
 from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout.context import instance_name
+from tests.control.strategy_run import deploy, local_cluster, wait_until
 from tests.control.test_serve_openai import MODEL
-from tests.control.test_strategies import _cluster, _deploy, _until
 
 
 def test_the_prefill_source_sends_nothing_to_a_new_instance(tmp_path, tiny_store_dir) -> None:
     state = tmp_path / "state"
-    cluster = _cluster(state, num_nodes=3, link_gbps=0.2)
+    cluster = local_cluster(state, num_nodes=3, link_gbps=0.2)
     params = SamplingParams(max_tokens=200, ignore_eos=True)
 
     async def run() -> tuple[dict[str, int], set[int], int]:
@@ -28,10 +28,12 @@ def test_the_prefill_source_sends_nothing_to_a_new_instance(tmp_path, tiny_store
         await ctl.start()
         try:
             scaling = {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 1}
-            dep = await _deploy(
+            dep = await deploy(
                 ctl, tiny_store_dir, "blitzscale", scaling, pd={"prefill": 1, "decode": 1}
             )
-            await _until(lambda: len(dep.serving()) == 2 and not dep.multicasting, "two instances")
+            await wait_until(
+                lambda: len(dep.serving()) == 2 and not dep.multicasting, "two instances"
+            )
             pd = dep.server.pd
             assert pd is not None
             node_of = {instance_name(MODEL, i.node): i.node for i in dep.serving()}
@@ -40,9 +42,9 @@ def test_the_prefill_source_sends_nothing_to_a_new_instance(tmp_path, tiny_store
             # Two long requests move on to decode; then a third (a target of one each) asks
             # for a third instance while the prefill copy is the least loaded one.
             reqs = [await ctl.submit(dep, [1, 2, 3, 4], params) for _ in range(2)]
-            await _until(lambda: pd.num_handoffs == 2, "both requests on decode")
+            await wait_until(lambda: pd.num_handoffs == 2, "both requests on decode")
             reqs.append(await ctl.submit(dep, [1, 2, 3, 4], params))
-            await _until(lambda: len(dep.serving()) == 3 and not dep.multicasting, "a third")
+            await wait_until(lambda: len(dep.serving()) == 3 and not dep.multicasting, "a third")
             await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
             new = next(n for n in dep.instances if n not in roles.values())
             got = [arrivals.get_nowait() for _ in range(arrivals.qsize())]

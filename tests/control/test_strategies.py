@@ -12,41 +12,22 @@ if its strategy degrades to load-then-serve:
 """
 
 import asyncio
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from surge.control.controller import Controller, ControllerConfig
-from surge.control.state import Deployment, TrackedRequest
-from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import load_tokenizer
 from surge.policy.paraserve.group_plan import split_blocks
-from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import BlockArrived
-from tests.control.conftest import Reference
+from tests.control.strategy_run import (
+    check_tokens,
+    deploy,
+    local_cluster,
+    run_burst,
+    wait_until,
+)
 from tests.control.test_serve_openai import MODEL
-
-PROMPTS = [f"Tale {i}: a model wakes up" for i in range(8)]
-
-
-async def _run_burst(
-    ctl: Controller, dep: Deployment, tok, max_tokens: int, prompts: list[str] = PROMPTS
-) -> list[TrackedRequest]:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    # All at once: the autoscaler's next tick sees the whole burst (one scale-out).
-    reqs = await asyncio.gather(*(ctl.submit(dep, tok.encode(p).ids, params) for p in prompts))
-    await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 120)
-    return reqs
-
-
-async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
 
 
 def _counter(ctl: Controller, name: str) -> float:
@@ -59,30 +40,6 @@ def _counter(ctl: Controller, name: str) -> float:
     return 0.0
 
 
-async def _deploy(
-    ctl: Controller, store: Path, strategy: str, autoscaling: dict, **spec: dict
-) -> Deployment:
-    """Create the test model's deployment with this strategy (instances kept for 60 s)."""
-    autoscaling = {"keep_alive_s": 60, "downscale_delay_s": 60, **autoscaling}
-    body = {"name": MODEL, "model": str(store), "strategy": strategy, **spec}
-    return await ctl.create({**body, "autoscaling": autoscaling})
-
-
-def _cluster(state: Path, num_nodes: int = 2, **kw) -> LocalCluster:
-    (state / "registry").mkdir(parents=True, exist_ok=True)
-    return LocalCluster(
-        LocalClusterConfig(num_nodes=num_nodes, remote_dir=state / "registry", **kw)
-    )
-
-
-def _check(
-    reqs: list[TrackedRequest], tok, reference: Reference, max_tokens: int, prompts=PROMPTS
-) -> None:
-    wanted = reference.many(prompts, max_tokens)  # one batched run for the whole burst
-    for p, r, want in zip(prompts, reqs, wanted, strict=True):
-        assert tok.decode(r.output_token_ids) == want, (p, r.hops)
-
-
 def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, reference) -> None:
     """Two instances serve (a cold leader's host + GPU copy, and one it multicast to); a
     burst scales out to the two other nodes over 0.02 Gbit/s links with both copies as
@@ -90,7 +47,7 @@ def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, 
     Requests run on it while the blocks arrive and finish on a local instance."""
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
-    cluster = _cluster(state, num_nodes=4, link_gbps=0.02)  # ~0.4 s per block per link
+    cluster = local_cluster(state, num_nodes=4, link_gbps=0.02)  # ~0.4 s per block per link
 
     async def run():
         # One request at a time per instance: most of the burst waits for new capacity.
@@ -99,13 +56,13 @@ def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, 
         await ctl.start()
         try:
             scaling = {"min_replicas": 2, "max_replicas": 4, "target_ongoing_requests": 2}
-            dep = await _deploy(ctl, tiny_store_dir, "lambdascale", scaling)
-            await _until(lambda: len(dep.serving()) == 2, "two first instances")
+            dep = await deploy(ctl, tiny_store_dir, "lambdascale", scaling)
+            await wait_until(lambda: len(dep.serving()) == 2, "two first instances")
             # Long enough to outlast the multicast: with 320 tokens the two hot instances
             # sometimes finished the burst before the pipeline opened on the Nov 24 host
             # (decode ~2.5x faster than when this test was written).
-            reqs = await _run_burst(ctl, dep, tok, 960)
-            await _until(lambda: not dep.multicasting, "the scale-out's end")
+            reqs = await run_burst(ctl, dep, tok, 960)
+            await wait_until(lambda: not dep.multicasting, "the scale-out's end")
             opened = _counter(ctl, "surge_pipelines_opened_total")
             return reqs, opened
         finally:
@@ -113,7 +70,7 @@ def test_lambdascale_pipelines_serve_then_mode_switch(tmp_path, tiny_store_dir, 
 
     with cluster:
         reqs, opened = asyncio.run(run())
-    _check(reqs, tok, reference, 960)
+    check_tokens(reqs, tok, reference, 960)
     assert opened >= 1  # /metrics shows the pipelines opening
     switched = [
         r
@@ -139,7 +96,7 @@ def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
     # Every link 0.02 Gbit/s, the registry's too; the controller plans with that speed.
-    cluster = _cluster(state, num_nodes=3, link_gbps=0.02, remote_gbps=0.02)
+    cluster = local_cluster(state, num_nodes=3, link_gbps=0.02, remote_gbps=0.02)
     prompts = [f"Tale {i}: a model wakes up" for i in range(num_requests)]
 
     async def run():
@@ -152,10 +109,10 @@ def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
         arrivals = ctl.client.subscribe((BlockArrived,), model=MODEL)
         try:
             scaling = {"target_ongoing_requests": 100}
-            dep = await _deploy(ctl, tiny_store_dir, "paraserve", scaling, slo={"ttft_ms": 1500})
-            reqs = await _run_burst(ctl, dep, tok, 240, prompts)
-            await _until(lambda: all(i.endpoint for i in dep.instances.values()), "settled")
-            await _until(lambda: _counter(ctl, "surge_consolidations_total") >= 1, "counted")
+            dep = await deploy(ctl, tiny_store_dir, "paraserve", scaling, slo={"ttft_ms": 1500})
+            reqs = await run_burst(ctl, dep, tok, 240, prompts)
+            await wait_until(lambda: all(i.endpoint for i in dep.instances.values()), "settled")
+            await wait_until(lambda: _counter(ctl, "surge_consolidations_total") >= 1, "counted")
             got = []
             while not arrivals.empty():
                 got.append(arrivals.get_nowait())
@@ -165,7 +122,7 @@ def test_paraserve_single_cold_start_fetched_in_parallel_then_consolidated(
 
     with cluster:
         reqs, serving, manifest, events = asyncio.run(run())
-    _check(reqs, tok, reference, 240, prompts)
+    check_tokens(reqs, tok, reference, 240, prompts)
     group_hop = reqs[0].hops[0]
     assert group_hop.startswith(f"{MODEL}-pgroup-"), reqs[0].hops
     members = [int(x) for x in group_hop.removeprefix(f"{MODEL}-pgroup-").split("-")[:-1]]
@@ -208,7 +165,7 @@ def test_blitzscale_live_scaling_while_the_new_instance_loads(
     on the old instance, which decodes them."""
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
-    cluster = _cluster(state, link_gbps=0.05)  # ~0.7 s to multicast the model
+    cluster = local_cluster(state, link_gbps=0.05)  # ~0.7 s to multicast the model
 
     async def run():
         cfg = ControllerConfig(state_dir=state, nodes=2, max_num_seqs=1)
@@ -218,16 +175,16 @@ def test_blitzscale_live_scaling_while_the_new_instance_loads(
             scaling = {"min_replicas": 1, "target_ongoing_requests": 1}
             # A TTFT SLO the burst misses, so the SLO check (§5.2) calls for live scaling.
             slo = {"ttft_ms": 50}
-            dep = await _deploy(ctl, tiny_store_dir, "blitzscale", scaling, slo=slo)
-            await _until(lambda: bool(dep.serving()), "no first instance")
-            reqs = await _run_burst(ctl, dep, tok, 256)
+            dep = await deploy(ctl, tiny_store_dir, "blitzscale", scaling, slo=slo)
+            await wait_until(lambda: bool(dep.serving()), "no first instance")
+            reqs = await run_burst(ctl, dep, tok, 256)
             return reqs, ctl.describe(dep)["status"]
         finally:
             await ctl.stop()
 
     with cluster:
         reqs, status = asyncio.run(run())
-    _check(reqs, tok, reference, 256)
+    check_tokens(reqs, tok, reference, 256)
     assert status["live_prefilled"] >= 1, status
     live = [r for r in reqs if any(h.startswith("live-") for h in r.hops)]
     assert live and all(r.hops[-1].startswith(f"{MODEL}-node") for r in live)
