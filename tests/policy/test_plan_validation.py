@@ -9,8 +9,8 @@ from surge.policy.multicast.plan import (
     Plan,
     PlanInvariantError,
     Transfer,
-    _replay_first_error,
     make_plan,
+    replay_first_error,
     validate_plan,
 )
 
@@ -77,7 +77,7 @@ def _random_plans(draw: st.DrawFn) -> Plan:
 def _replay_accepts(plan: Plan) -> bool:
     """The transfer-by-transfer check (the planner's original validator)."""
     try:
-        _replay_first_error(plan)
+        replay_first_error(plan)
     except PlanInvariantError:
         return False
     return True

@@ -154,7 +154,7 @@ def _arrays_obey_step_model(
     return bool(np.all(arrival[src * b + block] < step))
 
 
-def _replay_first_error(plan: Plan) -> None:
+def replay_first_error(plan: Plan) -> None:
     """Replay `plan` transfer by transfer; raise `PlanInvariantError` at the first broken rule."""
     n, b, k = plan.num_nodes, plan.num_blocks, plan.num_sources
     if n < 2 or b < 1 or not 1 <= k < n:
@@ -199,7 +199,7 @@ def validate_plan(plan: Plan) -> None:
     """
     if _arrays_obey_step_model(plan.num_nodes, plan.num_blocks, plan.num_sources, plan.arrays):
         return
-    _replay_first_error(plan)
+    replay_first_error(plan)
     raise PlanInvariantError(f"plan {plan.strategy} fails the vectorised checks only (a bug)")
 
 
@@ -250,6 +250,6 @@ def plan_from_arrays(
     plan = Plan(strategy, num_nodes, num_blocks, num_sources, steps)
     plan.__dict__["arrays"] = arrays  # what the cached property would compute
     if not _arrays_obey_step_model(num_nodes, num_blocks, num_sources, arrays):
-        _replay_first_error(plan)
+        replay_first_error(plan)
         raise PlanInvariantError(f"plan {strategy} fails the vectorised checks only (a bug)")
     return plan
