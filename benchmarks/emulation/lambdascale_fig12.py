@@ -8,18 +8,18 @@ same burst on a fresh cluster of agents emulating `--emulate PRESET:MODEL` at
 (`runtime/scaleout/run.py`) with the system's `SystemConfig` (decisions in `policy/`):
 - `lambdascale`: λScale's binomial multicast, serving while loading (execution pipelines,
   mode switch; §4.2-§4.4);
-- `nccl`: a real `torch.distributed` gloo broadcast (`runtime/collective.py`): a process
-  group among the warm instance's agent and the targets, created for the scale-out (its
-  creation, measured, is the set-up cost the simulator models as `group_setup_s`, 0.1 s:
-  BlitzScale §5) and destroyed after, one broadcast per block over the agents' shaped
-  links; serving once whole. Needs `--cluster netns`: there the kernel shapes gloo's
-  sockets like the agents' own (loopback agents pace only their own transport, so they
-  refuse a group);
+- `nccl`: a real `torch.distributed` gloo process group (`runtime/collective.py`) among
+  the warm instance's agent and the targets, created for the scale-out (its creation,
+  measured, is the set-up cost the simulator models as `group_setup_s`, 0.1 s: BlitzScale
+  §5) and destroyed after, moving the blocks in NCCL's broadcast algorithm, a
+  block-pipelined ring (gloo's send/recv) over the agents' shaped links; serving once
+  whole. Needs `--cluster netns`: there the kernel shapes gloo's sockets like the agents'
+  own (loopback agents pace only their own transport, so they refuse a group);
 - `faasnet`: FaaSNet's binary tree, block-pipelined (λScale §7.5's baseline), serving once
   whole;
-- `nccl-ring`: the same group, the blocks moved in NCCL's ring order (a block-pipelined
-  chain over gloo's send/recv) instead of gloo's broadcast collective (a binomial tree per
-  block, whose root sends every block ceil(log2 N) times); not one of the paper's bars;
+- `nccl-tree`: the same group with gloo's own broadcast collective (a binomial tree per
+  block, whose root sends every block ceil(log2 N) times) instead of NCCL's ring: a
+  counterfactual, not one of the paper's bars;
 - `serverlessllm-ssd`: every new node loads the model from its own disk (staged before the
   clock starts) at the preset's SSD rate, starts its engine (`init_s`, the shipped 0.5 s)
   and serves alone.
@@ -62,9 +62,9 @@ from surge.runtime.clock import Clock
 
 log = logging.getLogger("emulation_lambdascale_fig12")
 
-SYSTEMS = ("lambdascale", "nccl", "faasnet", "serverlessllm-ssd", "nccl-ring")
-"""Fig. 12's four, and `nccl-ring`: the same real gloo group moving the blocks in NCCL's
-ring order instead of gloo's broadcast collective (not in the paper's figure)."""
+SYSTEMS = ("lambdascale", "nccl", "faasnet", "serverlessllm-ssd", "nccl-tree")
+"""Fig. 12's four, and `nccl-tree`: the same real gloo group moving the blocks by gloo's
+broadcast collective instead of NCCL's ring (not in the paper's figure)."""
 PAPER = {
     "lambdascale_all_first_token_s": 1.1,
     "over_lambdascale": {"faasnet": 2.0, "nccl": 1.4, "serverlessllm-ssd": 8.0},
@@ -84,9 +84,9 @@ def plan_of(name: str) -> tuple[SystemConfig, str, str, str]:
         )
     if name in ("nccl", "faasnet"):
         return system_config(name), "stop_the_world", "remote", name
-    if name == "nccl-ring":
-        ring = replace(system_config("nccl"), multicast_transport="gloo-ring")
-        return ring, "stop_the_world", "remote", "nccl"
+    if name == "nccl-tree":
+        tree = replace(system_config("nccl"), multicast_transport="gloo")
+        return tree, "stop_the_world", "remote", "nccl"
     if name == "serverlessllm-ssd":
         sllm = replace(system_config("serverlessllm"), host_cache="none")
         return sllm, LOAD_THEN_SERVE, "disk", "serverlessllm"
@@ -131,6 +131,7 @@ def run_emulated(args, tmp: Path, manifest: Manifest, emulation: Emulation, name
         "load_average_end": os.getloadavg(),
     }
     out["cluster"] = args.cluster
+    out["transport"] = system.multicast_transport  # how its bytes moved (policy/systems.py)
     if links is not None:
         out["links"] = links
         if out.get("group") and out["group"]["broadcast_real_s"]:
@@ -223,15 +224,20 @@ def dilation(report: dict, name: str) -> float:
     )
 
 
+ALGORITHMS = {"gloo-ring": "NCCL's ring", "gloo": "gloo's binomial-tree broadcast"}
+"""How a gloo group's blocks moved, by `multicast_transport`."""
+
+
 def nccl_note(report: dict) -> str:
-    """How the NCCL column was carried out: a real gloo group (its measured set-up) or,
-    in runs before it, the simulator's chain plus set-up."""
+    """How the NCCL column was carried out: a real gloo group (its algorithm and measured
+    set-up) or, in runs before it, the simulator's chain plus set-up."""
     nccl = report["systems"].get("nccl", {}).get("emulated", {})
     g = nccl.get("group")
     if not g or g.get("fell_back") or g.get("setup_s") is None:
         return "NCCL as chain + group set-up, not gloo"
+    how = ALGORITHMS[nccl.get("transport", "gloo")]  # the first gloo runs had no record
     return (
-        f"NCCL a real gloo broadcast on netns (group set-up measured "
+        f"NCCL as {how} in a real gloo group on netns (group set-up measured "
         f"{g['setup_s'] * 1000:.1f} ms emulated, {g['setup_real_s']:.2f} s real; sim 0.1 s)"
     )
 

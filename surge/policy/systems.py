@@ -297,14 +297,18 @@ SYSTEMS: dict[str, SystemConfig] = {
         autoscale=_AUTOSCALE,
     ),
     # NCCL broadcast (ring = chain) with group creation per scale-out, load-then-serve. The
-    # runtime carries it out as a real torch.distributed (gloo) broadcast; the simulator as
-    # the chain after group_setup_s.
+    # runtime carries it out in a real torch.distributed gloo group with NCCL's algorithm:
+    # NCCL's broadcast is a block-pipelined ring (its only broadcast algorithm; trees serve
+    # allreduce), which λScale §7.1 adapts per scale-out. gloo's own broadcast collective is a
+    # binomial tree per block (its root sends each block ceil(log2 N) times), not NCCL's, so
+    # `gloo` stays a counterfactual (Fig. 12's `nccl-tree`). The simulator: the chain after
+    # group_setup_s.
     "nccl": SystemConfig(
         "nccl",
         "multicast",
         multicast_strategy="chain",
         group_setup_s=0.1,
-        multicast_transport="gloo",
+        multicast_transport="gloo-ring",
         cold_fallback="local",
         host_cache="none",
         autoscale=_AUTOSCALE,

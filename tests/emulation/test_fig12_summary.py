@@ -60,7 +60,8 @@ def test_every_system_has_a_plan_and_an_unknown_one_is_refused() -> None:
     modes = {name: plan_of(name)[1] for name in SYSTEMS}
     assert modes["lambdascale"] == "execute_while_load"
     assert plan_of("nccl")[0].group_setup_s > 0  # the simulator's communicator creation
-    assert plan_of("nccl")[0].multicast_transport == "gloo"  # the runtime's: a real group
+    assert plan_of("nccl")[0].multicast_transport == "gloo-ring"  # a real group, NCCL's ring
+    assert plan_of("nccl-tree")[0].multicast_transport == "gloo"  # gloo's own broadcast
     assert plan_of("serverlessllm-ssd")[2] == "disk"
     with pytest.raises(ValueError, match="unknown system"):
         plan_of("tetris")
@@ -86,4 +87,7 @@ def test_the_cell_says_how_nccl_ran_and_its_measured_group_set_up() -> None:
     report["summary"] = s = summarize(report)
     assert s["cluster"] == {"lambdascale": "loopback", "nccl": "netns"}
     cell = report_cell(report)[0]["emulated"]
-    assert "real gloo broadcast on netns (group set-up measured 12.5 ms emulated, 1.00 s" in cell
+    assert "NCCL as gloo's binomial-tree broadcast in a real gloo group on netns (group " in cell
+    assert "set-up measured 12.5 ms emulated, 1.00 s" in cell
+    nccl["emulated"]["transport"] = "gloo-ring"
+    assert "NCCL as NCCL's ring in a real gloo" in report_cell(report)[0]["emulated"]
