@@ -245,7 +245,9 @@ def probe_key(probe: dict) -> tuple:
 def merged(old: list, new: list, key) -> list:
     """`old`'s entries that `new` does not measure again, then `new`'s, sorted by key."""
     fresh = {key(x) for x in new}
-    return sorted([x for x in old if key(x) not in fresh] + new, key=lambda x: str(key(x)))
+    # Numbers in numeric order (batch 8 before 32), names after them ("default" threads).
+    order = lambda x: [(0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in key(x)]  # noqa: E731
+    return sorted([x for x in old if key(x) not in fresh] + new, key=order)
 
 
 def _commit() -> str:

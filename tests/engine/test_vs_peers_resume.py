@@ -23,3 +23,8 @@ def test_a_resumed_run_replaces_what_it_measured_and_keeps_the_rest() -> None:
 def test_nothing_old_is_lost_when_nothing_new_is_measured() -> None:
     old = [_row("smollm2", "default", 1, "08:31")]
     assert merged(old, [], row_key) == old
+
+
+def test_rows_sort_by_number_not_by_text() -> None:
+    rows = [_row("100mb", "default", 32, "t"), _row("100mb", "default", 8, "t")]
+    assert [r["batch"] for r in merged([], rows, row_key)] == [8, 32]  # "32" < "8" as text
