@@ -1,4 +1,4 @@
-"""`surge::gemv_row`: decode projections of 1-6 rows through surge's kernel (`csrc/gemv_row.cpp`).
+"""`surge::gemv_row`: decode projections of 1-8 rows through surge's kernel (`csrc/gemv_row.cpp`).
 
 Why: a decode step of a small batch is projections of a few rows over every weight,
 memory-bound: what counts is how fast the weights stream. The kernel folds eight weight rows
@@ -47,17 +47,19 @@ CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 KERNEL_MAX_ROWS = 8
 """Input rows one kernel call can take (`x` [rows, in]; `kMaxInputRows` in the source)."""
-MAX_ROWS = 6
-"""Input rows the engine sends through the kernel: a decode batch of up to 6 streams each
-weight once for all its rows; more rows go to oneDNN's packed GEMM (`engine/linear.py`).
-The rule is measured (benchmarks/engine/gemv_shapes.py, strict quiet-run 10:43 UTC
-2026-11-28, load 2.3, SmolLM2's projections in step order, 538 MB a pass, best of 4): kernel
-/ oneDNN packed ms at 2 rows 22.1 / 31.1 (2 threads) and 39.9 / 51.4 (1 thread), at 4 rows
-25.6 / 31.1 and 49.3 / 60.0, at 8 rows 40.9 / 39.5 and 65.4 / 60.0. At a few rows the
-kernel reads the weight once for all of them where oneDNN's time barely moves with the
-rows; at 8 the kernel's FMAs (a broadcast per row per weight vector) cost more than
-oneDNN's blocked GEMM: the lines cross near 7 rows at both thread counts, so one rule, no
-thread count asked (see `usable`)."""
+MAX_ROWS = 8
+"""Input rows the engine sends through the kernel (a decode batch of up to 8 streams each
+weight once for all its rows); more rows go to oneDNN's packed GEMM (`engine/linear.py`).
+A measured rule, the same at every thread count (asking torch for its thread count under
+`torch.compile` breaks the graph): benchmarks/engine/gemv_shapes.py (strict quiet-runs
+2026-11-28, SmolLM2's projections in step order, 538 MB a pass, kernel / oneDNN packed,
+best ms) at 10:43 UTC: 2 rows 22.1 / 31.1 at 2 threads and 39.9 / 51.4 at one; 4 rows
+25.6 / 31.1 and 49.3 / 60.0; 8 rows 40.9 / 39.5 and 65.4 / 60.0; at 11:43: 6 rows 36.5 /
+40.0 and 76.6 / 77.3; 7 rows 40.8 / 42.0 and 74.5 / 77.7. The projections alone cross
+near 8 rows, but end to end (engine_vs_peers, SmolLM2, batch 8) sending 7-8 rows to oneDNN
+(`MAX_ROWS` 6, the larger batches' graph, whose packed calls go through a Python op) gave
+113.1 tok/s at 2 threads and 76.4 at one (11:33 sitting) against the kernel's 129.3 and
+77.5 (08:31): no gain, so the kernel keeps 1-8 rows."""
 STALE_LOCK_S = 600.0
 """A build lock older than this was left by a build that died (a build takes ~15 s):
 `build()` removes it rather than wait on it forever (torch's loader would)."""
