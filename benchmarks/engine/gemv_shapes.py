@@ -13,6 +13,7 @@ benchmarks/results/engine/gemv_shapes.json and .png. The 1-minute load average i
 run it through `/work/notes/quiet-run --strict` (the 2 cores are shared).
 
 Usage: python -m benchmarks.engine.gemv_shapes [--threads default,1] [--rows 1,2,4,8] [--passes 6]
+       [--resume]  (merge the (threads, rows) measured into the result file, keep the others)
 """
 
 import argparse
