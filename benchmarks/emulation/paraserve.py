@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, machine, make_cluster
+from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
 from benchmarks.emulation.lambdascale import real_model, shrunk_cluster, violations
 from benchmarks.scaleout.scale_burst import cold_start
 from surge.emulation import Emulation, EmulationConfig
@@ -132,6 +132,7 @@ def main() -> None:
         "paper": PAPER,
         "target_group_speedup": TARGET_GROUP_SPEEDUP,
         "machine": machine(args) | {"load_average_start": os.getloadavg()},
+        "code": code_version(),
         "engine_start_s": {
             n: {"init_s": s.init_s, "beside_the_fetch": s.init_overlaps_load}
             for n, (_, s) in runs.items()
