@@ -15,6 +15,9 @@ from surge.model.tiny_shape import TinyModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
+# `--dist loadgroup` groups by `xdist_group` again on pytest 9.2 (see the module).
+pytest_plugins = ["tests.xdist_groups"]
+
 # Engines run eager in the tests unless one turns compiled decode on: by default each engine,
 # agent and stage process would compile its decode graphs in a background thread (~12 s of
 # CPU each with a warm cache) beside the test. Inherited by the processes tests start; a run

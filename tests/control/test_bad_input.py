@@ -1,6 +1,7 @@
 """Bad input gets a 4xx JSON error with a message, never a 500 or a traceback."""
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -8,7 +9,22 @@ import openai
 import pytest
 
 from tests.conftest import run_surge
-from tests.control.test_serve_openai import MODEL, server  # noqa: F401 (module fixture)
+from tests.control.conftest import Serve, start_serve
+from tests.control.test_serve_openai import MODEL
+
+# One xdist worker runs every test of this module: the module's `surge serve` then starts once,
+# not once on each worker that draws one of its tests.
+pytestmark = pytest.mark.xdist_group("bad_input")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, surge_home: Path, tiny_store_dir: Path) -> Iterator[Serve]:
+    """One agent: every check here is of the API in front of the cluster (the 4-node server
+    of test_serve_openai started 3 more agents, each importing torch, for nothing)."""
+    config = {"nodes": 1, "deployments": [{"name": MODEL, "model": str(tiny_store_dir)}]}
+    s = start_serve(tmp_path_factory.mktemp("bad-input"), surge_home, config)
+    yield s
+    s.stop()
 
 
 def check_error(r: httpx.Response, status: int, *words: str) -> None:
@@ -130,7 +146,7 @@ def check_error(r: httpx.Response, status: int, *words: str) -> None:
         ),
     ],
 )
-def test_bad_requests_get_4xx_json(server, path, body, status, words) -> None:  # noqa: F811
+def test_bad_requests_get_4xx_json(server, path, body, status, words) -> None:
     check_error(server.http.post(path, json=body), status, *words)
 
 
@@ -138,7 +154,7 @@ def test_bad_requests_get_4xx_json(server, path, body, status, words) -> None:  
     ("prompt", "code"),
     [("", None), ([0, 99999], "invalid_token"), ([1] * 5000, "context_length_exceeded")],
 )
-def test_prompt_errors_carry_the_right_code(server, prompt, code) -> None:  # noqa: F811 (defect 7)
+def test_prompt_errors_carry_the_right_code(server, prompt, code) -> None:  # defect 7
     r = server.http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
     check_error(r, 400)
     assert r.json()["error"]["code"] == code, r.text
@@ -164,7 +180,7 @@ def _exchange(sock: socket.socket, path: str, body: bytes) -> tuple[int, bytes]:
     return int(header.split(b" ")[1]), rest
 
 
-def test_hostile_bodies_are_400_and_the_connection_lives_on(server) -> None:  # noqa: F811 (defect 4)
+def test_hostile_bodies_are_400_and_the_connection_lives_on(server) -> None:  # defect 4
     surrogate = b'{"model": "surge-tiny", "prompt": "a\\ud800b", "max_tokens": 2}'
     deep = b'{"model": "surge-tiny", "prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
     deep_chat = b'{"model": "surge-tiny", "messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
@@ -184,7 +200,7 @@ def test_hostile_bodies_are_400_and_the_connection_lives_on(server) -> None:  # 
             assert status == 200, body
 
 
-def test_errors_are_counted_by_status(server) -> None:  # noqa: F811
+def test_errors_are_counted_by_status(server) -> None:
     def count(status: str) -> float:
         text = server.http.get("/metrics").text
         key = f'surge_http_responses_total{{status="{status}"}}'
@@ -203,7 +219,7 @@ def test_generate_seed_out_of_range_is_one_line_exit_2() -> None:  # defect 1
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
-def test_malformed_json_unknown_routes_and_deployments(server) -> None:  # noqa: F811
+def test_malformed_json_unknown_routes_and_deployments(server) -> None:
     h = {"content-type": "application/json"}
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/deployments"):
         check_error(server.http.post(path, content=b"{not json", headers=h), 400, "JSON")
@@ -216,7 +232,7 @@ def test_malformed_json_unknown_routes_and_deployments(server) -> None:  # noqa:
     assert server.http.get("/health").json()["status"] == "ok"
 
 
-def test_openai_client_sees_typed_errors(server) -> None:  # noqa: F811
+def test_openai_client_sees_typed_errors(server) -> None:
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="ghost", prompt="hi")

@@ -14,6 +14,10 @@ from tests.control.conftest import Serve, start_serve
 MODEL = "tiny"
 LIMIT_BYTES = 1 << 20
 
+# One xdist worker runs every test of this module: the module's `surge serve` then starts once,
+# not once on each worker that draws one of its tests.
+pytestmark = pytest.mark.xdist_group("intake")
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, surge_home: Path, tiny_store_dir: Path) -> Iterator[Serve]:

@@ -16,6 +16,10 @@ from tests.control.conftest import Serve, start_serve
 MODEL = "surge-tiny"
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
+# One xdist worker runs every test of this module: the module's `surge serve` then starts once,
+# not once on each worker that draws one of its tests.
+pytestmark = pytest.mark.xdist_group("serve_openai")
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, surge_home: Path, tiny_store_dir: Path) -> Iterator[Serve]:

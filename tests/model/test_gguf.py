@@ -29,6 +29,10 @@ Q = GGMLQuantizationType
 PROMPT = [0, 5, 17, 250, 3, 99, 42]
 TEXTS = ["Hello world! The quick brown fox, 12345.", "  two  spaces\nand a line", "é ü ☃ 日本"]
 
+# One xdist worker runs every test here: the module's two tiny GGUF files are then written
+# once, not once on each worker that draws one of its tests.
+pytestmark = pytest.mark.xdist_group("gguf")
+
 
 @pytest.fixture(scope="module")
 def llama_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -22,7 +22,12 @@ from surge.runtime.transport import AuthError, Connection, accept_hello, connect
 from surge.wire import HEADER_LEN, parse_header
 from tests.runtime.conftest import MODEL, connected
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+# One xdist worker runs every test here: the module's `pki` (two `surge node certs` runs) is then
+# made once, not once on each worker that draws one of its tests.
+pytestmark = [
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
+    pytest.mark.xdist_group("tls"),
+]
 
 
 def make_certs(out: Path, members: str) -> None:
