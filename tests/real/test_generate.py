@@ -16,7 +16,10 @@ from surge.model.manifest import read_manifest
 from surge.model.tokenizer import load_tokenizer
 from tests.real.reference import hf_greedy_ids
 
-pytestmark = pytest.mark.timeout(900)  # a real 135M model on 2 shared cores
+# A real 135M model on 2 shared cores. One xdist worker runs every test of tests/real, so
+# the session fixtures (the GGUF import, transformers loading the GGUF) run once, not once
+# per worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("real")]
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [
     "The capital of France is",

@@ -12,7 +12,10 @@ import pytest
 from tests.control.conftest import Serve, start_serve
 from tests.real.reference import hf_greedy_ids
 
-pytestmark = pytest.mark.timeout(900)  # a real 135M model on 2 shared cores
+# A real 135M model on 2 shared cores. One xdist worker runs every test of tests/real, so
+# the session fixtures (the GGUF import, transformers loading the GGUF) run once, not once
+# per worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("real")]
 MAX_TOKENS = 24
 PROMPTS = ["The capital of France is", "def add(a, b):", "Three facts about the Moon: 1."]
 CHATS = [
