@@ -26,10 +26,9 @@ token (`on_prefilled`, P/D disaggregation); a request whose KV cache came with i
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Self
 
-from surge.sim.costs import CostModel
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Event, EventLoop, Priority
 from surge.sim.pipelined_prefill import MicroBatchLoads, plan_prefill
 from surge.sim.request import SimRequest
@@ -38,25 +37,6 @@ IDLE, PREFILL, DECODE = 0, 1, 2
 EPS_TOKENS = 1e-9
 ADMISSIONS_KEPT = 4096
 """Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What one serving engine is: its cost model and limits (a `Batcher` starts from it;
-    role, speed and hop may change later)."""
-
-    cost: CostModel
-    role: str
-    """`both`, `prefill` or `decode` (see the module docstring)."""
-    max_batch: int
-    """Requests running at once (and the router's capacity)."""
-    kv_capacity_tokens: int
-    max_prefill_tokens: int
-    """Tokens one prefill step admits (at least one request)."""
-    speed: float = 1.0
-    """Relative speed (a loading or shared GPU is slower)."""
-    hop_s: float = 0.0
-    """Activation hop per step between its pipeline stages."""
 
 
 class Batcher:

@@ -11,7 +11,8 @@ modules read and set only these fields.
 
 from collections.abc import Callable
 
-from surge.sim.batching import Batcher, EngineSpec
+from surge.sim.batching import Batcher
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.placement import NOWHERE, Placement
 from surge.sim.request import SimRequest

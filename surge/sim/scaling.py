@@ -42,8 +42,8 @@ from surge.policy.placement import (
     prefers_host_copy,
     tp_size,
 )
-from surge.sim.batching import EngineSpec
 from surge.sim.costs import cost_model
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Priority
 from surge.sim.gpus import Gpus
 from surge.sim.hardware import NodeGroup

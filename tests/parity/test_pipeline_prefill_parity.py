@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from surge.runtime.endpoints import PipelineEndpoint
-from surge.sim.batching import Batcher, EngineSpec
+from surge.sim.batching import Batcher
 from surge.sim.costs import CostModel
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.request import SimRequest
 from tests.parity.conftest import FakeClient

@@ -7,8 +7,8 @@ import pytest
 
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe.groups import pipeline_autoscale
-from surge.sim.batching import EngineSpec
 from surge.sim.costs import cost_model
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.hardware import load_cluster
 from surge.sim.instance import Instance

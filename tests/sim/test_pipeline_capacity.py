@@ -9,8 +9,8 @@ import pytest
 
 from surge.errors import SurgeError
 from surge.policy.systems import system_config
-from surge.sim.batching import EngineSpec
 from surge.sim.costs import CostModel
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.instance import Instance
 from surge.sim.request import SimRequest

@@ -8,8 +8,8 @@ import pytest
 from benchmarks.sim_calibrate.compute_sharing import ComputeSharing
 from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
-from surge.sim.batching import EngineSpec
 from surge.sim.costs import CostModel
+from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.flows import FlowNetwork
 from surge.sim.instance import Instance
