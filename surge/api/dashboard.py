@@ -52,7 +52,8 @@ async def stream(bus: EventBus, now: Callable[[], list[TimelineEvent]]) -> Async
         yield b"retry: 1000\n\n" + sse(now())
         while True:
             try:
-                ev = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_S)
+                async with asyncio.timeout(KEEPALIVE_S):
+                    ev = await sub.queue.get()
             except TimeoutError:
                 yield b": keep-alive\n\n"
                 continue

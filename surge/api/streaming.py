@@ -169,7 +169,8 @@ async def merged(
         left = len(streams)
         while left:
             try:
-                i, got = await asyncio.wait_for(queue.get(), keepalive_s)
+                async with asyncio.timeout(keepalive_s):
+                    i, got = await queue.get()
             except TimeoutError:
                 yield -1, None
                 continue

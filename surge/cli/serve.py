@@ -328,7 +328,8 @@ a stop takes at most about 30 s whatever state the cluster is in (a frozen agent
 
 async def _stop_bounded(controller: Any) -> None:
     try:
-        await asyncio.wait_for(controller.stop(), STOP_TIMEOUT_S)
+        async with asyncio.timeout(STOP_TIMEOUT_S):
+            await controller.stop()
     except Exception as e:  # TimeoutError, or an agent that answered garbage while stopping
         log.warning("the controller did not stop cleanly (%r): killing its agents", e)
         if controller.cluster is not None:

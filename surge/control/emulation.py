@@ -89,7 +89,8 @@ class EmulationCounts:
 
         async def one(node: int) -> None:
             try:
-                st = await asyncio.wait_for(client.call(node, StatusOp()), STATUS_TIMEOUT_S)
+                async with asyncio.timeout(STATUS_TIMEOUT_S):
+                    st = await client.call(node, StatusOp())
             except Exception as e:  # a scrape must answer even while a node is away
                 log.debug("emulation counts of node %d: %s", node, e)
                 return

@@ -64,9 +64,8 @@ class NodeHealer:
 
     async def _check(self, node: int) -> None:
         try:
-            await asyncio.wait_for(
-                self.client.call_bytes(node, StatusOp()), self.config.heartbeat_timeout_s
-            )
+            async with asyncio.timeout(self.config.heartbeat_timeout_s):
+                await self.client.call_bytes(node, StatusOp())
         except TimeoutError:
             if node in self.client.down or self.stopping():
                 return

@@ -137,7 +137,8 @@ class GroupExecutor(MulticastExecutor):
         waiting = set(self.started)
         while waiting - set(self.client.down) and (left := deadline - time.monotonic()) > 0:
             try:
-                ev = await asyncio.wait_for(self.done_q.get(), left)
+                async with asyncio.timeout(left):
+                    ev = await self.done_q.get()
             except TimeoutError:
                 break
             if isinstance(ev, GroupDone) and ev.mc_id == self.mc_id:

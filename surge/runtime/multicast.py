@@ -201,7 +201,8 @@ class MulticastExecutor:
             if remaining <= 0:
                 break
             try:
-                ev = await asyncio.wait_for(events_q.get(), remaining)
+                async with asyncio.timeout(remaining):
+                    ev = await events_q.get()
             except TimeoutError:
                 break
             v = self.node_of.get(ev.node)

@@ -282,9 +282,8 @@ class Server:
         self.prefill_spans.append((req.dispatched_t, req.first_token_t, tokens))
 
     async def wait_all(self, timeout_s: float) -> None:
-        await asyncio.wait_for(
-            asyncio.gather(*(r.done.wait() for r in self.requests.values())), timeout_s
-        )
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(r.done.wait() for r in self.requests.values()))
 
     async def close(self) -> None:
         if self.pd is not None:

@@ -317,14 +317,16 @@ async def connect(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await loop.sock_connect(sock, (host, port))
     except BaseException:
         sock.close()
         raise
     conn = Connection(sock, egress, ingress)
     conn.peer = f"{host}:{port}"
     try:
-        await asyncio.wait_for(_client_handshake(conn, token, me, tls), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await _client_handshake(conn, token, me, tls)
     except TlsHandshakeError as e:
         conn.close()
         raise AuthError(f"{conn.peer}: {e}") from None
@@ -368,7 +370,8 @@ async def accept_hello(
     """Server side of the handshake (TLS first when `tls` is given, the server context of
     `ClusterTls`): check the peer's proof of the token, answer, return who connected."""
     try:
-        return await asyncio.wait_for(_server_handshake(conn, token, me, tls), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await _server_handshake(conn, token, me, tls)
     except TlsHandshakeError as e:
         raise AuthError(f"refused a connection from {conn.peer}: {e}") from None
 

@@ -212,3 +212,53 @@ def test_hand_back_covers_streams_never_iterated(tok) -> None:
 
     a, b, got = asyncio.run(run())
     assert got == [(a, "ok"), (b, "cancelled")]
+
+
+class _Endless:
+    """A stream whose deltas never end and are always ready: the consumer of `merged` is
+    cancelled while a delta is in hand, the race that Python 3.11's `asyncio.wait_for`
+    lost (it returned the delta and dropped the cancellation)."""
+
+    class _Req:
+        finish_reason = None
+
+    def __init__(self) -> None:
+        self.req = self._Req()
+        self.handed_back = False
+
+    async def deltas(self):
+        from surge.api.streaming import Delta
+
+        n = 0
+        while True:
+            n += 1
+            yield Delta("x", None, n - 1, n)
+            await asyncio.sleep(0)
+
+
+def test_a_cancelled_consumer_of_merged_always_stops() -> None:
+    """A client gone mid-stream cancels the task feeding it; the cancellation must never be
+    swallowed (a CI run once streamed 16 x 2,000 tokens to a closed socket because of it)."""
+    from surge.api.streaming import merged
+
+    async def once(after: int) -> list[str]:
+        finished: list[str] = []
+
+        async def consume() -> None:
+            async for _ in merged([_Endless(), _Endless()], lambda r, s: finished.append(s), 5):
+                pass
+
+        task = asyncio.ensure_future(consume())
+        for _ in range(after):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        assert done, f"cancelled after {after} loop turns, the stream went on"
+        assert task.cancelled()
+        return finished
+
+    async def main() -> None:
+        for after in range(1, 80):
+            assert await once(after) == ["cancelled", "cancelled"]
+
+    asyncio.run(main())

@@ -140,7 +140,8 @@ class StaticCluster:
             errno = getattr(e, "errno", None)
             return os.strerror(errno) if errno else str(e) or type(e).__name__
         try:
-            reply, _ = await asyncio.wait_for(conn.request(StatusOp().to_json()), 10.0)
+            async with asyncio.timeout(10.0):
+                reply, _ = await conn.request(StatusOp().to_json())
             return StatusReply.from_json(reply)
         except (OSError, TimeoutError) as e:
             return str(e) or type(e).__name__

@@ -136,7 +136,8 @@ class NodeAgent:
                 log.warning("node %d: launcher is gone, exiting", self.node)
                 break
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), PARENT_CHECK_S)
+                async with asyncio.timeout(PARENT_CHECK_S):
+                    await self._stop.wait()
         await self.close()
 
     def stop(self) -> None:

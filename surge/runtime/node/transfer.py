@@ -156,7 +156,8 @@ class AgentTransfer:
             if op.wait_s <= 0:
                 raise SurgeError(f"node {node} lacks block {block}")
             try:
-                await asyncio.wait_for(held.wait(), op.wait_s)
+                async with asyncio.timeout(op.wait_s):
+                    await held.wait()
             except TimeoutError:
                 raise SurgeError(f"node {node} never got block {block}") from None
         async with self.port_out.slot(op.step):

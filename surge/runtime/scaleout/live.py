@@ -125,7 +125,8 @@ class LiveScaling:
         self._wake.set()
         try:
             wait_s = self.ctx.server.clock.real_s(STOP_WAIT_S)
-            await asyncio.wait_for(asyncio.shield(task), wait_s)
+            async with asyncio.timeout(wait_s):
+                await asyncio.shield(task)
         except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -140,7 +141,8 @@ class LiveScaling:
             while not self._stopping:
                 if not started:  # a batch just started: look again at once (the next)
                     with contextlib.suppress(TimeoutError):  # a poll, or a layer landed
-                        await asyncio.wait_for(self._wake.wait(), poll_s)
+                        async with asyncio.timeout(poll_s):
+                            await self._wake.wait()
                 self._wake.clear()
                 started = not self._stopping and await self.step()
         finally:  # the batches under way finish (or are cancelled with the loop)

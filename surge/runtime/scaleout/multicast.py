@@ -189,7 +189,8 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     try:
         while not (task.done() and events.empty()):
             try:
-                ev = await asyncio.wait_for(events.get(), 0.2)
+                async with asyncio.timeout(0.2):
+                    ev = await events.get()
             except TimeoutError:
                 continue
             if not isinstance(ev, BlockArrived) or ev.mc_id != executor.mc_id:
