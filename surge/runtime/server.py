@@ -112,12 +112,15 @@ class Server:
 
     async def submit(self, req: ServeRequest) -> None:
         """Route a request now if some endpoint has room, else queue it (FIFO)."""
-        req.on_done = self._kick
+        req.on_done = self.dispatch_soon
         self.arrivals.append(req.arrival_t)
         self.queue.append(req)
         await self.dispatch()
 
-    def _kick(self) -> None:
+    def dispatch_soon(self) -> None:
+        """Route the queue on the next loop iteration: for room that opened where nothing
+        awaits (a request finished; under P/D a prefilled request's hand-off took it off its
+        prefill instance, `pd_handoff.PdServing`)."""
         asyncio.get_running_loop().create_task(self.dispatch())
 
     async def dispatch(self) -> None:

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Self
 
+from surge.policy.blitzscale.pd import decodes_where_prefilled
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Event, EventLoop, Priority
 from surge.sim.pipelined_prefill import MicroBatchLoads, plan_prefill
@@ -366,7 +367,7 @@ class Batcher:
                 # the later stages' share of a pipelined prefill (0 when not pipelined)
                 req.first_token_s = self.loop.now_s + after_s
                 req.generated = 1
-            if self.role == "prefill":
+            if not decodes_where_prefilled(self.role):  # parks for a decode instance
                 self.kv_tokens -= req.context_tokens
                 self.micro_loads.leave(req)
                 self.on_prefilled(self, req)

@@ -6,10 +6,13 @@ from dataclasses import replace
 import pytest
 
 from surge.engine.sampling import SamplingParams
+from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
 from surge.policy.blitzscale.zigzag import ZigzagProblem, best_effort
 from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
 from surge.runtime.migration.consolidation import consolidate, live_prefill
+from surge.runtime.migration.pd_handoff import PdServing
 from surge.runtime.protocol import InstanceAdoptOp, KvSource, LoadOp
+from surge.runtime.scaleout.live import live_delivery
 from surge.runtime.server import Server
 from surge.runtime.transport import RemoteError
 from tests.runtime.conftest import MODEL, connected, record_ops
@@ -155,6 +158,49 @@ def test_live_batch_streams_every_first_token_before_its_hand_offs(
     at_adopt: list[int] = []
     reqs = asyncio.run(run())
     assert at_adopt == [len(PROMPTS)] * len(PROMPTS), at_adopt
+    check_against_reference(tiny_hf, reqs, 6)
+
+
+def test_a_live_batch_on_a_decode_source_decodes_there_its_kv_kept(
+    make_cluster, manifest, tiny_hf
+) -> None:
+    """Under P/D, a live batch whose last layers ran on a decode instance decodes there, as
+    in the simulator (`policy.blitzscale.pd.decodes_where_prefilled`): its agent adopts
+    each request, its own layers' K/V in place and the new instance's pulled from that
+    agent — nothing is exported to the controller and sent back (`KvExportOp` and a
+    payload adopt, which cost the decode node's NIC twice). A prefill source still hands
+    its batch to a decode instance (`PdServing.hold`)."""
+    cluster = make_cluster(2, preload_engine=True)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+
+    async def run():
+        client, server = await connected_server(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
+        try:
+            pd = PdServing(server, PdTargets(1, 1), 1 << 14)
+            server.pd = pd
+            old = LocalEndpoint(client, 0, MODEL, "old")
+            await old.open()
+            server.endpoints[old.name] = old
+            pd.roles[old.name] = PREFILL
+            assert live_delivery(server, old) is not None  # hand-off via `hold`
+            pd.roles[old.name] = DECODE
+            deliver = live_delivery(server, old)
+            record_ops(client, seen.append)
+            batch = [server.new_request(p, params) for p in PROMPTS]
+            await live_prefill(
+                server, manifest, 1, old, manifest.blocks[1].end_layer, batch, deliver
+            )
+            await server.wait_all(60)
+            return batch, deliver
+        finally:
+            await server.close()
+            await client.close()
+
+    seen: list[str] = []
+    reqs, deliver = asyncio.run(run())
+    assert deliver is None
+    assert "KvExportOp" not in seen and seen.count("InstanceAdoptOp") == len(PROMPTS), seen
+    assert all(r.hops[-1] == "old" for r in reqs)
     check_against_reference(tiny_hf, reqs, 6)
 
 

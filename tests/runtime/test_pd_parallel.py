@@ -222,3 +222,37 @@ def test_the_controller_sends_handed_off_kv_at_its_kv_pace() -> None:
             await server.close()
 
     assert asyncio.run(run()) == [0.06]
+
+
+def test_a_handoff_leaving_a_full_prefill_instance_routes_the_queue() -> None:
+    """A prefill instance full with one parked request, another request queued at the
+    router: the hand-off takes the parked one off the prefill instance, and the queued one
+    goes there at once (the simulator's `Requests.drain`), not at the next arrival or
+    finished request (none comes here). The stand-in agents' `call` records the submit."""
+
+    async def run() -> tuple[list[str], str | None]:
+        agents = KvAgents(overlap=1)
+        submitted: list[str] = []
+
+        async def call(node: int, op: Any) -> Ack:
+            submitted.append(op.req_id)
+            return Ack()
+
+        agents.call = call  # type: ignore[method-assign]
+        server, pd, eps = await _deployment(agents, {"p0": PREFILL, "d0": DECODE})
+        eps["p0"].capacity = 1
+        try:
+            queued = server.new_request([1, 2, 3], SamplingParams(max_tokens=4))
+            server.queue.append(queued)  # arrived while p0 was full
+            _park(server, pd, eps["p0"])
+            await _settle(pd, agents, 1)
+            for _ in range(100):
+                if submitted:
+                    break
+                await asyncio.sleep(0.01)
+            return submitted, queued.endpoint
+        finally:
+            await server.close()
+
+    submitted, endpoint = asyncio.run(run())
+    assert len(submitted) == 1 and endpoint == "p0", (submitted, endpoint)

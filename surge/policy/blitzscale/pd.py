@@ -11,6 +11,8 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   ratio when both are equally busy);
 - `routable`: which instances take new requests (prefill ones; every one when none is a
   prefill instance, so a deployment is never left without a way in);
+- `decodes_where_prefilled`: whether an instance keeps the requests it prefilled (every
+  role but prefill: a decode instance running a live batch's last layers, §4, keeps them);
 - `handoff_target`: which decode instance adopts a finished prefill's KV cache (the least
   loaded with room, requests per capacity, ties to the oldest; the source itself when none
   decodes; None when every decode instance is full: the K/V waits on the prefill
@@ -223,6 +225,15 @@ def routable(instances: Sequence[PdInstance]) -> tuple[int, ...]:
 
 def _load(i: PdInstance) -> tuple[float, int]:
     return (i.outstanding / i.capacity, i.index)
+
+
+def decodes_where_prefilled(role: str | None) -> bool:
+    """Whether an instance of `role` (None: no P/D) decodes the requests it prefilled, their
+    K/V staying where it is: every role but prefill. A prefill instance parks them for a
+    decode instance (§5.2); a decode instance that prefills keeps them — the source of a
+    BlitzScale live batch (§4), which ran the batch's last layers and holds their K/V (only
+    the new instance's first layers' part has to reach it)."""
+    return role != PREFILL
 
 
 def handoff_target(source: int, instances: Sequence[PdInstance]) -> int | None:

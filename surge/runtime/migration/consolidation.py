@@ -44,6 +44,10 @@ from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
 
+Deliver = Callable[[ServeRequest, list[KvPart], bytes, int], Awaitable[None]]
+"""How a live batch's request reaches its P/D decode instance: (request, K/V parts, their
+bytes, tokens cached) -> adopted (`PdServing.hold`)."""
+
 
 async def adopt(
     server: Server,
@@ -133,7 +137,7 @@ async def live_prefill(
     old: LocalEndpoint,
     num_layers_on_new: int,
     reqs: list[ServeRequest],
-    deliver: Callable[[ServeRequest, list[KvPart], bytes, int], Awaitable[None]] | None = None,
+    deliver: Deliver | None = None,
 ) -> tuple[tuple[int, float, float], ...]:
     """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
     sample each first token here, then hand the requests (with their whole KV cache) to

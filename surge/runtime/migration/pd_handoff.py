@@ -271,7 +271,10 @@ class PdServing:
 
     def _start_pending(self) -> None:
         """Start the hand-offs of K/V parked on prefill instances, oldest first: every one
-        whose (source, target) pair is free, while a decode instance has room."""
+        whose (source, target) pair is free, while a decode instance has room. Each frees a
+        slot on its prefill instance: the queue is routed again at once (as the simulator's
+        `Requests.drain` after `_hand_off`), not only at the next arrival or finish."""
+        freed = False
         k = 0
         while k < len(self.pending):
             src, req = self.pending[k]
@@ -282,14 +285,17 @@ class PdServing:
             index = pd.handoff_target(src_index, self._views())
             target = None if index is None else self.endpoint_at(index)
             if target is None:
-                return  # every decode instance is full: the K/V waits where it is
+                break  # every decode instance is full: the K/V waits where it is
             pair = (src.name, target.name)
             if pair in self._in_flight:
                 k += 1
                 continue
             self.pending.pop(k)
             del src.requests[req.req_id]  # off `src` now: its slot frees, `target`'s is reserved
+            freed = True
             self._start(pair, src.node, self.handoff(src, req, target))
+        if freed:
+            self.server.dispatch_soon()
 
     def _start(self, pair: tuple[str, str], node: int | None, job: Coroutine) -> None:
         """Run one hand-off on `pair` (source, target) from `node`'s egress, the target's

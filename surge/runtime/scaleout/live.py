@@ -12,8 +12,9 @@ from its block arrivals, the serving instances' prefill time per token
 `LiveScalingState.look` decides (the SLO check against `ctx.ttft_slo_s`, the schedule,
 waiting for layers, the split, the source); this file carries out a `RunBatch`: the first
 T layers on the receiver, the rest on the source, which then decodes them
-(`runtime/migration/consolidation.py` `live_prefill`); under P/D the K/V goes to a decode instance
-instead, as soon as one has room (`runtime/migration/pd_handoff.py` `PdServing.hold`). The schedule
+(`runtime/migration/consolidation.py` `live_prefill`); under P/D, when the source is a prefill
+instance, the K/V goes to a decode instance instead, as soon as one has room
+(`runtime/migration/pd_handoff.py` `PdServing.hold`; `live_delivery`). The schedule
 is solved in a worker thread (the ILP may take tens of ms). A batch runs as its own task,
 so up to `LiveSettings.max_in_flight` of a target's batches are under way at once: the
 target runs batch i+1's first layers while the source runs batch i's rest (Fig. 12b's
@@ -48,11 +49,13 @@ from surge.policy.blitzscale.live_scaling import (
     pick_target,
     plan_redistribution,
 )
+from surge.policy.blitzscale.pd import PREFILL, decodes_where_prefilled
 from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.migration.consolidation import live_prefill
+from surge.runtime.migration.consolidation import Deliver, live_prefill
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, held_layers
+from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,20 @@ the serving clock, as `STOP_WAIT_S` (emulated under GPU-time emulation, where a 
 D times its emulated time)."""
 STOP_WAIT_S = 30.0
 """How long `stop` lets a step in progress finish before cancelling it."""
+
+
+def live_delivery(server: Server, old: LocalEndpoint) -> Deliver | None:
+    """Where a live batch whose last layers ran on `old` decodes: None, on `old` itself
+    (`live_prefill` has its agent adopt each request, its own layers' K/V in place and the
+    new instance's part pulled agent to agent), unless `old` is a P/D prefill instance
+    (`policy.blitzscale.pd.decodes_where_prefilled`, as the simulator's engines decide):
+    then a decode instance adopts each one as soon as one has room (`PdServing.hold`, the
+    K/V relayed here). Before, a decode source's own K/V left its NIC and came back (the
+    emulated §6.1 run: it slowed the multicast that NIC was sending)."""
+    pd = server.pd
+    if pd is None or decodes_where_prefilled(pd.roles.get(old.name, PREFILL)):
+        return None
+    return functools.partial(pd.hold, old=old)
 
 
 class LiveScaling:
@@ -242,8 +259,7 @@ class LiveScaling:
     ) -> None:
         ctx, server = self.ctx, self.ctx.server
         t, schedule, ratio = action.split, action.schedule, action.load_ratio
-        # P/D: a decode instance adopts each one as soon as one has room.
-        deliver = None if server.pd is None else functools.partial(server.pd.hold, old=old)
+        deliver = live_delivery(server, old)
         try:
             spans = await live_prefill(server, ctx.manifest, new, old, t, batch, deliver)
             ctx.report.live_spans.append((action.index, schedule, spans))
