@@ -6,17 +6,15 @@ a request gets its first token, is done, or (prefill role) leaves for a decode i
 `Instance` (`sim/instance.py`) is the endpoint built on it: it adds where the engine runs
 and its lifecycle; this file knows nothing of GPUs, pools or loading.
 
-Cost model, event-light: a prefill step admits waiting requests (up to the batch and
-KV limits and `max_prefill_tokens`) and takes cost.prefill_s(tokens)/speed + hop; decode
-is paused meanwhile (prefill-first, as vLLM). Between changes of the running set every
-decode step has the same batch, so all running requests advance at 1/step_s tokens per
-second; the engine keeps a decode clock V (tokens each running request has generated
-since V = 0) and a heap of the V at which each request finishes, and schedules only
-the next finish. That is O(1) events per request instead of one per token.
-Compute sharing: `share` (set by a host model when several endpoints share one host's
-cores, `sim/host.py`; 1.0 on a real cluster) multiplies the speed of every step, including a
-prefill in flight, whose remaining work is rescheduled at the new rate; `on_busy(engine)`
-is called whenever it turns busy or idle.
+Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step
+admits waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
+cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Between
+changes of the running set every decode step has the same batch, so running requests
+advance at 1/step_s tokens per second: a decode clock V (tokens each has generated since
+V = 0) and a heap of the V at which each finishes; only the next finish is scheduled, O(1)
+events per request. Compute sharing: `share` (a host model's cores shared by endpoints,
+`sim/host.py`; 1.0 on a real cluster) multiplies the speed of every step, a prefill in
+flight rescheduled at the new rate; `on_busy(engine)` is called as it turns busy or idle.
 Roles: `both` and `decode` serve a request to its end, `prefill` hands it on after its first
 token (`on_prefilled`, P/D disaggregation); a request whose KV cache came with it
 (`SimRequest.kv_ready`, a P/D hand-off) joins the decode batch without a prefill, and
@@ -33,9 +31,9 @@ from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Event, EventLoop, Priority
 from surge.sim.pipelined_prefill import MicroBatchLoads, plan_prefill
 from surge.sim.request import SimRequest
+from surge.sim.step_admission import EPS_TOKENS, admissible, decode_step_left
 
 IDLE, PREFILL, DECODE = 0, 1, 2
-EPS_TOKENS = 1e-9
 ADMISSIONS_KEPT = 4096
 """Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
 
@@ -48,8 +46,10 @@ class Batcher:
         "_first_token_after_s",
         "_prefill_left_s",
         "_prefill_rate",
+        "_stepping",
         "admitted_s",
         "cost",
+        "decode_v0",
         "hop_s",
         "id",
         "idle_since_s",
@@ -105,6 +105,8 @@ class Batcher:
         self.phase = IDLE
         self.v = 0.0
         self.v_time_s = 0.0
+        self.decode_v0 = 0.0
+        """V when the decode phase under way began: its steps end at V = decode_v0 + k."""
         self.step_s = 0.0
         self._event: Event | None = None
         self.idle_since_s: float | None = loop.now_s
@@ -117,6 +119,9 @@ class Batcher:
         self._first_token_after_s: list[float] = []
         """Per prefilling request: its first token after the step (`plan_prefill`)."""
         self._prefill_rate = 1.0
+        self._stepping = False
+        """A step's end is being handled: work handed over meanwhile (the router filling
+        the room it freed) joins the next step together, as in the runtime."""
         self.micro_batches = 1
         """Micro-batches in flight through its stages (FlexPipe pipelines: one per stage,
         `set_micro_batches`); 1: the whole batch steps through every layer at once."""
@@ -137,21 +142,38 @@ class Batcher:
         return len(self.running) / self.step_s
 
     # --- entry points -------------------------------------------------------------
-    def submit(self, req: SimRequest) -> None:
-        """Take a request (from the router, or a decode hand-off with its KV cache)."""
+    def submit(self, req: SimRequest, start: bool = True) -> None:
+        """Take a request (from the router, or a decode hand-off with its KV cache);
+        `start` False: the caller hands it more at this instant and then calls `start`."""
         self.idle_since_s = None
         self.waiting.append(req)
-        if self.phase != PREFILL:
-            self._advance()
+        if start:
+            self.start()
 
     def submit_many(self, reqs: list[SimRequest]) -> None:
         """Take several requests at once (one live-scaled batch: admitted together)."""
-        if not reqs:
+        for req in reqs:
+            self.submit(req, start=False)
+        if reqs:
+            self.start()
+
+    def start(self) -> None:
+        """Waiting work starts at the engine's next step boundary (`sim/step_admission.py`):
+        now when idle, when the prefill in flight ends, else when the decode step ends."""
+        if self.phase == PREFILL or self._stepping:
             return
-        self.idle_since_s = None
-        self.waiting.extend(reqs)
-        if self.phase != PREFILL:
+        left = 0.0
+        if self.phase == DECODE and self.waiting:
+            self._settle()
+            loads = self.micro_loads.loads
+            left = decode_step_left(self.v, self.decode_v0, loads, self.micro_batches)
+        if left <= 0:
             self._advance()
+            return
+        if self._event is not None:
+            self._event.cancel()
+        at = self.v_time_s + left * self.step_s
+        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def resume(self, req: SimRequest) -> None:
         """Decode here a request this engine prefilled and handed on (`on_prefilled`):
@@ -211,6 +233,8 @@ class Batcher:
         change()
         if self.phase == DECODE:
             self._schedule_decode()
+            if self.waiting:  # it waits for the step's end: when that ends at the new rate
+                self.start()
         elif self.phase == PREFILL and self._event is not None:
             self._event.cancel()
             self._schedule_prefill()
@@ -227,9 +251,7 @@ class Batcher:
         if self._event is not None:
             self._event.cancel()
             self._event = None
-        out: list[SimRequest] = []
-        for req in self.prefilling:
-            out.append(req)
+        out: list[SimRequest] = list(self.prefilling)
         for finish_v, _, req in sorted(self.running):
             left = finish_v - self.v
             req.generated = max(req.generated, int(req.output_tokens - left))
@@ -273,25 +295,18 @@ class Batcher:
         self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def _admit(self) -> list[SimRequest]:
-        """Waiting requests that fit now (at least one if the engine is empty)."""
-        batch: list[SimRequest] = []
-        tokens = 0
-        while self.waiting:
-            req = self.waiting[0]
-            need = req.context_tokens
-            busy = len(self.running) + len(batch)
-            fits_kv = self.kv_tokens + need <= self.kv_capacity_tokens or busy == 0
-            fits_prefill = (
-                req.kv_ready or tokens + req.prefill_tokens <= self.max_prefill_tokens or not batch
-            )
-            if busy >= self.max_batch or not fits_kv or not fits_prefill:
-                break
-            self.waiting.popleft()
-            self.admitted_s.append(self.loop.now_s)
-            self.kv_tokens += need
-            if not req.kv_ready:
-                tokens += req.prefill_tokens
-            batch.append(req)
+        """Waiting requests that fit now (`step_admission.admissible`)."""
+        n = admissible(
+            self.waiting,
+            len(self.running),
+            self.kv_tokens,
+            self.max_batch,
+            self.kv_capacity_tokens,
+            self.max_prefill_tokens,
+        )
+        batch = [self.waiting.popleft() for _ in range(n)]
+        self.admitted_s.extend([self.loop.now_s] * n)
+        self.kv_tokens += sum(req.context_tokens for req in batch)
         return batch
 
     def _advance(self) -> None:
@@ -324,6 +339,8 @@ class Batcher:
             self._schedule_prefill()
             return
         if self.running:
+            if self.phase != DECODE:
+                self.decode_v0 = self.v
             self._set_phase(DECODE)
             self._schedule_decode()
         else:
@@ -378,7 +395,11 @@ class Batcher:
     def _on_decode_done(self) -> None:
         self._event = None
         self._settle()
-        while self.running and self.running[0][0] <= self.v + EPS_TOKENS:
-            _, _, req = heapq.heappop(self.running)
-            self._finish(req)
+        self._stepping = True
+        try:
+            while self.running and self.running[0][0] <= self.v + EPS_TOKENS:
+                _, _, req = heapq.heappop(self.running)
+                self._finish(req)
+        finally:
+            self._stepping = False
         self._advance()

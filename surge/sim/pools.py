@@ -96,11 +96,12 @@ class Requests:
             pool.queue.append(req)
         self.on_demand(pool)
 
-    def dispatch(self, pool: Pool, req: SimRequest) -> bool:
-        """Send `req` to an endpoint of `pool` the router picks; False if none has room."""
+    def dispatch(self, pool: Pool, req: SimRequest, start: bool = True) -> Instance | None:
+        """Send `req` to an endpoint of `pool` the router picks; None if none has room.
+        `start` False: the endpoint waits for its `start` (more come at this instant)."""
         eps = pool.endpoints()
         if not eps:
-            return False
+            return None
         chosen = route(
             [
                 Endpoint(
@@ -116,20 +117,26 @@ class Requests:
             self.world.system.routing,
         )
         if chosen is None:
-            return False
+            return None
         inst = eps[0] if eps[0].id == chosen else next(e for e in eps if e.id == chosen)
-        inst.submit(req)
-        return True
+        inst.submit(req, start)
+        return inst
 
     def drain(self, pool: Pool) -> None:
         """Hand parked requests off (P/D), then dispatch queued requests, while endpoints
-        have room."""
+        have room. The queued requests an endpoint takes start together (one prefill), as
+        the runtime's server routes its queue in one pass before any engine steps."""
         if pool.pd is not None:
             self._hand_off(pool)
+        took: dict[int, Instance] = {}
         while pool.queue:
-            if not self.dispatch(pool, pool.queue[0]):
-                return
+            inst = self.dispatch(pool, pool.queue[0], start=False)
+            if inst is None:
+                break
             pool.queue.popleft()
+            took[inst.id] = inst
+        for inst in took.values():
+            inst.start()
 
     def requeue(self, pool: Pool, reqs: list[SimRequest]) -> None:
         """Requests of a retired endpoint go back to the head of the queue."""

@@ -94,7 +94,7 @@ class _SimEndpoint:
     def outstanding(self) -> int:
         return self.submitted
 
-    def submit(self, req: SimRequest) -> None:
+    def submit(self, req: SimRequest, start: bool = True) -> None:
         self.submitted += 1
         self.log[req.id] = self.name
 

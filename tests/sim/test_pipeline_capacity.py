@@ -54,8 +54,8 @@ def test_pipelines_take_micro_batches_times_the_batch_limit(tmp_path, monkeypatc
     most: dict[int, int] = {}
     submit = Instance.submit
 
-    def record(inst, req):
-        submit(inst, req)
+    def record(inst, req, start=True):
+        submit(inst, req, start)
         if len(inst.placement.workers) > 1:  # an execution pipeline
             most[inst.id] = max(most.get(inst.id, 0), inst.outstanding)
 
@@ -76,8 +76,8 @@ def test_pipelines_default_to_one_micro_batch_per_stage(tmp_path, monkeypatch):
     seen: dict[int, tuple[int, int, int]] = {}
     submit = Instance.submit
 
-    def record(inst, req):
-        submit(inst, req)
+    def record(inst, req, start=True):
+        submit(inst, req, start)
         stages = len(inst.placement.workers)
         if stages > 1:  # an execution pipeline
             most = max(seen.get(inst.id, (0, 0, 0))[0], inst.outstanding)

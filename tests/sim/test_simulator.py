@@ -76,7 +76,15 @@ def test_tensor_parallel_instances_take_gpus_of_one_machine():
 
 
 def test_blitzscale_disaggregates_and_mutates():
-    trace = _burst(rate=20, cv=4, duration=120)
+    # one request alone first (its instance prefills it with no decode instance yet),
+    # the burst 3 s later
+    burst = _burst(rate=20, cv=4, duration=120)
+    trace = make_trace(
+        "lone-then-burst",
+        np.r_[0.0, burst.arrival_s + 3.0],
+        np.r_[512, burst.input_tokens],
+        np.r_[64, burst.output_tokens],
+    )
     r, s = _run("blitzscale", trace, cluster="blitzscale-b", models=("llama2-7b",))
     assert s["finished"] == trace.num_requests
     assert s["mutations"] > 0
