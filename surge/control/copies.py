@@ -80,8 +80,9 @@ class Copies:
         try:
             op = EvictOp(model=model, blocks=blocks, tier="gpu", keep_host=keep)
             await self.client.call(node, op)
-        except Exception as e:
-            log.warning("%s: gpu copy on node %d not evicted: %s", model, node, e)
+        except Exception as e:  # expected once the deployment is gone (dropped already)
+            level = logging.WARNING if model in self.deployments else logging.DEBUG
+            log.log(level, "%s: gpu copy on node %d not evicted: %s", model, node, e)
             return
         self.pool.remove(model, node, "gpu", blocks)
         if keep:  # the kept blocks came in as host arrivals: the cache's LRU clock starts

@@ -4,7 +4,8 @@ What flows: a `DeploymentSpec` in (API, config file, the SQLite store on restart
 `Deployment` record registered on every live agent, its model in the registry the agents
 read (`registry/<name>`: a link to a store, or a store imported from a Hugging Face
 checkpoint), GPU copies left by an older controller released, and its pinned host copy
-(BlitzScale §5.3, through `copies.py`). Deletion closes its instances and evicts every copy.
+(BlitzScale §5.3, through `copies.py`). Deletion answers at once: it drops the model on
+every agent (`DropModelOp`: running loads aborted, instances closed, every copy evicted).
 A store is verified when deployed (every block's checksum: a bad one is refused with one
 error); a stored deployment that cannot come back after a restart (its store missing or
 damaged), or whose store goes bad later (a load fails and the store no longer verifies),
@@ -13,7 +14,6 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 
 import asyncio
-import contextlib
 import logging
 import shutil
 from collections.abc import Callable
@@ -31,10 +31,16 @@ from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailab
 from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
-from surge.runtime.protocol import EvictOp, RegisterOp, StatusOp
+from surge.runtime.protocol import DropModelOp, RegisterOp, StatusOp
 from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
+
+CLEANUP_WAIT_S = 1.0
+"""How long a teardown waits for its cancelled tasks' clean-up (their calls were cancelled
+mid-exchange: milliseconds; the bound keeps one stuck elsewhere from holding a delete)."""
+DROP_TIMEOUT_S = 30.0
+"""Bound on one node's `drop_model` (it aborts the model's ops there: well under a second)."""
 
 
 def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
@@ -238,9 +244,11 @@ class Deployments:
         with `evict`, close its instances and drop every copy from the agents."""
         self.deployments.pop(dep.name, None)
         me = asyncio.current_task()
-        for t in list(dep.tasks):
-            if t is not me:  # a failing load of its own may be what tears it down
-                t.cancel()
+        cancelled = [t for t in dep.tasks if t is not me]  # a failing load of its own may be
+        for t in cancelled:  # what tears it down
+            t.cancel()
+        if cancelled:  # their clean-up (a slot's release) runs before the model goes
+            await asyncio.wait(cancelled, timeout=CLEANUP_WAIT_S)
         why = "was deleted" if evict else "stopped: the server is shutting down"
         gone = Unavailable(f"the deployment {dep.name!r} {why} while this request ran")
         for req in list(dep.requests.values()):  # an error, never a silent "stop" (issue 36)
@@ -249,14 +257,21 @@ class Deployments:
         self.metrics.forget(dep.name)
         if not evict:
             return
-        num_blocks = dep.manifest.num_blocks
-        for node in self.live_nodes():
-            await self.copies.release_slot(dep.name, node, num_blocks)
-            for tier in ("host", "disk"):
-                op = EvictOp(model=dep.name, blocks=tuple(range(num_blocks)), tier=tier)
-                with contextlib.suppress(Exception):  # the model goes anyway
-                    await self.client.call(node, op)
+        # Every node at once, each on a connection of its own: a load still running on the
+        # control connection (an SSD or registry read) is aborted there, not waited for.
+        await asyncio.gather(*(self._drop(dep.name, n) for n in self.live_nodes()))
         self.pool.drop_model(dep.name)
+
+    async def _drop(self, name: str, node: int) -> None:
+        """Forget the model on one node (`DropModelOp`); the model goes anyway."""
+        try:
+            async with asyncio.timeout(DROP_TIMEOUT_S):
+                reply, _ = await self.client.call_bytes(node, DropModelOp(model=name))
+        except Exception as e:  # a node gone or stuck: its copies go with it
+            log.warning("%s: not dropped on node %d: %s", name, node, e)
+            return
+        if reply.aborted_ops:
+            log.info("%s: %d running ops aborted on node %d", name, reply.aborted_ops, node)
 
     def describe_failed(self, failed: FailedDeployment) -> dict[str, Any]:
         """A failed deployment as the admin API shows it: the same keys, nothing running."""

@@ -58,6 +58,8 @@ class ClusterClient:
         self._readers: list[asyncio.Task] = []
         self._events: dict[int, Connection] = {}
         """Each node's event-stream connection."""
+        self._reopening: dict[int, asyncio.Lock] = {}
+        """Per node, held while its control connection is opened again."""
 
     async def connect(self) -> None:
         await asyncio.gather(*(self._attach(n) for n in self.addresses))
@@ -146,9 +148,25 @@ class ClusterClient:
 
     async def call(self, node: int, op: Op[R]) -> R:
         """Send a typed op on the node's control connection; its typed reply (a failure
-        raises `RemoteError` with the agent's message)."""
-        reply, _ = await self.conns[node].request(op.to_json())
+        raises `RemoteError` with the agent's message). A call cancelled mid-exchange (a
+        deleted deployment's load) closes that connection; the next call opens another."""
+        conn = await self._control(node)
+        reply, _ = await conn.request(op.to_json())
         return cast(R, op.REPLY.from_json(reply))
+
+    async def _control(self, node: int) -> Connection:
+        """The node's control connection, opened again if an exchange closed it (not for a
+        node that is down: that call fails at once, as before)."""
+        conn = self.conns[node]
+        if not conn.closed or node in self.down:
+            return conn
+        async with self._reopening.setdefault(node, asyncio.Lock()):
+            conn = self.conns[node]
+            if conn.closed and node not in self.down:
+                host, port = self.addresses[node]
+                conn = await connect(host, port, self.token, "controller", tls=self.tls)
+                self.conns[node] = conn
+        return conn
 
     async def call_bytes(
         self, node: int, op: Op[R], payload: bytes | memoryview = b"", pace: float = 1.0

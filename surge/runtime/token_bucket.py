@@ -89,17 +89,21 @@ class TokenBucket:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    def consume_blocking(self, num_bytes: int, background: bool = False) -> None:
-        """`consume` for threads (disk and remote reads)."""
+    def consume_blocking(
+        self, num_bytes: int, background: bool = False, stop: threading.Event | None = None
+    ) -> None:
+        """`consume` for threads (disk and remote reads). With `stop`, a wait ends as soon
+        as it is set (an aborted load: the caller checks it and gives up)."""
         if self.rate is None or num_bytes <= 0:
             return
+        sleep = time.sleep if stop is None else stop.wait
         if background:
-            while num_bytes > 0:
+            while num_bytes > 0 and not (stop is not None and stop.is_set()):
                 taken, delay = self._take_left(num_bytes)
                 num_bytes -= taken
                 if num_bytes > 0:
-                    time.sleep(delay or min(num_bytes, self.burst) / self.rate)
+                    sleep(delay or min(num_bytes, self.burst) / self.rate)
             return
         delay = self._take(num_bytes)
         if delay > 0:
-            time.sleep(delay)
+            sleep(delay)

@@ -269,10 +269,17 @@ class Connection:
         pace: float = 1.0,
     ) -> tuple[dict[str, Any], memoryview]:
         """Send a request and wait for its answer (one exchange at a time per connection);
-        `pace` as in `send`."""
+        `pace` as in `send`. A request cancelled or failed once sent closes the connection
+        (its answer would be out of step with the next request's)."""
         async with self.lock:
-            await self.send(header, payload, pace)
-            reply, body = await self.recv(sink, on_chunk)
+            try:
+                await self.send(header, payload, pace)
+                reply, body = await self.recv(sink, on_chunk)
+            except BaseException:
+                # Cancelled or failed mid-exchange: an answer may still come, and the next
+                # exchange would read it as its own. The connection is done.
+                self.close()
+                raise
         if not reply.get("ok", False):
             raise RemoteError(reply.get("error", "request failed"))
         return reply, body

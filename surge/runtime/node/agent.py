@@ -40,6 +40,8 @@ from surge.runtime.node.store import AgentStore
 from surge.runtime.node.transfer import AgentTransfer
 from surge.runtime.protocol import (
     Ack,
+    DropModelOp,
+    DropReply,
     Event,
     Op,
     ShutdownOp,
@@ -64,6 +66,9 @@ __all__ = ["AgentConfig", "ModelState", "NodeAgent", "run_agent"]
 log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 1.0
+DROP_WAIT_S = 10.0
+"""How long `drop_model` waits for the model's aborted ops to clean up (a load's reads stop
+at their next chunk: milliseconds; the bound only keeps a stuck op from holding it)."""
 
 
 class NodeAgent:
@@ -99,6 +104,7 @@ class NodeAgent:
         self.handlers: Handlers = {
             StatusOp: self.op_status,
             ShutdownOp: self.op_shutdown,
+            DropModelOp: self.op_drop_model,
             **self.store.handlers(),
             **self.transfer.handlers(),
             **self.collective.handlers(),
@@ -199,8 +205,13 @@ class NodeAgent:
                 conn.close()
 
     async def _dispatch(self, conn: Connection, op: Op, payload: memoryview) -> None:
+        handler = self.handlers[type(op)]
+        model = getattr(op, "model", None)
         try:
-            reply = await self.handlers[type(op)](op, conn, payload)
+            if isinstance(model, str) and not isinstance(op, DropModelOp):
+                reply = await self.ctx.inflight.run(model, handler(op, conn, payload))
+            else:
+                reply = await handler(op, conn, payload)
         except (SurgeError, RemoteError) as e:
             await conn.send(error_header(f"{op.NAME}: {e}"))
             return
@@ -248,6 +259,23 @@ class NodeAgent:
             "emulation_violations": c.violations,
             "emulation_overrun_s": round(c.overrun_s, 6),
         }
+
+    async def op_drop_model(self, op: DropModelOp, conn: Connection, p: memoryview) -> DropReply:
+        """Forget a model now (its deployment was deleted): its running ops are aborted
+        (reads in worker threads stop at their next chunk) and have cleaned up, its
+        instances and stages close, then every copy of it goes from every tier."""
+        state = self.store.models.get(op.model)
+        if state is not None:
+            state.dropped.set()
+        aborted = await self.ctx.inflight.abort(op.model, DROP_WAIT_S)
+        closed = self.local.close_model(op.model) + self.serving.close_model(op.model)
+        self.store.drop(op.model)
+        if aborted or closed:
+            log.info(
+                "node %d: dropped %s (%d running ops aborted, %d instances/stages closed)",
+                self.node, op.model, aborted, closed,
+            )  # fmt: skip
+        return DropReply(aborted_ops=aborted, closed=closed)
 
     async def op_shutdown(self, op: ShutdownOp, conn: Connection, p: memoryview) -> Ack:
         self._stop.set()

@@ -80,7 +80,7 @@ class AgentCollective:
         else:
             store_host, store_port = op.store_host, op.store_port
             group = None  # a target connects in its task: the rendezvous may wait for the rest
-        self.ctx.spawn(self._run(op, group, start))
+        self.ctx.inflight.track(op.model, self.ctx.spawn(self._run(op, group, start)))
         return GroupReply(store_host=store_host, store_port=store_port)
 
     async def _run(self, op: GroupBroadcastOp, group: GlooGroup | None, start: float) -> None:

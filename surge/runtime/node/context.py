@@ -15,6 +15,7 @@ from typing import Any
 from surge.config import EngineConfig
 from surge.emulation import EmulationConfig, StepPacer
 from surge.errors import SurgeError
+from surge.runtime.node.inflight import InFlight
 from surge.runtime.protocol import Event, Op, Reply
 from surge.runtime.security.tls import ClusterTls, TlsConfig
 from surge.runtime.token_bucket import TokenBucket
@@ -132,6 +133,8 @@ class NodeContext:
     """Under GPU-time emulation, what every engine step of this node is paced by."""
     tls: ClusterTls | None = None
     """This agent's TLS contexts (None: plain TCP)."""
+    inflight: InFlight = field(default_factory=InFlight)
+    """The running ops and their left-running work, by model (`drop_model` aborts them)."""
 
     @property
     def node(self) -> int:

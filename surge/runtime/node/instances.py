@@ -222,6 +222,15 @@ class AgentInstances:
             inst.task.cancel()
         return Ack()
 
+    def close_model(self, model: str) -> int:
+        """Close every instance of `model` (it is being dropped); how many."""
+        names = [n for n, inst in self.instances.items() if inst.model == model]
+        for name in names:
+            inst = self.instances.pop(name)
+            if inst.task is not None:
+                inst.task.cancel()
+        return len(names)
+
     async def op_generate(self, op: GenerateOp, conn: Connection, p: memoryview) -> GenerateReply:
         """Generation with this node's gpu-tier blocks (a one-off full local instance)."""
         state = self._complete_model(op.model)

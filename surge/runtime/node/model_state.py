@@ -33,6 +33,9 @@ class ModelState:
     """Blocks are taken into the runner in worker threads, several at once when they land
     together: the first creates it, under this lock, or two would each create one and the
     blocks added to the lost one would be missing from the runner."""
+    dropped: threading.Event = field(default_factory=threading.Event)
+    """Set when the model is dropped from the node (`drop_model`): its reads in worker
+    threads stop at their next chunk."""
 
     def event(self, block: int) -> asyncio.Event:
         return self.present.setdefault(block, asyncio.Event())

@@ -181,6 +181,13 @@ class AgentServing:
         self.stages.pop(op.pipeline, None)
         return Ack()
 
+    def close_model(self, model: str) -> int:
+        """Close every stage of `model` (it is being dropped); how many."""
+        names = [n for n, stage in self.stages.items() if stage.model == model]
+        for name in names:
+            del self.stages[name]
+        return len(names)
+
     async def _export(self, pipeline: str, seq_id: int, num_tokens: int) -> tuple[KvPart, Any]:
         """K/V of one sequence's first `num_tokens` tokens at this node's stage of
         `pipeline`: its part and its bytes (a uint8 array)."""

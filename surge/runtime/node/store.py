@@ -12,8 +12,10 @@ announced in the gpu tier only once its copy there completed. Owned by the node 
 
 import asyncio
 import logging
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, block_checksum, read_manifest
@@ -21,7 +23,13 @@ from surge.policy.paraserve.prefetch import Priority
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.device_tier import DeviceTier
 from surge.runtime.node.model_state import ModelState
-from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry, check_shm_room
+from surge.runtime.node.tiers import (
+    DiskTier,
+    HostCache,
+    LoadAborted,
+    RemoteRegistry,
+    check_shm_room,
+)
 from surge.runtime.protocol import (
     Ack,
     BlockArrived,
@@ -40,6 +48,22 @@ from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
 from surge.runtime.transport import Connection
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`asyncio.to_thread`, except that a cancelled caller waits for the thread to end (a
+    dropped model's read ends at its next chunk), so a load's clean-up never races a read
+    or write still under way and nothing of a dropped model is written after it."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        if not fut.cancelled():
+            fut.exception()  # retrieved: the caller is gone, nobody else wants it
+        raise
 
 
 def _bucket(gbps: float | None) -> TokenBucket:
@@ -87,6 +111,23 @@ class AgentStore:
             state.runner = None
         self.host_cache.close()
         self.device.close()
+
+    def drop(self, name: str) -> None:
+        """Forget a model (`drop_model`, once its ops here have ended): every copy in every
+        tier goes, with its manifest; a host load still running stops."""
+        state = self.models.pop(name, None)
+        if state is None:
+            return
+        state.dropped.set()
+        for block in self.host_cache.blocks(name):
+            self.host_cache.evict(name, block)
+        self.host_evictions[name] = self.host_evictions.get(name, 0) + 1
+        self.disk.drop(name)
+        state.gpu_buffers.clear()  # the device memory goes with the last reference
+        state.device_blocks.clear()
+        state.runner = None
+        for present in state.present.values():
+            present.clear()
 
     # ---- what is held -----------------------------------------------------------
 
@@ -205,6 +246,7 @@ class AgentStore:
             missing = [i for i in infos if self.host_cache.get(op.model, i.index) is None]
             check_shm_room(op.model, missing, self.ctx.config.fault_shm_free_bytes)
         evictions = self.host_evictions.get(op.model, 0)
+        read, stop = self._read_source, state.dropped
         try:
             for info in infos:
                 if tier == "host" and self.host_evictions.get(op.model, 0) != evictions:
@@ -213,17 +255,16 @@ class AgentStore:
                     made.append(info.index)
                 if tier == "disk":
                     buf = memoryview(bytearray(info.size_bytes))
-                    await asyncio.to_thread(self._read_source, op.source, op.model, info, buf)
-                    await asyncio.to_thread(self.disk.write, op.model, info, buf)
+                    await in_thread(read, op.source, op.model, info, buf, "critical", stop)
+                    await in_thread(self.disk.write, op.model, info, buf)
                     continue
                 adopt = not (tier == "gpu" and op.source == "host")
                 if adopt:
                     buf = self.target_buffer(op.model, info.index, tier)
-                    read = self._read_source
-                    await asyncio.to_thread(read, op.source, op.model, info, buf, op.priority)
+                    await in_thread(read, op.source, op.model, info, buf, op.priority, stop)
                 else:  # a warm start: the device copies straight from the (pinned) host copy
                     buf = self._host_copy(op.model, info)
-                    await asyncio.to_thread(self.pcie.consume_blocking, info.size_bytes)
+                    await in_thread(self._pace_pcie, info.size_bytes, stop)
                 landing = asyncio.get_running_loop().create_task(
                     land_after(landing, info.index, buf, adopt)
                 )
@@ -242,6 +283,13 @@ class AgentStore:
             raise
         return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)
 
+    def _pace_pcie(self, num_bytes: int, stop: threading.Event | None = None) -> None:
+        """A host -> GPU copy's time on this node's PCIe cap (a worker thread); gives up
+        once `stop` is set (the model was dropped: `LoadAborted`)."""
+        self.pcie.consume_blocking(num_bytes, stop=stop)
+        if stop is not None and stop.is_set():
+            raise LoadAborted("a copy to the gpu tier stopped: its model was dropped")
+
     def _read_source(
         self,
         source: Source,
@@ -249,12 +297,15 @@ class AgentStore:
         info: BlockInfo,
         buf: memoryview,
         priority: Priority = "critical",
+        stop: threading.Event | None = None,
     ) -> None:
+        """Read one block of `name` from `source` into `buf` (a worker thread); gives up at
+        its next chunk once `stop` is set (the model was dropped: `LoadAborted`)."""
         if source == "host":  # this node's own host copy into another tier
             buf[: info.size_bytes] = self._host_copy(name, info)
-            self.pcie.consume_blocking(info.size_bytes)
+            self._pace_pcie(info.size_bytes, stop)
         elif source == "disk":
-            self.disk.read_into(name, info, buf)
+            self.disk.read_into(name, info, buf, stop)
         else:
             if self.remote is None:
                 raise SurgeError(
@@ -263,7 +314,7 @@ class AgentStore:
             # ParaServe §4.2: a background fetch shares the NIC with inference packets,
             # which go first (a critical one is paced by the registry's cap alone)
             nic = self.ctx.ingress if priority == "background" else None
-            self.remote.read_into(name, info, buf, nic)
+            self.remote.read_into(name, info, buf, nic, stop)
 
     def _host_copy(self, name: str, info: BlockInfo) -> memoryview:
         held = self.host_cache.get(name, info.index)

@@ -11,6 +11,7 @@ once (`HostCache.pin`), so a warm start copies from it at the link's speed.
 import hashlib
 import logging
 import shutil
+import threading
 from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Protocol
@@ -50,6 +51,10 @@ def check_shm_room(model: str, infos: list[BlockInfo], free_bytes: int | None = 
             f"{need / 1e6:.1f} MB and {shm_dir} has {free / 1e6:.1f} MB free (enlarge "
             f"{shm_dir}, free it, or lower host_cache_gb)"
         )
+
+
+class LoadAborted(SurgeError):
+    """A read stopped because its model was dropped from the node (`drop_model`)."""
 
 
 class Pinner(Protocol):
@@ -169,14 +174,20 @@ class DiskTier:
             f.write(buf)
         tmp.rename(p)
 
-    def read_into(self, model: str, info: BlockInfo, out: memoryview) -> None:
-        _read_file_into(self.path(model, info), info, out, self.bucket)
+    def read_into(
+        self, model: str, info: BlockInfo, out: memoryview, stop: threading.Event | None = None
+    ) -> None:
+        _read_file_into(self.path(model, info), info, out, self.bucket, stop=stop)
 
     def blocks(self, model: str, manifest: Manifest) -> list[int]:
         return [b.index for b in manifest.blocks if self.has(model, b)]
 
     def evict(self, model: str, info: BlockInfo) -> None:
         self.path(model, info).unlink(missing_ok=True)
+
+    def drop(self, model: str) -> None:
+        """Remove the model's directory: its blocks and any half-written one."""
+        shutil.rmtree(self.root / model, ignore_errors=True)
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -194,11 +205,17 @@ class RemoteRegistry:
         return self.root / model
 
     def read_into(
-        self, model: str, info: BlockInfo, out: memoryview, nic: TokenBucket | None = None
+        self,
+        model: str,
+        info: BlockInfo,
+        out: memoryview,
+        nic: TokenBucket | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         """Read a block; with `nic`, each chunk also crosses that NIC cap as background
         traffic (ParaServe §4.2: inference packets first)."""
-        _read_file_into(self.store_dir(model) / info.file, info, out, self.bucket, nic)
+        path = self.store_dir(model) / info.file
+        _read_file_into(path, info, out, self.bucket, nic, stop)
 
 
 def _read_file_into(
@@ -207,8 +224,10 @@ def _read_file_into(
     out: memoryview,
     bucket: TokenBucket | None,
     nic: TokenBucket | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Read a block file into `out` chunk by chunk (paced), then check its checksum."""
+    """Read a block file into `out` chunk by chunk (paced), then check its checksum; once
+    `stop` is set (the model was dropped) the read gives up at its next chunk."""
     if not path.is_file():
         raise SurgeError(f"block {info.index} is not at {path}")
     view = memoryview(out).cast("B")
@@ -219,9 +238,11 @@ def _read_file_into(
             if not n:
                 break
             if bucket is not None:
-                bucket.consume_blocking(n)
+                bucket.consume_blocking(n, stop=stop)
             if nic is not None:
-                nic.consume_blocking(n, background=True)
+                nic.consume_blocking(n, background=True, stop=stop)
+            if stop is not None and stop.is_set():
+                raise LoadAborted(f"the read of {path} stopped: its model was dropped")
             got += n
     if got != info.size_bytes:
         raise SurgeError(

@@ -215,7 +215,7 @@ class AgentTransfer:
         recv = sorted(op.recv)
         if op.tier == "gpu":  # import the engine (torch, ~1.5 s) while the first block travels
             self.ctx.spawn(asyncio.to_thread(self._prepare_device))
-        self.ctx.spawn(self._receive_all(op, recv))
+        self.ctx.inflight.track(op.model, self.ctx.spawn(self._receive_all(op, recv)))
         return MulticastReply(mc_id=op.mc_id, num_recv=len(recv))
 
     def _prepare_device(self) -> None:
@@ -314,9 +314,8 @@ class AgentTransfer:
     async def op_pull_from(self, op: PullFromOp, conn: Connection, p: memoryview) -> Ack:
         """The controller re-planned a failed delivery: pull `block` from `src` now."""
         self.store.model(op.model).block(op.block)
-        self.ctx.spawn(
-            self._receive_one(op.mc_id, op.model, op.tier, op.step, op.block, op.src, op.wait_s)
-        )
+        pull = self._receive_one(op.mc_id, op.model, op.tier, op.step, op.block, op.src, op.wait_s)
+        self.ctx.inflight.track(op.model, self.ctx.spawn(pull))
         return Ack()
 
 

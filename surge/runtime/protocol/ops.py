@@ -20,6 +20,7 @@ from surge.runtime.protocol.replies import (
     Ack,
     BlockReply,
     ChecksumsReply,
+    DropReply,
     GenerateReply,
     HandoffReply,
     InstanceReply,
@@ -140,6 +141,16 @@ class EvictOp(Op[Ack], name="evict"):
     def __post_init__(self) -> None:
         _blocks_ok("op evict", self.blocks)
         require(not self.keep_host or self.tier == "gpu", "op evict", "keep_host is for gpu")
+
+
+@dataclass(frozen=True)
+class DropModelOp(Op[DropReply], name="drop_model", reply=DropReply):
+    """Forget a model on this node at once (its deployment was deleted): every op about it
+    still running here is aborted (a load stops at its next chunk), its instances and
+    pipeline stages close, and every copy of it goes from every tier, with its manifest
+    (a later `register` starts afresh)."""
+
+    model: str
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,16 @@ class LoadReply(Reply):
 
 
 @dataclass(frozen=True)
+class DropReply(Reply):
+    """What `drop_model` ended on a node."""
+
+    aborted_ops: int
+    """Ops about the model that were still running and were aborted (loads, pulls, ...)."""
+    closed: int
+    """Instances and pipeline stages of the model that were closed."""
+
+
+@dataclass(frozen=True)
 class ChecksumsReply(Reply):
     checksums: dict[int, str]
     """Checksum ("crc32:<hex>", as in the manifest) of each block held in host or gpu memory."""
