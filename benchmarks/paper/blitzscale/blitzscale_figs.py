@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
-from blitzscale_eval import SSD_GBPS_PER_GPU, WORKLOADS, logical_hosts, systems_6_1
+from blitzscale_eval import SSD_GBPS_PER_GPU, WORKLOADS, distserve, logical_hosts, systems_6_1
 from common import run, run_main, write
 from ramp import smooth, time_to_share, token_rate
 
@@ -83,17 +83,6 @@ def _measure(trace, settings: SimSettings, cfg) -> dict:
         "gpu_seconds": summary["gpu_seconds"],
         **split,
     }
-
-
-def distserve(instances: int):
-    """DistServe: BlitzScale's P/D serving on a fixed set of `instances` (§6.2: "DistServe
-    cannot dynamically adjust the instances"), roles as the P/D policy gives them as they
-    join (`policy.blitzscale.pd.role_for_new`), no mutation."""
-    blitz = system_config("blitzscale")
-    fixed = {"min_replicas": instances, "max_replicas": instances}
-    return replace(
-        blitz, name="distserve", mutation=False, autoscale=replace(blitz.autoscale, **fixed)
-    )
 
 
 def fig15() -> dict:
