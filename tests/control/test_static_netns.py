@@ -19,7 +19,7 @@ from tests.conftest import REPO, run_surge
 from tests.control.conftest import start_serve
 from tests.control.test_serve_openai import GREEDY, MODEL, wait_for
 from tests.control.test_static import TOKEN, stop_by_pid
-from tests.runtime.test_netns import needs_netns
+from tests.runtime.conftest import needs_netns
 
 PORT = 7070
 """Every agent listens on the same port: each has its own namespace, as pods do."""

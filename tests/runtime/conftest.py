@@ -1,5 +1,6 @@
 """Fixtures for the data plane: a registry of tiny stores and local agent clusters that are
-always stopped (agents, sockets, shared memory), even when a test fails."""
+always stopped (agents, sockets, shared memory), even when a test fails; netns clusters
+(`make_netns`, `needs_netns`: agents in network namespaces) that leave nothing behind."""
 
 import asyncio
 from collections.abc import Callable, Iterator
@@ -10,10 +11,25 @@ import pytest
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.runtime.client import ClusterClient
+from surge.runtime.launch import netns
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig
 from surge.runtime.protocol import LoadOp, RegisterOp, Tier
 
 MODEL = "tiny"
+
+MISSING = netns.missing_requirements()
+needs_netns = pytest.mark.skipif(bool(MISSING), reason="netns cluster needs " + "; ".join(MISSING))
+"""Skips a test where the machine cannot make namespaces (not root, no iproute2, no cgroup
+CPU controller)."""
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie whose parent died counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except (FileNotFoundError, IndexError):
+        return True
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +69,27 @@ def make_cluster(registry: Path) -> Iterator:
     for cluster in started:
         cluster.stop()
         assert_all_stopped(cluster)
+
+
+@pytest.fixture
+def make_netns(registry: Path) -> Iterator:
+    """Start netns clusters; each is stopped at teardown and must leave nothing behind."""
+    started: list[NetnsCluster] = []
+
+    def make(num_nodes: int, **kwargs) -> NetnsCluster:
+        kwargs.setdefault("remote_dir", registry)
+        kwargs.setdefault("preload_engine", False)
+        cluster = NetnsCluster(NetnsClusterConfig(num_nodes=num_nodes, **kwargs))
+        started.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in started:
+        pids = [p.pid for p in cluster.procs.values()]
+        cluster.stop()
+        assert netns.resources(cluster.prefix) == [], "namespaces, links or cgroups leaked"
+        assert all(gone(pid) for pid in pids), "an agent outlived its cluster"
 
 
 async def connected(

@@ -20,8 +20,7 @@ from surge.runtime.collective import GroupExecutor
 from surge.runtime.launch.local import LocalCluster
 from surge.runtime.multicast import MulticastResult
 from surge.runtime.protocol import BlockArrived, ChecksumsOp, GroupBroadcastOp, GroupDone
-from tests.runtime.conftest import MODEL, connected
-from tests.runtime.test_netns import make_netns, needs_netns  # noqa: F401 (a fixture)
+from tests.runtime.conftest import MODEL, connected, needs_netns
 
 TIMEOUT_S = 30.0
 """Each broadcast's and the group's bound here: a failure must end well before the test's."""
@@ -168,7 +167,7 @@ def test_a_bad_group_op_is_refused_with_a_clear_message() -> None:
 
 @needs_netns
 @pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
-def test_gloo_bytes_are_paced_by_tc_on_shaped_links(make_netns, manifest) -> None:  # noqa: F811
+def test_gloo_bytes_are_paced_by_tc_on_shaped_links(make_netns, manifest) -> None:
     gbps = 0.05
     cluster = make_netns(3, link_gbps=gbps, preload_engine=True, cpu_cores_per_node=0)
     result, during, _ = broadcast(cluster, manifest)
@@ -184,7 +183,7 @@ def test_gloo_bytes_are_paced_by_tc_on_shaped_links(make_netns, manifest) -> Non
 
 @needs_netns
 @pytest.mark.parametrize("algorithm", ["broadcast", "ring"])
-def test_a_member_killed_mid_broadcast_fails_clearly(algorithm, make_netns, manifest) -> None:  # noqa: F811
+def test_a_member_killed_mid_broadcast_fails_clearly(algorithm, make_netns, manifest) -> None:
     cluster = make_netns(4, link_gbps=0.02, preload_engine=True, cpu_cores_per_node=0)
     victim = 2
 

@@ -24,6 +24,7 @@ from surge.runtime.launch.local import (
     sweep_stale_work_dirs,
 )
 from tests.conftest import REPO
+from tests.runtime.conftest import gone
 
 
 @pytest.fixture
@@ -33,14 +34,6 @@ def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     return root
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie counts as exited)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
-    except (FileNotFoundError, IndexError):
-        return True
 
 
 def leftovers(root: Path) -> list[str]:

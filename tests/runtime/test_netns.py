@@ -20,46 +20,14 @@ from surge.engine.sampling import SamplingParams
 from surge.errors import SurgeError
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.runtime.launch import netns
-from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig, require_netns
+from surge.runtime.launch.netns_cluster import NetnsCluster, require_netns
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import ChecksumsOp, GenerateOp
 from tests.conftest import REPO
-from tests.runtime.conftest import MODEL, connected
-
-MISSING = netns.missing_requirements()
-needs_netns = pytest.mark.skipif(bool(MISSING), reason="netns cluster needs " + "; ".join(MISSING))
+from tests.runtime.conftest import MODEL, connected, gone, needs_netns
 
 PROMPT = [0, 5, 9, 200, 31]
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie whose parent died counts as exited)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
-    except (FileNotFoundError, IndexError):
-        return True
-
-
-@pytest.fixture
-def make_netns(registry: Path):
-    """Start netns clusters; each is stopped at teardown and must leave nothing behind."""
-    started: list[NetnsCluster] = []
-
-    def make(num_nodes: int, **kwargs) -> NetnsCluster:
-        kwargs.setdefault("remote_dir", registry)
-        kwargs.setdefault("preload_engine", False)
-        cluster = NetnsCluster(NetnsClusterConfig(num_nodes=num_nodes, **kwargs))
-        started.append(cluster)
-        cluster.start()
-        return cluster
-
-    yield make
-    for cluster in started:
-        pids = [p.pid for p in cluster.procs.values()]
-        cluster.stop()
-        assert netns.resources(cluster.prefix) == [], "namespaces, links or cgroups leaked"
-        assert all(gone(pid) for pid in pids), "an agent outlived its cluster"
 
 
 def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None, dead: Sequence[int] = ()):

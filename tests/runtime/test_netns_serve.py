@@ -15,7 +15,7 @@ from tests.control.conftest import (  # noqa: F401 (fixtures of surge serve)
     surge_home,
     tiny_store_dir,
 )
-from tests.runtime.test_netns import needs_netns
+from tests.runtime.conftest import needs_netns
 
 
 @needs_netns
