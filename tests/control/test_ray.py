@@ -1,6 +1,7 @@
 """`surge serve --launcher ray`: node agents as Ray actors on a local Ray cluster that the
-test starts on loopback (and shuts down), data over surge's own transport; greedy answers
-equal a local run, and no agent outlives the server."""
+module starts once on loopback (and shuts down), data over surge's own transport; greedy
+answers equal a local run, and no agent outlives the server. A `RayCluster` given the address
+of a Ray its caller initialized leaves that Ray up when it stops (so the tests share one)."""
 
 import pytest
 
@@ -9,14 +10,16 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'surg
 from tests.control.conftest import start_serve  # noqa: E402
 from tests.control.test_serve_openai import GREEDY, MODEL  # noqa: E402
 
-# Each test starts its own local Ray cluster on 127.0.0.1: under pytest-xdist two at once on
-# the 2 workers would compete for Ray's default ports and the cores; one worker runs them all.
+# One local Ray cluster on 127.0.0.1 for the module: under pytest-xdist two at once on the 2
+# workers would compete for Ray's default ports and the cores; one worker runs them all.
 pytestmark = pytest.mark.xdist_group("ray")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_address():
-    """A one-node Ray cluster on 127.0.0.1, no dashboard; its GCS address."""
+    """A one-node Ray cluster on 127.0.0.1, no dashboard; its GCS address. Started once for
+    the module (a Ray start is seconds of CPU): `surge serve` connects to it as a driver of
+    its own, and the tests' `RayCluster`s use this process's connection and leave it up."""
     ctx = ray.init(
         num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
     )
@@ -72,6 +75,7 @@ def test_agents_packed_on_one_ray_node_report_one_host_group_to_the_planner(ray_
         got = asyncio.run(links())
     finally:
         cluster.stop()
+    assert ray.is_initialized()  # the caller's Ray (this module's cluster) stays up
     assert len({link.host for link in got}) == 1 and got[0].host.startswith("ray-")
     assert multicast_cluster(1, got).nvlink_groups == ((0, 1, 2),)
 

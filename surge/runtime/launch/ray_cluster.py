@@ -174,6 +174,8 @@ class RayCluster:
         self.addresses: dict[int, tuple[str, int]] = {}
         self.agents: dict[int, _Agent] = {}
         self._started_ray = False
+        self._connected = False
+        """This cluster called `ray.init` (so `stop` disconnects; a caller's own Ray stays)."""
         self._pg: Any = None
         """The agents' placement group (removed on stop)."""
 
@@ -201,6 +203,7 @@ class RayCluster:
             except Exception as e:  # ConnectionError, ValueError, ...
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise SurgeError(f"cannot start or reach Ray: {first}") from None
+            self._connected = True
         return ray
 
     def _place(self, ray: Any) -> tuple[Any, dict[int, tuple[str | None, tuple[int, ...]]]]:
@@ -277,7 +280,8 @@ class RayCluster:
             raise SurgeError(f"node agents did not start on Ray: {first}") from None
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop every agent, then the actors; shut down Ray if this cluster started it."""
+        """Stop every agent, then the actors; disconnect from Ray if this cluster connected
+        (and shut it down if it started it); a Ray the caller had initialized stays up."""
         try:
             import ray
         except ImportError:
@@ -303,4 +307,6 @@ class RayCluster:
             except Exception as e:
                 log.warning("removing the agents' placement group: %s", e)
             self._pg = None
-        ray.shutdown()  # a driver of a shared cluster only disconnects
+        if self._connected:
+            ray.shutdown()  # a driver of a shared cluster only disconnects
+            self._connected = False
