@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import add_cluster_args
 from benchmarks.emulation.lambdascale import shrunk_cluster
@@ -171,37 +172,40 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
     return out
 
 
-def simulated(args, config: EmulationConfig, variants, cvs) -> dict:
-    """The simulator's run of each (CV, variant): latencies, TTFTs and refactors."""
+def simulate_one(args, config: EmulationConfig, cv: float, variant: str) -> tuple[dict, Any]:
+    """The simulator's run of one (CV, variant) as the runtime deploys it: its summary
+    (`flexpipe_sim.run_one`) and raw `SimResult` (per-request times and endpoints)."""
     from benchmarks.systems.flexpipe_sim import run_one
     from surge.sim.settings import Slo
 
-    cluster = shrunk_cluster(config.preset, args.nodes)
+    raw: list = []
+    summary = run_one(
+        "load-then-serve" if variant == "serverlessllm" else variant,
+        cv,
+        cluster=shrunk_cluster(config.preset, args.nodes),  # type: ignore[arg-type]
+        model=config.model,
+        rate_rps=args.rate,
+        duration_s=args.duration,
+        seed=args.seed,
+        slo=Slo(),
+        fine_stages=4,
+        input_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        on_result=raw.append,
+        change=deployed(variant, args),
+        max_batch=args.max_num_seqs,
+        warm_instances=1,
+    )
+    return summary, raw[0]
+
+
+def simulated(args, config: EmulationConfig, variants, cvs) -> dict:
+    """The simulator's run of each (CV, variant): latencies, TTFTs and refactors."""
     out: dict = {}
     for cv in cvs:
         for variant in variants:
-            name = "load-then-serve" if variant == "serverlessllm" else variant
-            raw: list = []
-            r = run_one(
-                name,
-                cv,
-                cluster=cluster,  # type: ignore[arg-type]
-                model=config.model,
-                rate_rps=args.rate,
-                duration_s=args.duration,
-                seed=args.seed,
-                slo=Slo(),
-                fine_stages=4,
-                input_tokens=args.prompt_tokens,
-                output_tokens=args.output_tokens,
-                on_result=raw.append,
-                change=deployed(variant, args),
-                max_batch=args.max_num_seqs,
-                warm_instances=1,
-            )
-            ttft = [
-                float(f - a) for f, a in zip(raw[0].first_token_s, raw[0].arrival_s, strict=True)
-            ]
+            r, res = simulate_one(args, config, cv, variant)
+            ttft = [float(f - a) for f, a in zip(res.first_token_s, res.arrival_s, strict=True)]
             keys = ("e2e_p50_s", "e2e_p99_s", "e2e_mean_s", "ttft_p50_s", "ttft_p99_s")
             out.setdefault(f"{cv:g}", {})[variant] = {
                 k: round(r[k], 4) if r[k] is not None else None for k in keys

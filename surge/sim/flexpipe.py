@@ -272,6 +272,7 @@ class FlexPipe:
                 inst.placement = Placement(tuple((g,) for g, _ in spans), machine)
                 inst.set_hop((len(spans) - 1) * self.world.system.stage_hop_s)
             self.register(inst, spans)
+            self.world.result.endpoints_up[inst.id] = (0.0, len(spans))  # it serves as these
 
     def _pipeline(self, inst: Instance, num_stages: int) -> None:
         """η stages with η micro-batches in flight (§7 Eq. 12: a pipeline serves the sum

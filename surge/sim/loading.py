@@ -85,6 +85,9 @@ class Loader:
                 return
             inst.serving = True
             inst.loaded = True
+            self.world.result.endpoints_up.setdefault(
+                inst.id, (self.world.loop.now_s, len(inst.placement.workers))
+            )
             if pool.pd is not None:  # P/D: its role before its first request
                 pool.pd.join(inst, len(pool.queue))
             inst.idle_since_s = self.world.loop.now_s if inst.outstanding == 0 else None

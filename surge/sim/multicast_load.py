@@ -346,6 +346,7 @@ class MulticastLoads:
             placement = Placement(tuple(m.gpus for m in members), members[0].machine)
             ep = self.make_endpoint(pool, placement, True)
             ep.serving = True
+            self.world.result.endpoints_up[ep.id] = (self.world.loop.now_s, len(members))
             opened[action.index] = ep
             pool.pipelines.append(ep)
             self.world.event(pool.model, pool.role, "pipeline")

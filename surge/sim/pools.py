@@ -119,6 +119,8 @@ class Requests:
         if chosen is None:
             return None
         inst = eps[0] if eps[0].id == chosen else next(e for e in eps if e.id == chosen)
+        if req.endpoint < 0:
+            req.dispatched_s, req.endpoint = self.world.loop.now_s, inst.id
         inst.submit(req, start)
         return inst
 

@@ -10,7 +10,9 @@ class SimRequest:
 
     __slots__ = (
         "arrival_s",
+        "dispatched_s",
         "done_s",
+        "endpoint",
         "first_token_s",
         "generated",
         "id",
@@ -30,6 +32,10 @@ class SimRequest:
         self.output_tokens = out
         self.first_token_s = -1.0
         self.done_s = -1.0
+        self.dispatched_s = -1.0
+        """When the router first gave it to an endpoint (-1: never)."""
+        self.endpoint = -1
+        """The endpoint (instance id) it first went to (-1: none)."""
         self.generated = 0
         self.kv_ready = False
         """Its KV cache came with it (a P/D hand-off): it joins the decode batch of the

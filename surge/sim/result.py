@@ -67,3 +67,11 @@ class SimResult:
     group loaded and served (`sim.prefetch`)."""
     prefetch_hits: int = 0
     """Consolidating members that loaded a prefetched rest from host memory."""
+    dispatched_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per request: when the router first gave it to an endpoint (-1 if never)."""
+    endpoint: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request: the endpoint (instance id) it first went to (-1 if none)."""
+    endpoints_up: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """Per endpoint (instance id): when it began serving and its workers (pipeline stages):
+    with `dispatched_s` and `endpoint`, a per-request timeline (benchmarks'
+    `emulation/flexpipe_timeline.py` sets it beside the emulated runtime's)."""

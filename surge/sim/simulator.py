@@ -271,6 +271,8 @@ class Simulation:
         res = self.world.result
         res.first_token_s = np.array([r.first_token_s for r in self.requests])
         res.done_s = np.array([r.done_s for r in self.requests])
+        res.dispatched_s = np.array([r.dispatched_s for r in self.requests])
+        res.endpoint = np.array([r.endpoint for r in self.requests], dtype=np.int64)
         res.end_s = max(loop.now_s, last)
         res.num_events = loop.num_events
         res.wall_s = time.perf_counter() - start

@@ -11,6 +11,7 @@ from surge.policy.systems import system_config
 from surge.runtime.endpoints import Endpoint
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
+from surge.sim.events import EventLoop
 from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
 from tests.parity.conftest import EndpointSpec, FakeClient
@@ -102,6 +103,7 @@ class _SimEndpoint:
 class _World:
     def __init__(self, system: str) -> None:
         self.system = system_config(system)
+        self.loop = EventLoop()
 
 
 def _sim_choices(specs: list[EndpointSpec], system: str) -> list[str | None]:
