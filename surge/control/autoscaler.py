@@ -267,7 +267,10 @@ class Autoscaler:
         dep.spawn(self._run_scale_out(dep, dests, owns_multicast, placement_s))
         return len(dests)
 
-    def _offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
+    def offer(self, dep: Deployment, dests: list[int], booked: list[int]) -> ScaleOutOffer:
+        """What a scale-out of `dep` to `dests` is offered (`control/scaleouts.start_scale_out`):
+        the controller's side of it, the spare nodes and NIC load now, and whether new
+        instances wait for their engine start (under GPU-time emulation only)."""
         return ScaleOutOffer(
             side=DeploymentSide(dep, self, booked),
             spares=tuple(
@@ -301,7 +304,7 @@ class Autoscaler:
                 self.pool,
                 dep,
                 dests,
-                self._offer(dep, dests, booked),
+                self.offer(dep, dests, booked),
                 engine=self.engine,
                 timeout_s=self.clock.real_s(self.config.scale_out_timeout_s),
                 serve_while_loading=owns_multicast,

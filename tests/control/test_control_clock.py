@@ -9,39 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.config import EngineConfig
-from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.emulation import control_clock
-from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
-from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.request import ServeRequest
-from tests.control.test_copies import ScriptedClient
-
-D = 10.0
-
-
-class RealTime:
-    """The host's monotonic clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    async def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.t += s
-
-
-def emulation(d: float = D) -> Emulation:
-    return Emulation(EmulationConfig("lambdascale-testbed1", "llama2-13b", d), 1 << 20)
+from tests.control.scripted import D, RealTime, ScriptedClient, bare_autoscaler, emulation
 
 
 def test_the_controllers_clock_is_the_emulations() -> None:
@@ -89,19 +64,7 @@ def test_the_autoscaler_ticks_on_the_emulated_clock() -> None:
     (the host's clock would tick ~10x as often, each seeing 0.05 real s)."""
     config = ControllerConfig(state_dir=Path("/nonexistent"), tick_s=0.05)
     clock = control_clock(emulation())
-    pool = ParameterPool()
-    copies = Copies(ScriptedClient(), pool, {}, config, lambda: [0], clock.now_s(), clock)  # type: ignore[arg-type]
-    scaler = Autoscaler(
-        ScriptedClient(),  # type: ignore[arg-type]
-        pool,
-        Metrics(),
-        config,
-        EngineConfig(),
-        {},
-        copies,
-        lambda: [0],
-        clock=clock,
-    )
+    scaler = bare_autoscaler(config, clock=clock)
     ticks: list[tuple[float, float]] = []
 
     async def record(now_s: float, dt_s: float) -> None:

@@ -4,27 +4,12 @@ agent evicted it."""
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from surge.control.copies import Copies
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
-from surge.runtime.protocol import Ack, EvictOp, InstanceCloseOp, Op
-
-
-class ScriptedClient:
-    """Answers ops like an agent would, failing the op classes it is told to."""
-
-    def __init__(self, failing: tuple[type[Op], ...] = ()) -> None:
-        self.down: set[int] = set()
-        self.failing = failing
-        self.sent: list[tuple[int, Op]] = []
-
-    async def call(self, node: int, op: Op) -> Any:
-        self.sent.append((node, op))
-        if isinstance(op, self.failing):
-            raise RuntimeError(f"{op.NAME} failed on node {node}")
-        return Ack()
+from surge.runtime.protocol import EvictOp, InstanceCloseOp
+from tests.control.scripted import ScriptedClient
 
 
 def _copies(client: ScriptedClient, pool: ParameterPool) -> Copies:

@@ -10,20 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.config import EngineConfig
-from surge.control.autoscaler import Autoscaler
-from surge.control.copies import Copies
-from surge.control.metrics import Metrics
-from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
 from surge.policy.startup import engine_start_wait_s
 from surge.policy.systems import system_config
 from surge.runtime.clock import Clock
 from surge.runtime.scaleout import local
-from tests.control.test_control_clock import RealTime, emulation
-from tests.control.test_copies import ScriptedClient
-
-D = 10.0
+from tests.control.scripted import D, RealTime, bare_autoscaler, emulation
 
 
 def test_the_wait_is_what_the_simulator_charges() -> None:
@@ -73,18 +65,6 @@ def test_the_controller_paces_engine_starts_only_under_emulation(emulated: bool)
     config = ControllerConfig(
         state_dir=Path("/nonexistent"), emulation=emulation(D) if emulated else None
     )
-    pool = ParameterPool()
-    copies = Copies(ScriptedClient(), pool, {}, config, lambda: [0], 0.0)  # type: ignore[arg-type]
-    scaler = Autoscaler(
-        ScriptedClient(),  # type: ignore[arg-type]
-        pool,
-        Metrics(),
-        config,
-        EngineConfig(),
-        {},
-        copies,
-        lambda: [0],
-    )
-    dep = SimpleNamespace(instances={})
-    offer = scaler._offer(dep, [0], [])  # type: ignore[arg-type]
+    scaler = bare_autoscaler(config, started_s=0.0)
+    offer = scaler.offer(SimpleNamespace(instances={}), [0], [])  # type: ignore[arg-type]
     assert offer.paced_engine_start is emulated

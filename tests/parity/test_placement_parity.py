@@ -9,13 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.config import EngineConfig
-from surge.control.autoscaler import Autoscaler
-from surge.control.copies import Copies
-from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.settings import ControllerConfig
 from surge.policy.systems import SYSTEMS, serve_system, system_config
+from tests.control.scripted import bare_autoscaler
 from tests.parity.conftest import FakeClient
 from tests.parity.sim_world import add_host_copy, entry_pool, simulation
 
@@ -31,19 +28,7 @@ def _runtime_nodes(strategy: str, count: int) -> list[int]:
     for n in HOSTS:
         pool.add("m", n, "host", range(4))
     config = ControllerConfig(state_dir=Path("/nonexistent"))
-    nodes = lambda: list(range(NUM_MACHINES))  # noqa: E731
-    client = FakeClient()
-    copies = Copies(client, pool, {}, config, nodes, started_s=0.0)  # type: ignore[arg-type]
-    autoscaler = Autoscaler(
-        client,  # type: ignore[arg-type]
-        pool,
-        Metrics(),
-        config,
-        EngineConfig(),
-        {},
-        copies,
-        nodes,
-    )
+    autoscaler = bare_autoscaler(config, FakeClient(), pool, range(NUM_MACHINES), started_s=0.0)
     dep = SimpleNamespace(
         name="m",
         spec=SimpleNamespace(strategy=strategy, system=serve_system(strategy)),
