@@ -5,8 +5,9 @@ What flows: the controller's deployments and the parameter pool in; agent ops ou
 into the host tier, `evict`, `instance_close`), with the pool updated from what the agents
 did. Every choice is `surge.policy`'s: which nodes keep a pinned copy, by the system's
 `host_cache` (none for ParaServe and ServerlessLLM, one for λScale and BlitzScale, every
-node for FlexPipe), and which copies expire (`policy.copies.host_copies`), which copies
-make room for a new one (`policy.copies.keepalive`).
+node for FlexPipe), which copies expire and which copy a load leaves in ServerlessLLM's LRU
+cache (`policy.copies.host_copies`), which copies make room for a new one
+(`policy.copies.keepalive`).
 Dependencies are passed in by `control/controller.py`. Owned by control/.
 """
 
@@ -20,6 +21,7 @@ from surge.control.state import Deployment
 from surge.policy.copies.host_copies import (
     NodeHostCache,
     PinnedCopy,
+    copy_after_load,
     expired_copies,
     host_copy_retry_s,
     host_copy_source,
@@ -89,15 +91,37 @@ class Copies:
             self.deployments[model].host_last_used_s[node] = self.clock.now_s()
 
     def _keeps_host(self, model: str, node: int) -> bool:
-        """FlexPipe §7: a freed slot's GPU blocks stay in its host tier when the host cache
-        admits the model there without evicting another (`policy.flexpipe.host_keep`)."""
+        """Whether a freed slot's GPU blocks stay in its host tier: ServerlessLLM's LRU
+        cache keeps (or refreshes) the copy (`lru_copy`); FlexPipe §7 keeps them when the
+        host cache admits the model there without evicting another
+        (`policy.flexpipe.host_keep`)."""
         dep = self.deployments.get(model)
         if dep is None:
             return False
+        if dep.spec.system.host_cache == "lru":
+            return self.lru_copy(dep, node)
         entry = CacheEntry(model, dep.manifest.total_bytes, self.clock.now_s())
         decision = admit(self._entries(node), entry, self.settings)
         system = dep.spec.system
         return keep_host_after_eviction(system, decision.admit and not decision.evict)
+
+    def lru_copy(self, dep: Deployment, node: int) -> bool:
+        """ServerlessLLM's LRU host cache (`policy.copies.host_copies.copy_after_load`): the
+        model's copy stays in the node's host memory after a load into its GPU memory from
+        the disk or the registry (asked as the load starts: the agent reads it through its
+        host tier) or after a release. The copies the policy names make room first; the
+        copy's last use is now. False for a system without an LRU cache, or no room."""
+        now = self.clock.now_s()
+        entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=node in dep.pinned_nodes)
+        mode = dep.spec.system.host_cache
+        decision = copy_after_load(mode, self._entries(node), entry, self.settings)
+        if not decision.admit:
+            return False
+        for victim in decision.evict:
+            if victim in self.deployments:
+                self.evict_host(self.deployments[victim], node)
+        dep.host_last_used_s[node] = now
+        return True
 
     # ---- host copies -------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 What flows: the runtime's scale-out (`runtime/scaleout/`) calls `DeploymentSide` back
 through the `ControllerSide` protocol: book a spare slot for a ParaServe or FlexPipe group
-member and give it back, bring the model into a node's host tier (a cold leader), hear that
+member and give it back, bring the model into a node's host tier (a cold leader) or keep
+the one a load passes through (ServerlessLLM's LRU cache), hear that
 a node serves as a local instance, count which instances send or receive a multicast, ask
 what each egress carries, and read and add FlexPipe's scaling marks (§7's HRG). It acts on
 the deployment's records and on the autoscaler's slot ledger (`SlotLedger`, passed in; the
@@ -49,6 +50,9 @@ class DeploymentSide:
 
     async def make_host_copy(self, node: int) -> None:
         await self.ledger.copies.make_host_copy(self.dep, node, pin=True)
+
+    def keep_host_copy(self, node: int) -> bool:
+        return self.ledger.copies.lru_copy(self.dep, node)
 
     def book(self, node: int) -> bool:
         dep, ledger = self.dep, self.ledger

@@ -9,8 +9,8 @@ expiry are `surge.policy.copies.keepalive` decisions (LRU + keep-alive, Serverle
 
 from collections.abc import Callable
 
-from surge.policy.copies.host_copies import NodeHostCache, kept_copies
-from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit, expired
+from surge.policy.copies.host_copies import NodeHostCache, copy_after_load, kept_copies
+from surge.policy.copies.keepalive import CacheEntry, CacheSettings, expired
 from surge.sim.world import World
 
 
@@ -62,7 +62,8 @@ class HostCache:
 
     def touch(self, machine: int, model: int) -> bool:
         """`model` was just used from (or loaded into) host memory of `machine`; with
-        `lru` it is admitted (evicting what the policy says) or refreshed. Whether it is
+        `lru` it is admitted (evicting what `policy.copies.host_copies.copy_after_load` says)
+        or refreshed. Whether it is
         there now."""
         world = self.world
         if world.system.host_cache != "lru":
@@ -73,7 +74,8 @@ class HostCache:
         now = world.loop.now_s
         entry = CacheEntry(slot.name, slot.profile.total_bytes, now, old.pinned if old else False)
         if old is None:
-            decision = admit(tuple(cache.values()), entry, self.settings[machine])
+            mode = world.system.host_cache
+            decision = copy_after_load(mode, tuple(cache.values()), entry, self.settings[machine])
             if not decision.admit:
                 return False
             for victim in decision.evict:

@@ -26,6 +26,7 @@ OPS = [
     p.RegisterOp(model="m"),
     p.SetPeersOp(peers={0: ("127.0.0.1", 9000), 1: ("127.0.0.1", 9001)}, preconnect=False),
     p.LoadOp(model="m", blocks=(0, 1), tier="gpu", source="remote"),
+    p.LoadOp(model="m", blocks=(0, 1), tier="gpu", source="disk", keep_host=True),
     p.LoadOp(model="m", blocks=(2,), tier="host", source="remote", priority="background"),
     p.EvictOp(model="m", blocks=(3,), tier="disk"),
     p.DropModelOp(model="m"),
@@ -212,6 +213,7 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
         "tier": "host",
         "source": "disk",
         "priority": "critical",
+        "keep_host": False,
     }
     old_submit = {
         "op": "instance_submit",
@@ -243,6 +245,10 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
         ({"op": "load", "model": "m"}, "op load: missing field 'blocks'"),
         ({"op": "load", "model": "m", "blocks": [0], "tier": "ram"}, "field 'tier' must be"),
         ({"op": "load", "model": "m", "blocks": [-1]}, "block indices must be >= 0"),
+        (
+            {"op": "load", "model": "m", "blocks": [0], "source": "host", "keep_host": True},
+            "keep_host is for a gpu load from disk or remote",
+        ),
         ({"op": "evict", "model": "m", "blocks": [0], "tire": "gpu"}, "unknown field"),
         ({"op": "get_block", "model": "m", "block": "3"}, "field 'block' must be an integer"),
         ({"op": "stage_step", "pipeline": "p", "kind": "tokens"}, "needs shape and batch"),

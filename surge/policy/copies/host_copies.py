@@ -14,7 +14,8 @@ Rules:
 - Which copies a deployed model keeps before any use (`kept_copies`), by the system's
   `host_cache`: `pinned-one` one pinned copy (below); `all` a pinned copy on every live
   node (AllCache; FlexPipe §7's host-memory tier); `lru` none (ServerlessLLM: the cache
-  fills with the models its instances load, LRU and keep-alive) and `none` none
+  fills with the models its instances load, LRU and keep-alive: `copy_after_load`) and
+  `none` none
   (ParaServe §4, FaaSNet, NCCL: a cold start reads the registry or the SSD). So a system
   without a host cache starts cold from its tier, as its paper deploys it.
 - BlitzScale §5.3 O(1) host caching (`pinned-one`; λScale's registered-memory replica):
@@ -34,7 +35,13 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from surge.policy.copies.keepalive import CacheEntry, CacheSettings, expired
+from surge.policy.copies.keepalive import (
+    CacheDecision,
+    CacheEntry,
+    CacheSettings,
+    admit,
+    expired,
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,27 @@ def kept_copies(
     if host_cache in ("lru", "none"):
         return ()
     raise ValueError(f"unknown host_cache {host_cache!r}")
+
+
+def copy_after_load(
+    host_cache: str,
+    entries: Sequence[CacheEntry],
+    incoming: CacheEntry,
+    settings: CacheSettings,
+) -> CacheDecision:
+    """Whether a model loaded into a node's GPU memory (or released from it) keeps a copy
+    in that node's host memory, and which copies make room first. ServerlessLLM (`lru`,
+    §4: a checkpoint reaches the GPU through a pinned host-memory pool, which stays as a
+    cache): admitted by `keepalive.admit` (the least recently used unpinned copies go; a
+    copy held already is only refreshed: `incoming.last_used_s`); refused when it cannot
+    fit. Other systems keep no copy this way (their kept copies are `kept_copies`'s).
+    Asked by the simulator (`sim/host_cache.HostCache.touch`, when a load's bytes have
+    landed and when an instance is released) and by `surge serve`'s controller
+    (`control/copies.Copies.lru_copy`, when a load from the disk or the registry starts,
+    so the agent reads it through its host tier, and when a slot is released)."""
+    if host_cache != "lru":
+        return CacheDecision(False, ())
+    return admit(entries, incoming, settings)
 
 
 def _node(c: NodeHostCache) -> int:

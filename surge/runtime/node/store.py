@@ -242,6 +242,7 @@ class AgentStore:
 
         tier = op.tier
         made: list[int] = []  # host segments this load created (removed if it fails)
+        keep = op.keep_host and self._room_to_keep(op.model, infos)
         if tier == "host":
             missing = [i for i in infos if self.host_cache.get(op.model, i.index) is None]
             check_shm_room(op.model, missing, self.ctx.config.fault_shm_free_bytes)
@@ -249,9 +250,11 @@ class AgentStore:
         read, stop = self._read_source, state.dropped
         try:
             for info in infos:
-                if tier == "host" and self.host_evictions.get(op.model, 0) != evictions:
+                evicted = self.host_evictions.get(op.model, 0) != evictions
+                if tier == "host" and evicted:
                     raise SurgeError(f"the host copy of {op.model} was evicted while it loaded")
-                if tier == "host" and self.host_cache.get(op.model, info.index) is None:
+                keep = keep and not evicted  # the rest goes straight to the gpu tier
+                if (tier == "host" or keep) and self.host_cache.get(op.model, info.index) is None:
                     made.append(info.index)
                 if tier == "disk":
                     buf = memoryview(bytearray(info.size_bytes))
@@ -259,7 +262,12 @@ class AgentStore:
                     await in_thread(self.disk.write, op.model, info, buf)
                     continue
                 adopt = not (tier == "gpu" and op.source == "host")
-                if adopt:
+                if keep:  # ServerlessLLM §4: through the host tier, which keeps it (LRU)
+                    buf = self.target_buffer(op.model, info.index, "host")
+                    await in_thread(read, op.source, op.model, info, buf, op.priority, stop)
+                    await self.landed(op.model, info.index, "host", buf, source=op.source)
+                    adopt = False  # the gpu tier copies it: the host copy stays its own
+                elif adopt:
                     buf = self.target_buffer(op.model, info.index, tier)
                     await in_thread(read, op.source, op.model, info, buf, op.priority, stop)
                 else:  # a warm start: the device copies straight from the (pinned) host copy
@@ -282,6 +290,17 @@ class AgentStore:
                     state.present[block].clear()
             raise
         return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)
+
+    def _room_to_keep(self, name: str, infos: list[BlockInfo]) -> bool:
+        """Whether shared memory has room for the blocks' host copy that a gpu load or an
+        eviction would keep (`keep_host`); without it nothing is kept (logged)."""
+        missing = [i for i in infos if self.host_cache.get(name, i.index) is None]
+        try:
+            check_shm_room(name, missing, self.ctx.config.fault_shm_free_bytes)
+        except SurgeError as e:
+            log.warning("node %d keeps no host copy of %s: %s", self.ctx.node, name, e)
+            return False
+        return True
 
     def _pace_pcie(self, num_bytes: int, stop: threading.Event | None = None) -> None:
         """A host -> GPU copy's time on this node's PCIe cap (a worker thread); gives up
@@ -351,10 +370,7 @@ class AgentStore:
             for b in blocks
             if b in state.device_blocks and self.host_cache.get(name, b) is None
         ]
-        try:
-            check_shm_room(name, infos, self.ctx.config.fault_shm_free_bytes)
-        except SurgeError as e:
-            log.warning("node %d keeps no host copy of %s: %s", self.ctx.node, name, e)
+        if not self._room_to_keep(name, infos):
             return
         for info in infos:
             held = state.gpu_buffers.get(info.index)

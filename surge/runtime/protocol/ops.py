@@ -122,10 +122,17 @@ class LoadOp(Op[LoadReply], name="load", reply=LoadReply):
     """`background`: a read from the registry also crosses the node's NIC (its ingress
     cap), taking only the bandwidth inference traffic leaves (ParaServe §4.2; the node
     prefetcher's rest, `policy.paraserve.prefetch`)."""
+    keep_host: bool = False
+    """With tier `gpu` from `disk` or `remote`: each block is read into the host tier and
+    copied to the gpu tier from there, and stays (announced in both tiers): ServerlessLLM's
+    loading path through host memory, which leaves its LRU cache filled
+    (`policy.copies.host_copies.copy_after_load`)."""
 
     def __post_init__(self) -> None:
         _blocks_ok("op load", self.blocks)
         require(self.source != "mate", "op load", "a mate's device copy is open_mate_copy's")
+        ok = not self.keep_host or (self.tier == "gpu" and self.source in ("disk", "remote"))
+        require(ok, "op load", "keep_host is for a gpu load from disk or remote")
 
 
 @dataclass(frozen=True)

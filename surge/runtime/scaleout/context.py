@@ -106,6 +106,11 @@ class ControllerSide(Protocol):
         """Bring the model into a node's host tier from its disk or the registry (a cold
         leader); the controller accounts the host cache."""
 
+    def keep_host_copy(self, node: int) -> bool:
+        """Whether a load into the node's GPU memory from its disk or the registry goes
+        through its host tier and stays there (ServerlessLLM's LRU cache); the controller
+        makes room and accounts the host cache."""
+
     def book(self, node: int) -> bool:
         """Take a free slot on a spare node for a group member (False: gone)."""
 
@@ -145,6 +150,9 @@ class ControllerHooks:
     make_host_copy: Callable[[int], Awaitable[None]] = _no_host_copy
     """Bring the model into a node's host tier from its disk or the registry (cold
     leader); the controller accounts the host cache."""
+    keep_host_copy: Callable[[int], bool] = lambda node: False
+    """Whether a load into the node's GPU memory from its disk or the registry keeps a
+    host copy (ServerlessLLM's LRU cache)."""
     book: Callable[[int], bool] = lambda node: False
     """Take a free slot on a spare node for a ParaServe group member (False: gone)."""
     release: Callable[[int], Awaitable[None]] = _nothing

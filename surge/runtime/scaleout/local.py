@@ -36,8 +36,11 @@ async def started(ctx: ScaleOutContext, launch_s: float) -> None:
 
 
 async def load_blocks(ctx: ScaleOutContext, node: int, blocks: list[int], source: str) -> None:
-    """Read `blocks` from the node's own `source` tier into its gpu tier."""
-    op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source)  # type: ignore[arg-type]
+    """Read `blocks` from the node's own `source` tier into its gpu tier; from the disk or
+    the registry, through its host tier when the controller keeps that copy
+    (ServerlessLLM's LRU cache, `ControllerSide.keep_host_copy`)."""
+    keep = source in ("disk", "remote") and ctx.hooks.keep_host_copy(node)
+    op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source, keep_host=keep)  # type: ignore[arg-type]
     await ctx.client.call(node, op)
 
 
