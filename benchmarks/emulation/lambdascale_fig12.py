@@ -113,7 +113,17 @@ def run_emulated(args, tmp: Path, manifest: Manifest, emulation: Emulation, name
         clock = Clock(args.time_dilation)
         before = link_bytes(cluster)
         res = asyncio.run(
-            burst(cluster, manifest, mode, run_args, "remote", system, clock, load_from)
+            burst(
+                cluster,
+                manifest,
+                mode,
+                run_args,
+                "remote",
+                system,
+                clock,
+                load_from,
+                paced_setups=True,  # NCCL's communicator: the simulator's 0.1 s
+            )
         )
         wall = time.monotonic() - t0
         links = link_bytes(cluster, before)

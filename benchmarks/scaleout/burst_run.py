@@ -55,6 +55,7 @@ def group_times(result: MulticastResult | None, clock: Clock) -> dict | None:
     if g is None:
         return None
     return {
+        # under emulation at least the system's group_setup_s (`paced_setups`)
         "setup_real_s": g.setup_s,
         "setup_s": clock.of_real(g.setup_s) if g.setup_s is not None else None,
         "member_setup_real_s": list(g.member_setup_s),
@@ -113,12 +114,15 @@ async def burst(
     system: SystemConfig | None = None,
     clock: Clock = REAL_CLOCK,
     load_from: Source = "remote",
+    paced_setups: bool = False,
 ) -> dict:
     """One burst on `args.sources` hot instances (loaded from `hot_from` before the clock
     starts) scaled out to every other node in `mode` by `system` (default: λScale, every
     hot instance a source; `LOAD_THEN_SERVE`: each node loads from `load_from` and starts
     its engine for `system.init_s`); times in `clock`'s seconds from the burst (an
-    emulated clock: emulated seconds; `args.bucket_s` too)."""
+    emulated clock: emulated seconds; `args.bucket_s` too). `paced_setups`: under
+    emulation, a gloo group's creation lasts at least `system.group_setup_s` on `clock`
+    (`ScaleOutContext.paced_setups`)."""
     client = cluster.client()
     await client.connect()
     await cluster.wire_peers(client)
@@ -159,6 +163,7 @@ async def burst(
             engine=engine,
             timeout_s=600,
             serve_while_loading=mode == "execute_while_load",
+            paced_setups=paced_setups,
         )
         pids = {n: proc.pid for n, proc in getattr(cluster, "procs", {}).items()}
         cpu_before = (time.process_time(), cpu_s(pids))

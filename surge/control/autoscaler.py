@@ -283,7 +283,7 @@ class Autoscaler:
             events=self.events,
             links=self.links,
             estimates=self.estimates,
-            paced_engine_start=self.config.emulation is not None,
+            paced_setups=self.config.emulation is not None,
         )
 
     async def _run_scale_out(

@@ -47,9 +47,9 @@ class ScaleOutOffer:
     """Each agent's reported links (caps, host group): the multicast planner's topology."""
     estimates: ServingEstimates = HOST_ESTIMATES
     """Compute and fetch rates assumed before measuring (`control/emulation.py`)."""
-    paced_engine_start: bool = False
-    """New instances wait for their system's engine start (`init_s`) on the serving clock
-    (under GPU-time emulation: `ScaleOutContext.paced_engine_start`)."""
+    paced_setups: bool = False
+    """Engine starts (`init_s`) and gloo group creations (`group_setup_s`) paced on the
+    serving clock (under GPU-time emulation: `ScaleOutContext.paced_setups`)."""
 
 
 def startup_request(
@@ -181,7 +181,7 @@ async def start_scale_out(
         tpot_slo_s=slo.tpot_s,
         fetch_gbps=offer.link_gbps or offer.estimates.fetch_gbps,
         estimates=offer.estimates,
-        paced_engine_start=offer.paced_engine_start,
+        paced_setups=offer.paced_setups,
         events=offer.events,
         links=offer.links,
         device_owners=device_owners(pool, dep.name, live),

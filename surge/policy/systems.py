@@ -55,9 +55,11 @@ class SystemConfig:
     live_start_fraction: float = 0.5
     """Fraction of blocks after which a `live` target starts serving."""
     group_setup_s: float = 0.0
-    """Fixed cost before each multicast (NCCL group creation: 100 ms per BlitzScale §5;
-    λScale §7.2 says up to hundreds of ms). The simulator waits it; the runtime waits it
-    only with the `blocks` transport (`gloo` creates a real group and pays what it takes)."""
+    """Fixed cost before each multicast (NCCL's communicator creation:
+    `NCCL_GROUP_SETUP_S`). The simulator waits it; the runtime waits it with the `blocks`
+    transport, and with `gloo`/`gloo-ring` creates a real group and pays what that takes,
+    padded under GPU-time emulation to last at least this long on the serving clock (a
+    CPU group on one host is not the emulated GPU cluster's communicator)."""
     multicast_transport: str = "blocks"
     """How a `multicast` load's bytes move in the runtime: `blocks` (surge's own block
     pulls, in the plan's order), `gloo` (the NCCL baseline on CPU hosts: a real
@@ -190,6 +192,12 @@ class SystemConfig:
         return self.group_setup_s if self.multicast_transport == "blocks" else 0.0
 
 
+NCCL_GROUP_SETUP_S = 0.1
+"""Seconds to create an NCCL communicator for one scale-out's GPUs (BlitzScale §5:
+"establishing communication group between machines is slow (e.g., 100 ms) when using
+off-the-shelf group communicators (e.g., NCCL)"; λScale §7.2: "up to hundreds of
+milliseconds"). The `nccl` system's `group_setup_s`: what the simulator charges before its
+chain, and the least an emulated run's real gloo group's creation lasts."""
 BLITZSCALE_TOKENS_PER_S = 2000.0
 """Tokens/s one BlitzScale instance carries before the monitor asks for another (§5.3
 profiles it offline per model and GPU; a 7B model decoding a moderate batch on one A100).
@@ -307,7 +315,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         "nccl",
         "multicast",
         multicast_strategy="chain",
-        group_setup_s=0.1,
+        group_setup_s=NCCL_GROUP_SETUP_S,
         multicast_transport="gloo-ring",
         cold_fallback="local",
         host_cache="none",

@@ -53,9 +53,17 @@ class GroupExecutor(MulticastExecutor):
 
     init_timeout_s: float = GROUP_INIT_TIMEOUT_S
 
-    def __init__(self, *args, algorithm: GroupAlgorithm = "broadcast", **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        algorithm: GroupAlgorithm = "broadcast",
+        setup_floor_s: float = 0.0,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.algorithm: GroupAlgorithm = algorithm
+        self.setup_floor_s = setup_floor_s
+        """Real seconds each member's set-up lasts at least (`GroupBroadcastOp`)."""
 
     def _members(self) -> list[int]:
         """Rank order: the first source, then every live target."""
@@ -83,6 +91,7 @@ class GroupExecutor(MulticastExecutor):
                 algorithm=self.algorithm,
                 timeout_s=self.timeout_s * BROADCAST_TIMEOUT_SHARE,
                 init_timeout_s=min(self.init_timeout_s, self.timeout_s * BROADCAST_TIMEOUT_SHARE),
+                setup_floor_s=self.setup_floor_s,
             )
 
         self.started: list[int] = []

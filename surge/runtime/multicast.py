@@ -46,10 +46,12 @@ class GroupTimes:
     """What one gloo group broadcast measured (real seconds)."""
 
     setup_s: float | None
-    """From the controller's first `group_broadcast` until the last member's group formed
-    (the rendezvous and gloo's connections among all members): the group's creation."""
+    """From the controller's first `group_broadcast` until the last member's group was
+    ready (the rendezvous and gloo's connections among all members, and under emulation
+    the floor of the emulated communicator's creation): the group's creation."""
     member_setup_s: tuple[float | None, ...]
-    """Each member's own forming time, from its op to its group (rank order)."""
+    """Each member's own forming time, from its op to its group (rank order; real work,
+    without the emulation's floor)."""
     broadcast_s: float | None
     """The slowest member's time from its group formed to its last block."""
     num_bytes: int

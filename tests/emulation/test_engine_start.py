@@ -52,7 +52,7 @@ def test_load_then_serve_waits_for_the_engine_start_on_the_serving_clock(
         server=SimpleNamespace(clock=clock),
         system=system,
         manifest=SimpleNamespace(num_blocks=4),
-        paced_engine_start=paced,
+        paced_setups=paced,
     )
     asyncio.run(local.load_then_serve(ctx, 0, "disk"))  # type: ignore[arg-type]
     (_, loaded), (_, opened) = steps
@@ -67,4 +67,4 @@ def test_the_controller_paces_engine_starts_only_under_emulation(emulated: bool)
     )
     scaler = bare_autoscaler(config, started_s=0.0)
     offer = scaler.offer(SimpleNamespace(instances={}), [0], [])  # type: ignore[arg-type]
-    assert offer.paced_engine_start is emulated
+    assert offer.paced_setups is emulated

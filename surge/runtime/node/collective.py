@@ -4,7 +4,8 @@ In: `group_broadcast` (`protocol/group_ops.py`) from the controller's `GroupExec
 (`runtime/collective.py`). The root (rank 0, a source holding every block) binds the
 group's rendezvous on its own address and answers where; each target joins it. Every member
 then forms a `torch.distributed` gloo group (`node/gloo_group.py`) — the group's creation,
-timed: the paper's per-scale-out set-up cost, measured — and the root sends the model's
+timed: the paper's per-scale-out set-up cost, measured; under emulation a member moves no
+block before `op.setup_floor_s` has passed since its op — and the root sends the model's
 blocks in order (gloo's broadcast collective, one per block, or NCCL's ring order over
 gloo's send/recv: `op.algorithm`) from its held buffers straight into each target's
 preallocated tier buffers. A target checks each block against the manifest and
@@ -98,7 +99,12 @@ class AgentCollective:
                     op.init_timeout_s,
                 )
             await asyncio.to_thread(group.form, op.rank, op.world_size, op.init_timeout_s)
-            ready_t, setup_s = time.time(), time.monotonic() - start
+            setup_s = time.monotonic() - start
+            if (pad_s := start + op.setup_floor_s - time.monotonic()) > 0:
+                # Emulation: no block moves before the emulated NCCL communicator would
+                # exist on this member (the CPU group forms far faster than it)
+                await asyncio.sleep(pad_s)
+            ready_t = time.time()
             t0 = time.monotonic()
             num_bytes = await self._move(op, group, landed)
             broadcast_s = time.monotonic() - t0

@@ -57,9 +57,14 @@ class GroupBroadcastOp(Op[GroupReply], name="group_broadcast", reply=GroupReply)
     algorithm: GroupAlgorithm = "broadcast"
     timeout_s: float = 120.0
     init_timeout_s: float = GROUP_INIT_TIMEOUT_S
+    setup_floor_s: float = 0.0
+    """Real seconds this member's group set-up lasts at least, from its op to its first
+    block (under GPU-time emulation: the emulated communicator's creation x D; 0: as
+    formed)."""
 
     def __post_init__(self) -> None:
         where = "op group_broadcast"
+        require(self.setup_floor_s >= 0, where, "setup_floor_s must be >= 0")
         require(self.world_size >= 2, where, f"world_size must be >= 2 (got {self.world_size})")
         require(0 <= self.rank < self.world_size, where, f"rank {self.rank} not in the group")
         require(bool(self.blocks) and min(self.blocks) >= 0, where, "needs blocks >= 0")
@@ -75,7 +80,8 @@ class GroupBroadcastOp(Op[GroupReply], name="group_broadcast", reply=GroupReply)
 @dataclass(frozen=True, kw_only=True)
 class GroupDone(Event, name="group_done"):
     """A member's part of a group broadcast is over and its group destroyed: when its group
-    formed (`ready_t`, wall clock), how long forming took it from the op (`setup_s`), how
+    was ready to move blocks (`ready_t`, wall clock: formed, and the op's `setup_floor_s`
+    passed), how long forming took it from the op (`setup_s`, real work only), how
     long its broadcasts took (`broadcast_s`), the bytes it received (or, on the root, put
     in), and `error` (empty when every block went through)."""
 

@@ -274,10 +274,12 @@ class ScaleOutContext:
     """Blocks each destination and spare holds in its host tier, complete or not: a
     FlexPipe stage whose blocks are all there loads from it (kept after a GPU eviction,
     §7; `policy.flexpipe.host_keep.stage_sources`)."""
-    paced_engine_start: bool = False
-    """A new instance waits for its system's engine start (`init_s`) on the serving clock
-    before it serves, as the simulator charges it (`scaleout/local.engine_start`): set
-    under GPU-time emulation, where the emulated GPU's start is not the host's."""
+    paced_setups: bool = False
+    """Set under GPU-time emulation, where the emulated GPU's set-ups are not the host's:
+    a new instance waits for its system's engine start (`init_s`) on the serving clock
+    before it serves (`scaleout/local.engine_start`), and a real gloo group's creation
+    lasts at least the system's `group_setup_s` on it before its first block moves
+    (`scaleout/multicast.group_setup_floor_s`), each as the simulator charges it."""
     report: ScaleOutReport = field(default_factory=ScaleOutReport)
     """What the scale-out did, written as it goes (the one mutable part)."""
 

@@ -30,8 +30,8 @@ async def engine_start(clock: Clock, system: SystemConfig, launch_s: float) -> N
 
 async def started(ctx: ScaleOutContext, launch_s: float) -> None:
     """`engine_start` for one of the scale-out's instances when its engine start is paced
-    (`ctx.paced_engine_start`, set under emulation); else nothing."""
-    if ctx.paced_engine_start:
+    (`ctx.paced_setups`, set under emulation); else nothing."""
+    if ctx.paced_setups:
         await engine_start(ctx.server.clock, ctx.system, launch_s)
 
 

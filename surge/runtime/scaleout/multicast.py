@@ -15,7 +15,8 @@ verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) 
 With `serve_while_loading` off (another multicast of the model still serves), the state
 machine runs in mode `none`: receivers serve only once whole. A system with a `gloo` or
 `gloo-ring` `multicast_transport` (the NCCL baseline) moves the bytes in a real gloo group
-(`runtime/collective.py`), whose creation is its set-up cost; one with a `group_setup_s`
+(`runtime/collective.py`), whose creation is its set-up cost (under emulation at least the
+system's `group_setup_s`, `group_setup_floor_s`); one with a `group_setup_s`
 and the `blocks` transport waits that long on the serving clock before the first block
 moves (a communicator's creation, modelled). Out: endpoints opened and
 retired, recorded on the context. The state machine is the same one the simulator feeds.
@@ -138,6 +139,15 @@ class LoadingCarrier:
         log.info("retired %s (%d moved)", name, len(moved))
 
 
+def group_setup_floor_s(ctx: ScaleOutContext) -> float:
+    """Real seconds a gloo group's creation lasts at least: under GPU-time emulation
+    (`ctx.paced_setups`) the system's `group_setup_s` on the serving clock, the emulated
+    NCCL communicator's creation the simulator charges (`policy.systems.NCCL_GROUP_SETUP_S`):
+    a CPU group on one host forms in a few emulated ms. Else 0: the group takes what it
+    takes."""
+    return ctx.server.clock.real_s(ctx.system.group_setup_s) if ctx.paced_setups else 0.0
+
+
 async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
     """Multicast to `plan.receivers` into the gpu tier, serving while it loads."""
     if ctx.system.waited_setup_s > 0:
@@ -172,6 +182,7 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
             pipelines=outcome.pipelines,
             timeout_s=ctx.timeout_s,
             algorithm="ring" if transport == "gloo-ring" else "broadcast",
+            setup_floor_s=group_setup_floor_s(ctx),
         )
     plan_node = {a: i for i, a in enumerate(agents)}
     # Receivers that forward within the plan hold their egress too: a later start-up
