@@ -23,11 +23,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, machine, make_cluster
+from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
 from benchmarks.scaleout.burst_run import MODEL, MODES, burst
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.importer import import_checkpoint
@@ -90,6 +91,8 @@ def emulated_report(res: dict, d: float, sources: int) -> dict:
         [n, round(t / d, 4), nodes] for n, t, nodes in res["endpoints_opened"]
     ]
     out["mode_switches"] = [[n, round(t / d, 4), m] for n, t, m in res["mode_switches"]]
+    if res.get("block_landed_s") is not None:
+        out["block_landed_s"] = [[round(t / d, 4) for t in b] for b in res["block_landed_s"]]
     out["tokens_per_s_timeline"] = [
         [round(t / d, 4), round(v * d, 2)] for t, v in res["tokens_per_s_timeline"]
     ]
@@ -128,6 +131,7 @@ def run_emulated(
         emulation=emulation,
         start_timeout_s=600.0,  # a dozen agents importing torch on two shared cores
     )
+    load_start = os.getloadavg()
     with cluster:
         t0 = time.monotonic()
         res = asyncio.run(burst(cluster, manifest, mode, run_args, hot_from="remote"))
@@ -137,12 +141,17 @@ def run_emulated(
     total = sum(s[0] for s in steps.values())
     bad = sum(s[1] for s in steps.values())
     out["emulation"] = {
+        "time_dilation": args.time_dilation,
         "steps_violations_overrun_s_by_node": steps,
         "steps": total,
         "violations": bad,
         "violation_rate": round(bad / total, 4) if total else None,
         "real_wall_s": round(wall, 2),
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg(),
     }
+    out["cluster"] = args.cluster
+    out["code"] = code_version()
     log.info(
         "emulated K=%d %s: p90 TTFT %.3f s, first capacity %s s, violations %d/%d",
         k, mode, out["ttft_p90_s"], out["first_capacity_s"], bad, total,
@@ -211,6 +220,11 @@ def main() -> None:
     )
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--replot", type=Path, default=None, help="only redraw --png from this JSON")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="add to --json's runs (the K and modes run now replace theirs; one sitting each)",
+    )
     add_cluster_args(ap)
     ap.set_defaults(emulate="lambdascale-testbed1:llama2-13b", time_dilation=40.0)
     args = ap.parse_args()
@@ -237,26 +251,55 @@ def main() -> None:
         "targets": TARGETS,
         "machine": machine(args),
     }
+    try:
+        earlier = earlier_runs(args, report) if args.resume else {}
+    except ValueError as exc:
+        ap.error(str(exc))  # one `error:` line, exit 2
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         manifest = real_model(tmp, args.layers or args.blocks, args.blocks)
         emulation = Emulation.for_store(config, manifest)
         report["real_model_bytes"] = manifest.total_bytes
         report["weights_ratio"] = emulation.scale.weights_ratio
-        report["by_sources"] = {}
+        report["by_sources"] = earlier
         for k in ks:
-            run: dict = {"emulated": {}, "simulated": {}}
+            run = report["by_sources"].setdefault(str(k), {"emulated": {}, "simulated": {}})
             for mode in modes:
                 run["emulated"][mode] = run_emulated(args, tmp, manifest, emulation, k, mode)
                 run["simulated"][mode] = run_simulated(args, emulation, k, mode, args.blocks)
-            report["by_sources"][str(k)] = run
-    report["isolated_multicast_sim"] = isolated(config, args.nodes, ks)
-    report["summary"] = summary(report, ks, modes)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(report, indent=1) + "\n")  # after each run
+    every_k = sorted(int(k) for k in report["by_sources"])
+    report["isolated_multicast_sim"] = isolated(config, args.nodes, every_k)
+    every_mode = [
+        m for m in MODES if all(m in r["emulated"] for r in report["by_sources"].values())
+    ]
+    report["summary"] = summary(report, every_k, every_mode or modes)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.png:
         plot(report, args.png)
     print(json.dumps(report["summary"], indent=1))
+
+
+SCENARIO_KEYS = ("emulate", "nodes", "blocks", "real_layers", "requests", "max_tokens",
+                 "prompt_len", "max_num_seqs")  # fmt: skip
+"""What two runs must share for `--resume` to put them in one file."""
+
+
+def earlier_runs(args, report: dict) -> dict:
+    """`--json`'s runs by K, when its scenario is this one (else ValueError).
+    Each run records its own code, load and D; the simulator beside is rerun on this code."""
+    if not args.json.exists():
+        return {}
+    old = json.loads(args.json.read_text())
+    differ = [key for key in SCENARIO_KEYS if old.get(key) != report[key]]
+    if differ:
+        raise ValueError(f"--resume: {args.json} is another scenario ({', '.join(differ)} "
+                         "differ): use a new --json or the same settings")  # fmt: skip
+    for run in old.get("by_sources", {}).values():
+        for e in run["emulated"].values():
+            e.setdefault("emulation", {}).setdefault("time_dilation", old["time_dilation"])
+    return old.get("by_sources", {})
 
 
 def isolated(config: EmulationConfig, nodes: int, ks: list[int]) -> dict:

@@ -48,6 +48,21 @@ def timeline(reqs, start: float, bucket_s: float) -> list[list[float]]:
     return [[round(i * bucket_s, 3), round(c / bucket_s, 2)] for i, c in enumerate(counts)]
 
 
+def block_landed(result: MulticastResult | None, clock: Clock) -> list[list[float]] | None:
+    """Per block, when the first and the last receiver held it, in `clock`'s seconds from
+    the multicast's start (the scale-out starts with the burst): the runtime side of the
+    block timeline the simulator's `BlockLanded` events give (`sim_calibrate.predict`)."""
+    if result is None:
+        return None
+    k = result.plan.num_sources
+    out = []
+    for b in range(result.plan.num_blocks):
+        got = [row[b] for row in result.arrival_s[k:] if row[b] is not None]
+        out.append([round(clock.of_real(min(got)), 4), round(clock.of_real(max(got)), 4)]
+                   if got else [])  # fmt: skip
+    return out
+
+
 def group_times(result: MulticastResult | None, clock: Clock) -> dict | None:
     """A gloo group broadcast's measured times (`runtime/collective.py`; None without one):
     real seconds as measured, and in `clock`'s seconds."""
@@ -199,6 +214,7 @@ async def burst(
             if ctx.report.multicast and ctx.report.multicast.complete_s is not None
             else None,
             "group": group_times(ctx.report.multicast, clock),
+            "block_landed_s": block_landed(ctx.report.multicast, clock),
             "endpoints_opened": [
                 [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.report.opened
             ],

@@ -101,6 +101,10 @@ def simulate_burst(
         for ev in recorder.events
         if isinstance(ev, InstanceUp | PipelineOpened) and ev.t_s > 0
     ]
+    landed: dict[int, list[float]] = {}  # per block, when each receiver held it
+    for ev in recorder.events:
+        if isinstance(ev, BlockLanded) and ev.tier == "gpu" and ev.t_s > 0:
+            landed.setdefault(ev.block, []).append(ev.t_s)
     ttft = [float(f - a) for f, a in zip(res.first_token_s, res.arrival_s, strict=True)]
     if min(ttft) < 0:
         raise RuntimeError(f"{mode}: some requests never got a first token")
@@ -111,6 +115,11 @@ def simulate_burst(
         "all_requests_done_s": round(float(res.done_s.max()), 4),
         "pipelines_opened": sum(1 for e in res.scale_events if e[2] == "pipeline"),
         "endpoints_opened_s": opened,
+        # per block, the first and the last receiver: the runtime's `block_landed_s`
+        "block_landed_s": [
+            [round(min(t), 4), round(max(t), 4)] if (t := landed.get(b)) else []
+            for b in range(real["blocks"])
+        ],
         # the last block landing: the runtime's `multicast_complete_s`
         "multicast_complete_s": round(
             max((ev.t_s for ev in recorder.events if isinstance(ev, BlockLanded)), default=0.0), 3

@@ -13,6 +13,7 @@ from surge.emulation.cluster import (
     EmulatedNode,
     Emulation,
     TrafficCharges,
+    block_charges,
     traffic_charges,
 )
 from surge.emulation.pacing import PacingCounts, StepPacer
@@ -26,5 +27,6 @@ __all__ = [
     "PacingCounts",
     "StepPacer",
     "TrafficCharges",
+    "block_charges",
     "traffic_charges",
 ]

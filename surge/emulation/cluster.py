@@ -177,3 +177,18 @@ def traffic_charges(model: ModelProfile, manifest: Manifest) -> TrafficCharges:
     hidden = arch.hidden_size * size / (model.hidden_size * model.dtype_bytes)
     kv = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * size / model.kv_bytes_per_token
     return TrafficCharges(hidden=weights / hidden, kv=weights / kv)
+
+
+def block_charges(manifest: Manifest) -> tuple[float, ...]:
+    """What each byte of each block of the real store `manifest` costs on a paced link or
+    tier: its mean block's bytes over its own. The emulated model moves in equal blocks
+    (λScale §4.2's time steps, one block each; the simulator's `total / num_blocks` per
+    block), while a small real store's blocks are layer ranges whose first and last also
+    hold the embeddings and the head (a 16-layer tiny Llama's are 1.58x its mean block).
+    Scaling every rate by the whole store's ratio alone makes such an end block last 1.58
+    emulated blocks on every hop, so a multicast tree fills late by that much per level
+    (λScale's K=2 first pipeline at 0.360 vs the simulator's 0.294 s). Charged so, every
+    block moves in one emulated block's time and the store still in the model's."""
+    sizes = [b.size_bytes for b in manifest.blocks]
+    mean = sum(sizes) / len(sizes)
+    return tuple(mean / s if s > 0 else 1.0 for s in sizes)

@@ -191,7 +191,8 @@ class Connection:
         """Send one frame; the payload is paced by the egress cap (and the receiver's
         ingress cap) as `pace` times its bytes, the header is not paced. `pace` != 1: GPU-time
         emulation's activations and K/V, whose real bytes stand for a different number of
-        emulated bytes than the weights the caps are scaled for (docs/emulation.md)."""
+        emulated bytes than the weights the caps are scaled for, and a real store's blocks,
+        each standing for one equal emulated block (docs/emulation.md)."""
         body = memoryview(payload).cast("B")
         if not 0 < pace <= MAX_PACE:
             raise ValueError(f"pace must be in (0, {MAX_PACE:g}] (got {pace})")

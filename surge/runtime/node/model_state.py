@@ -20,6 +20,10 @@ class ModelState:
     """What this node holds of one model."""
 
     manifest: Manifest
+    charges: tuple[float, ...] = ()
+    """Under GPU-time emulation, per block: what each of its bytes costs on a paced link or
+    tier (`surge.emulation.block_charges`: every block moves in one emulated block's time);
+    empty: every byte costs one."""
     present: dict[int, asyncio.Event] = field(default_factory=dict)
     """Per block: set while a verified copy is held (peers may pull it)."""
     gpu_buffers: dict[int, Any] = field(default_factory=dict)
@@ -46,6 +50,10 @@ class ModelState:
                 f"block {block} is out of range: the model has {self.manifest.num_blocks} blocks"
             )
         return self.manifest.blocks[block]
+
+    def charge(self, block: int) -> float:
+        """What each byte of `block` costs on a paced link or tier (`charges`)."""
+        return self.charges[block] if self.charges else 1.0
 
     @property
     def complete_in_gpu(self) -> bool:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from surge.emulation import block_charges
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, block_checksum, read_manifest
 from surge.policy.paraserve.prefetch import Priority
@@ -219,7 +220,9 @@ class AgentStore:
                 )
             manifest = read_manifest(self.remote.store_dir(op.model))
         if op.model not in self.models:
-            self.models[op.model] = ModelState(manifest)
+            # emulated: each block moves in one emulated block's time, whatever its bytes
+            charges = block_charges(manifest) if self.ctx.config.emulate else ()
+            self.models[op.model] = ModelState(manifest, charges)
         return RegisterReply(model=op.model, num_blocks=manifest.num_blocks)
 
     async def op_load(self, op: LoadOp, conn: Connection, p: memoryview) -> LoadReply:
@@ -272,7 +275,8 @@ class AgentStore:
                     await in_thread(read, op.source, op.model, info, buf, op.priority, stop)
                 else:  # a warm start: the device copies straight from the (pinned) host copy
                     buf = self._host_copy(op.model, info)
-                    await in_thread(self._pace_pcie, info.size_bytes, stop)
+                    cost = int(info.size_bytes * state.charge(info.index))
+                    await in_thread(self._pace_pcie, cost, stop)
                 landing = asyncio.get_running_loop().create_task(
                     land_after(landing, info.index, buf, adopt)
                 )
@@ -319,12 +323,14 @@ class AgentStore:
         stop: threading.Event | None = None,
     ) -> None:
         """Read one block of `name` from `source` into `buf` (a worker thread); gives up at
-        its next chunk once `stop` is set (the model was dropped: `LoadAborted`)."""
+        its next chunk once `stop` is set (the model was dropped: `LoadAborted`). Each byte
+        costs the block's charge on the paced tier (`ModelState.charge`: emulation)."""
+        charge = self.model(name).charge(info.index)
         if source == "host":  # this node's own host copy into another tier
             buf[: info.size_bytes] = self._host_copy(name, info)
-            self._pace_pcie(info.size_bytes, stop)
+            self._pace_pcie(int(info.size_bytes * charge), stop)
         elif source == "disk":
-            self.disk.read_into(name, info, buf, stop)
+            self.disk.read_into(name, info, buf, stop, charge=charge)
         else:
             if self.remote is None:
                 raise SurgeError(
@@ -333,7 +339,7 @@ class AgentStore:
             # ParaServe §4.2: a background fetch shares the NIC with inference packets,
             # which go first (a critical one is paced by the registry's cap alone)
             nic = self.ctx.ingress if priority == "background" else None
-            self.remote.read_into(name, info, buf, nic, stop)
+            self.remote.read_into(name, info, buf, nic, stop, charge=charge)
 
     def _host_copy(self, name: str, info: BlockInfo) -> memoryview:
         held = self.host_cache.get(name, info.index)

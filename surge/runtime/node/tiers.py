@@ -175,9 +175,14 @@ class DiskTier:
         tmp.rename(p)
 
     def read_into(
-        self, model: str, info: BlockInfo, out: memoryview, stop: threading.Event | None = None
+        self,
+        model: str,
+        info: BlockInfo,
+        out: memoryview,
+        stop: threading.Event | None = None,
+        charge: float = 1.0,
     ) -> None:
-        _read_file_into(self.path(model, info), info, out, self.bucket, stop=stop)
+        _read_file_into(self.path(model, info), info, out, self.bucket, stop=stop, charge=charge)
 
     def blocks(self, model: str, manifest: Manifest) -> list[int]:
         return [b.index for b in manifest.blocks if self.has(model, b)]
@@ -211,11 +216,12 @@ class RemoteRegistry:
         out: memoryview,
         nic: TokenBucket | None = None,
         stop: threading.Event | None = None,
+        charge: float = 1.0,
     ) -> None:
         """Read a block; with `nic`, each chunk also crosses that NIC cap as background
         traffic (ParaServe §4.2: inference packets first)."""
         path = self.store_dir(model) / info.file
-        _read_file_into(path, info, out, self.bucket, nic, stop)
+        _read_file_into(path, info, out, self.bucket, nic, stop, charge)
 
 
 def _read_file_into(
@@ -225,9 +231,11 @@ def _read_file_into(
     bucket: TokenBucket | None,
     nic: TokenBucket | None = None,
     stop: threading.Event | None = None,
+    charge: float = 1.0,
 ) -> None:
-    """Read a block file into `out` chunk by chunk (paced), then check its checksum; once
-    `stop` is set (the model was dropped) the read gives up at its next chunk."""
+    """Read a block file into `out` chunk by chunk (paced, each byte costing `charge`: the
+    emulation's `ModelState.charge`), then check its checksum; once `stop` is set (the model
+    was dropped) the read gives up at its next chunk."""
     if not path.is_file():
         raise SurgeError(f"block {info.index} is not at {path}")
     view = memoryview(out).cast("B")
@@ -238,9 +246,9 @@ def _read_file_into(
             if not n:
                 break
             if bucket is not None:
-                bucket.consume_blocking(n, stop=stop)
+                bucket.consume_blocking(round(n * charge), stop=stop)
             if nic is not None:
-                nic.consume_blocking(n, background=True, stop=stop)
+                nic.consume_blocking(round(n * charge), background=True, stop=stop)
             if stop is not None and stop.is_set():
                 raise LoadAborted(f"the read of {path} stopped: its model was dropped")
             got += n

@@ -170,7 +170,10 @@ class AgentTransfer:
                 bad[len(bad) // 2] ^= 0xFF
                 buf = memoryview(bad)
             reply = BlockReply(model=op.model, block=block)
-            await conn.send(ok_header(reply), buf)
+            # emulated: the block costs one emulated block on both ends' links (the
+            # receiver reads the charge from the header); the kernel's tc on netns
+            # shapes bytes alone
+            await conn.send(ok_header(reply), buf, pace=state.charge(block))
             # The port is busy until the block has left, not until the kernel took it.
             gbps = self.ctx.config.egress_gbps
             rate = gbps * 1e9 / 8 if gbps else None
