@@ -14,9 +14,8 @@ numbers. Writes JSON (+ PNG): per K and mode the TTFT p50/p90, first new capacit
 end, endpoints opened and mode switches (the timeline), and each agent's paced steps and
 violations.
 
-Usage: python -m benchmarks.emulation.lambdascale --nodes 12 --time-dilation 20 \
-           --json benchmarks/results/emulation/emulation_lambdascale.json \
-           --png benchmarks/results/emulation/emulation_lambdascale.png
+Usage: python -m benchmarks.emulation.lambdascale --time-dilation 80 [--sources 2,1 --resume]
+(a K and mode run again replace theirs in --json; one sitting holds ~4 runs at D = 80).
 """
 
 import argparse
@@ -55,12 +54,9 @@ TARGETS = {
 """Issue 31's targets."""
 REQUESTS = 50
 """The burst: λScale §7.4 (Fig. 12) measures TTFT with 50 requests at once ("starts serving
-all 50 requests in 1.1s"). The p90 of a burst on K hot instances (batch 4 each) steps with
-its size: at K = 4 only (12 - 4) / 4 = 2 execution pipelines form (Alg. 2: one node per
-sub-group), 8 slots beside the hot instances' 16, so somewhere between 50 and 56 requests
-the p90 request starts to wait for the hot instances' third wave in either mode
-(simulator: stop-the-world over execute-while-load 1.90x at 40-50 requests, 1.31x at
-56-64; docs/emulation.md)."""
+all 50 requests in 1.1s"). The p90 steps with the burst's size: at K = 4 Alg. 2 forms only
+2 pipelines (8 slots beside the hot instances' 16), so past ~50 requests the p90 request
+waits for the hot instances' third wave in either mode (docs/emulation.md)."""
 
 
 def real_model(tmp: Path, layers: int, blocks: int) -> Manifest:
@@ -266,10 +262,13 @@ def main() -> None:
             run = report["by_sources"].setdefault(str(k), {"emulated": {}, "simulated": {}})
             for mode in modes:
                 run["emulated"][mode] = run_emulated(args, tmp, manifest, emulation, k, mode)
-                run["simulated"][mode] = run_simulated(args, emulation, k, mode, args.blocks)
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(report, indent=1) + "\n")  # after each run
-    every_k = sorted(int(k) for k in report["by_sources"])
+    for k, run in report["by_sources"].items():  # the deterministic simulator: this code's
+        run["simulated"] = {m: run_simulated(args, emulation, int(k), m, args.blocks)
+                            for m in run["emulated"]}  # fmt: skip
+    report["by_sources"] = dict(sorted(report["by_sources"].items(), key=lambda kv: int(kv[0])))
+    every_k = [int(k) for k in report["by_sources"]]
     report["isolated_multicast_sim"] = isolated(config, args.nodes, every_k)
     every_mode = [
         m for m in MODES if all(m in r["emulated"] for r in report["by_sources"].values())
@@ -287,8 +286,8 @@ SCENARIO_KEYS = ("emulate", "nodes", "blocks", "real_layers", "requests", "max_t
 
 
 def earlier_runs(args, report: dict) -> dict:
-    """`--json`'s runs by K, when its scenario is this one (else ValueError).
-    Each run records its own code, load and D; the simulator beside is rerun on this code."""
+    """`--json`'s runs by K, when its scenario is this one (else ValueError); each emulated
+    run keeps its own code, load and D (the simulator beside is rerun on this code)."""
     if not args.json.exists():
         return {}
     old = json.loads(args.json.read_text())

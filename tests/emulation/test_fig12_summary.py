@@ -68,8 +68,9 @@ def test_every_system_has_a_plan_and_an_unknown_one_is_refused() -> None:
 
 
 def test_the_cell_says_how_nccl_ran_and_its_measured_group_set_up() -> None:
-    """An NCCL run through a real gloo group (netns) reports its group's measured creation;
-    one from before (the chain plus the modelled set-up) says it was not gloo."""
+    """An NCCL run through a real gloo group (netns) reports its group's (paced) creation and
+    how long the real group took to form; one from before (the chain plus the modelled
+    set-up) says it was not gloo."""
     nccl = _run(0.9, 0.85)
     report = {
         "emulate": "lambdascale-testbed1:llama2-13b",
@@ -82,12 +83,17 @@ def test_the_cell_says_how_nccl_ran_and_its_measured_group_set_up() -> None:
     assert "NCCL as chain + group set-up, not gloo" in report_cell(report)[0]["emulated"]
     nccl["emulated"] |= {
         "cluster": "netns",
-        "group": {"setup_s": 0.0125, "setup_real_s": 1.0, "fell_back": False},
+        "group": {
+            "setup_s": 0.1,
+            "setup_real_s": 8.0,
+            "member_setup_real_s": [0.05, 0.25, None],
+            "fell_back": False,
+        },
     }
     report["summary"] = s = summarize(report)
     assert s["cluster"] == {"lambdascale": "loopback", "nccl": "netns"}
     cell = report_cell(report)[0]["emulated"]
     assert "NCCL as gloo's binomial-tree broadcast in a real gloo group on netns (group " in cell
-    assert "set-up measured 12.5 ms emulated, 1.00 s" in cell
+    assert "set-up 100.0 ms emulated; the real group formed in 0.25 s real; sim 0.1 s" in cell
     nccl["emulated"]["transport"] = "gloo-ring"
     assert "NCCL as NCCL's ring in a real gloo" in report_cell(report)[0]["emulated"]
