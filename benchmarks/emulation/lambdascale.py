@@ -60,13 +60,14 @@ waits for the hot instances' third wave in either mode (docs/emulation.md)."""
 
 
 def real_model(tmp: Path, layers: int, blocks: int) -> Manifest:
-    """The real small model: a tiny Llama of `layers` layers (its steps must fit their paced
-    time on shared cores: one layer per block keeps each step short; a stage over a share of
-    them is paced as that share of the emulated layers), cut into the plan's block count."""
+    """The real small model: a tiny Llama of `layers` layers (one per block keeps each
+    paced step short), cut into the plan's block count, each padded to the largest
+    (`equal_blocks`: on every link, tc's and a gloo group's too, one emulated block)."""
     cfg = TinyModelConfig(num_layers=layers, hidden_size=128, intermediate_size=344)
     create_tiny_model(tmp / "hf", cfg)
-    import_checkpoint(tmp / "hf", tmp / "reg" / MODEL, num_blocks=blocks, progress=False)
-    return read_manifest(tmp / "reg" / MODEL)
+    store = tmp / "reg" / MODEL
+    import_checkpoint(tmp / "hf", store, num_blocks=blocks, progress=False, equal_blocks=True)
+    return read_manifest(store)
 
 
 def emulated_report(res: dict, d: float, sources: int) -> dict:
@@ -196,9 +197,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=12)
     ap.add_argument("--blocks", type=int, default=16, help="λScale's block count (systems.py)")
-    ap.add_argument(
-        "--layers", type=int, default=None, help="real model's layers (default: --blocks)"
-    )
+    ap.add_argument("--layers", type=int, default=None, help="real layers (default: --blocks)")
     ap.add_argument("--sources", default="1,2,4")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument(

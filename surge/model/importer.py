@@ -146,11 +146,17 @@ def import_checkpoint(
     overwrite: bool = False,
     progress: bool = True,
     fuse_projections: bool = True,
+    equal_blocks: bool = False,
 ) -> Manifest:
     """Pack the HF checkpoint in `hf_dir` into a block store at `store_dir`.
 
     `fuse_projections=False` writes q, k, v, gate and up as separate tensors, the layout of
-    stores made before version 3 (which users still have on disk; tests check they serve)."""
+    stores made before version 3 (which users still have on disk; tests check they serve).
+    `equal_blocks`: every block padded (zeros after its tensors) to the largest one's bytes,
+    so that each block stands for one equal block of a larger model: GPU-time emulation's
+    real stores, whose end blocks (embeddings, head) would otherwise cross every link,
+    including the kernel-shaped ones and a gloo group's, as 1.6 blocks (docs/emulation.md
+    "Blocks")."""
     hf_dir, store_dir = Path(hf_dir), Path(store_dir)
     arch, num_blocks = checkpoint_arch(hf_dir, num_blocks)
     ckpt = _Checkpoint(hf_dir)
@@ -185,6 +191,8 @@ def import_checkpoint(
     layer_bytes[0] += nbytes((EMBED_NAME,))
     layer_bytes[-1] += nbytes((FINAL_NORM_NAME,)) + nbytes((LM_HEAD_NAME,))
     ranges = partition_layers(layer_bytes, num_blocks)
+    # a block's packed bytes are its layers' (each tensor aligned, as `nbytes` counts them)
+    pad_to = max(sum(layer_bytes[a:b]) for a, b in ranges) if equal_blocks else 0
 
     prepare_store_dir(hf_dir, store_dir, overwrite)
 
@@ -206,7 +214,7 @@ def import_checkpoint(
             offset = _align(offset + size)
             if n == EMBED_NAME:
                 dtype_name = DTYPE_NAMES[dtype]
-        buf = bytearray(offset)
+        buf = bytearray(max(offset, pad_to))
         raw = (
             torch.frombuffer(buf, dtype=torch.uint8)
             if offset

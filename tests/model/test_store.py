@@ -175,6 +175,25 @@ def test_bfloat16_round_trip(tmp_path: Path) -> None:
         assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t)
 
 
+def test_equal_blocks_pad_every_block_to_the_largest_and_keep_every_tensor(
+    tiny_hf: Path, tmp_path: Path
+) -> None:
+    """GPU-time emulation's real stores: each block stands for one equal emulated block."""
+    plain = import_checkpoint(tiny_hf, tmp_path / "p", num_blocks=3, progress=False)
+    padded = import_checkpoint(
+        tiny_hf, tmp_path / "e", num_blocks=3, progress=False, equal_blocks=True
+    )
+    sizes = [b.size_bytes for b in plain.blocks]
+    assert len(set(sizes)) > 1, "the tiny model's end blocks hold the embeddings and head"
+    assert [b.size_bytes for b in padded.blocks] == [max(sizes)] * 3
+    assert [b.tensors for b in padded.blocks] == [b.tensors for b in plain.blocks]
+    for b in padded.blocks:
+        assert (tmp_path / "e" / b.file).stat().st_size == b.size_bytes
+        read_block_file(padded.block_path(b.index), b)  # its checksum covers the padding
+    got, ref = _all_store_tensors(tmp_path / "e"), _all_store_tensors(tmp_path / "p")
+    assert set(got) == set(ref) and all(torch.equal(got[n], ref[n]) for n in ref)
+
+
 def test_manifest_describes_contiguous_aligned_blocks(tiny_store: Path) -> None:
     m = read_manifest(tiny_store)
     assert m.blocks[0].has_embed and m.blocks[-1].has_head
