@@ -39,7 +39,7 @@ class _Bucket:
     def __init__(self) -> None:
         self.taken: list[int] = []
 
-    def consume_blocking(self, num_bytes: int, background: bool = False) -> None:
+    def consume_blocking(self, num_bytes: int, background: bool = False, stop=None) -> None:
         self.taken.append(num_bytes)
 
 
