@@ -241,8 +241,8 @@ class Copies:
                 dep.restoring = False
 
         task = dep.spawn(run())
-        if dep.num_scale_outs == 0:
-            await asyncio.shield(task)  # at creation: a kept copy makes the first start warm
+        if dep.num_scale_outs == 0:  # at creation: a kept copy makes the first start warm
+            await asyncio.wait([task])  # (a delete meanwhile cancels it: no error here)
 
     def invariant_holds(self, dep: Deployment) -> bool:
         """The deployment's pinned host copies are the complete ones `kept` says."""

@@ -132,15 +132,24 @@ class Deployments:
             await asyncio.to_thread(prepare_store, self.registry, spec)
             self.store.add(spec)
             try:
-                return await self.activate(spec)
+                dep = await self.activate(spec)
             except BaseException:
                 self.store.remove(spec.name)
                 raise
+            if self.deployments.get(spec.name) is not dep:  # deleted while its copies loaded
+                self.store.remove(spec.name)
+                raise Conflict(f"deployment {spec.name!r} was deleted while it was being created")
+            return dep
 
     async def delete(self, name: str) -> None:
+        dep = self.deployments.get(name)
+        stopped = False
+        if dep is not None and dep.creating:  # its creation holds the lock while its kept
+            stopped = True  # host copies load: stop them now (the creation answers 409)
+            await self.teardown(dep, evict=True)
         async with self._lock:
             dep = self.deployments.get(name)
-            if dep is None and self.failed.pop(name, None) is None:
+            if dep is None and self.failed.pop(name, None) is None and not stopped:
                 raise NotFound(f"no deployment {name!r}")
             if dep is not None:
                 await self.teardown(dep, evict=True)
@@ -180,7 +189,11 @@ class Deployments:
         routing = spec.system.routing
         dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing, self.clock))
         self.deployments[name] = dep
-        await self.copies.restore_invariant(dep)
+        dep.creating = True
+        try:
+            await self.copies.restore_invariant(dep)
+        finally:
+            dep.creating = False
         return dep
 
     async def load_failed(self, dep: Deployment, error: Exception) -> None:

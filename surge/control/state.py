@@ -137,6 +137,9 @@ class Deployment:
     teardown."""
     restoring: bool = False
     """A pinned host copy is being made (the invariant is not checked meanwhile)."""
+    creating: bool = False
+    """Its creation still waits for its kept host copies (a delete then stops them and the
+    creation answers 409)."""
     last_start: str | None = None
     """Start kind of the last scale-out that completed: hot, warm or cold."""
     num_scale_outs: int = 0

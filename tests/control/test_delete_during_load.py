@@ -48,7 +48,9 @@ def test_delete_during_a_slow_load_answers_at_once_and_leaves_nothing(
             r = await http.post("/v1/deployments", json={**body, "autoscaling": keep})
             assert r.status_code == 201, r.text
             first = await asyncio.wait_for(arrivals.get(), 60)  # the load is under way
-            assert first.tier == "gpu" and first.source == "remote", first
+            while first.tier != "gpu":  # (through the host tier: ServerlessLLM's LRU cache)
+                first = await asyncio.wait_for(arrivals.get(), 60)
+            assert first.source == "remote", first
 
             t0 = time.monotonic()
             r = await http.delete(f"/v1/deployments/{MODEL}")
@@ -71,6 +73,54 @@ def test_delete_during_a_slow_load_answers_at_once_and_leaves_nothing(
             r = await http.post("/v1/completions", json=ask)
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] == 3
+        finally:
+            await http.aclose()
+            await ctl.stop()
+
+    with cluster:
+        asyncio.run(run())
+
+
+def test_delete_during_a_creation_stops_it_at_once(tmp_path, tiny_store_dir: Path) -> None:
+    """λScale keeps a pinned host copy, and its creation waits for it (a warm first start):
+    a DELETE meanwhile answers at once, the creation answers 409 saying why, nothing is
+    left on the agents, and the deployment can be created again."""
+    manifest = read_manifest(tiny_store_dir)
+    gbps = max(b.size_bytes for b in manifest.blocks) * 8 / 1e9 / BLOCK_S
+    state = tmp_path / "state"
+    cluster = local_cluster(state, num_nodes=2, remote_gbps=gbps)
+    body = {"name": MODEL, "model": str(tiny_store_dir), "strategy": "lambdascale"}
+
+    async def run() -> None:
+        ctl = Controller(ControllerConfig(state_dir=state, nodes=2), cluster.addresses,
+                         cluster.token)  # fmt: skip
+        await ctl.start()
+        transport = httpx.ASGITransport(app=create_app(ctl))
+        http = httpx.AsyncClient(transport=transport, base_url="http://api", timeout=120)
+        try:
+            arrivals = ctl.client.subscribe((BlockArrived,), model=MODEL)
+            creating = asyncio.ensure_future(http.post("/v1/deployments", json=body))
+            first = await asyncio.wait_for(arrivals.get(), 60)  # its host copy is under way
+            assert first.tier == "host" and not creating.done(), first
+
+            t0 = time.monotonic()
+            r = await http.delete(f"/v1/deployments/{MODEL}")
+            took_s = time.monotonic() - t0
+            assert r.status_code == 200, r.text
+            assert took_s < PROMPT_S, f"DELETE waited {took_s:.1f} s for the creation"
+            created = await asyncio.wait_for(creating, PROMPT_S)
+            assert created.status_code == 409, created.text
+            assert "deleted while it was being created" in created.text
+
+            for node in ctl.nodes:
+                status = await asyncio.wait_for(ctl.client.call(node, StatusOp()), PROMPT_S)
+                assert MODEL not in status.models, status
+            assert not list(Path("/dev/shm").glob(f"surge_{cluster.cluster_id}_*"))
+            assert (await http.get("/v1/deployments")).json()["data"] == []
+
+            r = await http.post("/v1/deployments", json=body)  # created again, warm
+            assert r.status_code == 201, r.text
+            assert r.json()["status"]["host_copies"], r.json()
         finally:
             await http.aclose()
             await ctl.stop()
