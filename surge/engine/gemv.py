@@ -39,10 +39,12 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).parent / "csrc" / n for n in ("gemv_row.cpp", "decode_attention.cpp")
+    Path(__file__).parent / "csrc" / n
+    for n in ("gemv_row.cpp", "decode_attention.cpp", "packed_linear.cpp")
 )
 """The C++ sources of surge's CPU kernels, built into one library by torch's extension
-loader: `surge::gemv_row` and `surge::decode_attention` (`surge.engine.attention`)."""
+loader: `surge::gemv_row`, `surge::decode_attention` (`surge.engine.attention`) and
+`surge::packed_linear` (`surge.engine.linear`)."""
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 KERNEL_MAX_ROWS = 8
@@ -78,6 +80,12 @@ def _gemv_row_fake(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
 
 def _decode_attention_fake(q: torch.Tensor, *_args) -> torch.Tensor:
     return q.new_empty(q.shape)
+
+
+def _packed_linear_fake(
+    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def build_name() -> str:
@@ -167,6 +175,7 @@ def load() -> bool:
             torch.ops.load_library(str(path))
         torch.library.register_fake("surge::gemv_row", _gemv_row_fake)
         torch.library.register_fake("surge::decode_attention", _decode_attention_fake)
+        torch.library.register_fake("surge::packed_linear", _packed_linear_fake)
     except Exception as e:  # a damaged build is not fatal: MKL computes the same thing
         log.warning("gemv_row: %s did not load (%s); one-row projections stay MKL's", path, e)
         return False

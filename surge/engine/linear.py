@@ -15,7 +15,9 @@ Who owns what: the runner builds a `Linear` per weight when a block lands and, w
 (`BlockWeights.pack_some`); `surge.engine.model` calls it. The packed copy costs a
 second copy of the weights' bytes in memory; the block buffer itself is never modified.
 Under `torch.compile` (`surge.engine.compiled`) the packed call goes through the opaque
-`surge::packed_linear` op: inductor lowers oneDNN's op only for weights frozen into the graph.
+`surge::packed_linear` op, C++ in surge's kernel library (`csrc/packed_linear.cpp`; inductor
+lowers oneDNN's op only for weights frozen into the graph); where that library is not built,
+a compiled graph's calls of more than `gemv.MAX_ROWS` rows are MKL's `F.linear`.
 """
 
 from collections.abc import Sequence
@@ -38,27 +40,6 @@ def can_pack(weight: torch.Tensor) -> bool:
         and weight.dim() == 2
         and torch.backends.mkldnn.is_available()
     )
-
-
-def _packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """x W^T + b through oneDNN's packed copy of W (`weight` only gives the fake its shape)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-def _packed_linear_fake(
-    x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-# A plain library op, not `torch.library.custom_op`: that one's wrappers cost ~13 us more per
-# call (measured, 8 rows), ~0.5 ms per batched decode step of the 100mb preset.
-_LIB = torch.library.Library("surge", "DEF")
-_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor weight, Tensor? bias) -> Tensor")
-_LIB.impl("packed_linear", _packed_linear, "CompositeExplicitAutograd")
-torch.library.register_fake("surge::packed_linear", _packed_linear_fake, lib=_LIB)
 
 
 @dataclass(frozen=True)
@@ -98,9 +79,10 @@ class Linear:
             y = torch.ops.surge.gemv_row(x, self.weight.t())
             return y if self.bias is None else y + self.bias
         if x.numel() > x.shape[-1] and self.packed is not None:  # two or more rows
-            if torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling():
+                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            if gemv.loaded():  # oneDNN's op as an opaque C++ call in the graph
                 return torch.ops.surge.packed_linear(x, self.packed, self.weight, self.bias)
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 

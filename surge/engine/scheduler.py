@@ -71,6 +71,16 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_span(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without copying the whole sequence (a
+        decode step's one token would otherwise copy the prompt each step)."""
+        prompt, n = self.prompt_token_ids, len(self.prompt_token_ids)
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        if end <= n:
+            return prompt[start:end]
+        return prompt[start:] + self.output_token_ids[: end - n]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
@@ -256,13 +266,15 @@ class Scheduler:
         q_lens: list[int],
         preempted: list[Sequence],
     ) -> ScheduledStep:
+        # Padded in Python and converted once: a tensor op per sequence cost ~10 us each,
+        # 0.3 ms a step at batch 32.
+        width = max(q_lens)
         spans = [
-            seq.all_token_ids[seq.num_cached : seq.num_cached + q]
+            seq.token_span(seq.num_cached, seq.num_cached + q)
             for seq, q in zip(seqs, q_lens, strict=True)
         ]
-        token_ids = torch.zeros(len(seqs), max(q_lens), dtype=torch.int64)
-        for b, span in enumerate(spans):
-            token_ids[b, : len(span)] = torch.tensor(span, dtype=torch.int64)
+        padded = [span + [0] * (width - len(span)) for span in spans]
+        token_ids = torch.tensor(padded, dtype=torch.int64)
         hashes: tuple[tuple[int, ...], ...] = ()
         if self.config.enable_prefix_caching:
             page = self.config.page_size_tokens

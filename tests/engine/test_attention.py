@@ -109,19 +109,32 @@ def test_decode_and_mixed_steps_gather_and_mask(direct: bool, monkeypatch) -> No
     torch.testing.assert_close(out[0, :1], _reference(q[0, :1], keys, values, lens[1]))
 
 
-def test_the_decode_kernel_matches_the_gathered_path_at_real_widths() -> None:
-    """At SmolLM2's head layout (9 heads over 3 kv heads, d 64: the kernel's vector loops)
-    and contexts of 1 to 300 keys, the kernel gives SDPA's numbers over the gathered keys."""
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d"),
+    [(9, 3, 64), (8, 2, 128), (4, 4, 80), (6, 2, 40)],
+    ids=["smollm2", "llama-128", "d80-mha", "d40-avx2"],
+)
+def test_the_decode_kernel_matches_the_gathered_path_at_real_widths(
+    heads: int, kv_heads: int, d: int
+) -> None:
+    """At SmolLM2's head layout (9 heads over 3 kv heads, d 64), Llama's d 128 over 4 query
+    heads per kv head, a d of 80 (AVX-512's 64-float output pass and a 16-float remainder)
+    and a d of 40 (no multiple of 16: the AVX2 loops), for contexts of 0 to 300 keys over
+    scattered page tables, the kernel gives SDPA's numbers over the gathered keys (zeros
+    for an empty context)."""
     if not gemv.load():
         pytest.skip("surge's CPU kernels are not built here (./setup.sh builds them)")
     torch.manual_seed(3)
-    heads, kv_heads, d, page = 9, 3, 64, 16
+    page = 16
     k_cache, v_cache = torch.randn(2, 40 * page, kv_heads, d).unbind(0)
-    lens = torch.tensor([1, 17, 300, 64])
+    lens = torch.tensor([1, 17, 300, 64, 0])
     pages = torch.stack([torch.randperm(40)[:20] for _ in lens])  # scattered page tables
     q = torch.randn(len(lens), heads, d)
     got = torch.ops.surge.decode_attention(q, k_cache, v_cache, pages, lens, page, d**-0.5)
     for b, n in enumerate(lens.tolist()):
+        if n == 0:
+            assert torch.equal(got[b], torch.zeros(heads, d))
+            continue
         slots = (pages[b, :, None] * page + torch.arange(page)).flatten()[:n]
         keys = k_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         values = v_cache[slots].repeat_interleave(heads // kv_heads, 1).transpose(0, 1)

@@ -148,3 +148,15 @@ def test_generation_stops_at_the_context_end(tmp_path: Path) -> None:
     engine = LLMEngine.from_store(tmp_path / "s")
     (out,) = engine.generate([[0, 1, 2, 3, 4]], SamplingParams(max_tokens=50, ignore_eos=True))
     assert len(out.token_ids) == 12 - 5 and out.finish_reason == "length"
+
+
+def test_a_token_span_reads_prompt_and_output_as_one_sequence() -> None:
+    """`Sequence.token_span` (what each step feeds) is a slice of prompt + output, whichever
+    side of the boundary it falls on."""
+    from surge.engine.scheduler import Sequence
+
+    seq = Sequence(0, [1, 2, 3, 4], GREEDY, output_token_ids=[5, 6, 7])
+    whole = seq.all_token_ids
+    for start in range(len(whole) + 1):
+        for end in range(start, len(whole) + 1):
+            assert seq.token_span(start, end) == whole[start:end], (start, end)

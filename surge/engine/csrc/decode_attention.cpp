@@ -8,7 +8,10 @@
 // positions 0 .. lens[b] - 1, the new token's included, already written); scale = D^-0.5.
 // Out [B, H, D]. H = G * KVH: query head h reads kv head h / G (grouped-query attention).
 // Softmax in float32 with the maximum subtracted (the same math as SDPA; sums in another
-// order, so logits differ in the last bits).
+// order, so logits differ in the last bits). With AVX-512 and D a multiple of 16
+// (`attend_one512`) the key rows are loaded once for the G query heads and the outputs summed
+// in registers; measured with the C++ surge::packed_linear, one thread, 100mb preset:
+// decode 1,113 -> 1,374 tok/s at batch 32, 794 -> 899 at 16 x 96 (docs/engine.md).
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -91,6 +94,79 @@ inline float exp_shifted(float* s, int64_t n, float mx) {
   return sum;
 }
 
+// s[0:n] = exp(s[0:n] - max(s)): a softmax's numerators; returns 1 / their sum.
+inline float exp_scores(float* s, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
+  const float sum = exp_shifted(s, n, mx);
+  return sum > 0.f ? 1.f / sum : 0.f;
+}
+
+const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
+
+// One (sequence, kv head) with AVX-512, D a multiple of 16 (64 and 128 in practice): each
+// key's row is loaded once for the G query heads that read it (q stays in L1), each score
+// one horizontal sum; then each output vector of 64 floats is summed in registers over the
+// keys, not read and written back per key. `offs` holds the n keys' row offsets (computed a
+// page at a time, no division per key); `scores` room for G * n floats.
+__attribute__((target("avx512f"))) void attend_one512(const float* qh, const float* kp,
+                                                      const float* vp, const int64_t* offs,
+                                                      int64_t n, int64_t G, int64_t D, float sc,
+                                                      float* scores, float* oh) {
+  const int64_t chunks = D / 16;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* kt = kp + offs[t];
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = qh + g * D;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(kt));
+      for (int64_t c = 1; c < chunks; ++c) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), _mm512_loadu_ps(kt + 16 * c), acc);
+      }
+      scores[g * n + t] = _mm512_reduce_add_ps(acc) * sc;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * n;
+    const float inv = exp_scores(s, n);
+    float* og = oh + g * D;
+    for (int64_t c0 = 0; c0 < D; c0 += 64) {
+      const int64_t width = std::min<int64_t>(4, (D - c0) / 16);  // vectors of 16 this pass
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
+      for (int64_t t = 0; t < n; ++t) {
+        const float* vt = vp + offs[t] + c0;
+        const __m512 w = _mm512_set1_ps(s[t]);
+        for (int64_t i = 0; i < width; ++i) {
+          acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 16 * i), acc[i]);
+        }
+      }
+      const __m512 scale = _mm512_set1_ps(inv);
+      for (int64_t i = 0; i < width; ++i) {
+        _mm512_storeu_ps(og + c0 + 16 * i, _mm512_mul_ps(acc[i], scale));
+      }
+    }
+  }
+}
+
+// The same with AVX2 (any D): scores by `dot`, outputs by `axpy` per key.
+void attend_one(const float* qh, const float* kp, const float* vp, const int64_t* offs,
+                int64_t n, int64_t G, int64_t D, float sc, float* scores, float* oh) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* kt = kp + offs[t];
+    for (int64_t g = 0; g < G; ++g) scores[g * n + t] = dot(qh + g * D, kt, D) * sc;
+  }
+  std::fill(oh, oh + G * D, 0.f);
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * n;
+    const float inv = exp_scores(s, n);
+    for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = vp + offs[t];
+    for (int64_t g = 0; g < G; ++g) axpy(oh + g * D, vt, scores[g * n + t], D);
+  }
+}
+
 }  // namespace
 
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
@@ -117,32 +193,30 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   const int64_t* ln = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+  const bool wide = kHasAvx512 && D % 16 == 0;
   at::parallel_for(0, B * KVH, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> scores;
+    // Per thread, kept across calls: no allocation per (sequence, kv head).
+    thread_local std::vector<float> scores;
+    thread_local std::vector<int64_t> offs;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / KVH, kh = w % KVH;
       const int64_t n = std::min(ln[b], P * page_size);
-      scores.assign(G * std::max<int64_t>(n, 1), 0.f);
-      const float* qh = qp + (b * H + kh * G) * D;
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t slot = pg[b * P + t / page_size] * page_size + t % page_size;
-        const float* kt = kp + (slot * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) scores[g * n + t] = dot(qh + g * D, kt, D) * sc;
-      }
       float* oh = op + (b * H + kh * G) * D;
-      std::fill(oh, oh + G * D, 0.f);
-      for (int64_t g = 0; g < G; ++g) {
-        float* s = scores.data() + g * n;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
-        const float sum = exp_shifted(s, n, mx);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+      if (n <= 0) {
+        std::fill(oh, oh + G * D, 0.f);
+        continue;
       }
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t slot = pg[b * P + t / page_size] * page_size + t % page_size;
-        const float* vt = vp + (slot * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) axpy(oh + g * D, vt, scores[g * n + t], D);
+      if (static_cast<int64_t>(scores.size()) < G * n) scores.resize(G * n);
+      if (static_cast<int64_t>(offs.size()) < n) offs.resize(n);
+      for (int64_t t0 = 0, p = 0; t0 < n; t0 += page_size, ++p) {
+        const int64_t base = (pg[b * P + p] * page_size * KVH + kh) * D;
+        for (int64_t i = 0; i < page_size && t0 + i < n; ++i) offs[t0 + i] = base + i * KVH * D;
+      }
+      const float* qh = qp + (b * H + kh * G) * D;
+      if (wide) {
+        attend_one512(qh, kp, vp, offs.data(), n, G, D, sc, scores.data(), oh);
+      } else {
+        attend_one(qh, kp, vp, offs.data(), n, G, D, sc, scores.data(), oh);
       }
     }
   });
