@@ -1,6 +1,10 @@
 """BlitzScale §6.1 on the emulation (`benchmarks/emulation/blitzscale.py`): the ratios of
 BlitzScale's TTFT to each baseline's, and a first sitting that ran only baselines."""
 
+import argparse
+
+import numpy as np
+
 from benchmarks.emulation.blitzscale import ratios
 
 
@@ -23,3 +27,40 @@ def test_ratios_to_blitzscale_and_none_before_it_ran() -> None:
     }
     # `--resume` sittings: AllCache alone first; its report has no ratios yet, not a crash
     assert ratios({"allcache": res["allcache"]}) == {}
+
+
+def test_the_simulator_beside_runs_the_agents_prefill_budget(monkeypatch, tmp_path) -> None:
+    """The simulator beside the emulated run prefills as many prompt tokens per step as the
+    emulated agents' engines do: it ran its own default (8192 vs the agents' 4096), so an
+    8-request burst of 1,024-token prompts was one step there and two on the runtime
+    (ServerlessLLM's p90 +18%)."""
+    import surge.sim.simulator as simulator
+    from benchmarks.emulation.blitzscale import simulated
+    from benchmarks.emulation.serving import Workload
+    from surge.emulation import Emulation, EmulationConfig
+    from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+    from surge.sim.result import SimResult
+
+    seen = []
+
+    def fake_simulate(trace, settings, system=None):
+        seen.append(settings)
+        n, ones = trace.num_requests, np.ones(trace.num_requests)
+        ids = np.zeros(n, dtype=np.int64)
+        return SimResult(settings.system, ("m",), ones * 0, ones, ones, ids + 1, ids)
+
+    monkeypatch.setattr(simulator, "simulate", fake_simulate)
+    config = EmulationConfig.parse("blitzscale-a-hosts:llama2-7b", 40.0)
+    args = argparse.Namespace(nodes=2, max_num_seqs=8)
+    simulated(args, config, Workload((0.0,), (1024,), (8,)), 0.5)
+    cluster = LocalCluster(
+        LocalClusterConfig(
+            num_nodes=2,
+            max_num_seqs=8,
+            emulation=Emulation(config, 10_000_000, real_kv_bytes_per_token=4096),
+            remote_dir=tmp_path,
+        )
+    )
+    engine = cluster.agent_config(0).engine
+    assert {s.max_prefill_tokens for s in seen} == {engine.max_prefill_tokens}
+    assert {s.max_batch for s in seen} == {engine.max_num_seqs}

@@ -51,8 +51,8 @@ class DeviceTier:
         copy.event.wait()
         self.take_in(state, block, copy.data)
 
-    def take_in(self, state: ModelState, block: int, data: Any) -> None:
-        """Take a block's arrived device bytes into the gpu tier and the model's runner."""
+    def runner(self, state: ModelState) -> Any:
+        """The model's runner on this node, made on first use (imports torch: off the loop)."""
         with state.runner_lock:
             if state.runner is None:
                 from surge.engine.runner import ModelRunner
@@ -60,7 +60,11 @@ class DeviceTier:
                 state.runner = ModelRunner(
                     state.manifest, self.ctx.config.engine, memory=self.memory()
                 )
-        state.runner.install_block(block, data)
+            return state.runner
+
+    def take_in(self, state: ModelState, block: int, data: Any) -> None:
+        """Take a block's arrived device bytes into the gpu tier and the model's runner."""
+        self.runner(state).install_block(block, data)
         state.device_blocks[block] = data
 
     def close(self) -> None:
