@@ -35,7 +35,7 @@ from benchmarks.emulation.timeline import request_timeline, scale_out_timeline
 from surge.control.controller import Controller, ControllerConfig
 from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
-from surge.events import TimelineEvent
+from surge.events import Load, TimelineEvent
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
@@ -187,6 +187,18 @@ async def stage(
     return time.monotonic() - t0
 
 
+async def next_tick_s(events: asyncio.Queue, clock_s: Callable[[float], float]) -> float:
+    """When the autoscaler ticks next (its `Load` event; `clock_s` maps a bus stamp to the
+    serving clock): the replay's zero. The simulator decides at multiples of the tick from
+    its trace's zero (`sim/scaling.Scaler.check_soon`); the controller ticks every `tick_s`
+    from its own start, so a replay started at any instant put every decision a random
+    0-0.1 s later than the simulator's, for no reason of either body (§6.1's first
+    scale-out: 1.059 vs 1.0 s). Aligned, both decide at the same instants."""
+    while not isinstance(ev := await events.get(), Load):
+        pass
+    return clock_s(ev.t_s)
+
+
 async def serve_workload(
     cluster: LocalCluster,
     state: Path,
@@ -223,10 +235,10 @@ async def serve_workload(
         before = await counts(cluster)
         held: list[tuple[float, int]] = []
         egress: list[tuple[float, dict[int, int]]] = []
-        start = clock.now_s()
-        real0 = time.monotonic()
         while not seen.queue.empty():  # what happened before the replay
             seen.queue.get_nowait()
+        start = await next_tick_s(seen.queue, lambda t: clock.of_real(ctl.events.t0 + t))
+        real0 = time.monotonic()
 
         events: list[TimelineEvent] = []
 

@@ -64,3 +64,22 @@ def test_the_simulator_beside_runs_the_agents_prefill_budget(monkeypatch, tmp_pa
     engine = cluster.agent_config(0).engine
     assert {s.max_prefill_tokens for s in seen} == {engine.max_prefill_tokens}
     assert {s.max_batch for s in seen} == {engine.max_num_seqs}
+
+
+def test_the_replay_starts_at_an_autoscaler_tick() -> None:
+    """The replay's zero is the controller's next tick (its `Load` event), so the runtime's
+    decisions fall at multiples of the tick from the burst's start, as the simulator's; the
+    events before it (a block landing) are passed over."""
+    import asyncio
+
+    from benchmarks.emulation.serving import next_tick_s
+    from surge.events import BlockLanded, Load
+
+    async def run() -> float:
+        q: asyncio.Queue = asyncio.Queue()
+        q.put_nowait(BlockLanded(t_s=3.0, model="m", node=1, block=0, tier="gpu"))
+        load = Load(t_s=8.0, model="m", queued=0, ongoing=0, instances=2, loading=0, pipelines=0)
+        q.put_nowait(load)
+        return await next_tick_s(q, lambda t: t / 4.0)
+
+    assert asyncio.run(run()) == 2.0
