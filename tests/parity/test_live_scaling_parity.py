@@ -95,7 +95,7 @@ def _runtime_log(s: Scenario) -> list[tuple]:
         report=ScaleOutReport(),
     )
 
-    async def live_prefill(server, manifest, new, old, t, batch, deliver) -> None:
+    async def live_prefill(server, manifest, new, old, t, batch, deliver, keep) -> None:
         log.append(("batch", new, old.node, t, tuple(r.req_id for r in batch)))
 
     held: dict[int, set[int]] = {TARGET: set()}

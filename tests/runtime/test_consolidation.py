@@ -161,47 +161,53 @@ def test_live_batch_streams_every_first_token_before_its_hand_offs(
     check_against_reference(tiny_hf, reqs, 6)
 
 
+@pytest.mark.parametrize("room", [3, 2], ids=["room-for-all", "room-for-two"])
 def test_a_live_batch_on_a_decode_source_decodes_there_its_kv_kept(
-    make_cluster, manifest, tiny_hf
+    room, make_cluster, manifest, tiny_hf
 ) -> None:
     """Under P/D, a live batch whose last layers ran on a decode instance decodes there, as
     in the simulator (`policy.blitzscale.pd.decodes_where_prefilled`): its agent adopts
     each request, its own layers' K/V in place and the new instance's pulled from that
     agent — nothing is exported to the controller and sent back (`KvExportOp` and a
-    payload adopt, which cost the decode node's NIC twice). A prefill source still hands
-    its batch to a decode instance (`PdServing.hold`)."""
-    cluster = make_cluster(2, preload_engine=True)
-    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    payload adopt, which cost the decode node's NIC twice). A request it has no room for
+    (its engine holds `room` sequences) is handed off as from a prefill instance
+    (`PdServing.hold`: adopted once a slot frees), not failed with its whole batch; a
+    prefill source hands off every request."""
+    cluster = make_cluster(2, preload_engine=True, max_num_seqs=room)
+    params = SamplingParams(max_tokens=64, ignore_eos=True)  # still running at the last adopt
 
     async def run():
         client, server = await connected_server(cluster, manifest, {0: [0, 1, 2, 3], 1: [0, 1]})
         try:
             pd = PdServing(server, PdTargets(1, 1), 1 << 14)
             server.pd = pd
-            old = LocalEndpoint(client, 0, MODEL, "old")
+            old = LocalEndpoint(client, 0, MODEL, "old", capacity=room)
             await old.open()
             server.endpoints[old.name] = old
             pd.roles[old.name] = PREFILL
-            assert live_delivery(server, old) is not None  # hand-off via `hold`
+            assert live_delivery(server, old)[0] is False  # every request via `hold`
             pd.roles[old.name] = DECODE
-            deliver = live_delivery(server, old)
+            keep, deliver = live_delivery(server, old)
             record_ops(client, seen.append)
             batch = [server.new_request(p, params) for p in PROMPTS]
             await live_prefill(
-                server, manifest, 1, old, manifest.blocks[1].end_layer, batch, deliver
+                server, manifest, 1, old, manifest.blocks[1].end_layer, batch, deliver, keep
             )
             await server.wait_all(60)
-            return batch, deliver
+            return batch, keep
         finally:
             await server.close()
             await client.close()
 
     seen: list[str] = []
-    reqs, deliver = asyncio.run(run())
-    assert deliver is None
-    assert "KvExportOp" not in seen and seen.count("InstanceAdoptOp") == len(PROMPTS), seen
+    reqs, keep = asyncio.run(run())
+    assert keep is True
+    overflow = len(PROMPTS) - room
+    # each overflowing request: one refused adopt, its two parts exported, one adopt
+    assert seen.count("KvExportOp") == 2 * overflow, seen
+    assert seen.count("InstanceAdoptOp") == len(PROMPTS) + overflow, seen
     assert all(r.hops[-1] == "old" for r in reqs)
-    check_against_reference(tiny_hf, reqs, 6)
+    check_against_reference(tiny_hf, reqs, 64)
 
 
 @pytest.mark.parametrize("num_requests", [1, 6], ids=["quiet-scale-down", "busy-scale-up"])

@@ -41,6 +41,7 @@ from surge.runtime.protocol import (
 )
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
+from surge.runtime.transport import RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +139,18 @@ async def live_prefill(
     num_layers_on_new: int,
     reqs: list[ServeRequest],
     deliver: Deliver | None = None,
+    keep: bool = True,
 ) -> tuple[tuple[int, float, float], ...]:
     """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
     sample each first token here, then hand the requests (with their whole KV cache) to
-    `old`, which decodes them (BlitzScale §4 live autoscaling) — or to `deliver(req,
-    parts, payload, num_cached)` (P/D: a decode instance adopts it,
-    `runtime/migration/pd_handoff.py`).
+    `old`, which decodes them (BlitzScale §4 live autoscaling): its agent adopts each,
+    its own layers' K/V in place, the new node's pulled agent to agent. Under P/D
+    (`deliver` given) that is so only with `keep` (`old` decodes, and has room for the
+    request); else `deliver(req, parts, payload, num_cached)` hands it to a decode
+    instance (`runtime/migration/pd_handoff.py`).
     Returns the (node, start, end) wall-clock spans of the two stages' compute."""
+    if not keep and deliver is None:
+        raise ValueError("a live batch that `old` does not keep needs `deliver`")
     L = manifest.arch.num_layers
     T = num_layers_on_new
     if not 1 <= T < L:
@@ -198,13 +204,17 @@ async def live_prefill(
             if r.done.is_set():
                 continue
             n = len(r.prompt_token_ids)
-            if deliver is None:  # the old instance's agent pulls both parts itself
+            if keep:  # the old instance's agent pulls both parts itself
                 sources = tuple(
                     KvSource(node=node, pipeline=name, seq_id=b, num_tokens=n)
                     for node in (new_node, old.node)
                 )
-                await adopt(server, old, r, num_cached=n, sources=sources)
-                continue
+                try:
+                    await adopt(server, old, r, num_cached=n, sources=sources)
+                    continue
+                except RemoteError:  # no room there now: a decode instance that has room
+                    if deliver is None:
+                        raise
             parts = await asyncio.gather(
                 _export(server, new_node, name, b, n), _export(server, old.node, name, b, n)
             )

@@ -67,18 +67,20 @@ STOP_WAIT_S = 30.0
 """How long `stop` lets a step in progress finish before cancelling it."""
 
 
-def live_delivery(server: Server, old: LocalEndpoint) -> Deliver | None:
-    """Where a live batch whose last layers ran on `old` decodes: None, on `old` itself
-    (`live_prefill` has its agent adopt each request, its own layers' K/V in place and the
-    new instance's part pulled agent to agent), unless `old` is a P/D prefill instance
-    (`policy.blitzscale.pd.decodes_where_prefilled`, as the simulator's engines decide):
-    then a decode instance adopts each one as soon as one has room (`PdServing.hold`, the
-    K/V relayed here). Before, a decode source's own K/V left its NIC and came back (the
-    emulated §6.1 run: it slowed the multicast that NIC was sending)."""
+def live_delivery(server: Server, old: LocalEndpoint) -> tuple[bool, Deliver | None]:
+    """Where a live batch whose last layers ran on `old` decodes (`live_prefill`'s `keep`,
+    `deliver`): on `old` itself (its agent adopts each request, its own layers' K/V in
+    place and the new instance's part pulled agent to agent), unless `old` is a P/D
+    prefill instance (`policy.blitzscale.pd.decodes_where_prefilled`, as the simulator's
+    engines decide) — or, under P/D, a request it has no room for: a decode instance
+    adopts those as soon as one has room (`PdServing.hold`, the K/V relayed here). Before,
+    a decode source's own K/V always left its NIC and came back (the emulated §6.1 run:
+    it slowed the multicast that NIC was sending)."""
     pd = server.pd
-    if pd is None or decodes_where_prefilled(pd.roles.get(old.name, PREFILL)):
-        return None
-    return functools.partial(pd.hold, old=old)
+    if pd is None:
+        return True, None
+    keep = decodes_where_prefilled(pd.roles.get(old.name, PREFILL))
+    return keep, functools.partial(pd.hold, old=old)
 
 
 class LiveScaling:
@@ -259,9 +261,9 @@ class LiveScaling:
     ) -> None:
         ctx, server = self.ctx, self.ctx.server
         t, schedule, ratio = action.split, action.schedule, action.load_ratio
-        deliver = live_delivery(server, old)
+        keep, deliver = live_delivery(server, old)
         try:
-            spans = await live_prefill(server, ctx.manifest, new, old, t, batch, deliver)
+            spans = await live_prefill(server, ctx.manifest, new, old, t, batch, deliver, keep)
             ctx.report.live_spans.append((action.index, schedule, spans))
             ctx.report.live_prefilled += len(batch)
             ctx.report.live_batches[schedule] = ctx.report.live_batches.get(schedule, 0) + 1
