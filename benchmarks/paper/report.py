@@ -46,10 +46,9 @@ SOURCES = (
         "python benchmarks/paper/blitzscale/blitzscale_figs.py",
     ),
     (
-        "flexpipe_cv_rows",
-        "benchmarks/results/systems/flexpipe_cv.json",
-        "python -m benchmarks.systems.flexpipe_cv"
-        " --json benchmarks/results/systems/flexpipe_cv.json",
+        "flexpipe_shared_rows",
+        "benchmarks/results/paper/flexpipe_shared.json",
+        "python benchmarks/paper/flexpipe/flexpipe_shared.py",
     ),
     (
         "flexpipe_figs_rows",

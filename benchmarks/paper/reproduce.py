@@ -195,6 +195,7 @@ SCRIPTS = (
     "blitzscale/blitzscale_eval",
     "blitzscale/blitzscale_figs",
     "flexpipe/flexpipe_figs",
+    "flexpipe/flexpipe_shared",
     "paraserve/paraserve_eval",
     "lambdascale/lambdascale_traces",
     "lambdascale/lambdascale_figs",
@@ -203,8 +204,8 @@ SCRIPTS = (
 )
 """The other reproduction scripts, in the per-paper folders beside this one (`--all`), longest
 first;
-benchmarks/systems/flexpipe_cv.py (FlexPipe §9.1-§9.4, with its runtime half) runs on its
-own."""
+benchmarks/systems/flexpipe_cv.py (FlexPipe under CV 1/2/4/8 for one model alone, with its
+runtime half) runs on its own."""
 
 
 def run_all(jobs: int = 2) -> int:

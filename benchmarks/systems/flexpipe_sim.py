@@ -204,7 +204,7 @@ def run_one(
         "ttft_p99_s": s["ttft_p99_s"],
         "slo_attainment": s["slo_attainment"],
         "goodput_rps": ok / span_s,
-        "gpu_seconds": _gpu_seconds_between(res, lead_s, end_s),
+        "gpu_seconds": gpu_seconds_between(res, lead_s, end_s),
         # how long a fixed variant on this trace is counted: first arrival to last end
         "first_arrival_to_last_end_s": float(res.done_s.max() - res.arrival_s.min())
         if done.all() and len(res.arrival_s)
@@ -222,7 +222,7 @@ def run_one(
     }
 
 
-def _gpu_seconds_between(res, t0_s: float, t1_s: float) -> float:
+def gpu_seconds_between(res, t0_s: float, t1_s: float) -> float:
     """GPU-seconds held in [`t0_s`, `t1_s`] (`gpu_seconds` is [0, end_s])."""
     total, last_t, last_n = 0.0, 0.0, 0
     for t, n in [*res.gpu_changes, (t1_s, None)]:

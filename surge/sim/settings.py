@@ -71,6 +71,13 @@ class SimSettings:
     False: every pipeline worker holds whole GPUs (the model before issue 18's fix).
     Systems without low-memory workers are unaffected either way."""
 
+    model_replicas: tuple[tuple[str, int], ...] = ()
+    """(model name, groups) held fixed from time 0 to the end: that model's pool asks for
+    exactly this many instances (or FlexPipe groups) at every decision, so the cluster is
+    split among the models once, as an offline-configured system places them (AlpaServe's
+    placement, the static baseline of FlexPipe §9: "configures pipelines based on
+    historical request patterns"). Models not named autoscale as the system does."""
+
     model_names: tuple[str, ...] = ()
     """Distinct names of the expanded models (a scenario's `code/0`, `code/1`, ...);
     empty: `NAME` or `NAME#i` (`simulator.expand_models`)."""
@@ -101,6 +108,9 @@ class SimSettings:
             raise SurgeError("pipeline_micro_batches must be >= 1 or None")
         if not self.pipeline_speed > 0:
             raise SurgeError("pipeline_speed must be > 0")
+        names = [name for name, _ in self.model_replicas]
+        if len(set(names)) != len(names) or any(n < 1 for _, n in self.model_replicas):
+            raise SurgeError("model_replicas: name each model once, with >= 1 groups")
 
     def slo_of(self, model: str) -> Slo:
         """The SLO of `model`."""

@@ -17,6 +17,7 @@ The parts, each one concern, dependencies passed in (no part imports another's s
 This module builds them, schedules the arrivals and the sampler, and runs the loop.
 """
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
+from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdTargets
 from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count
 from surge.policy.multicast.cluster import Cluster
@@ -202,8 +204,26 @@ class Simulation:
             start_groups=self.groups.start,
             ready=self.loader.ready,
             on_decide=self.flexpipe.retune,
-            adjust=self.flexpipe.autoscale_settings,
+            adjust=self._autoscale_settings,
         )
+        self._fixed = self._fixed_replicas()
+
+    def _fixed_replicas(self) -> dict[int, int]:
+        """Model index -> groups held fixed (`SimSettings.model_replicas`)."""
+        index = {slot.name: m for m, slot in enumerate(self.world.models)}
+        unknown = [n for n, _ in self.settings.model_replicas if n not in index]
+        if unknown:
+            raise SurgeError(f"model_replicas names models not in the run: {unknown}")
+        return {index[n]: count for n, count in self.settings.model_replicas}
+
+    def _autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
+        """The autoscaler's settings for `pool`: FlexPipe's per-group target, and a fixed
+        count where the model's share of the cluster is fixed (`model_replicas`)."""
+        settings = self.flexpipe.autoscale_settings(pool, base)
+        fixed = self._fixed.get(pool.model)
+        if fixed is None:
+            return settings
+        return dataclasses.replace(settings, min_replicas=fixed, max_replicas=fixed)
 
     def _num_blocks(self, model: int, num_nodes: int, num_sources: int) -> int:
         """B of one multicast: the system's, or λScale §4.2's elbow (`block_count`)."""
@@ -265,6 +285,9 @@ class Simulation:
             for pool in self.pools.values():
                 self.scaler.scale_out(pool, self.settings.warm_instances, warm=True)
                 self.flexpipe.adopt_warm(pool)
+        for pool in self.pools.values():
+            if pool.model in self._fixed:  # a fixed share loads before any arrival
+                loop.schedule(0.0, Priority.CONTROL, 0, lambda p=pool: self.scaler.autoscale(p))
         loop.schedule(0.0, Priority.SAMPLE, 0, self._sample)
         last = self.requests[-1].arrival_s if self.requests else 0.0
         loop.run(last + self.settings.max_drain_s, on_progress)

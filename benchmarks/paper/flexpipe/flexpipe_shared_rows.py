@@ -1,0 +1,94 @@
+"""REPORT.md rows of FlexPipe §9.1 Fig. 8 (latency vs AlpaServe) and §9.4 Fig. 12
+(resource efficiency) from `flexpipe_shared.py`: §9's four models sharing 82 GPUs,
+AlpaServe as one static split of the cluster among them.
+
+In: benchmarks/results/paper/flexpipe_shared.json. Out: `rows.row` dicts for `report.py`.
+"""
+
+from rows import row
+
+PAPER = "FlexPipe"
+PAPER_LATENCY = {"1": 0.383, "2": 0.469, "4": 0.661}
+"""§9.1 Fig. 8: FlexPipe's total latency below AlpaServe's (CV 4: 66.1%; 80.6% vs MuxServe)."""
+PIPELINE = 4
+"""AlpaServe's shape with one GPU per stage for every model (OPT-66B needs 4 stages)."""
+LARGEST = "opt-66b"
+"""The model whose per-request time decides the mean (see the cause)."""
+
+
+def _pct(d: dict) -> str:
+    return " / ".join(f"{v:+.1%}" for v in d.values())
+
+
+def report_rows(doc: dict) -> list[dict]:
+    """Fig. 8 and Fig. 12 (Fig. 10, 11, 13, §9.6 are `flexpipe_figs_rows`')."""
+    by_cv = doc["by_cv"]
+    ratios = {cv: by_cv[cv]["ratios"] for cv in PAPER_LATENCY}
+    red = {cv: r["latency_reduction_vs_alpaserve"] for cv, r in ratios.items()}
+    slo = min(r["alpaserve_slo_attainment"] for r in ratios.values())
+    shapes = " / ".join(str(r["alpaserve_stages"]) for r in ratios.values())
+    c4 = ratios["4"]
+    fp66, alpa66 = c4["mean_s"][LARGEST]
+    others = {m: v for m, v in c4["latency_reduction_per_model"].items() if m != LARGEST}
+    x2 = doc["rate_x2_cv4"]
+    short = {cv: r["latency_reduction_vs_alpaserve"] for cv, r in doc["tokens_512_128"].items()}
+    unsplit = {
+        cv: r["latency_reduction_vs_alpaserve_unsplit"]
+        for cv, r in ratios.items()
+        if "latency_reduction_vs_alpaserve_unsplit" in r
+    }
+    # AlpaServe held to one GPU per stage (no tensor parallelism), as FlexPipe's stages are
+    pp = {
+        cv: 1
+        - by_cv[cv]["flexpipe"]["e2e_mean_s"] / by_cv[cv][f"alpaserve-{PIPELINE}"]["e2e_mean_s"]
+        for cv in PAPER_LATENCY
+    }
+    eff = c4["efficiency_over_alpaserve"]
+    fp4 = by_cv["4"]["flexpipe"]
+    alpa4 = by_cv["4"][f"alpaserve-{c4['alpaserve_stages']}"]
+    models = ", ".join(doc["models"].values())
+    queue_free = (
+        f"AlpaServe's split of the {doc['cluster_gpus']} GPUs (from each model's peak on the "
+        f"trace, shapes {shapes} stages) meets the SLO for >= {slo:.3f} of requests at §9's "
+        f"{doc['rate_rps']:g} QPS: it does not queue, so FlexPipe has no queue time to win "
+        "(the paper's gain is queue time, 54.8-72.6% lower)."
+    )
+    return [
+        row(
+            PAPER,
+            "Fig. 8",
+            "end-to-end latency vs AlpaServe at CV 1 / 2 / 4: 38.3% / 46.9% / 66.1% lower",
+            "38.3% / 46.9% / 66.1%",
+            f"mean latency vs AlpaServe, §9's four models ({models}) sharing "
+            f"{doc['cluster_gpus']} GPUs at {doc['rate_rps']:g} QPS, Splitwise tokens: "
+            f"{_pct(red)}",
+            ordering=min(red.values()) > 0,
+            pairs=tuple((red[cv], p) for cv, p in PAPER_LATENCY.items()),
+            cause=f"{queue_free} The difference is per-request time of the largest model: at "
+            f"CV 4 OPT-66B averages {fp66:.1f} s in FlexPipe's pipelines against "
+            f"{alpa66:.1f} s in AlpaServe's tensor-parallel groups; the three smaller "
+            f"models {_pct(others)}. Counterfactuals: AlpaServe held to {PIPELINE}-stage "
+            f"pipelines of one GPU per stage, as FlexPipe's: {_pct(pp)}; twice §9's rate at CV 4 "
+            f"{x2['latency_reduction_vs_alpaserve']:+.1%} (AlpaServe's SLO attainment "
+            f"{x2['alpaserve_slo_attainment']:.3f}); 512 / 128-token requests {_pct(short)}; "
+            f"AlpaServe at every model's peak, unsplit: {_pct(unsplit)}.",
+        ),
+        row(
+            PAPER,
+            "Fig. 12",
+            "resource efficiency at CV 4: 8.5x better than Tetris (goodput per GPU use)",
+            "8.5x",
+            f"goodput per GPU-second at CV 4, the four models sharing the cluster: {eff:.2f}x "
+            f"AlpaServe's static split ({fp4['gpu_seconds']:.0f} vs "
+            f"{alpa4['gpu_seconds']:.0f} GPU-s; SLO attainment {fp4['slo_attainment']:.3f} "
+            f"vs {alpa4['slo_attainment']:.3f})",
+            ordering=eff > 1,
+            sim_value=eff,
+            paper_value=8.5,
+            cause="Both keep their goodput, so the ratio is GPU-seconds alone (FlexPipe "
+            "releases what AlpaServe holds); the paper's Tetris loses 87% of its goodput to "
+            "GPU-multiplexing contention (1,543 of 12,000 rps), which the simulator does not "
+            f"model. Counterfactual: twice §9's rate at CV 4 "
+            f"{x2['efficiency_over_alpaserve']:.2f}x.",
+        ),
+    ]
