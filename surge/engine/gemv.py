@@ -59,7 +59,8 @@ best ms) at 10:43 UTC: 2 rows 22.1 / 31.1 at 2 threads and 39.9 / 51.4 at one; 4
 25.6 / 31.1 and 49.3 / 60.0; 8 rows 40.9 / 39.5 and 65.4 / 60.0; at 11:43: 6 rows 36.5 /
 40.0 and 76.6 / 77.3; 7 rows 40.8 / 42.0 and 74.5 / 77.7. The projections alone cross
 near 8 rows, but end to end (engine_vs_peers, SmolLM2, batch 8) sending 7-8 rows to oneDNN
-(`MAX_ROWS` 6, the larger batches' graph, whose packed calls go through a Python op) gave
+(`MAX_ROWS` 6, the larger batches' graph, whose packed calls then went through a Python op;
+C++ since 995b9cd, not measured again) gave
 113.1 tok/s at 2 threads and 76.4 at one (11:33 sitting) against the kernel's 129.3 and
 77.5 (08:31): no gain, so the kernel keeps 1-8 rows."""
 STALE_LOCK_S = 600.0
