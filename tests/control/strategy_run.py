@@ -19,6 +19,13 @@ from tests.control.test_serve_openai import MODEL
 
 PROMPTS = [f"Tale {i}: a model wakes up" for i in range(8)]
 
+PACE = ["--emulate", "flexpipe:llama2-13b", "--emulated-gpu", "A100"]
+"""Agent flags (`local_cluster(..., paced=True)`): every engine step lasts what llama2-13b
+takes on FlexPipe's A100s (§9, `emulation/pacing.py`), ~20 ms a decode step, on a host of
+any speed. For a test whose requests must outlast something (test_flexpipe: the split): the
+agents sleep through a step instead of computing many more tokens, and the tokens are the
+same."""
+
 
 async def run_burst(
     ctl: Controller, dep: Deployment, tok, max_tokens: int, prompts: list[str] = PROMPTS
@@ -48,9 +55,12 @@ async def deploy(
     return await ctl.create({**body, "autoscaling": autoscaling})
 
 
-def local_cluster(state: Path, num_nodes: int = 2, **kw) -> LocalCluster:
-    """Loopback agents reading the registry under `state` (start it with `with`)."""
+def local_cluster(state: Path, num_nodes: int = 2, paced: bool = False, **kw) -> LocalCluster:
+    """Loopback agents reading the registry under `state` (start it with `with`); `paced`:
+    their engine steps paced (`PACE`)."""
     (state / "registry").mkdir(parents=True, exist_ok=True)
+    if paced:
+        kw["extra_args"] = dict.fromkeys(range(num_nodes), PACE)
     return LocalCluster(
         LocalClusterConfig(num_nodes=num_nodes, remote_dir=state / "registry", **kw)
     )

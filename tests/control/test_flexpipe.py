@@ -23,16 +23,12 @@ from tests.control.strategy_run import PROMPTS, check_tokens, deploy, local_clus
 
 MAX_TOKENS = 400
 """Long enough that the split (blocks loaded on the second node, stages opened) lands while
-every request still generates: each step is paced (`PACE`), so the burst's 400 tokens last
->= 8 s on a host of any speed; the split came ~1.3 s after the burst (63-72 tokens in, 2
-runs at load 3-6). Unpaced, the test needed 1,200 tokens (on a quiet 2-core VM the split
-came at ~140 of 400; on the Nov 24 host with surge's one-row kernel all 400 were done
-before it): 40 s and 25.6 s of CPU against 28 s and 14.3 s paced (same load)."""
-
-PACE = ["--emulate", "flexpipe:llama2-13b", "--emulated-gpu", "A100"]
-"""Agent flags: every engine step lasts what llama2-13b takes on FlexPipe's A100s (§9,
-`emulation/pacing.py`): ~20 ms a decode step of the burst, which the agents sleep through
-instead of computing 3x the tokens."""
+every request still generates: the agents' steps are paced (`strategy_run.PACE`), so the
+burst's 400 tokens last >= 8 s on a host of any speed; the split came ~1.3 s after the
+burst (63-72 tokens in, 2 runs at load 3-6). Unpaced, the test needed 1,200 tokens (on a
+quiet 2-core VM the split came at ~140 of 400; on the Nov 24 host with surge's one-row
+kernel all 400 were done before it): 40 s and 25.6 s of CPU against 28 s and 14.3 s paced
+(same load)."""
 
 
 def _refactors(metrics_text: str, direction: str) -> float:
@@ -73,7 +69,7 @@ def test_burst_splits_and_quiet_merges_live_pipeline(
     monkeypatch.setitem(SYSTEMS, "flexpipe", system)
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
     state = tmp_path / "state"
-    cluster = local_cluster(state, num_nodes=2, extra_args=dict.fromkeys(range(2), PACE))
+    cluster = local_cluster(state, num_nodes=2, paced=True)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
     async def run():
