@@ -8,6 +8,7 @@ Ctrl-C (or SIGTERM) stops the server, the controller and every agent it started.
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -264,6 +265,9 @@ async def _serve(
     from surge.control.controller import Controller
     from surge.model.default_store import default_model
 
+    # What the imports made (torch among them) lives as long as the server: frozen, the
+    # collector's full passes skip it (they took ~11% of `surge serve`'s CPU in the tests).
+    gc.freeze()
     state = ccfg.state_dir
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
