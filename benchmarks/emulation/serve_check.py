@@ -69,6 +69,9 @@ class Scenario:
     waves: tuple[tuple[float, int], ...]
     """The burst: (real seconds after the burst starts, requests sent then)."""
     max_tokens: int = 16
+    spread_tokens: bool = False
+    """Request i asks max_tokens/2 + (i * 7) % max_tokens tokens (mean ~max_tokens), as real
+    answers vary in length, instead of every request the same max_tokens."""
     """Output tokens per burst request."""
     serve: dict[str, Any] = field(default_factory=dict)
     """Config-file keys of `surge serve` beside nodes and deployments (max_num_seqs, ...)."""
@@ -128,6 +131,10 @@ SCENARIOS: dict[str, Scenario] = {
         deployment={"autoscaling": {"min_replicas": 1}},
         waves=((0.0, 1), (2.0, 1), (4.0, 24)),
         max_tokens=128,
+        # Equal answers end in the same step, so a 2-stage group's count drops from ~8 to 0
+        # at once, past the merge window (0 < outstanding <= a 1-stage target; Nov 28 run:
+        # 0 refactorings). §9's answers vary (Splitwise lengths).
+        spread_tokens=True,
     ),
 }
 
@@ -160,13 +167,16 @@ def metric_by_label(text: str, name: str) -> dict[str, float]:
     return out
 
 
-async def burst(url: str, waves: tuple[tuple[float, int], ...], max_tokens: int) -> list[bool]:
+async def burst(
+    url: str, waves: tuple[tuple[float, int], ...], max_tokens: int, spread: bool = False
+) -> list[bool]:
     """Send each wave's requests at its time after now; each request's success."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
 
         async def one(i: int) -> bool:
+            tokens = max_tokens // 2 + (i * 7) % max_tokens if spread else max_tokens
             body = {"model": "check", "prompt": f"Tale {i}: a model wakes up",
-                    "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}  # fmt: skip
+                    "max_tokens": tokens, "temperature": 0, "ignore_eos": True}  # fmt: skip
             r = await http.post("/v1/completions", json=body)
             return r.status_code == 200 and bool(r.json()["choices"][0]["text"])
 
@@ -221,7 +231,7 @@ def check_one(name: str, sc: Scenario, store: Path, args: argparse.Namespace) ->
             out["completion_ok"] = first == [True]
             t_burst = time.monotonic()
             waves = tuple((at, min(n, args.burst)) for at, n in sc.waves)
-            ok = asyncio.run(burst(ready["url"], waves, sc.max_tokens))
+            ok = asyncio.run(burst(ready["url"], waves, sc.max_tokens, sc.spread_tokens))
             out["burst"] = {"requests": len(ok), "ok": sum(ok),
                             "real_s": round(time.monotonic() - t_burst, 1)}  # fmt: skip
             deadline = time.monotonic() + sc.settle_s
