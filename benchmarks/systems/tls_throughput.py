@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from surge.runtime.handshake import accept_hello, connect
 from surge.runtime.security.tls import TlsConfig
-from surge.runtime.transport import Connection, accept_hello, connect
+from surge.runtime.transport import Connection
 
 TOKEN = "benchmark-token-0123456789abcdef"
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "systems"

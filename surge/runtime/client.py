@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from surge.errors import SurgeError
+from surge.runtime.handshake import connect
 from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp
 from surge.runtime.security.tls import ClusterTls
-from surge.runtime.transport import Connection, ConnectionClosed, connect
+from surge.runtime.transport import Connection, ConnectionClosed
 
 log = logging.getLogger(__name__)
 

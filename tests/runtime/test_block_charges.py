@@ -13,9 +13,9 @@ import pytest
 
 from surge.emulation import Emulation, EmulationConfig, block_charges
 from surge.model.manifest import Manifest
+from surge.runtime.handshake import connect
 from surge.runtime.node.tiers import DiskTier
 from surge.runtime.protocol import GetBlockOp, LoadOp, RegisterOp
-from surge.runtime.transport import connect
 from tests.runtime.conftest import MODEL
 
 

@@ -15,10 +15,11 @@ import pytest
 
 from surge.errors import SurgeError
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
+from surge.runtime.handshake import AuthError, accept_hello, connect
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import ChecksumsOp, StatusOp
 from surge.runtime.security.tls import TlsConfig
-from surge.runtime.transport import AuthError, Connection, accept_hello, connect
+from surge.runtime.transport import Connection
 from surge.wire import HEADER_LEN, parse_header
 from tests.runtime.conftest import MODEL, connected
 

@@ -16,10 +16,10 @@ from surge.model.manifest import read_manifest
 from surge.model.tiny import create_tiny_model
 from surge.model.tiny_shape import TinyModelConfig
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
+from surge.runtime.handshake import AuthError, connect
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import BlockReply, ChecksumsOp, StatusOp, ok_header
 from surge.runtime.token_bucket import TokenBucket
-from surge.runtime.transport import AuthError, connect
 from surge.wire import encode_frame
 from tests.runtime.conftest import MODEL, connected
 

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
+from surge.runtime.handshake import AuthError, connect
 from surge.runtime.protocol import StatusOp, StatusReply
 from surge.runtime.security.tls import ClusterTls, TlsConfig
-from surge.runtime.transport import AuthError, connect
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from surge.errors import SurgeError
+from surge.runtime.handshake import AuthError, accept_hello
 from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
 from surge.runtime.node.collective import AgentCollective
 from surge.runtime.node.context import (
@@ -52,13 +53,7 @@ from surge.runtime.protocol import (
     ok_header,
 )
 from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
-from surge.runtime.transport import (
-    AuthError,
-    Connection,
-    ConnectionClosed,
-    RemoteError,
-    accept_hello,
-)
+from surge.runtime.transport import Connection, ConnectionClosed, RemoteError
 from surge.wire import FrameError
 
 __all__ = ["AgentConfig", "ModelState", "NodeAgent", "run_agent"]

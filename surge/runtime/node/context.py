@@ -16,11 +16,12 @@ from typing import Any
 from surge.config import EngineConfig
 from surge.emulation import EmulationConfig, StepPacer
 from surge.errors import SurgeError
+from surge.runtime.handshake import connect
 from surge.runtime.node.inflight import InFlight
 from surge.runtime.protocol import Event, Op, Reply
 from surge.runtime.security.tls import ClusterTls, TlsConfig
 from surge.runtime.token_bucket import TokenBucket
-from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed, connect
+from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed
 
 
 @dataclass(frozen=True)

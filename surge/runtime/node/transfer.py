@@ -21,6 +21,7 @@ import time
 
 from surge.errors import SurgeError
 from surge.model.manifest import RunningChecksum, verify_block
+from surge.runtime.handshake import AuthError
 from surge.runtime.node.context import Handlers, NodeContext, import_engine
 from surge.runtime.node.store import AgentStore
 from surge.runtime.protocol import (
@@ -39,13 +40,7 @@ from surge.runtime.protocol import (
     SetPeersReply,
     ok_header,
 )
-from surge.runtime.transport import (
-    STALL_TIMEOUT_S,
-    AuthError,
-    Connection,
-    ConnectionClosed,
-    RemoteError,
-)
+from surge.runtime.transport import STALL_TIMEOUT_S, Connection, ConnectionClosed, RemoteError
 
 log = logging.getLogger(__name__)
 
