@@ -169,11 +169,11 @@ def shrunk_cluster(preset: str, nodes: int) -> ClusterProfile:
     return cluster_from_spec(preset, {"groups": groups})
 
 
-def run_simulated(args, emulation: Emulation, k: int, mode: str, blocks: int) -> dict:
+def run_simulated(args, config: EmulationConfig, k: int, mode: str, blocks: int) -> dict:
     """The simulator on the same preset (its first `--nodes` GPUs), model and burst."""
     from benchmarks.sim_calibrate.predict import simulate_burst
 
-    cluster = shrunk_cluster(emulation.config.preset, args.nodes)
+    cluster = shrunk_cluster(config.preset, args.nodes)
     real = {
         "sources": k,
         "blocks": blocks,
@@ -183,7 +183,7 @@ def run_simulated(args, emulation: Emulation, k: int, mode: str, blocks: int) ->
         "prompt_len": list(args.prompt_len),
         "max_tokens": args.max_tokens,
     }
-    out = simulate_burst(cluster, emulation.config.model, real, mode, cores=None)
+    out = simulate_burst(cluster, config.model, real, mode, cores=None)
     new = out["endpoints_opened_s"]
     out["first_capacity_s"] = min(new) if new else None
     return out
@@ -264,7 +264,7 @@ def main() -> None:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(report, indent=1) + "\n")  # after each run
     for k, run in report["by_sources"].items():  # the deterministic simulator: this code's
-        run["simulated"] = {m: run_simulated(args, emulation, int(k), m, args.blocks)
+        run["simulated"] = {m: run_simulated(args, config, int(k), m, args.blocks)
                             for m in run["emulated"]}  # fmt: skip
     report["by_sources"] = dict(sorted(report["by_sources"].items(), key=lambda kv: int(kv[0])))
     every_k = [int(k) for k in report["by_sources"]]

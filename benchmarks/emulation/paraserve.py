@@ -75,6 +75,20 @@ def simulated(config: EmulationConfig, nodes: int, system: SystemConfig, prompt_
     return round(float(r.first_token_s[0] - r.arrival_s[0]), 4)
 
 
+def derived(first_token_s: dict, group: int) -> dict:
+    """The group's speedups over one worker and over serverless vLLM in each body, and the
+    simulator's error per run, from the first tokens (`first_token_s[body][run]`)."""
+    g = str(group)
+    emu, sim = first_token_s["emulated"], first_token_s["simulated"]
+    return {
+        "group_speedup": {b: round(v["1"] / v[g], 3) for b, v in first_token_s.items()},
+        "speedup_vs_serverless_vllm": {
+            b: round(v[VLLM] / v[g], 3) for b, v in first_token_s.items()
+        },
+        "sim_error": {n: round(sim[n] / emu[n] - 1, 3) for n in emu},
+    }
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -174,19 +188,7 @@ def main() -> None:
             )
             log.info("%s: %s", name, {b: v[name] for b, v in report["first_token_s"].items()})
     report["machine"]["load_average_end"] = os.getloadavg()
-    g = str(args.group)
-    report["group_speedup"] = {
-        body: round(v["1"] / v[g], 3) for body, v in report["first_token_s"].items()
-    }
-    report["speedup_vs_serverless_vllm"] = {
-        body: round(v[VLLM] / v[g], 3) for body, v in report["first_token_s"].items()
-    }
-    report["sim_error"] = {
-        n: round(
-            report["first_token_s"]["simulated"][n] / report["first_token_s"]["emulated"][n] - 1, 3
-        )
-        for n in runs
-    }
+    report |= derived(report["first_token_s"], args.group)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.png is not None:
