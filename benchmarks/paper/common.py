@@ -68,6 +68,15 @@ def write(name: str, doc: dict, fig: object | None = None) -> Path:
     return path
 
 
+def read(name: str) -> dict:
+    """benchmarks/results/paper/NAME.json as `write` left it (a script adding one
+    counterfactual to its last full run)."""
+    path = OUT_DIR / f"{name}.json"
+    if not path.is_file():
+        raise SurgeError(f"{path} is missing: run the script once without options first")
+    return json.loads(path.read_text())
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, None when either is missing or b is 0."""
     if a is None or b is None or b == 0:

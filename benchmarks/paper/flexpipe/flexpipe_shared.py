@@ -25,12 +25,14 @@ cluster's total and a run is 600 s. What each choice rests on:
   of lowest mean latency is AlpaServe's (an oracle in its favour).
 Counterfactuals in the JSON: the 512 / 128-token requests of `flexpipe_cv.py` (not in the
 paper), AlpaServe given each model's peak even beyond the cluster (no split), twice
-§9's rate at CV 4, and AlpaServe's split sized on the CV-1 trace run at CV 2 and 4 (a
-history calmer than the trace).
+§9's rate at CV 4, AlpaServe's split sized on the CV-1 trace run at CV 2 and 4 (a
+history calmer than the trace), and FlexPipe's router spreading requests instead of packing
+them (`--only-spread` reruns just that one into the existing JSON).
 
 Run: python benchmarks/paper/flexpipe/flexpipe_shared.py (a few minutes; deterministic).
 """
 
+import argparse
 import logging
 import sys
 from dataclasses import replace
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 sys.path.insert(2, str(Path(__file__).resolve().parents[3]))  # benchmarks.systems
 
-from common import run_main, write
+from common import read, run_main, write
 
 from benchmarks.systems.flexpipe_sim import gpu_seconds_between
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -93,18 +95,24 @@ def shared_trace(
 
 
 def run_variant(
-    trace: Trace, stages: int | None = None, replicas: dict[str, int] | None = None
+    trace: Trace,
+    stages: int | None = None,
+    replicas: dict[str, int] | None = None,
+    routing: str | None = None,
 ) -> dict:
     """FlexPipe (`stages` None) or the system held at `stages` stages, autoscaled or, with
-    `replicas`, each model's groups fixed (AlpaServe's split). Latency over every request;
-    per model its peak groups and GPUs per group; goodput and GPU-seconds from the first
-    arrival to the last request's end."""
+    `replicas`, each model's groups fixed (AlpaServe's split); `routing`: the router's
+    (None: FlexPipe's `pack`). Latency over every request; per model its peak groups and
+    GPUs per group; goodput and GPU-seconds from the first arrival to the last request's
+    end."""
     names = tuple(MODELS.values())
     settings = SimSettings(
         CLUSTER, names, "flexpipe", seed=SEED, slo=SLO,
         model_replicas=tuple((replicas or {}).items()),
     )  # fmt: skip
     config = system_config("flexpipe")
+    if routing is not None:
+        config = replace(config, routing=routing)
     if stages is not None:
         config = replace(
             config, flexpipe=FlexPipeSettings(stage_counts=(stages,), cv_targets=(0.0,))
@@ -243,10 +251,30 @@ def from_history(by_cv: dict, donor: Trace | None, history: str = "1") -> dict:
     return out
 
 
-def main() -> None:
+def spread(donor: Trace | None) -> dict:
+    """Counterfactual: FlexPipe's router spreading requests over its groups (`least-loaded`)
+    instead of filling each up to its pipeline target (`pack`), per CV."""
+    return {
+        f"{cv:g}": run_variant(shared_trace(cv, donor=donor), routing="least-loaded") for cv in CVS
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--only-spread",
+        action="store_true",
+        help="rerun only the `flexpipe_spread` counterfactual into the existing JSON",
+    )
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    num_gpus = load_cluster(CLUSTER).num_gpus
     splitwise = load_trace("azure-conv")
+    if args.only_spread:
+        old = read("flexpipe_shared")
+        old.pop("machine", None)
+        write("flexpipe_shared", {**old, "flexpipe_spread": spread(splitwise)})
+        return
+    num_gpus = load_cluster(CLUSTER).num_gpus
     doc: dict = {
         "models": MODELS,
         "rate_rps": RATE_RPS,
@@ -261,6 +289,7 @@ def main() -> None:
     }
     # counterfactual: AlpaServe split as sized on the CV-1 trace, run at CV 2 and 4
     doc["history_cv1"] = from_history(doc["by_cv"], splitwise)
+    doc["flexpipe_spread"] = spread(splitwise)
     for cv, row in doc["by_cv"].items():
         log.info("cv %s: %s", cv, row["ratios"])
     write("flexpipe_shared", doc)
