@@ -62,6 +62,10 @@ class Copies:
         """Per model, failed pinned host copies in a row and when to try again."""
         self.load_failed: Callable[[Deployment, Exception], Awaitable[None]] | None = None
         """Told of a failed host copy (a damaged store fails the deployment: no retries)."""
+        self.arriving: dict[int, dict[str, CacheEntry]] = {}
+        """Per node, the host copies admitted whose load is still reading into them: they
+        hold their room in every admission meanwhile (`keepalive.admit`'s `arriving`), as
+        the pool learns of their blocks only as they land."""
 
     # ---- GPU copies --------------------------------------------------------------
 
@@ -101,7 +105,7 @@ class Copies:
         if dep.spec.system.host_cache == "lru":
             return self.lru_copy(dep, node)
         entry = CacheEntry(model, dep.manifest.total_bytes, self.clock.now_s())
-        decision = admit(self._entries(node), entry, self.settings)
+        decision = admit(self._entries(node), entry, self.settings, self._arriving(node))
         system = dep.spec.system
         return keep_host_after_eviction(system, decision.admit and not decision.evict)
 
@@ -114,7 +118,8 @@ class Copies:
         now = self.clock.now_s()
         entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=node in dep.pinned_nodes)
         mode = dep.spec.system.host_cache
-        decision = copy_after_load(mode, self._entries(node), entry, self.settings)
+        arriving = self._arriving(node)
+        decision = copy_after_load(mode, self._entries(node), entry, self.settings, arriving)
         if not decision.admit:
             return False
         for victim in decision.evict:
@@ -123,12 +128,32 @@ class Copies:
         dep.host_last_used_s[node] = now
         return True
 
+    def copy_through_host(self, dep: Deployment, node: int) -> bool:
+        """`lru_copy` for a load into the node's GPU memory that starts now: an admitted
+        copy holds its room until `copy_landed` (the load ended, however)."""
+        if not self.lru_copy(dep, node):
+            return False
+        entry = CacheEntry(dep.name, dep.manifest.total_bytes, self.clock.now_s())
+        self.arriving.setdefault(node, {})[dep.name] = entry
+        return True
+
+    def copy_landed(self, model: str, node: int) -> None:
+        """The load reading a host copy into the node ended: the pool's blocks speak for the
+        copy from now on (landed blocks arrive as events before or about when the load's
+        answer does; a failed load's copy is gone)."""
+        self.arriving.get(node, {}).pop(model, None)
+
     # ---- host copies -------------------------------------------------------------
 
+    def _arriving(self, node: int) -> tuple[CacheEntry, ...]:
+        return tuple(self.arriving.get(node, {}).values())
+
     def _entries(self, node: int) -> tuple[CacheEntry, ...]:
+        """The node's host copies the pool knows of (a copy still arriving: `_arriving`)."""
         out = []
+        loading = self.arriving.get(node, {})
         for dep in self.deployments.values():
-            if self.pool.blocks_at(dep.name, node, "host"):
+            if dep.name not in loading and self.pool.blocks_at(dep.name, node, "host"):
                 out.append(
                     CacheEntry(
                         dep.name,
@@ -165,7 +190,7 @@ class Copies:
         names first."""
         now = self.clock.now_s()
         entry = CacheEntry(dep.name, dep.manifest.total_bytes, now, pinned=pin)
-        decision = admit(self._entries(node), entry, self.settings)
+        decision = admit(self._entries(node), entry, self.settings, self._arriving(node))
         if not decision.admit:  # only an unpinned copy can be refused
             log.info("%s: no room for a host copy on node %d", dep.name, node)
             return
@@ -175,6 +200,7 @@ class Copies:
         num_blocks = dep.manifest.num_blocks
         source = host_copy_source(num_blocks, self.pool.blocks_at(dep.name, node, "disk"))
         blocks = tuple(range(num_blocks))
+        self.arriving.setdefault(node, {})[dep.name] = entry
         try:
             await self.client.call(
                 node, LoadOp(model=dep.name, blocks=blocks, source=source, tier="host")
@@ -182,6 +208,8 @@ class Copies:
         except BaseException:  # the agent removed what it made; blocks it announced go too
             self.pool.remove(dep.name, node, "host", blocks)
             raise
+        finally:
+            self.copy_landed(dep.name, node)
         self.pool.add(dep.name, node, "host", blocks)
         dep.host_last_used_s[node] = now
         if pin:
@@ -252,6 +280,7 @@ class Copies:
     def node_down(self, node: int) -> None:
         """A node died: its copies are gone (the invariant is restored on the next tick)."""
         self.pool.drop_node(node)
+        self.arriving.pop(node, None)
         for dep in self.deployments.values():
             dep.pinned_nodes.discard(node)
             dep.host_last_used_s.pop(node, None)

@@ -52,7 +52,10 @@ class DeploymentSide:
         await self.ledger.copies.make_host_copy(self.dep, node, pin=True)
 
     def keep_host_copy(self, node: int) -> bool:
-        return self.ledger.copies.lru_copy(self.dep, node)
+        return self.ledger.copies.copy_through_host(self.dep, node)
+
+    def host_copy_done(self, node: int) -> None:
+        self.ledger.copies.copy_landed(self.dep.name, node)
 
     def book(self, node: int) -> bool:
         dep, ledger = self.dep, self.ledger

@@ -7,7 +7,10 @@ DeploymentSide.keep_host_copy` -> `control/copies.Copies.lru_copy`) and the agen
 model through its host tier (`LoadOp.keep_host`); in the simulator the fetch
 (`sim/fetch.fetch`) touches the cache when its bytes have landed (`sim/host_cache.HostCache.
 touch`). Both ask `policy.copies.host_copies.copy_after_load`. Before, the runtime's load
-went straight to the GPU and its LRU cache never filled."""
+went straight to the GPU and its LRU cache never filled. Two loads onto one node at once
+leave the same copies too: the runtime decides as a load starts, so a copy still arriving
+holds its room (`Copies.arriving`); before, the second load saw it as free and the cache
+ended one model over its capacity."""
 
 import asyncio
 from dataclasses import dataclass, replace
@@ -40,8 +43,8 @@ SYSTEM = replace(system_config("serverlessllm"), keep_alive_s=None)
 class Case:
     cached: tuple[tuple[int, float, bool], ...]
     """(model, last used, pinned) held in host memory before the load."""
-    loaded: int
-    """The model loaded into the GPU from the registry."""
+    loaded: int | tuple[int, ...]
+    """The model loaded into the GPU from the registry (several: at once, in this order)."""
     room: tuple[int, ...]
     """The cache's capacity: the sum of these models' sizes."""
 
@@ -59,6 +62,8 @@ CASES = {
     "refused": Case(((0, 5.0, True), (3, 10.0, False)), 4, (0, 3)),
     # a copy held already is refreshed, nothing evicted
     "refreshed": Case(((0, 10.0, False), (1, 5.0, False)), 1, (0, 1)),
+    # two loads at once: each fits beside model 0, both only once model 0 has gone
+    "two-at-once": Case(((0, 10.0, False),), (1, 2), (0, 2)),
 }
 
 
@@ -80,6 +85,7 @@ class Agent:
 
     async def call(self, node: int, op: Op) -> Any:
         self.ops.append(op)
+        await asyncio.sleep(0)  # the blocks land after the load has started
         if isinstance(op, LoadOp) and getattr(op, "keep_host", False):  # (old code: none)
             self.pool.add(op.model, node, "host", op.blocks)
         if isinstance(op, EvictOp) and op.tier == "host":
@@ -90,6 +96,10 @@ class Agent:
 Outcome = tuple[list[str], list[str], float | None]
 """Models in the node's host cache after the load, models evicted, the loaded model's last
 use as a delta from the load (None: not held)."""
+
+
+def _loads(case: Case) -> tuple[int, ...]:
+    return (case.loaded,) if isinstance(case.loaded, int) else case.loaded
 
 
 def _runtime(case: Case, sizes: list[int]) -> Outcome:
@@ -115,15 +125,23 @@ def _runtime(case: Case, sizes: list[int]) -> Outcome:
         pool.add(_name(i), 0, "host", list(range(BLOCKS)))
         deployments[_name(i)].host_last_used_s[0] = last_s
         deployments[_name(i)].pinned_nodes = {0} if pinned else set()
-    dep = deployments[_name(case.loaded)]
-    side = DeploymentSide(dep, SimpleNamespace(copies=copies), [])  # type: ignore[arg-type]
-    ctx = SimpleNamespace(model=dep.name, client=agent, hooks=side)
+    ledger = SimpleNamespace(copies=copies)
+
+    async def load_one(i: int) -> None:
+        side = DeploymentSide(deployments[_name(i)], ledger, [])  # type: ignore[arg-type]
+        ctx = SimpleNamespace(model=_name(i), client=agent, hooks=side)
+        await load_blocks(ctx, 0, list(range(BLOCKS)), "remote")  # type: ignore[arg-type]
 
     async def load() -> None:
-        await load_blocks(ctx, 0, list(range(BLOCKS)), "remote")  # type: ignore[arg-type]
+        await asyncio.gather(*(load_one(i) for i in _loads(case)))
         await asyncio.sleep(0)  # the evictions' calls
+        await asyncio.sleep(0)
 
     asyncio.run(load())
+    assert not getattr(copies, "arriving", {}).get(0), (
+        "a finished load's copy still holds room as arriving"
+    )
+    dep = deployments[_name(_loads(case)[-1])]
     held = sorted(d.name for d in deployments.values() if pool.blocks_at(d.name, 0, "host"))
     evicted = sorted(op.model for op in agent.ops if isinstance(op, EvictOp))
     last = dep.host_last_used_s.get(0) if dep.name in held else None
@@ -144,11 +162,11 @@ def _sim(case: Case, tmp_path: Path) -> tuple[Outcome, list[int]]:
     before = set(cache)
     world.loop.now_s = NOW_S
     landed: list[float] = []
-    nbytes = sizes[case.loaded]
-    fetch(world, sim.cache, case.loaded, (0,), nbytes, False, lambda: landed.append(0.0))
+    for i in _loads(case):
+        fetch(world, sim.cache, i, (0,), sizes[i], False, lambda: landed.append(0.0))
     world.loop.run()
-    assert landed, "the simulated load never landed"
-    entry = cache.get(world.models[case.loaded].name)
+    assert len(landed) == len(_loads(case)), "a simulated load never landed"
+    entry = cache.get(world.models[_loads(case)[-1]].name)
     # The simulator stamps the copy when its bytes have landed, the runtime when its load
     # starts (the agent needs the room first): both are "the load", 0 from its start here.
     last = None if entry is None else (0.0 if entry.last_used_s >= NOW_S else entry.last_used_s)
@@ -175,4 +193,13 @@ def test_the_cases_exercise_the_rule(tmp_path) -> None:
         "pinned-stays": (["tiny", "tiny2", "tiny3"], ["tiny1"], 0.0),
         "refused": (["tiny", "tiny3"], [], None),
         "refreshed": (["tiny", "tiny1"], [], 0.0),
+        "two-at-once": (["tiny1", "tiny2"], ["tiny"], 0.0),
     }
+
+
+def test_two_loads_at_once_never_fill_the_cache_past_its_capacity(tmp_path) -> None:
+    case = CASES["two-at-once"]
+    sizes = _sim(case, tmp_path)[1]
+    held = _runtime(case, sizes)[0]
+    names = [_name(i) for i in range(len(sizes))]
+    assert sum(sizes[names.index(m)] for m in held) <= sum(sizes[i] for i in case.room)

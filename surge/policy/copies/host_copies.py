@@ -115,6 +115,7 @@ def copy_after_load(
     entries: Sequence[CacheEntry],
     incoming: CacheEntry,
     settings: CacheSettings,
+    arriving: Sequence[CacheEntry] = (),
 ) -> CacheDecision:
     """Whether a model loaded into a node's GPU memory (or released from it) keeps a copy
     in that node's host memory, and which copies make room first. ServerlessLLM (`lru`,
@@ -125,10 +126,13 @@ def copy_after_load(
     Asked by the simulator (`sim/host_cache.HostCache.touch`, when a load's bytes have
     landed and when an instance is released) and by `surge serve`'s controller
     (`control/copies.Copies.lru_copy`, when a load from the disk or the registry starts,
-    so the agent reads it through its host tier, and when a slot is released)."""
+    so the agent reads it through its host tier, and when a slot is released). `arriving`:
+    the node's copies admitted and still loading (`keepalive.admit`: they hold their room,
+    so two loads at once cannot overfill the cache; the simulator admits a copy when its
+    bytes have landed and has none)."""
     if host_cache != "lru":
         return CacheDecision(False, ())
-    return admit(entries, incoming, settings)
+    return admit(entries, incoming, settings, arriving)
 
 
 def _node(c: NodeHostCache) -> int:

@@ -3,7 +3,7 @@
 In: the entries cached on one machine (`CacheEntry`: model, bytes, last use, pinned),
 `CacheSettings` (capacity, keep-alive) and, to admit, an incoming entry. Out: which
 entries expire now (`expired`), and whether the incoming one fits and which to evict
-(`admit`, a `CacheDecision`).
+(`admit`, a `CacheDecision`; copies still arriving take their room and are never victims).
 
 Policies it expresses:
 - ServerlessLLM (and λScale §2.3 Fig. 2/3): LRU over a fixed capacity, optionally a
@@ -76,12 +76,22 @@ def expired(
 
 
 def admit(
-    entries: Sequence[CacheEntry], incoming: CacheEntry, settings: CacheSettings
+    entries: Sequence[CacheEntry],
+    incoming: CacheEntry,
+    settings: CacheSettings,
+    arriving: Sequence[CacheEntry] = (),
 ) -> CacheDecision:
-    """Whether `incoming` fits after evicting LRU unpinned entries, and which ones."""
-    if any(e.model == incoming.model for e in entries):
+    """Whether `incoming` fits after evicting LRU unpinned entries, and which ones.
+
+    `arriving`: copies admitted already whose bytes are still on their way into this
+    machine's host memory (a body that decides when a load starts, as `surge serve`'s
+    controller: the agent must know whether to read through its host tier). They take
+    their room and are never victims (their load is reading into them); an incoming model
+    arriving already is only refreshed. Without them two loads starting at once onto one
+    machine would each see the other's room as free and together exceed the capacity."""
+    if any(e.model == incoming.model for e in (*entries, *arriving)):
         return CacheDecision(True, ())
-    used = sum(e.size_bytes for e in entries)
+    used = sum(e.size_bytes for e in (*entries, *arriving))
     free = settings.capacity_bytes - used
     if free >= incoming.size_bytes:
         return CacheDecision(True, ())

@@ -109,7 +109,11 @@ class ControllerSide(Protocol):
     def keep_host_copy(self, node: int) -> bool:
         """Whether a load into the node's GPU memory from its disk or the registry goes
         through its host tier and stays there (ServerlessLLM's LRU cache); the controller
-        makes room and accounts the host cache."""
+        makes room and accounts the host cache. A True is followed by `host_copy_done`."""
+
+    def host_copy_done(self, node: int) -> None:
+        """The load that `keep_host_copy` let keep a host copy on the node ended (landed or
+        failed): the copy stops holding its room as an arriving one."""
 
     def book(self, node: int) -> bool:
         """Take a free slot on a spare node for a group member (False: gone)."""
@@ -153,6 +157,8 @@ class ControllerHooks:
     keep_host_copy: Callable[[int], bool] = lambda node: False
     """Whether a load into the node's GPU memory from its disk or the registry keeps a
     host copy (ServerlessLLM's LRU cache)."""
+    host_copy_done: Callable[[int], None] = lambda node: None
+    """The load that kept a host copy on the node ended (landed or failed)."""
     book: Callable[[int], bool] = lambda node: False
     """Take a free slot on a spare node for a ParaServe group member (False: gone)."""
     release: Callable[[int], Awaitable[None]] = _nothing

@@ -41,7 +41,11 @@ async def load_blocks(ctx: ScaleOutContext, node: int, blocks: list[int], source
     (ServerlessLLM's LRU cache, `ControllerSide.keep_host_copy`)."""
     keep = source in ("disk", "remote") and ctx.hooks.keep_host_copy(node)
     op = LoadOp(model=ctx.model, blocks=tuple(blocks), tier="gpu", source=source, keep_host=keep)  # type: ignore[arg-type]
-    await ctx.client.call(node, op)
+    try:
+        await ctx.client.call(node, op)
+    finally:
+        if keep:  # the admitted copy held its room while it arrived
+            ctx.hooks.host_copy_done(node)
 
 
 async def open_local(ctx: ScaleOutContext, node: int) -> None:
