@@ -31,6 +31,7 @@ from surge.engine.batch import BatchMeta
 from surge.engine.kv_cache import pages_needed
 from surge.engine.page_pool import block_hashes
 from surge.engine.sampling import SamplingParams, make_generator
+from surge.policy.kv_admission import admits, decode_preemptions
 
 
 class SeqStatus(enum.Enum):
@@ -142,10 +143,17 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
+    def _need_pages(self, seq: Sequence, num_tokens: int) -> int:
+        """Pages `seq` needs beyond those it holds to hold `num_tokens` tokens."""
         have = self._pages.get(seq.seq_id, 0)
-        need = pages_needed(num_tokens, self.config.page_size_tokens) - have
-        if need > self._free_pages:
+        return pages_needed(num_tokens, self.config.page_size_tokens) - have
+
+    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        """Take the pages for `num_tokens` of `seq`: a waiting sequence is admitted by the
+        tokens it has now, its output's pages come step by step (`policy.kv_admission`)."""
+        have = self._pages.get(seq.seq_id, 0)
+        need = self._need_pages(seq, num_tokens)
+        if not admits(need, self._free_pages):
             return False
         self._free_pages -= need
         self._pages[seq.seq_id] = have + need
@@ -235,18 +243,18 @@ class Scheduler:
         return step
 
     def _decode(self, decode: list[Sequence]) -> ScheduledStep | None:
-        preempted: list[Sequence] = []
-        decode = list(decode)
-        i = 0
-        while i < len(decode):
-            seq = decode[i]
-            # After the step the cache holds every token of the sequence.
-            if self._reserve(seq, seq.num_tokens):
-                i += 1
-                continue
-            victim = decode.pop()  # most recently admitted
+        # After the step the cache holds every token of the sequence; where the pages run
+        # out the most recently admitted sequences are preempted (`decode_preemptions`).
+        needs = [self._need_pages(seq, seq.num_tokens) for seq in decode]
+        held = [self._pages.get(seq.seq_id, 0) for seq in decode]
+        keep = len(decode) - decode_preemptions(needs, held, self._free_pages)
+        preempted = decode[keep:][::-1]  # the latest first: the earliest ends up first
+        for victim in preempted:
             self._preempt(victim)
-            preempted.append(victim)
+        decode = decode[:keep]
+        for seq in decode:
+            if not self._reserve(seq, seq.num_tokens):
+                raise RuntimeError(f"sequence {seq.seq_id} lost its pages after preemption")
         if not decode:
             return None
         self._last_left_partial = False

@@ -6,32 +6,34 @@ a request gets its first token, is done, or (prefill role) leaves for a decode i
 `Instance` (`sim/instance.py`) is the endpoint built on it: it adds where the engine runs
 and its lifecycle; this file knows nothing of GPUs, pools or loading.
 
-Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step
-admits waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
+Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step admits
+waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
 cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Between
-changes of the running set every decode step has the same batch, so running requests
-advance at 1/step_s tokens per second: a decode clock V (tokens each has generated since
-V = 0) and a heap of the V at which each finishes; only the next finish is scheduled, O(1)
-events per request. Compute sharing: `share` (a host model's cores shared by endpoints,
-`sim/host.py`; 1.0 on a real cluster) multiplies the speed of every step, a prefill in
-flight rescheduled at the new rate; `on_busy(engine)` is called as it turns busy or idle.
-Roles: `both` and `decode` serve a request to its end, `prefill` hands it on after its first
-token (`on_prefilled`, P/D disaggregation); a request whose KV cache came with it
-(`SimRequest.kv_ready`, a P/D hand-off) joins the decode batch without a prefill, and
-`resume` keeps a request this engine prefilled to decode it here (no decode instance).
+changes of the running set every decode step has the same batch, so running requests advance
+at 1/step_s tokens per second: a decode clock V (tokens each has generated since V = 0) and
+a heap of the V at which each finishes; only the next finish is scheduled, O(1) events per
+request. KV as vLLM holds it (`sim/decode_batch.py`): a request is admitted by its prompt,
+and the step that finds the cache full preempts the latest admitted. Compute sharing:
+`share` (a host model's cores shared by endpoints, `sim/host.py`; 1.0 on a real cluster)
+multiplies the speed of every step, a prefill in flight rescheduled at the new rate;
+`on_busy(engine)` is called as it turns busy or idle. Roles: `both` and `decode` serve a
+request to its end, `prefill` hands it on after its first token (`on_prefilled`, P/D
+disaggregation); a request whose KV cache came with it (`SimRequest.kv_ready`, a P/D
+hand-off) joins the decode batch without a prefill, and `resume` keeps a request this engine
+prefilled to decode it here (no decode instance).
 """
 
-import heapq
 from collections import deque
 from collections.abc import Callable
 from typing import Self
 
 from surge.policy.blitzscale.pd import decodes_where_prefilled
+from surge.sim.decode_batch import EPS_TOKENS, DecodeBatch
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Event, EventLoop, Priority
 from surge.sim.pipelined_prefill import MicroBatchLoads, plan_prefill
 from surge.sim.request import SimRequest
-from surge.sim.step_admission import EPS_TOKENS, admissible, decode_step_left
+from surge.sim.step_admission import admissible, decode_step_left
 
 IDLE, PREFILL, DECODE = 0, 1, 2
 ADMISSIONS_KEPT = 4096
@@ -54,7 +56,6 @@ class Batcher:
         "id",
         "idle_since_s",
         "kv_capacity_tokens",
-        "kv_tokens",
         "loop",
         "max_batch",
         "max_prefill_tokens",
@@ -99,9 +100,9 @@ class Batcher:
         self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
         """When the latest requests left `waiting` for a step (the drain rate BlitzScale's
         SLO check measures)."""
-        self.running: list[tuple[float, int, SimRequest]] = []
+        self.running = DecodeBatch(spec.kv_capacity_tokens)
+        """The requests decoding and the KV tokens held (by prompt, as vLLM admits)."""
         self.prefilling: list[SimRequest] = []
-        self.kv_tokens = 0
         self.phase = IDLE
         self.v = 0.0
         self.v_time_s = 0.0
@@ -133,6 +134,14 @@ class Batcher:
     def outstanding(self) -> int:
         """Requests waiting, prefilling or decoding here."""
         return len(self.waiting) + len(self.prefilling) + len(self.running)
+
+    @property
+    def kv_tokens(self) -> float:
+        """KV-cache tokens its requests hold now."""
+        v = self.v
+        if self.phase == DECODE and self.step_s > 0:
+            v += (self.loop.now_s - self.v_time_s) / self.step_s
+        return self.running.held_tokens(v)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -180,7 +189,6 @@ class Batcher:
         P/D with no decode instance, or the hand-off target is this engine itself."""
         self.idle_since_s = None
         self._settle()
-        self.kv_tokens += req.context_tokens
         self._join(req)
         if self.phase != PREFILL:  # a prefill in flight advances when it ends
             self._advance()
@@ -251,18 +259,10 @@ class Batcher:
         if self._event is not None:
             self._event.cancel()
             self._event = None
-        out: list[SimRequest] = list(self.prefilling)
-        for finish_v, _, req in sorted(self.running):
-            left = finish_v - self.v
-            req.generated = max(req.generated, int(req.output_tokens - left))
-            req.recompute = req.generated > 0
-            out.append(req)
-        out.extend(self.waiting)
+        out = [*self.prefilling, *self.running.drain(self.v), *self.waiting]
         self.waiting.clear()
-        self.running.clear()
         self.prefilling.clear()
         self.micro_loads.clear()
-        self.kv_tokens = 0
         self._set_phase(IDLE)
         return out
 
@@ -290,7 +290,12 @@ class Batcher:
         if self._event is not None:
             self._event.cancel()
         self.step_s = self._decode_step_s()
-        finish_v = self.running[0][0]
+        finish_v = self.running.next_finish_v
+        full_v = self.running.full_at_v(self.v, self.decode_v0)
+        if full_v < finish_v - EPS_TOKENS:  # the cache fills first: a step preempts
+            at = self.v_time_s + max(full_v - self.v, 0.0) * self.step_s
+            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_kv_full)
+            return
         at = self.v_time_s + max(finish_v - self.v, 0.0) * self.step_s
         self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
@@ -306,7 +311,6 @@ class Batcher:
         )
         batch = [self.waiting.popleft() for _ in range(n)]
         self.admitted_s.extend([self.loop.now_s] * n)
-        self.kv_tokens += sum(req.context_tokens for req in batch)
         return batch
 
     def _advance(self) -> None:
@@ -329,6 +333,7 @@ class Batcher:
                 self._event = None
             # Work in seconds at rate 1, hop included at the current rate (after a
             # rate change the hop scales too: one number for compute + hop).
+            self.running.prefill_tokens = sum(req.prefill_tokens for req in batch)
             self.prefilling, held_s, after_s = plan_prefill(
                 batch, self.micro_batches, self.micro_loads, self._prefill_work_s
             )
@@ -363,12 +368,11 @@ class Batcher:
         if left <= 0:
             self._finish(req)
             return
-        heapq.heappush(self.running, (self.v + left, req.id, req))
+        self.running.join(req, self.v + left)
 
     def _finish(self, req: SimRequest) -> None:
         req.done_s = max(self.loop.now_s, req.first_token_s)
         req.generated = req.output_tokens
-        self.kv_tokens -= req.context_tokens
         self.tokens_done += req.output_tokens
         self.micro_loads.leave(req)
         self.on_done(self, req)
@@ -377,7 +381,10 @@ class Batcher:
         self._event = None
         self.v_time_s = self.loop.now_s
         batch, self.prefilling = self.prefilling, []
+        self.running.prefill_tokens = 0
         for req, after_s in zip(batch, self._first_token_after_s, strict=True):
+            if req.recompute and req.first_token_s >= 0:
+                req.generated += 1  # a recomputing prefill samples its next token (vLLM)
             req.recompute = False
             req.skip_layers = 0
             if req.first_token_s < 0:
@@ -385,7 +392,6 @@ class Batcher:
                 req.first_token_s = self.loop.now_s + after_s
                 req.generated = 1
             if not decodes_where_prefilled(self.role):  # parks for a decode instance
-                self.kv_tokens -= req.context_tokens
                 self.micro_loads.leave(req)
                 self.on_prefilled(self, req)
             else:
@@ -397,9 +403,22 @@ class Batcher:
         self._settle()
         self._stepping = True
         try:
-            while self.running and self.running[0][0] <= self.v + EPS_TOKENS:
-                _, _, req = heapq.heappop(self.running)
+            for req in self.running.pop_finished(self.v):
                 self._finish(req)
         finally:
             self._stepping = False
         self._advance()
+
+    def _on_kv_full(self) -> None:
+        """A decode step starts with the cache full: the latest admitted wait to be
+        recomputed, the rest decode; admission resumes at the step's end (the engine's)."""
+        self._event = None
+        self._settle()
+        for req in self.running.preempt(self.v):  # the earliest ends up first
+            self.micro_loads.leave(req)
+            self.waiting.appendleft(req)
+        self._schedule_decode()
+        if self._event is not None and self.waiting:
+            at = min(self._event.time_s, self.v_time_s + self.step_s)
+            self._event.cancel()
+            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)

@@ -13,31 +13,33 @@ Owned by sim/.
 
 from collections.abc import Sequence
 
+from surge.policy.kv_admission import admits
+from surge.sim.decode_batch import EPS_TOKENS, KV_EPS_TOKENS
 from surge.sim.request import SimRequest
-
-EPS_TOKENS = 1e-9
-"""Decode progress (tokens) below which a step counts as at its boundary."""
 
 
 def admissible(
     waiting: Sequence[SimRequest],
     running: int,
-    kv_tokens: int,
+    kv_tokens: float,
     max_batch: int,
     kv_capacity_tokens: int,
     max_prefill_tokens: int,
 ) -> int:
     """How many requests at the head of `waiting` the next step admits (at least one if
-    the engine is empty): up to `max_batch` running, the KV cache (`kv_tokens` held now)
-    and `max_prefill_tokens` of prompt (a P/D hand-off, whose KV came with it, fits)."""
+    the engine is empty): up to `max_batch` running, the KV cache (`kv_tokens` held now;
+    a request by the tokens it has, prompt and any output it recomputes, as vLLM admits:
+    `policy.kv_admission.admits`) and `max_prefill_tokens` of prompt (a P/D hand-off,
+    whose KV came with it, fits)."""
     count, tokens = 0, 0
     for req in waiting:
         busy = running + count
-        fits_kv = kv_tokens + req.context_tokens <= kv_capacity_tokens or busy == 0
+        free = kv_capacity_tokens - kv_tokens + KV_EPS_TOKENS
+        fits_kv = admits(req.prefill_tokens, free) or busy == 0
         fits_prefill = req.kv_ready or tokens + req.prefill_tokens <= max_prefill_tokens
         if busy >= max_batch or not fits_kv or not (fits_prefill or count == 0):
             break
-        count, kv_tokens = count + 1, kv_tokens + req.context_tokens
+        count, kv_tokens = count + 1, kv_tokens + req.prefill_tokens
         tokens += 0 if req.kv_ready else req.prefill_tokens
     return count
 
