@@ -184,8 +184,18 @@ def test_gloo_bytes_are_paced_by_tc_on_shaped_links(make_netns, manifest) -> Non
 @needs_netns
 @pytest.mark.parametrize("algorithm", ["broadcast", "ring"])
 def test_a_member_killed_mid_broadcast_fails_clearly(algorithm, make_netns, manifest) -> None:
-    cluster = make_netns(4, link_gbps=0.02, preload_engine=True, cpu_cores_per_node=0)
-    victim = 2
+    # The victim relays to node 3 (gloo's binomial tree sends 0->1, then 0->2 and 1->3; the
+    # ring is 0->1->2->3) and takes its bytes in 10x slower than the rest, so when the first
+    # block lands anywhere and it is killed, it has passed on little: node 3 must fail and
+    # pull the rest. With a leaf as victim and one rate for all, the root's socket buffers
+    # took the whole 4 MB model at once and, by the time a loaded CI machine delivered the
+    # first arrival, every survivor held every block: the kill came after the group's work
+    # and nobody failed (the project's CI, stop 43).
+    victim = {"broadcast": 1, "ring": 2}[algorithm]
+    ingress = tuple(0.002 if v == victim else 0.02 for v in range(4))
+    cluster = make_netns(
+        4, link_gbps=0.02, ingress_gbps=ingress, preload_engine=True, cpu_cores_per_node=0
+    )
 
     async def kill(client) -> None:
         arrivals = client.subscribe((BlockArrived,), model=MODEL)
