@@ -50,6 +50,7 @@ from surge.sim.hardware import NodeGroup
 from surge.sim.host import HostModel
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
+from surge.sim.models import ModelProfile
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.world import KEY_STRIDE, World
@@ -84,7 +85,6 @@ class InstanceFactory:
         speed = settings.pipeline_speed if pipeline else 1.0
         if placement.shares:
             speed *= pipeline_speed(placement.shares)
-        kv_bytes = max(mem - slot.profile.total_bytes * WEIGHT_HEADROOM, mem * MIN_KV_FRACTION)
         # λScale §4.3 Fig. 6a: each stage of a pipeline works on a different batch (None);
         # an int is this runtime's fixed count of micro-batch groups (`SimSettings`)
         staged = pipeline and settings.pipeline_micro_batches is None
@@ -98,7 +98,7 @@ class InstanceFactory:
             cost_model(slot.profile, slot.group.gpu, tp),
             pool.role,
             settings.max_batch * micro,
-            int(kv_bytes // slot.profile.kv_bytes_per_token),
+            kv_capacity_tokens(mem, slot.profile),
             settings.max_prefill_tokens,
             speed=speed,
             hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
@@ -374,6 +374,13 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
 def gpu_group(group: NodeGroup) -> GpuGroup:
     """A node group as `policy.placement` sees it."""
     return GpuGroup(group.gpu.memory_bytes, group.gpus_per_node)
+
+
+def kv_capacity_tokens(mem_bytes: float, profile: ModelProfile) -> int:
+    """KV tokens an instance with `mem_bytes` of GPU memory holds beside `profile`'s
+    weights (and their activation headroom; at least `MIN_KV_FRACTION` of the memory)."""
+    kv_bytes = max(mem_bytes - profile.total_bytes * WEIGHT_HEADROOM, mem_bytes * MIN_KV_FRACTION)
+    return int(kv_bytes // profile.kv_bytes_per_token)
 
 
 def tp_for(group: NodeGroup, nbytes: int, kv_memory_fraction: float) -> int | None:
