@@ -77,23 +77,41 @@ def import_(
     dtype: Annotated[
         str, typer.Option(help="GGUF only: dequantize to float32 or bfloat16.")
     ] = "float32",
+    equal_blocks: Annotated[
+        bool,
+        typer.Option(
+            "--equal-blocks",
+            help="Pad every block with zeros to the largest one's bytes, so each block moves "
+            "as one equal block of the model `surge serve --emulate` emulates (needed on "
+            "--cluster netns; docs/emulation.md). Costs disk: the end blocks hold the "
+            "embeddings and the head.",
+        ),
+    ] = False,
 ) -> None:
     """Pack a HF Llama-family checkpoint or a GGUF file into blocks: manifest.json +
     block-NNNN.bin files."""
     from surge.model.import_checks import check_import, is_gguf
 
-    check_import(hf_dir, store_dir, blocks, overwrite, dtype)
+    check_import(hf_dir, store_dir, blocks, overwrite, dtype, equal_blocks)
     from surge.model.gguf import import_gguf  # torch: only once the call is good
     from surge.model.importer import import_checkpoint
 
     if is_gguf(hf_dir):
-        m = import_gguf(hf_dir, store_dir, blocks, name, overwrite, not quiet, dtype)
+        m = import_gguf(hf_dir, store_dir, blocks, name, overwrite, not quiet, dtype, equal_blocks)
     else:
         m = import_checkpoint(
-            hf_dir, store_dir, num_blocks=blocks, name=name, overwrite=overwrite, progress=not quiet
+            hf_dir,
+            store_dir,
+            num_blocks=blocks,
+            name=name,
+            overwrite=overwrite,
+            progress=not quiet,
+            equal_blocks=equal_blocks,
         )
+    equal = f" (equal: {m.blocks[0].size_bytes / 1e6:.2f} MB each)" if equal_blocks else ""
     typer.echo(
-        f"imported {m.name}: {m.num_blocks} blocks, {m.total_bytes / 1e6:.1f} MB -> {store_dir}"
+        f"imported {m.name}: {m.num_blocks} blocks{equal}, {m.total_bytes / 1e6:.1f} MB "
+        f"-> {store_dir}"
     )
 
 

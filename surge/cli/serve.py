@@ -220,7 +220,7 @@ def serve(
         )
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     if emulation is not None:
-        cfg["emulation"] = emulated_store(emulation, deployments, num_nodes)
+        cfg["emulation"] = emulated_store(emulation, deployments, num_nodes, cluster)
     cfg["launcher"], cfg["ray_address"] = launcher, ray_address
     cfg["cluster"] = cluster
     cfg["agent_host"] = agent_host or "127.0.0.1"

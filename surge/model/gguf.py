@@ -162,8 +162,10 @@ def import_gguf(
     overwrite: bool = False,
     progress: bool = True,
     dtype: str = DEFAULT_GGUF_DTYPE,
+    equal_blocks: bool = False,
 ) -> Manifest:
-    """Import GGUF file `gguf_file` into a block store at `store_dir` (weights in `dtype`)."""
+    """Import GGUF file `gguf_file` into a block store at `store_dir` (weights in `dtype`;
+    `equal_blocks`: as `importer.import_checkpoint`'s)."""
     gguf_file, store_dir = Path(gguf_file), Path(store_dir)
     check_gguf_dtype(dtype)
     reader = _open(gguf_file)
@@ -184,4 +186,5 @@ def import_gguf(
             name=name or gguf_file.name.removesuffix(".gguf"),
             overwrite=True,  # only the marker prepare_store_dir wrote is there
             progress=progress,
+            equal_blocks=equal_blocks,
         )

@@ -1,6 +1,7 @@
 """What `surge model import` checks before it reads a weight or imports torch: which kind of
-source it is given, the source's shape against `--blocks`, `--dtype`, and where the store
-may be written; so a bad call is one `error:` line at once, not after torch loaded.
+source it is given, the source's shape against `--blocks` (and `--equal-blocks`), `--dtype`,
+and where the store may be written; so a bad call is one `error:` line at once, not after
+torch loaded.
 
 What flows: the command's arguments in; a `SurgeError` naming the fix out, or, for an HF
 checkpoint, its architecture and block count (which `importer.import_checkpoint` packs
@@ -44,15 +45,26 @@ def checkpoint_arch(hf_dir: Path, num_blocks: int | None) -> tuple[ModelArch, in
 
 
 def check_import(
-    source: Path, store_dir: Path, num_blocks: int | None, overwrite: bool, dtype: str
+    source: Path,
+    store_dir: Path,
+    num_blocks: int | None,
+    overwrite: bool,
+    dtype: str,
+    equal_blocks: bool = False,
 ) -> None:
     """Raise `SurgeError` for an import call that cannot succeed, as far as that shows
     without reading weights (a GGUF's layer count is checked against `--blocks` when its
-    metadata is read)."""
+    metadata is read), or that asks for equal blocks of a store that has only one."""
     if is_gguf(source):
         check_gguf_dtype(dtype)
         if num_blocks is not None and num_blocks < 1:
             raise SurgeError(f"--blocks {num_blocks} is out of range: choose 1 or more")
+        blocks = num_blocks
     else:
-        checkpoint_arch(source, num_blocks)
+        blocks = checkpoint_arch(source, num_blocks)[1]
+    if equal_blocks and blocks == 1:
+        raise SurgeError(
+            "--equal-blocks pads blocks to one size, and this store has a single block: "
+            "choose --blocks 2 or more, or drop --equal-blocks"
+        )
     check_store_dir(source, store_dir, overwrite)
