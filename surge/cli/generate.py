@@ -84,7 +84,8 @@ def generate(
         ids = tokenizer.encode(prompt).ids
     else:
         ids = _parse_token_ids(prompt_token_ids or "")
-    from surge.engine.llm_engine import LLMEngine, check_prompt, context_limit
+    from surge.engine.llm_engine import LLMEngine
+    from surge.engine.prompt_limits import check_prompt, context_limit
 
     config = EngineConfig()
     check_prompt(manifest.arch, config, ids)

@@ -39,7 +39,7 @@ from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, TrackedRequest
 from surge.control.store import DeploymentStore
 from surge.control.timeline import deployment_up, request_done, snapshot
-from surge.engine.llm_engine import context_limit
+from surge.engine.prompt_limits import context_limit
 from surge.engine.sampling import SamplingParams
 from surge.errors import NotFound, SurgeError
 from surge.events import BlockLanded, DeploymentGone, EventBus, TimelineEvent

@@ -17,11 +17,11 @@ import torch
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
+from surge.engine.prompt_limits import check_prompt, context_limit
 from surge.engine.runner import ModelRunner
 from surge.engine.sampling import Sampler, SamplingParams, TokenLogprobs, token_logprobs
 from surge.engine.scheduler import Scheduler, Sequence
 from surge.errors import SurgeError
-from surge.model.arch import ModelArch
 from surge.model.manifest import Manifest, read_manifest
 
 log = logging.getLogger(__name__)
@@ -50,26 +50,6 @@ class Completion:
     prompt_token_ids: list[int]
     token_ids: list[int]
     finish_reason: str
-
-
-def context_limit(arch: ModelArch, config: EngineConfig) -> int:
-    """Longest sequence (prompt + output) this model and KV cache can hold."""
-    return min(arch.max_position_embeddings, config.max_kv_tokens)
-
-
-def check_prompt(arch: ModelArch, config: EngineConfig, prompt_token_ids: list[int]) -> None:
-    """Raise a `SurgeError` for a prompt the model cannot take (before any weights load)."""
-    if not prompt_token_ids:
-        raise SurgeError("the prompt is empty; give at least one token")
-    bad = [t for t in prompt_token_ids if not 0 <= t < arch.vocab_size]
-    if bad:
-        raise SurgeError(f"token id {bad[0]} is outside the vocabulary (0..{arch.vocab_size - 1})")
-    limit = context_limit(arch, config)
-    if len(prompt_token_ids) >= limit:
-        raise SurgeError(
-            f"the prompt has {len(prompt_token_ids)} tokens but the model's context holds "
-            f"{limit}; shorten the prompt to at most {limit - 1} tokens"
-        )
 
 
 class Executor(Protocol):

@@ -14,9 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from surge.model.importer import import_checkpoint
 from surge.model.manifest import MANIFEST_NAME
-from surge.model.tiny import create_tiny_model
 from surge.model.tiny_shape import TinyModelConfig
 
 log = logging.getLogger(__name__)
@@ -56,6 +54,11 @@ def default_store() -> Path:
     store = surge_home() / "models" / DEFAULT_MODEL_NAME
     if (store / MANIFEST_NAME).is_file():
         return store
+    # Here, not at the top: both import torch (~1.5 s of CPU), and `surge serve`'s own
+    # process (the controller) runs no model; only making the store needs it.
+    from surge.model.importer import import_checkpoint
+    from surge.model.tiny import create_tiny_model
+
     log.warning("creating the default tiny model in %s", store)
     store.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename, so a crash never leaves a half-made store.

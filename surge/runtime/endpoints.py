@@ -15,17 +15,18 @@ so they continue elsewhere (mode switch, failover) with none lost or repeated. O
 runtime; the typed ops are `runtime/protocol.py`'s.
 """
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
-from surge.engine.llm_engine import LLMEngine, TokenEvent
 from surge.engine.sampling import TokenLogprobs
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
@@ -45,6 +46,9 @@ from surge.runtime.protocol import (
 )
 from surge.runtime.request import ServeRequest
 from surge.runtime.transport import RemoteError
+
+if TYPE_CHECKING:
+    from surge.engine.llm_engine import LLMEngine, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +278,11 @@ class PipelineEndpoint(Endpoint):
         self.set_micro_batches(self.num_micro_batches)
 
     def _add_group(self) -> None:
+        # Here, not at the top: the engine imports torch (~1.5 s of CPU), and the processes
+        # that import this module but never open a pipeline (the controller, `surge status`
+        # and the other HTTP-only commands) must not pay for it.
+        from surge.engine.llm_engine import LLMEngine
+
         loop = asyncio.get_running_loop()
         group_cfg = EngineConfig(
             page_size_tokens=self.config.page_size_tokens,

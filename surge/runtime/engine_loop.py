@@ -10,14 +10,22 @@ loop sleeps on `wake`. An exception from a step goes to `on_failed_step` (which 
 a failed step means and the loop goes on), or ends the loop when there is none. The one
 engine loop of the runtime: pipeline heads (`runtime/endpoints.py`) and the agent's local
 instances (`runtime/node/instances.py`, whose step also parks P/D prefills).
+
+The engine's types are for the type checker only: the engine imports torch, and processes
+that import the runtime without ever running a model (the controller, HTTP-only CLI
+commands) must not pay ~1.5 s of CPU for it.
 """
+
+from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
-from surge.engine.llm_engine import LLMEngine, TokenEvent
+if TYPE_CHECKING:
+    from surge.engine.llm_engine import LLMEngine, TokenEvent
 
 
 async def run_engine(

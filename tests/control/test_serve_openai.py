@@ -62,6 +62,16 @@ def test_list_models(client) -> None:
     assert client.models.retrieve(MODEL).id == MODEL
 
 
+def test_the_server_process_runs_no_model_so_never_loads_torch(server) -> None:
+    """Up, with a deployment and before any scale-out: `surge serve`'s own process (the
+    controller, the API) has not imported torch (~1.5 s of CPU); its agents run the models.
+    A pipeline's head engine, when λScale opens one later, imports it then."""
+    maps = Path(f"/proc/{server.proc.pid}/maps")
+    if not maps.is_file():
+        pytest.skip("no /proc here to read the server's loaded libraries from")
+    assert "libtorch" not in maps.read_text()
+
+
 def test_completion_and_chat_streaming_and_not(client, reference) -> None:
     prompt = "The quick brown fox"
     want = reference(prompt, 12)

@@ -24,8 +24,6 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 
-import torch
-
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
@@ -181,6 +179,10 @@ async def live_prefill(
             ),
         ),
     )
+    # Here, not at the top: the controller imports this module but runs a live prefill only
+    # under BlitzScale; the rest of it (and the HTTP-only CLI commands) never needs torch.
+    import torch
+
     try:
         seq_ids = tuple(range(len(reqs)))
         q = max(len(r.prompt_token_ids) for r in reqs)
