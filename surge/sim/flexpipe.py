@@ -128,7 +128,8 @@ class FlexPipe:
     def _choose(self, pool: Pool, eta: int, kept: tuple[int, ...] = ()) -> StageChoice | None:
         """`policy.flexpipe.system.choose_stages` for `eta` stages of `pool`'s model on its
         group's free GPUs: the first stages stay on `kept` (a refactoring), a new group
-        (none kept) goes where Eq. 13's affinity says; coarser when the stages do not fit."""
+        (none kept) goes where Eq. 13's affinity says; coarser when the stages do not fit,
+        or, for a new group whose model no cut that coarse holds, finer."""
         assert self.settings is not None
         world = self.world
         slot = world.models[pool.model]

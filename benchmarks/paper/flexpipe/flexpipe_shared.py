@@ -27,9 +27,10 @@ Counterfactuals in the JSON: the 512 / 128-token requests of `flexpipe_cv.py` (n
 paper), AlpaServe given each model's peak even beyond the cluster (no split), twice
 §9's rate at CV 4, AlpaServe's split sized on the CV-1 trace run at CV 2 and 4 (a
 history calmer than the trace), and FlexPipe's router spreading requests instead of packing
-them (`--only-spread` reruns just that one into the existing JSON).
+them (`--only PART` reruns one piece into the existing JSON).
 
-Run: python benchmarks/paper/flexpipe/flexpipe_shared.py (a few minutes; deterministic).
+Run: python benchmarks/paper/flexpipe/flexpipe_shared.py (about 10 minutes; deterministic), or
+     piece by piece with --only cv1, --only cv2, ... (each a few minutes; `PARTS`).
 """
 
 import argparse
@@ -259,37 +260,52 @@ def spread(donor: Trace | None) -> dict:
     }
 
 
+PARTS = ("cv1", "cv2", "cv4", "tokens", "rate_x2", "history", "spread")
+"""The pieces of a run, in order (`--only` reruns some into the existing JSON: each piece
+is a few minutes; `history` reads the `cv*` ones)."""
+
+
+def run_part(part: str, doc: dict, splitwise: Trace, num_gpus: int) -> None:
+    """Compute one of `PARTS` into `doc`."""
+    if part.startswith("cv"):
+        cv = float(part[2:])
+        doc.setdefault("by_cv", {})[f"{cv:g}"] = one_cv(cv, splitwise, num_gpus, unsplit=True)
+    elif part == "tokens":  # counterfactual: the 512 / 128-token requests flexpipe_cv.py runs
+        doc["tokens_512_128"] = {f"{cv:g}": one_cv(cv, None, num_gpus)["ratios"] for cv in CVS}
+    elif part == "rate_x2":  # counterfactual: twice §9's rate at CV 4 (does the split queue?)
+        doc["rate_x2_cv4"] = one_cv(4.0, splitwise, num_gpus, rate_rps=2 * RATE_RPS)["ratios"]
+    elif part == "history":  # counterfactual: AlpaServe split as sized on the CV-1 trace
+        doc["history_cv1"] = from_history(doc["by_cv"], splitwise)
+    else:
+        doc["flexpipe_spread"] = spread(splitwise)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--only-spread",
-        action="store_true",
-        help="rerun only the `flexpipe_spread` counterfactual into the existing JSON",
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="rerun only this piece into the existing JSON (repeatable; default: all)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     splitwise = load_trace("azure-conv")
-    if args.only_spread:
-        old = read("flexpipe_shared")
-        old.pop("machine", None)
-        write("flexpipe_shared", {**old, "flexpipe_spread": spread(splitwise)})
-        return
     num_gpus = load_cluster(CLUSTER).num_gpus
     doc: dict = {
         "models": MODELS,
         "rate_rps": RATE_RPS,
         "duration_s": DURATION_S,
         "cluster_gpus": num_gpus,
-        "by_cv": {f"{cv:g}": one_cv(cv, splitwise, num_gpus, unsplit=True) for cv in CVS},
-        # counterfactual: the 512 / 128-token requests flexpipe_cv.py runs
-        "tokens_512_128": {f"{cv:g}": one_cv(cv, None, num_gpus)["ratios"] for cv in CVS},
-        # counterfactual: twice §9's rate at CV 4 (does the split start to queue?)
-        "rate_x2_cv4": one_cv(4.0, splitwise, num_gpus, rate_rps=2 * RATE_RPS)["ratios"],
         "paper": {"latency_reduction": {"1": 0.383, "2": 0.469, "4": 0.661}, "efficiency": 8.5},
     }
-    # counterfactual: AlpaServe split as sized on the CV-1 trace, run at CV 2 and 4
-    doc["history_cv1"] = from_history(doc["by_cv"], splitwise)
-    doc["flexpipe_spread"] = spread(splitwise)
+    if args.only:
+        old = read("flexpipe_shared")
+        old.pop("machine", None)
+        doc = {**old, **doc}
+    for part in [p for p in PARTS if p in (args.only or PARTS)]:
+        log.info("part %s", part)
+        run_part(part, doc, splitwise, num_gpus)
     for cv, row in doc["by_cv"].items():
         log.info("cv %s: %s", cv, row["ratios"])
     write("flexpipe_shared", doc)

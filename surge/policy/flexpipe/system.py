@@ -256,10 +256,19 @@ def choose_stages(
     that takes them all (one server, then one rack, the fewest servers), stages of one
     server adjacent.
     When the free slots cannot take them, the next coarser granularity of
-    `settings.stage_counts` is tried (fewer stages than wanted beats none); None if not
-    even one stage fits."""
+    `settings.stage_counts` is tried (fewer stages than wanted beats none). A new pipeline
+    (no `kept_slots`) whose model no cut that coarse fits (§5 Eq. 2: every stage within
+    one GPU's memory, `max_slot_memory_bytes`) then tries the finer granularities of
+    `stage_counts`, fewest stages first: FlexPipe serves a model too large for the
+    granularity asked at the next one that holds it, rather than not at all. None if none
+    fits."""
     counts = [c for c in settings.stage_counts if c <= min(num_stages, profile.num_layers)]
-    for eta in sorted(set(counts) | {1}, reverse=True):
+    order = sorted(set(counts) | {1}, reverse=True)
+    if not kept_slots:
+        order += sorted(
+            c for c in set(settings.stage_counts) if num_stages < c <= profile.num_layers
+        )
+    for eta in order:
         try:
             bounds = stage_layers(profile, eta, bandwidth_gbps, max_slot_memory_bytes, settings)
         except SurgeError:
