@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.common import add_cluster_args
@@ -170,6 +171,20 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
                     (res["flexpipe"] or {}).get("refactors"), res["emulation"],
                 )  # fmt: skip
     return out
+
+
+def scenario(settings: dict) -> SimpleNamespace:
+    """The knobs `simulate_one` reads, from a result's `settings` (as the JSON records them)."""
+    return SimpleNamespace(
+        rate=float(settings["rate"]),
+        duration=float(settings["duration"]),
+        seed=int(settings["seed"]),
+        prompt_tokens=int(settings["prompt_tokens"]),
+        output_tokens=int(settings["output_tokens"]),
+        nodes=int(settings["nodes"]),
+        target_ongoing=float(settings["target_ongoing"]),
+        max_num_seqs=int(settings["max_num_seqs"]),
+    )
 
 
 def simulate_one(args, config: EmulationConfig, cv: float, variant: str) -> tuple[dict, Any]:
@@ -340,13 +355,20 @@ def main() -> None:
     # every CV with emulated runs (a --resume sitting may have run others than `--cvs`)
     sim_cvs = sorted({float(c) for c in report["emulated"]} | set(cvs))
     report["simulated"] = simulated(args, config, variants, sim_cvs)
-    report["sim_over_emulated"] = sim_over_emulated(report)
-    report["ratios_to_flexpipe"] = {
-        "emulated": ratios(report["emulated"]),
-        "simulated": ratios(report["simulated"]),
-    }
+    report |= derived(report)
     write_report(args, report, plot)
     print(json.dumps(report["ratios_to_flexpipe"], indent=1))
+
+
+def derived(report: dict) -> dict:
+    """What a result derives from its two columns: sim / emulated and the ratios."""
+    return {
+        "sim_over_emulated": sim_over_emulated(report),
+        "ratios_to_flexpipe": {
+            "emulated": ratios(report["emulated"]),
+            "simulated": ratios(report["simulated"]),
+        },
+    }
 
 
 if __name__ == "__main__":

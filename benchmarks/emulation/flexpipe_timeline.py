@@ -17,10 +17,9 @@ Usage: python -m benchmarks.emulation.flexpipe_timeline --cv 1 --variant flexpip
 import argparse
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.emulation.flexpipe import simulate_one
+from benchmarks.emulation.flexpipe import scenario, simulate_one
 from surge.emulation import EmulationConfig
 
 RESULT = Path("benchmarks/results/emulation/emulation_flexpipe.json")
@@ -113,17 +112,7 @@ def main() -> None:
     if run is None:
         have = {cv: sorted(row) for cv, row in report["emulated"].items()}
         ap.error(f"no emulated run of CV {args.cv} {args.variant} in {args.json} (it has {have})")
-    s = report["settings"]
-    knobs = SimpleNamespace(
-        rate=float(s["rate"]),
-        duration=float(s["duration"]),
-        seed=int(s["seed"]),
-        prompt_tokens=int(s["prompt_tokens"]),
-        output_tokens=int(s["output_tokens"]),
-        nodes=int(s["nodes"]),
-        target_ongoing=float(s["target_ongoing"]),
-        max_num_seqs=int(s["max_num_seqs"]),
-    )
+    knobs = scenario(report["settings"])
     config = EmulationConfig.parse(report["emulate"], report["time_dilation"])
     _, res = simulate_one(knobs, config, float(args.cv), args.variant)
     emu, sim = emulated_rows(run), simulated_rows(res)

@@ -1,7 +1,8 @@
 """The simulator's column of an emulation result, rerun on this code; the emulated runs stay.
 
-In: a result JSON of `benchmarks.emulation.lambdascale` (by K and mode) or
-`benchmarks.emulation.paraserve` (by run), its scenario read from the file. Out: the same
+In: a result JSON of `benchmarks.emulation.lambdascale` (by K and mode),
+`benchmarks.emulation.paraserve` (by run) or `benchmarks.emulation.flexpipe` (by CV and
+variant), its scenario read from the file. Out: the same
 file with every simulated number, the ratios and the simulator's errors recomputed by this
 checkout's simulator, and `simulated_code` (the commit they came from; each emulated run
 keeps its own `code`). The simulator is deterministic and needs no quiet machine, so a
@@ -19,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks.common import code_version
-from benchmarks.emulation import lambdascale, paraserve
+from benchmarks.emulation import flexpipe, lambdascale, paraserve
 from surge.emulation import EmulationConfig
 
 log = logging.getLogger("emulation_resimulate")
@@ -54,9 +55,21 @@ def paraserve_result(report: dict) -> dict:
     return report | paraserve.derived(first, report["nodes"])
 
 
+def flexpipe_result(report: dict) -> dict:
+    """Every (CV, variant) the file ran emulated, simulated; sim / emulated and the ratios."""
+    config = EmulationConfig.parse(report["emulate"], report["time_dilation"])
+    args = flexpipe.scenario(report["settings"])
+    variants = list(dict.fromkeys(v for row in report["emulated"].values() for v in row))
+    cvs = sorted(float(cv) for cv in report["emulated"])
+    report["simulated"] = flexpipe.simulated(args, config, variants, cvs)
+    return report | flexpipe.derived(report)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("json", type=Path, help="an emulation result (lambdascale or paraserve)")
+    ap.add_argument(
+        "json", type=Path, help="an emulation result (lambdascale, paraserve or flexpipe)"
+    )
     ap.add_argument("--png", type=Path, default=None, help="redraw its figure here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -68,13 +81,15 @@ def main() -> None:
         report, plot = lambdascale_result(report), lambdascale.plot
     elif "first_token_s" in report:
         report, plot = paraserve_result(report), paraserve.plot
+    elif "ratios_to_flexpipe" in report:
+        report, plot = flexpipe_result(report), flexpipe.plot
     else:
-        ap.error(f"{args.json}: neither a lambdascale nor a paraserve emulation result")
+        ap.error(f"{args.json}: not a lambdascale, paraserve or flexpipe emulation result")
     report["simulated_code"] = code_version()
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     if args.png is not None:
         plot(report, args.png)
-    keys = ("summary", "group_speedup", "sim_error")
+    keys = ("summary", "group_speedup", "sim_error", "sim_over_emulated")
     print(json.dumps({k: report[k] for k in keys if k in report}, indent=1))
 
 

@@ -1,10 +1,9 @@
-"""Continuous batching with O(1) events per request: one serving engine's clock.
+"""Continuous batching with O(1) events per request: one head engine's clock.
 
-In: requests submitted (by the router, or a decode hand-off with its KV cache), a
-`CostModel`, limits, a speed factor and a per-step pipeline hop cost. Out: callbacks when
-a request gets its first token, is done, or (prefill role) leaves for a decode instance.
-`Instance` (`sim/instance.py`) is the endpoint built on it: it adds where the engine runs
-and its lifecycle; this file knows nothing of GPUs, pools or loading.
+In: requests its endpoint's `ServingEngine` (`sim/serving_engine.py`: one head per
+micro-batch) submits, a `CostModel`, limits, a speed factor, a per-step hop cost or the
+pipeline's shared stages. Out: callbacks when a request gets its first token, is done, or
+(prefill role) leaves for a decode instance. It knows nothing of GPUs, pools or loading.
 
 Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step admits
 waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
@@ -16,11 +15,12 @@ request. KV as vLLM holds it (`sim/decode_batch.py`): a request is admitted by i
 and the step that finds the cache full preempts the latest admitted. Compute sharing:
 `share` (a host model's cores shared by endpoints, `sim/host.py`; 1.0 on a real cluster)
 multiplies the speed of every step, a prefill in flight rescheduled at the new rate;
-`on_busy(engine)` is called as it turns busy or idle. Roles: `both` and `decode` serve a
-request to its end, `prefill` hands it on after its first token (`on_prefilled`, P/D
-disaggregation); a request whose KV cache came with it (`SimRequest.kv_ready`, a P/D
-hand-off) joins the decode batch without a prefill, and `resume` keeps a request this engine
-prefilled to decode it here (no decode instance).
+`on_busy(engine)` is called as it turns busy or idle. Over a pipeline's shared stages
+(`stages`, `sim/stage_line.py`) each step is an event: it ends when the stages, one step at
+a time each, have passed it through. Roles: `both` and `decode` serve a request to its end,
+`prefill` hands it on after its first token (`on_prefilled`, P/D disaggregation); a request
+whose KV cache came with it (`SimRequest.kv_ready`, a P/D hand-off) joins the decode batch
+without a prefill; `resume` keeps a request this engine prefilled to decode it here.
 """
 
 from collections import deque
@@ -31,8 +31,8 @@ from surge.policy.blitzscale.pd import decodes_where_prefilled
 from surge.sim.decode_batch import EPS_TOKENS, DecodeBatch
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Event, EventLoop, Priority
-from surge.sim.pipelined_prefill import MicroBatchLoads, plan_prefill
 from surge.sim.request import SimRequest
+from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import admissible, decode_step_left
 
 IDLE, PREFILL, DECODE = 0, 1, 2
@@ -41,11 +41,10 @@ ADMISSIONS_KEPT = 4096
 
 
 class Batcher:
-    """One serving engine's continuous batching (`Instance` is the endpoint around it)."""
+    """One head engine's continuous batching (`ServingEngine` runs one per micro-batch)."""
 
     __slots__ = (
         "_event",
-        "_first_token_after_s",
         "_prefill_left_s",
         "_prefill_rate",
         "_stepping",
@@ -59,8 +58,6 @@ class Batcher:
         "loop",
         "max_batch",
         "max_prefill_tokens",
-        "micro_batches",
-        "micro_loads",
         "on_busy",
         "on_done",
         "on_prefilled",
@@ -70,6 +67,7 @@ class Batcher:
         "running",
         "share",
         "speed",
+        "stages",
         "step_s",
         "tokens_done",
         "v",
@@ -98,8 +96,7 @@ class Batcher:
         self.hop_s = spec.hop_s
         self.waiting: deque[SimRequest] = deque()
         self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
-        """When the latest requests left `waiting` for a step (the drain rate BlitzScale's
-        SLO check measures)."""
+        """When the latest requests left `waiting` (BlitzScale's SLO check's drain rate)."""
         self.running = DecodeBatch(spec.kv_capacity_tokens)
         """The requests decoding and the KV tokens held (by prompt, as vLLM admits)."""
         self.prefilling: list[SimRequest] = []
@@ -117,17 +114,11 @@ class Batcher:
         self.on_busy: Callable[[Self], None] | None = None
         """Called when the engine turns busy or idle (compute sharing)."""
         self._prefill_left_s = 0.0
-        self._first_token_after_s: list[float] = []
-        """Per prefilling request: its first token after the step (`plan_prefill`)."""
         self._prefill_rate = 1.0
         self._stepping = False
-        """A step's end is being handled: work handed over meanwhile (the router filling
-        the room it freed) joins the next step together, as in the runtime."""
-        self.micro_batches = 1
-        """Micro-batches in flight through its stages (FlexPipe pipelines: one per stage,
-        `set_micro_batches`); 1: the whole batch steps through every layer at once."""
-        self.micro_loads = MicroBatchLoads()
-        """Which micro-batch each request is in (pipelined engines)."""
+        """A step's end is handled: work handed over meanwhile joins the next step together."""
+        self.stages: StageLine | None = None
+        """Stages shared with other micro-batches (None: every layer at once, then `hop_s`)."""
 
     # --- load signals -------------------------------------------------------------
     @property
@@ -160,7 +151,7 @@ class Batcher:
             self.start()
 
     def submit_many(self, reqs: list[SimRequest]) -> None:
-        """Take several requests at once (one live-scaled batch: admitted together)."""
+        """Take several requests at once (admitted together)."""
         for req in reqs:
             self.submit(req, start=False)
         if reqs:
@@ -171,11 +162,12 @@ class Batcher:
         now when idle, when the prefill in flight ends, else when the decode step ends."""
         if self.phase == PREFILL or self._stepping:
             return
+        if self.stages is not None and self.phase == DECODE:
+            return  # every staged step's end is an event: it admits the waiting work
         left = 0.0
         if self.phase == DECODE and self.waiting:
             self._settle()
-            loads = self.micro_loads.loads
-            left = decode_step_left(self.v, self.decode_v0, loads, self.micro_batches)
+            left = decode_step_left(self.v, self.decode_v0)
         if left <= 0:
             self._advance()
             return
@@ -193,21 +185,6 @@ class Batcher:
         if self.phase != PREFILL:  # a prefill in flight advances when it ends
             self._advance()
 
-    def take_waiting(self, count: int) -> list[SimRequest]:
-        """Up to `count` waiting requests that have not started anywhere, oldest first."""
-        taken = [r for r in self.waiting if r.skip_layers == 0 and r.generated == 0][:count]
-        self.remove_waiting({r.id for r in taken})
-        return taken
-
-    def remove_waiting(self, ids: set[int]) -> None:
-        """Drop the waiting requests whose id is in `ids` (another instance runs them)."""
-        if any(r.id in ids for r in self.waiting):
-            kept = [r for r in self.waiting if r.id not in ids]
-            self.waiting.clear()
-            self.waiting.extend(kept)
-            if self.outstanding == 0 and self.idle_since_s is None:
-                self.idle_since_s = self.loop.now_s
-
     @property
     def busy(self) -> bool:
         """Whether a prefill or decode step is under way."""
@@ -221,16 +198,17 @@ class Batcher:
         """Change the per-step activation hop (a pipeline's stages changed)."""
         self._rate_change(lambda: setattr(self, "hop_s", hop_s))
 
-    def set_micro_batches(self, count: int) -> None:
-        """Pipeline `count` micro-batches through its stages (FlexPipe §7 Eq. 12: a
-        pipeline's throughput is the sum of its stages'). Each decode step then runs a
-        micro-batch of ⌈running / count⌉ sequences through 1/count of the layers per
-        stage, the stages in parallel: every sequence advances one token per
-        decode_s(⌈running / count⌉) + hops. Admitted requests prefill per micro-batch
-        (`sim/pipelined_prefill.py`): the step holds the pipeline for the first stage's
-        share of every micro-batch, each micro-batch's first tokens come as it leaves the
-        last stage."""
-        self._rate_change(lambda: setattr(self, "micro_batches", max(1, count)))
+    def use_stages(self, stages: StageLine) -> None:
+        """Step through `stages` (shared with other micro-batches; they charge the hops)
+        from its next step on: a decode phase under way ends when its step does."""
+        self.set_hop(0.0)
+        if self.phase == DECODE:
+            self._settle()
+            if self._event is not None:
+                self._event.cancel()
+            at = self.v_time_s + decode_step_left(self.v, self.decode_v0) * self.step_s
+            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+        self.stages = stages
 
     def set_share(self, share: float) -> None:
         """Change the fraction of a compute unit this engine gets (0 < share <= 1)."""
@@ -239,6 +217,8 @@ class Batcher:
     def _rate_change(self, change: Callable[[], None]) -> None:
         self._settle()
         change()
+        if self.stages is not None:
+            return  # the step under way holds its stages; the next runs at the new rate
         if self.phase == DECODE:
             self._schedule_decode()
             if self.waiting:  # it waits for the step's end: when that ends at the new rate
@@ -262,7 +242,6 @@ class Batcher:
         out = [*self.prefilling, *self.running.drain(self.v), *self.waiting]
         self.waiting.clear()
         self.prefilling.clear()
-        self.micro_loads.clear()
         self._set_phase(IDLE)
         return out
 
@@ -277,9 +256,8 @@ class Batcher:
             self._prefill_left_s = max(self._prefill_left_s, 0.0)
         self.v_time_s = now
 
-    def _decode_step_s(self) -> float:
-        batch = -(-len(self.running) // self.micro_batches)  # one micro-batch
-        return self.cost.decode_s(batch) / (self.speed * self.share) + self.hop_s
+    def _decode_work_s(self) -> float:
+        return self.cost.decode_s(len(self.running)) / (self.speed * self.share)
 
     def _schedule_prefill(self) -> None:
         self._prefill_rate = self.speed * self.share
@@ -289,7 +267,16 @@ class Batcher:
     def _schedule_decode(self) -> None:
         if self._event is not None:
             self._event.cancel()
-        self.step_s = self._decode_step_s()
+        if self.stages is not None:  # one step, through the shared stages
+            if self.running.full_at_v(self.v, self.decode_v0) <= self.v + EPS_TOKENS:
+                self._preempt()  # this step has no room for every new token
+            now = self.loop.now_s
+            self.step_s = self.stages.pass_through(now, self._decode_work_s()) - now
+            self._event = self.loop.schedule(
+                now + self.step_s, Priority.INSTANCE, self.id, self._on_decode_done
+            )
+            return
+        self.step_s = self._decode_work_s() + self.hop_s
         finish_v = self.running.next_finish_v
         full_v = self.running.full_at_v(self.v, self.decode_v0)
         if full_v < finish_v - EPS_TOKENS:  # the cache fills first: a step preempts
@@ -315,9 +302,9 @@ class Batcher:
 
     def _advance(self) -> None:
         """Start the next prefill if requests wait and fit, else decode, else idle."""
-        if self.phase == PREFILL and self._event is not None:
-            # A prefill is already in flight: started by a request that arrived from an
-            # on_done callback inside _on_decode_done. Restarting would drop its batch.
+        if self._event is not None and (self.phase == PREFILL or self.stages is not None):
+            # A prefill (or staged step) is in flight, started from an on_done callback in
+            # _on_decode_done: restarting would drop its batch (or reserve stages twice).
             return
         self._settle()
         batch = self._admit()
@@ -334,12 +321,12 @@ class Batcher:
             # Work in seconds at rate 1, hop included at the current rate (after a
             # rate change the hop scales too: one number for compute + hop).
             self.running.prefill_tokens = sum(req.prefill_tokens for req in batch)
-            self.prefilling, held_s, after_s = plan_prefill(
-                batch, self.micro_batches, self.micro_loads, self._prefill_work_s
-            )
-            rate = self.speed * self.share
-            self._prefill_left_s = held_s + self.hop_s * rate
-            self._first_token_after_s = [a / rate for a in after_s]
+            self.prefilling, rate = batch, self.speed * self.share
+            work_s, now = self._prefill_work_s(batch), self.loop.now_s
+            if self.stages is not None:  # through the shared stages, in their turn
+                self._prefill_left_s = (self.stages.pass_through(now, work_s / rate) - now) * rate
+            else:
+                self._prefill_left_s = work_s + self.hop_s * rate
             self._set_phase(PREFILL)
             self._schedule_prefill()
             return
@@ -374,7 +361,6 @@ class Batcher:
         req.done_s = max(self.loop.now_s, req.first_token_s)
         req.generated = req.output_tokens
         self.tokens_done += req.output_tokens
-        self.micro_loads.leave(req)
         self.on_done(self, req)
 
     def _on_prefill(self) -> None:
@@ -382,17 +368,15 @@ class Batcher:
         self.v_time_s = self.loop.now_s
         batch, self.prefilling = self.prefilling, []
         self.running.prefill_tokens = 0
-        for req, after_s in zip(batch, self._first_token_after_s, strict=True):
+        for req in batch:
             if req.recompute and req.first_token_s >= 0:
                 req.generated += 1  # a recomputing prefill samples its next token (vLLM)
             req.recompute = False
             req.skip_layers = 0
             if req.first_token_s < 0:
-                # the later stages' share of a pipelined prefill (0 when not pipelined)
-                req.first_token_s = self.loop.now_s + after_s
+                req.first_token_s = self.loop.now_s
                 req.generated = 1
             if not decodes_where_prefilled(self.role):  # parks for a decode instance
-                self.micro_loads.leave(req)
                 self.on_prefilled(self, req)
             else:
                 self._join(req)
@@ -414,11 +398,13 @@ class Batcher:
         recomputed, the rest decode; admission resumes at the step's end (the engine's)."""
         self._event = None
         self._settle()
-        for req in self.running.preempt(self.v):  # the earliest ends up first
-            self.micro_loads.leave(req)
-            self.waiting.appendleft(req)
+        self._preempt()
         self._schedule_decode()
         if self._event is not None and self.waiting:
             at = min(self._event.time_s, self.v_time_s + self.step_s)
             self._event.cancel()
             self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+
+    def _preempt(self) -> None:
+        for req in self.running.preempt(self.v):  # the earliest ends up first
+            self.waiting.appendleft(req)

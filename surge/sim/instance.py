@@ -1,24 +1,25 @@
 """An instance (or execution pipeline): a serving endpoint where it runs, and its lifecycle.
 
-In: what `Batcher` takes (`sim/batching.py`: the continuous-batching engine that serves
-its requests, from an `EngineSpec`), its GPUs (`Placement`) and the (model, role) pool it serves in.
+In: what `ServingEngine` takes (`sim/serving_engine.py`: the head engines, one per
+micro-batch, that serve its requests, from an `EngineSpec`), its GPUs (`Placement`) and the
+(model, role) pool it serves in.
 Out: the endpoint the router sends requests to and that scaling, loading, groups and
 compute sharing read and set. Placement and lifecycle (which GPUs, which pool,
 loaded/serving/released, KV hand-offs and multicasts in flight) are declared here, and
-`__slots__` (here and in `Batcher`) makes any other attribute an error: the simulator's
+`__slots__` (here and in `ServingEngine`) makes any other attribute an error: the simulator's
 modules read and set only these fields.
 """
 
 from collections.abc import Callable
 
-from surge.sim.batching import Batcher
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.placement import NOWHERE, Placement
 from surge.sim.request import SimRequest
+from surge.sim.serving_engine import ServingEngine
 
 
-class Instance(Batcher):
+class Instance(ServingEngine):
     """A serving endpoint; a plain instance or an execution pipeline of loading nodes."""
 
     __slots__ = (

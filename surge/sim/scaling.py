@@ -113,7 +113,7 @@ class InstanceFactory:
             pool_key=pool.key,
         )
         if staged:
-            inst.set_micro_batches(micro)
+            inst.set_micro_batches(micro, len(placement.workers))
         self.host.attach(inst)
         return inst
 

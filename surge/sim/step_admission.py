@@ -1,14 +1,13 @@
 """What a simulated engine's next step takes in, and when it may take it.
 
 In: the engine's waiting requests and limits (`admissible`), and where its decode phase
-stands: its decode clock V, the V the phase began at, the requests each of its
-micro-batches holds (`decode_step_left`). Out: how many of the waiting requests the next
-prefill step admits, and how much of the decode step under way is left before new work may
-start. The runtime's engine loop admits work only between steps (`runtime/engine_loop.py`),
-so a request reaching an engine mid-way through a decode step waits for the step's end; a
-pipeline's micro-batch with no request in it has an idle head engine of its own
-(`runtime/endpoints.py`), which starts at once. `sim/batching.py` calls both. Pure.
-Owned by sim/.
+stands: its decode clock V and the V the phase began at (`decode_step_left`). Out: how many
+of the waiting requests the next prefill step admits, and how much of the decode step under
+way is left before new work may start. The runtime's engine loop admits work only between
+steps (`runtime/engine_loop.py`), so a request reaching an engine mid-way through a decode
+step waits for the step's end; a pipeline's micro-batches have a head engine each
+(`sim/serving_engine.py`, as `runtime/endpoints.py`), so an idle one starts at once.
+`sim/batching.py` calls both. Pure. Owned by sim/.
 """
 
 from collections.abc import Sequence
@@ -44,11 +43,8 @@ def admissible(
     return count
 
 
-def decode_step_left(v: float, decode_v0: float, loads: Sequence[int], micro_batches: int) -> float:
+def decode_step_left(v: float, decode_v0: float) -> float:
     """The share of one decode step (0 to 1) before work may start: 0 at a step boundary
-    (V at `decode_v0` + k, the phase's steps end one token apart), or when a micro-batch of
-    the first `micro_batches` (`loads`: requests each holds) holds none."""
-    if micro_batches > 1 and (len(loads) < micro_batches or min(loads[:micro_batches]) == 0):
-        return 0.0
+    (V at `decode_v0` + k, the phase's steps end one token apart)."""
     done = (v - decode_v0) % 1.0
     return 1.0 - done if EPS_TOKENS < done < 1.0 - EPS_TOKENS else 0.0

@@ -1,13 +1,13 @@
 """Pipelined prefill parity: requests that reach a pipeline of m micro-batches together are
 spread over its micro-batches alike in `surge serve` (`runtime/endpoints.py`
 `PipelineEndpoint.submit`: one head engine per micro-batch) and in the simulator
-(`sim/batching.py` through `sim/pipelined_prefill.py`): both call
+(`sim/serving_engine.py`: one head engine per micro-batch too): both call
 `policy.pipeline_batches.join_micro_batch`. Each micro-batch prefills its own requests and
-the micro-batches follow each other through the stages, so on an idle 4-stage pipeline a
-burst of four equal requests gets its first tokens after 4/4, 5/4, 6/4 and 7/4 of one
-request's prefill, as the runtime's head engines give them (FlexPipe §9 on the emulated
-runtime, docs/emulation.md). Before, the simulator prefilled the burst as one batch
-through every layer: every first token after four requests' prefill."""
+the micro-batches follow each other through the stages (`sim/stage_line.py`), so on an
+idle 4-stage pipeline a burst of four equal requests gets its first tokens after 4/4, 5/4,
+6/4 and 7/4 of one request's prefill, as the runtime's head engines give them (FlexPipe
+§9 on the emulated runtime, docs/emulation.md). Before, the simulator prefilled the burst as
+one batch through every layer: every first token after four requests' prefill."""
 
 import asyncio
 from types import SimpleNamespace
@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 from surge.runtime.endpoints import PipelineEndpoint
-from surge.sim.batching import Batcher
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.request import SimRequest
+from surge.sim.serving_engine import ServingEngine
 from tests.parity.conftest import FakeClient
 
 STAGES = 4
@@ -47,13 +47,13 @@ def _runtime_groups(bursts: list[int]) -> list[int]:
     return [next(i for i, g in enumerate(ep.groups) if r in g.pending) for r in reqs]
 
 
-def _sim(bursts: list[int]) -> tuple[Batcher, list[SimRequest], EventLoop]:
+def _sim(bursts: list[int]) -> tuple[ServingEngine, list[SimRequest], EventLoop]:
     """The simulator's pipelined engine given `bursts` (sizes, in order): each burst at
     once, the next 1 s later (the previous one's prefill over, its requests decoding: they
     run ~8 s)."""
     loop = EventLoop()
     spec = EngineSpec(COST, "both", 8 * STAGES, 10**6, 10**6)
-    eng = Batcher(0, loop, spec, lambda e, r: None, lambda e, r: None)
+    eng = ServingEngine(0, loop, spec, lambda e, r: None, lambda e, r: None)
     eng.set_micro_batches(STAGES)
     reqs: list[SimRequest] = []
     for size in bursts:
@@ -72,7 +72,7 @@ def _sim(bursts: list[int]) -> tuple[Batcher, list[SimRequest], EventLoop]:
 )
 def test_both_bodies_spread_requests_over_micro_batches_alike(bursts: list[int]) -> None:
     eng, reqs, _ = _sim(bursts)
-    sim = [eng.micro_loads.group_of[r.id] for r in reqs]
+    sim = [eng.micro_batch_of(r.id) for r in reqs]
     assert sim == _runtime_groups(bursts)
 
 
