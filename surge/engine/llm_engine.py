@@ -191,6 +191,20 @@ class LLMEngine:
             self.executor.free([seq_id])
         return seq
 
+    def unstarted(self) -> list[int]:
+        """Ids of the queued sequences that never started, in the order they would (safe
+        from another thread while a step runs)."""
+        return self.scheduler.unstarted()
+
+    def take_waiting(self, seq_ids: list[int]) -> list[int]:
+        """Take the sequences of `seq_ids` that are queued and never started out of the
+        engine (they hold no cache); their ids, in queue order. Safe from another thread
+        while a step runs (`Scheduler.take_waiting`)."""
+        taken = [s.seq_id for s in self.scheduler.take_waiting(set(seq_ids))]
+        for sid in taken:
+            self.seqs.pop(sid, None)
+        return taken
+
     def step(self) -> list[TokenEvent]:
         """Run one batch; return the token each of its sequences produced."""
         step = self.scheduler.schedule()

@@ -17,9 +17,14 @@ caches it does not own (every stage of a pipeline has the same page budget); it 
 shared page once per sequence, which can only over-count, never overflow the cache. When a
 decode would overflow, the most recently admitted sequence is preempted: its cache is dropped
 and it is recomputed later by prefill over prompt + output (from its cached blocks, if any).
+
+`take_waiting` takes sequences that never started back out of the queue, also while a step
+runs in another thread (its `schedule` and the take hold one lock): a BlitzScale live target
+redirects a source's queued requests (§4 step 1) without waiting for the source's step.
 """
 
 import enum
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +119,8 @@ class Scheduler:
         """Maps a new sequence's cached prefix blocks in the executor's caches (None: off)."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._queue_lock = threading.Lock()
+        """Held by `schedule` and `take_waiting`: the queue is read by the step's thread."""
         self._pages: dict[int, int] = {}
         self._free_pages = config.num_pages
         self._last_left_partial = False
@@ -177,8 +184,33 @@ class Scheduler:
         """Return a sequence's pages to the budget (finished or preempted)."""
         self._free_pages += self._pages.pop(seq.seq_id, 0)
 
+    @staticmethod
+    def _unstarted(seq: Sequence) -> bool:
+        return not seq.output_token_ids and seq.num_cached == 0
+
+    def unstarted(self) -> list[int]:
+        """Ids of the queued sequences that never started, in queue order (safe while a
+        step runs in another thread)."""
+        with self._queue_lock:
+            return [s.seq_id for s in self.waiting if self._unstarted(s)]
+
+    def take_waiting(self, seq_ids: set[int]) -> list[Sequence]:
+        """Take the sequences of `seq_ids` that wait and never started (no token generated,
+        nothing cached: not a preempted or resumed one) out of the queue, in queue order.
+        Safe while a step runs in another thread: that step's `schedule` took what it runs
+        already, or takes it after this."""
+        with self._queue_lock:
+            taken = [s for s in self.waiting if s.seq_id in seq_ids and self._unstarted(s)]
+            for s in taken:
+                self.waiting.remove(s)
+        return taken
+
     def schedule(self) -> ScheduledStep | None:
         """Pick the next step, or None when there is nothing to run."""
+        with self._queue_lock:
+            return self._schedule()
+
+    def _schedule(self) -> ScheduledStep | None:
         partial = [s for s in self.running if s.num_tokens - s.num_cached > 1]
         decodable = [s for s in self.running if s.num_tokens - s.num_cached == 1]
         # After a prompt piece, the running sequences decode before the next piece.

@@ -36,7 +36,9 @@ from surge.runtime.engine_loop import run_engine
 from surge.runtime.protocol import (
     InstanceAbortOp,
     InstanceOpenOp,
+    InstanceQueuedOp,
     InstanceSubmitOp,
+    InstanceTakeQueuedOp,
     RequestFailed,
     StageCloseOp,
     StageFreeOp,
@@ -168,6 +170,22 @@ class LocalEndpoint(Endpoint):
             with contextlib.suppress(Exception):  # it may have died meanwhile
                 await self.client.call(self.node, op)
         return reqs
+
+    async def queued(self) -> list[ServeRequest]:
+        """Its requests the agent has not started, in the order it would start them. On a
+        pooled connection, as `take_queued`: not behind a long op on the control one (a
+        multicast's), which held a live look for seconds."""
+        reply, _ = await self.client.call_bytes(self.node, InstanceQueuedOp(instance=self.name))
+        return [self.requests[r] for r in reply.req_ids if r in self.requests]
+
+    async def take_queued(self, reqs: list[ServeRequest]) -> list[ServeRequest]:
+        """Take back those of `reqs` the agent has not started (it answers at once, not
+        after its step in progress); they leave this endpoint, no token generated. Those
+        taken (BlitzScale §4 step 1, §5.2 step 3: `runtime/scaleout/live.py`)."""
+        ids = tuple(r.req_id for r in reqs if r.req_id in self.requests)
+        op = InstanceTakeQueuedOp(self.name, ids)
+        reply, _ = await self.client.call_bytes(self.node, op)
+        return [self.requests.pop(r) for r in reply.req_ids if r in self.requests]
 
 
 class RemotePipelineExecutor:

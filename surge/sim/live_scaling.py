@@ -4,7 +4,8 @@ In: a multicast receiver the loading state machine declared live (`GoLive`), how
 layers it holds at any moment (its longest block prefix), the seconds per layer its
 blocks took to land so far, and the pool whose loaded instances it helps. Each look
 builds a `LiveView` (the sources with what is on or on its way to them, the requests that
-have not started — the router's queue, then the sources' queues —, the sources' admission
+have not started — the router's queue and the sources' queues, BlitzScale §4 step 1; the
+policy takes them oldest first —, the sources' admission
 times for the drain rate, the cost model's prefill seconds per token) and carries out
 what the target's `policy.blitzscale.live_scaling.LiveScalingState.look` returns, as
 `surge serve` does (`runtime/scaleout/live.py`): a declined look or a zigzag batch
@@ -20,8 +21,9 @@ runs the last (Fig. 12b), up to `LiveSettings.max_in_flight` batches under way (
 first token not back), as the runtime's batch tasks are. A zigzag batch waiting for
 layers is looked at again when the block that brings them lands (`landed`, §5.2 (2)
 preemption), not only at the poll. It is not a router endpoint until
-it holds every layer (then `Loader.ready` serves it alone and `redistribute` spreads the
-sources' unstarted requests over both, §5.2 step 3).
+it holds every layer (then `Loader.ready` serves it alone and `redistribute` sends the
+sources' unstarted requests back through the router, `policy.blitzscale.live_scaling.
+redistributed`, §5.2 step 3).
 
 Not modelled: the K/V of the target's T layers travelling to the source (the runtime's
 `live_prefill` sends it; the activation crossing is modelled and is the larger part for
@@ -40,6 +42,8 @@ from surge.policy.blitzscale.live_scaling import (
     LiveView,
     RunBatch,
     Waiting,
+    redirect_order,
+    redistributed,
 )
 from surge.policy.blitzscale.slo_check import drain_rate_per_s
 from surge.policy.blitzscale.zigzag import ZigzagProblem
@@ -154,16 +158,23 @@ class LiveScaling:
 
     def redistribute(self, pool: Pool, inst: Instance) -> None:
         """A former live target serves alone: the sources' requests that have not started
-        go back through the router, which spreads them over every instance (§5.2 (3))."""
+        go back through the router (`redistributed`), which spreads them over every
+        instance (§5.2 (3))."""
         if inst.id not in self.was_live:
             return
         self.was_live.discard(inst.id)
-        moved: list[SimRequest] = []
-        for old in pool.instances:
-            if old is not inst and old.serving and not old.released:
-                moved.extend(old.take_waiting(len(old.waiting)))
+        queued = [
+            (old, r)
+            for old in pool.instances
+            if old is not inst and old.serving and not old.released
+            for r in old.waiting
+            if r.skip_layers == 0 and r.generated == 0
+        ]
+        view = [Waiting(r.arrival_s, r.prefill_tokens, old.id) for old, r in queued]
+        moved = [queued[i][1] for i in redistributed(view)]
+        for old in {o for o, _ in queued}:
+            old.remove_waiting({r.id for r in moved})
         if moved:
-            moved.sort(key=lambda r: r.arrival_s)
             self.requests.requeue(pool, moved)
 
     def landed(self, iid: int) -> None:
@@ -194,17 +205,25 @@ class LiveScaling:
             if i is not t.inst and i.loaded and i.serving and not i.released
         ]
 
-    def _waiting(self, t: _Target, sources: list[Instance]) -> list[SimRequest]:
-        """Requests that have not started: the router's queue, then the sources' queues."""
-        out = [r for r in t.pool.queue if r.generated == 0 and not r.recompute]
+    def _waiting(self, t: _Target, sources: list[Instance]) -> list[tuple[SimRequest, int | None]]:
+        """Requests that have not started, each with where it waits (None: the router's
+        queue; else the source's id): the router's queue, then the sources' queues."""
+        out: list[tuple[SimRequest, int | None]] = [
+            (r, None) for r in t.pool.queue if r.generated == 0 and not r.recompute
+        ]
         for s in sources:
-            out.extend(r for r in s.waiting if r.skip_layers == 0 and r.generated == 0)
+            out.extend((r, s.id) for r in s.waiting if r.skip_layers == 0 and r.generated == 0)
         return out
 
-    def _view(self, t: _Target, sources: list[Instance], waiting: list[SimRequest]) -> LiveView:
+    def _view(
+        self, t: _Target, sources: list[Instance], waiting: list[tuple[SimRequest, int | None]]
+    ) -> LiveView:
         """The target and its pool as `LiveScalingState.look` sees them now."""
         now = self.world.loop.now_s
-        first = sum(r.prefill_tokens for r in waiting[: self.world.system.live_batch])
+        queued = tuple(Waiting(r.arrival_s, r.prefill_tokens, at) for r, at in waiting)
+        first = sum(
+            queued[i].prompt_tokens for i in redirect_order(queued)[: self.world.system.live_batch]
+        )
         # The cost model is what a source's prefill takes here: its seconds per token.
         per_token = t.inst.cost.prefill_s(first) / first if first > 0 else None
         admitted = sorted(a for s in sources for a in s.admitted_s)
@@ -212,7 +231,7 @@ class LiveScaling:
             now_s=now,
             held_layers=t.held_layers(),
             sources=tuple(LiveSource(i.id, i.outstanding + i.reserved) for i in sources),
-            waiting=tuple(Waiting(r.arrival_s, r.prefill_tokens) for r in waiting),
+            waiting=queued,
             layer_load_s=t.layer_load_s(),
             prefill_s_per_token=per_token,
             drain_per_s=drain_rate_per_s(admitted, now),
@@ -232,7 +251,7 @@ class LiveScaling:
             return
         num_layers = t.inst.cost.num_layers
         split = action.split
-        batch = waiting[: action.num_requests]
+        batch = [waiting[i][0] for i in action.take]
         source = next(i for i in sources if i.id == action.source)
         self._take(t, batch, sources)
         now = self.world.loop.now_s

@@ -1,7 +1,8 @@
 """BlitzScale live scaling parity (§4, §5.2): the same live target (the layers it holds),
-sources (what is on them) and queue (arrival times, prompt lengths) give the same
-cooperative batches — whether to help at all (the SLO check), which requests, which split,
-which source, and whether a zigzag batch waits for its layers — in `surge serve`
+sources (what is on them, what is queued on them unstarted) and queue (arrival times,
+prompt lengths) give the same cooperative batches — whether to help at all (the SLO check),
+which requests (§4 step 1: the router's queue and the sources' queued ones, oldest first),
+which split, which source, and whether a zigzag batch waits for its layers — in `surge serve`
 (`runtime/scaleout/live.LiveScaling.step`) and in the simulator
 (`sim/live_scaling.LiveScaling`): both carry out `LiveScalingState.look`.
 
@@ -24,6 +25,7 @@ from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.runtime.clock import REAL_CLOCK
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.protocol import InstanceQueuedOp, InstanceTakeQueuedOp, QueuedReply
 from surge.runtime.scaleout import ScaleOutReport
 from surge.runtime.scaleout import live as runtime_live
 from surge.sim.request import SimRequest
@@ -45,34 +47,73 @@ class Scenario:
     num_waiting: int
     waited_s: float
     """How long the queued requests have waited (past the TTFT SLO, or not at all)."""
+    queued_on: dict[int, int] | None = None
+    """Source node -> requests routed to it earlier (older than the router's queue) and
+    queued on its engine, not started."""
 
 
 SCENARIOS = {
     "help: least loaded source, first batch": Scenario((4,), {0: 3, 1: 1, 2: 1}, 6, 100.0),
     "decline: the SLO holds without help": Scenario((4,), {0: 0}, 2, 0.0),
     "zigzag: a batch waits for its layers, then runs": Scenario((1, 1, 2), {0: 0}, 16, 100.0),
+    "help: a source's queued requests go first": Scenario((4,), {0: 0, 1: 3}, 3, 100.0, {0: 3}),
 }
+
+
+def _queued_ids(s: Scenario) -> dict[int, list[int]]:
+    """Source node -> ids of the requests queued on it (after the router's queue's)."""
+    out, next_id = {}, s.num_waiting
+    for node, n in (s.queued_on or {}).items():
+        out[node] = list(range(next_id, next_id + n))
+        next_id += n
+    return out
+
+
+def _queued_arrival_s(now_s: float, s: Scenario, req_id: int) -> float:
+    """Requests queued on a source arrived before the router's queue, one 0.1 s apart."""
+    return now_s - s.waited_s - 1.0 + 0.1 * (req_id - s.num_waiting)
+
+
+class QueueClient(FakeClient):
+    """The sources' agents: each answers what it holds queued and gives it back."""
+
+    def __init__(self, queued: dict[int, list[str]]) -> None:
+        super().__init__()
+        self.queued = queued
+
+    async def call_bytes(self, node: int, op) -> tuple[QueuedReply, memoryview]:
+        held = self.queued.setdefault(node, [])
+        if isinstance(op, InstanceTakeQueuedOp):
+            taken = [r for r in held if r in op.req_ids]
+            held[:] = [r for r in held if r not in taken]
+            return QueuedReply(tuple(taken)), memoryview(b"")
+        assert isinstance(op, InstanceQueuedOp), op
+        return QueuedReply(tuple(held)), memoryview(b"")
 
 
 def _runtime_log(s: Scenario) -> list[tuple]:
     log: list[tuple] = []
-    client = FakeClient()
-    endpoints = {}
-    for node, n in s.outstanding.items():
-        ep = LocalEndpoint(client, node, "tiny", f"tiny-node{node}")  # type: ignore[arg-type]
-        ep.requests = {f"on{node}-{i}": object() for i in range(n)}  # type: ignore[misc]
-        endpoints[ep.name] = ep
+    queued = _queued_ids(s)
+    client = QueueClient({node: [str(i) for i in ids] for node, ids in queued.items()})
     now = time.monotonic()
-    queue = [
-        SimpleNamespace(
-            req_id=i,
-            arrival_t=now - s.waited_s,
+
+    def request(req_id: int, arrival_t: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            req_id=str(req_id),
+            arrival_t=arrival_t,
             prompt_token_ids=[1] * PROMPT_TOKENS,
             output_token_ids=[],
             done=asyncio.Event(),
         )
-        for i in range(s.num_waiting)
-    ]
+
+    endpoints = {}
+    for node, n in s.outstanding.items():
+        ep = LocalEndpoint(client, node, "tiny", f"tiny-node{node}")  # type: ignore[arg-type]
+        ep.requests = {f"on{node}-{i}": object() for i in range(n)}  # type: ignore[misc]
+        for i in queued.get(node, []):
+            ep.requests[str(i)] = request(i, _queued_arrival_s(now, s, i))  # type: ignore[assignment]
+        endpoints[ep.name] = ep
+    queue = [request(i, now - s.waited_s) for i in range(s.num_waiting)]
     server = SimpleNamespace(
         endpoints=endpoints,
         queue=queue,
@@ -96,7 +137,7 @@ def _runtime_log(s: Scenario) -> list[tuple]:
     )
 
     async def live_prefill(server, manifest, new, old, t, batch, deliver, keep) -> None:
-        log.append(("batch", new, old.node, t, tuple(r.req_id for r in batch)))
+        log.append(("batch", new, old.node, t, tuple(int(r.req_id) for r in batch)))
 
     held: dict[int, set[int]] = {TARGET: set()}
     live = runtime_live.LiveScaling(ctx, held)  # type: ignore[arg-type]
@@ -126,6 +167,11 @@ def _sim_log(s: Scenario, tmp_path) -> list[tuple]:
         source.max_batch = 0
     target = instance_on(sim, TARGET, serving=False)
     now = sim.world.loop.now_s
+    for node, ids in _queued_ids(s).items():
+        source = next(i for i in pool.instances if i.machine == node)
+        source.waiting.extend(
+            SimRequest(i, 0, _queued_arrival_s(now, s, i), PROMPT_TOKENS, 4) for i in ids
+        )
     pool.queue.extend(
         SimRequest(i, 0, now - s.waited_s, PROMPT_TOKENS, 4) for i in range(s.num_waiting)
     )
@@ -149,11 +195,96 @@ def test_same_view_gives_the_same_cooperative_batches(name: str, tmp_path) -> No
     s = SCENARIOS[name]
     runtime = _runtime_log(s)
     assert runtime == _sim_log(s, tmp_path)
+    queued = _queued_ids(s)
     if name.startswith("decline"):
         assert runtime == []
+    elif queued:
+        # §4 step 1: the source's queued requests (the oldest) first, then the router's.
+        oldest = [i for ids in queued.values() for i in ids] + list(range(s.num_waiting))
+        assert runtime[0][4] == tuple(oldest[: SYSTEM.live_batch])
     else:
         assert runtime[0][2] == min(s.outstanding, key=lambda n: (s.outstanding[n], n))
         assert runtime[0][4] == tuple(range(SYSTEM.live_batch))
     if name.startswith("zigzag"):
         # the second look waited: only two batches, the second on two layers
         assert [b[3] for b in runtime] == [1, 2]
+
+
+REDISTRIBUTE_QUEUED = {0: (5.0, 3.0, 1.0), 1: (4.0, 2.0)}
+"""Source node -> how long ago each request queued on it (not started) arrived, when the
+target becomes whole; ids count up in this order (node 0's 0-2, node 1's 3-4)."""
+
+
+def _redistribute_ids() -> dict[int, list[tuple[int, float]]]:
+    out, next_id = {}, 0
+    for node, ages in REDISTRIBUTE_QUEUED.items():
+        out[node] = [(next_id + k, age) for k, age in enumerate(ages)]
+        next_id += len(ages)
+    return out
+
+
+def _runtime_redistributed(pd: bool) -> list[int]:
+    queued = _redistribute_ids()
+    client = QueueClient({n: [str(i) for i, _ in reqs] for n, reqs in queued.items()})
+    now = time.monotonic()
+    endpoints = {}
+    for node, reqs in queued.items():
+        ep = LocalEndpoint(client, node, "tiny", f"tiny-node{node}")  # type: ignore[arg-type]
+        ep.requests = {  # type: ignore[assignment]
+            "started": SimpleNamespace(req_id="started"),  # under way: it stays
+            **{
+                str(i): SimpleNamespace(
+                    req_id=str(i),
+                    arrival_t=now - age,
+                    prompt_token_ids=[1] * PROMPT_TOKENS,
+                    output_token_ids=[],
+                )
+                for i, age in reqs
+            },
+        }
+        endpoints[ep.name] = ep
+    routed: list[int] = []
+
+    async def requeue(reqs) -> None:
+        routed.extend(int(r.req_id) for r in reqs)
+
+    server = SimpleNamespace(endpoints=endpoints, pd=object() if pd else None, requeue=requeue)
+    ctx = SimpleNamespace(server=server, report=ScaleOutReport(), client=client)
+    live = runtime_live.LiveScaling(ctx, {TARGET: set(range(NUM_LAYERS))})  # type: ignore[arg-type]
+    live.go_live(TARGET)
+    live.go_local(TARGET)
+    asyncio.run(live.redistribute(TARGET))
+    assert ctx.report.live_redistributed == len(routed)
+    assert all(client.queued[n] == [] for n in queued) or not routed
+    return routed
+
+
+def _sim_redistributed(pd: bool, tmp_path) -> list[int]:
+    system = replace(SYSTEM, pd_disaggregation=pd)
+    sim = simulation(tmp_path, system, TARGET + 1, "registry", (NUM_LAYERS,))
+    pool = entry_pool(sim)
+    now = sim.world.loop.now_s = 100.0
+    for node, reqs in _redistribute_ids().items():
+        source = instance_on(sim, node, serving=True)
+        source.max_batch = 0  # starts nothing while the test looks (as the runtime's stand-in)
+        source.waiting.extend(SimRequest(i, 0, now - age, PROMPT_TOKENS, 4) for i, age in reqs)
+    target = instance_on(sim, TARGET, serving=True)
+    live = sim.loader.live
+    live.was_live.add(target.id)  # it went live while loading
+    routed: list[int] = []
+    live.requests.requeue = lambda pool, reqs: routed.extend(r.id for r in reqs)  # type: ignore[method-assign]
+    live.redistribute(pool, target)
+    return routed
+
+
+@pytest.mark.parametrize("pd", [False, True], ids=["no P/D", "P/D"])
+def test_a_whole_target_sends_the_same_queued_requests_back_to_the_router(pd, tmp_path) -> None:
+    """§5.2 step 3 (`redistributed`): once the live target holds every layer and serves,
+    every request queued on the instances it helped that has not started goes back to
+    the router, oldest first, in both bodies; one under way stays. Before, the runtime
+    moved an even share of every request (started ones re-prefilled) and, under P/D,
+    none: the emulated §6.1 run's remedy instance then idled and was mutated to decode
+    while 18 requests queued on the old prefill instance."""
+    runtime = _runtime_redistributed(pd)
+    assert runtime == _sim_redistributed(pd, tmp_path)
+    assert runtime == [0, 3, 1, 4, 2]

@@ -1,6 +1,6 @@
-"""BlitzScale live-scaling decisions (§5.2): the SLO check, the measured Time_l, the choice
-between the zigzag ILP and best effort, and the redistribution once the new instance is
-whole."""
+"""BlitzScale live-scaling decisions (§4, §5.2): the SLO check, the measured Time_l, the choice
+between the zigzag ILP and best effort, which queued requests a live batch takes, and the
+redistribution once the new instance is whole."""
 
 import math
 from dataclasses import replace
@@ -10,7 +10,6 @@ import pytest
 from surge.errors import SurgeError
 from surge.policy.blitzscale.live_scaling import (
     Decline,
-    InstanceLoad,
     LiveScalingState,
     LiveSettings,
     LiveSource,
@@ -21,7 +20,8 @@ from surge.policy.blitzscale.live_scaling import (
     choose_schedule,
     layer_load_s,
     measured_load_ratio,
-    plan_redistribution,
+    redirect_order,
+    redistributed,
 )
 from surge.policy.blitzscale.slo_check import (
     DRAIN_WINDOW_S,
@@ -148,17 +148,30 @@ def test_zigzag_when_layers_keep_coming_and_best_effort_for_one_batch() -> None:
     assert choose_schedule(ZigzagProblem(7, 6.0, 1)).policy == "best_effort"
 
 
-def test_redistribution_spreads_evenly_within_the_new_room() -> None:
-    olds = [InstanceLoad(0, 9, 4), InstanceLoad(1, 3, 4)]
-    moves = plan_redistribution(olds, InstanceLoad(2, 0, 8))
-    # 12 requests over 3 instances: 4 each; the new one takes its share from the only
-    # instance above it.
-    assert [(m.from_index, m.num_requests) for m in moves] == [(0, 4)]
-    # The new instance's room caps what moves.
-    small = plan_redistribution(olds, InstanceLoad(2, 0, 2))
-    assert sum(m.num_requests for m in small) == 2
-    # Balanced already: nothing moves.
-    assert plan_redistribution([InstanceLoad(0, 2, 4)], InstanceLoad(1, 2, 4)) == ()
+def test_a_live_batch_takes_the_oldest_queued_requests_wherever_they_wait() -> None:
+    """§4 step 1 ("we redirect all queued requests from inst.0"): requests queued on a
+    source's engine are taken as the router's are, oldest first. The old rule took the
+    router's queue only, so the source's two oldest waited for its next step."""
+    settings = LiveSettings(num_layers=4, live_batch=3, fallback_load_ratio=2.0, ttft_slo_s=0.01)
+    waiting = (
+        Waiting(5.0, 10),  # the router's queue: arrived after those it routed
+        Waiting(6.0, 10),
+        Waiting(1.0, 10, source=0),  # routed to source 0, not started there
+        Waiting(2.0, 10, source=0),
+    )
+    view = LiveView(now_s=100.0, held_layers=2, sources=(LiveSource(0, 4),), waiting=waiting)
+    assert redirect_order(waiting) == (2, 3, 0, 1)
+    action = LiveScalingState(settings).look(view)
+    assert isinstance(action, RunBatch)
+    assert action.take == (2, 3, 0) and action.num_requests == 3
+
+
+def test_redistribution_sends_every_queued_request_back_oldest_first() -> None:
+    """§5.2 step 3: every request queued (not started) on the instances the target helped
+    goes back to the router, which spreads them; ties keep their order."""
+    queued = (Waiting(3.0, 8, 0), Waiting(1.0, 8, 1), Waiting(3.0, 8, 1), Waiting(2.0, 8, 0))
+    assert redistributed(queued) == (1, 3, 0, 2)
+    assert redistributed(()) == ()
 
 
 def _look_state() -> tuple[LiveScalingState, LiveView]:

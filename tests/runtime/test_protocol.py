@@ -69,6 +69,8 @@ OPS = [
         sources=(p.KvSource(0, "pp", 4, 2), p.KvSource(1, "pp", 4, 2)),
     ),
     p.InstanceAbortOp(instance="i", req_ids=("r1", "r2")),
+    p.InstanceQueuedOp(instance="i"),
+    p.InstanceTakeQueuedOp(instance="i", req_ids=("r1", "r2")),
     p.InstanceCloseOp(instance="i"),
     p.KvExportOp(pipeline="pp", seq_id=0, num_tokens=5),
     p.ExportDeviceOp(model="m", blocks=(0, 2)),
@@ -122,6 +124,7 @@ REPLIES = [
     p.SubmitReply(),
     p.AdoptReply(seq_id=3),
     p.AbortReply(outputs={"r1": (4, 5), "r2": ()}),
+    p.QueuedReply(req_ids=("r2",)),
     PART,
 ]
 

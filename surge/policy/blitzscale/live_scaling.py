@@ -14,9 +14,12 @@ per token, the queue's drain rate). Out, from `LiveScalingState.look`, one actio
   holds (§5.2 "the delay won't waste GPU": the queue keeps being routed normally); the
   batch is *pending* and `wakes(held)` says when a layer that lands makes it runnable:
   the body looks again at once (§5.2 (2) preemption on layer arrival), not at its poll;
-- `RunBatch`: prefill the first `num_requests` waiting requests cooperatively, the first
-  `split` layers on the target, the rest on `source` (the least loaded, ties to the
-  lowest id), which then decodes them.
+- `RunBatch`: prefill the waiting requests it names (`take`, oldest first:
+  `redirect_order`) cooperatively, the first `split` layers on the target, the rest on
+  `source` (the least loaded, ties to the lowest id), which then decodes them.
+What waits (§4 step 1: "we redirect all queued requests from inst.0 to it"): the router's
+queue and the requests queued on the sources' engines that have not started (`Waiting.source`
+says where each one is); a live target takes both, oldest first.
 A schedule (`choose_schedule`: the zigzag ILP of Eq. 1 when it beats best effort, else
 best effort) covers the batches waiting when it starts; up to `max_in_flight` of its
 batches are under way at once, so the target runs batch i+1's T layers while the source
@@ -24,8 +27,9 @@ runs batch i's S (the cross-batch overlap of Fig. 12b that Eq. 1's C2 schedules)
 Time_l measured on this run (`measured_load_ratio`); it starts afresh after a declined
 look, and once Time_l is measured where the last one used the fallback. Best effort's
 splits are clipped to the layers held and to L - 1.
-`plan_redistribution` (§5.2 step 3): once the target holds every layer, requests are
-spread evenly between it and the instances it helped.
+`redistributed` (§5.2 step 3): once the target holds every layer and serves, the requests
+queued on the instances it helped that have not started go back to the router, which
+spreads them over every instance, the new one first.
 `surge serve` (`runtime/scaleout/live.py`) and the simulator (`sim/live_scaling.py`)
 build the view and carry the action out: `live_prefill` on real agents, the cost model in
 virtual time. Pure and deterministic; no clock.
@@ -96,41 +100,6 @@ def choose_schedule(problem: ZigzagProblem) -> ZigzagSchedule:
 
 
 @dataclass(frozen=True)
-class InstanceLoad:
-    """A serving instance as the redistribution sees it."""
-
-    index: int
-    """Stable id (its age)."""
-    outstanding: int
-    capacity: int
-
-
-@dataclass(frozen=True)
-class Move:
-    """Move `num_requests` of instance `from_index`'s requests to the new instance."""
-
-    from_index: int
-    num_requests: int
-
-
-def plan_redistribution(olds: Sequence[InstanceLoad], new: InstanceLoad) -> tuple[Move, ...]:
-    """§5.2 step 3: once the new instance holds every layer, requests are spread evenly
-    between it and the old instances. Each old instance above the even share gives its
-    excess (most loaded first, ties to the oldest) while the new one has room."""
-    total = new.outstanding + sum(o.outstanding for o in olds)
-    share = math.ceil(total / (len(olds) + 1))
-    room = min(new.capacity - new.outstanding, share - new.outstanding)
-    moves: list[Move] = []
-    for o in sorted(olds, key=lambda o: (-o.outstanding, o.index)):
-        n = min(o.outstanding - share, room)
-        if n <= 0:
-            continue
-        moves.append(Move(o.index, n))
-        room -= n
-    return tuple(moves)
-
-
-@dataclass(frozen=True)
 class LiveSettings:
     """How one target live-scales. Validated at construction."""
 
@@ -170,10 +139,34 @@ class LiveSource:
 
 @dataclass(frozen=True)
 class Waiting:
-    """A request that has not started, in FIFO order."""
+    """A request that has not started."""
 
     arrival_s: float
     prompt_tokens: int
+    source: int | None = None
+    """Where it waits: None, the router's queue; else the id of the source whose engine
+    holds it queued, not started (§4 step 1: those are redirected too)."""
+
+
+def redirect_order(waiting: Sequence[Waiting]) -> tuple[int, ...]:
+    """Indices of `waiting` in the order a live target takes them (§4 step 1: the router's
+    queue and the sources' queued requests alike): the oldest arrival first, ties in the
+    given order. Without this the runtime took the router's queue alone and a request
+    already routed to the source waited for the source's next step (requests 8-10 of the
+    emulated §6.1 run, +0.28 s each, docs/emulation.md)."""
+    return tuple(sorted(range(len(waiting)), key=lambda i: waiting[i].arrival_s))
+
+
+def redistributed(queued: Sequence[Waiting]) -> tuple[int, ...]:
+    """§5.2 step 3, "requests will be re-distributed evenly between both instances": once
+    the target holds every layer and serves, which of the requests queued on the instances
+    it helped (not started) go back to the router, oldest first — every one: the router
+    then spreads them over the instances by load, the new one (holding nothing) first.
+    A request that has started stays where its K/V is (moving it would mean moving its
+    K/V or prefilling it again). Under P/D too: left queued on the old prefill instance,
+    the new one idles and the mutation rule takes it for decode (`pd.decide_mutation`:
+    the emulated §6.1 run's remedy instance, docs/emulation.md)."""
+    return redirect_order(queued)
 
 
 @dataclass(frozen=True)
@@ -214,12 +207,14 @@ class WaitForLayers:
 
 @dataclass(frozen=True)
 class RunBatch:
-    """Prefill the first `num_requests` waiting requests: `split` layers on the target,
-    the rest on `source`."""
+    """Prefill the waiting requests `take` names: `split` layers on the target, the rest
+    on `source`."""
 
     source: int
     split: int
-    num_requests: int
+    take: tuple[int, ...]
+    """Indices into the view's `waiting` of the batch's requests, oldest first
+    (`redirect_order`)."""
     planned_split: tuple[int, int]
     """(T_i, S_i) the schedule gave this batch before clipping."""
     index: int
@@ -230,6 +225,10 @@ class RunBatch:
     """The Eq. 1 problem the schedule solved."""
     load_ratio: LoadRatio
     """Time_l of that problem and whether it was measured."""
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.take)
 
 
 LiveAction = RunBatch | WaitForLayers | Decline
@@ -295,7 +294,7 @@ class LiveScalingState:
         return RunBatch(
             source=source.id,
             split=split,
-            num_requests=min(s.live_batch, len(view.waiting)),
+            take=redirect_order(view.waiting)[: s.live_batch],
             planned_split=planned,
             index=index,
             schedule=self.schedule.policy,
@@ -322,7 +321,7 @@ class LiveScalingState:
     def _plan(self, view: LiveView, held: int) -> None:
         """A fresh schedule for the batches waiting now, on Time_l measured for the first."""
         s = self.settings
-        first = view.waiting[: s.live_batch]
+        first = [view.waiting[i] for i in redirect_order(view.waiting)[: s.live_batch]]
         self.ratio = measured_load_ratio(
             view.layer_load_s,
             view.prefill_s_per_token,

@@ -5,9 +5,11 @@
 with tokens it already generated elsewhere, whose KV cache is rebuilt by prefill;
 `instance_adopt` continues a request whose K/V arrives with it (ParaServe §6 migration,
 BlitzScale's P/D hand-off); `instance_abort` takes requests back out (to move them
-elsewhere); `generate` is a one-off run. Each instance's loop applies changes between two
-steps (never during one) and emits every generated token as a `TokenGenerated` event. The
-P/D side (roles, parking after prefill, `instance_handoff`) is `runtime/node/pd.py`.
+elsewhere); `instance_queued` and `instance_take_queued` name and take back the requests
+that have not started, at once, not after the step in progress (BlitzScale §4 step 1);
+`generate` is a one-off run. Each instance's loop applies changes between two steps (never
+during one) and emits every generated token as a `TokenGenerated` event. The P/D side
+(roles, parking after prefill, `instance_handoff`) is `runtime/node/pd.py`.
 Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext` and
 `AgentStore` passed in.
 """
@@ -37,11 +39,14 @@ from surge.runtime.protocol import (
     InstanceCloseOp,
     InstanceHandoffOp,
     InstanceOpenOp,
+    InstanceQueuedOp,
     InstanceReply,
     InstanceRoleOp,
     InstanceSubmitOp,
+    InstanceTakeQueuedOp,
     KvPart,
     KvSource,
+    QueuedReply,
     RequestFailed,
     SubmitReply,
     TokenGenerated,
@@ -104,6 +109,8 @@ class AgentInstances:
             InstanceSubmitOp: self.op_instance_submit,
             InstanceAdoptOp: self.op_instance_adopt,
             InstanceAbortOp: self.op_instance_abort,
+            InstanceQueuedOp: self.op_instance_queued,
+            InstanceTakeQueuedOp: self.op_instance_take_queued,
             InstanceCloseOp: self.op_instance_close,
             GenerateOp: self.op_generate,
             InstanceRoleOp: self.pd.op_instance_role,
@@ -142,7 +149,10 @@ class AgentInstances:
         prompt = list(op.prompt_token_ids)
         inst.engine.check_prompt(prompt)  # bad input is refused now, not at the next step
 
-        def add(engine: "LLMEngine") -> int:
+        def add(engine: "LLMEngine") -> int | None:
+            if op.req_id not in inst.unadded:
+                return None  # taken back before it was added (`instance_take_queued`)
+            del inst.unadded[op.req_id]
             sid = engine.add_request(prompt, op.params, list(op.output_token_ids))
             inst.requests[sid] = op.req_id
             inst.fresh.add(sid)
@@ -153,6 +163,7 @@ class AgentInstances:
         # add fails there, the controller hears it as the request's `RequestFailed`.
         fut = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda f: self._report_failed_add(inst, op.req_id, f))
+        inst.unadded[op.req_id] = None
         inst.inbox.append((add, fut))
         inst.wake.set()
         return SubmitReply()
@@ -215,6 +226,17 @@ class AgentInstances:
             return out
 
         return AbortReply(outputs=await inst.call(abort))
+
+    async def op_instance_queued(
+        self, op: InstanceQueuedOp, conn: Connection, p: memoryview
+    ) -> QueuedReply:
+        return QueuedReply(req_ids=tuple(self._instance(op.instance).queued()))
+
+    async def op_instance_take_queued(
+        self, op: InstanceTakeQueuedOp, conn: Connection, p: memoryview
+    ) -> QueuedReply:
+        inst = self._instance(op.instance)
+        return QueuedReply(req_ids=tuple(inst.take_queued(set(op.req_ids))))
 
     async def op_instance_close(self, op: InstanceCloseOp, conn: Connection, p: memoryview) -> Ack:
         inst = self.instances.pop(op.instance, None)

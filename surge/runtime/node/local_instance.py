@@ -42,6 +42,30 @@ class LocalInstance:
     """Submitted sequences that have produced no token here yet (their prefill is next)."""
     parked: dict[str, "Parked"] = field(default_factory=dict)
     """req_id -> a request parked after its prefill, waiting for `instance_handoff`."""
+    unadded: dict[str, None] = field(default_factory=dict)
+    """req_ids submitted whose add still waits in the inbox (in order): not started."""
+
+    def queued(self) -> list[str]:
+        """The requests here that have not started, in the order they would: those in the
+        engine's queue (no token, nothing cached), then those not added yet. Safe while a
+        step runs (`LLMEngine.unstarted`)."""
+        rids = [self.requests.get(sid) for sid in self.engine.unstarted()]
+        return [r for r in rids if r is not None] + list(self.unadded)
+
+    def take_queued(self, req_ids: set[str]) -> list[str]:
+        """Take back those of `req_ids` that have not started (`queued`): they leave the
+        engine (or their add is dropped); the ones taken, in `queued` order. Safe while a
+        step runs: it runs none of them (BlitzScale §4 step 1 need not wait for it)."""
+        # A snapshot (one C call): the step's thread parks P/D prefills out of `requests`.
+        sids = [sid for sid, rid in list(self.requests.items()) if rid in req_ids]
+        taken = []
+        for sid in self.engine.take_waiting(sids):
+            taken.append(self.requests.pop(sid))
+            self.fresh.discard(sid)
+        for rid in [r for r in self.unadded if r in req_ids]:
+            del self.unadded[rid]  # its add, when the loop reaches it, adds nothing
+            taken.append(rid)
+        return taken
 
     async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
         """Run `fn(engine)` between two steps and return its result."""

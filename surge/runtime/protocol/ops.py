@@ -28,6 +28,7 @@ from surge.runtime.protocol.replies import (
     LoadReply,
     MulticastReply,
     PipelineReply,
+    QueuedReply,
     RegisterReply,
     Reply,
     SetPeersReply,
@@ -290,6 +291,27 @@ class InstanceSubmitOp(Op[SubmitReply], name="instance_submit", reply=SubmitRepl
 
 @dataclass(frozen=True)
 class InstanceAbortOp(Op[AbortReply], name="instance_abort", reply=AbortReply):
+    instance: str
+    req_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InstanceQueuedOp(Op[QueuedReply], name="instance_queued", reply=QueuedReply):
+    """The requests queued on a local instance that have not started: submitted and not
+    yet in its engine, or in its engine's queue with no token generated and nothing
+    cached. Answered at once, not after the step in progress."""
+
+    instance: str
+
+
+@dataclass(frozen=True)
+class InstanceTakeQueuedOp(Op[QueuedReply], name="instance_take_queued", reply=QueuedReply):
+    """Take back those of `req_ids` that have not started (as `instance_queued` counts
+    them); answers the ones taken, which leave the instance (the rest stay and run here).
+    BlitzScale §4 step 1: a live target redirects the source's queued requests; §5.2 step
+    3: they go back to the router once the target serves. Does not wait for the step in
+    progress (that step runs none of them)."""
+
     instance: str
     req_ids: tuple[str, ...]
 

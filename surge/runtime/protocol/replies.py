@@ -181,6 +181,13 @@ class AbortReply(Reply):
 
 
 @dataclass(frozen=True)
+class QueuedReply(Reply):
+    req_ids: tuple[str, ...]
+    """Requests queued on the instance that have not started (`instance_queued`), or
+    those of them taken back (`instance_take_queued`), in the order it would start them."""
+
+
+@dataclass(frozen=True)
 class KvPart(Reply):
     """K/V of one sequence at one stage: the reply of `kv_export` (bytes in the payload)
     and one entry of `instance_adopt.parts` (bytes concatenated in the payload)."""

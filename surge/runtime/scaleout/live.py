@@ -6,12 +6,16 @@ a receiver (`arrived`). A receiver joins when the state machine says `GoLive` an
 `GoLocal`. Each look at the queue (every `POLL_S`) builds a `LiveView` of the receiver
 holding the most layers (`policy.blitzscale.live_scaling.pick_target`): the layers it holds,
 the serving local instances (sources; under P/D the prefill ones count in the SLO check),
-the queued requests that have not started, and what this run measured — seconds per layer
+the requests that have not started — the router's queue and those queued on the sources'
+agents (`LocalEndpoint.queued`; BlitzScale §4 step 1: "we redirect all queued requests from
+inst.0") —, and what this run measured — seconds per layer
 from its block arrivals, the serving instances' prefill time per token
 (`Server.prefill_spans`), the queue's drain rate (`Server.departures`). Its
 `LiveScalingState.look` decides (the SLO check against `ctx.ttft_slo_s`, the schedule,
-waiting for layers, the split, the source); this file carries out a `RunBatch`: the first
-T layers on the receiver, the rest on the source, which then decodes them
+waiting for layers, the split, the source); this file carries out a `RunBatch`: its
+requests taken (off the router's queue, or back from a source's agent,
+`LocalEndpoint.take_queued`, which does not wait for that agent's step), the first T
+layers on the receiver, the rest on the source, which then decodes them
 (`runtime/migration/consolidation.py` `live_prefill`); under P/D, when the source is a prefill
 instance, the K/V goes to a decode instance instead, as soon as one has room
 (`runtime/migration/pd_handoff.py` `PdServing.hold`; `live_delivery`). The schedule
@@ -22,9 +26,10 @@ cross-batch overlap, which the zigzag ILP schedules; each batch's stage compute 
 are recorded in `live_spans`). A zigzag batch waiting for layers is woken by the block
 arrival that brings them (`LiveScalingState.wakes`, §5.2 (2) preemption), not by the
 next poll. A failed batch puts its requests back at the head of the queue.
-When a receiver holds every layer and serves, `redistribute` spreads the old instances'
-requests evenly onto it (§5.2 step 3, `plan_redistribution`): moved requests continue
-there token-exact (aborted on the old instance, re-prefilled over prompt + output).
+When a receiver that went live holds every layer and serves, `redistribute` takes the
+old instances' queued requests that have not started back to the router, which spreads
+them over every instance, the new one first (§5.2 step 3,
+`policy.blitzscale.live_scaling.redistributed`, as the simulator); under P/D too.
 Records on the context: `live_prefilled`, `live_batches` per schedule, `live_declined`,
 `live_load_ratios`, `live_redistributed`; each batch is a `LiveBatch` event.
 """
@@ -38,7 +43,6 @@ import time
 from surge.events import LiveBatch
 from surge.policy.blitzscale.live_scaling import (
     Decline,
-    InstanceLoad,
     LiveScalingState,
     LiveSettings,
     LiveSource,
@@ -47,7 +51,8 @@ from surge.policy.blitzscale.live_scaling import (
     Waiting,
     layer_load_s,
     pick_target,
-    plan_redistribution,
+    redirect_order,
+    redistributed,
 )
 from surge.policy.blitzscale.pd import PREFILL, decodes_where_prefilled
 from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
@@ -83,6 +88,42 @@ def live_delivery(server: Server, old: LocalEndpoint) -> tuple[bool, Deliver | N
     return keep, functools.partial(pd.hold, old=old)
 
 
+Queued = tuple[ServeRequest, LocalEndpoint | None]
+"""A request that has not started and where it waits (None: the router's queue)."""
+
+
+def waiting_view(queued: list[Queued]) -> tuple[Waiting, ...]:
+    """`queued` as the policy sees it (`Waiting.source`: the source's node)."""
+    return tuple(
+        Waiting(r.arrival_t, len(r.prompt_token_ids), None if e is None else e.node)
+        for r, e in queued
+    )
+
+
+async def queued_on(eps: list[LocalEndpoint]) -> list[Queued]:
+    """What each instance's agent holds queued, not started (`LocalEndpoint.queued`); an
+    agent that does not answer (it died: failover retires it) holds none."""
+    found = await asyncio.gather(*(e.queued() for e in eps), return_exceptions=True)
+    out: list[Queued] = []
+    for e, reqs in zip(eps, found, strict=True):
+        if isinstance(reqs, BaseException):
+            log.info("%s: its queue could not be read (%r)", e.name, reqs)
+            continue
+        out.extend((r, e) for r in reqs)
+    return out
+
+
+async def take_back(chosen: list[Queued]) -> list[ServeRequest]:
+    """Take the chosen requests queued on instances back from their agents: those not
+    started meanwhile (`LocalEndpoint.take_queued`)."""
+    eps = list({id(e): e for _, e in chosen if e is not None}.values())
+    got = await asyncio.gather(
+        *(e.take_queued([r for r, at in chosen if at is e]) for e in eps),
+        return_exceptions=True,
+    )
+    return [r for reqs in got if not isinstance(reqs, BaseException) for r in reqs]
+
+
 class LiveScaling:
     """Live scaling of one multicast's receivers."""
 
@@ -91,6 +132,8 @@ class LiveScaling:
         self.held = held
         """Receiver agent -> blocks it holds (the loading state's sets, read only)."""
         self.live: set[int] = set()
+        self.was_live: set[int] = set()
+        """Receivers that went live and have not redistributed yet (§5.2 step 3)."""
         self._arrivals: dict[int, list[tuple[float, int]]] = {n: [] for n in held}
         """Receiver -> (time, layers in the block) of each block that landed."""
         self._states: dict[int, LiveScalingState] = {}
@@ -103,6 +146,7 @@ class LiveScaling:
 
     def go_live(self, node: int) -> None:
         self.live.add(node)
+        self.was_live.add(node)
 
     def go_local(self, node: int) -> None:
         self.live.discard(node)
@@ -171,7 +215,9 @@ class LiveScaling:
 
     # ---- one look at the queue ------------------------------------------------------
 
-    def _view(self, new: int, held: int, olds: list[LocalEndpoint]) -> LiveView:
+    def _view(
+        self, new: int, held: int, olds: list[LocalEndpoint], waiting: list[Queued]
+    ) -> LiveView:
         """Receiver `new` and the queue as `LiveScalingState.look` sees them now."""
         server = self.ctx.server
         now = server.clock.now_s()
@@ -188,16 +234,33 @@ class LiveScaling:
                 )
                 for e in olds
             ),
-            waiting=tuple(Waiting(r.arrival_t, len(r.prompt_token_ids)) for r in self._waiting()),
+            waiting=waiting_view(waiting),
             layer_load_s=layer_load_s(self._arrivals.get(new, [])),
             prefill_s_per_token=prefill_s_per_token(spans),
             drain_per_s=drain_rate_per_s(server.departures, now),
             in_flight=len(self._running.get(new, ())),
         )
 
-    def _waiting(self) -> list[ServeRequest]:
-        """Queued requests that have not started, FIFO."""
-        return [r for r in self.ctx.server.queue if not r.output_token_ids and not r.done.is_set()]
+    async def _waiting(self, olds: list[LocalEndpoint]) -> list[Queued]:
+        """Requests that have not started, each with where it waits: the router's queue
+        (None), then what each source's agent holds queued (§4 step 1)."""
+        return self._routed() + await queued_on(olds)
+
+    def _routed(self) -> list[Queued]:
+        """The router's queue's requests that have not started, FIFO."""
+        queue = self.ctx.server.queue
+        return [(r, None) for r in queue if not r.output_token_ids and not r.done.is_set()]
+
+    async def _take(self, chosen: list[Queued]) -> list[ServeRequest]:
+        """Take the chosen requests for a live batch, in their order: off the router's queue
+        (those still there, now, so the next look sees them gone), back from each source's
+        agent (those it has not started meanwhile)."""
+        server = self.ctx.server
+        queue = {id(r) for r in server.queue}
+        routed = [r for r, at in chosen if at is None and id(r) in queue]
+        server.take(routed)
+        got = {id(r) for r in routed} | {id(r) for r in await take_back(chosen)}
+        return [r for r, _ in chosen if id(r) in got]
 
     def _state(self, node: int) -> LiveScalingState:
         ctx = self.ctx
@@ -230,7 +293,9 @@ class LiveScaling:
             return False
         state = self._state(new)
         solved = state.num_schedules
-        action = await asyncio.to_thread(state.look, self._view(new, layers[new], olds))
+        waiting = await self._waiting(olds)
+        view = self._view(new, layers[new], olds, waiting)
+        action = await asyncio.to_thread(state.look, view)
         if state.num_schedules != solved:
             ctx.report.live_load_ratios.append(state.ratio)
             log.info(
@@ -244,17 +309,22 @@ class LiveScaling:
             ctx.report.live_declined += 1
         if not isinstance(action, RunBatch):
             return False  # normal routing goes on (a zigzag batch may wait for its layers)
-        # The queue may have moved while the schedule was solved: take the batch now.
-        batch = self._waiting()[: action.num_requests]
         old = next((e for e in olds if e.node == action.source), None)
-        if batch and old is not None:
-            server.take(batch)  # now, so the next look sees them gone
-            task = asyncio.get_running_loop().create_task(self._run_batch(new, old, action, batch))
-            running = self._running.setdefault(new, set())
-            running.add(task)
-            task.add_done_callback(running.discard)
-            return True
-        return False
+        if old is None:
+            return False
+        # The router's queue may have moved while the schedule was solved (the first solve
+        # imports the ILP solver): the batch is the oldest of what waits now, by the same
+        # rule (`redirect_order`); a source's request that started meanwhile stays there.
+        now = self._routed() + [(r, e) for r, e in waiting if e is not None]
+        chosen = redirect_order(waiting_view(now))[: action.num_requests]
+        batch = await self._take([now[i] for i in chosen])
+        if not batch:
+            return False
+        task = asyncio.get_running_loop().create_task(self._run_batch(new, old, action, batch))
+        running = self._running.setdefault(new, set())
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return True
 
     async def _run_batch(
         self, new: int, old: LocalEndpoint, action: RunBatch, batch: list[ServeRequest]
@@ -291,33 +361,31 @@ class LiveScaling:
     # ---- the new instance is whole ---------------------------------------------------
 
     async def redistribute(self, node: int) -> None:
-        """Receiver `node` holds every layer and is about to serve: spread the old
-        instances' requests evenly onto it (§5.2 step 3). Called before it opens, so the
-        moved requests — admitted before anything still queued — are routed to it first
-        (FIFO). Under P/D nothing moves here: `opened` lets the K/V waiting for decode
-        room go to it, and the queue is routed as usual."""
-        ctx, server = self.ctx, self.ctx.server
-        if server.pd is not None:
+        """Receiver `node` went live, holds every layer and serves now: the requests queued
+        on the other instances that have not started go back through the router
+        (`redistributed`, §5.2 step 3), which spreads them over every instance, `node`
+        (holding nothing) first — under P/D too, where the new instance prefills: left on
+        the old prefill instance, it idled and the monitor's mutation rule took it for
+        decode (the emulated §6.1 run, docs/emulation.md). As the simulator does
+        (`sim/live_scaling.redistribute`). Before, a share of every request (started ones
+        re-prefilled) moved, and nothing under P/D."""
+        if node not in self.was_live:
             return
-        new = ctx.local_endpoint(node)
-        olds = {
-            i: e
-            for i, e in enumerate(server.endpoints.values())
+        self.was_live.discard(node)
+        server = self.ctx.server
+        olds = [
+            e
+            for e in server.endpoints.values()
             if isinstance(e, LocalEndpoint) and not e.failed and e.node != node
-        }
-        moves = plan_redistribution(
-            [InstanceLoad(i, e.outstanding, e.capacity) for i, e in olds.items()],
-            InstanceLoad(-1, 0, new.capacity),
-        )
-        for move in moves:
-            old = olds[move.from_index]
-            # The newest first: they are the ones still waiting on the old instance.
-            reqs = [r for r in reversed(old.requests.values()) if not r.done.is_set()]
-            reqs = await old.abort(reqs[: move.num_requests])
-            ctx.report.live_redistributed += len(reqs)
-            log.info("redistribution: %d requests %s -> %s", len(reqs), old.name, new.name)
-            # At the head of the queue, not routed yet: the new instance opens next.
-            server.put_back(reqs)
+        ]
+        queued = await queued_on(olds)
+        chosen = [queued[i] for i in redistributed(waiting_view(queued))]
+        got = {id(r) for r in await take_back(chosen)}
+        moved = [r for r, _ in chosen if id(r) in got]
+        if moved:
+            self.ctx.report.live_redistributed += len(moved)
+            log.info("redistribution: %d queued requests back to the router", len(moved))
+            await server.requeue(moved)
 
     def opened(self) -> None:
         """The whole receiver serves now: under P/D, hand-offs waiting for decode room

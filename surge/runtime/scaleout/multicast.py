@@ -115,11 +115,11 @@ class LoadingCarrier:
         elif isinstance(action, GoLocal):
             node = self.agents[action.node]
             ctx.events.publish(ModeSwitch(model=ctx.model, node=node, mode="local"))
-            if self.live is not None:  # §5.2 step 3: requests spread onto it as it opens
-                self.live.go_local(node)
-                await self.live.redistribute(node)
-            await open_local(ctx, node)
             if self.live is not None:
+                self.live.go_local(node)
+            await open_local(ctx, node)
+            if self.live is not None:  # §5.2 step 3: queued requests spread onto it
+                await self.live.redistribute(node)
                 self.live.opened()
         elif isinstance(action, RetirePipeline):
             members = tuple(instance_name(ctx.model, self.agents[v]) for v in action.pipeline.nodes)
