@@ -7,9 +7,6 @@ emulation a step lasts D times its emulated time: waiting for its end cost the e
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -20,31 +17,16 @@ from surge.engine.sampling import SamplingParams
 from surge.runtime.node.instances import AgentInstances
 from surge.runtime.node.local_instance import LocalInstance
 from surge.runtime.protocol import (
-    Event,
     InstanceQueuedOp,
     InstanceSubmitOp,
     InstanceTakeQueuedOp,
     TokenGenerated,
 )
+from tests.runtime.test_instance_failure import Ctx  # what an instance's loop uses of its agent
 
 NO_PAYLOAD = memoryview(b"")
 WAIT_S = 10.0
 """Bound on every wait (a hang fails the test, never blocks the suite)."""
-
-
-@dataclass
-class Ctx:
-    """What an instance's loop uses of the agent's `NodeContext`."""
-
-    events: list[Event] = field(default_factory=list)
-    node: int = 0
-    pacer: None = None
-
-    async def emit(self, ev: Event) -> None:
-        self.events.append(ev)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
-        return asyncio.get_running_loop().create_task(coro)
 
 
 class GatedExecutor:
