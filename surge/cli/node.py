@@ -91,6 +91,13 @@ def run(
         bool,
         typer.Option(help="Listen on a non-loopback --host without TLS (frames in clear)."),
     ] = False,
+    stall_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a silent peer or controller (a link down, a host gone) takes to "
+            "count as gone (default 8; at least 3)."
+        ),
+    ] = None,
     fault_corrupt_sends: Annotated[int, typer.Option(hidden=True)] = 0,
     fault_shm_free_bytes: Annotated[int | None, typer.Option(hidden=True)] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "WARNING",
@@ -100,6 +107,7 @@ def run(
     from surge.runtime.node.agent import AgentConfig, run_agent
     from surge.runtime.security.cluster_token import resolve_token
     from surge.runtime.security.tls import TlsConfig, check_plain_allowed
+    from surge.runtime.transport import check_stall_timeout
 
     token = resolve_token(token_file, "an agent")
     caps = (
@@ -116,6 +124,11 @@ def run(
         mates = tuple(int(m) for m in host_mates.split(",") if m.strip())
     except ValueError:
         raise SurgeError(f"--host-mates must be node ids like 1,2 (got {host_mates!r})") from None
+    if stall_timeout_s is not None:
+        try:
+            check_stall_timeout(stall_timeout_s)
+        except SurgeError as e:
+            raise SurgeError(f"--stall-timeout-s: {e}") from None
     tls = TlsConfig.from_options(tls_cert, tls_key, tls_ca)
     if tls is not None:
         tls.load()  # a missing or bad file is an `error:` line now, not a failed start later
@@ -151,6 +164,7 @@ def run(
         host_gbps=host_gbps,
         tls=tls,
         allow_plain=allow_plain,
+        **({} if stall_timeout_s is None else {"stall_timeout_s": stall_timeout_s}),
         fault_corrupt_sends=fault_corrupt_sends,
         fault_shm_free_bytes=fault_shm_free_bytes,
     )

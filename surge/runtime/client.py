@@ -19,7 +19,12 @@ from surge.errors import SurgeError
 from surge.runtime.handshake import connect
 from surge.runtime.protocol import AgentDown, Event, Op, Reply, SubscribeOp
 from surge.runtime.security.tls import ClusterTls
-from surge.runtime.transport import Connection, ConnectionClosed
+from surge.runtime.transport import (
+    STALL_TIMEOUT_S,
+    Connection,
+    ConnectionClosed,
+    check_stall_timeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +51,19 @@ class ClusterClient:
     """Control connections to a set of agents, by node id."""
 
     def __init__(
-        self, addresses: dict[int, tuple[str, int]], token: str, tls: ClusterTls | None = None
+        self,
+        addresses: dict[int, tuple[str, int]],
+        token: str,
+        tls: ClusterTls | None = None,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ) -> None:
         self.addresses = dict(addresses)
         self.token = token
         self.tls = tls.client if tls is not None else None
         """The client TLS context of every connection (None: plain TCP)."""
+        self.stall_timeout_s = check_stall_timeout(stall_timeout_s)
+        """How long an agent may be silent before its connections fail and it counts as
+        down (`transport.STALL_TIMEOUT_S`)."""
         self.conns: dict[int, Connection] = {}
         self._subs: list[_Subscription] = []
         self._data_pool: dict[int, list[Connection]] = {}
@@ -65,10 +77,16 @@ class ClusterClient:
     async def connect(self) -> None:
         await asyncio.gather(*(self._attach(n) for n in self.addresses))
 
-    async def _attach(self, node: int) -> None:
+    async def _dial(self, node: int, me: str) -> Connection:
+        """A new authenticated connection to `node`, introduced as `me`."""
         host, port = self.addresses[node]
-        self.conns[node] = await connect(host, port, self.token, "controller", tls=self.tls)
-        sub = await connect(host, port, self.token, "controller-events", tls=self.tls)
+        return await connect(
+            host, port, self.token, me, tls=self.tls, stall_timeout_s=self.stall_timeout_s
+        )
+
+    async def _attach(self, node: int) -> None:
+        self.conns[node] = await self._dial(node, "controller")
+        sub = await self._dial(node, "controller-events")
         await sub.request(SubscribeOp().to_json())
         self._events[node] = sub
         self._readers.append(asyncio.get_running_loop().create_task(self._read_events(node, sub)))
@@ -137,8 +155,7 @@ class ClusterClient:
         free = self._data_pool.setdefault(node, [])
         conn = free.pop() if free else None
         if conn is None or conn.closed:
-            host, port = self.addresses[node]
-            conn = await connect(host, port, self.token, "controller-data", tls=self.tls)
+            conn = await self._dial(node, "controller-data")
         try:
             reply, body = await conn.request(header, payload, pace=pace)
         except BaseException:
@@ -164,8 +181,7 @@ class ClusterClient:
         async with self._reopening.setdefault(node, asyncio.Lock()):
             conn = self.conns[node]
             if conn.closed and node not in self.down:
-                host, port = self.addresses[node]
-                conn = await connect(host, port, self.token, "controller", tls=self.tls)
+                conn = await self._dial(node, "controller")
                 self.conns[node] = conn
         return conn
 

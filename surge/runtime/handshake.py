@@ -16,7 +16,7 @@ import ssl
 
 from surge.runtime.security.channel import TlsHandshakeError
 from surge.runtime.token_bucket import TokenBucket
-from surge.runtime.transport import Connection, ConnectionClosed
+from surge.runtime.transport import STALL_TIMEOUT_S, Connection, ConnectionClosed
 
 PROTOCOL_VERSION = 2
 """2: the token is proven (HMAC over nonces), never sent; 1 sent it in its hello."""
@@ -46,19 +46,24 @@ async def connect(
     ingress: TokenBucket | None = None,
     timeout_s: float = 10.0,
     tls: ssl.SSLContext | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> Connection:
     """Open a connection (TLS first when `tls` is given, the client context of
-    `ClusterTls`) and prove the cluster token; the agent proves it too."""
+    `ClusterTls`) and prove the cluster token; the agent proves it too. A peer silent for
+    `stall_timeout_s` fails it (`transport.STALL_TIMEOUT_S`), from the first SYN on."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        async with asyncio.timeout(timeout_s):
+        # A host whose kernel answers no SYN for the stall bound is as gone as one that stops
+        # acknowledging data (a link down for good: a node that re-dials it gave up only after
+        # the full `timeout_s` of 10 s, after the others had re-planned in 3).
+        async with asyncio.timeout(min(timeout_s, stall_timeout_s)):
             await loop.sock_connect(sock, (host, port))
     except BaseException:
         sock.close()
         raise
-    conn = Connection(sock, egress, ingress)
+    conn = Connection(sock, egress, ingress, stall_timeout_s)
     conn.peer = f"{host}:{port}"
     try:
         async with asyncio.timeout(timeout_s):

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from surge.errors import SurgeError
 from surge.runtime.security.channel import PlainChannel, TlsChannel
 from surge.runtime.token_bucket import TokenBucket
 from surge.wire import HEADER_LEN, FrameError, check_header_len, parse_header
@@ -36,7 +37,20 @@ STALL_TIMEOUT_S = 8.0
 host gone): the socket fails with ETIMEDOUT and the connection counts as closed, so a pull
 from it is re-planned and the controller marks the agent down. Idle connections are probed
 (TCP keepalive) so a pull waiting for its reply notices too. A frozen process on a live host
-still has its kernel answer: that case is bounded by the operation's own wait."""
+still has its kernel answer: that case is bounded by the operation's own wait. The default
+of every connection; a cluster may set its own (`AgentConfig.stall_timeout_s`,
+`ClusterClient`, `LocalClusterConfig.stall_timeout_s`)."""
+MIN_STALL_TIMEOUT_S = 3.0
+"""The shortest stall bound: keepalive probes start after 2 s idle, one a second."""
+
+
+def check_stall_timeout(timeout_s: float) -> float:
+    """`timeout_s` if it is a usable stall bound, else a `SurgeError` naming the range."""
+    if not MIN_STALL_TIMEOUT_S <= timeout_s <= 3600:
+        raise SurgeError(
+            f"the stall timeout must be {MIN_STALL_TIMEOUT_S:g} to 3600 s (got {timeout_s:g})"
+        )
+    return timeout_s
 
 
 UNSENT_POLL_S = (0.0005, 0.01)
@@ -112,10 +126,13 @@ class Connection:
         sock: socket.socket,
         egress: TokenBucket | None = None,
         ingress: TokenBucket | None = None,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ) -> None:
+        """`stall_timeout_s`: how long a silent peer may go unnoticed (`STALL_TIMEOUT_S`)."""
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _detect_stalls(sock, STALL_TIMEOUT_S)
+        _detect_stalls(sock, stall_timeout_s)
+        self.stall_timeout_s = stall_timeout_s
         self.sock = sock
         self.channel: PlainChannel | TlsChannel = PlainChannel(sock)
         """What frames are read from and written to (TLS once `start_tls` ran)."""

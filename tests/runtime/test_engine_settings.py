@@ -1,7 +1,12 @@
 """Engine settings reach the agents `surge serve` starts: `fuse_projections` and
 `compile_decode` in the controller's config go to every agent's command line and into its
-`EngineConfig` (a bursty deployment turns fusing off; see docs/engine.md)."""
+`EngineConfig` (a bursty deployment turns fusing off; see docs/engine.md). A cluster's stall
+timeout reaches its agents' command lines and its client's sockets; out of range, refused."""
 
+import asyncio
+import os
+import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,8 +14,13 @@ import pytest
 from surge.config import COMPILE_DECODE_ENV, EngineConfig
 from surge.control.launching import launch_cluster
 from surge.control.settings import ControllerConfig
+from surge.errors import SurgeError
+from surge.runtime.client import ClusterClient
 from surge.runtime.launch.agent_process import agent_argv
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+from surge.runtime.node.context import AgentConfig
+from tests.cli.test_cli import assert_one_line_error
+from tests.conftest import run_surge
 
 
 def test_the_controllers_engine_settings_reach_every_agents_command_line(
@@ -47,7 +57,44 @@ def test_compile_decode_default_follows_the_environment(
 def test_agents_start_with_the_settings_on_their_command_line(tmp_path: Path) -> None:
     # An option the node command did not know would stop the agent before it is ready.
     cfg = LocalClusterConfig(
-        num_nodes=1, fuse_projections=False, compile_decode=True, preload_engine=False
+        num_nodes=1,
+        fuse_projections=False,
+        compile_decode=True,
+        preload_engine=False,
+        stall_timeout_s=3.5,
     )
     with LocalCluster(cfg) as cluster:
         assert len(cluster.addresses) == 1
+        argv = agent_argv(cluster.agent_config(0))
+        assert argv[argv.index("--stall-timeout-s") + 1] == "3.5"
+
+        async def user_timeouts_ms() -> list[int]:
+            client = cluster.client()
+            await client.connect()
+            try:  # the kernel's bound on unacknowledged data: the stall timeout
+                socks = [c.sock for c in client.conns.values()]
+                return [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) for s in socks]
+            finally:
+                await client.close()
+
+        assert asyncio.run(user_timeouts_ms()) == [3500]
+    assert "--stall-timeout-s" not in agent_argv(
+        replace(cluster.agent_config(0), stall_timeout_s=8)
+    )
+
+
+@pytest.mark.parametrize("bad", [2.9, 0.0, float("nan"), 1e9])
+def test_a_stall_timeout_out_of_range_is_refused(tmp_path: Path, bad: float) -> None:
+    with pytest.raises(SurgeError, match="stall timeout must be 3 to 3600 s"):
+        AgentConfig(node=0, cluster_id="c", token="t", disk_dir=tmp_path, stall_timeout_s=bad)
+    with pytest.raises(SurgeError, match="stall timeout"):
+        ClusterClient({}, "t", stall_timeout_s=bad)
+
+
+def test_node_run_refuses_a_short_stall_timeout_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "SURGE_TOKEN": "0123456789abcdef" * 2}
+    proc = run_surge(
+        "node", "run", "--node-id", "0", "--cluster-id", "c", "--disk-dir", str(tmp_path),
+        "--stall-timeout-s", "1", env=env,
+    )  # fmt: skip
+    assert_one_line_error(proc, "--stall-timeout-s", "3 to 3600 s (got 1)")

@@ -22,7 +22,8 @@ from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.runtime.launch import netns
 from surge.runtime.launch.netns_cluster import NetnsCluster, require_netns
 from surge.runtime.multicast import MulticastExecutor
-from surge.runtime.protocol import ChecksumsOp, GenerateOp
+from surge.runtime.protocol import AgentDown, ChecksumsOp, GenerateOp
+from surge.runtime.transport import MIN_STALL_TIMEOUT_S, STALL_TIMEOUT_S
 from tests.conftest import REPO
 from tests.runtime.conftest import MODEL, connected, gone, needs_netns
 
@@ -167,19 +168,29 @@ def test_a_node_frozen_mid_multicast_loses_nothing(make_netns, manifest) -> None
 def test_a_link_down_for_good_mid_multicast_is_noticed_and_the_rest_finish(
     make_netns, manifest
 ) -> None:
-    """No 'up' again: the kernel's stall bound (transport.STALL_TIMEOUT_S) fails every socket to
-    the cut-off node, the controller marks it down and its dependants pull from other holders."""
-    cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
+    """No 'up' again: the kernel's stall bound (the cluster's `stall_timeout_s`) fails every
+    socket to the cut-off node, the controller marks it down and its dependants pull from other
+    holders. The bound is the shortest allowed here, not the default's 8 s of waiting."""
+    stall_s = MIN_STALL_TIMEOUT_S
+    cluster = make_netns(
+        4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0, stall_timeout_s=stall_s
+    )
     victim: list[int] = []
+    cut_at: list[float] = []
 
     async def cut_for_good(plan) -> None:
         victim.append(plan.steps[0][0].dst)  # the first receiver forwards to others
         await asyncio.sleep(0.3)
+        cut_at.append(time.time())
         cluster.set_link(victim[0], up=False)
 
     result = multicast_then_generate(cluster, manifest, cut_for_good, dead=victim)
     assert result.dead_nodes == victim
     assert any(r["instead_of"] == victim[0] for r in result.replans), result.replans
+    # Noticed by the cluster's bound, not the default's (keepalive counts from the last
+    # packet, up to a block's time before the cut: halfway between the two tells them apart).
+    down_s = [ev.t - cut_at[0] for ev in result.events if isinstance(ev, AgentDown)]
+    assert down_s and down_s[0] < (stall_s + STALL_TIMEOUT_S) / 2, down_s
 
 
 @needs_netns

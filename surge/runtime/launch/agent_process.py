@@ -17,6 +17,7 @@ import time
 
 from surge.errors import SurgeError
 from surge.runtime.node.context import AgentConfig
+from surge.runtime.transport import STALL_TIMEOUT_S
 
 
 def agent_argv(config: AgentConfig) -> list[str]:
@@ -58,6 +59,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
         cmd += config.tls.argv()
     if config.allow_plain:
         cmd.append("--allow-plain")
+    if config.stall_timeout_s != STALL_TIMEOUT_S:
+        cmd += ["--stall-timeout-s", repr(config.stall_timeout_s)]
     if config.fault_corrupt_sends:
         cmd += ["--fault-corrupt-sends", str(config.fault_corrupt_sends)]
     if config.fault_shm_free_bytes is not None:

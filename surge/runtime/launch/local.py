@@ -39,7 +39,7 @@ from surge.runtime.launch.agent_process import (
 from surge.runtime.node.context import AgentConfig
 from surge.runtime.protocol import SetPeersOp
 from surge.runtime.security.tls import TlsConfig
-from surge.runtime.transport import DEFAULT_HOST
+from surge.runtime.transport import DEFAULT_HOST, STALL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,10 @@ class LocalClusterConfig:
     device: str = "auto"
     """Every agent's `EngineConfig.device` (`fake`: the tests' recorded fake GPU)."""
     start_timeout_s: float = 60.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    """How long an agent or the controller may be silent before the others' connections to
+    it fail and it counts as gone (`transport.STALL_TIMEOUT_S`): every agent's and this
+    cluster's `client()`'s."""
     tls: TlsConfig | None = None
     """TLS between the agents and with their controller (`runtime/security/tls.py`; None: plain)."""
     extra_args: dict[int, list[str]] = field(default_factory=dict)
@@ -254,13 +258,14 @@ class LocalCluster:
             ),
             preload_engine=self.config.preload_engine,
             tls=self.config.tls,
+            stall_timeout_s=self.config.stall_timeout_s,
         )
         return emulated_agent(agent, self.config) if self.config.emulation else agent
 
     def client(self) -> ClusterClient:
         """A controller-side client of every agent (call `await client.connect()`)."""
         tls = self.config.tls.load() if self.config.tls is not None else None
-        return ClusterClient(self.addresses, self.token, tls)
+        return ClusterClient(self.addresses, self.token, tls, self.config.stall_timeout_s)
 
     async def wire_peers(self, client: ClusterClient) -> None:
         """Tell every agent where its peers listen, and pre-open the connection pool."""

@@ -167,7 +167,9 @@ class NodeAgent:
         assert self._server is not None
         while True:
             client, addr = await loop.sock_accept(self._server)
-            conn = Connection(client, self.ctx.egress, self.ctx.ingress)
+            conn = Connection(
+                client, self.ctx.egress, self.ctx.ingress, self.ctx.config.stall_timeout_s
+            )
             conn.peer = f"{addr[0]}:{addr[1]}"  # until its hello names it
             self._spawn(self._handle(conn))
 

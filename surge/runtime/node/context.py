@@ -21,7 +21,13 @@ from surge.runtime.node.inflight import InFlight
 from surge.runtime.protocol import Event, Op, Reply
 from surge.runtime.security.tls import ClusterTls, TlsConfig
 from surge.runtime.token_bucket import TokenBucket
-from surge.runtime.transport import DEFAULT_HOST, Connection, ConnectionClosed
+from surge.runtime.transport import (
+    DEFAULT_HOST,
+    STALL_TIMEOUT_S,
+    Connection,
+    ConnectionClosed,
+    check_stall_timeout,
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class AgentConfig:
     allow_plain: bool = False
     """Listen on a non-loopback address without TLS (`--allow-plain`): emulated clusters on
     one machine, or a network the user trusts."""
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    """How long a peer or controller may be silent before its connections fail and it counts
+    as gone (`transport.STALL_TIMEOUT_S`; `--stall-timeout-s`)."""
     fault_corrupt_sends: int = 0
     """Testing only: corrupt the payload of this many block sends."""
     fault_shm_free_bytes: int | None = None
@@ -89,6 +98,7 @@ class AgentConfig:
             raise SurgeError("an emulated agent needs both emulate (PRESET:MODEL) and its GPU")
         if not self.time_dilation > 0:
             raise SurgeError(f"time_dilation must be > 0 (got {self.time_dilation})")
+        check_stall_timeout(self.stall_timeout_s)
 
 
 Handler = Callable[[Any, Connection, memoryview], Awaitable[Reply | None]]
@@ -161,7 +171,16 @@ class NodeContext:
         egress, ingress = self.buckets(node)
         tls = self.tls.client if self.tls is not None else None
         me = f"node-{self.node}"
-        return await connect(host, port, self.config.token, me, egress, ingress, tls=tls)
+        return await connect(
+            host,
+            port,
+            self.config.token,
+            me,
+            egress,
+            ingress,
+            tls=tls,
+            stall_timeout_s=self.config.stall_timeout_s,
+        )
 
     def buckets(self, peer: int | None) -> tuple[TokenBucket, TokenBucket]:
         """(egress, ingress) pacing of a connection with `peer` (None: not an agent)."""

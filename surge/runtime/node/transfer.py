@@ -40,7 +40,7 @@ from surge.runtime.protocol import (
     SetPeersReply,
     ok_header,
 )
-from surge.runtime.transport import STALL_TIMEOUT_S, Connection, ConnectionClosed, RemoteError
+from surge.runtime.transport import Connection, ConnectionClosed, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class AgentTransfer:
             # The port is busy until the block has left, not until the kernel took it.
             gbps = self.ctx.config.egress_gbps
             rate = gbps * 1e9 / 8 if gbps else None
-            await conn.wait_sent(MAX_UNSENT_BYTES, rate, STALL_TIMEOUT_S)
+            await conn.wait_sent(MAX_UNSENT_BYTES, rate, conn.stall_timeout_s)
             self.bytes_out += len(buf)
 
     async def _peer(self, node: int) -> Connection:
