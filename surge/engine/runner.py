@@ -27,6 +27,7 @@ from surge.engine.block_weights import BlockWeights
 from surge.engine.cuda_graphs import CudaGraphDecode, TorchCudaGraphs
 from surge.engine.device import compute_dtype, decode_path, pick_device
 from surge.engine.devmem import DeviceMemory, device_memory
+from surge.engine.host_malloc import keep_freed_host_memory
 from surge.engine.kv_cache import PagedKVCache
 from surge.engine.model import RopeTable, decoder_layer, final_logits
 from surge.errors import SurgeError
@@ -53,6 +54,8 @@ class ModelRunner:
         self.arch = manifest.arch
         self.config = config.validate()
         self.device = pick_device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_host_memory()  # a prefill's intermediates reused, not faulted anew
         self.dtype = compute_dtype(config.dtype, self.device, torch_dtype(self.arch.dtype))
         """What weights, activations and the KV cache are in (bfloat16 on CUDA)."""
         first, end = layer_range or (0, self.arch.num_layers)
