@@ -54,7 +54,7 @@ def surge_runner(model_dir: str, dtype: str, compile_decode: bool = True):
 
     def settle() -> None:
         """Before a measurement: a graph whose compile a new batch class started (batches
-        above `gemv.MAX_ROWS` get theirs when they first come, in the background) is ready,
+        above `gemv.max_rows()` get theirs when they first come, in the background) is ready,
         as on a warm node that has served that batch before; never timed."""
         if graph is not None:
             graph.wait()

@@ -4,7 +4,7 @@ On by default (`EngineConfig.compile_decode`). Why: at batch 1 a decode step of 
 ~35 eager ops per layer besides its 7 projections (norms, rope, KV write and page gather,
 attention, residual adds), each paying PyTorch's per-op dispatch; inductor fuses the
 element-wise chains into a few C++ loops and runs the whole stack from one call. The
-projections stay opaque calls (up to `gemv.MAX_ROWS` rows: surge's `surge::gemv_row`,
+projections stay opaque calls (up to `gemv.max_rows()` rows: surge's `surge::gemv_row`,
 `engine/gemv.py`, which setup builds, else MKL; more rows: oneDNN's packed kernel through
 `surge::packed_linear`), SDPA stays ATen's. Logits differ from eager in the last bits only
 (inductor sums the norms in its own order), so only a near-tie could flip a greedy token;
@@ -19,7 +19,7 @@ the caches, so the Python and dispatch work after it runs cache-cold). A pipelin
 out). Both get the step's `AttnContext`, the weights and the KV-cache views; prefill and mixed
 steps stay eager (matmul-bound; their query lengths would only add graphs). Shapes that change
 step to step are marked dynamic (batch, pages gathered, keys attended), so the graphs are few
-and fixed: one for batch 1, one for batches 2-`gemv.MAX_ROWS` (surge's kernel), one for
+and fixed: one for batch 1, one for batches 2-`gemv.max_rows()` (surge's kernel), one for
 larger batches (compiled when the first such step comes) (and one more for each when packing,
 `EngineConfig.pack_cpu_weights`, has swapped in packed projections; inductor's cache makes that
 one quick). Keys are attended a whole page at a time under a mask (`AttnContext.num_keys`
@@ -118,18 +118,18 @@ MAX_REFUSALS = 16
 compile produces no graph, and every step would start another)."""
 
 CompileJob = tuple[str, int]
-"""(STACK or MODEL, batch size class: 1; 2 standing for 2 to `gemv.MAX_ROWS`; and
-`gemv.MAX_ROWS + 1` for every larger batch)."""
+"""(STACK or MODEL, batch size class: 1; 2 standing for 2 to `gemv.max_rows()`; and
+`gemv.max_rows() + 1` for every larger batch)."""
 
 
 def batch_class(batch_size: int) -> int:
-    """Batch 1 has its own graphs (one-row projections); batches of 2 to `gemv.MAX_ROWS`
+    """Batch 1 has its own graphs (one-row projections); batches of 2 to `gemv.max_rows()`
     share one (surge's kernel, `engine/gemv.py`; its graph guards on the batch being at most
     that), larger ones another (oneDNN's packed projections). One graph for every batch >= 2
     would guard on the kernel's rows, and batches above them would refuse forever."""
     if batch_size == 1:
         return 1
-    return 2 if batch_size <= gemv.MAX_ROWS else gemv.MAX_ROWS + 1
+    return 2 if batch_size <= gemv.max_rows() else gemv.max_rows() + 1
 
 
 def surge_inductor_cache_dir() -> Path:
@@ -271,7 +271,7 @@ class DecodeGraph:
             "compiled the decode step (%s, batch %s, %d layers) in %.1f s in the background "
             "(compile %d, %.1f s in all)",
             which,
-            {1: "1", 2: f"2-{gemv.MAX_ROWS}"}.get(job[1], f"> {gemv.MAX_ROWS}"),
+            {1: "1", 2: f"2-{gemv.max_rows()}"}.get(job[1], f"> {gemv.max_rows()}"),
             len(args[-2]),
             took,
             self.num_compiles,

@@ -4,7 +4,7 @@ Why: a decode step of a small batch is projections of a few rows over every weig
 memory-bound: what counts is how fast the weights stream. The kernel folds eight weight rows
 at a time into the output rows, a cached chunk of columns at a time, with AVX-512 where the
 CPU has it (else AVX2); for 2-8 input rows every weight vector loaded serves all of them, so
-the weight streams once per call (the engine sends it up to `MAX_ROWS`, a measured rule).
+the weight streams once per call (the engine sends it up to `max_rows()`, a measured rule).
 It splits the weight's rows over torch's intra-op threads
 (`at::parallel_for` over twelve fixed row blocks, partial sums added in block order; the
 head's columns; so the sums do not depend on the thread count): each thread streams
@@ -20,7 +20,7 @@ whether the op can run here: float32 on a CPU with AVX2 and FMA, the library bui
 extension registers `surge::gemv_row(x, wt)` with the dispatcher itself (schema and CPU
 kernel), so a compiled decode graph's C++ wrapper calls it without Python; its shape
 function is registered here. Who uses it: `Linear.__call__` for every float32 call of up
-to `MAX_ROWS` rows on CPU, eager or inside a compiled decode step; `ModelRunner` (and an
+to `max_rows()` rows on CPU, eager or inside a compiled decode step; `ModelRunner` (and an
 agent's engine import at start-up) call `load()`. Sums run in another order than MKL's:
 logits differ in the last bits, as inductor's already do (the engine tests check the tokens
 against HF's).
@@ -50,25 +50,30 @@ LDFLAGS = ("-fopenmp",)
 KERNEL_MAX_ROWS = 8
 """Input rows one kernel call can take (`x` [rows, in]; `kMaxInputRows` in the source)."""
 MAX_ROWS = 8
-"""Input rows the engine sends through the kernel (a decode batch of up to 8 streams each
-weight once for all its rows); more rows go to oneDNN's packed GEMM (`engine/linear.py`).
-A measured rule, the same at every thread count (asking torch for its thread count under
-`torch.compile` breaks the graph): benchmarks/engine/gemv_shapes.py (strict quiet-runs
-2026-11-28, SmolLM2's projections in step order, 538 MB a pass, kernel / oneDNN packed,
-best ms) at 10:43 UTC: 2 rows 22.1 / 31.1 at 2 threads and 39.9 / 51.4 at one; 4 rows
-25.6 / 31.1 and 49.3 / 60.0; 8 rows 40.9 / 39.5 and 65.4 / 60.0; at 11:43: 6 rows 36.5 /
-40.0 and 76.6 / 77.3; 7 rows 40.8 / 42.0 and 74.5 / 77.7. The projections alone cross
-near 8 rows, but end to end (engine_vs_peers, SmolLM2, batch 8) sending 7-8 rows to oneDNN
-(`MAX_ROWS` 6, the larger batches' graph, whose packed calls then went through a Python op;
-C++ since 995b9cd, not measured again) gave
-113.1 tok/s at 2 threads and 76.4 at one (11:33 sitting) against the kernel's 129.3 and
-77.5 (08:31): no gain, so the kernel keeps 1-8 rows."""
+"""Input rows the engine sends through the kernel at two or more threads (a decode batch of
+up to 8 streams each weight once for all its rows); more rows go to oneDNN's packed GEMM
+(`engine/linear.py`). At one thread, `MAX_ROWS_ONE_THREAD`. Measured rules:
+benchmarks/engine/gemv_shapes.py (strict quiet-runs 2026-11-28, SmolLM2's projections in step
+order, 538 MB a pass, kernel / oneDNN packed, best ms) at 10:43 UTC: 2 rows 22.1 / 31.1 at 2
+threads and 39.9 / 51.4 at one; 4 rows 25.6 / 31.1 and 49.3 / 60.0; 8 rows 40.9 / 39.5 and
+65.4 / 60.0; at 11:43: 6 rows 36.5 / 40.0 and 76.6 / 77.3; 7 rows 40.8 / 42.0 and 74.5 /
+77.7. End to end at 2 threads (engine_vs_peers, SmolLM2, batch 8) sending 7-8 rows to
+oneDNN (its calls then through a Python op) gave 113.1 tok/s (11:33 sitting) against the
+kernel's 129.3 (08:31), so the kernel keeps 1-8 rows there."""
+MAX_ROWS_ONE_THREAD = 7
+"""Kernel rows at one thread: oneDNN's packed GEMM is ahead from 8 rows (above: 65.4 ms
+against 60.0 at 8 rows, 74.5 against 77.7 at 7). End to end (strict sitting 17:05 UTC
+2026-11-28, SmolLM2, batch 8 x 64 + 64, one thread, surge alone, two runs each, since
+`surge::packed_linear` is C++): batch 8 through oneDNN 89.3 / 85.7 tok/s, through the
+kernel 80.9 / 85.0."""
+
 STALE_LOCK_S = 600.0
 """A build lock older than this was left by a build that died (a build takes ~15 s):
 `build()` removes it rather than wait on it forever (torch's loader would)."""
 
 _built = False
 _tried = False
+_max_rows = MAX_ROWS
 
 
 def _cpu_ok() -> bool:
@@ -158,7 +163,10 @@ def load() -> bool:
     """Load the built kernel and register `surge::gemv_row`'s shape function; True when it
     can run here. Never compiles: without a build (`build()`, run by setup.sh) one-row
     projections stay MKL's."""
-    global _built, _tried
+    global _built, _tried, _max_rows
+    # Read here, outside any graph (each runner calls this as it starts): a graph traced
+    # with one value guards on it, so a later change recompiles rather than misroutes.
+    _max_rows = MAX_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else MAX_ROWS
     if _built or _tried:
         return _built
     if not _can_run():
@@ -185,22 +193,28 @@ def load() -> bool:
     return True
 
 
+def max_rows() -> int:
+    """Rows the kernel takes in this process: `MAX_ROWS`, or `MAX_ROWS_ONE_THREAD` when torch
+    had one thread at the last `load()`."""
+    return _max_rows
+
+
 def loaded() -> bool:
     """Whether surge's CPU kernels are loaded here (`load()` found them built)."""
     return _built
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight.T` goes through the kernel: 1 to `MAX_ROWS` rows, float32 on
+    """Whether `x @ weight.T` goes through the kernel: 1 to `max_rows()` rows, float32 on
     CPU, the weight stored `[in, out]` (its transpose has unit column stride), the kernel
     loaded. At any thread count: the kernel splits the weight over torch's OpenMP threads
     (idle, 2 threads, SmolLM2's projections: 31.8 GB/s against MKL's gemv 30.2 at one row).
     Nothing here may ask torch for its thread count: under `torch.compile` that breaks the
-    graph at every projection."""
+    graph at every projection (`load()` reads it instead)."""
     return (
         _built
         and x.dim() >= 1
-        and 0 < x.numel() <= MAX_ROWS * x.shape[-1]
+        and 0 < x.numel() <= _max_rows * x.shape[-1]
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.device.type == "cpu"

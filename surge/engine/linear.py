@@ -7,7 +7,7 @@ repacks the weight on every call. oneDNN can keep a copy of the weight in its bl
 (`mkldnn._reorder_linear_weight`) and multiply against it directly; measured on this project's
 2-core EPYC VM, one thread, a 100 MB Llama's 43 projections: 24.6 -> 18.8 ms at 8 rows and
 42.5 -> 36.0 ms at 32 rows (benchmarks/engine/vs_peers.py for end to end). Calls of up to
-`gemv.MAX_ROWS` rows (decode) go to surge's own kernel on the plain view instead
+`gemv.max_rows()` rows (decode) go to surge's own kernel on the plain view instead
 (`engine/gemv.py`), which streams the weight once for all rows; without it, MKL's gemv.
 
 Who owns what: the runner builds a `Linear` per weight when a block lands and, with
@@ -17,7 +17,7 @@ second copy of the weights' bytes in memory; the block buffer itself is never mo
 Under `torch.compile` (`surge.engine.compiled`) the packed call goes through the opaque
 `surge::packed_linear` op, C++ in surge's kernel library (`csrc/packed_linear.cpp`; inductor
 lowers oneDNN's op only for weights frozen into the graph); where that library is not built,
-a compiled graph's calls of more than `gemv.MAX_ROWS` rows are MKL's `F.linear`.
+a compiled graph's calls of more than `gemv.max_rows()` rows are MKL's `F.linear`.
 """
 
 from collections.abc import Sequence
@@ -71,7 +71,7 @@ class Linear:
         return Linear.of(self.weight, self.bias, pack=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # surge's kernel first: a decode batch of up to `gemv.MAX_ROWS` rows streams the
+        # surge's kernel first: a decode batch of up to `gemv.max_rows()` rows streams the
         # weight once for all its rows (`engine/gemv.py`), faster than MKL's gemv at one row
         # and oneDNN's packed GEMM at a few. Such graphs then never read `packed`, so
         # packing, swapping it in, does not invalidate them.

@@ -22,7 +22,7 @@ from surge.errors import SurgeError
 from surge.model.manifest import read_manifest
 
 MAX_GRAPHS = 2
-"""Batch 1 and batches 2-`gemv.MAX_ROWS` (compiled in the background once the weights are
+"""Batch 1 and batches 2-`gemv.max_rows()` (compiled in the background once the weights are
 packed; packing changes neither, their projections being surge's kernel, and a step always
 gathers 2+ pages); a larger batch adds a third when it first comes."""
 
@@ -63,14 +63,14 @@ def test_compiled_decode_matches_eager_with_few_graphs(tiny_store: Path) -> None
 
 
 def test_a_batch_above_the_kernels_rows_gets_its_own_graph(tiny_store: Path) -> None:
-    """A graph of batches 2-`gemv.MAX_ROWS` guards on at most that many rows (surge's
+    """A graph of batches 2-`gemv.max_rows()` guards on at most that many rows (surge's
     kernel); a larger batch gets a third graph, compiled in the background when it first comes, and
     runs it from then on with the eager path's tokens (one graph for every batch >= 2 made
     larger batches refuse on every step until decode stayed eager for good)."""
     from surge.engine import gemv
 
     base = {"pack_min_hidden_size": 1, "page_size_tokens": 8}
-    n = gemv.MAX_ROWS + 2
+    n = gemv.max_rows() + 2
     prompts = [[5 + (i * 7 + j) % 50 for j in range(3 + i)] for i in range(n)]
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     eager = LLMEngine(read_manifest(tiny_store), EngineConfig(compile_decode=False, **base))

@@ -68,7 +68,7 @@ def test_a_small_batch_streams_the_weight_once_with_mkls_sums(
     numbers, at one thread and at two (the threaded row blocks)."""
     w = _stored(out_features, in_features, seed=rows)
     x = torch.randn(rows, 1, in_features)  # [batch, 1 token, hidden], as a decode step has
-    assert gemv.usable(x, w) == (rows <= gemv.MAX_ROWS)  # the engine's rule
+    assert gemv.usable(x, w) == (rows <= gemv.max_rows())  # the engine's rule
     ref = torch.nn.functional.linear(x, w)
     got = torch.ops.surge.gemv_row(x, w.t())
     assert got.shape == ref.shape == (rows, 1, out_features)
@@ -80,10 +80,27 @@ def test_a_small_batch_streams_the_weight_once_with_mkls_sums(
 def test_only_a_few_float32_rows_of_a_stored_weight_are_usable() -> None:
     w = _stored(16, 8, seed=0)
     assert gemv.usable(torch.randn(1, 8), w)
-    assert gemv.usable(torch.randn(gemv.MAX_ROWS, 8), w)
-    assert not gemv.usable(torch.randn(gemv.MAX_ROWS + 1, 8), w)  # more rows: packed/MKL
+    assert gemv.usable(torch.randn(gemv.max_rows(), 8), w)
+    assert not gemv.usable(torch.randn(gemv.max_rows() + 1, 8), w)  # more rows: packed/MKL
     assert not gemv.usable(torch.randn(1, 8), w.contiguous())  # not the stored layout
     assert not gemv.usable(torch.randn(1, 8, dtype=torch.float64), w.double())
+
+
+def test_at_one_thread_eight_rows_go_to_onednn() -> None:
+    """The rule is read by `load()` from torch's thread count (a runner calls it as it
+    starts): at one thread oneDNN's packed GEMM takes batches of 8 (faster there), at two
+    the kernel keeps them."""
+    w = _stored(16, 8, seed=0)
+    eight = torch.randn(8, 1, 8)
+    gemv.load()  # the fixture's one thread
+    assert gemv.max_rows() == gemv.MAX_ROWS_ONE_THREAD == 7
+    assert gemv.usable(torch.randn(7, 1, 8), w) and not gemv.usable(eight, w)
+    assert compiled.batch_class(8) == compiled.batch_class(9) != compiled.batch_class(7)
+    torch.set_num_threads(2)
+    gemv.load()
+    assert gemv.max_rows() == gemv.MAX_ROWS == 8
+    assert gemv.usable(eight, w)
+    assert compiled.batch_class(8) == compiled.batch_class(2) != compiled.batch_class(9)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +190,7 @@ def test_an_eager_projection_of_a_few_rows_calls_the_kernel(monkeypatch) -> None
     monkeypatch.setattr(torch.ops.surge, "gemv_row", Spy())
     lin(torch.randn(1, 32))
     lin(torch.randn(3, 32))  # a small batch: the kernel too
-    lin(torch.randn(gemv.MAX_ROWS + 1, 32))  # more rows: MKL
+    lin(torch.randn(gemv.max_rows() + 1, 32))  # more rows: MKL
     assert calls == [(32, 48), (32, 48)]
 
 

@@ -38,7 +38,7 @@ def test_rows_pick_the_kernel_and_results_agree() -> None:
 
 @needs_onednn
 def test_the_compiled_graphs_packed_op_is_cpp_and_gives_onednns_numbers() -> None:
-    """`surge::packed_linear` (what a compiled decode graph of more than `gemv.MAX_ROWS` rows
+    """`surge::packed_linear` (what a compiled decode graph of more than `gemv.max_rows()` rows
     calls) comes from surge's kernel library, registered in C++ (no Python per call; the
     Python op cost 2.3% of a 32-row step), and gives oneDNN's packed numbers bit for bit,
     with and without a bias, for a batch of decode rows [B, 1, in]."""
