@@ -31,6 +31,10 @@ def test_agent_killed_under_load_loses_no_request(serve_factory, tiny_store_dir,
         bad.models.list()
     assert s.http.get("/health").status_code == 200  # health and metrics stay open
     wait_for(lambda: s.metric("surge_instances", MODEL) == 2, 60, "two instances")
+    # Chosen now, not after the trigger: an HTTP round trip between the streams' first chunks
+    # and the kill, slow under load, let short answers finish before it (in_flight 0).
+    nodes = s.http.get("/v1/nodes").json()["data"]
+    victim = next(n for n in nodes if MODEL in n["instances"])
     prompts = [f"Story {i}: the little model" for i in range(8)]
     progress = [0] * len(prompts)
     finished = [False] * len(prompts)
@@ -54,8 +58,6 @@ def test_agent_killed_under_load_loses_no_request(serve_factory, tiny_store_dir,
             # a few chunks, so waiting for more could wait forever): kill a serving agent.
             while min(progress) < 1:
                 await asyncio.sleep(0.005)
-            nodes = (await asyncio.to_thread(s.http.get, "/v1/nodes")).json()["data"]
-            victim = next(n for n in nodes if MODEL in n["instances"])
             os.kill(victim["pid"], signal.SIGKILL)
             return victim["node"], finished.count(False)
 

@@ -2,6 +2,7 @@
 `/health` says degraded meanwhile; a frozen agent (SIGSTOP) misses its heartbeat, is treated
 as down (its stream finishes elsewhere instead of stalling) and replaced."""
 
+import contextlib
 import json
 import os
 import signal
@@ -109,6 +110,6 @@ def test_a_frozen_agent_is_treated_as_down_and_replaced(server: Serve) -> None:
         wait_for(lambda: _gone(victim), 60, "the frozen agent killed")
         wait_for(lambda: server.http.get("/health").json()["status"] == "ok", 60, "replaced")
         _stop_new_agents(server)
-    finally:
-        if psutil.pid_exists(victim):
+    finally:  # the controller may kill it at the same moment: gone by now is fine
+        with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
