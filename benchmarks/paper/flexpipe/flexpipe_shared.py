@@ -26,8 +26,9 @@ cluster's total and a run is 600 s. What each choice rests on:
 Counterfactuals in the JSON: the 512 / 128-token requests of `flexpipe_cv.py` (not in the
 paper), AlpaServe given each model's peak even beyond the cluster (no split), twice
 §9's rate at CV 4, AlpaServe's split sized on the CV-1 trace run at CV 2 and 4 (a
-history calmer than the trace), and FlexPipe's router spreading requests instead of packing
-them (`--only PART` reruns one piece into the existing JSON).
+history calmer than the trace), FlexPipe's router spreading requests instead of packing
+them, and FlexPipe giving idle GPUs back after §9.4's "5-minute reclamation windows"
+(`--only PART` reruns one piece into the existing JSON).
 
 Run: python benchmarks/paper/flexpipe/flexpipe_shared.py (about 10 minutes; deterministic), or
      piece by piece with --only cv1, --only cv2, ... (each a few minutes; `PARTS`).
@@ -49,7 +50,7 @@ from common import read, run_main, write
 
 from benchmarks.systems.flexpipe_sim import gpu_seconds_between
 from surge.policy.flexpipe.settings import FlexPipeSettings
-from surge.policy.systems import system_config
+from surge.policy.systems import SystemConfig, system_config
 from surge.sim.events import Priority
 from surge.sim.hardware import load_cluster
 from surge.sim.metrics import summarize
@@ -99,21 +100,19 @@ def run_variant(
     trace: Trace,
     stages: int | None = None,
     replicas: dict[str, int] | None = None,
-    routing: str | None = None,
+    base: SystemConfig | None = None,
 ) -> dict:
     """FlexPipe (`stages` None) or the system held at `stages` stages, autoscaled or, with
-    `replicas`, each model's groups fixed (AlpaServe's split); `routing`: the router's
-    (None: FlexPipe's `pack`). Latency over every request; per model its peak groups and
-    GPUs per group; goodput and GPU-seconds from the first arrival to the last request's
-    end."""
+    `replicas`, each model's groups fixed (AlpaServe's split); `base`: the FlexPipe system
+    a counterfactual changes (None: as shipped). Latency over every request; per model its
+    peak groups and GPUs per group; goodput and GPU-seconds from the first arrival to the
+    last request's end."""
     names = tuple(MODELS.values())
     settings = SimSettings(
         CLUSTER, names, "flexpipe", seed=SEED, slo=SLO,
         model_replicas=tuple((replicas or {}).items()),
     )  # fmt: skip
-    config = system_config("flexpipe")
-    if routing is not None:
-        config = replace(config, routing=routing)
+    config = base or system_config("flexpipe")
     if stages is not None:
         config = replace(
             config, flexpipe=FlexPipeSettings(stage_counts=(stages,), cv_targets=(0.0,))
@@ -252,21 +251,24 @@ def from_history(by_cv: dict, donor: Trace | None, history: str = "1") -> dict:
     return out
 
 
-def spread(donor: Trace | None) -> dict:
-    """Counterfactual: FlexPipe's router spreading requests over its groups (`least-loaded`)
-    instead of filling each up to its pipeline target (`pack`), per CV."""
-    return {
-        f"{cv:g}": run_variant(shared_trace(cv, donor=donor), routing="least-loaded") for cv in CVS
-    }
+RECLAIM_S = 300.0
+"""FlexPipe §9.4: "elastic scaling with 5-minute reclamation windows" (the shipped system
+gives GPUs back after 2 s: `policy.systems._FLEXPIPE_AUTOSCALE`)."""
 
 
-PARTS = ("cv1", "cv2", "cv4", "tokens", "rate_x2", "history", "spread")
+def counterfactual(donor: Trace | None, base: SystemConfig) -> dict:
+    """FlexPipe changed to `base` (AlpaServe as run), per CV."""
+    return {f"{cv:g}": run_variant(shared_trace(cv, donor=donor), base=base) for cv in CVS}
+
+
+PARTS = ("cv1", "cv2", "cv4", "tokens", "rate_x2", "history", "spread", "reclaim")
 """The pieces of a run, in order (`--only` reruns some into the existing JSON: each piece
 is a few minutes; `history` reads the `cv*` ones)."""
 
 
 def run_part(part: str, doc: dict, splitwise: Trace, num_gpus: int) -> None:
     """Compute one of `PARTS` into `doc`."""
+    fp = system_config("flexpipe")
     if part.startswith("cv"):
         cv = float(part[2:])
         doc.setdefault("by_cv", {})[f"{cv:g}"] = one_cv(cv, splitwise, num_gpus, unsplit=True)
@@ -276,8 +278,11 @@ def run_part(part: str, doc: dict, splitwise: Trace, num_gpus: int) -> None:
         doc["rate_x2_cv4"] = one_cv(4.0, splitwise, num_gpus, rate_rps=2 * RATE_RPS)["ratios"]
     elif part == "history":  # counterfactual: AlpaServe split as sized on the CV-1 trace
         doc["history_cv1"] = from_history(doc["by_cv"], splitwise)
-    else:
-        doc["flexpipe_spread"] = spread(splitwise)
+    elif part == "spread":  # counterfactual: the router spreads instead of packing
+        doc["flexpipe_spread"] = counterfactual(splitwise, replace(fp, routing="least-loaded"))
+    else:  # counterfactual: idle groups given back after §9.4's 5 minutes, not 2 s
+        slow = replace(fp.autoscale, downscale_delay_s=RECLAIM_S)
+        doc["flexpipe_reclaim_5min"] = counterfactual(splitwise, replace(fp, autoscale=slow))
 
 
 def main(argv: list[str] | None = None) -> None:
