@@ -190,6 +190,9 @@ class LiveBatch(TimelineEvent, name="live_batch"):
     """Eq. 1's Time_l the schedule was made with."""
     load_ratio_measured: bool = False
     """True: Time_l was measured on this run; False: the system's fallback."""
+    took_s: float = 0.0
+    """Serving-clock seconds from the batch's start (its requests taken) to this event (its
+    first tokens sampled and its requests handed on; emulated seconds under emulation)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -151,6 +151,13 @@ def simulated(args, config: EmulationConfig, wl: Workload, sllm_init_s: float | 
             "ttft_p50_s": percentile(ttft, 50),
             "ttft_p90_s": percentile(ttft, 90),
             "ttft_p99_s": percentile(ttft, 99),
+            # per request, in trace order: beside the emulated `request_timeline`
+            "ttfts_by_request_s": [round(x, 4) for x in ttft],
+            # each live batch: [start, layers on the new instance, layers it held, requests]
+            "live_batches": [
+                [round(b.start_s, 3), b.split[0], b.held_layers, list(b.request_ids)]
+                for b in r.live_batches
+            ],
         }
     return out
 

@@ -31,7 +31,11 @@ import numpy as np
 
 from benchmarks.common import code_version, make_cluster
 from benchmarks.emulation.lambdascale import violations
-from benchmarks.emulation.timeline import request_timeline, scale_out_timeline
+from benchmarks.emulation.timeline import (
+    mechanism_timeline,
+    request_timeline,
+    scale_out_timeline,
+)
 from surge.control.controller import Controller, ControllerConfig
 from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
@@ -327,6 +331,7 @@ async def serve_workload(
             "instances_timeline": [[round(t, 3), n] for t, n in held[:: max(1, len(held) // 200)]],
             "scale_out_timeline": timeline,
             "request_timeline": request_timeline(reqs, start),
+            "mechanisms": mechanism_timeline(events, emulated_s),
             "peak_handoffs_in_flight": pd.peak_in_flight if pd else 0,
             "emulation": {
                 "steps": steps,

@@ -7,7 +7,9 @@ row per scale-out for the benchmark's JSON (`serving.serve_workload`), so a late
 scale-out shows where its time went: the decision, the multicast's blocks, the instance up,
 and whether its sources' NICs also carried K/V. `request_timeline` does
 the same for each request (queued, routed, first and second token: under P/D the second
-comes after the hand-off, so a parked request shows).
+comes after the hand-off, so a parked request shows). `mechanism_timeline` lists BlitzScale's
+live batches and mutations, so two runs (or the runtime and the simulator) that part at one
+decision show which.
 """
 
 from collections.abc import Callable
@@ -16,6 +18,8 @@ from typing import Any
 from surge.events import (
     BlockLanded,
     InstanceUp,
+    LiveBatch,
+    Mutation,
     ScaleOutDone,
     ScaleOutStarted,
     TimelineEvent,
@@ -81,4 +85,23 @@ def scale_out_timeline(
             for s in row.get("sources", [])
         }
         row["blocks"] = {n: list(v) for n, v in row["blocks"].items()}
+    return out
+
+
+def mechanism_timeline(
+    events: list[TimelineEvent], emulated_s: Callable[[float], float]
+) -> list[list[Any]]:
+    """BlitzScale's decisions in emulated s from the replay's start: each live batch as
+    ["live", its start (requests taken), its end (first tokens sampled, handed on), new
+    node, old node, layers on the new node, requests, schedule] (its requests' hops name it
+    `live-...`) and each mutation as ["mutation", when, node]."""
+    out: list[list[Any]] = []
+    for ev in events:
+        t = round(emulated_s(ev.t_s), 3)
+        if isinstance(ev, LiveBatch):
+            start = round(t - ev.took_s, 3)
+            row = [start, t, ev.new_node, ev.old_node, ev.split_layer, ev.num_requests]
+            out.append(["live", *row, ev.schedule])
+        elif isinstance(ev, Mutation):
+            out.append(["mutation", t, ev.node])
     return out

@@ -332,6 +332,7 @@ class LiveScaling:
         ctx, server = self.ctx, self.ctx.server
         t, schedule, ratio = action.split, action.schedule, action.load_ratio
         keep, deliver = live_delivery(server, old)
+        started_s = server.clock.now_s()
         try:
             spans = await live_prefill(server, ctx.manifest, new, old, t, batch, deliver, keep)
             ctx.report.live_spans.append((action.index, schedule, spans))
@@ -346,6 +347,7 @@ class LiveScaling:
                 schedule=schedule,
                 load_ratio=ratio.value,
                 load_ratio_measured=ratio.measured,
+                took_s=round(server.clock.now_s() - started_s, 4),
             )
             ctx.events.publish(ev)
         except BaseException as e:  # failed, or cancelled by a stop that could not wait
