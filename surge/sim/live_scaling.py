@@ -1,29 +1,29 @@
 """BlitzScale live scaling (§4, §5.2) in the simulator: layer-level cooperative execution.
 
 In: a multicast receiver the loading state machine declared live (`GoLive`), how many
-layers it holds at any moment (its longest block prefix), the seconds per layer its
-blocks took to land so far, and the pool whose loaded instances it helps. Each look
-builds a `LiveView` (the sources with what is on or on its way to them, the requests that
-have not started — the router's queue and the sources' queues, BlitzScale §4 step 1; the
-policy takes them oldest first —, the sources' admission
-times for the drain rate, the cost model's prefill seconds per token) and carries out
-what the target's `policy.blitzscale.live_scaling.LiveScalingState.look` returns, as
-`surge serve` does (`runtime/scaleout/live.py`): a declined look or a zigzag batch
-waiting for its layers looks again `POLL_S` later; a `RunBatch` runs its first T layers
-on the new instance (the *target*, inst.1) and the remaining S = L - T on the source
-(inst.0), at the times the cost model gives; the request's first token comes when the
-source finishes, then it decodes there (or, under P/D, hands its KV cache to a decode
-instance as any prefill). C2 is carried out, not assumed: a batch reaches the source only
-when the target has finished its T layers and the activation has crossed the network (a
-flow that shares links with the multicast), and the source runs it FIFO after what it
-already has. The target executes one batch at a time and takes the next while the source
-runs the last (Fig. 12b), up to `LiveSettings.max_in_flight` batches under way (started,
-first token not back), as the runtime's batch tasks are. A zigzag batch waiting for
-layers is looked at again when the block that brings them lands (`landed`, §5.2 (2)
-preemption), not only at the poll. It is not a router endpoint until
-it holds every layer (then `Loader.ready` serves it alone and `redistribute` sends the
-sources' unstarted requests back through the router, `policy.blitzscale.live_scaling.
-redistributed`, §5.2 step 3).
+layers it holds at any moment (its longest block prefix), the seconds per layer its blocks
+took to land so far, and the pool whose loaded instances it helps. Each look builds a
+`LiveView` (the sources with what is on or on its way to them, the requests that have not
+started — the router's queue and the sources' queues, BlitzScale §4 step 1; the policy
+takes them oldest first —, the sources' admission times for the drain rate, the cost
+model's prefill seconds per token) and carries out what the target's
+`policy.blitzscale.live_scaling.LiveScalingState.look` returns, as `surge serve` does
+(`runtime/scaleout/live.py`): a declined look or a zigzag batch waiting for its layers
+looks again `LOOK_INTERVAL_S` later (the policy's, both bodies'); a `RunBatch` runs its
+first T layers on the new instance (the *target*, inst.1) and the remaining S = L - T on
+the source (inst.0), at the times the cost model gives; the request's first token comes
+when the source finishes, then it decodes there (or, under P/D, hands its KV cache to a
+decode instance as any prefill). C2 is carried out, not assumed: a batch reaches the
+source only when the target has finished its T layers and the activation has crossed the
+network (a flow that shares links with the multicast), and the source runs it FIFO after
+what it already has. The target executes one batch at a time and takes the next while the
+source runs the last (Fig. 12b), up to `LiveSettings.max_in_flight` batches under way
+(started, first token not back), as the runtime's batch tasks are. A zigzag batch waiting
+for layers is looked at again when the block that brings them lands (`landed`, §5.2 (2)
+preemption), not only at the poll. It is not a router endpoint until it holds every layer
+(then `Loader.ready` serves it alone and `redistribute` sends the sources' unstarted
+requests back through the router, `policy.blitzscale.live_scaling.redistributed`, §5.2
+step 3).
 
 Not modelled: the K/V of the target's T layers travelling to the source (the runtime's
 `live_prefill` sends it; the activation crossing is modelled and is the larger part for
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from surge.events import LiveBatch, ModeSwitch
 from surge.policy.blitzscale.live_scaling import (
+    LOOK_INTERVAL_S,
     LiveScalingState,
     LiveSettings,
     LiveSource,
@@ -53,8 +54,6 @@ from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
 from surge.sim.world import World
 
-POLL_S = 0.01
-"""How often an idle live target looks at the queue again (virtual seconds)."""
 ACTIVATION_BYTES = 2
 """Bytes per hidden value of the activation sent from target to source (fp16)."""
 
@@ -247,7 +246,7 @@ class LiveScaling:
         view = self._view(t, sources, waiting)
         action = t.state.look(view)
         if not isinstance(action, RunBatch):  # declined, or zigzag waits for its layers
-            self._later(iid, POLL_S)
+            self._later(iid, LOOK_INTERVAL_S)
             return
         num_layers = t.inst.cost.num_layers
         split = action.split

@@ -91,7 +91,9 @@ class QueueClient(FakeClient):
         return QueuedReply(tuple(held)), memoryview(b"")
 
 
-def _runtime_log(s: Scenario) -> list[tuple]:
+def _runtime_log(s: Scenario, through_loop: bool = False) -> list[tuple]:
+    """The runtime's batches: looks made by hand, one per `s.held`; `through_loop`: its own
+    loop (`start`) with a 30-s poll, the receiver going live once the loop waits."""
     log: list[tuple] = []
     queued = _queued_ids(s)
     client = QueueClient({node: [str(i) for i in ids] for node, ids in queued.items()})
@@ -139,20 +141,31 @@ def _runtime_log(s: Scenario) -> list[tuple]:
     async def live_prefill(server, manifest, new, old, t, batch, deliver, keep) -> None:
         log.append(("batch", new, old.node, t, tuple(int(r.req_id) for r in batch)))
 
-    held: dict[int, set[int]] = {TARGET: set()}
+    held: dict[int, set[int]] = {TARGET: set(range(s.held[0]))}
     live = runtime_live.LiveScaling(ctx, held)  # type: ignore[arg-type]
-    live.go_live(TARGET)
 
     async def looks() -> None:
+        live.go_live(TARGET)
         for layers in s.held:
             held[TARGET].clear()
             held[TARGET].update(range(layers))
             await live.step()
 
+    async def loop_looks() -> None:
+        task = live.start()
+        await asyncio.sleep(0.2)  # the loop waits for its first look
+        live.go_live(TARGET)
+        for _ in range(100):  # 2 s at most, far below the poll
+            if log:
+                break
+            await asyncio.sleep(0.02)
+        await live.stop(task)
+
     patch = pytest.MonkeyPatch()
     with patch.context() as mp:
         mp.setattr(runtime_live, "live_prefill", live_prefill)
-        asyncio.run(looks())
+        mp.setattr(runtime_live, "LOOK_INTERVAL_S", 30.0)
+        asyncio.run(loop_looks() if through_loop else looks())
     return log
 
 
@@ -208,6 +221,16 @@ def test_same_view_gives_the_same_cooperative_batches(name: str, tmp_path) -> No
     if name.startswith("zigzag"):
         # the second look waited: only two batches, the second on two layers
         assert [b[3] for b in runtime] == [1, 2]
+
+
+def test_a_receiver_going_live_is_looked_at_at_once(tmp_path) -> None:
+    """The simulator's `go_live` looks at once; the runtime's loop waited for its next poll
+    (50 ms of the serving clock: the emulated §6.1 run's first live batch started at 1.104
+    s, the simulator's at 1.067). Now `go_live` wakes it, so with a 30-s poll the first
+    batch still comes at once, the simulator's."""
+    s = SCENARIOS["help: least loaded source, first batch"]
+    runtime = _runtime_log(s, through_loop=True)
+    assert runtime and runtime == _sim_log(s, tmp_path)
 
 
 REDISTRIBUTE_QUEUED = {0: (5.0, 3.0, 1.0), 1: (4.0, 2.0)}

@@ -3,8 +3,10 @@
 In: the context, the blocks each receiver holds (the loading state machine's own sets, so
 there is one record of who holds what) and, from `multicast.py`, when each block reached
 a receiver (`arrived`). A receiver joins when the state machine says `GoLive` and leaves at
-`GoLocal`. Each look at the queue (every `POLL_S`) builds a `LiveView` of the receiver
-holding the most layers (`policy.blitzscale.live_scaling.pick_target`): the layers it holds,
+`GoLocal`. Each look at the queue — at once when a receiver goes live or a block a pending
+batch waits for lands, else every `LOOK_INTERVAL_S`, as the simulator's — builds a
+`LiveView` of the receiver holding the most layers
+(`policy.blitzscale.live_scaling.pick_target`): the layers it holds,
 the serving local instances (sources; under P/D the prefill ones count in the SLO check),
 the requests that have not started — the router's queue and those queued on the sources'
 agents (`LocalEndpoint.queued`; BlitzScale §4 step 1: "we redirect all queued requests from
@@ -42,6 +44,7 @@ import time
 
 from surge.events import LiveBatch
 from surge.policy.blitzscale.live_scaling import (
+    LOOK_INTERVAL_S,
     Decline,
     LiveScalingState,
     LiveSettings,
@@ -64,12 +67,9 @@ from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.05
-"""How often the queue is looked at (requests arrive without telling this loop); seconds of
-the serving clock, as `STOP_WAIT_S` (emulated under GPU-time emulation, where a step lasts
-D times its emulated time)."""
 STOP_WAIT_S = 30.0
-"""How long `stop` lets a step in progress finish before cancelling it."""
+"""How long `stop` lets a step in progress finish before cancelling it (seconds of the
+serving clock, emulated under GPU-time emulation)."""
 
 
 def live_delivery(server: Server, old: LocalEndpoint) -> tuple[bool, Deliver | None]:
@@ -145,8 +145,11 @@ class LiveScaling:
         """Set when a block lands that a pending zigzag batch waited for."""
 
     def go_live(self, node: int) -> None:
+        """`node` may serve cooperatively: looked at at once, as the simulator's `go_live`
+        (not at the next poll)."""
         self.live.add(node)
         self.was_live.add(node)
+        self._wake.set()
 
     def go_local(self, node: int) -> None:
         self.live.discard(node)
@@ -199,7 +202,7 @@ class LiveScaling:
 
     async def _loop(self) -> None:
         started = False
-        poll_s = self.ctx.server.clock.real_s(POLL_S)  # POLL_S on the serving clock
+        poll_s = self.ctx.server.clock.real_s(LOOK_INTERVAL_S)  # on the serving clock
         try:
             while not self._stopping:
                 if not started:  # a batch just started: look again at once (the next)
