@@ -51,8 +51,9 @@ from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
 from surge.policy.systems import SystemConfig
 from surge.runtime.clock import REAL_CLOCK, Clock
-from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.launch.local import LocalCluster
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import LoadOp, RegisterOp
 from surge.runtime.scaleout.local import engine_start
 from surge.runtime.server import Server

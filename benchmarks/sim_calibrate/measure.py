@@ -291,8 +291,9 @@ def measure_endpoint_open(model_mb: float, blocks: int, real: dict, reps: int) -
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
-    from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+    from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launch.local import LocalCluster
+    from surge.runtime.pipeline_endpoint import PipelineEndpoint
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.scaleout.context import stage_layers
     from surge.runtime.server import Server

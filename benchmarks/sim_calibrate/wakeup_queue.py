@@ -100,9 +100,10 @@ def measure_queue(
     from surge.config import EngineConfig
     from surge.engine.sampling import SamplingParams
     from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
-    from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+    from surge.runtime.endpoints import LocalEndpoint
     from surge.runtime.launch.local import LocalCluster
     from surge.runtime.multicast import MulticastExecutor
+    from surge.runtime.pipeline_endpoint import PipelineEndpoint
     from surge.runtime.protocol import LoadOp, RegisterOp
     from surge.runtime.scaleout.context import stage_layers
     from surge.runtime.server import Server

@@ -18,7 +18,8 @@ from surge.errors import Unavailable
 from surge.model.manifest import Manifest
 from surge.policy.autoscale import AutoscaleState
 from surge.policy.flexpipe.granularity import GranularityState
-from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
 

@@ -20,7 +20,7 @@ from surge.events import (
     RequestDone,
     TimelineEvent,
 )
-from surge.runtime.endpoints import PipelineEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 
 
 def deployment_up(dep: Deployment) -> DeploymentUp:

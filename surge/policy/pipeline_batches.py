@@ -13,7 +13,7 @@ requests, and the micro-batches follow each other through the stages one stage-t
 apart. A burst of four on a 4-stage pipeline gets its first tokens after 4/4, 5/4, 6/4
 and 7/4 of one request's prefill, not all after four requests' prefill.
 
-The runtime's pipeline head (`runtime/endpoints.py` `PipelineEndpoint.submit`: one head
+The runtime's pipeline head (`runtime/pipeline_endpoint.py` `PipelineEndpoint.submit`: one head
 engine per micro-batch) and the simulator's pipelined engines (`sim/batching.py`, through
 `sim/pipelined_prefill.py`) both call it (`tests/parity/test_pipeline_prefill_parity.py`).
 Pure and deterministic.

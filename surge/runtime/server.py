@@ -27,7 +27,8 @@ from surge.policy import router
 from surge.policy.loading import spread_evenly
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
-from surge.runtime.endpoints import Endpoint, LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import Endpoint, LocalEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import AgentDown, RequestFailed, TokenGenerated
 from surge.runtime.request import ServeRequest
 

@@ -6,7 +6,7 @@ endpoint; the endpoint's shape (`set_micro_batches`: micro-batches in flight and
 `sim/batching.py`) and the endpoint's load signals summed over them (outstanding, KV,
 tokens/s, busy, idle since). A whole instance has one head and no shared stages: its steps
 are the `Batcher`'s, O(1) events per request. A pipeline of η micro-batches has η heads, as
-the runtime's `PipelineEndpoint` (`runtime/endpoints.py`: one head engine per micro-batch
+the runtime's `PipelineEndpoint` (`runtime/pipeline_endpoint.py`: one head engine per micro-batch
 over the shared stages): a request joins the micro-batch holding the fewest
 (`policy.pipeline_batches.join_micro_batch`, the runtime's own rule), each head admits at
 its own step boundaries, and every head's steps cross one `StageLine`

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from surge.runtime.endpoints import PipelineEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop

@@ -8,9 +8,10 @@ import pytest
 from surge.engine.sampling import SamplingParams
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
 from surge.policy.blitzscale.zigzag import ZigzagProblem, best_effort
-from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.consolidation import consolidate, live_prefill
 from surge.runtime.migration.pd_handoff import PdServing
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import InstanceAdoptOp, KvSource, LoadOp
 from surge.runtime.scaleout.live import live_delivery
 from surge.runtime.server import Server

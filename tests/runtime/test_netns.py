@@ -283,7 +283,8 @@ def test_a_missing_requirement_is_one_clear_error(monkeypatch) -> None:
 def test_a_pipeline_member_cut_off_mid_generation_loses_nothing(
     fault, make_netns, manifest, tiny_hf
 ) -> None:
-    from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+    from surge.runtime.endpoints import LocalEndpoint
+    from surge.runtime.pipeline_endpoint import PipelineEndpoint
     from surge.runtime.server import Server
     from tests.runtime.test_serving import PROMPTS, check_against_reference, ready_cluster
 

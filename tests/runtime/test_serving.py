@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from surge.engine.sampling import SamplingParams
-from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.server import Server
 from tests.engine.reference import assert_same_tokens, hf_greedy
 from tests.runtime.conftest import MODEL, connected

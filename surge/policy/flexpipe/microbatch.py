@@ -13,7 +13,7 @@ micro-batch group holds now. Out:
   refactoring, §6): groups past the count drain with what they have, the others share
   the rest as evenly as their held pages allow.
 The simulator (`sim/flexpipe.py`, `Instance.set_micro_batches`) and the runtime's
-pipeline head (`runtime/endpoints.py` `PipelineEndpoint`, set by the FlexPipe scale-out
+pipeline head (`runtime/pipeline_endpoint.py` `PipelineEndpoint`, set by the FlexPipe scale-out
 and the controller's refactorings) both take their count from `flexpipe_micro_batches`
 (`tests/parity/test_flexpipe_micro_batches_parity.py`). Pure and deterministic.
 """

@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
-from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     InstanceAdoptOp,
     KvExportOp,

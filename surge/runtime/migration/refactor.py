@@ -37,7 +37,8 @@ from surge.model.manifest import Manifest
 from surge.policy.flexpipe.refactor import RefactorPlan, kv_top_ups
 from surge.policy.flexpipe.system import refactor
 from surge.runtime.clock import REAL_CLOCK, Clock
-from surge.runtime.endpoints import EndpointFailed, PipelineEndpoint
+from surge.runtime.endpoints import EndpointFailed
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     KvPushOp,
     KvTarget,

@@ -39,8 +39,8 @@ from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest,
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.policy.startup import StartupPlan
 from surge.runtime.collective import GroupExecutor
-from surge.runtime.endpoints import PipelineEndpoint
 from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout.context import (
     ScaleOutContext,

@@ -45,8 +45,9 @@ from surge.policy.paraserve.predictor import GroupConsolidation, consolidate_gro
 from surge.policy.paraserve.prefetch import BACKGROUND, MemberPrefetch, plan_prefetch
 from surge.policy.paraserve.sizing import GpuServer, SizingSettings, StageTimes
 from surge.policy.startup import StartupPlan
-from surge.runtime.endpoints import LocalEndpoint, PipelineEndpoint
+from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.consolidation import consolidate
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import LoadOp
 from surge.runtime.scaleout.context import ScaleOutContext, group_name, layer_span
 from surge.runtime.scaleout.estimates import DEFAULT_HOST_GBPS

@@ -1,0 +1,279 @@
+"""The pipeline endpoint: an execution pipeline (λScale §4.3) serving one model.
+
+What flows: the `Server` (`runtime/server.py`) hands it `ServeRequest`s like any `Endpoint`
+(`runtime/endpoints.py`); its stages run on agents (`StageOpenOp`), its head engines
+(scheduler + sampler) here, `num_micro_batches` of them so several micro-batches are in the
+chain at once (λScale Fig. 6a; FlexPipe sets the count from `policy.flexpipe_microbatch` and
+changes it with the stage count, splitting the stages' KV cache among them by
+`micro_batch_budgets`). `RemotePipelineExecutor` is their `Executor`: one `StageStepOp` per
+forward, logits back as float32 bytes. `take_back` and `detach` return unfinished requests
+with their tokens so far (mode switch, refactor, failover). Owned by the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
+from surge.model.manifest import Manifest
+from surge.policy.flexpipe.microbatch import micro_batch_budgets
+from surge.policy.pipeline_batches import join_micro_batch
+from surge.runtime.client import ClusterClient
+from surge.runtime.endpoints import Endpoint, EndpointFailed
+from surge.runtime.engine_loop import run_engine
+from surge.runtime.protocol import (
+    StageCloseOp,
+    StageFreeOp,
+    StageOpenOp,
+    StageStepOp,
+)
+from surge.runtime.request import ServeRequest
+
+if TYPE_CHECKING:
+    from surge.engine.llm_engine import LLMEngine, TokenEvent
+
+log = logging.getLogger(__name__)
+
+SEQ_IDS_PER_GROUP = 1 << 40
+"""Engines sharing a pipeline's KV caches use disjoint sequence-id ranges of this size."""
+
+
+class RemotePipelineExecutor:
+    """The `Executor` of a head engine whose layers run on a chain of agent stages.
+
+    Called from the engine's worker thread; the network I/O runs on the event loop.
+    """
+
+    def __init__(
+        self, client: ClusterClient, loop: asyncio.AbstractEventLoop, pipeline: str, head: int
+    ) -> None:
+        self.client, self.loop, self.pipeline, self.head = client, loop, pipeline, head
+
+    def forward(self, token_ids: Any, batch: BatchMeta) -> Any:
+        import torch
+
+        op = StageStepOp(
+            pipeline=self.pipeline, kind="tokens", shape=tuple(token_ids.shape), batch=batch
+        )
+        fut = asyncio.run_coroutine_threadsafe(
+            self.client.call_bytes(self.head, op, token_ids.contiguous().numpy()), self.loop
+        )
+        try:
+            reply, body = fut.result()
+        except Exception as e:
+            raise EndpointFailed(f"pipeline {self.pipeline}: {e}") from e
+        # The last stage sends logits as float32, row-major (StageStepReply).
+        return torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
+
+    def free(self, seq_ids: list[int]) -> None:
+        op = StageFreeOp(pipeline=self.pipeline, seq_ids=tuple(seq_ids))
+        fut = asyncio.run_coroutine_threadsafe(self.client.call_bytes(self.head, op), self.loop)
+        with contextlib.suppress(Exception):  # a dead stage has nothing left to free
+            fut.result()
+
+
+@dataclass
+class _Group:
+    """One micro-batch stream of a pipeline: its own head engine over the shared stages."""
+
+    engine: LLMEngine
+    pending: list[ServeRequest] = field(default_factory=list)
+    seqs: dict[int, ServeRequest] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+    budget_pages: int = 0
+    """KV pages its engine may hold (its share of the stages' cache)."""
+
+
+class PipelineEndpoint(Endpoint):
+    """An execution pipeline: stages on agents, head engines (scheduler + sampler) here."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        manifest: Manifest,
+        model: str,
+        name: str,
+        stages: list[tuple[int, int, int]],
+        config: EngineConfig = EngineConfig(),
+        num_micro_batches: int = 2,
+        max_micro_batches: int | None = None,
+    ) -> None:
+        """`stages`: (node, first_layer, end_layer) in layer order. `num_micro_batches`
+        head engines take requests (λScale's 2; FlexPipe's from its policy); the stages'
+        KV cache (`config.max_kv_tokens`) is split among them, and a sequence is at most
+        the cache over `max_micro_batches` (default: `num_micro_batches`), the most
+        `set_micro_batches` may ask for later."""
+        self.client, self.manifest, self.model, self.name = client, manifest, model, name
+        self.stages = stages
+        self.nodes = tuple(s[0] for s in stages)
+        self.requests = {}
+        self.config = config
+        self.max_micro_batches = max(num_micro_batches, max_micro_batches or 1)
+        self.num_micro_batches = num_micro_batches
+        self.capacity = num_micro_batches * config.max_num_seqs
+        self.groups: list[_Group] = []
+        self.on_failure: Any = None
+        """Called (as a task) with this endpoint when a step fails."""
+
+    @property
+    def stage_key(self) -> str:
+        """The name its stages are opened under on the agents."""
+        return self.name
+
+    @property
+    def num_stages(self) -> int:
+        """Stages busy at once: one micro-batch each, at most one per stage."""
+        return min(len(self.stages), self.num_micro_batches)
+
+    async def open(self) -> None:
+        # The stages open at once: each builds its own runner and none calls another until
+        # the first step (one after another, four quarter-core stages took 61 ms, on the
+        # path to a scale-out's first new capacity).
+        ops = [
+            StageOpenOp(
+                pipeline=self.name,
+                model=self.model,
+                first_layer=first,
+                end_layer=end,
+                next_node=self.stages[i + 1][0] if i + 1 < len(self.stages) else None,
+            )
+            for i, (_, first, end) in enumerate(self.stages)
+        ]
+        await asyncio.gather(
+            *(self.client.call(node, op) for (node, _, _), op in zip(self.stages, ops, strict=True))
+        )
+        self.set_micro_batches(self.num_micro_batches)
+
+    def _add_group(self) -> None:
+        # Here, not at the top: the engine imports torch (~1.5 s of CPU), and the processes
+        # that import this module but never open a pipeline (the controller, `surge status`
+        # and the other HTTP-only commands) must not pay for it.
+        from surge.engine.llm_engine import LLMEngine
+
+        loop = asyncio.get_running_loop()
+        group_cfg = EngineConfig(
+            page_size_tokens=self.config.page_size_tokens,
+            max_kv_tokens=max(
+                self.config.page_size_tokens, self.config.max_kv_tokens // self.max_micro_batches
+            ),
+            max_num_seqs=self.config.max_num_seqs,
+            max_prefill_tokens=self.config.max_prefill_tokens,
+            device="cpu",
+        )
+        executor = RemotePipelineExecutor(self.client, loop, self.stage_key, self.stages[0][0])
+        first_seq_id = len(self.groups) * SEQ_IDS_PER_GROUP
+        engine = LLMEngine(self.manifest, group_cfg, executor, first_seq_id=first_seq_id)
+        group = _Group(engine)
+        group.task = loop.create_task(self._run(group))
+        self.groups.append(group)
+
+    def set_micro_batches(self, count: int) -> None:
+        """Take requests on `count` head engines (micro-batches in flight) from now on:
+        engines are added as needed; the ones past `count` finish what they run and take
+        nothing new; the stages' KV cache is re-split (`micro_batch_budgets`). Call it
+        between steps of every engine (FlexPipe: inside its step gate)."""
+        if not 1 <= count <= self.max_micro_batches:
+            raise ValueError(f"{count} micro-batches: 1 to {self.max_micro_batches}")
+        while len(self.groups) < count:
+            self._add_group()
+        self.num_micro_batches = count
+        self.capacity = count * self.config.max_num_seqs
+        self.rebalance_kv()
+
+    def kv_budgets(self) -> tuple[int, ...]:
+        """The KV pages each engine should be allowed now (`micro_batch_budgets`)."""
+        held = [g.engine.scheduler.held_pages for g in self.groups]
+        budgets = [g.budget_pages for g in self.groups]
+        total = self.config.num_pages
+        return micro_batch_budgets(total, held, budgets, self.num_micro_batches)
+
+    def rebalance_kv(self) -> None:
+        """Give every engine its `kv_budgets` page budget; between steps only."""
+        for group, pages in zip(self.groups, self.kv_budgets(), strict=True):
+            group.engine.scheduler.set_budget_pages(pages)
+            group.budget_pages = pages
+
+    async def submit(self, req: ServeRequest) -> None:
+        if self.failed:
+            raise EndpointFailed(self.name)
+        self.requests[req.req_id] = req
+        active = self.groups[: self.num_micro_batches]  # its micro-batch: `join_micro_batch`
+        group = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
+        group.pending.append(req)
+        group.wake.set()
+
+    async def _run(self, group: _Group) -> None:
+        engine = group.engine
+
+        def admit() -> None:
+            for req in group.pending:
+                sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
+                group.seqs[sid] = req
+            group.pending.clear()
+
+        async def deliver(events: list[TokenEvent]) -> None:
+            for ev in events:
+                req = group.seqs.get(ev.seq_id)
+                if req is None:
+                    continue
+                if ev.logprobs is not None:
+                    req.add_logprobs(ev.logprobs)
+                if ev.num_cached_tokens is not None:
+                    req.cached_tokens = ev.num_cached_tokens
+                req.add_token(ev.token_id, ev.finished, ev.finish_reason)
+                self.num_tokens += 1
+                if ev.finished:
+                    del group.seqs[ev.seq_id]
+                    self.requests.pop(req.req_id, None)
+
+        try:
+            await run_engine(engine, group.wake, admit, deliver, self.step_gate)
+        except EndpointFailed as e:
+            log.warning("%s failed: %s", self.name, e)
+            self.failed = True
+            if self.on_failure is not None:
+                asyncio.get_running_loop().create_task(self.on_failure(self))
+
+    step_gate: Callable[[], AbstractAsyncContextManager[None]] | None = None
+    """Wraps each head-engine step (None: none); FlexPipe's pipelines set their gate."""
+
+    def detach(self) -> list[tuple[ServeRequest, int]]:
+        """Stop the head engines now, keep the stages (and their KV caches) open, and return
+        each unfinished request with its sequence id at the stages. A step in flight is
+        abandoned: a request's KV length is what its tokens say (prompt + output - 1)."""
+        out: list[tuple[ServeRequest, int]] = []
+        for group in self.groups:
+            if group.task is not None:
+                group.task.cancel()
+            out += [(req, sid) for sid, req in group.seqs.items()]
+            out += [(req, -1) for req in group.pending]
+            group.seqs.clear()
+            group.pending.clear()
+        self.requests = {}
+        return out
+
+    async def close_stages(self) -> None:
+        for node, _, _ in self.stages:
+            with contextlib.suppress(Exception):
+                await self.client.call(node, StageCloseOp(pipeline=self.name))
+
+    async def take_back(self) -> list[ServeRequest]:
+        """Stop every head engine now and hand back what is unfinished.
+
+        A step still in flight is abandoned, not awaited: its tokens are never appended
+        (the task is cancelled before it returns), so a moved request continues from
+        exactly the tokens it has — none lost, none twice — and a mode switch does not wait
+        for a slow step.
+        """
+        taken = [req for req, _ in self.detach()]
+        if not self.failed:
+            await self.close_stages()
+        return taken
