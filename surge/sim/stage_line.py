@@ -5,7 +5,7 @@ every layer of the pipeline (seconds). Out: when it leaves the last stage. Each 
 computes one step at a time, in the order steps reach it, and takes its 1/num_stages share
 of the step's compute; an activation hop (`hop_s`) separates consecutive stages and holds
 neither. As in the runtime (`runtime/node/serving.py`: a stage holds its lock only while it
-computes; one head engine per micro-batch, `runtime/endpoints.py`), a micro-batch's decode
+computes; one head engine per micro-batch, `runtime/pipeline_endpoint.py`), a micro-batch's decode
 step that reaches a stage while another micro-batch's prefill is there waits for it.
 Steps start in time order, and every step crosses the same stages and hops, so a step that
 starts later reaches every stage later: reserving the stages when a step starts is their

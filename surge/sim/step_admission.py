@@ -6,7 +6,7 @@ of the waiting requests the next prefill step admits, and how much of the decode
 way is left before new work may start. The runtime's engine loop admits work only between
 steps (`runtime/engine_loop.py`), so a request reaching an engine mid-way through a decode
 step waits for the step's end; a pipeline's micro-batches have a head engine each
-(`sim/serving_engine.py`, as `runtime/endpoints.py`), so an idle one starts at once.
+(`sim/serving_engine.py`, as `runtime/pipeline_endpoint.py`), so an idle one starts at once.
 `sim/batching.py` calls both. Pure. Owned by sim/.
 """
 

@@ -1,5 +1,5 @@
 """Pipelined prefill parity: requests that reach a pipeline of m micro-batches together are
-spread over its micro-batches alike in `surge serve` (`runtime/endpoints.py`
+spread over its micro-batches alike in `surge serve` (`runtime/pipeline_endpoint.py`
 `PipelineEndpoint.submit`: one head engine per micro-batch) and in the simulator
 (`sim/serving_engine.py`: one head engine per micro-batch too): both call
 `policy.pipeline_batches.join_micro_batch`. Each micro-batch prefills its own requests and

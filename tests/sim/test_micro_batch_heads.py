@@ -1,5 +1,5 @@
 """A simulated pipeline runs one head engine per micro-batch over shared stages, as the
-runtime does (`runtime/endpoints.py`: a head engine per micro-batch; `runtime/node/
+runtime does (`runtime/pipeline_endpoint.py`: a head engine per micro-batch; `runtime/node/
 serving.py`: each stage computes one step at a time, under its lock). So a micro-batch's
 decode step that reaches a stage while another micro-batch's prefill is there waits for it,
 and a request joining that micro-batch starts only when the delayed step returns.
