@@ -24,9 +24,10 @@ simulator, on the paper's cluster (`flexpipe`: 82 A100s over 42 servers, 100 Gb/
   engine start), the same models. Paper: 72% lower on average; always-on reservation 30% of peak
   (vs 75%): flexpipe_cv.json's `flexpipe_always_held_over_peak` (its CV-4 run).
 Run: python benchmarks/paper/flexpipe/flexpipe_figs.py (about 15 min at load ~8; needs
-shared/traces).
+shared/traces), or piece by piece with --only init, --only fig11-cv4, ... (`PARTS`).
 """
 
+import argparse
 import json
 import logging
 import sys
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 sys.path.insert(2, str(Path(__file__).resolve().parents[3]))  # benchmarks.systems
 
-from common import run, run_main, write
+from common import read, run, run_main, write
 
 from benchmarks.systems.flexpipe_sim import run_one
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -107,46 +108,60 @@ def _latency_run(variant: str, cv: float, **kw) -> dict:
     }
 
 
-def fig11() -> dict:
-    """Fig. 10 and 11 over §9.1's 2-hour lifecycle, and their counterfactuals."""
-    out: dict = {}
-    life = {"duration_s": LIFECYCLE_S}
-    for cv in (1.0, 2.0, 4.0):
-        log.info("fig10/11 CV %g", cv)
-        static = run_one("static-4", cv, **{**KW, **life})
-        groups = max(1, -(-static["gpus_peak"] // 4))
-        out[f"{cv:g}"] = {
-            "flexpipe": _latency_run("flexpipe", cv, **life),
-            "alpaserve": _latency_run("provisioned-4", cv, provisioned_groups=groups, **life),
-            "serverlessllm": _latency_run("load-then-serve", cv, **life),
-        }
-    # counterfactual at CV 4: FlexPipe keeping every group it scaled to (no 2-s release),
-    # as AlpaServe holds its peak provisioning
+LIFE = {"duration_s": LIFECYCLE_S}
+
+
+def fig11_cv(cv: float) -> dict:
+    """Fig. 10 and 11 at one CV over §9.1's 2-hour lifecycle (about 4.5 min at load ~2)."""
+    log.info("fig10/11 CV %g", cv)
+    static = run_one("static-4", cv, **{**KW, **LIFE})
+    groups = max(1, -(-static["gpus_peak"] // 4))
+    return {
+        "flexpipe": _latency_run("flexpipe", cv, **LIFE),
+        "alpaserve": _latency_run("provisioned-4", cv, provisioned_groups=groups, **LIFE),
+        "serverlessllm": _latency_run("load-then-serve", cv, **LIFE),
+    }
+
+
+def fig11_spread(cvs: list[str]) -> dict:
+    """Fig. 10's counterfactual: FlexPipe spreading requests (least-loaded) instead of
+    packing them onto the fewest pipelines (§7's reclaiming)."""
+    return {
+        cv: _latency_run(
+            "flexpipe", float(cv), change=lambda c: replace(c, routing="least-loaded"), **LIFE
+        )
+        for cv in cvs
+    }
+
+
+def fig11_other(cvs: list[str]) -> dict:
+    """The remaining counterfactuals: FlexPipe at CV 4 keeping every group it scaled to (no
+    2-s release), as AlpaServe holds its peak provisioning; and Fig. 10 over 600 s
+    (ServerlessLLM's first loads from SSD are then most of its tail)."""
     hold = _latency_run(
         "flexpipe",
         4.0,
         change=lambda c: replace(c, autoscale=replace(c.autoscale, downscale_delay_s=3600.0)),
-        **life,
+        **LIFE,
     )
-    # Fig. 10's counterfactuals: the 600-s run (ServerlessLLM's first loads from SSD are
-    # then most of its tail), and FlexPipe spreading requests (least-loaded) instead of
-    # packing them onto the fewest pipelines (§7's reclaiming)
     short = {
         cv: {name: _latency_run(name, float(cv)) for name in ("flexpipe", "load-then-serve")}
-        for cv in out
+        for cv in cvs
     }
-    spread = {
-        cv: _latency_run(
-            "flexpipe", float(cv), change=lambda c: replace(c, routing="least-loaded"), **life
-        )
-        for cv in out
-    }
+    return {"counterfactual_600s": short, "counterfactual_cv4_flexpipe_holding": hold}
+
+
+FIG11_CVS = ("1", "2", "4")
+
+
+def fig11() -> dict:
+    """Fig. 10 and 11 over §9.1's 2-hour lifecycle, and their counterfactuals."""
+    cvs = list(FIG11_CVS)
     return {
         "duration_s": LIFECYCLE_S,
-        "by_cv": out,
-        "counterfactual_600s": short,
-        "counterfactual_flexpipe_least_loaded": spread,
-        "counterfactual_cv4_flexpipe_holding": hold,
+        "by_cv": {cv: fig11_cv(float(cv)) for cv in cvs},
+        **fig11_other(cvs),
+        "counterfactual_flexpipe_least_loaded": fig11_spread(cvs),
         "paper_cv4_ms": {"flexpipe": 9, "alpaserve": 16, "serverlessllm": 50},
     }
 
@@ -279,9 +294,61 @@ def draw(doc: dict) -> object:
     return fig
 
 
-def main() -> None:
+PARTS = ("init", "fig13", "fig11-cv1", "fig11-cv2", "fig11-cv4", "fig11-spread", "fig11-other")
+"""The pieces of a run (`--only` reruns some into the existing JSON; each under ~5 min)."""
+
+
+def run_part(part: str, doc: dict) -> None:
+    """Compute one of `PARTS` into `doc` (a full run's layout)."""
+    if part == "init":
+        doc["init"] = init_latency()
+    elif part == "fig13":
+        doc["fig13"] = fig13()
+    elif part.startswith("fig11-cv"):
+        cv = part[len("fig11-cv") :]
+        doc["fig11"]["by_cv"][cv] = fig11_cv(float(cv))
+    elif part == "fig11-spread":
+        doc["fig11"]["counterfactual_flexpipe_least_loaded"] = fig11_spread(list(FIG11_CVS))
+    else:
+        doc["fig11"].update(fig11_other(list(FIG11_CVS)))
+
+
+def last_run() -> dict:
+    """The existing JSON without its machine line."""
+    return {k: v for k, v in read("flexpipe_figs").items() if k != "machine"}
+
+
+def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    doc = {"init": init_latency(), "fig13": fig13(), "fig11": fig11()}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="rerun only this piece into the existing JSON (repeatable; default: all)",
+    )
+    args = parser.parse_args(argv)
+    if args.only:
+        mine = last_run()
+        for part in [p for p in PARTS if p in args.only]:
+            log.info("part %s", part)
+            run_part(part, mine)
+        # pieces run side by side in separate processes: merge into the JSON as it is now
+        doc = last_run()
+        for part in args.only:
+            if part.startswith("fig11-cv"):
+                cv = part[len("fig11-cv") :]
+                doc["fig11"]["by_cv"][cv] = mine["fig11"]["by_cv"][cv]
+            elif part in ("init", "fig13"):
+                doc[part] = mine[part]
+            elif part == "fig11-spread":
+                key = "counterfactual_flexpipe_least_loaded"
+                doc["fig11"][key] = mine["fig11"][key]
+            elif part == "fig11-other":
+                for key in ("counterfactual_600s", "counterfactual_cv4_flexpipe_holding"):
+                    doc["fig11"][key] = mine["fig11"][key]
+    else:
+        doc = {"init": init_latency(), "fig13": fig13(), "fig11": fig11()}
     write("flexpipe_figs", doc, draw(doc))
 
 
