@@ -1,4 +1,4 @@
-"""Continuous batching with O(1) events per request: one head engine's clock.
+"""Continuous batching with O(1) events per request: one head engine's admission and prefill.
 
 In: requests its endpoint's `ServingEngine` (`sim/serving_engine.py`: one head per
 micro-batch) submits, a `CostModel`, limits, a speed factor, a per-step hop cost or the
@@ -7,20 +7,18 @@ pipeline's shared stages. Out: callbacks when a request gets its first token, is
 
 Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step admits
 waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
-cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Between
-changes of the running set every decode step has the same batch, so running requests advance
-at 1/step_s tokens per second: a decode clock V (tokens each has generated since V = 0) and
-a heap of the V at which each finishes; only the next finish is scheduled, O(1) events per
-request. KV as vLLM holds it (`sim/decode_batch.py`): a request is admitted by its prompt,
-and the step that finds the cache full preempts the latest admitted. Compute sharing:
-`share` (a host model's cores shared by endpoints, `sim/host.py`; 1.0 on a real cluster)
-multiplies the speed of every step, a prefill in flight rescheduled at the new rate;
-`on_busy(engine)` is called as it turns busy or idle. Over a pipeline's shared stages
-(`stages`, `sim/stage_line.py`) each step is an event: it ends when the stages, one step at
-a time each, have passed it through. Roles: `both` and `decode` serve a request to its end,
-`prefill` hands it on after its first token (`on_prefilled`, P/D disaggregation); a request
-whose KV cache came with it (`SimRequest.kv_ready`, a P/D hand-off) joins the decode batch
-without a prefill; `resume` keeps a request this engine prefilled to decode it here.
+cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Decode
+is its base class's (`sim/decode_clock.py` `DecodeClock`): a decode clock V, only the next
+finish scheduled, O(1) events per request. KV as vLLM holds it (`sim/decode_batch.py`): a
+request is admitted by its prompt, and the step that finds the cache full preempts the latest
+admitted. Compute sharing: `share` (a host model's cores shared by endpoints, `sim/host.py`;
+1.0 on a real cluster) multiplies the speed of every step, a prefill in flight rescheduled at
+the new rate; `on_busy(engine)` is called as it turns busy or idle. Over a pipeline's shared
+stages (`stages`, `sim/stage_line.py`) each step is an event. Roles: `both` and `decode` serve
+a request to its end, `prefill` hands it on after its first token (`on_prefilled`, P/D
+disaggregation); a request whose KV cache came with it (`SimRequest.kv_ready`, a P/D
+hand-off) joins the decode batch without a prefill; `resume` keeps a request this engine
+prefilled to decode it here.
 """
 
 from collections import deque
@@ -28,51 +26,30 @@ from collections.abc import Callable
 from typing import Self
 
 from surge.policy.blitzscale.pd import decodes_where_prefilled
-from surge.sim.decode_batch import EPS_TOKENS, DecodeBatch
+from surge.sim.decode_clock import DECODE, IDLE, PREFILL, DecodeClock
 from surge.sim.engine_spec import EngineSpec
-from surge.sim.events import Event, EventLoop, Priority
+from surge.sim.events import EventLoop, Priority
 from surge.sim.request import SimRequest
 from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import admissible, decode_step_left
 
-IDLE, PREFILL, DECODE = 0, 1, 2
 ADMISSIONS_KEPT = 4096
 """Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
 
 
-class Batcher:
+class Batcher(DecodeClock):
     """One head engine's continuous batching (`ServingEngine` runs one per micro-batch)."""
 
     __slots__ = (
-        "_event",
-        "_prefill_left_s",
-        "_prefill_rate",
-        "_stepping",
         "admitted_s",
-        "cost",
-        "decode_v0",
-        "hop_s",
-        "id",
         "idle_since_s",
         "kv_capacity_tokens",
-        "loop",
         "max_batch",
         "max_prefill_tokens",
         "on_busy",
-        "on_done",
         "on_prefilled",
-        "phase",
         "prefilling",
         "role",
-        "running",
-        "share",
-        "speed",
-        "stages",
-        "step_s",
-        "tokens_done",
-        "v",
-        "v_time_s",
-        "waiting",
     )
 
     def __init__(
@@ -83,42 +60,18 @@ class Batcher:
         on_done: Callable[[Self, SimRequest], None],
         on_prefilled: Callable[[Self, SimRequest], None],
     ) -> None:
-        self.id = iid
-        self.loop = loop
-        self.cost = spec.cost
+        super().__init__(iid, loop, spec, on_done)
         self.role = spec.role
         self.max_batch = spec.max_batch
         self.kv_capacity_tokens = spec.kv_capacity_tokens
         self.max_prefill_tokens = spec.max_prefill_tokens
-        self.on_done = on_done
         self.on_prefilled = on_prefilled
-        self.speed = spec.speed
-        self.hop_s = spec.hop_s
-        self.waiting: deque[SimRequest] = deque()
         self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
         """When the latest requests left `waiting` (BlitzScale's SLO check's drain rate)."""
-        self.running = DecodeBatch(spec.kv_capacity_tokens)
-        """The requests decoding and the KV tokens held (by prompt, as vLLM admits)."""
         self.prefilling: list[SimRequest] = []
-        self.phase = IDLE
-        self.v = 0.0
-        self.v_time_s = 0.0
-        self.decode_v0 = 0.0
-        """V when the decode phase under way began: its steps end at V = decode_v0 + k."""
-        self.step_s = 0.0
-        self._event: Event | None = None
         self.idle_since_s: float | None = loop.now_s
-        self.tokens_done = 0
-        self.share = 1.0
-        """Fraction of a compute unit this engine gets now (host compute sharing)."""
         self.on_busy: Callable[[Self], None] | None = None
         """Called when the engine turns busy or idle (compute sharing)."""
-        self._prefill_left_s = 0.0
-        self._prefill_rate = 1.0
-        self._stepping = False
-        """A step's end is handled: work handed over meanwhile joins the next step together."""
-        self.stages: StageLine | None = None
-        """Stages shared with other micro-batches (None: every layer at once, then `hop_s`)."""
 
     # --- load signals -------------------------------------------------------------
     @property
@@ -246,45 +199,10 @@ class Batcher:
         return out
 
     # --- internals ----------------------------------------------------------------
-    def _settle(self) -> None:
-        now = self.loop.now_s
-        if self.phase == DECODE and self.step_s > 0:
-            self.v += (now - self.v_time_s) / self.step_s
-        elif self.phase == PREFILL:
-            # Remaining prefill time at rate 1 (compute, then the hop).
-            self._prefill_left_s -= (now - self.v_time_s) * self._prefill_rate
-            self._prefill_left_s = max(self._prefill_left_s, 0.0)
-        self.v_time_s = now
-
-    def _decode_work_s(self) -> float:
-        return self.cost.decode_s(len(self.running)) / (self.speed * self.share)
-
     def _schedule_prefill(self) -> None:
         self._prefill_rate = self.speed * self.share
         at = self.loop.now_s + self._prefill_left_s / self._prefill_rate
         self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
-
-    def _schedule_decode(self) -> None:
-        if self._event is not None:
-            self._event.cancel()
-        if self.stages is not None:  # one step, through the shared stages
-            if self.running.full_at_v(self.v, self.decode_v0) <= self.v + EPS_TOKENS:
-                self._preempt()  # this step has no room for every new token
-            now = self.loop.now_s
-            self.step_s = self.stages.pass_through(now, self._decode_work_s()) - now
-            self._event = self.loop.schedule(
-                now + self.step_s, Priority.INSTANCE, self.id, self._on_decode_done
-            )
-            return
-        self.step_s = self._decode_work_s() + self.hop_s
-        finish_v = self.running.next_finish_v
-        full_v = self.running.full_at_v(self.v, self.decode_v0)
-        if full_v < finish_v - EPS_TOKENS:  # the cache fills first: a step preempts
-            at = self.v_time_s + max(full_v - self.v, 0.0) * self.step_s
-            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_kv_full)
-            return
-        at = self.v_time_s + max(finish_v - self.v, 0.0) * self.step_s
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def _admit(self) -> list[SimRequest]:
         """Waiting requests that fit now (`step_admission.admissible`)."""
@@ -350,19 +268,6 @@ class Batcher:
         n = self.cost.num_layers
         return self.cost.prefill_parts_s([(r.prefill_tokens, n - r.skip_layers) for r in batch])
 
-    def _join(self, req: SimRequest) -> None:
-        left = req.output_tokens - req.generated
-        if left <= 0:
-            self._finish(req)
-            return
-        self.running.join(req, self.v + left)
-
-    def _finish(self, req: SimRequest) -> None:
-        req.done_s = max(self.loop.now_s, req.first_token_s)
-        req.generated = req.output_tokens
-        self.tokens_done += req.output_tokens
-        self.on_done(self, req)
-
     def _on_prefill(self) -> None:
         self._event = None
         self.v_time_s = self.loop.now_s
@@ -381,30 +286,3 @@ class Batcher:
             else:
                 self._join(req)
         self._advance()
-
-    def _on_decode_done(self) -> None:
-        self._event = None
-        self._settle()
-        self._stepping = True
-        try:
-            for req in self.running.pop_finished(self.v):
-                self._finish(req)
-        finally:
-            self._stepping = False
-        self._advance()
-
-    def _on_kv_full(self) -> None:
-        """A decode step starts with the cache full: the latest admitted wait to be
-        recomputed, the rest decode; admission resumes at the step's end (the engine's)."""
-        self._event = None
-        self._settle()
-        self._preempt()
-        self._schedule_decode()
-        if self._event is not None and self.waiting:
-            at = min(self._event.time_s, self.v_time_s + self.step_s)
-            self._event.cancel()
-            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
-
-    def _preempt(self) -> None:
-        for req in self.running.preempt(self.v):  # the earliest ends up first
-            self.waiting.appendleft(req)
