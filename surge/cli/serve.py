@@ -34,6 +34,7 @@ from surge.cli.serve_emulation import emulated_store, emulation_config
 from surge.control.settings import DEFAULT_HOST_CACHE_BYTES, ControllerConfig
 from surge.errors import SurgeError
 from surge.policy.systems import serve_system
+from surge.runtime.transport import STALL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,14 @@ def serve(
         float | None,
         typer.Option(help="With --emulate: real seconds per emulated second (default 1)."),
     ] = None,
+    stall_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a silent agent or peer (a link down, a host gone) takes to count as "
+            f"gone, for this controller and the agents it starts (default {STALL_TIMEOUT_S:g}; "
+            "3 to 3600)."
+        ),
+    ] = None,
     allow_overcommit: Annotated[
         bool,
         typer.Option(
@@ -174,6 +183,7 @@ def serve(
         "max_body_mb": max_body_mb,
         "emulate": emulate,
         "time_dilation": time_dilation,
+        "stall_timeout_s": stall_timeout_s,
     }
     cfg.update({k: v for k, v in flags.items() if v is not None})
     tls_flags = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_ca": tls_ca}

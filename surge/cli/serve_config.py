@@ -48,6 +48,7 @@ SERVE_KEYS = {
     "ray_placement": str,
     "ray_gpus_per_agent": float,
     "allow_plain": bool,
+    "stall_timeout_s": float,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)
@@ -172,6 +173,7 @@ CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {
     "ray_address": str,
     "cluster": str,
     "agent_host": str,
+    "stall_timeout_s": float,
 }
 """Config-file keys (and flags) that fill `ControllerConfig` fields of the same name, each
 with its conversion; a key absent or null keeps the field's default."""

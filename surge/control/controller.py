@@ -137,7 +137,7 @@ class Controller:
         if self.token is None:
             raise SurgeError("running agents need their cluster token (Controller(token=...))")
         tls = self.config.tls.load() if self.config.tls is not None else None
-        client = ClusterClient(self.addresses, self.token, tls)
+        client = ClusterClient(self.addresses, self.token, tls, self.config.stall_timeout_s)
         await client.connect()
         hello = await client.broadcast(SetPeersOp(peers=dict(self.addresses)))
         self.links.update({n: LinkReport.planned(r.links) for n, r in hello.items()})

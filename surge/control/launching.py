@@ -35,6 +35,7 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         "preload_engine": config.preload_engine,
         "fuse_projections": config.fuse_projections,
         "compile_decode": config.compile_decode,
+        "stall_timeout_s": config.stall_timeout_s,
     }
     if config.emulation is not None and config.launcher != "local":
         raise SurgeError("--emulate needs --launcher local (loopback or netns cluster)")

@@ -11,6 +11,7 @@ from surge.config import compile_decode_default
 from surge.emulation import Emulation
 from surge.errors import SurgeError
 from surge.runtime.security.tls import TlsConfig
+from surge.runtime.transport import STALL_TIMEOUT_S, check_stall_timeout
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
 """Each node's host-cache budget unless `host_cache_gb` says otherwise."""
@@ -58,6 +59,12 @@ class ControllerConfig:
     heartbeat_timeout_s: float = 5.0
     """An agent that has not answered in this long is frozen: treated as down and replaced
     (`policy/nodes/node_health.py`)."""
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    """How long an agent, a peer of it or this controller may be silent (a link down, a host
+    gone) before the connections to it fail and it counts as gone (`transport.STALL_TIMEOUT_S`,
+    3 to 3600 s): the controller's own connections and every agent it starts (`surge node run
+    --stall-timeout-s`); agents it joins (launcher "static") take theirs on their own command
+    line."""
     max_agent_restarts: int = 5
     """Restarts in a row of a dead agent (launcher local) before its node stays down."""
     scale_out_timeout_s: float = 120.0
@@ -99,6 +106,10 @@ class ControllerConfig:
     `link_gbps`, per-node caps and host groups then come from its preset."""
 
     def __post_init__(self) -> None:
+        try:
+            check_stall_timeout(self.stall_timeout_s)
+        except SurgeError as e:
+            raise SurgeError(f"stall_timeout_s (--stall-timeout-s): {e}") from None
         for name in ("egress_gbps", "ingress_gbps"):
             caps = getattr(self, name)
             if caps is None:

@@ -38,8 +38,9 @@ host gone): the socket fails with ETIMEDOUT and the connection counts as closed,
 from it is re-planned and the controller marks the agent down. Idle connections are probed
 (TCP keepalive) so a pull waiting for its reply notices too. A frozen process on a live host
 still has its kernel answer: that case is bounded by the operation's own wait. The default
-of every connection; a cluster may set its own (`AgentConfig.stall_timeout_s`,
-`ClusterClient`, `LocalClusterConfig.stall_timeout_s`)."""
+of every connection; a cluster may set its own (`ControllerConfig.stall_timeout_s`, `surge
+serve --stall-timeout-s`; `AgentConfig.stall_timeout_s`, `ClusterClient`,
+`LocalClusterConfig.stall_timeout_s`)."""
 MIN_STALL_TIMEOUT_S = 3.0
 """The shortest stall bound: keepalive probes start after 2 s idle, one a second."""
 

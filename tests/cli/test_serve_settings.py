@@ -1,6 +1,8 @@
 """`surge serve`'s settings that used to fail open or clash (issue 36): an empty API key is an
 error, not "no auth"; each clone gets its own state directory; an unusable state directory
-or config path is one `error:` line, before any agent starts."""
+or config path is one `error:` line, before any agent starts. The stall timeout is one
+setting (`ControllerConfig.stall_timeout_s`): from the config file or the flag to every agent;
+out of range, one `error:` line."""
 
 import os
 import shutil
@@ -10,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from surge.cli.serve_config import controller_config, load_config
+from surge.control.launching import launch_cluster
+from surge.runtime.launch.agent_process import agent_argv
+from surge.runtime.launch.local import LocalCluster
 from tests.cli.test_cli import assert_one_line_error
 from tests.conftest import REPO, run_surge
 
@@ -53,6 +59,29 @@ def test_unusable_state_dir_and_config_paths_are_one_line(tmp_path: Path) -> Non
         _serve(tmp_path, "--state-dir", "/proc/surge-state"), "cannot be used", "writable"
     )
     assert_one_line_error(_serve(tmp_path, "--config", "/dev/zero"), "is not a regular file")
+
+
+@pytest.mark.parametrize("source", ["flag", "config"])
+def test_a_stall_timeout_out_of_range_is_one_line(tmp_path: Path, source: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("stall_timeout_s = 2\n" if source == "config" else "")
+    args = ("--stall-timeout-s", "2") if source == "flag" else ()
+    proc = _serve(tmp_path, "--config", str(cfg), *args)
+    assert_one_line_error(proc, "stall_timeout_s (--stall-timeout-s)", "3 to 3600 s (got 2)")
+    assert not (tmp_path / "state").exists(), "the server started"
+
+
+def test_a_stall_timeout_from_the_config_file_reaches_the_agents(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("stall_timeout_s: 4.5\n")
+    cfg = {**load_config(cfg_file), "cluster_settings": {}}
+    ccfg = controller_config(cfg, 2)
+    assert ccfg.stall_timeout_s == 4.5
+    cluster = launch_cluster(ccfg, tmp_path / "registry")
+    assert isinstance(cluster, LocalCluster)
+    for node in range(2):
+        argv = agent_argv(cluster.agent_config(node))
+        assert argv[argv.index("--stall-timeout-s") + 1] == "4.5"
 
 
 def test_each_clone_has_its_own_default_state_dir(tmp_path: Path) -> None:

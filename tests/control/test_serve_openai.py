@@ -1,6 +1,7 @@
 """`surge serve` end to end with the official openai client: models, completions and chat
 (streaming and not, equal to a local greedy run), a burst on a scaled-to-zero model that
-scales out and back to zero, and the thin-client commands."""
+scales out and back to zero, and the thin-client commands; its `--stall-timeout-s` reaches
+every agent it starts."""
 
 import asyncio
 import time
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 
 from tests.conftest import run_surge
@@ -15,6 +17,7 @@ from tests.control.conftest import Serve, start_serve
 
 MODEL = "surge-tiny"
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+STALL_FLAG = ("--stall-timeout-s", "7.5")
 
 # One xdist worker runs every test of this module: the module's `surge serve` then starts once,
 # not once on each worker that draws one of its tests.
@@ -38,7 +41,8 @@ def server(tmp_path_factory, surge_home: Path, tiny_store_dir: Path) -> Iterator
             }
         ],
     }
-    s = start_serve(tmp_path_factory.mktemp("serve"), surge_home, config)
+    # A stall timeout given as a flag (not the default 8 s) reaches every agent it starts.
+    s = start_serve(tmp_path_factory.mktemp("serve"), surge_home, config, *STALL_FLAG)
     yield s
     s.stop()
 
@@ -70,6 +74,12 @@ def test_the_server_process_runs_no_model_so_never_loads_torch(server) -> None:
     if not maps.is_file():
         pytest.skip("no /proc here to read the server's loaded libraries from")
     assert "libtorch" not in maps.read_text()
+
+
+def test_the_stall_timeout_flag_reaches_every_agent(server) -> None:
+    for pid in server.agent_pids:
+        argv = psutil.Process(pid).cmdline()
+        assert argv[argv.index(STALL_FLAG[0]) + 1] == STALL_FLAG[1], argv
 
 
 def test_completion_and_chat_streaming_and_not(client, reference) -> None:

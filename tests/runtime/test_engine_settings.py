@@ -42,6 +42,15 @@ def test_the_controllers_engine_settings_reach_every_agents_command_line(
     assert ControllerConfig(state_dir=tmp_path).compile_decode
 
 
+def test_the_controllers_stall_timeout_goes_to_every_launcher(tmp_path: Path) -> None:
+    for launcher in ("local", "ray"):  # Ray's agents: `ray_cluster.agent_config` (test_ray)
+        cfg = ControllerConfig(state_dir=tmp_path, nodes=2, launcher=launcher, stall_timeout_s=4.5)
+        cluster = launch_cluster(cfg, tmp_path / "registry")
+        assert cluster.config.stall_timeout_s == 4.5
+    with pytest.raises(SurgeError, match=r"stall_timeout_s \(--stall-timeout-s\): .*3 to 3600"):
+        ControllerConfig(state_dir=tmp_path, stall_timeout_s=2.0)
+
+
 @pytest.mark.parametrize(("value", "want"), [("0", False), ("off", False), ("1", True), ("", True)])
 def test_compile_decode_default_follows_the_environment(
     monkeypatch: pytest.MonkeyPatch, value: str, want: bool

@@ -33,6 +33,7 @@ from surge.runtime.launch.agent_process import agent_argv, agent_env, wait_ready
 from surge.runtime.launch.ray_placement import host_groups, plan_placement
 from surge.runtime.node.context import AgentConfig
 from surge.runtime.security.tls import TlsConfig
+from surge.runtime.transport import STALL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class RayClusterConfig:
     """"pack" (fill a machine's GPUs first), "spread" (one agent per Ray node) or "auto"
     (pack agents that hold a GPU, spread the others as far as Ray can); `ray_placement.py`."""
     start_timeout_s: float = 120.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    """Every agent's `AgentConfig.stall_timeout_s` (`transport.STALL_TIMEOUT_S`)."""
     tls: TlsConfig | None = None
     """TLS files of every agent (None: plain TCP); the same paths must exist on every Ray
     node (a shared mount, or a Secret mounted alike in each pod)."""
@@ -79,8 +82,8 @@ def agent_config(
 ) -> AgentConfig:
     """One agent's settings, made inside its actor; `opts` holds the JSON values of
     `RayClusterConfig` that cross to the actor (link_gbps, remote_dir, remote_gbps,
-    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode, tls) and
-    this agent's host_group and host_mates."""
+    max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode,
+    stall_timeout_s, tls) and this agent's host_group and host_mates."""
     return AgentConfig(
         node=node,
         cluster_id=cluster_id,
@@ -102,6 +105,7 @@ def agent_config(
         host_group=opts.get("host_group"),
         host_mates=tuple(opts.get("host_mates", ())),
         tls=TlsConfig(*map(Path, opts["tls"])) if opts.get("tls") else None,
+        stall_timeout_s=opts["stall_timeout_s"],
     )
 
 
@@ -249,6 +253,7 @@ class RayCluster:
             "compile_decode": c.compile_decode,
             "preload_engine": c.preload_engine,
             "allow_plain": c.allow_plain,
+            "stall_timeout_s": c.stall_timeout_s,
             "tls": [str(c.tls.cert_path), str(c.tls.key_path), str(c.tls.ca_path)]
             if c.tls
             else None,
