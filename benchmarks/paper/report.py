@@ -33,7 +33,11 @@ SOURCES = (
     ("reproduce", "benchmarks/paper/results.json", "python benchmarks/paper/reproduce.py"),
     ("lambdascale_traces", "benchmarks/results/paper/lambdascale_traces.json", None),
     ("lambdascale_bursts", "benchmarks/results/paper/lambdascale_bursts.json", None),
-    ("lambdascale_figs", "benchmarks/results/paper/lambdascale_figs.json", None),
+    (
+        "lambdascale_figs_rows",
+        "benchmarks/results/paper/lambdascale_figs.json",
+        "python benchmarks/paper/lambdascale/lambdascale_figs.py",
+    ),
     ("lambdascale_ablation", "benchmarks/results/paper/lambdascale_ablation.json", None),
     (
         "blitzscale_eval_rows",

@@ -6,8 +6,14 @@ that decide "within 20%"). Out: a plain dict that the script writes into its JSO
 reproductions; the generator reads only these fields.
 """
 
+import math
+
 TOLERANCE = 0.2
 """A reproduced number is "within 20%" of the paper's when |sim / paper - 1| <= this."""
+NO_TOP = math.inf
+"""The top of a paper range whose text leaves it open ("A to over B", with no bound above
+stated in the text or a figure's text): a point holds when it is >= A * (1 - TOLERANCE)
+(the lead's reading for issue 35, applied the same whether it helps or hurts)."""
 
 
 def within(
@@ -17,8 +23,8 @@ def within(
     paper_range: tuple[float, float] | None = None,
 ) -> bool | None:
     """Whether the reproduction is within TOLERANCE of the paper: a value against a value,
-    or every simulated point inside the paper's range widened by TOLERANCE. None when the
-    paper gives no number."""
+    or every simulated point inside the paper's range widened by TOLERANCE (a range's top
+    may be NO_TOP). None when the paper gives no number."""
     if paper_range is not None:
         lo, hi = paper_range
         pts = sim_range if sim_range is not None else (sim_value, sim_value)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(PAPER_DIR))
 
 import report  # noqa: E402
 from emulated import emulated_cells  # noqa: E402
-from rows import row, within  # noqa: E402
+from rows import NO_TOP, row, within  # noqa: E402
 
 
 def test_within_twenty_percent_of_a_value_or_a_range() -> None:
@@ -30,6 +30,32 @@ def test_within_twenty_percent_of_a_value_or_a_range() -> None:
     assert within(sim_range=(3.2, 12.0), paper_range=(3.75, 11.4)) is True
     assert within(sim_range=(2.9, 5.0), paper_range=(3.75, 11.4)) is False
     assert within(sim_value=14.0, paper_range=(3.75, 11.4)) is False
+
+
+def test_an_open_topped_range_holds_every_point_from_its_floor_up() -> None:
+    """ "A to over B" with no bound above (λScale §7.3's Fig. 10): >= A less 20% holds."""
+    assert within(sim_range=(3.38, 6.0), paper_range=(2.0, NO_TOP)) is True
+    assert within(sim_range=(1.6, 1.6), paper_range=(2.0, NO_TOP)) is True
+    assert within(sim_range=(1.42, 1.92), paper_range=(2.0, NO_TOP)) is False
+
+
+def test_lambdascale_fig10_is_judged_per_model_against_an_open_top() -> None:
+    """Every model's ramp ratio (at the derived start) must reach 2x less 20%; none caps it."""
+    import importlib
+
+    rows_of = importlib.import_module("lambdascale_figs_rows")
+
+    def fig10(ratios: tuple[float, ...]) -> dict:
+        models = {
+            m: {"ramp_ratio": 1.5, "ramp_ratio_init0": 1.0, "ramp_ratio_fig12start": r}
+            for m, r in zip(("llama2-7b", "llama2-13b", "llama2-70b"), ratios, strict=True)
+        }
+        return {"models": models, "serverlessllm_start_s": 3.0}
+
+    assert rows_of.FIG10_RANGE == (2.0, NO_TOP)
+    assert "2× to over 4×" in rows_of.FIG10_QUOTE
+    assert rows_of.fig10_row(fig10((6.0, 3.5, 3.38)))["within_20"] is True
+    assert rows_of.fig10_row(fig10((6.0, 1.42, 3.38)))["within_20"] is False
 
 
 def test_row_with_several_numbers_needs_all_within() -> None:

@@ -5,7 +5,8 @@ Testbed2 for 70B: 4 nodes x 4 GPUs).
 - Fig. 8: arrival time of every block of Llama-2 13B at two nodes (A = node 1, B = the
   last) for λScale, FaaSNet and NCCL at 4, 8 and 12 nodes (k = 1). Paper: λScale's first
   and last blocks arrive close together at every size; NCCL has a high first-block tail
-  (group creation); FaaSNet's tail grows with the cluster. No number.
+  (group creation); FaaSNet's tail grows with the cluster. No number. Counterfactual:
+  FaaSNet's tree forwarding the whole model (store and forward) instead of 16 blocks.
 - Fig. 10: R nodes serve the model, k nodes load it from their own host memory (k = 8 for
   7B/13B, N = 12; k = 2 for 70B, N = 4), under a stress load; time until the cluster's
   token rate reaches 80% of its peak, ServerlessLLM / λScale. Paper: "2x to over 4x".
@@ -19,9 +20,11 @@ Testbed2 for 70B: 4 nodes x 4 GPUs).
 ServerlessLLM's engine start is not in the λScale paper (ours ships 0.5 s): Fig. 10/11 run
 it as λScale's Fig. 12 implies (`lambdascale_bursts.sllm_start_from_fig12`), at 0.5 s and
 at 0 (the bound most favourable to ServerlessLLM); the rows judge the derived one.
-Run: python benchmarks/paper/lambdascale/lambdascale_figs.py (about 30 s).
+Run: python benchmarks/paper/lambdascale/lambdascale_figs.py (minutes; --only fig8 / fig18 /
+fig10 / fig11 reruns one piece into the existing JSON). Rows: lambdascale_figs_rows.py.
 """
 
+import argparse
 import json
 import logging
 import sys
@@ -33,11 +36,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
-from common import run, run_main, write
-from lambdascale_bursts import sllm_start_cause, sllm_start_from_fig12
+from common import read, run, run_main, write
+from lambdascale_bursts import sllm_start_from_fig12
 from multicast import isolated_multicast
 from ramp import smooth, time_to_share, token_rate
-from rows import row
 
 from surge.policy.multicast.block_count import BlockCountSettings, completion_s
 from surge.policy.multicast.cluster import Cluster
@@ -162,24 +164,39 @@ def fig11(start_s: float) -> dict:
     }
 
 
+FIG8_NODES = (4, 8, 12)
+SYSTEMS_FIG8 = ("lambdascale", "faasnet", "nccl")
+
+
+def _arrivals(cfg, nodes: int) -> dict:
+    """Block arrivals of one isolated scale-out of 13B from one source to `nodes` nodes at
+    nodes A (node 1) and B (the last), and when every node holds every block."""
+    arrivals: dict[tuple[int, int], float] = {}
+    times = isolated_multicast(TB1, "llama2-13b", replace(cfg, max_sources=1), nodes, 1, arrivals)
+    per_node = {
+        label: sorted(t for (n, _), t in arrivals.items() if n == node)
+        for label, node in (("A", 1), ("B", nodes - 1))
+    }
+    return {
+        "arrival_s": per_node,
+        "first_s": min(v[0] for v in per_node.values()),
+        "last_s": max(v[-1] for v in per_node.values()),
+        "complete_s": times["complete_s"],
+    }
+
+
 def fig8() -> dict:
-    out: dict = {}
-    for nodes in (4, 8, 12):
-        out[str(nodes)] = {}
-        for name in ("lambdascale", "faasnet", "nccl"):
-            cfg = replace(system_config(name), max_sources=1)
-            arrivals: dict[tuple[int, int], float] = {}
-            isolated_multicast(TB1, "llama2-13b", cfg, nodes, 1, arrivals)
-            per_node = {
-                label: sorted(t for (n, _), t in arrivals.items() if n == node)
-                for label, node in (("A", 1), ("B", nodes - 1))
-            }
-            out[str(nodes)][name] = {
-                "arrival_s": per_node,
-                "first_s": min(v[0] for v in per_node.values()),
-                "last_s": max(v[-1] for v in per_node.values()),
-            }
+    out = {
+        str(n): {name: _arrivals(system_config(name), n) for name in SYSTEMS_FIG8}
+        for n in FIG8_NODES
+    }
     last = {n: {s: v["last_s"] for s, v in d.items()} for n, d in out.items()}
+    # counterfactual: FaaSNet's tree forwarding the whole model (store and forward), the one
+    # change that makes its tail grow with the tree's depth; λScale §7.1 deploys FaaSNet's
+    # "default binary tree topology" and states no forwarding granularity, and FaaSNet's
+    # own function tree streams an image block by block to its children
+    whole = replace(system_config("faasnet"), num_blocks=1)
+    w = {str(n): _arrivals(whole, n) for n in FIG8_NODES}
     return {
         "nodes": out,
         "last_block_s": last,
@@ -187,6 +204,13 @@ def fig8() -> dict:
         "lambdascale_tail_growth_4_to_12": last["12"]["lambdascale"] / last["4"]["lambdascale"],
         "nccl_first_block_s": out["12"]["nccl"]["first_s"],
         "lambdascale_first_block_s": out["12"]["lambdascale"]["first_s"],
+        "counterfactual_faasnet_whole_model": {
+            "last_block_s": {n: v["last_s"] for n, v in w.items()},
+            "tail_growth_4_to_12": w["12"]["last_s"] / w["4"]["last_s"],
+            # Fig. 7's measure at 12 nodes (every node holds the model) over λScale's
+            "complete_12_over_lambdascale": w["12"]["complete_s"]
+            / out["12"]["lambdascale"]["complete_s"],
+        },
     }
 
 
@@ -217,89 +241,6 @@ def fig18() -> dict:
     }
 
 
-def report_rows(doc: dict) -> list[dict]:
-    """The REPORT.md rows these figures give (`report.py`)."""
-    f8, f10, f11, f18 = doc["fig8"], doc["fig10"], doc["fig11"], doc["fig18"]
-    last12 = f8["last_block_s"]["12"]
-    r10 = {m: v["ramp_ratio"] for m, v in f10["models"].items()}
-    r10z = {m: v["ramp_ratio_init0"] for m, v in f10["models"].items()}
-    r10d = {m: v["ramp_ratio_fig12start"] for m, v in f10["models"].items()}
-    r11d = {m: v["ramp_ratio_fig12start"] for m, v in f11["models"].items()}
-    start = f10["serverlessllm_start_s"]
-    r11 = {m: v["ramp_ratio"] for m, v in f11["models"].items()}
-    r11z = {m: v["ramp_ratio_init0"] for m, v in f11["models"].items()}
-    r10o = {m: v.get("ramp_ratio_init0_one_batch", float("nan")) for m, v in f10["models"].items()}
-
-    def fmt(d: dict) -> str:
-        return " / ".join(f"{v:.2f}x" for v in d.values())
-
-    return [
-        row(
-            PAPER,
-            "Fig. 8",
-            "block arrival CDF (13B, 4/8/12 nodes): λScale's blocks arrive close together, "
-            "NCCL's first block late (group set-up), FaaSNet's tail grows with N",
-            "no number",
-            f"last block at 12 nodes: λScale {last12['lambdascale']:.2f} s, NCCL "
-            f"{last12['nccl']:.2f} s, FaaSNet {last12['faasnet']:.2f} s; FaaSNet tail 4->12 "
-            f"nodes x{f8['faasnet_tail_growth_4_to_12']:.2f}, λScale "
-            f"x{f8['lambdascale_tail_growth_4_to_12']:.2f}; NCCL first block "
-            f"{f8['nccl_first_block_s']:.3f} s vs λScale {f8['lambdascale_first_block_s']:.3f} s",
-            ordering=last12["lambdascale"] < min(last12["nccl"], last12["faasnet"])
-            and f8["faasnet_tail_growth_4_to_12"] > f8["lambdascale_tail_growth_4_to_12"]
-            and f8["nccl_first_block_s"] > f8["lambdascale_first_block_s"],
-            cause="λScale's blocks land first and last at every size and NCCL's first block "
-            "waits for its group set-up, as the paper says; FaaSNet's tail does not grow "
-            "faster than λScale's: in the flow model each binary-tree level adds one block "
-            f"time, as each binomial doubling does (4 -> 12 nodes: FaaSNet +"
-            f"{last12['faasnet'] - f8['last_block_s']['4']['faasnet']:.3f} s, λScale +"
-            f"{last12['lambdascale'] - f8['last_block_s']['4']['lambdascale']:.3f} s); the "
-            "paper's FaaSNet loses active senders at the tree's bottom, which a tree whose "
-            "nodes forward at full link rate does not.",
-        ),
-        row(
-            PAPER,
-            "Fig. 10",
-            "scaling via the local cache: λScale reaches peak throughput 2x to over 4x "
-            "sooner than ServerlessLLM (7B/13B k=8 of 12, 70B k=2 of 4)",
-            "2-4x",
-            f"ramp S-LLM / λScale 7B / 13B / 70B with S-LLM's start derived from Fig. 12 "
-            f"({start:.1f} s): {fmt(r10d)}; shipped 0.5 s: {fmt(r10)}; 0: {fmt(r10z)}",
-            ordering=min(r10d.values()) > 1,
-            sim_range=(min(r10d.values()), max(r10d.values())),
-            paper_range=(2.0, 4.0),
-            cause=sllm_start_cause(start, fmt(r10), fmt(r10z), fmt(r10o))
-            + f" With the derived start 7B overshoots ({r10d['llama2-7b']:.1f}x): its load "
-            "from host memory takes about 0.2 s, so the start is most of ServerlessLLM's "
-            "ramp there.",
-        ),
-        row(
-            PAPER,
-            "Fig. 11",
-            "cold start (one host copy, k=1): λScale 3.75x to 11.4x faster than "
-            "ServerlessLLM (SSD on the other nodes)",
-            "3.75-11.4x",
-            f"ramp S-LLM / λScale 7B / 13B / 70B with S-LLM's start derived from Fig. 12 "
-            f"({start:.1f} s): {fmt(r11d)}; shipped 0.5 s: {fmt(r11)}; 0: {fmt(r11z)}",
-            ordering=min(r11z.values()) > 1,
-            sim_range=(min(r11d.values()), max(r11d.values())),
-            paper_range=(3.75, 11.4),
-        ),
-        row(
-            PAPER,
-            "Fig. 18",
-            "multicast latency vs block count (13B, 12 nodes): 16 blocks the fastest",
-            "best B = 16",
-            f"best B = {f18['best_blocks']} (per-transfer overhead "
-            f"{f18['transfer_overhead_s'] * 1e3:.1f} ms measured on the runtime); B=8 "
-            f"{f18['b8_over_b16']:.2f}x, B=48 {f18['b48_over_b16']:.2f}x B=16's time",
-            ordering=f18["b8_over_b16"] > 1 and f18["b48_over_b16"] > 1,
-            sim_value=float(f18["best_blocks"]),
-            paper_value=16.0,
-        ),
-    ]
-
-
 def draw(doc: dict) -> object:
     import matplotlib
 
@@ -320,17 +261,35 @@ def draw(doc: dict) -> object:
         ax[i + 1].set(title=f"{key}: token rate (0.5-s mean)", xlabel="s", ylabel="tokens/s")
         ax[i + 1].legend(fontsize=6)
     for label, c in doc["fig18"]["complete_s"].items():
-        ax[3].plot(list(c), list(c.values()), "o-", label=label)
+        ax[3].plot([int(b) for b in c], list(c.values()), "o-", label=label)
     ax[3].set(title="Fig. 18: 13B to 12 nodes", xlabel="blocks", ylabel="complete (s)")
     for a in (ax[0], ax[3]):
         a.legend(fontsize=7)
     return fig
 
 
-def main() -> None:
+PARTS = ("fig8", "fig18", "fig10", "fig11")
+"""The pieces of a run (`--only` reruns some into the existing JSON)."""
+
+
+def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    start_s = sllm_start_from_fig12()
-    doc = {"fig8": fig8(), "fig18": fig18(), "fig10": fig10(start_s), "fig11": fig11(start_s)}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="rerun only this piece into the existing JSON (repeatable; default: all)",
+    )
+    args = parser.parse_args(argv)
+    parts = args.only or PARTS
+    doc = {k: v for k, v in read("lambdascale_figs").items() if k != "machine"} if args.only else {}
+    start_s = sllm_start_from_fig12() if {"fig10", "fig11"} & set(parts) else 0.0
+    make = {"fig8": fig8, "fig18": fig18, "fig10": lambda: fig10(start_s)}
+    make["fig11"] = lambda: fig11(start_s)
+    for part in [p for p in PARTS if p in parts]:
+        log.info("part %s", part)
+        doc[part] = make[part]()
     write("lambdascale_figs", doc, draw(doc))
 
 
