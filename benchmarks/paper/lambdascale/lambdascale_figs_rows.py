@@ -75,7 +75,7 @@ def fig10_row(f10: dict) -> dict:
     r10d = {m: v["ramp_ratio_fig12start"] for m, v in models.items()}
     r10o = {m: v.get("ramp_ratio_init0_one_batch", float("nan")) for m, v in models.items()}
     floor = FIG10_RANGE[0] * (1 - TOLERANCE)
-    short = [f"{m.removeprefix('llama2-')} {v:.2f}x" for m, v in r10.items() if v < floor]
+    short = [f"{m.removeprefix('llama2-').upper()} {v:.2f}x" for m, v in r10.items() if v < floor]
     return row(
         PAPER,
         "Fig. 10",
