@@ -12,14 +12,6 @@ PAPER = "ParaServe"
 def report_rows(doc: dict) -> list[dict]:
     e2e, down, up, brown = doc["e2e"], doc["scale_down"], doc["scale_up"], doc["brownfield"]
     holds = all(r["ratio_vs_best_baseline"] > 1 for r in e2e["rows"])
-    start = [
-        v["paraserve_ratio"]
-        for r in e2e["rows"]
-        for v in r.get("serverlessllm_start_sensitivity", {}).values()
-    ]
-    containers = brown.get("counterfactual_container_s", {})
-    pulled = brown["systems"].get(f"serverless-vllm-container{list(containers)[-1]}", {})
-    pulled_vllm = f"{pulled['ttft_mean_s']:.0f} s" if pulled else "n/a"
     return [
         row(
             PAPER,
@@ -27,16 +19,12 @@ def report_rows(doc: dict) -> list[dict]:
             "TTFT SLO attainment over the baselines (384 models, testbed ii): up to 1.74x",
             "1.74x",
             f"up to {e2e['max_ratio_vs_best_baseline']:.2f}x over the best baseline, "
-            f"{e2e['max_ratio_vs_any_baseline']:.2f}x over any; with S-LLM's engine start "
-            "0.5 s after / 4.0 s beside its load, worst point "
-            + (f"{min(start):.2f}x" if start else "not run"),
+            f"{e2e['max_ratio_vs_any_baseline']:.2f}x over any; "
+            + _start_text(e2e, doc.get("sllm_start_check")),
             ordering=holds,
             sim_value=e2e["max_ratio_vs_best_baseline"],
             paper_value=1.74,
-            cause=None
-            if not start or min(start) > 1
-            else "The ordering at 1.2 and 2.4 req/s rests on S-LLM's 6.8-s engine start "
-            "beside its load (a lower bound from §8.2): with other starts it misses there.",
+            cause=_start_cause(e2e, doc.get("sllm_start_check")),
         ),
         row(
             PAPER,
@@ -68,41 +56,110 @@ def report_rows(doc: dict) -> list[dict]:
             "§8.5 Fig. 15",
             "brownfield (7B, A10, 5 Gb/s): mean cold-start TTFT 2.6x below serverless vLLM",
             "2.6x",
-            f"{brown['ttft_ratio']:.2f}x",
+            f"{brown['ttft_ratio']:.2f}x (no node prefetcher, as §8.5 deploys it)",
             ordering=brown["ttft_ratio"] > 1,
             sim_value=brown["ttft_ratio"],
             paper_value=2.6,
-            cause="Production functions create a container before anything else, and §8.5 "
-            "deploys ParaServe's parameter manager but no prefetcher, so nothing overlaps "
-            "it; the simulator models no container. Counterfactual: a container creation "
-            "of "
-            + ", ".join(f"{c} s -> {v:.2f}x" for c, v in containers.items())
-            + f" (from {brown['ttft_ratio']:.2f}x; paper 2.6x; the paper gives no time; "
-            "the last is the 8.31-GB vLLM image of §5 pulled at §8.5's 5 Gb/s, which puts "
-            f"serverless vLLM's cold start at {pulled_vllm}, Fig. 1's 'up to 40 seconds' "
-            "for 7B in production).",
+            cause=_brownfield_cause(brown),
         ),
     ]
+
+
+def _starts(e2e: dict, check: dict | None) -> tuple[dict, dict]:
+    """Worst ParaServe / S-LLM ratio over the §8.3 points per S-LLM start, split into the
+    starts §8.2's sentence allows and those it rules out (all allowed without the check)."""
+    # the scenario's own start (6.8 s beside the load) is the headline run's S-LLM
+    worst: dict[str, float] = {"6.8s_beside": min(r["ratio_vs_serverlessllm"] for r in e2e["rows"])}
+    for r in e2e["rows"]:
+        for label, v in r.get("serverlessllm_start_sensitivity", {}).items():
+            worst[label] = min(worst.get(label, v["paraserve_ratio"]), v["paraserve_ratio"])
+    allowed = check["allowed_by_8_2"] if check else {}
+    ok = {k: v for k, v in worst.items() if allowed.get(k, True)}
+    return ok, {k: v for k, v in worst.items() if k not in ok}
+
+
+def _label(start: str) -> str:
+    """`6.8s_beside` as `6.8 s beside`."""
+    return start.replace("s_", " s ")
+
+
+def _start_text(e2e: dict, check: dict | None) -> str:
+    ok, ruled_out = _starts(e2e, check)
+    if not ok and not ruled_out:
+        return "S-LLM start sensitivity not run"
+    parts = [f"{_label(k)} {v:.2f}x" for k, v in {**ok, **ruled_out}.items()]
+    return "worst point with S-LLM's engine start " + ", ".join(parts)
+
+
+def _start_cause(e2e: dict, check: dict | None) -> str | None:
+    ok, ruled_out = _starts(e2e, check)
+    allowed_misses = {k: v for k, v in ok.items() if v <= 1}
+    if allowed_misses:
+        return (
+            "The ordering rests on S-LLM's engine start: it misses with "
+            + ", ".join(f"{_label(k)} ({v:.2f}x)" for k, v in allowed_misses.items())
+            + (", a start §8.2's text allows." if check else ".")
+        )
+    misses = {k: v for k, v in ruled_out.items() if v <= 1}
+    if not misses or check is None:
+        return None
+    seven = check["llama2-7b_A10"]
+    cached = seven["serverlessllm_cached_ttft_s"]
+    top = max(
+        v["paraserve_ratio"]
+        for r in e2e["rows"]
+        for k, v in r["serverlessllm_start_sensitivity"].items()
+        if k in ok
+    )
+    return (
+        "Holds at every S-LLM start §8.2's text allows; the ordering misses at 1.2 and 2.4 "
+        "req/s only with starts it rules out ("
+        + ", ".join(f"{_label(k)}: {v:.2f}x" for k, v in misses.items())
+        + "): with them S-LLM's cached 7B cold start ("
+        + " / ".join(f"{cached[k]:.2f} s" for k in misses)
+        + ") beats ParaServe's single worker "
+        f"({seven['paraserve_one_worker_ttft_s']:.2f} s, testbed i, A10), where §8.2 says "
+        "'For smaller models, such as OPT-6.7B, ParaServe with single worker even achieves "
+        "a short cold start latency than ServerlessLLM with cached models'. At the starts it "
+        "allows ("
+        + ", ".join(
+            f"{_label(k)}: cached {cached[k]:.2f} s, worst {ok[k]:.2f}x" for k in ok if k in cached
+        )
+        + f") the ratio grows with the start (up to {top:.2f}x), so the headline's "
+        f"{e2e['max_ratio_vs_best_baseline']:.2f}x is at §8.2's lower bound (6.8 s)."
+    )
 
 
 def _scale_down_cause(down: dict) -> str:
     whole = down["counterfactual_whole_gpus"]
     hops = down["counterfactual_stage_hop_s"]
     sys = down["systems"]
+    t1 = down.get("counterfactual_table1_tpot")
+    table1 = (
+        f"; the V100 decoding at Table 1's warm TPOT (58 ms at batch 8; the simulator's "
+        f"{t1['simulated_tpot_s'] * 1e3:.0f} ms) {t1['generation_ratio']:.2f}x, so the "
+        "simulator's speed is not the overshoot: a slower step widens Eq. 2's 4x gap"
+        if t1
+        else ""
+    )
     return (
         "As the paper deploys it: §8.4 sets only the group size, so each of the 4 workers "
         "holds its part's share of a V100 and with it a quarter of the compute quota "
-        "(§4.1.1's default), and the consolidated 13B runs on one V100 (§8.1). Eq. 2 slows "
-        "each low-memory stage's step 4x (t_d per stage); the paper's measured slowdown "
-        "(Fig. 5b) is not given in numbers: without consolidation the group decodes 512 "
-        f"tokens in {sys['none']['generation_s']:.0f} s, with it "
-        f"{sys['predictor']['generation_s']:.0f} s. Counterfactuals: whole V100s (the "
-        f"model before) {whole['generation_ratio']:.2f}x; quarter quotas with the two-V100 "
-        "worker our fit rule gives 13B "
-        f"{down['counterfactual_quarter_quota_two_cards']:.2f}x; on whole V100s the stage "
-        "hop (1 ms here; the paper's crosses 16 Gb/s TCP, §4.1 t_n) "
+        "(§4.1.1: workers 'allocate GPU memory proportionally to their partitioned model "
+        "size by default, and the amount of allocated memory also determines the GPU "
+        "computation quota'), and the consolidated 13B runs on one V100 (§8.1). Each "
+        "low-memory stage's step takes t_d (Eq. 2: TPOT = t_d (s - w + w/s) + t_n s, 4 t_d "
+        "here); the paper's measured slowdown (Fig. 5b) is not in its text: without "
+        f"consolidation the group decodes 512 tokens in {sys['none']['generation_s']:.0f} s, "
+        f"with it {sys['predictor']['generation_s']:.0f} s. Counterfactuals: whole V100s "
+        f"(the model before) {whole['generation_ratio']:.2f}x; quarter quotas with the "
+        "two-V100 worker our fit rule gives 13B "
+        f"{down['counterfactual_quarter_quota_two_cards']:.2f}x"
+        + table1
+        + "; on whole V100s the stage hop (1 ms here; the paper's crosses 16 Gb/s TCP, §4.1 "
+        "t_n) "
         + ", ".join(f"{h} s -> {v:.2f}x" for h, v in hops.items())
-        + "."
+        + ". Left: Eq. 2's linear quota against the paper's measured one."
     )
 
 
@@ -115,20 +172,57 @@ def _scale_up_cause(up: dict) -> str:
         "GPUs'), KV admitted by prompt as vLLM does (beside the weights one V100 holds "
         f"{up['one_card_kv_tokens']} KV tokens: a worker's 8 prompts fit, their outputs "
         "are preempted and recomputed as the cache fills). Both sides are bound by each "
-        "server's one 16-Gb/s NIC: the 16 one-card workers each fetch all 26 GB, four per "
-        f"server (every first token at {one['ttft_first_s']:.1f} s), the 4-worker groups "
-        "a quarter each, 26 GB per server in all (first tokens "
+        "server's one 16-Gb/s NIC (§8.1: 'four NVIDIA V100 GPUs' per server, 'The network "
+        "bandwidth per server is 16Gbps'): the 16 one-card workers each fetch all 26 GB, "
+        f"four per server (every first token at {one['ttft_first_s']:.1f} s), the 4-worker "
+        "groups a quarter each, 26 GB per server in all (first tokens "
         f"{four['ttft_first_s']:.1f}-{four['ttft_last_s']:.1f} s, 4 micro-batches of 8 "
-        "per group). Counterfactuals: each server's prefetcher (§5.1) fetching the model "
-        "once for its four one-card workers, which the paper does not state: "
-        f"{shared['ttft_ratio']:.2f}x (first tokens {shared['workers1']['ttft_first_s']:.1f}"
-        " s: both sides fetch 26 GB per server); 13B on the two V100s our fit rule gives "
-        f"it: {two['ttft_ratio']:.2f}x (8 instances of 8: first tokens "
-        f"{two['workers1']['ttft_first_s']:.1f} s, the second 64 after a whole 512-token "
-        f"generation, {two['workers1']['ttft_last_s']:.1f} s). The paper's 1.87x lies "
-        "between one fetch per server and one per worker. Before the simulator admitted "
-        "KV by prompt (699684f) one V100 gave 4.36x: only 4 of a worker's 8 sequences "
-        "were admitted. TPOT: the one-card worker's preemptions (recomputing) make its "
-        f"steps the slower ({one['tpot_mean_s'] * 1e3:.0f} vs "
-        f"{four['tpot_mean_s'] * 1e3:.0f} ms)."
+        "per group). One fetch per worker is the paper's design: §4.2 'Cold-start workers "
+        "that collocated on a GPU server will compete for network resources during model "
+        "fetching' (Alg. 2 keeps each one's pending bytes S_i at a share B/N), §5.1's "
+        "prefetcher serves each 'fetching request', and Fig. 7's concurrent workers cost "
+        "'significant network and memory consumption'. Counterfactuals: each server's "
+        "prefetcher fetching the model once for its four one-card workers, which the paper "
+        f"does not state: {shared['ttft_ratio']:.2f}x (first tokens "
+        f"{shared['workers1']['ttft_first_s']:.1f} s: both sides fetch 26 GB per server); "
+        f"13B on the two V100s our fit rule gives it: {two['ttft_ratio']:.2f}x (8 "
+        f"instances of 8: first tokens {two['workers1']['ttft_first_s']:.1f} s, the second "
+        f"64 after a whole 512-token generation, {two['workers1']['ttft_last_s']:.1f} s). "
+        "The paper's 1.87x lies between one fetch per server and one per worker. Not "
+        "modelled: Alg. 2 refusing a second 26-GB fetch on a server whose first would "
+        "then miss its deadline (§8.4 states no SLO, nor what the controller does when "
+        "no server passes Eq. 3; the simulator's fixed groups are placed without Alg. 2). "
+        "TPOT: the one-card worker's preemptions (recomputing) make its steps the slower "
+        f"({one['tpot_mean_s'] * 1e3:.0f} vs {four['tpot_mean_s'] * 1e3:.0f} ms)."
+    )
+
+
+def _brownfield_cause(brown: dict) -> str:
+    containers = brown.get("counterfactual_container_s", {})
+    systems = brown["systems"]
+    pulled = systems.get(f"serverless-vllm-container{list(containers)[-1]}", {})
+    pulled_vllm = f"{pulled['ttft_mean_s']:.0f} s" if pulled else "n/a"
+    hops = brown.get("counterfactual_shared_object_hop_s", {})
+    prefetch = brown.get("counterfactual_prefetcher")
+    return (
+        "§8.5 deploys 'the parameter manager and engine optimizations' in production "
+        "functions, not §5.1's per-server prefetcher, so ParaServe's start-up follows its "
+        f"fetch ({systems['paraserve']['ttft_mean_s']:.1f} vs "
+        f"{systems['serverless-vllm']['ttft_mean_s']:.1f} s"
+        + (f"; with the prefetcher {prefetch:.2f}x" if prefetch else "")
+        + "), and a production cold start begins with container creation (§2.2: "
+        "'Container creation also costs a considerable amount of time, as LLM workloads "
+        "require large function images'), which nothing overlaps; the simulator models "
+        "none, the paper gives no time and does not say §8.5's functions pull their image "
+        "or at what bandwidth. Counterfactual container creation: "
+        + ", ".join(f"{c} s -> {v:.2f}x" for c, v in containers.items())
+        + " (the last: the 8.31-GB vLLM image of §5 at §8.5's 5 Gb/s per function, which "
+        f"puts serverless vLLM's cold start at {pulled_vllm}, Fig. 1's 'up to 40 seconds' "
+        "for 7B in production). Not the shared-object hop ('functions cannot establish "
+        "direct TCP connections', no latency given): 4 workers at "
+        + ", ".join(f"{h} s -> {v['four_workers']:.2f}x" for h, v in hops.items())
+        + "; with Alg. 1 sizing, at these hops no group meets Table 2's 7B chatbot SLOs "
+        "(7.5 s, 0.2 s; t_n per stage in Eq. 1 and 2) and it falls back to one worker ("
+        + ", ".join(f"{h} s -> {v['alg1']:.2f}x" for h, v in hops.items())
+        + "; §8.5 states no SLO)."
     )
