@@ -5,6 +5,7 @@ dict (`surge.sim.metrics.summarize` plus GPU-seconds) and files under
 benchmarks/results/paper/ (one JSON and one PNG per script).
 """
 
+import argparse
 import json
 import logging
 import sys
@@ -75,6 +76,18 @@ def read(name: str) -> dict:
     if not path.is_file():
         raise SurgeError(f"{path} is missing: run the script once without options first")
     return json.loads(path.read_text())
+
+
+def only_parts(description: str, parts: tuple[str, ...], argv: list[str] | None) -> list[str]:
+    """The `--only PART` options of a script run piece by piece (repeatable; none: [])."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=parts,
+        help="rerun only this piece into the existing JSON (repeatable; default: all)",
+    )
+    return parser.parse_args(argv).only or []
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

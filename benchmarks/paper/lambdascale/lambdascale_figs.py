@@ -24,7 +24,6 @@ Run: python benchmarks/paper/lambdascale/lambdascale_figs.py (minutes; --only fi
 fig10 / fig11 reruns one piece into the existing JSON). Rows: lambdascale_figs_rows.py.
 """
 
-import argparse
 import json
 import logging
 import sys
@@ -36,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
-from common import read, run, run_main, write
+from common import only_parts, read, run, run_main, write
 from lambdascale_bursts import sllm_start_from_fig12
 from multicast import isolated_multicast
 from ramp import smooth, time_to_share, token_rate
@@ -274,16 +273,9 @@ PARTS = ("fig8", "fig18", "fig10", "fig11")
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=PARTS,
-        help="rerun only this piece into the existing JSON (repeatable; default: all)",
-    )
-    args = parser.parse_args(argv)
-    parts = args.only or PARTS
-    doc = {k: v for k, v in read("lambdascale_figs").items() if k != "machine"} if args.only else {}
+    only = only_parts(__doc__.split("\n")[0], PARTS, argv)
+    parts = only or PARTS
+    doc = {k: v for k, v in read("lambdascale_figs").items() if k != "machine"} if only else {}
     start_s = sllm_start_from_fig12() if {"fig10", "fig11"} & set(parts) else 0.0
     make = {"fig8": fig8, "fig18": fig18, "fig10": lambda: fig10(start_s)}
     make["fig11"] = lambda: fig11(start_s)

@@ -67,13 +67,23 @@ def fig8_row(f8: dict) -> dict:
     )
 
 
+def _ramps(fig: dict) -> tuple[float, dict, dict, dict, str]:
+    """S-LLM's derived start; the ramp ratios per model at the shipped start, at 0 and at
+    the derived one; and the simulator column's text (Fig. 10 and 11 alike)."""
+    start, models = fig["serverlessllm_start_s"], fig["models"]
+    shipped = {m: v["ramp_ratio"] for m, v in models.items()}
+    at0 = {m: v["ramp_ratio_init0"] for m, v in models.items()}
+    derived = {m: v["ramp_ratio_fig12start"] for m, v in models.items()}
+    text = (
+        f"ramp S-LLM / λScale 7B / 13B / 70B with S-LLM's start derived from Fig. 12 "
+        f"({start:.1f} s): {_fmt(derived)}; shipped 0.5 s: {_fmt(shipped)}; 0: {_fmt(at0)}"
+    )
+    return start, shipped, at0, derived, text
+
+
 def fig10_row(f10: dict) -> dict:
-    start = f10["serverlessllm_start_s"]
-    models = f10["models"]
-    r10 = {m: v["ramp_ratio"] for m, v in models.items()}
-    r10z = {m: v["ramp_ratio_init0"] for m, v in models.items()}
-    r10d = {m: v["ramp_ratio_fig12start"] for m, v in models.items()}
-    r10o = {m: v.get("ramp_ratio_init0_one_batch", float("nan")) for m, v in models.items()}
+    start, r10, r10z, r10d, text = _ramps(f10)
+    r10o = {m: v.get("ramp_ratio_init0_one_batch", float("nan")) for m, v in f10["models"].items()}
     floor = FIG10_RANGE[0] * (1 - TOLERANCE)
     short = [f"{m.removeprefix('llama2-').upper()} {v:.2f}x" for m, v in r10.items() if v < floor]
     return row(
@@ -82,8 +92,7 @@ def fig10_row(f10: dict) -> dict:
         "scaling via the local cache: λScale reaches peak throughput 2x to over 4x "
         "sooner than ServerlessLLM (7B/13B k=8 of 12, 70B k=2 of 4)",
         "2x to over 4x (no top)",
-        f"ramp S-LLM / λScale 7B / 13B / 70B with S-LLM's start derived from Fig. 12 "
-        f"({start:.1f} s): {_fmt(r10d)}; shipped 0.5 s: {_fmt(r10)}; 0: {_fmt(r10z)}",
+        text,
         ordering=min(r10d.values()) > 1,
         sim_range=(min(r10d.values()), max(r10d.values())),
         paper_range=FIG10_RANGE,
@@ -98,11 +107,8 @@ def fig10_row(f10: dict) -> dict:
 
 def report_rows(doc: dict) -> list[dict]:
     """The REPORT.md rows these figures give (`report.py`)."""
-    f11, f18 = doc["fig11"], doc["fig18"]
-    start = f11["serverlessllm_start_s"]
-    r11d = {m: v["ramp_ratio_fig12start"] for m, v in f11["models"].items()}
-    r11 = {m: v["ramp_ratio"] for m, v in f11["models"].items()}
-    r11z = {m: v["ramp_ratio_init0"] for m, v in f11["models"].items()}
+    f18 = doc["fig18"]
+    _, _, r11z, r11d, text11 = _ramps(doc["fig11"])
     return [
         fig8_row(doc["fig8"]),
         fig10_row(doc["fig10"]),
@@ -112,8 +118,7 @@ def report_rows(doc: dict) -> list[dict]:
             "cold start (one host copy, k=1): λScale 3.75x to 11.4x faster than "
             "ServerlessLLM (SSD on the other nodes)",
             "3.75-11.4x",
-            f"ramp S-LLM / λScale 7B / 13B / 70B with S-LLM's start derived from Fig. 12 "
-            f"({start:.1f} s): {_fmt(r11d)}; shipped 0.5 s: {_fmt(r11)}; 0: {_fmt(r11z)}",
+            text11,
             ordering=min(r11z.values()) > 1,
             sim_range=(min(r11d.values()), max(r11d.values())),
             paper_range=(3.75, 11.4),
