@@ -70,3 +70,10 @@ def test_fig11_cause_names_only_starts_section_8_2_rules_out() -> None:
     e2e = _e2e({"0.5s_after": [1.1, 0.9], "10.0s_beside": [2.0, 0.8]}, [1.2, 1.5])
     cause = paraserve_rows._start_cause(e2e, check)
     assert cause is not None and "rests on" in cause
+
+
+def test_v100_gib_holds_32_gibibytes() -> None:
+    from surge.sim.hardware import gpu_profile
+
+    assert gpu_profile(paraserve_checks.v100_gib()).memory_bytes == 32 * 2**30
+    assert gpu_profile("V100").memory_bytes == 32 * 10**9

@@ -8,6 +8,9 @@
   ServerlessLLM with the model in host memory; a start the sentence allows leaves
   ServerlessLLM the slower. 13B on the V100 servers beside it ("for smaller models": the
   sentence does not claim the larger one).
+- `v100_gib`: the V100 with its 32 GB as the card has them, 32 GiB (the simulator's
+  profiles count GB = 1e9 B; the paper's sizes are GiB: Table 1's "24.2GB" Llama-2 13B is
+  26.0e9 B), for §8.4 scale-up's counterfactual.
 - `table1_v100`: testbed (i)'s V100 servers with the V100's decode at Table 1's warm TPOT
   (Llama-2 13B, "each request containing 1024 input tokens and a batch size of 8": 58 ms;
   the simulator's roofline gives 49 ms), for §8.4 scale-down's counterfactual.
@@ -82,6 +85,23 @@ def sllm_start_check() -> dict:
     return out
 
 
+def _v100_fields(base) -> dict:
+    return {
+        "memory_gb": base.memory_bytes / GB,
+        "tflops": base.tflops,
+        "mem_bandwidth_gbs": base.mem_bandwidth_gbs,
+        "prefill_efficiency": base.prefill_efficiency,
+        "decode_efficiency": base.decode_efficiency,
+        "layer_overhead_s": base.layer_overhead_s,
+    }
+
+
+def v100_gib() -> dict:
+    """The V100 profile with 32 GiB of memory instead of 32e9 B."""
+    fields = _v100_fields(gpu_profile("V100"))
+    return {**fields, "name": "V100-32GiB", "memory_gb": 32 * 2**30 / GB}
+
+
 def table1_v100() -> dict:
     """A V100 profile whose 13B decode step at batch 8 is Table 1's TPOT: the roofline's
     decode efficiency scaled (the weight stream is what a decode step's time is)."""
@@ -91,15 +111,7 @@ def table1_v100() -> dict:
     per_layer = TABLE1_TPOT_S / model.num_layers - cost.decode_per_seq_s * TABLE1_BATCH
     stream_s = cost.decode_fixed_s - base.layer_overhead_s  # the weights at the profile's rate
     efficiency = base.decode_efficiency * stream_s / (per_layer - base.layer_overhead_s)
-    return {
-        "name": "V100-table1-tpot",
-        "memory_gb": base.memory_bytes / GB,
-        "tflops": base.tflops,
-        "mem_bandwidth_gbs": base.mem_bandwidth_gbs,
-        "prefill_efficiency": base.prefill_efficiency,
-        "decode_efficiency": efficiency,
-        "layer_overhead_s": base.layer_overhead_s,
-    }
+    return {**_v100_fields(base), "name": "V100-table1-tpot", "decode_efficiency": efficiency}
 
 
 def simulated_tpot_s(gpu: str | dict = "V100") -> float:

@@ -193,7 +193,21 @@ def _scale_up_cause(up: dict) -> str:
         "then miss its deadline (§8.4 states no SLO, nor what the controller does when "
         "no server passes Eq. 3; the simulator's fixed groups are placed without Alg. 2). "
         "TPOT: the one-card worker's preemptions (recomputing) make its steps the slower "
-        f"({one['tpot_mean_s'] * 1e3:.0f} vs {four['tpot_mean_s'] * 1e3:.0f} ms)."
+        f"({one['tpot_mean_s'] * 1e3:.0f} vs {four['tpot_mean_s'] * 1e3:.0f} ms)"
+        + _gib_text(up.get("counterfactual_v100_32gib"))
+        + "."
+    )
+
+
+def _gib_text(gib: dict | None) -> str:
+    if not gib:
+        return ""
+    return (
+        "; with the V100's 32 GB counted as the card's 32 GiB (the profiles use 1e9 B; the "
+        "paper's sizes are GiB: Table 1's 13B '24.2GB' is 26.0e9 B) the one-card worker "
+        f"keeps {gib['one_card_kv_tokens']} KV tokens: TPOT {gib['tpot_ratio']:.2f}x "
+        f"({gib['workers1']['tpot_mean_s'] * 1e3:.0f} ms; paper 1.08-1.19x), TTFT "
+        f"{gib['ttft_ratio']:.2f}x"
     )
 
 
