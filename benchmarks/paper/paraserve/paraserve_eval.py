@@ -9,18 +9,19 @@ scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
   (`SimSettings.fractional_gpus` False: low-memory workers holding 1/s of one GPU are
   issue 18's fix), SLO attainment per application (Fig. 12), and ServerlessLLM with other
   engine start-ups (the scenario's §8.1 S-LLM starts in 6.8 s beside its load, §8.2's
-  lower bound; 0.5 s after the load and 4.0 s beside it show how much the ordering rests
-  on that number).
+  lower bound; 0.5 s after the load, 4.0 s and 10 s beside it show how much the ordering
+  rests on that number; which of them §8.2 allows: `sllm_start_check`).
 - §8.4 scale-down: one cold request (512 in, 512 out), Llama-2 13B on the V100 servers
   of testbed (i), a 4-worker group with the §6.1 consolidation vs serving as a group for
   life, as the paper deploys it: workers at the default quarter quota (§4.1.1), the
   consolidated 13B on one V100 (§8.1); headline: end-to-end generation time, without /
-  with (paper 2.29x); whole V100s and slower stage hops beside it.
+  with (paper 2.29x); whole V100s, slower stage hops and the V100 decoding at Table 1's
+  warm TPOT beside it.
 - §8.4 scale-up: 128 requests at once (512/512), batch 8 per worker (a group of w workers
   keeps w micro-batches of 8 in flight), 16 V100 GPUs, groups of 4 vs 1 worker;
   13B on one V100 (§8.1), as the paper deploys it; headline: mean TTFT 1 / 4 (paper
   1.87x) and TPOT 4 / 1 (1.08-1.19x); beside it 13B on the two V100s our fit rule gives
-  it, and one fetch per server.
+  it, one fetch per server, and the V100 at its 32 GiB (the profiles' 32e9 B).
 - §8.5 brownfield: `paraserve_brownfield.py` (ParaServe without the node prefetcher, as
   §8.5 deploys it; paper 2.6x).
 - `sllm_start_check` (`paraserve_checks.py`): §8.2's sentence on ServerlessLLM with cached
