@@ -27,11 +27,10 @@ scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
 - `sllm_start_check` (`paraserve_checks.py`): §8.2's sentence on ServerlessLLM with cached
   models against ParaServe's single worker, measured under each S-LLM start §8.3 varies.
 Run: python benchmarks/paper/paraserve/paraserve_eval.py (about 40 s on one core);
-`--only PART` (e2e, scale_down, scale_up, brownfield, sllm_start_check) reruns one part
-into the existing JSON.
+`--only PART` (e2e, scale_down, scale_up, brownfield, sllm_start_check; repeatable) reruns
+those parts into the existing JSON.
 """
 
-import argparse
 import logging
 import sys
 from dataclasses import replace
@@ -42,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
-from common import ratio, read, run, run_main, run_scenario, write
+from common import only_parts, ratio, read, run, run_main, run_scenario, write
 from paraserve_brownfield import brownfield
 from paraserve_checks import (
     SLLM_STARTS,
@@ -340,14 +339,12 @@ PARTS = {
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(PARTS), help="rerun one part into the JSON")
-    args = parser.parse_args()
+    only = only_parts(__doc__.splitlines()[0], tuple(PARTS), None)
     doc = {}
-    if args.only:
+    if only:
         doc = {k: v for k, v in read("paraserve_eval").items() if k != "machine"}
     for name, fn in PARTS.items():
-        if args.only in (None, name):
+        if not only or name in only:
             log.info("running %s", name)
             doc[name] = fn()
     write("paraserve_eval", doc, draw(doc))
