@@ -32,6 +32,7 @@ from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import DropModelOp, RegisterOp, StatusOp
+from surge.runtime.scaleout.ilp_warmup import warm_solver
 from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ class Deployments:
         After a restart (`restoring`) the store's block files are checked by size only (a
         checksum read of every block would slow every restart; a damaged block is found
         when it is loaded)."""
+        # Its first live look must not wait for the zigzag ILP's import (ilp_warmup.py).
+        warm_solver(spec.system)
         store = self.registry / spec.name
         if not (store / MANIFEST_NAME).is_file():
             await asyncio.to_thread(prepare_store, self.registry, spec)

@@ -14,6 +14,7 @@ from surge.policy.startup import Copy, Destination
 from surge.policy.systems import system_config
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.scaleout import ControllerHooks, ScaleOutContext, run_scale_out
+from surge.runtime.scaleout.ilp_warmup import warm_solver
 from surge.runtime.scaleout.live import LiveScaling
 from surge.runtime.scaleout.local import open_local
 from tests.engine.reference import assert_same_tokens, hf_greedy
@@ -72,10 +73,15 @@ def test_slo_check_gates_live_scaling_and_requests_redistribute(
     seen = bus.subscribe()
 
     async def run():
+        system = replace(system_config("blitzscale"), live_batch=6)
+        # As the controller does when a deployment is created, long before its first
+        # scale-out: the ILP's solver is in before the first look (ilp_warmup.py; without
+        # it that look took ~4 s at load ~11 and this test failed).
+        warm = warm_solver(system)
         client, server = await connected_server(cluster, manifest, {0: [0, 1, 2, 3]})
         try:
+            await asyncio.to_thread(warm.join, 60)
             reqs = await one_at_a_time_on_node0(client, server, PROMPTS * 6, params)
-            system = replace(system_config("blitzscale"), live_batch=6)
             ctx = live_context(client, server, manifest, system, SLOS_S[slo], bus)
             await run_scale_out(ctx)
             await server.wait_all(60)

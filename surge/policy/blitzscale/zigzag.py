@@ -31,6 +31,7 @@ C3 bounds T_1 by k0, which gives Fig. 12's (1, 6) for the first batch.
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -150,15 +151,24 @@ def best_effort(problem: ZigzagProblem) -> ZigzagSchedule:
     return _schedule(problem, "best_effort", targets)
 
 
+def milp_solver() -> tuple[Any, Any, Any]:
+    """HiGHS through scipy: (`Bounds`, `LinearConstraint`, `milp`). Imported here, not at the
+    top: `scipy.optimize` takes 0.8-1.1 s of CPU to import (`python -X importtime`, a
+    process that already holds numpy; ~4 s measured on a loaded machine), which only a solve
+    should pay, not `surge plan`. The serving body imports it ahead of the first live look
+    (`runtime/scaleout/live.warm_solver`), so no user's scale-out waits for it."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    return Bounds, LinearConstraint, milp
+
+
 def solve_zigzag(problem: ZigzagProblem) -> ZigzagSchedule:
     """The schedule minimising Eq. 1's average latency under C1-C3, by HiGHS.
 
     Variables x = (T_1..T_N, S_1..S_N), integers in 0..L. Objective weights: S_i appears in
     the latency of batches i..N, so its coefficient is (N − i + 1) / N.
     """
-    # scipy.optimize takes ~0.5 s to import; only the solve pays for it, not `surge plan`.
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
+    Bounds, LinearConstraint, milp = milp_solver()
     n, num_layers = problem.num_batches, problem.num_layers
     ratio, k0 = problem.load_ratio, problem.resident_layers_at_start
     cost = np.concatenate([np.zeros(n), (n - np.arange(n)) / n])

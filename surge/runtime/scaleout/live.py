@@ -175,14 +175,9 @@ class LiveScaling:
         now = self.ctx.server.clock.of_real(time.time())  # agents stamp wall-clock times
         for arrivals in self._arrivals.values():
             arrivals.append((now, 0))
-        loop = asyncio.get_running_loop()
-        self._warm = loop.run_in_executor(None, self._warm_solver)  # while layers load
-        return loop.create_task(self._loop())
-
-    @staticmethod
-    def _warm_solver() -> None:
-        """Import the ILP solver (~0.5 s) before the first schedule needs it."""
-        import scipy.optimize  # noqa: F401
+        # The ILP's solver was imported ahead (`scaleout/ilp_warmup.py`): the first look
+        # comes as the first block lands and must not wait for it.
+        return asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self, task: asyncio.Task) -> None:
         """Stop after the step in progress: cancelling a step midway would leave its
@@ -315,9 +310,9 @@ class LiveScaling:
         old = next((e for e in olds if e.node == action.source), None)
         if old is None:
             return False
-        # The router's queue may have moved while the schedule was solved (the first solve
-        # imports the ILP solver): the batch is the oldest of what waits now, by the same
-        # rule (`redirect_order`); a source's request that started meanwhile stays there.
+        # The router's queue may have moved while the schedule was solved: the batch is the
+        # oldest of what waits now, by the same rule (`redirect_order`); a source's request
+        # that started meanwhile stays there.
         now = self._routed() + [(r, e) for r, e in waiting if e is not None]
         chosen = redirect_order(waiting_view(now))[: action.num_requests]
         batch = await self._take([now[i] for i in chosen])

@@ -32,6 +32,7 @@ from surge.policy.startup import StartupPlan, StartupRequest, plan_startup
 from surge.policy.warm_pipelines import plan_warm_groups
 from surge.runtime.scaleout.context import ScaleOutContext
 from surge.runtime.scaleout.flexpipe import run_flexpipe
+from surge.runtime.scaleout.ilp_warmup import warm_solver
 from surge.runtime.scaleout.local import load_then_serve, open_mate_then_serve
 from surge.runtime.scaleout.multicast import run_multicast
 from surge.runtime.scaleout.paraserve import run_groups
@@ -64,6 +65,7 @@ async def _multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
 
 async def run_scale_out(ctx: ScaleOutContext) -> str:
     """Bring the context's destinations up as local instances; returns the start kind."""
+    warm_solver(ctx.system)  # a live look may come with the first block (ilp_warmup.py)
     opens = plan_mate_opens(ctx.nodes, ctx.links, ctx.device_owners)
     if not opens:
         return await _run_planned(ctx)
