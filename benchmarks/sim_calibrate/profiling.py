@@ -36,7 +36,7 @@ def sim_files(engine: dict, nodes: int, link_gbps: float, where: Path) -> tuple[
     c = engine["per_layer_s"]
     gpu = {
         "name": "cpu-1-thread (measured)",
-        "memory_gb": 8,
+        "memory_gib": 8,
         "tflops": 0.05,
         "mem_bandwidth_gbs": 10,
         "prefill_efficiency": 1.0,
@@ -63,7 +63,7 @@ def sim_files(engine: dict, nodes: int, link_gbps: float, where: Path) -> tuple[
                 "pcie_gbps": 100,
                 "ssd_gbps": 10,
                 "registry_gbps": None,
-                "host_memory_gb": 16,
+                "host_memory_gib": 16,
                 "disk_gb": 100,
             }
         ],

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from surge.emulation.settings import EmulationConfig
 from surge.errors import SurgeError
 from surge.model.manifest import Manifest
-from surge.sim.hardware import load_cluster
+from surge.sim.hardware import GIB, load_cluster
 from surge.sim.models import ModelProfile
 
 
@@ -124,8 +124,8 @@ class Emulation:
             if model.total_bytes >= node.memory_bytes:
                 raise SurgeError(
                     f"the emulation runs one GPU per agent: {model.name} "
-                    f"({model.total_bytes / 1e9:.0f} GB) does not fit one {node.gpu} "
-                    f"({node.memory_bytes / 1e9:.0f} GB) of {self.config.preset}; pick a "
+                    f"({model.total_bytes / GIB:.0f} GiB) does not fit one {node.gpu} "
+                    f"({node.memory_bytes / GIB:.0f} GiB) of {self.config.preset}; pick a "
                     "smaller model or a preset with larger GPUs"
                 )
         return tuple(out)

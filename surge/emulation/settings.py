@@ -19,7 +19,7 @@ MAX_TIME_DILATION = 1000.0
 """A dilation past this makes an emulated second last over 16 real minutes: a typo, not a plan."""
 DEFAULT_KV_BUDGET_BYTES = 256 << 20
 """Host memory one runner's KV cache may take (the emulated GPU's capacity is clipped to it:
-a 13B model on an 80 GB GPU has room for ~66k tokens, which a small model's cache would hold
+a 13B model on an 80 GiB GPU has room for ~73k tokens, which a small model's cache would hold
 in gigabytes of the host's memory per agent)."""
 
 

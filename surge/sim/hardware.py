@@ -3,7 +3,10 @@
 In: `profiles/gpus.json`, `profiles/clusters.json` (package data) or a user JSON file
 with the same shape as one cluster preset. Out: validated `GpuProfile` and
 `ClusterProfile` dataclasses; a cluster is node groups expanded into `Machine`s.
-Units: Gb/s for links (1e9 bit/s), bytes for memory.
+Units: Gb/s for links (1e9 bit/s), bytes for memory. Capacities in the files are in the
+unit they are sold in, named in the key: GPU HBM and host DRAM in GiB (2**30 B: a "32 GB"
+V100 holds 32 GiB = 34.36e9 B, and the papers size models in GiB, e.g. ParaServe Table 1's
+"24.2GB" Llama-2 13B is 26.0e9 B), disks in GB (1e9 B, as drives are sold).
 """
 
 import json
@@ -15,6 +18,27 @@ from surge.errors import SurgeError
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 GB = 1_000_000_000
+"""Bytes in a GB (disks; links are Gb/s = 1e9 bit/s)."""
+GIB = 1 << 30
+"""Bytes in a GiB (GPU HBM and host DRAM, as sold and as the papers count them)."""
+RENAMED_KEYS = {"memory_gb": "memory_gib", "host_memory_gb": "host_memory_gib"}
+"""Old keys (1e9 B) and their replacements (2**30 B): an old key is refused, not read, so
+that no file silently changes what its number means."""
+
+
+def gib_bytes(gib: float) -> int:
+    """`gib` GiB in bytes (the one conversion of every memory capacity in the profiles)."""
+    return int(float(gib) * GIB)
+
+
+def refuse_renamed(d: dict, where: str) -> None:
+    """A profile or override that still uses a renamed key: say which key replaces it."""
+    for old, new in RENAMED_KEYS.items():
+        if old in d:
+            raise SurgeError(
+                f"{where}: {old!r} (GB = 1e9 B) is now {new!r} (GiB = 2**30 B, as memory "
+                f"is sold): rename it and state the capacity in GiB"
+            )
 
 
 @cache
@@ -29,7 +53,7 @@ class GpuProfile:
     name: str
     """GPU type, e.g. H800."""
     memory_bytes: int
-    """HBM capacity."""
+    """HBM capacity (the profile states it in GiB)."""
     tflops: float
     """Dense fp16/bf16 tensor peak, TFLOP/s."""
     mem_bandwidth_gbs: float
@@ -70,10 +94,18 @@ def gpu_profile(name: str | dict) -> GpuProfile:
             known = ", ".join(k for k in table if not k.startswith("_"))
             raise SurgeError(f"unknown GPU {name!r}; choose one of {known}")
         d = table[name]
+    refuse_renamed(d, f"GPU {name}")
+    try:
+        return _gpu(name, d)
+    except KeyError as e:
+        raise SurgeError(f"GPU {name}: profile lacks field {e.args[0]}") from None
+
+
+def _gpu(name: str, d: dict) -> GpuProfile:
     measured = d.get("measured_layer_costs_s")
     return GpuProfile(
         name,
-        int(d["memory_gb"] * GB),
+        gib_bytes(d["memory_gib"]),
         float(d["tflops"]),
         float(d["mem_bandwidth_gbs"]),
         float(d["prefill_efficiency"]),
@@ -108,9 +140,9 @@ class NodeGroup:
     registry_gbps: float | None
     """Remote registry -> this machine cap; None: limited by the NIC only."""
     host_memory_bytes: int
-    """Host memory of the machine."""
+    """Host memory of the machine (the profile states it in GiB)."""
     disk_bytes: int
-    """Local disk of the machine."""
+    """Local disk of the machine (the profile states it in GB = 1e9 B)."""
     model_store: str = "ssd"
     """Where models live when not in memory: `ssd` (local disk) or `registry` (remote)."""
 
@@ -178,6 +210,7 @@ class ClusterProfile:
 
 
 def _group(d: dict, where: str) -> NodeGroup:
+    refuse_renamed(d, where)
     try:
         return NodeGroup(
             int(d["num_nodes"]),
@@ -190,7 +223,7 @@ def _group(d: dict, where: str) -> NodeGroup:
             float(d["pcie_gbps"]),
             float(d["ssd_gbps"]),
             None if d.get("registry_gbps") is None else float(d["registry_gbps"]),
-            int(float(d["host_memory_gb"]) * GB),
+            gib_bytes(d["host_memory_gib"]),
             int(float(d.get("disk_gb", 0)) * GB),
             str(d.get("model_store", "ssd")),
         )

@@ -9,7 +9,7 @@ field raises `SurgeError` naming the field and the fix (the CLI prints one `erro
 Shape (units in names):
     {"name": "...", "doc": "...",
      "cluster": "PRESET" | "file.json" | {"preset": "PRESET", "num_nodes": 12,
-                 "host_memory_gb": 256, "gpus_per_node": 1, ...node-group fields},
+                 "host_memory_gib": 256, "gpus_per_node": 1, ...node-group fields},
      "models": [{"name": "code", "profile": "llama2-13b", "count": 4,
                  "arrivals": {"trace": "azure-code", "split": "zipf", "zipf_s": 1.0,
                               "share": 1.0, "rate_scale": 1.0, "start_s": 0.0}}, ...],
@@ -34,7 +34,7 @@ from pathlib import Path
 from surge.errors import SurgeError
 from surge.policy.slo import Slo
 from surge.policy.systems import SystemConfig, system_config
-from surge.sim.hardware import ClusterProfile, cluster_from_spec, cluster_spec
+from surge.sim.hardware import ClusterProfile, cluster_from_spec, cluster_spec, refuse_renamed
 from surge.sim.models import load_model
 from surge.sim.settings import SimSettings
 
@@ -43,7 +43,7 @@ SPLITS = ("uniform", "round-robin", "zipf", "trace", "each")
 GROUP_FIELDS = (
     "num_nodes",
     "gpus_per_node",
-    "host_memory_gb",
+    "host_memory_gib",
     "disk_gb",
     "nic_gbps",
     "gpu_nic_gbps",
@@ -202,6 +202,7 @@ def _cluster(value: object, where: str) -> ClusterProfile:
     d = _obj(value, f"{where}.cluster")
     if "groups" in d:
         return cluster_from_spec(f"{where}.cluster", d)
+    refuse_renamed(d, f"{where}.cluster")
     _known(d, ("preset", *GROUP_FIELDS), f"{where}.cluster")
     if not isinstance(d.get("preset"), str):
         raise SurgeError(f"{where}.cluster: give a preset name (or a full 'groups' list)")

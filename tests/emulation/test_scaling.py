@@ -55,7 +55,7 @@ def test_kv_capacity_is_the_emulated_gpus_clipped_to_the_budget() -> None:
     model = load_model("llama2-13b")
     e = emulation()
     node = e.nodes(1)[0]
-    free = 80 * GB - model.total_bytes
+    free = 80 * 2**30 - model.total_bytes  # an "80 GB" H800 holds 80 GiB
     assert e.emulated_kv_tokens(node) == int(free // model.kv_bytes_per_token)
     assert e.kv_tokens(node) == min(e.emulated_kv_tokens(node), (256 << 20) // 4096)
     roomy = Emulation(EmulationConfig.parse("lambdascale-testbed1:llama2-13b"), 8_000_000, 64)

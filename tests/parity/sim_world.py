@@ -33,14 +33,14 @@ def simulation(
     `gpu_speedup` multiplies the GPU's compute and memory bandwidth; `gpus_per_node` GPUs
     share each machine's NIC and its fast link."""
     gpu = {
-        "name": "g", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
+        "name": "g", "memory_gib": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
         "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
     }  # fmt: skip
     gpu["tflops"] *= gpu_speedup
     gpu["mem_bandwidth_gbs"] *= gpu_speedup
     group = {
         "num_nodes": num_machines, "gpu": gpu, "gpus_per_node": gpus_per_node, "nic_gbps": 10,
-        "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gb": 16,
+        "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gib": 16,
         "model_store": store,
     }  # fmt: skip
     cluster = tmp_path / "cluster.json"

@@ -11,13 +11,13 @@ from surge.sim.settings import SimSettings
 
 def cluster_file(tmp_path: Path, nodes: int) -> str:
     gpu = {
-        "name": "measured", "memory_gb": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
+        "name": "measured", "memory_gib": 8, "tflops": 1, "mem_bandwidth_gbs": 1,
         "prefill_efficiency": 1, "decode_efficiency": 1, "layer_overhead_s": 0,
         "measured_layer_costs_s": [0.01, 0.0, 0.01, 0.0],
     }  # fmt: skip
     group = {
         "num_nodes": nodes, "gpu": gpu, "gpus_per_node": 1, "nic_gbps": 10,
-        "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gb": 16,
+        "intra_gpu_gbps": 100, "pcie_gbps": 100, "ssd_gbps": 10, "host_memory_gib": 16,
     }  # fmt: skip
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"groups": [group]}))

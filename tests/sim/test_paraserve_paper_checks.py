@@ -75,5 +75,6 @@ def test_fig11_cause_names_only_starts_section_8_2_rules_out() -> None:
 def test_v100_gib_holds_32_gibibytes() -> None:
     from surge.sim.hardware import gpu_profile
 
+    # since 2026-11-28 the profiles count GiB, so the counterfactual is the default V100
     assert gpu_profile(paraserve_checks.v100_gib()).memory_bytes == 32 * 2**30
-    assert gpu_profile("V100").memory_bytes == 32 * 10**9
+    assert gpu_profile("V100").memory_bytes == 32 * 2**30

@@ -21,13 +21,13 @@ def _trace(tmp_path, rows):
     return str(path)
 
 
-def _doc(trace, host_memory_gb=40, **extra):
+def _doc(trace, host_memory_gib=40, **extra):
     doc = {
         "name": "two",
         "cluster": {
             "preset": "lambdascale-testbed1",
             "num_nodes": 1,
-            "host_memory_gb": host_memory_gb,
+            "host_memory_gib": host_memory_gib,
         },
         "models": [
             {
@@ -53,7 +53,7 @@ def test_groups_models_and_overrides(tmp_path):
     sc = parse_scenario(doc)
     assert sc.model_names == ("chat/0", "chat/1", "code/0")
     assert sc.cluster.groups[0].num_nodes == 1
-    assert sc.cluster.groups[0].host_memory_bytes == 40 * 10**9
+    assert sc.cluster.groups[0].host_memory_bytes == 40 * 2**30
     assert sc.system("serverlessllm").host_cache_fraction == 0.5
     tr = build_trace(sc)
     assert tr.num_requests == 12
@@ -70,7 +70,7 @@ def test_groups_models_and_overrides(tmp_path):
         ({"systems": ["nope"]}, "unknown system"),
         ({"system_overrides": {"serverlessllm": {"host_cache_fraction": 7}}}, "fraction"),
         ({"system_overrides": {"serverlessllm": {"colour": 1}}}, "unknown field"),
-        ({"cluster": {"preset": "lambdascale-testbed1", "host_memory_gb": -1}}, "memory"),
+        ({"cluster": {"preset": "lambdascale-testbed1", "host_memory_gib": -1}}, "memory"),
         ({"warm": -1}, "warm"),
     ],
 )
@@ -95,12 +95,12 @@ def test_models_competing_for_host_memory_miss(tmp_path):
     of 20 GB holds one of them: every load misses (LRU evicts the other). 100 GB holds
     both: only the first load of each misses. AllCache never misses."""
     t = _trace(tmp_path, [i * 30.0 for i in range(6)])
-    small = _run(parse_scenario(_doc(t, host_memory_gb=40)), "serverlessllm")
-    big = _run(parse_scenario(_doc(t, host_memory_gb=200)), "serverlessllm")
+    small = _run(parse_scenario(_doc(t, host_memory_gib=40)), "serverlessllm")
+    big = _run(parse_scenario(_doc(t, host_memory_gib=200)), "serverlessllm")
     assert small.cache_misses == 6 and small.cache_hits == 0
     assert len(small.cache_lifetimes_s) >= 4  # evicted entries' lifetimes recorded
     assert big.cache_misses == 2 and big.cache_hits == 4
-    every = _run(parse_scenario(_doc(t, host_memory_gb=40)), "allcache")
+    every = _run(parse_scenario(_doc(t, host_memory_gib=40)), "allcache")
     assert every.cache_misses == 0
     ttft = lambda r: float(np.mean(r.first_token_s - r.arrival_s))  # noqa: E731
     assert ttft(small) > ttft(big) > ttft(every) * 0.99

@@ -32,7 +32,7 @@ def _cluster() -> object:
         "num_nodes": 16,
         "gpus_per_node": 1,
         "nic_gbps": NIC_GBPS,
-        "host_memory_gb": 125,
+        "host_memory_gib": 125,
     }
     return cluster_from_spec("b-logical", {"groups": [group]})
 

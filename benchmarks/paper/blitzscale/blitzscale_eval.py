@@ -108,7 +108,7 @@ def logical_hosts(preset: str, gpus_per_host: int) -> object:
         **g,
         "num_nodes": g["num_nodes"] * per,
         "gpus_per_node": gpus_per_host,
-        "host_memory_gb": g["host_memory_gb"] / per,
+        "host_memory_gib": g["host_memory_gib"] / per,
         "nic_gbps": g["nic_gbps"] / per,
         "ssd_gbps": SSD_GBPS_PER_GPU * gpus_per_host,
     }
@@ -308,7 +308,7 @@ def gpu_time(six_one: dict) -> dict:
 def host_cache() -> dict:
     trace = _trace()
     spec = cluster_spec("blitzscale-b")
-    group = {**spec["groups"][0], "num_nodes": 32, "gpus_per_node": 1, "host_memory_gb": 125}
+    group = {**spec["groups"][0], "num_nodes": 32, "gpus_per_node": 1, "host_memory_gib": 125}
     cluster = cluster_from_spec("blitzscale-b/32-logical", {"groups": [group]})
     size = load_model(MODEL).total_bytes
     out = {}

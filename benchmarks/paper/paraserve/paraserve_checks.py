@@ -26,7 +26,7 @@ from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.costs import cost_model
 from surge.sim.hardware import (
-    GB,
+    GIB,
     ClusterProfile,
     cluster_from_spec,
     cluster_spec,
@@ -87,7 +87,7 @@ def sllm_start_check() -> dict:
 
 def _v100_fields(base) -> dict:
     return {
-        "memory_gb": base.memory_bytes / GB,
+        "memory_gib": base.memory_bytes / GIB,
         "tflops": base.tflops,
         "mem_bandwidth_gbs": base.mem_bandwidth_gbs,
         "prefill_efficiency": base.prefill_efficiency,
@@ -97,9 +97,10 @@ def _v100_fields(base) -> dict:
 
 
 def v100_gib() -> dict:
-    """The V100 profile with 32 GiB of memory instead of 32e9 B."""
+    """The V100 profile with 32 GiB of memory (since 2026-11-28 the default V100 too;
+    until then the profiles counted 32e9 B)."""
     fields = _v100_fields(gpu_profile("V100"))
-    return {**fields, "name": "V100-32GiB", "memory_gb": 32 * 2**30 / GB}
+    return {**fields, "name": "V100-32GiB", "memory_gib": 32}
 
 
 def table1_v100() -> dict:
