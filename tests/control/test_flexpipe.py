@@ -21,11 +21,13 @@ from surge.policy.systems import SYSTEMS
 from surge.runtime.migration.refactor import FlexPipeline
 from tests.control.strategy_run import PROMPTS, check_tokens, deploy, local_cluster, wait_until
 
-MAX_TOKENS = 400
+MAX_TOKENS = 240
 """Long enough that the split (blocks loaded on the second node, stages opened) lands while
 every request still generates: the agents' steps are paced (`strategy_run.PACE`), so the
-burst's 400 tokens last >= 8 s on a host of any speed; the split came ~1.3 s after the
-burst (63-72 tokens in, 2 runs at load 3-6). Unpaced, the test needed 1,200 tokens (on a
+burst's 240 tokens last >= 4.8 s on a host of any speed; the split came ~1.3 s after the
+burst (63-72 tokens in, 2 runs at load 3-6; 67 at load 6-7 with 240: a 3.5x margin). 400
+tokens (until Nov 28) gave the same split and merge and took ~11 s longer: the burst ran
+~25 s from the split to its end, against ~14 s. Unpaced, the test needed 1,200 tokens (on a
 quiet 2-core VM the split came at ~140 of 400; on the Nov 24 host with surge's one-row
 kernel all 400 were done before it): 40 s and 25.6 s of CPU against 28 s and 14.3 s paced
 (same load)."""
