@@ -51,15 +51,21 @@ def test_delete_during_a_slow_load_answers_at_once_and_leaves_nothing(
             while first.tier != "gpu":  # (through the host tier: ServerlessLLM's LRU cache)
                 first = await asyncio.wait_for(arrivals.get(), 60)
             assert first.source == "remote", first
+            # in order, a block a BLOCK_S: the DELETE comes with blocks to go
+            assert first.block < manifest.num_blocks - 1, first
 
             t0 = time.monotonic()
             r = await http.delete(f"/v1/deployments/{MODEL}")
             took_s = time.monotonic() - t0
+            deleted_t = time.time()  # the agents' clock (`BlockArrived.t`), same machine
             assert r.status_code == 200, r.text
             assert took_s < PROMPT_S, f"DELETE waited {took_s:.1f} s for the load"
             assert any("running ops aborted" in m for m in caplog.messages), caplog.messages
 
-            await asyncio.sleep(BLOCK_S)  # a read left running would land a block by now
+            # A read left running would land its block within BLOCK_S: watched, none may.
+            await asyncio.sleep(BLOCK_S)
+            late = [arrivals.get_nowait() for _ in range(arrivals.qsize())]
+            assert not [e for e in late if e.t > deleted_t], late
             for node in ctl.nodes:  # the control connection answers in step
                 status = await asyncio.wait_for(ctl.client.call(node, StatusOp()), PROMPT_S)
                 assert status.node == node and MODEL not in status.models, status

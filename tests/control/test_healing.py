@@ -85,21 +85,29 @@ def _gone(pid: int) -> bool:
 def test_a_frozen_agent_is_treated_as_down_and_replaced(server: Serve) -> None:
     victim = _serving_pid(server)
     answer: dict = {}
+    streaming = threading.Event()
 
     def stream() -> None:
         body = {"model": "m", "prompt": "once", "max_tokens": 400, "ignore_eos": True,
                 "stream": True}  # fmt: skip
+        lines = []
         with httpx.Client(base_url=server.url, timeout=120) as c:
             t0 = time.monotonic()
-            r = c.post("/v1/completions", json=body)
-            answer["s"], answer["text"] = time.monotonic() - t0, r.text
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+                    if line.startswith("data: {"):
+                        streaming.set()  # a token came: the agent is generating it
+            answer["s"], answer["text"] = time.monotonic() - t0, "\n".join(lines)
 
     t = threading.Thread(target=stream)
     t.start()
-    wait_for(lambda: server.metric("surge_ongoing_requests", "m") >= 1, 30, "the request")
-    time.sleep(0.3)
+    # Frozen mid-stream, at its first token (a fixed 0.3 s after the request was counted
+    # could come before its first token or, on a fast machine, after its last).
+    assert streaming.wait(30), "no token streamed"
     os.kill(victim, signal.SIGSTOP)
     try:
+        assert t.is_alive(), "the stream had ended before the freeze: it tested nothing"
         t.join(90)
         assert not t.is_alive(), "the stream stalled on the frozen agent"
         events = [x[6:] for x in answer["text"].splitlines() if x.startswith("data: ")]

@@ -14,7 +14,7 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.launch import netns
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.launch.netns_cluster import NetnsCluster, NetnsClusterConfig
-from surge.runtime.protocol import LoadOp, RegisterOp, Tier
+from surge.runtime.protocol import BlockArrived, LoadOp, RegisterOp, Tier
 
 MODEL = "tiny"
 
@@ -113,6 +113,23 @@ async def connected(
         )
     )
     return client
+
+
+async def first_block_at(client: ClusterClient, node: int, timeout_s: float = 30.0) -> BlockArrived:
+    """The first block a multicast lands on `node`, awaited (at most `timeout_s`): a fault
+    injected then comes mid-transfer on a machine of any speed, where a fixed sleep could
+    come before the first byte (a slow start) or after the last block (a fast machine) and
+    the test pass without testing the case. Await it before anything else awaits once the
+    multicast's task is made: it subscribes on entry, so no arrival is missed."""
+    arrivals = client.subscribe((BlockArrived,), model=MODEL)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                ev = await arrivals.get()
+                if isinstance(ev, BlockArrived) and ev.node == node and ev.mc_id is not None:
+                    return ev
+    finally:
+        client.unsubscribe(arrivals)
 
 
 def record_ops(client: ClusterClient, record: Callable[[str], None]) -> None:

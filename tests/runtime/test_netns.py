@@ -25,7 +25,7 @@ from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.protocol import AgentDown, ChecksumsOp, GenerateOp
 from surge.runtime.transport import MIN_STALL_TIMEOUT_S, STALL_TIMEOUT_S
 from tests.conftest import REPO
-from tests.runtime.conftest import MODEL, connected, gone, needs_netns
+from tests.runtime.conftest import MODEL, connected, first_block_at, gone, needs_netns
 
 PROMPT = [0, 5, 9, 200, 31]
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -33,8 +33,9 @@ PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
 
 def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None, dead: Sequence[int] = ()):
     """Multicast the model from node 0 to every other node's gpu tier (calling
-    `fault(plan)` mid-way if given), then generate on every receiver but those in `dead`
-    (filled by the fault: nodes it cut off for good)."""
+    `fault(plan, client)` beside it if given; it awaits `first_block_at` its victim to strike
+    mid-way), then generate on every receiver but those in `dead` (filled by the fault: nodes
+    it cut off for good)."""
     n = cluster.config.num_nodes
     out = plan_scale_out(MulticastRequest(num_nodes=n, num_blocks=manifest.num_blocks))
 
@@ -44,7 +45,10 @@ def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None, dead: S
             mc = MulticastExecutor(client, MODEL, out.plan, tier="gpu", timeout_s=60)
             task = asyncio.create_task(mc.run())
             if fault is not None:
-                await fault(out.plan)
+                await fault(out.plan, client)
+                assert not task.done(), (
+                    "the multicast had ended before the fault: it tested nothing"
+                )
             result = await asyncio.wait_for(task, 90)
             live = [v for v in range(n) if v not in dead]
             sums = {v: await client.call(v, ChecksumsOp(model=MODEL)) for v in live}
@@ -140,9 +144,9 @@ def test_a_host_group_has_a_fast_link_of_its_own(make_netns) -> None:
 def test_a_link_down_mid_multicast_loses_nothing(make_netns, manifest) -> None:
     cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
 
-    async def link_down(plan) -> None:
+    async def link_down(plan, client) -> None:
         victim = plan.steps[0][0].dst  # the first receiver forwards to others
-        await asyncio.sleep(0.3)
+        await first_block_at(client, victim)
         cluster.set_link(victim, up=False)
         await asyncio.sleep(1.0)
         cluster.set_link(victim, up=True)
@@ -154,9 +158,9 @@ def test_a_link_down_mid_multicast_loses_nothing(make_netns, manifest) -> None:
 def test_a_node_frozen_mid_multicast_loses_nothing(make_netns, manifest) -> None:
     cluster = make_netns(4, link_gbps=0.05, preload_engine=True, cpu_cores_per_node=0)
 
-    async def freeze(plan) -> None:
+    async def freeze(plan, client) -> None:
         pid = cluster.procs[plan.steps[0][0].dst].pid
-        await asyncio.sleep(0.3)
+        await first_block_at(client, plan.steps[0][0].dst)
         os.kill(pid, signal.SIGSTOP)
         await asyncio.sleep(1.0)
         os.kill(pid, signal.SIGCONT)
@@ -178,9 +182,9 @@ def test_a_link_down_for_good_mid_multicast_is_noticed_and_the_rest_finish(
     victim: list[int] = []
     cut_at: list[float] = []
 
-    async def cut_for_good(plan) -> None:
+    async def cut_for_good(plan, client) -> None:
         victim.append(plan.steps[0][0].dst)  # the first receiver forwards to others
-        await asyncio.sleep(0.3)
+        await first_block_at(client, victim[0])
         cut_at.append(time.time())
         cluster.set_link(victim[0], up=False)
 
@@ -202,7 +206,7 @@ def test_five_percent_loss_on_one_link_during_a_scale_out_loses_nothing(
 
     lossy_node: list[int] = []
 
-    async def lossy(plan) -> None:
+    async def lossy(plan, _client) -> None:
         lossy_node.append(plan.steps[0][0].dst)
         cluster.set_loss(lossy_node[0], 5.0)
 
