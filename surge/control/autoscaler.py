@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from surge.config import EngineConfig
 from surge.control.copies import Copies
+from surge.control.emulation import instance_costs
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
 from surge.control.load_monitor import LoadMonitor, kv_usage
 from surge.control.metrics import Metrics
@@ -42,6 +43,7 @@ from surge.events import (
     ScaleOutStarted,
 )
 from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.blitzscale.monitor import profiled
 from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.topology import NodeLinks
@@ -60,9 +62,10 @@ def pool_load(
 ) -> PoolLoad:
     """The deployment as `policy.autoscale` sees it: its instances (loading until their
     endpoint is up; a multicast source is busy; with a `monitor`, each one's tokens/s and
-    KV use) and the requests waiting for one — at the router or on an execution pipeline.
-    The simulator builds the same view (`sim/scaling.pool_load`; its tokens/s is the decode
-    rate at that moment, its KV use the tokens reserved)."""
+    KV use, and the prompt tokens of requests without a first token) and the requests
+    waiting for one — at the router or on an execution pipeline. The simulator builds the
+    same view (`sim/scaling.pool_load`; its tokens/s is the decode rate at that moment, its
+    KV use the tokens reserved)."""
     # A FlexPipe pipeline's members share its endpoint: one instance, counted once.
     first = {id(i.endpoint): i.node for i in reversed(dep.instances.values()) if i.endpoint}
     loads = tuple(
@@ -77,8 +80,13 @@ def pool_load(
         for i in dep.instances.values()
         if i.endpoint is None or first[id(i.endpoint)] == i.node
     )
-    ongoing = sum(1 for r in dep.requests.values() if not r.done.is_set())
-    return PoolLoad(now_s, max(0, ongoing - sum(x.outstanding for x in loads)), loads)
+    ongoing = [r for r in dep.requests.values() if not r.done.is_set()]
+    # the load monitor's prefill load: prompt tokens of requests without a first token yet
+    pending = (
+        sum(len(r.prompt_token_ids) for r in ongoing if r.first_token_t is None) if monitor else 0
+    )
+    queued = max(0, len(ongoing) - sum(x.outstanding for x in loads))
+    return PoolLoad(now_s, queued, loads, pending)
 
 
 class Autoscaler:
@@ -162,10 +170,19 @@ class Autoscaler:
         self.copies.expire(now_s)
 
     def settings(self, dep: Deployment) -> AutoscaleSettings:
-        """The deployment's knobs within the cluster's instance slots (a FlexPipe
-        pipeline's target scaled by its stages: `control/flexpipe.py`)."""
+        """The deployment's knobs within the cluster's instance slots: the load monitor's
+        bounds profiled for its model when the strategy asks (BlitzScale §5.3,
+        `policy.blitzscale.monitor.profiled` of `control/emulation.instance_costs` and the
+        deployment's SLO), a FlexPipe pipeline's target scaled by its stages
+        (`control/flexpipe.py`)."""
         slots = len(self.live_nodes()) * self.config.slots_per_node
-        return flexpipe_autoscale(dep, dep.spec.autoscaling.capped(slots))
+        base = dep.spec.autoscaling
+        if base.profile_bounds:
+            costs = instance_costs(
+                self.config.emulation, self.estimates, dep.manifest.total_bytes, self.engine
+            )
+            base = profiled(base, costs, dep.spec.slo.seconds())
+        return flexpipe_autoscale(dep, base.capped(slots))
 
     def _observe(self, dep: Deployment, now_s: float, dt_s: float) -> None:
         m, name = self.metrics, dep.name

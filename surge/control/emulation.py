@@ -13,9 +13,11 @@ control/; called by the controller's facade.
 import asyncio
 import logging
 
+from surge.config import EngineConfig
 from surge.control.metrics import Metrics
 from surge.emulation import Emulation, traffic_charges
 from surge.model.manifest import Manifest
+from surge.policy.blitzscale.monitor import InstanceCosts
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
@@ -67,6 +69,32 @@ def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
         host_gbps=node.pcie_gbps * emulation.scale.weights_ratio,
         disk_gbps=node.ssd_gbps * emulation.scale.weights_ratio,
     )
+
+
+def instance_costs(
+    emulation: Emulation | None, estimates: ServingEstimates, store_bytes: int, engine: EngineConfig
+) -> InstanceCosts:
+    """One instance's step costs for the load monitor's profile (BlitzScale §5.3,
+    `policy.blitzscale.monitor`), in the serving clock's seconds: under GPU-time emulation
+    the emulated GPU's cost model for the emulated model (the simulator's, `sim/costs.py`);
+    else the host's estimates: a decode step reads every weight once whatever its batch
+    (`ServingEstimates.decode_s`), a prefill costs `prefill_over_decode` decode steps per
+    `ESTIMATE_PROMPT_TOKENS` prompt tokens (a CPU's prefill is compute-bound: linear in its
+    tokens). The engine's step limits either way."""
+    if emulation is not None:
+        cost = cost_model(emulation.config.profile, gpu_profile(emulation.nodes(1)[0].gpu))
+        prefill_s, decode_s = cost.prefill_s, cost.decode_s
+    else:
+        step_s = estimates.decode_s(store_bytes)
+        per_token_s = estimates.prefill_over_decode * step_s / ESTIMATE_PROMPT_TOKENS
+
+        def prefill_s(tokens: int) -> float:
+            return tokens * per_token_s
+
+        def decode_s(_batch: int) -> float:
+            return step_s
+
+    return InstanceCosts(prefill_s, decode_s, engine.max_prefill_tokens, engine.max_num_seqs)
 
 
 def kv_pace(emulation: Emulation | None, manifest: Manifest) -> float:

@@ -89,7 +89,21 @@ def autoscaling_from_json(d: Any, base: AutoscaleSettings | None = None) -> Auto
         ),
         target_tokens_per_s=_optional(d, "target_tokens_per_s", base.target_tokens_per_s, 0),
         target_kv_usage=_optional(d, "target_kv_usage", base.target_kv_usage, 0),
+        target_prefill_tokens_per_s=_optional(
+            d, "target_prefill_tokens_per_s", base.target_prefill_tokens_per_s, 0
+        ),
+        prefill_within_s=_optional(d, "prefill_within_s", base.prefill_within_s, 0),
+        count_in_flight=_flag(d, "count_in_flight", base.count_in_flight),
+        profile_bounds=_flag(d, "profile_bounds", base.profile_bounds),
     )
+
+
+def _flag(d: dict, key: str, default: bool) -> bool:
+    """A JSON boolean; absent: `default`."""
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise SurgeError(f"{key} must be true or false (got {v!r})")
+    return v
 
 
 def admission_from_json(d: Any) -> AdmissionSettings:

@@ -14,11 +14,18 @@ are Ray Serve's, the only vocabulary surge uses):
   capacity, so a slow load is not answered by ever more scale-outs unless the backlog
   keeps growing (the over-provisioning BlitzScale §6.2 observes for ServerlessLLM comes
   from the backlog, not from the rule).
-- Load monitor (BlitzScale §5.3: "tokens per second and KVCache usage"; an instance's
-  upper bound is profiled offline): with `target_tokens_per_s` and/or `target_kv_usage`
-  set, desired is also at least ceil(pool tokens/s / target_tokens_per_s) and
-  ceil(sum of the instances' KV use / target_kv_usage) — enough instances that the
-  average one stays under its bounds. The body measures both per instance.
+- Load monitor (BlitzScale §5.3: "records the serving loads with tokens per second and
+  KVCache usage globally. When the average load surpasses a pre-defined upper bound, we
+  allocate sufficient instances to meet that demand"): desired is also at least
+  ceil(prefill + decode), in instances' worth of load: prefill, the prompt tokens of the
+  pool's requests still waiting for their first token over `prefill_within_s` (the TTFT
+  SLO: the prefill tokens/s they need) per `target_prefill_tokens_per_s`; decode, the
+  larger of the pool's generated tokens/s per `target_tokens_per_s` and its summed KV use
+  per `target_kv_usage` (the same instances). Each term counts only when its bound is
+  set. The body measures the loads; `policy.blitzscale.monitor.profiled` derives the
+  bounds from a model's cost and SLO (`profile_bounds`). `count_in_flight` False: the
+  requests in flight size nothing (BlitzScale's monitor counts tokens and KV only) and
+  there is no panic.
 - Stable window (Knative): a scale-out happens once the load has asked for more
   instances for `upscale_delay_s`, at once when the pool is at zero (the activator) or
   in panic.
@@ -70,6 +77,19 @@ class AutoscaleSettings:
     target_kv_usage: float | None = None
     """KV-cache fraction one instance should fill at most (0, 1]; None = KV use does not
     count."""
+    target_prefill_tokens_per_s: float | None = None
+    """Prompt tokens/s one instance prefills (the monitor's prefill bound, BlitzScale §5.3);
+    > 0, None = prefill tokens do not count."""
+    prefill_within_s: float | None = None
+    """Waiting prompt tokens are prefill load per this many seconds (the TTFT SLO); > 0,
+    None = prefill tokens do not count."""
+    count_in_flight: bool = True
+    """Requests in flight size the pool (`target_ongoing_requests`, Knative's panic);
+    False: only the load monitor's terms do (BlitzScale §5.3)."""
+    profile_bounds: bool = False
+    """The monitor's bounds left None are profiled per model offline by each body before
+    deciding (`policy.blitzscale.monitor.profiled`, BlitzScale §5.3: "The upper bound can
+    be derived by profiling the average serving load per-instance offline")."""
 
     def __post_init__(self) -> None:
         if not self.target_ongoing_requests > 0:
@@ -100,6 +120,10 @@ class AutoscaleSettings:
             raise SurgeError(
                 f"target_kv_usage must be in (0, 1] or null (got {self.target_kv_usage})"
             )
+        for name in ("target_prefill_tokens_per_s", "prefill_within_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise SurgeError(f"{name} must be > 0 or null (got {value})")
 
     @property
     def last_keep_alive_s(self) -> float:
@@ -159,6 +183,9 @@ class PoolLoad:
     pipelines), for any instance."""
     instances: tuple[InstanceLoad, ...]
     """Every instance of the pool, loading or serving."""
+    pending_prefill_tokens: int = 0
+    """Prompt tokens of the pool's requests without a first token yet, wherever they wait
+    or prefill (the load monitor's prefill load)."""
 
     @property
     def outstanding(self) -> int:
@@ -194,16 +221,34 @@ class ScaleDecision:
     (the simulator) schedule a decision then; tick-driven ones may ignore it."""
 
 
-def desired_instances(
-    outstanding: int, settings: AutoscaleSettings, tokens_per_s: float = 0.0, kv_usage: float = 0.0
-) -> int:
-    """Instances needed for `outstanding` requests generating `tokens_per_s` and filling
-    `kv_usage` instances' worth of KV cache (the load monitor), within the settings' bounds."""
-    want = math.ceil(outstanding / settings.target_ongoing_requests)
+MONITOR_SLACK = 1e-9
+"""Instances' worth of load the monitor rounds away (an instance at exactly its bound,
+measured in floats, must not ask for one more)."""
+
+
+def monitor_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
+    """Instances the load monitor asks for (module docstring): ceil(prefill + decode load),
+    each in instances' worth; 0 when no bound is set."""
+    prefill = 0.0
+    if settings.target_prefill_tokens_per_s is not None and settings.prefill_within_s:
+        need = load.pending_prefill_tokens / settings.prefill_within_s  # tokens/s
+        prefill = need / settings.target_prefill_tokens_per_s
+    decode = 0.0
     if settings.target_tokens_per_s is not None:
-        want = max(want, math.ceil(tokens_per_s / settings.target_tokens_per_s))
+        decode = load.tokens_per_s / settings.target_tokens_per_s
     if settings.target_kv_usage is not None:
-        want = max(want, math.ceil(kv_usage / settings.target_kv_usage))
+        decode = max(decode, load.kv_usage / settings.target_kv_usage)
+    return math.ceil(prefill + decode - MONITOR_SLACK)
+
+
+def desired_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
+    """Instances needed for `load`: its requests in flight (when they count) and the load
+    monitor's terms, within the settings' bounds."""
+    outstanding = load.outstanding
+    want = 0
+    if settings.count_in_flight:
+        want = math.ceil(outstanding / settings.target_ongoing_requests)
+    want = max(want, monitor_instances(load, settings))
     if outstanding > 0:
         want = max(want, 1)
     want = max(want, settings.min_replicas)
@@ -218,16 +263,12 @@ def decide(
     """The scale decision for `load` given the previous `state` (see module docstring)."""
     now = load.now_s
     outstanding = load.outstanding
-    want = desired_instances(
-        outstanding,
-        settings,
-        0.0 if settings.target_tokens_per_s is None else load.tokens_per_s,
-        0.0 if settings.target_kv_usage is None else load.kv_usage,
-    )
+    want = desired_instances(load, settings)
     have = len(load.instances)
     panic_until = state.panic_until_s
     if (
         settings.panic_window_s > 0
+        and settings.count_in_flight
         and outstanding > 0
         and outstanding
         >= settings.panic_threshold * settings.target_ongoing_requests * max(1, have)

@@ -24,3 +24,13 @@ class Slo:
     def __post_init__(self) -> None:
         if not self.ttft_s > 0 or not self.tpot_s > 0:
             raise SurgeError("SLOs must be > 0 s")
+
+
+BLITZSCALE_SLOS: dict[str, Slo] = {
+    "llama2-7b": Slo(ttft_s=0.45, tpot_s=0.15),
+    "llama2-70b": Slo(ttft_s=1.25, tpot_s=0.2),
+}
+"""The SLOs BlitzScale sets per model (§3: "We set TTFT and TBT SLO based on inference speed
+of different models. Specifically, 450ms and 150ms for Llama2-7B model, and 1250ms and
+200ms for Llama2-70B model with tensor parallelism degree of 4"; TBT is surge's `tpot_s`).
+The paper gives no other model's."""

@@ -198,10 +198,6 @@ NCCL_GROUP_SETUP_S = 0.1
 off-the-shelf group communicators (e.g., NCCL)"; λScale §7.2: "up to hundreds of
 milliseconds"). The `nccl` system's `group_setup_s`: what the simulator charges before its
 chain, and the least an emulated run's real gloo group's creation lasts."""
-BLITZSCALE_TOKENS_PER_S = 2000.0
-"""Tokens/s one BlitzScale instance carries before the monitor asks for another (§5.3
-profiles it offline per model and GPU; a 7B model decoding a moderate batch on one A100).
-Profile your own and set a deployment's `autoscaling.target_tokens_per_s`."""
 BLITZSCALE_KV_USAGE = PdSettings().kv_busy_fraction
 """KV-cache fraction one BlitzScale instance fills before the monitor asks for another (the
 P/D monitor's threshold, 0.8)."""
@@ -213,12 +209,15 @@ _AUTOSCALE = AutoscaleSettings(
 _BLITZSCALE_AUTOSCALE = replace(
     _AUTOSCALE,
     downscale_delay_s=2.0,
-    target_tokens_per_s=BLITZSCALE_TOKENS_PER_S,
+    count_in_flight=False,
+    profile_bounds=True,
     target_kv_usage=BLITZSCALE_KV_USAGE,
 )
-"""BlitzScale's load monitor (§5.3): tokens/s and KV-cache use per instance against
-per-instance upper bounds, and a 2 s timeout before an idle instance goes (the last one
-too: keep_alive_s None). A deployment's own `autoscaling` fields override these."""
+"""BlitzScale's load monitor (§5.3): the pool's prefill tokens/s, generated tokens/s and
+KV-cache use against per-instance upper bounds profiled offline from the model's cost and
+SLO (`policy.blitzscale.monitor.profiled`; requests in flight size nothing), and a 2 s
+timeout before an idle instance goes (the last one too: keep_alive_s None). A deployment's
+own `autoscaling` fields override these (a bound it sets is not profiled)."""
 
 _FLEXPIPE_AUTOSCALE = replace(_AUTOSCALE, downscale_delay_s=2.0)
 """FlexPipe reclaims idle GPUs quickly (§3: providers "need to quickly reclaim idle GPU

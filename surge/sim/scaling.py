@@ -20,6 +20,7 @@ groups and the instances they consolidate into) with every field declared in
 import dataclasses
 import math
 from collections.abc import Callable
+from itertools import chain
 
 from surge.events import InstanceDrained, ScaleOutStarted
 from surge.policy.autoscale import (
@@ -351,10 +352,15 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     """The pool as `policy.autoscale` sees it: its instances (loading until loaded; a
     multicast source or one awaiting a KV hand-off is busy; with `monitor`, the load
     monitor's tokens/s, here the decode rate now rather than the runtime's 2-s trailing
-    window, and KV use, tokens reserved over capacity) and the requests waiting for one —
-    at the router or on an execution pipeline. `surge serve` builds the same view
+    window, and KV use, tokens reserved over capacity, and the prompt tokens of requests
+    without a first token) and the requests waiting for one — at the router or on an
+    execution pipeline. `surge serve` builds the same view
     (`control/autoscaler.pool_load`)."""
     queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
+    pending = 0
+    if monitor:  # prompt tokens without a first token yet: queued, waiting, prefilling
+        waiting = chain(pool.queue, *((*e.waiting, *e.prefilling) for e in endpoints(pool)))
+        pending = sum(r.input_tokens for r in waiting if r.first_token_s < 0)
     loads = tuple(
         InstanceLoad(
             i.id,
@@ -368,7 +374,12 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
         )
         for i in pool.instances
     )
-    return PoolLoad(now_s, queued, loads)
+    return PoolLoad(now_s, queued, loads, pending)
+
+
+def endpoints(pool: Pool) -> list[Instance]:
+    """Every endpoint of `pool`: its instances and open execution pipelines."""
+    return [*pool.instances, *pool.pipelines]
 
 
 def gpu_group(group: NodeGroup) -> GpuGroup:

@@ -26,12 +26,15 @@ import numpy as np
 from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
 from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.blitzscale.monitor import InstanceCosts, profiled
 from surge.policy.blitzscale.pd import PdTargets
 from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.placement import model_home
+from surge.policy.slo import Slo
 from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
+from surge.sim.costs import cost_model
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flexpipe import FlexPipe
 from surge.sim.flows import FlowNetwork
@@ -207,6 +210,8 @@ class Simulation:
             adjust=self._autoscale_settings,
         )
         self._fixed = self._fixed_replicas()
+        self._profiled: dict[tuple[int, AutoscaleSettings], AutoscaleSettings] = {}
+        """Per (model, system settings): the settings with the monitor's profiled bounds."""
 
     def _fixed_replicas(self) -> dict[int, int]:
         """Model index -> groups held fixed (`SimSettings.model_replicas`)."""
@@ -217,13 +222,34 @@ class Simulation:
         return {index[n]: count for n, count in self.settings.model_replicas}
 
     def _autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
-        """The autoscaler's settings for `pool`: FlexPipe's per-group target, and a fixed
-        count where the model's share of the cluster is fixed (`model_replicas`)."""
+        """The autoscaler's settings for `pool`: the load monitor's bounds profiled for its
+        model (BlitzScale §5.3, `policy.blitzscale.monitor.profiled`, when the system asks),
+        FlexPipe's per-group target, and a fixed count where the model's share of the
+        cluster is fixed (`model_replicas`)."""
+        if base.profile_bounds:
+            key = (pool.model, base)
+            if key not in self._profiled:
+                self._profiled[key] = profiled(
+                    base, self._instance_costs(pool.model), self._slo(pool.model)
+                )
+            base = self._profiled[key]
         settings = self.flexpipe.autoscale_settings(pool, base)
         fixed = self._fixed.get(pool.model)
         if fixed is None:
             return settings
         return dataclasses.replace(settings, min_replicas=fixed, max_replicas=fixed)
+
+    def _instance_costs(self, model: int) -> InstanceCosts:
+        """One instance of `model` as profiled offline: its cost model on its GPUs and the
+        engine's step limits."""
+        slot = self.world.models[model]
+        cost = cost_model(slot.profile, slot.group.gpu, slot.tp)
+        return InstanceCosts(
+            cost.prefill_s, cost.decode_s, self.settings.max_prefill_tokens, self.settings.max_batch
+        )
+
+    def _slo(self, model: int) -> Slo:
+        return self.settings.slo_of(self.world.models[model].name)
 
     def _num_blocks(self, model: int, num_nodes: int, num_sources: int) -> int:
         """B of one multicast: the system's, or λScale §4.2's elbow (`block_count`)."""

@@ -27,7 +27,14 @@ def test_the_prefill_source_sends_nothing_to_a_new_instance(tmp_path, tiny_store
         )
         await ctl.start()
         try:
-            scaling = {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 1}
+            # requests in flight drive the scale-out here (BlitzScale's own monitor, §5.3,
+            # counts prompt tokens against a profiled bound: `count_in_flight` opts back in)
+            scaling = {
+                "min_replicas": 2,
+                "max_replicas": 3,
+                "target_ongoing_requests": 1,
+                "count_in_flight": True,
+            }
             dep = await deploy(
                 ctl, tiny_store_dir, "blitzscale", scaling, pd={"prefill": 1, "decode": 1}
             )

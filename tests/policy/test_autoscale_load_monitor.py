@@ -20,8 +20,10 @@ def _idle(iid: int, since_s: float) -> InstanceLoad:
 
 
 def test_blitzscale_monitors_tokens_and_kv_and_lambdascale_does_not() -> None:
-    assert BLITZ.target_tokens_per_s and BLITZ.target_kv_usage and BLITZ.downscale_delay_s == 2.0
+    assert BLITZ.profile_bounds and not BLITZ.count_in_flight  # bounds: test_blitzscale_monitor
+    assert BLITZ.target_kv_usage and BLITZ.downscale_delay_s == 2.0
     assert LAMBDA.target_tokens_per_s is None and LAMBDA.target_kv_usage is None
+    assert LAMBDA.count_in_flight and not LAMBDA.profile_bounds
     assert LAMBDA.downscale_delay_s > BLITZ.downscale_delay_s
 
 

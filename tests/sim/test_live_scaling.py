@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from surge.policy.blitzscale.live_scaling import choose_schedule
+from surge.policy.slo import BLITZSCALE_SLOS
 from surge.policy.systems import system_config
 from surge.sim.costs import cost_model
 from surge.sim.hardware import load_cluster
@@ -15,6 +16,8 @@ from surge.sim.simulator import Simulation
 from surge.traces.request import make_trace
 
 MODEL = "llama2-7b"
+SLO = BLITZSCALE_SLOS[MODEL]
+"""BlitzScale §3's (its load monitor's bounds are profiled against it, §5.3)."""
 INPUT_TOKENS = 2000
 
 
@@ -25,7 +28,7 @@ def burst():
     one's egress carries K/V, §5.1) and its new instances go live while they load."""
     n = 48
     trace = make_trace("burst", [0.0] * n, [INPUT_TOKENS] * n, [8] * n)
-    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=2)
+    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=2, slo=SLO)
     sim = Simulation(trace, settings)
     return sim, sim.run()
 
@@ -73,7 +76,7 @@ def test_a_live_batch_runs_its_layers_on_target_then_source(burst):
 def test_live_scaling_shortens_the_burst_against_load_then_serve():
     n = 48
     trace = make_trace("burst", [0.0] * n, [INPUT_TOKENS] * n, [8] * n)
-    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=2)
+    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=2, slo=SLO)
     live = Simulation(trace, settings).run()
     off = replace(system_config("blitzscale"), serve_while_loading="none")
     stop = Simulation(trace, settings, off).run()
@@ -122,7 +125,7 @@ def test_the_load_monitor_sees_tokens_per_s_and_kv_use():
 
     n = 16
     trace = make_trace("decode", [0.0] * n, [INPUT_TOKENS] * n, [400] * n)
-    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=1)
+    settings = SimSettings("blitzscale-b", (MODEL,), "blitzscale", warm_instances=1, slo=SLO)
     sim = Simulation(trace, settings)
     seen: list = []
     pool = sim.pools[(0, "both")]

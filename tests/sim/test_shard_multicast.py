@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from surge.policy.slo import BLITZSCALE_SLOS
 from surge.policy.systems import system_config
 from surge.sim.flows import FlowNetwork
 from surge.sim.loading import Loader
@@ -42,7 +43,9 @@ def _run(
 
     monkeypatch.setattr(FlowNetwork, "start", recording)
     monkeypatch.setattr(Loader, "ready", whole)
-    settings = SimSettings("blitzscale-a", ("llama2-70b",), "blitzscale")
+    settings = SimSettings(
+        "blitzscale-a", ("llama2-70b",), "blitzscale", slo=BLITZSCALE_SLOS["llama2-70b"]
+    )
     config = replace(system_config("blitzscale"), shard_multicast=shard)
     res = Simulation(TRACE, settings, config).run()
     return summarize(res, settings), flows
