@@ -33,6 +33,7 @@ from surge.policy.slo import Slo
 from surge.policy.startup import Copy, Destination
 from surge.policy.systems import SystemConfig
 from surge.runtime.client import ClusterClient
+from surge.runtime.collective import GroupBlockBound
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.multicast import MulticastResult
 from surge.runtime.scaleout.estimates import DEFAULT_FETCH_GBPS, HOST_ESTIMATES, ServingEstimates
@@ -286,6 +287,9 @@ class ScaleOutContext:
     before it serves (`scaleout/local.engine_start`), and a real gloo group's creation
     lasts at least the system's `group_setup_s` on it before its first block moves
     (`scaleout/multicast.group_setup_floor_s`), each as the simulator charges it."""
+    group_block_bound: GroupBlockBound = field(default_factory=GroupBlockBound)
+    """How long a gloo group's member waits for one block (`multicast_transport` gloo or
+    gloo-ring; `runtime/collective.block_timeout_s`): the default's factor and floor."""
     report: ScaleOutReport = field(default_factory=ScaleOutReport)
     """What the scale-out did, written as it goes (the one mutable part)."""
 

@@ -38,7 +38,7 @@ from surge.policy.loading import (
 from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.policy.startup import StartupPlan
-from surge.runtime.collective import GroupExecutor
+from surge.runtime.collective import GroupExecutor, group_link
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import BlockArrived
@@ -183,6 +183,11 @@ async def run_multicast(ctx: ScaleOutContext, plan: StartupPlan) -> None:
             timeout_s=ctx.timeout_s,
             algorithm="ring" if transport == "gloo-ring" else "broadcast",
             setup_floor_s=group_setup_floor_s(ctx),
+            link=group_link(
+                [ctx.links.get(a, NodeLinks()) for a in [agents[0], *agents[k:]]],
+                max(b.size_bytes for b in ctx.manifest.blocks),
+            ),
+            block_bound=ctx.group_block_bound,
         )
     plan_node = {a: i for i, a in enumerate(agents)}
     # Receivers that forward within the plan hold their egress too: a later start-up
