@@ -18,6 +18,7 @@ from surge.model.tiny_shape import TinyModelConfig
 from surge.policy.multicast.scale_out import MulticastRequest, plan_scale_out
 from surge.runtime.handshake import AuthError, connect
 from surge.runtime.multicast import MulticastExecutor
+from surge.runtime.node.transfer import GPU_DEVICE_NODES
 from surge.runtime.protocol import BlockReply, ChecksumsOp, StatusOp, ok_header
 from surge.runtime.token_bucket import TokenBucket
 from surge.wire import encode_frame
@@ -120,6 +121,25 @@ def test_a_dead_agent_does_not_stop_the_others(make_cluster, manifest) -> None:
     assert result.replans, "deliveries from the dead node were not re-planned"
     want = {b.index: b.checksum for b in manifest.blocks}
     assert all(s.checksums == want for s in sums.values())
+
+
+def test_agents_that_only_move_bytes_never_import_torch(make_cluster, manifest) -> None:
+    """`preload_engine` off on a machine with no GPU: wiring the peers (whose hello says
+    whether the device is shared), registering a model and loading it to the host tier leave
+    torch unimported in every agent (~2 s of CPU each; 8c934c3's hello imported it, and a
+    6-agent test spent ~20 s of wall in it at load 13)."""
+    if any(map(os.path.exists, GPU_DEVICE_NODES)):
+        pytest.skip("a GPU machine: the hello asks torch whether the device is shared")
+    cluster = make_cluster(2)
+
+    async def run() -> None:
+        client = await connected(cluster, manifest)
+        await client.close()
+
+    asyncio.run(run())
+    for node, proc in cluster.procs.items():
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "libtorch" not in maps, f"agent {node} imported torch"
 
 
 @pytest.fixture(scope="module")

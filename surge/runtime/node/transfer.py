@@ -17,6 +17,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import time
 
 from surge.errors import SurgeError
@@ -321,8 +322,21 @@ class AgentTransfer:
         return Ack()
 
 
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+"""Kernel device nodes through which a CUDA device is reached (NVIDIA's driver, WSL's, and
+ROCm's, which torch also calls cuda): with none of them, `torch.cuda.is_available()` is
+False, so an `auto` device is the CPU."""
+
+
 def _shares_device(setting: str) -> bool:
-    """Whether host mates can open this agent's device memory (imports torch: a thread)."""
-    from surge.engine.devmem import shares_device
+    """Whether host mates can open this agent's device memory (`devmem.shares_device`).
+    Torch (~2 s of CPU to import) is imported only where a GPU may be: an agent that only
+    moves bytes (`preload_engine` off) on a machine with no GPU answers its hello without it,
+    as it did before mates shared device copies (8c934c3 imported torch in every agent)."""
+    if setting == "fake":
+        return True
+    if setting == "cpu" or (setting == "auto" and not any(map(os.path.exists, GPU_DEVICE_NODES))):
+        return False
+    from surge.engine.devmem import shares_device  # imports torch: run in a thread
 
     return shares_device(setting)
