@@ -31,10 +31,12 @@ from surge.runtime.multicast import MulticastResult
 from surge.runtime.protocol import (
     BlockArrived,
     ChecksumsOp,
+    DropModelOp,
     GroupBroadcastOp,
     GroupDone,
     LinkReport,
     SetPeersOp,
+    StatusOp,
 )
 from tests.runtime.conftest import MODEL, connected, needs_netns
 
@@ -296,3 +298,61 @@ def test_a_member_killed_mid_broadcast_fails_clearly_within_the_block_bound(
     # Noticed within the block bound, not the share (30 s): the bound, the pulls of what
     # was missing (~2 s at 0.02 Gbit/s) and the group's clean-up.
     assert bound_s < 6 and took_s < bound_s + 6, (took_s, bound_s)
+
+
+def test_a_group_given_up_mid_broadcast_leaves_its_members_answering(
+    make_cluster, manifest
+) -> None:
+    """A scale-out given up (its deployment deleted: `DropModelOp` on its members) while they
+    wait in the group for a block: each takes its group down in a worker thread and keeps
+    answering. Left to the garbage collector, the group was destroyed on the agent's event
+    loop, which waited there for the pending operations' timeouts: no answer for seconds (a
+    missed heartbeat). The root is frozen (SIGSTOP) once the group has formed, before its
+    set-up floor lets it send, so the targets' operations are pending when the drop comes."""
+    cluster = make_cluster(3, preload_engine=True)
+    plan = plan_scale_out(MulticastRequest(num_nodes=3, num_blocks=manifest.num_blocks)).plan
+    pids = {v: p.pid for v, p in cluster.procs.items()}
+    ports = {port for _, port in cluster.addresses.values()}
+    floor_s, timeout_s = 3.0, 12.0  # each block's wait: the share, 3 s (loopback: no link)
+
+    async def run() -> tuple[float, float]:
+        client = await connected(cluster, manifest, {0: list(range(manifest.num_blocks))}, "gpu")
+        probe = cluster.client()  # its own connections: an agent answers one's ops in turn
+        await probe.connect()
+        try:
+            ex = GroupExecutor(
+                client, MODEL, plan, tier="gpu", timeout_s=timeout_s, setup_floor_s=floor_s
+            )
+            t0 = time.monotonic()
+            task = asyncio.create_task(ex.run())
+            while not all(foreign_connections(pids[v], ports) for v in (1, 2)):
+                assert time.monotonic() - t0 < floor_s, "the group did not form in time"
+                await asyncio.sleep(0.005)
+            os.kill(pids[0], signal.SIGSTOP)
+            try:  # the targets' floors pass: they wait for the root's first block
+                await asyncio.sleep(t0 + floor_s + 0.5 - time.monotonic())
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                drop = asyncio.gather(*(client.call(v, DropModelOp(model=MODEL)) for v in (1, 2)))
+                slowest_s = 0.0
+                while not drop.done():
+                    for v in (1, 2):
+                        t = time.monotonic()
+                        await probe.call(v, StatusOp())
+                        slowest_s = max(slowest_s, time.monotonic() - t)
+                    await asyncio.sleep(0.02)
+                await drop
+                dropped_s = time.monotonic() - t0
+                assert not any(foreign_connections(pids[v], ports) for v in (1, 2))
+            finally:
+                os.kill(pids[0], signal.SIGCONT)
+            return slowest_s, dropped_s
+        finally:
+            await probe.close()
+            await client.close()
+
+    slowest_s, dropped_s = asyncio.run(run())
+    assert slowest_s < 1.0, slowest_s  # before: the rest of the wait (5.5 s of a 6-s one)
+    # the drop waited for the group's close: the targets' pending waits, the share here
+    assert dropped_s < floor_s + timeout_s / 4 + 3.0, dropped_s

@@ -13,7 +13,9 @@ lands it like a pulled one (`arrival` with the multicast's id), so the controlle
 state machine does not know how the bytes came. Out: arrivals; for every block a target
 could not receive (a member gone, a timeout), a `pull_failed` naming the root, so the
 controller's re-plan pulls it from a live holder over surge's own transport; and a
-`group_done` with the times, once the group is destroyed.
+`group_done` with the times, once the group is destroyed. A group given up (its model
+dropped here while it moves blocks) is destroyed in a worker thread too: the destruction
+waits for its pending operations' timeouts, which must not hold the event loop.
 
 Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext` and its
 `AgentStore`.
@@ -108,6 +110,14 @@ class AgentCollective:
             t0 = time.monotonic()
             num_bytes = await self._move(op, group, landed)
             broadcast_s = time.monotonic() - t0
+        except asyncio.CancelledError:
+            # Given up (its model dropped here: `DropModelOp`, a deleted deployment). The
+            # group goes down in a worker thread: left to the garbage collector, it was
+            # destroyed on the event loop, which waited there for its pending operations'
+            # timeouts (the agent answered nothing for 4-5 s, a missed heartbeat).
+            if group is not None:
+                await asyncio.to_thread(group.close, True)
+            raise
         except (RuntimeError, SurgeError, OSError, ValueError) as e:
             # torch raises RuntimeError (DistBackendError, DistNetworkError) for a member
             # gone, a timeout, a refused rendezvous
