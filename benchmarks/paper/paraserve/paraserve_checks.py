@@ -8,9 +8,6 @@
   ServerlessLLM with the model in host memory; a start the sentence allows leaves
   ServerlessLLM the slower. 13B on the V100 servers beside it ("for smaller models": the
   sentence does not claim the larger one).
-- `v100_gib`: the V100 with its 32 GB as the card has them, 32 GiB (the simulator's
-  profiles count GB = 1e9 B; the paper's sizes are GiB: Table 1's "24.2GB" Llama-2 13B is
-  26.0e9 B), for §8.4 scale-up's counterfactual.
 - `table1_v100`: testbed (i)'s V100 servers with the V100's decode at Table 1's warm TPOT
   (Llama-2 13B, "each request containing 1024 input tokens and a batch size of 8": 58 ms;
   the simulator's roofline gives 49 ms), for §8.4 scale-down's counterfactual.
@@ -94,13 +91,6 @@ def _v100_fields(base) -> dict:
         "decode_efficiency": base.decode_efficiency,
         "layer_overhead_s": base.layer_overhead_s,
     }
-
-
-def v100_gib() -> dict:
-    """The V100 profile with 32 GiB of memory (since 2026-11-28 the default V100 too;
-    until then the profiles counted 32e9 B)."""
-    fields = _v100_fields(gpu_profile("V100"))
-    return {**fields, "name": "V100-32GiB", "memory_gib": 32}
 
 
 def table1_v100() -> dict:

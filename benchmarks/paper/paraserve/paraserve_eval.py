@@ -21,7 +21,7 @@ scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
   keeps w micro-batches of 8 in flight), 16 V100 GPUs, groups of 4 vs 1 worker;
   13B on one V100 (§8.1), as the paper deploys it; headline: mean TTFT 1 / 4 (paper
   1.87x) and TPOT 4 / 1 (1.08-1.19x); beside it 13B on the two V100s our fit rule gives
-  it, one fetch per server, and the V100 at its 32 GiB (the profiles' 32e9 B).
+  it, and one fetch per server.
 - §8.5 brownfield: `paraserve_brownfield.py` (ParaServe without the node prefetcher, as
   §8.5 deploys it; paper 2.6x).
 - `sllm_start_check` (`paraserve_checks.py`): §8.2's sentence on ServerlessLLM with cached
@@ -49,7 +49,6 @@ from paraserve_checks import (
     simulated_tpot_s,
     sllm_start_check,
     table1_v100,
-    v100_gib,
 )
 
 from surge.policy.paraserve.gpu_share import pipeline_speed
@@ -194,7 +193,7 @@ Eq. 2's speed (`policy.paraserve.gpu_share.pipeline_speed`)."""
 ONE_CARD = 1.0
 """`kv_memory_fraction` by which 13B fits one V100 (§8.1: "all evaluated models are able to
 reside in single card"; our fit rule's 10% activation headroom and 10% KV floor of 0.9 of
-32 GB put it on two)."""
+32 GiB put it on two)."""
 
 
 def scale_down() -> dict:
@@ -286,14 +285,6 @@ def scale_up() -> dict:
         "counterfactual_one_card_shared_fetch": _scale_up_once(
             kv_memory_fraction=ONE_CARD, nic_gbps_one_worker=4 * 16.0
         ),
-        # the V100's 32 GB as the card has them, 32 GiB (the profiles count GB = 1e9 B;
-        # Table 1's "24.2GB" 13B is 26.0e9 B, GiB too): KV room 4107 -> 6988 tokens
-        "counterfactual_v100_32gib": {
-            **_scale_up_once(kv_memory_fraction=ONE_CARD, gpu=v100_gib()),
-            "one_card_kv_tokens": kv_capacity_tokens(
-                gpu_profile(v100_gib()).memory_bytes * ONE_CARD, load_model("llama2-13b")
-            ),
-        },
         "paper": {"ttft_ratio": 1.87, "tpot_ratio": "1.08-1.19"},
     }
 
