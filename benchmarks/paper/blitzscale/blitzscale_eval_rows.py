@@ -35,7 +35,12 @@ def report_rows(doc: dict) -> list[dict]:
         miss = sllm["cache_misses"]
         cause = _miss_cause(w, counterfactual) + _peak_note(doc.get("peak_check", {}).get(name))
         if name == "7b-azurecode":
-            cause += _profiled_note(doc, "ttft", red)
+            cause += _in_flight_note(doc, "ttft", red)
+        if name == "8b-azureconv":
+            cause += (
+                " §3 gives no 8B SLO: the monitor's bounds are profiled against the 7B's "
+                "(450 / 150 ms), an assumption."
+            )
         rows.append(
             row(
                 "BlitzScale",
@@ -70,7 +75,7 @@ def report_rows(doc: dict) -> list[dict]:
                 f"{1 - sens['blitzscale']['gpu_seconds'] / ssd:.1%}, the paper's 40% between "
                 "the two"
             )
-        cause += "." + _profiled_note(doc, "gpu", g["gpu_reduction_vs_serverlessllm"])
+        cause += "." + _in_flight_note(doc, "gpu", g["gpu_reduction_vs_serverlessllm"])
 
     rows.append(
         row(
@@ -101,19 +106,44 @@ def report_rows(doc: dict) -> list[dict]:
     return rows
 
 
-def _profiled_note(doc: dict, metric: str, shipped: float) -> str:
-    """The 7B counterfactual with the monitor's bound profiled as §5.3 says (every system
-    of §6.1 on it), for the TTFT (`metric` "ttft") or GPU-time ("gpu") reduction."""
-    p = doc.get("profiled_6_1")
-    if not p:
+def _in_flight_note(doc: dict, metric: str, now: float) -> str:
+    """The 7B counterfactual with the load monitor surge shipped until 2026-11-28 (every
+    system of §6.1 on it), for the TTFT (`metric` "ttft") or GPU-time ("gpu") reduction."""
+    p = doc.get("in_flight_6_1")
+    if not p or "paper_slo" not in p:
         return ""
     what = "TTFT" if metric == "ttft" else "GPU-time"
+    key = f"{metric}_reduction_vs_serverlessllm"
     return (
-        f" Counterfactual: the monitor's in-flight bound (shipped 8 for every system, "
-        "unsourced) profiled as §5.3 says, the requests one instance prefills within §3's "
-        f"{p['ttft_slo_s'] * 1e3:.0f}-ms 7B TTFT SLO ({p['bound_requests']:.2f}): "
-        f"BlitzScale's {what} reduction vs S-LLM {shipped:.1%} -> "
-        f"{p[f'{metric}_reduction_vs_serverlessllm']:.1%}."
+        " Every system runs BlitzScale's §5.3 monitor: prompt tokens waiting, generated "
+        "tokens/s and KV use against per-instance bounds profiled from the cost model and "
+        "§3's SLO. Counterfactual: the monitor surge shipped until 2026-11-28 "
+        f"({p['bound_requests']:.0f} requests in flight per instance, unsourced): "
+        f"BlitzScale's {what} reduction vs S-LLM {p['paper_slo'][key]:.1%} at §3's SLO, "
+        f"{p['default_slo'][key]:.1%} at the simulator's default 5-s TTFT SLO (now "
+        f"{now:.1%})." + (_monitor_shift(doc, p["paper_slo"]) if metric == "ttft" else "")
+    )
+
+
+def _monitor_shift(doc: dict, old: dict) -> str:
+    """What the profiled monitor did to each system's 7B TTFT and GPU time, against the
+    in-flight monitor at the same SLO."""
+    new = doc["ttft_6_1"]["workloads"]["7b-azurecode"]["systems"]
+    parts = [
+        f"{name} {old['systems'][name]['ttft_mean_s']:.2f} -> {new[name]['ttft_mean_s']:.2f} s "
+        f"({new[name]['gpu_seconds'] / old['systems'][name]['gpu_seconds'] - 1:+.0%} "
+        "GPU-seconds)"
+        for name in ("blitzscale", "serverlessllm")
+    ]
+    drop = {
+        name: 1 - new[name]["ttft_mean_s"] / old["systems"][name]["ttft_mean_s"]
+        for name in ("blitzscale", "serverlessllm")
+    }
+    return (
+        " The profiled monitor against the in-flight one at §3's SLO, mean TTFT: "
+        + ", ".join(parts)
+        + f": both buy shorter queues with GPU time, S-LLM's TTFT falls more "
+        f"({drop['serverlessllm']:.0%} vs {drop['blitzscale']:.0%}), so the reduction narrows."
     )
 
 

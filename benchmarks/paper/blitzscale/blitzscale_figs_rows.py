@@ -19,7 +19,7 @@ def report_rows(doc: dict) -> list[dict]:
     plan = [v[f"+plan_{m}"] for v in g.values() for m in ("ttft_mean_s", "tbt_mean_s")]
     live = max(max(v["+live_ttft_mean_s"], v["+live_tbt_mean_s"]) for v in g.values())
     every_step = all(x > -0.01 for v in g.values() for x in v.values())
-    cf = f15["counterfactual_monitor_bounds"]["blitzscale-profiled"]
+    cf = f15["counterfactual_monitor_bounds"].get("blitzscale-in-flight-8")
     nan = float("nan")
     nm = f15["counterfactual_monitor_bounds"].get("blitzscale-no-mutation") or {
         "ttft_reduction_vs_half": nan,
@@ -83,24 +83,7 @@ def report_rows(doc: dict) -> list[dict]:
             f"{f15['gpu_seconds_vs_full']:.2f}x its GPU-seconds",
             ordering=f15["ttft_reduction_vs_half"] > 0 and f15["tbt_reduction_vs_half"] > 0,
             pairs=((f15["ttft_reduction_vs_half"], 0.35), (f15["tbt_reduction_vs_half"], 0.41)),
-            cause="TTFT: BlitzScale's load monitor keeps its few instances busy "
-            f"({f15.get('shipped_bound_requests', 8):.0f} requests in flight per instance: a "
-            "bound the paper does not give; §5.3 derives it 'by profiling the average serving "
-            "load per-instance offline'), so it queues where DistServe's always-on GPUs do "
-            "not. Counterfactual: the bound profiled as §5.3 says, the requests of the "
-            "trace's mix one instance prefills within §3's 7B TTFT SLO "
-            f"({f15.get('ttft_slo_s', 0.45) * 1e3:.0f} ms / the cost model's mean prefill "
-            f"= {f15.get('profiled_bound_requests', nan):.2f}): "
-            f"TTFT vs half {f15['ttft_reduction_vs_half']:+.0%} -> "
-            f"{cf['ttft_reduction_vs_half']:+.0%}, TBT {f15['tbt_reduction_vs_half']:+.0%} -> "
-            f"{cf['tbt_reduction_vs_half']:+.0%}, GPU-seconds {cf['gpu_seconds_vs_full']:.2f}x "
-            "full's (paper +35% / +41%). TBT counts the K/V hand-off (the first token is "
-            "the prefill's): BlitzScale decodes on fewer instances than DistServe-half's "
-            "fixed 8, so K/V from many prefill instances converges on fewer links; the "
-            "monitor grows decode on that K/V ingress (§5.2's incast) but only up to its "
-            "bound. Without the prefill->decode mutation "
-            f"(§5.2): TTFT {nm['ttft_reduction_vs_half']:+.0%}, TBT "
-            f"{nm['tbt_reduction_vs_half']:+.0%} vs half.",
+            cause=_fig15_cause(f15, cf, nm),
         ),
         row(
             PAPER,
@@ -174,4 +157,40 @@ def _fig18_cause(f18: dict) -> str | None:
     return (
         f"S-LLM's one host copy serves its own machine ({loads['memory']} loads from host "
         f"memory, {loads['ssd']} from SSD at 10 Gb/s per GPU)" + _fig18_beside(f18) + "."
+    )
+
+
+def _fig15_cause(f15: dict, cf: dict | None, nm: dict) -> str:
+    """Why Fig. 15 misses: BlitzScale's monitor against DistServe's always-on GPUs, with
+    the measured counterfactuals (the monitor surge shipped until 2026-11-28; no mutation)."""
+    s = f15["systems"]
+    b, half = s["blitzscale"], s["distserve-half"]
+    m = f15.get("monitor_bounds", {})
+    text = (
+        "TTFT: BlitzScale autoscales from zero and DistServe-half keeps 16 GPUs always on; "
+        "BlitzScale's §5.3 monitor holds each instance to the prompt tokens it prefills "
+        f"within §3's {m.get('ttft_slo_s', 0.45) * 1e3:.0f}-ms SLO "
+        f"({m.get('prompt_tokens_within_slo', float('nan')):,.0f}, profiled from the cost "
+        "model), and asks for instances as waiting prompts pass it; a new one serves once "
+        "loaded (or live, §4), while DistServe's are up before the burst: mean TTFT "
+        f"{b['ttft_mean_s']:.2f} s vs {half['ttft_mean_s']:.2f} s (p99 "
+        f"{b['ttft_p99_s']:.2f} vs {half['ttft_p99_s']:.2f} s) with "
+        f"{b['gpu_seconds'] / half['gpu_seconds']:.2f}x DistServe-half's GPU-seconds."
+    )
+    if cf:
+        text += (
+            " Counterfactual: the monitor surge shipped until 2026-11-28 (8 requests in "
+            f"flight per instance, unsourced): TTFT vs half {cf['ttft_reduction_vs_half']:+.0%}"
+            f", TBT {cf['tbt_reduction_vs_half']:+.0%}, GPU-seconds "
+            f"{cf['gpu_seconds_vs_full']:.2f}x full's (now "
+            f"{f15['ttft_reduction_vs_half']:+.0%} / {f15['tbt_reduction_vs_half']:+.0%} / "
+            f"{f15['gpu_seconds_vs_full']:.2f}x; paper +35% / +41%)."
+        )
+    return text + (
+        " TBT counts the K/V hand-off (the first token is the prefill's): BlitzScale decodes "
+        "on fewer instances than DistServe-half's fixed 8, so K/V from many prefill "
+        "instances converges on fewer links; the monitor grows decode on that K/V ingress "
+        "(§5.2's incast) but only up to its bound. Without the prefill->decode mutation "
+        f"(§5.2): TTFT {nm['ttft_reduction_vs_half']:+.0%}, TBT "
+        f"{nm['tbt_reduction_vs_half']:+.0%} vs half."
     )
