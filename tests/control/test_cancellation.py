@@ -18,6 +18,9 @@ from tests.control.conftest import Serve, start_serve
 
 KEEP = {"min_replicas": 1, "keep_alive_s": 600, "target_ongoing_requests": 100}
 LONG = {"prompt": "once upon a time", "max_tokens": 2000, "ignore_eos": True, "n": 16}
+BUSY_CPU_S = 0.3
+"""CPU the serving agent spends on the request before the client hangs up: it is generating
+(16 sequences of 2,000 tokens keep it busy for many seconds)."""
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def _cpu_s(p: psutil.Process) -> float:
     return t.user + t.system
 
 
-def _busy_then_gone(server: Serve, body: dict) -> None:
+def _busy_then_gone(server: Serve, body: dict, agent: psutil.Process) -> None:
     """Send `body` on a raw connection, wait until the agent computes, then hang up."""
     host, port = server.url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
@@ -60,7 +63,10 @@ def _busy_then_gone(server: Serve, body: dict) -> None:
     while server.metric("surge_ongoing_requests", "a") < 16:
         assert time.monotonic() < deadline, "the request never ran"
         time.sleep(0.1)
-    time.sleep(1.0)  # it is generating now
+    c0 = _cpu_s(agent)  # it is generating now: the agent computes (was a fixed 1-s sleep)
+    while _cpu_s(agent) - c0 < BUSY_CPU_S:
+        assert time.monotonic() < deadline, "the agent never computed the request"
+        time.sleep(0.05)
     s.close()
 
 
@@ -86,7 +92,7 @@ def _log(server: Serve) -> str:
 @pytest.mark.serial  # asserts wall-clock time: alone on the CPU (pyproject)
 def test_a_client_that_goes_away_aborts_its_work(server: Serve, stream: bool) -> None:
     agent = _agent_of(server, "a")
-    _busy_then_gone(server, {"model": "a", **LONG, "stream": stream})
+    _busy_then_gone(server, {"model": "a", **LONG, "stream": stream}, agent)
     _assert_aborted(server, agent)
     log = _log(server)
     assert "the client went away" in log
