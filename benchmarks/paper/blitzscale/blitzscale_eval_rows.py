@@ -156,7 +156,7 @@ def _peak_note(check: dict | None) -> str:
     note = (
         f" Its rate (x{check['rate_scale']:g}) as §6.1 scales it, 'such that the peak "
         f"incoming rate can be handled by all the instances': all {check['instances']} "
-        f"always on serve {here['slo_attainment']:.1%} within the SLO (p99 TTFT "
+        f"always on serve {here['slo_attainment']:.1%} within §3's SLO (p99 TTFT "
         f"{here['ttft_p99_s']:.1f} s)"
     )
     others = [f"x{x} {v['slo_attainment']:.1%}" for x, v in by.items() if v is not here]
