@@ -78,6 +78,10 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
             "min_replicas": args.nodes if whole else 2,
             "max_replicas": args.nodes,
             "target_ongoing_requests": args.target,
+            # every system scales on the same in-flight target (`--target`); BlitzScale's
+            # own §5.3 monitor (since 2026-11-28 its default) counts prompt tokens, and this
+            # run's prompts (<= 48 tokens) would never reach its bound
+            "count_in_flight": True,
             "keep_alive_s": 60,
             "downscale_delay_s": 60,
         }
