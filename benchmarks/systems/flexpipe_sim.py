@@ -74,6 +74,19 @@ PROVISION_LEAD_S = 120.0
 """A provisioned variant's groups start loading this long before the first arrival (the
 trace is shifted by it; its GPU-seconds count from the first arrival on)."""
 WORKLOADS = ("gamma", "phased")
+QUICK_RELEASE_S = 2.0
+"""The scale-down FlexPipe shipped before it took §9.4's 5-minute reclamation and §9.1's
+always-ready 30% (`policy.systems._FLEXPIPE_AUTOSCALE`): BlitzScale's 2 s, no floor."""
+
+
+def quick_release(config: SystemConfig, floor: bool = False) -> SystemConfig:
+    """`config` giving idle groups back after `QUICK_RELEASE_S` (a counterfactual, or a
+    test of the release mechanism on a short trace); `floor` keeps its always-ready
+    fraction, else none."""
+    fast = replace(config.autoscale, downscale_delay_s=QUICK_RELEASE_S)
+    if not floor:
+        fast = replace(fast, always_ready_fraction=0.0)
+    return replace(config, autoscale=fast)
 
 
 def phased_trace(
@@ -184,9 +197,10 @@ def run_one(
     s = summarize(res, settings)
     done = res.done_s >= 0
     e2e = res.done_s[done] - res.arrival_s[done]
-    # A provisioned variant holds its groups for good (the loop would run to its drain
-    # limit): it counts from the first arrival to the last request's end.
-    end_s = float(res.done_s.max()) if lead_s and done.all() else res.end_s
+    # Counted from the first arrival to the last request's end: a provisioned variant holds
+    # its groups for good (the loop would run to its drain limit), and FlexPipe's groups
+    # stay 5 idle minutes (§9.4) and its always-ready floor for good (§9.1) after it.
+    end_s = float(res.done_s.max()) if done.all() and len(done) else res.end_s
     _, gpus = gpus_over_time(res, 1.0)
     gpus = gpus[int(lead_s) : int(end_s) + 1]
     steady = gpus[60:] if len(gpus) > 120 else gpus

@@ -95,6 +95,7 @@ def autoscaling_from_json(d: Any, base: AutoscaleSettings | None = None) -> Auto
         prefill_within_s=_optional(d, "prefill_within_s", base.prefill_within_s, 0),
         count_in_flight=_flag(d, "count_in_flight", base.count_in_flight),
         profile_bounds=_flag(d, "profile_bounds", base.profile_bounds),
+        always_ready_fraction=_number(d, "always_ready_fraction", base.always_ready_fraction, 0),
     )
 
 

@@ -36,6 +36,11 @@ are Ray Serve's, the only vocabulary surge uses):
   released while the pool stays >= desired, the longest-idle first (ties: lowest id);
   the last instance stays until it has idled `keep_alive_s` (scale to zero,
   ServerlessLLM / λScale keep-alive).
+- Always-ready floor (FlexPipe §9.1: it "maintains only 30% of peak capacity as
+  always-ready resources, with remaining capacity allocated through dynamic scaling";
+  §9.6: "30% of historical peak capacity"): with `always_ready_fraction` f > 0, desired is
+  at least ceil(f x the most instances the pool has held so far), the peak kept in the
+  state. 0 (every system but FlexPipe) = no floor beyond `min_replicas`.
 Pure and deterministic: no clock, the caller passes `now_s` and the previous state. A
 decision that adds and releases nothing is a fixed point: fed its own state with the same
 load and settings it returns itself (the simulator skips such repeats at one instant).
@@ -90,6 +95,9 @@ class AutoscaleSettings:
     """The monitor's bounds left None are profiled per model offline by each body before
     deciding (`policy.blitzscale.monitor.profiled`, BlitzScale §5.3: "The upper bound can
     be derived by profiling the average serving load per-instance offline")."""
+    always_ready_fraction: float = 0.0
+    """Fraction of the pool's historical peak (the most instances it has held) kept ready
+    however idle it is, rounded up; in [0, 1], 0 = none (FlexPipe §9.1: 0.3)."""
 
     def __post_init__(self) -> None:
         if not self.target_ongoing_requests > 0:
@@ -115,6 +123,10 @@ class AutoscaleSettings:
         if self.target_tokens_per_s is not None and not self.target_tokens_per_s > 0:
             raise SurgeError(
                 f"target_tokens_per_s must be > 0 or null (got {self.target_tokens_per_s})"
+            )
+        if not 0 <= self.always_ready_fraction <= 1:
+            raise SurgeError(
+                f"always_ready_fraction must be in [0, 1] (got {self.always_ready_fraction})"
             )
         if self.target_kv_usage is not None and not 0 < self.target_kv_usage <= 1:
             raise SurgeError(
@@ -144,6 +156,8 @@ class AutoscaleState:
     """Since when the load has asked for more instances (stable window); None = it does not."""
     panic_until_s: float | None = None
     """Panic lasts until then; None = never panicked."""
+    peak_instances: int = 0
+    """The most instances the pool has held (the always-ready floor's historical peak)."""
 
     def in_panic(self, now_s: float) -> bool:
         return self.panic_until_s is not None and now_s < self.panic_until_s
@@ -257,6 +271,15 @@ def desired_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
     return want
 
 
+def ready_floor(peak_instances: int, settings: AutoscaleSettings) -> int:
+    """Instances kept always ready for a pool that has held `peak_instances` at most
+    (FlexPipe §9.1 / §9.6: a fraction of the historical peak), within `max_replicas`."""
+    floor = math.ceil(settings.always_ready_fraction * peak_instances - 1e-9)
+    if settings.max_replicas is not None:
+        floor = min(floor, settings.max_replicas)
+    return floor
+
+
 def decide(
     load: PoolLoad, settings: AutoscaleSettings, state: AutoscaleState = AutoscaleState()
 ) -> ScaleDecision:
@@ -265,6 +288,8 @@ def decide(
     outstanding = load.outstanding
     want = desired_instances(load, settings)
     have = len(load.instances)
+    peak = max(state.peak_instances, have)
+    want = max(want, ready_floor(peak, settings))
     panic_until = state.panic_until_s
     if (
         settings.panic_window_s > 0
@@ -287,7 +312,7 @@ def decide(
             want_since = since
             wake.append(since + settings.upscale_delay_s)
             out = 0
-    state = AutoscaleState(want_since, panic_until)
+    state = AutoscaleState(want_since, panic_until, peak)
     release: list[int] = []
     if have > want and not panic:
         idle = sorted(

@@ -219,12 +219,24 @@ SLO (`policy.blitzscale.monitor.profiled`; requests in flight size nothing), and
 timeout before an idle instance goes (the last one too: keep_alive_s None). A deployment's
 own `autoscaling` fields override these (a bound it sets is not profiled)."""
 
-_FLEXPIPE_AUTOSCALE = replace(_AUTOSCALE, downscale_delay_s=2.0)
-"""FlexPipe reclaims idle GPUs quickly (§3: providers "need to quickly reclaim idle GPU
-resources"; §7: the system "automatically reclaims resources when requests subside"; §9.6:
-always-on reservation 30% of peak). The paper gives no delay; ours is BlitzScale's 2 s
-(§5.3): a FlexPipe scale-out loads its stages from host copies in parallel (§7), so giving
-a GPU back early costs little. With the `pack` router the surplus groups are the idle ones."""
+FLEXPIPE_RECLAIM_S = 300.0
+"""FlexPipe §9.4: the capacity above its always-ready floor "is allocated through elastic
+scaling with 5-minute reclamation windows": an idle group goes back after 5 minutes."""
+FLEXPIPE_ALWAYS_READY = 0.30
+"""FlexPipe §9.1: it "maintains only 30% of peak capacity as always-ready resources, with
+remaining capacity allocated through dynamic scaling" (§9.4 the same; §9.6: "from 75% to
+just 30% of historical peak capacity"). The peak is the pool's own, in groups
+(`policy.autoscale.ready_floor`)."""
+
+_FLEXPIPE_AUTOSCALE = replace(
+    _AUTOSCALE,
+    downscale_delay_s=FLEXPIPE_RECLAIM_S,
+    always_ready_fraction=FLEXPIPE_ALWAYS_READY,
+)
+"""FlexPipe's reclamation (§7: the system "automatically reclaims resources when requests
+subside"): 30% of the pool's peak groups always ready (§9.1), the rest reclaimed after
+5 idle minutes (§9.4). With the `pack` router the surplus groups are the idle ones. Until
+2026-11-28 this was BlitzScale's 2-s scale-down (unsourced for FlexPipe) and no floor."""
 
 SYSTEMS: dict[str, SystemConfig] = {
     # λScale §4: binomial k-way multicast, execution pipelines, mode switch, a host replica.

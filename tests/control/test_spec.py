@@ -47,6 +47,17 @@ def test_autoscaling_takes_the_ray_serve_knob_names_only() -> None:
 FLEX = {"name": "m", "model": "/m", "strategy": "flexpipe"}
 
 
+def test_a_flexpipe_deployment_keeps_its_systems_reclamation_unless_it_sets_its_own() -> None:
+    """§9.1's always-ready 30% and §9.4's 5-minute reclamation reach `surge serve`."""
+    plain = DeploymentSpec.from_json(FLEX)
+    assert plain.autoscaling.always_ready_fraction == 0.3
+    assert plain.autoscaling.downscale_delay_s == 300.0
+    own = DeploymentSpec.from_json(FLEX | {"autoscaling": {"always_ready_fraction": 0}})
+    assert own.autoscaling.always_ready_fraction == 0.0
+    with pytest.raises(SurgeError, match="always_ready_fraction"):
+        DeploymentSpec.from_json(FLEX | {"autoscaling": {"always_ready_fraction": 2}})
+
+
 def test_a_flexpipe_deployment_sets_its_own_knobs_over_the_systems() -> None:
     base = serve_system("flexpipe").flexpipe
     spec = DeploymentSpec.from_json(FLEX | {"flexpipe": {"decision_interval_s": 0.05}})

@@ -1,9 +1,10 @@
 """Autoscaling parity: the same pool history, seen through each body's observer
 (`control/autoscaler.pool_load` for `surge serve`, `sim/scaling.pool_load` for the
 simulator), gives the same `policy.autoscale` decisions tick by tick — stable window,
-panic window, downscale delay and the last instance's keep-alive included."""
+panic window, downscale delay and the last instance's keep-alive included, and FlexPipe's
+always-ready floor (§9.1: a fraction of the pool's peak)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from surge.control.autoscaler import pool_load as runtime_pool_load
@@ -91,10 +92,10 @@ def _sim_view(m: Moment):
     return sim_pool_load(pool, m.now_s)
 
 
-def _decisions(view) -> list[ScaleDecision]:
+def _decisions(view, settings: AutoscaleSettings = SETTINGS) -> list[ScaleDecision]:
     state, out = AutoscaleState(), []
     for m in HISTORY:
-        d = decide(view(m), SETTINGS, state)
+        d = decide(view(m), settings, state)
         state = d.state
         out.append(d)
     return out
@@ -112,3 +113,13 @@ def test_both_bodies_observe_and_decide_alike() -> None:
     assert runtime[6].release == ()  # 1 has not idled 2 s yet; 3 sends
     assert runtime[7].release == (3, 1)  # longest idle first, the last one stays
     assert runtime[8].release == () and runtime[9].release == (2,)  # keep_alive_s
+
+
+def test_both_bodies_keep_the_always_ready_floor_alike() -> None:
+    """Half the peak (3 instances at 1.2 s) always ready: ceil(1.5) = 2 are kept."""
+    floor = replace(SETTINGS, always_ready_fraction=0.5)
+    runtime, sim = _decisions(_runtime_view, floor), _decisions(_sim_view, floor)
+    assert runtime == sim
+    assert runtime[3].state.peak_instances == 3
+    assert runtime[7].release == (3,)  # 3 idle, 2 kept: only the longest idle goes
+    assert runtime[9].release == () and runtime[9].desired == 2  # never to zero

@@ -1,5 +1,8 @@
 """The autoscaler's Knative rules, now in `surge.policy.autoscale` for both bodies: the
-stable (upscale) window, the panic window, the last instance's keep-alive."""
+stable (upscale) window, the panic window, the last instance's keep-alive, and FlexPipe's
+always-ready floor (a fraction of the pool's historical peak, §9.1)."""
+
+from dataclasses import replace
 
 import pytest
 
@@ -10,6 +13,7 @@ from surge.policy.autoscale import (
     InstanceLoad,
     PoolLoad,
     decide,
+    ready_floor,
 )
 
 
@@ -55,6 +59,32 @@ def test_no_release_in_panic_and_the_last_instance_keeps_alive() -> None:
     assert decide(PoolLoad(10.0, 0, idle), s, panic).release == (1, 2)
     same = AutoscaleSettings(target_ongoing_requests=4, downscale_delay_s=2, keep_alive_s=None)
     assert decide(PoolLoad(2.0, 0, idle), same).release == (1, 2)
+
+
+def test_the_always_ready_floor_keeps_a_fraction_of_the_peak() -> None:
+    """FlexPipe §9.1: 30% of the peak always ready. A pool that reached 7 instances keeps
+    ceil(0.3 x 7) = 3 however long they idle; without the floor all 7 go."""
+    s = AutoscaleSettings(
+        target_ongoing_requests=4, downscale_delay_s=2, keep_alive_s=None, panic_window_s=0
+    )
+    floor = replace(s, always_ready_fraction=0.3)
+    busy = tuple(_busy(i, 4) for i in range(1, 8))
+    idle = tuple(_idle(i, 0.0) for i in range(1, 8))
+    for settings, kept in ((s, 0), (floor, 3)):
+        d = decide(PoolLoad(0.0, 0, busy), settings)
+        assert d.state.peak_instances == 7
+        d = decide(PoolLoad(100.0, 0, idle), settings, d.state)
+        assert len(d.release) == 7 - kept and d.desired == kept
+        assert d.state.peak_instances == 7  # the peak is history: releases keep it
+    # the floor is a fixed point: fed its own state with the same load it returns itself
+    d1 = decide(PoolLoad(100.0, 0, idle[:3]), floor, d.state)
+    assert d1.release == () and d1.scale_out == 0
+    assert decide(PoolLoad(100.0, 0, idle[:3]), floor, d1.state) == d1
+    # a pool that never held an instance has no floor (scale to zero until first used)
+    assert decide(PoolLoad(0.0, 0, ()), floor).desired == 0
+    assert ready_floor(7, replace(floor, max_replicas=2)) == 2
+    with pytest.raises(SurgeError):
+        AutoscaleSettings(always_ready_fraction=1.5)
 
 
 def test_capped_settings_and_bad_knobs() -> None:

@@ -5,8 +5,10 @@ splits then merges (§6, hysteresis from the system's one FlexPipe settings obje
 import numpy as np
 import pytest
 
+from benchmarks.systems.flexpipe_sim import quick_release
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.flexpipe.groups import pipeline_autoscale
+from surge.policy.systems import system_config
 from surge.sim.costs import cost_model
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
@@ -67,8 +69,10 @@ def _bursty_then_quiet() -> Trace:
 
 
 def test_bursts_split_a_quiet_period_merges_and_groups_pipeline_per_stage():
+    """Groups released 2 s after they idle (`quick_release`): held for §9.4's 5 minutes,
+    the first burst's groups absorb the later ones, nothing queues and nothing splits."""
     settings = SimSettings("lambdascale-testbed1", ("llama2-13b",), "flexpipe")
-    sim = Simulation(_bursty_then_quiet(), settings)
+    sim = Simulation(_bursty_then_quiet(), settings, quick_release(system_config("flexpipe")))
     res = sim.run()
     assert np.all(res.done_s > 0)
     fp = sim.flexpipe

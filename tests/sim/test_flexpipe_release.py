@@ -2,14 +2,19 @@
 (`policy.router`, the system's `routing`) keeps a quiet period on the fewest groups, so
 the surplus ones idle and the autoscaler's downscale releases them (§7: the system
 "automatically reclaims resources when requests subside"). The same run with the
-`least-loaded` router spreads the quiet load over several groups and keeps them held."""
+`least-loaded` router spreads the quiet load over several groups and keeps them held.
+The mechanism is shown with the release shortened to 2 s (`quick_release`), so a 60-s
+quiet period sees it; as shipped, an idle group goes after §9.4's 5 minutes and 30% of
+the peak stays (§9.1), the last test."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from surge.policy.systems import system_config
+from benchmarks.systems.flexpipe_sim import quick_release
+from surge.policy.systems import FLEXPIPE_RECLAIM_S, SystemConfig, system_config
 from surge.sim.events import Priority
 from surge.sim.metrics import gpus_over_time
 from surge.sim.settings import SimSettings
@@ -35,9 +40,12 @@ def _burst_then_quiet() -> Trace:
     )
 
 
-def _run(routing: str) -> tuple[Simulation, list[tuple[int, int]]]:
-    """The run and, at `PROBE_S`, each group's (id, requests outstanding)."""
-    config = replace(system_config("flexpipe"), routing=routing)
+def _run(
+    routing: str, base: SystemConfig | None = None
+) -> tuple[Simulation, list[tuple[int, int]]]:
+    """The run and, at `PROBE_S`, each group's (id, requests outstanding); `base` None:
+    FlexPipe releasing after 2 s."""
+    config = replace(base or quick_release(system_config("flexpipe")), routing=routing)
     sim = Simulation(
         _burst_then_quiet(), SimSettings("flexpipe", ("llama2-7b",), "flexpipe"), config
     )
@@ -84,5 +92,21 @@ def test_a_group_refactored_while_idle_is_still_released() -> None:
     within the downscale delay of the last request."""
     trace = gamma_trace(20.0, 8.0, 600.0, 2, input_tokens=512, output_tokens=128)
     settings = SimSettings("flexpipe", ("llama2-7b",), "flexpipe", seed=2)
-    res = Simulation(trace, settings, system_config("flexpipe")).run()
+    res = Simulation(trace, settings, quick_release(system_config("flexpipe"))).run()
     assert res.end_s - res.done_s.max() < 30.0, (res.end_s, res.done_s.max())
+
+
+def test_as_shipped_idle_groups_stay_five_minutes_and_30_percent_of_the_peak_for_good() -> None:
+    """§9.4: elastic capacity "with 5-minute reclamation windows"; §9.1: "30% of peak
+    capacity as always-ready resources". The burst's groups idle from the quiet period
+    on; none goes before 5 idle minutes, and ceil(0.3 x peak) stay after the last request."""
+    sim, _ = _run("pack", system_config("flexpipe"))
+    res = sim.world.result
+    assert np.all(res.done_s > 0)
+    pool = next(iter(sim.pools.values()))
+    peak = pool.autoscale_state.peak_instances
+    assert peak >= 4, peak
+    released = [t for t, _, kind, _ in res.scale_events if kind == "release"]
+    assert released and min(released) >= FLEXPIPE_RECLAIM_S, released
+    assert len(pool.instances) == math.ceil(0.3 * peak) >= 1
+    assert len(released) == peak - len(pool.instances)
