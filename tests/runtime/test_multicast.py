@@ -2,31 +2,53 @@
 
 import asyncio
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.policy.multicast.scale_out import STRATEGIES, MulticastRequest, plan_scale_out
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.multicast import MulticastExecutor
-from surge.runtime.protocol import ChecksumsOp, GenerateOp, StatusOp
-from tests.runtime.conftest import MODEL, connected
+from surge.runtime.protocol import ChecksumsOp, DropModelOp, GenerateOp, StatusOp
+from tests.runtime.conftest import MODEL, assert_all_stopped, connected
 
 PROMPT = [0, 5, 9, 200, 31]
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
+STRATEGY_NODES = 5
+
+
+@pytest.fixture(scope="module")
+def strategy_cluster(registry: Path) -> Iterator[LocalCluster]:
+    """Five agents with the engine loaded, shared by every strategy's multicast (each drops
+    the model everywhere after it): one start of five torch-importing agents, not one per
+    strategy (~10 s of CPU each)."""
+    config = LocalClusterConfig(
+        num_nodes=STRATEGY_NODES, link_gbps=0.4, preload_engine=True, remote_dir=registry
+    )
+    with LocalCluster(config) as cluster:
+        yield cluster
+    assert_all_stopped(cluster)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(manifest) -> list[int]:
+    return LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
 
 
 def expected_order(plan, node: int) -> list[int]:
     return [tr.block for step in plan.steps for tr in step if tr.dst == node]
 
 
+# One xdist worker runs every strategy: they share the module's cluster.
+@pytest.mark.xdist_group("multicast_strategies")
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_delivers_identical_blocks_in_plan_order(
-    strategy: str, make_cluster, manifest
+    strategy: str, strategy_cluster, greedy_reference, manifest
 ) -> None:
-    num_nodes = 5
-    cluster = make_cluster(num_nodes, link_gbps=0.4, preload_engine=True)
-    reference = LLMEngine(manifest).generate([PROMPT], PARAMS)[0].token_ids
+    num_nodes, cluster, reference = STRATEGY_NODES, strategy_cluster, greedy_reference
 
     async def run():
         client = await connected(cluster, manifest)
@@ -43,7 +65,8 @@ def test_every_strategy_delivers_identical_blocks_in_plan_order(
             ask = GenerateOp(model=MODEL, prompt_token_ids=tuple(PROMPT), params=PARAMS)
             tokens = await asyncio.gather(*(client.call(n, ask) for n in range(1, num_nodes)))
             return out, result, sums, tokens
-        finally:
+        finally:  # the next strategy starts from node 0's copy alone
+            await client.broadcast(DropModelOp(model=MODEL))
             await client.close()
 
     out, result, sums, tokens = asyncio.run(run())
