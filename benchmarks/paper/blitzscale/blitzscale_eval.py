@@ -2,7 +2,7 @@
 use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model cluster.
 
 - §6.1 (Fig. 13): three workloads (7B on Azure code x2 on cluster A as 32 one-GPU
-  logical hosts, 8B on Azure conv on cluster B as 16, as §6.2 says; 70B on Azure code x0.4
+  logical hosts, 8B on Azure conv on cluster B as 16, as §6.2 says; 70B on Azure code x0.19
   on cluster A as 8 four-GPU logical hosts), 20 minutes each, every system
   P/D-disaggregated with BlitzScale's monitor (§5.3: tokens/s and KV use against
   per-instance bounds profiled from the cost model and §3's SLO, `paper_slo`: 450 / 150 ms
@@ -15,8 +15,8 @@ use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model cluster.
 
 - §6.1's rate scaling checked (`peak_check`): each workload's instances all on from t = 0
   (DistServe-style, no autoscaling) at its scale, "the peak incoming rate can be handled
-  by all the instances" when every request meets the SLO; the 70B's scale is the largest
-  on a grid where it does.
+  by all the instances" when HANDLED_SLO_ATTAINMENT of its requests meet §3's SLO; the
+  70B's scale is the largest on a grid where they do.
 - §6.2 GPU time: GPU-seconds of §6.1's 7B runs (AzureCode x2, 32 one-GPU hosts).
   Paper: BlitzScale's GPU utilisation is 40% lower than S-LLM's.
 - Sensitivity (7B / AzureCode): rate scale x1/x2/x3 on 32 hosts and x2 on 16, S-LLM's
@@ -81,20 +81,39 @@ WORKLOADS = (
     # by all the instances"; at x2 the 7B peak takes 30-32 of the 32 GPUs (`rate_sensitivity`).
     ("7b-azurecode", "llama2-7b", "azure-code", 2.0, "blitzscale-a", 1),
     ("8b-azureconv", "llama3-8b", "azure-conv", 1.0, "blitzscale-b", 1),
-    # 70B on 8 four-GPU hosts: x0.4, the largest scale on PEAK_GRID at which all 8
-    # instances, always on (`distserve`), serve every request within the SLO: at x1.0
-    # (until 2026-11-28) even they queue (53% within the SLO, `peak_check`), so the peak
-    # was more than "all the instances" could handle and the row measured overload; at
-    # x0.4 the autoscaled peak still takes all 32 GPUs, as the 7B's x2 does
-    ("70b-azurecode", "llama2-70b", "azure-code", 0.4, "blitzscale-a", 4),
+    # 70B on 8 four-GPU hosts: x0.19, the largest scale on PEAK_GRID that all 8 instances,
+    # always on (`distserve`), handle (HANDLED_SLO_ATTAINMENT within §3's SLO, `peak_check`):
+    # x0.4 (chosen at the simulator's default 5-s TTFT until 2026-11-28) serves 86.1%
+    ("70b-azurecode", "llama2-70b", "azure-code", 0.19, "blitzscale-a", 4),
 )
 """§6.1's three workloads (Fig. 13: 7B, 8B and 70B). BurstGPT, the paper's third trace,
 is not in shared/traces: the 70B workload replays Azure code instead."""
 
 
-PEAK_GRID = {"70b-azurecode": (0.35, 0.4, 0.45, 0.5, 1.0)}
-"""Rate scales at which `peak_check` also runs a workload's all-on deployment (the 70B's
-choice; every workload runs at its own scale)."""
+HANDLED_SLO_ATTAINMENT = 0.98
+"""§6.1 scales each trace "such that the peak incoming rate can be handled by all the
+instances—otherwise autoscaling cannot help" and states no threshold (§6.2 says only that
+DistServe (full), every instance always on, does not violate the SLO). "Handled", the same
+for every workload: every instance always on from t = 0 (`peak_check`) serves at least this
+share of requests within §3's SLO (`paper_slo`), the level the 7B's x2 and 8B's x1 meet
+(98.8%, 99.9%) rounded down to a whole percent. An assumption, not the paper's number."""
+
+PEAK_GRID = {
+    "70b-azurecode": (0.15, 0.16, 0.17, 0.18, 0.19, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 1.0)
+}
+"""Rate scales at which `peak_check` also runs a workload's all-on deployment: the 70B's
+0.05 steps, in 0.01 steps where they cross HANDLED_SLO_ATTAINMENT (x0.15 handled, x0.2
+97.98%). Below x0.2 the 1,200-s window holds less of the trace (x0.15: its first 63
+requests; x0.05 and x0.1 the same 63). The 7B's and 8B's scales (chosen first, the 7B's by
+its autoscaled peak taking the 32 GPUs) are checked, not searched."""
+
+
+def largest_handled(by_scale: dict) -> float | None:
+    """The largest rate scale in `peak_check`'s `by_scale` whose all-on deployment meets
+    HANDLED_SLO_ATTAINMENT, or None."""
+    ok = [float(x) for x, v in by_scale.items() if v["slo_attainment"] >= HANDLED_SLO_ATTAINMENT]
+    return max(ok, default=None)
+
 
 SSD_GBPS_PER_GPU = 10.0
 """Table 1 / §6.1: "our cluster only supports a 10 Gbps per-GPU bandwidth, so a 4-GPU 70 B
@@ -136,7 +155,7 @@ def peak_check(duration_s: float = 1200.0) -> dict:
     instances": per workload, every instance of its cluster always on (`distserve`, warm
     from t = 0) at its rate scale (and the 70B's at `PEAK_GRID`): share of requests within
     §3's SLO (`paper_slo`; until 2026-11-28 the simulator's default, 5 s TTFT), mean and p99
-    TTFT. All within the SLO: the instances handle the peak."""
+    TTFT. At least HANDLED_SLO_ATTAINMENT within it: the instances handle the peak."""
     out: dict = {}
     for name, model, trace_name, scale, preset, per_host in WORKLOADS:
         cluster = logical_hosts(preset, per_host)
@@ -151,8 +170,11 @@ def peak_check(duration_s: float = 1200.0) -> dict:
             )
             s, _ = run(trace, settings, cfg)
             out[name]["by_scale"][f"{x:g}"] = {
-                k: s[k] for k in ("slo_attainment", "ttft_mean_s", "ttft_p99_s")
+                "requests": trace.num_requests,
+                **{k: s[k] for k in ("slo_attainment", "ttft_mean_s", "ttft_p99_s")},
             }
+        out[name]["handled_slo_attainment"] = HANDLED_SLO_ATTAINMENT
+        out[name]["largest_handled_scale"] = largest_handled(out[name]["by_scale"])
     return out
 
 
