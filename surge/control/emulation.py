@@ -22,7 +22,7 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
-from surge.sim.costs import cost_model
+from surge.sim.costs import cost_model, monitor_costs
 from surge.sim.hardware import gpu_profile
 
 log = logging.getLogger(__name__)
@@ -82,17 +82,18 @@ def instance_costs(
     `ESTIMATE_PROMPT_TOKENS` prompt tokens (a CPU's prefill is compute-bound: linear in its
     tokens). The engine's step limits either way."""
     if emulation is not None:
-        cost = cost_model(emulation.config.profile, gpu_profile(emulation.nodes(1)[0].gpu))
-        prefill_s, decode_s = cost.prefill_s, cost.decode_s
-    else:
-        step_s = estimates.decode_s(store_bytes)
-        per_token_s = estimates.prefill_over_decode * step_s / ESTIMATE_PROMPT_TOKENS
+        gpu = gpu_profile(emulation.nodes(1)[0].gpu)
+        return monitor_costs(
+            emulation.config.profile, gpu, 1, engine.max_prefill_tokens, engine.max_num_seqs
+        )
+    step_s = estimates.decode_s(store_bytes)
+    per_token_s = estimates.prefill_over_decode * step_s / ESTIMATE_PROMPT_TOKENS
 
-        def prefill_s(tokens: int) -> float:
-            return tokens * per_token_s
+    def prefill_s(tokens: int) -> float:
+        return tokens * per_token_s
 
-        def decode_s(_batch: int) -> float:
-            return step_s
+    def decode_s(_batch: int) -> float:
+        return step_s
 
     return InstanceCosts(prefill_s, decode_s, engine.max_prefill_tokens, engine.max_num_seqs)
 

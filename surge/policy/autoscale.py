@@ -235,9 +235,10 @@ class ScaleDecision:
     (the simulator) schedule a decision then; tick-driven ones may ignore it."""
 
 
-MONITOR_SLACK = 1e-9
-"""Instances' worth of load the monitor rounds away (an instance at exactly its bound,
-measured in floats, must not ask for one more)."""
+ROUND_SLACK = 1e-9
+"""Instances' worth the ceilings round away (the load monitor's, the always-ready floor's):
+an instance at exactly its bound, or a fraction of the peak that is whole, measured in
+floats, must not ask for one more."""
 
 
 def monitor_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
@@ -252,7 +253,7 @@ def monitor_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
         decode = load.tokens_per_s / settings.target_tokens_per_s
     if settings.target_kv_usage is not None:
         decode = max(decode, load.kv_usage / settings.target_kv_usage)
-    return math.ceil(prefill + decode - MONITOR_SLACK)
+    return math.ceil(prefill + decode - ROUND_SLACK)
 
 
 def desired_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
@@ -274,7 +275,7 @@ def desired_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
 def ready_floor(peak_instances: int, settings: AutoscaleSettings) -> int:
     """Instances kept always ready for a pool that has held `peak_instances` at most
     (FlexPipe §9.1 / §9.6: a fraction of the historical peak), within `max_replicas`."""
-    floor = math.ceil(settings.always_ready_fraction * peak_instances - 1e-9)
+    floor = math.ceil(settings.always_ready_fraction * peak_instances - ROUND_SLACK)
     if settings.max_replicas is not None:
         floor = min(floor, settings.max_replicas)
     return floor

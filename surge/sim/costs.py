@@ -10,6 +10,7 @@ does 1/g of the FLOPs, plus an all-reduce cost.
 
 from dataclasses import dataclass
 
+from surge.policy.blitzscale.monitor import InstanceCosts
 from surge.sim.hardware import GpuProfile
 from surge.sim.models import ModelProfile
 
@@ -75,3 +76,15 @@ def cost_model(model: ModelProfile, gpu: GpuProfile, tp: int = 1) -> CostModel:
         num_layers=model.num_layers,
         prefill_floor_s=weights_s,
     )
+
+
+def monitor_costs(
+    model: ModelProfile, gpu: GpuProfile, tp: int, max_prefill_tokens: int, max_batch: int
+) -> InstanceCosts:
+    """One instance as BlitzScale's load monitor profiles it offline (§5.3,
+    `policy.blitzscale.monitor`): `model`'s cost model on `tp` GPUs of type `gpu` and the
+    engine's step limits. The one construction the simulator (`Simulation`), `surge serve`
+    under GPU-time emulation (`control/emulation.instance_costs`) and the reproductions'
+    JSON (`benchmarks/paper/blitzscale/monitor_bound.py`) share."""
+    cost = cost_model(model, gpu, tp)
+    return InstanceCosts(cost.prefill_s, cost.decode_s, max_prefill_tokens, max_batch)

@@ -34,7 +34,7 @@ from surge.policy.placement import model_home
 from surge.policy.slo import Slo
 from surge.policy.systems import SystemConfig, system_config
 from surge.sim.cluster_state import ClusterState
-from surge.sim.costs import cost_model
+from surge.sim.costs import monitor_costs
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flexpipe import FlexPipe
 from surge.sim.flows import FlowNetwork
@@ -243,9 +243,9 @@ class Simulation:
         """One instance of `model` as profiled offline: its cost model on its GPUs and the
         engine's step limits."""
         slot = self.world.models[model]
-        cost = cost_model(slot.profile, slot.group.gpu, slot.tp)
-        return InstanceCosts(
-            cost.prefill_s, cost.decode_s, self.settings.max_prefill_tokens, self.settings.max_batch
+        limits = self.settings
+        return monitor_costs(
+            slot.profile, slot.group.gpu, slot.tp, limits.max_prefill_tokens, limits.max_batch
         )
 
     def _slo(self, model: int) -> Slo:

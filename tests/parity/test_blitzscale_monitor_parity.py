@@ -1,9 +1,9 @@
 """BlitzScale's load monitor (§5.3) parity: `surge serve` and the simulator profile the same
 per-instance bounds for one model on one GPU (the runtime under GPU-time emulation from the
 emulated GPU's cost model, `control/emulation.instance_costs`; the simulator from its own,
-`Simulation._instance_costs`), measure the same prefill load (prompt tokens of the requests
-without a first token: at the router, waiting, prefilling; not the ones decoding) and so
-take the same `policy.autoscale` decisions."""
+`Simulation._instance_costs`; both through `sim/costs.monitor_costs`), measure the same
+prefill load (prompt tokens of the requests without a first token: at the router, waiting,
+prefilling; not the ones decoding) and so take the same `policy.autoscale` decisions."""
 
 from types import SimpleNamespace
 

@@ -24,8 +24,8 @@ from surge.policy.systems import system_config  # noqa: E402
 def test_brownfield_paraserve_has_no_prefetcher_overlap() -> None:
     # §8.5: "incorporating the parameter manager and engine optimizations" (no prefetcher)
     assert system_config("paraserve").init_overlaps_load is True
-    assert paraserve_brownfield._paraserve().init_overlaps_load is False
-    assert paraserve_brownfield._paraserve(prefetcher=True).init_overlaps_load is True
+    assert paraserve_brownfield.brownfield_paraserve().init_overlaps_load is False
+    assert paraserve_brownfield.brownfield_paraserve(prefetcher=True).init_overlaps_load is True
 
 
 def test_table1_v100_decodes_13b_at_table1_tpot() -> None:
@@ -63,13 +63,13 @@ def test_fig11_cause_names_only_starts_section_8_2_rules_out() -> None:
             },
         },
     }
-    ok, ruled_out = paraserve_rows._starts(e2e, check)
+    ok, ruled_out = paraserve_rows.start_split(e2e, check)
     assert ok == {"6.8s_beside": 1.2, "10.0s_beside": 2.0}
     assert ruled_out == {"0.5s_after": 0.9}
-    cause = paraserve_rows._start_cause(e2e, check)
+    cause = paraserve_rows.start_cause(e2e, check)
     assert cause is not None and "0.5 s after: 0.90x" in cause and "rules out" in cause
     assert "(at 0.6 req/s CV 8)" in cause  # the points where it misses, read from the rows
     # a start the sentence allows that misses is not explained away
     e2e = _e2e({"0.5s_after": [1.1, 0.9], "10.0s_beside": [2.0, 0.8]}, [1.2, 1.5])
-    cause = paraserve_rows._start_cause(e2e, check)
+    cause = paraserve_rows.start_cause(e2e, check)
     assert cause is not None and "rests on" in cause

@@ -10,9 +10,9 @@ beside 2,000 tokens/s and 0.8 KV use).
 
 from dataclasses import replace
 
-from surge.policy.blitzscale.monitor import InstanceCosts, bounds
+from surge.policy.blitzscale.monitor import bounds
 from surge.policy.slo import BLITZSCALE_SLOS, Slo
-from surge.sim.costs import cost_model
+from surge.sim.costs import monitor_costs
 from surge.sim.models import load_model
 from surge.sim.settings import SimSettings
 
@@ -46,12 +46,10 @@ def in_flight_monitor(cfg):
 
 def profiled_bounds(model: str, cluster, tp: int = 1) -> dict:
     """The monitor's per-instance bounds for `model` on the cluster's GPUs as the simulator
-    profiles them (`Simulation._instance_costs`, the default engine limits), for the JSON."""
-    cost = cost_model(load_model(model), cluster.groups[0].gpu, tp)
+    profiles them (`sim/costs.monitor_costs`, the default engine limits), for the JSON."""
     limits = SimSettings(cluster, (model,), "blitzscale")
-    costs = InstanceCosts(
-        cost.prefill_s, cost.decode_s, limits.max_prefill_tokens, limits.max_batch
-    )
+    gpu = cluster.groups[0].gpu
+    costs = monitor_costs(load_model(model), gpu, tp, limits.max_prefill_tokens, limits.max_batch)
     slo = paper_slo(model)
     b = bounds(costs, slo)
     return {

@@ -55,7 +55,7 @@ GAP_S = 400.0
 """Past §8.5's 5-minute grace period: every request is a cold start."""
 
 
-def _paraserve(prefetcher: bool = False) -> SystemConfig:
+def brownfield_paraserve(prefetcher: bool = False) -> SystemConfig:
     """ParaServe as §8.5 deploys it (no prefetcher: start-up after the fetch)."""
     return replace(system_config("paraserve"), init_overlaps_load=prefetcher)
 
@@ -83,12 +83,12 @@ def brownfield() -> dict:
     def put(key: str, name: str, cfg: SystemConfig, slo: Slo = CHATBOT_7B) -> None:
         out[key] = _cold_starts(cluster, name, cfg, slo)
 
-    put("paraserve", "paraserve", _paraserve())
+    put("paraserve", "paraserve", brownfield_paraserve())
     put("serverless-vllm", "serverless-vllm", vllm)
-    put("paraserve-prefetcher", "paraserve", _paraserve(prefetcher=True))
+    put("paraserve-prefetcher", "paraserve", brownfield_paraserve(prefetcher=True))
     # the 4 workers Alg. 1 picks without a container (with one, no group meets the SLO and
     # Alg. 1 falls back to one worker, which is not the point of the counterfactual)
-    four = replace(_paraserve(), group_sizing="fixed", pipeline_size=4)
+    four = replace(brownfield_paraserve(), group_sizing="fixed", pipeline_size=4)
     for tc in CONTAINER_S:  # container creation first, overlapping nothing
         put(f"paraserve-container{tc:g}", "paraserve", replace(four, init_s=four.init_s + tc))
         put(
@@ -98,9 +98,13 @@ def brownfield() -> dict:
         )
     for hop in SHARED_OBJECT_HOPS_S:
         put(f"paraserve-4workers-hop{hop:g}", "paraserve", replace(four, stage_hop_s=hop))
-        put(f"paraserve-alg1-hop{hop:g}", "paraserve", replace(_paraserve(), stage_hop_s=hop))
+        put(
+            f"paraserve-alg1-hop{hop:g}",
+            "paraserve",
+            replace(brownfield_paraserve(), stage_hop_s=hop),
+        )
     for app, slo in TABLE2_7B_SLOS.items():  # serverless vLLM has no SLO-sized choice
-        put(f"paraserve-slo-{app}", "paraserve", _paraserve(), slo)
+        put(f"paraserve-slo-{app}", "paraserve", brownfield_paraserve(), slo)
 
     def ttft_ratio(para: str, suffix: str = "") -> float | None:
         return ratio(out[f"serverless-vllm{suffix}"]["ttft_mean_s"], out[para]["ttft_mean_s"])

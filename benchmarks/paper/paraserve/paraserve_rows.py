@@ -24,7 +24,7 @@ def report_rows(doc: dict) -> list[dict]:
             ordering=holds,
             sim_value=e2e["max_ratio_vs_best_baseline"],
             paper_value=1.74,
-            cause=_start_cause(e2e, doc.get("sllm_start_check")),
+            cause=start_cause(e2e, doc.get("sllm_start_check")),
         ),
         row(
             PAPER,
@@ -65,7 +65,7 @@ def report_rows(doc: dict) -> list[dict]:
     ]
 
 
-def _starts(e2e: dict, check: dict | None) -> tuple[dict, dict]:
+def start_split(e2e: dict, check: dict | None) -> tuple[dict, dict]:
     """Worst ParaServe / S-LLM ratio over the §8.3 points per S-LLM start, split into the
     starts §8.2's sentence allows and those it rules out (all allowed without the check)."""
     # the scenario's own start (6.8 s beside the load) is the headline run's S-LLM
@@ -84,15 +84,17 @@ def _label(start: str) -> str:
 
 
 def _start_text(e2e: dict, check: dict | None) -> str:
-    ok, ruled_out = _starts(e2e, check)
+    ok, ruled_out = start_split(e2e, check)
     if not ok and not ruled_out:
         return "S-LLM start sensitivity not run"
     parts = [f"{_label(k)} {v:.2f}x" for k, v in {**ok, **ruled_out}.items()]
     return "worst point with S-LLM's engine start " + ", ".join(parts)
 
 
-def _start_cause(e2e: dict, check: dict | None) -> str | None:
-    ok, ruled_out = _starts(e2e, check)
+def start_cause(e2e: dict, check: dict | None) -> str | None:
+    """The §8.3 row's cause where its ordering rests on S-LLM's engine start (None: it
+    does not): the allowed starts it misses with, else those §8.2's sentence rules out."""
+    ok, ruled_out = start_split(e2e, check)
     allowed_misses = {k: v for k, v in ok.items() if v <= 1}
     if allowed_misses:
         return (
