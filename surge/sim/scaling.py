@@ -359,7 +359,7 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
     pending = 0
     if monitor:  # prompt tokens without a first token yet: queued, waiting, prefilling
-        waiting = chain(pool.queue, *((*e.waiting, *e.prefilling) for e in endpoints(pool)))
+        waiting = chain(pool.queue, *((*e.waiting, *e.prefilling) for e in every_endpoint(pool)))
         pending = sum(r.input_tokens for r in waiting if r.first_token_s < 0)
     loads = tuple(
         InstanceLoad(
@@ -377,8 +377,9 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     return PoolLoad(now_s, queued, loads, pending)
 
 
-def endpoints(pool: Pool) -> list[Instance]:
-    """Every endpoint of `pool`: its instances and open execution pipelines."""
+def every_endpoint(pool: Pool) -> list[Instance]:
+    """Every endpoint of `pool`: its instances, loading ones too, and open execution
+    pipelines (`Pool.endpoints` is what the router may choose: serving, P/D-routable)."""
     return [*pool.instances, *pool.pipelines]
 
 
