@@ -28,7 +28,15 @@ class Serve:
         self.agent_pids = [n["pid"] for n in self.http.get("/v1/nodes").json()["data"]]
 
     def metric(self, name: str, model: str | None = None) -> float:
-        text = self.http.get("/metrics").text
+        return self.read_metric(self.metrics_text(), name, model)
+
+    def metrics_text(self) -> str:
+        """One /metrics scrape (10-s bound: a poller must not wait out the client's 120 s)."""
+        return self.http.get("/metrics", timeout=10).text
+
+    @staticmethod
+    def read_metric(text: str, name: str, model: str | None = None) -> float:
+        """The sum of `name`'s samples in a scrape, for `model` if given."""
         total = 0.0
         for line in text.splitlines():
             named = line.startswith((name + "{", name + " "))
