@@ -28,7 +28,6 @@ Run: python benchmarks/paper/flexpipe/flexpipe_figs.py (about 15 min at load ~8;
 shared/traces), or piece by piece with --only init, --only fig11-cv4, ... (`PARTS`).
 """
 
-import argparse
 import logging
 import sys
 from dataclasses import replace
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 sys.path.insert(2, str(Path(__file__).resolve().parents[3]))  # benchmarks.systems
 
-from common import read, run, run_main, write
+from common import only_parts, read, run, run_main, write
 
 from benchmarks.systems.flexpipe_sim import quick_release, run_one
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -311,22 +310,15 @@ def last_run() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=PARTS,
-        help="rerun only this piece into the existing JSON (repeatable; default: all)",
-    )
-    args = parser.parse_args(argv)
-    if args.only:
+    only = only_parts(__doc__.split("\n")[0], PARTS, argv)
+    if only:
         mine = last_run()
-        for part in [p for p in PARTS if p in args.only]:
+        for part in [p for p in PARTS if p in only]:
             log.info("part %s", part)
             run_part(part, mine)
         # pieces run side by side in separate processes: merge into the JSON as it is now
         doc = last_run()
-        for part in args.only:
+        for part in only:
             if part.startswith("fig11-cv"):
                 cv = part[len("fig11-cv") :]
                 doc["fig11"]["by_cv"][cv] = mine["fig11"]["by_cv"][cv]

@@ -36,7 +36,6 @@ Run: python benchmarks/paper/flexpipe/flexpipe_shared.py (about 10 minutes; dete
      piece by piece with --only cv1, --only cv2, ... (each a few minutes; `PARTS`).
 """
 
-import argparse
 import logging
 import sys
 from dataclasses import replace
@@ -48,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 sys.path.insert(2, str(Path(__file__).resolve().parents[3]))  # benchmarks.systems
 
-from common import read, run_main, write
+from common import only_parts, read, run_main, write
 
 from benchmarks.systems.flexpipe_sim import gpu_seconds_between, quick_release
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -284,14 +283,7 @@ def run_part(part: str, doc: dict, splitwise: Trace, num_gpus: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--only",
-        action="append",
-        choices=PARTS,
-        help="rerun only this piece into the existing JSON (repeatable; default: all)",
-    )
-    args = parser.parse_args(argv)
+    only = only_parts(__doc__.split("\n")[0], PARTS, argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     splitwise = load_trace("azure-conv")
     num_gpus = load_cluster(CLUSTER).num_gpus
@@ -302,11 +294,11 @@ def main(argv: list[str] | None = None) -> None:
         "cluster_gpus": num_gpus,
         "paper": {"latency_reduction": {"1": 0.383, "2": 0.469, "4": 0.661}, "efficiency": 8.5},
     }
-    if args.only:
+    if only:
         old = read("flexpipe_shared")
         old.pop("machine", None)
         doc = {**old, **doc}
-    for part in [p for p in PARTS if p in (args.only or PARTS)]:
+    for part in [p for p in PARTS if p in (only or PARTS)]:
         log.info("part %s", part)
         run_part(part, doc, splitwise, num_gpus)
     for cv, row in doc["by_cv"].items():
