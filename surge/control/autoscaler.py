@@ -21,7 +21,7 @@ from surge.config import EngineConfig
 from surge.control.copies import Copies
 from surge.control.emulation import instance_costs
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
-from surge.control.load_monitor import LoadMonitor, kv_usage
+from surge.control.load_monitor import LoadMonitor, pool_load
 from surge.control.metrics import Metrics
 from surge.control.pd import PdControl
 from surge.control.pool import ParameterPool
@@ -42,7 +42,7 @@ from surge.events import (
     ScaleOutDone,
     ScaleOutStarted,
 )
-from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import AutoscaleSettings, decide
 from surge.policy.blitzscale.monitor import profiled
 from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.flexpipe.hrg import ScalingMark
@@ -55,38 +55,6 @@ from surge.runtime.scaleout import ScaleOutReport
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 
 log = logging.getLogger(__name__)
-
-
-def pool_load(
-    dep: Deployment, now_s: float, monitor: LoadMonitor | None = None, max_kv_tokens: int = 0
-) -> PoolLoad:
-    """The deployment as `policy.autoscale` sees it: its instances (loading until their
-    endpoint is up; a multicast source is busy; with a `monitor`, each one's tokens/s and
-    KV use, and the prompt tokens of requests without a first token) and the requests
-    waiting for one — at the router or on an execution pipeline. The simulator builds the
-    same view (`sim/scaling.pool_load`; its tokens/s is the decode rate at that moment, its
-    KV use the tokens reserved)."""
-    # A FlexPipe pipeline's members share its endpoint: one instance, counted once.
-    first = {id(i.endpoint): i.node for i in reversed(dep.instances.values()) if i.endpoint}
-    loads = tuple(
-        InstanceLoad(
-            instance_id=i.node,
-            outstanding=i.endpoint.outstanding if i.endpoint else 0,
-            loading=i.endpoint is None or i.num_sending > 0,
-            idle_since_s=i.idle_since_s if i.num_sending == 0 else None,
-            tokens_per_s=monitor.tokens_per_s(i.endpoint, now_s) if monitor and i.endpoint else 0.0,
-            kv_usage=kv_usage(i.endpoint, max_kv_tokens) if monitor and i.endpoint else 0.0,
-        )
-        for i in dep.instances.values()
-        if i.endpoint is None or first[id(i.endpoint)] == i.node
-    )
-    ongoing = [r for r in dep.requests.values() if not r.done.is_set()]
-    # the load monitor's prefill load: prompt tokens of requests without a first token yet
-    pending = (
-        sum(len(r.prompt_token_ids) for r in ongoing if r.first_token_t is None) if monitor else 0
-    )
-    queued = max(0, len(ongoing) - sum(x.outstanding for x in loads))
-    return PoolLoad(now_s, queued, loads, pending)
 
 
 class Autoscaler:
@@ -136,6 +104,9 @@ class Autoscaler:
         self.pd = PdControl(metrics, engine, events, self.links, config.emulation)
         self.monitor = LoadMonitor()
         """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
+        self._profiled: dict[tuple, AutoscaleSettings] = {}
+        """The monitor's bounds profiled once per deployment's settings, SLO and model size
+        (§5.3: "offline"), not again at every tick; as the simulator keeps them."""
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""
@@ -178,10 +149,12 @@ class Autoscaler:
         slots = len(self.live_nodes()) * self.config.slots_per_node
         base = dep.spec.autoscaling
         if base.profile_bounds:
-            costs = instance_costs(
-                self.config.emulation, self.estimates, dep.manifest.total_bytes, self.engine
-            )
-            base = profiled(base, costs, dep.spec.slo.seconds())
+            slo, size = dep.spec.slo.seconds(), dep.manifest.total_bytes
+            key = (base, slo, size)
+            if key not in self._profiled:
+                costs = instance_costs(self.config.emulation, self.estimates, size, self.engine)
+                self._profiled[key] = profiled(base, costs, slo)
+            base = self._profiled[key]
         return flexpipe_autoscale(dep, base.capped(slots))
 
     def _observe(self, dep: Deployment, now_s: float, dt_s: float) -> None:

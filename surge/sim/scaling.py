@@ -355,7 +355,7 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     window, and KV use, tokens reserved over capacity, and the prompt tokens of requests
     without a first token) and the requests waiting for one — at the router or on an
     execution pipeline. `surge serve` builds the same view
-    (`control/autoscaler.pool_load`)."""
+    (`control/load_monitor.pool_load`)."""
     queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
     pending = 0
     if monitor:  # prompt tokens without a first token yet: queued, waiting, prefilling

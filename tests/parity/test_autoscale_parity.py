@@ -1,5 +1,5 @@
 """Autoscaling parity: the same pool history, seen through each body's observer
-(`control/autoscaler.pool_load` for `surge serve`, `sim/scaling.pool_load` for the
+(`control/load_monitor.pool_load` for `surge serve`, `sim/scaling.pool_load` for the
 simulator), gives the same `policy.autoscale` decisions tick by tick — stable window,
 panic window, downscale delay and the last instance's keep-alive included, and FlexPipe's
 always-ready floor (§9.1: a fraction of the pool's peak)."""
@@ -7,7 +7,7 @@ always-ready floor (§9.1: a fraction of the pool's peak)."""
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
-from surge.control.autoscaler import pool_load as runtime_pool_load
+from surge.control.load_monitor import pool_load as runtime_pool_load
 from surge.policy.autoscale import AutoscaleSettings, AutoscaleState, ScaleDecision, decide
 from surge.sim.pools import Pool
 from surge.sim.scaling import pool_load as sim_pool_load

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from surge.config import EngineConfig
-from surge.control.autoscaler import pool_load as runtime_pool_load
 from surge.control.emulation import instance_costs, serving_estimates
 from surge.control.load_monitor import LoadMonitor
+from surge.control.load_monitor import pool_load as runtime_pool_load
 from surge.emulation import Emulation, EmulationConfig
 from surge.policy.autoscale import decide
 from surge.policy.blitzscale.monitor import bounds, profiled
