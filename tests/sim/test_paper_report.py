@@ -94,6 +94,17 @@ def test_lambdascale_ssd_load_bound_leaves_seconds_beyond_the_read() -> None:
     assert 2.0 < floor < 3.0
 
 
+def test_lambdascale_fig13_loads_on_every_one_of_the_k_nodes() -> None:
+    """λScale §7.4 runs Fig. 13 "under the same setup used in Fig. 10": R = 4 nodes serve
+    and all k = 8 others load from host memory (§7.3, N = R + k), not only the 3 the
+    50-request burst would ask the autoscaler for."""
+    import importlib
+
+    doc = importlib.import_module("lambdascale_bursts").fig13()
+    assert doc["local_loads"] == 8
+    assert {v["cache_hits"] for v in doc["systems"].values()} == {8}
+
+
 def test_row_with_several_numbers_needs_all_within() -> None:
     r = row("P", "Fig. 1", "c", "1 / 2", "s", True, pairs=((1.1, 1.0), (2.0, 2.0)))
     assert r["within_20"] is True
