@@ -30,7 +30,8 @@ paper), AlpaServe given each model's peak even beyond the cluster (no split), tw
 history calmer than the trace), FlexPipe's router spreading requests instead of packing
 them, and FlexPipe giving idle GPUs back after 2 s (as it did before it took §9.4's
 "5-minute reclamation windows"), with and without §9.1's always-ready 30%
-(`--only PART` reruns one piece into the existing JSON).
+(`--only PART` reruns one piece into the existing JSON). Measured, not simulated
+(`windows`): the traces' 15-s windows read as Fig. 9(a) reads §9's (Eq. 4's CV per window).
 
 Run: python benchmarks/paper/flexpipe/flexpipe_shared.py (about 10 minutes; deterministic), or
      piece by piece with --only cv1, --only cv2, ... (each a few minutes; `PARTS`).
@@ -257,7 +258,47 @@ def counterfactual(donor: Trace | None, base: SystemConfig) -> dict:
     return {f"{cv:g}": run_variant(shared_trace(cv, donor=donor), base=base) for cv in CVS}
 
 
-PARTS = ("cv1", "cv2", "cv4", "tokens", "rate_x2", "history", "spread", "reclaim")
+WINDOW_S = 15.0
+"""§9.1 Fig. 9(a)'s measurement window ("15-second measurement windows, with CV ranging
+from 0.59 to 3.47" on the CV-8 trace)."""
+
+
+def window_cvs(arrival_s: np.ndarray, window_s: float = WINDOW_S) -> np.ndarray:
+    """Eq. 4's ν (std / mean of the request arrival intervals) in each `window_s` window
+    holding at least three arrivals."""
+    t = np.sort(arrival_s)
+    out = []
+    for start in np.arange(0.0, float(t.max(initial=0.0)) + window_s, window_s):
+        gaps = np.diff(t[(t >= start) & (t < start + window_s)])
+        if len(gaps) >= 2 and gaps.mean() > 0:
+            out.append(gaps.std() / gaps.mean())
+    return np.asarray(out)
+
+
+def windows() -> dict:
+    """Per CV (1 / 2 / 4 / 8) the generated trace's 15-s windows, read as Fig. 9(a) reads
+    §9's: Eq. 4's CV per window (the cluster's stream and each model's), and the busiest
+    window's request count over the mean (the peak a static split would face)."""
+    out = {}
+    for cv in (*CVS, 8.0):
+        trace = shared_trace(cv)
+        per_model = [window_cvs(trace.arrival_s[trace.model_index == i]) for i in range(4)]
+        counts = np.histogram(trace.arrival_s, np.arange(0.0, DURATION_S + 1e-9, WINDOW_S))[0]
+        cluster = window_cvs(trace.arrival_s)
+        out[f"{cv:g}"] = {
+            "cluster_cv_range": [float(cluster.min()), float(cluster.max())],
+            "model_cv_range": [
+                float(min(c.min() for c in per_model)),
+                float(max(c.max() for c in per_model)),
+            ],
+            "peak_over_mean": float(counts.max() / counts.mean()),
+        }
+    return {"window_s": WINDOW_S, "paper_cv8_range": [0.59, 3.47], "by_cv": out}
+
+
+PARTS = (
+    "cv1", "cv2", "cv4", "tokens", "rate_x2", "history", "spread", "reclaim", "windows",
+)  # fmt: skip
 """The pieces of a run, in order (`--only` reruns some into the existing JSON: each piece
 is a few minutes; `history` reads the `cv*` ones)."""
 
@@ -274,6 +315,8 @@ def run_part(part: str, doc: dict, splitwise: Trace, num_gpus: int) -> None:
         doc["rate_x2_cv4"] = one_cv(4.0, splitwise, num_gpus, rate_rps=2 * RATE_RPS)["ratios"]
     elif part == "history":  # counterfactual: AlpaServe split as sized on the CV-1 trace
         doc["history_cv1"] = from_history(doc["by_cv"], splitwise)
+    elif part == "windows":  # the trace read as Fig. 9(a) reads §9's (no simulation)
+        doc["windows_15s"] = windows()
     elif part == "spread":  # counterfactual: the router spreads instead of packing
         doc["flexpipe_spread"] = counterfactual(splitwise, replace(fp, routing="least-loaded"))
     else:  # counterfactual: idle groups given back after 2 s, with and without the floor
