@@ -19,7 +19,7 @@ Each system starts from the same copies: the model in host memory on the first t
 (where the first instances start; AllCache: on every host) and, for ServerlessLLM, on every
 host's disk. One cluster of
 agents serves the three in turn. Beside it, the simulator on the same hosts, requests and
-systems (`benchmarks/paper/blitzscale/blitzscale_eval.systems_6_1`, two warm instances).
+systems (`benchmarks/paper/blitzscale/blitzscale_setup.systems_6_1`, two warm instances).
 Every time is in emulated seconds; the JSON records D, the host's load and each run's violations.
 
 Usage: python -m benchmarks.emulation.blitzscale --time-dilation 80 \\
@@ -131,7 +131,7 @@ def simulated(args, config: EmulationConfig, wl: Workload, sllm_init_s: float | 
     """The simulator on the same hosts, requests and §6.1 systems, two instances warm;
     ServerlessLLM's and AllCache's engine start `sllm_init_s` (None: the shipped one)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper" / "blitzscale"))
-    from blitzscale_eval import systems_6_1
+    from blitzscale_setup import systems_6_1
 
     from surge.sim.settings import SimSettings, Slo
     from surge.sim.simulator import simulate

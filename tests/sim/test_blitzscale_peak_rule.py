@@ -1,4 +1,4 @@
-"""BlitzScale §6.1's rate rule in benchmarks/paper/blitzscale/blitzscale_eval.py: each
+"""BlitzScale §6.1's rate rule in benchmarks/paper/blitzscale/blitzscale_setup.py: each
 trace is scaled "such that the peak incoming rate can be handled by all the instances", one
 definition of "handled" for every workload (HANDLED_SLO_ATTAINMENT within §3's SLO with every
 instance always on), and the committed result JSON runs every workload at a handled scale,
@@ -12,7 +12,7 @@ from pathlib import Path
 PAPER_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "paper"
 sys.path[0:0] = [str(PAPER_DIR), str(PAPER_DIR / "blitzscale")]
 
-import blitzscale_eval as ev  # noqa: E402
+import blitzscale_setup as ev  # noqa: E402
 
 RESULT = PAPER_DIR.parents[1] / "benchmarks" / "results" / "paper" / "blitzscale_eval.json"
 

@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
-from blitzscale_eval import SSD_GBPS_PER_GPU, WORKLOADS, distserve, logical_hosts, systems_6_1
+from blitzscale_setup import SSD_GBPS_PER_GPU, WORKLOADS, distserve, logical_hosts, systems_6_1
 from common import read, run, run_main, write
 from monitor_bound import in_flight_monitor, paper_slo, profiled_bounds
 from ramp import smooth, time_to_share, token_rate
