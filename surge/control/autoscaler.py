@@ -274,6 +274,7 @@ class Autoscaler:
             links=self.links,
             estimates=self.estimates,
             paced_setups=self.config.emulation is not None,
+            group_block_bound=self.config.group_block_bound,
         )
 
     async def _run_scale_out(

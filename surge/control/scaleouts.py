@@ -20,6 +20,7 @@ from surge.config import EngineConfig
 from surge.control.pool import ParameterPool
 from surge.control.state import Deployment
 from surge.events import NO_BUS, EventBus
+from surge.policy.multicast.group_block_bound import GroupBlockBound
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.startup import Copy, Destination, StartupRequest
 from surge.policy.systems import SystemConfig
@@ -50,6 +51,8 @@ class ScaleOutOffer:
     paced_setups: bool = False
     """Engine starts (`init_s`) and gloo group creations (`group_setup_s`) paced on the
     serving clock (under GPU-time emulation: `ScaleOutContext.paced_setups`)."""
+    group_block_bound: GroupBlockBound = field(default_factory=GroupBlockBound)
+    """A gloo group member's wait for one block (`ControllerConfig.group_block_bound`)."""
 
 
 def startup_request(
@@ -189,6 +192,7 @@ async def start_scale_out(
         host_blocks={
             n: frozenset(pool.blocks_at(dep.name, n, "host")) for n in (*dests, *offer.spares)
         },
+        group_block_bound=offer.group_block_bound,
         report=report,
     )
     await run_scale_out(ctx)

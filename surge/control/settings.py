@@ -10,6 +10,7 @@ from pathlib import Path
 from surge.config import compile_decode_default
 from surge.emulation import Emulation
 from surge.errors import SurgeError
+from surge.policy.multicast.group_block_bound import GroupBlockBound
 from surge.runtime.security.tls import TlsConfig
 from surge.runtime.transport import STALL_TIMEOUT_S, check_stall_timeout
 
@@ -69,6 +70,10 @@ class ControllerConfig:
     """Restarts in a row of a dead agent (launcher local) before its node stays down."""
     scale_out_timeout_s: float = 120.0
     """A scale-out not done in this long fails (its slots are released)."""
+    group_block_bound: GroupBlockBound = field(default_factory=GroupBlockBound)
+    """How long a gloo group's member waits for one block before giving the group up (the
+    `nccl` system's scale-outs; `policy/multicast/group_block_bound.py`): a share of
+    `scale_out_timeout_s` at most, validated where it is made."""
     launcher: str = "local"
     """Where agents run without `addresses`: "local" (processes here) or "ray" (actors)."""
     ray_address: str | None = None

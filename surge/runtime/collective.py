@@ -16,27 +16,26 @@ failed, not the root) over surge's transport; a group that cannot start at all (
 refused or unreachable) leaves the whole plan to the block pulls. Every wait is bounded:
 the group's forming by `init_timeout_s` and each block's move by `block_timeout_s`: the
 block's expected transfer time at the group's slowest reported link, times a generous
-factor, plus a floor (`GroupBlockBound`), never more than a share of the executor's timeout
-(`BROADCAST_TIMEOUT_SHARE`). gloo cannot be woken (its abort does not wake a waiting op and a
-target's worker waits in a timed receive), so this bound is how soon a member that died, or
-a group given up, is noticed by the rest: before, that took the share (30 s of the
-controller's 120-s scale-out timeout) whatever the block's size.
+factor, plus a floor, never more than a share of the executor's timeout: the decision is
+`policy/multicast/group_block_bound.py`'s (`GroupBlockBound`, `block_timeout_s`); this
+module hands each member its bound.
 """
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from surge.errors import SurgeError
-from surge.policy.multicast.topology import NodeLinks
+from surge.policy.multicast.group_block_bound import (
+    GroupAlgorithm,
+    GroupBlockBound,
+    GroupLink,
+    block_timeout_s,
+)
 from surge.runtime.multicast import GroupTimes, MulticastExecutor, MulticastResult
 from surge.runtime.protocol import (
     GROUP_INIT_TIMEOUT_S,
     AgentDown,
-    GroupAlgorithm,
     GroupBroadcastOp,
     GroupDone,
     PullFailed,
@@ -44,73 +43,6 @@ from surge.runtime.protocol import (
 from surge.runtime.transport import ConnectionClosed, RemoteError
 
 log = logging.getLogger(__name__)
-
-BROADCAST_TIMEOUT_SHARE = 0.25
-"""Each block's move is bounded by at most this share of the executor's timeout (and by
-`block_timeout_s` where the links are known): gloo cannot be interrupted, so a member gone is
-noticed by its peers' timeouts, and the rest of the executor's time is left to pull what is
-missing."""
-
-
-@dataclass(frozen=True)
-class GroupBlockBound:
-    """How long a group member waits for one block before it gives the group up, as a
-    multiple of the block's expected transfer time (`block_timeout_s`). Validated once."""
-
-    factor: float = 4.0
-    """Times the expected transfer time: a `ProcessGroupGloo` runs two worker threads, so two
-    blocks' operations of a member are under way at once and share its links (x2), and twice
-    that again for a link slower than it says or a loaded host."""
-    floor_s: float = 2.0
-    """Seconds added: what a block takes beyond its bytes (the members' worker threads and
-    event loops, checking it on landing), and the whole bound where the bytes take
-    milliseconds."""
-
-    def __post_init__(self) -> None:
-        if not (self.factor >= 1 and self.floor_s > 0):
-            raise SurgeError(
-                f"group block bound: factor must be >= 1 and floor_s > 0 (got {self.factor}, "
-                f"{self.floor_s})"
-            )
-
-
-@dataclass(frozen=True)
-class GroupLink:
-    """What the executor knows of the group's bytes: its largest block, and the slowest link
-    its members reported (None: none reported a cap, the bound is the share)."""
-
-    block_bytes: int
-    gbps: float | None
-
-
-def group_link(links: Sequence[NodeLinks], block_bytes: int) -> GroupLink:
-    """The slowest NIC cap any member reported (`links`: the members', root first): every
-    block crosses the root's egress and each target's ingress, and relays send too."""
-    caps = [c for nl in links for c in (nl.egress_gbps, nl.ingress_gbps) if c is not None]
-    return GroupLink(block_bytes, min(caps, default=None))
-
-
-def block_timeout_s(
-    link: GroupLink | None,
-    bound: GroupBlockBound,
-    algorithm: GroupAlgorithm,
-    rank: int,
-    world_size: int,
-    cap_s: float,
-) -> float:
-    """Rank `rank`'s bound on each block's move: `bound.floor_s` + `bound.factor` x the
-    block's expected time, that is its bytes at the slowest link once per hop it waits for:
-    gloo's broadcast is a binomial tree of whole blocks, ceil(log2 size) sends from the root
-    and as many hops to the deepest rank; on the ring a block reaches rank r after r hops
-    and then one arrives per block time (every rank's first wait is its longest). At most
-    `cap_s`; `cap_s` where no link is known."""
-    if link is None or link.gbps is None:
-        return cap_s
-    tree_hops = math.ceil(math.log2(world_size))
-    hops = max(1, tree_hops if algorithm == "broadcast" else rank)
-    expected_s = hops * link.block_bytes * 8 / (link.gbps * 1e9)
-    return min(cap_s, bound.floor_s + bound.factor * expected_s)
-
 
 LAUNCH_ERRORS = (SurgeError, RemoteError, ConnectionClosed, OSError)
 """What a member's `group_broadcast` call raises when it refuses or cannot be reached."""
@@ -131,7 +63,7 @@ class GroupExecutor(MulticastExecutor):
         algorithm: GroupAlgorithm = "broadcast",
         setup_floor_s: float = 0.0,
         link: GroupLink | None = None,
-        block_bound: GroupBlockBound = GroupBlockBound(),
+        block_bound: GroupBlockBound | None = None,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -140,7 +72,8 @@ class GroupExecutor(MulticastExecutor):
         """Real seconds each member's set-up lasts at least (`GroupBroadcastOp`)."""
         self.link = link
         """The largest block and the slowest member link (None: unknown)."""
-        self.block_bound = block_bound
+        self.block_bound = block_bound or GroupBlockBound()
+        """Each block's wait (`policy/multicast/group_block_bound.py`; None: the default)."""
 
     def _members(self) -> list[int]:
         """Rank order: the first source, then every live target."""
@@ -153,7 +86,6 @@ class GroupExecutor(MulticastExecutor):
         self.done_q = self.client.subscribe((GroupDone, AgentDown), model=self.model)
         self.group_start = time.time()
         blocks = tuple(range(self.plan.num_blocks))
-        cap_s = self.timeout_s * BROADCAST_TIMEOUT_SHARE
         size = len(self.members)
 
         def op(rank: int, host: str = "", port: int = 0) -> GroupBroadcastOp:
@@ -169,9 +101,9 @@ class GroupExecutor(MulticastExecutor):
                 tier=self.tier,
                 algorithm=self.algorithm,
                 timeout_s=block_timeout_s(
-                    self.link, self.block_bound, self.algorithm, rank, size, cap_s
+                    self.link, self.block_bound, self.algorithm, rank, size, self.timeout_s
                 ),
-                init_timeout_s=min(self.init_timeout_s, cap_s),
+                init_timeout_s=min(self.init_timeout_s, self.block_bound.cap_s(self.timeout_s)),
                 setup_floor_s=self.setup_floor_s,
             )
 

@@ -10,16 +10,13 @@ runtime (`runtime/node/collective.py` carries it out, `runtime/collective.py` dr
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 from surge.json_codec import require
+from surge.policy.multicast.group_block_bound import GroupAlgorithm
 from surge.runtime.protocol.events import Event
 from surge.runtime.protocol.ops import LandingTier, Op
 from surge.runtime.protocol.replies import Reply
 
-GroupAlgorithm = Literal["broadcast", "ring"]
-"""How a group moves the blocks: gloo's broadcast collective (a binomial tree per block) or
-NCCL's ring order (a block-pipelined chain over gloo's send/recv)."""
 GROUP_INIT_TIMEOUT_S = 60.0
 """How long a member waits for the whole group to form (the rendezvous and gloo's full mesh
 of connections) before it gives up: a member that never joins ends the attempt, not hangs it."""

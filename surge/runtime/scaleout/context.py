@@ -25,6 +25,7 @@ from surge.model.manifest import Manifest
 from surge.policy.blitzscale.live_scaling import LoadRatio
 from surge.policy.copies.mate_copies import MateOpen
 from surge.policy.flexpipe.hrg import ScalingMark
+from surge.policy.multicast.group_block_bound import GroupBlockBound
 from surge.policy.multicast.pipelines import Pipeline
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.policy.paraserve.group_plan import GroupPlan
@@ -33,7 +34,6 @@ from surge.policy.slo import Slo
 from surge.policy.startup import Copy, Destination
 from surge.policy.systems import SystemConfig
 from surge.runtime.client import ClusterClient
-from surge.runtime.collective import GroupBlockBound
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.multicast import MulticastResult
 from surge.runtime.scaleout.estimates import DEFAULT_FETCH_GBPS, HOST_ESTIMATES, ServingEstimates
@@ -289,7 +289,7 @@ class ScaleOutContext:
     (`scaleout/multicast.group_setup_floor_s`), each as the simulator charges it."""
     group_block_bound: GroupBlockBound = field(default_factory=GroupBlockBound)
     """How long a gloo group's member waits for one block (`multicast_transport` gloo or
-    gloo-ring; `runtime/collective.block_timeout_s`): the default's factor and floor."""
+    gloo-ring; `policy/multicast/group_block_bound.py`): `ControllerConfig.group_block_bound`."""
     report: ScaleOutReport = field(default_factory=ScaleOutReport)
     """What the scale-out did, written as it goes (the one mutable part)."""
 

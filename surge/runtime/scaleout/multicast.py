@@ -35,10 +35,11 @@ from surge.policy.loading import (
     OpenPipeline,
     RetirePipeline,
 )
+from surge.policy.multicast.group_block_bound import group_link
 from surge.policy.multicast.scale_out import MulticastOutcome, MulticastRequest, plan_scale_out
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic, multicast_cluster
 from surge.policy.startup import StartupPlan
-from surge.runtime.collective import GroupExecutor, group_link
+from surge.runtime.collective import GroupExecutor
 from surge.runtime.multicast import MulticastExecutor
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import BlockArrived
