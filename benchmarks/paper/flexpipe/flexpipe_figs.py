@@ -12,13 +12,9 @@ simulator, on the paper's cluster (`flexpipe`: 82 A100s over 42 servers, 100 Gb/
   the peak: `provisioned-4`), ServerlessLLM (load then serve, autoscaled). Paper at CV 4:
   FlexPipe 9 ms, AlpaServe 16 ms, ServerlessLLM 50 ms (MuxServe and Tetris multiplex GPUs,
   which the simulator does not model).
-- Fig. 13 (§9.5): the production trace FlexPipe cites (Alibaba GenTD26 request trace,
-  shared/traces/alibaba_genai_2026: its busiest six hours, time-compressed 36x to 600 s,
-  and at its own rate as a counterfactual),
-  Llama-2 7B, Llama-3 8B, Llama-2 13B (the paper's WHISPER-9B and BERT-21B are not LLMs
-  we profile; OPT-66B see FIG13_MODELS); mean TTFT (prefill latency) of FlexPipe vs
-  ServerlessLLM as shipped (LRU host cache, SSD on a miss) and, the measured cause, with
-  every load from host memory. Paper: 6.43-24.38% lower, 17.32% on average.
+- Fig. 13 (§9.5): `flexpipe_fig13.py` (each model against the system §9.5 names for it:
+  ServerlessLLM for LLAMA-7B and BERT-21B, AlpaServe for WHISPER-9B and OPT-66B). Paper:
+  6.43-24.38% lower, 17.32% on average.
 - §9.6: instance initialisation of one cold start (a lone request's first token, cold minus
   warm) for FlexPipe's 4-stage group vs a whole-model instance (from host memory, the same
   engine start), the same models. Paper: 72% lower on average; always-on reservation 30% of peak
@@ -40,6 +36,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper
 sys.path.insert(2, str(Path(__file__).resolve().parents[3]))  # benchmarks.systems
 
 from common import only_parts, read, run, run_main, write
+from flexpipe_fig13 import FIG13_MODELS, fig13, fig13_alpaserve
 
 from benchmarks.systems.flexpipe_sim import quick_release, run_one
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -47,8 +44,6 @@ from surge.policy.systems import system_config
 from surge.sim.metrics import ttft_s
 from surge.sim.settings import SimSettings, Slo
 from surge.traces.request import make_trace
-from surge.traces.resolve import load_trace
-from surge.traces.transform import scale_rate, time_slice
 
 HERE = Path(__file__).resolve().parent
 log = logging.getLogger("flexpipe_figs")
@@ -70,9 +65,6 @@ LIFECYCLE_S = 7200.0
 Fig. 10 and 11 run this long, so ServerlessLLM's LRU host cache, empty at the start, is
 warm for most of the run as in the paper (600 s, `KW`, left its first SSD loads most of its
 tail)."""
-FIG13_MODELS = ("llama2-7b", "llama3-8b", "llama2-13b")
-"""OPT-66B (the paper's largest) fits no machine of the `flexpipe` preset whole (2 x 80 GB
-without NVLink), which the whole-model baseline needs."""
 
 
 def recovery_s(arrival_s: np.ndarray, latency_s: np.ndarray) -> list[float]:
@@ -161,63 +153,6 @@ def fig11() -> dict:
     }
 
 
-COMPRESSION = 36.0
-"""Fig. 13 replays the production trace's busiest six hours this many times faster (600 s);
-§9.5 gives no rate, so the uncompressed replay is measured beside it."""
-
-
-def production_trace(compression: float = COMPRESSION):
-    """The Alibaba GenTD26 requests' busiest six hours, `compression` times faster."""
-    trace = load_trace("alibaba-genai")
-    hours = np.floor(trace.arrival_s / 3600.0)
-    counts = np.bincount(hours.astype(int))
-    six = np.convolve(counts, np.ones(6), mode="valid")
-    start_h = int(np.argmax(six))
-    window = time_slice(trace, start_h * 3600.0, 6 * 3600.0)
-    return scale_rate(window, compression) if compression != 1 else window
-
-
-def fig13() -> dict:
-    trace = production_trace()
-    own_rate = production_trace(1.0)
-    out: dict = {"requests": trace.num_requests, "compression": COMPRESSION, "models": {}}
-    for model in FIG13_MODELS:
-        log.info("fig13 %s", model)
-        res = {}
-        sllm = system_config("serverlessllm")
-        for name, cfg in (
-            ("flexpipe", system_config("flexpipe")),
-            ("serverlessllm", sllm),
-            # counterfactual: every load from host memory (FlexPipe's own host copies)
-            ("serverlessllm-host", replace(sllm, host_cache="all")),
-        ):
-            s, _ = run(trace, SimSettings(CLUSTER, (model,), cfg.name), cfg)
-            res[name] = {"ttft_mean_s": s["ttft_mean_s"], "ttft_p99_s": s["ttft_p99_s"]}
-        for other in ("serverlessllm", "serverlessllm-host"):
-            res[f"improvement_vs_{other}"] = (
-                1 - res["flexpipe"]["ttft_mean_s"] / res[other]["ttft_mean_s"]
-            )
-        # counterfactual: the six hours at the trace's own rate (no compression)
-        slow = {
-            name: run(own_rate, SimSettings(CLUSTER, (model,), name), system_config(name))[0]
-            for name in ("flexpipe", "serverlessllm")
-        }
-        res["improvement_own_rate"] = (
-            1 - slow["flexpipe"]["ttft_mean_s"] / slow["serverlessllm"]["ttft_mean_s"]
-        )
-        out["models"][model] = res
-    imp = [v["improvement_vs_serverlessllm"] for v in out["models"].values()]
-    out["mean_improvement"] = float(np.mean(imp))
-    out["mean_improvement_vs_host"] = float(
-        np.mean([v["improvement_vs_serverlessllm-host"] for v in out["models"].values()])
-    )
-    out["mean_improvement_own_rate"] = float(
-        np.mean([v["improvement_own_rate"] for v in out["models"].values()])
-    )
-    out["paper"] = {"range": "6.43-24.38%", "mean": 0.1732}
-    return out
-
-
 def init_latency() -> dict:
     """§9.6: initialisation of one cold start, FlexPipe 4-stage vs a whole-model instance."""
     one = make_trace("one", [0.0], [512], [1])
@@ -284,7 +219,16 @@ def draw(doc: dict) -> object:
     return fig
 
 
-PARTS = ("init", "fig13", "fig11-cv1", "fig11-cv2", "fig11-cv4", "fig11-spread", "fig11-other")
+PARTS = (
+    "init",
+    "fig13",
+    "fig13-alpaserve",
+    "fig11-cv1",
+    "fig11-cv2",
+    "fig11-cv4",
+    "fig11-spread",
+    "fig11-other",
+)
 """The pieces of a run (`--only` reruns some into the existing JSON; each under ~5 min)."""
 
 
@@ -294,6 +238,8 @@ def run_part(part: str, doc: dict) -> None:
         doc["init"] = init_latency()
     elif part == "fig13":
         doc["fig13"] = fig13()
+    elif part == "fig13-alpaserve":
+        doc["fig13_alpaserve"] = fig13_alpaserve()
     elif part.startswith("fig11-cv"):
         cv = part[len("fig11-cv") :]
         doc["fig11"]["by_cv"][cv] = fig11_cv(float(cv))
@@ -324,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                 doc["fig11"]["by_cv"][cv] = mine["fig11"]["by_cv"][cv]
             elif part in ("init", "fig13"):
                 doc[part] = mine[part]
+            elif part == "fig13-alpaserve":
+                doc["fig13_alpaserve"] = mine["fig13_alpaserve"]
             elif part == "fig11-spread":
                 key = "counterfactual_flexpipe_least_loaded"
                 doc["fig11"][key] = mine["fig11"][key]
@@ -333,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                     doc["fig11"][key] = mine["fig11"][key]
     else:
         doc = {"init": init_latency(), "fig13": fig13(), "fig11": fig11()}
+        doc["fig13_alpaserve"] = fig13_alpaserve()
     write("flexpipe_figs", doc, draw(doc))
 
 

@@ -18,7 +18,6 @@ def report_rows(doc: dict) -> list[dict]:
     quick = f11.get("counterfactual_flexpipe_release_2s", {})
     quick4 = quick.get("4")
     speedup = med["serverlessllm"] / max(med["flexpipe"], 1e-9)
-    imp = {m: v["improvement_vs_serverlessllm"] for m, v in f13["models"].items()}
     always = c4["flexpipe"].get("always_held_over_peak")
     by_cv = f11["by_cv"]
     tail = {
@@ -91,31 +90,7 @@ def report_rows(doc: dict) -> list[dict]:
             )
             + " (paper: 9 ms; its stalls are stage imbalances a refactor fixes, §9.3).",
         ),
-        row(
-            PAPER,
-            "Fig. 13",
-            "production trace (prefill latency, 4 models): 6.43-24.38% lower, 17.32% on average",
-            "17.32%",
-            "mean TTFT vs ServerlessLLM, Alibaba GenTD26 busiest 6 h: "
-            + ", ".join(f"{m} {v:+.1%}" for m, v in imp.items())
-            + f"; mean {f13['mean_improvement']:+.1%}",
-            ordering=min(imp.values()) > 0,
-            sim_value=f13["mean_improvement"],
-            paper_value=0.1732,
-            cause="ServerlessLLM's first loads of each model come from SSD (its LRU host "
-            "cache starts empty; FlexPipe keeps host copies, §7). Counterfactual: "
-            "ServerlessLLM with every load from host memory: mean improvement "
-            f"{f13['mean_improvement']:+.1%} -> {f13['mean_improvement_vs_host']:+.1%} "
-            "(paper 17.32%). The six hours are replayed 36x faster (§9.5 gives no rate); at "
-            "the trace's own rate (a request every ~14 s on average) "
-            + (
-                f"{f13['mean_improvement_own_rate']:+.1%}"
-                if "mean_improvement_own_rate" in f13
-                else "not run"
-            )
-            + ": FlexPipe's groups stay 5 idle minutes and 30% of its peak for good (§9.1, "
-            "§9.4), ServerlessLLM's instances go after 10 s idle (unsourced) and load again.",
-        ),
+        fig13_row(f13, doc.get("fig13_alpaserve")),
         row(
             PAPER,
             "§9.6",
@@ -132,3 +107,81 @@ def report_rows(doc: dict) -> list[dict]:
             paper_value=0.72,
         ),
     ]
+
+
+FIG13_PAPER = {
+    "llama3-8b": ("WHISPER-9B", "AlpaServe", 0.0643),
+    "llama2-7b": ("LLAMA2-7B", "ServerlessLLM", 0.1952),
+    "llama2-13b": ("BERT-21B", "ServerlessLLM", 0.1897),
+    "opt-66b": ("OPT-66B", "AlpaServe", 0.2438),
+}
+"""§9.5's four gains, each against the system the text names for that model (stand-in
+profile -> paper model, comparator, gain); their mean is the 17.32%."""
+
+
+def fig13_row(f13: dict, alpa: dict | None) -> dict:
+    """Fig. 13: each model against §9.5's comparator for it where the JSON has it (AlpaServe
+    for WHISPER-9B and OPT-66B), else against ServerlessLLM (as the row read before)."""
+    vs_sllm = {m: v["improvement_vs_serverlessllm"] for m, v in f13["models"].items()}
+    imp = dict(vs_sllm)
+    for m, v in (alpa or {}).items():
+        imp[m] = v["improvement_vs_alpaserve"]
+    imp = {m: imp[m] for m in FIG13_PAPER if m in imp}
+    mean = sum(imp.values()) / len(imp)
+    pairs = ", ".join(
+        f"{m} ({FIG13_PAPER[m][0]}) vs {FIG13_PAPER[m][1] if alpa else 'ServerlessLLM'} "
+        f"{v:+.1%} (paper {FIG13_PAPER[m][2]:.2%})"
+        for m, v in imp.items()
+    )
+    sllm_text = (
+        "Against ServerlessLLM (LLAMA2-7B, BERT-21B): its first loads of each model come "
+        "from SSD (its LRU host cache starts empty; FlexPipe keeps host copies, §7); with "
+        "every load from host memory the three whole-model-capable models' mean "
+        f"{f13['mean_improvement']:+.1%} -> {f13['mean_improvement_vs_host']:+.1%}."
+    )
+    alpa_text = ""
+    if alpa:
+        parts = []
+        for m, v in alpa.items():
+            parts.append(
+                f"{m} {v['flexpipe_ttft_mean_s']:.3f} s vs {v['alpaserve_ttft_mean_s']:.3f} s "
+                f"(AlpaServe's {v['alpaserve_stages']}-stage shape, {v['alpaserve_groups']} "
+                f"groups of {v['alpaserve_gpus_peak'] // max(v['alpaserve_groups'], 1)} GPUs "
+                f"held throughout; FlexPipe's peak {v['flexpipe_gpus_peak']} GPUs; FlexPipe "
+                "spreading requests instead of packing them "
+                f"{v['flexpipe_spread_ttft_mean_s']:.3f} s)"
+            )
+        alpa_text = (
+            " Against AlpaServe (WHISPER-9B, OPT-66B; §9.5 names it for these two), as "
+            "Fig. 8 deploys it (each shape's peak groups in the autoscaled run on the same "
+            "trace, held; the shape of lowest mean TTFT; OPT-66B's 1-stage shape falls back "
+            "to one-GPU stages as in Fig. 8): mean TTFT "
+            + "; ".join(parts)
+            + ". AlpaServe holds its peak and never cold-starts; FlexPipe packs requests on "
+            "the groups it holds (packing is part of the OPT-66B gap, see the spread "
+            "numbers), the rest goes with its fewer GPUs (30% of its peak kept, §9.1). "
+            "Before this pairing (every model vs ServerlessLLM, OPT-66B not run) the row "
+            f"read {f13['mean_improvement']:+.1%}."
+        )
+    return row(
+        PAPER,
+        "Fig. 13",
+        "production trace (prefill latency, 4 models): 6.43-24.38% lower, 17.32% on average",
+        "17.32%",
+        f"mean TTFT per model against §9.5's comparator for it, Alibaba GenTD26 busiest 6 h: "
+        f"{pairs}; mean {mean:+.1%}",
+        ordering=min(imp.values()) > 0,
+        sim_value=mean,
+        paper_value=0.1732,
+        cause=sllm_text
+        + alpa_text
+        + " The six hours are replayed 36x faster (§9.5 gives no rate); at the trace's own "
+        "rate (a request every ~14 s on average) FlexPipe vs ServerlessLLM "
+        + (
+            f"{f13['mean_improvement_own_rate']:+.1%}"
+            if "mean_improvement_own_rate" in f13
+            else "not run"
+        )
+        + ": FlexPipe's groups stay 5 idle minutes and 30% of its peak for good (§9.1, §9.4), "
+        "ServerlessLLM's instances go after 10 s idle (unsourced) and load again.",
+    )

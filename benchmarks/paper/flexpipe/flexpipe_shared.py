@@ -103,13 +103,15 @@ def run_variant(
     stages: int | None = None,
     replicas: dict[str, int] | None = None,
     base: SystemConfig | None = None,
+    models: tuple[str, ...] = tuple(MODELS.values()),
 ) -> dict:
     """FlexPipe (`stages` None) or the system held at `stages` stages, autoscaled or, with
     `replicas`, each model's groups fixed (AlpaServe's split); `base`: the FlexPipe system
-    a counterfactual changes (None: as shipped). Latency over every request; per model its
-    peak groups and GPUs per group; goodput and GPU-seconds from the first arrival to the
-    last request's end."""
-    names = tuple(MODELS.values())
+    a counterfactual changes (None: as shipped); `models`: the profiles sharing the
+    cluster (request i goes to model_index i mod their count). Latency over every request;
+    per model its peak groups and GPUs per group; goodput and GPU-seconds from the first
+    arrival to the last request's end."""
+    names = models
     settings = SimSettings(
         CLUSTER, names, "flexpipe", seed=SEED, slo=SLO,
         model_replicas=tuple((replicas or {}).items()),
