@@ -104,12 +104,6 @@ def report_rows(doc: dict) -> list[dict]:
         f"{h['alpaserve_slo_attainment']:.3f})"
         for cv, h in hist.items()
     )
-    eff = c4["efficiency_over_alpaserve"]
-    fp4 = by_cv["4"]["flexpipe"]
-    alpa4 = by_cv["4"][f"alpaserve-{c4['alpaserve_stages']}"]
-    q4 = doc.get("flexpipe_release_2s", {}).get("4")
-    per_gpu_s = alpa4["goodput_rps"] / alpa4["gpu_seconds"]
-    quick_eff = f"{q4['goodput_rps'] / q4['gpu_seconds'] / per_gpu_s:.2f}x" if q4 else "not run"
     models = ", ".join(doc["models"].values())
     queue_free = (
         f"AlpaServe's split of the {doc['cluster_gpus']} GPUs (from each model's peak on the "
@@ -172,22 +166,52 @@ def report_rows(doc: dict) -> list[dict]:
             f"AlpaServe at every model's peak, unsplit: {_pct(unsplit)}; AlpaServe's split "
             f"sized on the CV-1 trace (a calmer history): {hist_text}.",
         ),
-        row(
-            PAPER,
-            "Fig. 12",
-            "resource efficiency at CV 4: 8.5x better than Tetris (goodput per GPU use)",
-            "8.5x",
-            f"goodput per GPU-second at CV 4, the four models sharing the cluster: {eff:.2f}x "
-            f"AlpaServe's static split ({fp4['gpu_seconds']:.0f} vs "
-            f"{alpa4['gpu_seconds']:.0f} GPU-s; SLO attainment {fp4['slo_attainment']:.3f} "
-            f"vs {alpa4['slo_attainment']:.3f})",
-            ordering=eff > 1,
-            sim_value=eff,
-            paper_value=8.5,
-            cause=f"{_goodput_text(fp4, alpa4)}; the paper's Tetris loses 87% of its goodput to "
-            "GPU-multiplexing contention (1,543 of 12,000 rps), which the simulator does not "
-            f"model. Counterfactuals: twice §9's rate at CV 4 "
-            f"{x2['efficiency_over_alpaserve']:.2f}x; FlexPipe releasing idle groups after 2 s "
-            f"with no floor (as shipped before): {quick_eff}.",
-        ),
+        fig12_row(doc),
     ]
+
+
+PAPER_EFFICIENCY_CV = "1"
+"""§9.4 states Fig. 12's AlpaServe pair at CV 1: "FlexPipe achieves maximum goodput at 33% GPU
+utilization—3× more efficient than AlpaServe with identical throughput"; its CV-4 headline,
+"8.5× better resource efficiency", is against Tetris ("Tetris achieves only 1,543
+requests/second despite 85% GPU utilization"), whose GPU multiplexing is not modelled."""
+PAPER_EFFICIENCY = 3.0
+
+
+def fig12_row(doc: dict) -> dict:
+    """Fig. 12: goodput per GPU-second over AlpaServe's, judged at the CV §9.4 states it
+    (CV 1, 3x); CV 2 and 4 shown."""
+    by_cv = doc["by_cv"]
+    effs = {cv: by_cv[cv]["ratios"]["efficiency_over_alpaserve"] for cv in PAPER_LATENCY}
+    cv = PAPER_EFFICIENCY_CV
+    fp = by_cv[cv]["flexpipe"]
+    alpa = by_cv[cv][f"alpaserve-{by_cv[cv]['ratios']['alpaserve_stages']}"]
+    per_gpu_s = alpa["goodput_rps"] / alpa["gpu_seconds"]
+    quick = doc.get("flexpipe_release_2s", {}).get(cv)
+    quick_eff = (
+        f"{quick['goodput_rps'] / quick['gpu_seconds'] / per_gpu_s:.2f}x" if quick else "not run"
+    )
+    x2 = doc["rate_x2_cv4"]["efficiency_over_alpaserve"]
+    return row(
+        PAPER,
+        "Fig. 12",
+        "resource efficiency (goodput per GPU use) at CV 1: 3x AlpaServe's (CV 4: 8.5x "
+        "Tetris's, not modelled)",
+        "3x (CV 4: 8.5x vs Tetris)",
+        "goodput per GPU-second over AlpaServe's static split, the four models sharing the "
+        "cluster, CV 1 / 2 / 4: "
+        + " / ".join(f"{e:.2f}x" for e in effs.values())
+        + f" (CV 1: {fp['gpu_seconds']:.0f} vs {alpa['gpu_seconds']:.0f} GPU-s; SLO "
+        f"attainment {fp['slo_attainment']:.3f} vs {alpa['slo_attainment']:.3f})",
+        ordering=min(effs.values()) > 1,
+        sim_value=effs[cv],
+        paper_value=PAPER_EFFICIENCY,
+        cause=f"At CV 1 {_goodput_text(fp, alpa)}. The paper's AlpaServe runs at about 3x "
+        "FlexPipe's 33% GPU utilization with the same goodput; ours holds the split that "
+        "its autoscaled run peaks at (the cluster, see Fig. 8) against FlexPipe's 30% floor "
+        "and 5-minute window. Before this reading the row compared CV 4 against the paper's "
+        f"Tetris pair (8.5x): {effs['4']:.2f}x; Tetris loses 87% of its goodput to GPU-"
+        "multiplexing contention (1,543 of 12,000 rps), which the simulator does not model. "
+        f"Counterfactuals: twice §9's rate at CV 4 {x2:.2f}x; FlexPipe releasing idle "
+        f"groups after 2 s with no floor (as shipped before), CV 1: {quick_eff}.",
+    )
