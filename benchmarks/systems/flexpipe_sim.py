@@ -199,7 +199,8 @@ def run_one(
     e2e = res.done_s[done] - res.arrival_s[done]
     # Counted from the first arrival to the last request's end: a provisioned variant holds
     # its groups for good (the loop would run to its drain limit), and FlexPipe's groups
-    # stay 5 idle minutes (§9.4) and its always-ready floor for good (§9.1) after it.
+    # stay 5 idle minutes (§9.4) and its always-ready floor (§9.1) 15 (surge's
+    # `forget_peak_after_idle_s`) after it.
     end_s = float(res.done_s.max()) if done.all() and len(done) else res.end_s
     _, gpus = gpus_over_time(res, 1.0)
     gpus = gpus[int(lead_s) : int(end_s) + 1]

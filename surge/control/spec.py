@@ -96,6 +96,9 @@ def autoscaling_from_json(d: Any, base: AutoscaleSettings | None = None) -> Auto
         count_in_flight=_flag(d, "count_in_flight", base.count_in_flight),
         profile_bounds=_flag(d, "profile_bounds", base.profile_bounds),
         always_ready_fraction=_number(d, "always_ready_fraction", base.always_ready_fraction, 0),
+        forget_peak_after_idle_s=_optional(
+            d, "forget_peak_after_idle_s", base.forget_peak_after_idle_s, 0
+        ),
     )
 
 

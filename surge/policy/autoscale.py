@@ -40,7 +40,10 @@ are Ray Serve's, the only vocabulary surge uses):
   always-ready resources, with remaining capacity allocated through dynamic scaling";
   §9.6: "30% of historical peak capacity"): with `always_ready_fraction` f > 0, desired is
   at least ceil(f x the most instances the pool has held so far), the peak kept in the
-  state. 0 (every system but FlexPipe) = no floor beyond `min_replicas`.
+  state. 0 (every system but FlexPipe) = no floor beyond `min_replicas`. The peak lapses
+  once the pool has had no request for `forget_peak_after_idle_s` (surge's, not the
+  paper's: its production pools never idle, §9.6): the floor goes with it and the idle
+  pool scales to zero, as a serverless deployment must; the next load starts a new peak.
 Pure and deterministic: no clock, the caller passes `now_s` and the previous state. A
 decision that adds and releases nothing is a fixed point: fed its own state with the same
 load and settings it returns itself (the simulator skips such repeats at one instant).
@@ -50,6 +53,15 @@ import math
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
+
+FORGET_PEAK_AFTER_IDLE_S = 900.0
+"""Default `AutoscaleSettings.forget_peak_after_idle_s`: 15 minutes with no request at all,
+three of FlexPipe's 5-minute reclamation windows (§9.4). FlexPipe keeps "30% of
+historical peak capacity" always on (§9.6) for pools that serve production traffic
+without pause (§9.1's runs: 20 QPS for 2 hours); it says nothing of a pool whose traffic
+stops. Three windows outlast a lull between bursts (the groups above the floor have gone
+by then) yet give an abandoned deployment's GPUs back within a quarter of an hour instead
+of never: the point of serverless serving."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,11 @@ class AutoscaleSettings:
     always_ready_fraction: float = 0.0
     """Fraction of the pool's historical peak (the most instances it has held) kept ready
     however idle it is, rounded up; in [0, 1], 0 = none (FlexPipe §9.1: 0.3)."""
+    forget_peak_after_idle_s: float | None = FORGET_PEAK_AFTER_IDLE_S
+    """The historical peak (and with it the always-ready floor) is forgotten once the pool
+    has had no request in flight for this long, so an idle pool returns to zero; > 0, None
+    = never (the floor stays for the pool's life). Only matters with
+    `always_ready_fraction` > 0."""
 
     def __post_init__(self) -> None:
         if not self.target_ongoing_requests > 0:
@@ -123,6 +140,11 @@ class AutoscaleSettings:
         if self.target_tokens_per_s is not None and not self.target_tokens_per_s > 0:
             raise SurgeError(
                 f"target_tokens_per_s must be > 0 or null (got {self.target_tokens_per_s})"
+            )
+        if self.forget_peak_after_idle_s is not None and not self.forget_peak_after_idle_s > 0:
+            raise SurgeError(
+                "forget_peak_after_idle_s must be > 0 or null "
+                f"(got {self.forget_peak_after_idle_s})"
             )
         if not 0 <= self.always_ready_fraction <= 1:
             raise SurgeError(
@@ -157,7 +179,8 @@ class AutoscaleState:
     panic_until_s: float | None = None
     """Panic lasts until then; None = never panicked."""
     peak_instances: int = 0
-    """The most instances the pool has held (the always-ready floor's historical peak)."""
+    """The most instances the pool has held (the always-ready floor's historical peak)
+    since it last idled `forget_peak_after_idle_s`; 0 = none (forgotten, or never used)."""
 
     def in_panic(self, now_s: float) -> bool:
         return self.panic_until_s is not None and now_s < self.panic_until_s
@@ -281,6 +304,26 @@ def ready_floor(peak_instances: int, settings: AutoscaleSettings) -> int:
     return floor
 
 
+def idle_since(load: PoolLoad) -> float | None:
+    """Since when the pool has had no request in flight: when its last busy instance went
+    idle, if nothing waits and every instance is idle; None while busy, loading, or with no
+    instance (nothing tells then)."""
+    if load.queued or not load.instances:
+        return None
+    times = [
+        i.idle_since_s
+        for i in load.instances
+        if not i.loading and i.outstanding == 0 and i.idle_since_s is not None
+    ]
+    return max(times) if len(times) == len(load.instances) else None
+
+
+def peak_forgotten(load: PoolLoad, settings: AutoscaleSettings) -> bool:
+    """Whether the pool has idled `forget_peak_after_idle_s` (its peak lapses)."""
+    since, after = idle_since(load), settings.forget_peak_after_idle_s
+    return since is not None and after is not None and load.now_s - since >= after
+
+
 def decide(
     load: PoolLoad, settings: AutoscaleSettings, state: AutoscaleState = AutoscaleState()
 ) -> ScaleDecision:
@@ -289,8 +332,16 @@ def decide(
     outstanding = load.outstanding
     want = desired_instances(load, settings)
     have = len(load.instances)
-    peak = max(state.peak_instances, have)
-    want = max(want, ready_floor(peak, settings))
+    wake: list[float] = []
+    # the idle pool's peak lapses, and held instances do not count again until load
+    # returns (else the floor would rebuild the peak it keeps)
+    peak = 0 if peak_forgotten(load, settings) else max(state.peak_instances, have)
+    floor = ready_floor(peak, settings)
+    if floor > want and have > want:  # the floor holds instances: until the peak lapses
+        since, after = idle_since(load), settings.forget_peak_after_idle_s
+        if since is not None and after is not None:
+            wake.append(since + after)
+    want = max(want, floor)
     panic_until = state.panic_until_s
     if (
         settings.panic_window_s > 0
@@ -301,7 +352,6 @@ def decide(
     ):
         panic_until = now + settings.panic_window_s  # Knative panic mode
     panic = panic_until is not None and now < panic_until
-    wake: list[float] = []
     out = max(0, want - have)
     if settings.max_scale_out_per_decision is not None:
         out = min(out, settings.max_scale_out_per_decision)

@@ -56,6 +56,15 @@ def test_a_flexpipe_deployment_keeps_its_systems_reclamation_unless_it_sets_its_
     assert own.autoscaling.always_ready_fraction == 0.0
     with pytest.raises(SurgeError, match="always_ready_fraction"):
         DeploymentSpec.from_json(FLEX | {"autoscaling": {"always_ready_fraction": 2}})
+    # the peak lapses after 15 idle minutes unless the deployment says otherwise
+    assert plain.autoscaling.forget_peak_after_idle_s == 900.0
+    for value in (None, 60):
+        own = DeploymentSpec.from_json(FLEX | {"autoscaling": {"forget_peak_after_idle_s": value}})
+        assert own.autoscaling.forget_peak_after_idle_s == value
+        assert DeploymentSpec.from_json(own.to_json()) == own  # as the store keeps it
+    for bad in (0, -5, "soon"):
+        with pytest.raises(SurgeError, match="forget_peak_after_idle_s"):
+            DeploymentSpec.from_json(FLEX | {"autoscaling": {"forget_peak_after_idle_s": bad}})
 
 
 def test_a_flexpipe_deployment_sets_its_own_knobs_over_the_systems() -> None:

@@ -2,7 +2,8 @@
 (`control/load_monitor.pool_load` for `surge serve`, `sim/scaling.pool_load` for the
 simulator), gives the same `policy.autoscale` decisions tick by tick — stable window,
 panic window, downscale delay and the last instance's keep-alive included, and FlexPipe's
-always-ready floor (§9.1: a fraction of the pool's peak)."""
+always-ready floor (§9.1: a fraction of the pool's peak) with the peak forgotten after a
+long idle stretch (`forget_peak_after_idle_s`: the idle pool goes to zero)."""
 
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -92,9 +93,11 @@ def _sim_view(m: Moment):
     return sim_pool_load(pool, m.now_s)
 
 
-def _decisions(view, settings: AutoscaleSettings = SETTINGS) -> list[ScaleDecision]:
+def _decisions(
+    view, settings: AutoscaleSettings = SETTINGS, history: tuple[Moment, ...] = HISTORY
+) -> list[ScaleDecision]:
     state, out = AutoscaleState(), []
-    for m in HISTORY:
+    for m in history:
         d = decide(view(m), settings, state)
         state = d.state
         out.append(d)
@@ -123,3 +126,34 @@ def test_both_bodies_keep_the_always_ready_floor_alike() -> None:
     assert runtime[3].state.peak_instances == 3
     assert runtime[7].release == (3,)  # 3 idle, 2 kept: only the longest idle goes
     assert runtime[9].release == () and runtime[9].desired == 2  # never to zero
+
+
+IDLE = (
+    Moment(0.0, (Inst(1, 4), Inst(2, 4), Inst(3, 4))),  # the peak: 3
+    Moment(1.0, (Inst(1, 0, False, 0.5), Inst(2, 0, False, 0.8), Inst(3, 0, False, 0.9))),
+    Moment(3.0, (Inst(1, 0, False, 0.5), Inst(2, 0, False, 0.8), Inst(3, 0, False, 0.9))),
+    Moment(30.0, (Inst(2, 0, False, 0.8), Inst(3, 0, False, 0.9))),  # idle 29.1 s of 30
+    Moment(31.0, (Inst(2, 0, False, 0.8), Inst(3, 0, False, 0.9))),  # 30.1 s: forgotten
+    Moment(32.0, ()),
+    Moment(40.0, (), at_router=1),  # load again: at zero, a new peak
+    Moment(40.1, (Inst(4, loading=True),), at_router=1),
+)
+
+
+def test_both_bodies_forget_the_peak_of_an_idle_pool_alike() -> None:
+    """Half the peak always ready, forgotten after 30 idle seconds: both bodies see the
+    pool idle since its last instance went idle (0.9 s), hold 2 until 30.9 s, then release
+    both and go to zero."""
+    lapse = replace(SETTINGS, always_ready_fraction=0.5, forget_peak_after_idle_s=30.0)
+    for m in IDLE:
+        assert _runtime_view(m) == _sim_view(m), m
+    runtime = _decisions(_runtime_view, lapse, IDLE)
+    assert runtime == _decisions(_sim_view, lapse, IDLE)
+    assert runtime[2].release == (1,) and runtime[2].desired == 2  # the floor holds 2
+    assert runtime[3].release == () and runtime[3].wake_at_s == 30.9  # until the lapse
+    assert runtime[4].release == (2, 3) and runtime[4].state.peak_instances == 0
+    assert runtime[5].desired == 0 and runtime[6].scale_out == 1
+    assert runtime[7].state.peak_instances == 1
+    # kept for the pool's life (None), the floor never lets the pool reach zero
+    never = _decisions(_runtime_view, replace(lapse, forget_peak_after_idle_s=None), IDLE)
+    assert never[4].release == () and never[5].desired == 2

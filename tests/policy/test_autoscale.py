@@ -1,6 +1,7 @@
 """The autoscaler's Knative rules, now in `surge.policy.autoscale` for both bodies: the
 stable (upscale) window, the panic window, the last instance's keep-alive, and FlexPipe's
-always-ready floor (a fraction of the pool's historical peak, §9.1)."""
+always-ready floor (a fraction of the pool's historical peak, §9.1), forgotten once the pool
+has idled `forget_peak_after_idle_s` (scale to zero)."""
 
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ from surge.policy.autoscale import (
     InstanceLoad,
     PoolLoad,
     decide,
+    idle_since,
     ready_floor,
 )
 
@@ -85,6 +87,44 @@ def test_the_always_ready_floor_keeps_a_fraction_of_the_peak() -> None:
     assert ready_floor(7, replace(floor, max_replicas=2)) == 2
     with pytest.raises(SurgeError):
         AutoscaleSettings(always_ready_fraction=1.5)
+
+
+def test_an_idle_pool_forgets_its_peak_and_goes_to_zero() -> None:
+    """A pool that reached 7 instances keeps ceil(0.3 x 7) = 3 while it idles less than
+    `forget_peak_after_idle_s`, wakes when that runs out, then forgets the peak and
+    releases all 3 (each has idled past its delays); the next load starts a new peak."""
+    s = AutoscaleSettings(
+        target_ongoing_requests=4,
+        downscale_delay_s=2,
+        keep_alive_s=None,
+        panic_window_s=0,
+        always_ready_fraction=0.3,
+        forget_peak_after_idle_s=60,
+    )
+    d = decide(PoolLoad(0.0, 0, tuple(_busy(i, 4) for i in range(1, 8))), s)
+    idle = (_idle(1, 5.0), _idle(2, 9.0), _idle(3, 7.0))  # the pool idles since 9.0
+    assert idle_since(PoolLoad(20.0, 0, idle)) == 9.0
+    held = decide(PoolLoad(20.0, 0, idle), s, d.state)
+    assert held.release == () and held.desired == 3 and held.wake_at_s == 69.0
+    gone = decide(PoolLoad(69.0, 0, idle), s, held.state)
+    assert gone.release == (1, 3, 2) and gone.desired == 0
+    assert gone.state.peak_instances == 0
+    # a fixed point while it stays idle: the instances it still holds do not count again
+    assert decide(PoolLoad(69.0, 0, idle), s, gone.state) == gone
+    back = decide(PoolLoad(80.0, 2, ()), s, gone.state)  # load again, at zero
+    assert back.scale_out == 1 and back.state.peak_instances == 0
+    assert decide(PoolLoad(81.0, 0, (_busy(4, 2),)), s, back.state).state.peak_instances == 1
+    # never forgotten (None): the floor stays, as before the setting existed
+    never = replace(s, forget_peak_after_idle_s=None)
+    kept = decide(PoolLoad(1e6, 0, idle), never, d.state)
+    assert kept.release == () and kept.desired == 3 and kept.wake_at_s is None
+    # a request anywhere, or one loading instance, and the pool is not idle
+    assert idle_since(PoolLoad(20.0, 1, idle)) is None
+    assert idle_since(PoolLoad(20.0, 0, (*idle, InstanceLoad(4, 0, True, None)))) is None
+    assert idle_since(PoolLoad(20.0, 0, ())) is None
+    for bad in (0, -1.0):
+        with pytest.raises(SurgeError, match="forget_peak_after_idle_s"):
+            AutoscaleSettings(forget_peak_after_idle_s=bad)
 
 
 def test_capped_settings_and_bad_knobs() -> None:

@@ -5,7 +5,7 @@ the surplus ones idle and the autoscaler's downscale releases them (§7: the sys
 `least-loaded` router spreads the quiet load over several groups and keeps them held.
 The mechanism is shown with the release shortened to 2 s (`quick_release`), so a 60-s
 quiet period sees it; as shipped, an idle group goes after §9.4's 5 minutes and 30% of
-the peak stays (§9.1), the last test."""
+the peak stays (§9.1) until the pool has idled 15 minutes, the last test."""
 
 import math
 from dataclasses import replace
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks.systems.flexpipe_sim import quick_release
+from surge.policy.autoscale import FORGET_PEAK_AFTER_IDLE_S
 from surge.policy.systems import FLEXPIPE_RECLAIM_S, SystemConfig, system_config
 from surge.sim.events import Priority
 from surge.sim.metrics import gpus_over_time
@@ -96,11 +97,17 @@ def test_a_group_refactored_while_idle_is_still_released() -> None:
     assert res.end_s - res.done_s.max() < 30.0, (res.end_s, res.done_s.max())
 
 
-def test_as_shipped_idle_groups_stay_five_minutes_and_30_percent_of_the_peak_for_good() -> None:
+def test_as_shipped_groups_idle_5_minutes_and_the_floor_15_before_release() -> None:
     """§9.4: elastic capacity "with 5-minute reclamation windows"; §9.1: "30% of peak
     capacity as always-ready resources". The burst's groups idle from the quiet period
-    on; none goes before 5 idle minutes, and ceil(0.3 x peak) stay after the last request."""
-    sim, _ = _run("pack", system_config("flexpipe"))
+    on; none goes before 5 idle minutes, and ceil(0.3 x peak) stay after the last request
+    until the pool has idled `forget_peak_after_idle_s` (15 minutes): then the peak is
+    forgotten and the pool goes to zero. Kept for good (None), they stay to the end."""
+    config = system_config("flexpipe")
+    forget_s = config.autoscale.forget_peak_after_idle_s
+    assert forget_s == FORGET_PEAK_AFTER_IDLE_S
+    never = replace(config, autoscale=replace(config.autoscale, forget_peak_after_idle_s=None))
+    sim, _ = _run("pack", never)
     res = sim.world.result
     assert np.all(res.done_s > 0)
     pool = next(iter(sim.pools.values()))
@@ -108,5 +115,16 @@ def test_as_shipped_idle_groups_stay_five_minutes_and_30_percent_of_the_peak_for
     assert peak >= 4, peak
     released = [t for t, _, kind, _ in res.scale_events if kind == "release"]
     assert released and min(released) >= FLEXPIPE_RECLAIM_S, released
-    assert len(pool.instances) == math.ceil(0.3 * peak) >= 1
-    assert len(released) == peak - len(pool.instances)
+    floor = math.ceil(0.3 * peak)
+    assert len(pool.instances) == floor >= 1
+    assert len(released) == peak - floor
+
+    sim, _ = _run("pack", config)
+    res = sim.world.result
+    pool = next(iter(sim.pools.values()))
+    shipped = [t for t, _, kind, _ in res.scale_events if kind == "release"]
+    assert shipped[: len(released)] == released  # the same run until the lapse
+    last_done_s = float(res.done_s.max())
+    assert len(shipped) == peak and not pool.instances  # back to zero
+    assert all(t >= last_done_s + forget_s for t in shipped[len(released) :])
+    assert pool.autoscale_state.peak_instances == 0
