@@ -186,6 +186,7 @@ def fig13_row(f13: dict, alpa: dict | None) -> dict:
             if "mean_improvement_own_rate" in f13
             else "not run"
         )
-        + ": FlexPipe's groups stay 5 idle minutes and 30% of its peak for good (§9.1, §9.4), "
+        + ": FlexPipe's groups stay 5 idle minutes and 30% of its peak until the pool idles "
+        "15 minutes (§9.1, §9.4; the lapse is surge's), "
         "ServerlessLLM's instances go after 10 s idle (unsourced) and load again.",
     )
