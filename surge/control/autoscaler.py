@@ -44,7 +44,7 @@ from surge.events import (
 )
 from surge.policy.autoscale import AutoscaleSettings, decide
 from surge.policy.blitzscale.monitor import profiled
-from surge.policy.blitzscale.pd import with_monitor
+from surge.policy.blitzscale.pd import serving_floor, with_monitor
 from surge.policy.flexpipe.hrg import ScalingMark
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
@@ -145,7 +145,8 @@ class Autoscaler:
         bounds profiled for its model when the strategy asks (BlitzScale §5.3,
         `policy.blitzscale.monitor.profiled` of `control/emulation.instance_costs` and the
         deployment's SLO), a FlexPipe pipeline's target scaled by its stages
-        (`control/flexpipe.py`)."""
+        (`control/flexpipe.py`), a P/D deployment's floor of one instance per role while it
+        serves (`policy.blitzscale.pd.serving_floor`, as `control/pd.py` attaches P/D)."""
         slots = len(self.live_nodes()) * self.config.slots_per_node
         base = dep.spec.autoscaling
         if base.profile_bounds:
@@ -155,7 +156,10 @@ class Autoscaler:
                 costs = instance_costs(self.config.emulation, self.estimates, size, self.engine)
                 self._profiled[key] = profiled(base, costs, slo)
             base = self._profiled[key]
-        return flexpipe_autoscale(dep, base.capped(slots))
+        settings = flexpipe_autoscale(dep, base.capped(slots))
+        if dep.spec.pd is not None or dep.spec.system.pd_disaggregation:
+            settings = serving_floor(settings)  # BlitzScale §2.1, §4
+        return settings
 
     def _observe(self, dep: Deployment, now_s: float, dt_s: float) -> None:
         m, name = self.metrics, dep.name

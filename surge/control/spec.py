@@ -74,6 +74,7 @@ def autoscaling_from_json(d: Any, base: AutoscaleSettings | None = None) -> Auto
     return AutoscaleSettings(
         min_replicas=_int(d, "min_replicas", base.min_replicas, 0) or 0,
         max_replicas=_int(d, "max_replicas", base.max_replicas, 1),
+        min_serving=_int(d, "min_serving", base.min_serving, 1) or 1,
         target_ongoing_requests=_number(
             d, "target_ongoing_requests", base.target_ongoing_requests, 0, inclusive=False
         ),

@@ -9,11 +9,12 @@ call `decide` on every tick; neither adds rules of its own.
 
 Rules (a concurrency target, as Knative and the papers' load monitors use; the knob names
 are Ray Serve's, the only vocabulary surge uses):
-- desired = ceil(outstanding / target_ongoing_requests), at least 1 while any request is
-  outstanding, within [min_replicas, max_replicas]. Instances still loading count as
-  capacity, so a slow load is not answered by ever more scale-outs unless the backlog
-  keeps growing (the over-provisioning BlitzScale §6.2 observes for ServerlessLLM comes
-  from the backlog, not from the rule).
+- desired = ceil(outstanding / target_ongoing_requests), at least `min_serving` (1; a
+  P/D deployment 2, a prefill and a decode instance: `policy.blitzscale.pd.serving_floor`)
+  while any request is outstanding, within [min_replicas, max_replicas]. Instances still
+  loading count as capacity, so a slow load is not answered by ever more scale-outs
+  unless the backlog keeps growing (the over-provisioning BlitzScale §6.2 observes for
+  ServerlessLLM comes from the backlog, not from the rule).
 - Load monitor (BlitzScale §5.3: "records the serving loads with tokens per second and
   KVCache usage globally. When the average load surpasses a pre-defined upper bound, we
   allocate sufficient instances to meet that demand"): desired is also at least
@@ -74,6 +75,9 @@ class AutoscaleSettings:
     """Instances kept with no load; 0 = scale to zero."""
     max_replicas: int | None = None
     """Most instances of the pool; None = as many as fit."""
+    min_serving: int = 1
+    """Instances the pool holds at least while any request is outstanding (within
+    `max_replicas`); >= 1. A P/D deployment's is 2 (`policy.blitzscale.pd.serving_floor`)."""
     upscale_delay_s: float = 0.0
     """Load must ask for more instances this long before a scale-out (the stable window),
     unless the pool is at zero or in panic; >= 0."""
@@ -130,6 +134,8 @@ class AutoscaleSettings:
             raise SurgeError(f"panic_threshold must be >= 1 (got {self.panic_threshold})")
         if self.min_replicas < 0:
             raise SurgeError(f"min_replicas must be >= 0 (got {self.min_replicas})")
+        if self.min_serving < 1:
+            raise SurgeError(f"min_serving must be >= 1 (got {self.min_serving})")
         if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas):
             raise SurgeError(
                 f"max_replicas ({self.max_replicas}) must be >= max(1, min_replicas "
@@ -288,7 +294,7 @@ def desired_instances(load: PoolLoad, settings: AutoscaleSettings) -> int:
         want = math.ceil(outstanding / settings.target_ongoing_requests)
     want = max(want, monitor_instances(load, settings))
     if outstanding > 0:
-        want = max(want, 1)
+        want = max(want, settings.min_serving)
     want = max(want, settings.min_replicas)
     if settings.max_replicas is not None:
         want = min(want, settings.max_replicas)

@@ -27,7 +27,7 @@ from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
 from surge.policy.autoscale import AutoscaleSettings
 from surge.policy.blitzscale.monitor import InstanceCosts, profiled
-from surge.policy.blitzscale.pd import PdTargets
+from surge.policy.blitzscale.pd import PdTargets, serving_floor
 from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.placement import model_home
@@ -224,8 +224,9 @@ class Simulation:
     def _autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
         """The autoscaler's settings for `pool`: the load monitor's bounds profiled for its
         model (BlitzScale §5.3, `policy.blitzscale.monitor.profiled`, when the system asks),
-        FlexPipe's per-group target, and a fixed count where the model's share of the
-        cluster is fixed (`model_replicas`)."""
+        FlexPipe's per-group target, a P/D pool's floor of one instance per role while it
+        serves (`policy.blitzscale.pd.serving_floor`), and a fixed count where the model's
+        share of the cluster is fixed (`model_replicas`)."""
         if base.profile_bounds:
             key = (pool.model, base)
             if key not in self._profiled:
@@ -234,6 +235,8 @@ class Simulation:
                 )
             base = self._profiled[key]
         settings = self.flexpipe.autoscale_settings(pool, base)
+        if pool.pd is not None:  # BlitzScale §2.1, §4: a prefill and a decode instance
+            settings = serving_floor(settings)
         fixed = self._fixed.get(pool.model)
         if fixed is None:
             return settings

@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from surge.errors import SurgeError
+from surge.policy.autoscale import AutoscaleSettings, PoolLoad, decide
 from surge.policy.blitzscale.pd import (
     DECODE,
     PREFILL,
@@ -21,6 +22,7 @@ from surge.policy.blitzscale.pd import (
     role_loads,
     routable,
     scale_out_mutations,
+    serving_floor,
 )
 
 S = PdSettings(decode_busy_fraction=0.5, kv_busy_fraction=0.8)
@@ -178,3 +180,20 @@ def test_the_monitor_asks_for_a_prefill_instance_after_each_mutation() -> None:
     assert look(busy, S, mutation=False).monitor.scale_out == 0
     alone = look(busy, replace(S, mutate_on_scale_out=False), mutation=True)
     assert alone.mutation is not None and alone.monitor.scale_out == 0
+
+
+def test_a_pd_deployment_serves_on_a_prefill_and_a_decode_instance() -> None:
+    """BlitzScale §2.1 / §4: P/D "uses at least two serving instances, a prefill and a
+    decode". At zero, the first request starts two instances (one before); a pool whose
+    requests one instance carries keeps two while it serves, and goes to zero once idle;
+    a deployment held to one instance keeps one."""
+    s = AutoscaleSettings(target_ongoing_requests=4, keep_alive_s=None)
+    pd_s = serving_floor(s)
+    assert pd_s.min_serving == 2 and serving_floor(pd_s) == pd_s
+    assert decide(PoolLoad(0.0, 1, ()), s).scale_out == 1
+    assert decide(PoolLoad(0.0, 1, ()), pd_s).scale_out == 2
+    assert decide(PoolLoad(0.0, 0, ()), pd_s).desired == 0
+    one = serving_floor(replace(s, max_replicas=1))
+    assert decide(PoolLoad(0.0, 1, ()), one).scale_out == 1
+    with pytest.raises(SurgeError):
+        AutoscaleSettings(min_serving=0)

@@ -76,8 +76,8 @@ def test_tensor_parallel_instances_take_gpus_of_one_machine():
 
 
 def test_blitzscale_disaggregates_and_mutates():
-    # one request alone first (its instance prefills it with no decode instance yet),
-    # the burst 3 s later
+    # one request alone first (the pool at zero starts a prefill and a decode instance
+    # for it, BlitzScale §2.1 / §4), the burst 3 s later
     burst = _burst(rate=20, cv=4, duration=120)
     trace = make_trace(
         "lone-then-burst",
@@ -89,10 +89,11 @@ def test_blitzscale_disaggregates_and_mutates():
     assert s["finished"] == trace.num_requests
     assert s["mutations"] > 0
     assert s["network_loads"] > 0
-    # the first requests are decoded where they were prefilled (no decode instance yet);
-    # the others are handed off, so not every request is recorded in place
-    in_place = set(r.decoded_in_place)
-    assert 0 in in_place and 0 < len(in_place) < trace.num_requests
+    # the lone request is handed off to the decode instance started beside its prefill
+    # one (until 2026-11-28 one instance started and decoded it in place)
+    assert r.gpu_changes[0][1] == 1 and r.gpu_changes[1] == (r.gpu_changes[0][0], 2)
+    assert 0 not in set(r.decoded_in_place)
+    assert len(r.decoded_in_place) < trace.num_requests
 
 
 def test_gpu_seconds_grow_with_load_time():

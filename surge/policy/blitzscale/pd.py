@@ -27,6 +27,8 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
 - `scale_out_mutations` (§5.2, §6.3): at a scale-out decision, the prefill instances that
   turn into decode ones now, one for each new instance that roles by load would make a
   decode one; the new instances prefill (the remedy);
+- `serving_floor`: a P/D deployment's autoscaler settings: while it holds requests it
+  keeps at least two instances, a prefill and a decode one (§2.1, §4);
 - `ingress_usage`: the K/V ingress both bodies measure (hand-offs' link time per second
   over the monitor's window);
 - `monitor` (BlitzScale's load monitor, §5, its per-role half): whether the pool wants
@@ -47,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import RATE_WINDOW_S
+from surge.policy.autoscale import RATE_WINDOW_S, AutoscaleSettings
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -186,6 +188,21 @@ def role_for_new(load: PdLoad, targets: PdTargets, mutation: bool = False) -> st
     if num_prefill * targets.decode <= num_decode * targets.prefill:
         return PREFILL
     return DECODE
+
+
+def serving_floor(settings: AutoscaleSettings) -> AutoscaleSettings:
+    """A P/D deployment's autoscaler `settings`: while any request is outstanding it holds
+    at least one instance per role (`min_serving`), so the pool that scales out from zero
+    starts a prefill and a decode instance together, and a request's decode runs on a
+    decode instance, not on the instance that prefilled it. BlitzScale §2.1: P/D "uses two
+    replicas of the same model to serve the prefill and decode phases of a request,
+    respectively"; §4: "it uses at least two serving instances, a prefill and a decode";
+    §6.1: "For all the workload, we run with prefill and decode disaggregation". Until
+    2026-11-28 a P/D pool at zero started one instance, which decoded what it prefilled
+    until a second joined (`handoff_target`'s fallback, still there while the decode
+    instance loads). Within `max_replicas`: a deployment held to one instance decodes in
+    place."""
+    return replace(settings, min_serving=max(settings.min_serving, len(ROLES)))
 
 
 def role_loads(load: PdLoad) -> tuple[float, float]:
