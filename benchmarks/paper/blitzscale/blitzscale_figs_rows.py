@@ -98,10 +98,11 @@ def report_rows(doc: dict) -> list[dict]:
             paper_value=0.40,
             cause="Steps that lose more than 1%: "
             + ("; ".join(losses) or "none")
-            + ". Mean TBT is set by the few requests decoded on their prefill instance "
-            "(no decode instance yet: each burst after an idle stretch starts from one "
-            "instance, `policy.blitzscale.pd.handoff_target`), whose decode steps share "
-            "it with prefill: "
+            + ". Each TBT loss split into the requests decoded on their prefill instance "
+            "(no decode instance serving yet: `policy.blitzscale.pd.handoff_target`'s "
+            "fallback while the decode instance a pool at zero starts beside its first "
+            "prefill one still loads, `serving_floor`; their decode steps share it with "
+            "prefill) and those handed off, whose TBT counts the K/V hand-off: "
             + ("; ".join(tbt_split) or "n/a")
             + ". The biggest TTFT step per workload: "
             + ", ".join(f"{k} {v}" for k, v in biggest.items())
