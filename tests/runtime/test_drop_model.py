@@ -2,8 +2,12 @@
 for a load in flight: a registry read paced to ~2 s per block is aborted at its next chunk,
 whichever tier it fills, the load's caller gets an error that says why, nothing of the model
 is left (no block in any tier, no shared-memory segment, no disk file, no manifest), and the
-model can be registered and loaded again. A controller call cancelled mid-exchange leaves the
-control connection in step (the next call gets its own answer, not the cancelled load's)."""
+model can be registered and loaded again. The drop comes once the load's first block is in
+its tier (its arrival event; the disk tier announces none: its file, written whole and renamed
+into place) and before its last: mid-transfer on a machine of any speed, where a fixed sleep
+could come before the first byte or after the last block. A controller call cancelled
+mid-exchange leaves the control connection in step (the next call gets its own answer, not
+the cancelled load's)."""
 
 import asyncio
 import time
@@ -12,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from surge.model.manifest import Manifest
-from surge.runtime.protocol import DropModelOp, LoadOp, RegisterOp, StatusOp, Tier
+from surge.runtime.protocol import BlockArrived, DropModelOp, LoadOp, RegisterOp, StatusOp, Tier
 from surge.runtime.transport import RemoteError
 from tests.runtime.conftest import MODEL
 
@@ -20,10 +24,52 @@ BLOCK_S = 2.0
 """Each block's read time at the registry's cap (the whole load ~8 s)."""
 PROMPT_S = 2.0
 """Bound on an abort (measured: ~0.05 s)."""
+FIRST_BLOCK_TIMEOUT_S = 30.0
+"""Bound on the first block's read (~2 s at the cap)."""
+POLL_S = 0.01
+"""How often the disk tier's files are looked at (it announces no arrival)."""
 
 
 def _segments(cluster) -> list[Path]:
     return list(Path("/dev/shm").glob(f"surge_{cluster.cluster_id}_*"))
+
+
+class LoadProgress:
+    """Which blocks of a remote load into `tier` of node 0 are in: its arrival events
+    (host, gpu), or each block's file, complete (disk: `DiskTier.write` renames it into place
+    whole, and emits no event). Make it before the load starts: it subscribes at once."""
+
+    def __init__(self, client, disk: Path, manifest: Manifest, tier: Tier) -> None:
+        self.client, self.disk, self.manifest, self.tier = client, disk, manifest, tier
+        self.arrivals = client.subscribe((BlockArrived,), model=MODEL)
+        self.seen: set[int] = set()
+
+    def blocks_in(self) -> set[int]:
+        if self.tier == "disk":
+            return {
+                b.index
+                for b in self.manifest.blocks
+                if (f := self.disk / b.file).is_file() and f.stat().st_size == b.size_bytes
+            }
+        while not self.arrivals.empty():
+            self._note(self.arrivals.get_nowait())
+        return set(self.seen)
+
+    def _note(self, ev) -> None:
+        if isinstance(ev, BlockArrived) and ev.node == 0 and ev.source == "remote":
+            self.seen.add(ev.block)
+
+    async def first_block(self) -> None:
+        """Wait (bounded) until the first block is in."""
+        async with asyncio.timeout(FIRST_BLOCK_TIMEOUT_S):
+            while not self.blocks_in():
+                if self.tier == "disk":
+                    await asyncio.sleep(POLL_S)
+                else:
+                    self._note(await self.arrivals.get())
+
+    def close(self) -> None:
+        self.client.unsubscribe(self.arrivals)
 
 
 def _remote_gbps(manifest: Manifest) -> float:
@@ -44,10 +90,15 @@ def test_a_drop_aborts_a_load_in_flight_and_leaves_nothing(
         try:
             await client.call(0, RegisterOp(model=MODEL, manifest=manifest))
             blocks = tuple(range(manifest.num_blocks))
+            progress = LoadProgress(client, disk, manifest, tier)
             load = asyncio.ensure_future(
                 client.call(0, LoadOp(model=MODEL, blocks=blocks, source="remote", tier=tier))
             )
-            await asyncio.sleep(BLOCK_S * 1.3)  # the first block is in, the second under way
+            await progress.first_block()  # the first block is in, the next under way
+            in_at_drop = progress.blocks_in()
+            progress.close()
+            # mid-transfer: the first block in, not the last (they are read in order)
+            assert 0 in in_at_drop and blocks[-1] not in in_at_drop, in_at_drop
             assert not load.done()
             t0 = time.monotonic()
             reply, _ = await client.call_bytes(0, DropModelOp(model=MODEL))
