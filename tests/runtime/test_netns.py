@@ -29,6 +29,12 @@ from tests.runtime.conftest import MODEL, connected, first_block_at, gone, needs
 
 PROMPT = [0, 5, 9, 200, 31]
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
+CUT_S = 1.0
+"""How long a passing fault lasts (a link down, an agent stopped): well under the agents'
+stall bound (`STALL_TIMEOUT_S`, 8 s), so TCP's retransmissions ride it out and nothing fails
+over. The rest of the work then takes 0.4-0.9 s after it ends (measured, 2 cores at load
+12-18); a recovery that waited out a connection's stall bound and failed over shows as a
+re-plan or a second hop, and a stuck one ends at the stall bound, not at a 60-s default."""
 
 
 def multicast_then_generate(cluster: NetnsCluster, manifest, fault=None, dead: Sequence[int] = ()):
@@ -148,10 +154,11 @@ def test_a_link_down_mid_multicast_loses_nothing(make_netns, manifest) -> None:
         victim = plan.steps[0][0].dst  # the first receiver forwards to others
         await first_block_at(client, victim)
         cluster.set_link(victim, up=False)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(CUT_S)
         cluster.set_link(victim, up=True)
 
-    multicast_then_generate(cluster, manifest, link_down)
+    result = multicast_then_generate(cluster, manifest, link_down)
+    assert result.replans == [], "a pull failed (a connection waited out its stall bound)"
 
 
 @needs_netns
@@ -162,10 +169,11 @@ def test_a_node_frozen_mid_multicast_loses_nothing(make_netns, manifest) -> None
         pid = cluster.procs[plan.steps[0][0].dst].pid
         await first_block_at(client, plan.steps[0][0].dst)
         os.kill(pid, signal.SIGSTOP)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(CUT_S)
         os.kill(pid, signal.SIGCONT)
 
-    multicast_then_generate(cluster, manifest, freeze)
+    result = multicast_then_generate(cluster, manifest, freeze)
+    assert result.replans == [], "a pull failed (a connection waited out its stall bound)"
 
 
 @needs_netns
@@ -315,12 +323,17 @@ def test_a_pipeline_member_cut_off_mid_generation_loses_nothing(
                 await server.submit(r)
             while min(len(r.output_token_ids) for r in reqs) < 5:
                 await asyncio.sleep(0.01)
-            await server.add_endpoint(local)  # somewhere to go if the pipeline is retired
+            await server.add_endpoint(local)  # where a retired pipeline's requests would go
             await cut(2, off=True)
             cut_off = [r.req_id for r in reqs if not r.done.is_set()]
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(CUT_S)
             await cut(2, off=False)
-            await server.wait_all(60)
+            try:  # before any connection's stall bound could have failed it (CUT_S)
+                await server.wait_all(STALL_TIMEOUT_S)
+            except TimeoutError:
+                left = {r.req_id: len(r.output_token_ids) for r in reqs if not r.done.is_set()}
+                msg = f"not done {STALL_TIMEOUT_S:g} s after the cut: {left}"
+                raise AssertionError(msg) from None
             return reqs, cut_off
         finally:
             await server.close()
@@ -328,5 +341,6 @@ def test_a_pipeline_member_cut_off_mid_generation_loses_nothing(
 
     reqs, cut_off = asyncio.run(run())
     assert cut_off, "every request had finished before the fault: it tested nothing"
-    assert all(r.hops[0] == "p" for r in reqs)
+    # ridden out by TCP on the pipeline's own connections, not failed over to local-0
+    assert all(r.hops == ["p"] for r in reqs), [r.hops for r in reqs]
     check_against_reference(tiny_hf, reqs, 40)
