@@ -1,12 +1,14 @@
 """λScale §7.5 multi-model ("up to 5x lower tail latency"): scenario `lambdascale-multi` over
 a fixed set of seeds, and its REPORT.md row.
 
+The tail is the 90th percentile of TTFT (`TAIL_TTFT`, λScale §1 and FaaScale §1).
+
 The simulator is deterministic; the scenario's seed draws which of the 12 models each
 request goes to (Zipf split of both traces) and which quarter of Azure conv the 7B group
-takes (`surge.sim.scenario_traffic.build_trace`). ServerlessLLM's p99 TTFT is the tail of
-a few dozen SSD loads, so which loads miss its host cache, and the ratio, turn on that
-draw (seeds 0-10: 5.41x-8.26x, 2026-11-28): one seed is one draw, so the row's headline is
-the median over MULTI_SEEDS with the range beside it.
+takes (`surge.sim.scenario_traffic.build_trace`). ServerlessLLM's tail TTFT is the tail
+of a few dozen SSD loads, so which loads miss its host cache, and the ratio, turn on that
+draw (seeds 0-10, p99: 5.41x-8.26x, 2026-11-28): one seed is one draw, so the row's
+headline is the median over MULTI_SEEDS with the range beside it.
 """
 
 import statistics
@@ -29,7 +31,12 @@ MULTI_SEEDS = tuple(range(11))
 count: the median is one seed's run); the headline is their median whichever way it moves
 the row. About 15 s of one core per seed."""
 JUDGED = ("faasnet", "nccl", "serverlessllm-fig12start", "serverlessllm", "serverlessllm-init0")
-"""The ratios the row reports (each system's p99 TTFT over λScale's)."""
+"""The ratios the row reports (each system's tail TTFT over λScale's)."""
+TAIL_TTFT = "ttft_p90_s"
+"""The tail the paper's "up to 5x" measures: λScale §1 "a 2.4x to 5x improvement in 90th
+tail latency ... on real-world LLM inference traces"; FaaScale §1 "2.4x-5x improvement in
+P90 TTFT latency" (abstract: "up to 5x lower tail time-to-first-token latency"). The rows
+took p99 until 2026-11-28."""
 
 
 def multi_runs(seed: int) -> tuple[int, dict]:
@@ -47,19 +54,24 @@ def multi_runs(seed: int) -> tuple[int, dict]:
 
 
 def seed_summary(requests: int, res: dict) -> dict:
-    """One seed's p99 TTFTs, their ratios over λScale and S-LLM's host-cache misses."""
-    lam = res["lambdascale"]["ttft_p99_s"]
+    """One seed's tail TTFTs (p90, and p99 beside), their ratios over λScale and S-LLM's
+    host-cache misses."""
+    lam = res["lambdascale"][TAIL_TTFT]
     return {
         "requests": requests,
+        "ttft_p90_s": {k: v["ttft_p90_s"] for k, v in res.items()},
         "ttft_p99_s": {k: v["ttft_p99_s"] for k, v in res.items()},
-        "p99_ttft_ratio": {k: ratio(res[k]["ttft_p99_s"], lam) for k in JUDGED},
+        "tail_ttft_ratio": {k: ratio(res[k][TAIL_TTFT], lam) for k in JUDGED},
+        "p99_ttft_ratio": {
+            k: ratio(res[k]["ttft_p99_s"], res["lambdascale"]["ttft_p99_s"]) for k in JUDGED
+        },
         "sllm_fig12start_cache_misses": res["serverlessllm-fig12start"]["cache_misses"],
     }
 
 
 def spread(per_seed: dict, key: str) -> dict:
     """Median, min and max over seeds of one ratio (`per_seed`: seed -> `seed_summary`)."""
-    values = [s["p99_ttft_ratio"][key] for s in per_seed.values()]
+    values = [s["tail_ttft_ratio"][key] for s in per_seed.values()]
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -75,13 +87,13 @@ def multi_row(mm: dict) -> dict:
     seeds = sorted(int(s) for s in per_seed)
     head, ship = med["serverlessllm-fig12start"], med["serverlessllm"]
     at0 = med["serverlessllm-init0"]
-    every = all(s["p99_ttft_ratio"][k] > 1 for s in per_seed.values() for k in JUDGED[:3])
+    every = all(s["tail_ttft_ratio"][k] > 1 for s in per_seed.values() for k in JUDGED[:3])
     return row(
         "λScale",
         "§7.5 multi-model",
-        "up to 5x lower tail latency (abstract, §7.5)",
+        "up to 5x lower tail latency (abstract, §7.5; §1: p90 TTFT)",
         "5x",
-        f"`lambdascale-multi`, median (range) over seeds {seeds[0]}-{seeds[-1]}: p99 TTFT "
+        f"`lambdascale-multi`, median (range) over seeds {seeds[0]}-{seeds[-1]}: p90 TTFT "
         "FaaSNet / NCCL / S-LLM over λScale "
         + " / ".join(_fmt(med[k]) for k in JUDGED[:3])
         + f" (S-LLM's start derived from Fig. 12; shipped 0.5 s {_fmt(ship)}, none "
@@ -92,10 +104,10 @@ def multi_row(mm: dict) -> dict:
         cause="Judged, as Fig. 14, with S-LLM's engine start derived from Fig. 12 (the "
         "λScale paper gives none); the ratio rests on it (shipped 0.5 s "
         f"{ship['median']:.2f}x, none {at0['median']:.2f}x), the ordering does not (it holds "
-        "at every seed). At the derived start S-LLM's p99 is the tail of its SSD loads "
+        "at every seed). At the derived start S-LLM's p90 is set by its SSD loads "
         f"({min(misses)}-{max(misses)} host-cache misses), and which loads miss turns on the "
         "seed's draw of models per request: one seed is one draw, so the headline is the "
         f"median of {len(seeds)} fixed seeds ({head['min']:.2f}x-{head['max']:.2f}x; seed 0 "
-        f"alone {per_seed['0']['p99_ttft_ratio']['serverlessllm-fig12start']:.2f}x) "
+        f"alone {per_seed['0']['tail_ttft_ratio']['serverlessllm-fig12start']:.2f}x) "
         "(NOTES.md, 2026-11-28).",
     )
