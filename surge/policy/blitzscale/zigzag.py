@@ -156,7 +156,7 @@ def milp_solver() -> tuple[Any, Any, Any]:
     top: `scipy.optimize` takes 0.8-1.1 s of CPU to import (`python -X importtime`, a
     process that already holds numpy; ~4 s measured on a loaded machine), which only a solve
     should pay, not `surge plan`. The serving body imports it ahead of the first live look
-    (`runtime/scaleout/live.warm_solver`), so no user's scale-out waits for it."""
+    (`runtime/scaleout/ilp_warmup.warm_solver`), so no user's scale-out waits for it."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     return Bounds, LinearConstraint, milp
