@@ -1,4 +1,4 @@
-"""Throughput ramps for the scaling figures (λScale Fig. 10/11, BlitzScale Fig. 18).
+"""Throughput ramps for the scaling figures (λScale Fig. 10/11/16, BlitzScale Fig. 18).
 
 In: a `SimResult` and its trace. Out: tokens per second over time (each request's output
 tokens spread evenly between its first token and its end, its prompt tokens at its first

@@ -33,6 +33,7 @@ SOURCES = (
     ("reproduce", "benchmarks/paper/results.json", "python benchmarks/paper/reproduce.py"),
     ("lambdascale_traces", "benchmarks/results/paper/lambdascale_traces.json", None),
     ("lambdascale_bursts", "benchmarks/results/paper/lambdascale_bursts.json", None),
+    ("lambdascale_kway", "benchmarks/results/paper/lambdascale_kway.json", None),
     (
         "lambdascale_figs_rows",
         "benchmarks/results/paper/lambdascale_figs.json",

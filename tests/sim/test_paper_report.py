@@ -280,3 +280,47 @@ def test_a_reproduction_without_its_traces_says_so_and_exits_2(
     assert record.getMessage().startswith("error: trace azure-code not found")
     assert "SURGE_TRACES" in record.getMessage()
     assert run_main(lambda: None) == 0
+
+
+def test_lambdascale_fig16_is_judged_on_the_throughput_ramp_not_ttft() -> None:
+    """λScale §7.6 Fig. 16 ("Impacts of k-way transmission on throughput performance"):
+    k=4 "achieves the fastest scaling", k=1 "the slowest scaling and the lowest overall
+    throughput". The row reads the ramp and the overall throughput; mean TTFT (what it read
+    before) cannot make it hold or miss."""
+    import importlib
+
+    kway = importlib.import_module("lambdascale_kway")
+
+    def doc(ramp: tuple, tput: tuple, ttft: tuple) -> dict:
+        systems = {
+            f"k{k}": {
+                "ramp_s": r,
+                "ramp_by_share_s": {"20%": r / 3, "50%": r / 2, "80%": r},
+                "mean_tokens_per_s": m,
+                "ttft_mean_s": t,
+                "first_pipeline_s": r / 4,
+                "last_token_s": 2.0,
+                "ttft_cdf_s": [0.1, 1.0],
+            }
+            for k, r, m, t in zip((1, 2, 4), ramp, tput, ttft, strict=True)
+        }
+        return {"systems": systems}
+
+    fast_ttft_flat_ramp = kway.fig16_row(doc((1.3, 1.3, 1.3), (100, 100, 100), (1.1, 1.0, 0.9)))
+    assert fast_ttft_flat_ramp["ordering"] is False
+    assert "ramp to 80%" in fast_ttft_flat_ramp["simulator"]
+    ramp_holds = kway.fig16_row(doc((1.3, 0.9, 0.5), (90, 100, 110), (0.9, 1.0, 1.1)))
+    assert ramp_holds["ordering"] is True
+    slowest_but_not_lowest = kway.fig16_row(doc((1.3, 0.9, 0.5), (120, 100, 110), (1, 1, 1)))
+    assert slowest_but_not_lowest["ordering"] is False
+
+
+def test_lambdascale_fig16_measures_a_token_rate_per_k() -> None:
+    """The Fig. 16 run yields each k's token rate over time and its ramp time."""
+    import importlib
+
+    doc = importlib.import_module("lambdascale_kway").fig16()
+    for k in ("k1", "k2", "k4"):
+        v = doc["systems"][k]
+        assert len(v["rate_curve"]) > 10 and max(v["rate_curve"]) > 0
+        assert 0 < v["ramp_s"] <= v["last_token_s"]

@@ -1,5 +1,5 @@
-"""λScale under a burst: TTFT scaling via GDR (Fig. 12), via the local cache (Fig. 13),
-and k-way transmission (Fig. 16), Llama-2 13B on Testbed1 (12 nodes, one H800 each).
+"""λScale under a burst: TTFT scaling via GDR (Fig. 12) and via the local cache (Fig. 13),
+Llama-2 13B on Testbed1 (12 nodes, one H800 each).
 
 - Fig. 12: K warm instances hold the model on GPU, then 50 requests arrive at once;
   λScale, FaaSNet and NCCL scale out over GDR from the GPU copies, ServerlessLLM-SSD loads
@@ -8,8 +8,7 @@ and k-way transmission (Fig. 16), Llama-2 13B on Testbed1 (12 nodes, one H800 ea
 - Fig. 13: the same burst "under the same setup used in Fig. 10" (§7.4): R = 4 nodes hold
   the model on GPU and the other k = 8 load it from their own host memory (§7.3, N = R + k),
   both systems; headline: p90 TTFT, ServerlessLLM over λScale (1.63x).
-- Fig. 16: λScale with k = 1, 2, 4 sources (k warm instances), 100 requests at once;
-  headline: mean TTFT over the burst (paper: k=4 fastest, then k=2, then k=1; no number).
+Fig. 16 (k-way transmission, a throughput ramp) is lambdascale_kway.py.
 Run: python benchmarks/paper/lambdascale/lambdascale_bursts.py (about 10 s).
 """
 
@@ -39,6 +38,12 @@ MAX_BATCH = 8
 """Sequences per instance: the burst must exceed the warm instances' capacity, else the
 router hands every request to them at once and nothing scales (the paper's runs push
 RPS until it must)."""
+RAMP_SHARE = 0.8
+"""A ramp ends when the token rate (averaged over SMOOTH_BINS) first reaches this share of
+the best rate any system reaches on the same load (the full cluster serving); λScale
+Fig. 10, 11 (lambdascale_figs.py) and 16."""
+SMOOTH_BINS = 5
+STEP_S = 0.1
 
 
 def burst(n: int, input_tokens: int = 1024, output_tokens: int = 64):
@@ -46,11 +51,17 @@ def burst(n: int, input_tokens: int = 1024, output_tokens: int = 64):
     return make_trace(f"burst{n}", np.zeros(n), np.full(n, input_tokens), np.full(n, output_tokens))
 
 
-def _one(
-    trace, name: str, cfg, warm: int, micro: int | None = None, nodes: int | None = None
-) -> dict:
-    """`micro`: micro-batches per execution pipeline (None: one per stage, λScale §4.3);
-    `nodes`: instances held from the start (None: the autoscaler sizes the scale-out)."""
+def stress(rate_rps: float, duration_s: float, burst: int) -> object:
+    """`burst` requests at t = 0, then `rate_rps` for `duration_s` (1024 in, 64 out): more
+    than the cluster serves, so the autoscaler asks for every node at once (Fig. 10/11)."""
+    t = np.concatenate([np.zeros(burst), np.arange(int(rate_rps * duration_s)) / rate_rps])
+    return make_trace("stress", t, np.full(len(t), 1024), np.full(len(t), 64))
+
+
+def sim_run(trace, cfg, warm: int, micro: int | None = None, nodes: int | None = None) -> tuple:
+    """(summary, SimResult). `micro`: micro-batches per execution pipeline (None: one per
+    stage, λScale §4.3); `nodes`: instances held from the start (None: the autoscaler sizes
+    the scale-out)."""
     settings = SimSettings(
         CLUSTER,
         (MODEL,),
@@ -60,7 +71,14 @@ def _one(
         pipeline_micro_batches=micro,
         model_replicas=() if nodes is None else ((MODEL, nodes),),
     )
-    summary, res = run(trace, settings, cfg)
+    return run(trace, settings, cfg)
+
+
+def _one(
+    trace, name: str, cfg, warm: int, micro: int | None = None, nodes: int | None = None
+) -> dict:
+    """One run's summary, time until every request has its first token and TTFT CDF."""
+    summary, res = sim_run(trace, cfg, warm, micro, nodes)
     t = ttft_s(res)
     done = res.done_s >= 0
     early = res.output_tokens[done & (res.done_s <= 5.0)].sum()
@@ -170,22 +188,6 @@ def fig13(derived_init_s: float | None = None) -> dict:
     }
 
 
-def fig16() -> dict:
-    trace = burst(100)
-    out = {}
-    for k in (1, 2, 4):
-        cfg = replace(system_config("lambdascale"), max_sources=k)
-        out[f"k{k}"] = _one(trace, "lambdascale", cfg, k)
-    return {
-        "systems": out,
-        "ordering_holds": out["k4"]["ttft_mean_s"]
-        < out["k2"]["ttft_mean_s"]
-        < out["k1"]["ttft_mean_s"],
-        "mean_ttft_k1_over_k4": ratio(out["k1"]["ttft_mean_s"], out["k4"]["ttft_mean_s"]),
-        "paper": {"ordering": "k=4 scales fastest, then k=2, then k=1"},
-    }
-
-
 SSD_70B_LOAD_OVER_S = 30.0
 """λScale §2.3 (FaaScale §2.3), measured on its own testbed (§7.1): "loading a Llama-70B
 model from an SSD to a GPU takes over 30 seconds even with optimized implementations"."""
@@ -224,13 +226,12 @@ def sllm_start_cause(derived_s: float, shipped: str, at0: str, one_batch: str) -
 
 def report_rows(doc: dict) -> list[dict]:
     """REPORT.md rows (`report.py`)."""
-    f12, f13, f16 = doc["fig12"], doc["fig13"], doc["fig16"]
+    f12, f13 = doc["fig12"], doc["fig13"]
     sp = f12["speedup"]
     lam12 = f12["systems"]["lambdascale"]["all_first_token_s"]
     z = f13.get("p90_ratio_serverlessllm_init0")
     zd = f13.get("p90_ratio_serverlessllm_init_fig12")
     d_init = f12.get("serverlessllm_init_derived_s")
-    k = {n: v["ttft_mean_s"] for n, v in f16["systems"].items()}
     cf, nan = f12.get("counterfactual_speedup", {}), float("nan")
     d12 = f12.get("serverlessllm_init_derived_s") or nan
     return [
@@ -283,14 +284,6 @@ def report_rows(doc: dict) -> list[dict]:
             "scenario before 2026-11-28) the ratio at the derived start was "
             f"{f13.get('p90_ratio_burst_sized') or nan:.2f}x.",
         ),
-        row(
-            "λScale",
-            "Fig. 16",
-            "k-way transmission (100 requests, k warm): k=4 fastest, then k=2, then k=1",
-            "ordering only",
-            f"mean TTFT k=1 {k['k1']:.2f} s, k=2 {k['k2']:.2f} s, k=4 {k['k4']:.2f} s",
-            ordering=k["k4"] < k["k2"] < k["k1"],
-        ),
     ]
 
 
@@ -300,8 +293,8 @@ def draw(doc: dict) -> object:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(16, 4))
-    for i, key in enumerate(("fig12", "fig13", "fig16")):
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for i, key in enumerate(("fig12", "fig13")):
         for name, d in doc[key]["systems"].items():
             cdf = d["ttft_cdf_s"]
             ax[i].plot(cdf, np.linspace(0, 1, len(cdf)), label=name)
@@ -316,7 +309,6 @@ def main() -> None:
     for name, fn in (
         ("fig12", fig12),
         ("fig13", lambda: fig13(doc["fig12"]["serverlessllm_init_derived_s"])),
-        ("fig16", fig16),
     ):
         log.info("running %s", name)
         doc[name] = fn()

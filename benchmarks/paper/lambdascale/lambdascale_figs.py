@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper: common, rows
 
 from common import only_parts, read, run, run_main, write
-from lambdascale_bursts import sllm_start_from_fig12
+from lambdascale_bursts import RAMP_SHARE, SMOOTH_BINS, STEP_S, sllm_start_from_fig12, stress
 from multicast import isolated_multicast
 from ramp import smooth, time_to_share, token_rate
 
@@ -46,17 +46,11 @@ from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.models import load_model
 from surge.sim.settings import SimSettings
-from surge.traces.request import make_trace
 
 log = logging.getLogger("lambdascale_figs")
 PAPER = "λScale"
 TB1 = "lambdascale-testbed1"
 MULTICAST_JSON = Path(__file__).resolve().parents[2] / "results" / "scaleout" / "multicast.json"
-RAMP_SHARE = 0.8
-"""A ramp ends when the token rate (averaged over SMOOTH_BINS) first reaches this share of
-the best rate any system reaches on the same load (the full cluster serving)."""
-SMOOTH_BINS = 5
-STEP_S = 0.1
 MAX_BATCH = 8
 """As lambdascale_bursts.py: the load must exceed what the serving nodes hold."""
 
@@ -65,13 +59,6 @@ def testbed2(nodes: int = 4) -> object:
     """Testbed2 cut to `nodes` nodes (Fig. 7: 70B on 4 nodes x 4 GPUs)."""
     g = {**cluster_spec("lambdascale-testbed2")["groups"][0], "num_nodes": nodes}
     return cluster_from_spec(f"lambdascale-testbed2/{nodes}", {"groups": [g]})
-
-
-def stress(rate_rps: float, duration_s: float, burst: int) -> object:
-    """`burst` requests at t = 0, then `rate_rps` for `duration_s` (1024 in, 64 out): more
-    than the cluster serves, so the autoscaler asks for every node at once."""
-    t = np.concatenate([np.zeros(burst), np.arange(int(rate_rps * duration_s)) / rate_rps])
-    return make_trace("stress", t, np.full(len(t), 1024), np.full(len(t), 64))
 
 
 # (model, cluster, stress rate, seconds, nodes, warm nodes R for Fig. 10); 70B runs longer:
