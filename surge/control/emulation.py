@@ -77,10 +77,16 @@ def instance_costs(
     """One instance's step costs for the load monitor's profile (BlitzScale §5.3,
     `policy.blitzscale.monitor`), in the serving clock's seconds: under GPU-time emulation
     the emulated GPU's cost model for the emulated model (the simulator's, `sim/costs.py`);
-    else the host's estimates: a decode step reads every weight once whatever its batch
-    (`ServingEstimates.decode_s`), a prefill costs `prefill_over_decode` decode steps per
+    else the host's estimates: a prefill costs `prefill_over_decode` decode steps per
     `ESTIMATE_PROMPT_TOKENS` prompt tokens (a CPU's prefill is compute-bound: linear in its
-    tokens). The engine's step limits either way."""
+    tokens); a one-sequence decode step reads every weight once (`ServingEstimates.decode_s`)
+    and each further sequence in the step costs one token's compute, the prefill's per
+    token (the simulator's cost model has the same form: `decode_per_seq_s` is the
+    per-token compute). On a CPU that compute, not the weight read, dominates a batched
+    step: measured on SmolLM2-135M here (`benchmarks.engine.monitor_host_bound`, one
+    thread) a decode step took 62 ms at batch 1 and 440 ms at 64, where a batch-free step
+    put the decode bound at all 64 sequences, ~9x the tokens/s one instance makes within
+    the TBT SLO. The engine's step limits either way."""
     if emulation is not None:
         gpu = gpu_profile(emulation.nodes(1)[0].gpu)
         return monitor_costs(
@@ -92,8 +98,8 @@ def instance_costs(
     def prefill_s(tokens: int) -> float:
         return tokens * per_token_s
 
-    def decode_s(_batch: int) -> float:
-        return step_s
+    def decode_s(batch: int) -> float:
+        return step_s + (batch - 1) * per_token_s
 
     return InstanceCosts(prefill_s, decode_s, engine.max_prefill_tokens, engine.max_num_seqs)
 
