@@ -5,7 +5,11 @@ Each system runs the same requests on a fresh `LocalCluster` of `--nodes` agents
 capped at `--link-gbps`, the registry read at `--disk-gbps` as each node's disk) behind the
 real controller (`control/`: autoscaler, P/D hand-off and mutation, scale-outs):
 - `blitzscale`: chains from the serving instances, live scaling when the TTFT SLO needs it
-  (measured Time_l, zigzag or best effort, redistribution), P/D with mutation;
+  (measured Time_l, zigzag or best effort, redistribution), P/D with mutation; scaled, as
+  every system here, on requests in flight (`--target`, `count_in_flight`);
+- `blitzscale_monitor`: the same, scaled by BlitzScale's own §5.3 load monitor alone (its
+  default in `surge serve`: prompt tokens waiting over the TTFT SLO, tokens/s and KV use
+  against bounds profiled from the host estimates; requests in flight size nothing);
 - `lambdascale`: binomial multicast, execution pipelines, mode switch (P/D by the spec);
 - `load_then_serve` (ServerlessLLM): each new node loads the whole model from its own tier
   (host cache, else disk), then serves;
@@ -15,7 +19,9 @@ The deployment starts with `pd: {prefill: 1, decode: 1}` (two instances) and may
 every node. Requests: `--requests` consecutive requests of
 `../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv` (`surge.traces`), their
 gaps divided by `--time-scale` (a burst), prompt and output lengths clipped to the tiny
-model. Reported per system: TTFT and TBT p50/p99 (the controller's clock), GPU-seconds
+model. Reported per system: TTFT and TBT p50/p99 of the requests served (the controller's
+clock; a request held past the deployment's `hold_timeout_s` ends unserved, HTTP 503 in
+`surge serve`, and is counted as `unserved`), GPU-seconds
 (instances held × seconds, sampled every 0.1 s from the burst to its last token), live
 batches / hand-offs / mutations, and each one's ratio to blitzscale.
 
@@ -27,6 +33,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 import tempfile
 import time
@@ -47,6 +54,7 @@ log = logging.getLogger("blitzscale")
 MODEL = "conv"
 SYSTEMS = {
     "blitzscale": "blitzscale",
+    "blitzscale_monitor": "blitzscale",
     "lambdascale": "lambdascale",
     "load_then_serve": "serverlessllm",
     "all_cached": "serverlessllm",
@@ -78,10 +86,10 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
             "min_replicas": args.nodes if whole else 2,
             "max_replicas": args.nodes,
             "target_ongoing_requests": args.target,
-            # every system scales on the same in-flight target (`--target`); BlitzScale's
-            # own §5.3 monitor (since 2026-11-28 its default) counts prompt tokens, and this
-            # run's prompts (<= 48 tokens) would never reach its bound
-            "count_in_flight": True,
+            # every system scales on the same in-flight target (`--target`) but
+            # `blitzscale_monitor`: BlitzScale's own §5.3 monitor alone (its default), which
+            # counts prompt tokens, generated tokens/s and KV use, not requests
+            "count_in_flight": name != "blitzscale_monitor",
             "keep_alive_s": 60,
             "downscale_delay_s": 60,
         }
@@ -123,9 +131,14 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
         sampler.cancel()
         end_s = max(r.done_t for r in reqs) - start
         gpu_s = sum(0.1 * n for t, n in held if t <= end_s)
-        ttft = [r.first_token_t - r.arrival_t for r in reqs]
+        # a request held past the deployment's hold_timeout_s ends without a first token
+        # (HTTP 503 in `surge serve`): counted, not timed
+        served = [r for r in reqs if r.first_token_t is not None]
+        ttft = [r.first_token_t - r.arrival_t for r in served]
         tbt = [
-            b - a for r in reqs for a, b in zip(r.token_times[:-1], r.token_times[1:], strict=True)
+            b - a
+            for r in served
+            for a, b in zip(r.token_times[:-1], r.token_times[1:], strict=True)
         ]
         pd = dep.server.pd
         status = ctl.describe(dep)["status"]
@@ -137,6 +150,7 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
             "tbt_p99_s": round(percentile(tbt, 0.99), 5),
             "gpu_s": round(gpu_s, 2),
             "all_done_s": round(end_s, 3),
+            "unserved": len(reqs) - len(served),
             "max_instances": max(n for _, n in held),
             "live_prefilled": status.get("live_prefilled", 0),
             "handoffs": pd.num_handoffs if pd else 0,
@@ -182,6 +196,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=2.0, help="target_ongoing_requests")
     ap.add_argument("--ttft-slo-ms", type=float, default=500.0)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--note", default="", help="the conditions, e.g. a shared machine")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/systems/blitzscale.json"))
     ap.add_argument("--png", type=Path, default=Path("benchmarks/results/systems/blitzscale.png"))
     args = ap.parse_args()
@@ -191,7 +206,12 @@ def main() -> None:
         ap.error(f"unknown system {unknown[0]}; choose from {', '.join(SYSTEMS)}")
     burst = burst_from_trace(args)
     report: dict = {
-        "machine": {"cpus": __import__("os").cpu_count(), "cluster": "loopback, token buckets"},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cluster": "loopback, token buckets",
+            "load_average_start": [round(x, 2) for x in os.getloadavg()],
+            "note": args.note,
+        },
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "png")},
         "nodes": args.nodes,
         "requests": len(burst),
@@ -231,6 +251,7 @@ def main() -> None:
             }
             for n, r in report["systems"].items()
         }
+    report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     plot(report, args.png)
