@@ -315,6 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", default=None, help="surge serve's log_level (e.g. info)")
     ap.add_argument("--keep-logs", type=Path, default=None, help="copy serve's logs here")
     ap.add_argument("--json", type=Path, default=RESULT)
+    ap.add_argument("--sitting", default=None,
+                    help="the conditions, recorded in each record (a shared machine)")  # fmt: skip
     args = ap.parse_args(argv)
     # A `timeout` or kill(1) unwinds like Ctrl-C: the running check stops its server first.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -338,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             log.info("%s: %s", name, SCENARIOS[name].emulate)
             rec = check_one(name, SCENARIOS[name], store, args)
+            if args.sitting:
+                rec["sitting"] = args.sitting
             results[name] = rec
             log.info("%s: %s", name, json.dumps({k: rec.get(k) for k in (
                 "completion_ok", "counter_value", "steps", "violations", "violation_share",
