@@ -84,9 +84,10 @@ def instance_costs(
     token (the simulator's cost model has the same form: `decode_per_seq_s` is the
     per-token compute). On a CPU that compute, not the weight read, dominates a batched
     step: measured on SmolLM2-135M here (`benchmarks.engine.monitor_host_bound`, one
-    thread) a decode step took 62 ms at batch 1 and 440 ms at 64, where a batch-free step
-    put the decode bound at all 64 sequences, ~9x the tokens/s one instance makes within
-    the TBT SLO. The engine's step limits either way."""
+    thread) a decode step took 50 ms at batch 1 and 242 ms at 64, 3.0 ms per sequence as a
+    prompt token's 3.0 ms of prefill, where a batch-free step put the decode bound at all
+    64 sequences, 4.3x the tokens/s one instance makes within the TBT SLO. The engine's
+    step limits either way."""
     if emulation is not None:
         gpu = gpu_profile(emulation.nodes(1)[0].gpu)
         return monitor_costs(
