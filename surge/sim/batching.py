@@ -7,9 +7,10 @@ pipeline's shared stages. Out: callbacks when a request gets its first token, is
 
 Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step admits
 waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
-cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Decode
-is its base class's (`sim/decode_clock.py` `DecodeClock`): a decode clock V, only the next
-finish scheduled, O(1) events per request. KV as vLLM holds it (`sim/decode_batch.py`): a
+cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Its
+steps' timing is the `DecodeClock` it holds (`sim/decode_clock.py`: a decode clock V, only
+the next finish scheduled, O(1) events per request); this class decides what each step runs
+and holds the requests. KV as vLLM holds it (`sim/decode_batch.py`): a
 request is admitted by its prompt, and the step that finds the cache full preempts the latest
 admitted. Compute sharing: `share` (a host model's cores shared by endpoints, `sim/host.py`;
 1.0 on a real cluster) multiplies the speed of every step, a prefill in flight rescheduled at
@@ -26,9 +27,10 @@ from collections.abc import Callable
 from typing import Self
 
 from surge.policy.blitzscale.pd import decodes_where_prefilled
+from surge.sim.decode_batch import DecodeBatch
 from surge.sim.decode_clock import DECODE, IDLE, PREFILL, DecodeClock
 from surge.sim.engine_spec import EngineSpec
-from surge.sim.events import EventLoop, Priority
+from surge.sim.events import EventLoop
 from surge.sim.request import SimRequest
 from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import admissible, decode_step_left
@@ -37,19 +39,25 @@ ADMISSIONS_KEPT = 4096
 """Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
 
 
-class Batcher(DecodeClock):
+class Batcher:
     """One head engine's continuous batching (`ServingEngine` runs one per micro-batch)."""
 
     __slots__ = (
         "admitted_s",
+        "clock",
         "idle_since_s",
         "kv_capacity_tokens",
+        "loop",
         "max_batch",
         "max_prefill_tokens",
         "on_busy",
+        "on_done",
         "on_prefilled",
         "prefilling",
         "role",
+        "running",
+        "tokens_done",
+        "waiting",
     )
 
     def __init__(
@@ -60,15 +68,31 @@ class Batcher(DecodeClock):
         on_done: Callable[[Self, SimRequest], None],
         on_prefilled: Callable[[Self, SimRequest], None],
     ) -> None:
-        super().__init__(iid, loop, spec, on_done)
+        self.loop = loop
         self.role = spec.role
         self.max_batch = spec.max_batch
         self.kv_capacity_tokens = spec.kv_capacity_tokens
         self.max_prefill_tokens = spec.max_prefill_tokens
+        self.on_done = on_done
         self.on_prefilled = on_prefilled
+        self.waiting: deque[SimRequest] = deque()
+        self.running = DecodeBatch(spec.kv_capacity_tokens)
+        """The requests decoding and the KV tokens held (by prompt, as vLLM admits)."""
+        self.prefilling: list[SimRequest] = []
+        self.tokens_done = 0
+        self.clock = DecodeClock(
+            iid,
+            loop,
+            spec,
+            self.running,
+            self.waiting,
+            self._finish,
+            self._advance,
+            self._on_prefill,
+        )
+        """When its steps end (it shares `running` and `waiting`)."""
         self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
         """When the latest requests left `waiting` (BlitzScale's SLO check's drain rate)."""
-        self.prefilling: list[SimRequest] = []
         self.idle_since_s: float | None = loop.now_s
         self.on_busy: Callable[[Self], None] | None = None
         """Called when the engine turns busy or idle (compute sharing)."""
@@ -82,17 +106,19 @@ class Batcher(DecodeClock):
     @property
     def kv_tokens(self) -> float:
         """KV-cache tokens its requests hold now."""
-        v = self.v
-        if self.phase == DECODE and self.step_s > 0:
-            v += (self.loop.now_s - self.v_time_s) / self.step_s
+        c = self.clock
+        v = c.v
+        if c.phase == DECODE and c.step_s > 0:
+            v += (self.loop.now_s - c.v_time_s) / c.step_s
         return self.running.held_tokens(v)
 
     @property
     def decode_tokens_per_s(self) -> float:
         """Tokens it generates per second now (every running request, one per step)."""
-        if self.phase != DECODE or self.step_s <= 0:
+        c = self.clock
+        if c.phase != DECODE or c.step_s <= 0:
             return 0.0
-        return len(self.running) / self.step_s
+        return len(self.running) / c.step_s
 
     # --- entry points -------------------------------------------------------------
     def submit(self, req: SimRequest, start: bool = True) -> None:
@@ -113,97 +139,78 @@ class Batcher(DecodeClock):
     def start(self) -> None:
         """Waiting work starts at the engine's next step boundary (`sim/step_admission.py`):
         now when idle, when the prefill in flight ends, else when the decode step ends."""
-        if self.phase == PREFILL or self._stepping:
+        c = self.clock
+        if c.phase == PREFILL or c.stepping:
             return
-        if self.stages is not None and self.phase == DECODE:
+        if c.stages is not None and c.phase == DECODE:
             return  # every staged step's end is an event: it admits the waiting work
         left = 0.0
-        if self.phase == DECODE and self.waiting:
-            self._settle()
-            left = decode_step_left(self.v, self.decode_v0)
+        if c.phase == DECODE and self.waiting:
+            c.settle()
+            left = decode_step_left(c.v, c.decode_v0)
         if left <= 0:
             self._advance()
             return
-        if self._event is not None:
-            self._event.cancel()
-        at = self.v_time_s + left * self.step_s
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+        c.end_step_at(c.v_time_s + left * c.step_s)
 
     def resume(self, req: SimRequest) -> None:
         """Decode here a request this engine prefilled and handed on (`on_prefilled`):
         P/D with no decode instance, or the hand-off target is this engine itself."""
         self.idle_since_s = None
-        self._settle()
+        self.clock.settle()
         self._join(req)
-        if self.phase != PREFILL:  # a prefill in flight advances when it ends
+        if self.clock.phase != PREFILL:  # a prefill in flight advances when it ends
             self._advance()
 
     @property
     def busy(self) -> bool:
         """Whether a prefill or decode step is under way."""
-        return self.phase != IDLE
+        return self.clock.phase != IDLE
 
     def set_speed(self, speed: float) -> None:
         """Change relative speed (live loading finished, pipeline hop changed)."""
-        self._rate_change(lambda: setattr(self, "speed", speed))
+        c = self.clock
+        self._set_rate(speed, c.share, c.hop_s)
 
     def set_hop(self, hop_s: float) -> None:
         """Change the per-step activation hop (a pipeline's stages changed)."""
-        self._rate_change(lambda: setattr(self, "hop_s", hop_s))
+        c = self.clock
+        self._set_rate(c.speed, c.share, hop_s)
 
     def use_stages(self, stages: StageLine) -> None:
         """Step through `stages` (shared with other micro-batches; they charge the hops)
         from its next step on: a decode phase under way ends when its step does."""
         self.set_hop(0.0)
-        if self.phase == DECODE:
-            self._settle()
-            if self._event is not None:
-                self._event.cancel()
-            at = self.v_time_s + decode_step_left(self.v, self.decode_v0) * self.step_s
-            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
-        self.stages = stages
+        self.clock.use_stages(stages)
 
     def set_share(self, share: float) -> None:
         """Change the fraction of a compute unit this engine gets (0 < share <= 1)."""
-        self._rate_change(lambda: setattr(self, "share", share))
+        c = self.clock
+        self._set_rate(c.speed, share, c.hop_s)
 
-    def _rate_change(self, change: Callable[[], None]) -> None:
-        self._settle()
-        change()
-        if self.stages is not None:
-            return  # the step under way holds its stages; the next runs at the new rate
-        if self.phase == DECODE:
-            self._schedule_decode()
-            if self.waiting:  # it waits for the step's end: when that ends at the new rate
-                self.start()
-        elif self.phase == PREFILL and self._event is not None:
-            self._event.cancel()
-            self._schedule_prefill()
+    def _set_rate(self, speed: float, share: float, hop_s: float) -> None:
+        if self.clock.set_rate(speed, share, hop_s) and self.waiting:
+            self.start()  # it waits for the step's end: when that ends at the new rate
 
     def _set_phase(self, phase: int) -> None:
-        was = self.phase != IDLE
-        self.phase = phase
+        c = self.clock
+        was = c.phase != IDLE
+        c.phase = phase
         if self.on_busy is not None and was != (phase != IDLE):
             self.on_busy(self)
 
     def drain(self) -> list[SimRequest]:
         """Stop serving: return every unfinished request, marked for KV recomputation."""
-        self._settle()
-        if self._event is not None:
-            self._event.cancel()
-            self._event = None
-        out = [*self.prefilling, *self.running.drain(self.v), *self.waiting]
+        c = self.clock
+        c.settle()
+        c.cancel()
+        out = [*self.prefilling, *self.running.drain(c.v), *self.waiting]
         self.waiting.clear()
         self.prefilling.clear()
         self._set_phase(IDLE)
         return out
 
     # --- internals ----------------------------------------------------------------
-    def _schedule_prefill(self) -> None:
-        self._prefill_rate = self.speed * self.share
-        at = self.loop.now_s + self._prefill_left_s / self._prefill_rate
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
-
     def _admit(self) -> list[SimRequest]:
         """Waiting requests that fit now (`step_admission.admissible`)."""
         n = admissible(
@@ -220,11 +227,11 @@ class Batcher(DecodeClock):
 
     def _advance(self) -> None:
         """Start the next prefill if requests wait and fit, else decode, else idle."""
-        if self._event is not None and (self.phase == PREFILL or self.stages is not None):
-            # A prefill (or staged step) is in flight, started from an on_done callback in
-            # _on_decode_done: restarting would drop its batch (or reserve stages twice).
+        c = self.clock
+        if c.step_in_flight():
+            # Started from an on_done callback in the clock's decode step end.
             return
-        self._settle()
+        c.settle()
         batch = self._admit()
         handed = [req for req in batch if req.kv_ready]
         if handed:  # P/D hand-offs: their KV cache is here already
@@ -233,44 +240,38 @@ class Batcher(DecodeClock):
                 req.kv_ready = False
                 self._join(req)
         if batch:
-            if self._event is not None:
-                self._event.cancel()
-                self._event = None
-            # Work in seconds at rate 1, hop included at the current rate (after a
-            # rate change the hop scales too: one number for compute + hop).
             self.running.prefill_tokens = sum(req.prefill_tokens for req in batch)
-            self.prefilling, rate = batch, self.speed * self.share
-            work_s, now = self._prefill_work_s(batch), self.loop.now_s
-            if self.stages is not None:  # through the shared stages, in their turn
-                self._prefill_left_s = (self.stages.pass_through(now, work_s / rate) - now) * rate
-            else:
-                self._prefill_left_s = work_s + self.hop_s * rate
+            self.prefilling = batch
+            c.prefill(batch)
             self._set_phase(PREFILL)
-            self._schedule_prefill()
+            c.schedule_prefill()
             return
         if self.running:
-            if self.phase != DECODE:
-                self.decode_v0 = self.v
+            if c.phase != DECODE:
+                c.decode_v0 = c.v
             self._set_phase(DECODE)
-            self._schedule_decode()
+            c.schedule_decode()
         else:
             self._set_phase(IDLE)
-            if self._event is not None:
-                self._event.cancel()
-                self._event = None
+            c.cancel()
             if not self.waiting and self.idle_since_s is None:
                 self.idle_since_s = self.loop.now_s
 
-    def _prefill_work_s(self, batch: list[SimRequest]) -> float:
-        """Compute of one prefill step; a live-scaled request runs only its last layers."""
-        if all(r.skip_layers == 0 for r in batch):
-            return self.cost.prefill_s(sum(r.prefill_tokens for r in batch))
-        n = self.cost.num_layers
-        return self.cost.prefill_parts_s([(r.prefill_tokens, n - r.skip_layers) for r in batch])
+    def _join(self, req: SimRequest) -> None:
+        left = req.output_tokens - req.generated
+        if left <= 0:
+            self._finish(req)
+            return
+        self.running.join(req, self.clock.v + left)
+
+    def _finish(self, req: SimRequest) -> None:
+        req.done_s = max(self.loop.now_s, req.first_token_s)
+        req.generated = req.output_tokens
+        self.tokens_done += req.output_tokens
+        self.on_done(self, req)
 
     def _on_prefill(self) -> None:
-        self._event = None
-        self.v_time_s = self.loop.now_s
+        """The prefill step ended (the clock's event): its requests have their first token."""
         batch, self.prefilling = self.prefilling, []
         self.running.prefill_tokens = 0
         for req in batch:

@@ -83,7 +83,8 @@ class ServingEngine:
         head = Batcher(self.id, self.loop, self._spec, self._on_done, self._on_prefilled)
         head.on_busy = self._head_busy
         if self.heads:  # as fast as its siblings now
-            head.speed, head.share = self.heads[0].speed, self.heads[0].share
+            first = self.heads[0].clock
+            head.clock.speed, head.clock.share = first.speed, first.share
         self.heads.append(head)
 
     def set_micro_batches(self, count: int, num_stages: int | None = None) -> None:
@@ -110,7 +111,7 @@ class ServingEngine:
             head.kv_capacity_tokens = self._kv_capacity_tokens // count
             head.running.capacity_tokens = head.kv_capacity_tokens
         if len(self.heads) == 1:
-            if self.heads[0].hop_s != self._hop_s:
+            if self.heads[0].clock.hop_s != self._hop_s:
                 self.heads[0].set_hop(self._hop_s)
             return
         n = self._num_stages
@@ -121,7 +122,7 @@ class ServingEngine:
             self.stages.reshape(n, self.loop.now_s)
         self.stages.hop_s = hop_each_s
         for head in self.heads:
-            if head.stages is None:  # a split: the first head may be decoding
+            if head.clock.stages is None:  # a split: the first head may be decoding
                 head.use_stages(self.stages)
 
     @property
@@ -146,7 +147,7 @@ class ServingEngine:
 
     @property
     def cost(self):
-        return self.heads[0].cost
+        return self.heads[0].clock.cost
 
     @property
     def role(self) -> str:
@@ -159,12 +160,12 @@ class ServingEngine:
 
     @property
     def speed(self) -> float:
-        return self.heads[0].speed
+        return self.heads[0].clock.speed
 
     @property
     def share(self) -> float:
         """The fraction of a compute unit it gets now (host compute sharing)."""
-        return self.heads[0].share
+        return self.heads[0].clock.share
 
     # --- load signals -----------------------------------------------------------------
     @property
