@@ -23,7 +23,7 @@ from surge.control.emulation import instance_costs
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
 from surge.control.load_monitor import LoadMonitor, pool_load
 from surge.control.metrics import Metrics
-from surge.control.pd import PdControl
+from surge.control.pd import PdControl, disaggregated
 from surge.control.pool import ParameterPool
 from surge.control.scaleout_side import DeploymentSide
 from surge.control.scaleouts import (
@@ -157,7 +157,7 @@ class Autoscaler:
                 self._profiled[key] = profiled(base, costs, slo)
             base = self._profiled[key]
         settings = flexpipe_autoscale(dep, base.capped(slots))
-        if dep.spec.pd is not None or dep.spec.system.pd_disaggregation:
+        if disaggregated(dep):
             settings = serving_floor(settings)  # BlitzScale §2.1, §4
         return settings
 

@@ -33,6 +33,12 @@ from surge.runtime.migration.pd_handoff import PdServing
 log = logging.getLogger(__name__)
 
 
+def disaggregated(dep: Deployment) -> bool:
+    """Whether `dep` serves prefill and decode on separate instances (P/D): its own `pd`
+    targets, or its system's `pd_disaggregation`."""
+    return dep.spec.pd is not None or dep.spec.system.pd_disaggregation
+
+
 def egress_traffic(deployments: Iterable[Deployment]) -> dict[int, NodeTraffic]:
     """What each node's egress carries for P/D now, over every deployment: its prefill
     instances (each sends K/V out, BlitzScale §5.1) and the hand-offs parked on it or
@@ -79,9 +85,9 @@ class PdControl:
         """The deployment's `PdServing`, made on first sight (before its first instance)."""
         if dep.server.pd is not None:
             return dep.server.pd
-        system = dep.spec.system
-        if dep.spec.pd is None and not system.pd_disaggregation:
+        if not disaggregated(dep):
             return None
+        system = dep.spec.system
         targets = dep.spec.pd or PdTargets()
         dep.server.pd = PdServing(
             dep.server,

@@ -324,10 +324,11 @@ def idle_since(load: PoolLoad) -> float | None:
     return max(times) if len(times) == len(load.instances) else None
 
 
-def peak_forgotten(load: PoolLoad, settings: AutoscaleSettings) -> bool:
-    """Whether the pool has idled `forget_peak_after_idle_s` (its peak lapses)."""
+def peak_lapses_at(load: PoolLoad, settings: AutoscaleSettings) -> float | None:
+    """When the idle pool's historical peak lapses (it has idled `forget_peak_after_idle_s`);
+    None while it is not idle or the peak is kept for good."""
     since, after = idle_since(load), settings.forget_peak_after_idle_s
-    return since is not None and after is not None and load.now_s - since >= after
+    return None if since is None or after is None else since + after
 
 
 def decide(
@@ -341,12 +342,12 @@ def decide(
     wake: list[float] = []
     # the idle pool's peak lapses, and held instances do not count again until load
     # returns (else the floor would rebuild the peak it keeps)
-    peak = 0 if peak_forgotten(load, settings) else max(state.peak_instances, have)
+    lapse_s = peak_lapses_at(load, settings)
+    forgotten = lapse_s is not None and now >= lapse_s
+    peak = 0 if forgotten else max(state.peak_instances, have)
     floor = ready_floor(peak, settings)
-    if floor > want and have > want:  # the floor holds instances: until the peak lapses
-        since, after = idle_since(load), settings.forget_peak_after_idle_s
-        if since is not None and after is not None:
-            wake.append(since + after)
+    if floor > want and have > want and lapse_s is not None:
+        wake.append(lapse_s)  # the floor holds instances until the peak lapses
     want = max(want, floor)
     panic_until = state.panic_until_s
     if (

@@ -197,11 +197,9 @@ def serving_floor(settings: AutoscaleSettings) -> AutoscaleSettings:
     decode instance, not on the instance that prefilled it. BlitzScale §2.1: P/D "uses two
     replicas of the same model to serve the prefill and decode phases of a request,
     respectively"; §4: "it uses at least two serving instances, a prefill and a decode";
-    §6.1: "For all the workload, we run with prefill and decode disaggregation". Until
-    2026-11-28 a P/D pool at zero started one instance, which decoded what it prefilled
-    until a second joined (`handoff_target`'s fallback, still there while the decode
-    instance loads). Within `max_replicas`: a deployment held to one instance decodes in
-    place."""
+    §6.1: "For all the workload, we run with prefill and decode disaggregation". Within
+    `max_replicas`: a deployment held to one instance decodes in place (`handoff_target`'s
+    fallback, as while the decode instance loads)."""
     return replace(settings, min_serving=max(settings.min_serving, len(ROLES)))
 
 
