@@ -8,10 +8,10 @@ leader restoring the host copy)), and per-machine host caches holding
 `surge.policy.copies.keepalive.CacheEntry`s.
 
 Links per machine m: `nic-out/m`, `nic-in/m` (machine NIC), `ssd/m`, and per GPU g:
-`pcie/g` (host -> GPU), `gnic-out/g`, `gnic-in/g` (per-GPU RDMA NIC, when the preset
-has one; then GPU traffic crosses it instead of the machine NIC), `intra/g` (GPU -> GPU
-inside the machine, into g). `registry` is cluster-wide; a per-machine cap adds
-`reg/m`.
+`pcie/g` (host -> GPU), `ssd-gpu/g` (SSD -> GPU cap, when the preset has one),
+`gnic-out/g`, `gnic-in/g` (per-GPU RDMA NIC, when the preset has one; then GPU traffic
+crosses it instead of the machine NIC), `intra/g` (GPU -> GPU inside the machine, into g).
+`registry` is cluster-wide; a per-machine cap adds `reg/m`.
 """
 
 from surge.policy.copies.keepalive import CacheEntry
@@ -53,6 +53,8 @@ class ClusterState:
             for g in m.gpu_ids:
                 net.add_link(f"pcie/{g}", grp.pcie_gbps)
                 net.add_link(f"intra/{g}", grp.intra_gpu_gbps)
+                if grp.ssd_gpu_gbps is not None:
+                    net.add_link(f"ssd-gpu/{g}", grp.ssd_gpu_gbps)
                 if grp.gpu_nic_gbps is not None:
                     net.add_link(f"gnic-out/{g}", grp.gpu_nic_gbps)
                     net.add_link(f"gnic-in/{g}", grp.gpu_nic_gbps)
@@ -114,9 +116,13 @@ class ClusterState:
         return tuple(path)
 
     def ssd_to_gpu(self, gpu: int) -> tuple[Link, ...]:
-        """Path from the machine's SSD to `gpu`."""
+        """Path from the machine's SSD to `gpu` (through its own SSD-GPU cap, when the
+        preset states one)."""
         m = self.machine_of_gpu[gpu]
-        return (self._link(f"ssd/{m.index}"), self._link(f"pcie/{gpu}"))
+        path = [self._link(f"ssd/{m.index}"), self._link(f"pcie/{gpu}")]
+        if m.group.ssd_gpu_gbps is not None:
+            path.insert(1, self._link(f"ssd-gpu/{gpu}"))
+        return tuple(path)
 
     def registry_to_gpu(self, gpu: int) -> tuple[Link, ...]:
         """Path from the remote registry to `gpu` (over the machine NIC)."""

@@ -145,6 +145,9 @@ class NodeGroup:
     """Local disk of the machine (the profile states it in GB = 1e9 B)."""
     model_store: str = "ssd"
     """Where models live when not in memory: `ssd` (local disk) or `registry` (remote)."""
+    ssd_gpu_gbps: float | None = None
+    """SSD -> one GPU cap (BlitzScale Table 1's "SSD-GPU" row, §6.1: "a 10 Gbps per-GPU
+    bandwidth"); None: only the machine's `ssd_gbps` bounds a GPU's SSD load."""
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -152,7 +155,7 @@ class NodeGroup:
         for name in ("nic_gbps", "intra_gpu_gbps", "pcie_gbps", "ssd_gbps"):
             if not getattr(self, name) > 0:
                 raise SurgeError(f"node group {name} must be > 0")
-        for name in ("gpu_nic_gbps", "registry_gbps"):
+        for name in ("gpu_nic_gbps", "registry_gbps", "ssd_gpu_gbps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise SurgeError(f"node group {name} must be > 0 or null")
@@ -226,6 +229,7 @@ def _group(d: dict, where: str) -> NodeGroup:
             gib_bytes(d["host_memory_gib"]),
             int(float(d.get("disk_gb", 0)) * GB),
             str(d.get("model_store", "ssd")),
+            None if d.get("ssd_gpu_gbps") is None else float(d["ssd_gpu_gbps"]),
         )
     except KeyError as e:
         raise SurgeError(f"{where}: node group lacks field {e.args[0]}") from None

@@ -49,6 +49,7 @@ GROUP_FIELDS = (
     "gpu_nic_gbps",
     "pcie_gbps",
     "ssd_gbps",
+    "ssd_gpu_gbps",
     "registry_gbps",
     "intra_gpu_gbps",
     "model_store",
