@@ -56,6 +56,10 @@ def test_lambdascale_fig10_is_judged_per_model_against_an_open_top() -> None:
     assert "2× to over 4×" in rows_of.FIG10_QUOTE
     assert rows_of.fig10_row(fig10((6.0, 3.5, 3.38)))["within_20"] is True
     assert rows_of.fig10_row(fig10((6.0, 1.42, 3.38)))["within_20"] is False
+    # at start 0 the ratios are 1.00x: the cause must not say λScale still leads there
+    cause = rows_of.fig10_row(fig10((6.0, 3.5, 3.38)))["cause"]
+    assert "at 0 λScale still leads" not in cause
+    assert "The ordering rests on it too" in cause
 
 
 def test_lambdascale_multi_row_is_judged_on_the_median_seed_and_orders_at_every_seed() -> None:

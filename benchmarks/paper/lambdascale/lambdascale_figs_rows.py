@@ -98,7 +98,7 @@ def fig10_row(f10: dict) -> dict:
         paper_range=FIG10_RANGE,
         cause=f'Judged against §7.3\'s "{FIG10_QUOTE}": no ratio per model and no bound '
         f"above, so each model must reach {floor:.1f}x (2x less 20%). "
-        + sllm_start_cause(start, _fmt(r10), _fmt(r10z), _fmt(r10o))
+        + sllm_start_cause(start, _fmt(r10), _fmt(r10z), _fmt(r10o), min(r10z.values()) > 1)
         + (f" At 0.5 s {', '.join(short)} falls below {floor:.1f}x." if short else "")
         + f" 7B's {r10d['llama2-7b']:.1f}x: its load from host memory takes about 0.2 s, "
         "so the start is most of ServerlessLLM's ramp there.",
