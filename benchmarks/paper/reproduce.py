@@ -2,7 +2,8 @@
 
 Experiments (paper figure -> what is simulated):
 - λScale Fig. 7: multicast latency of 7B/13B (Testbed1, 8 and 12 nodes) and 70B
-  (Testbed2, 4 nodes x 4 GPUs), λScale vs FaaSNet vs NCCL; headline: max speedups.
+  (Testbed2, 4 nodes x 4 GPUs), λScale vs FaaSNet vs NCCL; headline: max speedups over
+  the figure's three tests (FIG7_CASES: 7B on 8, 13B on 12, 70B on 4x4).
 - λScale Fig. 9: first new serving capacity with k = 1, 2, 4 sources, 13B, 12 nodes.
 - ParaServe Fig. 8: cold-start TTFT, ParaServe (4 workers) vs ServerlessLLM (no cache)
   vs serverless vLLM, llama2-13b on V100 and llama2-7b on A10 (testbed i).
@@ -41,6 +42,20 @@ QUARTER = pipeline_speed((0.25,) * 4)
 log = logging.getLogger("reproduce")
 
 
+FIG7_CASES = (("llama2-7b", 8), ("llama2-13b", 12), ("llama2-70b", 4))
+"""The tests Fig. 7 holds (FaaScale Fig. 7's caption: "The 4-node 70B test involves 16 GPUs
+(4 GPUs per node), while the 8-node 7B and 12-node 13B tests use 8 and 12 single-GPU nodes,
+respectively"; λScale's caption names only the node counts): its "up to" is over these.
+7B on 12 and 13B on 8 nodes run beside them, not judged."""
+
+
+def fig7_max(rows: list[dict], baseline: str) -> float:
+    """Fig. 7's "up to": the largest baseline / λScale time over FIG7_CASES."""
+    return max(
+        r[baseline] / r["lambdascale"] for r in rows if (r["model"], r["nodes"]) in FIG7_CASES
+    )
+
+
 def fig7() -> dict:
     rows = []
     cases = [
@@ -58,8 +73,8 @@ def fig7() -> dict:
         rows.append(row)
     return {
         "rows": rows,
-        "max_speedup_vs_faasnet": max(r["faasnet"] / r["lambdascale"] for r in rows),
-        "max_speedup_vs_nccl": max(r["nccl"] / r["lambdascale"] for r in rows),
+        "max_speedup_vs_faasnet": fig7_max(rows, "faasnet"),
+        "max_speedup_vs_nccl": fig7_max(rows, "nccl"),
         "paper": {"max_speedup_vs_faasnet": 1.82, "max_speedup_vs_nccl": 1.53},
     }
 
@@ -142,6 +157,11 @@ def report_rows(doc: dict) -> list[dict]:
     """REPORT.md rows of results.json (`report.py`): λScale Fig. 7 and 9, ParaServe Fig. 8."""
     f7, f9, p8 = doc["lambdascale_fig7"], doc["lambdascale_fig9"], doc["paraserve_fig8"]
     fast = all(r["lambdascale"] < min(r["faasnet"], r["nccl"]) for r in f7["rows"])
+    # the "up to" over the figure's three tests, from the rows (the JSON's max fields were
+    # over all five cases until 2026-11-29)
+    up_f, up_n = fig7_max(f7["rows"], "faasnet"), fig7_max(f7["rows"], "nccl")
+    all_f = max(r["faasnet"] / r["lambdascale"] for r in f7["rows"])
+    all_n = max(r["nccl"] / r["lambdascale"] for r in f7["rows"])
     k = {n: f9["times"][n]["first_capacity_s"] for n in ("k1", "k2", "k4")}
     ttft, q = p8["ttft_s"], p8["counterfactual_quarter_quota"]
     para_first = all(
@@ -151,15 +171,13 @@ def report_rows(doc: dict) -> list[dict]:
         row(
             "λScale",
             "Fig. 7",
-            "multicast latency (7B/13B on 8/12 nodes, 70B on 4x4): up to 1.82x faster than "
-            "FaaSNet, 1.53x than NCCL",
+            "multicast latency (7B on 8 nodes, 13B on 12, 70B on 4x4): up to 1.82x faster "
+            "than FaaSNet, 1.53x than NCCL",
             "1.82x / 1.53x",
-            f"{f7['max_speedup_vs_faasnet']:.2f}x / {f7['max_speedup_vs_nccl']:.2f}x",
+            f"{up_f:.2f}x / {up_n:.2f}x (with 7B on 12 and 13B on 8 nodes too: {all_f:.2f}x "
+            f"/ {all_n:.2f}x)",
             ordering=fast,
-            pairs=(
-                (f7["max_speedup_vs_faasnet"], 1.82),
-                (f7["max_speedup_vs_nccl"], 1.53),
-            ),
+            pairs=((up_f, 1.82), (up_n, 1.53)),
         ),
         row(
             "λScale",

@@ -328,3 +328,20 @@ def test_lambdascale_fig16_measures_a_token_rate_per_k() -> None:
         v = doc["systems"][k]
         assert len(v["rate_curve"]) > 10 and max(v["rate_curve"]) > 0
         assert 0 < v["ramp_s"] <= v["last_token_s"]
+
+
+def test_lambdascale_fig7_up_to_is_over_the_figures_three_tests() -> None:
+    """FaaScale Fig. 7's caption: the 4-node 70B, 8-node 7B and 12-node 13B tests; a case
+    outside them (13B on 8 nodes) does not set the "up to"."""
+    import importlib
+
+    reproduce = importlib.import_module("reproduce")
+    assert set(reproduce.FIG7_CASES) == {("llama2-7b", 8), ("llama2-13b", 12), ("llama2-70b", 4)}
+    rows = [
+        {"model": "llama2-7b", "nodes": 8, "lambdascale": 1.0, "faasnet": 1.5, "nccl": 1.2},
+        {"model": "llama2-13b", "nodes": 12, "lambdascale": 1.0, "faasnet": 1.8, "nccl": 1.5},
+        {"model": "llama2-13b", "nodes": 8, "lambdascale": 1.0, "faasnet": 3.0, "nccl": 3.0},
+        {"model": "llama2-70b", "nodes": 4, "lambdascale": 1.0, "faasnet": 1.6, "nccl": 1.1},
+    ]
+    assert reproduce.fig7_max(rows, "faasnet") == 1.8
+    assert reproduce.fig7_max(rows, "nccl") == 1.5
