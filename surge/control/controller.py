@@ -25,6 +25,7 @@ from typing import Any
 
 from surge.config import EngineConfig
 from surge.control import admission
+from surge.control.autoscale_memory import FILE_NAME, AutoscaleMemory
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
@@ -64,6 +65,7 @@ class _Wiring:
     requests: Requests
     autoscaler: Autoscaler
     healer: NodeHealer
+    memory: AutoscaleMemory
 
 
 class Controller:
@@ -147,7 +149,9 @@ class Controller:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._pump(events)))
         await self._w.deployments.restore_all()
+        self._w.memory.restore(self.deployments)  # before the first tick decides
         self._tasks.append(loop.create_task(self._w.autoscaler.run()))
+        self._tasks.append(loop.create_task(self._w.memory.run(self.deployments)))
         self._tasks.append(loop.create_task(self._hold_loop()))
         self._tasks.append(loop.create_task(self._w.healer.heartbeat()))
 
@@ -197,7 +201,8 @@ class Controller:
         copies.load_failed = autoscaler.load_failed = deployments.load_failed
         healer = NodeHealer(client, self.cluster, self.config, self.deployments, self.pool,
                             self.links, lambda: self.stopping)  # fmt: skip
-        return _Wiring(client, store, copies, deployments, requests, autoscaler, healer)
+        memory = AutoscaleMemory(self.config.state_dir / FILE_NAME, self.clock)
+        return _Wiring(client, store, copies, deployments, requests, autoscaler, healer, memory)
 
     async def stop(self) -> None:
         """Stop the loops and forget the deployments (agents keep their copies); stop the
@@ -212,6 +217,7 @@ class Controller:
         w = self._wiring
         if w is not None:
             await w.healer.close()
+            await w.memory.save(self.deployments)  # what a restart carries: as of now
             for dep in list(self.deployments.values()):
                 await w.deployments.teardown(dep, evict=False)
             await w.client.close()
@@ -266,6 +272,7 @@ class Controller:
     async def delete(self, name: str) -> None:
         """Delete a deployment (`NotFound` if there is none): instances and copies go."""
         await self._w.deployments.delete(name)
+        await self._w.memory.save(self.deployments)  # its carry goes with it
         self.events.publish(DeploymentGone(model=name))
 
     def describe(self, dep: Deployment) -> dict[str, Any]:

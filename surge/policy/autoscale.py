@@ -54,6 +54,7 @@ import math
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
+from surge.policy.autoscale_restart import Restart
 
 FORGET_PEAK_AFTER_IDLE_S = 900.0
 """Default `AutoscaleSettings.forget_peak_after_idle_s`: 15 minutes with no request at all,
@@ -187,6 +188,8 @@ class AutoscaleState:
     peak_instances: int = 0
     """The most instances the pool has held (the always-ready floor's historical peak)
     since it last idled `forget_peak_after_idle_s`; 0 = none (forgotten, or never used)."""
+    restart: Restart | None = None
+    """What a controller restart carried (`policy.autoscale_restart`); None once a request came."""
 
     def in_panic(self, now_s: float) -> bool:
         return self.panic_until_s is not None and now_s < self.panic_until_s
@@ -324,10 +327,13 @@ def idle_since(load: PoolLoad) -> float | None:
     return max(times) if len(times) == len(load.instances) else None
 
 
-def peak_lapses_at(load: PoolLoad, settings: AutoscaleSettings) -> float | None:
-    """When the idle pool's historical peak lapses (it has idled `forget_peak_after_idle_s`);
-    None while it is not idle or the peak is kept for good."""
-    since, after = idle_since(load), settings.forget_peak_after_idle_s
+def peak_lapses_at(
+    load: PoolLoad, settings: AutoscaleSettings, restart: Restart | None = None
+) -> float | None:
+    """When the idle pool's historical peak lapses (it has idled `forget_peak_after_idle_s`,
+    since a carried `restart`'s quiet time); None while it is busy or the peak is kept for good."""
+    since = idle_since(load) if restart is None else restart.quiet_since_s
+    after = settings.forget_peak_after_idle_s
     return None if since is None or after is None else since + after
 
 
@@ -340,15 +346,22 @@ def decide(
     want = desired_instances(load, settings)
     have = len(load.instances)
     wake: list[float] = []
+    restart = None if outstanding else state.restart  # a request ends a restart's carry
     # the idle pool's peak lapses, and held instances do not count again until load
     # returns (else the floor would rebuild the peak it keeps)
-    lapse_s = peak_lapses_at(load, settings)
+    lapse_s = peak_lapses_at(load, settings, restart)
     forgotten = lapse_s is not None and now >= lapse_s
     peak = 0 if forgotten else max(state.peak_instances, have)
     floor = ready_floor(peak, settings)
     if floor > want and have > want and lapse_s is not None:
         wake.append(lapse_s)  # the floor holds instances until the peak lapses
     want = max(want, floor)
+    if restart is not None:  # the instances the old controller would still hold
+        delays_s = (settings.downscale_delay_s, settings.last_keep_alive_s)
+        held, until_s = restart.hold(now, *delays_s, settings.max_replicas)
+        if held > want and until_s is not None:
+            wake.append(until_s)
+        want = max(want, held)
     panic_until = state.panic_until_s
     if (
         settings.panic_window_s > 0
@@ -370,11 +383,12 @@ def decide(
             want_since = since
             wake.append(since + settings.upscale_delay_s)
             out = 0
-    state = AutoscaleState(want_since, panic_until, peak)
+    state = AutoscaleState(want_since, panic_until, peak, restart)
     release: list[int] = []
     if have > want and not panic:
+        quiet_s = math.inf if restart is None else restart.quiet_since_s  # none idles longer
         idle = sorted(
-            (i.idle_since_s, i.instance_id)
+            (min(i.idle_since_s, quiet_s), i.instance_id)
             for i in load.instances
             if not i.loading and i.outstanding == 0 and i.idle_since_s is not None
         )

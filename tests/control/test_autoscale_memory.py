@@ -1,0 +1,111 @@
+"""The autoscaler's state file (`control/autoscale_memory.py`), without agents: written as
+wall-clock times and read back into another process's monotonic clock (emulated seconds
+too), replaced atomically, and a corrupt, other-version or unreadable file is a warning and
+an empty start, never an error."""
+
+import asyncio
+import json
+import logging
+from types import SimpleNamespace
+
+from surge.control.autoscale_memory import VERSION, AutoscaleMemory
+from surge.policy.autoscale import AutoscaleState
+from surge.policy.autoscale_restart import Carried, Restart
+from surge.runtime.clock import Clock
+
+
+def _clock(now_real_s: float, dilation: float = 1.0) -> Clock:
+    return Clock(dilation, monotonic=lambda: now_real_s)
+
+
+def _dep(state: AutoscaleState) -> SimpleNamespace:
+    """What the memory reads of a deployment: no instance, no request, its state."""
+    return SimpleNamespace(failure=None, instances={}, requests={}, autoscale_state=state)
+
+
+def test_times_cross_processes_as_wall_clock(tmp_path):
+    path = tmp_path / "autoscale.json"
+    # the old process: monotonic 1000 s, Unix time 1.8e9; the pool quiet for 40 s
+    old = AutoscaleMemory(path, _clock(1000.0), wall=lambda: 1.8e9)
+    old.restore({})
+    state = AutoscaleState(peak_instances=3, restart=Restart(960.0, 2))
+    asyncio.run(old.save({"m": _dep(state)}))
+    doc = json.loads(path.read_text())
+    assert doc["version"] == VERSION
+    assert doc["deployments"]["m"] == {
+        "peak_instances": 3,
+        "held_instances": 2,
+        "quiet_since_wall_s": 1.8e9 - 40.0,
+    }
+    # the new one, 30 s later by the wall, its monotonic clock at 7 s: quiet for 70 s
+    new = AutoscaleMemory(path, _clock(7.0), wall=lambda: 1.8e9 + 30.0)
+    assert new.load() == {"m": Carried(3, Restart(7.0 - 70.0, 2))}
+    # under GPU-time emulation (an emulated second lasts 40 real ones): 70 s are 1.75 s
+    emulated = AutoscaleMemory(path, _clock(400.0, 40.0), wall=lambda: 1.8e9 + 30.0)
+    assert emulated.load()["m"].restart.quiet_since_s == 10.0 - 1.75
+    # a wall clock set back: the quiet time is now, never in the future
+    back = AutoscaleMemory(path, _clock(7.0), wall=lambda: 1.8e9 - 3600.0)
+    assert back.load()["m"].restart.quiet_since_s == 7.0
+    assert [p.name for p in tmp_path.iterdir()] == ["autoscale.json"]  # no temporary left
+
+
+def test_restore_gives_named_deployments_their_state(tmp_path):
+    path = tmp_path / "autoscale.json"
+    first = AutoscaleMemory(path, _clock(100.0), wall=lambda: 5000.0)
+    first.restore({})
+    asyncio.run(first.save({"a": _dep(AutoscaleState(peak_instances=1, restart=Restart(90.0, 1)))}))
+    a, b = _dep(AutoscaleState()), _dep(AutoscaleState())
+    second = AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)
+    second.restore({"a": a, "b": b})
+    assert a.autoscale_state == AutoscaleState(peak_instances=1, restart=Restart(-10.0, 1))
+    assert b.autoscale_state == AutoscaleState()
+    # nothing changed: no write; a deletion is written at once
+    mtime = path.stat().st_mtime_ns
+    asyncio.run(second.save({"a": a, "b": b}))
+    assert path.stat().st_mtime_ns == mtime
+    asyncio.run(second.save({"b": b}))
+    assert json.loads(path.read_text())["deployments"] == {}
+
+
+def test_bad_files_are_a_warning_and_an_empty_start(tmp_path, caplog):
+    path = tmp_path / "autoscale.json"
+    memory = AutoscaleMemory(path, _clock(0.0), wall=lambda: 100.0)
+    assert memory.load() == {}  # missing: a first start, nothing to say
+    good = {"peak_instances": 1, "held_instances": 1, "quiet_since_wall_s": 90.0}
+    cases = {
+        "{not json": "is not valid",
+        "[1, 2]": "is of version None",
+        json.dumps({"version": 0, "deployments": {}}): "is of version 0",
+        json.dumps({"version": VERSION, "deployments": []}): "is not valid",
+        json.dumps({"version": VERSION, "written_at_wall_s": 1.0}): "is not valid",
+    }
+    for text, why in cases.items():
+        path.write_text(text)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert memory.load() == {}, text
+        assert why in caplog.text and "no autoscaler state" in caplog.text, (text, caplog.text)
+    path.write_bytes(b"\xff\xfe\x00")
+    with caplog.at_level(logging.WARNING):
+        assert memory.load() == {}
+    # one bad record is skipped, the others kept
+    bad = {**good, "held_instances": -1}
+    nan = {**good, "quiet_since_wall_s": float("nan")}  # json writes NaN, and reads it
+    doc = {"version": VERSION, "written_at_wall_s": 100.0, "deployments": {"a": good, "b": bad}}
+    doc["deployments"]["c"] = nan
+    path.write_text(json.dumps(doc))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert memory.load() == {"a": Carried(1, Restart(-10.0, 1))}
+    assert "'b'" in caplog.text and "'c'" in caplog.text
+
+
+def test_a_failing_write_is_one_warning(tmp_path, caplog):
+    path = tmp_path / "missing-dir" / "autoscale.json"
+    memory = AutoscaleMemory(path, _clock(0.0), wall=lambda: 100.0)
+    memory.restore({})
+    dep = _dep(AutoscaleState(peak_instances=1, restart=Restart(0.0, 1)))
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(memory.save({"a": dep}))
+        asyncio.run(memory.save({"a": dep}))
+    assert caplog.text.count("cannot write the autoscaler state") == 1
