@@ -68,9 +68,9 @@ class Restart:
         extra_until = self.quiet_since_s + downscale_delay_s
         if held > 1 and now_s < extra_until:
             return held, extra_until
-        last_until = self.quiet_since_s + max(keep_alive_s, downscale_delay_s)
-        if held == 1:
-            last_until = self.quiet_since_s + keep_alive_s
+        # the last of several goes once both delays have passed (decide's release loop)
+        last_s = keep_alive_s if held == 1 else max(keep_alive_s, downscale_delay_s)
+        last_until = self.quiet_since_s + last_s
         return (1, last_until) if now_s < last_until else (0, None)
 
 
