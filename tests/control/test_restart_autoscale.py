@@ -8,6 +8,7 @@ them empty: at zero at once, no floor. A corrupt state file is a warning: the de
 come back, with no autoscaler state."""
 
 import asyncio
+import json
 import logging
 import time
 
@@ -16,9 +17,10 @@ from surge.engine.sampling import SamplingParams
 from surge.policy.autoscale import AutoscaleState
 from tests.control.strategy_run import deploy, local_cluster, wait_until
 
-IDLE_S = 10.0
+IDLE_S = 15.0
 """`keep_alive_s` of the one and `forget_peak_after_idle_s` of the other (the restart comes
-~1 s into it, and takes a few seconds on a loaded machine)."""
+~1 s into it; the instances it starts again must be up within the rest, a few seconds on a
+loaded machine)."""
 
 
 def test_a_restart_keeps_each_deployments_idle_time_and_peak(
@@ -46,6 +48,9 @@ def test_a_restart_keeps_each_deployments_idle_time_and_peak(
             done_s = {d.name: r.done_t for d, r in zip(deps, reqs, strict=True)}
             await asyncio.sleep(1.0)  # idle a while
             assert all(d.instances for d in deps), "an instance held before the restart"
+            # written by the controller's loop, not only at its stop: a crash keeps it too
+            written = json.loads((state / "autoscale.json").read_text())["deployments"]
+            assert sorted(written) == sorted(names), written
         finally:
             await first.stop()  # the agents keep running
         second = Controller(cfg, cluster.addresses, cluster.token)
