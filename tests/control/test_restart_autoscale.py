@@ -1,11 +1,12 @@
-"""A controller restart on running agents changes no scaling decision (docs/control.md,
+"""A controller restart on running agents does not reset autoscaling (docs/control.md,
 Restart; `control/autoscale_memory.py`, `policy/autoscale_restart.py`): a deployment kept
 `keep_alive_s` after its last request, and a FlexPipe one whose always-ready floor (30% of
-its peak, §9.1) holds a group until the peak lapses, each restarted while idle, get their
-instance back and go to zero when they would have without the restart — counted from their
-last request, not from the restart. Before the state file a restarted controller started
-them empty: at zero at once, no floor. A corrupt state file is a warning: the deployments
-come back, with no autoscaler state."""
+its peak, §9.1) holds a group until the peak lapses, their controller dying while they idle
+(nothing written at its stop: only what its loop wrote), get their instance back and go to
+zero when they would have without the restart: counted from their last request, not from
+the restart. Before the state file a restarted controller started them empty: at zero at
+once, no floor. A corrupt state file is a warning: the deployments come back, with no
+autoscaler state."""
 
 import asyncio
 import json
@@ -21,6 +22,10 @@ IDLE_S = 15.0
 """`keep_alive_s` of the one and `forget_peak_after_idle_s` of the other (the restart comes
 ~1 s into it; the instances it starts again must be up within the rest, a few seconds on a
 loaded machine)."""
+
+
+async def _crashed(deployments: object) -> None:
+    """A controller that dies writes nothing more."""
 
 
 def test_a_restart_keeps_each_deployments_idle_time_and_peak(
@@ -52,6 +57,7 @@ def test_a_restart_keeps_each_deployments_idle_time_and_peak(
             written = json.loads((state / "autoscale.json").read_text())["deployments"]
             assert sorted(written) == sorted(names), written
         finally:
+            first._w.memory.save = _crashed  # as a crash: only what the loop wrote
             await first.stop()  # the agents keep running
         second = Controller(cfg, cluster.addresses, cluster.token)
         await second.start()
