@@ -144,9 +144,10 @@ def render(rows: list[dict]) -> str:
         "Columns: the paper's number; the simulator's at the paper's scale (deterministic, "
         "virtual time); the emulated runtime's (real agents on GPU time, labelled where "
         "run); ordering holds (the paper's who-beats-whom); within 20% (|sim / paper - 1| "
-        "<= 0.2, or every point inside the paper's range widened by 20%; n/a: the paper "
-        "gives no number); where either fails, the measured cause (a counterfactual: one "
-        "assumption changed, the ratio moves).",
+        "<= 0.2, or every point inside the paper's range widened by 20%; a claim worded "
+        '"X% lower / shorter / less" is judged on its ratio ours / baseline = 1 - X against '
+        "the paper's 1 - X; n/a: the paper gives no number); where either fails, the "
+        "measured cause (a counterfactual: one assumption changed, the ratio moves).",
         "",
         f"**{len(ok)} of {len(rows)} rows ({len(ok) / max(len(rows), 1):.0%}) hold the "
         f"ordering and are within 20% (or give no number); {len(rows) - len(ok)} miss, "

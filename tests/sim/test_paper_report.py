@@ -16,8 +16,9 @@ PAPER_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "paper"
 sys.path.insert(0, str(PAPER_DIR))
 
 import report  # noqa: E402
+import rows  # noqa: E402
 from emulated import emulated_cells  # noqa: E402
-from rows import NO_TOP, row, within  # noqa: E402
+from rows import NO_TOP, row, within, within_reduction  # noqa: E402
 
 
 def test_within_twenty_percent_of_a_value_or_a_range() -> None:
@@ -139,6 +140,46 @@ def test_row_with_several_numbers_needs_all_within() -> None:
     assert r["within_20"] is True
     r = row("P", "Fig. 1", "c", "1 / 2", "s", True, pairs=((1.1, 1.0), (3.0, 2.0)))
     assert r["within_20"] is False
+
+
+def test_a_percent_reduction_is_judged_on_its_ratio_one_minus_x() -> None:
+    """Issue 35 judges "ordering and ratio within 20%": an "X% lower" claim's ratio is
+    ours / baseline = 1 - X, against the paper's 1 - X (one rule for every such row)."""
+    # BlitzScale §6.2: 29.7% vs 40% lower -> 0.703 vs 0.60, +17%: holds (on X: -26%)
+    assert within_reduction(0.297, 0.40) is True
+    assert within(0.297, 0.40) is False
+    # FlexPipe §9.6: 59% vs 72% lower -> 0.41 vs 0.28, +46%: misses (on X: -18%)
+    assert within_reduction(0.592, 0.72) is False
+    assert within(0.592, 0.72) is True
+    assert within_reduction(None, 0.40) is None
+    one = row("P", "Fig. 1", "40% lower", "40%", "s", True, reductions=((0.297, 0.40),))
+    assert one["within_20"] is True
+    both = ((0.297, 0.40), (0.592, 0.72))
+    assert row("P", "Fig. 1", "c", "p", "s", True, reductions=both)["within_20"] is False
+
+
+def test_every_percent_reduction_row_goes_through_within_reduction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The committed results: each paper number of an "X% lower / shorter / less" row is
+    judged by `within_reduction` (not on X itself, as λScale Fig. 14, BlitzScale §6.2 and
+    FlexPipe §9.6 were until 2026-11-29)."""
+    seen: list[float] = []
+    real = rows.within_reduction
+
+    def spy(sim: float | None, paper: float | None) -> bool | None:
+        seen.append(paper)
+        return real(sim, paper)
+
+    monkeypatch.setattr(rows, "within_reduction", spy)
+    report.collect()
+    expected = {
+        0.178, 0.181, 0.313,  # λScale Fig. 14
+        0.555, 0.310, 0.861, 0.40,  # BlitzScale §6.1 x3, §6.2 Fig. 14 (and Fig. 17's +Live)
+        0.35, 0.41,  # BlitzScale Fig. 15
+        0.383, 0.661, 0.1732, 0.72,  # FlexPipe Fig. 8, Fig. 13, §9.6
+    }  # fmt: skip
+    assert expected <= set(seen), sorted(expected - set(seen))
 
 
 def _rows_of(doc: dict) -> list[dict]:

@@ -107,10 +107,54 @@ def report_rows(doc: dict) -> list[dict]:
             + (f"{always:.0%} of peak" if always is not None else "not run")
             + " (the 5-minute window, §9.4, holds more between bursts)",
             ordering=f96["mean_reduction"] > 0,
-            sim_value=f96["mean_reduction"],
-            paper_value=0.72,
+            reductions=((f96["mean_reduction"], PAPER_INIT_REDUCTION),),
+            cause=_init_cause(f96),
         ),
     ]
+
+
+PAPER_INIT_REDUCTION = 0.72
+"""§9.6: "instance initialization latency was reduced by 72% on average across all model
+sizes" (a production rollout against "the static baseline")."""
+INIT_STAGES = 4
+"""The FlexPipe group §9.6's row times (`init_latency`: its finest granularity)."""
+INIT_START_S = 0.1
+"""FlexPipe's engine start (`init_s`), carried by both sides of `init_latency`."""
+
+
+def _init_cause(f96: dict) -> str:
+    """Why §9.6's ratio (FlexPipe / whole-model initialisation, 1 - X) is off: arithmetic on
+    the JSON's times (no run): the ceiling of INIT_STAGES parallel loads and the same times
+    without the engine start both sides carry."""
+    models = f96["models"]
+    red = {m: v["reduction"] for m, v in models.items()}
+    bare = {
+        m: 1 - (v["flexpipe"] - INIT_START_S) / (v["serverlessllm"] - INIT_START_S)
+        for m, v in models.items()
+    }
+    quarters = {
+        m: (v["flexpipe"] - INIT_START_S) / ((v["serverlessllm"] - INIT_START_S) / INIT_STAGES)
+        for m, v in models.items()
+    }
+    mean_bare = sum(bare.values()) / len(bare)
+    paper_ratio = 1 - PAPER_INIT_REDUCTION
+
+    def pcts(d: dict) -> str:
+        return " / ".join(f"{v:.0%}" for v in d.values())
+
+    return (
+        f"Judged on the ratio FlexPipe / whole-model initialisation (1 - X): "
+        f"{1 - f96['mean_reduction']:.2f} vs the paper's {paper_ratio:.2f}. "
+        f"{INIT_STAGES} stages each load 1/{INIT_STAGES} in parallel (§7), so the reduction "
+        f"cannot pass {1 - 1 / INIT_STAGES:.0%} (ratio {1 / INIT_STAGES:.2f}); per model "
+        f"({' / '.join(models)}) it is {pcts(red)}. Both sides carry FlexPipe's "
+        f"{INIT_START_S:g}-s engine start (unsourced); arithmetic on these times (not a run): "
+        f"without it {pcts(bare)} (mean {mean_bare:.0%}, ratio {1 - mean_bare:.2f}, "
+        f"{(1 - mean_bare) / paper_ratio - 1:+.0%}), the {INIT_STAGES}-stage load taking "
+        + " / ".join(f"{q:.2f}" for q in quarters.values())
+        + f"x 1/{INIT_STAGES} of the whole model's. The paper's 72% averages a production "
+        "rollout's models against a static baseline it does not describe (§9.6)."
+    )
 
 
 FIG13_PAPER = {
@@ -175,8 +219,7 @@ def fig13_row(f13: dict, alpa: dict | None) -> dict:
         f"mean TTFT per model against §9.5's comparator for it, Alibaba GenTD26 busiest 6 h: "
         f"{pairs}; mean {mean:+.1%}",
         ordering=min(imp.values()) > 0,
-        sim_value=mean,
-        paper_value=0.1732,
+        reductions=((mean, 0.1732),),
         cause=sllm_text
         + alpa_text
         + " The six hours are replayed 36x faster (§9.5 gives no rate); at the trace's own "

@@ -141,7 +141,7 @@ def report_rows(doc: dict) -> list[dict]:
             f"{doc['cluster_gpus']} GPUs at {doc['rate_rps']:g} QPS, Splitwise tokens, CV 1 / "
             f"2 / 4: {_pct(red)}",
             ordering=min(red.values()) > 0,
-            pairs=tuple((red[cv], PAPER_LATENCY[cv]) for cv in PAPER_VS_ALPASERVE),
+            reductions=tuple((red[cv], PAPER_LATENCY[cv]) for cv in PAPER_VS_ALPASERVE),
             cause=f"{queue_free} The difference is per-request time of the largest model: at "
             f"CV 4 OPT-66B averages {fp66:.1f} s in FlexPipe's groups against "
             f"{alpa66:.1f} s in AlpaServe's; the three smaller models {_pct(others)}. Both run "

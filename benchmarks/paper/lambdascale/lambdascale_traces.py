@@ -299,7 +299,7 @@ def report_rows(doc: dict) -> list[dict]:
             + f" (S-LLM's start derived from Fig. 12; {shipped:.1%} with the shipped 0.5 s); "
             + f"{code['gap_to_ideal']:.0%} above Ideal",
             ordering=min(save.values()) > 0,
-            pairs=tuple(zip(save.values(), (0.178, 0.181, 0.313), strict=True)),
+            reductions=tuple(zip(save.values(), (0.178, 0.181, 0.313), strict=True)),
             cause=None
             if "saving_vs_serverlessllm-ssd" not in code
             else "One model on 1-TB hosts: S-LLM hits its host cache on most loads, while "
