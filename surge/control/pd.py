@@ -96,6 +96,7 @@ class PdControl:
             mutation=system.mutation,
             links=self.links,
             kv_pace=kv_pace(self.emulation, dep.manifest),
+            nodes=dep.instances.keys,  # its slots, loading or serving
         )
         return dep.server.pd
 

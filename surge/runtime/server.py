@@ -202,6 +202,8 @@ class Server:
         self.endpoints[ep.name] = ep
         if isinstance(ep, PipelineEndpoint):
             ep.on_failure = self._endpoint_failed
+        if self.pd is not None:  # a hand-off may have waited for this (decode) instance
+            self.pd.kick()
         await self.dispatch()
 
     async def retire(self, name: str, spread_over: tuple[str, ...] = ()) -> list[ServeRequest]:

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Self
 
-from surge.policy.blitzscale.pd import decodes_where_prefilled
+from surge.policy.blitzscale.handoff import decodes_where_prefilled
 from surge.sim.decode_batch import DecodeBatch
 from surge.sim.decode_clock import DECODE, IDLE, PREFILL, DecodeClock
 from surge.sim.engine_spec import EngineSpec

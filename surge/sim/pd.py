@@ -4,10 +4,11 @@ What flows: a P/D model has one pool, as a `surge serve` deployment has one serv
 `PdPool` holds the roles. An instance that starts serving joins
 (`policy.blitzscale.pd.role_for_new`, on the pool's load); new requests go to the instances
 `policy.blitzscale.pd.routable` names; a prefilled request parks on its prefill instance
-and waits here (`parked`, oldest first) until `policy.blitzscale.pd.handoff_target` names
-an instance to decode it (the source itself when none decodes; none while every decode
-instance is full); `look` is the monitor's look (`policy.blitzscale.pd.look`: a mutation,
-carried out here, and the monitor's wish for one more instance). The views are built as
+and waits here (`parked`, oldest first) until `policy.blitzscale.handoff.handoff_target`
+names an instance to decode it (none while every decode instance is full, or while none
+serves but one is loading, `decode_joining`; the source itself when none serves or
+loads); `look` is the monitor's look (`policy.blitzscale.pd.look`: a mutation, carried out
+here, and the monitor's wish for one more instance). The views are built as
 the runtime builds them (`runtime/migration/pd_handoff.PdServing`): an instance's index is its
 place in join order (its age), its requests count the ones parked on it.
 Moving the K/V (a network transfer) is `sim/pools.py`'s; when to look is
@@ -18,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from surge.policy.autoscale import RATE_WINDOW_S
-from surge.policy.blitzscale import pd
+from surge.policy.blitzscale import handoff, pd
 from surge.sim.instance import Instance
 from surge.sim.request import SimRequest
 
@@ -111,18 +112,29 @@ class PdPool:
         """`src` prefilled `req`: it waits for a decode instance."""
         self.parked.append((src, req))
 
-    def next_handoff(self) -> tuple[Instance, SimRequest, Instance] | None:
+    def next_handoff(
+        self, instances: list[Instance]
+    ) -> tuple[Instance, SimRequest, Instance] | None:
         """The oldest parked request and the instance to decode it, taken off the queue;
-        None while every decode instance is full (or nothing waits)."""
+        None while it waits (every decode instance full, or none serving while one of the
+        pool's `instances` still loads to join as one) or nothing waits."""
         if not self.parked:
             return None
         src, req = self.parked[0]
         index = self.members.index(src) if src in self.members else -1
-        chosen = pd.handoff_target(index, self.views())
+        views = self.views()
+        coming = self.decode_joining(instances, views)
+        chosen = handoff.handoff_target(index, views, coming)
         if chosen is None:
             return None
         self.parked.popleft()
         return src, req, src if chosen == -1 else self.members[chosen]
+
+    def decode_joining(self, instances: list[Instance], views: tuple[pd.PdInstance, ...]) -> bool:
+        """Whether one of the pool's `instances` not serving yet (not a member: loading, or
+        its engine starting) will join as a decode one (`policy.blitzscale.handoff`)."""
+        joining = sum(1 for i in instances if i not in self.members and not i.released)
+        return handoff.decode_joining(pd.PdLoad(views), self.targets, joining, self.mutation)
 
     # ---- the monitor ----------------------------------------------------------------
 

@@ -178,7 +178,7 @@ class Requests:
         """Parked requests, oldest first, to the instances `policy.blitzscale.pd`
         names while one has room (BlitzScale §6)."""
         assert pool.pd is not None
-        while (handoff := pool.pd.next_handoff()) is not None:
+        while (handoff := pool.pd.next_handoff(pool.instances)) is not None:
             src, req, target = handoff
             if target is src:
                 self.world.result.decoded_in_place.append(req.id)

@@ -57,8 +57,8 @@ class SimResult:
     """BlitzScale live scaling: one `sim.live_scaling.LiveRecord` per cooperative batch."""
     decoded_in_place: list[int] = field(default_factory=list)
     """P/D: ids of requests decoded on the instance that prefilled them (no decode
-    instance then: `policy.blitzscale.pd.handoff_target`); their steps share it with
-    prefill, so their TBT is slower than a hand-off's."""
+    instance serving or loading then: `policy.blitzscale.handoff.handoff_target`); their
+    steps share it with prefill, so their TBT is slower than a hand-off's."""
     live_woken: int = 0
     """Live looks made when a block landed that a pending zigzag batch waited for (§5.2
     (2) preemption), not at the poll."""

@@ -78,7 +78,7 @@ def _ingress_usage(time_dilation: float, link_gbps: float, nbytes: int) -> float
         spec = SimpleNamespace(
             strategy="serverlessllm", system=serve_system("serverlessllm"), pd=PdTargets()
         )
-        dep = SimpleNamespace(name="m", spec=spec, server=server, manifest=None)
+        dep = SimpleNamespace(name="m", spec=spec, server=server, manifest=None, instances={})
         pd = control.attach(dep)  # type: ignore[arg-type]
         assert pd is not None
         ep = LocalEndpoint(server.client, 0, "m", "i0", capacity=4)

@@ -58,6 +58,8 @@ class Case:
     fed_s: tuple[float, ...] = ()
     """Seconds of each instance's ingress link that the hand-offs to it took within the
     monitor's window (BlitzScale §5.2's K/V incast), as each body counts them."""
+    loading: int = 0
+    """Instances still loading (placed, not serving): they join at the end."""
 
 
 TARGETS = PdTargets(prefill=1, decode=2)
@@ -70,6 +72,9 @@ CASES = {
     "handoff-then-mutate": Case((0, 3, 3, 0), parked_on=0),
     # one prefill instance alone: it decodes its own request
     "source-decodes": Case((2,), parked_on=0),
+    # one prefill instance serving, the decode instance beside it still loading (a P/D pool
+    # from zero, `serving_floor`): the request waits, and goes to it once it joins (§2.1)
+    "decode-loading": Case((2,), parked_on=0, loading=1),
     # P, D, D, P: the least-loaded decode instance adopts; nothing to mutate
     "least-loaded": Case((0, 3, 1, 1), parked_on=3),
     # every decode instance full: the request waits; the idle young prefill instance
@@ -103,6 +108,8 @@ class Log:
     roles_after_scale_out: list[str]
     """... and after the autoscaler then started one instance (§5.2's mutation at a
     scale-out, `policy.blitzscale.pd.scale_out_mutations`)."""
+    handoffs_after_join: list[tuple[int, int]]
+    """... and those started once the loading instances joined (their roles appended)."""
 
 
 def _runtime(case: Case) -> Log:
@@ -115,7 +122,8 @@ def _runtime(case: Case) -> Log:
         links = {k: NodeLinks(ingress_gbps=LINK_GBPS) for k in range(len(case.held))}
         control = PdControl(Metrics(), EngineConfig(), links=links)
         spec = SimpleNamespace(strategy=case.system.name, system=case.system, pd=TARGETS)
-        dep = SimpleNamespace(name="m", spec=spec, server=server, manifest=None)
+        slots = {k: None for k in range(len(case.held) + case.loading)}  # node -> its slot
+        dep = SimpleNamespace(name="m", spec=spec, server=server, manifest=None, instances=slots)
         pd = control.attach(dep)  # type: ignore[arg-type]
         assert isinstance(pd, PdServing)
         eps = []
@@ -154,13 +162,24 @@ def _runtime(case: Case) -> Log:
         roles_after = [pd.roles[e.name] for e in eps]
         await control.on_scale_out(dep, NOW_S, 1)  # type: ignore[arg-type]
         scaled = [pd.roles[e.name] for e in eps]
-        return Log(roles, routable, first, done[len(first) :], wants, roles_after, scaled)
+        before = len(done)
+        for k in range(len(case.held), len(case.held) + case.loading):
+            ep = LocalEndpoint(server.client, k, "m", f"i{k}", capacity=CAPACITY)
+            eps.append(ep)
+            await server.add_endpoint(ep)  # it loaded: it joins
+            for _ in range(2):
+                await asyncio.sleep(0)
+        scaled += [pd.roles[e.name] for e in eps[len(case.held) :]]
+        after = done[before:]
+        return Log(
+            roles, routable, first, done[len(first) : before], wants, roles_after, scaled, after
+        )
 
     return asyncio.run(run())
 
 
 def _sim(case: Case, tmp_path) -> Log:
-    sim = simulation(tmp_path, case.system, len(case.held), "registry")
+    sim = simulation(tmp_path, case.system, len(case.held) + case.loading, "registry")
     pool = entry_pool(sim)
     assert pool.pd is not None
     pool.pd.targets = TARGETS  # the deployment's `pd:` (the runtime's spec above)
@@ -172,6 +191,11 @@ def _sim(case: Case, tmp_path) -> Log:
         sim.loader.ready(pool, inst)  # it serves: it joins
         inst.waiting.extend(SimRequest(1000 * k + r, 0, 0.0, 1, 1) for r in range(held))
         insts.append(inst)
+    for k in range(len(case.held), len(case.held) + case.loading):
+        inst = instance_on(sim, k, serving=False)  # placed, still loading
+        inst.max_batch = CAPACITY
+        pool.instances.append(inst)
+    loading = pool.instances[len(case.held) :]
     roles = [i.role for i in insts]
     sim.world.loop.now_s = NOW_S
     for inst, fed_s in zip(insts, case.fed_s or (0.0,) * len(insts), strict=True):
@@ -199,8 +223,14 @@ def _sim(case: Case, tmp_path) -> Log:
         wants = sim.scaler.pd_look(pool, NOW_S)
         roles_after = [i.role for i in insts]
         pool.pd.scale_out(NOW_S, len(pool.queue), 1)  # `Scaler._carry_out`'s call
-    scaled = [i.role for i in insts]
-    return Log(roles, routable, first, done[len(first) :], wants, roles_after, scaled)
+        scaled = [i.role for i in insts]
+        before = len(done)
+        for inst in loading:
+            insts.append(inst)
+            sim.loader.ready(pool, inst)  # it loaded: it joins
+        scaled += [i.role for i in loading]
+    after = done[before:]
+    return Log(roles, routable, first, done[len(first) : before], wants, roles_after, scaled, after)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -220,6 +250,9 @@ def test_the_cases_exercise_every_decision(tmp_path) -> None:
     assert logs["handoff-then-mutate"].roles == [p, d, d, p]
     assert logs["handoff-then-mutate"].handoffs == [(0, 1)]
     assert logs["source-decodes"].handoffs == [(0, 0)]
+    assert logs["decode-loading"].handoffs == []  # waits for the loading decode instance
+    assert logs["decode-loading"].roles_after_scale_out == [p, d]
+    assert logs["decode-loading"].handoffs_after_join == [(0, 1)]
     assert logs["least-loaded"].handoffs == [(3, 2)]
     assert logs["decode-full"].handoffs == []
     assert logs["decode-full"].handoffs_after_look == [(0, 3)]

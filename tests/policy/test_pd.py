@@ -1,5 +1,5 @@
-"""`surge.policy.blitzscale.pd`: roles of new instances, routing, hand-off target, mutation,
-monitor."""
+"""`surge.policy.blitzscale.pd`: roles of new instances, routing, mutation, monitor (the
+hand-off target: `test_pd_handoff.py`)."""
 
 from dataclasses import replace
 
@@ -15,7 +15,6 @@ from surge.policy.blitzscale.pd import (
     PdSettings,
     PdTargets,
     decide_mutation,
-    handoff_target,
     look,
     monitor,
     role_for_new,
@@ -78,14 +77,10 @@ def test_past_the_targets_a_system_that_does_not_mutate_grows_the_busier_role() 
     assert role_for_new(PdLoad((_i(0, PREFILL, 4), _i(1, DECODE, 4))), t) == PREFILL
 
 
-def test_new_requests_go_to_prefill_and_handoffs_to_the_least_loaded_decode() -> None:
+def test_new_requests_go_to_prefill_instances() -> None:
     xs = [_i(0, PREFILL, 3), _i(1, DECODE, 5), _i(2, DECODE, 2), _i(3, DECODE, 2)]
     assert routable(xs) == (0,)
     assert routable([_i(1, DECODE), _i(2, DECODE)]) == (1, 2)  # never without a way in
-    assert handoff_target(0, xs) == 2  # least loaded, ties to the oldest
-    assert handoff_target(0, [_i(0, PREFILL)]) == 0  # nobody decodes: decode in place
-    full = [_i(0, PREFILL, 3), _i(1, DECODE, 8), _i(2, DECODE, 8)]
-    assert handoff_target(0, full) is None  # every decode full: the K/V waits
 
 
 def test_mutation_needs_a_decode_bottleneck_and_a_spare_prefill_instance() -> None:

@@ -167,7 +167,7 @@ def test_a_live_batch_on_a_decode_source_decodes_there_its_kv_kept(
     room, make_cluster, manifest, tiny_hf
 ) -> None:
     """Under P/D, a live batch whose last layers ran on a decode instance decodes there, as
-    in the simulator (`policy.blitzscale.pd.decodes_where_prefilled`): its agent adopts
+    in the simulator (`policy.blitzscale.handoff.decodes_where_prefilled`): its agent adopts
     each request, its own layers' K/V in place and the new instance's pulled from that
     agent — nothing is exported to the controller and sent back (`KvExportOp` and a
     payload adopt, which cost the decode node's NIC twice). A request it has no room for

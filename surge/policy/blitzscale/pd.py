@@ -11,13 +11,8 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   ratio when both are equally busy);
 - `routable`: which instances take new requests (prefill ones; every one when none is a
   prefill instance, so a deployment is never left without a way in);
-- `decodes_where_prefilled`: whether an instance keeps the requests it prefilled (every
-  role but prefill: a decode instance running a live batch's last layers, §4, keeps them);
-- `handoff_target`: which decode instance adopts a finished prefill's KV cache (the least
-  loaded with room, requests per capacity, ties to the oldest; the source itself when none
-  decodes; None when every decode instance is full: the K/V waits on the prefill
-  instance, which then takes fewer new requests — the back-pressure that shows decode is
-  the bottleneck);
+- where a prefilled request decodes (`decodes_where_prefilled`, `handoff_target`,
+  `decode_joining`) is `policy.blitzscale.handoff`'s;
 - `decide_mutation` (§5.2 "mutation"): when decode is the bottleneck (hand-offs waiting
   for decode room, requests per decode instance, K/V ingress or KV-cache use at the
   threshold) and a
@@ -198,8 +193,9 @@ def serving_floor(settings: AutoscaleSettings) -> AutoscaleSettings:
     replicas of the same model to serve the prefill and decode phases of a request,
     respectively"; §4: "it uses at least two serving instances, a prefill and a decode";
     §6.1: "For all the workload, we run with prefill and decode disaggregation". Within
-    `max_replicas`: a deployment held to one instance decodes in place (`handoff_target`'s
-    fallback, as while the decode instance loads)."""
+    `max_replicas`: a deployment held to one instance decodes in place
+    (`policy.blitzscale.handoff.handoff_target`'s fallback when no decode instance serves
+    or loads)."""
     return replace(settings, min_serving=max(settings.min_serving, len(ROLES)))
 
 
@@ -236,29 +232,6 @@ def routable(instances: Sequence[PdInstance]) -> tuple[int, ...]:
     """Indices of the instances that take new requests."""
     prefill = tuple(i.index for i in instances if i.role == PREFILL)
     return prefill if prefill else tuple(i.index for i in instances)
-
-
-def _load(i: PdInstance) -> tuple[float, int]:
-    return (i.outstanding / i.capacity, i.index)
-
-
-def decodes_where_prefilled(role: str | None) -> bool:
-    """Whether an instance of `role` (None: no P/D) decodes the requests it prefilled, their
-    K/V staying where it is: every role but prefill. A prefill instance parks them for a
-    decode instance (§5.2); a decode instance that prefills keeps them — the source of a
-    BlitzScale live batch (§4), which ran the batch's last layers and holds their K/V (only
-    the new instance's first layers' part has to reach it)."""
-    return role != PREFILL
-
-
-def handoff_target(source: int, instances: Sequence[PdInstance]) -> int | None:
-    """The decode instance that adopts a request parked on `source` (which counts it in its
-    `outstanding`), or None while every decode instance is full."""
-    decode = [i for i in instances if i.role == DECODE]
-    if not decode:
-        return source
-    room = [i for i in decode if i.outstanding - (i.index == source) < i.capacity]
-    return min(room, key=_load).index if room else None
 
 
 def _idle(i: PdInstance, s: PdSettings) -> bool:

@@ -4,11 +4,11 @@ What flows: the `Server` of a P/D deployment holds one `PdServing`. Each local i
 gets a role when it joins (`policy.pd.role_for_new` on the deployment's load, sent as
 `instance_role`); new requests go only to prefill instances (`policy.pd.routable`). A
 prefill instance parks each request after its prefill (`runtime/node/pd.py`) and says
-so with its first token (`finish_reason == HANDOFF_REASON`); `handoff` then takes the
-parked K/V off it (`instance_handoff`: typed header + raw bytes) and gives it to the
-decode instance `policy.pd.handoff_target` picks, which adopts it and decodes on,
-token-exact (`runtime/migration/consolidation.py`'s adoption, the KV migration ParaServe
-consolidation uses). Hand-offs run in parallel, one at a time per (source, target) pair:
+so with its first token (`finish_reason == HANDOFF_REASON`); `handoff` then moves the
+parked K/V (`pd_transfer.py`) to the decode instance
+`policy.blitzscale.handoff.handoff_target` picks (it waits while none serves but one
+loads), which adopts it and decodes on. Hand-offs run in parallel, one at a time per
+(source, target) pair:
 each prefill instance sends its K/V to the decode instances over its own NIC (BlitzScale
 §3 Fig. 8a, after DistServe), so pairs do not wait for one another; a pair whose link is
 busy leaves its request waiting while later ones take other pairs, and the target's slot
@@ -21,54 +21,32 @@ handed to it over that window as a fraction of its ingress link (`received`, cou
 `runtime/migration/kv_ingress.py`: BlitzScale §5.2's K/V incast; an uncapped link counts
 none).
 
-Failures lose no request: a request is on exactly one of {an endpoint, the queue, a
-hand-off in flight} at each await, so if the prefill agent dies before its K/V is taken,
-or the decode agent while it adopts, the request goes back to the head of the queue with
-its tokens and is prefilled again (`Server.requeue`). Owned by the runtime; decisions
-are `surge.policy.blitzscale.pd`'s.
+Failures lose no request (`pd_transfer.py`). Owned by the runtime; decisions are
+`surge.policy.blitzscale.pd`'s and `surge.policy.blitzscale.handoff`'s.
 """
 
 import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Coroutine, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from surge.policy.autoscale import RATE_WINDOW_S
+from surge.policy.blitzscale import handoff as pd_handoff
 from surge.policy.blitzscale import pd
 from surge.policy.multicast.topology import NodeLinks
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
-from surge.runtime.migration.consolidation import adopt
 from surge.runtime.migration.kv_ingress import KvIngress
-from surge.runtime.protocol import (
-    HANDOFF_REASON,
-    InstanceHandoffOp,
-    InstanceRoleOp,
-    KvPart,
-    TokenGenerated,
-)
+from surge.runtime.migration.pd_transfer import HERE, InHand, send_held, send_parked
+from surge.runtime.protocol import HANDOFF_REASON, InstanceRoleOp, KvPart, TokenGenerated
 from surge.runtime.request import ServeRequest
 
 if TYPE_CHECKING:
     from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
-
-HERE = ""
-"""The source name of K/V the controller holds (live-prefilled requests, `hold`)."""
-
-
-@dataclass(frozen=True)
-class _InHand:
-    """A request prefilled by live scaling whose K/V the controller holds."""
-
-    req: ServeRequest
-    parts: list[KvPart]
-    payload: bytes
-    num_cached: int
-    old: LocalEndpoint
 
 
 class PdServing:
@@ -82,6 +60,7 @@ class PdServing:
         mutation: bool = False,
         links: Mapping[int, NodeLinks] | None = None,
         kv_pace: float = 1.0,
+        nodes: Callable[[], Collection[int]] = tuple,
     ) -> None:
         self.server, self.targets, self.max_kv_tokens = server, targets, max_kv_tokens
         self.ingress = KvIngress(links if links is not None else {}, server.clock, kv_pace)
@@ -91,6 +70,8 @@ class PdServing:
         K/V's own byte ratio, `control/emulation.kv_pace`; 1: as its bytes)."""
         self.mutation = mutation
         """The system mutates prefill instances (new ones past the targets prefill)."""
+        self.nodes = nodes
+        """The deployment's slots' nodes: those without a local instance with a role join."""
         self.roles: dict[str, str] = {}
         """Endpoint name -> its role; an endpoint without one serves whole requests."""
         self.num_handoffs = 0
@@ -103,7 +84,7 @@ class PdServing:
         self._token_times: dict[str, deque[float]] = {}
         self.pending: list[tuple[LocalEndpoint, ServeRequest]] = []
         """Requests parked on a prefill instance, waiting for decode room (FIFO)."""
-        self.in_hand: list[_InHand] = []
+        self.in_hand: list[InHand] = []
         """Live-prefilled requests whose K/V is here, waiting for decode room (FIFO)."""
         self._in_flight: dict[tuple[str, str], tuple[asyncio.Task, int | None]] = {}
         """(source, target) instance names -> the hand-off on that pair: one at a time per
@@ -201,6 +182,14 @@ class PdServing:
             since_last_mutation_s=since_last_mutation_s,
         )
 
+    def _target(self, source: int, views: list[pd.PdInstance]) -> int | None:
+        """`handoff_target`, told whether a slot still joining will decode."""
+        joined = {e.node for _, e in self._locals()}
+        joining = sum(1 for n in self.nodes() if n not in joined)
+        load = pd.PdLoad(tuple(views))
+        coming = pd_handoff.decode_joining(load, self.targets, joining, self.mutation)
+        return pd_handoff.handoff_target(source, views, coming)
+
     def endpoint_at(self, index: int) -> LocalEndpoint | None:
         return dict(self._locals()).get(index)
 
@@ -240,7 +229,7 @@ class PdServing:
         """Take a request whose K/V is here already (live scaling prefilled it, §4) and hand
         it to a decode instance as soon as one has room (`old`, which ran its last layers,
         when nobody decodes)."""
-        self.in_hand.append(_InHand(req, parts, payload, num_cached, old))
+        self.in_hand.append(InHand(req, parts, payload, num_cached, old))
         self.kick()
 
     def _views(self) -> list[pd.PdInstance]:
@@ -255,9 +244,9 @@ class PdServing:
             if held.req.done.is_set():
                 self.in_hand.pop(k)
                 continue
-            index = pd.handoff_target(-1, self._views())
+            index = self._target(-1, self._views())
             if index is None:
-                return False  # every decode instance is full
+                return False  # every decode instance is full, or none serves yet
             target = held.old if index == -1 else self.endpoint_at(index)
             if target is None:
                 return False
@@ -266,7 +255,7 @@ class PdServing:
                 k += 1  # that link is busy: a later request may take another
                 continue
             self.in_hand.pop(k)
-            self._start(pair, None, self._adopt_held(held, target))
+            self._start(pair, None, send_held(self, held, target))
         return True
 
     def _start_pending(self) -> None:
@@ -282,10 +271,10 @@ class PdServing:
                 self.pending.pop(k)  # retired meanwhile: it is back in the queue already
                 continue
             src_index = next((i for i, e in self._locals() if e is src), -1)
-            index = pd.handoff_target(src_index, self._views())
+            index = self._target(src_index, self._views())
             target = None if index is None else self.endpoint_at(index)
             if target is None:
-                break  # every decode instance is full: the K/V waits where it is
+                break  # every decode instance is full, or none serves yet: the K/V waits
             pair = (src.name, target.name)
             if pair in self._in_flight:
                 k += 1
@@ -313,64 +302,14 @@ class PdServing:
             log.error("hand-off %s -> %s failed: %r", *pair, e)
         self.kick()  # that pair is free (and maybe some room): the next may go
 
-    async def _adopt_held(self, held: _InHand, target: LocalEndpoint) -> None:
-        self._reserving.discard((HERE, target.name))  # `adopt` books it on `target` now
-        self.received(None, target, len(held.payload))
-        try:
-            await adopt(
-                self.server,
-                target,
-                held.req,
-                num_cached=held.num_cached,
-                parts=held.parts,
-                payload=held.payload,
-                pace=self.kv_pace,
-            )
-            self.num_handoffs += 1
-        except Exception as e:  # its agent died or has no room: prefill it again
-            log.info("%s could not adopt %s (%s)", target.name, held.req.req_id, e)
-            self.num_handoff_retries += 1
-            await self.server.requeue([held.req])
+    def booked(self, pair: tuple[str, str]) -> None:
+        """The hand-off on `pair` is being adopted: `adopt` books its room on the target now."""
+        self._reserving.discard(pair)
 
     async def handoff(self, src: LocalEndpoint, req: ServeRequest, target: LocalEndpoint) -> None:
         """Move a request parked on prefill instance `src` (taken off it already) to `target`
-        (whose room `_start` reserved: the request is on neither while its K/V is in flight)."""
-        server = self.server
-        try:
-            reply, body = await server.client.call_bytes(
-                src.node, InstanceHandoffOp(instance=src.name, req_id=req.req_id)
-            )
-        except Exception as e:  # the prefill agent died, or it lost the request
-            log.info("hand-off of %s from %s failed (%s); prefill again", req.req_id, src.name, e)
-            self.num_handoff_retries += 1
-            await server.requeue([req])
-            return
-        missing = list(reply.output_token_ids[len(req.output_token_ids) :])
-        for tok in missing:  # tokens the agent made that had not arrived here yet
-            req.add_token(tok, False, None)
-        payload = bytes(body)
-        self._reserving.discard((src.name, target.name))  # `adopt` books it on `target` now
-        self.received(src.node, target, len(payload))
-        for ep in dict.fromkeys(t for t in (target, src) if not t.failed):
-            try:
-                await adopt(
-                    server,
-                    ep,
-                    req,
-                    num_cached=reply.num_cached,
-                    parts=[reply.part],
-                    payload=payload,
-                    pace=self.kv_pace,
-                )
-            except Exception as e:  # the decode agent died, or it has no room after all
-                log.info("%s could not adopt %s (%s)", ep.name, req.req_id, e)
-                if not server.unplaced(req):
-                    return  # its agent died mid-call and the retirement requeued it
-                continue
-            self.num_handoffs += 1
-            return
-        self.num_handoff_retries += 1
-        await server.requeue([req])
+        (`pd_transfer.send_parked`)."""
+        await send_parked(self, src, req, target)
 
     # ---- mutation ---------------------------------------------------------------
 

@@ -43,6 +43,7 @@ import logging
 import time
 
 from surge.events import LiveBatch
+from surge.policy.blitzscale.handoff import decodes_where_prefilled
 from surge.policy.blitzscale.live_scaling import (
     LOOK_INTERVAL_S,
     Decline,
@@ -57,7 +58,7 @@ from surge.policy.blitzscale.live_scaling import (
     redirect_order,
     redistributed,
 )
-from surge.policy.blitzscale.pd import PREFILL, decodes_where_prefilled
+from surge.policy.blitzscale.pd import PREFILL
 from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.consolidation import Deliver, live_prefill
@@ -76,7 +77,7 @@ def live_delivery(server: Server, old: LocalEndpoint) -> tuple[bool, Deliver | N
     """Where a live batch whose last layers ran on `old` decodes (`live_prefill`'s `keep`,
     `deliver`): on `old` itself (its agent adopts each request, its own layers' K/V in
     place and the new instance's part pulled agent to agent), unless `old` is a P/D
-    prefill instance (`policy.blitzscale.pd.decodes_where_prefilled`, as the simulator's
+    prefill instance (`policy.blitzscale.handoff.decodes_where_prefilled`, as the simulator's
     engines decide) — or, under P/D, a request it has no room for: a decode instance
     adopts those as soon as one has room (`PdServing.hold`, the K/V relayed here). Before,
     a decode source's own K/V always left its NIC and came back (the emulated §6.1 run:
