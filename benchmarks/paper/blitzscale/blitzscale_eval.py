@@ -124,6 +124,9 @@ def ttft_6_1(duration_s: float = 1200.0) -> dict:
             log.info("§6.1 %s %s", name, sys_name)
             settings = SimSettings(cluster, (model,), sys_name, slo=paper_slo(model))
             res[sys_name], raw = run(trace, settings, cfg)
+            # P/D: requests decoded on their prefill instance (no decode instance serving
+            # or loading then, `policy.blitzscale.handoff`)
+            res[sys_name]["decoded_in_place"] = len(raw.decoded_in_place)
             if sys_name == "blitzscale":
                 live = {
                     "live_batches": len(raw.live_batches),

@@ -44,13 +44,20 @@ def report_rows(doc: dict) -> list[dict]:
             a, b = w[name][order[order.index(k) - 1]], w[name][k]
             if "tbt_in_place_requests" not in b:
                 continue
-            tbt_split.append(
-                f"{k} {name}: in place {a['tbt_in_place_requests']} -> "
-                f"{b['tbt_in_place_requests']} requests at "
-                f"{a['tbt_in_place_mean_s'] * 1e3:.0f} -> {b['tbt_in_place_mean_s'] * 1e3:.0f} ms, "
-                f"handed off {a['tbt_handed_off_mean_s'] * 1e3:.1f} -> "
-                f"{b['tbt_handed_off_mean_s'] * 1e3:.1f} ms"
+            handed = (
+                f"handed off {_ms(a['tbt_handed_off_mean_s'], 1)} -> "
+                f"{_ms(b['tbt_handed_off_mean_s'], 1)} ms"
             )
+            if a["tbt_in_place_requests"] or b["tbt_in_place_requests"]:
+                handed = (
+                    f"in place {a['tbt_in_place_requests']} -> "
+                    f"{b['tbt_in_place_requests']} requests at "
+                    f"{_ms(a['tbt_in_place_mean_s'], 0)} -> "
+                    f"{_ms(b['tbt_in_place_mean_s'], 0)} ms, " + handed
+                )
+            else:
+                handed += " (none in place)"
+            tbt_split.append(f"{k} {name}: {handed}")
     biggest = {
         name: max(("+network", "+plan", "+live"), key=lambda k: v[f"{k}_ttft_mean_s"])
         for name, v in g.items()
@@ -101,10 +108,10 @@ def report_rows(doc: dict) -> list[dict]:
             cause="Steps that lose more than 1%: "
             + ("; ".join(losses) or "none")
             + ". Each TBT loss split into the requests decoded on their prefill instance "
-            "(no decode instance serving yet: `policy.blitzscale.pd.handoff_target`'s "
-            "fallback while the decode instance a pool at zero starts beside its first "
-            "prefill one still loads, `serving_floor`; their decode steps share it with "
-            "prefill) and those handed off, whose TBT counts the K/V hand-off: "
+            "(no decode instance serving or loading: `policy.blitzscale.handoff."
+            "handoff_target`'s fallback; one still loading is waited for, §2.1 / §5.2; their "
+            "decode steps share it with prefill) and those handed off, whose TBT counts the "
+            "K/V hand-off and any wait for a decode instance to load: "
             + ("; ".join(tbt_split) or "n/a")
             + ". The biggest TTFT step per workload: "
             + ", ".join(f"{k} {v}" for k, v in biggest.items())
@@ -138,6 +145,11 @@ def report_rows(doc: dict) -> list[dict]:
             cause=_fig18_cause(f18),
         ),
     ]
+
+
+def _ms(seconds: float | None, digits: int) -> str:
+    """Seconds as milliseconds, or n/a (no such request)."""
+    return "n/a" if seconds is None else f"{seconds * 1e3:.{digits}f}"
 
 
 def _fig18_beside(f18: dict) -> str:
