@@ -26,7 +26,7 @@ Two bodies:
    group count, the same shape's autoscaled peak on the trace, held throughout) and the
    same fixed statics at flexpipe's GPU-seconds (`isocost-1/2/4/8`).
 Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
-flexpipe's GPU-seconds over that shape's (`flexpipe_sim.ratios`; also against
+flexpipe's GPU-seconds over that shape's (`flexpipe_ratios.ratios`; also against
 static-coarse alone and the earlier best-of-fine-and-coarse; against the provisioned
 statics: the one with the lowest p99 and the coarse one; against the statics at flexpipe's
 cost: the one with the lowest p99).

@@ -96,7 +96,7 @@ def draw(report: dict, path: Path) -> None:
 
 
 def _advantage(ax, sim: dict) -> None:
-    """`flexpipe_sim.dominance` per CV: the least, over static shapes, of the better of
+    """`flexpipe_ratios.dominance` per CV: the least, over static shapes, of the better of
     its p50 and p99 ratio (solid) and the least of all (dotted); > 1: flexpipe better."""
     runs = [("gamma", sim["by_cv"]), ("phased", sim.get("phased", {}).get("by_cv"))]
     runs.append(("0.1-ms hop", sim.get("hop_sensitivity", {}).get("by_cv")))

@@ -19,13 +19,8 @@ static-4's, 0.658x static-8's), so the refactoring this test is about never happ
 import numpy as np
 import pytest
 
-from benchmarks.systems.flexpipe_sim import (
-    STATIC_STAGES,
-    phased_trace,
-    quick_release,
-    ratios,
-    run_one,
-)
+from benchmarks.systems.flexpipe_ratios import STATIC_STAGES, ratios
+from benchmarks.systems.flexpipe_sim import phased_trace, quick_release, run_one
 from surge.policy.flexpipe.granularity import cv_of_arrivals
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from tests.sim.flexpipe_settings import SECTION9_KW

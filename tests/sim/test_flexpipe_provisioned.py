@@ -7,12 +7,8 @@ The autoscaled static of the same shape, on the same bursty trace, is not.
 
 import numpy as np
 
-from benchmarks.systems.flexpipe_sim import (
-    isocost_groups,
-    isocost_ratios,
-    provisioned_ratios,
-    run_one,
-)
+from benchmarks.systems.flexpipe_ratios import isocost_ratios, provisioned_ratios
+from benchmarks.systems.flexpipe_sim import isocost_groups, run_one
 from tests.sim.flexpipe_settings import SECTION9_KW
 
 KW = SECTION9_KW
