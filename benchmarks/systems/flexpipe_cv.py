@@ -7,15 +7,15 @@ Four variants compared in the same run (paper 003 §9):
   more pipelines only by autoscaling);
 - `load-then-serve`: the `serverlessllm` strategy (local instances load, then serve).
 Two bodies:
-1. the runtime (`surge serve`'s controller in process, loopback agents, a tiny Llama built
-   here): per variant a fresh cluster, then one phase per CV (arrivals for `--duration` s,
-   drained, then `--gap` s idle). Per phase: p50/p99 end-to-end latency, p50/p99 queue time
-   (arrival until an endpoint took the request, polled every 10 ms), p50/p99 TTFT, goodput
-   (requests meeting `--slo-e2e` per second of the phase), GPU-seconds (slots held x time,
-   sampled every 50 ms), the slots always held (10th percentile) and the peak, and the
-   refactorings by direction. The static variants hold the system's one set of FlexPipe
-   settings (`SystemConfig.flexpipe`, read by the controller and the scale-out) at one
-   granularity;
+1. the runtime (`benchmarks/systems/flexpipe_cv_runtime.py`: `surge serve`'s controller in
+   process, loopback agents, a tiny Llama built there): per variant a fresh cluster, then
+   one phase per CV (arrivals for `--duration` s, drained, then `--gap` s idle). Per
+   phase: p50/p99 end-to-end latency, p50/p99 queue time (arrival until an endpoint took
+   the request, polled every 10 ms), p50/p99 TTFT, goodput (requests meeting `--slo-e2e`
+   per second of the phase), GPU-seconds (slots held x time, sampled every 50 ms), the
+   slots always held (10th percentile) and the peak, and the refactorings by direction.
+   The static variants hold the system's one set of FlexPipe settings
+   (`SystemConfig.flexpipe`, read by the controller and the scale-out) at one granularity;
 2. the simulator at the paper's scale (`benchmarks/systems/flexpipe_sim.py`: the `flexpipe`
    cluster profile of §9, 82 GPUs, `--sim-rate` 20 QPS, CV 1/2/4/8; static variants at
    every stage count flexpipe chooses among), the first model also with a 0.1-ms stage
@@ -24,7 +24,10 @@ Two bodies:
    (`--sim-phase-s`; §3.3 Fig. 1, §9 Fig. 9a), every seed, both hops. Everywhere also
    §9's static baselines provisioned once for the peak (`provisioned-1/2/4/8`: a fixed
    group count, the same shape's autoscaled peak on the trace, held throughout) and the
-   same fixed statics at flexpipe's GPU-seconds (`isocost-1/2/4/8`).
+   same fixed statics at flexpipe's GPU-seconds (`isocost-1/2/4/8`). A counterfactual,
+   `no_busy_merges`: flexpipe whose busy groups never merge, against the same rows'
+   statics, every model (gamma) and the first on the phased workload (seed 1, system hop;
+   `--sim-only no-busy-merges` runs just it and keeps the rest of `--json`).
 Ratios per CV: the best static shape's p99 over flexpipe's (> 1: flexpipe better), and
 flexpipe's GPU-seconds over that shape's (`flexpipe_ratios.ratios`; also against
 static-coarse alone and the earlier best-of-fine-and-coarse; against the provisioned
@@ -37,172 +40,22 @@ Usage: python -m benchmarks.systems.flexpipe_cv --json benchmarks/results/system
 """
 
 import argparse
-import asyncio
-import contextlib
 import json
 import logging
 import os
 import platform
-import tempfile
-import time
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from benchmarks.common import model_config
 from benchmarks.systems.flexpipe_cv_plot import draw
+from benchmarks.systems.flexpipe_cv_runtime import runtime
+from benchmarks.systems.flexpipe_ratios import ratios
 from benchmarks.systems.flexpipe_sim import (
-    VARIANTS,
     WORKLOADS,
+    no_busy_merges,
     run_all,
+    run_one,
 )
-from surge.control.controller import Controller, ControllerConfig
-from surge.engine.sampling import SamplingParams
-from surge.model.importer import import_checkpoint
-from surge.model.tiny import create_tiny_model
-from surge.policy.flexpipe.settings import FlexPipeSettings
-from surge.policy.systems import SYSTEMS
-from surge.runtime.migration.refactor import FlexPipeline
 from surge.sim.settings import Slo
-from surge.traces.gamma import gamma_arrivals
-
-MODEL = "fpcv"
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
-def _settings(variant: str, args: argparse.Namespace) -> FlexPipeSettings:
-    base = {"cv_window_s": args.cv_window, "decision_interval_s": 0.5}
-    if variant == "static-fine":
-        return FlexPipeSettings(stage_counts=(args.fine_stages,), cv_targets=(0.0,), **base)
-    if variant == "static-coarse":
-        return FlexPipeSettings(stage_counts=(1,), cv_targets=(0.0,), **base)
-    return FlexPipeSettings(**base)
-
-
-async def _phase(ctl, dep, args, cv: float, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    arrivals = gamma_arrivals(rng, args.rate, cv, args.duration)
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    prompts = [list(rng.integers(1, 500, size=args.prompt_tokens)) for _ in arrivals]
-    reqs, taken = [], {}
-    held: list[int] = []
-    start = time.monotonic()
-    stop = asyncio.Event()
-
-    async def watch() -> None:
-        while not stop.is_set():
-            held.append(len(dep.instances))
-            for r in reqs:
-                if id(r) not in taken and r.endpoint is not None:
-                    taken[id(r)] = time.monotonic()
-            await asyncio.sleep(0.01)
-
-    watcher = asyncio.ensure_future(watch())
-    for at, prompt in zip(arrivals, prompts, strict=True):
-        await asyncio.sleep(max(0.0, start + float(at) - time.monotonic()))
-        reqs.append(await ctl.submit(dep, [int(x) for x in prompt], params))
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), args.drain)
-    end = time.monotonic()
-    stop.set()
-    await watcher
-    done = [r for r in reqs if r.done_t is not None and r.error is None]
-    e2e = [r.done_t - r.arrival_t for r in done]
-    ttft = [r.first_token_t - r.arrival_t for r in done if r.first_token_t is not None]
-    queue = [taken[id(r)] - r.arrival_t for r in reqs if id(r) in taken]
-    slots = np.array(held or [0])
-    return {
-        "requests": len(reqs),
-        "finished": len(done),
-        "e2e_p50_s": _pct(e2e, 50),
-        "e2e_p99_s": _pct(e2e, 99),
-        "queue_p50_s": _pct(queue, 50),
-        "queue_p99_s": _pct(queue, 99),
-        "ttft_p50_s": _pct(ttft, 50),
-        "ttft_p99_s": _pct(ttft, 99),
-        "goodput_rps": sum(x <= args.slo_e2e for x in e2e) / (end - start),
-        "gpu_seconds": float(slots.mean() * (end - start)),
-        "slots_peak": int(slots.max()),
-        "slots_always_held": float(np.percentile(slots, 10)),
-    }
-
-
-async def _variant(variant: str, store: Path, state: Path, args: argparse.Namespace) -> dict:
-    # One set of FlexPipe settings, read by the controller and the scale-out alike
-    # (`SystemConfig.flexpipe`): the static variants hold the system at one granularity.
-    original = SYSTEMS["flexpipe"]
-    SYSTEMS["flexpipe"] = replace(original, flexpipe=_settings(variant, args))
-    cfg = ControllerConfig(state_dir=state, nodes=args.nodes, max_num_seqs=args.max_num_seqs)
-    ctl = Controller(cfg)
-    await ctl.start()
-    out: dict = {}
-    try:
-        strategy = "serverlessllm" if variant == "load-then-serve" else "flexpipe"
-        body = {
-            "name": MODEL,
-            "model": str(store),
-            "strategy": strategy,
-            "autoscaling": {
-                "min_replicas": 1,
-                "max_replicas": args.nodes,
-                "target_ongoing_requests": args.target_ongoing,
-                "downscale_delay_s": 3,
-                "keep_alive_s": 60,
-            },
-        }
-        dep = await ctl.create(body)
-        deadline = time.monotonic() + 120
-        while not dep.server.endpoints and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for i, cv in enumerate(args.cvs):
-            before = dict(dep.flexpipe.refactors) if dep.flexpipe else {}
-            row = await _phase(ctl, dep, args, cv, seed=100 + i)
-            after = dict(dep.flexpipe.refactors) if dep.flexpipe else {}
-            row["refactors"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-            row["stages_after"] = [
-                len(e.stages) for e in dep.server.endpoints.values() if isinstance(e, FlexPipeline)
-            ]
-            out[str(cv)] = row
-            logging.info("%s cv=%s: %s", variant, cv, row)
-            await asyncio.sleep(args.gap)
-    finally:
-        await ctl.stop()
-        SYSTEMS["flexpipe"] = original
-    return out
-
-
-def _ratios(by_variant: dict, cvs: list[str], p99_key: str, gpu_key: str) -> dict:
-    out = {}
-    for cv in cvs:
-        fp = by_variant["flexpipe"][cv]
-        statics = [by_variant[v][cv] for v in ("static-fine", "static-coarse")]
-        best_p99 = min(s[p99_key] for s in statics if s[p99_key] is not None)
-        best_gpu = min(s[gpu_key] for s in statics)
-        out[cv] = {
-            "best_static_over_flexpipe_e2e_p99": best_p99 / fp[p99_key] if fp[p99_key] else None,
-            "flexpipe_over_best_static_gpu_seconds": fp[gpu_key] / best_gpu if best_gpu else None,
-        }
-    return out
-
-
-def runtime(args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        create_tiny_model(tmp / "hf", model_config(args.model_mb, args.layers))
-        store = tmp / "store" / MODEL
-        import_checkpoint(tmp / "hf", store, num_blocks=args.layers, progress=False)
-        by_variant = {}
-        for v in VARIANTS:
-            by_variant[v] = asyncio.run(_variant(v, store, tmp / f"state-{v}", args))
-    cvs = [str(c) for c in args.cvs]
-    return {
-        "by_variant": by_variant,
-        "ratios": _ratios(by_variant, cvs, "e2e_p99_s", "gpu_seconds"),
-    }
 
 
 def _seed_ratios(
@@ -233,6 +86,32 @@ def _seed_ratios(
                 }
                 for cv, row in rows.items()
             }
+    return out
+
+
+def _no_busy_merges(args: argparse.Namespace, sim_kw: dict, sim: dict) -> dict:
+    """{"gamma": {model: {cv: ...}}, "phased": {cv: ...}}: flexpipe with busy merges off
+    (`flexpipe_sim.no_busy_merges`) on the traces of `sim`'s rows, its numbers and its
+    ratios against those rows' statics (which never refactor, so they are unchanged)."""
+
+    def rows(by_cv: dict, kw: dict) -> dict:
+        out = {}
+        for cv, row in by_cv.items():
+            fp = run_one("flexpipe", float(cv), change=no_busy_merges, **kw)
+            out[cv] = {
+                "flexpipe": fp,
+                "ratios": ratios({**row, "flexpipe": fp}, kw["fine_stages"], kw["coarse_stages"]),
+            }
+            logging.info("no busy merges %s cv=%s: p99 %.2f", kw["model"], cv, fp["e2e_p99_s"])
+        return out
+
+    out: dict = {
+        "gamma": {m: rows(by_cv, {**sim_kw, "model": m}) for m, by_cv in sim["by_model"].items()}
+    }
+    if "phased" in sim:
+        ph = sim["phased"]
+        kw = {**sim_kw, "model": ph["model"], "workload": "phased", "phase_s": ph["phase_s"]}
+        out["phased"] = rows(ph["by_cv"], kw)
     return out
 
 
@@ -285,6 +164,11 @@ def main() -> None:
         help="gamma (stationary) and/or phased (CV 1 and the CV alternating)",
     )
     ap.add_argument("--sim-phase-s", type=float, default=120.0, help="phase length (phased)")
+    ap.add_argument(
+        "--sim-only",
+        choices=["no-busy-merges"],
+        help="run only this part of the simulator half; the rest is kept from --json",
+    )
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--skip-runtime", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -303,18 +187,28 @@ def main() -> None:
     if args.skip_sim and "sim" in earlier:  # keep the simulator part of an earlier run
         report["sim"] = earlier["sim"]
         report["sim_settings"] = earlier.get("sim_settings") or earlier.get("settings")
+    sim_kw = {
+        "cluster": "flexpipe",
+        "rate_rps": args.sim_rate,
+        "duration_s": args.sim_duration,
+        "seed": 1,
+        "slo": Slo(ttft_s=5.0, tpot_s=0.2),
+        "fine_stages": args.sim_fine_stages,
+        "coarse_stages": args.sim_coarse_stages,
+        "input_tokens": 512,
+        "output_tokens": 128,
+    }
+    if args.sim_only:  # one part, on the earlier run's rows; everything else kept
+        if "sim" not in earlier:
+            ap.error("--sim-only needs an earlier --json with the simulator half")
+        was = earlier.get("sim_settings") or earlier.get("settings") or {}
+        keys = ("sim_rate", "sim_duration", "sim_fine_stages", "sim_coarse_stages")
+        if any(was.get(k) != getattr(args, k) for k in keys):
+            ap.error(f"--sim-only: the earlier run's {keys} differ from these")
+        earlier["sim"]["no_busy_merges"] = _no_busy_merges(args, sim_kw, earlier["sim"])
+        args.json.write_text(json.dumps(earlier, indent=1, default=str))
+        return
     if not args.skip_sim:
-        sim_kw = {
-            "cluster": "flexpipe",
-            "rate_rps": args.sim_rate,
-            "duration_s": args.sim_duration,
-            "seed": 1,
-            "slo": Slo(ttft_s=5.0, tpot_s=0.2),
-            "fine_stages": args.sim_fine_stages,
-            "coarse_stages": args.sim_coarse_stages,
-            "input_tokens": 512,
-            "output_tokens": 128,
-        }
         bad = [w for w in args.sim_workloads if w not in WORKLOADS]
         if bad or "gamma" not in args.sim_workloads:
             got = ",".join(args.sim_workloads)
@@ -351,6 +245,7 @@ def main() -> None:
             known[(1, hop_rows["stage_hop_s"])] = hop_rows["by_cv"]
         seeds = [1, *args.sim_extra_seeds]
         report["sim"]["seeds"] = _seed_ratios(args, sim_kw, seeds, known)
+        report["sim"]["no_busy_merges"] = _no_busy_merges(args, sim_kw, report["sim"])
     if not args.skip_runtime:
         report["runtime"] = runtime(args)
         print(json.dumps(report["runtime"]["ratios"], indent=1))

@@ -84,6 +84,12 @@ def quick_release(config: SystemConfig, floor: bool = False) -> SystemConfig:
     return replace(config, autoscale=fast)
 
 
+def no_busy_merges(config: SystemConfig) -> SystemConfig:
+    """`config` whose busy groups never merge (`FlexPipeSettings.merge_busy_groups` False):
+    a counterfactual measuring what busy merges cost (docs/flexpipe.md)."""
+    return replace(config, flexpipe=replace(config.flexpipe, merge_busy_groups=False))
+
+
 def phased_trace(
     rate_rps: float,
     cv: float,

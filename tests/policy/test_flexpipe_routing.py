@@ -91,3 +91,17 @@ def test_when_all_groups_idle_the_next_to_serve_merges_to_the_coarsest() -> None
     groups = [GroupView(7, 8, 0), GroupView(3, 8, 0), GroupView(5, 1, 0)]
     assert group_refactors(groups, 8, 0, base, settings) == (Recut(3, 1),)
     assert group_refactors([GroupView(5, 1, 0)], 8, 0, base, settings) == ()
+
+
+def test_without_busy_merges_only_the_idle_group_served_next_merges() -> None:
+    """`merge_busy_groups` False (a counterfactual, docs/flexpipe.md): a busy group keeps
+    its stages when none waits; splits under a queue and the idle next-up merge remain."""
+    base = AutoscaleSettings(target_ongoing_requests=8.0)
+    off = FlexPipeSettings(merge_busy_groups=False)
+    calm = [GroupView(1, 4, 12), GroupView(2, 4, 30), GroupView(4, 8, 5)]
+    assert group_refactors(calm, 4, 0, base, FlexPipeSettings()) == (Recut(1, 2), Recut(4, 1))
+    assert group_refactors(calm, 4, 0, base, off) == ()
+    assert group_refactors([GroupView(1, 1, 12)], 4, 3, base, off) == (Recut(1, 4),)
+    assert group_refactors([GroupView(7, 8, 0), GroupView(3, 8, 0)], 8, 0, base, off) == (
+        Recut(3, 1),
+    )

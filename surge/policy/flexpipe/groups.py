@@ -65,7 +65,8 @@ def group_refactors(
     - Merge: while none waits, a busy group finer than the coarsest stage count whose
       `pipeline_target` holds its requests merges to that ("after traffic changes, it
       modifies to a coarser granularity pipeline stage with fewer additional overheads",
-      Fig. 7): fewer hops for every step, and the GPUs it frees go back.
+      Fig. 7): fewer hops for every step, and the GPUs it frees go back. Not with
+      `settings.merge_busy_groups` False (a counterfactual).
     - An idle group is draining (the `pack` router sends it nothing; the autoscaler
       releases it) and is left as it is, unless every group is idle: the one the router
       fills next (the lowest id) merges to the coarsest, as it serves the next request.
@@ -88,7 +89,7 @@ def group_refactors(
             continue
         elif queued > 0 and g.num_stages < finest_stages:
             out.append(Recut(g.group_id, finest_stages))
-        elif queued == 0 and holding(g.outstanding) < g.num_stages:
+        elif queued == 0 and holding(g.outstanding) < g.num_stages and settings.merge_busy_groups:
             out.append(Recut(g.group_id, holding(g.outstanding)))
     return tuple(out)
 

@@ -53,6 +53,12 @@ class FlexPipeSettings:
     default_decode_steps: int = 128
     """Decode steps of a typical request, for `useful_stages` when no request waits to
     tell (ours: §9's 128-token outputs)."""
+    merge_busy_groups: bool = True
+    """Whether a busy group merges to the stages that hold its requests while none waits
+    (`groups.group_refactors`; ours, after Fig. 7's "modifies to a coarser granularity").
+    False, a counterfactual: only the idle group served next merges. A merge keeps the head
+    engines past its micro-batch count until they finish, and on the merged stages they
+    step in turn (both bodies), so a busy merge slows what they hold (docs/flexpipe.md)."""
 
     def __post_init__(self) -> None:
         if not self.stage_counts or len(self.stage_counts) != len(self.cv_targets):
