@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
+from surge.cli.model_profile import profile
 from surge.errors import SurgeError
 
-app = typer.Typer(help="Create, import and inspect models.", no_args_is_help=True)
+app = typer.Typer(help="Create, import, inspect and profile models.", no_args_is_help=True)
+app.command("profile")(profile)
 
 
 @app.command("create-tiny")

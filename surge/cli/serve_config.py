@@ -49,6 +49,8 @@ SERVE_KEYS = {
     "ray_gpus_per_agent": float,
     "allow_plain": bool,
     "stall_timeout_s": float,
+    "profile_engine": bool,
+    "profile_dir": str,
 }
 """Settings a config file may hold, and their types."""
 SERVE_STRATEGIES = tuple(n for n, s in SYSTEMS.items() if s.serve)
@@ -149,6 +151,25 @@ def state_dir_path(value: str | None) -> Path:
     return Path(value).expanduser().resolve() if value else default_state_dir()
 
 
+def step_profile_dir(cfg: dict[str, Any]) -> Path | None:
+    """Where deployments' engine step profiles are kept (`ControllerConfig.step_profile_dir`:
+    the config's `profile_dir`, else `$SURGE_HOME/profiles`), or None: not profiled, when
+    the config says `profile_engine: false`, when the agents run elsewhere (launcher ray or
+    static: this machine's device is not theirs), in network namespaces under CPU quotas,
+    or emulated (its own cost model)."""
+    if (
+        not cfg.get("profile_engine", True)
+        or cfg.get("launcher", "local") != "local"
+        or cfg.get("cluster", "loopback") != "loopback"
+        or cfg.get("emulation") is not None
+    ):
+        return None
+    from surge.runtime.step_profiles import default_profile_dir
+
+    value = cfg.get("profile_dir")
+    return Path(value).expanduser().resolve() if value else default_profile_dir()
+
+
 def make_state_dir(path: Path) -> None:
     """Create the state directory and check it is writable, or one `SurgeError` line."""
     try:
@@ -194,6 +215,7 @@ def controller_config(cfg: dict[str, Any], num_nodes: int) -> ControllerConfig:
         ingress_gbps=per_node_numbers(cfg, "ingress_gbps"),
         host_groups=tuple(host_groups(cfg)),
         emulation=cfg.get("emulation"),
+        step_profile_dir=step_profile_dir(cfg),
         **given,
         **cfg["cluster_settings"],
     )

@@ -105,8 +105,8 @@ class Autoscaler:
         self.monitor = LoadMonitor()
         """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
         self._profiled: dict[tuple, AutoscaleSettings] = {}
-        """The monitor's bounds profiled once per deployment's settings, SLO and model size
-        (§5.3: "offline"), not again at every tick; as the simulator keeps them."""
+        """The monitor's bounds profiled once per deployment's settings, SLO, model size and
+        step profile (§5.3: "offline"), not again at every tick; as the simulator keeps them."""
 
     def wake(self) -> None:
         """Tick now instead of at the end of the period (a request reached a model at zero)."""
@@ -143,17 +143,20 @@ class Autoscaler:
     def settings(self, dep: Deployment) -> AutoscaleSettings:
         """The deployment's knobs within the cluster's instance slots: the load monitor's
         bounds profiled for its model when the strategy asks (BlitzScale §5.3,
-        `policy.blitzscale.monitor.profiled` of `control/emulation.instance_costs` and the
-        deployment's SLO), a FlexPipe pipeline's target scaled by its stages
-        (`control/flexpipe.py`), a P/D deployment's floor of one instance per role while it
-        serves (`policy.blitzscale.pd.serving_floor`, as `control/pd.py` attaches P/D)."""
+        `policy.blitzscale.monitor.profiled` of `control/emulation.instance_costs`: its
+        engine's step profile where one was taken, and the deployment's SLO), a FlexPipe
+        pipeline's target scaled by its stages (`control/flexpipe.py`), a P/D deployment's
+        floor of one instance per role while it serves (`policy.blitzscale.pd.serving_floor`,
+        as `control/pd.py` attaches P/D)."""
         slots = len(self.live_nodes()) * self.config.slots_per_node
         base = dep.spec.autoscaling
         if base.profile_bounds:
             slo, size = dep.spec.slo.seconds(), dep.manifest.total_bytes
-            key = (base, slo, size)
+            key = (base, slo, size, dep.step_profile)
             if key not in self._profiled:
-                costs = instance_costs(self.config.emulation, self.estimates, size, self.engine)
+                costs = instance_costs(
+                    self.config.emulation, self.estimates, size, self.engine, dep.step_profile
+                )
                 self._profiled[key] = profiled(base, costs, slo)
             base = self._profiled[key]
         settings = flexpipe_autoscale(dep, base.capped(slots))

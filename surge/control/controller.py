@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,12 @@ from surge.control.autoscale_memory import FILE_NAME, AutoscaleMemory
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
 from surge.control.deployments import Deployments
-from surge.control.emulation import EmulationCounts, control_clock, serving_estimates
+from surge.control.emulation import (
+    EmulationCounts,
+    control_clock,
+    deployment_profile,
+    serving_estimates,
+)
 from surge.control.healing import NodeHealer
 from surge.control.launching import AgentCluster, agent_pids, launch_cluster
 from surge.control.metrics import Metrics
@@ -198,6 +204,7 @@ class Controller:
         )
         requests = Requests(client, self.deployments, self.metrics, autoscaler.wake)
         deployments.check_capacity = self._check_capacity
+        deployments.step_profile = partial(deployment_profile, self.config, self.engine)
         copies.load_failed = autoscaler.load_failed = deployments.load_failed
         healer = NodeHealer(client, self.cluster, self.config, self.deployments, self.pool,
                             self.links, lambda: self.stopping)  # fmt: skip

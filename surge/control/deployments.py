@@ -28,7 +28,8 @@ from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
 from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable, shorten
-from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
+from surge.model.manifest import MANIFEST_NAME, Manifest, read_manifest, verify_store
+from surge.policy.blitzscale.monitor import StepProfile
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import DropModelOp, RegisterOp, StatusOp
@@ -103,6 +104,11 @@ class Deployments:
         """Stored deployments that cannot serve, by name (listed, deletable, not retried)."""
         self.check_capacity: Callable[[DeploymentSpec], None] = lambda spec: None
         """Refuses a spec the cluster can never hold (set by the controller)."""
+        self.step_profile: Callable[[DeploymentSpec, Manifest], StepProfile | None] = (
+            lambda spec, manifest: None
+        )
+        """The real engine's step profile of a deployment's model, kept or taken now
+        (seconds, in a thread; set by the controller: `control/emulation.deployment_profile`)."""
         self._lock = asyncio.Lock()
         """Creations and deletions one at a time (a name is checked, then taken)."""
         self._verified: dict[str, tuple] = {}
@@ -190,7 +196,9 @@ class Deployments:
             if self.pool.blocks_at(name, node, "gpu"):
                 await self.copies.release_slot(name, node, manifest.num_blocks)
         routing = spec.system.routing
+        profile = await asyncio.to_thread(self.step_profile, spec, manifest)
         dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing, self.clock))
+        dep.step_profile = profile  # BlitzScale §5.3: the monitor's bounds, profiled offline
         self.deployments[name] = dep
         dep.creating = True
         try:

@@ -15,13 +15,16 @@ import logging
 
 from surge.config import EngineConfig
 from surge.control.metrics import Metrics
+from surge.control.settings import ControllerConfig
+from surge.control.spec import DeploymentSpec
 from surge.emulation import Emulation, traffic_charges
 from surge.model.manifest import Manifest
-from surge.policy.blitzscale.monitor import InstanceCosts
+from surge.policy.blitzscale.monitor import InstanceCosts, StepProfile, profile_costs
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
+from surge.runtime.step_profiles import ensure_profile
 from surge.sim.costs import cost_model, monitor_costs
 from surge.sim.hardware import gpu_profile
 
@@ -71,13 +74,45 @@ def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
     )
 
 
+def deployment_profile(
+    config: ControllerConfig, engine: EngineConfig, spec: DeploymentSpec, manifest: Manifest
+) -> StepProfile | None:
+    """The real engine's step profile of a deployment's model (BlitzScale §5.3: "profiling
+    ... offline"), kept under `config.step_profile_dir` or taken now (seconds; a progress
+    line per size in the log), when its load monitor profiles its bounds and its agents run
+    unemulated (emulation has its own cost model, `instance_costs`); else None. The profile
+    is taken on this machine's device, the agents' under `surge serve`'s local launcher. A
+    profile that cannot be taken or kept is one warning: the host's estimates size the
+    bounds (or the profile serves this controller only)."""
+    directory = config.step_profile_dir
+    if directory is None or config.emulation is not None or not spec.autoscaling.profile_bounds:
+        return None
+    try:
+        return ensure_profile(manifest, engine, directory, _progress)
+    except Exception as e:  # a deployment must come up: its bounds fall back to estimates
+        log.warning("%s: no step profile (%s): its monitor's bounds are estimated", spec.name, e)
+        return None
+
+
+def _progress(line: str) -> None:
+    """A profile's first and last lines shown at `surge serve`'s default level (it pauses
+    the deployment for seconds), its per-size lines (indented) at INFO."""
+    log.log(logging.INFO if line.startswith(" ") else logging.WARNING, "%s", line)
+
+
 def instance_costs(
-    emulation: Emulation | None, estimates: ServingEstimates, store_bytes: int, engine: EngineConfig
+    emulation: Emulation | None,
+    estimates: ServingEstimates,
+    store_bytes: int,
+    engine: EngineConfig,
+    profile: StepProfile | None = None,
 ) -> InstanceCosts:
     """One instance's step costs for the load monitor's profile (BlitzScale §5.3,
     `policy.blitzscale.monitor`), in the serving clock's seconds: under GPU-time emulation
     the emulated GPU's cost model for the emulated model (the simulator's, `sim/costs.py`);
-    else the host's estimates: a prefill costs `prefill_over_decode` decode steps per
+    else the real engine's measured steps where they were profiled (`profile`,
+    `deployment_profile`; `policy.blitzscale.monitor.profile_costs`); else the host's
+    estimates: a prefill costs `prefill_over_decode` decode steps per
     `ESTIMATE_PROMPT_TOKENS` prompt tokens (a CPU's prefill is compute-bound: linear in its
     tokens); a one-sequence decode step reads every weight once (`ServingEstimates.decode_s`)
     and each further sequence in the step costs one token's compute, the prefill's per
@@ -93,6 +128,8 @@ def instance_costs(
         return monitor_costs(
             emulation.config.profile, gpu, 1, engine.max_prefill_tokens, engine.max_num_seqs
         )
+    if profile is not None:
+        return profile_costs(profile, engine.max_prefill_tokens, engine.max_num_seqs)
     step_s = estimates.decode_s(store_bytes)
     per_token_s = estimates.prefill_over_decode * step_s / ESTIMATE_PROMPT_TOKENS
 

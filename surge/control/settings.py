@@ -105,6 +105,13 @@ class ControllerConfig:
     allow_plain: bool = False
     """With launcher "ray": agents may listen on a non-loopback `agent_host` without `tls`
     (frames in clear; the config's `allow_plain`)."""
+    step_profile_dir: Path | None = None
+    """Where the real engine's step profiles are kept (`runtime/step_profiles.py`): a
+    deployment whose load monitor profiles its bounds (BlitzScale §5.3, `profile_bounds`)
+    and runs unemulated is profiled here once per model, device and engine settings when it
+    is deployed, and its bounds follow the profile (`control/emulation.deployment_profile`).
+    None: no profiling; the bounds come from the host's estimates (`surge serve` sets
+    `$SURGE_HOME/profiles` for its local agents)."""
     emulation: Emulation | None = None
     """GPU-time emulation of started agents (`surge serve --emulate`; launcher "local"):
     their rates, KV capacity and step times are the emulated cluster's (docs/emulation.md);

@@ -17,6 +17,7 @@ from surge.control.spec import DeploymentSpec
 from surge.errors import Unavailable
 from surge.model.manifest import Manifest
 from surge.policy.autoscale import AutoscaleState
+from surge.policy.blitzscale.monitor import StepProfile
 from surge.policy.flexpipe.granularity import GranularityState
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
@@ -164,6 +165,10 @@ class Deployment:
     """Why it failed (its store went bad); set once, by `deployments.py` `fail`."""
     flexpipe: FlexPipeRecord | None = None
     """FlexPipe's granularity loop state (`control/flexpipe.py`); None for other strategies."""
+    step_profile: StepProfile | None = None
+    """Its real engine's measured steps, taken when it was deployed (BlitzScale §5.3,
+    `control/emulation.deployment_profile`): the load monitor's bounds follow them; None:
+    the host's estimates (or the emulated cost model) size them."""
 
     @property
     def requests(self) -> dict[str, ServeRequest]:
