@@ -55,8 +55,6 @@ WARM_STEPS = 3
 """Steps each batch runs before its timing, twice (a graph compiles or is captured)."""
 PREFILL_REPS = 3
 """Prefills timed per length (the fastest counts)."""
-SETTLE_STEPS = 1000
-"""Most steps of two sequences the weights' fusing and packing may take before timing."""
 MAX_TRIES = 3
 """Timings of one batch before its last is kept even though a compile ran meanwhile."""
 COMPILE_WAIT_S = 600.0
@@ -102,7 +100,7 @@ def measure_steps(
     chunk = config.prefill_chunk_tokens or config.max_prefill_tokens
     lengths = sorted({min(n, chunk, config.max_prefill_tokens, limit) for n in PREFILL_TOKENS})
     say("  settling the weights (fusing, packing: the first steps' work)")
-    _settle_weights(engine, prompt)
+    _settle_weights(engine)
     prefill = []
     for n in lengths:
         prefill.append((n, _steady(lambda n=n: _prefill_times(engine, n, prompt))))
@@ -126,21 +124,12 @@ def measure_steps(
     return StepProfile(tuple(prefill), tuple(decode))
 
 
-def _settle_weights(engine: LLMEngine, prompt: Callable[[int], list[int]]) -> None:
-    """Step two sequences until the runner's weights are fused and packed as they serve
-    (`BlockWeights.packing_settled`: done a little per step of two or more sequences)."""
+def _settle_weights(engine: LLMEngine) -> None:
+    """Fuse and pack the runner's weights now, as they serve once settled
+    (`BlockWeights.settle`; a serving engine does it a little per step)."""
     weights = getattr(getattr(engine.executor, "runner", None), "weights", None)
-    if weights is None:
-        return
-    params = SamplingParams(max_tokens=SETTLE_STEPS, ignore_eos=True)
-    for _ in range(2):
-        engine.add_request(prompt(DECODE_PROMPT_TOKENS), params)
-    while engine.has_unfinished and (weights.pack_queue or weights.fuse_queue):
-        engine.step()
-    for seq_id in list(engine.seqs):
-        if engine.seqs[seq_id].finish_reason is None:
-            engine.abort(seq_id)
-    engine.seqs.clear()
+    if weights is not None:
+        weights.settle()
 
 
 def _timed_step(engine: LLMEngine) -> float:
@@ -199,4 +188,3 @@ def _decode_times(
     times = [_timed_step(engine) for _ in range(steps) if engine.has_unfinished]
     _drain(engine)
     return times
-

@@ -75,7 +75,7 @@ def load_profile(path: Path, key: dict[str, Any]) -> StepProfile | None:
     it cannot be read, does not parse or was taken for another key."""
     try:
         text = path.read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, UnicodeDecodeError) as e:
         log.warning("step profile %s cannot be read (%s): measuring again", path, e)
