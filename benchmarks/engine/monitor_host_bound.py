@@ -1,6 +1,9 @@
-"""BlitzScale's load-monitor bounds on a CPU host: the host estimates vs the engine measured.
+"""BlitzScale's load-monitor bounds on a CPU host: the engine's step profile and the host
+estimates vs the engine measured.
 
-`surge serve` without GPU-time emulation profiles the §5.3 monitor's per-instance bounds
+`surge serve` without GPU-time emulation derives the §5.3 monitor's per-instance bounds from
+a step profile of the real engine taken at deploy time (`engine/step_profile.py`,
+`runtime/step_profiles.py`, `policy.blitzscale.monitor.profile_costs`), or, with no profile,
 from the host's rule-of-thumb estimates (`control/emulation.instance_costs`,
 `runtime/scaleout/estimates.py`). This measures the same engine (the default model's store,
 SmolLM2-135M-Instruct fp32 where setup imported it, else the tiny model; `EngineConfig`
@@ -11,17 +14,21 @@ torch thread. CPU time (once the background decode-graph compiles are done), not
 time: on a shared machine wall time measures the other tenants (the result records the load
 average); one thread, because two threads spin against each other on busy cores
 (docs/models.md). Medians of `--reps`. Reported beside each: the
-host estimate's cost, and the monitor bounds (`policy.blitzscale.monitor.bounds`) from the
-estimate and from the measurement at the default SLO. Writes
+host estimate's cost and the step profile's (`measure_steps` on a fresh engine of the same
+store and settings, timed on the same clock: `--profile-clock cpu`, the default here, or
+`wall` as `surge serve` times it), and the monitor bounds (`policy.blitzscale.monitor.bounds`)
+from the estimate, the profile and the measurement at the default SLO. Writes
 benchmarks/results/engine/monitor_host_bound.json.
 
 `--model-mb X` measures instead a tiny random model of about X MB (8 blocks, as
 `benchmarks/systems/blitzscale.py` builds its own) and writes `monitor_host_bound_XMB.json`.
 
 Usage: python -m benchmarks.engine.monitor_host_bound [--reps 3] [--threads 1] [--model-mb X]
+    [--profile-clock cpu|wall]
 """
 
 import argparse
+import gc
 import itertools
 import json
 import logging
@@ -40,11 +47,12 @@ from surge.control.emulation import instance_costs
 from surge.engine.compiled import wait_for_compiles
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
+from surge.engine.step_profile import device_label, measure_steps
 from surge.model.default_store import default_model
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import read_manifest
 from surge.model.tiny import create_tiny_model
-from surge.policy.blitzscale.monitor import InstanceCosts, bounds
+from surge.policy.blitzscale.monitor import InstanceCosts, bounds, profile_costs
 from surge.policy.slo import Slo
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 
@@ -124,6 +132,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model-mb", type=float, default=None, help="a tiny model instead")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
@@ -146,6 +155,13 @@ def run(store: Path, args: argparse.Namespace, out: Path) -> None:
     engine = LLMEngine(manifest, config)
     load_start = os.getloadavg()
     m = measure(engine, manifest.arch.vocab_size, args.reps)
+    del engine
+    gc.collect()
+    clock = time.process_time if args.profile_clock == "cpu" else time.perf_counter
+    profile_start_s = time.perf_counter()
+    steps = measure_steps(manifest, config, clock=clock)
+    profile_took_s = time.perf_counter() - profile_start_s
+    profile = profile_costs(steps, config.max_prefill_tokens, config.max_num_seqs)
     estimate = instance_costs(None, HOST_ESTIMATES, manifest.total_bytes, config)
     slo = Slo()
     result = {
@@ -171,8 +187,16 @@ def run(store: Path, args: argparse.Namespace, out: Path) -> None:
             "prefill_s": {str(n): round(estimate.prefill_s(n), 4) for n in PREFILL_TOKENS},
             "decode_step_s": {str(b): round(estimate.decode_s(b), 4) for b in DECODE_BATCHES},
         },
+        "profile": {
+            "clock": args.profile_clock,
+            "device": device_label(config),
+            "took_s": round(profile_took_s, 1),
+            "prefill_s": {str(n): round(s, 4) for n, s in steps.prefill_s},
+            "decode_step_s": {str(b): round(s, 4) for b, s in steps.decode_s},
+        },
         "bounds": {
             "host_estimate": _bounds_json(estimate, slo),
+            "profile": _bounds_json(profile, slo),
             "measured": _bounds_json(measured_costs(m, config), slo),
         },
     }

@@ -27,6 +27,7 @@ import platform
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -84,8 +85,10 @@ def measure_steps(
     manifest: Manifest,
     config: EngineConfig,
     progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> StepProfile:
-    """Time `manifest`'s engine under `config` here (module docstring)."""
+    """Time `manifest`'s engine under `config` here (module docstring); `clock` is
+    wall-clock seconds unless a benchmark asks for another (its process's CPU time)."""
     say = progress or (lambda msg: log.info("%s", msg))
     start_s = time.perf_counter()
     say(f"profiling {manifest.name} on {device_label(config)}: loading the engine")
@@ -103,15 +106,16 @@ def measure_steps(
     _settle_weights(engine)
     prefill = []
     for n in lengths:
-        prefill.append((n, _steady(lambda n=n: _prefill_times(engine, n, prompt))))
+        prefill.append((n, _steady(lambda n=n: _prefill_times(engine, n, prompt, clock))))
         say(f"  prefill {n:4d} tokens: {prefill[-1][1] * 1e3:8.1f} ms")
     batches = sorted({b for b in DECODE_BATCHES if b < config.max_num_seqs} | {config.max_num_seqs})
     decode = []
     for b in batches:
         for _ in range(2):  # a batch class no graph fits hands it to the compile thread
-            _decode_times(engine, b, prompt, WARM_STEPS)
+            _decode_times(engine, b, prompt, WARM_STEPS, clock)
             _wait_for_compiles()
-        decode.append((b, _steady(lambda b=b: _decode_times(engine, b, prompt, DECODE_STEPS))))
+        timings = partial(_decode_times, engine, b, prompt, DECODE_STEPS, clock)
+        decode.append((b, _steady(timings)))
         say(f"  decode batch {b:3d}: {decode[-1][1] * 1e3:8.1f} ms/step")
     say(f"profiled {manifest.name} in {time.perf_counter() - start_s:.1f} s")
     load = os.getloadavg()[0]
@@ -132,10 +136,10 @@ def _settle_weights(engine: LLMEngine) -> None:
         weights.settle()
 
 
-def _timed_step(engine: LLMEngine) -> float:
-    start = time.perf_counter()
+def _timed_step(engine: LLMEngine, clock: Callable[[], float]) -> float:
+    start = clock()
     engine.step()  # its tokens come back as ints: a CUDA step has synchronized
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def _drain(engine: LLMEngine) -> None:
@@ -164,20 +168,26 @@ def _steady(timings: Callable[[], list[float]]) -> float:
     return min(times)
 
 
-def _prefill_times(engine: LLMEngine, n: int, prompt: Callable[[int], list[int]]) -> list[float]:
+def _prefill_times(
+    engine: LLMEngine, n: int, prompt: Callable[[int], list[int]], clock: Callable[[], float]
+) -> list[float]:
     """Seconds of `PREFILL_REPS` prefills of one `n`-token prompt (after an untimed one:
     the shape's first-use work)."""
     times = []
     for rep in range(PREFILL_REPS + 1):
         engine.add_request(prompt(n), SamplingParams(max_tokens=1, ignore_eos=True))
-        step_s = _timed_step(engine)
+        step_s = _timed_step(engine, clock)
         times += [step_s] if rep else []
         _drain(engine)
     return times
 
 
 def _decode_times(
-    engine: LLMEngine, batch: int, prompt: Callable[[int], list[int]], steps: int
+    engine: LLMEngine,
+    batch: int,
+    prompt: Callable[[int], list[int]],
+    steps: int,
+    clock: Callable[[], float],
 ) -> list[float]:
     """Prefill `batch` short prompts, then time `steps` decode steps of all of them."""
     params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
@@ -185,6 +195,6 @@ def _decode_times(
         engine.add_request(prompt(DECODE_PROMPT_TOKENS), params)
     while any(not s.output_token_ids for s in engine.seqs.values()):  # the prefill step(s)
         engine.step()
-    times = [_timed_step(engine) for _ in range(steps) if engine.has_unfinished]
+    times = [_timed_step(engine, clock) for _ in range(steps) if engine.has_unfinished]
     _drain(engine)
     return times
