@@ -16,7 +16,7 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,10 @@ def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
         )
 
 
+async def _no_profile(spec: DeploymentSpec, manifest: Manifest) -> StepProfile | None:
+    return None
+
+
 class Deployments:
     """The deployments' lifecycle; `deployments` is the controller's registry of them."""
 
@@ -104,11 +108,11 @@ class Deployments:
         """Stored deployments that cannot serve, by name (listed, deletable, not retried)."""
         self.check_capacity: Callable[[DeploymentSpec], None] = lambda spec: None
         """Refuses a spec the cluster can never hold (set by the controller)."""
-        self.step_profile: Callable[[DeploymentSpec, Manifest], StepProfile | None] = (
-            lambda spec, manifest: None
-        )
-        """The real engine's step profile of a deployment's model, kept or taken now
-        (seconds, in a thread; set by the controller: `control/emulation.deployment_profile`)."""
+        self.step_profile: Callable[
+            [DeploymentSpec, Manifest], Coroutine[Any, Any, StepProfile | None]
+        ] = _no_profile
+        """The real engine's step profile of a deployment's model, kept or taken now (in a
+        child process; set by the controller: `control/emulation.deployment_profile`)."""
         self._lock = asyncio.Lock()
         """Creations and deletions one at a time (a name is checked, then taken)."""
         self._verified: dict[str, tuple] = {}
@@ -196,9 +200,8 @@ class Deployments:
             if self.pool.blocks_at(name, node, "gpu"):
                 await self.copies.release_slot(name, node, manifest.num_blocks)
         routing = spec.system.routing
-        profile = await asyncio.to_thread(self.step_profile, spec, manifest)
         dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing, self.clock))
-        dep.step_profile = profile  # BlitzScale §5.3: the monitor's bounds, profiled offline
+        dep.spawn(self._take_profile(dep))
         self.deployments[name] = dep
         dep.creating = True
         try:
@@ -206,6 +209,12 @@ class Deployments:
         finally:
             dep.creating = False
         return dep
+
+    async def _take_profile(self, dep: Deployment) -> None:
+        """BlitzScale §5.3's "profiled offline" bounds: the deployment serves at once, its
+        monitor on the host's estimates until its engine's step profile is read or taken
+        (a kept one: the seconds a child process takes to start), then on the profile."""
+        dep.step_profile = await self.step_profile(dep.spec, dep.manifest)
 
     async def load_failed(self, dep: Deployment, error: Exception) -> None:
         """A load of `dep` failed (a host copy or a scale-out): if its store no longer

@@ -18,13 +18,14 @@ from surge.control.metrics import Metrics
 from surge.control.settings import ControllerConfig
 from surge.control.spec import DeploymentSpec
 from surge.emulation import Emulation, traffic_charges
+from surge.errors import SurgeError
 from surge.model.manifest import Manifest
 from surge.policy.blitzscale.monitor import InstanceCosts, StepProfile, profile_costs
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import StatusOp
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
-from surge.runtime.step_profiles import ensure_profile
+from surge.runtime.step_profiles import profile_in_child
 from surge.sim.costs import cost_model, monitor_costs
 from surge.sim.hardware import gpu_profile
 
@@ -74,30 +75,33 @@ def serving_estimates(emulation: Emulation | None) -> ServingEstimates:
     )
 
 
-def deployment_profile(
+async def deployment_profile(
     config: ControllerConfig, engine: EngineConfig, spec: DeploymentSpec, manifest: Manifest
 ) -> StepProfile | None:
     """The real engine's step profile of a deployment's model (BlitzScale §5.3: "profiling
-    ... offline"), kept under `config.step_profile_dir` or taken now (seconds; a progress
-    line per size in the log), when its load monitor profiles its bounds and its agents run
-    unemulated (emulation has its own cost model, `instance_costs`); else None. The profile
-    is taken on this machine's device, the agents' under `surge serve`'s local launcher. A
-    profile that cannot be taken or kept is one warning: the host's estimates size the
-    bounds (or the profile serves this controller only)."""
+    ... offline"), kept under `config.step_profile_dir` or taken now in a child process
+    (`runtime/step_profiles.profile_in_child`: seconds once the decode graphs are in
+    inductor's cache, minutes on a busy CPU without them; its progress in the log), when its
+    load monitor profiles its bounds and its agents run unemulated (emulation has its own
+    cost model, `instance_costs`); else None. The profile is taken on this machine's device,
+    the agents' under `surge serve`'s local launcher. One that cannot be taken or kept is a
+    warning: the host's estimates size the bounds."""
     directory = config.step_profile_dir
     if directory is None or config.emulation is not None or not spec.autoscaling.profile_bounds:
         return None
+    if manifest.root is None:
+        return None
     try:
-        return ensure_profile(manifest, engine, directory, _progress)
-    except Exception as e:  # a deployment must come up: its bounds fall back to estimates
+        return await profile_in_child(manifest.root, engine, directory, _progress)
+    except SurgeError as e:  # a deployment serves on: its bounds stay the estimates
         log.warning("%s: no step profile (%s): its monitor's bounds are estimated", spec.name, e)
         return None
 
 
 def _progress(line: str) -> None:
-    """A profile's first and last lines shown at `surge serve`'s default level (it pauses
-    the deployment for seconds), its per-size lines (indented) at INFO."""
-    log.log(logging.INFO if line.startswith(" ") else logging.WARNING, "%s", line)
+    """A profile's first, last and warning lines shown at `surge serve`'s default level (a
+    deployment's bounds change when it is done), its per-size lines (indented) at INFO."""
+    log.log(logging.INFO if line.startswith(" ") else logging.WARNING, "step profile: %s", line)
 
 
 def instance_costs(

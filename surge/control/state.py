@@ -166,9 +166,9 @@ class Deployment:
     flexpipe: FlexPipeRecord | None = None
     """FlexPipe's granularity loop state (`control/flexpipe.py`); None for other strategies."""
     step_profile: StepProfile | None = None
-    """Its real engine's measured steps, taken when it was deployed (BlitzScale §5.3,
-    `control/emulation.deployment_profile`): the load monitor's bounds follow them; None:
-    the host's estimates (or the emulated cost model) size them."""
+    """Its real engine's measured steps, read or taken when it was deployed (BlitzScale
+    §5.3, `control/emulation.deployment_profile`): the load monitor's bounds follow them;
+    None (until then, or for good): the host's estimates (or the emulated cost model)."""
 
     @property
     def requests(self) -> dict[str, ServeRequest]:

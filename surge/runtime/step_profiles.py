@@ -1,8 +1,9 @@
 """Engine step profiles on disk: taken once per model, device and engine settings, then reused.
 
 BlitzScale §5.3 profiles each instance's serving load "offline"; `surge serve` (at deploy
-time, `control/deployments.py`) and `surge model profile` take that profile of the real
-engine here (`engine/step_profile.measure_steps`) and keep it as one JSON file under
+time, `control/deployments.py`, in a child process: `profile_in_child`) and
+`surge model profile` take that profile of the real engine here
+(`engine/step_profile.measure_steps`) and keep it as one JSON file under
 `$SURGE_HOME/profiles/`, keyed by the model's digest (its architecture and every block's
 checksum, from the manifest: nothing is read or downloaded), the device (GPU name, or CPU
 model and threads), every engine setting, and the torch and surge versions a step's time
@@ -10,12 +11,20 @@ depends on. A later deploy of the same model on the same device reads it (millis
 A file that cannot be read or does not parse is reported (one warning) and measured again;
 a directory that cannot be written is one `SurgeError` line (the measured profile is still
 returned to a caller that asks to go on without saving). Imports torch only to measure.
+
+`surge serve`'s controller never runs the engine itself: `profile_in_child` runs this module
+(`python -m surge.runtime.step_profiles STORE DIR ENGINE_JSON`) in a process of its own, so the
+controller's event loop keeps its CPU and GIL, and imports neither torch nor CUDA; the child's
+progress lines come back line by line, its profile as JSON on its stdout, and it is killed
+when the deployment goes (or the controller stops) before it is done.
 """
 
+import asyncio
 import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
@@ -85,10 +94,7 @@ def load_profile(path: Path, key: dict[str, Any]) -> StepProfile | None:
         if d["key"] != json.loads(json.dumps(key)):
             log.warning("step profile %s was taken for another key: measuring again", path)
             return None
-        return StepProfile(
-            tuple((int(n), float(s)) for n, s in d["prefill_s"]),
-            tuple((int(b), float(s)) for b, s in d["decode_s"]),
-        )
+        return parse_profile(json.dumps(d))
     except (ValueError, KeyError, TypeError, SurgeError) as e:
         log.warning("step profile %s is damaged (%s): measuring again", path, e)
         return None
@@ -151,3 +157,68 @@ def _check_writable(directory: Path) -> None:
             f"cannot write the step profile to {directory} ({e.strerror or e}); give a "
             "writable profile directory"
         ) from None
+
+
+def profile_json(profile: StepProfile) -> str:
+    return json.dumps({"prefill_s": profile.prefill_s, "decode_s": profile.decode_s})
+
+
+def parse_profile(text: str) -> StepProfile:
+    """A profile from `profile_json`'s text (`ValueError`, `KeyError`, `TypeError` or
+    `SurgeError` when it is not one)."""
+    d = json.loads(text)
+    return StepProfile(
+        tuple((int(n), float(s)) for n, s in d["prefill_s"]),
+        tuple((int(b), float(s)) for b, s in d["decode_s"]),
+    )
+
+
+async def profile_in_child(
+    store: Path, config: EngineConfig, directory: Path, progress: Callable[[str], None]
+) -> StepProfile:
+    """`ensure_profile` of the store at `store` in a child process (module docstring); each
+    of its stderr lines to `progress`; a `SurgeError` with its last line if it fails."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", __name__, str(store), str(directory), json.dumps(asdict(config)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # a terminal's Ctrl-C is the controller's to handle
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    last = ""
+    try:
+        out = asyncio.ensure_future(proc.stdout.read())
+        while line := (await proc.stderr.readline()).decode(errors="replace").rstrip():
+            last = line
+            progress(line)
+        text = (await out).decode(errors="replace")
+        code = await proc.wait()
+    finally:
+        if proc.returncode is None:  # cancelled: the deployment went, or the controller stops
+            proc.kill()
+            await proc.wait()
+    if code != 0:
+        raise SurgeError(f"the step profile failed (exit {code}): {last or 'no output'}")
+    try:
+        return parse_profile(text)
+    except (ValueError, KeyError, TypeError, SurgeError) as e:
+        raise SurgeError(f"the step profile's output is not one ({e})") from None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m surge.runtime.step_profiles STORE DIR ENGINE_JSON` (`profile_in_child`)."""
+    from surge.model.manifest import read_manifest
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        store, directory, engine = argv
+        config = EngineConfig(**json.loads(engine)).validate()
+        profile = ensure_profile(read_manifest(Path(store)), config, Path(directory))
+    except (SurgeError, ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(profile_json(profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -5,8 +5,10 @@ settings (`runtime/step_profiles.py`), and read by `surge serve`'s monitor
 estimates. A damaged file is measured again with a warning; a directory that cannot be written
 is one error line; a compile running while steps are timed throws the timing away."""
 
+import asyncio
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,29 +119,22 @@ def test_a_compile_running_while_timed_times_again(monkeypatch: pytest.MonkeyPat
 
 
 def test_serve_profiles_a_deployment_whose_monitor_asks(
-    tiny_store: Path,
-    tmp_path: Path,
-    no_measuring: list,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    tiny_store: Path, tmp_path: Path, no_measuring: list, caplog: pytest.LogCaptureFixture
 ):
     manifest = read_manifest(tiny_store)
     on = ControllerConfig(state_dir=tmp_path, step_profile_dir=tmp_path / "profiles")
     blitz = DeploymentSpec.from_json({"name": "m", "model": "/m", "strategy": "blitzscale"})
     other = DeploymentSpec.from_json({"name": "m", "model": "/m", "strategy": "lambdascale"})
-    assert deployment_profile(on, ENGINE, blitz, manifest) == FAKE
-    assert deployment_profile(on, ENGINE, other, manifest) is None  # no profiled bounds
+    ensure_profile(manifest, ENGINE, tmp_path / "profiles")  # kept: FAKE, as if measured
+    # the child process (`profile_in_child`) reads it: serve's monitor takes the kept one
+    assert asyncio.run(deployment_profile(on, ENGINE, blitz, manifest)) == FAKE
+    assert asyncio.run(deployment_profile(on, ENGINE, other, manifest)) is None  # no bounds
     off = ControllerConfig(state_dir=tmp_path)
-    assert deployment_profile(off, ENGINE, blitz, manifest) is None
-
-    def broken(manifest, config, progress=None):
-        raise RuntimeError("out of memory")
-
-    monkeypatch.setattr(step_profile, "measure_steps", broken)
-    elsewhere = ControllerConfig(state_dir=tmp_path, step_profile_dir=tmp_path / "other")
-    with caplog.at_level(logging.WARNING):  # the deployment comes up on the estimates
-        assert deployment_profile(elsewhere, ENGINE, blitz, manifest) is None
-    assert "out of memory" in caplog.text and "bounds are estimated" in caplog.text
+    assert asyncio.run(deployment_profile(off, ENGINE, blitz, manifest)) is None
+    gone = replace(manifest, root=tmp_path / "gone")  # the child fails: one warning
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(deployment_profile(on, ENGINE, blitz, gone)) is None
+    assert "bounds are estimated" in caplog.text and "Traceback" not in caplog.text
 
 
 def test_cli_profile_bad_directory_and_damaged_file(tiny_store: Path, tmp_path: Path):
