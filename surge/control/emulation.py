@@ -99,9 +99,12 @@ async def deployment_profile(
 
 
 def _progress(line: str) -> None:
-    """A profile's first, last and warning lines shown at `surge serve`'s default level (a
-    deployment's bounds change when it is done), its per-size lines (indented) at INFO."""
-    log.log(logging.INFO if line.startswith(" ") else logging.WARNING, "step profile: %s", line)
+    """The child's log line (`LEVEL message`) in this log: its first and last lines and its
+    warnings at `surge serve`'s default level (a deployment's bounds change when it is
+    done), the rest (each size measured) at INFO."""
+    level, _, msg = line.partition(" ")
+    shown = level != "INFO" or msg.startswith(("profiling ", "profiled "))
+    log.log(logging.WARNING if shown else logging.INFO, "step profile: %s", msg or line)
 
 
 def instance_costs(

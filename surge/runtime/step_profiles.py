@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
     """`python -m surge.runtime.step_profiles STORE DIR ENGINE_JSON` (`profile_in_child`)."""
     from surge.model.manifest import read_manifest
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
         store, directory, engine = argv
         config = EngineConfig(**json.loads(engine)).validate()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from surge.cli.serve_config import step_profile_dir
 from surge.config import EngineConfig
 from surge.control.emulation import deployment_profile, instance_costs
 from surge.control.settings import ControllerConfig
@@ -155,3 +156,17 @@ def test_cli_profile_bad_directory_and_damaged_file(tiny_store: Path, tmp_path: 
     assert "damaged" in r.stderr and "profiling" in r.stderr and "Traceback" not in r.stderr
     assert "monitor bounds" in r.stdout
     assert json.loads(path.read_text())["key"] == json.loads(json.dumps(key))
+
+
+def test_serve_profiles_only_its_own_unemulated_agents(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SURGE_HOME", "/srv/surge")
+    assert step_profile_dir({}) == Path("/srv/surge/profiles")
+    assert step_profile_dir({"profile_dir": "/p"}) == Path("/p")
+    for off in (
+        {"profile_engine": False},
+        {"launcher": "static"},  # the agents' device is not this machine's
+        {"launcher": "ray"},
+        {"cluster": "netns"},  # each agent under a CPU quota
+        {"emulation": object()},  # its own cost model
+    ):
+        assert step_profile_dir(off) is None
