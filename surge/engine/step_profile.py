@@ -7,18 +7,22 @@ seconds of one prefill step per prompt length and of one decode step per batch, 
 machine's device by a full local engine (`LLMEngine`, as an agent's instance runs it). Which
 bounds follow from it is policy's (`policy.blitzscale.monitor.profile_costs`); caching it per
 model, device and settings is `runtime/step_profiles.py`'s. No sockets; seconds of work
-(SmolLM2-135M on one CPU core: about 15 s), reported through `progress`.
+(SmolLM2-135M, one thread, its decode graphs in inductor's cache: about a minute on this
+repository's busy 2-core VM), reported through `progress`.
 
 The step measured is the engine's steady state, the one it serves with: on the CPU with
 `compile_decode` the compiled decode graph (`engine/compiled.py`), not the eager step a fresh
 engine runs while its graphs compile in the background. Each batch first runs a few steps
 (which hand a missing graph's shape class to the compile thread), the profile then waits for
-every compile to finish, runs them again and waits again, and only then times; a compile
-found running once the timing is done (a graph started late) throws the timing away and the
-batch is timed again. On CUDA the step is the captured CUDA graph (`engine/cuda_graphs.py`),
-captured by the warm-up steps. Prompts are random token ids (no prefix-cache hit). Timed in
-wall-clock seconds, the fastest of several (another process on the machine only ever adds
-time; a profile taken on a busy machine says so in a warning).
+every compile to finish (the engine's compile thread and all its jobs: `DecodeGraph.wait`),
+runs them again and waits again, and only then times; a compile that ran during the timing
+(the engine's compile count moved, or one is running at the end) throws the timing away and
+it is timed again. Prefills are timed the same way (the runner starts its first graphs'
+compile as soon as it holds its layers: it must not run beside them). On CUDA the step is
+the captured CUDA graph (`engine/cuda_graphs.py`), captured by the warm-up steps. Prompts
+are random token ids (no prefix-cache hit). Timed in wall-clock seconds, the fastest of
+several (another process on the machine only ever adds time; a profile taken on a busy
+machine says so in a warning).
 """
 
 import logging
@@ -106,16 +110,17 @@ def measure_steps(
     _settle_weights(engine)
     prefill = []
     for n in lengths:
-        prefill.append((n, _steady(lambda n=n: _prefill_times(engine, n, prompt, clock))))
+        timings = partial(_prefill_times, engine, n, prompt, clock)
+        prefill.append((n, _steady(engine, timings)))
         say(f"  prefill {n:4d} tokens: {prefill[-1][1] * 1e3:8.1f} ms")
     batches = sorted({b for b in DECODE_BATCHES if b < config.max_num_seqs} | {config.max_num_seqs})
     decode = []
     for b in batches:
         for _ in range(2):  # a batch class no graph fits hands it to the compile thread
             _decode_times(engine, b, prompt, WARM_STEPS, clock)
-            _wait_for_compiles()
+            _wait_for_compiles(engine)
         timings = partial(_decode_times, engine, b, prompt, DECODE_STEPS, clock)
-        decode.append((b, _steady(timings)))
+        decode.append((b, _steady(engine, timings)))
         say(f"  decode batch {b:3d}: {decode[-1][1] * 1e3:8.1f} ms/step")
     say(f"profiled {manifest.name} in {time.perf_counter() - start_s:.1f} s")
     load = os.getloadavg()[0]
@@ -149,20 +154,35 @@ def _drain(engine: LLMEngine) -> None:
     engine.seqs.clear()
 
 
-def _wait_for_compiles() -> None:
-    if not wait_for_compiles(COMPILE_WAIT_S):
+def _wait_for_compiles(engine: LLMEngine) -> None:
+    """Wait until no background compile runs: this engine's compile thread, every job it
+    holds (`DecodeGraph.wait`), and any other in the process (`wait_for_compiles`)."""
+    wait = getattr(_decode_graph(engine), "wait", None)
+    done = wait(COMPILE_WAIT_S) if wait is not None else True
+    if not (done and wait_for_compiles(COMPILE_WAIT_S)):
         log.warning("step profile: decode graphs still compiling after %.0f s", COMPILE_WAIT_S)
 
 
-def _steady(timings: Callable[[], list[float]]) -> float:
+def _decode_graph(engine: LLMEngine) -> object | None:
+    return getattr(getattr(engine.executor, "runner", None), "decode_graph", None)
+
+
+def _compiles(engine: LLMEngine) -> tuple[int, bool]:
+    """This engine's compiles so far, and whether one runs now (no graph: none ever)."""
+    graph = _decode_graph(engine)
+    return getattr(graph, "num_compiles", 0), bool(getattr(graph, "compiling", False))
+
+
+def _steady(engine: LLMEngine, timings: Callable[[], list[float]]) -> float:
     """The least of `timings` (another process on the machine only ever adds time) taken
-    while no background compile ran (its CPU would count): once no compile runs, timed;
-    timed again if one was found running at the end."""
+    while no background compile ran (its CPU and the GIL would count): once none runs,
+    timed; timed again if one ran meanwhile (a compile started, ended, or is running)."""
     times: list[float] = []
     for _ in range(MAX_TRIES):
-        _wait_for_compiles()
+        _wait_for_compiles(engine)
+        before = _compiles(engine)
         times = timings()
-        if wait_for_compiles(0):
+        if _compiles(engine) == before and wait_for_compiles(0):
             break
         log.info("step profile: a decode graph compiled while timing: timing again")
     return min(times)
