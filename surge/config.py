@@ -103,7 +103,17 @@ class EngineConfig:
     (`surge.engine.compile_exit`: exit does not wait for it). On by default
     (`$SURGE_COMPILE_DECODE` changes the default). Needs a C++ compiler (g++, or `CXX`) and
     torch >= 2.6 (`torch.compiler.set_stance`); else decode stays eager. The CPU's decode
-    path only: on CUDA decode steps are `cuda_graphs` (`surge.engine.device.decode_path`)."""
+    path only: on CUDA decode steps are `cuda_graphs` (`surge.engine.device.decode_path`).
+    In a node agent each graph's compile waits until the node is quiet (`compile_quiet_s`)."""
+    compile_quiet_s: float = 2.0
+    """A node agent lets its engines compile decode graphs (`compile_decode`) only once it has
+    had nothing in flight for this long: no block moving in or out, no request in its
+    instances or stages (`surge.policy.compile_gate`). Why: the compile runs dynamo and
+    inductor in the agent's process, holding the GIL for seconds of Python per graph, and the
+    agent's event loop (a scale-out's blocks, tokens) waited for it: measured with the
+    compile beside a burst, a hot scale-out of a 32-MB model took 7.7 s instead of 2.0 s
+    (docs/engine.md). A graph whose compile has begun finishes; the next waits again. A
+    standalone engine (`surge generate`, `LLMEngine`) compiles at once."""
 
     @property
     def num_pages(self) -> int:
@@ -123,6 +133,8 @@ class EngineConfig:
         for name in ("compile_decode", "fuse_projections", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise SurgeError(f"engine setting {name} must be true or false")
+        if not self.compile_quiet_s >= 0:
+            raise SurgeError("engine setting compile_quiet_s must be >= 0 seconds")
         if self.prefill_chunk_tokens < 0:
             raise SurgeError("engine setting prefill_chunk_tokens must be >= 0 (0: never split)")
         if self.device not in ("auto", "fake") and not self.device.startswith(("cpu", "cuda")):

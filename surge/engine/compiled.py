@@ -30,15 +30,21 @@ Never on the request path: graphs are compiled by a background thread, from scra
 (a reserved page of the KV cache, `PagedKVCache.scratch_context`), never from a live step.
 The runner starts it as soon as it holds its layers (`ModelRunner.add_block`): on a warm
 node that is before the first request; on a node serving while blocks land, steps run eager
-until the graph is ready. A step uses a graph only while no compile is running, under
-dynamo's `fail_on_recompile` stance: a step whose shape no graph fits (a new batch class,
-packed weights swapped in) raises instead of compiling, runs eager, and hands its shape
-class to the thread. Compiled graphs persist on disk across processes: inductor's FX graph
-cache under `~/.cache/surge/inductor` (`$TORCHINDUCTOR_CACHE_DIR` if set), so a second
-process on the same machine and model only traces (seconds) instead of compiling. A process
+until the graph is ready. A step uses a graph once one is ready and no compile is running,
+under dynamo's `fail_on_recompile` stance: a step whose shape no graph fits (a new batch
+class, packed weights swapped in) raises instead of compiling, runs eager, and hands its
+shape class to the thread. With a `gate` (a node agent's, `runtime/node/compile_quiet.py`)
+each graph's compile starts only while the gate is set: dynamo and inductor run Python in
+this process for seconds per graph and hold the GIL meanwhile, so an agent's event loop
+(blocks of a scale-out, tokens) would wait for them (measured: a hot scale-out of a 32-MB
+model 1.96 -> 7.69 s with the compile beside it, docs/engine.md). Compiled graphs persist on
+disk across processes: inductor's FX graph cache under `~/.cache/surge/inductor`
+(`$TORCHINDUCTOR_CACHE_DIR` if set), so a second process on the same machine and model only
+traces (~a quarter of the CPU, no C++ compile) instead of compiling. A process
 that exits mid-compile abandons it cleanly and at once (`compile_exit`).
 """
 
+import contextlib
 import logging
 import os
 import shutil
@@ -49,59 +55,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+
+# What `torch.compile` imports at its first call (~2 s of Python, holding the GIL): here, so a
+# node agent pays it at start-up (`import_engine`), not while a scale-out's blocks arrive.
+import torch._inductor.compile_fx
 from torch._dynamo.utils import counters
 
 from surge.engine import gemv
 from surge.engine.attention import AttnContext
 from surge.engine.compile_exit import CompileAbandoned, stop_at_exit
-from surge.engine.model import HeadWeights, LayerWeights, decoder_layer, final_logits
+from surge.engine.decode_graphs import (
+    MODEL,
+    STACK,
+    CompileJob,
+    batch_class,
+    decode_model,
+    decode_stack,
+    mark_dynamic,
+)
+from surge.engine.model import HeadWeights, LayerWeights
 from surge.errors import SurgeError
 from surge.model.arch import ModelArch
 
 log = logging.getLogger(__name__)
 
 
-def decode_stack(
-    x: torch.Tensor,
-    layers: tuple[LayerWeights, ...],
-    arch: ModelArch,
-    ctx: AttnContext,
-    k_caches: tuple[torch.Tensor, ...],
-    v_caches: tuple[torch.Tensor, ...],
-) -> torch.Tensor:
-    """The eager layers, one after another (dynamo unrolls the loop into one graph)."""
-    for w, k_cache, v_cache in zip(layers, k_caches, v_caches, strict=True):
-        x = decoder_layer(x, w, arch, ctx, k_cache, v_cache)
-    return x
-
-
-def decode_model(
-    token_ids: torch.Tensor,
-    embedding: torch.Tensor,
-    layers: tuple[LayerWeights, ...],
-    head: HeadWeights,
-    arch: ModelArch,
-    ctx: AttnContext,
-    k_caches: tuple[torch.Tensor, ...],
-    v_caches: tuple[torch.Tensor, ...],
-) -> torch.Tensor:
-    """Token ids [B, 1] -> float32 logits [B, vocab]: embedding, every layer, final norm and
-    lm_head in one graph (a runner that holds the whole model)."""
-    x = decode_stack(embedding[token_ids], layers, arch, ctx, k_caches, v_caches)
-    return final_logits(x[:, -1], head, arch)
-
-
 RECOMPILE_REFUSED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
 """The start of the error dynamo raises for a call no graph fits under `fail_on_recompile`."""
-STACK, MODEL = "stack", "model"
-"""What a graph computes: a stage's layers (hidden in and out) or the whole model (ids to
-logits)."""
-
 DYNAMO_LOCK = threading.Lock()
-"""Held by a background compile for its whole run. Dynamo is not thread-safe: two threads
-compiling at once, or a step looking up the graphs of a code object (all runners share
-`decode_model`'s) while another thread adds one, crashed the process (SIGFPE) in tests. So
-one compile at a time per process, and steps run eager while any compile runs."""
+"""Held by a background compile while it compiles one graph. Dynamo is not thread-safe: two
+threads compiling at once, or a step looking up the graphs of a code object (all runners
+share `decode_model`'s) while another thread adds one, crashed the process (SIGFPE) in tests.
+So one compile at a time per process, and steps run eager while any compile runs."""
 
 
 def wait_for_compiles(timeout_s: float = -1) -> bool:
@@ -113,23 +98,11 @@ def wait_for_compiles(timeout_s: float = -1) -> bool:
     return True
 
 
+GATE_POLL_S = 0.5
+"""How often a compile waiting for its gate checks that its runner still exists."""
 MAX_REFUSALS = 16
 """Steps no graph fits before decode stays eager for good (past dynamo's recompile limit a
 compile produces no graph, and every step would start another)."""
-
-CompileJob = tuple[str, int]
-"""(STACK or MODEL, batch size class: 1; 2 standing for 2 to `gemv.max_rows()`; and
-`gemv.max_rows() + 1` for every larger batch)."""
-
-
-def batch_class(batch_size: int) -> int:
-    """Batch 1 has its own graphs (one-row projections); batches of 2 to `gemv.max_rows()`
-    share one (surge's kernel, `engine/gemv.py`; its graph guards on the batch being at most
-    that), larger ones another (oneDNN's packed projections). One graph for every batch >= 2
-    would guard on the kernel's rows, and batches above them would refuse forever."""
-    if batch_size == 1:
-        return 1
-    return 2 if batch_size <= gemv.max_rows() else gemv.max_rows() + 1
 
 
 def surge_inductor_cache_dir() -> Path:
@@ -149,11 +122,13 @@ class DecodeGraph:
         compile_args: Callable[[CompileJob], tuple],
         settle_weights: Callable[[], None] = lambda: None,
         backend: str | Callable = "inductor",
+        gate: threading.Event | None = None,
     ) -> None:
         """`compile_args(job)`: scratch inputs of that job's graph (called in the thread);
         `settle_weights()`: finish fusing and packing before compiling, so the graphs are
         compiled for the weights the steps will have; `backend`: inductor, or any
-        `torch.compile` backend (tests)."""
+        `torch.compile` backend (tests); `gate`: each graph's compile waits until it is set
+        (a node agent sets it only while the node is quiet), None: compile at once."""
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
         if backend == "inductor" and not compiler:
             raise SurgeError(
@@ -195,6 +170,13 @@ class DecodeGraph:
         self.num_compiles = 0
         """Graphs compiled for this runner (each logged with its time)."""
         self.compile_s = 0.0
+        self.gate = gate
+        self.num_gate_waits = 0
+        """Graphs whose compile waited for the gate (the node was busy when it was due)."""
+        self._pending: list[CompileJob] = []
+        """Jobs the thread will compile, in order (the first may be compiling now)."""
+        self._ready: set[str] = set()
+        """STACK and/or MODEL once a graph of it is compiled: before, a step would compile."""
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.error: BaseException | None = None
@@ -202,19 +184,23 @@ class DecodeGraph:
 
     @property
     def compiling(self) -> bool:
+        """A compile runs, or waits for the gate to run."""
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, jobs: Sequence[CompileJob]) -> bool:
-        """Compile these graphs in a background thread; False if one is running already or a
-        compile failed before (steps then stay eager)."""
+        """Compile these graphs in the background thread (started if none runs; jobs queued
+        already are not queued twice); False if a compile failed before (steps then stay
+        eager)."""
         with self._lock:
-            if self.compiling or self.error is not None:
+            if self.error is not None:
                 return False
-            self._thread = threading.Thread(
-                target=self._compile_all, args=(tuple(jobs),), name="surge-compile", daemon=True
-            )
-            stop_at_exit(self._thread)
-            self._thread.start()
+            self._pending += [job for job in jobs if job not in self._pending]
+            if not self.compiling:
+                self._thread = threading.Thread(
+                    target=self._compile_all, name="surge-compile", daemon=True
+                )
+                stop_at_exit(self._thread)
+                self._thread.start()
             return True
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -224,29 +210,57 @@ class DecodeGraph:
             thread.join(timeout_s)
         return not self.compiling
 
-    def _compile_all(self, jobs: tuple[CompileJob, ...]) -> None:
-        try:
-            with DYNAMO_LOCK:
-                self._compile_jobs(jobs)
-        except CompileAbandoned:  # raised just after the jobs ended: nothing left to stop
-            pass
+    def _compile_all(self) -> None:
+        with contextlib.suppress(CompileAbandoned):  # raised just after the jobs ended
+            self._compile_jobs()
 
-    def _compile_jobs(self, jobs: tuple[CompileJob, ...]) -> None:
+    def _compile_jobs(self) -> None:
+        """The thread: each queued job in turn, each after the gate opened, until none is
+        left (checked under the lock `start` queues under, so none is left behind)."""
+        settled = False
         try:
-            with torch.inference_mode():  # what the steps run under: the graphs guard on it
-                settle = self._settle_weights()
-                if settle is None:
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        self._thread = None
+                        return
+                    job = self._pending[0]
+                if not self._wait_for_gate():
                     return
-                settle()
-                del settle
-                for job in jobs:
+                with DYNAMO_LOCK, torch.inference_mode():  # the steps' mode: graphs guard on it
+                    if not settled:
+                        settle = self._settle_weights()
+                        if settle is None:
+                            return
+                        settle()
+                        del settle
+                        settled = True
                     if not self._compile(job):
                         return
+                with self._lock:
+                    self._pending.remove(job)
         except CompileAbandoned:  # the process exits (`surge.engine.compile_exit`)
             self.error = RuntimeError("compile abandoned at exit")
         except Exception as e:  # a failed compile must not take the server down: eager stays
             self.error = e
             log.warning("compiling the decode step failed (%s); decode stays eager", e)
+        finally:
+            with self._lock:
+                if self._thread is threading.current_thread():  # ended early: none will run
+                    self._pending.clear()
+
+    def _wait_for_gate(self) -> bool:
+        """Wait until the gate is set (at once without one); False when the runner is gone
+        meanwhile. Outside `DYNAMO_LOCK`: other runners' ready graphs keep running."""
+        gate = self.gate
+        if gate is None or gate.is_set():
+            return True
+        self.num_gate_waits += 1
+        log.info("the decode-graph compile waits until the node is quiet")
+        while not gate.wait(GATE_POLL_S):
+            if self._compile_args() is None:
+                return False
+        return True
 
     def _compile(self, job: CompileJob) -> bool:
         """Compile one graph; False when its runner is gone."""
@@ -260,6 +274,7 @@ class DecodeGraph:
         before = counters["stats"]["unique_graphs"]
         start = time.perf_counter()
         self.fns[which](*args)
+        self._ready.add(which)
         if counters["stats"]["unique_graphs"] == before:
             return True  # a graph for it existed already
         took = time.perf_counter() - start
@@ -310,10 +325,28 @@ class DecodeGraph:
         self.num_model_calls += out is not None
         return out
 
+    def use(self, which: str, batch_size: int) -> bool:
+        """Whether a step of `batch_size` tries a graph of `which` now (else it runs eager,
+        as with `compile_decode` off, and is counted so)."""
+        if self.may_fit(which, batch_size):
+            return True
+        self.num_eager_steps += 1
+        return False
+
+    def may_fit(self, which: str, batch_size: int) -> bool:
+        """A graph of `which` is compiled, none is compiling, and this batch class's is not
+        on its way (or waiting for the gate)."""
+        return (
+            self.error is None
+            and which in self._ready  # no graph yet: the call would compile one
+            and (which, batch_class(batch_size)) not in self._pending
+            and not DYNAMO_LOCK.locked()
+        )
+
     def _try(self, which: str, args: tuple) -> torch.Tensor | None:
         """Run a ready graph; never compile here (the request path)."""
-        if self.compiling or self.error is not None or DYNAMO_LOCK.locked():
-            self.num_eager_steps += 1
+        job = (which, batch_class(args[0].shape[0]))
+        if not self.use(which, args[0].shape[0]):
             return None
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
@@ -327,7 +360,7 @@ class DecodeGraph:
                 self.error = RuntimeError(f"no compiled graph fit after {MAX_REFUSALS} tries")
                 log.warning("decode stays eager: %s", self.error)
                 return None
-            self.start([(which, batch_class(args[0].shape[0]))])
+            self.start([job])
             return None
         self.num_calls += 1
         return out
@@ -338,18 +371,3 @@ def _weak(fn: Callable) -> Callable[[], Callable | None]:
     if hasattr(fn, "__self__"):
         return weakref.WeakMethod(fn)  # type: ignore[arg-type]
     return lambda: fn
-
-
-def mark_dynamic(which: str, args: tuple) -> None:
-    """Mark the sizes that move from step to step (size-1 dims, batch 1, stay specialized)."""
-    ctx = args[-3]
-    assert isinstance(ctx, AttnContext)
-    torch._dynamo.maybe_mark_dynamic(args[0], 0)  # token ids or hidden states: the batch
-    for t in (ctx.cos, ctx.sin, ctx.write_slots, ctx.gather_pages):
-        torch._dynamo.maybe_mark_dynamic(t, 0)
-    torch._dynamo.maybe_mark_dynamic(ctx.gather_pages, 1)
-    if ctx.key_lens is not None:
-        torch._dynamo.maybe_mark_dynamic(ctx.key_lens, 0)
-    if ctx.mask is not None:
-        torch._dynamo.maybe_mark_dynamic(ctx.mask, 0)
-        torch._dynamo.maybe_mark_dynamic(ctx.mask, 3)

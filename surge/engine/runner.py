@@ -15,6 +15,7 @@ of networks: `surge.engine.hidden` turns hidden states into bytes for whoever ca
 """
 
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,7 +50,10 @@ class ModelRunner:
         config: EngineConfig = EngineConfig(),
         layer_range: tuple[int, int] | None = None,
         memory: DeviceMemory | None = None,
+        compile_gate: threading.Event | None = None,
     ) -> None:
+        """`compile_gate`: the decode graphs compile only while it is set (a node agent's:
+        set while the node is quiet, `runtime/node/compile_quiet.py`); None: at once."""
         self.manifest = manifest
         self.arch = manifest.arch
         self.config = config.validate()
@@ -100,7 +104,9 @@ class ModelRunner:
             # Imported only then: torch._dynamo adds ~1 s to start-up.
             from surge.engine import compiled
 
-            self.decode_graph = compiled.DecodeGraph(self.compile_args, self.weights.settle)
+            self.decode_graph = compiled.DecodeGraph(
+                self.compile_args, self.weights.settle, gate=compile_gate
+            )
         elif path == "compiled":
             log.info("torch %s lacks set_stance: decode steps stay eager", torch.__version__)
         """The compiled decode step (`EngineConfig.compile_decode`), else None."""
@@ -169,12 +175,15 @@ class ModelRunner:
             raise RuntimeError("embed() needs the first block, which this runner lacks")
         return embedding[token_ids.to(self.device)]
 
-    def _before_step(self, batch: BatchMeta) -> bool:
+    def _before_step(self, batch: BatchMeta, which: str) -> bool:
         """Fuse and pack a little (gradually, see `fuse_some`, `pack_some`); whether this
-        step runs compiled (a pure decode step, fusing and packing settled)."""
+        step runs compiled (a pure decode step, fusing and packing settled, a graph of
+        `which` ready for its batch: else it runs as with `compile_decode` off)."""
         self.weights.step_work(batch.num_seqs)
-        settled = self.weights.packing_settled
-        return self.decode_graph is not None and batch.max_q_len == 1 and settled
+        graph = self.decode_graph
+        if graph is None or batch.max_q_len != 1 or not self.weights.packing_settled:
+            return False
+        return graph.use(which, batch.num_seqs)
 
     @torch.inference_mode()
     def run_layers(
@@ -189,7 +198,8 @@ class ModelRunner:
         if not self.weights.holds_layers(start, end):
             missing = [layer for layer in range(start, end) if layer not in self.weights.layers]
             raise RuntimeError(f"runner lacks layers {missing}")
-        return self._layers(start, end, hidden, batch, self._before_step(batch))
+        compiled = self._before_step(batch, "stack")  # `surge.engine.compiled.STACK`
+        return self._layers(start, end, hidden, batch, compiled)
 
     def _layers(
         self, start: int, end: int, hidden: torch.Tensor, batch: BatchMeta, compiled: bool
@@ -253,7 +263,7 @@ class ModelRunner:
     def _forward_compiled(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
         """`forward` with compiled decode: a decode step is one graph from token ids to
         logits (embedding, layers, final norm and lm_head); other steps run eager."""
-        if not self._before_step(batch):
+        if not self._before_step(batch, "model"):  # `surge.engine.compiled.MODEL`
             hidden = self._layers(0, self.end_layer, self.embed(token_ids), batch, False)
             return self.logits(hidden, batch)
         assert self.decode_graph is not None

@@ -16,7 +16,7 @@ from surge.runtime.node.model_state import ModelState
 class SlowRunner:
     """Takes long enough to build that two threads both find no runner."""
 
-    def __init__(self, manifest, config, memory=None) -> None:
+    def __init__(self, manifest, config, memory=None, compile_gate=None) -> None:
         time.sleep(0.05)
         self.blocks: set[int] = set()
 
@@ -26,7 +26,9 @@ class SlowRunner:
 
 def test_blocks_landing_together_share_one_runner(monkeypatch) -> None:
     monkeypatch.setattr(runner_module, "ModelRunner", SlowRunner)
-    ctx = SimpleNamespace(config=SimpleNamespace(engine=None, preload_engine=False))
+    ctx = SimpleNamespace(
+        config=SimpleNamespace(engine=None, preload_engine=False), compile_gate=None
+    )
     seam = SimpleNamespace(shares_host_memory=True)  # the device seam, already chosen
     device = DeviceTier(ctx, SimpleNamespace(pinner=None), seam)  # type: ignore[arg-type]
     state = ModelState(manifest=None)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from surge.errors import SurgeError
 from surge.runtime.handshake import AuthError, accept_hello
 from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
 from surge.runtime.node.collective import AgentCollective
+from surge.runtime.node.compile_quiet import CompileQuiet
 from surge.runtime.node.context import (
     AgentConfig,
     Handlers,
@@ -107,6 +108,12 @@ class NodeAgent:
             **self.serving.handlers(),
             **self.local.handlers(),
         }
+        self.compile_quiet: CompileQuiet | None = None
+        """The gate the node's engines compile decode graphs behind (`compile_decode`)."""
+        if config.engine.compile_decode:
+            self.compile_quiet = CompileQuiet(self.busy, config.engine.compile_quiet_s)
+            self.ctx.compile_gate = self.compile_quiet.gate
+            self.ctx.inflight.on_track = self.compile_quiet.touch
         self.subscribers: list[Connection] = []
         self._tasks: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
@@ -124,7 +131,15 @@ class NodeAgent:
         self._server = sock
         self.port = sock.getsockname()[1]
         self._spawn(self._accept_loop())
+        if self.compile_quiet is not None:
+            self._spawn(self.compile_quiet.watch())
         return self.port
+
+    def busy(self) -> bool:
+        """Whether anything is in flight on this node: an op about a model (a load, a block
+        sent or pulled, a multicast), a request in a local instance, a stage's step. Its
+        engines compile decode graphs only after a quiet spell (`compile_quiet.py`)."""
+        return self.ctx.inflight.busy() or self.local.busy() or self.serving.busy()
 
     async def serve_forever(self) -> None:
         launcher = os.environ.get(LAUNCHER_PID_ENV, "")
@@ -284,7 +299,7 @@ async def run_agent(config: AgentConfig) -> None:
     import signal
 
     if config.preload_engine:
-        import_engine()
+        import_engine(config.engine.compile_decode)
     agent = NodeAgent(config)
     port = await agent.start()
     for sig in (signal.SIGTERM, signal.SIGINT):

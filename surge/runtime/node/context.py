@@ -8,6 +8,7 @@ is all they know of each other besides the store, which the others are given exp
 
 import asyncio
 import gc
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,14 +120,20 @@ def step_pacer(config: AgentConfig) -> StepPacer | None:
 _engine_imported = False
 
 
-def import_engine() -> None:
+def import_engine(compiled: bool = False) -> None:
     """Import the engine (torch, ~1.5 s) and load its one-row kernel if built (`engine/gemv.py`:
-    ~0.1 s; an agent never compiles it) — at start-up, or while the first block travels."""
+    ~0.1 s; an agent never compiles it) — at start-up, or while the first block travels. With
+    `compiled` (`compile_decode`) also dynamo and inductor (~1 s more, sympy among them), which
+    the first runner would otherwise import in a worker thread, holding the GIL while the
+    event loop receives the blocks."""
     global _engine_imported
     if _engine_imported:
         return
-    import surge.engine.runner  # noqa: F401
+    import surge.engine.runner
     from surge.engine import gemv
+
+    if compiled:
+        import surge.engine.compiled  # noqa: F401
 
     gemv.load()
     # What the import made lives as long as the agent: frozen, the garbage collector's full
@@ -158,6 +165,9 @@ class NodeContext:
     """This agent's TLS contexts (None: plain TCP)."""
     inflight: InFlight = field(default_factory=InFlight)
     """The running ops and their left-running work, by model (`drop_model` aborts them)."""
+    compile_gate: threading.Event | None = None
+    """Set while the node's engines may compile decode graphs (`compile_quiet.py`, made by
+    the agent when `compile_decode` is on); None: they compile at once."""
 
     @property
     def node(self) -> int:

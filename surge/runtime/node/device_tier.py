@@ -58,7 +58,10 @@ class DeviceTier:
                 from surge.engine.runner import ModelRunner
 
                 state.runner = ModelRunner(
-                    state.manifest, self.ctx.config.engine, memory=self.memory()
+                    state.manifest,
+                    self.ctx.config.engine,
+                    memory=self.memory(),
+                    compile_gate=self.ctx.compile_gate,
                 )
             return state.runner
 

@@ -9,7 +9,7 @@ still waiting on an aborted op gets a `SurgeError` that says why. Owned by the n
 """
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from surge.errors import SurgeError
@@ -22,6 +22,8 @@ class InFlight:
 
     def __init__(self) -> None:
         self._tasks: dict[str, set[asyncio.Task]] = {}
+        self.on_track: Callable[[], None] | None = None
+        """Called as each op or its work starts (the node's compile gate closes at once)."""
 
     async def run(self, model: str, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` (an op's handler) as a task tracked under `model`; its result. If
@@ -42,6 +44,8 @@ class InFlight:
         until it ends; `task` itself."""
         tasks = self._tasks.setdefault(model, set())
         tasks.add(task)
+        if self.on_track is not None:
+            self.on_track()
 
         def done(_: asyncio.Task) -> None:
             tasks.discard(task)
@@ -50,6 +54,10 @@ class InFlight:
 
         task.add_done_callback(done)
         return task
+
+    def busy(self) -> bool:
+        """Whether any op about any model runs now (the node is not quiet)."""
+        return any(self._tasks.values())
 
     def count(self, model: str) -> int:
         """Ops about `model` running now."""

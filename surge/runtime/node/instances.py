@@ -96,6 +96,14 @@ class AgentInstances:
         self.instances: dict[str, LocalInstance] = {}
         self.pd = AgentPd(self.instances, self._kv_charge)
 
+    def busy(self) -> bool:
+        """Whether a request is in any local instance (queued, running, parked after its
+        prefill, or its add still in the inbox)."""
+        return any(
+            i.engine.has_unfinished or i.inbox or i.unadded or i.parked
+            for i in list(self.instances.values())
+        )
+
     def _kv_charge(self, model: str) -> float:
         """How a K/V frame of `model` leaving this node is paced: under GPU-time emulation
         at the K/V's own real / emulated byte ratio (`surge.emulation.traffic_charges`)."""

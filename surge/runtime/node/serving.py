@@ -62,9 +62,15 @@ class AgentServing:
     def __init__(self, ctx: NodeContext, store: AgentStore) -> None:
         self.ctx, self.store = ctx, store
         self.stages: dict[str, Stage] = {}
+        self.steps_in_flight = 0
+        """Stage steps running now (the node is busy: `busy`)."""
         self.group_locks: dict[str, asyncio.Lock] = {}
         """`StageOpenOp.compute_group` -> the lock its stages share."""
         self._stage_pool: dict[int, list[Connection]] = {}
+
+    def busy(self) -> bool:
+        """Whether a stage step runs now."""
+        return self.steps_in_flight > 0
 
     def handlers(self) -> Handlers:
         return {
@@ -106,7 +112,8 @@ class AgentServing:
                 f"node {self.ctx.node} lacks blocks {missing} for layers {first}-{end - 1}"
             )
         memory = self.store.device.memory()
-        runner = ModelRunner(manifest, self.ctx.config.engine, (first, end), memory=memory)
+        config, gate = self.ctx.config.engine, self.ctx.compile_gate
+        runner = ModelRunner(manifest, config, (first, end), memory=memory, compile_gate=gate)
         for b in sorted(needed):  # the gpu tier's device copy itself: no second copy
             runner.install_block(b, state.device_blocks[b])
         return runner
@@ -154,8 +161,12 @@ class AgentServing:
             forward = StageStepOp(pipeline=stage.pipeline, kind="hidden")
             return forward, hidden_to_bytes(hidden, batch), batch.q_lens
 
-        async with stage.lock:
-            out, payload, span = await asyncio.to_thread(compute)
+        self.steps_in_flight += 1
+        try:
+            async with stage.lock:
+                out, payload, span = await asyncio.to_thread(compute)
+        finally:
+            self.steps_in_flight -= 1
         pace = self._charges(stage.model).hidden
         if isinstance(out, StageStepOp):  # hand on to the next stage; its logits come back
             async with self._peer_conn(stage.next_node) as nxt:

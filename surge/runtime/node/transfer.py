@@ -223,7 +223,7 @@ class AgentTransfer:
         before the blocks come), so the first block to land is taken in at once: made when
         it landed, the runner delayed its arrival (emulated §6.1: 0.5-1.2 s real, up to 0.03
         emulated s at D = 40)."""
-        import_engine()
+        import_engine(self.ctx.config.engine.compile_decode)
         self.store.device.runner(self.store.model(model))
 
     async def _receive_all(self, op: MulticastOp, recv: list[tuple[int, int, int]]) -> None:
