@@ -250,6 +250,7 @@ def test_the_cases_exercise_every_decision(tmp_path) -> None:
     assert logs["handoff-then-mutate"].roles == [p, d, d, p]
     assert logs["handoff-then-mutate"].handoffs == [(0, 1)]
     assert logs["source-decodes"].handoffs == [(0, 0)]
+    assert logs["source-decodes"].wants == 1  # no decode instance (§4): one is asked for
     assert logs["decode-loading"].handoffs == []  # waits for the loading decode instance
     assert logs["decode-loading"].roles_after_scale_out == [p, d]
     assert logs["decode-loading"].handoffs_after_join == [(0, 1)]

@@ -121,6 +121,18 @@ def test_monitor_asks_for_capacity_on_kv_pressure_or_saturated_prefill() -> None
     assert monitor(PdLoad(sat, num_waiting=0), S).scale_out == 0
 
 
+def test_the_monitor_asks_for_a_decode_instance_when_prefill_ones_hold_requests() -> None:
+    """§4: P/D "uses at least two serving instances, a prefill and a decode". A deployment
+    that released its idle decode instance while prefill ones served (the floor counts
+    instances, not roles) asks for one, which joins as decode; before, its prefill
+    instances decoded in place."""
+    only_prefill = (_i(0, PREFILL, 2), _i(1, PREFILL))
+    wants = monitor(PdLoad(only_prefill), S)
+    assert wants.scale_out == 1 and "no decode instance" in wants.reason
+    assert role_for_new(PdLoad(only_prefill), PdTargets()) == DECODE
+    assert monitor(PdLoad((_i(0, PREFILL), _i(1, PREFILL))), S).scale_out == 0  # idle
+
+
 def test_decode_ingress_is_decode_load() -> None:
     """BlitzScale §5.2: a decode instance takes in every request's K/V through one link
     (its incast). Decode instances holding few requests, with little KV in use, whose links

@@ -28,7 +28,8 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   over the monitor's window);
 - `monitor` (BlitzScale's load monitor, §5, its per-role half): whether the pool wants
   another instance now because one role is saturated (KV use at the threshold on every
-  decode instance, or prefill full while requests wait). The pool-level half — instances
+  decode instance, or prefill full while requests wait) or decode has no instance while
+  prefill instances hold requests (§4). The pool-level half — instances
   enough for the pool's tokens/s and KV use, and the 2 s scale-down — is
   `policy.autoscale.decide` with the system's `target_tokens_per_s` / `target_kv_usage`;
 - `look`: one look of the monitor (mutation when the system mutates, then the per-role
@@ -323,12 +324,17 @@ def scale_out_mutations(
 
 def monitor(load: PdLoad, s: PdSettings) -> MonitorDecision:
     """BlitzScale's load monitor: another instance when every decode instance's KV cache
-    is at the threshold (decode cannot take more), or when requests wait and every
-    prefill instance is full (prefill cannot take more); else none."""
+    is at the threshold (decode cannot take more), when prefill instances hold requests
+    and no decode instance serves (the new one decodes, `role_for_new`; §4: P/D "uses at
+    least two serving instances, a prefill and a decode" — else they decode in place), or
+    when requests wait and every prefill instance is full (prefill cannot take more); else
+    none."""
     decode = [i for i in load.instances if i.role == DECODE]
     if decode and min(i.kv_usage for i in decode) >= s.kv_busy_fraction:
         return MonitorDecision(1, "every decode instance's KV cache is at the threshold")
     prefill = [i for i in load.instances if i.role == PREFILL]
+    if not decode and any(i.outstanding for i in prefill):
+        return MonitorDecision(1, "no decode instance while prefill instances hold requests")
     if load.num_waiting > 0 and prefill and all(i.outstanding >= i.capacity for i in prefill):
         return MonitorDecision(1, "requests wait and every prefill instance is full")
     return MonitorDecision(0)
