@@ -188,11 +188,12 @@ def role_for_new(load: PdLoad, targets: PdTargets, mutation: bool = False) -> st
 
 def serving_floor(settings: AutoscaleSettings) -> AutoscaleSettings:
     """A P/D deployment's autoscaler `settings`: while any request is outstanding it holds
-    at least one instance per role (`min_serving`), so the pool that scales out from zero
-    starts a prefill and a decode instance together, and a request's decode runs on a
-    decode instance, not on the instance that prefilled it. BlitzScale §2.1: P/D "uses two
-    replicas of the same model to serve the prefill and decode phases of a request,
-    respectively"; §4: "it uses at least two serving instances, a prefill and a decode";
+    at least as many instances as roles (`min_serving`), so the pool that scales out from
+    zero starts a prefill and a decode instance together, and a request's decode runs on a
+    decode instance, not on the instance that prefilled it (the floor counts instances:
+    `monitor` asks for a decode instance when the ones left all prefill). BlitzScale §2.1:
+    P/D "uses two replicas of the same model to serve the prefill and decode phases of a
+    request, respectively"; §4: "it uses at least two serving instances, a prefill and a decode";
     §6.1: "For all the workload, we run with prefill and decode disaggregation". Within
     `max_replicas`: a deployment held to one instance decodes in place
     (`policy.blitzscale.handoff.handoff_target`'s fallback when no decode instance serves
