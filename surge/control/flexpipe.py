@@ -235,7 +235,15 @@ class FlexPipeControl:
 
         pipe.refactoring = False  # refactor_pipeline takes it from here
         try:
-            result = await refactor_pipeline(pipe, target, load, alive, micro, self.clock)
+            result = await refactor_pipeline(
+                pipe,
+                target,
+                load,
+                alive,
+                micro,
+                self.clock,
+                batch_retired=dep.spec.system.flexpipe.batch_merged_sequences,
+            )
         except Exception as e:
             log.warning("%s: refactoring %s to %s failed: %s", dep.name, pipe.name, target, e)
             rec.failed_refactors += 1

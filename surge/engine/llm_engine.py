@@ -175,6 +175,25 @@ class LLMEngine:
         self.seqs[seq.seq_id] = seq
         return seq.seq_id
 
+    def hand_over(self, seq_id: int) -> Sequence:
+        """Take a decoding sequence out, its KV cache left where it is (an executor shared
+        with the engine that `take_over`s it: a FlexPipe merge, `policy.flexpipe.merge`);
+        its pages go back to this engine's budget."""
+        seq = self.seqs.pop(seq_id)
+        self.scheduler.running.remove(seq)
+        self.scheduler.release(seq)
+        return seq
+
+    def take_over(self, seq: Sequence) -> bool:
+        """Decode on, under its own id, a sequence another engine over the same KV cache
+        handed over (`hand_over`); False (nothing changed): no batch or page room."""
+        if seq.num_tokens - seq.num_cached != 1:
+            raise ValueError("a sequence taken over must have every token but its last cached")
+        if not self.scheduler.adopt(seq):
+            return False
+        self.seqs[seq.seq_id] = seq
+        return True
+
     def release(self, seq_id: int) -> Sequence | None:
         """Forget a finished sequence (the engine keeps one until its owner has read it);
         None if it is already gone."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.model.manifest import Manifest
+from surge.policy.flexpipe.merge import adoptions
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
 from surge.policy.pipeline_batches import join_micro_batch
 from surge.runtime.client import ClusterClient
@@ -80,7 +81,7 @@ class RemotePipelineExecutor:
 
 
 @dataclass
-class _Group:
+class HeadGroup:
     """One micro-batch stream of a pipeline: its own head engine over the shared stages."""
 
     engine: LLMEngine
@@ -119,7 +120,7 @@ class PipelineEndpoint(Endpoint):
         self.max_micro_batches = max(num_micro_batches, max_micro_batches or 1)
         self.num_micro_batches = num_micro_batches
         self.capacity = num_micro_batches * config.max_num_seqs
-        self.groups: list[_Group] = []
+        self.groups: list[HeadGroup] = []
         self.on_failure: Any = None
         """Called (as a task) with this endpoint when a step fails."""
 
@@ -171,22 +172,64 @@ class PipelineEndpoint(Endpoint):
         executor = RemotePipelineExecutor(self.client, loop, self.stage_key, self.stages[0][0])
         first_seq_id = len(self.groups) * SEQ_IDS_PER_GROUP
         engine = LLMEngine(self.manifest, group_cfg, executor, first_seq_id=first_seq_id)
-        group = _Group(engine)
+        group = HeadGroup(engine)
         group.task = loop.create_task(self._run(group))
         self.groups.append(group)
 
-    def set_micro_batches(self, count: int) -> None:
+    def set_micro_batches(self, count: int, batch_retired: bool = False) -> None:
         """Take requests on `count` head engines (micro-batches in flight) from now on:
-        engines are added as needed; the ones past `count` finish what they run and take
-        nothing new; the stages' KV cache is re-split (`micro_batch_budgets`). Call it
-        between steps of every engine (FlexPipe: inside its step gate)."""
+        engines are added as needed; the ones past `count` take nothing new and finish what
+        they run, unless `batch_retired` (FlexPipe's merge: `_batch_retired`); the stages'
+        KV cache is re-split (`micro_batch_budgets`). Call it between steps of every engine
+        (FlexPipe: inside its step gate)."""
         if not 1 <= count <= self.max_micro_batches:
             raise ValueError(f"{count} micro-batches: 1 to {self.max_micro_batches}")
         while len(self.groups) < count:
             self._add_group()
         self.num_micro_batches = count
         self.capacity = count * self.config.max_num_seqs
+        if batch_retired and len(self.groups) > count:
+            self._batch_retired()
         self.rebalance_kv()
+
+    def _batch_retired(self) -> None:
+        """The engines past the count hand their sequences to those that stay
+        (`policy.flexpipe.merge.adoptions`; the simulator's `ServingEngine._retire`): a
+        decoding one keeps its id, so its K/V stays where it is at the stages, and joins
+        the next step of its new engine; requests not started move to its queue; those no
+        engine has room for stay. Between steps only."""
+        count = self.num_micro_batches
+        active, retired = self.groups[:count], self.groups[count:]
+        decoding = [
+            [s for s in g.engine.scheduler.running if s.num_tokens - s.num_cached == 1]
+            for g in retired
+        ]
+        moves = adoptions(
+            [len(g.engine.scheduler.running) for g in active],
+            [len(d) for d in decoding],
+            self.config.max_num_seqs,
+        )
+        handed = []
+        for src, i, dst in moves:
+            seq = retired[src].engine.hand_over(decoding[src][i].seq_id)
+            handed.append((seq, retired[src].seqs.pop(seq.seq_id), active[dst]))
+        fresh: list[ServeRequest] = []
+        for g in retired:
+            fresh += [g.seqs.pop(sid) for sid in g.engine.take_waiting(g.engine.unstarted())]
+            fresh += g.pending
+            g.pending.clear()
+        self.rebalance_kv()  # the pages the retired engines gave back go to the active ones
+        for seq, req, g in handed:
+            if g.engine.take_over(seq):
+                g.seqs[seq.seq_id] = req
+            else:  # no page room after all: recomputed there (λScale §4.4), none lost
+                g.engine.executor.free([seq.seq_id])
+                g.pending.append(req)
+            g.wake.set()
+        for req in fresh:
+            g = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
+            g.pending.append(req)
+            g.wake.set()
 
     def kv_budgets(self) -> tuple[int, ...]:
         """The KV pages each engine should be allowed now (`micro_batch_budgets`)."""
@@ -210,7 +253,7 @@ class PipelineEndpoint(Endpoint):
         group.pending.append(req)
         group.wake.set()
 
-    async def _run(self, group: _Group) -> None:
+    async def _run(self, group: HeadGroup) -> None:
         engine = group.engine
 
         def admit() -> None:

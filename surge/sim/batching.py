@@ -50,6 +50,7 @@ class Batcher:
         "loop",
         "max_batch",
         "max_prefill_tokens",
+        "on_boundary",
         "on_busy",
         "on_done",
         "on_prefilled",
@@ -96,6 +97,8 @@ class Batcher:
         self.idle_since_s: float | None = loop.now_s
         self.on_busy: Callable[[Self], None] | None = None
         """Called when the engine turns busy or idle (compute sharing)."""
+        self.on_boundary: Callable[[Self], None] | None = None
+        """Called once, at its next step boundary (a FlexPipe merge retires it there)."""
 
     # --- load signals -------------------------------------------------------------
     @property
@@ -161,6 +164,11 @@ class Batcher:
         self._join(req)
         if self.clock.phase != PREFILL:  # a prefill in flight advances when it ends
             self._advance()
+
+    def rejoin(self, req: SimRequest) -> None:
+        """A request drained from this engine between two steps decodes on here, its KV
+        kept (a FlexPipe merge found no other head with room for it)."""
+        self._join(req)
 
     @property
     def busy(self) -> bool:
@@ -232,6 +240,9 @@ class Batcher:
             # Started from an on_done callback in the clock's decode step end.
             return
         c.settle()
+        if self.on_boundary is not None:  # between two steps, as the runtime's step gate
+            hook, self.on_boundary = self.on_boundary, None
+            hook(self)
         batch = self._admit()
         handed = [req for req in batch if req.kv_ready]
         if handed:  # P/D hand-offs: their KV cache is here already

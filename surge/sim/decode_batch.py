@@ -64,6 +64,10 @@ class DecodeBatch:
         """The V at which the next running request finishes."""
         return self._heap[0][0]
 
+    def admitted(self) -> list[SimRequest]:
+        """The running requests in the order they were admitted (the runtime's batch)."""
+        return [req for _, req in self._order.values()]
+
     def held_tokens(self, v: float) -> float:
         """KV tokens held at decode clock `v`."""
         return self.prefill_tokens + self._base + len(self._heap) * v

@@ -286,7 +286,7 @@ class FlexPipe:
             self.settings, num_stages, num_layers, inst.kv_capacity_tokens
         )
         inst.max_batch = self.world.settings.max_batch * micro
-        inst.set_micro_batches(micro, num_stages)
+        inst.set_micro_batches(micro, num_stages, self.settings.batch_merged_sequences)
         inst.route_target = pipeline_target(self.world.system.autoscale, num_stages)
 
     def retune(self, pool: Pool) -> None:

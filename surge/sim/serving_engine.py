@@ -15,13 +15,16 @@ follow each other through the stages one stage-time apart, and a micro-batch's d
 waits behind another's prefill at every stage. Before, a pipeline was one batcher whose
 decode paused only while a prefill held the first stage (FlexPipe §9 static-2 at CV 2:
 TTFT p50 0.56x the emulated runtime's, docs/emulation.md). `Instance` (`sim/instance.py`)
-is the endpoint built on it. Owned by sim/.
+is the endpoint built on it. At a FlexPipe merge (`set_micro_batches(...,
+batch_retired=True)`) the heads past the new count hand their requests to those that stay
+at their next step boundary (`policy.flexpipe.merge`, as the runtime's). Owned by sim/.
 """
 
 from collections.abc import Callable
 from itertools import chain, islice
 from typing import Self
 
+from surge.policy.flexpipe.merge import adoptions
 from surge.policy.pipeline_batches import join_micro_batch
 from surge.sim.batching import Batcher
 from surge.sim.engine_spec import EngineSpec
@@ -87,15 +90,63 @@ class ServingEngine:
             head.clock.speed, head.clock.share = first.speed, first.share
         self.heads.append(head)
 
-    def set_micro_batches(self, count: int, num_stages: int | None = None) -> None:
+    def set_micro_batches(
+        self, count: int, num_stages: int | None = None, batch_retired: bool = False
+    ) -> None:
         """Take new requests on `count` head engines from now on, over `num_stages` stages
         (default `count`: FlexPipe §7 Eq. 12 keeps one micro-batch per stage). Heads past
-        `count` finish what they hold and take nothing new (as the runtime's)."""
+        `count` take nothing new and finish what they hold, unless `batch_retired`
+        (FlexPipe's merge, `FlexPipeSettings.batch_merged_sequences`): then at its next
+        step boundary each hands its sequences to the heads that stay (`_retire`)."""
         self.micro_batches = max(1, count)
         self._num_stages = max(1, num_stages or count)
         while len(self.heads) < self.micro_batches:
             self._add_head()
         self._apply_shape()
+        for head in self.heads[self.micro_batches :]:
+            if batch_retired and head.outstanding:
+                head.on_boundary = self._retire
+                if not head.clock.step_in_flight():
+                    head.start()
+
+    def _retire(self, head: Batcher) -> None:
+        """A head past the micro-batch count, between two of its steps, hands what it holds
+        to the heads that stay (`policy.flexpipe.merge.adoptions`; the runtime's
+        `PipelineEndpoint._batch_retired`): its decoding requests join their next step with
+        their KV (it stays at the shared stages), its requests not started queue there;
+        those no head has room for stay here."""
+        active = self.heads[: self.micro_batches]
+        if head in active:  # a split made it active again meanwhile
+            return
+        v = head.clock.v
+        generated = {r.id: round(r.output_tokens - (fv - v)) for fv, _, r in head.running}
+        running = head.running.admitted()  # the runtime scheduler's order
+        head.running.drain(v)
+        for req in running:
+            req.generated = generated[req.id]  # at a step boundary: whole tokens
+        moves = adoptions(
+            [len(h.running) + sum(r.kv_ready for r in h.waiting) for h in active],
+            [len(running)],
+            active[0].max_batch,
+        )
+        moved = {i: dst for _, i, dst in moves}
+        joining: list[list[SimRequest]] = [[] for _ in active]
+        for i, req in enumerate(running):
+            req.recompute = False
+            if i in moved:
+                req.kv_ready = True  # decodes on at its new head without a prefill
+                joining[moved[i]].append(req)
+            else:
+                head.rejoin(req)  # stays: its finish V from its tokens left
+        for h, reqs in zip(active, joining, strict=True):
+            h.idle_since_s = None if reqs else h.idle_since_s
+            h.waiting.extendleft(reversed(reqs))  # ahead of new work: the runtime adopts now
+        fresh = [r for r in head.waiting if r.skip_layers == r.generated == 0 and not r.kv_ready]
+        self.remove_waiting({r.id for r in fresh})
+        for req in fresh:
+            active[join_micro_batch([h.outstanding for h in active])].submit(req, start=False)
+        for h in active:
+            h.start()
 
     def set_hop(self, hop_s: float) -> None:
         """The activation hops of one step through every stage (seconds, all together)."""

@@ -98,10 +98,11 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
             await _until_tokens(reqs + late, [n + 3 for n in at_split] + [3] * len(late))
             micro = micro_batches(SYSTEM, manifest, EngineConfig(), 1)[0]
             merge = await refactor_pipeline(
-                pipe, [(1, 0, L)], _loader(client), num_micro_batches=micro
+                pipe, [(1, 0, L)], _loader(client), num_micro_batches=micro, batch_retired=True
             )
             at_merge = [len(r.output_token_ids) for r in reqs + late]
             groups.append(pipe.num_micro_batches)
+            held = [len(g.seqs) + len(g.pending) for g in pipe.groups]
             await server.wait_all(60)
             await pipe.settle_kv()  # the drained groups give their KV back
             budgets = [g.budget_pages for g in pipe.groups]
@@ -117,9 +118,10 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
                 groups,
                 late_groups,
                 budgets,
+                held,
             )
 
-    reqs, split, merge, at_split, at_merge, profile, pipe, groups, late_groups, budgets = (
+    reqs, split, merge, at_split, at_merge, profile, pipe, groups, late_groups, budgets, held = (
         asyncio.run(run())
     )
     # The head keeps one micro-batch per stage (§7 Eq. 12): 3 groups once split, the new
@@ -138,7 +140,10 @@ def test_split_then_merge_mid_generation_is_token_exact(make_cluster, manifest, 
     # generated since (each request's few newest), not the K/V of every token.
     for r in (split, merge):
         assert r.kv_bytes_paused < r.kv_bytes and r.precopy_s > 0, r
-    # The merge moved the late requests too: their groups drain on the merged stage.
+    # The merge handed the retired groups' sequences, K/V in place, to the one that stays
+    # (FlexPipe Alg. 1 line 15, `policy.flexpipe.merge`): one batch, still token-exact.
+    assert held[1:] == [0, 0] and held[0] > 0, held
+    # The merge moved the late requests' K/V too.
     assert merge.num_seqs == len(PROMPTS) + 2 and merge.kv_bytes > 0
     # ... directly between agents: the controller only asked for it.
     assert "KvPushOp" in through_controller, through_controller

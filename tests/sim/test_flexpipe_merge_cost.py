@@ -21,9 +21,10 @@ COST = CostModel(1e-3, 1e-5, 1e-3, 1e-5, num_layers=8)
 TOKENS = 401
 
 
-def _four_micro_batches(merge_at_s: float | None) -> list[SimRequest]:
+def _four_micro_batches(merge_at_s: float | None, batch: bool = False) -> list[SimRequest]:
     """Four requests, one per micro-batch of a 4-stage pipeline; merged to one stage (one
-    micro-batch) at `merge_at_s` (None: never). Their completion times."""
+    micro-batch) at `merge_at_s` (None: never), `batch`: the retired heads hand their
+    requests over. Their completion times."""
     loop = EventLoop()
     eng = ServingEngine(
         0, loop, EngineSpec(COST, "both", 32, 10**6, 10**6), *(lambda e, r: None,) * 2
@@ -32,7 +33,7 @@ def _four_micro_batches(merge_at_s: float | None) -> list[SimRequest]:
     reqs = [SimRequest(i, 0, 0.0, 64, TOKENS) for i in range(4)]
     eng.submit_many(reqs)
     if merge_at_s is not None:
-        loop.schedule(merge_at_s, Priority.CONTROL, 0, lambda: eng.set_micro_batches(1, 1))
+        loop.schedule(merge_at_s, Priority.CONTROL, 0, lambda: eng.set_micro_batches(1, 1, batch))
     loop.run(until_s=100.0)
     assert [eng.micro_batch_of(r.id) for r in reqs] == [None] * 4  # all done
     return reqs
@@ -49,3 +50,15 @@ def test_a_merge_makes_the_retired_micro_batches_take_turns_on_the_merged_stage(
     for a, b in zip(left_merged, left_kept, strict=True):
         assert a / b == pytest.approx(4.0, rel=0.03)
     assert COST.decode_s(4) / COST.decode_s(1) < 1.05
+
+
+def test_a_batching_merge_serves_the_retired_micro_batches_in_one_step() -> None:
+    """`batch_retired` (FlexPipeSettings.batch_merged_sequences, FlexPipe Alg. 1 line 15):
+    at their next step boundary the retired heads hand their requests to the one that stays,
+    so one step serves all four, at about the never-merged pace, and no token is lost."""
+    merge_s = 1.0
+    kept = _four_micro_batches(None)
+    merged = _four_micro_batches(merge_s, batch=True)
+    for a, b in zip(merged, kept, strict=True):
+        assert (a.done_s - merge_s) / (b.done_s - merge_s) == pytest.approx(1.0, abs=0.05)
+        assert a.generated == TOKENS

@@ -65,7 +65,8 @@ def group_refactors(
     - Merge: while none waits, a busy group finer than the coarsest stage count whose
       `pipeline_target` holds its requests merges to that ("after traffic changes, it
       modifies to a coarser granularity pipeline stage with fewer additional overheads",
-      Fig. 7): fewer hops for every step, and the GPUs it frees go back. Not with
+      Fig. 7): fewer hops for every step, and the GPUs it frees go back; what its retired
+      micro-batches hold joins the ones that stay (`merge.adoptions`). Not with
       `settings.merge_busy_groups` False (a counterfactual).
     - An idle group is draining (the `pack` router sends it nothing; the autoscaler
       releases it) and is left as it is, unless every group is idle: the one the router

@@ -58,7 +58,14 @@ class FlexPipeSettings:
     (`groups.group_refactors`; ours, after Fig. 7's "modifies to a coarser granularity").
     False, a counterfactual: only the idle group served next merges. A merge keeps the head
     engines past its micro-batch count until they finish, and on the merged stages they
-    step in turn (both bodies), so a busy merge slows what they hold (docs/flexpipe.md)."""
+    step in turn unless `batch_merged_sequences` (docs/flexpipe.md)."""
+    batch_merged_sequences: bool = True
+    """Whether a merge hands the sequences of the head engines past its micro-batch count
+    to the engines that stay (`merge.adoptions`), K/V in place, so one decode step serves
+    them all: Alg. 1 line 15 "activate[s the] new pipeline configuration" (§7 Eq. 12: one
+    micro-batch per stage) and §6.3 keeps the inference going through it. False, a
+    counterfactual (before 2026-11-29): the retired engines finish what they hold, stepping
+    in turn on the merged stages, each step through every layer."""
 
     def __post_init__(self) -> None:
         if not self.stage_counts or len(self.stage_counts) != len(self.cv_targets):

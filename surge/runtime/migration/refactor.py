@@ -266,14 +266,18 @@ async def refactor_pipeline(
     alive: Callable[[], bool] = lambda: True,
     num_micro_batches: int | None = None,
     clock: Clock = REAL_CLOCK,
+    batch_retired: bool = False,
 ) -> RefactorResult:
     """Re-cut `pipe` into `target` stages while it serves (see the module docstring).
     `load(node, blocks)` brings blocks into a node's gpu tier; `alive()` says whether the pipeline
     still serves (the server may retire it meanwhile); `num_micro_batches`: the head
     engines that take requests on the new stages (the caller's policy decision,
     `microbatch.flexpipe_micro_batches`; None: as before), set at the switch. The result's
-    times are `clock`'s (the pipeline's server's). Raises on failure, with the old stages
-    still serving unless the pipeline itself failed."""
+    times are `clock`'s (the pipeline's server's). `batch_retired`: after a merge the
+    engines past the count hand their sequences to those that stay
+    (`FlexPipeSettings.batch_merged_sequences`, `PipelineEndpoint.set_micro_batches`).
+    Raises on failure, with the old stages still serving unless the pipeline itself
+    failed."""
     if pipe.refactoring:
         raise RuntimeError(f"{pipe.name} is already refactoring")
     pipe.refactoring = True
@@ -333,7 +337,7 @@ async def refactor_pipeline(
             pipe.nodes = tuple(n for n, _, _ in target)
             pipe.version += 1
             if num_micro_batches is not None:  # new engines start on the new stages
-                pipe.set_micro_batches(num_micro_batches)
+                pipe.set_micro_batches(num_micro_batches, batch_retired)
             await _close(pipe, old_key, [n for n, _, _ in before])
             pause_s = snapshot_s + clock.now_s() - t1
         result = RefactorResult(

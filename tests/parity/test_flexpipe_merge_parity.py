@@ -1,0 +1,115 @@
+"""FlexPipe merge parity: after a merge lowers a pipeline's micro-batch count, the head
+engines past it hand their decoding sequences to the engines that stay alike in `surge
+serve` (`runtime/pipeline_endpoint.py` `PipelineEndpoint.set_micro_batches(...,
+batch_retired=True)`: the sequence keeps its id, so its K/V stays at the stages) and in the
+simulator (`sim/serving_engine.py` `ServingEngine.set_micro_batches`, at each retired head's
+next step boundary): both follow `policy.flexpipe.merge.adoptions`. So after a busy 4 -> 1
+merge one decode step serves all four sequences (FlexPipe Alg. 1 line 15 activates the new
+configuration; §7 Eq. 12 one micro-batch per stage), where before (and with
+`FlexPipeSettings.batch_merged_sequences` False) the four engines took turns on the merged
+stage, each step through every layer."""
+
+import pytest
+import torch
+
+from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
+from surge.engine.llm_engine import LLMEngine
+from surge.engine.sampling import SamplingParams
+from surge.model.manifest import read_manifest
+from surge.runtime.pipeline_endpoint import SEQ_IDS_PER_GROUP, HeadGroup, PipelineEndpoint
+from surge.sim.costs import CostModel
+from surge.sim.engine_spec import EngineSpec
+from surge.sim.events import EventLoop, Priority
+from surge.sim.request import SimRequest
+from surge.sim.serving_engine import ServingEngine
+from tests.parity.conftest import FakeClient
+
+COST = CostModel(1e-3, 1e-5, 1e-3, 1e-5, num_layers=8)
+ENGINES = 4
+CASES = [(1, 1, 8), (2, 2, 3)]
+"""(micro-batches after the merge, sequences each of the 4 engines holds, batch limit)."""
+
+
+class RecordingExecutor:
+    """Runs no model: records each step's sequence ids, answers logits for token 0."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.steps: list[tuple[int, ...]] = []
+
+    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+        self.steps.append(tuple(batch.seq_ids))
+        return torch.zeros(len(batch.seq_ids), self.vocab_size)
+
+    def free(self, seq_ids: list[int]) -> None:
+        return None
+
+
+def _runtime(
+    manifest, after: int, each: int, limit: int, batch: bool
+) -> tuple[list[int], list[int]]:
+    """A 4 -> `after` merge of head engines holding `each` decoding sequences each: the
+    sequences each engine decodes after it, and the sizes of the next step of every engine
+    still holding some."""
+    config = EngineConfig(max_num_seqs=limit, device="cpu")
+    ep = PipelineEndpoint(
+        FakeClient(),  # type: ignore[arg-type]
+        manifest,
+        "m",
+        "m-pipe",
+        [(n, n, n + 1) for n in range(ENGINES)],
+        config=config,
+        num_micro_batches=ENGINES,
+    )
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    executors = [RecordingExecutor(manifest.arch.vocab_size) for _ in range(ENGINES)]
+    for g, executor in enumerate(executors):
+        engine = LLMEngine(manifest, config, executor, first_seq_id=g * SEQ_IDS_PER_GROUP)  # type: ignore[arg-type]
+        group = HeadGroup(engine)  # no task: the test steps the engines
+        for i in range(each):
+            sid = engine.add_request([5, 6, 7, 8], params)
+            group.seqs[sid] = f"r{g}.{i}"  # type: ignore[assignment]
+        engine.step()  # the prefill: every sequence decodes from here
+        ep.groups.append(group)
+    ep.rebalance_kv()
+    ep.set_micro_batches(after, batch_retired=batch)
+    held = [len(g.engine.scheduler.running) for g in ep.groups]
+    steps = []
+    for g, executor in zip(ep.groups, executors, strict=True):
+        if g.engine.has_unfinished:
+            g.engine.step()
+            steps.append(len(executor.steps[-1]))
+            assert set(executor.steps[-1]) == set(g.seqs)  # each reaches its request
+    return held, steps
+
+
+def _sim(after: int, each: int, limit: int, batch: bool) -> list[int]:
+    loop = EventLoop()
+    spec = EngineSpec(COST, "both", limit * ENGINES, 10**6, 10**6)
+    eng = ServingEngine(0, loop, spec, lambda e, r: None, lambda e, r: None)
+    eng.set_micro_batches(ENGINES)
+    eng.submit_many([SimRequest(i, 0, 0.0, 4, 50) for i in range(ENGINES * each)])
+    loop.run(until_s=0.05)  # prefilled, decoding
+    assert [len(h.running) for h in eng.heads] == [each] * ENGINES
+
+    def merge() -> None:
+        eng.max_batch = limit * after  # each head's limit stays `limit`, as sim/flexpipe's
+        eng.set_micro_batches(after, after, batch)
+
+    loop.schedule(loop.now_s, Priority.CONTROL, 0, merge)
+    loop.run(until_s=loop.now_s + 0.02)  # every retired head past a step boundary
+    return [len(h.running) for h in eng.heads]
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "counterfactual"])
+@pytest.mark.parametrize(("after", "each", "limit"), CASES, ids=["4->1", "4->2 limit 3"])
+def test_both_bodies_hand_the_retired_engines_sequences_alike(
+    tiny_store, after: int, each: int, limit: int, batch: bool
+) -> None:
+    manifest = read_manifest(tiny_store)
+    runtime, steps = _runtime(manifest, after, each, limit, batch)
+    assert _sim(after, each, limit, batch) == runtime
+    if (after, each) == (1, 1):  # a busy 4 -> 1 merge
+        # one step serves all four (on main, and in the counterfactual: four turns)
+        assert steps == ([4] if batch else [1, 1, 1, 1])
