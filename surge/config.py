@@ -112,8 +112,9 @@ class EngineConfig:
     inductor in the agent's process, holding the GIL for seconds of Python per graph, and the
     agent's event loop (a scale-out's blocks, tokens) waited for it: measured with the
     compile beside a burst, a hot scale-out of a 32-MB model took 7.7 s instead of 2.0 s
-    (docs/engine.md). A graph whose compile has begun finishes; the next waits again. A
-    standalone engine (`surge generate`, `LLMEngine`) compiles at once."""
+    (docs/engine.md). A graph whose compile has begun finishes; the next waits again; a node
+    never quiet this long decodes eager. A standalone engine (`surge generate`, `LLMEngine`)
+    compiles at once."""
 
     @property
     def num_pages(self) -> int:
