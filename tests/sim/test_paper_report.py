@@ -176,6 +176,7 @@ def test_every_percent_reduction_row_goes_through_within_reduction(
     expected = {
         0.178, 0.181, 0.313,  # λScale Fig. 14
         0.555, 0.310, 0.861, 0.40,  # BlitzScale §6.1 x3, §6.2 Fig. 14 (and Fig. 17's +Live)
+        0.578, 0.011,  # BlitzScale §6.1's TBT (7B, 8B; the 70B's 0.181 as λScale's above)
         0.35, 0.41,  # BlitzScale Fig. 15
         0.383, 0.661, 0.1732, 0.72,  # FlexPipe Fig. 8, Fig. 13, §9.6
     }  # fmt: skip

@@ -9,6 +9,11 @@ from rows import row, within_reduction
 PAPER_6_1 = {"7b-azurecode": 0.555, "8b-azureconv": 0.310, "70b-azurecode": 0.861}
 """§6.1: BlitzScale's mean TTFT reduction vs S-LLM per workload (86.1% is BurstGPT's 70B,
 replayed on Azure code here)."""
+PAPER_6_1_TBT = {"7b-azurecode": 0.578, "8b-azureconv": 0.011, "70b-azurecode": 0.181}
+"""§6.1: "BlitzScale has 86.1%, 55.5%, 31.0% shorter TTFT, and has 18.1%, 57.8% and 1.1%
+shorter TBT than S-LLM, respectively" (mean TBT; the same order as the TTFT: 57.8% is
+AzureCode's, where "the decode also fluctuates with the prefill", 1.1% AzureConv's, where
+"decode instances seldom scale up or down")."""
 
 
 def report_rows(doc: dict) -> list[dict]:
@@ -31,28 +36,43 @@ def report_rows(doc: dict) -> list[dict]:
         )
     for name, w in doc["ttft_6_1"]["workloads"].items():
         red = w["ttft_reduction_vs_serverlessllm"]
+        tbt_red = w.get("tbt_reduction_vs_serverlessllm")
         sllm = w["systems"]["serverlessllm"]
         miss = sllm["cache_misses"]
-        cause = _miss_cause(w, counterfactual) + _peak_note(doc.get("peak_check", {}).get(name))
-        if name == "7b-azurecode":
-            cause += _in_flight_note(doc, "ttft", red)
-        if name == "8b-azureconv":
-            cause += (
-                " §3 gives no 8B SLO: the monitor's bounds are profiled against the 7B's "
-                "(450 / 150 ms), an assumption."
-            )
+        ttft_ok = within_reduction(red, PAPER_6_1[name])
+        # §6.1 claims both: shorter TTFT and shorter TBT than S-LLM, each by its X%
+        tbt_ok = (
+            tbt_red is not None and tbt_red > 0 and within_reduction(tbt_red, PAPER_6_1_TBT[name])
+        )
+        cause = ""
+        if not ttft_ok:
+            cause = _miss_cause(w, counterfactual) + _peak_note(doc.get("peak_check", {}).get(name))
+            if name == "7b-azurecode":
+                cause += _in_flight_note(doc, "ttft", red)
+            if name == "8b-azureconv":
+                cause += (
+                    " §3 gives no 8B SLO: the monitor's bounds are profiled against the 7B's "
+                    "(450 / 150 ms), an assumption."
+                )
+        if not tbt_ok:
+            cause = (cause + " " if cause else "") + _tbt_cause(w, PAPER_6_1_TBT[name])
+        tbt_text = "TBT not recorded" if tbt_red is None else f"TBT {_shorter(tbt_red)}"
         rows.append(
             row(
                 "BlitzScale",
                 f"§6.1 Fig. 13 {name}",
-                f"mean TTFT vs S-LLM ({w['trace']}, {w['cluster']}): {PAPER_6_1[name]:.1%} "
-                "shorter; close to AllCache",
-                f"{PAPER_6_1[name]:.1%}",
-                f"{red:.1%} shorter; {w['ttft_mean_s_ratio_vs_allcache']:.2f}x AllCache; "
-                f"S-LLM misses {miss}",
-                ordering=red > 0 and w["ttft_mean_s_ratio_vs_allcache"] < 1.2,
-                reductions=((red, PAPER_6_1[name]),),
-                cause=None if within_reduction(red, PAPER_6_1[name]) else cause,
+                f"mean TTFT and TBT vs S-LLM ({w['trace']}, {w['cluster']}): "
+                f"{PAPER_6_1[name]:.1%} and {PAPER_6_1_TBT[name]:.1%} shorter; TTFT close to "
+                "AllCache",
+                f"TTFT {PAPER_6_1[name]:.1%}, TBT {PAPER_6_1_TBT[name]:.1%}",
+                f"TTFT {red:.1%} shorter, {tbt_text}; TTFT "
+                f"{w['ttft_mean_s_ratio_vs_allcache']:.2f}x AllCache; S-LLM misses {miss}",
+                ordering=red > 0
+                and w["ttft_mean_s_ratio_vs_allcache"] < 1.2
+                and tbt_red is not None
+                and tbt_red > 0,
+                reductions=((red, PAPER_6_1[name]), (tbt_red, PAPER_6_1_TBT[name])),
+                cause=cause or None,
             )
         )
     g = doc["gpu_time"]
@@ -102,6 +122,43 @@ def report_rows(doc: dict) -> list[dict]:
         )
     )
     return rows
+
+
+def _shorter(reduction: float) -> str:
+    """A reduction as "X% shorter", or "X% longer" when it is negative."""
+    return f"{reduction:.1%} shorter" if reduction >= 0 else f"{-reduction:.1%} longer"
+
+
+def _tbt_cause(w: dict, paper: float) -> str:
+    """Why a §6.1 workload's TBT is off, measured per request against S-LLM on the same
+    trace (`tbt_measure.paired`): GPUs held and requests decoding per GPU while a request
+    decoded; the TBT of short outputs (mostly the P/D hand-off before the second token) and
+    long ones (mostly the per-token step); of requests prefilled live and the rest."""
+    b, s = w["systems"]["blitzscale"], w["systems"]["serverlessllm"]
+    p = w["tbt_vs_serverlessllm"]
+
+    def pair(key: str) -> str:
+        g = p[key]
+        if not g["tbt_mean_s"]:
+            return f"none {key.replace('_', ' ')}"
+        ms = [f"{x * 1e3:.1f}" for x in g["tbt_mean_s"]]
+        return f"{g['requests']} {key.replace('_', ' ')} {ms[0]} vs {ms[1]} ms"
+
+    return (
+        f"TBT: BlitzScale {b['tbt_mean_s'] * 1e3:.1f} vs S-LLM {s['tbt_mean_s'] * 1e3:.1f} ms "
+        f"({_shorter(w['tbt_reduction_vs_serverlessllm'])}; paper {paper:.1%} shorter; median "
+        f"{b['tpot_p50_s'] * 1e3:.1f} vs {s['tpot_p50_s'] * 1e3:.1f}, p99 "
+        f"{b['tbt_p99_s'] * 1e3:.0f} vs {s['tbt_p99_s'] * 1e3:.0f}). Measured per request "
+        f"(same trace): BlitzScale decodes on fewer GPUs, "
+        f"{p['gpus_while_decoding_mean'][0]:.1f} vs {p['gpus_while_decoding_mean'][1]:.1f} "
+        f"held at a decode's midpoint, {p['decoding_per_gpu_mean'][0]:.2f} vs "
+        f"{p['decoding_per_gpu_mean'][1]:.2f} requests decoding per GPU (its §6.2 GPU-time "
+        f"saving, {b['mutations']} prefill -> decode mutations, §5.2). TBT by output: "
+        f"{pair('short')} (under 10 tokens: the gap to the second token, the P/D hand-off, "
+        f"weighs most; {p['excess_share_short']:.0%} of BlitzScale's excess), "
+        f"{pair('long')} (50+ tokens: the per-token step); by prefill: "
+        f"{pair('live_prefilled')} (live scaling, §4), {pair('not_live_prefilled')}."
+    )
 
 
 def _in_flight_note(doc: dict, metric: str, now: float) -> str:
