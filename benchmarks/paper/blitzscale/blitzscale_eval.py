@@ -1,5 +1,5 @@
-"""BlitzScale §6.1 (TTFT vs ServerlessLLM and AllCache), §6.2 (GPU time and host-cache
-use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model cluster.
+"""BlitzScale §6.1 (mean TTFT and TBT vs ServerlessLLM and AllCache), §6.2 (GPU time and
+host-cache use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model cluster.
 
 - §6.1 (Fig. 13): three workloads (7B on Azure code x2 on cluster A as 32 one-GPU
   logical hosts, 8B on Azure conv on cluster B as 16, as §6.2 says; 70B on Azure code x0.19
