@@ -161,6 +161,7 @@ class Batcher:
         P/D with no decode instance, or the hand-off target is this engine itself."""
         self.idle_since_s = None
         self.clock.settle()
+        req.handoff_s = req.kv_arrived_s = req.decode_joined_s = self.loop.now_s  # in place
         self._join(req)
         if self.clock.phase != PREFILL:  # a prefill in flight advances when it ends
             self._advance()
@@ -249,6 +250,7 @@ class Batcher:
             batch = [req for req in batch if not req.kv_ready]
             for req in handed:
                 req.kv_ready = False
+                req.decode_joined_s = self.loop.now_s  # its first decode step here starts
                 self._join(req)
         if batch:
             self.running.prefill_tokens = sum(req.prefill_tokens for req in batch)
@@ -269,6 +271,7 @@ class Batcher:
                 self.idle_since_s = self.loop.now_s
 
     def _join(self, req: SimRequest) -> None:
+        req.decode_instance = self.clock.id
         left = req.output_tokens - req.generated
         if left <= 0:
             self._finish(req)

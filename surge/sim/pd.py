@@ -110,6 +110,8 @@ class PdPool:
 
     def park(self, src: Instance, req: SimRequest) -> None:
         """`src` prefilled `req`: it waits for a decode instance."""
+        req.parked_s = self.clock()
+        req.parked_without_decode = all(m.role != pd.DECODE for m in self.members)
         self.parked.append((src, req))
 
     def next_handoff(

@@ -192,8 +192,11 @@ class Requests:
         prof = self.world.models[req.model].profile
         path = self.world.state.gpu_to_gpu(src.gpus[0], inst.gpus[0])
 
+        req.handoff_s = self.world.loop.now_s
+
         def arrived() -> None:
             inst.reserved -= 1
+            req.kv_arrived_s = self.world.loop.now_s
             if inst.released:
                 self.lost(pool, [req])
             else:

@@ -10,16 +10,22 @@ class SimRequest:
 
     __slots__ = (
         "arrival_s",
+        "decode_instance",
+        "decode_joined_s",
         "dispatched_s",
         "done_s",
         "endpoint",
         "first_token_s",
         "generated",
+        "handoff_s",
         "id",
         "input_tokens",
+        "kv_arrived_s",
         "kv_ready",
         "model",
         "output_tokens",
+        "parked_s",
+        "parked_without_decode",
         "recompute",
         "skip_layers",
     )
@@ -42,6 +48,20 @@ class SimRequest:
         instance it is submitted to without a prefill there."""
         self.recompute = False
         """True when it must rebuild its KV cache (prompt + generated) before decoding."""
+        # P/D hand-off (BlitzScale §6.1), the latest one (-1: none): `SimResult.handoffs`
+        self.parked_s = -1.0
+        """When its prefill instance parked it for a decode instance."""
+        self.parked_without_decode = False
+        """No decode instance served when it parked (it waits for one loading, or decodes
+        in place)."""
+        self.handoff_s = -1.0
+        """When the P/D policy named its decode instance (its K/V began to move)."""
+        self.kv_arrived_s = -1.0
+        """When its K/V landed on the decode instance (queued there for a step)."""
+        self.decode_joined_s = -1.0
+        """When it joined the decode instance's decode batch (its first decode step there)."""
+        self.decode_instance = -1
+        """The instance (id) that decodes it, any system (-1: none)."""
         self.skip_layers = 0
         """First layers of its next prefill already run on another instance (BlitzScale
         live scaling, §4): the prefill here runs only the rest."""

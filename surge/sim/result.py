@@ -4,9 +4,52 @@ In: filled in by the simulator. Out: a `SimResult` that `metrics.summarize` redu
 the numbers of the comparison table and JSON.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from surge.sim.request import SimRequest
+
+
+def _none_s() -> np.ndarray:
+    return np.zeros(0)
+
+
+@dataclass(frozen=True)
+class Handoffs:
+    """Per request, its latest P/D hand-off (BlitzScale §6.1: the prefill instance hands a
+    prefilled request's K/V to a decode instance); -1 where it had none. The wait for its
+    second token splits into parked_s -> handoff_s (no decode instance named: every one
+    full, or one still loading), handoff_s -> kv_arrived_s (the K/V transfer),
+    kv_arrived_s -> decode_joined_s (queued on the decode instance for a step boundary) and
+    the decode steps after. A request decoded in place has all three at one time."""
+
+    parked_s: np.ndarray = field(default_factory=_none_s)
+    """When its prefill instance parked it (its prefill done) to wait for a decode one."""
+    parked_without_decode: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    """True where no decode instance served when it parked."""
+    handoff_s: np.ndarray = field(default_factory=_none_s)
+    """When its decode instance was named and its K/V began to move."""
+    kv_arrived_s: np.ndarray = field(default_factory=_none_s)
+    """When its K/V landed on the decode instance."""
+    decode_joined_s: np.ndarray = field(default_factory=_none_s)
+    """When it joined the decode instance's decode batch (its first decode step there)."""
+
+
+def handoffs_of(requests: Sequence[SimRequest]) -> Handoffs:
+    """The `Handoffs` of a run's requests (in id order) at its end."""
+
+    def times(name: str) -> np.ndarray:
+        return np.array([getattr(r, name) for r in requests], dtype=float)
+
+    return Handoffs(
+        parked_s=times("parked_s"),
+        parked_without_decode=np.array([r.parked_without_decode for r in requests], bool),
+        handoff_s=times("handoff_s"),
+        kv_arrived_s=times("kv_arrived_s"),
+        decode_joined_s=times("decode_joined_s"),
+    )
 
 
 @dataclass
@@ -71,6 +114,10 @@ class SimResult:
     """Per request: when the router first gave it to an endpoint (-1 if never)."""
     endpoint: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Per request: the endpoint (instance id) it first went to (-1 if none)."""
+    decode_instance: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request: the instance (id) it decoded on last, any system (-1 if none)."""
+    handoffs: Handoffs = field(default_factory=Handoffs)
+    """Per request: its P/D hand-off's times (`Handoffs`)."""
     endpoints_up: dict[int, tuple[float, int]] = field(default_factory=dict)
     """Per endpoint (instance id): when it began serving and its workers (pipeline stages):
     with `dispatched_s` and `endpoint`, a per-request timeline (benchmarks'

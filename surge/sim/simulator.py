@@ -48,7 +48,7 @@ from surge.sim.models import ModelProfile, load_model
 from surge.sim.pd import PdPool
 from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
-from surge.sim.result import SimResult
+from surge.sim.result import SimResult, handoffs_of
 from surge.sim.scaling import InstanceFactory, Scaler, gpu_group
 from surge.sim.settings import SimSettings
 from surge.sim.world import ModelSlot, World
@@ -325,6 +325,8 @@ class Simulation:
         res.done_s = np.array([r.done_s for r in self.requests])
         res.dispatched_s = np.array([r.dispatched_s for r in self.requests])
         res.endpoint = np.array([r.endpoint for r in self.requests], dtype=np.int64)
+        res.decode_instance = np.array([r.decode_instance for r in self.requests], np.int64)
+        res.handoffs = handoffs_of(self.requests)
         res.end_s = max(loop.now_s, last)
         res.num_events = loop.num_events
         res.wall_s = time.perf_counter() - start

@@ -56,7 +56,7 @@ from blitzscale_setup import (
 )
 from common import ratio, read, run, run_main, run_scenario, write
 from monitor_bound import in_flight_monitor, paper_slo
-from tbt_measure import paired, tbt
+from tbt_measure import handoff_split, paired, tbt
 
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
@@ -132,6 +132,8 @@ def ttft_6_1(duration_s: float = 1200.0) -> dict:
             res[sys_name]["decoded_in_place"] = len(raw.decoded_in_place)
             # §6.1 states TBT too ("18.1%, 57.8% and 1.1% shorter TBT than S-LLM")
             res[sys_name] |= tbt(raw)
+            # its parts: the P/D hand-off's wait, K/V transfer, decode queue, decode steps
+            res[sys_name]["tbt_parts"] = handoff_split(raw)
             raws[sys_name] = raw
             if sys_name == "blitzscale":
                 live = {

@@ -32,6 +32,40 @@ def tbt(res: SimResult) -> dict:
     }
 
 
+def handoff_split(res: SimResult) -> dict:
+    """Mean TBT (s) split into its parts, each a part of the time from the first token to
+    done over (tokens - 1), mean over the requests `tbt` counts, so the parts sum to
+    `tbt_mean_s` (`sim.result.Handoffs`): the P/D hand-off's wait with no decode instance
+    named, while one served (every one full: the wait for a decode slot) and while none
+    did (one loading, dd53dfe); the K/V transfer; the queue on the decode instance until
+    its next step; the decode steps after (per token). Requests never handed off (decoded
+    where they ran) count whole in `decode_steps_s`; a re-prefilled request's time before
+    its last park too."""
+    ok, _, _ = _decoding(res)
+    h = res.handoffs
+    n = (res.output_tokens[ok] - 1).astype(float)
+    first, done = res.first_token_s[ok], res.done_s[ok]
+    handed = (h.handoff_s[ok] >= 0) & (h.decode_joined_s[ok] >= 0)
+    parked, named = h.parked_s[ok], h.handoff_s[ok]
+    arrived, joined = h.kv_arrived_s[ok], h.decode_joined_s[ok]
+    wait = np.where(handed, named - parked, 0.0)
+    none_serving = handed & h.parked_without_decode[ok]
+    parts = {
+        "wait_decode_full_s": np.where(handed & ~none_serving, wait, 0.0),
+        "wait_decode_loading_s": np.where(none_serving, wait, 0.0),
+        "kv_transfer_s": np.where(handed, arrived - named, 0.0),
+        "decode_queue_s": np.where(handed, joined - arrived, 0.0),
+        "decode_steps_s": np.where(handed, done - joined + (parked - first), done - first),
+    }
+    out = {k: float((v / n).mean()) if len(n) else None for k, v in parts.items()}
+    in_place = handed & (named == joined) & (arrived == joined)
+    out["handed_off"] = int((handed & ~in_place).sum())
+    out["waited"] = int((wait > 0).sum())
+    out["waited_none_serving"] = int((none_serving & (wait > 0)).sum())
+    out["wait_mean_s"] = float(wait[wait > 0].mean()) if (wait > 0).any() else 0.0
+    return out
+
+
 def _decoding(res: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mask of the requests `tpot_s` counts, their decode midpoints, their TBT)."""
     ok = (res.done_s >= 0) & (res.output_tokens > 1)
