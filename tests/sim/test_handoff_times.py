@@ -63,6 +63,6 @@ def test_no_handoff_without_pd():
 def test_tbt_parts_sum_to_the_mean_tbt(blitz):
     parts = handoff_split(blitz)
     keys = ("wait_decode_full_s", "wait_decode_loading_s", "kv_transfer_s")
-    keys += ("decode_queue_s", "decode_steps_s")
+    keys += ("decode_queue_s", "decode_steps_s", "decoded_where_prefilled_s")
     assert sum(parts[k] for k in keys) == pytest.approx(float(tpot_s(blitz).mean()))
     assert parts["kv_transfer_s"] > 0 and parts["handed_off"] > 0

@@ -132,8 +132,9 @@ def _shorter(reduction: float) -> str:
 def _tbt_cause(w: dict, paper: float) -> str:
     """Why a §6.1 workload's TBT is off, measured per request against S-LLM on the same
     trace (`tbt_measure.paired`): GPUs held and requests decoding per GPU while a request
-    decoded; the TBT of short outputs (mostly the P/D hand-off before the second token) and
-    long ones (mostly the per-token step); of requests prefilled live and the rest."""
+    decoded; the TBT of short outputs (mostly the gap to the second token) and long ones
+    (mostly the per-token step); of requests prefilled live and the rest; and the mean TBT
+    split into the P/D hand-off's parts and the decode steps (`tbt_measure.handoff_split`)."""
     b, s = w["systems"]["blitzscale"], w["systems"]["serverlessllm"]
     p = w["tbt_vs_serverlessllm"]
 
@@ -154,10 +155,43 @@ def _tbt_cause(w: dict, paper: float) -> str:
         f"held at a decode's midpoint, {p['decoding_per_gpu_mean'][0]:.2f} vs "
         f"{p['decoding_per_gpu_mean'][1]:.2f} requests decoding per GPU (its §6.2 GPU-time "
         f"saving, {b['mutations']} prefill -> decode mutations, §5.2). TBT by output: "
-        f"{pair('short')} (under 10 tokens: the gap to the second token, the P/D hand-off, "
+        f"{pair('short')} (under 10 tokens: the gap to the second token "
         f"weighs most; {p['excess_share_short']:.0%} of BlitzScale's excess), "
         f"{pair('long')} (50+ tokens: the per-token step); by prefill: "
         f"{pair('live_prefilled')} (live scaling, §4), {pair('not_live_prefilled')}."
+        + _tbt_parts(b, s)
+    )
+
+
+TBT_PARTS = (
+    ("wait_decode_full_s", "waiting for a decode slot"),
+    ("wait_decode_loading_s", "waiting for a loading decode instance"),
+    ("kv_transfer_s", "K/V transfer"),
+    ("decode_queue_s", "queued on the decode instance"),
+    ("decode_steps_s", "decode steps after it"),
+    ("decoded_where_prefilled_s", "requests never handed off (decoded where prefilled)"),
+)
+"""`tbt_measure.handoff_split`'s parts of a mean TBT, in the order a request meets them."""
+
+
+def _tbt_parts(b: dict, s: dict) -> str:
+    """Mean TBT split into the P/D hand-off's parts and the decode steps after it
+    (`tbt_measure.handoff_split`, BlitzScale vs S-LLM), with each part's share of
+    BlitzScale's excess; empty when the JSON has no split."""
+    pb, ps = b.get("tbt_parts"), s.get("tbt_parts")
+    if not pb or not ps:
+        return ""
+    excess = b["tbt_mean_s"] - s["tbt_mean_s"]
+    text = ", ".join(
+        f"{what} {pb[k] * 1e3:.2f} vs {ps[k] * 1e3:.2f}"
+        + (f" ({(pb[k] - ps[k]) / excess:+.0%})" if excess > 0 else "")
+        for k, what in TBT_PARTS
+    )
+    return (
+        f" Mean TBT split per request (ms of TBT, BlitzScale vs S-LLM, share of the excess): "
+        f"{text}; {pb['waited']} vs {ps['waited']} requests waited to be handed off "
+        f"({pb['waited_none_serving']} vs {ps['waited_none_serving']} with no decode instance "
+        f"serving; mean {pb['wait_mean_s']:.2f} vs {ps['wait_mean_s']:.2f} s)."
     )
 
 

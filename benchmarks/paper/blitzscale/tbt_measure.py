@@ -38,9 +38,8 @@ def handoff_split(res: SimResult) -> dict:
     `tbt_mean_s` (`sim.result.Handoffs`): the P/D hand-off's wait with no decode instance
     named, while one served (every one full: the wait for a decode slot) and while none
     did (one loading, dd53dfe); the K/V transfer; the queue on the decode instance until
-    its next step; the decode steps after (per token). Requests never handed off (decoded
-    where they ran) count whole in `decode_steps_s`; a re-prefilled request's time before
-    its last park too."""
+    its next step; the decode steps after (a re-prefilled request's time before its last
+    park too); and, whole, the requests never handed off (decoded where they ran)."""
     ok, _, _ = _decoding(res)
     h = res.handoffs
     n = (res.output_tokens[ok] - 1).astype(float)
@@ -55,11 +54,16 @@ def handoff_split(res: SimResult) -> dict:
         "wait_decode_loading_s": np.where(none_serving, wait, 0.0),
         "kv_transfer_s": np.where(handed, arrived - named, 0.0),
         "decode_queue_s": np.where(handed, joined - arrived, 0.0),
-        "decode_steps_s": np.where(handed, done - joined + (parked - first), done - first),
+        "decode_steps_s": np.where(handed, done - joined + (parked - first), 0.0),
+        # never handed off: decoded on the instance that prefilled it (a live batch's source,
+        # a mutated instance's queue, a pool with no prefill instance), its steps shared
+        # with that instance's prefills (prefill-first)
+        "decoded_where_prefilled_s": np.where(handed, 0.0, done - first),
     }
     out = {k: float((v / n).mean()) if len(n) else None for k, v in parts.items()}
     in_place = handed & (named == joined) & (arrived == joined)
     out["handed_off"] = int((handed & ~in_place).sum())
+    out["decoded_where_prefilled"] = int((~handed).sum())
     out["waited"] = int((wait > 0).sum())
     out["waited_none_serving"] = int((none_serving & (wait > 0)).sum())
     out["wait_mean_s"] = float(wait[wait > 0].mean()) if (wait > 0).any() else 0.0
