@@ -112,9 +112,16 @@ class EngineConfig:
     inductor in the agent's process, holding the GIL for seconds of Python per graph, and the
     agent's event loop (a scale-out's blocks, tokens) waited for it: measured with the
     compile beside a burst, a hot scale-out of a 32-MB model took 7.7 s instead of 2.0 s
-    (docs/engine.md). A graph whose compile has begun finishes; the next waits again; a node
-    never quiet this long decodes eager. A standalone engine (`surge generate`, `LLMEngine`)
-    compiles at once."""
+    (docs/engine.md). A graph whose compile has begun finishes; the next waits again. A node
+    never quiet this long compiles after `compile_defer_max_s` if it only serves. A
+    standalone engine (`surge generate`, `LLMEngine`) compiles at once."""
+    compile_defer_max_s: float = 30.0
+    """How long requests (or stage steps) in flight may defer a node agent's decode-graph
+    compile once no load, block transfer or multicast has run for `compile_quiet_s`; those
+    always hold it (`surge.policy.compile_gate`). Why: a node that serves steadily is never
+    quiet and would decode eager for good, and the compile's harm was measured on transfers;
+    serving beside a compile loses what docs/engine.md measures, which this bound pays back
+    at most twice over (ski rental). inf: requests defer it for good."""
 
     @property
     def num_pages(self) -> int:
@@ -134,8 +141,9 @@ class EngineConfig:
         for name in ("compile_decode", "fuse_projections", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise SurgeError(f"engine setting {name} must be true or false")
-        if not self.compile_quiet_s >= 0:
-            raise SurgeError("engine setting compile_quiet_s must be >= 0 seconds")
+        for name in ("compile_quiet_s", "compile_defer_max_s"):
+            if not getattr(self, name) >= 0:  # also NaN
+                raise SurgeError(f"engine setting {name} must be >= 0 seconds")
         if self.prefill_chunk_tokens < 0:
             raise SurgeError("engine setting prefill_chunk_tokens must be >= 0 (0: never split)")
         if self.device not in ("auto", "fake") and not self.device.startswith(("cpu", "cuda")):

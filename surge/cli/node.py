@@ -64,6 +64,19 @@ def run(
             help="Compile decode steps in the background (default on; $SURGE_COMPILE_DECODE)."
         ),
     ] = None,
+    compile_quiet_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds with nothing in flight before this node's engines compile (default 2)."
+        ),
+    ] = None,
+    compile_defer_max_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds requests may defer a compile once no transfer runs (default 30; "
+            "inf: for good)."
+        ),
+    ] = None,
     pace_links: Annotated[
         bool, typer.Option(help="Pace the NIC caps here (off: the kernel shapes them).")
     ] = True,
@@ -156,6 +169,8 @@ def run(
             fuse_projections=fuse_projections,
             device=device,
             **({} if compile_decode is None else {"compile_decode": compile_decode}),
+            **({} if compile_quiet_s is None else {"compile_quiet_s": compile_quiet_s}),
+            **({} if compile_defer_max_s is None else {"compile_defer_max_s": compile_defer_max_s}),
         ).validate(),
         preload_engine=preload_engine,
         pace_links=pace_links,

@@ -98,6 +98,8 @@ class Controller:
             max_num_seqs=config.max_num_seqs,
             fuse_projections=config.fuse_projections,
             compile_decode=config.compile_decode,
+            compile_quiet_s=config.compile_quiet_s,
+            compile_defer_max_s=config.compile_defer_max_s,
         )
         self.nodes: list[int] = []
         self.links: dict[int, NodeLinks] = {}

@@ -35,6 +35,8 @@ def launch_cluster(config: ControllerConfig, registry: Path) -> AgentCluster:
         "preload_engine": config.preload_engine,
         "fuse_projections": config.fuse_projections,
         "compile_decode": config.compile_decode,
+        "compile_quiet_s": config.compile_quiet_s,
+        "compile_defer_max_s": config.compile_defer_max_s,
         "stall_timeout_s": config.stall_timeout_s,
     }
     if config.emulation is not None and config.launcher != "local":

@@ -7,7 +7,7 @@ Plain frozen data, read by `control/controller.py` and handed to its collaborato
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from surge.config import compile_decode_default
+from surge.config import EngineConfig, compile_decode_default
 from surge.emulation import Emulation
 from surge.errors import SurgeError
 from surge.policy.multicast.group_block_bound import GroupBlockBound
@@ -55,6 +55,10 @@ class ControllerConfig:
     compile_decode: bool = field(default_factory=compile_decode_default)
     """Agents' engines compile their decode steps (`EngineConfig.compile_decode`: faster
     decode once compiled, in a background thread while steps run eager; on by default)."""
+    compile_quiet_s: float = EngineConfig.compile_quiet_s
+    """Agents' `EngineConfig.compile_quiet_s`: a quiet spell before their compiles start."""
+    compile_defer_max_s: float = EngineConfig.compile_defer_max_s
+    """Agents' `EngineConfig.compile_defer_max_s`: how long requests may defer a compile."""
     heartbeat_s: float = 1.0
     """How often every live agent is asked for its status (`control/healing.py`)."""
     heartbeat_timeout_s: float = 5.0
@@ -118,6 +122,9 @@ class ControllerConfig:
     `link_gbps`, per-node caps and host groups then come from its preset."""
 
     def __post_init__(self) -> None:
+        EngineConfig(  # the agents' engines check these again; a bad one fails here, once
+            compile_quiet_s=self.compile_quiet_s, compile_defer_max_s=self.compile_defer_max_s
+        ).validate()
         try:
             check_stall_timeout(self.stall_timeout_s)
         except SurgeError as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from surge.config import EngineConfig
 from surge.engine import compiled
-from surge.policy.compile_gate import may_compile
+from surge.policy.compile_gate import Activity, may_compile, observe
 from surge.runtime.client import ClusterClient
 from surge.runtime.node.agent import NodeAgent
 from surge.runtime.node.compile_quiet import CompileQuiet
@@ -31,15 +31,21 @@ async def until(cond, timeout_s: float = 60.0) -> None:
 
 
 def test_may_compile_after_a_quiet_spell() -> None:
-    assert may_compile(False, 10.0, None, 2.0)  # never busy: a warm node before requests
-    assert not may_compile(True, 10.0, None, 2.0)
-    assert not may_compile(False, 10.0, 9.0, 2.0)
-    assert may_compile(False, 11.0, 9.0, 2.0)
+    def seen(now_s: float, holding: bool, before: Activity | None = None) -> bool:
+        a = observe(before or Activity(), now_s, holding, False, 2.0)
+        return may_compile(a, now_s, 2.0, defer_max_s=60.0)
+
+    assert seen(10.0, False)  # never busy: a warm node before requests
+    assert not seen(10.0, True)
+    busy_at_9 = observe(Activity(), 9.0, True, False, 2.0)
+    assert not seen(10.0, False, busy_at_9)
+    assert seen(11.0, False, busy_at_9)
+    assert not may_compile(observe(Activity(), 9.0, True, False, 0.0), 9.0, 0.0, 60.0)
 
 
 def test_the_gate_follows_the_node() -> None:
     now, busy = [0.0], [False]
-    quiet = CompileQuiet(lambda: busy[0], quiet_s=2.0, clock=lambda: now[0])
+    quiet = CompileQuiet(lambda: (busy[0], False), 2.0, 60.0, clock=lambda: now[0])
     assert quiet.update() and quiet.gate.is_set()
     busy[0] = True
     assert not quiet.update() and not quiet.gate.is_set()
@@ -59,7 +65,7 @@ def test_an_agent_compiles_only_after_its_blocks_landed_and_it_was_quiet(
     began: list[bool] = []  # as each graph's compile began: was anything in flight?
 
     def recorded_compile(self, job) -> bool:  # stands for inductor (minutes on a busy box)
-        began.append(agent.busy())
+        began.append(any(agent.activity()))
         return True
 
     monkeypatch.setattr(compiled.DecodeGraph, "_compile", recorded_compile)

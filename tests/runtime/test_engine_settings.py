@@ -71,6 +71,8 @@ def test_agents_start_with_the_settings_on_their_command_line(tmp_path: Path) ->
         compile_decode=True,
         preload_engine=False,
         stall_timeout_s=3.5,
+        compile_quiet_s=0.5,
+        compile_defer_max_s=float("inf"),
     )
     with LocalCluster(cfg) as cluster:
         assert len(cluster.addresses) == 1

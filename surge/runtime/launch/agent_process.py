@@ -41,6 +41,8 @@ def agent_argv(config: AgentConfig) -> list[str]:
     if not config.engine.fuse_projections:
         cmd.append("--no-fuse-projections")
     cmd.append("--compile-decode" if config.engine.compile_decode else "--no-compile-decode")
+    cmd += ["--compile-quiet-s", repr(config.engine.compile_quiet_s)]
+    cmd += ["--compile-defer-max-s", repr(config.engine.compile_defer_max_s)]
     if config.engine.device != "auto":
         cmd += ["--device", config.engine.device]
     if not config.preload_engine:

@@ -84,6 +84,9 @@ class LocalClusterConfig:
     """Every agent's `EngineConfig.fuse_projections`."""
     compile_decode: bool = field(default_factory=compile_decode_default)
     """Every agent's `EngineConfig.compile_decode`."""
+    compile_quiet_s: float = EngineConfig.compile_quiet_s
+    compile_defer_max_s: float = EngineConfig.compile_defer_max_s
+    """Every agent's `EngineConfig` settings of the same names (the compile gate)."""
     device: str = "auto"
     """Every agent's `EngineConfig.device` (`fake`: the tests' recorded fake GPU)."""
     start_timeout_s: float = 60.0
@@ -254,6 +257,8 @@ class LocalCluster:
                 max_kv_tokens=self.config.max_kv_tokens,
                 fuse_projections=self.config.fuse_projections,
                 compile_decode=self.config.compile_decode,
+                compile_quiet_s=self.config.compile_quiet_s,
+                compile_defer_max_s=self.config.compile_defer_max_s,
                 device=self.config.device,
             ),
             preload_engine=self.config.preload_engine,

@@ -60,6 +60,9 @@ class RayClusterConfig:
     """Every agent's `EngineConfig.fuse_projections`."""
     compile_decode: bool = field(default_factory=compile_decode_default)
     """Every agent's `EngineConfig.compile_decode`."""
+    compile_quiet_s: float = EngineConfig.compile_quiet_s
+    compile_defer_max_s: float = EngineConfig.compile_defer_max_s
+    """Every agent's `EngineConfig` settings of the same names (the compile gate)."""
     num_cpus_per_agent: float = 0.0
     """Ray CPUs each actor reserves (0: the agent is placed without reserving a CPU)."""
     gpus_per_agent: float | None = None
@@ -83,6 +86,7 @@ def agent_config(
     """One agent's settings, made inside its actor; `opts` holds the JSON values of
     `RayClusterConfig` that cross to the actor (link_gbps, remote_dir, remote_gbps,
     max_num_seqs, max_kv_tokens, preload_engine, fuse_projections, compile_decode,
+    compile_quiet_s, compile_defer_max_s,
     stall_timeout_s, tls) and this agent's host_group and host_mates."""
     return AgentConfig(
         node=node,
@@ -99,6 +103,8 @@ def agent_config(
             max_kv_tokens=opts["max_kv_tokens"],
             fuse_projections=opts["fuse_projections"],
             compile_decode=opts["compile_decode"],
+            compile_quiet_s=opts["compile_quiet_s"],
+            compile_defer_max_s=opts["compile_defer_max_s"],
         ),
         preload_engine=opts["preload_engine"],
         allow_plain=bool(opts.get("allow_plain")),
@@ -251,6 +257,8 @@ class RayCluster:
             "max_kv_tokens": c.max_kv_tokens,
             "fuse_projections": c.fuse_projections,
             "compile_decode": c.compile_decode,
+            "compile_quiet_s": c.compile_quiet_s,
+            "compile_defer_max_s": c.compile_defer_max_s,
             "preload_engine": c.preload_engine,
             "allow_plain": c.allow_plain,
             "stall_timeout_s": c.stall_timeout_s,

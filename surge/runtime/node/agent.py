@@ -111,7 +111,9 @@ class NodeAgent:
         self.compile_quiet: CompileQuiet | None = None
         """The gate the node's engines compile decode graphs behind (`compile_decode`)."""
         if config.engine.compile_decode:
-            self.compile_quiet = CompileQuiet(self.busy, config.engine.compile_quiet_s)
+            self.compile_quiet = CompileQuiet(
+                self.activity, config.engine.compile_quiet_s, config.engine.compile_defer_max_s
+            )
             self.ctx.compile_gate = self.compile_quiet.gate
             self.ctx.inflight.on_track = self.compile_quiet.touch
         self.subscribers: list[Connection] = []
@@ -135,11 +137,12 @@ class NodeAgent:
             self._spawn(self.compile_quiet.watch())
         return self.port
 
-    def busy(self) -> bool:
-        """Whether anything is in flight on this node: an op about a model (a load, a block
-        sent or pulled, a multicast), a request in a local instance, a stage's step. Its
-        engines compile decode graphs only after a quiet spell (`compile_quiet.py`)."""
-        return self.ctx.inflight.busy() or self.local.busy() or self.serving.busy()
+    def activity(self) -> tuple[bool, bool]:
+        """What is in flight on this node: (holding) an op about a model (a load, a block
+        sent or pulled, a multicast, an open, a one-off generate); (serving) a request in a
+        local instance, a stage's step. Its engines compile decode graphs only after a quiet
+        spell, or serving only past a bound (`compile_quiet.py`)."""
+        return self.ctx.inflight.busy(), self.local.busy() or self.serving.busy()
 
     async def serve_forever(self) -> None:
         launcher = os.environ.get(LAUNCHER_PID_ENV, "")

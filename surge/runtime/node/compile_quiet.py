@@ -1,11 +1,13 @@
 """The gate a node's engines compile their decode graphs behind: set only while the node is
-quiet (`surge.policy.compile_gate.may_compile`), so no compile holds the agent's GIL while a
-scale-out's blocks move or requests are served (`surge.engine.compiled`, docs/engine.md).
+quiet, or serves only and has deferred the compile `compile_defer_max_s`
+(`surge.policy.compile_gate`), so no compile holds the agent's GIL while a scale-out's blocks
+move (`surge.engine.compiled`, docs/engine.md).
 
-What flows: every `POLL_S` the agent's `busy()` (an op about a model running or left running:
-a load, a block sent or pulled, a multicast; a request in a local instance; a pipeline stage's
-step) in; the gate (a `threading.Event`, which every `ModelRunner` of the node is given as its
-`compile_gate`) set or cleared, out. A graph whose compile has begun finishes; the next waits.
+What flows: every `POLL_S` the agent's `activity()` (holding: an op about a model running or
+left running, a load, a block sent or pulled, a multicast; serving: a request in a local
+instance, a pipeline stage's step) in; the gate (a `threading.Event`, which every
+`ModelRunner` of the node is given as its `compile_gate`) set or cleared, out. A graph
+whose compile has begun finishes; the next waits.
 Owned by the node agent (`runtime/node/agent.py`).
 """
 
@@ -15,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from surge.policy.compile_gate import may_compile
+from surge.policy.compile_gate import Activity, may_compile, observe
 
 log = logging.getLogger(__name__)
 
@@ -29,29 +31,35 @@ class CompileQuiet:
 
     def __init__(
         self,
-        busy: Callable[[], bool],
+        activity: Callable[[], tuple[bool, bool]],
         quiet_s: float,
+        defer_max_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.busy, self.quiet_s, self.clock = busy, quiet_s, clock
+        self.activity, self.clock = activity, clock
+        """(holding, serving) now: `surge.policy.compile_gate.observe`."""
+        self.quiet_s, self.defer_max_s = quiet_s, defer_max_s
         self.gate = threading.Event()
         """Set while the node's engines may compile (each `DecodeGraph` waits on it)."""
-        self.last_busy_s: float | None = None
+        self.seen = Activity()
 
     def touch(self) -> None:
-        """Something began on the node now: close the gate at once (not at the next poll),
-        so a graph due this instant waits."""
-        self.last_busy_s = self.clock()
+        """An op about a model began on the node now (a load, a transfer, a multicast): close
+        the gate at once (not at the next poll), so a graph due this instant waits."""
+        self.seen = observe(self.seen, self.clock(), True, False, self.quiet_s)
         self.gate.clear()
 
     def update(self) -> bool:
         """Follow the node's state now; whether compiles may start."""
-        now_s, busy = self.clock(), self.busy()
-        if busy:
-            self.last_busy_s = now_s
-        if may_compile(busy, now_s, self.last_busy_s, self.quiet_s):
+        now_s = self.clock()
+        holding, serving = self.activity()
+        self.seen = observe(self.seen, now_s, holding, serving, self.quiet_s)
+        if may_compile(self.seen, now_s, self.quiet_s, self.defer_max_s):
             if not self.gate.is_set():
-                log.debug("node quiet for %.1f s: decode-graph compiles may run", self.quiet_s)
+                log.info(
+                    "node %s: decode-graph compiles may run",
+                    "serving, compile deferred its bound" if serving else "quiet",
+                )
                 self.gate.set()
             return True
         self.gate.clear()
