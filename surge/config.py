@@ -104,7 +104,8 @@ class EngineConfig:
     (`$SURGE_COMPILE_DECODE` changes the default). Needs a C++ compiler (g++, or `CXX`) and
     torch >= 2.6 (`torch.compiler.set_stance`); else decode stays eager. The CPU's decode
     path only: on CUDA decode steps are `cuda_graphs` (`surge.engine.device.decode_path`).
-    In a node agent each graph's compile waits until the node is quiet (`compile_quiet_s`)."""
+    In a node agent each graph's compile waits until the node is quiet (`compile_quiet_s`),
+    or has served past `compile_defer_max_s` with no transfer."""
     compile_quiet_s: float = 2.0
     """A node agent lets its engines compile decode graphs (`compile_decode`) only once it has
     had nothing in flight for this long: no block moving in or out, no request in its
@@ -115,13 +116,15 @@ class EngineConfig:
     (docs/engine.md). A graph whose compile has begun finishes; the next waits again. A node
     never quiet this long compiles after `compile_defer_max_s` if it only serves. A
     standalone engine (`surge generate`, `LLMEngine`) compiles at once."""
-    compile_defer_max_s: float = 30.0
+    compile_defer_max_s: float = 40.0
     """How long requests (or stage steps) in flight may defer a node agent's decode-graph
     compile once no load, block transfer or multicast has run for `compile_quiet_s`; those
     always hold it (`surge.policy.compile_gate`). Why: a node that serves steadily is never
     quiet and would decode eager for good, and the compile's harm was measured on transfers;
-    serving beside a compile loses what docs/engine.md measures, which this bound pays back
-    at most twice over (ski rental). inf: requests defer it for good."""
+    serving beside a compile loses what docs/engine.md measures. 40 s: the geometric mean of
+    the measured break-evens (the compile's cost over the compiled step's gain: 22 s at
+    batch 1, 69 s at batch 8, SmolLM2), so a loss at most ~2.8x the best choice made knowing
+    the future (ski rental). inf: requests defer it for good."""
 
     @property
     def num_pages(self) -> int:

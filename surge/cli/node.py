@@ -73,7 +73,7 @@ def run(
     compile_defer_max_s: Annotated[
         float | None,
         typer.Option(
-            help="Seconds requests may defer a compile once no transfer runs (default 30; "
+            help="Seconds requests may defer a compile once no transfer runs (default 40; "
             "inf: for good)."
         ),
     ] = None,

@@ -5,19 +5,13 @@ docs/engine.md). Before the bound, a node never quiet for `compile_quiet_s` deco
 for good."""
 
 import asyncio
-import secrets
 from pathlib import Path
 
 from surge.config import EngineConfig
 from surge.engine import compiled
 from surge.policy.compile_gate import Activity, may_compile, observe
-from surge.runtime.client import ClusterClient
-from surge.runtime.node.agent import NodeAgent
 from surge.runtime.node.compile_quiet import CompileQuiet
-from surge.runtime.node.context import AgentConfig
-from surge.runtime.protocol import LoadOp, RegisterOp
-from tests.runtime.conftest import MODEL
-from tests.runtime.test_compile_quiet import until
+from tests.runtime.test_compile_quiet import compile_agent, load_while_held, until
 
 
 def test_serving_defers_a_compile_up_to_the_bound_and_a_transfer_for_good() -> None:
@@ -68,35 +62,15 @@ def test_an_agent_serving_steadily_compiles_after_the_bound_but_not_beside_a_tra
 
     monkeypatch.setattr(compiled.DecodeGraph, "_compile", recorded_compile)
     quiet_s, defer_s = 0.3, 1.0
-    token = secrets.token_hex(16)
     engine = EngineConfig(
         max_kv_tokens=512, compile_decode=True, compile_quiet_s=quiet_s, compile_defer_max_s=defer_s
     )
-    config = AgentConfig(
-        node=0,
-        cluster_id=secrets.token_hex(3),
-        token=token,
-        disk_dir=tmp_path / "disk0",
-        remote_dir=registry,
-        preload_engine=False,
-        engine=engine,
-    )
-    agent = NodeAgent(config)
+    agent = compile_agent(registry, tmp_path, engine)
     monkeypatch.setattr(agent.local, "busy", lambda: True)  # requests always in flight
 
     async def run() -> None:
-        await agent.start()
-        client = ClusterClient({0: ("127.0.0.1", agent.port)}, token)
+        client, held, graph = await load_while_held(agent, manifest, began)
         try:
-            await client.connect()
-            await client.call(0, RegisterOp(model=MODEL, manifest=manifest))
-            held = asyncio.get_running_loop().create_future()  # as a multicast's pulls
-            agent.ctx.inflight.track(MODEL, asyncio.ensure_future(held))
-            blocks = tuple(range(manifest.num_blocks))
-            await client.call(0, LoadOp(model=MODEL, blocks=blocks, source="remote", tier="gpu"))
-            graph = agent.store.model(MODEL).runner.decode_graph
-            assert graph is not None
-            await until(lambda: graph.num_gate_waits == 1 or began != [])
             await asyncio.sleep(quiet_s + 3 * defer_s)
             assert began == [] and graph.compiling  # the transfer holds it past the bound
             held.set_result(None)

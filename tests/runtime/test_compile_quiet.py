@@ -59,6 +59,44 @@ def test_the_gate_follows_the_node() -> None:
     assert not quiet.update()  # quiet for 1 s only since the op began
 
 
+def compile_agent(registry: Path, tmp_path: Path, engine: EngineConfig) -> NodeAgent:
+    """An in-process agent whose engines compile decode graphs (`engine`)."""
+    return NodeAgent(
+        AgentConfig(
+            node=0,
+            cluster_id=secrets.token_hex(3),
+            token=secrets.token_hex(16),
+            disk_dir=tmp_path / "disk0",
+            remote_dir=registry,
+            preload_engine=False,
+            engine=engine,
+        )
+    )
+
+
+async def load_while_held(agent: NodeAgent, manifest, began: list) -> tuple:
+    """Start `agent` and load the model into it while work about the model is left running
+    (as a multicast's pulls: a transfer in flight); (client, the held work's future, the
+    model's decode graph once its compile thread waits at the gate or has begun)."""
+    await agent.start()
+    client = ClusterClient({0: ("127.0.0.1", agent.port)}, agent.config.token)
+    try:
+        await client.connect()
+        await client.call(0, RegisterOp(model=MODEL, manifest=manifest))
+        held = asyncio.get_running_loop().create_future()
+        agent.ctx.inflight.track(MODEL, asyncio.ensure_future(held))
+        blocks = tuple(range(manifest.num_blocks))
+        await client.call(0, LoadOp(model=MODEL, blocks=blocks, source="remote", tier="gpu"))
+        graph = agent.store.model(MODEL).runner.decode_graph
+        assert graph is not None  # asked for its graphs at the last block, and waits:
+        await until(lambda: graph.num_gate_waits == 1 or began != [])
+    except BaseException:
+        await client.close()
+        await agent.close()
+        raise
+    return client, held, graph
+
+
 def test_an_agent_compiles_only_after_its_blocks_landed_and_it_was_quiet(
     registry: Path, manifest, tmp_path: Path, monkeypatch
 ) -> None:
@@ -70,32 +108,12 @@ def test_an_agent_compiles_only_after_its_blocks_landed_and_it_was_quiet(
 
     monkeypatch.setattr(compiled.DecodeGraph, "_compile", recorded_compile)
     quiet_s = 1.0
-    token = secrets.token_hex(16)
-    config = AgentConfig(
-        node=0,
-        cluster_id=secrets.token_hex(3),
-        token=token,
-        disk_dir=tmp_path / "disk0",
-        remote_dir=registry,
-        preload_engine=False,
-        engine=EngineConfig(max_kv_tokens=512, compile_decode=True, compile_quiet_s=quiet_s),
-    )
-    agent = NodeAgent(config)
+    engine = EngineConfig(max_kv_tokens=512, compile_decode=True, compile_quiet_s=quiet_s)
+    agent = compile_agent(registry, tmp_path, engine)
 
     async def run() -> None:
-        await agent.start()
-        client = ClusterClient({0: ("127.0.0.1", agent.port)}, token)
+        client, held, graph = await load_while_held(agent, manifest, began)
         try:
-            await client.connect()
-            await client.call(0, RegisterOp(model=MODEL, manifest=manifest))
-            # Work about the model left running (as a multicast's pulls): the node is busy.
-            held = asyncio.get_running_loop().create_future()
-            agent.ctx.inflight.track(MODEL, asyncio.ensure_future(held))
-            blocks = tuple(range(manifest.num_blocks))
-            await client.call(0, LoadOp(model=MODEL, blocks=blocks, source="remote", tier="gpu"))
-            graph = agent.store.model(MODEL).runner.decode_graph
-            assert graph is not None  # asked for its graphs at the last block, and waits:
-            await until(lambda: graph.num_gate_waits == 1 or began != [])
             await asyncio.sleep(2 * quiet_s)
             assert began == [] and graph.compiling  # nothing began while the node was busy
             held.set_result(None)
