@@ -81,6 +81,9 @@ class LiveRecord:
     policy: str
     """`zigzag` or `best_effort`."""
     request_ids: tuple[int, ...]
+    source_role: str | None = None
+    """The source's P/D role when the batch started (None: no P/D); a decode source keeps
+    the batch's requests to decode there (`policy.blitzscale.handoff.decodes_where_prefilled`)."""
 
 
 class _Target:
@@ -266,6 +269,7 @@ class LiveScaling:
                 action.index,
                 action.schedule,
                 tuple(r.id for r in batch),
+                source.role,
             )
         )
         t.busy = True

@@ -66,3 +66,9 @@ def test_tbt_parts_sum_to_the_mean_tbt(blitz):
     keys += ("decode_queue_s", "decode_steps_s", "decoded_where_prefilled_s")
     assert sum(parts[k] for k in keys) == pytest.approx(float(tpot_s(blitz).mean()))
     assert parts["kv_transfer_s"] > 0 and parts["handed_off"] > 0
+
+
+def test_live_batches_record_their_source_role(blitz):
+    roles = {b.source_role for b in blitz.live_batches}
+    assert blitz.live_batches and None not in roles
+    assert roles <= {"prefill", "decode"}
