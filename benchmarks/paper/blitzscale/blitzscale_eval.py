@@ -37,6 +37,7 @@ Run: python benchmarks/paper/blitzscale/blitzscale_eval.py (a few minutes on one
 import argparse
 import logging
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -142,6 +143,10 @@ def ttft_6_1(duration_s: float = 1200.0) -> dict:
                     "mean_target_layers": float(np.mean([b.split[0] for b in raw.live_batches]))
                     if raw.live_batches
                     else 0.0,
+                    # the sources' P/D roles: a decode source decodes the batch (TBT)
+                    "batches_by_source_role": dict(
+                        Counter(str(b.source_role) for b in raw.live_batches)
+                    ),
                 }
         b = res["blitzscale"]
         w = {
