@@ -39,8 +39,9 @@ import torch
 from surge.config import EngineConfig
 from surge.engine.compiled import wait_for_compiles
 from surge.engine.device import pick_device
-from surge.engine.llm_engine import LLMEngine
+from surge.engine.llm_engine import LLMEngine, LocalExecutor
 from surge.engine.prompt_limits import context_limit
+from surge.engine.runner import ModelRunner
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import Manifest
 from surge.policy.blitzscale.monitor import StepProfile
@@ -96,7 +97,8 @@ def measure_steps(
     say = progress or (lambda msg: log.info("%s", msg))
     start_s = time.perf_counter()
     say(f"profiling {manifest.name} on {device_label(config)}: loading the engine")
-    engine = LLMEngine(manifest, config)
+    executor = LocalExecutor.from_store(manifest, config)
+    engine, runner = LLMEngine(manifest, config, executor), executor.runner
     rng = random.Random(0)
     vocab = manifest.arch.vocab_size
 
@@ -107,20 +109,20 @@ def measure_steps(
     chunk = config.prefill_chunk_tokens or config.max_prefill_tokens
     lengths = sorted({min(n, chunk, config.max_prefill_tokens, limit) for n in PREFILL_TOKENS})
     say("  settling the weights (fusing, packing: the first steps' work)")
-    _settle_weights(engine)
+    runner.weights.settle()  # fuse and pack now, as they serve once settled
     prefill = []
     for n in lengths:
         timings = partial(_prefill_times, engine, n, prompt, clock)
-        prefill.append((n, _steady(engine, timings)))
+        prefill.append((n, _steady(runner, timings)))
         say(f"  prefill {n:4d} tokens: {prefill[-1][1] * 1e3:8.1f} ms")
     batches = sorted({b for b in DECODE_BATCHES if b < config.max_num_seqs} | {config.max_num_seqs})
     decode = []
     for b in batches:
         for _ in range(2):  # a batch class no graph fits hands it to the compile thread
             _decode_times(engine, b, prompt, WARM_STEPS, clock)
-            _wait_for_compiles(engine)
+            _wait_for_compiles(runner)
         timings = partial(_decode_times, engine, b, prompt, DECODE_STEPS, clock)
-        decode.append((b, _steady(engine, timings)))
+        decode.append((b, _steady(runner, timings)))
         say(f"  decode batch {b:3d}: {decode[-1][1] * 1e3:8.1f} ms/step")
     say(f"profiled {manifest.name} in {time.perf_counter() - start_s:.1f} s")
     load = os.getloadavg()[0]
@@ -131,14 +133,6 @@ def measure_steps(
             "(`surge model profile --remeasure`)", manifest.name, load, os.cpu_count() or 1,
         )  # fmt: skip
     return StepProfile(tuple(prefill), tuple(decode))
-
-
-def _settle_weights(engine: LLMEngine) -> None:
-    """Fuse and pack the runner's weights now, as they serve once settled
-    (`BlockWeights.settle`; a serving engine does it a little per step)."""
-    weights = getattr(getattr(engine.executor, "runner", None), "weights", None)
-    if weights is not None:
-        weights.settle()
 
 
 def _timed_step(engine: LLMEngine, clock: Callable[[], float]) -> float:
@@ -154,35 +148,31 @@ def _drain(engine: LLMEngine) -> None:
     engine.seqs.clear()
 
 
-def _wait_for_compiles(engine: LLMEngine) -> None:
-    """Wait until no background compile runs: this engine's compile thread, every job it
+def _wait_for_compiles(runner: ModelRunner) -> None:
+    """Wait until no background compile runs: this runner's compile thread, every job it
     holds (`DecodeGraph.wait`), and any other in the process (`wait_for_compiles`)."""
-    wait = getattr(_decode_graph(engine), "wait", None)
-    done = wait(COMPILE_WAIT_S) if wait is not None else True
+    graph = runner.decode_graph
+    done = graph.wait(COMPILE_WAIT_S) if graph is not None else True
     if not (done and wait_for_compiles(COMPILE_WAIT_S)):
         log.warning("step profile: decode graphs still compiling after %.0f s", COMPILE_WAIT_S)
 
 
-def _decode_graph(engine: LLMEngine) -> object | None:
-    return getattr(getattr(engine.executor, "runner", None), "decode_graph", None)
+def _compiles(runner: ModelRunner) -> tuple[int, bool]:
+    """This runner's compiles so far, and whether one runs now (no graph: none ever)."""
+    graph = runner.decode_graph
+    return (0, False) if graph is None else (graph.num_compiles, graph.compiling)
 
 
-def _compiles(engine: LLMEngine) -> tuple[int, bool]:
-    """This engine's compiles so far, and whether one runs now (no graph: none ever)."""
-    graph = _decode_graph(engine)
-    return getattr(graph, "num_compiles", 0), bool(getattr(graph, "compiling", False))
-
-
-def _steady(engine: LLMEngine, timings: Callable[[], list[float]]) -> float:
+def _steady(runner: ModelRunner, timings: Callable[[], list[float]]) -> float:
     """The least of `timings` (another process on the machine only ever adds time) taken
     while no background compile ran (its CPU and the GIL would count): once none runs,
     timed; timed again if one ran meanwhile (a compile started, ended, or is running)."""
     times: list[float] = []
     for _ in range(MAX_TRIES):
-        _wait_for_compiles(engine)
-        before = _compiles(engine)
+        _wait_for_compiles(runner)
+        before = _compiles(runner)
         times = timings()
-        if _compiles(engine) == before and wait_for_compiles(0):
+        if _compiles(runner) == before and wait_for_compiles(0):
             break
         log.info("step profile: a decode graph compiled while timing: timing again")
     return min(times)
