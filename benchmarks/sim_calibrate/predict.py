@@ -46,7 +46,7 @@ def simulate_burst(
     out by `base`'s system (λScale §7's baselines: `faasnet`, `nccl`, `serverlessllm`)."""
     from benchmarks.scaleout.burst_run import percentile
     from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
-    from surge.policy.autoscale import AutoscaleSettings
+    from surge.policy.autoscale_settings import AutoscaleSettings
     from surge.policy.systems import system_config
     from surge.sim.settings import SimSettings
     from surge.sim.simulator import Simulation

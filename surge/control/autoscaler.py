@@ -42,7 +42,8 @@ from surge.events import (
     ScaleOutDone,
     ScaleOutStarted,
 )
-from surge.policy.autoscale import AutoscaleSettings, decide
+from surge.policy.autoscale import decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.monitor import profiled
 from surge.policy.blitzscale.pd import serving_floor, with_monitor
 from surge.policy.flexpipe.hrg import ScalingMark

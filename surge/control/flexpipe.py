@@ -34,7 +34,7 @@ from surge.control.scaleout_side import record_marks
 from surge.control.scaleouts import own_tiers
 from surge.control.state import Deployment, FlexPipeRecord, Instance
 from surge.events import NO_BUS, EventBus, Refactor
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.flexpipe.granularity import cv_of_arrivals
 from surge.policy.flexpipe.groups import (
     GroupView,

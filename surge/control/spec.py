@@ -13,7 +13,7 @@ from typing import Any
 
 from surge.errors import SurgeError, shorten
 from surge.policy.admission import AdmissionSettings
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdTargets
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.slo import Slo
@@ -60,7 +60,7 @@ def _optional(d: dict, key: str, default: float | None, minimum: float) -> float
 
 
 def autoscaling_from_json(d: Any, base: AutoscaleSettings | None = None) -> AutoscaleSettings:
-    """A deployment's autoscaler knobs (`surge.policy.autoscale.AutoscaleSettings`, Ray Serve
+    """A deployment's autoscaler knobs (`policy.autoscale_settings.AutoscaleSettings`, Ray Serve
     names) from JSON over `base` (its system's `autoscale`, default `AutoscaleSettings()`: a
     field left out keeps the base's value); unknown fields and bad values raise
     `SurgeError` naming the field."""

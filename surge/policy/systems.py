@@ -7,14 +7,14 @@ where a new instance's weights come from (`load`, decided per destination by
 it serves while loading (`surge.policy.loading`: execution pipelines, BlitzScale live
 scaling, or load-then-serve), ParaServe's group sizing (Alg. 1) and consolidation
 (§6.1 predictor), how the host cache behaves (`surge.policy.copies.keepalive`), the
-autoscaler's settings (`surge.policy.autoscale`), and P/D disaggregation. No system has
-code of its own in the runtime or the simulator: both read these fields.
+autoscaler's settings (`surge.policy.autoscale_settings`), and P/D disaggregation. No system
+has code of its own in the runtime or the simulator: both read these fields.
 """
 
 from dataclasses import dataclass, field, replace
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdSettings
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.router import ROUTINGS

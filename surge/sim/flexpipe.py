@@ -12,7 +12,7 @@ while the group keeps serving, then it runs with the new stages and the freed GP
 
 from collections.abc import Callable
 
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.flexpipe.granularity import GranularityState, cv_of_arrivals
 from surge.policy.flexpipe.groups import (
     GroupView,

@@ -23,13 +23,8 @@ from collections.abc import Callable
 from itertools import chain
 
 from surge.events import InstanceDrained, ScaleOutStarted
-from surge.policy.autoscale import (
-    AutoscaleSettings,
-    InstanceLoad,
-    PoolLoad,
-    ScaleDecision,
-    decide,
-)
+from surge.policy.autoscale import InstanceLoad, PoolLoad, ScaleDecision, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.flexpipe.microbatch import pipeline_micro_batches
 from surge.policy.paraserve.gpu_share import pipeline_speed

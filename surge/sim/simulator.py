@@ -25,7 +25,7 @@ import numpy as np
 
 from surge.errors import SurgeError
 from surge.events import DeploymentUp, NodesKnown, Recorder
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.monitor import InstanceCosts, profiled
 from surge.policy.blitzscale.pd import PdTargets, serving_floor
 from surge.policy.multicast.block_count import BlockCountSettings, choose_block_count

@@ -11,7 +11,7 @@ from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
 from surge.control.spec import DeploymentSpec
 from surge.control.state import FlexPipeRecord
 from surge.model.manifest import read_manifest
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.router import Endpoint, route
 from surge.policy.systems import serve_system
 from surge.runtime.migration.refactor import FlexPipeline

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from surge.control.load_monitor import pool_load as runtime_pool_load
-from surge.policy.autoscale import AutoscaleSettings, AutoscaleState, ScaleDecision, decide
+from surge.policy.autoscale import AutoscaleState, ScaleDecision, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.sim.pools import Pool
 from surge.sim.scaling import pool_load as sim_pool_load
 

@@ -9,7 +9,6 @@ import pytest
 
 from surge.errors import SurgeError
 from surge.policy.autoscale import (
-    AutoscaleSettings,
     AutoscaleState,
     InstanceLoad,
     PoolLoad,
@@ -17,6 +16,7 @@ from surge.policy.autoscale import (
     idle_since,
     ready_floor,
 )
+from surge.policy.autoscale_settings import AutoscaleSettings
 
 
 def _busy(iid: int, n: int) -> InstanceLoad:

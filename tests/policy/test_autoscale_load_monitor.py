@@ -4,7 +4,8 @@ instance drive scale-out; the 2 s timeout drives scale-down. Pure: time is passe
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings, AutoscaleState, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.systems import system_config
 
 BLITZ = system_config("blitzscale").autoscale

@@ -7,15 +7,9 @@ floor, and the keep-alive and the peak's lapse counted again from the restart.""
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import (
-    AutoscaleSettings,
-    AutoscaleState,
-    InstanceLoad,
-    PoolLoad,
-    decide,
-    idle_since,
-)
+from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide, idle_since
 from surge.policy.autoscale_restart import Restart, carry
+from surge.policy.autoscale_settings import AutoscaleSettings
 
 STEP_S = 1.0
 

@@ -6,7 +6,8 @@ concurrency target."""
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.monitor import InstanceCosts, bounds, profiled
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config

@@ -5,7 +5,7 @@ holds their load while none does; idle (draining) groups are left alone."""
 
 from dataclasses import replace
 
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.flexpipe.groups import GroupView, Recut, group_refactors, pipeline_target
 from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.router import PACK_MAX_OVER_TARGET, Endpoint, route

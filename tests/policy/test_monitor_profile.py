@@ -6,7 +6,7 @@ batch beyond the largest along the last segment), not any constant."""
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.monitor import StepProfile, bounds, profile_costs, profiled
 from surge.policy.slo import Slo
 

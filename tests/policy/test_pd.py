@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings, PoolLoad, decide
+from surge.policy.autoscale import PoolLoad, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import (
     DECODE,
     PREFILL,

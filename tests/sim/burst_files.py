@@ -44,7 +44,7 @@ def burst_sim(
     (`settings_kw`: more `SimSettings` fields)."""
     from dataclasses import replace
 
-    from surge.policy.autoscale import AutoscaleSettings
+    from surge.policy.autoscale_settings import AutoscaleSettings
 
     path = cluster_file(tmp_path, nodes)
     cluster = json.loads(Path(path).read_text())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.systems.flexpipe_sim import quick_release
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.flexpipe.groups import pipeline_autoscale
 from surge.policy.systems import system_config
 from surge.sim.costs import cost_model

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks.systems.flexpipe_sim import quick_release
-from surge.policy.autoscale import FORGET_PEAK_AFTER_IDLE_S
+from surge.policy.autoscale_settings import FORGET_PEAK_AFTER_IDLE_S
 from surge.policy.systems import FLEXPIPE_RECLAIM_S, SystemConfig, system_config
 from surge.sim.events import Priority
 from surge.sim.metrics import gpus_over_time

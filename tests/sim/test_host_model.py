@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from surge.events import InstanceUp, Recorder
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.loading import GoLocal
 from surge.policy.systems import system_config
 from surge.sim.host import DedicatedHost

@@ -3,7 +3,8 @@
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.copies.keepalive import CacheEntry, CacheSettings, admit, expired
 from surge.policy.placement import MachineView, PlacementRequest, place
 from surge.policy.router import Endpoint, route

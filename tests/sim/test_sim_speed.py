@@ -12,7 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from surge.policy.autoscale import AutoscaleSettings, AutoscaleState, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.systems import system_config
 from surge.sim import scaling, simulator
 from surge.sim.events import Priority

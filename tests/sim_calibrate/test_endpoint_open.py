@@ -10,7 +10,7 @@ import pytest
 from benchmarks.sim_calibrate.testbed import TestbedHost
 from surge.errors import SurgeError
 from surge.events import BlockLanded, InstanceUp, PipelineOpened, Recorder
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.systems import system_config
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation

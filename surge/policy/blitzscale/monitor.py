@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.slo import Slo
 
 

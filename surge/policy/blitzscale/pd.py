@@ -45,7 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import RATE_WINDOW_S, AutoscaleSettings
+from surge.policy.autoscale import RATE_WINDOW_S
+from surge.policy.autoscale_settings import AutoscaleSettings
 
 PREFILL = "prefill"
 DECODE = "decode"

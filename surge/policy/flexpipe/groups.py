@@ -14,7 +14,7 @@ The controller's granularity loop (`control/flexpipe.py`) and the simulator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from surge.policy.autoscale import AutoscaleSettings
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.flexpipe.settings import FlexPipeSettings
 
 
