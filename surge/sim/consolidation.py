@@ -21,10 +21,10 @@ from surge.policy.paraserve.placement import ServerNetwork, admit_background, fi
 from surge.policy.paraserve.predictor import consolidate_group
 from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
+from surge.sim.instance_factory import tp_for
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.prefetch import Prefetches
-from surge.sim.scaling import tp_for
 from surge.sim.world import World
 
 

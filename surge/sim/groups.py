@@ -41,10 +41,10 @@ from surge.sim.flexpipe import FlexPipe
 from surge.sim.gpus import Gpus
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
+from surge.sim.instance_factory import tp_for
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.prefetch import Prefetches
-from surge.sim.scaling import tp_for
 from surge.sim.world import World
 
 DEFAULT_PROMPT_TOKENS = 512

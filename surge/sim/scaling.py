@@ -1,4 +1,4 @@
-"""Scaling: the autoscaler's decisions carried out, GPUs accounted, instances built.
+"""Scaling: the autoscaler's decisions carried out, GPUs accounted.
 
 In: autoscaler checks (`check_soon` at the next decision tick, `check_after_idle` after
 the downscale delay, or a `wake_at_s` the policy asks for). Out: scale-outs (placement by
@@ -10,11 +10,8 @@ system's settings; under P/D each decision is first a look of the P/D monitor
 wish for one more instance, added by `policy.blitzscale.pd.with_monitor`), and each
 scale-out of a system that mutates carries out `policy.blitzscale.pd.scale_out_mutations`
 (`PdPool.scale_out`), as `surge serve`'s autoscaler tick does (`control/pd.py`,
-`control/autoscaler.py`).
-
-`InstanceFactory` builds every endpoint (plain instances, execution pipelines, ParaServe
-groups and the instances they consolidate into) with every field declared in
-`Instance.__init__`.
+`control/autoscaler.py`). New instances are built by `sim/instance_factory.py`'s
+`InstanceFactory`.
 """
 
 import dataclasses
@@ -26,92 +23,15 @@ from surge.events import InstanceDrained, ScaleOutStarted
 from surge.policy.autoscale import InstanceLoad, PoolLoad, ScaleDecision, decide
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import with_monitor
-from surge.policy.flexpipe.microbatch import pipeline_micro_batches
-from surge.policy.paraserve.gpu_share import pipeline_speed
-from surge.policy.placement import (
-    MIN_KV_FRACTION,
-    WEIGHT_HEADROOM,
-    GpuGroup,
-    MachineView,
-    PlacementRequest,
-    place,
-    prefers_host_copy,
-    tp_size,
-)
-from surge.sim.costs import cost_model
-from surge.sim.engine_spec import EngineSpec
+from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
 from surge.sim.events import Priority
 from surge.sim.gpus import Gpus
-from surge.sim.hardware import NodeGroup
-from surge.sim.host import HostModel
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
-from surge.sim.models import ModelProfile
+from surge.sim.instance_factory import InstanceFactory
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
 from surge.sim.world import KEY_STRIDE, World
-
-
-class InstanceFactory:
-    """Builds endpoints: cost model, KV capacity and limits from the model and GPUs."""
-
-    def __init__(
-        self,
-        world: World,
-        requests: Requests,
-        host: HostModel,
-    ) -> None:
-        self.world = world
-        self.requests = requests
-        self.host = host
-        """Told of every endpoint made (`HostModel.attach`)."""
-        self.next_id = 0
-
-    def make(self, pool: Pool, placement: Placement, pipeline: bool = False) -> Instance:
-        """A new endpoint of `pool` on `placement`; its workers run in stage order (one
-        activation hop per stage boundary). `pipeline`: an execution pipeline, with
-        `SimSettings.pipeline_micro_batches` micro-batches in flight (None: one per stage)
-        and that many times the batch limit."""
-        world, settings = self.world, self.world.settings
-        slot = world.models[pool.model]
-        tp = len(placement.gpus)
-        # a worker holding a share of its GPU holds that share of its memory (ParaServe
-        # §4.1.1) and computes at that quota: the group's speed, `pipeline_speed`
-        mem = slot.group.gpu.memory_bytes * settings.kv_memory_fraction * placement.gpu_count
-        speed = settings.pipeline_speed if pipeline else 1.0
-        if placement.shares:
-            speed *= pipeline_speed(placement.shares)
-        # λScale §4.3 Fig. 6a: each stage of a pipeline works on a different batch (None);
-        # an int is this runtime's fixed count of micro-batch groups (`SimSettings`)
-        staged = pipeline and settings.pipeline_micro_batches is None
-        micro = 1
-        if pipeline:
-            micro = settings.pipeline_micro_batches or pipeline_micro_batches(
-                len(placement.workers)
-            )
-        self.next_id += 1
-        spec = EngineSpec(
-            cost_model(slot.profile, slot.group.gpu, tp),
-            pool.role,
-            settings.max_batch * micro,
-            kv_capacity_tokens(mem, slot.profile),
-            settings.max_prefill_tokens,
-            speed=speed,
-            hop_s=(len(placement.workers) - 1) * world.system.stage_hop_s,
-        )
-        inst = Instance(
-            KEY_STRIDE + self.next_id,
-            world.loop,
-            spec,
-            self.requests.on_done,
-            self.requests.on_prefilled,
-            placement=placement,
-            pool_key=pool.key,
-        )
-        if staged:
-            inst.set_micro_batches(micro, len(placement.workers))
-        self.host.attach(inst)
-        return inst
 
 
 class Scaler:
@@ -376,20 +296,3 @@ def every_endpoint(pool: Pool) -> list[Instance]:
     """Every endpoint of `pool`: its instances, loading ones too, and open execution
     pipelines (`Pool.endpoints` is what the router may choose: serving, P/D-routable)."""
     return [*pool.instances, *pool.pipelines]
-
-
-def gpu_group(group: NodeGroup) -> GpuGroup:
-    """A node group as `policy.placement` sees it."""
-    return GpuGroup(group.gpu.memory_bytes, group.gpus_per_node)
-
-
-def kv_capacity_tokens(mem_bytes: float, profile: ModelProfile) -> int:
-    """KV tokens an instance with `mem_bytes` of GPU memory holds beside `profile`'s
-    weights (and their activation headroom; at least `MIN_KV_FRACTION` of the memory)."""
-    kv_bytes = max(mem_bytes - profile.total_bytes * WEIGHT_HEADROOM, mem_bytes * MIN_KV_FRACTION)
-    return int(kv_bytes // profile.kv_bytes_per_token)
-
-
-def tp_for(group: NodeGroup, nbytes: int, kv_memory_fraction: float) -> int | None:
-    """`policy.placement.tp_size` on one of this run's node groups."""
-    return tp_size(gpu_group(group), nbytes, kv_memory_fraction)

@@ -43,13 +43,14 @@ from surge.sim.groups import Groups
 from surge.sim.hardware import ClusterProfile, load_cluster
 from surge.sim.host import DedicatedHost, HostFactory
 from surge.sim.host_cache import HostCache
+from surge.sim.instance_factory import InstanceFactory, gpu_group
 from surge.sim.loading import Loader
 from surge.sim.models import ModelProfile, load_model
 from surge.sim.pd import PdPool
 from surge.sim.pools import Pool, Requests
 from surge.sim.request import SimRequest
 from surge.sim.result import SimResult, handoffs_of
-from surge.sim.scaling import InstanceFactory, Scaler, gpu_group
+from surge.sim.scaling import Scaler
 from surge.sim.settings import SimSettings
 from surge.sim.world import ModelSlot, World
 from surge.traces.request import Trace

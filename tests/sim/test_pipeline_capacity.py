@@ -106,10 +106,10 @@ def test_pipeline_speed_slows_execution_pipelines_only():
     from types import SimpleNamespace
 
     from surge.sim.host import DedicatedHost
+    from surge.sim.instance_factory import InstanceFactory
     from surge.sim.placement import Placement
     from surge.sim.pools import Pool
     from surge.sim.request import SimRequest
-    from surge.sim.scaling import InstanceFactory
 
     def done_s(pipeline: bool, speed: float) -> float:
         settings = SimSettings(

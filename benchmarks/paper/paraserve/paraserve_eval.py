@@ -55,9 +55,9 @@ from surge.policy.paraserve.gpu_share import pipeline_speed
 from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec, gpu_profile
+from surge.sim.instance_factory import kv_capacity_tokens
 from surge.sim.metrics import slo_met, tpot_s, ttft_s
 from surge.sim.models import load_model
-from surge.sim.scaling import kv_capacity_tokens
 from surge.sim.scenario import load_scenario
 from surge.sim.scenario_traffic import build_trace
 from surge.sim.settings import SimSettings
