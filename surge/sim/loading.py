@@ -31,6 +31,7 @@ from surge.sim.host import HostModel
 from surge.sim.host_cache import HostCache
 from surge.sim.instance import Instance
 from surge.sim.live_scaling import LiveScaling
+from surge.sim.loading_actions import LoadingActions
 from surge.sim.multicast_load import MulticastLoads
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool, Requests
@@ -56,6 +57,8 @@ class Loader:
         self.requests = requests
         self.cache = cache
         self.make_endpoint = make_endpoint
+        self.host = host
+        """Told of every transfer, and what each loading action costs (`HostModel`)."""
         self.staging: dict[int, list[Instance]] = {}
         """Per model: instances waiting for a cold leader's host copy."""
         self.live = LiveScaling(world, requests)
@@ -63,16 +66,10 @@ class Loader:
         self.staged: set[tuple[int, int]] = set()
         """(machine, model) whose host copy a cold leader brought in (counts as a host
         copy even where the cache policy did not keep it)."""
+        self.actions = LoadingActions(world, requests, self.live, make_endpoint, self.ready)
+        """Loading actions carried out, a multicast's and a warm group's alike."""
         self.multicasts = MulticastLoads(
-            world,
-            pools,
-            requests,
-            self.live,
-            make_endpoint,
-            host,
-            num_blocks,
-            self.ready,
-            self.load_local,
+            world, pools, self.live, self.actions, host, num_blocks, self.load_local
         )
 
     # --- readiness ------------------------------------------------------------------
@@ -81,7 +78,7 @@ class Loader:
 
         def go() -> None:
             if inst.released:
-                self.multicasts.mode_switch.hand_over(pool, inst)  # its mode-switch share goes back
+                self.actions.mode_switch.hand_over(pool, inst)  # its mode-switch share goes back
                 return
             inst.serving = True
             inst.loaded = True
@@ -95,7 +92,7 @@ class Loader:
             self.world.publish(
                 InstanceUp, model=name, node=inst.machine, name=f"{name}-m{inst.machine}"
             )
-            self.multicasts.mode_switch.hand_over(pool, inst)  # λScale §4.4: its share first
+            self.actions.mode_switch.hand_over(pool, inst)  # λScale §4.4: its share first
             self.requests.drain(pool)
             self.live.redistribute(pool, inst)
 
@@ -198,7 +195,9 @@ class Loader:
                 self.load_local(pool, by_id[load.node], source)
         for g in groups:
             members = [by_id[n] for n in g.nodes]
-            start_warm_group(self.multicasts, self.cache, pool, g, members, world.system.num_blocks)
+            start_warm_group(
+                self.actions, self.host, self.cache, pool, g, members, world.system.num_blocks
+            )
         if plan.receivers:
             world.result.network_loads += len(plan.receivers)
             run = functools.partial(self.multicasts.start, pool, plan, by_id)

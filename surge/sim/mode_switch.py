@@ -5,7 +5,7 @@ the whole model) and its member instances. Out: each request handed to the membe
 `surge.policy.loading.spread_evenly` names — held until that member's instance serves
 (`hand_over`, called by `Loader.ready`) — or, where no member has room (and under P/D, or
 with every member gone), back at the head of the pool's queue. The runtime carries out the
-same spread in `Server.retire(name, spread_over=...)`. Owned by `MulticastLoads`.
+same spread in `Server.retire(name, spread_over=...)`. Owned by `LoadingActions`.
 """
 
 from surge.policy.loading import spread_evenly

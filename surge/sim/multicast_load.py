@@ -2,9 +2,10 @@
 
 In: a pool, the `StartupPlan` `plan_startup` made (sources: GPU copies and host copies,
 receivers) and its instances (`Loader` hands them over). Out: flows on the cluster's
-links (`MulticastRun`) and the loading actions carried out as blocks arrive: execution
-pipelines opened and retired, live targets, instances going local (their TP fan-out,
-then `ready`). Every decision is a policy call:
+links (`MulticastRun`; a TP receiver's shards fanned out from its lead GPU) and the
+loading actions as blocks arrive, through a `Carrier`: live targets here, the rest
+(execution pipelines opened and retired, instances going local, then `ready`) by
+`sim/loading_actions.py`. Every decision is a policy call:
 - the multicast plan and its execution pipelines: `surge.policy.multicast.scale_out.plan_scale_out`;
 - what opens, goes live, goes local and retires as blocks arrive:
   `surge.policy.loading.LoadingState` (λScale §4.3-§4.4, BlitzScale §4);
@@ -20,16 +21,9 @@ import functools
 import math
 from collections.abc import Callable
 
-from surge.events import BlockLanded, PipelineRetired
+from surge.events import BlockLanded
 from surge.policy.blitzscale.live_scaling import layer_load_s
-from surge.policy.loading import (
-    GoLive,
-    GoLocal,
-    LoadingSettings,
-    LoadingState,
-    OpenPipeline,
-    RetirePipeline,
-)
+from surge.policy.loading import GoLive, LoadingSettings, LoadingState
 from surge.policy.multicast.cluster import Cluster
 from surge.policy.multicast.nvlink_replication import shards_per_block
 from surge.policy.multicast.plan import Transfer
@@ -40,10 +34,9 @@ from surge.sim.flows import Link
 from surge.sim.host import HostModel
 from surge.sim.instance import Instance
 from surge.sim.live_scaling import LiveScaling
-from surge.sim.mode_switch import SpreadRequests
+from surge.sim.loading_actions import LoadingActions
 from surge.sim.multicast_run import MulticastRun
-from surge.sim.placement import Placement
-from surge.sim.pools import Pool, Requests
+from surge.sim.pools import Pool
 from surge.sim.world import HOST_NODE, World
 
 
@@ -70,32 +63,26 @@ class MulticastLoads:
         self,
         world: World,
         pools: dict[tuple[int, str], Pool],
-        requests: Requests,
         live: LiveScaling,
-        make_endpoint: Callable[[Pool, Placement, bool], Instance],
+        actions: LoadingActions,
         host: HostModel,
         num_blocks: Callable[[int, int, int], int],
-        ready: Callable[[Pool, Instance, float], None],
         load_local: Callable[[Pool, Instance, str], None],
     ) -> None:
         self.world = world
         self.pools = pools
-        self.requests = requests
         self.live = live
-        self.make_endpoint = make_endpoint
+        self.actions = actions
+        """Carries out the loading actions other than `GoLive` (`sim/loading_actions.py`)."""
         self.host = host
         """Told of every block transfer and asked what each loading action costs."""
         self.num_blocks = num_blocks
         """B for (model, N, K): the system's, or the elbow (`SimSettings.block_count`)."""
-        self.ready = ready
-        """`Loader.ready`: an instance holding the whole model serves after a delay."""
         self.load_local = load_local
         """`Loader.load_local`: the fallback when every source is gone."""
         self.host_sending: dict[int, int] = {}
         """Per machine: multicasts its host copy is sending now (`Instance.sending` for a
         GPU copy); `policy.startup` ranks sources by the egress they have left."""
-        self.mode_switch = SpreadRequests(requests)
-        """Where retired pipelines' requests go (λScale §4.4)."""
         self.inflight: dict[int, ChainTail] = {}
         """Per receiving instance id: the blocks landed so far, for later multicasts that
         chain from it (`policy.startup` tier `loading`)."""
@@ -238,7 +225,7 @@ class MulticastLoads:
                 load_s = functools.partial(layer_load_s, landed[action.node])
                 self.live.go_live(pool, inst, held, load_s)
             else:
-                self.carry_out(pool, action, plan_nodes, opened)
+                self.actions.carry_out(pool, action, plan_nodes, opened)
 
         carrier = Carrier(world.loop, receivers[0].id, self.host.action_s, carry)
 
@@ -324,50 +311,6 @@ class MulticastLoads:
                     return i
         raise KeyError(iid)
 
-    def carry_out(
-        self,
-        pool: Pool,
-        action: object,
-        plan_nodes: list[Instance | None],
-        opened: dict[int, Instance],
-    ) -> None:
-        """One `surge.policy.loading` action (`GoLive` goes to `self.live`) of a multicast
-        or a warm group (`sim/warm_load.py`)."""
-
-        def node(v: int) -> Instance:
-            inst = plan_nodes[v]
-            assert inst is not None, "loading actions name receivers, never host sources"
-            return inst
-
-        if isinstance(action, OpenPipeline):
-            members = [node(v) for v in action.pipeline.nodes]
-            if any(m.released for m in members):
-                return
-            placement = Placement(tuple(m.gpus for m in members), members[0].machine)
-            ep = self.make_endpoint(pool, placement, True)
-            ep.serving = True
-            self.world.result.endpoints_up[ep.id] = (self.world.loop.now_s, len(members))
-            opened[action.index] = ep
-            pool.pipelines.append(ep)
-            self.world.event(pool.model, pool.role, "pipeline")
-            self.world.publish_pipeline(
-                pool.model, action.pipeline, [m.machine for m in members], f"pipe{ep.id}"
-            )
-            self.requests.drain(pool)
-        elif isinstance(action, RetirePipeline):
-            ep = opened.pop(action.index, None)
-            if ep is not None:
-                pool.pipelines.remove(ep)
-                ep.released = True
-                name = self.world.models[pool.model].name
-                self.world.publish(PipelineRetired, model=name, name=f"{name}-pipe{ep.id}")
-                self.mode_switch.spread_retired(
-                    pool, ep.drain(), [node(v) for v in action.pipeline.nodes]
-                )
-        elif isinstance(action, GoLocal):
-            self.live.go_local(node(action.node))
-            self._go_local(pool, node(action.node))
-
     def _shard_block(self, inst: Instance, block_bytes: int, done: Callable[[], None]) -> None:
         """λScale §4.3 Case 2: a block landed on `inst`'s lead GPU; its other GPUs' shards
         go over the machine's link at once; `done` once every GPU holds its shard."""
@@ -383,14 +326,6 @@ class MulticastLoads:
         for g in rest:
             path = world.state.gpu_to_gpu(inst.gpus[0], g)
             world.net.start(path, math.ceil(block_bytes / len(inst.gpus)), one_done)
-
-    def _go_local(self, pool: Pool, inst: Instance) -> None:
-        """The instance holds the whole model (one GPU, or every block's shards on each of
-        its GPUs: `_shard_block`): it starts, unless it was released meanwhile."""
-        if inst.released:
-            self.mode_switch.hand_over(pool, inst)  # its share goes back to the queue
-            return
-        self.ready(pool, inst, self.world.system.init_s)
 
 
 def _forward(block: int, runs: list[MulticastRun], node: int) -> None:

@@ -24,6 +24,7 @@ from surge.runtime.protocol import BlockArrived
 from surge.runtime.scaleout import multicast as runtime_multicast
 from surge.runtime.scaleout.context import ControllerHooks, ScaleOutContext
 from surge.sim import multicast_load as sim_multicast
+from surge.sim.loading_actions import LoadingActions
 from tests.parity.conftest import FakeClient
 from tests.parity.sim_world import entry_pool, instance_on, simulation
 
@@ -138,13 +139,13 @@ def _sim_log(seed: int, tmp_path) -> tuple[list, Plan]:
         gpus = {g for w in ep.placement.workers for g in w}
         return tuple(sorted(machine[i.id] for i in new if i.gpus[0] in gpus))
 
-    spread_retired = sim.loader.multicasts.mode_switch.spread_retired
+    spread_retired = sim.loader.actions.mode_switch.spread_retired
 
     def spread(pool, reqs, members) -> None:
         log.append(("spread", tuple(m.machine for m in members)))
         spread_retired(pool, reqs, members)
 
-    sim.loader.multicasts.mode_switch.spread_retired = spread  # type: ignore[method-assign]
+    sim.loader.actions.mode_switch.spread_retired = spread  # type: ignore[method-assign]
 
     class Recording(list):
         def append(self, ep) -> None:
@@ -173,7 +174,7 @@ def _sim_log(seed: int, tmp_path) -> tuple[list, Plan]:
     patch = pytest.MonkeyPatch()
     with patch.context() as mp:
         mp.setattr(sim_multicast, "MulticastRun", Run)
-        mp.setattr(sim_multicast.MulticastLoads, "_go_local", fan_out)
+        mp.setattr(LoadingActions, "_go_local", fan_out)
         sim.loader.load(pool, new)
     return log, seen["plan"]
 

@@ -106,7 +106,7 @@ def _sim(case: Case, tmp_path) -> list:
     pool.instances.extend(new)
     machine = {i.id: i.machine for i in new}
 
-    def warm_group(multicasts, cache, pool, group, members, num_blocks) -> None:
+    def warm_group(actions, host, cache, pool, group, members, num_blocks) -> None:
         log.append(("warm", tuple(machine[n] for n in group.nodes), group.load_orders))
 
     def alone(self, pool, inst, source) -> None:

@@ -19,7 +19,7 @@ def test_a_retired_pipelines_requests_wait_for_their_member_not_the_queue(tmp_pa
     b = instance_on(sim, 2, serving=False)  # whole, its engine still starting
     reqs = [SimRequest(i, 0, 0.0, 16, 4) for i in range(5)]
     sim.loader.requests.unfinished += len(reqs)
-    sim.loader.multicasts.mode_switch.spread_retired(pool, list(reversed(reqs)), [a, b])
+    sim.loader.actions.mode_switch.spread_retired(pool, list(reversed(reqs)), [a, b])
     assert a.outstanding == 3 and b.outstanding == 0  # a: requests 0, 2, 4
     assert other.outstanding == 0 and not pool.queue
     sim.loader.ready(pool, b)  # b serves: its share (1, 3) starts there
@@ -34,7 +34,7 @@ def test_a_share_whose_member_was_given_back_returns_to_the_queue(tmp_path) -> N
     a = instance_on(sim, 1, serving=False)
     b = instance_on(sim, 2, serving=False)
     reqs = [SimRequest(i, 0, 0.0, 16, 4) for i in range(4)]
-    sim.loader.multicasts.mode_switch.spread_retired(pool, reqs, [a, b])
+    sim.loader.actions.mode_switch.spread_retired(pool, reqs, [a, b])
     b.released = True
     sim.loader.ready(pool, b)  # given back before it served: its share is not lost
     assert [r.id for r in pool.queue] == [1, 3]
