@@ -9,8 +9,8 @@ batch waits for lands, else every `LOOK_INTERVAL_S`, as the simulator's — buil
 (`policy.blitzscale.live_scaling.pick_target`): the layers it holds,
 the serving local instances (sources; under P/D the prefill ones count in the SLO check),
 the requests that have not started — the router's queue and those queued on the sources'
-agents (`LocalEndpoint.queued`; BlitzScale §4 step 1: "we redirect all queued requests from
-inst.0") —, and what this run measured — seconds per layer
+agents (`LocalEndpoint.queued`, read and taken by `live_queue.py`; BlitzScale §4 step 1:
+"we redirect all queued requests from inst.0") —, and what this run measured — seconds per layer
 from its block arrivals, the serving instances' prefill time per token
 (`Server.prefill_spans`), the queue's drain rate (`Server.departures`). Its
 `LiveScalingState.look` decides (the SLO check against `ctx.ttft_slo_s`, the schedule,
@@ -52,7 +52,6 @@ from surge.policy.blitzscale.live_scaling import (
     LiveSource,
     LiveView,
     RunBatch,
-    Waiting,
     layer_load_s,
     pick_target,
     redirect_order,
@@ -64,6 +63,15 @@ from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.consolidation import Deliver, live_prefill
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, held_layers
+from surge.runtime.scaleout.live_queue import (
+    Queued,
+    not_started,
+    queued_on,
+    routed,
+    take,
+    take_back,
+    waiting_view,
+)
 from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
@@ -87,42 +95,6 @@ def live_delivery(server: Server, old: LocalEndpoint) -> tuple[bool, Deliver | N
         return True, None
     keep = decodes_where_prefilled(pd.roles.get(old.name, PREFILL))
     return keep, functools.partial(pd.hold, old=old)
-
-
-Queued = tuple[ServeRequest, LocalEndpoint | None]
-"""A request that has not started and where it waits (None: the router's queue)."""
-
-
-def waiting_view(queued: list[Queued]) -> tuple[Waiting, ...]:
-    """`queued` as the policy sees it (`Waiting.source`: the source's node)."""
-    return tuple(
-        Waiting(r.arrival_t, len(r.prompt_token_ids), None if e is None else e.node)
-        for r, e in queued
-    )
-
-
-async def queued_on(eps: list[LocalEndpoint]) -> list[Queued]:
-    """What each instance's agent holds queued, not started (`LocalEndpoint.queued`); an
-    agent that does not answer (it died: failover retires it) holds none."""
-    found = await asyncio.gather(*(e.queued() for e in eps), return_exceptions=True)
-    out: list[Queued] = []
-    for e, reqs in zip(eps, found, strict=True):
-        if isinstance(reqs, BaseException):
-            log.info("%s: its queue could not be read (%r)", e.name, reqs)
-            continue
-        out.extend((r, e) for r in reqs)
-    return out
-
-
-async def take_back(chosen: list[Queued]) -> list[ServeRequest]:
-    """Take the chosen requests queued on instances back from their agents: those not
-    started meanwhile (`LocalEndpoint.take_queued`)."""
-    eps = list({id(e): e for _, e in chosen if e is not None}.values())
-    got = await asyncio.gather(
-        *(e.take_queued([r for r, at in chosen if at is e]) for e in eps),
-        return_exceptions=True,
-    )
-    return [r for reqs in got if not isinstance(reqs, BaseException) for r in reqs]
 
 
 class LiveScaling:
@@ -240,27 +212,6 @@ class LiveScaling:
             in_flight=len(self._running.get(new, ())),
         )
 
-    async def _waiting(self, olds: list[LocalEndpoint]) -> list[Queued]:
-        """Requests that have not started, each with where it waits: the router's queue
-        (None), then what each source's agent holds queued (§4 step 1)."""
-        return self._routed() + await queued_on(olds)
-
-    def _routed(self) -> list[Queued]:
-        """The router's queue's requests that have not started, FIFO."""
-        queue = self.ctx.server.queue
-        return [(r, None) for r in queue if not r.output_token_ids and not r.done.is_set()]
-
-    async def _take(self, chosen: list[Queued]) -> list[ServeRequest]:
-        """Take the chosen requests for a live batch, in their order: off the router's queue
-        (those still there, now, so the next look sees them gone), back from each source's
-        agent (those it has not started meanwhile)."""
-        server = self.ctx.server
-        queue = {id(r) for r in server.queue}
-        routed = [r for r, at in chosen if at is None and id(r) in queue]
-        server.take(routed)
-        got = {id(r) for r in routed} | {id(r) for r in await take_back(chosen)}
-        return [r for r, _ in chosen if id(r) in got]
-
     def _state(self, node: int) -> LiveScalingState:
         ctx = self.ctx
         if node not in self._states:
@@ -292,7 +243,7 @@ class LiveScaling:
             return False
         state = self._state(new)
         solved = state.num_schedules
-        waiting = await self._waiting(olds)
+        waiting = await not_started(server, olds)
         view = self._view(new, layers[new], olds, waiting)
         action = await asyncio.to_thread(state.look, view)
         if state.num_schedules != solved:
@@ -314,9 +265,9 @@ class LiveScaling:
         # The router's queue may have moved while the schedule was solved: the batch is the
         # oldest of what waits now, by the same rule (`redirect_order`); a source's request
         # that started meanwhile stays there.
-        now = self._routed() + [(r, e) for r, e in waiting if e is not None]
+        now = routed(server) + [(r, e) for r, e in waiting if e is not None]
         chosen = redirect_order(waiting_view(now))[: action.num_requests]
-        batch = await self._take([now[i] for i in chosen])
+        batch = await take(server, [now[i] for i in chosen])
         if not batch:
             return False
         task = asyncio.get_running_loop().create_task(self._run_batch(new, old, action, batch))
