@@ -6,31 +6,24 @@ in its tier, and buffers of held blocks (`buffer_of`) for peers. The host tier i
 memory (`tiers.HostCache`, pinned where the device copies); the gpu tier is each block's
 bytes on the device (`ModelState.device_blocks`, `model_state.py`) and the engine's runner
 over them. A block reaches the device through the device tier (`device_tier.py`), and it is
-announced in the gpu tier only once its copy there completed. Owned by the node agent
+announced in the gpu tier only once its copy there completed. A load reads each block from
+its source at that source's pace through `block_reads.py`. Owned by the node agent
 (`runtime/node/agent.py`).
 """
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from surge.emulation import block_charges
 from surge.errors import SurgeError
 from surge.model.manifest import BlockInfo, block_checksum, read_manifest
-from surge.policy.paraserve.prefetch import Priority
+from surge.runtime.node.block_reads import BlockReads, bucket, in_thread
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.device_tier import DeviceTier
 from surge.runtime.node.model_state import ModelState
-from surge.runtime.node.tiers import (
-    DiskTier,
-    HostCache,
-    LoadAborted,
-    RemoteRegistry,
-    check_shm_room,
-)
+from surge.runtime.node.tiers import DiskTier, HostCache, RemoteRegistry, check_shm_room
 from surge.runtime.protocol import (
     Ack,
     BlockArrived,
@@ -45,31 +38,9 @@ from surge.runtime.protocol import (
     RegisterReply,
     Source,
 )
-from surge.runtime.token_bucket import TokenBucket, gbps_to_bytes_per_s
 from surge.runtime.transport import Connection
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """`asyncio.to_thread`, except that a cancelled caller waits for the thread to end (a
-    dropped model's read ends at its next chunk), so a load's clean-up never races a read
-    or write still under way and nothing of a dropped model is written after it."""
-    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        await asyncio.wait([fut])
-        if not fut.cancelled():
-            fut.exception()  # retrieved: the caller is gone, nobody else wants it
-        raise
-
-
-def _bucket(gbps: float | None) -> TokenBucket:
-    """A read cap of `gbps` (None: unlimited)."""
-    return TokenBucket(gbps_to_bytes_per_s(gbps) if gbps else None)
 
 
 class AgentStore:
@@ -81,17 +52,14 @@ class AgentStore:
         self.host_cache = HostCache(config.cluster_id, config.node)
         self.device = DeviceTier(ctx, self.host_cache, memory)
         """The gpu tier's device side: the engine's device seam, blocks copied to it."""
-        self.disk = DiskTier(config.disk_dir, _bucket(config.disk_gbps))
-        self.pcie = _bucket(config.pcie_gbps)
-        """Paces a load from this node's host copy into its gpu tier (host -> GPU)."""
+        self.disk = DiskTier(config.disk_dir, bucket(config.disk_gbps))
         self.remote = (
-            RemoteRegistry(
-                config.remote_dir,
-                _bucket(config.remote_gbps),
-            )
+            RemoteRegistry(config.remote_dir, bucket(config.remote_gbps))
             if config.remote_dir
             else None
         )
+        self.reads = BlockReads(ctx, self.host_cache, self.disk, self.remote, self.model)
+        """A load's block reads from their source, each at its tier's pace."""
         self.models: dict[str, ModelState] = {}
         self.host_evictions: dict[str, int] = {}
         """Per model, how many host evictions it has had: a host load that sees the count
@@ -250,7 +218,7 @@ class AgentStore:
             missing = [i for i in infos if self.host_cache.get(op.model, i.index) is None]
             check_shm_room(op.model, missing, self.ctx.config.fault_shm_free_bytes)
         evictions = self.host_evictions.get(op.model, 0)
-        read, stop = self._read_source, state.dropped
+        read, stop = self.reads.read, state.dropped
         try:
             for info in infos:
                 evicted = self.host_evictions.get(op.model, 0) != evictions
@@ -274,9 +242,9 @@ class AgentStore:
                     buf = self.target_buffer(op.model, info.index, tier)
                     await in_thread(read, op.source, op.model, info, buf, op.priority, stop)
                 else:  # a warm start: the device copies straight from the (pinned) host copy
-                    buf = self._host_copy(op.model, info)
+                    buf = self.reads.host_copy(op.model, info)
                     cost = int(info.size_bytes * state.charge(info.index))
-                    await in_thread(self._pace_pcie, cost, stop)
+                    await in_thread(self.reads.pace_pcie, cost, stop)
                 landing = asyncio.get_running_loop().create_task(
                     land_after(landing, info.index, buf, adopt)
                 )
@@ -305,47 +273,6 @@ class AgentStore:
             log.warning("node %d keeps no host copy of %s: %s", self.ctx.node, name, e)
             return False
         return True
-
-    def _pace_pcie(self, num_bytes: int, stop: threading.Event | None = None) -> None:
-        """A host -> GPU copy's time on this node's PCIe cap (a worker thread); gives up
-        once `stop` is set (the model was dropped: `LoadAborted`)."""
-        self.pcie.consume_blocking(num_bytes, stop=stop)
-        if stop is not None and stop.is_set():
-            raise LoadAborted("a copy to the gpu tier stopped: its model was dropped")
-
-    def _read_source(
-        self,
-        source: Source,
-        name: str,
-        info: BlockInfo,
-        buf: memoryview,
-        priority: Priority = "critical",
-        stop: threading.Event | None = None,
-    ) -> None:
-        """Read one block of `name` from `source` into `buf` (a worker thread); gives up at
-        its next chunk once `stop` is set (the model was dropped: `LoadAborted`). Each byte
-        costs the block's charge on the paced tier (`ModelState.charge`: emulation)."""
-        charge = self.model(name).charge(info.index)
-        if source == "host":  # this node's own host copy into another tier
-            buf[: info.size_bytes] = self._host_copy(name, info)
-            self._pace_pcie(int(info.size_bytes * charge), stop)
-        elif source == "disk":
-            self.disk.read_into(name, info, buf, stop, charge=charge)
-        else:
-            if self.remote is None:
-                raise SurgeError(
-                    f"node {self.ctx.node} has no registry configured (start it with --remote-dir)"
-                )
-            # ParaServe §4.2: a background fetch shares the NIC with inference packets,
-            # which go first (a critical one is paced by the registry's cap alone)
-            nic = self.ctx.ingress if priority == "background" else None
-            self.remote.read_into(name, info, buf, nic, stop, charge=charge)
-
-    def _host_copy(self, name: str, info: BlockInfo) -> memoryview:
-        held = self.host_cache.get(name, info.index)
-        if held is None:
-            raise SurgeError(f"node {self.ctx.node} holds no host copy of block {info.index}")
-        return held[: info.size_bytes]
 
     async def op_evict(self, op: EvictOp, conn: Connection, p: memoryview) -> Ack:
         state = self.model(op.model)
