@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.model.manifest import Manifest
-from surge.policy.flexpipe.merge import adoptions
+from surge.policy.flexpipe.merge import MergeMove, adoptions, merge_move, phase_of
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
 from surge.policy.pipeline_batches import join_micro_batch
 from surge.runtime.client import ClusterClient
@@ -39,6 +39,7 @@ from surge.runtime.request import ServeRequest
 
 if TYPE_CHECKING:
     from surge.engine.llm_engine import LLMEngine, TokenEvent
+    from surge.engine.scheduler import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class HeadGroup:
     task: asyncio.Task | None = None
     budget_pages: int = 0
     """KV pages its engine may hold (its share of the stages' cache)."""
+    after_prefill: set[int] = field(default_factory=set)
+    """Ids of its sequences a merge retired it with partway through their prefill: offered
+    to the active engines once it is done (`PipelineEndpoint.hand_over_prefilled`)."""
 
 
 class PipelineEndpoint(Endpoint):
@@ -184,6 +188,8 @@ class PipelineEndpoint(Endpoint):
         (FlexPipe: inside its step gate)."""
         if not 1 <= count <= self.max_micro_batches:
             raise ValueError(f"{count} micro-batches: 1 to {self.max_micro_batches}")
+        if batch_retired and self.merge_gate is None and any(g.task for g in self.groups):
+            raise ValueError("a merge that batches the retired engines needs merge_gate")
         while len(self.groups) < count:
             self._add_group()
         self.num_micro_batches = count
@@ -193,17 +199,51 @@ class PipelineEndpoint(Endpoint):
         self.rebalance_kv()
 
     def _batch_retired(self) -> None:
-        """The engines past the count hand their sequences to those that stay
-        (`policy.flexpipe.merge.adoptions`; the simulator's `ServingEngine._retire`): a
-        decoding one keeps its id, so its K/V stays where it is at the stages, and joins
-        the next step of its new engine; requests not started move to its queue; those no
-        engine has room for stay. Between steps only."""
+        """The engines past the count hand their sequences to those that stay, each as its
+        phase says (`policy.flexpipe.merge.merge_move`; the simulator's
+        `ServingEngine._retire`): a decoding one keeps its id, so its K/V stays where it is
+        at the stages, and joins the next step of its new engine (`_adopt`); one partway
+        through its prefill finishes it here first (`hand_over_prefilled`); requests not
+        started move to its queue. Between steps of every engine only."""
         count = self.num_micro_batches
         active, retired = self.groups[:count], self.groups[count:]
-        decoding = [
-            [s for s in g.engine.scheduler.running if s.num_tokens - s.num_cached == 1]
-            for g in retired
-        ]
+        decoding: list[list[Sequence]] = []
+        fresh: list[ServeRequest] = []
+        for g in retired:
+            moves = self._merge_moves(g)
+            running = g.engine.scheduler.running
+            decoding.append([s for s in running if moves[s.seq_id] is MergeMove.JOIN_NOW])
+            g.after_prefill = {sid for sid, m in moves.items() if m is MergeMove.AFTER_PREFILL}
+            queued = [
+                s.seq_id
+                for s in g.engine.scheduler.waiting
+                if moves[s.seq_id] is MergeMove.QUEUE_NOW
+            ]
+            fresh += [g.seqs.pop(sid) for sid in g.engine.take_waiting(queued)]
+            fresh += g.pending
+            g.pending.clear()
+        self._adopt(active, retired, decoding)
+        for req in fresh:
+            g = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
+            g.pending.append(req)
+            g.wake.set()
+
+    @staticmethod
+    def _merge_moves(group: HeadGroup) -> dict[int, MergeMove]:
+        """Each sequence of a retired engine (by id), running then queued, and what the
+        merge does with it (`phase_of`: one never started has no token and nothing cached)."""
+        sched = group.engine.scheduler
+        unstarted = set(sched.unstarted())
+        return {
+            s.seq_id: merge_move(phase_of(s.seq_id not in unstarted, s.num_tokens - s.num_cached))
+            for s in (*sched.running, *sched.waiting)
+        }
+
+    def _adopt(
+        self, active: list[HeadGroup], retired: list[HeadGroup], decoding: list[list[Sequence]]
+    ) -> None:
+        """`retired[i]`'s `decoding[i]` sequences (its running order) to the active engines
+        by `adoptions`; those no engine has room for stay. Between steps of every engine."""
         moves = adoptions(
             [len(g.engine.scheduler.running) for g in active],
             [len(d) for d in decoding],
@@ -213,11 +253,6 @@ class PipelineEndpoint(Endpoint):
         for src, i, dst in moves:
             seq = retired[src].engine.hand_over(decoding[src][i].seq_id)
             handed.append((seq, retired[src].seqs.pop(seq.seq_id), active[dst]))
-        fresh: list[ServeRequest] = []
-        for g in retired:
-            fresh += [g.seqs.pop(sid) for sid in g.engine.take_waiting(g.engine.unstarted())]
-            fresh += g.pending
-            g.pending.clear()
         self.rebalance_kv()  # the pages the retired engines gave back go to the active ones
         for seq, req, g in handed:
             if g.engine.take_over(seq):
@@ -226,10 +261,32 @@ class PipelineEndpoint(Endpoint):
                 g.engine.executor.free([seq.seq_id])
                 g.pending.append(req)
             g.wake.set()
-        for req in fresh:
-            g = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
-            g.pending.append(req)
-            g.wake.set()
+
+    def prefills_done(self, group: HeadGroup) -> bool:
+        """Whether a sequence of `group` the merge left to finish its prefill
+        (`MergeMove.AFTER_PREFILL`) has finished it, or ended: `hand_over_prefilled` now."""
+        seqs = group.engine.seqs
+        return any(
+            sid not in seqs or seqs[sid].num_tokens - seqs[sid].num_cached == 1
+            for sid in group.after_prefill
+        )
+
+    def hand_over_prefilled(self, group: HeadGroup) -> None:
+        """At a step boundary of a retired engine (FlexPipe: under `merge_gate`, between
+        steps of every engine), its sequences the merge left to finish their prefill that
+        now decode are offered to the active engines (`_adopt`); the others wait on."""
+        count = self.num_micro_batches
+        if group in self.groups[:count]:  # a split made it active again meanwhile
+            group.after_prefill.clear()
+            return
+        moves = self._merge_moves(group)
+        ready = [
+            s
+            for s in group.engine.scheduler.running
+            if s.seq_id in group.after_prefill and moves[s.seq_id] is MergeMove.JOIN_NOW
+        ]
+        group.after_prefill &= {sid for sid, m in moves.items() if m is MergeMove.AFTER_PREFILL}
+        self._adopt(self.groups[:count], [group], [ready])
 
     def kv_budgets(self) -> tuple[int, ...]:
         """The KV pages each engine should be allowed now (`micro_batch_budgets`)."""
@@ -276,6 +333,9 @@ class PipelineEndpoint(Endpoint):
                 if ev.finished:
                     del group.seqs[ev.seq_id]
                     self.requests.pop(req.req_id, None)
+            if group.after_prefill and self.prefills_done(group):  # a merge retired it
+                async with self.merge_gate() if self.merge_gate else contextlib.nullcontext():
+                    self.hand_over_prefilled(group)
 
         try:
             await run_engine(engine, group.wake, admit, deliver, self.step_gate)
@@ -287,6 +347,10 @@ class PipelineEndpoint(Endpoint):
 
     step_gate: Callable[[], AbstractAsyncContextManager[None]] | None = None
     """Wraps each head-engine step (None: none); FlexPipe's pipelines set their gate."""
+    merge_gate: Callable[[], AbstractAsyncContextManager[None]] | None = None
+    """Held alone, between steps of every engine (FlexPipe: its gate's `exclusive`); a
+    merge's sequences left to finish their prefill move under it (`hand_over_prefilled`).
+    None: only with engines no task steps (a caller steps them, as the tests)."""
 
     def detach(self) -> list[tuple[ServeRequest, int]]:
         """Stop the head engines now, keep the stages (and their KV caches) open, and return

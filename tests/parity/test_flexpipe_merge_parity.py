@@ -7,7 +7,9 @@ next step boundary): both follow `policy.flexpipe.merge.adoptions`. So after a b
 merge one decode step serves all four sequences (FlexPipe Alg. 1 line 15 activates the new
 configuration; §7 Eq. 12 one micro-batch per stage), where before (and with
 `FlexPipeSettings.batch_merged_sequences` False) the four engines took turns on the merged
-stage, each step through every layer."""
+stage, each step through every layer. A sequence partway through its (chunked) prefill at
+the merge finishes it on its engine and then moves (`policy.flexpipe.merge.merge_move`):
+before, the runtime kept it there to its end while the simulator moved it."""
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from surge.runtime.pipeline_endpoint import SEQ_IDS_PER_GROUP, HeadGroup, PipelineEndpoint
 from surge.sim.costs import CostModel
+from surge.sim.decode_clock import PREFILL
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop, Priority
 from surge.sim.request import SimRequest
@@ -29,6 +32,8 @@ COST = CostModel(1e-3, 1e-5, 1e-3, 1e-5, num_layers=8)
 ENGINES = 4
 CASES = [(1, 1, 8), (2, 2, 3)]
 """(micro-batches after the merge, sequences each of the 4 engines holds, batch limit)."""
+LONG_PROMPT = 12
+"""Tokens of the prompt the last engine is partway through at the merge (pieces of 4)."""
 
 
 class RecordingExecutor:
@@ -47,12 +52,15 @@ class RecordingExecutor:
 
 
 def _runtime(
-    manifest, after: int, each: int, limit: int, batch: bool
+    manifest, after: int, each: int, limit: int, batch: bool, partial: bool = False
 ) -> tuple[list[int], list[int]]:
-    """A 4 -> `after` merge of head engines holding `each` decoding sequences each: the
-    sequences each engine decodes after it, and the sizes of the next step of every engine
-    still holding some."""
-    config = EngineConfig(max_num_seqs=limit, device="cpu")
+    """A 4 -> `after` merge of head engines holding `each` decoding sequences each (and,
+    `partial`, the last one also a sequence one piece into its chunked prefill): the
+    sequences each engine decodes after it (once that prefill is done), and the sizes of
+    the next step of every engine still holding some."""
+    config = EngineConfig(
+        max_num_seqs=limit, max_prefill_tokens=8, prefill_chunk_tokens=4, device="cpu"
+    )
     ep = PipelineEndpoint(
         FakeClient(),  # type: ignore[arg-type]
         manifest,
@@ -72,8 +80,18 @@ def _runtime(
             group.seqs[sid] = f"r{g}.{i}"  # type: ignore[assignment]
         engine.step()  # the prefill: every sequence decodes from here
         ep.groups.append(group)
+    if partial:  # the last engine's next step is the first piece of a longer prompt
+        sid = engine.add_request(list(range(5, 5 + LONG_PROMPT)), params)
+        group.seqs[sid] = "long"  # type: ignore[assignment]
+        engine.step()
+        assert 0 < engine.seqs[sid].num_cached < LONG_PROMPT
     ep.rebalance_kv()
     ep.set_micro_batches(after, batch_retired=batch)
+    for g in ep.groups[after:]:  # each retired engine's steps, as its `_run`'s deliver
+        while any(s.num_tokens - s.num_cached > 1 for s in g.engine.scheduler.running):
+            g.engine.step()
+            if ep.prefills_done(g):
+                ep.hand_over_prefilled(g)
     held = [len(g.engine.scheduler.running) for g in ep.groups]
     steps = []
     for g, executor in zip(ep.groups, executors, strict=True):
@@ -84,7 +102,7 @@ def _runtime(
     return held, steps
 
 
-def _sim(after: int, each: int, limit: int, batch: bool) -> list[int]:
+def _sim(after: int, each: int, limit: int, batch: bool, partial: bool = False) -> list[int]:
     loop = EventLoop()
     spec = EngineSpec(COST, "both", limit * ENGINES, 10**6, 10**6)
     eng = ServingEngine(0, loop, spec, lambda e, r: None, lambda e, r: None)
@@ -92,13 +110,20 @@ def _sim(after: int, each: int, limit: int, batch: bool) -> list[int]:
     eng.submit_many([SimRequest(i, 0, 0.0, 4, 50) for i in range(ENGINES * each)])
     loop.run(until_s=0.05)  # prefilled, decoding
     assert [len(h.running) for h in eng.heads] == [each] * ENGINES
+    if partial:  # the merge comes while the last head prefills a longer prompt
+        last = eng.heads[-1]
+        last.submit(SimRequest(99, 0, loop.now_s, LONG_PROMPT, 50))
+        until_s = loop.now_s
+        while last.clock.phase != PREFILL:
+            until_s += 1e-4
+            loop.run(until_s=until_s)
 
     def merge() -> None:
         eng.max_batch = limit * after  # each head's limit stays `limit`, as sim/flexpipe's
         eng.set_micro_batches(after, after, batch)
 
     loop.schedule(loop.now_s, Priority.CONTROL, 0, merge)
-    loop.run(until_s=loop.now_s + 0.02)  # every retired head past a step boundary
+    loop.run(until_s=loop.now_s + 0.02 + 0.02 * partial)  # every retired head past a boundary
     return [len(h.running) for h in eng.heads]
 
 
@@ -113,3 +138,15 @@ def test_both_bodies_hand_the_retired_engines_sequences_alike(
     if (after, each) == (1, 1):  # a busy 4 -> 1 merge
         # one step serves all four (on main, and in the counterfactual: four turns)
         assert steps == ([4] if batch else [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize(("after", "each", "limit"), CASES, ids=["4->1", "4->2 limit 3"])
+def test_a_sequence_partway_through_its_prefill_moves_once_it_is_done(
+    tiny_store, after: int, each: int, limit: int
+) -> None:
+    manifest = read_manifest(tiny_store)
+    runtime, steps = _runtime(manifest, after, each, limit, True, partial=True)
+    assert _sim(after, each, limit, True, partial=True) == runtime
+    assert sum(runtime) == ENGINES * each + 1  # none lost
+    if (after, each) == (1, 1):  # on main the runtime's last engine kept it: [4, 0, 0, 1]
+        assert runtime == [5, 0, 0, 0] and steps == [5]

@@ -97,6 +97,7 @@ class FlexPipeline(PipelineEndpoint):
         """How many refactorings it went through (the stage key's suffix)."""
         self.gate = StepGate()
         self.step_gate = self.gate.step  # each head-engine step inside the gate
+        self.merge_gate = self.gate.exclusive  # a merge's late hand-overs: alone
         self.refactoring = False
         """A refactoring is under way (the controller starts no second one)."""
         self.layer_times: dict[int, tuple[float, float]] = {}
