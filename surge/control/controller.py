@@ -26,6 +26,7 @@ from typing import Any
 
 from surge.config import EngineConfig
 from surge.control import admission
+from surge.control.adoption import Adopter
 from surge.control.autoscale_memory import FILE_NAME, AutoscaleMemory
 from surge.control.autoscaler import Autoscaler
 from surge.control.copies import Copies
@@ -158,6 +159,7 @@ class Controller:
         self._tasks.append(loop.create_task(self._pump(events)))
         await self._w.deployments.restore_all()
         self._w.memory.restore(self.deployments)  # before the first tick decides
+        self._w.deployments.adopter.settle(self.deployments)  # idle since the carried time
         self._tasks.append(loop.create_task(self._w.autoscaler.run()))
         self._tasks.append(loop.create_task(self._w.memory.run(self.deployments)))
         self._tasks.append(loop.create_task(self._hold_loop()))
@@ -193,6 +195,10 @@ class Controller:
             clock=self.clock,
             estimates=serving_estimates(self.config.emulation),
         )
+        adopter = Adopter(
+            client, copies, self.config.slots_per_node, self.engine.max_num_seqs, self.clock,
+            autoscaler.pd.attach,
+        )  # fmt: skip
         deployments = Deployments(
             client,
             self.pool,
@@ -202,6 +208,7 @@ class Controller:
             self.deployments,
             copies,
             self.live_nodes,
+            adopter,
             self.clock,
         )
         requests = Requests(client, self.deployments, self.metrics, autoscaler.wake)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from surge.control.adoption import Adopter
 from surge.control.copies import Copies
 from surge.control.flexpipe import describe_flexpipe
 from surge.control.metrics import Metrics
@@ -29,6 +30,7 @@ from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
 from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable, shorten
 from surge.model.manifest import MANIFEST_NAME, Manifest, read_manifest, verify_store
+from surge.policy.adoption import Action
 from surge.policy.blitzscale.monitor import StepProfile
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
@@ -97,6 +99,7 @@ class Deployments:
         deployments: dict[str, Deployment],
         copies: Copies,
         live_nodes: Callable[[], list[int]],
+        adopter: Adopter,
         clock: Clock = REAL_CLOCK,
     ) -> None:
         self.client, self.pool, self.metrics = client, pool, metrics
@@ -104,6 +107,8 @@ class Deployments:
         self.clock = clock
         """The control plane's clock: each deployment's `Server` stamps its requests with it."""
         self.copies, self.live_nodes = copies, live_nodes
+        self.adopter = adopter
+        """Adopts what an old controller left running at a restart (`restore_all`)."""
         self.failed: dict[str, FailedDeployment] = {}
         """Stored deployments that cannot serve, by name (listed, deletable, not retried)."""
         self.check_capacity: Callable[[DeploymentSpec], None] = lambda spec: None
@@ -121,13 +126,31 @@ class Deployments:
 
     async def restore_all(self) -> None:
         """Bring back every stored deployment (a controller restart); one that cannot
-        come back is listed as failed with its reason."""
+        come back is listed as failed with its reason. What the old controller left running
+        on the agents is adopted or closed (`control/adoption.py`, `policy.adoption`)."""
+        opened: dict[str, tuple[DeploymentSpec, Manifest, Any]] = {}
+        live = self.live_nodes()
         for spec in self.store.all():
             try:
-                await self.activate(spec, restoring=True)
+                manifest, tokenizer = await self._open(spec, restoring=True)
+                await self._register(spec.name, manifest, live)
+                opened[spec.name] = (spec, manifest, tokenizer)
             except SurgeError as e:
-                log.error("deployment %s cannot come back: %s", spec.name, e)
-                self.failed[spec.name] = FailedDeployment(spec, str(e))
+                self._cannot_restore(spec, e)
+        statuses = await self.client.broadcast(StatusOp(), live)
+        plan = self.adopter.plan(statuses, {n: (s, m) for n, (s, m, _) in opened.items()})
+        await self.adopter.clean(plan, {n: m for n, (_, m, _) in opened.items()})
+        for node, status in (await self.client.broadcast(StatusOp(), live)).items():
+            self.pool.load_status(node, status)
+        for spec, manifest, tokenizer in opened.values():
+            try:
+                await self._start(spec, manifest, tokenizer, plan)
+            except SurgeError as e:
+                self._cannot_restore(spec, e)
+
+    def _cannot_restore(self, spec: DeploymentSpec, e: SurgeError) -> None:
+        log.error("deployment %s cannot come back: %s", spec.name, e)
+        self.failed[spec.name] = FailedDeployment(spec, str(e))
 
     async def create(self, body: Any) -> Deployment:
         spec = DeploymentSpec.from_json(body)
@@ -171,11 +194,24 @@ class Deployments:
             if link.is_symlink():
                 link.unlink()
 
-    async def activate(self, spec: DeploymentSpec, restoring: bool = False) -> Deployment:
-        """Register a stored deployment on every agent and give it its pinned host copy.
-        After a restart (`restoring`) the store's block files are checked by size only (a
-        checksum read of every block would slow every restart; a damaged block is found
-        when it is loaded)."""
+    async def activate(self, spec: DeploymentSpec) -> Deployment:
+        """Register a new deployment on every agent and give it its pinned host copy."""
+        manifest, tokenizer = await self._open(spec, restoring=False)
+        name, live = spec.name, self.live_nodes()
+        await self._register(name, manifest, live)
+        for node, status in (await self.client.broadcast(StatusOp(), live)).items():
+            self.pool.load_status(node, status)
+        # Device copies of an older deployment of the name (none normally) are not its own.
+        for node in live:
+            if self.pool.blocks_at(name, node, "gpu"):
+                await self.copies.release_slot(name, node, manifest.num_blocks)
+        return await self._start(spec, manifest, tokenizer)
+
+    async def _open(self, spec: DeploymentSpec, restoring: bool) -> tuple[Manifest, Any]:
+        """The deployment's store (put in the registry if missing) and tokenizer. After a
+        restart (`restoring`) the store's block files are checked by size only (a checksum
+        read of every block would slow every restart; a damaged block is found when it is
+        loaded)."""
         # Its first live look must not wait for the zigzag ILP's import (ilp_warmup.py).
         warm_solver(spec.system)
         store = self.registry / spec.name
@@ -189,20 +225,27 @@ class Deployments:
             from surge.model.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(store / manifest.tokenizer_file)
-        name, live = spec.name, self.live_nodes()
+        return manifest, tokenizer
+
+    async def _register(self, name: str, manifest: Manifest, live: list[int]) -> None:
         await self.client.broadcast(RegisterOp(model=name, manifest=manifest), live)
         self.pool.add_model(name, manifest.num_blocks)
-        for node, status in (await self.client.broadcast(StatusOp(), live)).items():
-            self.pool.load_status(node, status)
-        # A new controller adopts no instance of an old one: close them and evict their GPU
-        # copies (host and disk copies stay: they are warm starts).
-        for node in live:
-            if self.pool.blocks_at(name, node, "gpu"):
-                await self.copies.release_slot(name, node, manifest.num_blocks)
+
+    async def _start(
+        self,
+        spec: DeploymentSpec,
+        manifest: Manifest,
+        tokenizer: Any,
+        adopted: tuple[Action, ...] = (),
+    ) -> Deployment:
+        """The deployment's record, serving: the instances `adopted` (a restart's), then
+        its kept host copies (awaited)."""
         routing = spec.system.routing
+        name = spec.name
         dep = Deployment(spec, manifest, tokenizer, Server(self.client, name, routing, self.clock))
         dep.spawn(self._take_profile(dep))
         self.deployments[name] = dep
+        await self.adopter.adopt(dep, adopted)
         dep.creating = True
         try:
             await self.copies.restore_invariant(dep)

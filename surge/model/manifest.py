@@ -6,6 +6,8 @@ manifest is plain JSON read without torch, so controllers and planners can use i
 cheaply. Written by `surge.model.importer`, read by everyone who moves or runs blocks.
 """
 
+import functools
+import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -98,6 +100,14 @@ class Manifest:
         return [
             b.index for b in self.blocks if b.first_layer < end_layer and b.end_layer > first_layer
         ]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What identifies this version of the model: a SHA-256 of the manifest's JSON (its
+        architecture, blocks, tensors and each block's checksum), not of where it was read
+        from. Two stores with equal digests hold the same weights in the same layout."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,5 +1,7 @@
-"""A controller restart on running agents: GPU copies and instances the old controller left
-behind are released, and the parameter pool agrees with what the agents hold."""
+"""A controller restart on running agents: the instance the old controller left behind is
+adopted with its GPU copy (no load), and the parameter pool agrees with what the agents hold.
+A GPU copy with no instance (a load the old controller had under way) is released. Before
+adoption every GPU copy of the old controller was evicted and loaded again."""
 
 import asyncio
 
@@ -8,7 +10,7 @@ from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import load_tokenizer
 from surge.runtime.client import ClusterClient
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
-from surge.runtime.protocol import StatusOp
+from surge.runtime.protocol import LoadOp, StatusOp
 from tests.control.test_serve_openai import MODEL
 
 
@@ -23,7 +25,7 @@ async def _gpu_blocks(cluster: LocalCluster) -> dict[int, tuple[int, ...]]:
     return {n: s.models[MODEL].gpu if MODEL in s.models else () for n, s in statuses.items()}
 
 
-def test_new_controller_evicts_the_gpu_copies_an_old_one_left(tmp_path, tiny_store_dir):
+def test_new_controller_adopts_the_instance_an_old_one_left(tmp_path, tiny_store_dir):
     state = tmp_path / "state"
     (state / "registry").mkdir(parents=True)
     tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
@@ -46,19 +48,30 @@ def test_new_controller_evicts_the_gpu_copies_an_old_one_left(tmp_path, tiny_sto
         left = await _gpu_blocks(cluster)
         assert served_on and all(left[n] for n in served_on), "nothing left to clean up"
 
+        # A load the old controller had under way: a GPU copy with no instance.
+        (spare,) = [n for n in (0, 1) if n not in served_on]
+        client = ClusterClient(cluster.addresses, cluster.token)
+        await client.connect()
+        try:
+            await client.call(spare, LoadOp(model=MODEL, blocks=(0,), tier="gpu", source="remote"))
+        finally:
+            await client.close()
+
         second = Controller(cfg, cluster.addresses, cluster.token)
         await second.start()
         try:
-            assert MODEL in second.deployments
-            assert await _gpu_blocks(cluster) == {0: (), 1: ()}
-            for node in second.nodes:
-                assert not second.pool.blocks_at(MODEL, node, "gpu"), node
-            # The released slot is usable again: the model serves after the restart.
             dep = second.deployments[MODEL]
+            assert sorted(dep.instances) == served_on, "adopted where it served"
+            assert await _gpu_blocks(cluster) == {**left, spare: ()}
+            for node in second.nodes:
+                held = second.pool.blocks_at(MODEL, node, "gpu")
+                assert held == set(left[node] if node in served_on else ()), node
+            # The adopted instance serves at once: no scale-out.
             ids = tok.encode("Back").ids
             req = await second.submit(dep, ids, SamplingParams(max_tokens=4, ignore_eos=True))
             await asyncio.wait_for(req.done.wait(), 60)
             assert len(req.output_token_ids) == 4
+            assert dep.num_scale_outs == 0 and dep.last_start is None
         finally:
             await second.stop()
 

@@ -261,6 +261,7 @@ class NodeAgent:
             bytes_in=self.transfer.bytes_in,
             bytes_out=self.transfer.bytes_out,
             peers=tuple(sorted(self.ctx.peers)),
+            running=self.local.running() + self.serving.running(),
             **self._pacing(),
         )
 

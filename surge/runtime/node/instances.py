@@ -48,6 +48,7 @@ from surge.runtime.protocol import (
     KvSource,
     QueuedReply,
     RequestFailed,
+    RunningHolding,
     SubmitReply,
     TokenGenerated,
 )
@@ -102,6 +103,22 @@ class AgentInstances:
         return any(
             i.engine.has_unfinished or i.inbox or i.unadded or i.parked
             for i in list(self.instances.values())
+        )
+
+    def running(self) -> tuple[RunningHolding, ...]:
+        """Its instances as `status` reports them (a restarted controller adopts or closes
+        them: `policy.adoption`), with the requests each holds."""
+        return tuple(
+            RunningHolding(
+                name=name,
+                model=inst.model,
+                kind="instance",
+                role=inst.role,
+                req_ids=tuple(
+                    dict.fromkeys([*inst.requests.values(), *inst.unadded, *inst.parked])
+                ),
+            )
+            for name, inst in list(self.instances.items())
         )
 
     def _kv_charge(self, model: str) -> float:

@@ -38,6 +38,7 @@ from surge.runtime.protocol import (
     KvPart,
     KvSource,
     PipelineReply,
+    RunningHolding,
     StageCloseOp,
     StageFreeOp,
     StageOpenOp,
@@ -191,6 +192,14 @@ class AgentServing:
     async def op_stage_close(self, op: StageCloseOp, conn: Connection, p: memoryview) -> Ack:
         self.stages.pop(op.pipeline, None)
         return Ack()
+
+    def running(self) -> tuple[RunningHolding, ...]:
+        """Its stages as `status` reports them (a restarted controller closes them:
+        `policy.adoption`)."""
+        return tuple(
+            RunningHolding(name=name, model=stage.model, kind="stage")
+            for name, stage in list(self.stages.items())
+        )
 
     def close_model(self, model: str) -> int:
         """Close every stage of `model` (it is being dropped); how many."""

@@ -114,6 +114,7 @@ class AgentStore:
                 host=tuple(self.host_cache.blocks(name)),
                 gpu=tuple(sorted(st.device_blocks)),
                 disk=tuple(self.disk.blocks(name, st.manifest)),
+                digest=st.manifest.digest,
             )
             for name, st in self.models.items()
         }

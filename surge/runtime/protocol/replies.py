@@ -41,6 +41,26 @@ class ModelHolding(Reply):
     host: tuple[int, ...]
     gpu: tuple[int, ...]
     disk: tuple[int, ...]
+    digest: str = ""
+    """The digest of the manifest the node runs the model with (`Manifest.digest`; "": an
+    agent that does not report it): a restarted controller adopts an instance only of the
+    model version it serves (`policy.adoption`)."""
+
+
+@dataclass(frozen=True)
+class RunningHolding(Reply):
+    """A local instance or a pipeline stage running on a node (its `status`), so that a
+    restarted controller can adopt or close what an old one left (`policy.adoption`)."""
+
+    name: str
+    """The instance's name (`instance_open`), or the stage's pipeline (`stage_open`)."""
+    model: str
+    kind: Literal["instance", "stage"]
+    role: str = "decode"
+    """A local instance's P/D role."""
+    req_ids: tuple[str, ...] = ()
+    """The requests it holds (queued, running, parked, or still to be added): the old
+    controller's, whose clients went with it (a controller that adopts it aborts them)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,8 @@ class StatusReply(Reply):
     bytes_in: int
     bytes_out: int
     peers: tuple[int, ...]
+    running: tuple[RunningHolding, ...] = ()
+    """Its local instances and pipeline stages (an older agent reports none)."""
     emulated_steps: int = 0
     """Engine steps paced by GPU-time emulation (0: not emulated)."""
     emulation_violations: int = 0

@@ -1,0 +1,155 @@
+"""Controller restart: time to the first token when the new controller adopts the old one's
+instances, against closing them and starting them again (main before adoption).
+
+What runs: `--nodes` loopback agents this script owns (`LocalCluster`, default engine
+settings) and `surge serve --launcher static` joining them, every other setting its default
+(the default model: SmolLM2-135M-Instruct where setup imported it, else the tiny model; the
+`lambdascale` strategy, `downscale_delay_s` 10 s). One `surge serve` deploys the model and
+serves a request; then, trial after trial: 1.2 s after its last request (the autoscaler state
+is written every second) it is SIGKILLed (a crash: its agents keep the instance), and a new
+`surge serve` starts on the same state directory:
+- `adopt`: as it is; the new controller adopts the instance (`policy/adoption.py`);
+- `close`: the script first does what main's restore did before adoption: `instance_close`
+  and `evict` (gpu tier; host and disk copies stay) on every agent holding the model in its
+  GPU tier; the new controller starts the carried instance again (warm: the pinned host copy).
+Measured from the new process's start: its ready line, and the first streamed token of a
+request sent at once after it (greedy, 16 tokens). Trials alternate close, adopt. That server
+is the next trial's old one. Every process is stopped by its PID at the end.
+
+Run: `python -m benchmarks.systems.restart_adopt [--trials 3 --nodes 2]`; writes
+benchmarks/results/systems/restart_adopt.json.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from surge.cli import serve_process
+from surge.runtime.client import ClusterClient
+from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+from surge.runtime.protocol import EvictOp, InstanceCloseOp, StatusOp
+from surge.runtime.scaleout.context import instance_name
+
+OUT = Path("benchmarks/results/systems/restart_adopt.json")
+PROMPT = "The capital of France is"
+
+
+def start(state: Path, static: list[str]) -> tuple[subprocess.Popen, str, float]:
+    """A `surge serve` on `state` joining the agents; (process, url, seconds to ready)."""
+    t0 = time.monotonic()
+    args = ["--port", "0", "--state-dir", str(state), *static]
+    proc, ready = serve_process.start_serve(args, state / "serve.log", timeout_s=600)
+    return proc, ready["url"], time.monotonic() - t0
+
+
+def first_token_s(url: str, model: str) -> float:
+    """Seconds to the first streamed token of a greedy request (the stream read to its end)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0,
+            "stream": True}  # fmt: skip
+    t0 = time.monotonic()
+    first = None
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.monotonic() - t0
+    assert first is not None, "no token"
+    return first
+
+
+async def close_like_main(cluster: LocalCluster, model: str) -> int:
+    """What main's restore did to an old controller's instances: close, evict the GPU copy.
+    How many nodes held one."""
+    client = ClusterClient(cluster.addresses, cluster.token)
+    await client.connect()
+    try:
+        held = {n: s.models[model].gpu for n, s in (await client.broadcast(StatusOp())).items()
+                if model in s.models and s.models[model].gpu}  # fmt: skip
+        for node, blocks in held.items():
+            await client.call(node, InstanceCloseOp(instance=instance_name(model, node)))
+            await client.call(node, EvictOp(model=model, blocks=blocks, tier="gpu"))
+        return len(held)
+    finally:
+        await client.close()
+
+
+def kill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=3, help="trials of each mode")
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    trials: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "state"
+        (state / "registry").mkdir(parents=True)
+        cluster = LocalCluster(LocalClusterConfig(num_nodes=a.nodes, remote_dir=state / "registry"))
+        with cluster:
+            token = Path(tmp) / "token"
+            token.write_text(cluster.token + "\n")
+            agents = ",".join(f"{h}:{p}" for h, p in cluster.addresses.values())
+            static = ["--launcher", "static", "--agents", agents, "--token-file", str(token)]
+            proc, url, _ = start(state, static)
+            try:
+                model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+                first_token_s(url, model)  # deployed, an instance serving
+                for i in range(2 * a.trials):
+                    mode = "close" if i % 2 == 0 else "adopt"
+                    time.sleep(1.2)
+                    kill(proc)
+                    closed = asyncio.run(close_like_main(cluster, model)) if mode == "close" else 0
+                    t0 = time.monotonic()
+                    proc, url, ready_s = start(state, static)
+                    after_ready_s = first_token_s(url, model)
+                    total_s = time.monotonic() - t0
+                    status = httpx.get(url + f"/v1/deployments/{model}").json()["status"]
+                    trials.append({"mode": mode, "closed_by_script": closed,
+                                   "ready_s": round(ready_s, 3),
+                                   "ttft_after_ready_s": round(after_ready_s, 3),
+                                   "restart_to_first_token_s": round(total_s, 3),
+                                   "scale_outs": status["scale_outs"]})  # fmt: skip
+                    print(json.dumps(trials[-1]), flush=True)
+            finally:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    kill(proc)
+    med = {
+        m: {k: statistics.median(t[k] for t in trials if t["mode"] == m)
+            for k in ("ready_s", "ttft_after_ready_s", "restart_to_first_token_s")}
+        for m in ("adopt", "close")
+    }  # fmt: skip
+    out = {
+        "model": model,
+        "nodes": a.nodes,
+        "trials": trials,
+        "median": med,
+        "ratio_close_over_adopt": {
+            k: round(med["close"][k] / med["adopt"][k], 2)
+            for k in ("ttft_after_ready_s", "restart_to_first_token_s")
+        },
+        "loadavg_1m_end": round(os.getloadavg()[0], 2),
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["median"]), json.dumps(out["ratio_close_over_adopt"]))
+
+
+if __name__ == "__main__":
+    main()

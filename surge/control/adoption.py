@@ -1,0 +1,176 @@
+"""A restarted controller adopts the instances the old one left on live agents.
+
+What flows: at `start`, after the stored deployments are registered on the agents, each
+agent's `status` (what it holds and runs, `StatusReply.running`, each model's manifest
+digest) and the restored deployments go to `policy.adoption.plan`; its actions are carried
+out here: closes (`instance_close`, `stage_close`), releases (`Copies.release_slot`: the
+instance closed, the device copy evicted, host and disk copies kept), drops (`drop_model`,
+then `register` again with the store's manifest), one log line each with the policy's
+reason. An adopted instance becomes its deployment's `Instance` again: the old controller's
+requests still on it are aborted (their clients went with the old controller's
+connections), its `LocalEndpoint` is routed to, with no load op and no weights moved. Once
+the autoscaler state is restored (`autoscale_memory.py`), `settle` gives each adopted
+instance the idle time the state carries (`policy.adoption.adopted_idle_since_s`), so its
+keep-alive and downscale delay run from the pool's last request, not from the restart.
+Decides nothing. Owned by control/.
+"""
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from surge.control.copies import Copies
+from surge.control.spec import DeploymentSpec
+from surge.control.state import Deployment, Instance
+from surge.model.manifest import Manifest
+from surge.policy.adoption import (
+    Action,
+    Adopt,
+    Close,
+    Drop,
+    HeldModel,
+    NodeReport,
+    Release,
+    Restored,
+    Running,
+    adopted_idle_since_s,
+    plan,
+)
+from surge.runtime.client import ClusterClient
+from surge.runtime.clock import Clock
+from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.protocol import (
+    DropModelOp,
+    InstanceAbortOp,
+    InstanceCloseOp,
+    RegisterOp,
+    StageCloseOp,
+    StatusReply,
+)
+from surge.runtime.scaleout.context import instance_name
+
+log = logging.getLogger(__name__)
+
+
+def node_report(node: int, status: StatusReply) -> NodeReport:
+    """One agent's `status` as `policy.adoption` reads it."""
+    return NodeReport(
+        node,
+        {m: HeldModel(h.digest, len(h.gpu)) for m, h in status.models.items()},
+        tuple(Running(r.name, r.model, r.kind, r.req_ids) for r in status.running),
+    )
+
+
+def restored(spec: DeploymentSpec, manifest: Manifest, nodes: list[int]) -> Restored:
+    """A deployment being restored, as `policy.adoption` reads it."""
+    cap = spec.autoscaling.max_replicas
+    return Restored(
+        manifest.digest,
+        manifest.num_blocks,
+        {n: instance_name(spec.name, n) for n in nodes},
+        len(nodes) if cap is None else min(cap, len(nodes)),
+    )
+
+
+class Adopter:
+    """Carries out `policy.adoption`'s plan for a restarted controller."""
+
+    def __init__(
+        self,
+        client: ClusterClient,
+        copies: Copies,
+        slots_per_node: int,
+        capacity: int,
+        clock: Clock,
+        attach_pd: Callable[[Deployment], Any],
+    ) -> None:
+        self.client, self.copies, self.clock = client, copies, clock
+        self.slots_per_node = slots_per_node
+        self.capacity = capacity
+        """Requests one local instance takes at once (the engine's `max_num_seqs`)."""
+        self.attach_pd = attach_pd
+        """Gives a P/D deployment its `PdServing` before its first instance (an adopted
+        instance gets its role as a new one does, `control/pd.py`)."""
+        self._statuses: dict[int, StatusReply] = {}
+        """The agents' answers the last plan read."""
+        self.adopted: list[tuple[str, int]] = []
+        """(deployment, node) of the instances adopted at this start."""
+
+    def plan(
+        self,
+        statuses: Mapping[int, StatusReply],
+        deployments: Mapping[str, tuple[DeploymentSpec, Manifest]],
+    ) -> tuple[Action, ...]:
+        """What to adopt and close of what the agents report (`policy.adoption.plan`)."""
+        self._statuses = dict(statuses)
+        nodes = sorted(statuses)
+        reports = tuple(node_report(n, s) for n, s in sorted(statuses.items()))
+        wanted = {name: restored(spec, m, nodes) for name, (spec, m) in deployments.items()}
+        return plan(reports, wanted, self.slots_per_node)
+
+    async def clean(self, actions: tuple[Action, ...], manifests: Mapping[str, Manifest]) -> None:
+        """Close, release and drop what the plan says (each with one log line); a model
+        dropped for another version is registered again with its store's manifest."""
+        for a in actions:
+            if isinstance(a, Adopt):
+                continue
+            if isinstance(a, Close):
+                what = f"closing {a.name}"
+            elif isinstance(a, Release):
+                what = f"releasing {a.model}'s device copy"
+            else:
+                what = f"dropping {a.model} (every copy)"
+            log.warning("restart: %s on node %d: %s", what, a.node, a.reason)
+            try:
+                await self._clean(a, manifests)
+            except Exception as e:  # a node gone meanwhile: the healer deals with it
+                log.warning("restart: %s on node %d failed: %s", what, a.node, e)
+
+    async def _clean(self, a: Action, manifests: Mapping[str, Manifest]) -> None:
+        if isinstance(a, Close) and a.kind == "stage":
+            await self.client.call(a.node, StageCloseOp(pipeline=a.name))
+        elif isinstance(a, Close):
+            await self.client.call(a.node, InstanceCloseOp(instance=a.name))
+        elif isinstance(a, Release):
+            m = manifests.get(a.model)
+            held = self._statuses[a.node].models.get(a.model)
+            last = max(held.gpu, default=-1) if held is not None else -1
+            await self.copies.release_slot(a.model, a.node, m.num_blocks if m else last + 1)
+        elif isinstance(a, Drop):
+            await self.client.call_bytes(a.node, DropModelOp(model=a.model))
+            if a.model in manifests:
+                await self.client.call(a.node, RegisterOp(a.model, manifests[a.model]))
+
+    async def adopt(self, dep: Deployment, actions: tuple[Action, ...]) -> None:
+        """Make the plan's adopted instances of `dep` its instances again: the old
+        controller's requests on each aborted, then routed to (no load)."""
+        self.attach_pd(dep)
+        now_s = self.clock.now_s()
+        for a in actions:
+            if not isinstance(a, Adopt) or a.model != dep.name:
+                continue
+            if a.req_ids:  # lost with the old controller's connections: free their slots
+                await self.client.call(a.node, InstanceAbortOp(a.instance, a.req_ids))
+            ep = LocalEndpoint(self.client, a.node, dep.name, a.instance, self.capacity)
+            dep.instances[a.node] = Instance(a.node, endpoint=ep, idle_since_s=now_s)
+            dep.host_last_used_s[a.node] = now_s
+            await dep.server.add_endpoint(ep)
+            self.adopted.append((dep.name, a.node))
+            log.info(
+                "restart: adopted %s on node %d with no load (%d of the old controller's "
+                "requests aborted)", a.instance, a.node, len(a.req_ids),
+            )  # fmt: skip
+
+    def settle(self, deployments: Mapping[str, Deployment]) -> None:
+        """Give each adopted instance, still idle, the idle time the restored autoscaler
+        state carries (`policy.adoption.adopted_idle_since_s`)."""
+        now_s = self.clock.now_s()
+        for name, node in self.adopted:
+            dep = deployments.get(name)
+            inst = dep.instances.get(node) if dep is not None else None
+            if inst is None or inst.endpoint is None or inst.endpoint.outstanding:
+                continue
+            restart = dep.autoscale_state.restart
+            quiet_s = None if restart is None else restart.quiet_since_s
+            inst.idle_since_s = adopted_idle_since_s(quiet_s, now_s)
+        self.adopted.clear()
