@@ -5,16 +5,20 @@ What runs: `--nodes` loopback agents this script owns (`LocalCluster`, default e
 settings) and `surge serve --launcher static` joining them, every other setting its default
 (the default model: SmolLM2-135M-Instruct where setup imported it, else the tiny model; the
 `lambdascale` strategy, `downscale_delay_s` 10 s). One `surge serve` deploys the model and
-serves a request; then, trial after trial: 1.2 s after its last request (the autoscaler state
-is written every second) it is SIGKILLed (a crash: its agents keep the instance), and a new
-`surge serve` starts on the same state directory:
+serves a request; then, trial after trial: a long request (256 tokens, streamed) is sent and,
+1.2 s after its first token (the autoscaler state is written every second), the server is
+SIGKILLed while it streams (a crash: the request is lost with its connection; the agents keep
+the instance), and a new `surge serve` starts on the same state directory:
 - `adopt`: as it is; the new controller adopts the instance (`policy/adoption.py`);
 - `close`: the script first does what main's restore did before adoption: `instance_close`
   and `evict` (gpu tier; host and disk copies stay) on every agent holding the model in its
   GPU tier; the new controller starts the carried instance again (warm: the pinned host copy).
 Measured from the new process's start: its ready line, and the first streamed token of a
 request sent at once after it (greedy, 16 tokens). Trials alternate close, adopt. That server
-is the next trial's old one. Every process is stopped by its PID at the end.
+is the next trial's old one. A restart slower than the keep-alive (10 s from the last request
+before the crash) finds the adopted instance released, as the old controller would have
+released it, and starts one again: such a trial is kept, `adopted: false`. Every process is
+stopped by its PID at the end.
 
 Run: `python -m benchmarks.systems.restart_adopt [--trials 3 --nodes 2]`; writes
 benchmarks/results/systems/restart_adopt.json.
@@ -28,6 +32,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +70,19 @@ def first_token_s(url: str, model: str) -> float:
                 first = time.monotonic() - t0
     assert first is not None, "no token"
     return first
+
+
+def in_flight(url: str, model: str, started: threading.Event) -> None:
+    """A long stream in flight when the controller is killed (lost with it)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 256, "temperature": 0,
+            "stream": True}  # fmt: skip
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+            for _ in r.iter_lines():
+                started.set()
+    except httpx.HTTPError:
+        pass  # the connection ended with the controller
+    started.set()
 
 
 async def close_like_main(cluster: LocalCluster, model: str) -> int:
@@ -110,19 +128,24 @@ def main() -> None:
                 first_token_s(url, model)  # deployed, an instance serving
                 for i in range(2 * a.trials):
                     mode = "close" if i % 2 == 0 else "adopt"
-                    time.sleep(1.2)
+                    started = threading.Event()
+                    crashed = threading.Thread(target=in_flight, args=(url, model, started))
+                    crashed.start()
+                    assert started.wait(600), "the in-flight request never streamed"
+                    time.sleep(1.2)  # the autoscaler state is written every second
                     kill(proc)
+                    crashed.join(60)
                     closed = asyncio.run(close_like_main(cluster, model)) if mode == "close" else 0
-                    t0 = time.monotonic()
                     proc, url, ready_s = start(state, static)
                     after_ready_s = first_token_s(url, model)
-                    total_s = time.monotonic() - t0
+                    total_s = ready_s + after_ready_s  # the request goes at once after ready
                     status = httpx.get(url + f"/v1/deployments/{model}").json()["status"]
                     trials.append({"mode": mode, "closed_by_script": closed,
                                    "ready_s": round(ready_s, 3),
                                    "ttft_after_ready_s": round(after_ready_s, 3),
                                    "restart_to_first_token_s": round(total_s, 3),
-                                   "scale_outs": status["scale_outs"]})  # fmt: skip
+                                   "scale_outs": status["scale_outs"],
+                                   "adopted": status["scale_outs"] == 0})  # fmt: skip
                     print(json.dumps(trials[-1]), flush=True)
             finally:
                 proc.send_signal(signal.SIGINT)

@@ -149,17 +149,24 @@ class Adopter:
         for a in actions:
             if not isinstance(a, Adopt) or a.model != dep.name:
                 continue
-            if a.req_ids:  # lost with the old controller's connections: free their slots
-                await self.client.call(a.node, InstanceAbortOp(a.instance, a.req_ids))
-            ep = LocalEndpoint(self.client, a.node, dep.name, a.instance, self.capacity)
-            dep.instances[a.node] = Instance(a.node, endpoint=ep, idle_since_s=now_s)
-            dep.host_last_used_s[a.node] = now_s
-            await dep.server.add_endpoint(ep)
-            self.adopted.append((dep.name, a.node))
-            log.info(
-                "restart: adopted %s on node %d with no load (%d of the old controller's "
-                "requests aborted)", a.instance, a.node, len(a.req_ids),
-            )  # fmt: skip
+            try:
+                await self._adopt(dep, a, now_s)
+            except Exception as e:  # its node went down meanwhile: the autoscaler starts one
+                dep.instances.pop(a.node, None)
+                log.warning("restart: %s on node %d not adopted: %s", a.instance, a.node, e)
+
+    async def _adopt(self, dep: Deployment, a: Adopt, now_s: float) -> None:
+        if a.req_ids:  # lost with the old controller's connections: free their slots
+            await self.client.call(a.node, InstanceAbortOp(a.instance, a.req_ids))
+        ep = LocalEndpoint(self.client, a.node, dep.name, a.instance, self.capacity)
+        dep.instances[a.node] = Instance(a.node, endpoint=ep, idle_since_s=now_s)
+        dep.host_last_used_s[a.node] = now_s
+        await dep.server.add_endpoint(ep)
+        self.adopted.append((dep.name, a.node))
+        log.info(
+            "restart: adopted %s on node %d with no load (%d of the old controller's "
+            "requests aborted)", a.instance, a.node, len(a.req_ids),
+        )  # fmt: skip
 
     def settle(self, deployments: Mapping[str, Deployment]) -> None:
         """Give each adopted instance, still idle, the idle time the restored autoscaler

@@ -14,7 +14,6 @@ import asyncio
 import json
 import shutil
 import signal
-import subprocess
 import threading
 import time
 
@@ -38,19 +37,6 @@ def _kill(s: Serve) -> None:
     s.http.close()
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait(30)
-    if s.proc.stdout:
-        s.proc.stdout.close()
-
-
-def _stop(s: Serve) -> None:
-    s.http.close()
-    if s.proc.poll() is None:
-        s.proc.send_signal(signal.SIGINT)
-        try:
-            s.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait(10)
     if s.proc.stdout:
         s.proc.stdout.close()
 
@@ -187,5 +173,5 @@ def test_a_killed_controllers_instances_are_adopted_and_the_rest_closed(
             assert "autoscale.json is not valid" in logged
             assert logged.count(f"adopted {MODEL}-node{node} on node {node}") == 2
         finally:
-            _stop(third)
+            third.stop()
     print(f"restart to first answer {restart_to_answer_s:.2f} s, request {took_s:.3f} s")

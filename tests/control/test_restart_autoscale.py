@@ -5,8 +5,9 @@ its peak, §9.1) holds a group until the peak lapses, their controller dying whi
 (nothing written at its stop: only what its loop wrote), get their instance back and go to
 zero when they would have without the restart: counted from their last request, not from
 the restart. Before the state file a restarted controller started them empty: at zero at
-once, no floor. A corrupt state file is a warning: the deployments come back, with no
-autoscaler state."""
+once, no floor. The kept one's instance is adopted (`policy/adoption.py`), idle since the
+time the state carried. A corrupt state file is a warning: the deployments come back, with
+no autoscaler state."""
 
 import asyncio
 import json
@@ -64,6 +65,14 @@ def test_a_restart_keeps_each_deployments_idle_time_and_peak(
         restart_s = time.monotonic()
         try:
             deps = [second.deployments[n] for n in names]
+            # The kept instance is adopted (no scale-out), idle since its last request as the
+            # state file carried it, not since the restart (the FlexPipe pipeline is closed
+            # and its floor starts it again).
+            kept_dep = second.deployments["kept"]
+            assert kept_dep.num_scale_outs == 0 and len(kept_dep.instances) == 1
+            (adopted,) = kept_dep.instances.values()
+            assert adopted.idle_since_s is not None
+            assert abs(adopted.idle_since_s - done_s["kept"]) < 1.0, (adopted, done_s)
             await wait_until(lambda: all(d.instances for d in deps), "instances back", 30)
             zero_s: dict[str, float] = {}
             deadline = time.monotonic() + 60
