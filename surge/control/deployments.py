@@ -4,8 +4,9 @@ What flows: a `DeploymentSpec` in (API, config file, the SQLite store on restart
 `Deployment` record registered on every live agent, its model in the registry the agents
 read (`registry/<name>`: a link to a store, or a store imported from a Hugging Face
 checkpoint), what an older controller left running adopted or closed at a restart
-(`adoption.py`), and its pinned host copy (BlitzScale §5.3, through `copies.py`). Deletion answers at once: it drops the model on
-every agent (`DropModelOp`: running loads aborted, instances closed, every copy evicted).
+(`adoption.py`), and its pinned host copy (BlitzScale §5.3, through `copies.py`). Deletion
+answers at once: it drops the model on every agent (`DropModelOp`: running loads aborted,
+instances closed, every copy evicted).
 A store is verified when deployed (every block's checksum: a bad one is refused with one
 error); a stored deployment that cannot come back after a restart (its store missing or
 damaged), or whose store goes bad later (a load fails and the store no longer verifies),
