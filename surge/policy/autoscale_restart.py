@@ -9,20 +9,20 @@ decisions. What the decisions depend on that outlives the old controller:
 - since when the pool has had no request in flight (`quiet_since_s`): the peak lapses
   `forget_peak_after_idle_s` after it and the last instance goes `keep_alive_s` after it, so a
   deployment that has idled 14 of its 15 minutes goes to zero 1 minute after a restart, not 15;
-- how many instances it held (`held_instances`): a new controller adopts no instance of an
-  old one (it closes them, `control/deployments.py`), so the resumed pool starts them again
-  and holds them as its own would have been held: every one until `downscale_delay_s` after
-  the pool went quiet, the last until `keep_alive_s` after (`policy.autoscale.decide`'s
-  release rule). A request ends the carry: from then on the pool's own instances say.
+- how many instances it held (`held_instances`): those a new controller adopts
+  (`policy.adoption`) count, the rest the resumed pool starts again, and all are held as its
+  own would have been held: every one until `downscale_delay_s` after the pool went quiet,
+  the last until `keep_alive_s` after (`policy.autoscale.decide`'s release rule). A request
+  ends the carry: from then on the pool's own instances say.
 Not carried: the stable and panic windows and the load monitor's rates measure requests in
 flight, and those end with the old controller; a resumed pool has none, the state those
 windows have before any load. A pool busy when its carry was taken counts as quiet since
 then (its requests ended with the controller; the controller takes the carry at least every
 second while a pool is busy, and at its stop).
-Deviation: the restarted instances are released `downscale_delay_s` after the pool went
-quiet, not each after its own idle time (the carry is one time per pool): extra instances may
-stay up to the spread of their idle times longer than without the restart; the last one, and
-the peak's lapse, keep their times exactly.
+Deviation: the adopted or restarted instances are released `downscale_delay_s` after the
+pool went quiet, not each after its own idle time (the carry is one time per pool): extra
+instances may stay up to the spread of their idle times longer than without the restart; the
+last one, and the peak's lapse, keep their times exactly.
 Pure: no clock and no file; `control/autoscale_memory.py` keeps the carry in the state
 directory (wall-clock times, JSON) and puts it into the restored deployments.
 """
