@@ -11,6 +11,14 @@ from surge.model.tokenizer import load_tokenizer
 from surge.runtime.client import ClusterClient
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.protocol import LoadOp, StatusOp
+from tests.control.strategy_run import (
+    PROMPTS,
+    check_tokens,
+    deploy,
+    local_cluster,
+    run_burst,
+    wait_until,
+)
 from tests.control.test_serve_openai import MODEL
 
 
@@ -77,3 +85,44 @@ def test_new_controller_adopts_the_instance_an_old_one_left(tmp_path, tiny_store
 
     with cluster:
         asyncio.run(run())
+
+
+def test_a_pd_deployments_instances_are_adopted_and_given_their_roles(
+    tmp_path, tiny_store_dir, reference
+):
+    """BlitzScale's P/D (§5.2): both instances adopted (no scale-out), a prefill and a decode
+    one again, and a burst after the restart handed off from one to the other, token-exact."""
+    tok = load_tokenizer(tiny_store_dir / "tokenizer.json")
+    state = tmp_path / "state"
+    cluster = local_cluster(state, num_nodes=2)
+    cfg = ControllerConfig(state_dir=state, nodes=2, tick_s=0.05)
+    scaling = {"min_replicas": 2, "max_replicas": 2}
+    pd = {"prefill": 1, "decode": 1}
+    prompts = PROMPTS[:4]
+
+    async def run() -> tuple[list, str]:
+        first = Controller(cfg, cluster.addresses, cluster.token)
+        await first.start()
+        try:
+            dep = await deploy(first, tiny_store_dir, "blitzscale", scaling, pd=pd)
+            ready = lambda: len(dep.serving()) == 2 and not dep.multicasting  # noqa: E731
+            await wait_until(ready, "two instances")
+        finally:
+            await first.stop()  # the agents keep both instances
+        second = Controller(cfg, cluster.addresses, cluster.token)
+        await second.start()
+        try:
+            dep = second.deployments[MODEL]
+            assert len(dep.serving()) == 2 and dep.num_scale_outs == 0
+            assert sorted(dep.server.pd.roles.values()) == ["decode", "prefill"]
+            reqs = await run_burst(second, dep, tok, 8, prompts)
+            assert dep.num_scale_outs == 0
+            return reqs, second.metrics.render().decode()
+        finally:
+            await second.stop()
+
+    with cluster:
+        reqs, metrics = asyncio.run(run())
+    check_tokens(reqs, tok, reference, 8, prompts)
+    handoffs = [ln for ln in metrics.splitlines() if ln.startswith("surge_pd_handoffs_total{")]
+    assert handoffs and float(handoffs[0].rsplit(" ", 1)[1]) >= 1, handoffs
