@@ -244,8 +244,8 @@ class Batcher:
         if self.on_boundary is not None:  # between two steps, as the runtime's step gate
             hook, self.on_boundary = self.on_boundary, None
             hook(self)
-        batch = self._admit()
-        handed = [req for req in batch if req.kv_ready]
+        batch = self._admit() if self.waiting else []  # most staged steps: nothing waits
+        handed = [req for req in batch if req.kv_ready] if batch else batch
         if handed:  # P/D hand-offs: their KV cache is here already
             batch = [req for req in batch if not req.kv_ready]
             for req in handed:
@@ -262,7 +262,7 @@ class Batcher:
         if self.running:
             if c.phase != DECODE:
                 c.decode_v0 = c.v
-            self._set_phase(DECODE)
+                self._set_phase(DECODE)
             c.schedule_decode()
         else:
             self._set_phase(IDLE)

@@ -102,6 +102,8 @@ class DecodeClock:
     def settle(self) -> None:
         """Bring V (or the prefill's time left) to now."""
         now = self.loop.now_s
+        if now == self.v_time_s:  # settled at this instant already (a step's end: twice)
+            return
         if self.phase == DECODE and self.step_s > 0:
             self.v += (now - self.v_time_s) / self.step_s
         elif self.phase == PREFILL:

@@ -276,20 +276,22 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     if monitor:  # prompt tokens without a first token yet: queued, waiting, prefilling
         waiting = chain(pool.queue, *((*e.waiting, *e.prefilling) for e in every_endpoint(pool)))
         pending = sum(r.input_tokens for r in waiting if r.first_token_s < 0)
-    loads = tuple(
-        InstanceLoad(
-            i.id,
-            pool.held(i),
-            not i.loaded or i.sending > 0,
-            i.idle_since_s if i.sending == 0 and pool.held(i) == i.outstanding else None,
-            i.decode_tokens_per_s if monitor else 0.0,
-            min(1.0, i.kv_tokens / i.kv_capacity_tokens)
-            if monitor and i.kv_capacity_tokens
-            else 0.0,
+    loads = []
+    for i in pool.instances:  # every autoscaler look: each instance's count read once
+        held = pool.held(i)
+        loads.append(
+            InstanceLoad(
+                i.id,
+                held,
+                not i.loaded or i.sending > 0,
+                i.idle_since_s if i.sending == 0 and held == i.outstanding else None,
+                i.decode_tokens_per_s if monitor else 0.0,
+                min(1.0, i.kv_tokens / i.kv_capacity_tokens)
+                if monitor and i.kv_capacity_tokens
+                else 0.0,
+            )
         )
-        for i in pool.instances
-    )
-    return PoolLoad(now_s, queued, loads, pending)
+    return PoolLoad(now_s, queued, tuple(loads), pending)
 
 
 def every_endpoint(pool: Pool) -> list[Instance]:

@@ -242,7 +242,9 @@ class ServingEngine:
     @property
     def outstanding(self) -> int:
         """Requests waiting, prefilling or decoding here."""
-        return sum(h.outstanding for h in self.heads)
+        # Read for every endpoint at each routing decision and autoscaler look: kept
+        # cheap (`Batcher.outstanding`'s sum, inlined).
+        return sum([len(h.waiting) + len(h.prefilling) + len(h.running) for h in self.heads])
 
     @property
     def busy(self) -> bool:

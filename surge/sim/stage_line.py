@@ -33,10 +33,12 @@ class StageLine:
         """A step of `work_s` compute (every layer) starting at `start_s`: when it leaves the
         last stage. Reserves each stage for its share, in turn."""
         free = self.free_s
+        hop = self.hop_s
         share = work_s / len(free)
-        t = start_s - self.hop_s
-        for k, f in enumerate(free):
-            t = max(t + self.hop_s, f) + share
+        t = start_s - hop
+        for k, f in enumerate(free):  # once per step of every micro-batch: kept lean
+            t += hop
+            t = (t if t >= f else f) + share  # max(t + hop, f) + share
             free[k] = t
         return t
 
