@@ -90,6 +90,10 @@ def emulated_report(res: dict, d: float, sources: int) -> dict:
     out["mode_switches"] = [[n, round(t / d, 4), m] for n, t, m in res["mode_switches"]]
     if res.get("block_landed_s") is not None:
         out["block_landed_s"] = [[round(t / d, 4) for t in b] for b in res["block_landed_s"]]
+    if res.get("block_arrival_s") is not None:
+        out["block_arrival_s"] = [
+            [None if t is None else round(t / d, 4) for t in row] for row in res["block_arrival_s"]
+        ]
     out["tokens_per_s_timeline"] = [
         [round(t / d, 4), round(v * d, 2)] for t, v in res["tokens_per_s_timeline"]
     ]

@@ -63,6 +63,17 @@ def block_landed(result: MulticastResult | None, clock: Clock) -> list[list[floa
     return out
 
 
+def block_arrivals(result: MulticastResult | None, clock: Clock) -> list[list[float | None]] | None:
+    """Per plan node (sources first), when it held each block, in `clock`'s seconds from the
+    multicast's start (None: never): the whole matrix behind `block_landed` (λScale Fig. 8
+    plots it per node)."""
+    if result is None:
+        return None
+    return [
+        [None if t is None else round(clock.of_real(t), 4) for t in row] for row in result.arrival_s
+    ]
+
+
 def group_times(result: MulticastResult | None, clock: Clock) -> dict | None:
     """A gloo group broadcast's measured times (`runtime/collective.py`; None without one):
     real seconds as measured, and in `clock`'s seconds."""
@@ -215,6 +226,7 @@ async def burst(
             else None,
             "group": group_times(ctx.report.multicast, clock),
             "block_landed_s": block_landed(ctx.report.multicast, clock),
+            "block_arrival_s": block_arrivals(ctx.report.multicast, clock),
             "endpoints_opened": [
                 [n, round(t - start, 3), list(nodes)] for n, t, nodes in ctx.report.opened
             ],
