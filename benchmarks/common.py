@@ -86,8 +86,9 @@ def machine(args: argparse.Namespace, cluster: LocalCluster | None = None) -> di
     if getattr(args, "emulate", None) is not None:
         out["emulate"] = args.emulate
         out["time_dilation"] = args.time_dilation
-    if cluster is not None and args.cluster == "netns":
-        out["cpu_cores_per_node"] = cluster.cores_per_node  # type: ignore[attr-defined]
+    if args.cluster == "netns":  # a netns cluster's links are the kernel's, made or not yet
+        if cluster is not None:
+            out["cpu_cores_per_node"] = cluster.cores_per_node  # type: ignore[attr-defined]
         out["links"] = "tc htb on each veth (egress: node end, ingress: bridge end)"
     else:
         out["links"] = "user-space token buckets on loopback"

@@ -147,6 +147,7 @@ def run_emulated(args, name: str, nodes: int, blocks: int) -> dict:
             "load_average_end": os.getloadavg(),
         },
         cluster=args.cluster,
+        machine=machine(args, cluster),  # netns: each agent's CPU share
         agent_pids=pids,  # stopped when the cluster closed
         code=code_version(),
     )
@@ -213,13 +214,19 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=RESULT)
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--resume", action="store_true", help="add to --json's runs")
+    ap.add_argument(
+        "--resummarize", action="store_true", help="only redo --json's summary, cells, --png"
+    )
     add_cluster_args(ap)
     ap.set_defaults(emulate="lambdascale-testbed1:llama2-13b", time_dilation=80.0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if "nccl" in args.systems and args.cluster != "netns" and "fig8" in (args.part or PARTS):
+    fig8 = "fig8" in (args.part or PARTS) and not args.resummarize
+    if "nccl" in args.systems and args.cluster != "netns" and fig8:
         ap.error("--systems nccl: a gloo group's bytes are shaped only on --cluster netns")
     report: dict = {}
+    if args.resummarize:
+        args.resume = True  # the runs stay as measured
     if args.resume and args.json.exists():
         report = json.loads(args.json.read_text())
         if report.get("emulate") != args.emulate or report.get("layers") != args.layers:
@@ -229,9 +236,10 @@ def main() -> None:
         emulate=args.emulate,
         layers=args.layers,
         times="emulated seconds from the scale-out's start (real / time_dilation)",
-        machine=machine(args),
     )
-    for part in args.part or PARTS:
+    if not args.resummarize:
+        report["machine"] = machine(args)
+    for part in [] if args.resummarize else args.part or PARTS:
         run_part(args, part, report)
     report["summary"] = summarize(report)
     report["report_emulated"] = report_cells(report)
