@@ -1,17 +1,18 @@
 """A restarted controller adopts the instances the old one left on live agents.
 
-What flows: at `start`, after the stored deployments are registered on the agents, each
+What flows: at `start`, before the stores' versions are registered on the agents (an agent
+refuses another version of a model while an instance of it runs: `policy.versions`), each
 agent's `status` (what it holds and runs, `StatusReply.running`, each model's manifest
 digest) and the restored deployments go to `policy.adoption.plan`; its actions are carried
 out here: closes (`instance_close`, `stage_close`), releases (`Copies.release_slot`: the
-instance closed, the device copy evicted, host and disk copies kept), drops (`drop_model`,
-then `register` again with the store's manifest), one log line each with the policy's
-reason. An adopted instance becomes its deployment's `Instance` again: the old controller's
-requests still on it are aborted (their clients went with the old controller's
-connections), its `LocalEndpoint` is routed to, with no load op and no weights moved. Once
-the autoscaler state is restored (`autoscale_memory.py`), `settle` gives each adopted
-instance the idle time the state carries (`policy.adoption.adopted_idle_since_s`), so its
-keep-alive and downscale delay run from the pool's last request, not from the restart.
+instance closed, the device copy evicted, host and disk copies kept), drops (`drop_model`;
+the store's version is registered after), one log line each with the policy's reason. An
+adopted instance becomes its deployment's `Instance` again: the old controller's requests
+still on it are aborted (their clients went with the old controller's connections), its
+`LocalEndpoint` is routed to, with no load op and no weights moved. Once the autoscaler
+state is restored (`autoscale_memory.py`), `settle` gives each adopted instance the idle
+time the state carries (`policy.adoption.adopted_idle_since_s`), so its keep-alive and
+downscale delay run from the pool's last request, not from the restart.
 Decides nothing. Owned by control/.
 """
 
@@ -43,7 +44,6 @@ from surge.runtime.protocol import (
     DropModelOp,
     InstanceAbortOp,
     InstanceCloseOp,
-    RegisterOp,
     StageCloseOp,
     StatusReply,
 )
@@ -109,8 +109,8 @@ class Adopter:
         return plan(reports, wanted, self.slots_per_node)
 
     async def clean(self, actions: tuple[Action, ...], manifests: Mapping[str, Manifest]) -> None:
-        """Close, release and drop what the plan says (each with one log line); a model
-        dropped for another version is registered again with its store's manifest."""
+        """Close, release and drop what the plan says (each with one log line); the
+        stores' versions are registered after (`Deployments.restore_all`)."""
         for a in actions:
             if isinstance(a, Adopt):
                 continue
@@ -136,10 +136,8 @@ class Adopter:
             held = self._statuses[a.node].models.get(a.model)
             last = max(held.gpu, default=-1) if held is not None else -1
             await self.copies.release_slot(a.model, a.node, m.num_blocks if m else last + 1)
-        elif isinstance(a, Drop):
+        elif isinstance(a, Drop):  # the store's version is registered next (`restore_all`)
             await self.client.call_bytes(a.node, DropModelOp(model=a.model))
-            if a.model in manifests:
-                await self.client.call(a.node, RegisterOp(a.model, manifests[a.model]))
 
     async def adopt(self, dep: Deployment, actions: tuple[Action, ...]) -> None:
         """Make the plan's adopted instances of `dep` its instances again: the old

@@ -53,6 +53,7 @@ from surge.errors import NotFound, SurgeError
 from surge.events import BlockLanded, DeploymentGone, EventBus, TimelineEvent
 from surge.policy.admission import check_min_replicas
 from surge.policy.multicast.topology import NodeLinks
+from surge.policy.versions import same_version
 from surge.runtime.client import ClusterClient
 from surge.runtime.protocol import AgentDown, BlockArrived, Event, LinkReport, SetPeersOp
 
@@ -259,8 +260,8 @@ class Controller:
             ev = await events.get()
             if isinstance(ev, BlockArrived):
                 dep = self.deployments.get(ev.model)
-                if dep is None:
-                    continue
+                if dep is None or not same_version(ev.digest, dep.manifest.digest):
+                    continue  # another version's block is no copy of the deployment's
                 if ev.source == "mate" and ev.src is not None:  # a mate's device copy
                     self.pool.add_shared(ev.model, ev.node, ev.src, (ev.block,))
                 else:

@@ -1,9 +1,9 @@
 """Deployments: create, delete, bring back after a restart, tear down, describe.
 
 What flows: a `DeploymentSpec` in (API, config file, the SQLite store on restart); out, a
-`Deployment` record registered on every live agent, its model in the registry the agents
-read (`registry/<name>`: a link to a store, or a store imported from a Hugging Face
-checkpoint), what an older controller left running adopted or closed at a restart
+`Deployment` record registered on every live agent at its store's version (another version
+of the name dropped there first: `policy.versions`), its model in the registry the agents
+read (`registry.py`), what an older controller left running adopted or closed at a restart
 (`adoption.py`), and its pinned host copy (BlitzScale §5.3, through `copies.py`). Deletion
 answers at once: it drops the model on every agent (`DropModelOp`: running loads aborted,
 instances closed, every copy evicted).
@@ -16,7 +16,6 @@ Dependencies are passed in by `control/controller.py`. Owned by control/.
 
 import asyncio
 import logging
-import shutil
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,21 @@ from surge.control.copies import Copies
 from surge.control.flexpipe import describe_flexpipe
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
+from surge.control.registry import prepare_store
 from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
-from surge.errors import Conflict, InvalidInput, NotFound, SurgeError, Unavailable, shorten
+from surge.errors import Conflict, NotFound, SurgeError, Unavailable, shorten
 from surge.model.manifest import MANIFEST_NAME, Manifest, read_manifest, verify_store
 from surge.policy.adoption import Action
 from surge.policy.blitzscale.monitor import StepProfile
+from surge.policy.versions import other_versions, short
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.protocol import DropModelOp, RegisterOp, StatusOp
 from surge.runtime.scaleout.ilp_warmup import warm_solver
 from surge.runtime.server import Server
+from surge.runtime.transport import RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -46,41 +48,6 @@ CLEANUP_WAIT_S = 1.0
 mid-exchange: milliseconds; the bound keeps one stuck elsewhere from holding a delete)."""
 DROP_TIMEOUT_S = 30.0
 """Bound on one node's `drop_model` (it aborts the model's ops there: well under a second)."""
-
-
-def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
-    """Put the model in the registry as `registry/<name>` (link a store, import HF)."""
-    try:
-        prepare_store_at(registry / spec.name, Path(spec.model).expanduser(), spec)
-    except OSError as e:  # a path the file system refuses (too long, not readable, ...)
-        raise InvalidInput(
-            f"model {shorten(spec.model)!r} cannot be read ({e.strerror or e}); give a store "
-            "or checkpoint directory on the controller's machine",
-            param="model",
-        ) from None
-
-
-def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
-    if target.is_symlink():
-        target.unlink()
-    elif target.exists():
-        shutil.rmtree(target)
-    if (src / MANIFEST_NAME).is_file():
-        # A clear error if it is not a valid store, or if a block is missing or damaged.
-        try:
-            verify_store(read_manifest(src))
-        except SurgeError as e:
-            raise InvalidInput(str(e), param="model") from None
-        target.symlink_to(src.resolve(), target_is_directory=True)
-    elif (src / "config.json").is_file():
-        from surge.model.importer import import_checkpoint
-
-        import_checkpoint(src, target, name=spec.name, progress=False)
-    else:
-        raise SurgeError(
-            f"model {shorten(spec.model)!r} is neither a surge store (manifest.json) nor a "
-            "Hugging Face checkpoint directory (config.json) on the controller's machine"
-        )
 
 
 async def _no_profile(spec: DeploymentSpec, manifest: Manifest) -> StepProfile | None:
@@ -134,13 +101,21 @@ class Deployments:
         for spec in self.store.all():
             try:
                 manifest, tokenizer = await self._open(spec, restoring=True)
-                await self._register(spec.name, manifest, live)
                 opened[spec.name] = (spec, manifest, tokenizer)
             except SurgeError as e:
                 self._cannot_restore(spec, e)
+        # What runs is adopted or closed before the stores' versions are registered: an
+        # agent refuses another version of a model an instance of its runs on
+        # (`policy.versions`), and the plan drops such a version first.
         statuses = await self.client.broadcast(StatusOp(), live)
         plan = self.adopter.plan(statuses, {n: (s, m) for n, (s, m, _) in opened.items()})
         await self.adopter.clean(plan, {n: m for n, (_, m, _) in opened.items()})
+        for name, (spec, manifest, _) in list(opened.items()):
+            try:
+                await self._register(name, manifest, live)
+            except SurgeError as e:
+                del opened[name]
+                self._cannot_restore(spec, e)
         for node, status in (await self.client.broadcast(StatusOp(), live)).items():
             self.pool.load_status(node, status)
         for spec, manifest, tokenizer in opened.values():
@@ -199,6 +174,7 @@ class Deployments:
         """Register a new deployment on every agent and give it its pinned host copy."""
         manifest, tokenizer = await self._open(spec, restoring=False)
         name, live = spec.name, self.live_nodes()
+        await self._drop_other_versions(name, manifest, live)
         await self._register(name, manifest, live)
         for node, status in (await self.client.broadcast(StatusOp(), live)).items():
             self.pool.load_status(node, status)
@@ -228,9 +204,32 @@ class Deployments:
             tokenizer = load_tokenizer(store / manifest.tokenizer_file)
         return manifest, tokenizer
 
+    async def _drop_other_versions(self, name: str, manifest: Manifest, live: list[int]) -> None:
+        """Drop the model on every node that holds another version of it (copies, and the
+        instances and stages an older controller or a failed drop left there: the name's
+        deployment is this one, `policy.versions.other_versions`), one WARNING each. A
+        register alone would replace a version nothing runs on, and refuse the rest."""
+        statuses = await self.client.broadcast(StatusOp(), live)
+        held = {n: s.models[name].digest for n, s in statuses.items() if name in s.models}
+        for node in other_versions(held, manifest.digest):
+            running = [r.name for r in statuses[node].running if r.model == name]
+            log.warning(
+                "%s: node %d holds another version (%s, deploying %s; running: %s): dropped",
+                name, node, short(held[node]), short(manifest.digest), running or "nothing",
+            )  # fmt: skip
+            await self._drop(name, node)
+
     async def _register(self, name: str, manifest: Manifest, live: list[int]) -> None:
-        await self.client.broadcast(RegisterOp(model=name, manifest=manifest), live)
-        self.pool.add_model(name, manifest.num_blocks)
+        """Register the model's version on every live node; a node that refuses (another
+        version runs there) makes it a `Conflict` with the agent's reason and fix."""
+        try:
+            await self.client.broadcast(RegisterOp(model=name, manifest=manifest), live)
+        except RemoteError as e:
+            raise Conflict(
+                f"deployment {name!r} cannot be registered: {e} (its drop there failed: "
+                "restart that node's agent, or wait for it, then deploy again)"
+            ) from None
+        self.pool.add_model(name, manifest.num_blocks, manifest.digest)
 
     async def _start(
         self,

@@ -2,9 +2,11 @@
 
 model -> block -> {(node, tier)}. Filled from the agents' `status` when the controller
 starts (agents re-register what they hold) and kept current from arrival events and the
-controller's own loads and evictions. Answers the questions a scale-out asks: which nodes
-hold a complete copy in a tier (hot = gpu, warm = host), which hold it on disk, and whether
-the BlitzScale invariant (one complete host copy per deployed model) holds.
+controller's own loads and evictions, of the deployment's version only (its digest: a copy
+of another version under the same name is never a source, `policy.versions`). Answers the
+questions a scale-out asks: which nodes hold a complete copy in a tier (hot = gpu, warm =
+host), which hold it on disk, and whether the BlitzScale invariant (one complete host copy
+per deployed model) holds.
 
 A gpu copy is either a node's own or, in a host group, a mate's device copy opened through
 IPC (`open_mate_copy`, arrivals with source `mate`): `shared_from` knows which, so a
@@ -15,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from surge.policy.versions import same_version
 from surge.runtime.protocol import StatusReply
 
 TIERS = ("gpu", "host", "disk")
@@ -30,12 +33,18 @@ class ParameterPool:
     )
     shared_from: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     """model -> node -> the host mate whose device copy that node's gpu tier maps."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """model -> the version its copies are (`Manifest.digest`; none: any, a pool filled by
+    hand): an agent's copies of another version are not taken in (`load_status`)."""
 
-    def add_model(self, model: str, num_blocks: int) -> None:
+    def add_model(self, model: str, num_blocks: int, digest: str = "") -> None:
         self.num_blocks[model] = num_blocks
+        if digest:
+            self.versions[model] = digest
 
     def drop_model(self, model: str) -> None:
         self.num_blocks.pop(model, None)
+        self.versions.pop(model, None)
         self.copies.pop(model, None)
         self.shared_from.pop(model, None)
 
@@ -67,9 +76,13 @@ class ParameterPool:
                 self.shared_from[model].pop(gone, None)
 
     def load_status(self, node: int, status: StatusReply) -> None:
-        """Take in one agent's `status` answer (what it holds, tier by tier)."""
+        """Take in one agent's `status` answer (what it holds, tier by tier); a model it holds
+        at another version than the pool's is no copy of it (`policy.versions`)."""
         for model, holding in status.models.items():
             if model not in self.num_blocks:
+                continue
+            wanted = self.versions.get(model)
+            if wanted is not None and not same_version(holding.digest, wanted):
                 continue
             for tier in TIERS:
                 self.add(model, node, tier, getattr(holding, tier))

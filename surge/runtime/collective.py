@@ -88,7 +88,7 @@ class GroupExecutor(MulticastExecutor):
         blocks = tuple(range(self.plan.num_blocks))
         size = len(self.members)
 
-        def op(rank: int, host: str = "", port: int = 0) -> GroupBroadcastOp:
+        def op(rank: int, host: str = "", port: int = 0, digest: str = "") -> GroupBroadcastOp:
             return GroupBroadcastOp(
                 mc_id=self.mc_id,
                 model=self.model,
@@ -105,6 +105,7 @@ class GroupExecutor(MulticastExecutor):
                 ),
                 init_timeout_s=min(self.init_timeout_s, self.block_bound.cap_s(self.timeout_s)),
                 setup_floor_s=self.setup_floor_s,
+                digest=digest,
             )
 
         self.started: list[int] = []
@@ -118,7 +119,7 @@ class GroupExecutor(MulticastExecutor):
             self.started.append(self.members[0])
             joined = await asyncio.gather(
                 *(
-                    self.client.call(a, op(rank, reply.store_host, reply.store_port))
+                    self.client.call(a, op(rank, reply.store_host, reply.store_port, reply.digest))
                     for rank, a in enumerate(self.members[1:], start=1)
                 ),
                 return_exceptions=True,

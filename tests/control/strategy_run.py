@@ -13,7 +13,9 @@ from pathlib import Path
 from surge.control.controller import Controller
 from surge.control.state import Deployment, TrackedRequest
 from surge.engine.sampling import SamplingParams
+from surge.runtime.client import ClusterClient
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
+from surge.runtime.protocol import StatusOp, StatusReply
 from tests.control.conftest import Reference
 from tests.control.test_serve_openai import MODEL
 
@@ -53,6 +55,16 @@ async def deploy(
     autoscaling = {"keep_alive_s": 60, "downscale_delay_s": 60, **autoscaling}
     body = {"name": MODEL, "model": str(store), "strategy": strategy, **spec}
     return await ctl.create({**body, "autoscaling": autoscaling})
+
+
+async def agent_statuses(cluster: LocalCluster) -> dict[int, StatusReply]:
+    """Each agent's `status`, asked directly (not through a controller)."""
+    client = ClusterClient(cluster.addresses, cluster.token)
+    await client.connect()
+    try:
+        return await client.broadcast(StatusOp())
+    finally:
+        await client.close()
 
 
 def local_cluster(state: Path, num_nodes: int = 2, paced: bool = False, **kw) -> LocalCluster:

@@ -22,11 +22,9 @@ import pytest
 
 from surge.control.store import DeploymentStore
 from surge.model.manifest import MANIFEST_NAME
-from surge.runtime.client import ClusterClient
 from surge.runtime.launch.local import LocalCluster
-from surge.runtime.protocol import StatusOp
 from tests.control.conftest import Serve, start_serve
-from tests.control.strategy_run import local_cluster
+from tests.control.strategy_run import agent_statuses, local_cluster
 from tests.control.test_serve_openai import MODEL
 
 KEPT = {"keep_alive_s": 600, "downscale_delay_s": 600, "max_replicas": 1}
@@ -54,12 +52,7 @@ def _complete(s: Serve, model: str, prompt: str, max_tokens: int = 8) -> tuple[s
 async def _running(cluster: LocalCluster) -> dict[int, dict[str, tuple[str, ...]]]:
     """Each agent's running instances and stages and the requests each holds, asked
     directly (not through a controller)."""
-    client = ClusterClient(cluster.addresses, cluster.token)
-    await client.connect()
-    try:
-        statuses = await client.broadcast(StatusOp())
-    finally:
-        await client.close()
+    statuses = await agent_statuses(cluster)
     return {n: {r.name: r.req_ids for r in s.running} for n, s in statuses.items()}
 
 

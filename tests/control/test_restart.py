@@ -10,9 +10,10 @@ from surge.engine.sampling import SamplingParams
 from surge.model.tokenizer import load_tokenizer
 from surge.runtime.client import ClusterClient
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
-from surge.runtime.protocol import LoadOp, StatusOp
+from surge.runtime.protocol import LoadOp
 from tests.control.strategy_run import (
     PROMPTS,
+    agent_statuses,
     check_tokens,
     deploy,
     local_cluster,
@@ -24,12 +25,7 @@ from tests.control.test_serve_openai import MODEL
 
 async def _gpu_blocks(cluster: LocalCluster) -> dict[int, tuple[int, ...]]:
     """GPU blocks of MODEL on each agent, asked directly (not through a controller)."""
-    client = ClusterClient(cluster.addresses, cluster.token)
-    await client.connect()
-    try:
-        statuses = await client.broadcast(StatusOp())
-    finally:
-        await client.close()
+    statuses = await agent_statuses(cluster)
     return {n: s.models[MODEL].gpu if MODEL in s.models else () for n, s in statuses.items()}
 
 

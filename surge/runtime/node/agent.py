@@ -6,11 +6,13 @@ on authenticated connections. What flows out: replies, block bytes to peers, and
 
 This file is the agent's server: sockets, the accept loop, dispatch by op class, events and
 lifecycle. Its parts are composed, each given the `NodeContext` (and the store) it needs:
-`AgentStore` (tiers and the register/load/evict/checksums ops), `AgentTransfer` (the block
+`AgentStore` (tiers and the load/evict/checksums ops), `AgentTransfer` (the block
 data path: get_block, multicast pulls, pull_from, set_peers), `AgentCollective` (a gloo
 group broadcast: the NCCL baseline), `AgentServing` (pipeline
 stages) and `AgentInstances` (full local instances, with their P/D side). The server
-answers `status`, `shutdown` and `subscribe` itself.
+answers `status`, `shutdown` and `subscribe` itself, and `register` and `drop_model`, which
+reach every part: a register of another version of a model than the one held replaces it
+in every tier, or is refused while an instance or stage runs on it (`policy.versions`).
 """
 
 import asyncio
@@ -23,6 +25,7 @@ import sys
 from typing import Any
 
 from surge.errors import SurgeError
+from surge.policy.versions import decide_register
 from surge.runtime.handshake import AuthError, accept_hello
 from surge.runtime.launch.agent_process import LAUNCHER_PID_ENV
 from surge.runtime.node.collective import AgentCollective
@@ -46,6 +49,8 @@ from surge.runtime.protocol import (
     DropReply,
     Event,
     Op,
+    RegisterOp,
+    RegisterReply,
     ShutdownOp,
     StatusOp,
     StatusReply,
@@ -101,6 +106,7 @@ class NodeAgent:
             StatusOp: self.op_status,
             ShutdownOp: self.op_shutdown,
             DropModelOp: self.op_drop_model,
+            RegisterOp: self.op_register,
             **self.store.handlers(),
             **self.transfer.handlers(),
             **self.collective.handlers(),
@@ -223,7 +229,8 @@ class NodeAgent:
         handler = self.handlers[type(op)]
         model = getattr(op, "model", None)
         try:
-            if isinstance(model, str) and not isinstance(op, DropModelOp):
+            # A drop or a register aborts the model's ops itself (never its own).
+            if isinstance(model, str) and not isinstance(op, (DropModelOp, RegisterOp)):
                 reply = await self.ctx.inflight.run(model, handler(op, conn, payload))
             else:
                 reply = await handler(op, conn, payload)
@@ -292,6 +299,30 @@ class NodeAgent:
                 self.node, op.model, aborted, closed,
             )  # fmt: skip
         return DropReply(aborted_ops=aborted, closed=closed)
+
+    async def op_register(self, op: RegisterOp, conn: Connection, p: memoryview) -> RegisterReply:
+        """Learn a model's manifest. Another version than the one held replaces it: its
+        running ops are aborted and every copy goes from every tier first, unless a local
+        instance or pipeline stage runs on it: then the register is refused, naming them and
+        the fix (`policy.versions.decide_register`; a copy is never of two versions)."""
+        manifest = self.store.manifest_for(op)
+        state = self.store.models.get(op.model)
+        users = tuple(
+            r.name for r in (*self.local.running(), *self.serving.running()) if r.model == op.model
+        )
+        held = None if state is None else state.manifest.digest
+        decision = decide_register(op.model, self.node, held, manifest.digest, users)
+        if decision.action == "refuse":
+            raise SurgeError(decision.reason)
+        if decision.action == "replace" and state is not None:
+            state.dropped.set()  # reads in worker threads stop at their next chunk
+            why = "was replaced by another version"
+            aborted = await self.ctx.inflight.abort(op.model, DROP_WAIT_S, why)
+            if self.store.models.get(op.model) is state:  # not replaced meanwhile
+                self.store.drop(op.model)
+            log.warning("node %d: %s (%d running ops aborted, every copy dropped)",
+                        self.node, decision.reason, aborted)  # fmt: skip
+        return self.store.register(op.model, manifest)
 
     async def op_shutdown(self, op: ShutdownOp, conn: Connection, p: memoryview) -> Ack:
         self._stop.set()

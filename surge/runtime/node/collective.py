@@ -28,6 +28,7 @@ from datetime import timedelta
 
 from surge.errors import SurgeError
 from surge.model.manifest import verify_block
+from surge.policy.versions import refuse_as_source
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.gloo_group import GlooGroup, bind_rendezvous
 from surge.runtime.node.store import AgentStore
@@ -70,6 +71,10 @@ class AgentCollective:
         state = self.store.model(op.model)
         for b in op.blocks:
             state.block(b)
+        if op.rank > 0 and op.digest:  # a root of another version is no source of this one
+            refused = refuse_as_source(op.model, op.root, op.digest, state.manifest.digest)
+            if refused is not None:
+                raise SurgeError(refused)
         if op.rank == 0 and any(self.store.buffer_of(op.model, b) is None for b in op.blocks):
             raise SurgeError(f"node {self.ctx.node} cannot be the root: it lacks blocks")
         start = time.monotonic()
@@ -84,7 +89,8 @@ class AgentCollective:
             store_host, store_port = op.store_host, op.store_port
             group = None  # a target connects in its task: the rendezvous may wait for the rest
         self.ctx.inflight.track(op.model, self.ctx.spawn(self._run(op, group, start)))
-        return GroupReply(store_host=store_host, store_port=store_port)
+        digest = state.manifest.digest
+        return GroupReply(store_host=store_host, store_port=store_port, digest=digest)
 
     async def _run(self, op: GroupBroadcastOp, group: GlooGroup | None, start: float) -> None:
         ready_t = setup_s = broadcast_s = None

@@ -14,6 +14,7 @@ import asyncio
 import time
 
 from surge.errors import SurgeError
+from surge.policy.versions import refuse_as_source
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.model_state import ModelState
 from surge.runtime.node.store import AgentStore
@@ -49,6 +50,9 @@ class AgentDeviceShare:
         peer = conn.peer.removeprefix("node-")
         self._check_mate(int(peer) if peer.isdigit() else -1, "sharing a device copy")
         state = self.store.model(op.model)
+        refused = refuse_as_source(op.model, self.ctx.node, state.manifest.digest, op.digest)
+        if refused is not None:
+            raise SurgeError(refused)
         missing = [b for b in op.blocks if b not in state.device_blocks]
         for b in op.blocks:
             state.block(b)
@@ -69,7 +73,7 @@ class AgentDeviceShare:
             state.block(b)
         t0 = time.perf_counter()
         mate = await self.ctx.dial(op.mate)
-        ask = ExportDeviceOp(model=op.model, blocks=op.blocks)
+        ask = ExportDeviceOp(model=op.model, blocks=op.blocks, digest=state.manifest.digest)
         try:
             header, _ = await mate.request(ask.to_json())
         finally:
@@ -87,6 +91,7 @@ class AgentDeviceShare:
                     tier="gpu",
                     source="mate",
                     src=op.mate,
+                    digest=state.manifest.digest,
                 )
             )
         return LoadReply(seconds=time.perf_counter() - t0, fetch_seconds=fetched_s)

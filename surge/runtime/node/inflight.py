@@ -22,6 +22,8 @@ class InFlight:
 
     def __init__(self) -> None:
         self._tasks: dict[str, set[asyncio.Task]] = {}
+        self._why: dict[str, str] = {}
+        """Per model, why its ops were last aborted (what their callers are told)."""
         self.on_track: Callable[[], None] | None = None
         """Called as each op or its work starts (the node's compile gate closes at once)."""
 
@@ -35,8 +37,8 @@ class InFlight:
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if task.cancelled() and me is not None and not me.cancelling():
-                why = f"model {model!r} was dropped on this node while this ran"
-                raise SurgeError(why) from None
+                why = self._why.get(model, "was dropped")
+                raise SurgeError(f"model {model!r} {why} on this node while this ran") from None
             raise
 
     def track(self, model: str, task: asyncio.Task) -> asyncio.Task:
@@ -63,9 +65,11 @@ class InFlight:
         """Ops about `model` running now."""
         return len(self._tasks.get(model, ()))
 
-    async def abort(self, model: str, timeout_s: float) -> int:
+    async def abort(self, model: str, timeout_s: float, why: str = "was dropped") -> int:
         """Cancel every op about `model` and wait, `timeout_s` at most, for their clean-up
-        (a load stops its reads and removes what it made); how many there were."""
+        (a load stops its reads and removes what it made); how many there were. Their
+        callers are told the model `why` ("was dropped", "was replaced by another version")."""
+        self._why[model] = why
         tasks = list(self._tasks.get(model, ()))
         for task in tasks:
             task.cancel()

@@ -1,14 +1,15 @@
 """What a node holds: its models' manifests and blocks in the host, gpu and disk tiers.
 
-What flows in: `register`, `load`, `evict` and `checksums` ops, and verified blocks handed
-over by the data path (`landed`). What flows out: `arrival` events once a block is usable
-in its tier, and buffers of held blocks (`buffer_of`) for peers. The host tier is shared
-memory (`tiers.HostCache`, pinned where the device copies); the gpu tier is each block's
-bytes on the device (`ModelState.device_blocks`, `model_state.py`) and the engine's runner
-over them. A block reaches the device through the device tier (`device_tier.py`), and it is
-announced in the gpu tier only once its copy there completed. A load reads each block from
-its source at that source's pace through `block_reads.py`. Owned by the node agent
-(`runtime/node/agent.py`).
+What flows in: manifests (`register`, once the agent decided what a register of another
+version does: `NodeAgent.op_register`), `load`, `evict` and `checksums` ops, and verified
+blocks handed over by the data path (`landed`). What flows out: `arrival` events once a
+block is usable in its tier, and buffers of held blocks (`buffer_of`) for peers. The host
+tier is shared memory (`tiers.HostCache`, pinned where the device copies); the gpu tier is
+each block's bytes on the device (`ModelState.device_blocks`, `model_state.py`) and the
+engine's runner over them. A block reaches the device through the device tier
+(`device_tier.py`), and it is announced in the gpu tier only once its copy there completed.
+A load reads each block from its source at that source's pace through `block_reads.py`.
+Owned by the node agent (`runtime/node/agent.py`).
 """
 
 import asyncio
@@ -18,7 +19,7 @@ from typing import Any
 
 from surge.emulation import block_charges
 from surge.errors import SurgeError
-from surge.model.manifest import BlockInfo, block_checksum, read_manifest
+from surge.model.manifest import BlockInfo, Manifest, block_checksum, read_manifest
 from surge.runtime.node.block_reads import BlockReads, bucket, in_thread
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.device_tier import DeviceTier
@@ -67,7 +68,6 @@ class AgentStore:
 
     def handlers(self) -> Handlers:
         return {
-            RegisterOp: self.op_register,
             LoadOp: self.op_load,
             EvictOp: self.op_evict,
             ChecksumsOp: self.op_checksums,
@@ -173,26 +173,33 @@ class AgentStore:
                 mc_id=mc_id,
                 src=src,
                 step=step,
+                digest=state.manifest.digest,
             )
         )
 
     # ---- ops ---------------------------------------------------------------------
 
-    async def op_register(self, op: RegisterOp, conn: Connection, p: memoryview) -> RegisterReply:
-        """Learn a model's manifest (sent inline, or read from the registry)."""
-        manifest = op.manifest
-        if manifest is None:
-            if self.remote is None:
-                raise SurgeError(
-                    f"no manifest given for {op.model!r} and node {self.ctx.node} has no "
-                    "registry (send the manifest, or start the agent with --remote-dir)"
-                )
-            manifest = read_manifest(self.remote.store_dir(op.model))
-        if op.model not in self.models:
+    def manifest_for(self, op: RegisterOp) -> Manifest:
+        """The manifest a `register` names: sent inline, or read from the registry."""
+        if op.manifest is not None:
+            return op.manifest
+        if self.remote is None:
+            raise SurgeError(
+                f"no manifest given for {op.model!r} and node {self.ctx.node} has no "
+                "registry (send the manifest, or start the agent with --remote-dir)"
+            )
+        return read_manifest(self.remote.store_dir(op.model))
+
+    def register(self, name: str, manifest: Manifest) -> RegisterReply:
+        """Learn a model's manifest (the agent decides first what a `register` of another
+        version does: `NodeAgent.op_register`, `policy.versions`). Disk-tier files of another
+        version (left by an earlier run of this node) go: the disk tier is keyed by name."""
+        if name not in self.models:
+            self.disk.claim(name, manifest.digest)
             # emulated: each block moves in one emulated block's time, whatever its bytes
             charges = block_charges(manifest) if self.ctx.config.emulate else ()
-            self.models[op.model] = ModelState(manifest, charges)
-        return RegisterReply(model=op.model, num_blocks=manifest.num_blocks)
+            self.models[name] = ModelState(manifest, charges)
+        return RegisterReply(model=name, num_blocks=manifest.num_blocks)
 
     async def op_load(self, op: LoadOp, conn: Connection, p: memoryview) -> LoadReply:
         """Bring blocks from disk, the host tier or the registry into a tier."""

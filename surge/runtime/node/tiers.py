@@ -32,6 +32,9 @@ def segment_name(cluster_id: str, node: int, model: str, block: int) -> str:
     return f"surge_{cluster_id}_{node}_{digest}_{block}"
 
 
+VERSION_FILE = ".version"
+"""In a model's disk-tier directory: the digest of the version its block files are."""
+
 SHM_DIR = Path("/dev/shm")
 """Where POSIX shared memory lives (a tmpfs): a write past its free space is a SIGBUS in the
 writer, so room is checked before a host copy starts."""
@@ -158,6 +161,8 @@ class DiskTier:
         self.root.mkdir(parents=True, exist_ok=True)
         self.bucket = bucket
         """Paces reads (the node's SSD rate; None: as fast as the file system)."""
+        self._versions: dict[str, str] = {}
+        """Per model, the version (`Manifest.digest`) it is registered at (`claim`)."""
 
     def path(self, model: str, info: BlockInfo) -> Path:
         return self.root / model / info.file
@@ -169,6 +174,9 @@ class DiskTier:
     def write(self, model: str, info: BlockInfo, buf: memoryview | bytearray) -> None:
         p = self.path(model, info)
         p.parent.mkdir(parents=True, exist_ok=True)
+        mark = p.parent / VERSION_FILE
+        if model in self._versions and not mark.exists():
+            mark.write_text(self._versions[model] + "\n")
         tmp = p.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             f.write(buf)
@@ -189,6 +197,21 @@ class DiskTier:
 
     def evict(self, model: str, info: BlockInfo) -> None:
         self.path(model, info).unlink(missing_ok=True)
+
+    def claim(self, model: str, digest: str) -> None:
+        """The model's directory holds version `digest` from now on (recorded with its
+        first block): files of another version, or of an unknown one (no record), left by an
+        earlier run of this node go first. Block files are named by index, so two versions'
+        blocks would otherwise pass for each other (`has` checks sizes only)."""
+        self._versions[model] = digest
+        try:
+            held = (self.root / model / VERSION_FILE).read_text().strip()
+        except OSError:
+            held = None
+        if held != digest and (self.root / model).exists():
+            log.warning("disk tier: %s held another version (%s): its files removed",
+                        model, held or "unknown")  # fmt: skip
+            self.drop(model)
 
     def drop(self, model: str) -> None:
         """Remove the model's directory: its blocks and any half-written one."""

@@ -22,6 +22,7 @@ import time
 
 from surge.errors import SurgeError
 from surge.model.manifest import RunningChecksum, verify_block
+from surge.policy.versions import refuse_as_source
 from surge.runtime.handshake import AuthError
 from surge.runtime.node.context import Handlers, NodeContext, import_engine
 from surge.runtime.node.store import AgentStore
@@ -146,6 +147,9 @@ class AgentTransfer:
         node, block = self.ctx.node, op.block
         state = self.store.model(op.model)
         state.block(block)
+        refused = refuse_as_source(op.model, node, state.manifest.digest, op.digest)
+        if refused is not None:
+            raise SurgeError(refused)
         held = state.event(block)
         # Only verified blocks are served: a buffer being (re)filled is not "held" yet.
         if not held.is_set():
@@ -191,10 +195,12 @@ class AgentTransfer:
     ) -> tuple[memoryview, RunningChecksum]:
         """Read one block from a peer straight into its tier buffer (not verified yet; its
         checksum taken as it arrived, as far as the reads allowed)."""
-        info = self.store.model(name).block(block)
+        state = self.store.model(name)
+        info = state.block(block)
         target = self.store.target_buffer(name, block, tier)
         conn = await self._peer(src)
-        ask = GetBlockOp(model=name, block=block, step=step, wait_s=wait_s)
+        digest = state.manifest.digest  # a peer of another version sends nothing
+        ask = GetBlockOp(model=name, block=block, step=step, wait_s=wait_s, digest=digest)
         running = RunningChecksum()
         try:
             await conn.request(ask.to_json(), sink=lambda _h: target, on_chunk=running.update)
@@ -307,6 +313,11 @@ class AgentTransfer:
                 break
             await self.store.landed(name, block, tier, buf, mc_id=mc, src=src, step=step)
             return True
+        state = self.store.models.get(name)
+        if tier == "host" and state is not None and not state.event(block).is_set():
+            # The segment the pulls wrote holds no verified block: `status` must not list it
+            # as a host copy (a warm start reads a host copy unchecked).
+            self.store.host_cache.evict(name, block)
         await self.ctx.emit(
             PullFailed(
                 node=node, t=time.time(), mc_id=mc, model=name, block=block, src=src, reason=reason

@@ -28,6 +28,9 @@ class ExportDeviceOp(Op[DeviceHandlesReply], name="export_device", reply=DeviceH
 
     model: str
     blocks: tuple[int, ...]
+    digest: str = ""
+    """The version the mate holds the model at (`Manifest.digest`): an agent holding
+    another version shares nothing ("": any)."""
 
     def __post_init__(self) -> None:
         require(bool(self.blocks), "op export_device", "needs blocks")

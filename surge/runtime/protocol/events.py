@@ -49,6 +49,9 @@ class BlockArrived(Event, name="arrival"):
     mc_id: str | None = None
     src: int | None = None
     step: float | None = None
+    digest: str | None = None
+    """The version of the model the block is of (`Manifest.digest`; None: not reported): the
+    controller counts a copy only of its deployment's version (`policy.versions`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

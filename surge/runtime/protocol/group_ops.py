@@ -28,6 +28,8 @@ class GroupReply(Reply):
 
     store_host: str
     store_port: int
+    digest: str = ""
+    """The root's version of the model (`Manifest.digest`), which targets are given."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class GroupBroadcastOp(Op[GroupReply], name="group_broadcast", reply=GroupReply)
     algorithm: GroupAlgorithm = "broadcast"
     timeout_s: float = 120.0
     init_timeout_s: float = GROUP_INIT_TIMEOUT_S
+    digest: str = ""
+    """For a target: the root's version of the model (its `GroupReply.digest`); a target
+    holding another version refuses, and the blocks are pulled instead ("": any)."""
     setup_floor_s: float = 0.0
     """Real seconds this member's group set-up lasts at least, from its op to its first
     block (under GPU-time emulation: the emulated communicator's creation x D; 0: as

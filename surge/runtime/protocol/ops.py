@@ -184,6 +184,9 @@ class GetBlockOp(Op[BlockReply], name="get_block", reply=BlockReply):
     step: float = NO_STEP
     wait_s: float = 0.0
     """How long to wait for the block to be held (0: answer at once)."""
+    digest: str = ""
+    """The version the puller holds the model at (`Manifest.digest`): a peer holding another
+    version refuses, no byte of it sent ("": any, a caller that does not say)."""
 
     def __post_init__(self) -> None:
         require(self.block >= 0 and self.wait_s >= 0, "op get_block", "needs block, wait_s >= 0")

@@ -1,0 +1,47 @@
+"""The registry the agents read models from: `registry/<name>`, a link to a deployment's
+store or a store imported from its Hugging Face checkpoint (`prepare_store`), made when the
+deployment is created or brought back (`control/deployments.py`). A store is verified when
+linked (every block's checksum): a bad one is refused with one error. Owned by control/.
+"""
+
+import shutil
+from pathlib import Path
+
+from surge.control.spec import DeploymentSpec
+from surge.errors import InvalidInput, SurgeError, shorten
+from surge.model.manifest import MANIFEST_NAME, read_manifest, verify_store
+
+
+def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
+    """Put the model in the registry as `registry/<name>` (link a store, import HF)."""
+    try:
+        prepare_store_at(registry / spec.name, Path(spec.model).expanduser(), spec)
+    except OSError as e:  # a path the file system refuses (too long, not readable, ...)
+        raise InvalidInput(
+            f"model {shorten(spec.model)!r} cannot be read ({e.strerror or e}); give a store "
+            "or checkpoint directory on the controller's machine",
+            param="model",
+        ) from None
+
+
+def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
+    if target.is_symlink():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
+    if (src / MANIFEST_NAME).is_file():
+        # A clear error if it is not a valid store, or if a block is missing or damaged.
+        try:
+            verify_store(read_manifest(src))
+        except SurgeError as e:
+            raise InvalidInput(str(e), param="model") from None
+        target.symlink_to(src.resolve(), target_is_directory=True)
+    elif (src / "config.json").is_file():
+        from surge.model.importer import import_checkpoint
+
+        import_checkpoint(src, target, name=spec.name, progress=False)
+    else:
+        raise SurgeError(
+            f"model {shorten(spec.model)!r} is neither a surge store (manifest.json) nor a "
+            "Hugging Face checkpoint directory (config.json) on the controller's machine"
+        )
