@@ -1,29 +1,29 @@
 """BlitzScale live scaling (§4, §5.2) in the simulator: layer-level cooperative execution.
 
-In: a multicast receiver the loading state machine declared live (`GoLive`), how many
-layers it holds at any moment (its longest block prefix), the seconds per layer its blocks
-took to land so far, and the pool whose loaded instances it helps. Each look builds a
-`LiveView` (the sources with what is on or on its way to them, the requests that have not
-started — the router's queue and the sources' queues, BlitzScale §4 step 1; the policy
-takes them oldest first —, the sources' admission times for the drain rate, the cost
-model's prefill seconds per token) and carries out what the target's
+In: a multicast receiver the loading state machine declared live (`GoLive`), how many layers
+it holds at any moment (its longest block prefix), the seconds per layer its blocks took to
+land so far, and the pool whose loaded instances it helps. Each look builds a `LiveView`
+(the sources with what is on or on its way to them, the requests that have not started — the
+router's queue and the sources' queues, BlitzScale §4 step 1; the policy takes them oldest
+first —, the sources' admission times for the drain rate, the cost model's prefill seconds
+per token) and carries out what the target's
 `policy.blitzscale.live_scaling.LiveScalingState.look` returns, as `surge serve` does
-(`runtime/scaleout/live.py`): a declined look or a zigzag batch waiting for its layers
-looks again `LOOK_INTERVAL_S` later (the policy's, both bodies'); a `RunBatch` runs its
-first T layers on the new instance (the *target*, inst.1) and the remaining S = L - T on
-the source (inst.0), at the times the cost model gives; the request's first token comes
-when the source finishes, then it decodes there (or, under P/D, hands its KV cache to a
-decode instance as any prefill). C2 is carried out, not assumed: a batch reaches the
-source only when the target has finished its T layers and the activation has crossed the
-network (a flow that shares links with the multicast), and the source runs it FIFO after
-what it already has. The target executes one batch at a time and takes the next while the
-source runs the last (Fig. 12b), up to `LiveSettings.max_in_flight` batches under way
-(started, first token not back), as the runtime's batch tasks are. A zigzag batch waiting
-for layers is looked at again when the block that brings them lands (`landed`, §5.2 (2)
-preemption), not only at the poll. It is not a router endpoint until it holds every layer
-(then `Loader.ready` serves it alone and `redistribute` sends the sources' unstarted
-requests back through the router, `policy.blitzscale.live_scaling.redistributed`, §5.2
-step 3).
+(`runtime/scaleout/live.py`): a declined look or a zigzag batch waiting for its layers looks
+again `LOOK_INTERVAL_S` later (the policy's, both bodies'); a `RunBatch` runs its first T
+layers on the new instance (the *target*, inst.1) and the remaining S = L - T on the source
+(inst.0, under P/D a prefill instance: `cooperating`), at the times the cost model gives;
+the request's first token comes when the source finishes, then it decodes there (or, under
+P/D, hands its KV cache to a decode instance as any prefill). C2 is carried out, not
+assumed: a batch reaches the source only when the target has finished its T layers and the
+activation has crossed the network (a flow that shares links with the multicast), and the
+source runs it FIFO after what it already has. The target executes one batch at a time and
+takes the next while the source runs the last (Fig. 12b), up to `LiveSettings.max_in_flight`
+batches under way (started, first token not back), as the runtime's batch tasks are. A
+zigzag batch waiting for layers is looked at again when the block that brings them lands
+(`landed`, §5.2 (2) preemption), not only at the poll. It is not a router endpoint until it
+holds every layer (then `Loader.ready` serves it alone and `redistribute` sends the sources'
+unstarted requests back through the router, `policy.blitzscale.live_scaling.redistributed`,
+§5.2 step 3).
 
 Not modelled: the K/V of the target's T layers travelling to the source (the runtime's
 `live_prefill` sends it; the activation crossing is modelled and is the larger part for
@@ -46,6 +46,7 @@ from surge.policy.blitzscale.live_scaling import (
     redirect_order,
     redistributed,
 )
+from surge.policy.blitzscale.pd import DECODE
 from surge.policy.blitzscale.slo_check import drain_rate_per_s
 from surge.policy.blitzscale.zigzag import ZigzagProblem
 from surge.sim.events import Priority
@@ -82,8 +83,10 @@ class LiveRecord:
     """`zigzag` or `best_effort`."""
     request_ids: tuple[int, ...]
     source_role: str | None = None
-    """The source's P/D role when the batch started (None: no P/D); a decode source keeps
-    the batch's requests to decode there (`policy.blitzscale.handoff.decodes_where_prefilled`)."""
+    """The source's P/D role when the batch started (None: no P/D): prefill under P/D
+    (`policy.blitzscale.live_scaling.cooperating`), so the batch's requests are handed to
+    a decode instance (a source mutated meanwhile keeps them,
+    `policy.blitzscale.handoff.decodes_where_prefilled`)."""
 
 
 class _Target:
@@ -232,7 +235,12 @@ class LiveScaling:
         return LiveView(
             now_s=now,
             held_layers=t.held_layers(),
-            sources=tuple(LiveSource(i.id, i.outstanding + i.reserved) for i in sources),
+            sources=tuple(
+                # under P/D only prefill instances cooperate (`cooperating`, §5.2), as the
+                # runtime's view says
+                LiveSource(i.id, i.outstanding + i.reserved, prefills=i.role != DECODE)
+                for i in sources
+            ),
             waiting=queued,
             layer_load_s=t.layer_load_s(),
             prefill_s_per_token=per_token,

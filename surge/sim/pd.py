@@ -3,7 +3,8 @@
 What flows: a P/D model has one pool, as a `surge serve` deployment has one server; its
 `PdPool` holds the roles. An instance that starts serving joins
 (`policy.blitzscale.pd.role_for_new`, on the pool's load); new requests go to the instances
-`policy.blitzscale.pd.routable` names; a prefilled request parks on its prefill instance
+`policy.blitzscale.pd.routable` names (none while no prefill instance serves but one is
+loading, `handoff.prefill_joining`); a prefilled request parks on its prefill instance
 and waits here (`parked`, oldest first) until `policy.blitzscale.handoff.handoff_target`
 names an instance to decode it (none while every decode instance is full, or while none
 serves but one is loading, `decode_joining`; the source itself when none serves or
@@ -19,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 
 from surge.policy.autoscale import RATE_WINDOW_S
-from surge.policy.blitzscale import handoff, pd
+from surge.policy.blitzscale import handoff, pd, pd_release
 from surge.sim.instance import Instance
 from surge.sim.request import SimRequest
 
@@ -99,12 +100,26 @@ class PdPool:
             for k, m in enumerate(self.members)
         )
 
-    def routable(self, endpoints: list[Instance]) -> list[Instance]:
-        """The endpoints new requests may go to. Execution pipelines have no role: they
-        serve only when no instance prefills (as in the runtime)."""
-        keep = {self.members[k].id for k in pd.routable(self.views())}
+    def routable(self, endpoints: list[Instance], instances: list[Instance]) -> list[Instance]:
+        """The endpoints new requests may go to; none while no prefill instance serves but
+        one of the pool's `instances` still loading joins as one (`pd.routable`). Execution
+        pipelines have no role: they serve only when no instance prefills or comes (as in
+        the runtime)."""
+        views = self.views()
+        coming = self.joining(instances, views, handoff.prefill_joining)
+        keep = {self.members[k].id for k in pd.routable(views, coming)}
         chosen = [e for e in endpoints if e.id in keep]
-        return chosen if chosen else endpoints
+        return chosen if chosen or coming else endpoints
+
+    def releasable(self, release: tuple[int, ...]) -> tuple[int, ...]:
+        """Of the autoscaler's `release` (instance ids), those to let go
+        (`policy.blitzscale.pd_release.releasable`: the instances that stay keep a prefill
+        and a decode one)."""
+        index = {m.id: k for k, m in enumerate(self.members)}
+        # an instance without a role (not a member) gets an index no member has
+        asked = [index.get(iid, -1 - n) for n, iid in enumerate(release)]
+        go = set(pd_release.releasable(asked, self.views()))
+        return tuple(iid for iid, k in zip(release, asked, strict=True) if k in go)
 
     # ---- hand-off -------------------------------------------------------------------
 
@@ -125,18 +140,24 @@ class PdPool:
         src, req = self.parked[0]
         index = self.members.index(src) if src in self.members else -1
         views = self.views()
-        coming = self.decode_joining(instances, views)
+        coming = self.joining(instances, views, handoff.decode_joining)
         chosen = handoff.handoff_target(index, views, coming)
         if chosen is None:
             return None
         self.parked.popleft()
         return src, req, src if chosen == -1 else self.members[chosen]
 
-    def decode_joining(self, instances: list[Instance], views: tuple[pd.PdInstance, ...]) -> bool:
+    def joining(
+        self,
+        instances: list[Instance],
+        views: tuple[pd.PdInstance, ...],
+        role_joining: Callable[[pd.PdLoad, pd.PdTargets, int, bool], bool],
+    ) -> bool:
         """Whether one of the pool's `instances` not serving yet (not a member: loading, or
-        its engine starting) will join as a decode one (`policy.blitzscale.handoff`)."""
+        its engine starting) will join in a role (`role_joining`: `handoff.decode_joining`
+        or `handoff.prefill_joining`)."""
         joining = sum(1 for i in instances if i not in self.members and not i.released)
-        return handoff.decode_joining(pd.PdLoad(views), self.targets, joining, self.mutation)
+        return role_joining(pd.PdLoad(views), self.targets, joining, self.mutation)
 
     # ---- the monitor ----------------------------------------------------------------
 

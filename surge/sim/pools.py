@@ -54,7 +54,7 @@ class Pool:
         """What the router may choose: serving instances, then open pipelines (under P/D
         the ones `policy.blitzscale.pd.routable` names)."""
         eps = [i for i in self.instances if i.serving] + self.pipelines
-        return eps if self.pd is None else self.pd.routable(eps)
+        return eps if self.pd is None else self.pd.routable(eps, self.instances)
 
     def held(self, inst: Instance) -> int:
         """Requests `inst` holds: its engine's, K/V on its way to it, parked on it."""

@@ -190,7 +190,8 @@ class Scaler:
                     self.world.event(pool.model, pool.role, "mutate")
                 if mutated:
                     self.requests.drain(pool)
-        for iid in decision.release:
+        release = decision.release if pool.pd is None else pool.pd.releasable(decision.release)
+        for iid in release:
             # a release lets other pools decide at once, and a decode pool's scale-out may
             # mutate (take over) an idle prefill instance this decision meant to release
             inst = next((i for i in pool.instances if i.id == iid), None)

@@ -10,7 +10,8 @@ instances still loading that will join as decode instances, by `pd.role_for_new`
   every decode instance is full (the back-pressure that shows decode is the bottleneck),
   or none serves yet but one is loading. Only a deployment with no decode instance,
   serving or on its way (one held to a single instance), decodes in place;
-- `decode_joining`: whether one of the instances still loading will join as a decode one.
+- `decode_joining` / `prefill_joining`: whether one of the instances still loading will
+  join as a decode / prefill one (`joining_roles`, `pd.role_for_new` in join order).
 
 Why a request waits for a decode instance that is still loading rather than decoding on
 its prefill instance: P/D "uses two replicas of the same model to serve the prefill and
@@ -43,18 +44,33 @@ def decodes_where_prefilled(role: str | None) -> bool:
     return role != PREFILL
 
 
+def joining_roles(
+    load: PdLoad, targets: PdTargets, joining: int, mutation: bool
+) -> tuple[str, ...]:
+    """The roles `joining` instances still loading take as they join in order, holding
+    nothing (`role_for_new` on the deployment as `load` shows it; `mutation`: the system
+    mutates prefill instances)."""
+    instances = list(load.instances)
+    capacity = max((i.capacity for i in instances), default=1)
+    roles: list[str] = []
+    for k in range(joining):
+        role = role_for_new(replace(load, instances=tuple(instances)), targets, mutation)
+        roles.append(role)
+        instances.append(PdInstance(-1 - k, role, 0, capacity))
+    return tuple(roles)
+
+
+def prefill_joining(load: PdLoad, targets: PdTargets, joining: int, mutation: bool) -> bool:
+    """Whether one of `joining` instances still loading takes the prefill role
+    (`joining_roles`): with none serving, new requests wait for it (`pd.routable`)."""
+    return PREFILL in joining_roles(load, targets, joining, mutation)
+
+
 def decode_joining(load: PdLoad, targets: PdTargets, joining: int, mutation: bool) -> bool:
     """Whether one of `joining` instances still loading (they join in order, holding
     nothing) takes the decode role, as `role_for_new` will give it on the deployment as
     `load` shows it (`mutation`: the system mutates prefill instances)."""
-    instances = list(load.instances)
-    capacity = max((i.capacity for i in instances), default=1)
-    for k in range(joining):
-        role = role_for_new(replace(load, instances=tuple(instances)), targets, mutation)
-        if role == DECODE:
-            return True
-        instances.append(PdInstance(-1 - k, role, 0, capacity))
-    return False
+    return DECODE in joining_roles(load, targets, joining, mutation)
 
 
 def _load(i: PdInstance) -> tuple[float, int]:

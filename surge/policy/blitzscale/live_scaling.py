@@ -6,7 +6,7 @@ then one `LiveView` per look: the layers the target holds, the serving instances
 help (the *sources*), the requests waiting that have not started, and what the body
 measured on this run (seconds per layer reaching the target, a source's prefill seconds
 per token, the queue's drain rate). Out, from `LiveScalingState.look`, one action:
-- `Decline`: nothing to do (no source, no request, no layer), `max_in_flight` batches
+- `Decline`: nothing to do (no source that prefills, no request, no layer), `max_in_flight` batches
   of this target are under way already, the §5.2 SLO check holds
   (`slo_check.needs_live_scaling`: every queued request meets its TTFT SLO under normal
   routing), or the schedule's next batch runs on the source alone (T_i = 0);
@@ -16,7 +16,20 @@ per token, the queue's drain rate). Out, from `LiveScalingState.look`, one actio
   the body looks again at once (§5.2 (2) preemption on layer arrival), not at its poll;
 - `RunBatch`: prefill the waiting requests it names (`take`, oldest first:
   `redirect_order`) cooperatively, the first `split` layers on the target, the rest on
-  `source` (the least loaded, ties to the lowest id), which then decodes them.
+  `source` (the least loaded prefill instance, ties to the lowest id), which then decodes
+  them (under P/D they are handed to a decode instance as any prefill's).
+Who cooperates (`cooperating`): the instances that take new prefills, under P/D the
+prefill ones only. BlitzScale §5.2: live scaling pairs the new instance with an
+*overloaded* instance ("the presence of overloaded instance since live autoscaling requires
+a cooperation from it ... for each overloaded instance, we will identify an instance in the
+chain"); under P/D it scales a prefill instance, "prefill-only serving (e.g., autoscaling a
+prefill instance in P/D disaggregation)", whose K/V then goes to decode ones (§5.1 Fig. 11:
+"Since the scale is live, the KVCache will be transferred to the decode instances"). A
+decode instance running a batch's prefill layers would be an instance "that combine[s]
+prefill and decode", whose live scaling §5.2 leaves "for future work". Fig. 8 (d)'s decode
+instance is the *parameter* source of the multicast, not the live partner. Until
+2026-11-29 any serving instance cooperated (on §6.1's 7B run 355 of 662 batches had a
+decode source, which then decoded them behind its own prefills).
 What waits (§4 step 1: "we redirect all queued requests from inst.0 to it"): the router's
 queue and the requests queued on the sources' engines that have not started (`Waiting.source`
 says where each one is); a live target takes both, oldest first.
@@ -142,7 +155,8 @@ class LiveSource:
     outstanding: int
     """Requests on it or on their way to it."""
     prefills: bool = True
-    """It takes new prefills (under P/D: a prefill instance); counts in the SLO check."""
+    """It takes new prefills (under P/D: a prefill instance): it may cooperate
+    (`cooperating`) and counts in the SLO check."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +256,12 @@ class RunBatch:
 LiveAction = RunBatch | WaitForLayers | Decline
 
 
+def cooperating(sources: Sequence[LiveSource]) -> tuple[LiveSource, ...]:
+    """The sources a live target may run a batch's last layers on: those that take new
+    prefills (under P/D the prefill instances; see the module docstring, §5.2)."""
+    return tuple(x for x in sources if x.prefills)
+
+
 def pick_target(held_layers: Mapping[int, int]) -> int | None:
     """Of live targets (id -> layers held), the one a body with a single cooperative loop
     helps next: the most layers, ties to the lowest id; None when there is none."""
@@ -279,7 +299,8 @@ class LiveScalingState:
         held = min(view.held_layers, s.num_layers)
         if view.in_flight >= s.max_in_flight:
             return Decline("busy")
-        if not view.sources or not view.waiting or held < 1:
+        partners = cooperating(view.sources)
+        if not partners or not view.waiting or held < 1:
             return Decline("idle")
         if self._slo_holds(view, held):
             self.splits = []  # a fresh schedule if live scaling is needed again
@@ -298,7 +319,7 @@ class LiveScalingState:
         split = min(want, held, s.num_layers - 1)
         if split < 1:
             return Decline("source-alone")
-        source = min(view.sources, key=lambda x: (x.outstanding, x.id))
+        source = min(partners, key=lambda x: (x.outstanding, x.id))
         return RunBatch(
             source=source.id,
             split=split,

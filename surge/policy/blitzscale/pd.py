@@ -9,8 +9,9 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   mutation, new prefill instances compensate, §5.2 — else the busier role by
   `role_loads`, §6.1's baselines scaling each role on its own load, and the targets'
   ratio when both are equally busy);
-- `routable`: which instances take new requests (prefill ones; every one when none is a
-  prefill instance, so a deployment is never left without a way in);
+- `routable`: which instances take new requests (prefill ones; none while no prefill
+  instance serves but one is coming, `handoff.prefill_joining`; every one when none serves or
+  comes, so a deployment is never left without a way in);
 - where a prefilled request decodes (`decodes_where_prefilled`, `handoff_target`,
   `decode_joining`) is `policy.blitzscale.handoff`'s;
 - `decide_mutation` (§5.2 "mutation"): when decode is the bottleneck (hand-offs waiting
@@ -28,8 +29,8 @@ deployment's `PdTargets` and the system's `PdSettings`. Out:
   over the monitor's window);
 - `monitor` (BlitzScale's load monitor, §5, its per-role half): whether the pool wants
   another instance now because one role is saturated (KV use at the threshold on every
-  decode instance, or prefill full while requests wait) or decode has no instance while
-  prefill instances hold requests (§4). The pool-level half — instances
+  decode instance, or prefill full while requests wait) or a role has no instance while
+  the other holds requests or requests wait (§4). The pool-level half — instances
   enough for the pool's tokens/s and KV use, and the 2 s scale-down — is
   `policy.autoscale.decide` with the system's `target_tokens_per_s` / `target_kv_usage`;
 - `look`: one look of the monitor (mutation when the system mutates, then the per-role
@@ -231,10 +232,21 @@ def ingress_usage(handed: Sequence[tuple[float, float]], now_s: float) -> float:
     return sum(s for t, s in handed if t >= now_s - RATE_WINDOW_S) / RATE_WINDOW_S
 
 
-def routable(instances: Sequence[PdInstance]) -> tuple[int, ...]:
-    """Indices of the instances that take new requests."""
+def routable(instances: Sequence[PdInstance], prefill_coming: bool = False) -> tuple[int, ...]:
+    """Indices of the instances that take new requests: the prefill ones. With none
+    serving, none while one is on its way (`prefill_coming`: an instance still loading
+    joins as prefill, `handoff.joining_roles`; a live one prefills cooperatively as it loads,
+    `live_scaling`): requests wait at the router for it rather than being prefilled and
+    decoded whole on a decode instance (§2.1: P/D "uses two replicas of the same model to
+    serve the prefill and decode phases of a request, respectively"; §6.1: "For all the
+    workload, we run with prefill and decode disaggregation"; a pool of decode instances
+    alone arises once its prefill instances mutate or are released, §5.2). Every instance
+    only when no prefill instance serves or comes (a deployment at `max_replicas`), so a
+    deployment is never left without a way in."""
     prefill = tuple(i.index for i in instances if i.role == PREFILL)
-    return prefill if prefill else tuple(i.index for i in instances)
+    if prefill or prefill_coming:
+        return prefill
+    return tuple(i.index for i in instances)
 
 
 def _idle(i: PdInstance, s: PdSettings) -> bool:
@@ -328,7 +340,8 @@ def monitor(load: PdLoad, s: PdSettings) -> MonitorDecision:
     """BlitzScale's load monitor: another instance when every decode instance's KV cache
     is at the threshold (decode cannot take more), when prefill instances hold requests
     and no decode instance serves (the new one decodes, `role_for_new`; §4: P/D "uses at
-    least two serving instances, a prefill and a decode" — else they decode in place), or
+    least two serving instances, a prefill and a decode" — else they decode in place),
+    when requests wait and only decode instances serve (the new one prefills), or
     when requests wait and every prefill instance is full (prefill cannot take more); else
     none."""
     decode = [i for i in load.instances if i.role == DECODE]
@@ -337,6 +350,10 @@ def monitor(load: PdLoad, s: PdSettings) -> MonitorDecision:
     prefill = [i for i in load.instances if i.role == PREFILL]
     if not decode and any(i.outstanding for i in prefill):
         return MonitorDecision(1, "no decode instance while prefill instances hold requests")
+    if not prefill and decode and load.num_waiting > 0:
+        # the symmetric case (`routable` holds requests for a prefill instance): the new
+        # one prefills (`role_for_new`: below the prefill target)
+        return MonitorDecision(1, "no prefill instance while requests wait")
     if load.num_waiting > 0 and prefill and all(i.outstanding >= i.capacity for i in prefill):
         return MonitorDecision(1, "requests wait and every prefill instance is full")
     return MonitorDecision(0)

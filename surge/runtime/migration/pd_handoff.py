@@ -2,7 +2,8 @@
 
 What flows: the `Server` of a P/D deployment holds one `PdServing`. Each local instance
 gets a role when it joins (`policy.pd.role_for_new` on the deployment's load, sent as
-`instance_role`); new requests go only to prefill instances (`policy.pd.routable`). A
+`instance_role`); new requests go only to prefill instances (`policy.pd.routable`; with
+none serving they wait at the router while one is joining). A
 prefill instance parks each request after its prefill (`runtime/node/pd.py`) and says
 so with its first token (`finish_reason == HANDOFF_REASON`); `handoff` then moves the
 parked K/V (`pd_transfer.py`) to the decode instance
@@ -140,12 +141,14 @@ class PdServing:
         self.ingress.received(source_node, target.node, target.name, nbytes)
 
     def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]:
-        """The endpoints new requests may go to (`policy.pd.routable`). Execution pipelines
-        and instances without a role are decode-like: they serve only when no instance
-        prefills."""
-        view = [self._view(i, e) for i, e in live.items()]
-        keep = set(pd.routable([v for v in view if v is not None]))
-        if not keep:
+        """The endpoints new requests may go to (`policy.pd.routable`): none while no prefill
+        instance serves but a slot still joining will prefill (`prefill_joining`). Execution
+        pipelines and instances without a role are decode-like: they serve only when no
+        instance prefills or comes."""
+        view = [v for i, e in live.items() if (v := self._view(i, e)) is not None]
+        coming = self._coming(pd_handoff.prefill_joining, view)
+        keep = set(pd.routable(view, coming))
+        if not keep and not coming:
             return live
         return {i: e for i, e in live.items() if i in keep}
 
@@ -182,12 +185,20 @@ class PdServing:
             since_last_mutation_s=since_last_mutation_s,
         )
 
-    def _target(self, source: int, views: list[pd.PdInstance]) -> int | None:
-        """`handoff_target`, told whether a slot still joining will decode."""
+    def _coming(
+        self,
+        role_joining: Callable[[pd.PdLoad, pd.PdTargets, int, bool], bool],
+        views: list[pd.PdInstance],
+    ) -> bool:
+        """Whether a slot still joining (no local instance with a role yet) will take a role
+        (`role_joining`: `handoff.decode_joining` or `handoff.prefill_joining`)."""
         joined = {e.node for _, e in self._locals()}
         joining = sum(1 for n in self.nodes() if n not in joined)
-        load = pd.PdLoad(tuple(views))
-        coming = pd_handoff.decode_joining(load, self.targets, joining, self.mutation)
+        return role_joining(pd.PdLoad(tuple(views)), self.targets, joining, self.mutation)
+
+    def _target(self, source: int, views: list[pd.PdInstance]) -> int | None:
+        """`handoff_target`, told whether a slot still joining will decode."""
+        coming = self._coming(pd_handoff.decode_joining, views)
         return pd_handoff.handoff_target(source, views, coming)
 
     def endpoint_at(self, index: int) -> LocalEndpoint | None:
