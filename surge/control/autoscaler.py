@@ -219,7 +219,7 @@ class Autoscaler:
         if scale_out > 0:
             added = self._scale_out(dep, scale_out)
             await self.pd.on_scale_out(dep, now_s, added)  # §5.2 mutation
-        for node in decision.release:
+        for node in self.pd.releasable(dep, decision.release):  # P/D keeps both roles
             await self.release(dep, node)
 
     def free_slots(self, node: int) -> int:

@@ -129,6 +129,13 @@ class PdControl:
         done = [await self._mutate(dep, pd, m, now_s) for m in chosen]
         return sum(done)
 
+    def releasable(self, dep: Deployment, release: tuple[int, ...]) -> tuple[int, ...]:
+        """Of the autoscaler's `release` (nodes) for `dep`, those to let go: under P/D the
+        instances that stay keep a prefill and a decode one
+        (`policy.blitzscale.pd_release.releasable`)."""
+        pd = dep.server.pd
+        return release if pd is None else pd.releasable(release)
+
     async def _mutate(
         self, dep: Deployment, pd: PdServing, m: MutationChoice, now_s: float
     ) -> bool:

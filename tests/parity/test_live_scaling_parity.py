@@ -50,6 +50,9 @@ class Scenario:
     queued_on: dict[int, int] | None = None
     """Source node -> requests routed to it earlier (older than the router's queue) and
     queued on its engine, not started."""
+    decode_nodes: tuple[int, ...] = ()
+    """Sources that are P/D decode instances (the rest prefill): they do not cooperate
+    (`policy.blitzscale.live_scaling.cooperating`, BlitzScale §5.2)."""
 
 
 SCENARIOS = {
@@ -57,6 +60,10 @@ SCENARIOS = {
     "decline: the SLO holds without help": Scenario((4,), {0: 0}, 2, 0.0),
     "zigzag: a batch waits for its layers, then runs": Scenario((1, 1, 2), {0: 0}, 16, 100.0),
     "help: a source's queued requests go first": Scenario((4,), {0: 0, 1: 3}, 3, 100.0, {0: 3}),
+    # under P/D the least-loaded source (node 1) decodes: the prefill instance cooperates
+    "help: a prefill source, not the idler decode one": Scenario(
+        (4,), {0: 3, 1: 1}, 6, 100.0, decode_nodes=(1,)
+    ),
 }
 
 
@@ -116,10 +123,13 @@ def _runtime_log(s: Scenario, through_loop: bool = False) -> list[tuple]:
             ep.requests[str(i)] = request(i, _queued_arrival_s(now, s, i))  # type: ignore[assignment]
         endpoints[ep.name] = ep
     queue = [request(i, now - s.waited_s) for i in range(s.num_waiting)]
+    roles = {
+        ep.name: "decode" if ep.node in s.decode_nodes else "prefill" for ep in endpoints.values()
+    }
     server = SimpleNamespace(
         endpoints=endpoints,
         queue=queue,
-        pd=None,
+        pd=SimpleNamespace(roles=roles, hold=lambda *a, **k: None) if s.decode_nodes else None,
         prefill_spans=[],
         departures=[],
         clock=REAL_CLOCK,
@@ -175,6 +185,8 @@ def _sim_log(s: Scenario, tmp_path) -> list[tuple]:
     for node, n in s.outstanding.items():
         source = instance_on(sim, node, serving=True)
         source.reserved = n  # on their way to it
+        if s.decode_nodes:
+            source.role = "decode" if node in s.decode_nodes else "prefill"
         # A full engine starts nothing new while the test looks (the runtime's stand-in
         # queue does not drain either): requests routed to it stay waiting.
         source.max_batch = 0
@@ -216,7 +228,8 @@ def test_same_view_gives_the_same_cooperative_batches(name: str, tmp_path) -> No
         oldest = [i for ids in queued.values() for i in ids] + list(range(s.num_waiting))
         assert runtime[0][4] == tuple(oldest[: SYSTEM.live_batch])
     else:
-        assert runtime[0][2] == min(s.outstanding, key=lambda n: (s.outstanding[n], n))
+        prefill = {n: k for n, k in s.outstanding.items() if n not in s.decode_nodes}
+        assert runtime[0][2] == min(prefill, key=lambda n: (prefill[n], n))
         assert runtime[0][4] == tuple(range(SYSTEM.live_batch))
     if name.startswith("zigzag"):
         # the second look waited: only two batches, the second on two layers

@@ -60,6 +60,11 @@ class Case:
     monitor's window (BlitzScale §5.2's K/V incast), as each body counts them."""
     loading: int = 0
     """Instances still loading (placed, not serving): they join at the end."""
+    roles: tuple[str, ...] = ()
+    """Roles the serving instances hold now, if not the ones they joined with (prefill
+    instances mutated or released before)."""
+    release: tuple[int, ...] = ()
+    """Instances the autoscaler would release (join order): what each body lets go."""
 
 
 TARGETS = PdTargets(prefill=1, decode=2)
@@ -92,6 +97,18 @@ CASES = {
     # a system that does not mutate, past its targets: P, D, D, then the busier role
     # (decode, 3/4 full) -- the targets' ratio alone would make i3 a prefill instance
     "baseline-decode-busy": Case((0, 3, 3, 0), parked_on=0, system=BASELINE),
+    # decode instances alone, one instance loading (it will prefill): new requests wait
+    # at the router for it (§2.1, §6.1)
+    "decode-only-prefill-loading": Case((1, 1), parked_on=0, loading=1, roles=("decode", "decode")),
+    # decode instances alone, none coming: every instance takes requests (a way in), and
+    # the monitor asks for a prefill instance since requests wait
+    "decode-only": Case((1, 1), parked_on=0, roles=("decode", "decode"), waiting=2),
+    # P, D, D, P, the autoscaler releasing both idle decode instances and the idle prefill
+    # one: the prefill instance holding a request stays, so the youngest decode one does
+    # too (`pd_release.releasable`, §4)
+    "release-keeps-a-decode-instance": Case(
+        (1, 0, 0, 0), parked_on=0, system=BASELINE, release=(1, 2, 3)
+    ),
 }
 
 
@@ -110,6 +127,8 @@ class Log:
     scale-out, `policy.blitzscale.pd.scale_out_mutations`)."""
     handoffs_after_join: list[tuple[int, int]]
     """... and those started once the loading instances joined (their roles appended)."""
+    released: list[int]
+    """Of the case's `release`, the instances the body lets go."""
 
 
 def _runtime(case: Case) -> Log:
@@ -134,7 +153,10 @@ def _runtime(case: Case) -> Log:
                 held_req = SimpleNamespace(prompt_token_ids=[1], output_token_ids=[])
                 ep.requests[f"i{k}r{r}"] = held_req
             eps.append(ep)
+        for ep, role in zip(eps, case.roles, strict=False):
+            pd.roles[ep.name] = role  # mutated or released before
         roles = [pd.roles[e.name] for e in eps]
+        released = list(pd.releasable(case.release))  # nodes are join order here
         for ep, fed_s in zip(eps, case.fed_s or (0.0,) * len(eps), strict=True):
             if fed_s:  # a hand-off's K/V payload went to `ep` (`PdServing.handoff`)
                 pd.received(None, ep, round(fed_s * LINK_GBPS * 1e9 / 8))
@@ -172,7 +194,15 @@ def _runtime(case: Case) -> Log:
         scaled += [pd.roles[e.name] for e in eps[len(case.held) :]]
         after = done[before:]
         return Log(
-            roles, routable, first, done[len(first) : before], wants, roles_after, scaled, after
+            roles,
+            routable,
+            first,
+            done[len(first) : before],
+            wants,
+            roles_after,
+            scaled,
+            after,
+            released,
         )
 
     return asyncio.run(run())
@@ -196,7 +226,11 @@ def _sim(case: Case, tmp_path) -> Log:
         inst.max_batch = CAPACITY
         pool.instances.append(inst)
     loading = pool.instances[len(case.held) :]
+    for inst, role in zip(insts, case.roles, strict=False):
+        inst.role = role  # mutated or released before
     roles = [i.role for i in insts]
+    go = pool.pd.releasable(tuple(insts[k].id for k in case.release))
+    released = [k for k, i in enumerate(insts) if i.id in go]
     sim.world.loop.now_s = NOW_S
     for inst, fed_s in zip(insts, case.fed_s or (0.0,) * len(insts), strict=True):
         if fed_s:  # a hand-off's K/V flow started to `inst` (`Requests._send_kv`)
@@ -230,7 +264,8 @@ def _sim(case: Case, tmp_path) -> Log:
             sim.loader.ready(pool, inst)  # it loaded: it joins
         scaled += [i.role for i in loading]
     after = done[before:]
-    return Log(roles, routable, first, done[len(first) : before], wants, roles_after, scaled, after)
+    handed = done[len(first) : before]
+    return Log(roles, routable, first, handed, wants, roles_after, scaled, after, released)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -270,3 +305,8 @@ def test_the_cases_exercise_every_decision(tmp_path) -> None:
     assert logs["handoff-then-mutate"].routable == [0, 3]
     assert logs["baseline-decode-busy"].roles == [p, d, d, d]
     assert logs["baseline-decode-busy"].routable == [0]
+    assert logs["decode-only-prefill-loading"].routable == []  # they wait for the prefill one
+    assert logs["decode-only-prefill-loading"].roles_after_scale_out == [d, d, p]
+    assert logs["decode-only"].routable == [0, 1]
+    assert logs["decode-only"].wants == 1  # a prefill instance, for the requests waiting
+    assert logs["release-keeps-a-decode-instance"].released == [1, 3]

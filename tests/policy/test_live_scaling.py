@@ -18,6 +18,7 @@ from surge.policy.blitzscale.live_scaling import (
     WaitForLayers,
     Waiting,
     choose_schedule,
+    cooperating,
     layer_load_s,
     measured_load_ratio,
     redirect_order,
@@ -199,3 +200,20 @@ def test_batches_overlap_up_to_max_in_flight_and_a_landing_layer_wakes_the_pendi
         LiveSettings(
             num_layers=4, live_batch=2, fallback_load_ratio=2.0, ttft_slo_s=1, max_in_flight=0
         )
+
+
+def test_under_pd_only_prefill_instances_cooperate() -> None:
+    """BlitzScale §5.2: the live pair is the overloaded instance and the new one, and under
+    P/D live scaling scales a prefill instance ("prefill-only serving"), whose K/V goes to
+    decode instances (§5.1 Fig. 11). A decode instance, however idle, runs no batch's last
+    layers (it would prefill and decode: a P-D colocated instance, §5.2's future work).
+    Before, the least-loaded source cooperated whatever its role (355 of 662 batches on
+    §6.1's 7B run)."""
+    settings = LiveSettings(num_layers=4, live_batch=2, fallback_load_ratio=2.0, ttft_slo_s=0.01)
+    waiting = tuple(Waiting(0.0, 10) for _ in range(4))
+    sources = (LiveSource(0, 5), LiveSource(1, 0, prefills=False))
+    action = LiveScalingState(settings).look(LiveView(100.0, 2, sources, waiting))
+    assert isinstance(action, RunBatch) and action.source == 0
+    assert cooperating(sources) == (sources[0],)
+    decode_only = LiveView(100.0, 2, (LiveSource(1, 0, prefills=False),), waiting)
+    assert LiveScalingState(settings).look(decode_only) == Decline("idle")

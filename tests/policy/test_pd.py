@@ -84,6 +84,20 @@ def test_new_requests_go_to_prefill_instances() -> None:
     assert routable([_i(1, DECODE), _i(2, DECODE)]) == (1, 2)  # never without a way in
 
 
+def test_with_decode_instances_alone_requests_wait_for_a_prefill_instance_coming() -> None:
+    """§2.1 / §6.1: a request's prefill and decode run on two replicas, so a pool of decode
+    instances alone (its prefill instances mutated or released) does not prefill and
+    decode whole requests while a prefill instance is on its way: they wait at the router.
+    Before, every decode instance took them."""
+    alone = [_i(1, DECODE), _i(2, DECODE)]
+    assert routable(alone, prefill_coming=True) == ()
+    assert routable([_i(0, PREFILL), *alone], prefill_coming=True) == (0,)
+    wants = monitor(PdLoad(tuple(alone), num_waiting=2), S)  # none coming: ask for one
+    assert wants.scale_out == 1 and "no prefill instance" in wants.reason
+    assert role_for_new(PdLoad(tuple(alone)), PdTargets()) == PREFILL  # it prefills
+    assert monitor(PdLoad(tuple(alone)), S).scale_out == 0  # nothing waits
+
+
 def test_mutation_needs_a_decode_bottleneck_and_a_spare_prefill_instance() -> None:
     busy = [_i(0, PREFILL, 1), _i(1, PREFILL, 0), _i(2, DECODE, 6)]
     m = decide_mutation(PdLoad(tuple(busy)), S)

@@ -1,7 +1,12 @@
 """`surge.policy.blitzscale.handoff`: which decode instance adopts a prefilled request, and
 when it waits (BlitzScale §2.1, §4, §5.2)."""
 
-from surge.policy.blitzscale.handoff import decode_joining, decodes_where_prefilled, handoff_target
+from surge.policy.blitzscale.handoff import (
+    decode_joining,
+    decodes_where_prefilled,
+    handoff_target,
+    prefill_joining,
+)
 from surge.policy.blitzscale.pd import DECODE, PREFILL, PdInstance, PdLoad, PdTargets
 
 
@@ -44,3 +49,13 @@ def test_which_joining_instance_decodes_follows_role_for_new() -> None:
     # past the targets a mutating system's new instances prefill (§5.2)
     both = PdLoad((_i(0, PREFILL, 1), _i(1, DECODE, 8)))
     assert not decode_joining(both, PdTargets(), 3, mutation=True)
+
+
+def test_a_loading_instance_joins_as_prefill_when_none_prefills() -> None:
+    """`prefill_joining` (what `pd.routable` waits for): a pool of decode instances alone
+    gets a prefill instance from its next joiner (below the prefill target)."""
+    alone = PdLoad((PdInstance(0, DECODE, 1, 4), PdInstance(1, DECODE, 1, 4)))
+    for mutation in (True, False):
+        assert prefill_joining(alone, PdTargets(), 1, mutation)
+        assert not prefill_joining(alone, PdTargets(), 0, mutation)
+        assert not decode_joining(alone, PdTargets(), 1, mutation)

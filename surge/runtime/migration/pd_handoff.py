@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import handoff as pd_handoff
-from surge.policy.blitzscale import pd
+from surge.policy.blitzscale import pd, pd_release
 from surge.policy.multicast.topology import NodeLinks
 from surge.runtime.endpoints import Endpoint, LocalEndpoint
 from surge.runtime.migration.kv_ingress import KvIngress
@@ -200,6 +200,16 @@ class PdServing:
         """`handoff_target`, told whether a slot still joining will decode."""
         coming = self._coming(pd_handoff.decode_joining, views)
         return pd_handoff.handoff_target(source, views, coming)
+
+    def releasable(self, release: tuple[int, ...]) -> tuple[int, ...]:
+        """Of the autoscaler's `release` (nodes), those to let go
+        (`policy.blitzscale.pd_release.releasable`: the instances that stay keep a prefill
+        and a decode one), as the simulator's `PdPool.releasable`."""
+        index = {e.node: i for i, e in self._locals()}
+        # a node without a local instance with a role gets an index none has
+        asked = [index.get(node, -1 - n) for n, node in enumerate(release)]
+        go = set(pd_release.releasable(asked, self._views()))
+        return tuple(node for node, k in zip(release, asked, strict=True) if k in go)
 
     def endpoint_at(self, index: int) -> LocalEndpoint | None:
         return dict(self._locals()).get(index)
