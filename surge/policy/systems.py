@@ -120,6 +120,10 @@ class SystemConfig:
     live_load_ratio: float = 1.0
     """BlitzScale zigzag Time_l (layer load time / layer execution time) used until the
     run has measured it (`policy.live_scaling.measured_load_ratio`)."""
+    live_decode_partners: bool = False
+    """Counterfactual (unsourced): under P/D decode instances run live batches' last layers
+    too, and decode those requests (surge before 2026-11-29). Default: prefill instances
+    only (`policy.blitzscale.live_scaling.cooperating`, BlitzScale §5.2)."""
     serve: bool = False
     """`surge serve` can carry this system out on real bytes (the others exist only in the
     simulator: idealised baselines)."""

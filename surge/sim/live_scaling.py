@@ -145,6 +145,7 @@ class LiveScaling:
             num_layers=inst.cost.num_layers,
             live_batch=world.system.live_batch,
             fallback_load_ratio=world.system.live_load_ratio,
+            decode_partners=world.system.live_decode_partners,
             ttft_slo_s=world.settings.slo_of(world.models[pool.model].name).ttft_s,
         )
         state = LiveScalingState(settings)

@@ -56,6 +56,7 @@ from blitzscale_setup import (
     systems_6_1,
 )
 from common import ratio, read, run, run_main, run_scenario, write
+from decode_partners import decode_partners_6_1
 from monitor_bound import in_flight_monitor, paper_slo
 from tbt_measure import handoff_split, paired, tbt
 
@@ -372,6 +373,7 @@ def main() -> None:
         "host_cache": host_cache,
         "multi_model": multi_model,
         "in_flight_6_1": in_flight_6_1,
+        "decode_partners_6_1": decode_partners_6_1,
     }
     parser = argparse.ArgumentParser(
         description="BlitzScale §6.1 / §6.2 and multi-model in the simulator: writes "

@@ -132,6 +132,9 @@ class LiveSettings:
     """Time_l until the run has measured it (`SystemConfig.live_load_ratio`)."""
     ttft_slo_s: float
     """The model's TTFT SLO (the §5.2 check)."""
+    decode_partners: bool = False
+    """Counterfactual: sources that do not prefill (P/D decode instances) cooperate too
+    (`SystemConfig.live_decode_partners`)."""
     max_in_flight: int = 2
     """Batches of one target under way at once (started, first token not yet back). Two
     let the target run batch i+1's first layers while the source runs batch i's rest
@@ -256,10 +259,13 @@ class RunBatch:
 LiveAction = RunBatch | WaitForLayers | Decline
 
 
-def cooperating(sources: Sequence[LiveSource]) -> tuple[LiveSource, ...]:
+def cooperating(
+    sources: Sequence[LiveSource], decode_partners: bool = False
+) -> tuple[LiveSource, ...]:
     """The sources a live target may run a batch's last layers on: those that take new
-    prefills (under P/D the prefill instances; see the module docstring, §5.2)."""
-    return tuple(x for x in sources if x.prefills)
+    prefills (under P/D the prefill instances; see the module docstring, §5.2); every one
+    with `decode_partners` (the counterfactual)."""
+    return tuple(x for x in sources if x.prefills or decode_partners)
 
 
 def pick_target(held_layers: Mapping[int, int]) -> int | None:
@@ -299,7 +305,7 @@ class LiveScalingState:
         held = min(view.held_layers, s.num_layers)
         if view.in_flight >= s.max_in_flight:
             return Decline("busy")
-        partners = cooperating(view.sources)
+        partners = cooperating(view.sources, s.decode_partners)
         if not partners or not view.waiting or held < 1:
             return Decline("idle")
         if self._slo_holds(view, held):

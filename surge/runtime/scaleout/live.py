@@ -219,6 +219,7 @@ class LiveScaling:
                 num_layers=ctx.manifest.arch.num_layers,
                 live_batch=ctx.system.live_batch,
                 fallback_load_ratio=ctx.system.live_load_ratio,
+                decode_partners=ctx.system.live_decode_partners,
                 ttft_slo_s=ctx.ttft_slo_s,
             )
             self._states[node] = LiveScalingState(settings)
