@@ -215,5 +215,6 @@ def test_under_pd_only_prefill_instances_cooperate() -> None:
     action = LiveScalingState(settings).look(LiveView(100.0, 2, sources, waiting))
     assert isinstance(action, RunBatch) and action.source == 0
     assert cooperating(sources) == (sources[0],)
+    assert cooperating(sources, decode_partners=True) == sources  # the counterfactual
     decode_only = LiveView(100.0, 2, (LiveSource(1, 0, prefills=False),), waiting)
     assert LiveScalingState(settings).look(decode_only) == Decline("idle")

@@ -127,7 +127,7 @@ def report_rows(doc: dict) -> list[dict]:
             "by the monitor alone (once decode is the bottleneck and a prefill instance "
             "idles, no remedy; surge before 2026-11-28): +Live TTFT / TBT gains "
             f"{pct(monitor_only)} (7B, 8B, 70B): larger TTFT gains, but decode stays on "
-            "fewer instances and TBT, which counts each K/V hand-off, loses.",
+            "fewer instances and TBT, which counts each K/V hand-off, loses." + _partners_note(f17),
         ),
         row(
             PAPER,
@@ -145,6 +145,28 @@ def report_rows(doc: dict) -> list[dict]:
             cause=_fig18_cause(f18),
         ),
     ]
+
+
+def _partners_note(f17: dict) -> str:
+    """+Live's gains with P/D decode instances as live partners too (the counterfactual
+    `decode_partners` in `live_split`; only prefill instances are, BlitzScale §5.2)."""
+    rows = []
+    for name, res in f17["workloads"].items():
+        alt = f17.get("live_split", {}).get(name, {}).get("decode_partners")
+        if not alt:
+            continue
+        plan = res["+plan"]
+        ttft = 1 - alt["ttft_mean_s"] / plan["ttft_mean_s"]
+        tbt = 1 - alt["tbt_mean_s"] / plan["tbt_mean_s"]
+        rows.append(f"{name} {ttft:+.1%} / {tbt:+.1%}")
+    if not rows:
+        return ""
+    return (
+        " Live partners under P/D are prefill instances only (§5.2: the new instance pairs "
+        "with an overloaded instance; 'autoscaling a prefill instance in P/D "
+        "disaggregation'). Counterfactual: decode instances as live partners too (unsourced, "
+        "surge before 2026-11-29), +Live TTFT / TBT gains " + ", ".join(rows) + "."
+    )
 
 
 def _ms(seconds: float | None, digits: int) -> str:
