@@ -9,7 +9,8 @@ different weights, replaced under the same name in the registry as a user's impo
   names the instance and the fix; once it is closed, the register replaces;
 - a peer holding version 1 is never a source of version 2: a multicast's pulls from it are
   refused before a byte moves (before: its blocks crossed the link and failed their
-  checksums, pull after pull);
+  checksums, pull after pull), and a host mate's device copy of version 1 is not opened
+  (before: it was, and served version 1's weights);
 - a disk tier left by an earlier run of the node with version 1's files is emptied when
   version 2 is registered (its block files are named by index: sizes alone match)."""
 
@@ -37,6 +38,7 @@ from surge.runtime.protocol import (
     InstanceOpenOp,
     LoadOp,
     MulticastOp,
+    OpenMateCopyOp,
     PullFailed,
     ReceiveDone,
     RegisterOp,
@@ -246,3 +248,25 @@ def test_a_disk_tier_of_another_version_left_by_an_earlier_run_is_emptied(
         assert _block_files(disk) == []
 
     _with_client(cluster, again)
+
+
+def test_a_host_mate_of_another_version_shares_no_device_copy(
+    make_cluster, versions: Versions
+) -> None:
+    """The NVLink analogue (`open_mate_copy` on the fake GPU): a mate's device copy of
+    version 1 is not opened as version 2 (before: its sizes matched, so node 1 mapped it and
+    served version 1's weights under version 2's name)."""
+    versions.use(1)
+    cluster = make_cluster(2, remote_dir=versions.registry, host_groups=((0, 1),), device="fake")
+    v1, v2 = versions.manifest(1), versions.manifest(2)
+
+    async def run(client: ClusterClient) -> None:
+        await client.call(0, RegisterOp(model=MODEL, manifest=v1))
+        blocks = tuple(range(BLOCKS))
+        await client.call(0, LoadOp(model=MODEL, blocks=blocks, source="remote", tier="gpu"))
+        await client.call(1, RegisterOp(model=MODEL, manifest=v2))
+        with pytest.raises(RemoteError, match="a copy of another version is no source"):
+            await client.call(1, OpenMateCopyOp(model=MODEL, blocks=blocks, mate=0))
+        assert (await client.call(1, StatusOp())).models[MODEL].gpu == ()
+
+    _with_client(cluster, run, wire=True)
