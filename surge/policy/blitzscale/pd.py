@@ -196,7 +196,9 @@ def serving_floor(settings: AutoscaleSettings) -> AutoscaleSettings:
     `monitor` asks for a decode instance when the ones left all prefill). BlitzScale §2.1:
     P/D "uses two replicas of the same model to serve the prefill and decode phases of a
     request, respectively"; §4: "it uses at least two serving instances, a prefill and a decode";
-    §6.1: "For all the workload, we run with prefill and decode disaggregation". Within
+    §6.1: "For all the workload, we run with prefill and decode disaggregation". The roles
+    are kept by `pd_release.releasable` (a release never leaves the instances that stay
+    without one of them) and by `monitor` (it asks for the missing one). Within
     `max_replicas`: a deployment held to one instance decodes in place
     (`policy.blitzscale.handoff.handoff_target`'s fallback when no decode instance serves
     or loads)."""
