@@ -11,8 +11,8 @@ adopted instance becomes its deployment's `Instance` again: the old controller's
 still on it are aborted (their clients went with the old controller's connections), its
 `LocalEndpoint` is routed to, with no load op and no weights moved. Once the autoscaler
 state is restored (`autoscale_memory.py`), `settle` gives each adopted instance the idle
-time the state carries (`policy.adoption.adopted_idle_since_s`), so its keep-alive and
-downscale delay run from the pool's last request, not from the restart.
+time the state carries for its node (`policy.adoption.adopted_idle_since_s`), so its
+keep-alive and downscale delay run from its own last request, not from the restart.
 Decides nothing. Owned by control/.
 """
 
@@ -168,7 +168,7 @@ class Adopter:
 
     def settle(self, deployments: Mapping[str, Deployment]) -> None:
         """Give each adopted instance, still idle, the idle time the restored autoscaler
-        state carries (`policy.adoption.adopted_idle_since_s`)."""
+        state carries for it (`policy.adoption.adopted_idle_since_s`)."""
         now_s = self.clock.now_s()
         for name, node in self.adopted:
             dep = deployments.get(name)
@@ -176,6 +176,6 @@ class Adopter:
             if inst is None or inst.endpoint is None or inst.endpoint.outstanding:
                 continue
             restart = dep.autoscale_state.restart
-            quiet_s = None if restart is None else restart.quiet_since_s
+            quiet_s = None if restart is None else restart.quiet_of(node)
             inst.idle_since_s = adopted_idle_since_s(quiet_s, now_s)
         self.adopted.clear()

@@ -3,23 +3,25 @@
 What flows: every `SAVE_EVERY_S` (the controller's loop), at a deletion and at `stop`, each
 deployment's `AutoscaleState` and load become what a restart now would carry
 (`policy.autoscale_restart.carry`: the historical peak, since when the pool has been quiet,
-the instances it holds); when any of that changed (a busy pool's quiet time is now, so it
-changes while a pool serves) the file is written again. At `start`, after the stored
-deployments are restored, each one the file names gets its carry back as its
-`AutoscaleState` (`peak_instances`, `restart`): the decisions go on as if nothing had
-restarted (docs/control.md, Restart).
+the instances it holds and since when each has been, by node); when any of that changed (a
+busy pool's quiet time is now, so it changes while a pool serves) the file is written
+again. At `start`, after the stored deployments are restored, each one the file names gets
+its carry back as its `AutoscaleState` (`peak_instances`, `restart`): the decisions go on
+as if nothing had restarted (docs/control.md, Restart); `adoption.py`'s `settle` gives each
+adopted instance its own carried idle time.
 
 The file: JSON, version `VERSION`, times as wall-clock seconds (`time.time`): the
 controller's clock is monotonic (emulated seconds under GPU-time emulation) and its origin
-means nothing in another process. A time goes out as now's wall time less its age, and comes
-back as the new clock's now less the wall time elapsed since (in this clock's seconds; a
-wall time in the future counts as now). Written to a temporary file in the same directory,
-fsynced, then renamed over the old one: a crash leaves the old file or the new, never part
-of one. A missing file is a first start; an unreadable, corrupt or other-version file is one
-WARNING and the deployments start with no memory, as before this file: the deployments are
-in SQLite (`store.py`), which this file never touches. A record that does not parse is
-skipped with a WARNING. Never pickle: the file is data a person may read. Owned by
-control/; decides nothing.
+means nothing in another process. A time goes out as now's wall time less its age, and
+comes back as the new clock's now less the wall time elapsed since (in this clock's
+seconds; a wall time in the future counts as now). Written to a temporary file in the same
+directory, fsynced, then renamed over the old one: a crash leaves the old file or the new,
+never part of one. A missing file is a first start. A version-1 file (before per-instance
+times) is read with one WARNING: each instance counts as quiet since its deployment's time.
+An unreadable, corrupt or other-version file is one WARNING and the deployments start with
+no memory, as before this file: the deployments are in SQLite (`store.py`), which this file
+never touches. A record that does not parse is skipped with a WARNING. Never pickle: the
+file is data a person may read. Owned by control/; decides nothing.
 """
 
 import asyncio
@@ -30,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from surge.control.load_monitor import pool_load
 from surge.control.state import Deployment
 from surge.errors import SurgeError
 from surge.json_codec import Message
-from surge.policy.autoscale import AutoscaleState, idle_since
+from surge.policy.autoscale import AutoscaleState, idle_since, instances_quiet
 from surge.policy.autoscale_restart import Carried, Restart, carry
 from surge.runtime.clock import Clock
 
@@ -46,8 +48,12 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "autoscale.json"
 """The memory's file in the state directory (next to `deployments.sqlite`)."""
-VERSION = 1
-"""The file's format; a file of another version is ignored with a warning."""
+VERSION = 2
+"""The file's format; a file of another version is ignored with a warning, but for
+`OLD_VERSION`."""
+OLD_VERSION = 1
+"""The format before per-instance times (`PoolRecord.instances`): read, with one warning,
+each instance quiet since its deployment's time."""
 SAVE_EVERY_S = 1.0
 """How often the controller takes the carry and writes it when it changed (its clock's
 seconds): what a crash can lose is at most this much of a busy pool's last activity."""
@@ -61,10 +67,13 @@ class PoolRecord(Message):
     held_instances: int
     quiet_since_wall_s: float
     """Wall-clock seconds (Unix time)."""
+    instances: dict[str, float] = field(default_factory=dict)
+    """Node -> since when its instance has had no request (wall-clock seconds); version 2."""
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.quiet_since_wall_s):
-            raise SurgeError(f"quiet_since_wall_s must be finite (got {self.quiet_since_wall_s})")
+        times = [self.quiet_since_wall_s, *self.instances.values()]
+        if not all(math.isfinite(t) for t in times):
+            raise SurgeError(f"quiet times must be finite (got {times})")
 
 
 @dataclass(frozen=True)
@@ -111,9 +120,16 @@ class AutoscaleMemory:
         try:
             doc = json.loads(text)
             version = doc.get("version") if isinstance(doc, dict) else None
-            if version != VERSION:
+            if version not in (VERSION, OLD_VERSION):
                 return self._ignored(f"is of version {version!r}, this surge reads {VERSION}")
             records = MemoryFile.from_json(doc).deployments
+            if version == OLD_VERSION:
+                log.warning(
+                    "%s is of version %d (one idle time per deployment): each instance counts "
+                    "as idle since its deployment's last request",
+                    self.path,
+                    OLD_VERSION,
+                )
         except (ValueError, SurgeError) as e:  # json.JSONDecodeError is a ValueError
             return self._ignored(f"is not valid: {e}")
         now_s, wall_now_s = self.clock.now_s(), self.wall()
@@ -121,8 +137,12 @@ class AutoscaleMemory:
         for name, body in records.items():
             try:
                 r = PoolRecord.from_json(body)
-                age_s = self.clock.of_real(max(0.0, wall_now_s - r.quiet_since_wall_s))
-                restart = Restart(now_s - age_s, r.held_instances)
+
+                def since(wall_s: float) -> float:
+                    return now_s - self.clock.of_real(max(0.0, wall_now_s - wall_s))
+
+                each = tuple(sorted((int(n), since(t)) for n, t in r.instances.items()))
+                restart = Restart(since(r.quiet_since_wall_s), r.held_instances, each)
                 out[name] = Carried(r.peak_instances, restart)
             except (SurgeError, TypeError, ValueError) as e:
                 log.warning("%s: the autoscaler state of %r is ignored: %s", self.path, name, e)
@@ -169,7 +189,7 @@ class AutoscaleMemory:
             busy = load.outstanding > 0
             c = carry(
                 state.peak_instances, state.restart, busy, idle_since(load),
-                len(load.instances), now_s, self._last.get(name),
+                len(load.instances), now_s, self._last.get(name), instances_quiet(load),
             )  # fmt: skip
             if c is not None:
                 out[name] = c
@@ -189,11 +209,16 @@ class AutoscaleMemory:
         if carried == self._last:
             return
         wall_now_s = self.wall()
+
+        def wall(since_s: float) -> float:
+            return wall_now_s - self.clock.real_s(now_s - since_s)
+
         records = {
             name: PoolRecord(
                 c.peak_instances,
                 c.restart.held_instances,
-                wall_now_s - self.clock.real_s(now_s - c.restart.quiet_since_s),
+                wall(c.restart.quiet_since_s),
+                {str(n): wall(t) for n, t in c.restart.instances},
             ).to_json()
             for name, c in carried.items()
         }

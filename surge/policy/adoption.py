@@ -203,7 +203,7 @@ def _one_model(
 
 def adopted_idle_since_s(quiet_since_s: float | None, now_s: float) -> float:
     """Since when an adopted instance counts as idle (its keep-alive and downscale delay run
-    from then): the restart's carried quiet time (`policy.autoscale_restart.Restart`: the
-    pool's last request, as the old controller last wrote it), not the restart; with no
+    from then): the restart's carried quiet time for it (`policy.autoscale_restart.Restart.
+    quiet_of`: its last request, as the old controller last wrote it), not the restart; with no
     carry (a first start, an unreadable state file) the restart itself, the only time known."""
     return now_s if quiet_since_s is None else min(quiet_since_s, now_s)

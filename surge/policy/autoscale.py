@@ -207,6 +207,19 @@ def idle_since(load: PoolLoad) -> float | None:
     return max(times) if len(times) == len(load.instances) else None
 
 
+def instances_quiet(load: PoolLoad) -> tuple[tuple[int, float], ...]:
+    """(instance id, since when it has had no request) of the pool's instances known one by
+    one: a busy instance is quiet from now (its requests end with the controller), an idle
+    one since it went idle; a loading one is not known (it has served nothing yet)."""
+    out = []
+    for i in load.instances:
+        if i.outstanding > 0:
+            out.append((i.instance_id, load.now_s))
+        elif not i.loading and i.idle_since_s is not None:
+            out.append((i.instance_id, i.idle_since_s))
+    return tuple(sorted(out))
+
+
 def peak_lapses_at(
     load: PoolLoad, settings: AutoscaleSettings, restart: Restart | None = None
 ) -> float | None:
@@ -266,9 +279,11 @@ def decide(
     state = AutoscaleState(want_since, panic_until, peak, restart)
     release: list[int] = []
     if have > want and not panic:
-        quiet_s = math.inf if restart is None else restart.quiet_since_s  # none idles longer
+        # a carried instance idles since its carried time (none idles longer)
+        ids = [i.instance_id for i in load.instances]
+        quiet_s = {} if restart is None else restart.quiet_for(ids)
         idle = sorted(
-            (min(i.idle_since_s, quiet_s), i.instance_id)
+            (min(i.idle_since_s, quiet_s.get(i.instance_id, math.inf)), i.instance_id)
             for i in load.instances
             if not i.loading and i.outstanding == 0 and i.idle_since_s is not None
         )

@@ -1,16 +1,19 @@
 """The autoscaler's state file (`control/autoscale_memory.py`), without agents: written as
 wall-clock times and read back into another process's monotonic clock (emulated seconds
 too), replaced atomically, and a corrupt, other-version or unreadable file is a warning and
-an empty start, never an error."""
+an empty start, never an error; a version-1 file (one time per deployment) is read with one
+warning; per-instance times come back onto adopted instances."""
 
 import asyncio
 import json
 import logging
 from types import SimpleNamespace
 
+from surge.control.adoption import Adopter
 from surge.control.autoscale_memory import VERSION, AutoscaleMemory
-from surge.policy.autoscale import AutoscaleState
+from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
 from surge.policy.autoscale_restart import Carried, Restart
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.runtime.clock import Clock
 
 
@@ -28,18 +31,21 @@ def test_times_cross_processes_as_wall_clock(tmp_path):
     # the old process: monotonic 1000 s, Unix time 1.8e9; the pool quiet for 40 s
     old = AutoscaleMemory(path, _clock(1000.0), wall=lambda: 1.8e9)
     old.restore({})
-    state = AutoscaleState(peak_instances=3, restart=Restart(960.0, 2))
+    # its instance on node 0 quiet for 100 s, on node 1 for 40 s
+    state = AutoscaleState(peak_instances=3, restart=Restart(960.0, 2, ((0, 900.0), (1, 960.0))))
     asyncio.run(old.save({"m": _dep(state)}))
     doc = json.loads(path.read_text())
-    assert doc["version"] == VERSION
+    assert doc["version"] == VERSION == 2
     assert doc["deployments"]["m"] == {
         "peak_instances": 3,
         "held_instances": 2,
         "quiet_since_wall_s": 1.8e9 - 40.0,
+        "instances": {"0": 1.8e9 - 100.0, "1": 1.8e9 - 40.0},
     }
     # the new one, 30 s later by the wall, its monotonic clock at 7 s: quiet for 70 s
     new = AutoscaleMemory(path, _clock(7.0), wall=lambda: 1.8e9 + 30.0)
-    assert new.load() == {"m": Carried(3, Restart(7.0 - 70.0, 2))}
+    each = ((0, 7.0 - 130.0), (1, 7.0 - 70.0))
+    assert new.load() == {"m": Carried(3, Restart(7.0 - 70.0, 2, each))}
     # under GPU-time emulation (an emulated second lasts 40 real ones): 70 s are 1.75 s
     emulated = AutoscaleMemory(path, _clock(400.0, 40.0), wall=lambda: 1.8e9 + 30.0)
     assert emulated.load()["m"].restart.quiet_since_s == 10.0 - 1.75
@@ -98,6 +104,57 @@ def test_bad_files_are_a_warning_and_an_empty_start(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert memory.load() == {"a": Carried(1, Restart(-10.0, 1))}
     assert "'b'" in caplog.text and "'c'" in caplog.text
+
+
+def test_a_version_1_file_is_read_with_one_warning(tmp_path, caplog):
+    """The file before per-instance times: each instance quiet since its deployment's time."""
+    path = tmp_path / "autoscale.json"
+    v1 = {"peak_instances": 2, "held_instances": 2, "quiet_since_wall_s": 90.0}
+    doc = {"version": 1, "written_at_wall_s": 95.0, "deployments": {"a": v1, "b": v1}}
+    path.write_text(json.dumps(doc))
+    memory = AutoscaleMemory(path, _clock(0.0), wall=lambda: 100.0)
+    a = _dep(AutoscaleState())
+    with caplog.at_level(logging.WARNING):
+        memory.restore({"a": a})
+    assert caplog.text.count("is of version 1") == 1, caplog.text
+    assert "since its deployment's last request" in caplog.text
+    assert a.autoscale_state.restart == Restart(-10.0, 2)
+    assert a.autoscale_state.restart.quiet_for([0, 1]) == {0: -10.0, 1: -10.0}
+
+
+def test_adopted_instances_get_their_own_idle_times(tmp_path):
+    """Two instances last used at different times, the controller restarted: each adopted
+    instance idles since its own last request (`Adopter.settle`), so `decide` releases each
+    on its own schedule; before per-instance times both idled since the later one."""
+    path = tmp_path / "autoscale.json"
+    old = AutoscaleMemory(path, _clock(1000.0), wall=lambda: 5000.0)
+    old.restore({})
+    # the old controller's pool: node 0 idle since 700, node 1 since 950
+    dep = _dep(AutoscaleState(peak_instances=2))
+    dep.instances = {
+        n: SimpleNamespace(node=n, endpoint=SimpleNamespace(outstanding=0), num_sending=0,
+                           idle_since_s=t)
+        for n, t in ((0, 700.0), (1, 950.0))
+    }  # fmt: skip
+    asyncio.run(old.save({"m": dep}))
+    new = AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)  # at once, a new clock
+    m = _dep(AutoscaleState())
+    adopter = Adopter(None, None, 1, 1, _clock(0.0), lambda d: None)
+    m.instances = {
+        n: SimpleNamespace(endpoint=SimpleNamespace(outstanding=0), idle_since_s=0.0)
+        for n in (0, 1)
+    }
+    adopter.adopted = [("m", 0), ("m", 1)]
+    new.restore({"m": m})
+    adopter.settle({"m": m})
+    assert {n: i.idle_since_s for n, i in m.instances.items()} == {0: -300.0, 1: -50.0}
+    settings = AutoscaleSettings(downscale_delay_s=300.0, keep_alive_s=900.0)
+    load = PoolLoad(
+        0.0, 0, tuple(InstanceLoad(n, 0, False, i.idle_since_s) for n, i in m.instances.items())
+    )
+    d = decide(load, settings, m.autoscale_state)
+    assert d.release == (0,)  # idle 300 s: released now, not 250 s later
+    assert d.wake_at_s == -50.0 + 900.0  # the other at its own keep-alive
 
 
 def test_a_failing_write_is_one_warning(tmp_path, caplog):

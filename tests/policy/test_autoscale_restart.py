@@ -7,7 +7,14 @@ floor, and the keep-alive and the peak's lapse counted again from the restart.""
 import pytest
 
 from surge.errors import SurgeError
-from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide, idle_since
+from surge.policy.autoscale import (
+    AutoscaleState,
+    InstanceLoad,
+    PoolLoad,
+    decide,
+    idle_since,
+    instances_quiet,
+)
 from surge.policy.autoscale_restart import Restart, carry
 from surge.policy.autoscale_settings import AutoscaleSettings
 
@@ -25,9 +32,11 @@ def _run(
     end_s: float,
     restart_s: float | None = None,
     carried: bool = True,
+    adopt: bool = False,
 ) -> dict[float, int]:
     """Tick `decide` every second from 0 to `end_s` over instances that come up idle at once
-    (the body); at `restart_s` the controller restarts: its instances are closed and its
+    (the body); at `restart_s` the controller restarts: its instances are closed (or, with
+    `adopt`, adopted with the idle times carried, `control/adoption.py`'s `settle`) and its
     state is what it carried (`carried`) or empty. Instances held at each tick."""
     idle, held, next_id = dict(idle), {}, 1000
     t = 0.0
@@ -36,9 +45,9 @@ def _run(
             load = _load(t, idle)
             c = carry(
                 state.peak_instances, state.restart, load.outstanding > 0, idle_since(load),
-                len(idle), t,
+                len(idle), t, quiet=instances_quiet(load),
             )  # fmt: skip
-            idle = {}
+            idle = {i: c.restart.quiet_of(i) for i in idle} if adopt and c else {}
             state = AutoscaleState()
             if carried and c is not None:
                 state = AutoscaleState(peak_instances=c.peak_instances, restart=c.restart)
@@ -90,6 +99,30 @@ def test_flexpipe_keeps_its_floor_and_forgets_its_peak_on_time_across_a_restart(
     assert empty[601.0] == 0  # no peak after a restart that carried nothing: no floor
 
 
+def test_each_instance_is_released_on_its_own_schedule_across_a_restart():
+    # two instances last used at 0 and 200: the first goes at 300, the second 900 s after 200
+    settings = AutoscaleSettings(downscale_delay_s=300.0, keep_alive_s=900.0)
+    idle = {0: 0.0, 1: 200.0}
+    plain = _run(settings, idle, AutoscaleState(peak_instances=2), 1200.0)
+    assert plain[299.0] == 2 and plain[300.0] == 1
+    assert plain[1099.0] == 1 and plain[1100.0] == 0
+    for adopt in (True, False):  # adopted with their times, or closed and started again
+        for restart_s in (100.0, 250.0, 299.0, 300.0, 700.0):
+            restarted = _run(
+                settings, idle, AutoscaleState(peak_instances=2), 1200.0, restart_s, adopt=adopt
+            )
+            assert _after(restarted, restart_s) == _after(plain, restart_s), (adopt, restart_s)
+    # one time per pool (a version-1 state file): both held until 200 + 300
+    one = Restart(200.0, 2)
+    assert one.hold(300.0, 300.0, 900.0) == (2, 500.0)
+    two = Restart(200.0, 2, ((0, 0.0), (1, 200.0)))
+    assert two.hold(300.0, 300.0, 900.0) == (1, 1100.0)
+    assert two.hold(250.0, 300.0, 900.0, max_replicas=1) == (1, 1100.0)  # the latest kept
+    # instances the carry does not know take its spare times, the longest-idle first
+    assert two.quiet_for([1, 5, 6]) == {1: 200.0, 5: 0.0, 6: 200.0}
+    assert two.quiet_of(0) == 0.0 and two.quiet_of(9) == 200.0
+
+
 def test_two_restarts_carry_the_first_ones_times():
     settings = KEEP
     first = Restart(quiet_since_s=0.0, held_instances=1)
@@ -126,6 +159,15 @@ def test_nothing_to_carry_and_bad_values():
         Restart(float("nan"), 1)
     with pytest.raises(SurgeError):
         Restart(0.0, -1)
+    with pytest.raises(SurgeError):
+        Restart(0.0, 1, ((0, 0.0), (1, 0.0)))  # more times than instances
+    with pytest.raises(SurgeError):
+        Restart(0.0, 1, ((0, float("inf")),))
+    # a busy pool: a busy instance quiet from now, an idle one since it went idle
+    load = PoolLoad(9.0, 0, (InstanceLoad(0, 1, False, None), InstanceLoad(1, 0, False, 4.0)))
+    assert instances_quiet(load) == ((0, 9.0), (1, 4.0))
+    c = carry(2, None, True, None, 2, 9.0, quiet=instances_quiet(load))
+    assert c.restart == Restart(9.0, 2, ((0, 9.0), (1, 4.0)))
 
 
 def test_the_held_instances_within_max_replicas():
