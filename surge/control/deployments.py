@@ -344,7 +344,7 @@ class Deployments:
             async with asyncio.timeout(DROP_TIMEOUT_S):
                 reply, _ = await self.client.call_bytes(node, DropModelOp(model=name))
         except Exception as e:  # a node gone or stuck: its copies go with it
-            log.warning("%s: not dropped on node %d: %s", name, node, e)
+            log.warning("%s: not dropped on node %d: %s", name, node, str(e) or repr(e))
             return
         if reply.aborted_ops:
             log.info("%s: %d running ops aborted on node %d", name, reply.aborted_ops, node)
