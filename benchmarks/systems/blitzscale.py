@@ -9,23 +9,31 @@ real controller (`control/`: autoscaler, P/D hand-off and mutation, scale-outs):
   every system here, on requests in flight (`--target`, `count_in_flight`);
 - `blitzscale_monitor`: the same, scaled by BlitzScale's own §5.3 load monitor alone (its
   default in `surge serve`: prompt tokens waiting over the TTFT SLO, tokens/s and KV use
-  against bounds profiled from the host estimates; requests in flight size nothing);
+  against per-instance bounds "profiled offline"; requests in flight size nothing);
 - `lambdascale`: binomial multicast, execution pipelines, mode switch (P/D by the spec);
 - `load_then_serve` (ServerlessLLM): each new node loads the whole model from its own tier
   (host cache, else disk), then serves;
 - `all_cached`: every node already holds the model and serves from the start (no scaling:
   the lower bound on latency, the upper bound on GPU-seconds).
+Both blitzscale systems' monitors are sized as `surge serve` sizes them once its engine step
+profile is kept (`blitzscale_bounds.py`): `surge model profile STORE` is run ahead of the
+timed part into `--profile-dir` (default: the run's temporary directory, so measured then),
+each controller reads it as serve does, and the run starts once it has. `--estimates`: the
+condition before the profile (no profile directory: the host's estimates); `--compare`: both,
+alternating, the estimate runs named `NAME@estimates`. Each run records the bounds it was
+sized by (`bounds`: source and values).
 The deployment starts with `pd: {prefill: 1, decode: 1}` (two instances) and may grow to
 every node. Requests: `--requests` consecutive requests of
 `../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv` (`surge.traces`), their
 gaps divided by `--time-scale` (a burst), prompt and output lengths clipped to the tiny
-model. Reported per system: TTFT and TBT p50/p99 of the requests served (the controller's
-clock; a request held past the deployment's `hold_timeout_s` ends unserved, HTTP 503 in
+model. Reported per system: TTFT p50/p90/p99 and TBT p50/p99 of the requests served (the
+controller's clock; a request held past the deployment's `hold_timeout_s` ends unserved, HTTP 503 in
 `surge serve`, and is counted as `unserved`), GPU-seconds
 (instances held × seconds, sampled every 0.1 s from the burst to its last token), live
 batches / hand-offs / mutations, and each one's ratio to blitzscale.
 
-Run: `python -m benchmarks.systems.blitzscale [--nodes 4 --requests 48 --time-scale 20]`; writes
+Run: `python -m benchmarks.systems.blitzscale [--nodes 4 --requests 48 --time-scale 20]
+[--compare | --estimates]`; writes
 benchmarks/results/systems/blitzscale.json and a PNG of the TTFT CDFs.
 """
 
@@ -43,10 +51,12 @@ import numpy as np
 
 from benchmarks.common import model_config
 from benchmarks.scaleout.burst_run import percentile
+from benchmarks.systems.blitzscale_bounds import bounds_used, take_profile, wait_for_profile
 from surge.control.controller import Controller, ControllerConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.model.tiny import create_tiny_model
+from surge.policy.systems import system_config
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.traces.resolve import load_trace
 
@@ -60,6 +70,26 @@ SYSTEMS = {
     "all_cached": "serverlessllm",
 }
 """Benchmark name -> the deployment's strategy."""
+
+
+ESTIMATES = "@estimates"
+"""A `--compare` run's name suffix: the monitor's bounds from the host's estimates."""
+RATIOS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "gpu_s")
+
+
+def plan(names: list[str], args) -> list[tuple[str, str, bool]]:
+    """(run name, system, bounds from the profile) in the order run: with `--compare` each
+    system whose monitor profiles bounds runs twice, the conditions alternating between
+    systems (profile first, then estimates first) so neither always runs second."""
+    runs: list[tuple[str, str, bool]] = []
+    for name in names:
+        bounded = system_config(SYSTEMS[name]).autoscale.profile_bounds
+        if not (args.compare and bounded):
+            runs.append((name, name, not args.estimates))
+            continue
+        pair = [(name, name, True), (name + ESTIMATES, name, False)]
+        runs += pair if sum(r[0] != r[1] for r in runs) % 2 == 0 else pair[::-1]
+    return runs
 
 
 def burst_from_trace(args) -> list[tuple[float, int, int]]:
@@ -76,8 +106,18 @@ def burst_from_trace(args) -> list[tuple[float, int, int]]:
     ]
 
 
-async def run_system(name: str, store: Path, state: Path, cluster, burst, args) -> dict:
-    cfg = ControllerConfig(state_dir=state, nodes=args.nodes, max_num_seqs=args.max_num_seqs)
+async def run_system(
+    name: str, store: Path, state: Path, cluster, burst, args, kept: dict | None
+) -> dict:
+    """One system's burst; its monitor's bounds from the profile `kept` in
+    `args.profile_dir` (None: the host's estimates)."""
+    profiles = args.profile_dir if kept is not None else None
+    cfg = ControllerConfig(
+        state_dir=state,
+        nodes=args.nodes,
+        max_num_seqs=args.max_num_seqs,
+        step_profile_dir=profiles,  # as `surge serve` sets it for its local agents
+    )
     ctl = Controller(cfg, cluster.addresses, cluster.token)
     await ctl.start()
     try:
@@ -103,12 +143,21 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
                 "autoscaling": scaling,
             }
         )
+        waited_s = None
+        if profiles is not None and dep.spec.autoscaling.profile_bounds:
+            # serve's controller reads the kept profile in a child process: measured from
+            # when it has, as a user's deployment runs once its profile is there
+            waited_s = await wait_for_profile(dep, kept, profiles, name)
         want = scaling["min_replicas"]
         deadline = time.monotonic() + 300
         while len(dep.serving()) < want or dep.multicasting:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: {want} first instances never served")
             await asyncio.sleep(0.05)
+        bounds = bounds_used(ctl, dep)
+        if waited_s is not None:
+            bounds["profile_read_after_s"] = round(waited_s, 2)
+        load_start = [round(x, 2) for x in os.getloadavg()]
         rng = random.Random(0)
         held: list[tuple[float, int]] = []
         start = time.monotonic()
@@ -145,6 +194,7 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
         return {
             "strategy": SYSTEMS[name],
             "ttft_p50_s": round(percentile(ttft, 0.5), 4),
+            "ttft_p90_s": round(percentile(ttft, 0.9), 4),
             "ttft_p99_s": round(percentile(ttft, 0.99), 4),
             "tbt_p50_s": round(percentile(tbt, 0.5), 5),
             "tbt_p99_s": round(percentile(tbt, 0.99), 5),
@@ -155,6 +205,9 @@ async def run_system(name: str, store: Path, state: Path, cluster, burst, args) 
             "live_prefilled": status.get("live_prefilled", 0),
             "handoffs": pd.num_handoffs if pd else 0,
             "mutations": pd.num_mutations if pd else 0,
+            "bounds": bounds,
+            "bounds_at_end": bounds_used(ctl, dep)["source"],
+            "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
             "ttfts_s": sorted(round(x, 4) for x in ttft),
         }
     finally:
@@ -196,6 +249,16 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=2.0, help="target_ongoing_requests")
     ap.add_argument("--ttft-slo-ms", type=float, default=500.0)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="where the engine step profile is kept (default: the run's temporary directory)",
+    )
+    bounds = ap.add_mutually_exclusive_group()
+    bounds.add_argument(
+        "--estimates", action="store_true", help="the monitor's bounds from the host's estimates"
+    )
+    bounds.add_argument("--compare", action="store_true", help="profile and estimates, alternating")
     ap.add_argument("--note", default="", help="the conditions, e.g. a shared machine")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/systems/blitzscale.json"))
     ap.add_argument("--png", type=Path, default=Path("benchmarks/results/systems/blitzscale.png"))
@@ -217,8 +280,12 @@ def main() -> None:
         "requests": len(burst),
         "trace": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
         "burst_span_s": round(burst[-1][0], 3),
+        "bounds": "estimates" if args.estimates else "profile",
         "systems": {},
     }
+    if args.compare:
+        report["bounds"] = "profile; NAME@estimates: the host's estimates, alternating"
+    runs = plan(names, args)
     import platform
 
     report["machine"]["platform"] = platform.platform()
@@ -227,8 +294,14 @@ def main() -> None:
         create_tiny_model(tmp / "hf", model_config(args.model_mb, args.blocks))
         store = tmp / "store"
         import_checkpoint(tmp / "hf", store, num_blocks=args.blocks, progress=False)
-        for name in names:
-            state = tmp / f"state-{name}"
+        kept = None
+        if any(profiled for _, _, profiled in runs):
+            args.profile_dir = (args.profile_dir or tmp / "profiles").resolve()
+            kept = take_profile(store, args.profile_dir, args.max_num_seqs)
+            report["step_profile"] = kept
+            log.info("step profile (%.1f s): %s", kept["seconds"], kept["cli_says"])
+        for key, name, profiled in runs:
+            state = tmp / f"state-{key}"
             (state / "registry").mkdir(parents=True)
             cluster = LocalCluster(
                 LocalClusterConfig(
@@ -239,18 +312,21 @@ def main() -> None:
                 )
             )
             with cluster:
-                res = asyncio.run(run_system(name, store, state, cluster, burst, args))
-            report["systems"][name] = res
-            log.info("%s: %s", name, {k: v for k, v in res.items() if k != "ttfts_s"})
+                profile = kept if profiled else None
+                res = asyncio.run(run_system(name, store, state, cluster, burst, args, profile))
+            report["systems"][key] = res
+            log.info("%s: %s", key, {k: v for k, v in res.items() if k != "ttfts_s"})
     base = report["systems"].get("blitzscale")
     if base:
         report["ratios_to_blitzscale"] = {
-            n: {
-                k: round(r[k] / base[k], 3) if base[k] else None
-                for k in ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "gpu_s")
-            }
+            n: {k: round(r[k] / base[k], 3) if base[k] else None for k in RATIOS}
             for n, r in report["systems"].items()
         }
+    report["profile_over_estimates"] = {
+        n: {k: round(r[k] / e[k], 3) if e[k] else None for k in RATIOS}
+        for n, r in report["systems"].items()
+        if (e := report["systems"].get(f"{n}{ESTIMATES}"))
+    }
     report["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")

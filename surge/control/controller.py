@@ -52,6 +52,7 @@ from surge.engine.sampling import SamplingParams
 from surge.errors import NotFound, SurgeError
 from surge.events import BlockLanded, DeploymentGone, EventBus, TimelineEvent
 from surge.policy.admission import check_min_replicas
+from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.multicast.topology import NodeLinks
 from surge.policy.versions import same_version
 from surge.runtime.client import ClusterClient
@@ -323,6 +324,12 @@ class Controller:
         check_min_replicas(
             spec.autoscaling.min_replicas, len(self.nodes), self.config.slots_per_node
         )
+
+    def autoscale_settings(self, dep: Deployment) -> AutoscaleSettings:
+        """The knobs `dep` is scaled by now: its load monitor's bounds among them (BlitzScale
+        §5.3: from its engine's step profile once it has one, `dep.step_profile`, else the
+        host's estimates)."""
+        return self._w.autoscaler.settings(dep)
 
     def context_limit(self, dep: Deployment) -> int:
         """Most tokens (prompt + output) one request of `dep` may hold."""
