@@ -297,7 +297,7 @@ def main() -> None:
         kept = None
         if any(profiled for _, _, profiled in runs):
             args.profile_dir = (args.profile_dir or tmp / "profiles").resolve()
-            kept = take_profile(store, args.profile_dir, args.max_num_seqs)
+            kept = take_profile(store, args.profile_dir, args.max_num_seqs, args.nodes)
             report["step_profile"] = kept
             log.info("step profile (%.1f s): %s", kept["seconds"], kept["cli_says"])
         for key, name, profiled in runs:

@@ -32,15 +32,16 @@ PROFILE_WAIT_S = 600.0
 that imports torch: seconds; a loaded 2-core VM: tens of seconds)."""
 
 
-def take_profile(store: Path, directory: Path, max_num_seqs: int) -> dict[str, Any]:
+def take_profile(store: Path, directory: Path, max_num_seqs: int, nodes: int) -> dict[str, Any]:
     """`surge model profile STORE` in a process of its own, with the engine settings the
-    benchmark's controllers give their agents (`ControllerConfig`'s, as `surge serve`'s),
+    benchmark's controllers give their agents (`ControllerConfig`'s, as `surge serve`'s; on
+    the CPU threads of one of its `nodes` local agents),
     kept in `directory`; the file it keeps (its name, steps, mtime) and the seconds taken
     (a profile already kept there: the seconds to read it)."""
-    cfg = ControllerConfig(state_dir=directory, max_num_seqs=max_num_seqs)
+    cfg = ControllerConfig(state_dir=directory, max_num_seqs=max_num_seqs, nodes=nodes)
     cmd = [
         sys.executable, "-m", "surge.cli", "model", "profile", str(store),
-        "--max-num-seqs", str(cfg.max_num_seqs),
+        "--max-num-seqs", str(cfg.max_num_seqs), "--nodes", str(cfg.nodes),
         "--compile-decode" if cfg.compile_decode else "--no-compile-decode",
         "--fuse-projections" if cfg.fuse_projections else "--no-fuse-projections",
         "--profile-dir", str(directory),

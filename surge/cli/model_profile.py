@@ -4,8 +4,9 @@ BlitzScale §5.3 derives the load monitor's per-instance bounds "by profiling th
 serving load per-instance offline". `surge serve` takes that profile itself when it deploys a
 model whose monitor asks (`control/emulation.deployment_profile`); this command takes it
 ahead of time, e.g. on a quiet machine or after an upgrade (`--remeasure`), with the engine
-settings `surge serve` gives its agents, and prints the bounds it gives at the default SLO.
-Kept where `surge serve` looks (`runtime/step_profiles.py`).
+settings `surge serve` gives its agents (on a CPU, the threads each of its `--nodes` local
+agents computes on: this machine's cores shared out), and prints the bounds it gives at the
+default SLO. Kept where `surge serve` looks (`runtime/step_profiles.py`).
 """
 
 from pathlib import Path
@@ -29,6 +30,10 @@ def profile(
     fuse_projections: Annotated[
         bool, typer.Option(help="Fused q/k/v and gate/up, as serve's fuse_projections.")
     ] = ControllerConfig.fuse_projections,
+    nodes: Annotated[
+        int,
+        typer.Option(help="Local agents serve starts (serve's --nodes): each one's CPU threads."),
+    ] = ControllerConfig.nodes,
     profile_dir: Annotated[
         Path | None, typer.Option(help="Where profiles are kept (default $SURGE_HOME/profiles).")
     ] = None,
@@ -42,6 +47,7 @@ def profile(
     from surge.model.manifest import read_manifest
     from surge.policy.blitzscale.monitor import bounds, profile_costs
     from surge.policy.slo import Slo
+    from surge.runtime.launch.agent_process import local_agent_threads
     from surge.runtime.step_profiles import default_profile_dir, ensure_profile
 
     manifest = read_manifest(store_dir)
@@ -51,6 +57,11 @@ def profile(
         compile_decode=compile_decode_default() if compile_decode is None else compile_decode,
     ).validate()
     directory = profile_dir.expanduser().resolve() if profile_dir else default_profile_dir()
+    if nodes < 1:
+        raise typer.BadParameter(f"--nodes must be >= 1 (got {nodes})")
+    import torch
+
+    torch.set_num_threads(local_agent_threads(nodes))  # as serve's agents: a CPU step's time
     progress = lambda line: typer.echo(line, err=True)  # noqa: E731
     steps = ensure_profile(manifest, engine, directory, progress, remeasure, must_save=True)
     for n, s in steps.prefill_s:

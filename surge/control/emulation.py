@@ -23,6 +23,7 @@ from surge.model.manifest import Manifest
 from surge.policy.blitzscale.monitor import InstanceCosts, StepProfile, profile_costs
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
+from surge.runtime.launch.agent_process import local_agent_threads
 from surge.runtime.protocol import StatusOp
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES, ServingEstimates
 from surge.runtime.step_profiles import profile_in_child
@@ -84,7 +85,8 @@ async def deployment_profile(
     inductor's cache, minutes on a busy CPU without them; its progress in the log), when its
     load monitor profiles its bounds and its agents run unemulated (emulation has its own
     cost model, `instance_costs`); else None. The profile is taken on this machine's device,
-    the agents' under `surge serve`'s local launcher. One that cannot be taken or kept is a
+    the agents' under `surge serve`'s local launcher, on one local agent's threads
+    (`local_agent_threads`: its share of the cores). One that cannot be taken or kept is a
     warning: the host's estimates size the bounds."""
     directory = config.step_profile_dir
     if directory is None or config.emulation is not None or not spec.autoscaling.profile_bounds:
@@ -92,7 +94,8 @@ async def deployment_profile(
     if manifest.root is None:
         return None
     try:
-        return await profile_in_child(manifest.root, engine, directory, _progress)
+        threads = local_agent_threads(config.nodes)
+        return await profile_in_child(manifest.root, engine, directory, _progress, threads)
     except SurgeError as e:  # a deployment serves on: its bounds stay the estimates
         log.warning("%s: no step profile (%s): its monitor's bounds are estimated", spec.name, e)
         return None

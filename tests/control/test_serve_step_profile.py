@@ -1,6 +1,7 @@
 """`surge serve`'s controller sizes a blitzscale deployment's load monitor by its engine's step
 profile (BlitzScale §5.3, "profiled offline"), end to end on real agents: a profile kept by
-`surge model profile` is read when the deployment starts and nothing is measured; a model
+`surge model profile` is read when the deployment starts and nothing is measured (the two
+agree on every key, the CPU threads of one local agent among them); a model
 with none serves at once on the host's estimates while its profile is taken in the
 background (a child process), and its bounds switch to the profile when it is done."""
 
@@ -17,6 +18,7 @@ from surge.control.state import Deployment
 from surge.engine.sampling import SamplingParams
 from surge.model.importer import import_checkpoint
 from surge.policy.blitzscale.monitor import StepProfile, bounds, profile_costs
+from surge.runtime.launch.agent_process import local_agent_threads
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.runtime.step_profiles import parse_profile
@@ -24,6 +26,8 @@ from tests.conftest import run_surge
 
 FAKE = StepProfile(((32, 0.01), (512, 0.2)), ((1, 0.02), (2, 0.03)))
 """Written into the kept file: only a read of it gives these steps."""
+NODES = 2
+"""Agents: each computes on half this machine's cores, not torch's default (all of them)."""
 WAIT_S = 180.0
 """Longest wait for a profile (a child that imports torch and times a tiny engine)."""
 
@@ -53,11 +57,12 @@ def test_a_kept_profile_is_read_at_start_a_missing_one_taken_in_the_background(
     profiles = tmp_path / "profiles"
     r = run_surge(
         "model", "profile", str(tiny_store), "--no-compile-decode", "--max-num-seqs", "2",
-        "--profile-dir", str(profiles),
+        "--nodes", str(NODES), "--profile-dir", str(profiles),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     [kept] = profiles.glob("*.json")
     body = json.loads(kept.read_text())
+    assert body["key"]["device"].endswith(f":{local_agent_threads(NODES)}threads")
     body["prefill_s"], body["decode_s"] = FAKE.prefill_s, FAKE.decode_s
     kept.write_text(json.dumps(body))
     stamp = kept.stat().st_mtime_ns
@@ -66,12 +71,17 @@ def test_a_kept_profile_is_read_at_start_a_missing_one_taken_in_the_background(
     state = tmp_path / "state"
     (state / "registry").mkdir(parents=True)
     config = ControllerConfig(
-        state_dir=state, nodes=1, max_num_seqs=2, compile_decode=False, step_profile_dir=profiles
+        state_dir=state,
+        nodes=NODES,
+        max_num_seqs=2,
+        compile_decode=False,
+        step_profile_dir=profiles,
     )
     gate = asyncio.Event()
 
     async def run() -> None:
-        with LocalCluster(LocalClusterConfig(num_nodes=1, remote_dir=state / "registry")) as lc:
+        cluster = LocalClusterConfig(num_nodes=NODES, remote_dir=state / "registry")
+        with LocalCluster(cluster) as lc:
             c = Controller(config, lc.addresses, lc.token)
             await c.start()
             taken = c._w.deployments.step_profile

@@ -8,10 +8,13 @@ is one error line; a compile running while steps are timed throws the timing awa
 import asyncio
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from surge.cli.serve_config import step_profile_dir
 from surge.config import EngineConfig
@@ -23,12 +26,25 @@ from surge.errors import SurgeError
 from surge.model.manifest import read_manifest
 from surge.policy.blitzscale.monitor import StepProfile, bounds, profile_costs
 from surge.policy.slo import Slo
+from surge.runtime.launch.agent_process import local_agent_threads
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.runtime.step_profiles import ensure_profile, profile_key, profile_path
 from tests.conftest import run_surge
 
 ENGINE = EngineConfig(compile_decode=False, max_num_seqs=16)
 FAKE = StepProfile(((32, 0.01), (128, 0.03)), ((1, 0.02), (16, 0.05)))
+
+
+@contextmanager
+def agent_threads(nodes: int) -> Iterator[None]:
+    """torch computing on the threads of one of `nodes` local agents (as their profile is
+    taken and keyed), then as it was."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(local_agent_threads(nodes))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -142,8 +158,11 @@ def test_serve_profiles_a_deployment_whose_monitor_asks(
     on = ControllerConfig(state_dir=tmp_path, step_profile_dir=tmp_path / "profiles")
     blitz = DeploymentSpec.from_json({"name": "m", "model": "/m", "strategy": "blitzscale"})
     other = DeploymentSpec.from_json({"name": "m", "model": "/m", "strategy": "lambdascale"})
-    ensure_profile(manifest, ENGINE, tmp_path / "profiles")  # kept: FAKE, as if measured
-    # the child process (`profile_in_child`) reads it: serve's monitor takes the kept one
+    # kept: FAKE, as if measured on the CPU threads of one of serve's local agents
+    with agent_threads(on.nodes):
+        ensure_profile(manifest, ENGINE, tmp_path / "profiles")
+    # the child process (`profile_in_child`) reads it, computing on those threads (on
+    # torch's default, all the cores, its key would differ): serve's monitor takes it
     assert asyncio.run(deployment_profile(on, ENGINE, blitz, manifest)) == FAKE
     assert asyncio.run(deployment_profile(on, ENGINE, other, manifest)) is None  # no bounds
     off = ControllerConfig(state_dir=tmp_path)
@@ -162,7 +181,8 @@ def test_cli_profile_bad_directory_and_damaged_file(tiny_store: Path, tmp_path: 
     assert "Traceback" not in r.stderr
     config = EngineConfig(compile_decode=False, max_num_seqs=1)
     manifest = read_manifest(tiny_store)
-    key = profile_key(manifest, config, step_profile.device_label(config))
+    with agent_threads(ControllerConfig.nodes):  # the command's default: serve's nodes
+        key = profile_key(manifest, config, step_profile.device_label(config))
     path = profile_path(tmp_path / "p", manifest, key)
     path.parent.mkdir()
     path.write_text("garbage")  # where the command looks for this store and these settings

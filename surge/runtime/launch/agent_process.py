@@ -87,6 +87,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def local_agent_threads(num_agents: int, threads_per_agent: int | None = None) -> int:
+    """Compute threads of each of `num_agents` agents started on this machine:
+    `threads_per_agent` if given, else its cores shared out (at least 1). What `LocalCluster`
+    gives its agents, and so what an engine step profile for them is taken with
+    (`runtime/step_profiles.py`: a CPU step's time depends on its threads)."""
+    return threads_per_agent or max(1, (os.cpu_count() or 1) // num_agents)
+
+
 def agent_env(token: str, threads: int | None = None) -> dict[str, str]:
     """The agent's environment: the cluster token, this (launching) process's pid, and its
     compute threads if given."""

@@ -32,6 +32,7 @@ from surge.runtime.client import ClusterClient
 from surge.runtime.launch.agent_process import (
     agent_argv,
     agent_env,
+    local_agent_threads,
     pid_alive,
     spawn_agent,
     wait_ready,
@@ -227,9 +228,7 @@ class LocalCluster:
             return self.addresses[node]
 
     def _agent_env(self) -> dict[str, str]:
-        threads = self.config.threads_per_agent or max(
-            1, (os.cpu_count() or 1) // self.config.num_nodes
-        )
+        threads = local_agent_threads(self.config.num_nodes, self.config.threads_per_agent)
         return agent_env(self.token, threads)
 
     def _check_aborted(self) -> None:
