@@ -124,6 +124,11 @@ class SystemConfig:
     """Counterfactual (unsourced): under P/D decode instances run live batches' last layers
     too, and decode those requests (surge before 2026-11-29). Default: prefill instances
     only (`policy.blitzscale.live_scaling.cooperating`, BlitzScale §5.2)."""
+    live_least_loaded: bool = False
+    """Counterfactual (unsourced): a live batch's last layers run on the least loaded
+    cooperating instance, unpaired, and the target takes every instance's queued requests
+    (surge before 2026-11-29). Default: each new instance pairs with an overloaded one and
+    takes its queue (`policy.blitzscale.live_pair.pair_with`, BlitzScale §5.2)."""
     serve: bool = False
     """`surge serve` can carry this system out on real bytes (the others exist only in the
     simulator: idealised baselines)."""

@@ -4,14 +4,16 @@ In: a multicast receiver the loading state machine declared live (`GoLive`), how
 it holds at any moment (its longest block prefix), the seconds per layer its blocks took to
 land so far, and the pool whose loaded instances it helps. Each look builds a `LiveView`
 (the sources with what is on or on its way to them, the requests that have not started — the
-router's queue and the sources' queues, BlitzScale §4 step 1; the policy takes them oldest
-first —, the sources' admission times for the drain rate, the cost model's prefill seconds
-per token) and carries out what the target's
+router's queue and the sources' queues; the policy takes the router's and the partner's,
+oldest first, BlitzScale §5.2 step (1), `takes_from` —, the sources' admission times for
+the drain rate, the cost model's prefill seconds per token) and carries out what the target's
 `policy.blitzscale.live_scaling.LiveScalingState.look` returns, as `surge serve` does
 (`runtime/scaleout/live.py`): a declined look or a zigzag batch waiting for its layers looks
 again `LOOK_INTERVAL_S` later (the policy's, both bodies'); a `RunBatch` runs its first T
 layers on the new instance (the *target*, inst.1) and the remaining S = L - T on the source
-(inst.0, under P/D a prefill instance: `cooperating`), at the times the cost model gives;
+(inst.0, the overloaded instance it pairs with, `live_pair.pair_with`, §5.2; under P/D a
+prefill instance: `cooperating`; the pool's other targets' partners are not free), at the
+times the cost model gives;
 the request's first token comes when the source finishes, then it decodes there (or, under
 P/D, hands its KV cache to a decode instance as any prefill). C2 is carried out, not
 assumed: a batch reaches the source only when the target has finished its T layers and the
@@ -35,15 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.events import LiveBatch, ModeSwitch
+from surge.policy.blitzscale.live_pair import LiveSource, Waiting, redirect_order
 from surge.policy.blitzscale.live_scaling import (
     LOOK_INTERVAL_S,
     LiveScalingState,
     LiveSettings,
-    LiveSource,
     LiveView,
     RunBatch,
-    Waiting,
-    redirect_order,
     redistributed,
 )
 from surge.policy.blitzscale.pd import DECODE
@@ -146,6 +146,7 @@ class LiveScaling:
             live_batch=world.system.live_batch,
             fallback_load_ratio=world.system.live_load_ratio,
             decode_partners=world.system.live_decode_partners,
+            least_loaded=world.system.live_least_loaded,
             ttft_slo_s=world.settings.slo_of(world.models[pool.model].name).ttft_s,
         )
         state = LiveScalingState(settings)
@@ -247,6 +248,16 @@ class LiveScaling:
             prefill_s_per_token=per_token,
             drain_per_s=drain_rate_per_s(admitted, now),
             in_flight=t.in_flight(),
+            paired_elsewhere=self._paired_elsewhere(t),
+        )
+
+    def _paired_elsewhere(self, t: _Target) -> frozenset[int]:
+        """The partners of the pool's other live targets (§5.2: one per overloaded
+        instance)."""
+        return frozenset(
+            o.state.partner
+            for o in self.targets.values()
+            if o is not t and o.pool is t.pool and o.state.partner is not None
         )
 
     def _step(self, iid: int) -> None:

@@ -1,8 +1,9 @@
 """BlitzScale live scaling parity (§4, §5.2): the same live target (the layers it holds),
 sources (what is on them, what is queued on them unstarted) and queue (arrival times,
 prompt lengths) give the same cooperative batches — whether to help at all (the SLO check),
-which requests (§4 step 1: the router's queue and the sources' queued ones, oldest first),
-which split, which source, and whether a zigzag batch waits for its layers — in `surge serve`
+which requests (§5.2 step (1): the router's queue and the partner's queued ones, oldest
+first), which split, which source (§5.2: the overloaded instance the target pairs with),
+and whether a zigzag batch waits for its layers — in `surge serve`
 (`runtime/scaleout/live.LiveScaling.step`) and in the simulator
 (`sim/live_scaling.LiveScaling`): both carry out `LiveScalingState.look`.
 
@@ -53,16 +54,28 @@ class Scenario:
     decode_nodes: tuple[int, ...] = ()
     """Sources that are P/D decode instances (the rest prefill): they do not cooperate
     (`policy.blitzscale.live_scaling.cooperating`, BlitzScale §5.2)."""
+    least_loaded: bool = False
+    """The counterfactual `SystemConfig.live_least_loaded` (surge before 2026-11-29)."""
 
 
 SCENARIOS = {
-    "help: least loaded source, first batch": Scenario((4,), {0: 3, 1: 1, 2: 1}, 6, 100.0),
+    # BlitzScale §5.2: the partner is the overloaded instance (main before 2026-11-29 ran
+    # the batch on the least loaded one, node 1)
+    "help: the overloaded source, first batch": Scenario((4,), {0: 3, 1: 1, 2: 1}, 6, 100.0),
+    "help: least loaded source (counterfactual)": Scenario(
+        (4,), {0: 3, 1: 1, 2: 1}, 6, 100.0, least_loaded=True
+    ),
     "decline: the SLO holds without help": Scenario((4,), {0: 0}, 2, 0.0),
     "zigzag: a batch waits for its layers, then runs": Scenario((1, 1, 2), {0: 0}, 16, 100.0),
     "help: a source's queued requests go first": Scenario((4,), {0: 0, 1: 3}, 3, 100.0, {0: 3}),
-    # under P/D the least-loaded source (node 1) decodes: the prefill instance cooperates
-    "help: a prefill source, not the idler decode one": Scenario(
-        (4,), {0: 3, 1: 1}, 6, 100.0, decode_nodes=(1,)
+    # §5.2 step (1): the partner's (node 0's) queue and the router's, not node 1's older
+    # queued requests (main before 2026-11-29: node 1, the least loaded, and its queue)
+    "help: the partner's queue, not another source's": Scenario(
+        (4,), {0: 5, 1: 0}, 4, 100.0, {1: 2}
+    ),
+    # under P/D the busier source (node 0) decodes: the idler prefill one cooperates
+    "help: a prefill source, not the busier decode one": Scenario(
+        (4,), {0: 3, 1: 1}, 6, 100.0, decode_nodes=(0,)
     ),
 }
 
@@ -141,7 +154,7 @@ def _runtime_log(s: Scenario, through_loop: bool = False) -> list[tuple]:
         model="tiny",
         server=server,
         manifest=manifest,
-        system=SYSTEM,
+        system=replace(SYSTEM, live_least_loaded=s.least_loaded),
         client=client,
         ttft_slo_s=Slo().ttft_s,
         events=NO_BUS,
@@ -180,7 +193,8 @@ def _runtime_log(s: Scenario, through_loop: bool = False) -> list[tuple]:
 
 
 def _sim_log(s: Scenario, tmp_path) -> list[tuple]:
-    sim = simulation(tmp_path, SYSTEM, TARGET + 1, "registry", (NUM_LAYERS,))
+    system = replace(SYSTEM, live_least_loaded=s.least_loaded)
+    sim = simulation(tmp_path, system, TARGET + 1, "registry", (NUM_LAYERS,))
     pool = entry_pool(sim)
     for node, n in s.outstanding.items():
         source = instance_on(sim, node, serving=True)
@@ -224,12 +238,17 @@ def test_same_view_gives_the_same_cooperative_batches(name: str, tmp_path) -> No
     if name.startswith("decline"):
         assert runtime == []
     elif queued:
-        # §4 step 1: the source's queued requests (the oldest) first, then the router's.
-        oldest = [i for ids in queued.values() for i in ids] + list(range(s.num_waiting))
+        # §5.2 step (1): the partner's queued requests (the oldest) first, then the
+        # router's; another source's queue stays there
+        partner = runtime[0][2]
+        oldest = queued.get(partner, []) + list(range(s.num_waiting))
         assert runtime[0][4] == tuple(oldest[: SYSTEM.live_batch])
+        load = {n: k + len(queued.get(n, [])) for n, k in s.outstanding.items()}
+        assert partner == max(load, key=lambda n: (load[n], -n))
     else:
         prefill = {n: k for n, k in s.outstanding.items() if n not in s.decode_nodes}
-        assert runtime[0][2] == min(prefill, key=lambda n: (prefill[n], n))
+        pick = min if s.least_loaded else max  # the counterfactual, else §5.2's overloaded
+        assert runtime[0][2] == pick(prefill, key=lambda n: (prefill[n], -n if pick is max else n))
         assert runtime[0][4] == tuple(range(SYSTEM.live_batch))
     if name.startswith("zigzag"):
         # the second look waited: only two batches, the second on two layers
@@ -241,7 +260,7 @@ def test_a_receiver_going_live_is_looked_at_at_once(tmp_path) -> None:
     (50 ms of the serving clock: the emulated §6.1 run's first live batch started at 1.104
     s, the simulator's at 1.067). Now `go_live` wakes it, so with a 30-s poll the first
     batch still comes at once, the simulator's."""
-    s = SCENARIOS["help: least loaded source, first batch"]
+    s = SCENARIOS["help: the overloaded source, first batch"]
     runtime = _runtime_log(s, through_loop=True)
     assert runtime and runtime == _sim_log(s, tmp_path)
 

@@ -8,20 +8,24 @@ from dataclasses import replace
 import pytest
 
 from surge.errors import SurgeError
+from surge.policy.blitzscale.live_pair import (
+    LiveSource,
+    Waiting,
+    cooperating,
+    pair_with,
+    redirect_order,
+    takes_from,
+)
 from surge.policy.blitzscale.live_scaling import (
     Decline,
     LiveScalingState,
     LiveSettings,
-    LiveSource,
     LiveView,
     RunBatch,
     WaitForLayers,
-    Waiting,
     choose_schedule,
-    cooperating,
     layer_load_s,
     measured_load_ratio,
-    redirect_order,
     redistributed,
 )
 from surge.policy.blitzscale.slo_check import (
@@ -218,3 +222,46 @@ def test_under_pd_only_prefill_instances_cooperate() -> None:
     assert cooperating(sources, decode_partners=True) == sources  # the counterfactual
     decode_only = LiveView(100.0, 2, (LiveSource(1, 0, prefills=False),), waiting)
     assert LiveScalingState(settings).look(decode_only) == Decline("idle")
+
+
+def test_a_target_pairs_with_the_overloaded_instance_and_takes_its_queue() -> None:
+    """BlitzScale §5.2: "for each overloaded instance, we will identify an instance in the
+    chain"; the pair's protocol, step (1): "we redirect all queued requests from inst.0 to
+    it", and inst.0 runs the remaining layers (§4 Fig. 7 d). So the partner is the most
+    loaded cooperating instance, kept while it cooperates, and the target takes its queue
+    and the router's, not another instance's. Main before 2026-11-29 ran every batch on
+    the least loaded one (source 1 here) and took source 1's queue."""
+    settings = LiveSettings(num_layers=4, live_batch=8, fallback_load_ratio=2.0, ttft_slo_s=0.01)
+    sources = (LiveSource(0, 6), LiveSource(1, 2), LiveSource(2, 6))
+    waiting = (
+        Waiting(5.0, 10),  # the router's queue
+        Waiting(1.0, 10, source=1),  # queued on source 1 (not the partner): it stays
+        Waiting(2.0, 10, source=0),  # queued on the partner
+    )
+    assert pair_with(sources, None) == 0  # the most outstanding, ties to the lowest id
+    assert pair_with(sources, None, frozenset({0})) == 2  # 0 is another target's
+    assert pair_with(sources, 1) == 1  # a pair is kept while it cooperates
+    assert pair_with(sources[1:], 0) == 2  # its partner left: the most loaded of the rest
+    assert pair_with(sources, None, frozenset({0, 1, 2})) is None
+    assert takes_from(waiting, frozenset({0})) == (2, 0)
+    assert takes_from(waiting, None) == (1, 2, 0)  # every queue (the counterfactual)
+    view = LiveView(now_s=100.0, held_layers=2, sources=sources, waiting=waiting)
+    state = LiveScalingState(settings)
+    action = state.look(view)
+    assert isinstance(action, RunBatch)
+    assert (action.source, action.take, action.queues) == (0, (2, 0), frozenset({0}))
+    assert state.partner == 0
+    # the partner's load falls below another's: the pair stays
+    calmer = replace(view, sources=(LiveSource(0, 1), LiveSource(1, 2), LiveSource(2, 6)))
+    again = state.look(calmer)
+    assert isinstance(again, RunBatch) and again.source == 0
+    # another target holds the only free overloaded instances: this one does not pair
+    other = LiveScalingState(settings)
+    taken = replace(view, paired_elsewhere=frozenset({0, 1, 2}))
+    assert other.look(taken) == Decline("unpaired") and other.partner is None
+    second = other.look(replace(view, paired_elsewhere=frozenset({0})))
+    assert isinstance(second, RunBatch) and second.source == 2 and second.take == (0,)
+    # the counterfactual: the least loaded source, every queue, oldest first
+    old = LiveScalingState(replace(settings, least_loaded=True)).look(view)
+    assert isinstance(old, RunBatch)
+    assert (old.source, old.take, old.queues) == (1, (1, 2, 0), None)

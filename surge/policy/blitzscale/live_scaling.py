@@ -16,8 +16,8 @@ per token, the queue's drain rate). Out, from `LiveScalingState.look`, one actio
   the body looks again at once (§5.2 (2) preemption on layer arrival), not at its poll;
 - `RunBatch`: prefill the waiting requests it names (`take`, oldest first:
   `redirect_order`) cooperatively, the first `split` layers on the target, the rest on
-  `source` (the least loaded prefill instance, ties to the lowest id), which then decodes
-  them (under P/D they are handed to a decode instance as any prefill's).
+  `source` (its *partner*, `pair_with`), which then decodes them (under P/D they are
+  handed to a decode instance as any prefill's).
 Who cooperates (`cooperating`): the instances that take new prefills, under P/D the
 prefill ones only. BlitzScale §5.2: live scaling pairs the new instance with an
 *overloaded* instance ("the presence of overloaded instance since live autoscaling requires
@@ -30,9 +30,7 @@ prefill and decode", whose live scaling §5.2 leaves "for future work". Fig. 8 (
 instance is the *parameter* source of the multicast, not the live partner. Until
 2026-11-29 any serving instance cooperated (on §6.1's 7B run 355 of 662 batches had a
 decode source, which then decoded them behind its own prefills).
-What waits (§4 step 1: "we redirect all queued requests from inst.0 to it"): the router's
-queue and the requests queued on the sources' engines that have not started (`Waiting.source`
-says where each one is); a live target takes both, oldest first.
+Who the partner is and what the target takes: `live_pair` (§5.2 paired instances).
 A schedule (`choose_schedule`: the zigzag ILP of Eq. 1 when it beats best effort, else
 best effort) covers the batches waiting when it starts; up to `max_in_flight` of its
 batches are under way at once, so the target runs batch i+1's T layers while the source
@@ -53,6 +51,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from surge.errors import SurgeError
+from surge.policy.blitzscale.live_pair import (
+    LiveSource,
+    Waiting,
+    cooperating,
+    pair_with,
+    redirect_order,
+    takes_from,
+)
 from surge.policy.blitzscale.slo_check import SloCheck, needs_live_scaling
 from surge.policy.blitzscale.zigzag import ZigzagProblem, ZigzagSchedule, best_effort, solve_zigzag
 
@@ -135,6 +141,11 @@ class LiveSettings:
     decode_partners: bool = False
     """Counterfactual: sources that do not prefill (P/D decode instances) cooperate too
     (`SystemConfig.live_decode_partners`)."""
+    least_loaded: bool = False
+    """Counterfactual (unsourced; surge before 2026-11-29): each batch's last layers run on
+    the least loaded cooperating source, unpaired, and the target takes every source's
+    queued requests (`SystemConfig.live_least_loaded`). Default: the paired overloaded
+    instance (`pair_with`, BlitzScale §5.2)."""
     max_in_flight: int = 2
     """Batches of one target under way at once (started, first token not yet back). Two
     let the target run batch i+1's first layers while the source runs batch i's rest
@@ -147,39 +158,6 @@ class LiveSettings:
             raise SurgeError(f"max_in_flight must be >= 1 (got {self.max_in_flight})")
         if not self.ttft_slo_s > 0:
             raise SurgeError(f"TTFT SLO must be > 0 (got {self.ttft_slo_s})")
-
-
-@dataclass(frozen=True)
-class LiveSource:
-    """A serving instance the target may help."""
-
-    id: int
-    """Stable id (ties go to the lowest)."""
-    outstanding: int
-    """Requests on it or on their way to it."""
-    prefills: bool = True
-    """It takes new prefills (under P/D: a prefill instance): it may cooperate
-    (`cooperating`) and counts in the SLO check."""
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A request that has not started."""
-
-    arrival_s: float
-    prompt_tokens: int
-    source: int | None = None
-    """Where it waits: None, the router's queue; else the id of the source whose engine
-    holds it queued, not started (§4 step 1: those are redirected too)."""
-
-
-def redirect_order(waiting: Sequence[Waiting]) -> tuple[int, ...]:
-    """Indices of `waiting` in the order a live target takes them (§4 step 1: the router's
-    queue and the sources' queued requests alike): the oldest arrival first, ties in the
-    given order. Without this the runtime took the router's queue alone and a request
-    already routed to the source waited for the source's next step (requests 8-10 of the
-    emulated §6.1 run, +0.28 s each, docs/emulation.md)."""
-    return tuple(sorted(range(len(waiting)), key=lambda i: waiting[i].arrival_s))
 
 
 def redistributed(queued: Sequence[Waiting]) -> tuple[int, ...]:
@@ -211,6 +189,9 @@ class LiveView:
     """Requests leaving the queue per second now (`slo_check.drain_rate_per_s`)."""
     in_flight: int = 0
     """This target's batches under way (started, first token not back yet)."""
+    paired_elsewhere: frozenset[int] = frozenset()
+    """Sources that are other live targets' partners (§5.2: one new instance per
+    overloaded instance): this target does not pair with them."""
 
 
 @dataclass(frozen=True)
@@ -219,8 +200,8 @@ class Decline:
 
     reason: str
     """`idle` (no source, request or layer), `busy` (`max_in_flight` batches under way),
-    `slo` (the SLO holds without help) or `source-alone` (the schedule's next batch has
-    T_i = 0)."""
+    `slo` (the SLO holds without help), `unpaired` (every cooperating source is another
+    target's partner) or `source-alone` (the schedule's next batch has T_i = 0)."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +220,10 @@ class RunBatch:
     split: int
     take: tuple[int, ...]
     """Indices into the view's `waiting` of the batch's requests, oldest first
-    (`redirect_order`)."""
+    (`redirect_order` of `takes_from`)."""
+    queues: frozenset[int] | None
+    """The sources whose queued requests the target takes (besides the router's queue):
+    its partner's; None: every source's (`least_loaded`)."""
     planned_split: tuple[int, int]
     """(T_i, S_i) the schedule gave this batch before clipping."""
     index: int
@@ -257,15 +241,6 @@ class RunBatch:
 
 
 LiveAction = RunBatch | WaitForLayers | Decline
-
-
-def cooperating(
-    sources: Sequence[LiveSource], decode_partners: bool = False
-) -> tuple[LiveSource, ...]:
-    """The sources a live target may run a batch's last layers on: those that take new
-    prefills (under P/D the prefill instances; see the module docstring, §5.2); every one
-    with `decode_partners` (the counterfactual)."""
-    return tuple(x for x in sources if x.prefills or decode_partners)
 
 
 def pick_target(held_layers: Mapping[int, int]) -> int | None:
@@ -290,6 +265,8 @@ class LiveScalingState:
         """Schedules solved so far (each a fresh `ratio`)."""
         self.pending_layers: int | None = None
         """Layers the pending batch waits for (after `WaitForLayers`); None: none pends."""
+        self.partner: int | None = None
+        """The overloaded instance this target is paired with (`pair_with`); None: not yet."""
 
     def wakes(self, held_layers: int) -> bool:
         """Whether the target now holding `held_layers` layers makes the pending batch
@@ -311,10 +288,20 @@ class LiveScalingState:
         if self._slo_holds(view, held):
             self.splits = []  # a fresh schedule if live scaling is needed again
             return Decline("slo")
+        if s.least_loaded:  # the counterfactual: any source, every queue
+            source, queues = min(partners, key=lambda x: (x.outstanding, x.id)).id, None
+        else:  # §5.2: the paired overloaded instance and its queue
+            self.partner = pair_with(partners, self.partner, view.paired_elsewhere)
+            if self.partner is None:
+                return Decline("unpaired")
+            source, queues = self.partner, frozenset({self.partner})
+        eligible = takes_from(view.waiting, queues)
+        if not eligible:
+            return Decline("idle")
         if not self.ratio.measured and view.layer_load_s is not None and view.prefill_s_per_token:
             self.splits = []  # Time_l is measured now: re-plan with it, not the fallback
         if not self.splits:
-            self._plan(view, held)
+            self._plan(view, held, eligible)
         assert self.schedule is not None and self.problem is not None
         want = self.splits[0][0]
         if self.schedule.policy == "zigzag" and held < want < s.num_layers:
@@ -325,11 +312,11 @@ class LiveScalingState:
         split = min(want, held, s.num_layers - 1)
         if split < 1:
             return Decline("source-alone")
-        source = min(partners, key=lambda x: (x.outstanding, x.id))
         return RunBatch(
-            source=source.id,
+            source=source,
             split=split,
-            take=redirect_order(view.waiting)[: s.live_batch],
+            take=eligible[: s.live_batch],
+            queues=queues,
             planned_split=planned,
             index=index,
             schedule=self.schedule.policy,
@@ -353,10 +340,11 @@ class LiveScalingState:
         )
         return not needs_live_scaling(check).live
 
-    def _plan(self, view: LiveView, held: int) -> None:
-        """A fresh schedule for the batches waiting now, on Time_l measured for the first."""
+    def _plan(self, view: LiveView, held: int, eligible: tuple[int, ...]) -> None:
+        """A fresh schedule for the batches this target may take now (`eligible`), on
+        Time_l measured for the first."""
         s = self.settings
-        first = [view.waiting[i] for i in redirect_order(view.waiting)[: s.live_batch]]
+        first = [view.waiting[i] for i in eligible[: s.live_batch]]
         self.ratio = measured_load_ratio(
             view.layer_load_s,
             view.prefill_s_per_token,
@@ -367,7 +355,7 @@ class LiveScalingState:
         self.problem = ZigzagProblem(
             num_layers=s.num_layers,
             load_ratio=self.ratio.value,
-            num_batches=max(1, math.ceil(len(view.waiting) / s.live_batch)),
+            num_batches=max(1, math.ceil(len(eligible) / s.live_batch)),
             resident_layers_at_start=held,
         )
         self.schedule = choose_schedule(self.problem)

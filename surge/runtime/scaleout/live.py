@@ -14,7 +14,9 @@ agents (`LocalEndpoint.queued`, read and taken by `live_queue.py`; BlitzScale §
 from its block arrivals, the serving instances' prefill time per token
 (`Server.prefill_spans`), the queue's drain rate (`Server.departures`). Its
 `LiveScalingState.look` decides (the SLO check against `ctx.ttft_slo_s`, the schedule,
-waiting for layers, the split, the source); this file carries out a `RunBatch`: its
+waiting for layers, the split, the source: the overloaded instance the receiver pairs with,
+none another live receiver's, and the requests: the router's queue and that partner's,
+`live_pair`, §5.2); this file carries out a `RunBatch`: its
 requests taken (off the router's queue, or back from a source's agent,
 `LocalEndpoint.take_queued`, which does not wait for that agent's step), the first T
 layers on the receiver, the rest on the source, which then decodes them
@@ -44,17 +46,16 @@ import time
 
 from surge.events import LiveBatch
 from surge.policy.blitzscale.handoff import decodes_where_prefilled
+from surge.policy.blitzscale.live_pair import LiveSource, takes_from
 from surge.policy.blitzscale.live_scaling import (
     LOOK_INTERVAL_S,
     Decline,
     LiveScalingState,
     LiveSettings,
-    LiveSource,
     LiveView,
     RunBatch,
     layer_load_s,
     pick_target,
-    redirect_order,
     redistributed,
 )
 from surge.policy.blitzscale.pd import PREFILL
@@ -210,6 +211,11 @@ class LiveScaling:
             prefill_s_per_token=prefill_s_per_token(spans),
             drain_per_s=drain_rate_per_s(server.departures, now),
             in_flight=len(self._running.get(new, ())),
+            paired_elsewhere=frozenset(
+                st.partner
+                for n, st in self._states.items()
+                if n != new and n in self.live and st.partner is not None
+            ),
         )
 
     def _state(self, node: int) -> LiveScalingState:
@@ -220,6 +226,7 @@ class LiveScaling:
                 live_batch=ctx.system.live_batch,
                 fallback_load_ratio=ctx.system.live_load_ratio,
                 decode_partners=ctx.system.live_decode_partners,
+                least_loaded=ctx.system.live_least_loaded,
                 ttft_slo_s=ctx.ttft_slo_s,
             )
             self._states[node] = LiveScalingState(settings)
@@ -264,10 +271,10 @@ class LiveScaling:
         if old is None:
             return False
         # The router's queue may have moved while the schedule was solved: the batch is the
-        # oldest of what waits now, by the same rule (`redirect_order`); a source's request
-        # that started meanwhile stays there.
+        # oldest of what waits now, by the same rule (`takes_from`: the router's queue and
+        # the partner's, §5.2); a source's request that started meanwhile stays there.
         now = routed(server) + [(r, e) for r, e in waiting if e is not None]
-        chosen = redirect_order(waiting_view(now))[: action.num_requests]
+        chosen = takes_from(waiting_view(now), action.queues)[: action.num_requests]
         batch = await take(server, [now[i] for i in chosen])
         if not batch:
             return False

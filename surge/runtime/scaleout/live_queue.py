@@ -14,7 +14,7 @@ for a live batch (`step`) and for the redistribution once the new instance is wh
 import asyncio
 import logging
 
-from surge.policy.blitzscale.live_scaling import Waiting
+from surge.policy.blitzscale.live_pair import Waiting
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.request import ServeRequest
 from surge.runtime.server import Server
