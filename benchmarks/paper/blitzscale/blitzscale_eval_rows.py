@@ -208,10 +208,11 @@ def _partners_note(doc: dict, name: str, w: dict) -> str:
     decode = p["live_batches_by_source_role"].get("decode", 0)
     batches = sum(p["live_batches_by_source_role"].values())
     return (
-        " Under P/D only prefill instances are live partners (BlitzScale §5.2: the pair is "
-        "the overloaded instance and the new one, 'autoscaling a prefill instance in P/D "
-        "disaggregation'; §5.1 Fig. 11: its K/V 'will be transferred to the decode "
-        "instances'). Counterfactual: decode instances as live partners too, decoding those "
+        " Under P/D each new instance pairs with an overloaded prefill instance and takes "
+        "its queue (BlitzScale §5.2: the pair is the overloaded instance and the new one, "
+        "'autoscaling a prefill instance in P/D disaggregation'; §5.1 Fig. 11: its K/V 'will "
+        "be transferred to the decode instances'). Counterfactual: decode instances as live "
+        "partners too, each batch on the least loaded instance, unpaired, decoding those "
         f"requests there (unsourced; surge before 2026-11-29; {decode} of {batches} live "
         "batches): reductions vs S-LLM TTFT "
         f"{w['ttft_reduction_vs_serverlessllm']:.1%} -> "

@@ -183,9 +183,16 @@ def fig17() -> dict:
                 "monitor_mutation_only",
                 replace(live, pd=replace(live.pd, mutate_on_scale_out=False)),
             ),
-            # counterfactual: decode instances as live partners too (unsourced; §5.2 pairs
-            # the new instance with an overloaded prefill instance; surge before 2026-11-29)
-            ("decode_partners", replace(live, live_decode_partners=True)),
+            # counterfactual: decode instances as live partners too, on the least loaded
+            # one, unpaired (unsourced; §5.2 pairs the new instance with an overloaded
+            # prefill instance; surge before 2026-11-29)
+            (
+                "decode_partners",
+                replace(live, live_decode_partners=True, live_least_loaded=True),
+            ),
+            # counterfactual: prefill partners, but the least loaded one per batch, unpaired,
+            # taking every queue (unsourced; surge 51d3294..2026-11-29)
+            ("least_loaded", replace(live, live_least_loaded=True)),
         ):
             log.info("fig17 %s %s", name, label)
             settings = SimSettings(cluster, (model,), cfg.name, slo=paper_slo(model))
