@@ -31,7 +31,8 @@ Usage: python -m benchmarks.emulation.flexpipe --time-dilation 40 \\
 import argparse
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -111,6 +112,20 @@ def held_at(variant: str) -> FlexPipeSettings | None:
     return FlexPipeSettings(stage_counts=(int(variant.split("-")[1]),), cv_targets=(0.0,))
 
 
+@contextmanager
+def holding(variant: str) -> Iterator[None]:
+    """While inside: the `flexpipe` system held at `variant`'s stage count (`held_at`; as
+    shipped for the others), read by the controller and the scale-out alike."""
+    original = SYSTEMS["flexpipe"]
+    settings = held_at(variant)
+    if settings is not None:
+        SYSTEMS["flexpipe"] = replace(original, flexpipe=settings)
+    try:
+        yield
+    finally:
+        SYSTEMS["flexpipe"] = original
+
+
 def copies(variant: str, nodes: int) -> tuple[list[int], list[int]]:
     """(nodes with the model on disk, nodes with it in host memory) as a run starts, where
     the simulator's system keeps it: the first GPU's host memory (its instance serves) and
@@ -147,11 +162,7 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
                 state, _ = await fresh_copies(
                     cluster, tmp, MODEL, manifest, f"{variant}-{cv:g}", disks, hosts
                 )
-                original = SYSTEMS["flexpipe"]
-                settings = held_at(variant)
-                if settings is not None:  # read by the controller and the scale-out alike
-                    SYSTEMS["flexpipe"] = replace(original, flexpipe=settings)
-                try:
+                with holding(variant):
                     res = await serve_workload(
                         cluster,
                         state,
@@ -161,8 +172,6 @@ async def run_all(args, tmp: Path, manifest, emulation: Emulation, variants, cvs
                         1,
                         {"max_num_seqs": args.max_num_seqs},
                     )
-                finally:
-                    SYSTEMS["flexpipe"] = original
                 out.setdefault(f"{cv:g}", {})[variant] = res
                 save_partial(args, out)
                 log.info(
