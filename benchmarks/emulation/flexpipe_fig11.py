@@ -259,10 +259,17 @@ def main() -> None:
     )
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--resume", action="store_true", help="keep runs a cut-off sitting finished")
+    ap.add_argument(
+        "--from-partial",
+        action="store_true",
+        help="no cluster: the result from the runs a cut-off sitting with the same settings "
+        "finished (its partial file), the simulator beside them",
+    )
     add_cluster_args(ap)
     ap.set_defaults(emulate="flexpipe:llama2-7b", time_dilation=10.0)
     args = ap.parse_args()
     args.max_prompt, args.max_tokens = args.prompt_tokens, args.output_tokens
+    from_partial = vars(args).pop("from_partial")  # not a setting: the partial's must match
     chosen = [s for s in args.systems.split(",") if s] or list(FIG11_SYSTEMS)
     if unknown := sorted(set(chosen) - set(FIG11_SYSTEMS)):
         ap.error(
@@ -273,9 +280,15 @@ def main() -> None:
     groups = alpaserve_groups(args, config)
     report: dict = report_head(args, config, PAPER) | {"cv": args.cv, "rate_qps": args.rate}
     report["alpaserve_groups"] = groups
-    report["emulated"], report["real_model_bytes"] = run_on_real_model(
-        args, config, lambda tmp, m, e: run_all(args, tmp, m, e, chosen, groups)
-    )
+    if from_partial:  # the sitting's own loads are its runs' (`load_average` at each end)
+        report["emulated"] = load_partial(args).get("emulated", {})
+        report["machine"]["load_average_start"] = None
+        if not report["emulated"]:
+            ap.error(f"--from-partial: no runs with these settings in {partial_path(args)}")
+    else:
+        report["emulated"], report["real_model_bytes"] = run_on_real_model(
+            args, config, lambda tmp, m, e: run_all(args, tmp, m, e, chosen, groups)
+        )
     report["simulated"] = simulated(args, config, groups)
     report["report_emulated"] = cells(report)
     write_report(args, report, plot)

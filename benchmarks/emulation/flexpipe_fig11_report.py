@@ -28,12 +28,15 @@ def cells(report: dict[str, Any]) -> list[dict[str, str]]:
     steps = sum(r["emulation"]["steps"] for r in emu.values())
     bad = sum(r["emulation"]["violations"] for r in emu.values())
     worst = max((r["emulation"]["violation_rate"] or 0.0 for r in emu.values()), default=0.0)
-    load = report["machine"].get("load_average_start", [None])[0]
+    start = report["machine"].get("load_average_start")
+    ends = [r["load_average"][0] for r in emu.values()]
+    load = f"load {start[0]:.1f} at the start, " if start else "load "
+    load += f"{min(ends, default=0):.1f}-{max(ends, default=0):.1f} at the runs' ends"
     n = next(iter(emu.values()))["requests"] if emu else 0
     duration_s = float(report["settings"]["duration"])
     head = (
         f"EMULATED ({report['emulate']}, {report['nodes']} GPUs, D={report['time_dilation']:g}; "
-        f"{bad} of {steps} steps violated, worst run {worst:.1%}; load {load:.1f} at the start): "
+        f"{bad} of {steps} steps violated, worst run {worst:.1%}; {load}): "
         f"CV {report['cv']:g}, {report['rate_qps']:g} QPS x {duration_s:g} s ({n} requests; "
         "§9's 82 GPUs / 2 h scaled to a 2-core box)"
     )

@@ -35,7 +35,7 @@ def test_emulated_stalls_read_the_controllers_stamps_and_skip_unfinished() -> No
 
 def _report(violations: int) -> dict:
     st = stall_summary([0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 1.0, 1.0])
-    run = {"requests": 4, "stall_recovery": st}
+    run = {"requests": 4, "stall_recovery": st, "load_average": [2.0, 1.0, 1.0]}
     run["emulation"] = {"steps": 100, "violations": violations, "violation_rate": violations / 100}
     return {
         "emulate": "flexpipe:llama2-7b",
@@ -55,7 +55,8 @@ def test_the_cell_is_labelled_with_preset_gpus_dilation_and_violations() -> None
     assert (cell["paper"], cell["figure"]) == ("FlexPipe", "Fig. 11")
     text = cell["emulated"]
     assert text.startswith("EMULATED (flexpipe:llama2-7b, 8 GPUs, D=10;")
-    assert "0 of 100 steps violated" in text and "load 1.5" in text
+    assert "0 of 100 steps violated" in text
+    assert "load 1.5 at the start, 2.0-2.0 at the runs' ends" in text
     assert "FlexPipe 1000 ms (1)" in text and "sim same setting: FlexPipe no stall" in text
     assert "not the cluster's" not in text
     assert "not the cluster's" in cells(_report(2))[0]["emulated"]
