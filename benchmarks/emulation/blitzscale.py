@@ -90,9 +90,15 @@ def workload(args) -> Workload:
     )
 
 
-def spec(system: str, args) -> dict:
+def strategy_of(system: str) -> str:
+    """The strategy `surge serve` runs a §6.1 system as (AllCache: ServerlessLLM with every
+    host's memory staged); an ablation step (`blitzscale_ablation.py`) names its own."""
+    return "blitzscale" if system == "blitzscale" else "serverlessllm"
+
+
+def spec(system: str, args, strategy: str | None = None) -> dict:
     """§6.1's deployment: P/D, BlitzScale's monitor for every system (as `systems_6_1`)."""
-    strategy = "blitzscale" if system == "blitzscale" else "serverlessllm"
+    strategy = strategy or strategy_of(system)
     return {
         "name": MODEL,
         "model": str(args.store),
@@ -127,9 +133,16 @@ clock (`runtime/scaleout/local.engine_start`). Until the runtime paced it (runs 
 this change) both sides used 0, as `simulated_engine_start_s` of those results says."""
 
 
-def simulated(args, config: EmulationConfig, wl: Workload, sllm_init_s: float | None) -> dict:
-    """The simulator on the same hosts, requests and §6.1 systems, two instances warm;
-    ServerlessLLM's and AllCache's engine start `sllm_init_s` (None: the shipped one)."""
+def simulated(
+    args,
+    config: EmulationConfig,
+    wl: Workload,
+    sllm_init_s: float | None,
+    systems: dict | None = None,
+) -> dict:
+    """The simulator on the same hosts, requests and §6.1 systems (or `systems`, name ->
+    `SystemConfig`), two instances warm; ServerlessLLM's and AllCache's engine start
+    `sllm_init_s` (None: the shipped one)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper" / "blitzscale"))
     from blitzscale_setup import systems_6_1
 
@@ -140,7 +153,7 @@ def simulated(args, config: EmulationConfig, wl: Workload, sllm_init_s: float | 
     cluster = shrunk_cluster(config.preset, args.nodes)
     trace = make_trace("burst", list(wl.arrival_s), list(wl.prompt_tokens), list(wl.output_tokens))
     out = {}
-    for name, system in systems_6_1(sllm_init_s).items():
+    for name, system in (systems or systems_6_1(sllm_init_s)).items():
         settings = SimSettings(
             cluster,
             (config.model,),
@@ -152,7 +165,14 @@ def simulated(args, config: EmulationConfig, wl: Workload, sllm_init_s: float | 
         )
         r = simulate(trace, settings, system=system)
         ttft = [float(f - a) for f, a in zip(r.first_token_s, r.arrival_s, strict=True)]
+        # the mean gap between tokens over every token after a first (the emulated runtime's
+        # `tbt_mean_s`: each request's gaps pooled), of the requests that finished
+        ok = (r.done_s >= 0) & (r.output_tokens > 1)
+        gaps = float((r.output_tokens[ok] - 1).sum())
         out[name] = {
+            "tbt_mean_s": round(float((r.done_s - r.first_token_s)[ok].sum()) / gaps, 5)
+            if gaps
+            else None,
             "ttft_mean_s": round(float(np.mean(ttft)), 4),
             "ttft_p50_s": percentile(ttft, 50),
             "ttft_p90_s": percentile(ttft, 90),
@@ -207,7 +227,16 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl: Workload):
+async def run_all(
+    args,
+    tmp: Path,
+    manifest: Manifest,
+    emulation: Emulation,
+    wl: Workload,
+    strategies: dict[str, str] | None = None,
+):
+    """Each of `--systems` in turn on one cluster, from §6.1's copies; `strategies` names
+    the strategy a system runs as (default `strategy_of`)."""
     earlier = load_partial(args) if args.resume else {}
     out, staging = earlier.get("emulated", {}), earlier.get("staging", {})
     if out:
@@ -220,6 +249,7 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
     cluster = emulated_cluster(args, tmp, emulation)
     with cluster:
         for system in todo:
+            strategy = (strategies or {}).get(system) or strategy_of(system)
             hosts = list(range(args.nodes)) if system == "allcache" else [0, 1]
             disks = list(range(args.nodes)) if system == "serverlessllm" else []
             state, staged_s = await fresh_copies(
@@ -227,13 +257,13 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
             )
             staging[system] = round(staged_s, 1)
             controller = {"max_num_seqs": args.max_num_seqs}
-            if system != "blitzscale":
+            if strategy == "serverlessllm":
                 controller["host_keep_alive_s"] = SLLM_KEEP_ALIVE_S
             out[system] = await serve_workload(
                 cluster,
                 state,
                 emulation,
-                spec(system, args),
+                spec(system, args, strategy),
                 wl,
                 2,
                 controller,
@@ -253,8 +283,9 @@ async def run_all(args, tmp: Path, manifest: Manifest, emulation: Emulation, wl:
     return out, staging
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser(description: str, systems: tuple[str, ...], json: Path) -> argparse.ArgumentParser:
+    """The §6.1 emulation's flags (also the ablation's, `blitzscale_ablation.py`)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--trace", default="azure-code")
     ap.add_argument("--rate-scale", type=float, default=2.0, help="§6.1 scales AzureCode x2")
@@ -265,7 +296,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=8, help="batch limit per instance")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(systems))
     ap.add_argument(
         "--drain",
         type=float,
@@ -273,9 +304,7 @@ def main() -> None:
         help="stop this many emulated s after every request's first token (default: when all "
         "are done); TBT then counts the tokens seen until then",
     )
-    ap.add_argument(
-        "--json", type=Path, default=Path("benchmarks/results/emulation/emulation_blitzscale.json")
-    )
+    ap.add_argument("--json", type=Path, default=json)
     ap.add_argument(
         "--resume",
         action="store_true",
@@ -286,6 +315,15 @@ def main() -> None:
     ap.add_argument("--png", type=Path, default=None)
     add_cluster_args(ap)
     ap.set_defaults(emulate="blitzscale-a-hosts:llama2-7b", time_dilation=80.0)
+    return ap
+
+
+def main() -> None:
+    ap = parser(
+        __doc__.split("\n")[0],
+        SYSTEMS,
+        Path("benchmarks/results/emulation/emulation_blitzscale.json"),
+    )
     args = ap.parse_args()
     start_logging()
     if unknown := [s for s in args.systems.split(",") if s not in SYSTEMS]:

@@ -22,10 +22,11 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -37,13 +38,15 @@ from benchmarks.emulation.timeline import (
     scale_out_timeline,
 )
 from surge.control.controller import Controller, ControllerConfig
+from surge.control.state import Deployment
 from surge.emulation import Emulation, EmulationConfig
 from surge.engine.sampling import SamplingParams
-from surge.events import Load, TimelineEvent
+from surge.events import InstanceUp, Load, TimelineEvent
 from surge.model.importer import import_checkpoint
 from surge.model.manifest import Manifest, read_manifest
 from surge.model.tiny import create_tiny_model
 from surge.model.tiny_shape import TinyModelConfig
+from surge.policy.systems import SYSTEMS, SystemConfig
 from surge.runtime.launch.local import LocalCluster
 from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp, StatusOp
 
@@ -66,6 +69,18 @@ class Workload:
     @property
     def num_requests(self) -> int:
         return len(self.arrival_s)
+
+
+@contextlib.contextmanager
+def registered(variants: dict[str, SystemConfig]) -> Iterator[None]:
+    """Each variant servable by `surge serve` for the run, as the strategy its key names (a
+    figure's counterfactual or ablation step of a shipped system: the controller reads a
+    deployment's system by its strategy, `DeploymentSpec.system`); taken out after it. The
+    shipped systems are left as they are."""
+    if clash := set(variants) & set(SYSTEMS):
+        raise ValueError(f"{sorted(clash)} name shipped systems; register variants by new names")
+    with mock.patch.dict(SYSTEMS, {k: replace(v, serve=True) for k, v in variants.items()}):
+        yield
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -213,12 +228,17 @@ async def serve_workload(
     controller: dict[str, Any],
     drain_s: float | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    at_start: Callable[[Deployment], None] | None = None,
+    stop: Callable[[Deployment, float], bool] | None = None,
 ) -> dict[str, Any]:
     """Deploy `spec` behind a fresh controller on `cluster`, wait for `ready` serving
     instances, replay `workload` on the controller's (emulated) clock and report what the
     requests and the controller saw, in emulated seconds. `on_result` gets it before the
     deployment is deleted: the deletion waits for loads still in flight (a ServerlessLLM SSD
-    load outlasts the burst by minutes at D = 40), and a sitting cut off then keeps it."""
+    load outlasts the burst by minutes at D = 40), and a sitting cut off then keeps it.
+    `at_start(dep)` runs at the replay's zero (a microbenchmark's scale-out asked for then);
+    `stop(dep, now_s)` (emulated s from that zero), asked before each submission and every
+    0.2 real s after, ends the replay once true: requests not done then are cut off."""
     cfg = ControllerConfig(
         state_dir=state, nodes=len(cluster.addresses), emulation=emulation, **controller
     )
@@ -258,9 +278,17 @@ async def serve_workload(
         sampler = asyncio.get_running_loop().create_task(sample())
         rng = np.random.default_rng(0)
         reqs = []
+        if at_start is not None:
+            at_start(dep)
+
+        def stopped() -> bool:
+            return stop is not None and stop(dep, clock.now_s() - start)
+
         for at_s, prompt, out in zip(
             workload.arrival_s, workload.prompt_tokens, workload.output_tokens, strict=True
         ):
+            if stopped():
+                break
             delay = start + at_s - clock.now_s()
             if delay > 0:
                 await clock.sleep(delay)
@@ -269,7 +297,11 @@ async def serve_workload(
             reqs.append(await ctl.submit(dep, ids, params))
         log.info("%s: %d requests submitted; waiting for them", spec["strategy"], len(reqs))
         waits = asyncio.gather(*(r.done.wait() for r in reqs))
-        if drain_s is None:
+        if stop is not None:
+            while not stopped() and not all(r.done.is_set() for r in reqs):
+                await asyncio.sleep(0.2)
+            waits.cancel()
+        elif drain_s is None:
             await asyncio.wait_for(waits, DONE_TIMEOUT_S)
         else:  # every TTFT, then `drain_s` emulated s of decoding; the rest is cut off
             t0 = time.monotonic()
@@ -330,6 +362,12 @@ async def serve_workload(
             "ttfts_s": sorted(round(x, 4) for x in ttft),
             "instances_timeline": [[round(t, 3), n] for t, n in held[:: max(1, len(held) // 200)]],
             "scale_out_timeline": timeline,
+            # every local instance that came up during the replay: [when, node]
+            "instances_up": [
+                [round(emulated_s(ev.t_s), 3), ev.node]
+                for ev in events
+                if isinstance(ev, InstanceUp) and emulated_s(ev.t_s) >= 0
+            ],
             "request_timeline": request_timeline(reqs, start),
             "mechanisms": mechanism_timeline(events, emulated_s),
             "peak_handoffs_in_flight": pd.peak_in_flight if pd else 0,
