@@ -318,21 +318,24 @@ def parser(description: str, systems: tuple[str, ...], json: Path) -> argparse.A
     return ap
 
 
-def main() -> None:
-    ap = parser(
-        __doc__.split("\n")[0],
-        SYSTEMS,
-        Path("benchmarks/results/emulation/emulation_blitzscale.json"),
-    )
+def parse_setting(
+    ap: argparse.ArgumentParser, systems: tuple[str, ...]
+) -> tuple[argparse.Namespace, EmulationConfig, Workload]:
+    """The flags of `parser`, checked (every `--systems` one of `systems`, a request in the
+    window), logging started: the arguments, the emulation and the requests."""
     args = ap.parse_args()
     start_logging()
-    if unknown := [s for s in args.systems.split(",") if s not in SYSTEMS]:
-        ap.error(f"unknown system {unknown[0]}; choose from {', '.join(SYSTEMS)}")
-    config = EmulationConfig.parse(args.emulate, args.time_dilation)
+    if unknown := [s for s in args.systems.split(",") if s not in systems]:
+        ap.error(f"unknown system {unknown[0]}; choose from {', '.join(systems)}")
     wl = workload(args)
     if not wl.num_requests:
         ap.error(f"no request of {args.trace} in the window; move --start or widen --duration")
-    report: dict = report_head(args, config, PAPER) | {
+    return args, EmulationConfig.parse(args.emulate, args.time_dilation), wl
+
+
+def workload_head(args: argparse.Namespace, wl: Workload) -> dict:
+    """The result JSON's record of the requests."""
+    return {
         "requests": wl.num_requests,
         "workload": {
             "trace": f"{args.trace} x{args.rate_scale:g}",
@@ -341,6 +344,16 @@ def main() -> None:
             "output_tokens_mean": round(float(np.mean(wl.output_tokens)), 1),
         },
     }
+
+
+def main() -> None:
+    ap = parser(
+        __doc__.split("\n")[0],
+        SYSTEMS,
+        Path("benchmarks/results/emulation/emulation_blitzscale.json"),
+    )
+    args, config, wl = parse_setting(ap, SYSTEMS)
+    report: dict = report_head(args, config, PAPER) | workload_head(args, wl)
     (report["emulated"], report["staging_real_s"]), report["real_model_bytes"] = run_on_real_model(
         args, config, lambda tmp, m, e: run_all(args, tmp, m, e, wl)
     )

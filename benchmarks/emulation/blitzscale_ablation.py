@@ -35,8 +35,7 @@ import numpy as np
 
 from benchmarks.emulation import blitzscale
 from benchmarks.emulation.report import report_head, write_report
-from benchmarks.emulation.serving import registered, run_on_real_model, start_logging
-from surge.emulation import EmulationConfig
+from benchmarks.emulation.serving import registered, run_on_real_model
 
 log = logging.getLogger("emulation_blitzscale_ablation")
 STEPS = ("serverlessllm", "+network", "+plan", "+live")
@@ -80,23 +79,40 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
+MAX_VIOLATION_RATE = 0.01
+"""A run with more of its paced steps violated is not the emulated cluster's
+(docs/emulation.md "Reading a violation")."""
+
+
 def report_cell(report: dict) -> str:
     """Fig. 17's "emulated runtime" cell: each step's TTFT and TBT gain, the simulator's
-    beside, labelled with the setting and the violations."""
-    emu, sim = report["gains"]["emulated"], report["gains"]["simulated"]
-    steps = sum(r["emulation"]["steps"] for r in report["emulated"].values())
-    bad = sum(r["emulation"]["violations"] for r in report["emulated"].values())
-    loads = [r["load_average"][0] for r in report["emulated"].values()]
+    beside, labelled with the setting and the violations; a gain that rests on a run over
+    `MAX_VIOLATION_RATE` is marked "(!)" and that run named."""
+    emu, sim, runs = report["gains"]["emulated"], report["gains"]["simulated"], report["emulated"]
+    steps = sum(r["emulation"]["steps"] for r in runs.values())
+    bad = sum(r["emulation"]["violations"] for r in runs.values())
+    loads = [r["load_average"][0] for r in runs.values()]
+    over = [s for s in STEPS if runs[s]["emulation"]["violation_rate"] > MAX_VIOLATION_RATE]
+
+    def gain(prev: str, step: str, metric: str) -> str:
+        key = f"{step}_{metric}"
+        mark = " (!)" if {prev, step} & set(over) else ""
+        return f"{_pct(emu[key])}{mark} (sim {_pct(sim[key])})"
+
     parts = [
-        f"{step} TTFT {_pct(emu[f'{step}_ttft_mean_s'])} (sim {_pct(sim[f'{step}_ttft_mean_s'])}),"
-        f" TBT {_pct(emu[f'{step}_tbt_mean_s'])} (sim {_pct(sim[f'{step}_tbt_mean_s'])})"
-        for step in STEPS[1:]
+        f"{step} TTFT {gain(prev, step, 'ttft_mean_s')}, TBT {gain(prev, step, 'tbt_mean_s')}"
+        for prev, step in itertools.pairwise(STEPS)
     ]
+    flagged = "; ".join(
+        f"{s}'s run {runs[s]['emulation']['violations']} of {runs[s]['emulation']['steps']}"
+        for s in over
+    )
+    tail = f". (!): {flagged} steps violated, not the emulated cluster's" if over else ""
     return (
         f"EMULATED ({report['emulate']}, {report['nodes']} hosts, dilation "
         f"{report['time_dilation']:g}, 7B AzureCode only, {report['requests']} requests; "
         f"{bad} of {steps} steps violated, host load {min(loads):.1f}-{max(loads):.1f}): "
-        "gain over the step before, mean " + "; ".join(parts)
+        "gain over the step before, mean " + "; ".join(parts) + tail
     )
 
 
@@ -135,24 +151,13 @@ def main() -> None:
         Path("benchmarks/results/emulation/emulation_blitzscale_fig17.json"),
     )
     ap.set_defaults(time_dilation=40.0, max_prompt=1024, drain=1.0)
-    args = ap.parse_args()
-    start_logging()
-    if unknown := [s for s in args.systems.split(",") if s not in STEPS]:
-        ap.error(f"unknown step {unknown[0]}; choose from {', '.join(STEPS)}")
-    config = EmulationConfig.parse(args.emulate, args.time_dilation)
-    wl = blitzscale.workload(args)
-    if not wl.num_requests:
-        ap.error(f"no request of {args.trace} in the window; move --start or widen --duration")
+    args, config, wl = blitzscale.parse_setting(ap, STEPS)
     steps = ablation_steps()
-    report: dict = report_head(args, config, PAPER) | {
-        "requests": wl.num_requests,
-        "workload": {
-            "trace": f"{args.trace} x{args.rate_scale:g}",
-            "window_s": [args.start, args.start + args.duration],
-            "prompt_tokens_mean": round(float(np.mean(wl.prompt_tokens)), 1),
-        },
-        "strategies": STRATEGIES,
-    }
+    report: dict = (
+        report_head(args, config, PAPER)
+        | blitzscale.workload_head(args, wl)
+        | {"strategies": STRATEGIES}
+    )
     extra = {STRATEGIES[step]: cfg for step, cfg in steps.items() if step in ("+network", "+plan")}
     with registered(extra):
         (report["emulated"], report["staging_real_s"]), report["real_model_bytes"] = (
@@ -162,6 +167,9 @@ def main() -> None:
                 lambda tmp, m, e: blitzscale.run_all(args, tmp, m, e, wl, STRATEGIES),
             )
         )
+    if getattr(args, "report_only", False):  # every step ran in earlier sittings
+        report["machine"]["load_average_start"] = None
+        report["machine"]["loads"] = "per run: each step's load_average (its own sitting)"
     report["simulated"] = blitzscale.simulated(args, config, wl, None, steps)
     report["gains"] = {
         "emulated": gains(report["emulated"]),

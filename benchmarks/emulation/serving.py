@@ -300,7 +300,9 @@ async def serve_workload(
         if stop is not None:
             while not stopped() and not all(r.done.is_set() for r in reqs):
                 await asyncio.sleep(0.2)
-            waits.cancel()
+            waits.cancel()  # the requests cut off: their waits go quietly
+            with contextlib.suppress(asyncio.CancelledError):
+                await waits
         elif drain_s is None:
             await asyncio.wait_for(waits, DONE_TIMEOUT_S)
         else:  # every TTFT, then `drain_s` emulated s of decoding; the rest is cut off
