@@ -7,7 +7,8 @@ by §6.1's granularity from the arrivals' CV, layers cut by §5's partition, GPU
 the model when the stages fit there), and, when the chosen granularity changes, in-flight
 refactoring of serving groups (§6: layers and valid KV entries copied between GPUs as flows
 while the group keeps serving, then it runs with the new stages and the freed GPUs go back).
-`groups.Groups` fetches and serves what `shape` returns.
+`groups.Groups` fetches and serves what `shape` returns; `flexpipe_sizes` reads the model's
+layer profile, byte sizes and load time from the world.
 """
 
 from collections.abc import Callable
@@ -22,11 +23,9 @@ from surge.policy.flexpipe.groups import (
 )
 from surge.policy.flexpipe.hrg import HrgView, ScalingMark
 from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
-from surge.policy.flexpipe.scaling_load import TierRates, new_group_load_s
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.system import (
     Affinity,
-    LayerProfile,
     StageChoice,
     arrivals_in_window,
     choose_num_stages,
@@ -35,19 +34,19 @@ from surge.policy.flexpipe.system import (
     scale_out_num_stages,
     split_stages,
 )
-from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM
-from surge.sim.costs import cost_model
 from surge.sim.events import Priority
+from surge.sim.flexpipe_sizes import (
+    decode_steps,
+    group_load_s,
+    layer_profile,
+    slot_bytes,
+    stage_bytes,
+)
 from surge.sim.gpus import Gpus
 from surge.sim.instance import Instance
 from surge.sim.placement import Placement
 from surge.sim.pools import Pool
 from surge.sim.world import KEY_STRIDE, World
-
-PROFILE_PROMPT_TOKENS = 512
-"""Prompt length of the layer profile (prefill time, activation bytes)."""
-PROFILE_BATCH = 8
-"""Decode batch of the layer profile."""
 
 Spans = tuple[tuple[int, tuple[int, int]], ...]
 """Per stage: (GPU, (first layer, end layer))."""
@@ -88,35 +87,12 @@ class FlexPipe:
         """Whether the run's system is a FlexPipe system."""
         return self.settings is not None
 
-    def _profile(self, model: int) -> LayerProfile:
-        slot = self.world.models[model]
-        prof = slot.profile
-        cost = cost_model(prof, slot.group.gpu, 1)
-        return LayerProfile(
-            num_layers=prof.num_layers,
-            prefill_s=cost.prefill_s(PROFILE_PROMPT_TOKENS, layers=1),
-            decode_s=cost.decode_s(PROFILE_BATCH, layers=1),
-            param_bytes=prof.layer_bytes,
-            activation_bytes=prof.hidden_size * prof.dtype_bytes * PROFILE_PROMPT_TOKENS,
-            hop_s=self.world.system.stage_hop_s,
-        )
-
-    def _slot_bytes(self, model: int) -> int:
-        group = self.world.models[model].group
-        per_gpu = group.gpu.memory_bytes * self.world.settings.kv_memory_fraction
-        return int(per_gpu * (1 - MIN_KV_FRACTION) / WEIGHT_HEADROOM)
-
-    def _stage_bytes(self, model: int, bounds: tuple[tuple[int, int], ...]) -> list[int]:
-        prof = self.world.models[model].profile
-        out = [(b - a) * prof.layer_bytes for a, b in bounds]
-        out[0] += prof.embedding_bytes
-        return out
-
     def _num_stages(self, pool: Pool) -> int:
         assert self.settings is not None
         state = self.states.get(pool.index, GranularityState())
         arrivals = self._window(pool)
-        eta, state = choose_num_stages(arrivals, self._profile(pool.model), state, self.settings)
+        profile = layer_profile(self.world, pool.model)
+        eta, state = choose_num_stages(arrivals, profile, state, self.settings)
         self.states[pool.index] = state
         return eta
 
@@ -134,8 +110,8 @@ class FlexPipe:
         world = self.world
         slot = world.models[pool.model]
         own = [m for m in world.state.machines if m.group is slot.group]
-        slot_bytes = self._slot_bytes(pool.model)
-        free = [SlotState(g, slot_bytes) for m in own for g in world.state.free_on(m)]
+        slot_size = slot_bytes(world, pool.model)
+        free = [SlotState(g, slot_size) for m in own for g in world.state.free_on(m)]
         hrg = HrgView(
             {g: world.state.machine_of_gpu[g].index for g in (*kept, *(f.slot_id for f in free))},
             marks=self._recent_marks(),
@@ -150,13 +126,13 @@ class FlexPipe:
                 world.loop.now_s,
             )
         return choose_stages(
-            self._profile(pool.model),
+            layer_profile(world, pool.model),
             eta,
             kept,
             free,
             cv_of_arrivals(self._window(pool)),
             own[0].group.nic_gbps,
-            slot_bytes,
+            slot_size,
             self.settings,
             affinity,
             hrg,
@@ -181,47 +157,23 @@ class FlexPipe:
         for g, _ in spans:
             hosted[self.world.state.machine_of_gpu[g].index] = self.world.loop.now_s
 
-    def _load_s(self, pool: Pool) -> float:
-        """§7 Eq. 12's S_j: the whole model from the best tier the free GPUs of the model's
-        node group hold (`new_group_load_s`: host memory where the machine's host cache
-        holds it, else the model store), a stage of m loads 1/m of it."""
-        world = self.world
-        slot = world.models[pool.model]
-        grp = slot.group
-        store = "disk" if grp.model_store == "ssd" else "remote"
-        own = [m for m in world.state.machines if m.group is grp and world.state.free_on(m)]
-        warm = world.system.load == "allcache"
-        tiers = [
-            "host" if warm or slot.name in world.state.host_cache[m.index] else store for m in own
-        ]
-        fetch = world.state.fetch_gbps(own[0].index) if own else grp.nic_gbps
-        rates = TierRates(grp.pcie_gbps, grp.ssd_gbps, fetch)
-        return new_group_load_s(slot.profile.total_bytes, tiers, rates)
-
-    @staticmethod
-    def _decode_steps(pool: Pool) -> float | None:
-        """The waiting requests' mean output length (None when none waits)."""
-        if not pool.queue:
-            return None
-        return sum(r.output_tokens for r in pool.queue) / len(pool.queue)
-
     def _scale_out_num_stages(self, pool: Pool) -> int:
         """§7 Eq. 11/12 for a new group (`scale_out_num_stages`): the arrivals'
         CV times the queue, no finer than its hops are worth, fine enough that the queue is
         served within the TTFT SLO while the model loads split over the stages from the
-        best tier its free GPUs hold (`_load_s`). The granularity controller's state is
-        updated too (it owns the shape from then on)."""
+        best tier its free GPUs hold (`flexpipe_sizes.group_load_s`). The granularity
+        controller's state is updated too (it owns the shape from then on)."""
         assert self.settings is not None
         self._num_stages(pool)
         slot = self.world.models[pool.model]
         return scale_out_num_stages(
             self._window(pool),
             len(pool.queue),
-            self._profile(pool.model),
+            layer_profile(self.world, pool.model),
             self.world.settings.slo_of(slot.name).ttft_s,
-            self._load_s(pool),
+            group_load_s(self.world, pool),
             self.settings,
-            self._decode_steps(pool),
+            decode_steps(pool),
         )
 
     def shape(self, pool: Pool) -> tuple[list[tuple[int, ...]], list[int], Spans] | None:
@@ -232,7 +184,11 @@ class FlexPipe:
             return None
         spans = tuple(zip(choice.slots, choice.bounds, strict=True))
         self._mark(choice.slots)
-        return [(g,) for g in choice.slots], self._stage_bytes(pool.model, choice.bounds), spans
+        return (
+            [(g,) for g in choice.slots],
+            stage_bytes(self.world, pool.model, choice.bounds),
+            spans,
+        )
 
     def autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
         """The autoscaler's settings for `pool`: per group, η times the instance target
@@ -306,10 +262,9 @@ class FlexPipe:
         self.last_decision_s[pool.index] = now
         self._again(pool)
         eta = self._num_stages(pool)
-        finest = split_stages(
-            eta, self._load_s(pool), self._profile(pool.model), self._decode_steps(pool),
-            self.settings,
-        )  # fmt: skip
+        profile = layer_profile(self.world, pool.model)
+        load_s = group_load_s(self.world, pool)
+        finest = split_stages(eta, load_s, profile, decode_steps(pool), self.settings)
         serving = {
             i.id: i for i in pool.instances if i.id in self.spans and i.loaded and not i.released
         }

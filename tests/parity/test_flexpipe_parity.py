@@ -25,6 +25,7 @@ from surge.runtime.scaleout import flexpipe as runtime_flexpipe
 from surge.runtime.scaleout.context import ControllerHooks
 from surge.runtime.scaleout.estimates import HOST_ESTIMATES
 from surge.sim import flexpipe as sim_flexpipe
+from surge.sim.flexpipe_sizes import layer_profile
 from tests.parity.sim_world import entry_pool, simulation
 
 NUM_LAYERS = 8
@@ -74,7 +75,7 @@ def _sim_choice(
     with patch.context() as mp:
         mp.setattr(sim_flexpipe.FlexPipe, "_scale_out_num_stages", lambda self, pool: eta)
         shaped = sim.flexpipe.shape(entry_pool(sim))
-    profile = sim.flexpipe._profile(0)
+    profile = layer_profile(sim.world, 0)
     if shaped is None:
         return None, profile
     if gpus_per_node > 1:
