@@ -3,10 +3,10 @@
 What flows, every autoscaler tick, per deployment that runs P/D (its spec's `pd:`, or a
 system with `pd_disaggregation`, e.g. blitzscale): the server's `PdServing`
 (`runtime/migration/pd_handoff.py`) gives the monitor's view (`PdServing.load`: roles, requests,
-tokens/s, KV use, K/V ingress per instance) -> `policy.pd.decide_mutation` (when the system mutates)
--> `policy.blitzscale.pd.look` (a mutation when the system mutates, then the per-role
-monitor) -> `PdServing.mutate`; at a scale-out of a system that mutates, `on_scale_out` carries out
-`policy.blitzscale.pd.scale_out_mutations` (§5.2: decode grows by mutation, the new
+tokens/s, KV use, K/V ingress per instance) -> `policy.blitzscale.pd_mutation.look`
+(`decide_mutation` when the system mutates, then the per-role monitor) -> `PdServing.mutate`;
+at a scale-out of a system that mutates, `on_scale_out` carries out
+`policy.blitzscale.pd_mutation.scale_out_mutations` (§5.2: decode grows by mutation, the new
 instances prefill); the monitor's wish for one more instance than the
 concurrency target asks goes to the autoscaler (`policy.blitzscale.pd.with_monitor`). Hand-off and
 mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
@@ -24,8 +24,9 @@ from surge.control.metrics import Metrics
 from surge.control.state import Deployment
 from surge.emulation import Emulation
 from surge.events import NO_BUS, EventBus, Mutation
-from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets, look, scale_out_mutations
-from surge.policy.blitzscale.pd import Mutation as MutationChoice
+from surge.policy.blitzscale.pd import DECODE, PREFILL, PdTargets
+from surge.policy.blitzscale.pd_mutation import Mutation as MutationChoice
+from surge.policy.blitzscale.pd_mutation import look, scale_out_mutations
 from surge.policy.multicast.topology import NodeLinks, NodeTraffic
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.pd_handoff import PdServing
@@ -117,7 +118,7 @@ class PdControl:
 
     async def on_scale_out(self, dep: Deployment, now_s: float, added: int) -> int:
         """The autoscaler just started `added` instances of `dep`: the mutations
-        `policy.blitzscale.pd.scale_out_mutations` names, carried out (a system that
+        `policy.blitzscale.pd_mutation.scale_out_mutations` names, carried out (a system that
         mutates only, §5.2). How many."""
         pd = dep.server.pd
         system = dep.spec.system

@@ -149,7 +149,7 @@ class SystemConfig:
     """Prefill and decode instances, KV cache moved over the network (BlitzScale §6)."""
     mutation: bool = False
     """The P/D monitor turns idle or overprovisioned prefill instances into decode ones
-    when decode is the bottleneck (§5.2, `policy.blitzscale.pd.decide_mutation`)."""
+    when decode is the bottleneck (§5.2, `policy.blitzscale.pd_mutation.decide_mutation`)."""
     pd: PdSettings = field(default_factory=PdSettings)
     """The P/D monitor's thresholds (`surge.policy.blitzscale.pd`): when decode is the
     bottleneck."""

@@ -8,7 +8,7 @@ loading, `handoff.prefill_joining`); a prefilled request parks on its prefill in
 and waits here (`parked`, oldest first) until `policy.blitzscale.handoff.handoff_target`
 names an instance to decode it (none while every decode instance is full, or while none
 serves but one is loading, `decode_joining`; the source itself when none serves or
-loads); `look` is the monitor's look (`policy.blitzscale.pd.look`: a mutation, carried out
+loads); `look` is the monitor's look (`policy.blitzscale.pd_mutation.look`: a mutation, carried out
 here, and the monitor's wish for one more instance). The views are built as
 the runtime builds them (`runtime/migration/pd_handoff.PdServing`): an instance's index is its
 place in join order (its age), its requests count the ones parked on it.
@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 
 from surge.policy.autoscale import RATE_WINDOW_S
-from surge.policy.blitzscale import handoff, pd, pd_release
+from surge.policy.blitzscale import handoff, pd, pd_mutation, pd_release
 from surge.sim.instance import Instance
 from surge.sim.request import SimRequest
 
@@ -170,28 +170,28 @@ class PdPool:
             since_last_mutation_s=since_last_mutation_s,
         )
 
-    def look(self, now_s: float, num_waiting: int) -> pd.PdLook:
+    def look(self, now_s: float, num_waiting: int) -> pd_mutation.PdLook:
         """One look of the monitor; a mutation it chooses is carried out here."""
         last = self.last_mutation_s
         load = self.load(num_waiting, float("inf") if last is None else now_s - last)
-        seen = pd.look(load, self.settings, self.mutation)
+        seen = pd_mutation.look(load, self.settings, self.mutation)
         if seen.mutation is not None:
             self._mutate(seen.mutation, now_s)
         return seen
 
     def scale_out(self, now_s: float, num_waiting: int, count: int) -> int:
         """A scale-out of `count` instances was decided: the mutations
-        `policy.blitzscale.pd.scale_out_mutations` names, carried out here (when the system
+        `policy.blitzscale.pd_mutation.scale_out_mutations` names, carried out here (when the system
         mutates). How many."""
         if not self.mutation:
             return 0
         load = self.load(num_waiting)
-        chosen = pd.scale_out_mutations(load, self.targets, count, self.settings)
+        chosen = pd_mutation.scale_out_mutations(load, self.targets, count, self.settings)
         for m in chosen:
             self._mutate(m, now_s)
         return len(chosen)
 
-    def _mutate(self, m: pd.Mutation, now_s: float) -> None:
+    def _mutate(self, m: pd_mutation.Mutation, now_s: float) -> None:
         # §5.2: the instance keeps its weights and its requests; it decodes from now on
         self.members[m.index].role = pd.DECODE
         self.last_mutation_s = now_s

@@ -6,9 +6,9 @@ the downscale delay, or a `wake_at_s` the policy asks for). Out: scale-outs (pla
 are held and given back through `sim/gpus.py`'s `Gpus` (the GPU time series). Every
 decision is `surge.policy.autoscale.decide` with the pool's `AutoscaleState` and the
 system's settings; under P/D each decision is first a look of the P/D monitor
-(`policy.blitzscale.pd.look`, `sim/pd.py`: BlitzScale §5.2 mutation, and the monitor's
+(`policy.blitzscale.pd_mutation.look`, `sim/pd.py`: BlitzScale §5.2 mutation, and the monitor's
 wish for one more instance, added by `policy.blitzscale.pd.with_monitor`), and each
-scale-out of a system that mutates carries out `policy.blitzscale.pd.scale_out_mutations`
+scale-out of a system that mutates carries out `policy.blitzscale.pd_mutation.scale_out_mutations`
 (`PdPool.scale_out`), as `surge serve`'s autoscaler tick does (`control/pd.py`,
 `control/autoscaler.py`). New instances are built by `sim/instance_factory.py`'s
 `InstanceFactory`.

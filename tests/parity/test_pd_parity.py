@@ -124,7 +124,7 @@ class Log:
     roles_after: list[str]
     roles_after_scale_out: list[str]
     """... and after the autoscaler then started one instance (§5.2's mutation at a
-    scale-out, `policy.blitzscale.pd.scale_out_mutations`)."""
+    scale-out, `policy.blitzscale.pd_mutation.scale_out_mutations`)."""
     handoffs_after_join: list[tuple[int, int]]
     """... and those started once the loading instances joined (their roles appended)."""
     released: list[int]

@@ -15,15 +15,13 @@ from surge.policy.blitzscale.pd import (
     PdLoad,
     PdSettings,
     PdTargets,
-    decide_mutation,
-    look,
     monitor,
     role_for_new,
     role_loads,
     routable,
-    scale_out_mutations,
     serving_floor,
 )
+from surge.policy.blitzscale.pd_mutation import decide_mutation, look, scale_out_mutations
 
 S = PdSettings(decode_busy_fraction=0.5, kv_busy_fraction=0.8)
 

@@ -167,7 +167,7 @@ def redistributed(queued: Sequence[Waiting]) -> tuple[int, ...]:
     then spreads them over the instances by load, the new one (holding nothing) first.
     A request that has started stays where its K/V is (moving it would mean moving its
     K/V or prefilling it again). Under P/D too: left queued on the old prefill instance,
-    the new one idles and the mutation rule takes it for decode (`pd.decide_mutation`:
+    the new one idles and the mutation rule takes it for decode (`pd_mutation.decide_mutation`:
     the emulated §6.1 run's remedy instance, docs/emulation.md)."""
     return redirect_order(queued)
 

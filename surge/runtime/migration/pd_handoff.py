@@ -16,7 +16,7 @@ busy leaves its request waiting while later ones take other pairs, and the targe
 is reserved from the choice until it adopts, so two hand-offs never take the same last
 slot.
 `mutate` turns a prefill instance into a decode one without touching its weights (§5.2),
-when `control/pd.py` says so from `policy.pd.decide_mutation`. `load` is what the monitor
+when `control/pd.py` says so from `pd_mutation.decide_mutation`. `load` is what the monitor
 sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S`, KV use, and the K/V
 handed to it over that window as a fraction of its ingress link (`received`, counted by
 `runtime/migration/kv_ingress.py`: BlitzScale §5.2's K/V incast; an uncapped link counts
