@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import add_cluster_args
-from benchmarks.emulation.lambdascale import shrunk_cluster
+from benchmarks.emulation.agents import shrunk_cluster
 from benchmarks.emulation.report import (
     load_partial,
     partial_path,

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.common import add_cluster_args
-from benchmarks.emulation.lambdascale import shrunk_cluster
+from benchmarks.emulation.agents import shrunk_cluster
 from benchmarks.emulation.report import (
     load_partial,
     partial_path,

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import add_cluster_args
+from benchmarks.emulation.agents import shrunk_cluster
 from benchmarks.emulation.flexpipe import copies, holding, workload
-from benchmarks.emulation.lambdascale import shrunk_cluster
 from benchmarks.emulation.report import (
     load_partial,
     partial_path,

@@ -28,15 +28,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
-from benchmarks.scaleout.burst_run import MODEL, MODES, burst
+from benchmarks.emulation.agents import real_model, shrunk_cluster, violations
+from benchmarks.scaleout.burst_run import MODES, burst
 from surge.emulation import Emulation, EmulationConfig
-from surge.model.importer import import_checkpoint
-from surge.model.manifest import Manifest, read_manifest
-from surge.model.tiny import create_tiny_model
-from surge.model.tiny_shape import TinyModelConfig
-from surge.runtime.launch.local import LocalCluster
-from surge.runtime.protocol import StatusOp
-from surge.sim.hardware import ClusterProfile, cluster_from_spec, cluster_spec
+from surge.model.manifest import Manifest
 
 log = logging.getLogger("emulation_lambdascale")
 
@@ -57,17 +52,6 @@ REQUESTS = 50
 all 50 requests in 1.1s"). The p90 steps with the burst's size: at K = 4 Alg. 2 forms only
 2 pipelines (8 slots beside the hot instances' 16), so past ~50 requests the p90 request
 waits for the hot instances' third wave in either mode (docs/emulation.md)."""
-
-
-def real_model(tmp: Path, layers: int, blocks: int) -> Manifest:
-    """The real small model: a tiny Llama of `layers` layers (one per block keeps each
-    paced step short), cut into the plan's block count, each padded to the largest
-    (`equal_blocks`: on every link, tc's and a gloo group's too, one emulated block)."""
-    cfg = TinyModelConfig(num_layers=layers, hidden_size=128, intermediate_size=344)
-    create_tiny_model(tmp / "hf", cfg)
-    store = tmp / "reg" / MODEL
-    import_checkpoint(tmp / "hf", store, num_blocks=blocks, progress=False, equal_blocks=True)
-    return read_manifest(store)
 
 
 def emulated_report(res: dict, d: float, sources: int) -> dict:
@@ -100,24 +84,6 @@ def emulated_report(res: dict, d: float, sources: int) -> dict:
     new = [t for _, t, nodes in out["endpoints_opened"] if min(nodes) >= sources]
     out["first_capacity_s"] = min(new) if new else None
     return out
-
-
-async def violations(cluster: LocalCluster) -> dict:
-    """Each agent's paced steps and violations (cumulative over the cluster's life)."""
-    client = cluster.client()
-    await client.connect()
-    try:
-        out = {}
-        for node in sorted(cluster.addresses):
-            st = await client.call(node, StatusOp())
-            out[node] = [
-                st.emulated_steps,
-                st.emulation_violations,
-                round(st.emulation_overrun_s, 4),
-            ]
-        return out
-    finally:
-        await client.close()
 
 
 def run_emulated(
@@ -158,19 +124,6 @@ def run_emulated(
         k, mode, out["ttft_p90_s"], out["first_capacity_s"], bad, total,
     )  # fmt: skip
     return out
-
-
-def shrunk_cluster(preset: str, nodes: int) -> ClusterProfile:
-    """The preset's machines holding its first `nodes` GPUs, as the emulation takes them."""
-    spec = cluster_spec(preset)
-    groups, left = [], nodes
-    for g in spec["groups"]:
-        per = g["gpus_per_node"]
-        machines = min(g["num_nodes"], -(-left // per))
-        if machines > 0:
-            groups.append({**g, "num_nodes": machines})
-            left -= machines * per
-    return cluster_from_spec(preset, {"groups": groups})
 
 
 def run_simulated(args, config: EmulationConfig, k: int, mode: str, blocks: int) -> dict:

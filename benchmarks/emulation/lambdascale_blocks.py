@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
-from benchmarks.emulation.lambdascale import real_model, violations
+from benchmarks.emulation.agents import real_model, violations
 from benchmarks.emulation.lambdascale_blocks_cells import plot, report_cells, summarize
 from benchmarks.scaleout.burst_run import burst
 from surge.emulation import Emulation, EmulationConfig

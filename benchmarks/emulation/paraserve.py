@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
-from benchmarks.emulation.lambdascale import real_model, shrunk_cluster, violations
+from benchmarks.emulation.agents import real_model, shrunk_cluster, violations
 from benchmarks.scaleout.scale_burst import cold_start
 from surge.emulation import Emulation, EmulationConfig
 from surge.policy.systems import SystemConfig, system_config

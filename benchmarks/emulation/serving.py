@@ -31,7 +31,7 @@ from unittest import mock
 import numpy as np
 
 from benchmarks.common import code_version, make_cluster
-from benchmarks.emulation.lambdascale import violations
+from benchmarks.emulation.agents import violations
 from benchmarks.emulation.timeline import (
     mechanism_timeline,
     request_timeline,
