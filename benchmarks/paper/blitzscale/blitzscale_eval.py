@@ -19,8 +19,9 @@ host-cache use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model
   70B's scale is the largest on a grid where they do.
 - §6.2 GPU time: GPU-seconds of §6.1's 7B runs (AzureCode x2, 32 one-GPU hosts).
   Paper: BlitzScale's GPU utilisation is 40% lower than S-LLM's.
-- Sensitivity (7B / AzureCode): rate scale x1/x2/x3 on 32 hosts and x2 on 16, S-LLM's
-  (= AllCache's) engine start 0.5 s or 0, BlitzScale without sources by bandwidth.
+- Sensitivity (7B / AzureCode, `sensitivity_7b.py`): rate scale x1/x2/x3 on 32 hosts and
+  x2 on 16, S-LLM's (= AllCache's) engine start 0.5 s or 0, BlitzScale without sources by
+  bandwidth; the in-flight monitor counterfactual (`in_flight_6_1`).
 - §6.2 host cache: the same trace on 32 logical one-GPU hosts (the paper's setup for
   7B); copies of the model in host memory over time. Paper: BlitzScale always 1, S-LLM
   orders of magnitude more.
@@ -57,10 +58,10 @@ from blitzscale_setup import (
 )
 from common import ratio, read, run, run_main, run_scenario, write
 from decode_partners import decode_partners_6_1
-from monitor_bound import in_flight_monitor, paper_slo
+from monitor_bound import paper_slo
+from sensitivity_7b import in_flight_6_1, rate_sensitivity
 from tbt_measure import handoff_split, paired, tbt
 
-from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.models import load_model
@@ -184,82 +185,6 @@ def ttft_6_1(duration_s: float = 1200.0) -> dict:
         "vs_allcache": "close to AllCache; faster on AzureCode (mutation)",
     }
     return out
-
-
-def in_flight_6_1(duration_s: float = 1200.0) -> dict:
-    """Counterfactual for §6.1's 7B row and §6.2's GPU time: `systems_6_1` with the load
-    monitor as shipped until 2026-11-28 (`monitor_bound.in_flight_monitor`: 8 requests in
-    flight per instance, unsourced) instead of §5.3's profiled tokens/s bounds; the same SLO."""
-    _, model, trace_name, scale, preset, per_host = WORKLOADS[0]
-    trace = time_slice(scale_rate(load_trace(trace_name), scale), 0.0, duration_s)
-    cluster = logical_hosts(preset, per_host)
-    out: dict = {"bound_requests": 8.0}
-    # at §3's SLO (the runs'), and at the simulator's default SLO (5 s TTFT: the runs
-    # before 2026-11-28, so the SLO's share of the move is measured too)
-    for key, slo in (("paper_slo", paper_slo(model)), ("default_slo", Slo())):
-        res = {}
-        for sys_name, cfg in systems_6_1().items():
-            log.info("§6.1 in-flight monitor %s %s", key, sys_name)
-            settings = SimSettings(cluster, (model,), sys_name, slo=slo)
-            res[sys_name], _ = run(trace, settings, in_flight_monitor(cfg))
-        b, s = res["blitzscale"], res["serverlessllm"]
-        out[key] = {
-            "systems": res,
-            "ttft_reduction_vs_serverlessllm": 1 - b["ttft_mean_s"] / s["ttft_mean_s"],
-            "gpu_reduction_vs_serverlessllm": 1 - b["gpu_seconds"] / s["gpu_seconds"],
-        }
-    return out
-
-
-SENSITIVITY = (
-    ("blitzscale-a", 1.0),
-    ("blitzscale-a", 2.0),
-    ("blitzscale-a", 3.0),
-    ("blitzscale-b", 2.0),
-)
-"""7B / Azure code: (cluster preset as one-GPU logical hosts, rate scale). The paper gives
-neither the scale nor S-LLM's engine start; 16 hosts (cluster B) is the setup before the
-7B row moved to §6.2's 32."""
-
-
-def rate_sensitivity(duration_s: float = 1200.0) -> dict:
-    """7B / Azure code: mean and p99 TTFT, GPU-seconds and peak GPUs of each system per
-    (cluster, rate scale), with S-LLM's (and so AllCache's) engine start 0.5 s (shipped)
-    and 0; on the §6.1 setting also BlitzScale without `sources_by_bandwidth` (before §5.1
-    Alg. 1's source ranking) and S-LLM with a 60-s keep-alive or no host cache (every
-    load from SSD: the misses the paper's S-LLM had)."""
-    rows = []
-    for preset, scale in SENSITIVITY:
-        trace = time_slice(scale_rate(load_trace("azure-code"), scale), 0.0, duration_s)
-        cluster = logical_hosts(preset, 1)
-        variants = {f"{k}": v for k, v in systems_6_1().items()}
-        variants |= {f"{k}-init0": v for k, v in systems_6_1(0.0).items() if k != "blitzscale"}
-        if (preset, scale) == ("blitzscale-a", 2.0):
-            blitz, sllm = variants["blitzscale"], variants["serverlessllm"]
-            variants["blitzscale-no-bandwidth-ranking"] = replace(blitz, sources_by_bandwidth=False)
-            # cause (1), measured: S-LLM missing as the paper's did (a keep-alive the paper
-            # does not use; no host cache: every load from SSD)
-            variants["serverlessllm-keepalive60"] = replace(sllm, keep_alive_s=60.0)
-            variants["serverlessllm-ssd-only"] = replace(sllm, host_cache="none")
-        for name, cfg in variants.items():
-            log.info("sensitivity %s x%s %s", preset, scale, name)
-            s, raw = run(trace, SimSettings(cluster, (MODEL,), cfg.name, slo=paper_slo(MODEL)), cfg)
-            peak = max((n for _, n in raw.gpu_changes), default=0.0)
-            rows.append(
-                {
-                    "cluster": cluster.name,
-                    "gpus": cluster.num_gpus,
-                    "rate_scale": scale,
-                    "system": name,
-                    "ttft_mean_s": s["ttft_mean_s"],
-                    "ttft_p99_s": s["ttft_p99_s"],
-                    "gpu_seconds": s["gpu_seconds"],
-                    "peak_gpus": peak,
-                    "loads": s["cache_hits"] + s["cache_misses"] + s["network_loads"],
-                    "cache_misses": s["cache_misses"],
-                }
-            )
-    return {"model": MODEL, "trace": "azure-code", "duration_s": duration_s, "rows": rows}
 
 
 def gpu_time(six_one: dict) -> dict:
