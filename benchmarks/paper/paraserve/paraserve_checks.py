@@ -8,9 +8,8 @@
   ServerlessLLM with the model in host memory; a start the sentence allows leaves
   ServerlessLLM the slower. 13B on the V100 servers beside it ("for smaller models": the
   sentence does not claim the larger one).
-- `table1_v100`: testbed (i)'s V100 servers with the V100's decode at Table 1's warm TPOT
-  (Llama-2 13B, "each request containing 1024 input tokens and a batch size of 8": 58 ms;
-  the simulator's roofline gives 49 ms), for §8.4 scale-down's counterfactual.
+- `simulated_tpot_s`: the simulator's 13B decode step at Table 1's batch on a V100 (the
+  profile decodes at Table 1's 58 ms since 2026-11-29: tests/sim/test_paraserve_table1_profiles.py).
 
 In: nothing (presets). Out: dicts that paraserve_eval.py writes into its JSON.
 """
@@ -23,7 +22,6 @@ from surge.policy.slo import Slo
 from surge.policy.systems import system_config
 from surge.sim.costs import cost_model
 from surge.sim.hardware import (
-    GIB,
     ClusterProfile,
     cluster_from_spec,
     cluster_spec,
@@ -82,29 +80,6 @@ def sllm_start_check() -> dict:
     return out
 
 
-def _v100_fields(base) -> dict:
-    return {
-        "memory_gib": base.memory_bytes / GIB,
-        "tflops": base.tflops,
-        "mem_bandwidth_gbs": base.mem_bandwidth_gbs,
-        "prefill_efficiency": base.prefill_efficiency,
-        "decode_efficiency": base.decode_efficiency,
-        "layer_overhead_s": base.layer_overhead_s,
-    }
-
-
-def table1_v100() -> dict:
-    """A V100 profile whose 13B decode step at batch 8 is Table 1's TPOT: the roofline's
-    decode efficiency scaled (the weight stream is what a decode step's time is)."""
-    base = gpu_profile("V100")
-    model = load_model("llama2-13b")
-    cost = cost_model(model, base)
-    per_layer = TABLE1_TPOT_S / model.num_layers - cost.decode_per_seq_s * TABLE1_BATCH
-    stream_s = cost.decode_fixed_s - base.layer_overhead_s  # the weights at the profile's rate
-    efficiency = base.decode_efficiency * stream_s / (per_layer - base.layer_overhead_s)
-    return {**_v100_fields(base), "name": "V100-table1-tpot", "decode_efficiency": efficiency}
-
-
-def simulated_tpot_s(gpu: str | dict = "V100") -> float:
-    """The simulator's 13B decode step at Table 1's batch on `gpu`."""
-    return cost_model(load_model("llama2-13b"), gpu_profile(gpu)).decode_s(TABLE1_BATCH)
+def simulated_tpot_s() -> float:
+    """The simulator's 13B decode step at Table 1's batch on a V100."""
+    return cost_model(load_model("llama2-13b"), gpu_profile("V100")).decode_s(TABLE1_BATCH)

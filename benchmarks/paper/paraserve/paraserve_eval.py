@@ -15,8 +15,8 @@ scale-down and scale-up) and §8.5 (brownfield cold starts) in the simulator.
   of testbed (i), a 4-worker group with the §6.1 consolidation vs serving as a group for
   life, as the paper deploys it: workers at the default quarter quota (§4.1.1), the
   consolidated 13B on one V100 (§8.1); headline: end-to-end generation time, without /
-  with (paper 2.29x); whole V100s, slower stage hops and the V100 decoding at Table 1's
-  warm TPOT beside it.
+  with (paper 2.29x); the V100 decodes at Table 1's warm TPOT (the profile's); whole
+  V100s and slower stage hops beside it.
 - §8.4 scale-up: 128 requests at once (512/512), batch 8 per worker (a group of w workers
   keeps w micro-batches of 8 in flight), 16 V100 GPUs, groups of 4 vs 1 worker;
   13B on one V100 (§8.1), as the paper deploys it; headline: mean TTFT 1 / 4 (paper
@@ -43,13 +43,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/paper
 
 from common import only_parts, ratio, read, run, run_main, run_scenario, write
 from paraserve_brownfield import brownfield
-from paraserve_checks import (
-    SLLM_STARTS,
-    TABLE1_TPOT_S,
-    simulated_tpot_s,
-    sllm_start_check,
-    table1_v100,
-)
+from paraserve_checks import SLLM_STARTS, TABLE1_TPOT_S, simulated_tpot_s, sllm_start_check
 
 from surge.policy.paraserve.gpu_share import pipeline_speed
 from surge.policy.slo import Slo
@@ -138,13 +132,11 @@ def e2e() -> dict:
     }
 
 
-def _v100_only(nic_gbps: float = 16.0, gpu: str | dict = "V100"):
-    """Testbed (i)'s V100 servers (§8.4), their NICs at `nic_gbps` (16: §8.1); `gpu` an
-    inline profile for a counterfactual V100 (`paraserve_checks.table1_v100`)."""
+def _v100_only(nic_gbps: float = 16.0):
+    """Testbed (i)'s V100 servers (§8.4), their NICs at `nic_gbps` (16: §8.1)."""
     spec = cluster_spec("paraserve-1")
-    v100 = [{**g, "nic_gbps": nic_gbps, "gpu": gpu} for g in spec["groups"] if g["gpu"] == "V100"]
-    name = gpu if isinstance(gpu, str) else gpu["name"]
-    return cluster_from_spec(f"paraserve-1/{name}-{nic_gbps:g}gbps", {"groups": v100})
+    v100 = [{**g, "nic_gbps": nic_gbps} for g in spec["groups"] if g["gpu"] == "V100"]
+    return cluster_from_spec(f"paraserve-1/V100-{nic_gbps:g}gbps", {"groups": v100})
 
 
 SCALE_DOWN_HOPS_S = (0.01, 0.02)
@@ -156,11 +148,9 @@ def _scale_down_once(
     hop_s: float | None = None,
     pipeline_speed: float = 1.0,
     kv_memory_fraction: float = 0.9,
-    gpu: str | dict = "V100",
 ) -> dict:
     """`pipeline_speed`: the 4-worker group's compute relative to whole GPUs;
-    `kv_memory_fraction` 1.0 lets 13B fit one V100 (so the consolidated worker is one);
-    `gpu`: the V100's profile."""
+    `kv_memory_fraction` 1.0 lets 13B fit one V100 (so the consolidated worker is one)."""
     one = make_trace("one", [0.0], [512], [512])
     out = {}
     for mode in ("predictor", "none"):
@@ -170,7 +160,7 @@ def _scale_down_once(
         if hop_s is not None:
             cfg = replace(cfg, stage_hop_s=hop_s)
         settings = SimSettings(
-            _v100_only(gpu=gpu),
+            _v100_only(),
             ("llama2-13b",),
             "paraserve",
             slo=LOOSE,
@@ -207,10 +197,6 @@ def scale_down() -> dict:
         h = _scale_down_once(hop)
         hops[f"{hop:g}"] = ratio(h["none"]["generation_s"], h["predictor"]["generation_s"])
     quarter = _scale_down_once(pipeline_speed=QUARTER_QUOTA)
-    # the deployment with the V100 decoding at Table 1's warm TPOT (the simulator's is faster)
-    table1 = _scale_down_once(
-        pipeline_speed=QUARTER_QUOTA, kv_memory_fraction=ONE_CARD, gpu=table1_v100()
-    )
 
     def gen(r: dict) -> float | None:
         return ratio(r["none"]["generation_s"], r["predictor"]["generation_s"])
@@ -221,28 +207,21 @@ def scale_down() -> dict:
         "generation_ratio": gen(out),
         "counterfactual_whole_gpus": {"systems": whole, "generation_ratio": gen(whole)},
         "counterfactual_quarter_quota_two_cards": gen(quarter),
-        "counterfactual_table1_tpot": {
-            "simulated_tpot_s": simulated_tpot_s(),
-            "table1_tpot_s": TABLE1_TPOT_S,
-            "systems": table1,
-            "generation_ratio": gen(table1),
-        },
+        # the V100 profile decodes 13B at Table 1's warm TPOT (gpus.json, since 2026-11-29)
+        "v100_tpot_s": {"simulated": simulated_tpot_s(), "table1": TABLE1_TPOT_S},
         "counterfactual_stage_hop_s": hops,
         "paper": {"generation_ratio": 2.29},
     }
 
 
-def _scale_up_once(
-    kv_memory_fraction: float = 0.9, nic_gbps_one_worker: float = 16.0, gpu: str | dict = "V100"
-) -> dict:
-    """`nic_gbps_one_worker`: the V100 servers' NIC in the 1-worker run (16: §8.1); `gpu`:
-    the V100's profile."""
+def _scale_up_once(kv_memory_fraction: float = 0.9, nic_gbps_one_worker: float = 16.0) -> dict:
+    """`nic_gbps_one_worker`: the V100 servers' NIC in the 1-worker run (16: §8.1)."""
     burst = make_trace("burst128", np.zeros(128), np.full(128, 512), np.full(128, 512))
     out = {}
     for size in (1, 4):
         cfg = replace(system_config("paraserve"), group_sizing="fixed", pipeline_size=size)
         settings = SimSettings(
-            _v100_only(nic_gbps_one_worker if size == 1 else 16.0, gpu),
+            _v100_only(nic_gbps_one_worker if size == 1 else 16.0),
             ("llama2-13b",),
             "paraserve",
             slo=LOOSE,

@@ -149,12 +149,12 @@ def _scale_down_cause(down: dict) -> str:
     whole = down["counterfactual_whole_gpus"]
     hops = down["counterfactual_stage_hop_s"]
     sys = down["systems"]
-    t1 = down.get("counterfactual_table1_tpot")
+    tpot = down.get("v100_tpot_s")
     table1 = (
-        f"; the V100 decoding at Table 1's warm TPOT (58 ms at batch 8; the simulator's "
-        f"{t1['simulated_tpot_s'] * 1e3:.0f} ms) {t1['generation_ratio']:.2f}x, so the "
-        "simulator's speed is not the overshoot: a slower step widens Eq. 2's 4x gap"
-        if t1
+        f" The V100 decodes at Table 1's warm TPOT ({tpot['simulated'] * 1e3:.0f} ms at "
+        "batch 8; the roofline's 49 ms gave 2.79x): a slower step widens Eq. 2's 4x gap, "
+        "so the simulator's speed is not the overshoot."
+        if tpot
         else ""
     )
     return (
@@ -166,12 +166,13 @@ def _scale_down_cause(down: dict) -> str:
         "low-memory stage's step takes t_d (Eq. 2: TPOT = t_d (s - w + w/s) + t_n s, 4 t_d "
         "here); the paper's measured slowdown (Fig. 5b) is not in its text: without "
         f"consolidation the group decodes 512 tokens in {sys['none']['generation_s']:.0f} s, "
-        f"with it {sys['predictor']['generation_s']:.0f} s. Counterfactuals: whole V100s "
+        f"with it {sys['predictor']['generation_s']:.0f} s."
+        + table1
+        + " Counterfactuals: whole V100s "
         f"(the model before) {whole['generation_ratio']:.2f}x; quarter quotas with the "
         "two-V100 worker our fit rule gives 13B "
         f"{down['counterfactual_quarter_quota_two_cards']:.2f}x"
-        + table1
-        + "; on whole V100s the stage hop (1 ms here; the paper's crosses 16 Gb/s TCP, §4.1 "
+        "; on whole V100s the stage hop (1 ms here; the paper's crosses 16 Gb/s TCP, §4.1 "
         "t_n) "
         + ", ".join(f"{h} s -> {v:.2f}x" for h, v in hops.items())
         + ". Left: Eq. 2's linear quota against the paper's measured one."
