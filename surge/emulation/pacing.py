@@ -6,13 +6,20 @@ real model's layer count — and when it started; `StepPacer.pace` sleeps until 
 lasted D times the emulated step time, from the simulator's own cost model (`sim/costs.py`
 `cost_model`, the same code `surge simulate` times its steps with). A step whose real work
 already took longer is a violation: counted (`steps`, `violations`, `overrun_s`) and reported
-in the agent's status, `/metrics` and benchmark JSON. Owned by emulation/; used by the node
-agent (`runtime/node/instances.py`, `node/serving.py`).
+in the agent's status, `/metrics` and benchmark JSON. An agent is one emulated GPU, which
+runs one step at a time (`StepPacer.step`): its local instance's steps and its pipeline
+stages' (a BlitzScale live batch's last layers on its partner, §4 Fig. 7 (d)) take turns, as
+the simulator's engine runs a live batch after what the partner already has (C2 of Eq. 1).
+Before 2026-11-29 they ran at once, each at the emulated GPU's full speed: on the emulated
+§6.1 7B run a prefill instance prefilled its own batch and a live batch's last 15 of 16
+layers together: requests 8-11's first tokens at 1.425 s, the simulator's 1.68 s.
+Owned by emulation/; used by the node agent (`runtime/node/instances.py`, `node/serving.py`).
 """
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from surge.sim.costs import CostModel, cost_model
@@ -50,6 +57,17 @@ class StepPacer:
         self.clock, self.sleep = clock, sleep
         self._counts = PacingCounts()
         self._lock = threading.Lock()  # steps of several instances end in several threads
+        self._gpu = threading.Lock()
+        """Held by the step on the emulated GPU (`step`)."""
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[float]:
+        """One step on this agent's emulated GPU, from its start (yielded: this pacer's
+        clock, for `pace`) to the end of its pacing: a step of another instance or stage of
+        this agent waits for it, as on one GPU (a prefill keeps the GPU busy; two at once
+        would each take longer). Call `pace` inside it."""
+        with self._gpu:
+            yield self.clock()
 
     def emulated_s(
         self, q_lens: Sequence[int], first_layer: int, end_layer: int, real_num_layers: int

@@ -313,16 +313,18 @@ class AgentInstances:
 
     def _step(self, inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, str]]:
         """One step (in the worker thread); under emulation it lasts what the emulated GPU
-        takes for the whole emulated model at this step's shape."""
+        takes for the whole emulated model at this step's shape, and the agent's other
+        steps (its pipeline stages', a live batch's last layers) wait for it
+        (`StepPacer.step`: one GPU)."""
         pacer = self.ctx.pacer
         if pacer is None:
             return step_and_park(inst)
-        started_s = pacer.clock()
-        out = step_and_park(inst)
-        batch = inst.engine.last_batch
-        if batch is not None:
-            layers = inst.engine.arch.num_layers
-            pacer.pace(started_s, batch.q_lens, 0, layers, layers)
+        with pacer.step() as started_s:  # the agent's one GPU: its stages' steps wait
+            out = step_and_park(inst)
+            batch = inst.engine.last_batch
+            if batch is not None:
+                layers = inst.engine.arch.num_layers
+                pacer.pace(started_s, batch.q_lens, 0, layers, layers)
         return out
 
     async def _instance_loop(self, inst: LocalInstance) -> None:
