@@ -11,7 +11,15 @@ model name; the version makes the name's copies one version's:
 - a copy of another version is no copy of the deployment's model: never a source of a
   load, a multicast, a mate's device copy or a warm start, never counted in the parameter
   pool (`same_version`); the controller drops another version on a node before it
-  registers a deployment there (`other_versions`).
+  registers a deployment there (`other_versions`);
+- K/V is of the version whose weights computed it: an instance or stage takes K/V (a P/D
+  hand-off, a live batch's, a consolidation's, a FlexPipe refactoring's `kv_import`) only
+  from its own version, and a pipeline stage opens only at the version its pipeline runs:
+  decoding on another version's K/V, or a layer on another version's hidden states, is
+  silent garbage (`refuse_kv`, `refuse_stage`);
+- a deployment restored after a controller restart serves the version the model store holds
+  now; the version it recorded (none: a state file from before versions were recorded) says
+  whether the model was replaced meanwhile (`decide_restore`).
 "" is the digest of an agent or event that reports none: never the same as any version.
 Pure and deterministic: no I/O, no clock.
 """
@@ -83,4 +91,65 @@ def refuse_as_source(model: str, node: int, held: str, wanted: str) -> str | Non
     return (
         f"node {node} holds version {short(held)} of model {model!r}, not {short(wanted)}: "
         "a copy of another version is no source of it"
+    )
+
+
+KV_REFUSED = "K/V of another version"
+"""What every K/V refusal says (`refuse_kv`): how a controller tells it from a failure that
+a retry may cure (`is_kv_refusal`)."""
+
+
+def refuse_kv(model: str, node: int, held: str, sent: str) -> str | None:
+    """Why `node`, running `model` at version `held`, must not take K/V that version `sent`
+    computed; None: it may (the same version). A sender that does not say ("") is refused
+    too: K/V has no checksum that would catch another version's."""
+    if same_version(sent, held):
+        return None
+    return (
+        f"node {node} runs version {short(held)} of model {model!r}; {KV_REFUSED} "
+        f"({short(sent)}) is refused: decoding on it would be garbage (prefill again)"
+    )
+
+
+def is_kv_refusal(message: str) -> bool:
+    """Whether an agent's error is `refuse_kv`'s (the request must be prefilled again by
+    its own version: retrying the same K/V can never succeed)."""
+    return KV_REFUSED in message
+
+
+def refuse_stage(model: str, node: int, held: str, wanted: str) -> str | None:
+    """Why `node`, holding `model` at version `held`, must not open a pipeline stage of a
+    pipeline of version `wanted` (its layers would run on another version's hidden states
+    and K/V); None: it may (the same version, or `wanted` "": a caller that does not say)."""
+    if not wanted or held == wanted:
+        return None
+    return (
+        f"node {node} holds version {short(held)} of model {model!r}, not {short(wanted)}: "
+        "a stage of another version would run on garbage hidden states"
+    )
+
+
+@dataclass(frozen=True)
+class RestoreDecision:
+    """What a restored deployment records and says about its version."""
+
+    digest: str
+    """The version it serves and records: the model store's now."""
+    warning: str = ""
+    """One WARNING to log ("" none): the model was replaced while no controller ran."""
+
+
+def decide_restore(name: str, recorded: str, current: str) -> RestoreDecision:
+    """A deployment `name` restored after a controller restart: it recorded version
+    `recorded` ("" none: a state file from before versions were recorded, migrated with one
+    WARNING of its own), the model store holds `current` now. The store's version is served
+    (what a restart of `surge serve` on a replaced model is for, docs/control.md Versions);
+    the agents' copies of another version are dropped (`other_versions`)."""
+    if not recorded or recorded == current:
+        return RestoreDecision(current)
+    return RestoreDecision(
+        current,
+        f"deployment {name!r} served version {short(recorded)} before the restart; its model "
+        f"store holds version {short(current)} now (replaced while no controller ran): "
+        f"serving {short(current)}, the agents' copies of {short(recorded)} dropped",
     )

@@ -149,6 +149,7 @@ class PipelineEndpoint(Endpoint):
                 first_layer=first,
                 end_layer=end,
                 next_node=self.stages[i + 1][0] if i + 1 < len(self.stages) else None,
+                digest=self.manifest.digest,
             )
             for i, (_, first, end) in enumerate(self.stages)
         ]

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
+from surge.policy.versions import is_kv_refusal
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
@@ -47,6 +48,13 @@ log = logging.getLogger(__name__)
 Deliver = Callable[[ServeRequest, list[KvPart], bytes, int], Awaitable[None]]
 """How a live batch's request reaches its P/D decode instance: (request, K/V parts, their
 bytes, tokens cached) -> adopted (`PdServing.hold`)."""
+
+
+def failure_level(e: BaseException) -> int:
+    """How loudly a failed K/V move is logged: an agent's refusal of another version's K/V
+    (`policy.versions.is_kv_refusal`: a deployment mixing versions, never a race) is a
+    WARNING; a dead agent or a full instance, whose request is simply prefilled again, INFO."""
+    return logging.WARNING if is_kv_refusal(str(e)) else logging.INFO
 
 
 async def adopt(
@@ -119,8 +127,9 @@ async def consolidate(
         )
         try:  # the target's agent pulls every stage's part, agent to agent
             await adopt(server, target, req, num_cached=num_cached, sources=sources)
-        except Exception as e:  # a stage lost it (preempted) or an agent died: recompute
-            log.info("KV of %s not movable (%s); recomputing", req.req_id, e)
+        except Exception as e:  # a stage lost it (preempted), an agent died, or the target
+            # refused another version's K/V: recompute
+            log.log(failure_level(e), "KV of %s not movable (%s); recomputing", req.req_id, e)
             server.put_back([req])  # unless a retirement during the call requeued it
             rerouted += 1
             continue
@@ -171,12 +180,18 @@ async def live_prefill(
                 end_layer=T,
                 next_node=old.node,
                 compute_group=group,
+                digest=manifest.digest,
             ),
         ),
         client.call_bytes(
             old.node,
             StageOpenOp(
-                pipeline=name, model=server.model, first_layer=T, end_layer=L, compute_group=group
+                pipeline=name,
+                model=server.model,
+                first_layer=T,
+                end_layer=L,
+                compute_group=group,
+                digest=manifest.digest,
             ),
         ),
     )

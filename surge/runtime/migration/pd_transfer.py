@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.migration.consolidation import adopt
+from surge.runtime.migration.consolidation import adopt, failure_level
 from surge.runtime.protocol import InstanceHandoffOp, KvPart
 from surge.runtime.request import ServeRequest
 
@@ -56,8 +56,9 @@ async def send_held(pd: "PdServing", held: InHand, target: LocalEndpoint) -> Non
             pace=pd.kv_pace,
         )
         pd.num_handoffs += 1
-    except Exception as e:  # its agent died or has no room: prefill it again
-        log.info("%s could not adopt %s (%s)", target.name, held.req.req_id, e)
+    except Exception as e:  # its agent died, has no room, or refused another version's
+        # K/V: prefill it again
+        log.log(failure_level(e), "%s could not adopt %s (%s)", target.name, held.req.req_id, e)
         pd.num_handoff_retries += 1
         await pd.server.requeue([held.req])
 
@@ -95,8 +96,9 @@ async def send_parked(
                 payload=payload,
                 pace=pd.kv_pace,
             )
-        except Exception as e:  # the decode agent died, or it has no room after all
-            log.info("%s could not adopt %s (%s)", ep.name, req.req_id, e)
+        except Exception as e:  # the decode agent died, it has no room after all, or it
+            # refused another version's K/V (the source, of the K/V's version, decodes it)
+            log.log(failure_level(e), "%s could not adopt %s (%s)", ep.name, req.req_id, e)
             if not server.unplaced(req):
                 return  # its agent died mid-call and the retirement requeued it
             continue

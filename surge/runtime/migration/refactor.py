@@ -38,6 +38,7 @@ from surge.policy.flexpipe.refactor import RefactorPlan, kv_top_ups
 from surge.policy.flexpipe.system import refactor
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import EndpointFailed
+from surge.runtime.migration.consolidation import failure_level
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     KvPushOp,
@@ -179,7 +180,12 @@ async def _open(pipe: FlexPipeline, key: str, stages: Stages) -> None:
     for i, (node, first, end) in enumerate(stages):
         nxt = stages[i + 1][0] if i + 1 < len(stages) else None
         op = StageOpenOp(
-            pipeline=key, model=pipe.model, first_layer=first, end_layer=end, next_node=nxt
+            pipeline=key,
+            model=pipe.model,
+            first_layer=first,
+            end_layer=end,
+            next_node=nxt,
+            digest=pipe.manifest.digest,
         )
         await pipe.client.call(node, op)
 
@@ -228,7 +234,11 @@ async def _move_kv(
     sent = await asyncio.gather(
         *(push(sid, src, wanted[(sid, src)]) for sid, src in keys), return_exceptions=True
     )
-    failed = {sid for (sid, _), r in zip(keys, sent, strict=True) if isinstance(r, BaseException)}
+    failed = set()
+    for (sid, src), r in zip(keys, sent, strict=True):
+        if isinstance(r, BaseException):
+            failed.add(sid)
+            log.log(failure_level(r), "%s: K/V of %d from node %d (%s)", pipe.name, sid, src, r)
     return sum(r for r in sent if isinstance(r, int)), failed
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from surge.emulation import traffic_charges
 from surge.errors import SurgeError
+from surge.policy.versions import refuse_kv
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.local_instance import LocalInstance
 from surge.runtime.node.pd import AgentPd, step_and_park
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     import torch
 
     from surge.engine.llm_engine import LLMEngine, TokenEvent
+    from surge.engine.runner import ModelRunner
     from surge.runtime.node.model_state import ModelState
 
 
@@ -65,12 +67,23 @@ log = logging.getLogger(__name__)
 
 
 def kv_parts(
-    parts: tuple[KvPart, ...], payload: memoryview, dtype: "torch.dtype", where: str
+    parts: tuple[KvPart, ...],
+    payload: memoryview,
+    runner: "ModelRunner",
+    where: str,
+    at: tuple[str, int],
 ) -> list[tuple[int, "torch.Tensor"]]:
     """(first_layer, K/V tensor) of each part, cut from one payload in order (a copy: the
-    frame's buffer is reused)."""
+    frame's buffer is reused), for `runner` of `at` (model, node). A part of another
+    version than the runner's weights refuses them all, before any is written
+    (`policy.versions.refuse_kv`)."""
     import torch
 
+    for part in parts:
+        why = refuse_kv(*at, runner.manifest.digest, part.digest)
+        if why is not None:
+            raise SurgeError(f"{where}: {why}")
+    dtype = runner.dtype
     out, offset = [], 0
     for part in parts:
         n = math.prod(part.shape) * dtype.itemsize
@@ -215,12 +228,16 @@ class AgentInstances:
         """Continue a request with its KV cache (KV migration, ParaServe §6): the parts in
         the payload, or pulled here from the stages that hold them (`op.sources`)."""
         inst = self._instance(op.instance)
-        dtype = inst.engine.executor.runner.dtype
+        runner, at = inst.engine.executor.runner, (inst.model, self.ctx.node)
         if op.sources:
             fetched = await asyncio.gather(*(self.fetch_kv(s) for s in op.sources))
-            parts = [kv for part, body in fetched for kv in kv_parts((part,), body, dtype, "kv")]
+            parts = [
+                kv
+                for part, body in fetched
+                for kv in kv_parts((part,), body, runner, "instance_adopt", at)
+            ]
         else:
-            parts = kv_parts(op.parts, p, dtype, "instance_adopt")
+            parts = kv_parts(op.parts, p, runner, "instance_adopt", at)
 
         def adopt(engine: "LLMEngine") -> int:
             sid = engine.adopt(

@@ -51,7 +51,12 @@ def step_and_park(inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, st
         kv = runner.export_kv(ev.seq_id, seq.num_cached)
         engine.abort(ev.seq_id)
         rid = inst.requests.pop(ev.seq_id)
-        part = KvPart(first_layer=runner.first_layer, end_layer=runner.end_layer, shape=kv.shape)
+        part = KvPart(
+            first_layer=runner.first_layer,
+            end_layer=runner.end_layer,
+            shape=kv.shape,
+            digest=runner.manifest.digest,  # its decode instance refuses another version's
+        )
         reply = HandoffReply(
             part=part, output_token_ids=tuple(seq.output_token_ids), num_cached=seq.num_cached
         )

@@ -21,6 +21,7 @@ from typing import Any
 
 from surge.emulation import StepPacer
 from surge.errors import SurgeError
+from surge.policy.versions import refuse_kv
 from surge.runtime.node.context import Handlers
 from surge.runtime.node.instances import kv_parts
 from surge.runtime.node.stage import Stage
@@ -39,6 +40,14 @@ from surge.runtime.transport import Connection
 
 PROFILE_SEQ_ID = (1 << 62) + 7
 """Scratch sequence id of a profiling run (outside every head engine's id range)."""
+
+
+def _same_version(old: Stage, new: Stage, node: int, where: str) -> None:
+    """Refuses K/V from stage `old` into stage `new` (both on `node`) if their weights are of
+    two versions (`policy.versions.refuse_kv`)."""
+    why = refuse_kv(new.model, node, new.runner.manifest.digest, old.runner.manifest.digest)
+    if why is not None:
+        raise SurgeError(f"{where}: {why}")
 
 
 def refactor_handlers(
@@ -67,10 +76,13 @@ def refactor_handlers(
                 stage.runner.export_kv, op.seq_id, op.num_tokens, op.first_token
             )
 
+        digest = stage.runner.manifest.digest  # each new holder refuses another version's
+
         async def push(t: KvTarget) -> int:
             part = kv[t.first_layer - stage.first_layer : t.end_layer - stage.first_layer]
             if t.node == node:  # the new stage is on this node too: write it in place
                 new: Stage = stage_of(op.new_pipeline)
+                _same_version(stage, new, node, "kv_push")
                 async with new.lock:
                     new.runner.import_kv(op.seq_id, t.first_layer, part, op.first_token)
                 return 0
@@ -79,7 +91,7 @@ def refactor_handlers(
             imp = KvImportOp(
                 pipeline=op.new_pipeline,
                 seq_id=op.seq_id,
-                parts=(KvPart(t.first_layer, t.end_layer, shape),),
+                parts=(KvPart(t.first_layer, t.end_layer, shape, digest),),
                 first_token=op.first_token,
             )
             body = part.view(-1).view(torch.uint8).numpy()
@@ -92,7 +104,7 @@ def refactor_handlers(
 
     async def op_kv_import(op: KvImportOp, conn: Connection, p: memoryview) -> Ack:
         stage: Stage = stage_of(op.pipeline)
-        parts = kv_parts(op.parts, p, stage.runner.dtype, "kv_import")
+        parts = kv_parts(op.parts, p, stage.runner, "kv_import", (stage.model, node))
         async with stage.lock:
             for first_layer, kv in parts:
                 stage.runner.import_kv(op.seq_id, first_layer, kv, op.first_token)
@@ -105,6 +117,7 @@ def refactor_handlers(
         hi = min(new.end_layer, old.end_layer)
         if lo >= hi:
             return Ack()
+        _same_version(old, new, node, "stage_kv_copy")
 
         firsts = op.first_tokens or (0,) * len(op.seqs)
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from surge.emulation import TrafficCharges, traffic_charges
 from surge.errors import SurgeError
+from surge.policy.versions import refuse_stage
 from surge.runtime.node.context import Handlers, NodeContext
 from surge.runtime.node.refactor import refactor_handlers
 from surge.runtime.node.stage import Stage
@@ -123,6 +124,10 @@ class AgentServing:
         self, op: StageOpenOp, conn: Connection, p: memoryview
     ) -> PipelineReply:
         first, end = op.first_layer, op.end_layer
+        held = self.store.model(op.model).manifest.digest
+        why = refuse_stage(op.model, self.ctx.node, held, op.digest)
+        if why is not None:  # its layers would run on another version's hidden states
+            raise SurgeError(f"stage_open {op.pipeline}: {why}")
         runner = await asyncio.to_thread(self._stage_runner, op.model, first, end)
         stage = Stage(op.pipeline, op.model, first, end, op.next_node, runner)
         if op.compute_group is not None:  # one step at a time across the group
@@ -221,7 +226,8 @@ class AgentServing:
         stage = self._stage(pipeline)
         async with stage.lock:  # never while a step writes this stage's cache
             kv = await asyncio.to_thread(stage.runner.export_kv, seq_id, num_tokens)
-        part = KvPart(first_layer=stage.first_layer, end_layer=stage.end_layer, shape=kv.shape)
+        digest = stage.runner.manifest.digest  # its receiver refuses another version's
+        part = KvPart(stage.first_layer, stage.end_layer, tuple(kv.shape), digest)
         return part, kv.contiguous().view(-1).view(torch.uint8).numpy()
 
     async def op_kv_export(self, op: KvExportOp, conn: Connection, p: memoryview) -> None:

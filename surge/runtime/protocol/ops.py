@@ -237,6 +237,9 @@ class StageOpenOp(Op[PipelineReply], name="stage_open", reply=PipelineReply):
     """Stages opened here with the same group compute one step at a time, in arrival
     order (a live target runs its batches' layers one batch after another, BlitzScale
     Fig. 12b); None: this stage alone."""
+    digest: str = ""
+    """The pipeline's version (`Manifest.digest`): a node holding another refuses
+    (`policy.versions.refuse_stage`); "": not checked."""
 
     def __post_init__(self) -> None:
         span = f"{self.first_layer}..{self.end_layer}"

@@ -217,6 +217,9 @@ class KvPart(Reply):
     first_layer: int
     end_layer: int
     shape: tuple[int, ...]
+    digest: str = ""
+    """The version of the weights that computed it (`Manifest.digest`): a receiver of
+    another version refuses it (`policy.versions.refuse_kv`); "" (not said) is refused."""
 
     def __post_init__(self) -> None:
         require(0 <= self.first_layer < self.end_layer, "KvPart", "needs first < end layer")

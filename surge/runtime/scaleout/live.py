@@ -61,7 +61,7 @@ from surge.policy.blitzscale.live_scaling import (
 from surge.policy.blitzscale.pd import PREFILL
 from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.migration.consolidation import Deliver, live_prefill
+from surge.runtime.migration.consolidation import Deliver, failure_level, live_prefill
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, held_layers
 from surge.runtime.scaleout.live_queue import (
@@ -309,7 +309,7 @@ class LiveScaling:
             )
             ctx.events.publish(ev)
         except BaseException as e:  # failed, or cancelled by a stop that could not wait
-            log.info("live prefill on node %d failed (%r); requests re-queued", new, e)
+            log.log(failure_level(e), "live prefill on node %d failed (%r); re-queued", new, e)
             # An adoption that failed midway left its request on `old` without the agent
             # holding it: take the batch off `old` and route it again (a prefill rebuilds
             # the cache from the tokens it has; none is lost or repeated).
