@@ -101,6 +101,7 @@ class Deployments:
         for spec in self.store.all():
             try:
                 manifest, tokenizer = await self._open(spec, restoring=True)
+                self.store.restored(spec.name, manifest.digest)  # replaced meanwhile? says so
                 opened[spec.name] = (spec, manifest, tokenizer)
             except SurgeError as e:
                 self._cannot_restore(spec, e)
@@ -174,6 +175,7 @@ class Deployments:
         """Register a new deployment on every agent and give it its pinned host copy."""
         manifest, tokenizer = await self._open(spec, restoring=False)
         name, live = spec.name, self.live_nodes()
+        self.store.record_digest(name, manifest.digest)  # what a restart compares against
         await self._drop_other_versions(name, manifest, live)
         await self._register(name, manifest, live)
         for node, status in (await self.client.broadcast(StatusOp(), live)).items():
