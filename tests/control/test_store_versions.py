@@ -21,14 +21,11 @@ from surge.control.controller import Controller, ControllerConfig
 from surge.control.spec import DeploymentSpec
 from surge.control.store import DeploymentStore
 from surge.engine.sampling import SamplingParams
-from surge.model.importer import import_checkpoint
-from surge.model.manifest import read_manifest
-from surge.model.tiny import create_tiny_model
-from surge.model.tiny_shape import TinyModelConfig
 from surge.model.tokenizer import load_tokenizer
 from tests.control.conftest import Reference
 from tests.control.strategy_run import local_cluster
 from tests.control.test_serve_openai import MODEL
+from tests.control.test_versions import second_version
 
 V1 = "sha256:" + "1" * 64
 V2 = "sha256:" + "2" * 64
@@ -100,11 +97,7 @@ def test_a_model_replaced_while_no_controller_ran_is_said_and_served(
 ) -> None:
     model = tmp_path / "model"  # the deployment's store: version 1, replaced by version 2
     shutil.copytree(tiny_store_dir, model)
-    hf = create_tiny_model(tmp_path / "hf2", TinyModelConfig(seed=1))
-    v2_store = tmp_path / "v2"
-    import_checkpoint(hf, v2_store, name=MODEL, progress=False)
-    v1, v2 = read_manifest(tiny_store_dir), read_manifest(v2_store)
-    assert v1.digest != v2.digest
+    v2_store, v1, v2 = second_version(tmp_path, tiny_store_dir, MODEL)
     state = tmp_path / "state"
     cluster = local_cluster(state, num_nodes=1)
     cfg = ControllerConfig(state_dir=state, nodes=1)

@@ -11,6 +11,7 @@ version 1's tokens. The parameter pool takes in an agent's copies only at the de
 version."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,17 @@ from tests.control.strategy_run import agent_statuses, local_cluster
 PROMPT = "Which version answers"
 MODEL = "versioned"
 """The deployment's name (not the default store's, which a config with none deploys)."""
+
+
+def second_version(tmp_path: Path, v1_store: Path, name: str) -> tuple[Path, Manifest, Manifest]:
+    """Version 2 of model `name` (other weights: another seed) imported at `tmp_path/v2`;
+    that store and the manifests of version 1 (`v1_store`) and 2 (different digests)."""
+    hf = create_tiny_model(tmp_path / "hf2", TinyModelConfig(seed=1))
+    v2_store = tmp_path / "v2"
+    import_checkpoint(hf, v2_store, name=name, progress=False)
+    v1, v2 = read_manifest(v1_store), read_manifest(v2_store)
+    assert v1.digest != v2.digest
+    return v2_store, v1, v2
 
 
 async def _hold_old_version(cluster: LocalCluster, v1: Manifest) -> None:
@@ -60,11 +72,7 @@ async def _digests(cluster: LocalCluster) -> dict[int, str]:
 def test_a_new_version_deployed_never_serves_the_old_one(
     tmp_path, surge_home, tiny_store_dir, reference
 ) -> None:
-    hf = create_tiny_model(tmp_path / "hf2", TinyModelConfig(seed=1))
-    v2_store = tmp_path / "v2"
-    import_checkpoint(hf, v2_store, name=MODEL, progress=False)
-    v1, v2 = read_manifest(tiny_store_dir), read_manifest(v2_store)
-    assert v1.digest != v2.digest
+    v2_store, v1, v2 = second_version(tmp_path, tiny_store_dir, MODEL)
     state = tmp_path / "state"
     cluster = local_cluster(state, num_nodes=2)
     token_file = tmp_path / "token"
