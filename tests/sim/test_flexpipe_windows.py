@@ -31,3 +31,14 @@ def test_generated_cv_holds_within_windows() -> None:
     assert out["1"]["cluster_cv_range"][0] > 0.8
     assert out["8"]["cluster_cv_range"][0] > 3.47
     assert out["8"]["peak_over_mean"] > out["1"]["peak_over_mean"]
+
+
+def test_efficiency_is_good_requests_per_gpu_second() -> None:
+    """§9.4 Fig. 12: goodput over GPU utilization, the run's length cancelling: two runs
+    with the same good requests and GPU-seconds are equally efficient however long each
+    took to drain (the ratio once divided goodput in rps by GPU-seconds, so by time twice)."""
+    base = {"slo_attainment": 1.0, "requests": 1200, "gpu_seconds": 6000.0, "goodput_rps": 2.0}
+    slower = {**base, "goodput_rps": 1200 / 660.0}  # same work, 660 s to its last request
+    assert flexpipe_shared.efficiency_over(slower, base) == 1.0
+    half = {**base, "gpu_seconds": 3000.0, "slo_attainment": 0.9}
+    assert abs(flexpipe_shared.efficiency_over(half, base) - 1.8) < 1e-12

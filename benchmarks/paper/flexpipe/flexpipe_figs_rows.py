@@ -19,49 +19,8 @@ def report_rows(doc: dict) -> list[dict]:
     quick4 = quick.get("4")
     speedup = med["serverlessllm"] / max(med["flexpipe"], 1e-9)
     always = c4["flexpipe"].get("always_held_over_peak")
-    by_cv = f11["by_cv"]
-    tail = {
-        cv: v["serverlessllm"]["e2e_p99_s"] / v["flexpipe"]["e2e_p99_s"] for cv, v in by_cv.items()
-    }
-    short = f11.get("counterfactual_600s", {})
-    tail_short = {
-        cv: v["load-then-serve"]["e2e_p99_s"] / v["flexpipe"]["e2e_p99_s"]
-        for cv, v in short.items()
-    }
-    spread = f11.get("counterfactual_flexpipe_least_loaded", {})
-    p99 = {k: [by_cv[cv][k]["e2e_p99_s"] for cv in by_cv] for k in ("flexpipe", "serverlessllm")}
-    gpus = {k: [by_cv[cv][k]["gpus_peak"] for cv in by_cv] for k in ("flexpipe", "serverlessllm")}
-    growth = {k: v[-1] / v[0] for k, v in p99.items()}  # CV 4's P99 over CV 1's
-
-    def xs(d: dict) -> str:
-        return " / ".join(f"{v:.2f}x" for v in d.values())
-
     return [
-        row(
-            PAPER,
-            "Fig. 10",
-            "tail stability: competitors' P99 degrades 2-3x against FlexPipe's as CV grows",
-            "2-3x",
-            f"P99 ServerlessLLM / FlexPipe at CV {' / '.join(tail)}: {xs(tail)}",
-            ordering=min(tail.values()) > 1,
-            sim_range=(min(tail.values()), max(tail.values())),
-            paper_range=(2.0, 3.0),
-            cause="Over §9.1's 2 hours ServerlessLLM's LRU host cache is warm: it loads "
-            "from host memory and scales out wider (peak GPUs "
-            f"{'/'.join(str(g) for g in gpus['serverlessllm'])} vs FlexPipe's "
-            f"{'/'.join(str(g) for g in gpus['flexpipe'])}), so its p99 "
-            f"({'/'.join(f'{v:.2f}' for v in p99['serverlessllm'])} s) is below FlexPipe's "
-            f"({'/'.join(f'{v:.2f}' for v in p99['flexpipe'])} s), its requests packed on fewer "
-            "GPUs. Read instead as each system's own P99 from CV 1 to CV 4 (§9.2: 'FlexPipe "
-            "maintaining well-controlled P99 latency while competitors experience 2-3× "
-            f"degradation'): ServerlessLLM {growth['serverlessllm']:.2f}x, "
-            f"FlexPipe {growth['flexpipe']:.2f}x; a miss either way. "
-            f"Counterfactuals: 600 s instead of 2 h (S-LLM's first SSD loads then its tail): "
-            f"{xs(tail)} -> {xs(tail_short) or 'not run'}; FlexPipe spreading requests "
-            "(least-loaded) instead of packing them: its p99 "
-            + ("/".join(f"{v['e2e_p99_s']:.2f}" for v in spread.values()) or "not run")
-            + " s.",
-        ),
+        fig10_row(f11),
         row(
             PAPER,
             "Fig. 11",
@@ -111,6 +70,82 @@ def report_rows(doc: dict) -> list[dict]:
             cause=_init_cause(f96),
         ),
     ]
+
+
+PAPER_P99_GROWTH = (2.0, 3.0)
+"""§9.2: "This advantage becomes more pronounced as CV increases from 1 to 4, with FlexPipe
+maintaining well-controlled P99 latency while competitors experience 2-3× degradation":
+each competitor's own P99 at CV 4 over its P99 at CV 1 (ServerlessLLM here; Tetris is
+not modelled), not its P99 over FlexPipe's at one CV."""
+
+
+def _xs(d: dict) -> str:
+    return " / ".join(f"{v:.2f}x" for v in d.values())
+
+
+def _growth(by_cv: dict, system: str) -> float:
+    """`system`'s P99 at the last CV (4) over its P99 at the first (1)."""
+    p99 = [v[system]["e2e_p99_s"] for v in by_cv.values()]
+    return p99[-1] / p99[0]
+
+
+def _short_text(short: dict) -> str:
+    """The 600-s counterfactual (ServerlessLLM under its older name `load-then-serve`):
+    its P99 growth from CV 1 to CV 4 and its P99 over FlexPipe's per CV."""
+    if not short:
+        return "not run"
+    over = {
+        cv: v["load-then-serve"]["e2e_p99_s"] / v["flexpipe"]["e2e_p99_s"]
+        for cv, v in short.items()
+    }
+    return (
+        f"S-LLM's P99 growth {_growth(short, 'load-then-serve'):.2f}x "
+        f"(S-LLM / FlexPipe {_xs(over)})"
+    )
+
+
+def fig10_row(f11: dict) -> dict:
+    """Fig. 10: judged on ServerlessLLM's own P99 degradation from CV 1 to CV 4 against the
+    paper's 2-3x (`PAPER_P99_GROWTH`); the ordering: its P99 above FlexPipe's at every CV
+    (§9.2: "FlexPipe maintains consistently lower latency across all percentiles") and
+    degrading more than FlexPipe's."""
+    by_cv = f11["by_cv"]
+    tail = {
+        cv: v["serverlessllm"]["e2e_p99_s"] / v["flexpipe"]["e2e_p99_s"] for cv, v in by_cv.items()
+    }
+    growth = {k: _growth(by_cv, k) for k in ("serverlessllm", "flexpipe")}
+    p99 = {k: [by_cv[cv][k]["e2e_p99_s"] for cv in by_cv] for k in ("flexpipe", "serverlessllm")}
+    gpus = {k: [by_cv[cv][k]["gpus_peak"] for cv in by_cv] for k in ("flexpipe", "serverlessllm")}
+    short = _short_text(f11.get("counterfactual_600s", {}))
+    spread = f11.get("counterfactual_flexpipe_least_loaded", {})
+    cvs = " / ".join(by_cv)
+    return row(
+        PAPER,
+        "Fig. 10",
+        "tail stability: competitors' P99 degrades 2-3x from CV 1 to CV 4 while FlexPipe's "
+        "stays controlled and below theirs",
+        "2-3x",
+        f"P99 at CV 4 over CV 1: ServerlessLLM {growth['serverlessllm']:.2f}x, FlexPipe "
+        f"{growth['flexpipe']:.2f}x; P99 ServerlessLLM / FlexPipe at CV {cvs}: {_xs(tail)}",
+        ordering=min(tail.values()) > 1 and growth["serverlessllm"] > growth["flexpipe"],
+        sim_value=growth["serverlessllm"],
+        paper_range=PAPER_P99_GROWTH,
+        cause="Over §9.1's 2 hours ServerlessLLM's LRU host cache is warm: it loads "
+        "from host memory and scales out wider (peak GPUs "
+        f"{'/'.join(str(g) for g in gpus['serverlessllm'])} vs FlexPipe's "
+        f"{'/'.join(str(g) for g in gpus['flexpipe'])}), so its p99 "
+        f"({'/'.join(f'{v:.2f}' for v in p99['serverlessllm'])} s) barely grows with the CV "
+        f"and stays below FlexPipe's ({'/'.join(f'{v:.2f}' for v in p99['flexpipe'])} s), "
+        "whose requests are packed on fewer GPUs. Judged since 2026-11-29 on the competitor's own "
+        "degradation, as §9.2 words it ('FlexPipe maintaining well-controlled P99 latency "
+        "while competitors experience 2-3× degradation' as 'CV increases from 1 to 4'); "
+        f"before, on S-LLM / FlexPipe P99 at each CV ({_xs(tail)}) against the 2-3x: a miss "
+        "either way. Counterfactuals: 600 s instead of 2 h (S-LLM's first SSD loads then its "
+        f"tail): {short}; FlexPipe spreading requests (least-loaded) instead of packing "
+        "them: its p99 "
+        + ("/".join(f"{v['e2e_p99_s']:.2f}" for v in spread.values()) or "not run")
+        + " s.",
+    )
 
 
 PAPER_INIT_REDUCTION = 0.72
