@@ -9,17 +9,23 @@ instance closed, the device copy evicted, host and disk copies kept), drops (`dr
 the store's version is registered after), one log line each with the policy's reason. An
 adopted instance becomes its deployment's `Instance` again: the old controller's requests
 still on it are aborted (their clients went with the old controller's connections), its
-`LocalEndpoint` is routed to, with no load op and no weights moved. Once the autoscaler
+`LocalEndpoint` is routed to, with no load op and no weights moved. An adopted pipeline
+(`policy.adoption.AdoptPipeline`: λScale's execution pipeline, a ParaServe group) becomes
+one `PipelineEndpoint` over the stages already open on the agents (new head engines, no
+`stage_open`), the instance of each member node as a FlexPipe pipeline's is; the old head
+engines' sequences are freed along its chain first (`stage_free`). Once the autoscaler
 state is restored (`autoscale_memory.py`), `settle` gives each adopted instance the idle
 time the state carries for its node (`policy.adoption.adopted_idle_since_s`), so its
 keep-alive and downscale delay run from its own last request, not from the restart.
 Decides nothing. Owned by control/.
 """
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from surge.config import EngineConfig
 from surge.control.copies import Copies
 from surge.control.spec import DeploymentSpec
 from surge.control.state import Deployment, Instance
@@ -27,6 +33,7 @@ from surge.model.manifest import Manifest
 from surge.policy.adoption import (
     Action,
     Adopt,
+    AdoptPipeline,
     Close,
     Drop,
     HeldModel,
@@ -40,11 +47,14 @@ from surge.policy.adoption import (
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import Clock
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     DropModelOp,
     InstanceAbortOp,
     InstanceCloseOp,
+    RunningHolding,
     StageCloseOp,
+    StageFreeOp,
     StatusReply,
 )
 from surge.runtime.scaleout.context import instance_name
@@ -56,9 +66,14 @@ def node_report(node: int, status: StatusReply) -> NodeReport:
     """One agent's `status` as `policy.adoption` reads it."""
     return NodeReport(
         node,
-        {m: HeldModel(h.digest, len(h.gpu)) for m, h in status.models.items()},
-        tuple(Running(r.name, r.model, r.kind, r.req_ids) for r in status.running),
+        {m: HeldModel(h.digest, frozenset(h.gpu)) for m, h in status.models.items()},
+        tuple(_running(r) for r in status.running),
     )
+
+
+def _running(r: RunningHolding) -> Running:
+    span = (r.first_layer, r.end_layer, r.next_node, r.compute_group, r.seq_ids)
+    return Running(r.name, r.model, r.kind, r.req_ids, *span)
 
 
 def restored(spec: DeploymentSpec, manifest: Manifest, nodes: list[int]) -> Restored:
@@ -69,6 +84,11 @@ def restored(spec: DeploymentSpec, manifest: Manifest, nodes: list[int]) -> Rest
         manifest.num_blocks,
         {n: instance_name(spec.name, n) for n in nodes},
         len(nodes) if cap is None else min(cap, len(nodes)),
+        tuple((b.first_layer, b.end_layer) for b in manifest.blocks),
+        # FlexPipe's pipelines are not adopted: its refactoring state (a versioned stage key,
+        # the granularity loop's record, the profiled layer times) went with the old
+        # controller (docs/control.md, Restart)
+        adopts_pipelines=spec.system.group_sizing != "flexpipe",
     )
 
 
@@ -80,14 +100,15 @@ class Adopter:
         client: ClusterClient,
         copies: Copies,
         slots_per_node: int,
-        capacity: int,
+        engine: EngineConfig,
         clock: Clock,
         attach_pd: Callable[[Deployment], Any],
     ) -> None:
         self.client, self.copies, self.clock = client, copies, clock
         self.slots_per_node = slots_per_node
-        self.capacity = capacity
-        """Requests one local instance takes at once (the engine's `max_num_seqs`)."""
+        self.engine = engine
+        """The controller's engine config: a local instance takes `max_num_seqs` requests
+        at once; an adopted pipeline's head engines are built with it, as a scale-out's."""
         self.attach_pd = attach_pd
         """Gives a P/D deployment its `PdServing` before its first instance (an adopted
         instance gets its role as a new one does, `control/pd.py`)."""
@@ -112,7 +133,7 @@ class Adopter:
         """Close, release and drop what the plan says (each with one log line); the
         stores' versions are registered after (`Deployments.restore_all`)."""
         for a in actions:
-            if isinstance(a, Adopt):
+            if isinstance(a, Adopt | AdoptPipeline):
                 continue
             if isinstance(a, Close):
                 what = f"closing {a.name}"
@@ -145,7 +166,12 @@ class Adopter:
         self.attach_pd(dep)
         now_s = self.clock.now_s()
         for a in actions:
-            if not isinstance(a, Adopt) or a.model != dep.name:
+            if a.model != dep.name:
+                continue
+            if isinstance(a, AdoptPipeline):
+                await self._adopt_pipeline(dep, a, now_s)
+                continue
+            if not isinstance(a, Adopt):
                 continue
             try:
                 await self._adopt(dep, a, now_s)
@@ -156,7 +182,7 @@ class Adopter:
     async def _adopt(self, dep: Deployment, a: Adopt, now_s: float) -> None:
         if a.req_ids:  # lost with the old controller's connections: free their slots
             await self.client.call(a.node, InstanceAbortOp(a.instance, a.req_ids))
-        ep = LocalEndpoint(self.client, a.node, dep.name, a.instance, self.capacity)
+        ep = LocalEndpoint(self.client, a.node, dep.name, a.instance, self.engine.max_num_seqs)
         dep.instances[a.node] = Instance(a.node, endpoint=ep, idle_since_s=now_s)
         dep.host_last_used_s[a.node] = now_s
         await dep.server.add_endpoint(ep)
@@ -164,6 +190,32 @@ class Adopter:
         log.info(
             "restart: adopted %s on node %d with no load (%d of the old controller's "
             "requests aborted)", a.instance, a.node, len(a.req_ids),
+        )  # fmt: skip
+
+    async def _adopt_pipeline(self, dep: Deployment, a: AdoptPipeline, now_s: float) -> None:
+        """One serving instance over the pipeline's stages (the shape a scale-out opens:
+        `scaleout/multicast.py`, `scaleout/paraserve.py`), its members' slots its own."""
+        try:
+            if a.seq_ids:  # the old head engines' K/V: freed from the head along the chain
+                await self.client.call(a.nodes[0], StageFreeOp(pipeline=a.name, seq_ids=a.seq_ids))
+            stages = list(a.stages)
+            ep = PipelineEndpoint(self.client, dep.manifest, dep.name, a.name, stages, self.engine)
+            ep.set_micro_batches(ep.num_micro_batches)  # head engines; the stages are open
+        except Exception as e:  # a member went down meanwhile: the autoscaler starts one
+            log.warning("restart: pipeline %s on nodes %s not adopted: %s", a.name, a.nodes, e)
+            for n in a.nodes:  # what is left of it serves no one
+                with contextlib.suppress(Exception):
+                    await self.client.call(n, StageCloseOp(pipeline=a.name))
+            return
+        for n in a.nodes:  # one instance, every member's slot (as FlexPipe's pipelines)
+            dep.instances[n] = Instance(n, endpoint=ep, idle_since_s=now_s)  # type: ignore[arg-type]
+            dep.host_last_used_s[n] = now_s
+            self.adopted.append((dep.name, n))
+        await dep.server.add_endpoint(ep)
+        log.info(
+            "restart: adopted pipeline %s on nodes %s (layers %s) with no load (%d of the old "
+            "controller's sequences freed)", a.name, list(a.nodes),
+            [f"{f}-{e - 1}" for _, f, e in a.stages], len(a.seq_ids),
         )  # fmt: skip
 
     def settle(self, deployments: Mapping[str, Deployment]) -> None:

@@ -198,7 +198,7 @@ class Controller:
             estimates=serving_estimates(self.config.emulation),
         )
         adopter = Adopter(
-            client, copies, self.config.slots_per_node, self.engine.max_num_seqs, self.clock,
+            client, copies, self.config.slots_per_node, self.engine, self.clock,
             autoscaler.pd.attach,
         )  # fmt: skip
         deployments = Deployments(

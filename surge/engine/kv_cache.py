@@ -72,6 +72,10 @@ class PagedKVCache:
     def has(self, seq_id: int) -> bool:
         return seq_id in self._tables
 
+    def seq_ids(self) -> tuple[int, ...]:
+        """The sequences holding pages now, in id order."""
+        return tuple(sorted(self._tables))
+
     def _append_pages(self, seq_id: int, pages: list[int]) -> None:
         self._tables.setdefault(seq_id, []).extend(pages)
         slots = self._slots.setdefault(seq_id, [])

@@ -9,6 +9,7 @@ import json
 import logging
 from types import SimpleNamespace
 
+from surge.config import EngineConfig
 from surge.control.adoption import Adopter
 from surge.control.autoscale_memory import VERSION, AutoscaleMemory
 from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
@@ -139,7 +140,7 @@ def test_adopted_instances_get_their_own_idle_times(tmp_path):
     asyncio.run(old.save({"m": dep}))
     new = AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)  # at once, a new clock
     m = _dep(AutoscaleState())
-    adopter = Adopter(None, None, 1, 1, _clock(0.0), lambda d: None)
+    adopter = Adopter(None, None, 1, EngineConfig(), _clock(0.0), lambda d: None)
     m.instances = {
         n: SimpleNamespace(endpoint=SimpleNamespace(outstanding=0), idle_since_s=0.0)
         for n in (0, 1)

@@ -21,8 +21,12 @@ def restored(max_instances: int = 4, digest: str = D) -> Restored:
     return Restored(digest, 3, {n: f"m-node{n}" for n in range(4)}, max_instances)
 
 
+def held(gpu: int = 3, digest: str = D) -> HeldModel:
+    return HeldModel(digest, frozenset(range(gpu)))
+
+
 def node(n: int, *running: Running, gpu: int = 3, digest: str = D, model: str = "m") -> NodeReport:
-    return NodeReport(n, {model: HeldModel(digest, gpu)}, running)
+    return NodeReport(n, {model: held(gpu, digest)}, running)
 
 
 def inst(n: int, *req_ids: str, model: str = "m") -> Running:
@@ -41,15 +45,18 @@ def test_what_cannot_be_matched_is_closed_with_its_reason() -> None:
         node(2, gpu=1),  # a load under way, no instance
         node(3, Running("p-1", "m", "stage"), Running("x-node3", "x", "instance")),
     )
-    reports = (*reports[:3], NodeReport(3, {"m": HeldModel(D, 1), "x": HeldModel(D, 3)},
+    reports = (*reports[:3], NodeReport(3, {"m": held(1), "x": held(3)},
                                         reports[3].running))  # fmt: skip
     got = plan(reports, {"m": restored()}, 2)
     assert [type(a) for a in got] == [Drop, Release, Release, Close, Release, Close, Release]
     assert "another version" in got[0].reason
     assert "half-loaded" in got[1].reason
     assert "no instance" in got[2].reason
-    assert got[3] == Close("m", 3, "p-1", "stage", got[3].reason) and "pipeline" in got[3].reason
-    assert got[5].model == "x" and "no deployment named 'x'" in got[5].reason
+    assert got[3].model == "x" and "no deployment named 'x'" in got[3].reason
+    # a stage of a deployment restored with no layout: its pipeline is not adopted
+    assert got[5] == Close("m", 3, "p-1", "stage", got[5].reason) and "pipeline" in got[5].reason
+    assert "layout is not known" in got[5].reason
+    assert got[6] == Release("m", 3, got[6].reason) and "no instance" in got[6].reason
     assert not any(isinstance(a, Adopt) for a in got)
 
 
@@ -59,7 +66,7 @@ def test_at_most_max_replicas_and_the_node_slots_are_adopted() -> None:
     assert [type(a) for a in got] == [Adopt, Adopt, Release]
     assert "at most 2" in got[2].reason
     # one slot per node, two deployments' instances on node 0: the first (by name) is kept
-    both = NodeReport(0, {"a": HeldModel(D, 3), "m": HeldModel(D, 3)},
+    both = NodeReport(0, {"a": held(3), "m": held(3)},
                       (inst(0, model="a"), inst(0)))  # fmt: skip
     wanted = {"a": Restored(D, 3, {0: "a-node0"}, 1), "m": restored()}
     got = plan((both,), wanted, 1)

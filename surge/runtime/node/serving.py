@@ -129,7 +129,9 @@ class AgentServing:
         if why is not None:  # its layers would run on another version's hidden states
             raise SurgeError(f"stage_open {op.pipeline}: {why}")
         runner = await asyncio.to_thread(self._stage_runner, op.model, first, end)
-        stage = Stage(op.pipeline, op.model, first, end, op.next_node, runner)
+        stage = Stage(
+            op.pipeline, op.model, first, end, op.next_node, runner, compute_group=op.compute_group
+        )
         if op.compute_group is not None:  # one step at a time across the group
             stage.lock = self.group_locks.setdefault(op.compute_group, asyncio.Lock())
         self.stages[op.pipeline] = stage
@@ -204,10 +206,20 @@ class AgentServing:
         return Ack()
 
     def running(self) -> tuple[RunningHolding, ...]:
-        """Its stages as `status` reports them (a restarted controller closes them:
-        `policy.adoption`)."""
+        """Its stages as `status` reports them, each with its layers, next node and the
+        sequences it holds K/V of (a restarted controller adopts their pipeline or closes
+        them: `policy.adoption`)."""
         return tuple(
-            RunningHolding(name=name, model=stage.model, kind="stage")
+            RunningHolding(
+                name=name,
+                model=stage.model,
+                kind="stage",
+                first_layer=stage.first_layer,
+                end_layer=stage.end_layer,
+                next_node=stage.next_node,
+                compute_group=stage.compute_group,
+                seq_ids=stage.runner.kv.seq_ids(),
+            )
             for name, stage in list(self.stages.items())
         )
 

@@ -22,3 +22,5 @@ class Stage:
     next_node: int | None
     runner: "ModelRunner"
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    compute_group: str | None = None
+    """`StageOpenOp.compute_group` (reported in `status`)."""

@@ -61,6 +61,16 @@ class RunningHolding(Reply):
     req_ids: tuple[str, ...] = ()
     """The requests it holds (queued, running, parked, or still to be added): the old
     controller's, whose clients went with it (a controller that adopts it aborts them)."""
+    first_layer: int = 0
+    end_layer: int = 0
+    """A stage's layers [first_layer, end_layer) (0, 0: an instance, or an older agent)."""
+    next_node: int | None = None
+    """The node a stage hands its output to (None: the last stage, or an instance)."""
+    compute_group: str | None = None
+    """A stage's `StageOpenOp.compute_group` (a live prefill's stage, BlitzScale §5.2)."""
+    seq_ids: tuple[int, ...] = ()
+    """The sequences whose K/V a stage holds: the old controller's head engines' (a
+    controller that adopts its pipeline frees them along the chain)."""
 
 
 @dataclass(frozen=True)
