@@ -231,3 +231,16 @@ class Adopter:
             quiet_s = None if restart is None else restart.quiet_of(node)
             inst.idle_since_s = adopted_idle_since_s(quiet_s, now_s)
         self.adopted.clear()
+
+
+def failed_pipeline_nodes(dep: Deployment) -> list[int]:
+    """Nodes whose instance is an adopted pipeline its router no longer routes to (a step
+    failed or a member went down: `Server` retired it): the autoscaler releases them at once
+    (`Autoscaler.release` frees every member), not after their downscale delay. A
+    scale-out's pipelines are never an instance's endpoint; FlexPipe's reaps its own."""
+    return [
+        n
+        for n, i in dep.instances.items()
+        if type(i.endpoint) is PipelineEndpoint  # type: ignore[comparison-overlap]
+        and dep.server.endpoints.get(i.endpoint.name) is not i.endpoint
+    ]

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from surge.config import EngineConfig
+from surge.control.adoption import failed_pipeline_nodes
 from surge.control.copies import Copies
 from surge.control.emulation import instance_costs
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
@@ -134,6 +135,8 @@ class Autoscaler:
         for dep in list(self.deployments.values()):
             if dep.failure is not None:
                 continue
+            for node in failed_pipeline_nodes(dep):  # an adopted pipeline that failed
+                await self.release(dep, node)
             self._observe(dep, now_s, dt_s)
             await self._autoscale(dep, now_s, await self.pd.tick(dep, now_s))
             await self.flexpipe.tick(dep, now_s)

@@ -4,8 +4,10 @@ started again on the agents that outlived it adopts the pipeline whole (docs/con
 Restart; `policy/pipeline_adoption.py`, `control/adoption.py`): one serving instance over its
 two nodes' stages, as the controller would have built it, with no load, no block moved and no
 scale-out; the K/V its old head engine left on the stages is freed; the next request is
-answered through it, token-exact. Before, the restart closed both stages with a WARNING,
-released their device copies and started the deployment again warm (a scale-out).
+answered through it, token-exact; when a member goes down later, the other's slot is freed
+at once and the deployment starts again there. Before, the restart closed both stages with
+a WARNING, released their device copies and started the deployment again warm (a
+scale-out).
 
 `surge serve --launcher static` joins loopback agents this test owns; the old controller's
 pipeline is left as it would have left it (its instance closed, each node holding its stage's
@@ -151,5 +153,11 @@ def test_a_killed_controllers_lambdascale_pipeline_is_adopted_whole(
                 time.sleep(0.2)
             assert running == {x: [(PIPE, ())], y: [(PIPE, ())]}, running
             assert complete(second, "Again") == reference("Again", 8)
+            # A member goes down: the router retires the pipeline and the other member's slot
+            # is freed at once (not after its downscale delay), so the deployment starts
+            # again on it and serves.
+            cluster.kill(y)
+            assert complete(second, "Alone") == reference("Alone", 8)
+            assert status(second)["nodes"] == [x], status(second)
         finally:
             second.stop()

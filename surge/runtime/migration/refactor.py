@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.refactor import RefactorPlan, kv_top_ups
 from surge.policy.flexpipe.system import refactor
+from surge.policy.pipeline_adoption import stage_blocks
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import EndpointFailed
 from surge.runtime.migration.consolidation import failure_level
@@ -163,13 +164,9 @@ def direction_of(before: int, after: int) -> str:
 
 
 def blocks_of_stage(manifest: Manifest, first: int, end: int) -> list[int]:
-    """Blocks a stage over layers [first, end) needs (the embedding and head blocks too)."""
-    needed = set(manifest.blocks_for_layers(first, end))
-    if first == 0:
-        needed.add(0)
-    if end == manifest.arch.num_layers:
-        needed.add(manifest.num_blocks - 1)
-    return sorted(needed)
+    """Blocks a stage over layers [first, end) needs (the embedding and head blocks too:
+    `policy.pipeline_adoption.stage_blocks`)."""
+    return stage_blocks([(b.first_layer, b.end_layer) for b in manifest.blocks], first, end)
 
 
 def _spans(stages: Stages) -> list[tuple[int, tuple[int, int]]]:
