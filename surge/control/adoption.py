@@ -10,10 +10,11 @@ the store's version is registered after), one log line each with the policy's re
 adopted instance becomes its deployment's `Instance` again: the old controller's requests
 still on it are aborted (their clients went with the old controller's connections), its
 `LocalEndpoint` is routed to, with no load op and no weights moved. An adopted pipeline
-(`policy.adoption.AdoptPipeline`: λScale's execution pipeline, a ParaServe group) becomes
-one `PipelineEndpoint` over the stages already open on the agents (new head engines, no
-`stage_open`), the instance of each member node as a FlexPipe pipeline's is; the old head
-engines' sequences are freed along its chain first (`stage_free`). Once the autoscaler
+(`policy.adoption.AdoptPipeline`: λScale's execution pipeline, a ParaServe group, a FlexPipe
+pipeline) becomes the endpoint a scale-out would have opened over the stages already open on
+the agents (new head engines, no `stage_open`): a `PipelineEndpoint`, or a `FlexPipeline`
+(its stage key's version kept, its layers profiled again), the instance of each member node;
+the old head engines' sequences are freed along its chain first (`stage_free`). Once the autoscaler
 state is restored (`autoscale_memory.py`), `settle` gives each adopted instance the idle
 time the state carries for its node (`policy.adoption.adopted_idle_since_s`), so its
 keep-alive and downscale delay run from its own last request, not from the restart.
@@ -47,6 +48,7 @@ from surge.policy.adoption import (
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import Clock
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.migration.refactor import FlexPipeline
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     DropModelOp,
@@ -58,6 +60,7 @@ from surge.runtime.protocol import (
     StatusReply,
 )
 from surge.runtime.scaleout.context import instance_name
+from surge.runtime.scaleout.flexpipe import micro_batches, profile_stages
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +88,6 @@ def restored(spec: DeploymentSpec, manifest: Manifest, nodes: list[int]) -> Rest
         {n: instance_name(spec.name, n) for n in nodes},
         len(nodes) if cap is None else min(cap, len(nodes)),
         tuple((b.first_layer, b.end_layer) for b in manifest.blocks),
-        # FlexPipe's pipelines are not adopted: its refactoring state (a versioned stage key,
-        # the granularity loop's record, the profiled layer times) went with the old
-        # controller (docs/control.md, Restart)
-        adopts_pipelines=spec.system.group_sizing != "flexpipe",
     )
 
 
@@ -198,8 +197,7 @@ class Adopter:
         try:
             if a.seq_ids:  # the old head engines' K/V: freed from the head along the chain
                 await self.client.call(a.nodes[0], StageFreeOp(pipeline=a.name, seq_ids=a.seq_ids))
-            stages = list(a.stages)
-            ep = PipelineEndpoint(self.client, dep.manifest, dep.name, a.name, stages, self.engine)
+            ep = self._endpoint(dep, a)
             ep.set_micro_batches(ep.num_micro_batches)  # head engines; the stages are open
         except Exception as e:  # a member went down meanwhile: the autoscaler starts one
             log.warning("restart: pipeline %s on nodes %s not adopted: %s", a.name, a.nodes, e)
@@ -212,11 +210,28 @@ class Adopter:
             dep.host_last_used_s[n] = now_s
             self.adopted.append((dep.name, n))
         await dep.server.add_endpoint(ep)
+        if isinstance(ep, FlexPipeline):  # its layer times, as a new one's (§5)
+            dep.spawn(_profile(ep))
         log.info(
             "restart: adopted pipeline %s on nodes %s (layers %s) with no load (%d of the old "
             "controller's sequences freed)", a.name, list(a.nodes),
             [f"{f}-{e - 1}" for _, f, e in a.stages], len(a.seq_ids),
         )  # fmt: skip
+
+    def _endpoint(self, dep: Deployment, a: AdoptPipeline) -> PipelineEndpoint:
+        """The endpoint a scale-out of `dep` opens over these stages: a FlexPipe pipeline
+        (its stage key `name@version` after refactorings, its micro-batches for its stage
+        count: `scaleout/flexpipe.py`), else an execution pipeline (λScale's, ParaServe's)."""
+        where = (self.client, dep.manifest, dep.name)
+        stages = list(a.stages)
+        if dep.spec.system.group_sizing != "flexpipe":
+            return PipelineEndpoint(*where, a.name, stages, self.engine)
+        base, at, version = a.name.rpartition("@")
+        base, version = (base, int(version)) if at else (a.name, 0)
+        micro, most = micro_batches(dep.spec.system, dep.manifest, self.engine, len(stages))
+        pipe = FlexPipeline(*where, base, stages, self.engine, micro, most)
+        pipe.version = version
+        return pipe
 
     def settle(self, deployments: Mapping[str, Deployment]) -> None:
         """Give each adopted instance, still idle, the idle time the restored autoscaler
@@ -244,3 +259,10 @@ def failed_pipeline_nodes(dep: Deployment) -> list[int]:
         if type(i.endpoint) is PipelineEndpoint  # type: ignore[comparison-overlap]
         and dep.server.endpoints.get(i.endpoint.name) is not i.endpoint
     ]
+
+
+async def _profile(pipe: FlexPipeline) -> None:
+    try:
+        await profile_stages(pipe)
+    except Exception as e:  # estimates stay in use
+        log.warning("restart: profiling %s failed: %s", pipe.name, e)

@@ -10,8 +10,9 @@ its reason (one log line each, `control/adoption.py`).
 
 In: what each live agent reports (`NodeReport`: per model, the digest of the manifest it runs
 it with and its blocks on the device; its running instances and stages), the deployments the
-controller restores (`Restored`: the digest of its store, its block count, the name it gives
-its instance on each node, its most instances) and the slots per node. Out: typed actions.
+controller restores (`Restored`: the digest of its store, its block count and their layers,
+the name it gives its instance on each node, its most instances) and the slots per node.
+Out: typed actions.
 Rules, per node and model:
 - a model no restored deployment names: its instances and stages close (`Close`) and its
   device copy goes (`Release`); its host and disk copies stay (what a later deployment of it
@@ -19,14 +20,14 @@ Rules, per node and model:
 - another version (the agent's digest is not the store's): the model is dropped on the node
   (`Drop`: instances, stages and every copy in every tier: a host copy of the old weights
   is no warm start of the new);
-- a pipeline (λScale's execution pipelines, ParaServe's groups: the stages of one name on
-  several nodes): adopted whole (`AdoptPipeline`, one serving instance over its stages'
-  nodes) when `policy.pipeline_adoption.chain` finds every stage of the store's version,
-  end to end, none half-loaded, while the deployment holds fewer than its most instances,
-  every member node has a free slot and runs no local instance of the model (one instance
-  per node and deployment); else each stage is closed with the reason and a member's device
-  copy is released (no instance: the pipeline's weights, warm starts from host copies).
-  FlexPipe's pipelines are closed (`Restored.adopts_pipelines`: docs/control.md says why);
+- a pipeline (λScale's execution pipelines, ParaServe's groups, FlexPipe's pipelines: the
+  stages of one name on one or more nodes): adopted whole (`AdoptPipeline`, one serving
+  instance over its stages' nodes) when `policy.pipeline_adoption.chain` finds every stage
+  of the store's version, end to end, none half-loaded, while the deployment holds fewer
+  than its most instances, every member node has a free slot and runs no local instance of
+  the model (one instance per node and deployment); else each stage is closed with the
+  reason and a member's device copy is released (no instance: a warm start from its host
+  copy);
 - a local instance under another name than this controller gives its instance there: closed;
 - a local instance whose weights are not all on the device (half-loaded): released (closed,
   device copy evicted, host and disk copies kept: a warm start);
@@ -100,8 +101,6 @@ class Restored:
     """Most instances it may hold (`max_replicas` within the cluster)."""
     block_layers: tuple[tuple[int, int], ...] = ()
     """Each block's [first_layer, end_layer) (`Layout`); empty: no pipeline is adopted."""
-    adopts_pipelines: bool = True
-    """Whether its strategy's pipelines are adopted (not FlexPipe's: docs/control.md)."""
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.max_instances < 0:
@@ -277,9 +276,7 @@ def _pipelines(
         dep = restored[model]
         stages = [_seen(n, r, held.get((model, n))) for n, r in seen]
         got = chain(stages, Layout(dep.digest, dep.block_layers))
-        if not dep.adopts_pipelines:
-            got = "its strategy's pipelines are not adopted (FlexPipe's: docs/control.md)"
-        elif not isinstance(got, str):
+        if not isinstance(got, str):
             got = _room(model, got, dep, adopted, free, local | serving) or got
         if isinstance(got, str):
             out += [

@@ -88,30 +88,27 @@ async def leave_a_pipeline(cluster: LocalCluster, store, x: int, y: int) -> list
     return [(x, 0, h), (y, h, num_layers)]
 
 
+def serve_config(store, strategy: str) -> dict:
+    deployment = {"name": MODEL, "model": str(store), "strategy": strategy, "autoscaling": KEPT}
+    return {"slots_per_node": 1, "tick_s": 0.05, "log_level": "info", "deployments": [deployment]}
+
+
+def static_args(tmp_path, cluster: LocalCluster) -> tuple[str, ...]:
+    """`surge serve --launcher static` on the cluster's agents."""
+    token_file = tmp_path / "token"
+    token_file.write_text(cluster.token + "\n")
+    agents = ",".join(f"{h}:{p}" for h, p in cluster.addresses.values())
+    return ("--launcher", "static", "--agents", agents, "--token-file", str(token_file))
+
+
 @pytest.mark.timeout(420)
 def test_a_killed_controllers_lambdascale_pipeline_is_adopted_whole(
     tmp_path, surge_home, tiny_store_dir, reference
 ) -> None:
-    state = tmp_path / "state"
-    cluster = local_cluster(state, num_nodes=2)
-    token_file = tmp_path / "token"
-    config = {
-        "slots_per_node": 1,
-        "tick_s": 0.05,
-        "log_level": "info",
-        "deployments": [
-            {
-                "name": MODEL,
-                "model": str(tiny_store_dir),
-                "strategy": "lambdascale",
-                "autoscaling": KEPT,
-            }
-        ],
-    }
+    cluster = local_cluster(tmp_path / "state", num_nodes=2)
+    config = serve_config(tiny_store_dir, "lambdascale")
     with cluster:
-        token_file.write_text(cluster.token + "\n")
-        agents = ",".join(f"{h}:{p}" for h, p in cluster.addresses.values())
-        static = ("--launcher", "static", "--agents", agents, "--token-file", str(token_file))
+        static = static_args(tmp_path, cluster)
         first = start_serve(tmp_path, surge_home, config, *static)
         try:
             assert complete(first, "Warm up") == reference("Warm up", 8)
@@ -159,5 +156,36 @@ def test_a_killed_controllers_lambdascale_pipeline_is_adopted_whole(
             cluster.kill(y)
             assert complete(second, "Alone") == reference("Alone", 8)
             assert status(second)["nodes"] == [x], status(second)
+        finally:
+            second.stop()
+
+
+@pytest.mark.timeout(420)
+def test_a_killed_controllers_flexpipe_pipeline_is_adopted_with_its_stages(
+    tmp_path, surge_home, tiny_store_dir, reference
+) -> None:
+    """FlexPipe serves only through pipelines (§4): the one the old controller opened is
+    adopted as the same `FlexPipeline` (its name, its stages), with no scale-out."""
+    cluster = local_cluster(tmp_path / "state", num_nodes=2)
+    config = serve_config(tiny_store_dir, "flexpipe")
+    with cluster:
+        static = static_args(tmp_path, cluster)
+        first = start_serve(tmp_path, surge_home, config, *static)
+        try:
+            assert complete(first, "Warm up") == reference("Warm up", 8)
+            (pipe,) = status(first)["flexpipe"]["pipelines"]
+            held = status(first)["nodes"]
+            time.sleep(1.2)  # the autoscaler state's loop writes (every second)
+        finally:
+            kill(first)
+        second = start_serve(tmp_path, surge_home, config, *static)
+        try:
+            assert complete(second, "After the crash") == reference("After the crash", 8)
+            st = status(second)
+            assert st["flexpipe"]["pipelines"] == [pipe], (st["flexpipe"], pipe)
+            assert st["nodes"] == held and st["scale_outs"] == 0, st
+            assert second.metric("surge_scale_outs_total", MODEL) == 0
+            logged = (tmp_path / "serve.log").read_text()
+            assert f"adopted pipeline {pipe['name']}" in logged  # its key: NAME[@version]
         finally:
             second.stop()

@@ -23,9 +23,8 @@ LAYERS = ((0, 2), (2, 4), (4, 6), (6, 8))
 PIPE = "m-pipe0-abc"
 
 
-def restored(max_instances: int = 4, adopts: bool = True) -> Restored:
-    names = {n: f"m-node{n}" for n in range(4)}
-    return Restored(D, 4, names, max_instances, LAYERS, adopts)
+def restored(max_instances: int = 4) -> Restored:
+    return Restored(D, 4, {n: f"m-node{n}" for n in range(4)}, max_instances, LAYERS)
 
 
 def stage(first: int, end: int, nxt: int | None, *seq_ids: int, name: str = PIPE) -> Running:
@@ -88,13 +87,12 @@ def test_a_stage_order_gap_closes_the_pipeline() -> None:
     assert not any(isinstance(a, AdoptPipeline) for a in got)
 
 
-def test_half_loaded_live_flexpipe_and_no_room_close_it() -> None:
+def test_half_loaded_live_and_no_room_close_it() -> None:
     got = plan(two_stages(tail_blocks=(2,)), {"m": restored()}, 1)
     assert "half-loaded: node 1 lacks blocks [3] of its layers 4-7" in got[0].reason
     live = (node(0, (0, 1), Running("live-1", "m", "stage", (), 0, 4, 1, "live-m")),
             node(1, (2, 3), Running("live-1", "m", "stage", (), 4, 8, None, "live-m")))  # fmt: skip
     assert "a live prefill's stage" in plan(live, {"m": restored()}, 1)[0].reason
-    assert "not adopted (FlexPipe" in plan(two_stages(), {"m": restored(adopts=False)}, 1)[0].reason
     # the one instance allowed is a local one (decided first); a node's only slot taken
     full = (*two_stages(), node(2, (0, 1, 2, 3), Running("m-node2", "m", "instance")))
     got = plan(full, {"m": restored(max_instances=1)}, 1)
