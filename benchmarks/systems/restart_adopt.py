@@ -13,6 +13,12 @@ the instance), and a new `surge serve` starts on the same state directory:
 - `close`: the script first does what main's restore did before adoption: `instance_close`
   and `evict` (gpu tier; host and disk copies stay) on every agent holding the model in its
   GPU tier; the new controller starts the carried instance again (warm: the pinned host copy).
+With `--case pipeline`, what the crash leaves is a λScale execution pipeline (§4.3: one caught
+mid scale-out): after the kill the script closes what runs of the model and opens a two-stage
+pipeline over nodes 0 and 1, each holding on the device only its stage's blocks (the rest
+evicted, the missing ones pulled from the store; the others' device copies evicted); `adopt`
+leaves it (the new controller adopts it whole, `policy/pipeline_adoption.py`), `close` then
+closes its stages and evicts their device copies, as main before pipeline adoption did.
 Measured from the new process's start: its ready line, and the first streamed token of a
 request sent at once after it (greedy, 16 tokens). Trials alternate close, adopt. That server
 is the next trial's old one. A restart slower than the keep-alive (10 s from the last request
@@ -20,8 +26,8 @@ before the crash) finds the adopted instance released, as the old controller wou
 released it, and starts one again: such a trial is kept, `adopted: false`. Every process is
 stopped by its PID at the end.
 
-Run: `python -m benchmarks.systems.restart_adopt [--trials 3 --nodes 2]`; writes
-benchmarks/results/systems/restart_adopt.json.
+Run: `python -m benchmarks.systems.restart_adopt [--trials 3 --nodes 2 --case local]`; writes
+benchmarks/results/systems/restart_adopt.json (`--case pipeline`: restart_adopt_pipeline.json).
 """
 
 import argparse
@@ -40,12 +46,24 @@ from typing import Any
 import httpx
 
 from surge.cli import serve_process
+from surge.model.manifest import read_manifest
+from surge.policy.pipeline_adoption import stage_blocks
 from surge.runtime.client import ClusterClient
 from surge.runtime.launch.local import LocalCluster, LocalClusterConfig
-from surge.runtime.protocol import EvictOp, InstanceCloseOp, StatusOp
-from surge.runtime.scaleout.context import instance_name
+from surge.runtime.protocol import (
+    EvictOp,
+    InstanceCloseOp,
+    LoadOp,
+    StageCloseOp,
+    StageOpenOp,
+    StatusOp,
+)
+from surge.runtime.scaleout.context import pipeline_name
 
-OUT = Path("benchmarks/results/systems/restart_adopt.json")
+OUT = {
+    "local": Path("benchmarks/results/systems/restart_adopt.json"),
+    "pipeline": Path("benchmarks/results/systems/restart_adopt_pipeline.json"),
+}
 PROMPT = "The capital of France is"
 
 
@@ -85,18 +103,53 @@ def in_flight(url: str, model: str, started: threading.Event) -> None:
     started.set()
 
 
-async def close_like_main(cluster: LocalCluster, model: str) -> int:
-    """What main's restore did to an old controller's instances: close, evict the GPU copy.
-    How many nodes held one."""
+async def close_like_main(cluster: LocalCluster, model: str, evict: bool = True) -> int:
+    """What main's restore did to an old controller's instances and pipeline stages: close
+    them, evict the GPU copy (`evict`). How many nodes held one."""
     client = ClusterClient(cluster.addresses, cluster.token)
     await client.connect()
     try:
-        held = {n: s.models[model].gpu for n, s in (await client.broadcast(StatusOp())).items()
+        statuses = await client.broadcast(StatusOp())
+        for node, s in statuses.items():
+            for r in s.running:
+                if r.model == model and r.kind == "stage":
+                    await client.call(node, StageCloseOp(pipeline=r.name))
+                elif r.model == model:
+                    await client.call(node, InstanceCloseOp(instance=r.name))
+        held = {n: s.models[model].gpu for n, s in statuses.items()
                 if model in s.models and s.models[model].gpu}  # fmt: skip
-        for node, blocks in held.items():
-            await client.call(node, InstanceCloseOp(instance=instance_name(model, node)))
+        for node, blocks in held.items() if evict else ():
             await client.call(node, EvictOp(model=model, blocks=blocks, tier="gpu"))
         return len(held)
+    finally:
+        await client.close()
+
+
+async def leave_pipeline(cluster: LocalCluster, registry: Path, model: str, trial: int) -> None:
+    """What a crash mid-multicast leaves (module docstring): a two-stage pipeline over nodes
+    0 and 1, each with only its stage's blocks on the device."""
+    await close_like_main(cluster, model, evict=False)
+    m = read_manifest(registry / model)
+    layers = [(b.first_layer, b.end_layer) for b in m.blocks]
+    h, end = m.blocks[m.num_blocks // 2].first_layer, m.arch.num_layers
+    want = {0: set(stage_blocks(layers, 0, h)), 1: set(stage_blocks(layers, h, end))}
+    name = pipeline_name(model, f"crash{trial}", 0)
+    client = ClusterClient(cluster.addresses, cluster.token)
+    await client.connect()
+    try:
+        for node, s in (await client.broadcast(StatusOp())).items():
+            held = set(s.models[model].gpu) if model in s.models else set()
+            extra, missing = held - want.get(node, set()), want.get(node, set()) - held
+            if extra:
+                await client.call(node, EvictOp(model=model, blocks=tuple(sorted(extra)),
+                                                tier="gpu"))  # fmt: skip
+            if missing:
+                await client.call(node, LoadOp(model=model, blocks=tuple(sorted(missing)),
+                                               source="remote", tier="gpu"))  # fmt: skip
+        await client.call(1, StageOpenOp(pipeline=name, model=model, first_layer=h,
+                                         end_layer=end))  # fmt: skip
+        await client.call(0, StageOpenOp(pipeline=name, model=model, first_layer=0,
+                                         end_layer=h, next_node=1))  # fmt: skip
     finally:
         await client.close()
 
@@ -110,8 +163,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=3, help="trials of each mode")
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    what = "what the crash leaves: a local instance, or a λScale pipeline"
+    ap.add_argument("--case", choices=sorted(OUT), default="local", help=what)
+    ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if a.case == "pipeline" and a.nodes < 2:
+        ap.error("--case pipeline needs 2 nodes at least")
     trials: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
@@ -135,6 +192,8 @@ def main() -> None:
                     time.sleep(1.2)  # the autoscaler state is written every second
                     kill(proc)
                     crashed.join(60)
+                    if a.case == "pipeline":
+                        asyncio.run(leave_pipeline(cluster, state / "registry", model, i))
                     closed = asyncio.run(close_like_main(cluster, model)) if mode == "close" else 0
                     proc, url, ready_s = start(state, static)
                     after_ready_s = first_token_s(url, model)
@@ -160,6 +219,7 @@ def main() -> None:
     }  # fmt: skip
     out = {
         "model": model,
+        "case": a.case,
         "nodes": a.nodes,
         "trials": trials,
         "median": med,
@@ -169,8 +229,9 @@ def main() -> None:
         },
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    path = a.out or OUT[a.case]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["median"]), json.dumps(out["ratio_close_over_adopt"]))
 
 
