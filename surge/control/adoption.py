@@ -21,7 +21,9 @@ keep-alive and downscale delay run from its own last request, not from the resta
 Decides nothing. Owned by control/.
 """
 
+import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -115,6 +117,8 @@ class Adopter:
         """The agents' answers the last plan read."""
         self.adopted: list[tuple[str, int]] = []
         """(deployment, node) of the instances adopted at this start."""
+        self._engines: asyncio.Task | None = None
+        """The head engines' import, started as soon as an agent reports a stage."""
 
     def plan(
         self,
@@ -127,6 +131,16 @@ class Adopter:
         reports = tuple(node_report(n, s) for n, s in sorted(statuses.items()))
         wanted = {name: restored(spec, m, nodes) for name, (spec, m) in deployments.items()}
         return plan(reports, wanted, self.slots_per_node)
+
+    def expect(self, statuses: Mapping[int, StatusReply]) -> None:
+        """The agents' answers, read before the stores are opened and verified: if any
+        runs a pipeline stage, the head engines an adopted pipeline needs start importing
+        now (torch: seconds, which the controller has not paid yet), beside that work."""
+        stages = any(r.kind == "stage" for s in statuses.values() for r in s.running)
+        if stages and self._engines is None:
+            self._engines = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(importlib.import_module, "surge.engine.llm_engine")
+            )
 
     async def clean(self, actions: tuple[Action, ...], manifests: Mapping[str, Manifest]) -> None:
         """Close, release and drop what the plan says (each with one log line); the
@@ -197,6 +211,8 @@ class Adopter:
         try:
             if a.seq_ids:  # the old head engines' K/V: freed from the head along the chain
                 await self.client.call(a.nodes[0], StageFreeOp(pipeline=a.name, seq_ids=a.seq_ids))
+            if self._engines is not None:
+                await self._engines
             ep = self._endpoint(dep, a)
             ep.set_micro_batches(ep.num_micro_batches)  # head engines; the stages are open
         except Exception as e:  # a member went down meanwhile: the autoscaler starts one

@@ -98,6 +98,9 @@ class Deployments:
         on the agents is adopted or closed (`control/adoption.py`, `policy.adoption`)."""
         opened: dict[str, tuple[DeploymentSpec, Manifest, Any]] = {}
         live = self.live_nodes()
+        # What runs, first: an adopted pipeline's head engines start importing meanwhile
+        statuses = await self.client.broadcast(StatusOp(), live)
+        self.adopter.expect(statuses)
         for spec in self.store.all():
             try:
                 manifest, tokenizer = await self._open(spec, restoring=True)
@@ -108,7 +111,6 @@ class Deployments:
         # What runs is adopted or closed before the stores' versions are registered: an
         # agent refuses another version of a model an instance of its runs on
         # (`policy.versions`), and the plan drops such a version first.
-        statuses = await self.client.broadcast(StatusOp(), live)
         plan = self.adopter.plan(statuses, {n: (s, m) for n, (s, m, _) in opened.items()})
         await self.adopter.clean(plan, {n: m for n, (_, m, _) in opened.items()})
         for name, (spec, manifest, _) in list(opened.items()):

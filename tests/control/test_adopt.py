@@ -30,7 +30,7 @@ from tests.control.test_serve_openai import MODEL
 KEPT = {"keep_alive_s": 600, "downscale_delay_s": 600, "max_replicas": 1}
 
 
-def _kill(s: Serve) -> None:
+def kill(s: Serve) -> None:
     """As a crash: SIGKILL, nothing written at exit; the agents keep running."""
     s.http.close()
     s.proc.send_signal(signal.SIGKILL)
@@ -105,7 +105,7 @@ def test_a_killed_controllers_instances_are_adopted_and_the_rest_closed(
             assert started.wait(60), "the long request never streamed"
             time.sleep(1.2)  # the autoscaler state's loop writes (every second)
         finally:
-            _kill(first)
+            kill(first)
         stream.join(60)
 
         # While no controller runs: "gone" leaves the store; "other" becomes another version.
@@ -152,7 +152,7 @@ def test_a_killed_controllers_instances_are_adopted_and_the_rest_closed(
             assert running[node][f"{MODEL}-node{node}"] == ()
             assert not any(n.startswith("gone") for r in running.values() for n in r), running
         finally:
-            _kill(second)
+            kill(second)
 
         # A corrupt autoscaler state file: the instances are adopted all the same.
         (state / "autoscale.json").write_text('{"version": 1, "deployments": {')

@@ -15,7 +15,6 @@ blocks on the device, a prefill's K/V in the stages); every `surge serve` is kil
 by its PID, the agents by the cluster's stop."""
 
 import asyncio
-import signal
 import time
 
 import numpy as np
@@ -30,21 +29,13 @@ from surge.runtime.protocol import EvictOp, InstanceCloseOp, LoadOp, StageOpenOp
 from surge.runtime.scaleout.context import instance_name, pipeline_name
 from tests.control.conftest import Serve, start_serve
 from tests.control.strategy_run import agent_statuses, local_cluster
+from tests.control.test_adopt import kill
 from tests.control.test_serve_openai import MODEL
 
 KEPT = {"keep_alive_s": 600, "downscale_delay_s": 600, "max_replicas": 1}
 PIPE = pipeline_name(MODEL, "0123abcd", 0)
 OLD_SEQ = 5
 """The old head engine's sequence left in the stages (one the new engines never number)."""
-
-
-def kill(s: Serve) -> None:
-    """As a crash: SIGKILL, nothing written at exit; the agents keep running."""
-    s.http.close()
-    s.proc.send_signal(signal.SIGKILL)
-    s.proc.wait(30)
-    if s.proc.stdout:
-        s.proc.stdout.close()
 
 
 def complete(s: Serve, prompt: str, max_tokens: int = 8) -> str:
