@@ -18,7 +18,10 @@ mid scale-out): after the kill the script closes what runs of the model and open
 pipeline over nodes 0 and 1, each holding on the device only its stage's blocks (the rest
 evicted, the missing ones pulled from the store; the others' device copies evicted); `adopt`
 leaves it (the new controller adopts it whole, `policy/pipeline_adoption.py`), `close` then
-closes its stages and evicts their device copies, as main before pipeline adoption did.
+closes its stages and evicts their device copies, as main before pipeline adoption did. The
+deployment (the default model, named so in a config file) then keeps an idle instance 60 s
+(`downscale_delay_s`, `keep_alive_s`), not 10: the script's set-up after the kill (seconds
+under load) must not count against the adopted pipeline's idle time.
 Measured from the new process's start: its ready line, and the first streamed token of a
 request sent at once after it (greedy, 16 tokens). Trials alternate close, adopt. That server
 is the next trial's old one. A restart slower than the keep-alive (10 s from the last request
@@ -46,6 +49,7 @@ from typing import Any
 import httpx
 
 from surge.cli import serve_process
+from surge.model.default_store import default_model
 from surge.model.manifest import read_manifest
 from surge.policy.pipeline_adoption import stage_blocks
 from surge.runtime.client import ClusterClient
@@ -71,6 +75,8 @@ def start(state: Path, static: list[str]) -> tuple[subprocess.Popen, str, float]
     """A `surge serve` on `state` joining the agents; (process, url, seconds to ready)."""
     t0 = time.monotonic()
     args = ["--port", "0", "--state-dir", str(state), *static]
+    if (state.parent / "serve.yaml").is_file():
+        args += ["--config", str(state.parent / "serve.yaml")]
     proc, ready = serve_process.start_serve(args, state / "serve.log", timeout_s=600)
     return proc, ready["url"], time.monotonic() - t0
 
@@ -174,6 +180,11 @@ def main() -> None:
         state = Path(tmp) / "state"
         (state / "registry").mkdir(parents=True)
         cluster = LocalCluster(LocalClusterConfig(num_nodes=a.nodes, remote_dir=state / "registry"))
+        if a.case == "pipeline":
+            store, served = default_model()
+            kept = {"downscale_delay_s": 60, "keep_alive_s": 60}
+            deployment = {"name": served, "model": str(store), "autoscaling": kept}
+            (Path(tmp) / "serve.yaml").write_text(json.dumps({"deployments": [deployment]}))
         with cluster:
             token = Path(tmp) / "token"
             token.write_text(cluster.token + "\n")
