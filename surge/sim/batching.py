@@ -31,6 +31,7 @@ from surge.sim.decode_batch import DecodeBatch
 from surge.sim.decode_clock import DECODE, IDLE, PREFILL, DecodeClock
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
+from surge.sim.held import HeldCount, without_first_token
 from surge.sim.request import SimRequest
 from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import admissible, decode_step_left
@@ -45,6 +46,7 @@ class Batcher:
     __slots__ = (
         "admitted_s",
         "clock",
+        "held",
         "idle_since_s",
         "kv_capacity_tokens",
         "loop",
@@ -68,8 +70,11 @@ class Batcher:
         spec: EngineSpec,
         on_done: Callable[[Self, SimRequest], None],
         on_prefilled: Callable[[Self, SimRequest], None],
+        held: HeldCount | None = None,
     ) -> None:
         self.loop = loop
+        self.held = HeldCount() if held is None else held
+        """Its endpoint's count of held requests (`sim/held.py`), kept at each change here."""
         self.role = spec.role
         self.max_batch = spec.max_batch
         self.kv_capacity_tokens = spec.kv_capacity_tokens
@@ -90,6 +95,7 @@ class Batcher:
             self._finish,
             self._advance,
             self._on_prefill,
+            self.held,
         )
         """When its steps end (it shares `running` and `waiting`)."""
         self.admitted_s: deque[float] = deque(maxlen=ADMISSIONS_KEPT)
@@ -129,6 +135,9 @@ class Batcher:
         `start` False: the caller hands it more at this instant and then calls `start`."""
         self.idle_since_s = None
         self.waiting.append(req)
+        self.held.n += 1
+        if req.first_token_s < 0:
+            self.held.prompt_tokens += req.input_tokens
         if start:
             self.start()
 
@@ -214,8 +223,12 @@ class Batcher:
         c.settle()
         c.cancel()
         out = [*self.prefilling, *self.running.drain(c.v), *self.waiting]
+        self.held.prompt_tokens -= without_first_token(self.prefilling) + without_first_token(
+            self.waiting
+        )
         self.waiting.clear()
         self.prefilling.clear()
+        self.held.n -= len(out)
         self._set_phase(IDLE)
         return out
 
@@ -231,6 +244,8 @@ class Batcher:
             self.max_prefill_tokens,
         )
         batch = [self.waiting.popleft() for _ in range(n)]
+        self.held.n -= n  # out of the queue; counted again where each goes next
+        self.held.prompt_tokens -= without_first_token(batch)
         self.admitted_s.extend([self.loop.now_s] * n)
         return batch
 
@@ -255,6 +270,8 @@ class Batcher:
         if batch:
             self.running.prefill_tokens = sum(req.prefill_tokens for req in batch)
             self.prefilling = batch
+            self.held.n += len(batch)
+            self.held.prompt_tokens += without_first_token(batch)
             c.prefill(batch)
             self._set_phase(PREFILL)
             c.schedule_prefill()
@@ -277,6 +294,7 @@ class Batcher:
             self._finish(req)
             return
         self.running.join(req, self.clock.v + left)
+        self.held.n += 1
 
     def _finish(self, req: SimRequest) -> None:
         req.done_s = max(self.loop.now_s, req.first_token_s)
@@ -287,6 +305,8 @@ class Batcher:
     def _on_prefill(self) -> None:
         """The prefill step ended (the clock's event): its requests have their first token."""
         batch, self.prefilling = self.prefilling, []
+        self.held.n -= len(batch)  # each counted again if it joins the decode batch
+        self.held.prompt_tokens -= without_first_token(batch)  # before their first tokens
         self.running.prefill_tokens = 0
         for req in batch:
             if req.recompute and req.first_token_s >= 0:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from surge.sim.decode_batch import EPS_TOKENS, DecodeBatch
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import Event, EventLoop, Priority
+from surge.sim.held import HeldCount, without_first_token
 from surge.sim.request import SimRequest
 from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import decode_step_left
@@ -43,6 +44,7 @@ class DecodeClock:
         "_prefill_rate",
         "cost",
         "decode_v0",
+        "held",
         "hop_s",
         "id",
         "loop",
@@ -68,6 +70,7 @@ class DecodeClock:
         on_finished: Callable[[SimRequest], None],
         on_step_end: Callable[[], None],
         on_prefill_end: Callable[[], None],
+        held: HeldCount,
     ) -> None:
         self.id = iid
         self.loop = loop
@@ -82,6 +85,8 @@ class DecodeClock:
         self._on_step_end = on_step_end
         """After a decode step's end and its finishes: the batcher starts the next step."""
         self._on_prefill_end = on_prefill_end
+        self.held = held
+        """The endpoint's count of held requests: finished ones leave it (`sim/held.py`)."""
         self.phase = IDLE
         self.v = 0.0
         self.v_time_s = 0.0
@@ -216,7 +221,9 @@ class DecodeClock:
         self.settle()
         self.stepping = True
         try:
-            for req in self.running.pop_finished(self.v):
+            done = self.running.pop_finished(self.v)
+            self.held.n -= len(done)  # all out of the batch before the first callback
+            for req in done:
                 self._on_finished(req)
         finally:
             self.stepping = False
@@ -235,5 +242,7 @@ class DecodeClock:
             self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def _preempt(self) -> None:
-        for req in self.running.preempt(self.v):  # the earliest ends up first
+        back = self.running.preempt(self.v)
+        for req in back:  # the earliest ends up first
             self.waiting.appendleft(req)
+        self.held.prompt_tokens += without_first_token(back)  # none: each had its first

@@ -16,9 +16,10 @@ prefilled request; the request's KV cache then moves there over the network.
 from collections import deque
 from collections.abc import Callable
 
-from surge.policy.autoscale import AutoscaleState
+from surge.policy.autoscale import AutoscaleState, InstanceLoad
 from surge.policy.router import Endpoint, route
 from surge.sim.instance import Instance
+from surge.sim.load_views import Snapshots
 from surge.sim.pd import PdPool
 from surge.sim.request import SimRequest
 from surge.sim.world import World
@@ -44,6 +45,10 @@ class Pool:
         """The autoscaler's memory (`surge.policy.autoscale`)."""
         self.arrivals_s: deque[float] = deque()
         """Recent arrival times (ParaServe §6.1 predictor's sliding window)."""
+        self.route_views: Snapshots[Endpoint] = Snapshots(Endpoint)
+        """The router's snapshots of its endpoints (`sim/load_views.py`)."""
+        self.load_views: Snapshots[InstanceLoad] = Snapshots(InstanceLoad)
+        """The autoscaler's snapshots of its instances (`sim/load_views.py`)."""
 
     @property
     def key(self) -> tuple[int, str]:
@@ -102,20 +107,13 @@ class Requests:
         eps = pool.endpoints()
         if not eps:
             return None
-        chosen = route(
-            [
-                Endpoint(
-                    e.id,
-                    pool.held(e),
-                    e.max_batch,
-                    e.speed,
-                    e.route_target,
-                    e.micro_batches,
-                )
-                for e in eps
-            ],
-            self.world.system.routing,
-        )
+        views, held = pool.route_views, pool.held
+        views.prune(len(eps))
+        snapshot = [
+            views.get(e.id, (held(e), e.max_batch, e.speed, e.route_target, e.micro_batches))
+            for e in eps
+        ]
+        chosen = route(snapshot, self.world.system.routing)
         if chosen is None:
             return None
         inst = eps[0] if eps[0].id == chosen else next(e for e in eps if e.id == chosen)

@@ -17,10 +17,9 @@ scale-out of a system that mutates carries out `policy.blitzscale.pd_mutation.sc
 import dataclasses
 import math
 from collections.abc import Callable
-from itertools import chain
 
 from surge.events import InstanceDrained, ScaleOutStarted
-from surge.policy.autoscale import InstanceLoad, PoolLoad, ScaleDecision, decide
+from surge.policy.autoscale import PoolLoad, ScaleDecision, decide
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import with_monitor
 from surge.policy.placement import MachineView, PlacementRequest, place, prefers_host_copy
@@ -275,21 +274,26 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
     pending = 0
     if monitor:  # prompt tokens without a first token yet: queued, waiting, prefilling
-        waiting = chain(pool.queue, *((*e.waiting, *e.prefilling) for e in every_endpoint(pool)))
-        pending = sum(r.input_tokens for r in waiting if r.first_token_s < 0)
+        pending = sum(r.input_tokens for r in pool.queue if r.first_token_s < 0) + sum(
+            e.pending_prompt_tokens for e in every_endpoint(pool)
+        )
     loads = []
+    views = pool.load_views
+    views.prune(len(pool.instances))
     for i in pool.instances:  # every autoscaler look: each instance's count read once
         held = pool.held(i)
         loads.append(
-            InstanceLoad(
+            views.get(
                 i.id,
-                held,
-                not i.loaded or i.sending > 0,
-                i.idle_since_s if i.sending == 0 and held == i.outstanding else None,
-                i.decode_tokens_per_s if monitor else 0.0,
-                min(1.0, i.kv_tokens / i.kv_capacity_tokens)
-                if monitor and i.kv_capacity_tokens
-                else 0.0,
+                (
+                    held,
+                    not i.loaded or i.sending > 0,
+                    i.idle_since_s if i.sending == 0 and held == i.outstanding else None,
+                    i.decode_tokens_per_s if monitor else 0.0,
+                    min(1.0, i.kv_tokens / i.kv_capacity_tokens)
+                    if monitor and i.kv_capacity_tokens
+                    else 0.0,
+                ),
             )
         )
     return PoolLoad(now_s, queued, tuple(loads), pending)

@@ -29,6 +29,7 @@ from surge.policy.pipeline_batches import join_micro_batch
 from surge.sim.batching import Batcher
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
+from surge.sim.held import HeldCount, without_first_token
 from surge.sim.request import SimRequest
 from surge.sim.stage_line import StageLine
 
@@ -39,6 +40,7 @@ class ServingEngine:
     __slots__ = (
         "_after_prefill",
         "_busy",
+        "_held",
         "_hop_s",
         "_kv_capacity_tokens",
         "_max_batch",
@@ -79,6 +81,8 @@ class ServingEngine:
         self.on_busy: Callable[[Self], None] | None = None
         """Called when the endpoint turns busy or idle (compute sharing)."""
         self.heads: list[Batcher] = []
+        self._held = HeldCount()
+        """Requests its heads hold, kept as they change (`sim/held.py`)."""
         # a head's callbacks name the endpoint, not the head
         self._on_done = lambda _head, req: on_done(self, req)
         self._on_prefilled = lambda _head, req: on_prefilled(self, req)
@@ -86,7 +90,9 @@ class ServingEngine:
 
     # --- shape ----------------------------------------------------------------------
     def _add_head(self) -> None:
-        head = Batcher(self.id, self.loop, self._spec, self._on_done, self._on_prefilled)
+        head = Batcher(
+            self.id, self.loop, self._spec, self._on_done, self._on_prefilled, self._held
+        )
         head.on_busy = self._head_busy
         if self.heads:  # as fast as its siblings now
             first = self.heads[0].clock
@@ -129,7 +135,7 @@ class ServingEngine:
         v = head.clock.v
         generated = {r.id: round(r.output_tokens - (fv - v)) for fv, _, r in head.running}
         running = head.running.admitted()  # the runtime scheduler's order
-        head.running.drain(v)
+        self._held.n -= len(head.running.drain(v))
         for req in running:
             req.generated = generated[req.id]  # at a step boundary: whole tokens
         moves = {r.id: merge_move(phase_of(True, 1)) for r in running}  # decoding
@@ -156,6 +162,8 @@ class ServingEngine:
         for h, reqs in zip(active, joining, strict=True):
             h.idle_since_s = None if reqs else h.idle_since_s
             h.waiting.extendleft(reversed(reqs))  # ahead of new work: the runtime adopts now
+            self._held.n += len(reqs)
+            self._held.prompt_tokens += without_first_token(reqs)
         fresh = [r for r in head.waiting if moves[r.id] is MergeMove.QUEUE_NOW]
         self.remove_waiting({r.id for r in fresh})
         for req in fresh:
@@ -242,9 +250,15 @@ class ServingEngine:
     @property
     def outstanding(self) -> int:
         """Requests waiting, prefilling or decoding here."""
-        # Read for every endpoint at each routing decision and autoscaler look: kept
-        # cheap (`Batcher.outstanding`'s sum, inlined).
-        return sum([len(h.waiting) + len(h.prefilling) + len(h.running) for h in self.heads])
+        # Read for every endpoint at each routing decision and autoscaler look: counted
+        # as the heads change (`sim/held.py`), not summed over them at each read.
+        return self._held.n
+
+    @property
+    def pending_prompt_tokens(self) -> int:
+        """Prompt tokens of its waiting and prefilling requests without a first token (the
+        load monitor's prefill load), counted as the heads change (`sim/held.py`)."""
+        return self._held.prompt_tokens
 
     @property
     def busy(self) -> bool:
@@ -253,12 +267,16 @@ class ServingEngine:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        return sum(h.decode_tokens_per_s for h in self.heads)
+        heads = self.heads  # one head: its own (0 + x is x, the sum's float)
+        if len(heads) == 1:
+            return heads[0].decode_tokens_per_s
+        return sum(h.decode_tokens_per_s for h in heads)
 
     @property
     def kv_tokens(self) -> float:
         """KV-cache tokens its requests hold now, every head's."""
-        return sum(h.kv_tokens for h in self.heads)
+        heads = self.heads
+        return heads[0].kv_tokens if len(heads) == 1 else sum(h.kv_tokens for h in heads)
 
     @property
     def tokens_done(self) -> int:
@@ -290,6 +308,8 @@ class ServingEngine:
     @property
     def idle_since_s(self) -> float | None:
         """Since when it holds no request (None: it holds some)."""
+        if len(self.heads) == 1:
+            return self.heads[0].idle_since_s
         since = [h.idle_since_s for h in self.heads]
         return None if None in since else max(since)  # type: ignore[type-var]
 
@@ -347,6 +367,9 @@ class ServingEngine:
         for head in self.heads:
             if any(r.id in ids for r in head.waiting):
                 kept = [r for r in head.waiting if r.id not in ids]
+                gone = [r for r in head.waiting if r.id in ids]
+                self._held.n -= len(gone)
+                self._held.prompt_tokens -= without_first_token(gone)
                 head.waiting.clear()
                 head.waiting.extend(kept)
                 if head.outstanding == 0 and head.idle_since_s is None:

@@ -97,8 +97,7 @@ def _sim_view(instances, at_router, router_tokens):
                 loaded=True,
                 sending=0,
                 idle_since_s=None,
-                waiting=[req(p, False) for p in waiting],
-                prefilling=[req(p, False) for p in prefilling],
+                pending_prompt_tokens=sum((*waiting, *prefilling)),  # none has a first token
                 decode_tokens_per_s=0.0,
                 kv_tokens=0,
                 kv_capacity_tokens=0,

@@ -208,9 +208,8 @@ def _sim_log(s: Scenario, tmp_path) -> list[tuple]:
     now = sim.world.loop.now_s
     for node, ids in _queued_ids(s).items():
         source = next(i for i in pool.instances if i.machine == node)
-        source.waiting.extend(
-            SimRequest(i, 0, _queued_arrival_s(now, s, i), PROMPT_TOKENS, 4) for i in ids
-        )
+        for i in ids:  # queued on it (a full engine: none starts)
+            source.submit(SimRequest(i, 0, _queued_arrival_s(now, s, i), PROMPT_TOKENS, 4), False)
     pool.queue.extend(
         SimRequest(i, 0, now - s.waited_s, PROMPT_TOKENS, 4) for i in range(s.num_waiting)
     )
@@ -322,7 +321,8 @@ def _sim_redistributed(pd: bool, tmp_path) -> list[int]:
     for node, reqs in _redistribute_ids().items():
         source = instance_on(sim, node, serving=True)
         source.max_batch = 0  # starts nothing while the test looks (as the runtime's stand-in)
-        source.waiting.extend(SimRequest(i, 0, now - age, PROMPT_TOKENS, 4) for i, age in reqs)
+        for i, age in reqs:
+            source.submit(SimRequest(i, 0, now - age, PROMPT_TOKENS, 4), start=False)
     target = instance_on(sim, TARGET, serving=True)
     live = sim.loader.live
     live.was_live.add(target.id)  # it went live while loading

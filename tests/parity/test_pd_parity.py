@@ -219,7 +219,8 @@ def _sim(case: Case, tmp_path) -> Log:
         inst.max_batch = CAPACITY
         pool.instances.append(inst)
         sim.loader.ready(pool, inst)  # it serves: it joins
-        inst.waiting.extend(SimRequest(1000 * k + r, 0, 0.0, 1, 1) for r in range(held))
+        for r in range(held):
+            inst.submit(SimRequest(1000 * k + r, 0, 0.0, 1, 1), start=False)
         insts.append(inst)
     for k in range(len(case.held), len(case.held) + case.loading):
         inst = instance_on(sim, k, serving=False)  # placed, still loading
@@ -244,7 +245,7 @@ def _sim(case: Case, tmp_path) -> Log:
         done.append((insts.index(src), insts.index(inst)))
 
     def resume(self, req) -> None:
-        self.waiting.append(req)
+        self.submit(req, start=False)
         done.append((insts.index(self),) * 2)
 
     with patch.context() as mp:

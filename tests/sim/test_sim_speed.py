@@ -2,8 +2,10 @@
 
 The shortcuts (`sim.simulator` chains arrivals instead of scheduling the whole trace,
 `sim.scaling.Scaler` runs the wake-ups many decisions ask for at one instant as one event
-and skips a decision that would repeat the last one) are replaced here by the plain
-versions; every number of the result must stay the same.
+and skips a decision that would repeat the last one, an endpoint's held requests counted
+as they change (`sim/held.py`) and the policies' snapshots kept while equal
+(`sim/load_views.py`)) are replaced here by the plain versions; every number of the result
+must stay the same. The plain count also checks the kept one at every read.
 """
 
 import dataclasses
@@ -15,9 +17,13 @@ import pytest
 from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.systems import system_config
-from surge.sim import scaling, simulator
-from surge.sim.events import Priority
+from surge.sim import pools, scaling, simulator
+from surge.sim.costs import CostModel
+from surge.sim.engine_spec import EngineSpec
+from surge.sim.events import EventLoop, Priority
 from surge.sim.metrics import summarize
+from surge.sim.request import SimRequest
+from surge.sim.serving_engine import ServingEngine
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import simulate
 from surge.sim.world import KEY_STRIDE
@@ -35,6 +41,45 @@ def _plain_arrivals(self):
         self.world.loop.schedule(
             req.arrival_s, Priority.ARRIVAL, req.id, lambda req=req: self.router.arrive(req)
         )
+
+
+class _FreshSnapshots:
+    """`load_views.Snapshots` that builds every snapshot anew."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def get(self, endpoint_id, fields):
+        return self.make(endpoint_id, *fields)
+
+    def prune(self, live):
+        pass
+
+
+def _recounted(self: ServingEngine) -> int:
+    """The held requests summed over the heads' queues, checked against the kept count."""
+    n = sum(len(h.waiting) + len(h.prefilling) + len(h.running) for h in self.heads)
+    assert n == self.heads[0].held.n, (self.id, n, self.heads[0].held.n)
+    _prompts_recounted(self)
+    return n
+
+
+def _prompts_recounted(self: ServingEngine) -> int:
+    """The prompt tokens of the heads' waiting and prefilling requests without a first
+    token, summed anew and checked against the kept sum."""
+    queued = [r for h in self.heads for r in (*h.waiting, *h.prefilling)]
+    tokens = sum(r.input_tokens for r in queued if r.first_token_s < 0)
+    assert tokens == self.heads[0].held.prompt_tokens, (self.id, tokens)
+    return tokens
+
+
+def _plain(m: pytest.MonkeyPatch) -> None:
+    m.setattr(scaling.Scaler, "_at", _plain_at)
+    m.setattr(scaling.Scaler, "_repeats", lambda *a: False)
+    m.setattr(simulator.Simulation, "_schedule_arrivals", _plain_arrivals)
+    m.setattr(ServingEngine, "outstanding", property(_recounted))
+    m.setattr(ServingEngine, "pending_prompt_tokens", property(_prompts_recounted))
+    m.setattr(pools, "Snapshots", _FreshSnapshots)
 
 
 def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
@@ -69,6 +114,7 @@ def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
         ("flexpipe", 1),
         ("serverlessllm", 3),
         ("lambdascale+capped", 1),
+        ("paraserve", 1),
     ],
 )
 def test_shortcuts_give_the_plain_paths_results(monkeypatch, system, num_models):
@@ -77,9 +123,7 @@ def test_shortcuts_give_the_plain_paths_results(monkeypatch, system, num_models)
     models = (f"llama2-7b*{num_models}",) if num_models > 1 else ("llama2-7b",)
     fast, fast_events = _outcome(system, trace, models)
     with monkeypatch.context() as m:
-        m.setattr(scaling.Scaler, "_at", _plain_at)
-        m.setattr(scaling.Scaler, "_repeats", lambda *a: False)
-        m.setattr(simulator.Simulation, "_schedule_arrivals", _plain_arrivals)
+        _plain(m)
         plain, plain_events = _outcome(system, trace, models)
     assert json.loads(fast)["summary"]["finished"] == trace.num_requests
     assert fast == plain
@@ -129,3 +173,24 @@ def test_a_decision_is_repeated_only_while_its_inputs_stay_the_same():
     pool.queue.extend(sim.requests[:40])
     assert sim.scaler.autoscale(pool) is False  # the queue grew: decide again
     assert len(pool.instances) > 1
+
+
+def test_the_held_count_follows_every_change_of_a_pipelines_heads():
+    """`sim/held.py`: requests in, admitted, prefilled, finished, taken away and drained
+    from a two-micro-batch pipeline; the kept count is the heads' sum at every step."""
+    loop = EventLoop()
+    spec = EngineSpec(CostModel(1e-3, 1e-5, 1e-3, 1e-5, num_layers=8), "both", 16, 10**6, 10**6)
+    eng = ServingEngine(0, loop, spec, lambda e, r: None, lambda e, r: None)
+    eng.set_micro_batches(2)
+    seen = []
+    for k in range(12):
+        req = SimRequest(k, 0, 0.01 * k, 256, 5 + k)
+        loop.schedule(req.arrival_s, Priority.ARRIVAL, k, lambda r=req: eng.submit(r))
+    for k in range(40):
+        loop.schedule(0.005 * k, Priority.CONTROL, k, lambda: seen.append(_recounted(eng)))
+    loop.run(until_s=0.09)
+    assert max(seen) > 0 and _recounted(eng) > 0
+    taken = eng.take_waiting(2)
+    assert taken and _recounted(eng) == eng.outstanding
+    eng.drain()
+    assert eng.outstanding == _recounted(eng) == 0
