@@ -182,7 +182,12 @@ class Adopter:
             if a.model != dep.name:
                 continue
             if isinstance(a, AdoptPipeline):
-                await self._adopt_pipeline(dep, a, now_s)
+                # Its members' slots now, loading until its head engines are up: off the
+                # start's path (their import takes seconds; the API and the other
+                # deployments do not wait for it), as a scale-out's instance loads
+                for n in a.nodes:
+                    dep.instances[n] = Instance(n)
+                dep.spawn(self._adopt_pipeline(dep, a))
                 continue
             if not isinstance(a, Adopt):
                 continue
@@ -205,9 +210,10 @@ class Adopter:
             "requests aborted)", a.instance, a.node, len(a.req_ids),
         )  # fmt: skip
 
-    async def _adopt_pipeline(self, dep: Deployment, a: AdoptPipeline, now_s: float) -> None:
+    async def _adopt_pipeline(self, dep: Deployment, a: AdoptPipeline) -> None:
         """One serving instance over the pipeline's stages (the shape a scale-out opens:
-        `scaleout/multicast.py`, `scaleout/paraserve.py`), its members' slots its own."""
+        `scaleout/multicast.py`, `scaleout/paraserve.py`), its members' slots its own; idle
+        since the carried quiet time of each member's node, as an adopted local instance."""
         try:
             if a.seq_ids:  # the old head engines' K/V: freed from the head along the chain
                 await self.client.call(a.nodes[0], StageFreeOp(pipeline=a.name, seq_ids=a.seq_ids))
@@ -215,16 +221,26 @@ class Adopter:
                 await self._engines
             ep = self._endpoint(dep, a)
             ep.set_micro_batches(ep.num_micro_batches)  # head engines; the stages are open
-        except Exception as e:  # a member went down meanwhile: the autoscaler starts one
+            gone = [n for n in a.nodes if dep.instances.get(n) is None]
+            if gone:  # a member went down (or was released) meanwhile
+                raise RuntimeError(f"node {gone[0]} left it")
+        except Exception as e:  # the autoscaler starts one instead
             log.warning("restart: pipeline %s on nodes %s not adopted: %s", a.name, a.nodes, e)
             for n in a.nodes:  # what is left of it serves no one
+                if (inst := dep.instances.get(n)) is not None and inst.endpoint is None:
+                    dep.instances.pop(n)
                 with contextlib.suppress(Exception):
                     await self.client.call(n, StageCloseOp(pipeline=a.name))
+                    await self.copies.release_slot(dep.name, n, dep.manifest.num_blocks)
             return
+        now_s = self.clock.now_s()
+        restart = dep.autoscale_state.restart  # restored by now, unless the import was quick
         for n in a.nodes:  # one instance, every member's slot (as FlexPipe's pipelines)
-            dep.instances[n] = Instance(n, endpoint=ep, idle_since_s=now_s)  # type: ignore[arg-type]
+            inst = dep.instances[n]
+            inst.endpoint = ep  # type: ignore[assignment]
+            quiet_s = None if restart is None else restart.quiet_of(n)
+            inst.idle_since_s = adopted_idle_since_s(quiet_s, now_s)
             dep.host_last_used_s[n] = now_s
-            self.adopted.append((dep.name, n))
         await dep.server.add_endpoint(ep)
         if isinstance(ep, FlexPipeline):  # its layer times, as a new one's (§5)
             dep.spawn(_profile(ep))
