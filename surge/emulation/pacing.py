@@ -13,7 +13,7 @@ the simulator's engine runs a live batch after what the partner already has (C2 
 Before 2026-11-29 they ran at once, each at the emulated GPU's full speed: on the emulated
 §6.1 7B run a prefill instance prefilled its own batch and a live batch's last 15 of 16
 layers together: requests 8-11's first tokens at 1.425 s, the simulator's 1.68 s.
-Owned by emulation/; used by the node agent (`runtime/node/instances.py`, `node/serving.py`).
+Owned by emulation/; used by the node agent (`runtime/node/instance_loop.py`, `node/serving.py`).
 """
 
 import contextlib

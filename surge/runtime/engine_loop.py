@@ -9,7 +9,7 @@ in a worker thread (`asyncio.to_thread`) so the event loop keeps serving I/O; it
 loop sleeps on `wake`. An exception from a step goes to `on_failed_step` (which decides what
 a failed step means and the loop goes on), or ends the loop when there is none. The one
 engine loop of the runtime: pipeline heads (`runtime/endpoints.py`) and the agent's local
-instances (`runtime/node/instances.py`, whose step also parks P/D prefills).
+instances (`runtime/node/instance_loop.py`, whose step also parks P/D prefills).
 
 The engine's types are for the type checker only: the engine imports torch, and processes
 that import the runtime without ever running a model (the controller, HTTP-only CLI

@@ -3,7 +3,7 @@ batch's last S layers reach its partner, the overloaded instance, while that ins
 prefills its own batch. One GPU runs one step at a time: the live batch's first tokens come
 after the partner's own step and then its S layers, in the simulator (`sim/live_scaling.py`:
 the batch is submitted to the partner's engine, which runs it after what it already has,
-C2 of Eq. 1) and in the emulated runtime (`runtime/node/instances.py`'s step and
+C2 of Eq. 1) and in the emulated runtime (`runtime/node/instance_loop.py`'s step and
 `runtime/node/serving.py`'s stage step on one agent, paced by its `StepPacer`, whose `step`
 is the agent's one emulated GPU).
 
@@ -27,8 +27,7 @@ from surge.emulation import StepPacer
 from surge.engine.batch import BatchMeta
 from surge.engine.hidden import hidden_to_bytes
 from surge.policy.systems import system_config
-from surge.runtime.node import instances as agent_instances
-from surge.runtime.node.instances import AgentInstances
+from surge.runtime.node import instance_loop
 from surge.runtime.node.serving import NO_CHARGES, AgentServing
 from surge.runtime.node.stage import Stage
 from surge.runtime.protocol import StageStepOp
@@ -93,7 +92,7 @@ def _runtime_first_tokens(cost: CostModel, monkeypatch) -> tuple[float, float]:
         inst.engine.last_batch = BatchMeta((0,), (0,), (OWN_TOKENS,))
         return [], {}
 
-    monkeypatch.setattr(agent_instances, "step_and_park", step_and_park)
+    monkeypatch.setattr(instance_loop, "step_and_park", step_and_park)
     inst = SimpleNamespace(engine=SimpleNamespace(arch=SimpleNamespace(num_layers=NUM_LAYERS)))
     serving = AgentServing(agent.ctx, None)  # type: ignore[arg-type]
     serving._charges = lambda model: NO_CHARGES  # type: ignore[method-assign]
@@ -106,7 +105,7 @@ def _runtime_first_tokens(cost: CostModel, monkeypatch) -> tuple[float, float]:
         sent.append(time.perf_counter())
 
     async def own_step() -> float:
-        await asyncio.to_thread(AgentInstances._step, agent, inst)  # type: ignore[arg-type]
+        await asyncio.to_thread(instance_loop.paced_step, agent.ctx, inst)  # type: ignore[arg-type]
         return time.perf_counter()
 
     async def run() -> tuple[float, float]:

@@ -11,6 +11,7 @@ from typing import Any
 from surge.engine.llm_engine import TokenEvent
 from surge.engine.sampling import SamplingParams
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.node.instance_loop import run_instance
 from surge.runtime.node.instances import AgentInstances
 from surge.runtime.node.local_instance import LocalInstance
 from surge.runtime.protocol import Event, InstanceSubmitOp, RequestFailed, TokenGenerated
@@ -68,10 +69,10 @@ class Ctx:
 def test_a_failing_step_fails_its_requests_and_the_instance_serves_on() -> None:
     async def run() -> tuple[Ctx, FlakyEngine]:
         ctx, engine = Ctx(), FlakyEngine({0: 1, 1: 1})
-        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # loop uses ctx only
+        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # ops use ctx only
         inst = LocalInstance("inst", "m", engine)  # type: ignore[arg-type]
         inst.requests.update({0: "r0", 1: "r1"})
-        task = asyncio.create_task(agent._instance_loop(inst))
+        task = asyncio.create_task(run_instance(ctx, inst))
         for _ in range(100):  # the two failures, then idle
             await asyncio.sleep(0.01)
             if len(ctx.events) == 2:
@@ -102,10 +103,10 @@ def test_a_submitted_request_the_loop_cannot_add_is_failed_at_the_controller() -
 
     async def run() -> Ctx:
         ctx, engine = Ctx(), FlakyEngine()
-        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # loop uses ctx only
+        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # ops use ctx only
         inst = LocalInstance("inst", "m", engine)  # type: ignore[arg-type]
         agent.instances["inst"] = inst
-        task = asyncio.create_task(agent._instance_loop(inst))
+        task = asyncio.create_task(run_instance(ctx, inst))
         op = InstanceSubmitOp(instance="inst", req_id="r9", prompt_token_ids=(1, 2))
         await agent.op_instance_submit(op, None, memoryview(b""))  # type: ignore[arg-type]
         for _ in range(100):

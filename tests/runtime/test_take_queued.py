@@ -14,6 +14,7 @@ from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
+from surge.runtime.node.instance_loop import run_instance
 from surge.runtime.node.instances import AgentInstances
 from surge.runtime.node.local_instance import LocalInstance
 from surge.runtime.protocol import (
@@ -63,11 +64,11 @@ def test_queued_requests_come_back_while_a_step_runs_and_started_ones_stay(manif
 
     async def run() -> tuple[Ctx, tuple[str, ...], tuple[str, ...], bool]:
         ctx = Ctx()
-        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # loop uses ctx only
+        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # ops use ctx only
         engine = LLMEngine(manifest, config, executor)  # type: ignore[arg-type]
         inst = LocalInstance("inst", "m", engine)
         agent.instances["inst"] = inst
-        task = asyncio.create_task(agent._instance_loop(inst))
+        task = asyncio.create_task(run_instance(ctx, inst))
         try:
             for rid in ("r0", "r1", "r2"):
                 await agent.op_instance_submit(submit(rid), None, NO_PAYLOAD)  # type: ignore[arg-type]

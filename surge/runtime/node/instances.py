@@ -7,9 +7,11 @@ with tokens it already generated elsewhere, whose KV cache is rebuilt by prefill
 BlitzScale's P/D hand-off); `instance_abort` takes requests back out (to move them
 elsewhere); `instance_queued` and `instance_take_queued` name and take back the requests
 that have not started, at once, not after the step in progress (BlitzScale §4 step 1);
-`generate` is a one-off run. Each instance's loop applies changes between two steps (never
-during one) and emits every generated token as a `TokenGenerated` event. The P/D side
-(roles, parking after prefill, `instance_handoff`) is `runtime/node/pd.py`.
+`generate` is a one-off run. What flows through here is the controller's ops on instances,
+answered at once or queued into each instance's inbox; the loop that applies the inbox
+between two steps (never during one) and emits every generated token as a `TokenGenerated`
+event is `runtime/node/instance_loop.py`. The P/D side (roles, parking after prefill,
+`instance_handoff`) is `runtime/node/pd.py`.
 Composed into `NodeAgent` (`runtime/node/agent.py`) with the node's `NodeContext` and
 `AgentStore` passed in.
 """
@@ -25,11 +27,11 @@ from surge.emulation import traffic_charges
 from surge.errors import SurgeError
 from surge.policy.versions import refuse_kv
 from surge.runtime.node.context import Handlers, NodeContext
+from surge.runtime.node.instance_loop import run_instance
 from surge.runtime.node.local_instance import LocalInstance
-from surge.runtime.node.pd import AgentPd, step_and_park
+from surge.runtime.node.pd import AgentPd
 from surge.runtime.node.store import AgentStore
 from surge.runtime.protocol import (
-    HANDOFF_REASON,
     AbortReply,
     Ack,
     AdoptReply,
@@ -51,14 +53,13 @@ from surge.runtime.protocol import (
     RequestFailed,
     RunningHolding,
     SubmitReply,
-    TokenGenerated,
 )
 from surge.runtime.transport import Connection
 
 if TYPE_CHECKING:
     import torch
 
-    from surge.engine.llm_engine import LLMEngine, TokenEvent
+    from surge.engine.llm_engine import LLMEngine
     from surge.engine.runner import ModelRunner
     from surge.runtime.node.model_state import ModelState
 
@@ -176,7 +177,7 @@ class AgentInstances:
         if op.instance not in self.instances:
             engine = LLMEngine(state.manifest, self.ctx.config.engine, LocalExecutor(state.runner))
             inst = LocalInstance(op.instance, op.model, engine)
-            inst.task = self.ctx.spawn(self._instance_loop(inst))
+            inst.task = self.ctx.spawn(run_instance(self.ctx, inst))
             self.instances[op.instance] = inst
         return InstanceReply(instance=op.instance)
 
@@ -306,91 +307,3 @@ class AgentInstances:
             return engine.generate([list(op.prompt_token_ids)], op.params)[0].token_ids
 
         return GenerateReply(token_ids=tuple(await asyncio.to_thread(run)))
-
-    async def _fail_all(self, inst: LocalInstance, error: str) -> None:
-        """Take every request out of `inst` and tell the controller each one failed
-        (`RequestFailed`); the instance serves on with the requests that come next."""
-        for sid, rid in list(inst.requests.items()):
-            try:
-                inst.engine.abort(sid)
-            except Exception:  # already gone from the engine: nothing to free
-                log.debug("instance %s: seq %d was not in the engine", inst.name, sid)
-            del inst.requests[sid]
-            inst.fresh.discard(sid)
-            await self.ctx.emit(
-                RequestFailed(
-                    node=self.ctx.node,
-                    t=time.time(),
-                    instance=inst.name,
-                    req_id=rid,
-                    error=error,
-                    model=inst.model,
-                )
-            )
-
-    def _step(self, inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, str]]:
-        """One step (in the worker thread); under emulation it lasts what the emulated GPU
-        takes for the whole emulated model at this step's shape, and the agent's other
-        steps (its pipeline stages', a live batch's last layers) wait for it
-        (`StepPacer.step`: one GPU)."""
-        pacer = self.ctx.pacer
-        if pacer is None:
-            return step_and_park(inst)
-        with pacer.step() as started_s:  # the agent's one GPU: its stages' steps wait
-            out = step_and_park(inst)
-            batch = inst.engine.last_batch
-            if batch is not None:
-                layers = inst.engine.arch.num_layers
-                pacer.pace(started_s, batch.q_lens, 0, layers, layers)
-        return out
-
-    async def _instance_loop(self, inst: LocalInstance) -> None:
-        """Drive the instance's engine with the runtime's one loop (`run_engine`): the
-        inbox's changes between steps, P/D parking in the step, tokens out as events."""
-        from surge.runtime.engine_loop import run_engine  # torch: only once a model serves
-
-        parked: dict[int, str] = {}
-        """seq_id -> req_id of the requests the last step parked (P/D prefill)."""
-
-        def admit() -> None:
-            while inst.inbox:
-                fn, fut = inst.inbox.pop(0)
-                try:
-                    fut.set_result(fn(inst.engine))
-                except Exception as e:  # reported to the op that asked (or its callback)
-                    fut.set_exception(e)
-
-        def step() -> list["TokenEvent"]:
-            events, now_parked = self._step(inst)
-            parked.clear()
-            parked.update(now_parked)
-            return events
-
-        async def failed(e: Exception) -> None:  # a broken step must not leave requests hanging
-            log.error("instance %s: an engine step failed", inst.name, exc_info=e)
-            await self._fail_all(inst, f"the engine failed a step: {type(e).__name__}: {e}")
-
-        async def deliver(events: list["TokenEvent"]) -> None:
-            for ev in events:
-                rid = inst.requests.get(ev.seq_id) or parked.get(ev.seq_id)
-                if rid is None:
-                    continue
-                if ev.finished:
-                    del inst.requests[ev.seq_id]
-                await self.ctx.emit(
-                    TokenGenerated(
-                        node=self.ctx.node,
-                        t=time.time(),
-                        instance=inst.name,
-                        req_id=rid,
-                        token=ev.token_id,
-                        finished=ev.finished,
-                        finish_reason=HANDOFF_REASON if ev.seq_id in parked else ev.finish_reason,
-                        model=inst.model,
-                        logprob=ev.logprobs.logprob if ev.logprobs else None,
-                        top_logprobs=ev.logprobs.top if ev.logprobs else None,
-                        cached_tokens=ev.num_cached_tokens,
-                    )
-                )
-
-        await run_engine(inst.engine, inst.wake, admit, deliver, step=step, on_failed_step=failed)

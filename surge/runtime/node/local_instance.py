@@ -1,6 +1,6 @@
 """A full local instance of a model on this node, as the agent keeps it: its engine, the
 controller's request ids, the inbox of changes its loop applies between steps, its P/D role
-and the requests parked after their prefill. Made and driven by `instances.py`; P/D's
+and the requests parked after their prefill. Made by `instances.py`, driven by `instance_loop.py`; P/D's
 parking (`pd.py`) reads and writes it. Owned by the agent (runtime/node/).
 """
 
