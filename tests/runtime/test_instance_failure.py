@@ -69,7 +69,6 @@ class Ctx:
 def test_a_failing_step_fails_its_requests_and_the_instance_serves_on() -> None:
     async def run() -> tuple[Ctx, FlakyEngine]:
         ctx, engine = Ctx(), FlakyEngine({0: 1, 1: 1})
-        agent = AgentInstances(ctx, None, None)  # type: ignore[arg-type]  # ops use ctx only
         inst = LocalInstance("inst", "m", engine)  # type: ignore[arg-type]
         inst.requests.update({0: "r0", 1: "r1"})
         task = asyncio.create_task(run_instance(ctx, inst))

@@ -1,7 +1,7 @@
 """A full local instance of a model on this node, as the agent keeps it: its engine, the
 controller's request ids, the inbox of changes its loop applies between steps, its P/D role
-and the requests parked after their prefill. Made by `instances.py`, driven by `instance_loop.py`; P/D's
-parking (`pd.py`) reads and writes it. Owned by the agent (runtime/node/).
+and the requests parked after their prefill. Made by `instances.py`, driven by
+`instance_loop.py`; P/D's parking (`pd.py`) reads and writes it. Owned by the agent (runtime/node/).
 """
 
 import asyncio
