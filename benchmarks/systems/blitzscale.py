@@ -30,7 +30,10 @@ model. Reported per system: TTFT p50/p90/p99 and TBT p50/p99 of the requests ser
 controller's clock; a request held past the deployment's `hold_timeout_s` ends unserved, HTTP 503 in
 `surge serve`, and is counted as `unserved`), GPU-seconds
 (instances held × seconds, sampled every 0.1 s from the burst to its last token), live
-batches / hand-offs / mutations, and each one's ratio to blitzscale.
+batches / hand-offs / mutations, the P/D roles at the end, the CPU seconds the controller
+process and each agent used over the burst (`burst_cpu_s`: on the 2 shared cores, a system
+whose requests all decode on one instance is as fast as that agent's steps), and each
+one's ratio to blitzscale.
 
 Run: `python -m benchmarks.systems.blitzscale [--nodes 4 --requests 48 --time-scale 20]
 [--compare | --estimates]`; writes
@@ -45,11 +48,12 @@ import os
 import random
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import model_config
+from benchmarks.common import cpu_s, model_config
 from benchmarks.scaleout.burst_run import percentile
 from benchmarks.systems.blitzscale_bounds import bounds_used, take_profile, wait_for_profile
 from surge.control.controller import Controller, ControllerConfig
@@ -158,6 +162,8 @@ async def run_system(
         if waited_s is not None:
             bounds["profile_read_after_s"] = round(waited_s, 2)
         load_start = [round(x, 2) for x in os.getloadavg()]
+        pids = {node: proc.pid for node, proc in cluster.procs.items()}
+        cpu_start = (time.process_time(), cpu_s(pids))
         rng = random.Random(0)
         held: list[tuple[float, int]] = []
         start = time.monotonic()
@@ -178,6 +184,7 @@ async def run_system(
             reqs.append(await ctl.submit(dep, ids, params))
         await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in reqs)), 600)
         sampler.cancel()
+        cpu_end = (time.process_time(), cpu_s(pids))
         end_s = max(r.done_t for r in reqs) - start
         gpu_s = sum(0.1 * n for t, n in held if t <= end_s)
         # a request held past the deployment's hold_timeout_s ends without a first token
@@ -208,10 +215,24 @@ async def run_system(
             "bounds": bounds,
             "bounds_at_end": bounds_used(ctl, dep)["source"],
             "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+            # where the burst's CPU went (2 shared cores): a system whose decode is one
+            # instance's is as fast as that agent's steps, i.e. as the machine's load lets it
+            "roles_at_end": dict(sorted(Counter(pd.roles.values()).items())) if pd else {},
+            "burst_cpu_s": burst_cpu(cpu_start, cpu_end),
             "ttfts_s": sorted(round(x, 4) for x in ttft),
         }
     finally:
         await ctl.stop()
+
+
+def burst_cpu(
+    start: tuple[float, dict[int, float]], end: tuple[float, dict[int, float]]
+) -> dict[str, float]:
+    """CPU seconds from the burst's start to its last token: this process's (the
+    controller and the load client) and each agent's, by node."""
+    out = {"controller": round(end[0] - start[0], 2)}
+    out |= {f"node{n}": round(end[1][n] - start[1][n], 2) for n in sorted(end[1]) if n in start[1]}
+    return out
 
 
 def plot(report: dict, path: Path) -> None:
