@@ -5,9 +5,10 @@ What flows: the `Server` (`runtime/server.py`) hands it `ServeRequest`s like any
 (scheduler + sampler) here, `num_micro_batches` of them so several micro-batches are in the
 chain at once (λScale Fig. 6a; FlexPipe sets the count from `policy.flexpipe_microbatch` and
 changes it with the stage count, splitting the stages' KV cache among them by
-`micro_batch_budgets`). `RemotePipelineExecutor` is their `Executor`: one `StageStepOp` per
-forward, logits back as float32 bytes. `take_back` and `detach` return unfinished requests
-with their tokens so far (mode switch, refactor, failover). Owned by the runtime.
+`micro_batch_budgets`); each head engine, its executor and its micro-batch stream are
+`runtime/pipeline_heads.py`. FlexPipe's busy merge hands a retired engine's sequences to the
+engines that stay, here. `take_back` and `detach` return unfinished requests with their
+tokens so far (mode switch, refactor, failover). Owned by the runtime.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from surge.config import EngineConfig
-from surge.engine.batch import BatchMeta
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.merge import MergeMove, adoptions, merge_move, phase_of
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
@@ -29,72 +28,15 @@ from surge.policy.pipeline_batches import join_micro_batch
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, EndpointFailed
 from surge.runtime.engine_loop import run_engine
-from surge.runtime.protocol import (
-    StageCloseOp,
-    StageFreeOp,
-    StageOpenOp,
-    StageStepOp,
-)
+from surge.runtime.pipeline_heads import SEQ_IDS_PER_GROUP, HeadGroup, RemotePipelineExecutor
+from surge.runtime.protocol import StageCloseOp, StageOpenOp
 from surge.runtime.request import ServeRequest
 
 if TYPE_CHECKING:
-    from surge.engine.llm_engine import LLMEngine, TokenEvent
+    from surge.engine.llm_engine import TokenEvent
     from surge.engine.scheduler import Sequence
 
 log = logging.getLogger(__name__)
-
-SEQ_IDS_PER_GROUP = 1 << 40
-"""Engines sharing a pipeline's KV caches use disjoint sequence-id ranges of this size."""
-
-
-class RemotePipelineExecutor:
-    """The `Executor` of a head engine whose layers run on a chain of agent stages.
-
-    Called from the engine's worker thread; the network I/O runs on the event loop.
-    """
-
-    def __init__(
-        self, client: ClusterClient, loop: asyncio.AbstractEventLoop, pipeline: str, head: int
-    ) -> None:
-        self.client, self.loop, self.pipeline, self.head = client, loop, pipeline, head
-
-    def forward(self, token_ids: Any, batch: BatchMeta) -> Any:
-        import torch
-
-        op = StageStepOp(
-            pipeline=self.pipeline, kind="tokens", shape=tuple(token_ids.shape), batch=batch
-        )
-        fut = asyncio.run_coroutine_threadsafe(
-            self.client.call_bytes(self.head, op, token_ids.contiguous().numpy()), self.loop
-        )
-        try:
-            reply, body = fut.result()
-        except Exception as e:
-            raise EndpointFailed(f"pipeline {self.pipeline}: {e}") from e
-        # The last stage sends logits as float32, row-major (StageStepReply).
-        return torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
-
-    def free(self, seq_ids: list[int]) -> None:
-        op = StageFreeOp(pipeline=self.pipeline, seq_ids=tuple(seq_ids))
-        fut = asyncio.run_coroutine_threadsafe(self.client.call_bytes(self.head, op), self.loop)
-        with contextlib.suppress(Exception):  # a dead stage has nothing left to free
-            fut.result()
-
-
-@dataclass
-class HeadGroup:
-    """One micro-batch stream of a pipeline: its own head engine over the shared stages."""
-
-    engine: LLMEngine
-    pending: list[ServeRequest] = field(default_factory=list)
-    seqs: dict[int, ServeRequest] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
-    budget_pages: int = 0
-    """KV pages its engine may hold (its share of the stages' cache)."""
-    after_prefill: set[int] = field(default_factory=set)
-    """Ids of its sequences a merge retired it with partway through their prefill: offered
-    to the active engines once it is done (`PipelineEndpoint.hand_over_prefilled`)."""
 
 
 class PipelineEndpoint(Endpoint):

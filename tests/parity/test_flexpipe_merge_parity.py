@@ -19,7 +19,8 @@ from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
-from surge.runtime.pipeline_endpoint import SEQ_IDS_PER_GROUP, HeadGroup, PipelineEndpoint
+from surge.runtime.pipeline_endpoint import PipelineEndpoint
+from surge.runtime.pipeline_heads import SEQ_IDS_PER_GROUP, HeadGroup
 from surge.sim.costs import CostModel
 from surge.sim.decode_clock import PREFILL
 from surge.sim.engine_spec import EngineSpec

@@ -14,7 +14,7 @@ from surge.config import EngineConfig
 from surge.engine.sampling import SamplingParams
 from surge.model.manifest import read_manifest
 from surge.runtime.migration.refactor import FlexPipeline
-from surge.runtime.pipeline_endpoint import SEQ_IDS_PER_GROUP
+from surge.runtime.pipeline_heads import SEQ_IDS_PER_GROUP
 from surge.runtime.protocol import StageStepOp
 from surge.runtime.request import ServeRequest
 
