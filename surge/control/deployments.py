@@ -6,7 +6,8 @@ of the name dropped there first: `policy.versions`), its model in the registry t
 read (`registry.py`), what an older controller left running adopted or closed at a restart
 (`adoption.py`), and its pinned host copy (BlitzScale §5.3, through `copies.py`). Deletion
 answers at once: it drops the model on every agent (`DropModelOp`: running loads aborted,
-instances closed, every copy evicted).
+instances closed, every copy evicted). The ops on the agents (register, drop, another
+version dropped first) are `agent_models.py`.
 A store is verified when deployed (every block's checksum: a bad one is refused with one
 error); a stored deployment that cannot come back after a restart (its store missing or
 damaged), or whose store goes bad later (a load fails and the store no longer verifies),
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.control.adoption import Adopter
+from surge.control.agent_models import drop_model, drop_other_versions, register_version
 from surge.control.copies import Copies
 from surge.control.flexpipe import describe_flexpipe
 from surge.control.metrics import Metrics
@@ -33,21 +35,17 @@ from surge.errors import Conflict, NotFound, SurgeError, Unavailable, shorten
 from surge.model.manifest import MANIFEST_NAME, Manifest, read_manifest, verify_store
 from surge.policy.adoption import Action
 from surge.policy.blitzscale.monitor import StepProfile
-from surge.policy.versions import other_versions, short
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
-from surge.runtime.protocol import DropModelOp, RegisterOp, StatusOp
+from surge.runtime.protocol import StatusOp
 from surge.runtime.scaleout.ilp_warmup import warm_solver
 from surge.runtime.server import Server
-from surge.runtime.transport import RemoteError
 
 log = logging.getLogger(__name__)
 
 CLEANUP_WAIT_S = 1.0
 """How long a teardown waits for its cancelled tasks' clean-up (their calls were cancelled
 mid-exchange: milliseconds; the bound keeps one stuck elsewhere from holding a delete)."""
-DROP_TIMEOUT_S = 30.0
-"""Bound on one node's `drop_model` (it aborts the model's ops there: well under a second)."""
 
 
 async def _no_profile(spec: DeploymentSpec, manifest: Manifest) -> StepProfile | None:
@@ -178,7 +176,7 @@ class Deployments:
         manifest, tokenizer = await self._open(spec, restoring=False)
         name, live = spec.name, self.live_nodes()
         self.store.record_digest(name, manifest.digest)  # what a restart compares against
-        await self._drop_other_versions(name, manifest, live)
+        await drop_other_versions(self.client, name, manifest, live)
         await self._register(name, manifest, live)
         for node, status in (await self.client.broadcast(StatusOp(), live)).items():
             self.pool.load_status(node, status)
@@ -208,31 +206,10 @@ class Deployments:
             tokenizer = load_tokenizer(store / manifest.tokenizer_file)
         return manifest, tokenizer
 
-    async def _drop_other_versions(self, name: str, manifest: Manifest, live: list[int]) -> None:
-        """Drop the model on every node that holds another version of it (copies, and the
-        instances and stages an older controller or a failed drop left there: the name's
-        deployment is this one, `policy.versions.other_versions`), one WARNING each. A
-        register alone would replace a version nothing runs on, and refuse the rest."""
-        statuses = await self.client.broadcast(StatusOp(), live)
-        held = {n: s.models[name].digest for n, s in statuses.items() if name in s.models}
-        for node in other_versions(held, manifest.digest):
-            running = [r.name for r in statuses[node].running if r.model == name]
-            log.warning(
-                "%s: node %d holds another version (%s, deploying %s; running: %s): dropped",
-                name, node, short(held[node]), short(manifest.digest), running or "nothing",
-            )  # fmt: skip
-            await self._drop(name, node)
-
     async def _register(self, name: str, manifest: Manifest, live: list[int]) -> None:
-        """Register the model's version on every live node; a node that refuses (another
-        version runs there) makes it a `Conflict` with the agent's reason and fix."""
-        try:
-            await self.client.broadcast(RegisterOp(model=name, manifest=manifest), live)
-        except RemoteError as e:
-            raise Conflict(
-                f"deployment {name!r} cannot be registered: {e} (its drop there failed: "
-                "restart that node's agent, or wait for it, then deploy again)"
-            ) from None
+        """Register the model's version on every live node (`register_version`) and in
+        the parameter pool."""
+        await register_version(self.client, name, manifest, live)
         self.pool.add_model(name, manifest.num_blocks, manifest.digest)
 
     async def _start(
@@ -339,19 +316,8 @@ class Deployments:
             return
         # Every node at once, each on a connection of its own: a load still running on the
         # control connection (an SSD or registry read) is aborted there, not waited for.
-        await asyncio.gather(*(self._drop(dep.name, n) for n in self.live_nodes()))
+        await asyncio.gather(*(drop_model(self.client, dep.name, n) for n in self.live_nodes()))
         self.pool.drop_model(dep.name)
-
-    async def _drop(self, name: str, node: int) -> None:
-        """Forget the model on one node (`DropModelOp`); the model goes anyway."""
-        try:
-            async with asyncio.timeout(DROP_TIMEOUT_S):
-                reply, _ = await self.client.call_bytes(node, DropModelOp(model=name))
-        except Exception as e:  # a node gone or stuck: its copies go with it
-            log.warning("%s: not dropped on node %d: %s", name, node, str(e) or repr(e))
-            return
-        if reply.aborted_ops:
-            log.info("%s: %d running ops aborted on node %d", name, reply.aborted_ops, node)
 
     def describe_failed(self, failed: FailedDeployment) -> dict[str, Any]:
         """A failed deployment as the admin API shows it: the same keys, nothing running."""

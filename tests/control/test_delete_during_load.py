@@ -34,7 +34,7 @@ def test_delete_during_a_slow_load_answers_at_once_and_leaves_nothing(
     state = tmp_path / "state"
     cluster = local_cluster(state, num_nodes=2, remote_gbps=gbps)
     body = {"name": MODEL, "model": str(tiny_store_dir), "strategy": "serverlessllm"}
-    caplog.set_level(logging.INFO, logger="surge.control.deployments")
+    caplog.set_level(logging.INFO, logger="surge.control.agent_models")
 
     async def run() -> None:
         ctl = Controller(ControllerConfig(state_dir=state, nodes=2), cluster.addresses,

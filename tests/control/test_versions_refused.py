@@ -5,7 +5,7 @@ instance is left as it was. Following the fix (deploy again once the drop goes t
 deploys it.
 
 Real agents and a real API server (the app `surge serve` runs, in this process so that the
-drop on node 0 can fail as a stuck agent's would: `Deployments._drop`'s timeout), the CLI as
+drop on node 0 can fail as a stuck agent's would: `agent_models.drop_model`'s timeout), the CLI as
 a user runs it (a subprocess, killed by its PID past its bound)."""
 
 import asyncio
