@@ -146,6 +146,29 @@ def test_the_monitor_asks_for_a_decode_instance_when_prefill_ones_hold_requests(
     assert monitor(PdLoad((_i(0, PREFILL), _i(1, PREFILL))), S).scale_out == 0  # idle
 
 
+def test_requests_parked_for_decode_are_decode_load_and_the_router_queue_prefill_load() -> None:
+    """What the busier-role rule counts when decode is the bottleneck: prefill instances
+    full of requests parked for decode room, the decode instance full, the rest of a burst
+    at the router. The parked ones are decode's load only (`parked` off prefill's,
+    `num_handoffs_waiting` on decode's). The router queue is prefill's: it needs a prefill
+    next, and §5.3's load ("tokens per second and KVCache usage") counts no queue for either
+    role, so nothing in the paper moves it to decode. With batch 2 a 48-request burst gets
+    prefill instances until the fourth (benchmarks/systems/blitzscale.py ends 3 prefill +
+    1 decode); counting the queue against the role holding the prefill slots (decode,
+    here) would make the first new one decode: a counterfactual (NOTES.md 2026-11-29 pdrole)."""
+    for num_prefill in (1, 2, 3):
+        prefill = tuple(PdInstance(k, PREFILL, 2, 2, parked=2) for k in range(num_prefill))
+        load = PdLoad(
+            (*prefill, _i(9, DECODE, 2, capacity=2)),
+            num_waiting=48 - 2 * (num_prefill + 1),
+            num_handoffs_waiting=2 * num_prefill,
+        )
+        p, d = role_loads(load)
+        assert d == 1 + num_prefill  # (2 decoding + 2 parked per prefill instance) / 2
+        assert p == load.num_waiting / (2 * num_prefill)  # the queue alone, parked ones not
+        assert role_for_new(load, PdTargets()) == PREFILL
+
+
 def test_decode_ingress_is_decode_load() -> None:
     """BlitzScale §5.2: a decode instance takes in every request's K/V through one link
     (its incast). Decode instances holding few requests, with little KV in use, whose links
