@@ -2,8 +2,9 @@
 
 In: an endpoint's id and the values of the other fields of a policy snapshot
 (`policy.router.Endpoint` for a routing decision, `policy.autoscale.InstanceLoad` for an
-autoscaler look), read off the endpoint now. Out: that snapshot; the one handed out last for
-this id when every value is equal to its own, else a new one. Owned by sim/.
+autoscaler look, `policy.blitzscale.pd.PdInstance` for P/D's), read off the endpoint now.
+Out: that snapshot; the one handed out last for this id when every value is equal to its
+own, else a new one. Owned by sim/.
 
 Why: each routing decision reads every endpoint of its pool and each autoscaler look every
 instance, and most of them have not changed since the last one (measured on FlexPipe §9's

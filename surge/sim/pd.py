@@ -11,7 +11,11 @@ serves but one is loading, `decode_joining`; the source itself when none serves 
 loads); `look` is the monitor's look (`policy.blitzscale.pd_mutation.look`: a mutation, carried out
 here, and the monitor's wish for one more instance). The views are built as
 the runtime builds them (`runtime/migration/pd_handoff.PdServing`): an instance's index is its
-place in join order (its age), its requests count the ones parked on it.
+place in join order (its age), its requests count the ones parked on it (kept per instance
+as requests park and leave: every routing decision reads them), its K/V ingress use is
+reused while the same hand-offs are in its window, and an unchanged member's view is the
+same object (`sim/load_views.py`); tests/sim/test_sim_speed.py checks each against the
+plain count at every read.
 Moving the K/V (a network transfer) is `sim/pools.py`'s; when to look is
 `sim/scaling.py`'s. Owned by the simulator; decides nothing itself.
 """
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from surge.policy.autoscale import RATE_WINDOW_S
 from surge.policy.blitzscale import handoff, pd, pd_mutation, pd_release
 from surge.sim.instance import Instance
+from surge.sim.load_views import Snapshots
 from surge.sim.request import SimRequest
 
 
@@ -44,6 +49,16 @@ class PdPool:
         """Serving instances with a role, in join order (their index is their age)."""
         self.parked: deque[tuple[Instance, SimRequest]] = deque()
         """Prefilled requests waiting for decode room, oldest first, with their source."""
+        self.parked_on: dict[int, int] = {}
+        """Instance id -> requests parked on it, kept with `parked` (every routing decision
+        reads each member's: counting `parked` per member was O(members x parked))."""
+        self._handed_n: dict[int, int] = {}
+        """Instance id -> hand-offs ever sent to it (with the ones left in its window: which
+        ones those are)."""
+        self._ingress_seen: dict[int, tuple[tuple[int, int], float]] = {}
+        """Instance id -> ((hand-offs sent, left in its window), `ingress_usage` then)."""
+        self._views: Snapshots[pd.PdInstance] = Snapshots(_pd_instance)
+        """The members' snapshots (`sim/load_views.py`)."""
         self.last_mutation_s: float | None = None
         self.num_mutations = 0
 
@@ -61,6 +76,9 @@ class PdPool:
         if inst in self.members:
             self.members.remove(inst)
         self.ingress.pop(inst.id, None)
+        self.parked_on.pop(inst.id, None)
+        self._handed_n.pop(inst.id, None)
+        self._ingress_seen.pop(inst.id, None)
         lost = [r for src, r in self.parked if src is inst]
         if lost:
             self.parked = deque((s, r) for s, r in self.parked if s is not inst)
@@ -69,33 +87,46 @@ class PdPool:
     def held(self, inst: Instance) -> int:
         """Requests `inst` holds as the runtime counts them: its engine's, those whose
         K/V is on its way to it, and those parked on it."""
-        return inst.outstanding + inst.reserved + sum(1 for s, _ in self.parked if s is inst)
+        return inst.outstanding + inst.reserved + self.parked_on.get(inst.id, 0)
 
     def handed(self, inst: Instance, link_s: float) -> None:
         """A hand-off to `inst` started, `link_s` seconds of its ingress link's capacity."""
         self.ingress.setdefault(inst.id, deque()).append((self.clock(), link_s))
+        self._handed_n[inst.id] = self._handed_n.get(inst.id, 0) + 1
 
     def ingress_usage(self, inst: Instance) -> float:
         """`policy.blitzscale.pd.ingress_usage` of the hand-offs to `inst`."""
         sent = self.ingress.get(inst.id, deque())
-        while sent and sent[0][0] < self.clock() - RATE_WINDOW_S:
+        now = self.clock()
+        while sent and sent[0][0] < now - RATE_WINDOW_S:
             sent.popleft()
-        return pd.ingress_usage(sent, self.clock())
+        # Every hand-off left is in the window, so the usage is their sum: the same
+        # hand-offs (as many sent, as many left), the same sum as at the last look.
+        key = (self._handed_n.get(inst.id, 0), len(sent))
+        seen = self._ingress_seen.get(inst.id)
+        if seen is not None and seen[0] == key:
+            return seen[1]
+        usage = pd.ingress_usage(sent, now)
+        self._ingress_seen[inst.id] = (key, usage)
+        return usage
 
     def views(self) -> tuple[pd.PdInstance, ...]:
         """The members as `policy.blitzscale.pd` sees them."""
+        snaps = self._views
+        snaps.prune(len(self.members))
         return tuple(
-            pd.PdInstance(
-                index=k,
-                role=m.role,
-                outstanding=self.held(m),
-                capacity=max(1, m.max_batch),
-                tokens_per_s=m.decode_tokens_per_s,
-                kv_usage=min(1.0, m.kv_tokens / m.kv_capacity_tokens)
-                if m.kv_capacity_tokens
-                else 0.0,
-                parked=sum(1 for s, _ in self.parked if s is m),
-                kv_ingress_usage=self.ingress_usage(m),
+            snaps.get(
+                m.id,
+                (
+                    k,
+                    m.role,
+                    self.held(m),
+                    max(1, m.max_batch),
+                    m.decode_tokens_per_s,
+                    min(1.0, m.kv_tokens / m.kv_capacity_tokens) if m.kv_capacity_tokens else 0.0,
+                    self.parked_on.get(m.id, 0),
+                    self.ingress_usage(m),
+                ),
             )
             for k, m in enumerate(self.members)
         )
@@ -128,6 +159,7 @@ class PdPool:
         req.parked_s = self.clock()
         req.parked_without_decode = all(m.role != pd.DECODE for m in self.members)
         self.parked.append((src, req))
+        self.parked_on[src.id] = self.parked_on.get(src.id, 0) + 1
 
     def next_handoff(
         self, instances: list[Instance]
@@ -145,6 +177,7 @@ class PdPool:
         if chosen is None:
             return None
         self.parked.popleft()
+        self.parked_on[src.id] -= 1
         return src, req, src if chosen == -1 else self.members[chosen]
 
     def joining(
@@ -196,3 +229,8 @@ class PdPool:
         self.members[m.index].role = pd.DECODE
         self.last_mutation_s = now_s
         self.num_mutations += 1
+
+
+def _pd_instance(_iid: int, *fields) -> pd.PdInstance:
+    """A member's `pd.PdInstance` from its fields in order (index first)."""
+    return pd.PdInstance(*fields)

@@ -3,25 +3,30 @@
 The shortcuts (`sim.simulator` chains arrivals instead of scheduling the whole trace,
 `sim.scaling.Scaler` runs the wake-ups many decisions ask for at one instant as one event
 and skips a decision that would repeat the last one, an endpoint's held requests counted
-as they change (`sim/held.py`) and the policies' snapshots kept while equal
-(`sim/load_views.py`)) are replaced here by the plain versions; every number of the result
-must stay the same. The plain count also checks the kept one at every read.
+as they change (`sim/held.py`), the policies' snapshots kept while equal
+(`sim/load_views.py`), P/D's parked requests counted per instance and an instance's K/V
+ingress use reused at one instant (`sim/pd.py`)) are replaced here by the plain versions;
+every number of the result must stay the same. The plain counts also check the kept ones
+at every read.
 """
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
 from surge.policy.autoscale_settings import AutoscaleSettings
+from surge.policy.blitzscale import pd
 from surge.policy.systems import system_config
 from surge.sim import pools, scaling, simulator
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop, Priority
 from surge.sim.metrics import summarize
+from surge.sim.pd import PdPool
 from surge.sim.request import SimRequest
 from surge.sim.serving_engine import ServingEngine
 from surge.sim.settings import SimSettings
@@ -73,6 +78,24 @@ def _prompts_recounted(self: ServingEngine) -> int:
     return tokens
 
 
+def _pd_held_recounted(self: PdPool, inst) -> int:
+    """`PdPool.held` with the requests parked on `inst` counted anew, checked against the
+    kept count."""
+    parked = sum(1 for s, _ in self.parked if s is inst)
+    assert parked == self.parked_on.get(inst.id, 0), inst.id
+    return inst.outstanding + inst.reserved + parked
+
+
+_ingress_kept = PdPool.ingress_usage
+
+
+def _ingress_checked(self: PdPool, inst) -> float:
+    """`PdPool.ingress_usage` (reused at one instant) checked against the sum anew."""
+    usage = _ingress_kept(self, inst)
+    assert usage == pd.ingress_usage(self.ingress.get(inst.id, ()), self.clock()), inst.id
+    return usage
+
+
 def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(scaling.Scaler, "_at", _plain_at)
     m.setattr(scaling.Scaler, "_repeats", lambda *a: False)
@@ -80,6 +103,8 @@ def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(ServingEngine, "outstanding", property(_recounted))
     m.setattr(ServingEngine, "pending_prompt_tokens", property(_prompts_recounted))
     m.setattr(pools, "Snapshots", _FreshSnapshots)
+    m.setattr(PdPool, "held", _pd_held_recounted)
+    m.setattr(PdPool, "ingress_usage", _ingress_checked)
 
 
 def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
@@ -194,3 +219,20 @@ def test_the_held_count_follows_every_change_of_a_pipelines_heads():
     assert taken and _recounted(eng) == eng.outstanding
     eng.drain()
     assert eng.outstanding == _recounted(eng) == 0
+
+
+def test_a_kept_ingress_use_is_reused_only_for_the_same_hand_offs():
+    """`PdPool.ingress_usage` reuses its last sum while the same hand-offs are in the
+    window: one expiring as another is sent (as many in it) is a new sum."""
+    now = [0.0]
+    pool = PdPool(pd.PdSettings(), pd.PdTargets(), False, lambda: now[0])
+    inst = SimpleNamespace(id=1)
+    pool.handed(inst, 0.1)  # type: ignore[arg-type]
+    now[0] = 0.5
+    first = pool.ingress_usage(inst)  # type: ignore[arg-type]
+    now[0] = 1.9
+    assert pool.ingress_usage(inst) == first  # type: ignore[arg-type]
+    now[0] = 2.1
+    pool.handed(inst, 0.3)  # type: ignore[arg-type]
+    now[0] = 2.2  # the first left the window, the second came: one in it either way
+    assert pool.ingress_usage(inst) == pd.ingress_usage([(2.1, 0.3)], 2.2) != first  # type: ignore[arg-type]
