@@ -143,8 +143,8 @@ class PipelineEndpoint(Endpoint):
 
     def _batch_retired(self) -> None:
         """The engines past the count hand their sequences to those that stay, each as its
-        phase says (`policy.flexpipe.merge.merge_move`; the simulator's
-        `ServingEngine._retire`): a decoding one keeps its id, so its K/V stays where it is
+        phase says (`policy.flexpipe.merge.merge_move`; the simulator's `BusyMerge.retire`,
+        `sim/serving_merge.py`): a decoding one keeps its id, so its K/V stays where it is
         at the stages, and joins the next step of its new engine (`_adopt`); one partway
         through its prefill finishes it here first (`hand_over_prefilled`); requests not
         started move to its queue. Between steps of every engine only."""

@@ -1,12 +1,12 @@
 """The requests one endpoint holds, counted as its head engines take and let them go.
 
 In: each change to a head's waiting queue, prefill step or decode batch, made where the
-change is made (`sim/batching.py`, `sim/decode_clock.py`, `sim/serving_engine.py`). Out:
-`n`, always the sum over the endpoint's heads of waiting + prefilling + decoding requests,
-and `prompt_tokens`, always the prompt tokens of its waiting and prefilling requests without
-a first token (the load monitor's prefill load), at every instant a callback can read them:
-a batch taken out before its callbacks run is counted out before them, as the collections
-are. Owned by sim/.
+change is made (`sim/batching.py`, `sim/decode_clock.py`, `sim/serving_engine.py`,
+`sim/serving_merge.py`). Out: `n`, always the sum over the endpoint's heads of waiting +
+prefilling + decoding requests, and `prompt_tokens`, always the prompt tokens of its waiting
+and prefilling requests without a first token (the load monitor's prefill load), at every
+instant a callback can read them: a batch taken out before its callbacks run is counted out
+before them, as the collections are. Owned by sim/.
 
 Why: the router reads every endpoint's count at each decision and the autoscaler both at
 each look (`sim/pools.py`, `sim/scaling.py`); summing a pipeline's heads' queues each time

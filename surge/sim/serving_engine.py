@@ -17,20 +17,21 @@ decode paused only while a prefill held the first stage (FlexPipe §9 static-2 a
 TTFT p50 0.56x the emulated runtime's, docs/emulation.md). `Instance` (`sim/instance.py`)
 is the endpoint built on it. At a FlexPipe merge (`set_micro_batches(...,
 batch_retired=True)`) the heads past the new count hand their requests to those that stay
-at their next step boundary (`policy.flexpipe.merge`, as the runtime's). Owned by sim/.
+at their next step boundary (`policy.flexpipe.merge`, as the runtime's; carried out by
+`BusyMerge`, `sim/serving_merge.py`). Owned by sim/.
 """
 
 from collections.abc import Callable
 from itertools import chain, islice
 from typing import Self
 
-from surge.policy.flexpipe.merge import MergeMove, SeqPhase, adoptions, merge_move, phase_of
 from surge.policy.pipeline_batches import join_micro_batch
 from surge.sim.batching import Batcher
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.held import HeldCount, without_first_token
 from surge.sim.request import SimRequest
+from surge.sim.serving_merge import BusyMerge
 from surge.sim.stage_line import StageLine
 
 
@@ -38,12 +39,12 @@ class ServingEngine:
     """An endpoint's head engines (one per micro-batch) and the stages they share."""
 
     __slots__ = (
-        "_after_prefill",
         "_busy",
         "_held",
         "_hop_s",
         "_kv_capacity_tokens",
         "_max_batch",
+        "_merge",
         "_num_stages",
         "_on_done",
         "_on_prefilled",
@@ -72,8 +73,6 @@ class ServingEngine:
         self._hop_s = spec.hop_s
         self._num_stages = 1
         self._busy = False
-        self._after_prefill: dict[Batcher, set[int]] = {}
-        """A retired head's requests a merge left to finish their prefill (by id)."""
         self.micro_batches = 1
         """Head engines taking new requests (micro-batches in flight)."""
         self.stages: StageLine | None = None
@@ -83,6 +82,10 @@ class ServingEngine:
         self.heads: list[Batcher] = []
         self._held = HeldCount()
         """Requests its heads hold, kept as they change (`sim/held.py`)."""
+        self._merge = BusyMerge(
+            self._held, lambda: self.heads[: self.micro_batches], self.remove_waiting
+        )
+        """FlexPipe's busy merge on its retiring heads (`sim/serving_merge.py`)."""
         # a head's callbacks name the endpoint, not the head
         self._on_done = lambda _head, req: on_done(self, req)
         self._on_prefilled = lambda _head, req: on_prefilled(self, req)
@@ -106,7 +109,8 @@ class ServingEngine:
         (default `count`: FlexPipe §7 Eq. 12 keeps one micro-batch per stage). Heads past
         `count` take nothing new and finish what they hold, unless `batch_retired`
         (FlexPipe's merge, `FlexPipeSettings.batch_merged_sequences`): then at its next
-        step boundary each hands its sequences to the heads that stay (`_retire`)."""
+        step boundary each hands its sequences to the heads that stay (`BusyMerge.retire`,
+        `sim/serving_merge.py`)."""
         self.micro_batches = max(1, count)
         self._num_stages = max(1, num_stages or count)
         while len(self.heads) < self.micro_batches:
@@ -114,67 +118,7 @@ class ServingEngine:
         self._apply_shape()
         for head in self.heads[self.micro_batches :]:
             if batch_retired and head.outstanding:
-                self._after_prefill.pop(head, None)  # this merge offers all it holds
-                head.on_boundary = self._retire
-                if not head.clock.step_in_flight():
-                    head.start()
-
-    def _retire(self, head: Batcher) -> None:
-        """A head past the micro-batch count, between two of its steps, hands what it holds
-        to the heads that stay, each request as its phase says
-        (`policy.flexpipe.merge.merge_move`; the runtime's `PipelineEndpoint._batch_retired`
-        and `hand_over_prefilled`): its decoding requests join their next step with their
-        KV (it stays at the shared stages; one whose prefill was in flight at the merge
-        decodes by now: its prefill is one step here), its requests not started queue
-        there; those with a prefill ahead (preempted, recomputing) stay until it is done,
-        the head retiring on at its boundaries till then; those no head has room for stay."""
-        active = self.heads[: self.micro_batches]
-        offered = self._after_prefill.pop(head, None)  # None: the merge's first boundary
-        if head in active:  # a split made it active again meanwhile
-            return
-        v = head.clock.v
-        generated = {r.id: round(r.output_tokens - (fv - v)) for fv, _, r in head.running}
-        running = head.running.admitted()  # the runtime scheduler's order
-        self._held.n -= len(head.running.drain(v))
-        for req in running:
-            req.generated = generated[req.id]  # at a step boundary: whole tokens
-        moves = {r.id: merge_move(phase_of(True, 1)) for r in running}  # decoding
-        moves.update({r.id: merge_move(_queued_phase(r)) for r in head.waiting})
-        # a queued one with its K/V here (adopted earlier) is the runtime's running one
-        held = [*running, *(r for r in head.waiting if r.kv_ready)]
-        decoding = [r for r in held if offered is None or r.id in offered]
-        adopted = adoptions(
-            [len(h.running) + sum(r.kv_ready for r in h.waiting) for h in active],
-            [len(decoding)],
-            active[0].max_batch,
-        )
-        moved = {decoding[i].id: dst for _, i, dst in adopted}
-        joining: list[list[SimRequest]] = [[] for _ in active]
-        if len(held) > len(running):
-            self.remove_waiting({r.id for r in head.waiting if r.id in moved})
-        for req in held:
-            req.recompute = False
-            if req.id in moved:
-                req.kv_ready = True  # decodes on at its new head without a prefill
-                joining[moved[req.id]].append(req)
-            elif not req.kv_ready:
-                head.rejoin(req)  # stays: its finish V from its tokens left
-        for h, reqs in zip(active, joining, strict=True):
-            h.idle_since_s = None if reqs else h.idle_since_s
-            h.waiting.extendleft(reversed(reqs))  # ahead of new work: the runtime adopts now
-            self._held.n += len(reqs)
-            self._held.prompt_tokens += without_first_token(reqs)
-        fresh = [r for r in head.waiting if moves[r.id] is MergeMove.QUEUE_NOW]
-        self.remove_waiting({r.id for r in fresh})
-        for req in fresh:
-            active[join_micro_batch([h.outstanding for h in active])].submit(req, start=False)
-        later = {r.id for r in head.waiting if moves[r.id] is MergeMove.AFTER_PREFILL}
-        later &= later if offered is None else offered  # the merge's, not later preemptions
-        if later:  # offered at its first boundary once prefilled
-            self._after_prefill[head] = later
-            head.on_boundary = self._retire
-        for h in active:
-            h.start()
+                self._merge.offer(head)
 
     def set_hop(self, hop_s: float) -> None:
         """The activation hops of one step through every stage (seconds, all together)."""
@@ -398,13 +342,3 @@ class ServingEngine:
             self._busy = busy
             if self.on_busy is not None:
                 self.on_busy(self)
-
-
-def _queued_phase(req: SimRequest) -> SeqPhase:
-    """A queued request's phase at its head's step boundary (`policy.flexpipe.merge.
-    phase_of`): with its K/V here (`kv_ready`, adopted) it decodes; else it started if it
-    generated a token or computed layers (live scaling's `skip_layers`)."""
-    if req.kv_ready:
-        return phase_of(True, 1)
-    started = req.generated > 0 or req.skip_layers > 0
-    return phase_of(started, max(2, req.prefill_tokens))
