@@ -50,7 +50,7 @@ from surge.policy.adoption import (
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import Clock
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.migration.refactor import FlexPipeline
+from surge.runtime.migration.refactor import FlexPipeline, parse_stage_key
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     DropModelOp,
@@ -234,12 +234,11 @@ class Adopter:
                     await self.copies.release_slot(dep.name, n, dep.manifest.num_blocks)
             return
         now_s = self.clock.now_s()
-        restart = dep.autoscale_state.restart  # restored by now, unless the import was quick
         for n in a.nodes:  # one instance, every member's slot (as FlexPipe's pipelines)
             inst = dep.instances[n]
             inst.endpoint = ep  # type: ignore[assignment]
-            quiet_s = None if restart is None else restart.quiet_of(n)
-            inst.idle_since_s = adopted_idle_since_s(quiet_s, now_s)
+            # the autoscaler state is restored by now, unless the import was quick
+            inst.idle_since_s = _carried_idle_since_s(dep, n, now_s)
             dep.host_last_used_s[n] = now_s
         await dep.server.add_endpoint(ep)
         if isinstance(ep, FlexPipeline):  # its layer times, as a new one's (§5)
@@ -258,8 +257,7 @@ class Adopter:
         stages = list(a.stages)
         if dep.spec.system.group_sizing != "flexpipe":
             return PipelineEndpoint(*where, a.name, stages, self.engine)
-        base, at, version = a.name.rpartition("@")
-        base, version = (base, int(version)) if at else (a.name, 0)
+        base, version = parse_stage_key(a.name)
         micro, most = micro_batches(dep.spec.system, dep.manifest, self.engine, len(stages))
         pipe = FlexPipeline(*where, base, stages, self.engine, micro, most)
         pipe.version = version
@@ -274,10 +272,15 @@ class Adopter:
             inst = dep.instances.get(node) if dep is not None else None
             if inst is None or inst.endpoint is None or inst.endpoint.outstanding:
                 continue
-            restart = dep.autoscale_state.restart
-            quiet_s = None if restart is None else restart.quiet_of(node)
-            inst.idle_since_s = adopted_idle_since_s(quiet_s, now_s)
+            inst.idle_since_s = _carried_idle_since_s(dep, node, now_s)
         self.adopted.clear()
+
+
+def _carried_idle_since_s(dep: Deployment, node: int, now_s: float) -> float:
+    """An adopted instance's idle time on `node`: the quiet time the restored autoscaler
+    state carries for it (`policy.adoption.adopted_idle_since_s`)."""
+    restart = dep.autoscale_state.restart
+    return adopted_idle_since_s(None if restart is None else restart.quiet_of(node), now_s)
 
 
 def failed_pipeline_nodes(dep: Deployment) -> list[int]:

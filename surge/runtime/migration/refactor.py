@@ -90,6 +90,18 @@ class StepGate:
                 self._cond.notify_all()
 
 
+def stage_key(name: str, version: int) -> str:
+    """The name a FlexPipe pipeline's stages are opened under on the agents after `version`
+    refactorings (`parse_stage_key` reads it back)."""
+    return name if version == 0 else f"{name}@{version}"
+
+
+def parse_stage_key(key: str) -> tuple[str, int]:
+    """(pipeline name, refactorings) of a stage key `stage_key` wrote."""
+    name, at, version = key.rpartition("@")
+    return (name, int(version)) if at else (key, 0)
+
+
 class FlexPipeline(PipelineEndpoint):
     """An execution pipeline whose stages can be re-cut while it serves."""
 
@@ -110,7 +122,7 @@ class FlexPipeline(PipelineEndpoint):
     @property
     def stage_key(self) -> str:
         """The name its current stages are opened under on the agents."""
-        return self.name if self.version == 0 else f"{self.name}@{self.version}"
+        return stage_key(self.name, self.version)
 
     async def close_stages(self) -> None:
         for node, _, _ in self.stages:
@@ -296,7 +308,7 @@ async def refactor_pipeline(
         )
         load_s = clock.now_s() - t0
         before = list(pipe.stages)
-        old_key, new_key = pipe.stage_key, f"{pipe.name}@{pipe.version + 1}"
+        old_key, new_key = pipe.stage_key, stage_key(pipe.name, pipe.version + 1)
         keys = (old_key, new_key)
         # FlexPipe §6.3: the K/V moves while the old stages keep serving. A snapshot
         # between two steps says what to copy now; the switch later moves only the rest.

@@ -146,17 +146,15 @@ class AgentServing:
         pacer = self.ctx.pacer
 
         def compute() -> tuple[StageStepOp | StageStepReply, Any, tuple[int, float, float]]:
-            if pacer is None:
+            # under emulation the agent's one GPU: its local instance's step in progress first
+            # (a live batch's last layers on a partner busy prefilling its own batch)
+            gpu = contextlib.nullcontext(0.0) if pacer is None else pacer.step()
+            with gpu as started_s:
                 t0 = time.time()
                 out = run()
-                return out[0], out[1], (self.ctx.node, t0, time.time())
-            # the agent's one emulated GPU: its local instance's step in progress first (a
-            # live batch's last layers on a partner busy prefilling its own batch)
-            with pacer.step() as started_s:
-                t0 = time.time()
-                out = run()
-                layers = stage.runner.arch.num_layers  # the stage's share of them
-                pacer.pace(started_s, out[2], stage.first_layer, stage.end_layer, layers)
+                if pacer is not None:  # the stage's share of the emulated model's layers
+                    layers = stage.runner.arch.num_layers
+                    pacer.pace(started_s, out[2], stage.first_layer, stage.end_layer, layers)
                 return out[0], out[1], (self.ctx.node, t0, time.time())
 
         def run() -> tuple[StageStepOp | StageStepReply, Any, tuple[int, ...]]:
