@@ -22,5 +22,11 @@ class Stage:
     next_node: int | None
     runner: "ModelRunner"
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a step of this stage and by what reads or rewrites its cache (a K/V export,
+    a refactoring): never two at once."""
     compute_group: str | None = None
     """`StageOpenOp.compute_group` (reported in `status`)."""
+    group_lock: asyncio.Lock | None = None
+    """The lock the stages of its `compute_group` share (one step at a time across them,
+    BlitzScale Fig. 12b); held by its steps only: an export of this stage's K/V does not
+    wait for another stage's step (each stage has its own runner and cache)."""

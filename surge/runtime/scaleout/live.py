@@ -24,7 +24,8 @@ layers on the receiver, the rest on the source, which then decodes them
 instance, the K/V goes to a decode instance instead, as soon as one has room
 (`runtime/migration/pd_handoff.py` `PdServing.hold`; `live_delivery`). The schedule
 is solved in a worker thread (the ILP may take tens of ms). A batch runs as its own task,
-so up to `LiveSettings.max_in_flight` of a target's batches are under way at once: the
+so up to `LiveSettings.max_in_flight` of a target's batches are in flight at once (started,
+first tokens not back; one handing its requests on is not, as in the simulator): the
 target runs batch i+1's first layers while the source runs batch i's rest (Fig. 12b's
 cross-batch overlap, which the zigzag ILP schedules; each batch's stage compute spans
 are recorded in `live_spans`). A zigzag batch waiting for layers is woken by the block
@@ -113,8 +114,9 @@ class LiveScaling:
         self._states: dict[int, LiveScalingState] = {}
         """Receiver -> its cooperative batches (the policy's state machine)."""
         self._stopping = False
-        self._running: dict[int, set[asyncio.Task]] = {}
-        """Receiver -> its batches under way."""
+        self._running: dict[int, dict[asyncio.Task, list[ServeRequest]]] = {}
+        """Receiver -> its batches under way (task -> the batch's requests), until each
+        request is handed on; in flight only until its first tokens are back (`_in_flight`)."""
         self._wake = asyncio.Event()
         """Set when a block lands that a pending zigzag batch waited for."""
 
@@ -210,7 +212,7 @@ class LiveScaling:
             layer_load_s=layer_load_s(self._arrivals.get(new, [])),
             prefill_s_per_token=prefill_s_per_token(spans),
             drain_per_s=drain_rate_per_s(server.departures, now),
-            in_flight=len(self._running.get(new, ())),
+            in_flight=self._in_flight(new),
             paired_elsewhere=frozenset(
                 st.partner
                 for n, st in self._states.items()
@@ -279,10 +281,21 @@ class LiveScaling:
         if not batch:
             return False
         task = asyncio.get_running_loop().create_task(self._run_batch(new, old, action, batch))
-        running = self._running.setdefault(new, set())
-        running.add(task)
-        task.add_done_callback(running.discard)
+        running = self._running.setdefault(new, {})
+        running[task] = batch
+        task.add_done_callback(lambda t: running.pop(t, None))
         return True
+
+    def _in_flight(self, new: int) -> int:
+        """Receiver `new`'s batches whose first tokens have not come back (`LiveView
+        .in_flight`, the simulator's `_Target.in_flight`): a batch handing its requests on
+        (K/V to a decode instance, or adopted by its source) is under way but not in
+        flight. Until 2026-11-29 it counted until its last hand-off: on the emulated §6.1
+        7B run live batch 8-11's first tokens came at 1.682 s and its hand-offs ended at
+        2.414, so every look from 1.687 declined as busy and the target was whole (2.079 s)
+        after 2 batches of 7 requests, where the simulator ran 4 of 15 (docs/emulation.md)."""
+        batches = self._running.get(new, {}).values()
+        return sum(1 for batch in batches if any(not r.output_token_ids for r in batch))
 
     async def _run_batch(
         self, new: int, old: LocalEndpoint, action: RunBatch, batch: list[ServeRequest]
