@@ -22,9 +22,8 @@ host-cache use on AzureCode, Llama-2 7B) and the §6 comparison on a multi-model
 - Sensitivity (7B / AzureCode, `sensitivity_7b.py`): rate scale x1/x2/x3 on 32 hosts and
   x2 on 16, S-LLM's (= AllCache's) engine start 0.5 s or 0, BlitzScale without sources by
   bandwidth; the in-flight monitor counterfactual (`in_flight_6_1`).
-- §6.2 host cache: the same trace on 32 logical one-GPU hosts (the paper's setup for
-  7B); copies of the model in host memory over time. Paper: BlitzScale always 1, S-LLM
-  orders of magnitude more.
+- §6.2 host cache (Fig. 16, "under all three workloads"): copies of the model in host
+  memory over §6.1's runs. Paper: BlitzScale always 1, S-LLM orders of magnitude more.
 - Multi-model (scenario `blitzscale-multi`): 24 models on 32 one-GPU hosts with 64-GB
   host memory; BlitzScale as shipped, and with P/D off and the baselines' 10-s
   scale-down (the measured cause of its higher median TTFT against the shipped
@@ -62,8 +61,6 @@ from monitor_bound import paper_slo
 from sensitivity_7b import in_flight_6_1, rate_sensitivity
 from tbt_measure import handoff_split, paired, tbt
 
-from surge.policy.systems import system_config
-from surge.sim.hardware import cluster_from_spec, cluster_spec
 from surge.sim.models import load_model
 from surge.sim.scenario import load_scenario
 from surge.sim.scenario_traffic import build_trace
@@ -72,20 +69,6 @@ from surge.traces.resolve import load_trace
 from surge.traces.transform import scale_rate, time_slice
 
 log = logging.getLogger("blitzscale_eval")
-MODEL = "llama2-7b"
-
-
-def _trace():
-    return time_slice(scale_rate(load_trace("azure-code"), 2.0), 0.0, 1200.0)
-
-
-def _systems():
-    sllm = replace(system_config("serverlessllm"), keep_alive_s=300.0)
-    return {
-        "blitzscale": system_config("blitzscale"),
-        "serverlessllm": sllm,
-        "allcache": system_config("allcache"),
-    }
 
 
 def peak_check(duration_s: float = 1200.0) -> dict:
@@ -137,6 +120,8 @@ def ttft_6_1(duration_s: float = 1200.0) -> dict:
             res[sys_name] |= tbt(raw)
             # its parts: the P/D hand-off's wait, K/V transfer, decode queue, decode steps
             res[sys_name]["tbt_parts"] = handoff_split(raw)
+            # §6.2 Fig. 16 measures host-cache use "under all three workloads": these runs
+            res[sys_name]["host_copies"] = host_copies(raw, load_model(model).total_bytes)
             raws[sys_name] = raw
             if sys_name == "blitzscale":
                 live = {
@@ -202,28 +187,32 @@ def gpu_time(six_one: dict) -> dict:
     }
 
 
-def host_cache() -> dict:
-    trace = _trace()
-    spec = cluster_spec("blitzscale-b")
-    group = {**spec["groups"][0], "num_nodes": 32, "gpus_per_node": 1, "host_memory_gib": 125}
-    cluster = cluster_from_spec("blitzscale-b/32-logical", {"groups": [group]})
-    size = load_model(MODEL).total_bytes
+def host_copies(res, model_bytes: int) -> dict:
+    """Copies of the model in host memory cluster-wide over one run (its 1-s samples)."""
+    copies = np.array([b for _, _, b in res.samples]) / model_bytes
+    return {
+        "mean_copies": float(copies.mean()),
+        "max_copies": float(copies.max()),
+        "copies_over_time": copies[::10].round(2).tolist(),
+    }
+
+
+def host_cache(six_one: dict) -> dict:
+    """§6.2 Fig. 16 ("host cache usage on S-LLM and BlitzScale under all three workloads"):
+    the host-cache copies of §6.1's runs, per workload (until 2026-11-29 a run of its own:
+    Azure code x2 on cluster B as 32 hosts with the baselines colocated)."""
     out = {}
-    for name, cfg in _systems().items():
-        if name == "allcache":
-            continue
-        _, res = run(trace, SimSettings(cluster, (MODEL,), cfg.name, slo=paper_slo(MODEL)), cfg)
-        copies = np.array([b for _, _, b in res.samples]) / size
+    for name, w in six_one["workloads"].items():
         out[name] = {
-            "mean_copies": float(copies.mean()),
-            "max_copies": float(copies.max()),
-            "copies_over_time": copies[::10].tolist(),
+            "cluster": w["cluster"],
+            "systems": {
+                s: {k: w["systems"][s]["host_copies"][k] for k in ("mean_copies", "max_copies")}
+                for s in ("blitzscale", "serverlessllm")
+            },
         }
     return {
-        "systems": out,
-        "mean_copies_ratio": ratio(
-            out["serverlessllm"]["mean_copies"], out["blitzscale"]["mean_copies"]
-        ),
+        "setting": "§6.1's runs (P/D, BlitzScale's monitor, logical hosts)",
+        "workloads": out,
         "paper": {"blitzscale_copies": 1, "serverlessllm": "orders of magnitude more"},
     }
 
@@ -273,9 +262,10 @@ def draw(doc: dict) -> object:
     d = doc["gpu_time"]["systems"]
     ax[0].bar(list(d), [v["gpu_seconds"] for v in d.values()])
     ax[0].set(title="§6.2 GPU-seconds (AzureCode x2, 7B, cluster B)")
-    for name, v in doc["host_cache"]["systems"].items():
-        ax[1].plot(np.arange(len(v["copies_over_time"])) * 10, v["copies_over_time"], label=name)
-    ax[1].set(title="§6.2 host-cache copies (32 hosts)", xlabel="s", yscale="symlog")
+    for name in ("blitzscale", "serverlessllm"):
+        v = w["7b-azurecode"]["systems"][name]["host_copies"]["copies_over_time"]
+        ax[1].plot(np.arange(len(v)) * 10, v, label=name)
+    ax[1].set(title="§6.2 host-cache copies (7B, 32 hosts)", xlabel="s", yscale="symlog")
     ax[1].legend()
     m = doc["multi_model"]["systems"]
     x = np.arange(len(m))
@@ -295,7 +285,7 @@ def main() -> None:
         "peak_check": peak_check,
         "rate_sensitivity": rate_sensitivity,
         "gpu_time": gpu_time,  # from ttft_6_1's 7B runs
-        "host_cache": host_cache,
+        "host_cache": host_cache,  # from ttft_6_1's runs
         "multi_model": multi_model,
         "in_flight_6_1": in_flight_6_1,
         "decode_partners_6_1": decode_partners_6_1,
@@ -304,16 +294,16 @@ def main() -> None:
         description="BlitzScale §6.1 / §6.2 and multi-model in the simulator: writes "
         "benchmarks/results/paper/blitzscale_eval.json and .png (a few minutes)"
     )
-    parts_alone = [p for p in parts if p != "gpu_time"]
+    derived = ("gpu_time", "host_cache")  # read off ttft_6_1's runs: they follow them
+    parts_alone = [p for p in parts if p not in derived]
     parser.add_argument("--only", choices=parts_alone, help="rerun one part into the last JSON")
     only = parser.parse_args().only
     if only:
         doc = {k: v for k, v in read("blitzscale_eval").items() if k != "machine"}
-        # gpu_time is read off ttft_6_1's runs: it follows them
-        parts = {k: parts[k] for k in (only, "gpu_time") if k == only or only == "ttft_6_1"}
+        parts = {k: parts[k] for k in (only, *derived) if k == only or only == "ttft_6_1"}
     for name, fn in parts.items():
         log.info("running %s", name)
-        doc[name] = fn(doc["ttft_6_1"]) if name == "gpu_time" else fn()
+        doc[name] = fn(doc["ttft_6_1"]) if name in derived else fn()
     write("blitzscale_eval", doc, draw(doc))
 
 

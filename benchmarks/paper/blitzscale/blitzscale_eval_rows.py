@@ -1,5 +1,6 @@
 """REPORT.md rows of blitzscale_eval.py's JSON: §6.1 per workload, §6.2 GPU time (with the
-measured counterfactual from its `rate_sensitivity` runs) and host-cache copies (Fig. 16).
+measured counterfactual from its `rate_sensitivity` runs) and host-cache copies (Fig. 16,
+over §6.1's runs).
 
 In: benchmarks/results/paper/blitzscale_eval.json. Out: `rows.row` dicts for `report.py`.
 """
@@ -112,19 +113,35 @@ def report_rows(doc: dict) -> list[dict]:
             cause=cause,
         )
     )
-    h = doc["host_cache"]["systems"]
-    rows.append(
-        row(
-            "BlitzScale",
-            "§6.2 Fig. 16",
-            "host-cache copies: BlitzScale always 1, S-LLM orders of magnitude more",
-            "1 vs >> 1",
-            f"1 vs mean {h['serverlessllm']['mean_copies']:.1f} (max "
-            f"{h['serverlessllm']['max_copies']:.0f}, all 32 hosts)",
-            ordering=h["blitzscale"]["max_copies"] <= 1 < h["serverlessllm"]["mean_copies"],
-        )
-    )
+    rows.append(fig16_row(doc["host_cache"]))
     return rows
+
+
+def fig16_row(h: dict) -> dict:
+    """§6.2 Fig. 16 over §6.1's three workloads ("host cache usage on S-LLM and BlitzScale
+    under all three workloads"): BlitzScale at most one copy in every one, S-LLM more on
+    average in every one."""
+    w = h["workloads"]
+    text = "; ".join(
+        f"{name} {v['systems']['blitzscale']['max_copies']:.0f} vs mean "
+        f"{v['systems']['serverlessllm']['mean_copies']:.1f} (max "
+        f"{v['systems']['serverlessllm']['max_copies']:.0f})"
+        for name, v in w.items()
+    )
+    return row(
+        "BlitzScale",
+        "§6.2 Fig. 16",
+        "host-cache copies under §6.1's three workloads: BlitzScale always 1, S-LLM orders "
+        "of magnitude more",
+        "1 vs >> 1",
+        f"BlitzScale (max) vs S-LLM copies, §6.1's runs: {text}",
+        ordering=all(
+            v["systems"]["blitzscale"]["max_copies"]
+            <= 1
+            < v["systems"]["serverlessllm"]["mean_copies"]
+            for v in w.values()
+        ),
+    )
 
 
 def _shorter(reduction: float) -> str:
