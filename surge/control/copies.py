@@ -21,6 +21,7 @@ from surge.control.state import Deployment
 from surge.policy.copies.host_copies import (
     NodeHostCache,
     PinnedCopy,
+    caches_after_load,
     copy_after_load,
     expired_copies,
     host_copy_retry_s,
@@ -95,14 +96,15 @@ class Copies:
             self.deployments[model].host_last_used_s[node] = self.clock.now_s()
 
     def _keeps_host(self, model: str, node: int) -> bool:
-        """Whether a freed slot's GPU blocks stay in its host tier: ServerlessLLM's LRU
-        cache keeps (or refreshes) the copy (`lru_copy`); FlexPipe §7 keeps them when the
+        """Whether a freed slot's GPU blocks stay in its host tier: an LRU cache
+        (ServerlessLLM's, λScale's best-effort one) keeps (or refreshes) the copy
+        (`lru_copy`); FlexPipe §7 keeps them when the
         host cache admits the model there without evicting another
         (`policy.flexpipe.host_keep`)."""
         dep = self.deployments.get(model)
         if dep is None:
             return False
-        if dep.spec.system.host_cache == "lru":
+        if caches_after_load(dep.spec.system.host_cache):
             return self.lru_copy(dep, node)
         entry = CacheEntry(model, dep.manifest.total_bytes, self.clock.now_s())
         decision = admit(self._entries(node), entry, self.settings, self._arriving(node))
@@ -110,7 +112,8 @@ class Copies:
         return keep_host_after_eviction(system, decision.admit and not decision.evict)
 
     def lru_copy(self, dep: Deployment, node: int) -> bool:
-        """ServerlessLLM's LRU host cache (`policy.copies.host_copies.copy_after_load`): the
+        """The LRU host cache of ServerlessLLM and λScale
+        (`policy.copies.host_copies.copy_after_load`): the
         model's copy stays in the node's host memory after a load into its GPU memory from
         the disk or the registry (asked as the load starts: the agent reads it through its
         host tier) or after a release. The copies the policy names make room first; the

@@ -21,7 +21,7 @@ from surge.policy.router import ROUTINGS
 
 LOADS = ("multicast", "local", "allcache", "registry-parallel", "ideal")
 SERVE_WHILE_LOADING = ("none", "pipelines", "live")
-HOST_CACHES = ("lru", "pinned-one", "all", "none")
+HOST_CACHES = ("lru", "pinned-one", "pinned-lru", "all", "none")
 COLD_FALLBACKS = ("host-then-multicast", "local")
 MULTICAST_TRANSPORTS = ("blocks", "gloo", "gloo-ring")
 GROUP_SIZINGS = ("fixed", "alg1", "flexpipe")
@@ -73,9 +73,11 @@ class SystemConfig:
     the store, then multicasts) or `local` (every target loads locally)."""
     host_cache: str = "lru"
     """`lru` (keep-alive + LRU, ServerlessLLM), `pinned-one` (BlitzScale O(1) pool: one
-    pinned copy per model; λScale's registered-memory replica), `all`, `none`."""
+    pinned copy per model), `pinned-lru` (λScale: that one registered-memory replica, FaaScale
+    §5, plus best-effort LRU copies where its instances ran, λScale §7.5), `all`, `none`."""
     keep_alive_s: float | None = None
-    """Host-cache keep-alive for `lru`; None = only LRU evicts."""
+    """Host-cache keep-alive for the LRU copies (`lru`, `pinned-lru`); None = only LRU
+    evicts."""
     host_cache_fraction: float = 0.5
     """Fraction of host memory given to the model cache."""
     pipeline_size: int = 1
@@ -248,14 +250,17 @@ subside"): 30% of the pool's peak groups always ready (§9.1), the rest reclaime
 2026-11-28 this was BlitzScale's 2-s scale-down (unsourced for FlexPipe) and no floor."""
 
 SYSTEMS: dict[str, SystemConfig] = {
-    # λScale §4: binomial k-way multicast, execution pipelines, mode switch, a host replica.
+    # λScale §4: binomial k-way multicast, execution pipelines, mode switch; host memory:
+    # one registered replica (FaaScale §5) and best-effort local copies (λScale §7.5: "As
+    # ServerlessLLM, λScale supports best-effort local host memory caching but falls back
+    # to λPipe multicast if the requested model is not in host memory").
     "lambdascale": SystemConfig(
         "lambdascale",
         "multicast",
         multicast_strategy="binomial",
         max_sources=4,
         serve_while_loading="pipelines",
-        host_cache="pinned-one",
+        host_cache="pinned-lru",
         autoscale=_AUTOSCALE,
         serve=True,
     ),

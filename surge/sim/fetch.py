@@ -17,6 +17,7 @@ still fetching (issue 18).
 
 from collections.abc import Callable
 
+from surge.policy.copies.host_copies import caches_after_load
 from surge.sim.host_cache import HostCache
 from surge.sim.world import World
 
@@ -35,7 +36,8 @@ def fetch(
     load as a cache hit or miss."""
     machine = world.state.machine_of_gpu[gpus[0]].index
     size = world.models[model].profile.total_bytes
-    caches = world.system.host_cache == "lru" and cache.settings[machine].capacity_bytes >= size
+    room = cache.settings[machine].capacity_bytes >= size
+    caches = caches_after_load(world.system.host_cache) and room
     key = (machine, model)
     if not from_host and caches and key in cache.in_flight:
 

@@ -1,7 +1,7 @@
 """Host-memory model caches of every machine: seed, touch, evict, expire.
 
-In: the system's `host_cache` choice (`lru`, `pinned-one`, `all`, `none`), its keep-alive
-and cache fraction, and the loads and releases the simulator carries out. Out: the
+In: the system's `host_cache` choice (`lru`, `pinned-one`, `pinned-lru`, `all`, `none`), its
+keep-alive and cache fraction, and the loads and releases the simulator carries out. Out: the
 entries in `ClusterState.host_cache` (what `surge.policy.startup` sees as host copies and
 `surge.policy.placement` as locality), and the lifetimes of evicted entries. Admission and
 expiry are `surge.policy.copies.keepalive` decisions (LRU + keep-alive, ServerlessLLM).
@@ -9,7 +9,12 @@ expiry are `surge.policy.copies.keepalive` decisions (LRU + keep-alive, Serverle
 
 from collections.abc import Callable
 
-from surge.policy.copies.host_copies import NodeHostCache, copy_after_load, kept_copies
+from surge.policy.copies.host_copies import (
+    NodeHostCache,
+    caches_after_load,
+    copy_after_load,
+    kept_copies,
+)
 from surge.policy.copies.keepalive import CacheEntry, CacheSettings, expired
 from surge.sim.world import World
 
@@ -36,9 +41,9 @@ class HostCache:
         """Fill the caches at time 0 with the copies each model keeps by the system's
         `host_cache` (`policy.copies.host_copies.kept_copies`, as `surge serve`'s controller
         at a deployment's creation): every own machine (`all`), one per model in model order
-        (`pinned-one`: BlitzScale's O(1) host pool, λScale's registered replica; the
-        roomiest machine of the model's group, ties to the lowest index), none (`lru`,
-        `none`)."""
+        (`pinned-one`: BlitzScale's O(1) host pool; `pinned-lru`: λScale's registered
+        replica; the roomiest machine of the model's group, ties to the lowest index), none
+        (`lru`, `none`)."""
         mode = self.world.system.host_cache
         state = self.world.state
         for slot in self.world.models:
@@ -62,11 +67,11 @@ class HostCache:
 
     def touch(self, machine: int, model: int) -> bool:
         """`model` was just used from (or loaded into) host memory of `machine`; with
-        `lru` it is admitted (evicting what `policy.copies.host_copies.copy_after_load` says)
-        or refreshed. Whether it is
-        there now."""
+        an LRU cache (`lru`, `pinned-lru`) it is admitted (evicting what
+        `policy.copies.host_copies.copy_after_load` says) or refreshed. Whether it is there
+        now."""
         world = self.world
-        if world.system.host_cache != "lru":
+        if not caches_after_load(world.system.host_cache):
             return self.has_copy(machine, model)
         slot = world.models[model]
         cache = world.state.host_cache[machine]
@@ -86,9 +91,10 @@ class HostCache:
         return True
 
     def expire(self) -> None:
-        """Drop entries past their keep-alive (`lru` with a keep-alive only)."""
+        """Drop unpinned entries past their keep-alive (an LRU cache with a keep-alive
+        only)."""
         sys = self.world.system
-        if sys.host_cache != "lru" or sys.keep_alive_s is None:
+        if not caches_after_load(sys.host_cache) or sys.keep_alive_s is None:
             return
         now = self.world.loop.now_s
         state = self.world.state

@@ -3,7 +3,7 @@
 from its tier as its paper deploys it: ParaServe (`none`, §4: the group fetches from the
 remote registry) and ServerlessLLM (`lru`: its cache fills with what its instances load)
 have no host copy at creation, and their first instance's blocks reach its GPU from the
-registry, not from host memory; λScale (`pinned-one`) keeps its one pinned copy, and its
+registry, not from host memory; λScale (`pinned-lru`) keeps its one pinned copy, and its
 first instance loads from it (warm). Before this, every deployment got a pinned host copy at
 creation, and a ParaServe or ServerlessLLM cold start was partly warm."""
 

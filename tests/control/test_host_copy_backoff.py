@@ -36,7 +36,7 @@ def _deployment() -> SimpleNamespace:
         restoring=False,
         num_scale_outs=0,
         pinned_nodes=set(),
-        # lambdascale keeps a pinned host copy (`pinned-one`)
+        # lambdascale keeps a pinned host copy (`pinned-lru`)
         spec=SimpleNamespace(strategy="lambdascale", system=serve_system("lambdascale")),
         host_last_used_s={},
         instances={},

@@ -2,9 +2,10 @@
 same empty nodes keep their pinned host copies on the same nodes in `surge serve`
 (`control/copies.Copies.restore_invariant`, at creation) and in the simulator
 (`sim/host_cache.HostCache.seed`, at time 0): both ask `policy.copies.host_copies.kept_copies`
-with the system's `host_cache`. BlitzScale §5.3 and λScale (`pinned-one`): one copy, on the
-roomiest node (ties to the lowest id); FlexPipe (`all`): every node; ParaServe (`none`) and
-ServerlessLLM (`lru`): none, so their first start is cold from the registry or the SSD.
+with the system's `host_cache`. BlitzScale §5.3 (`pinned-one`) and λScale (`pinned-lru`): one
+copy, on the roomiest node (ties to the lowest id); FlexPipe (`all`): every node; ParaServe
+(`none`) and ServerlessLLM (`lru`): none, so their first start is cold from the registry or
+the SSD.
 Node i of the runtime is machine i."""
 
 import asyncio
@@ -105,8 +106,9 @@ def test_both_bodies_keep_each_models_copies_on_the_same_nodes(
     names = ["tiny" if i == 0 else f"tiny{i}" for i in range(len(layers))]
     pairs = zip(names, sim_pins, strict=True)
     assert sorted(loads) == sorted((n, m) for n, held in pairs for m in held)
-    wanted = {"pinned-one": 1, "all": NUM_MACHINES, "none": 0, "lru": 0}[system.host_cache]
+    one = {"pinned-one": 1, "pinned-lru": 1}
+    wanted = {**one, "all": NUM_MACHINES, "none": 0, "lru": 0}[system.host_cache]
     assert [len(p) for p in sim_pins] == [wanted] * len(layers)
-    if system.host_cache == "pinned-one" and len(set(layers)) > 1:
+    if system.host_cache in one and len(set(layers)) > 1:
         # the sizes matter: a rule by model index alone would pin elsewhere
         assert [p[0] for p in sim_pins] != [i % NUM_MACHINES for i in range(len(layers))]

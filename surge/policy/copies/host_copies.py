@@ -14,15 +14,22 @@ Rules:
 - Which copies a deployed model keeps before any use (`kept_copies`), by the system's
   `host_cache`: `pinned-one` one pinned copy (below); `all` a pinned copy on every live
   node (AllCache; FlexPipe §7's host-memory tier); `lru` none (ServerlessLLM: the cache
-  fills with the models its instances load, LRU and keep-alive: `copy_after_load`) and
+  fills with the models its instances load, LRU and keep-alive: `copy_after_load`);
+  `pinned-lru` both (λScale: the one pinned copy, and LRU copies as ServerlessLLM's); and
   `none` none
   (ParaServe §4, FaaSNet, NCCL: a cold start reads the registry or the SSD). So a system
   without a host cache starts cold from its tier, as its paper deploys it.
-- BlitzScale §5.3 O(1) host caching (`pinned-one`; λScale's registered-memory replica):
+- BlitzScale §5.3 O(1) host caching (`pinned-one`; in `pinned-lru` λScale's
+  registered-memory replica, FaaScale §5: "one complete replica in RDMA-accessible
+  registered memory somewhere in the cluster", the source of a 0-to-N scale-out):
   every deployed model keeps one complete copy in some node's host memory, pinned (never
   evicted). An existing complete copy is pinned (the one pinned already, else the lowest
   node id: no load at all); with none, a copy is loaded on the node with the most
   free host memory (ties: lowest node id), so the pinned copies spread over the cluster.
+- LRU copies (`caches_after_load`): ServerlessLLM's cache, and λScale's "best-effort local
+  host memory caching" (λScale §7.5: "As ServerlessLLM", falling back to multicast on a
+  miss; §7.3: "λScale is configured to utilize local memory caching similarly to
+  ServerlessLLM"): a node keeps the copy its instance loaded or released.
 - Keep-alive (ServerlessLLM, `policy.copies.keepalive.expired`): an unpinned copy unused for the
   keep-alive leaves host memory, but never from a node where the model has an instance
   (loading or serving: its host copy is in use).
@@ -42,6 +49,15 @@ from surge.policy.copies.keepalive import (
     admit,
     expired,
 )
+
+LRU_CACHES = ("lru", "pinned-lru")
+"""`host_cache` choices whose nodes keep what their instances load (see the docstring)."""
+
+
+def caches_after_load(host_cache: str) -> bool:
+    """Whether the system's nodes keep an LRU host copy of what their instances load or
+    release (`copy_after_load` decides whether there is room)."""
+    return host_cache in LRU_CACHES
 
 
 @dataclass(frozen=True)
@@ -99,7 +115,7 @@ def kept_copies(
 ) -> tuple[PinnedCopy, ...]:
     """The pinned host copies a deployed model keeps under the system's `host_cache` (see
     the module docstring), by node; () for `lru` and `none`."""
-    if host_cache == "pinned-one":
+    if host_cache in ("pinned-one", "pinned-lru"):
         one = pinned_copy(caches, settings, complete_on, pinned_on)
         return () if one is None else (one,)
     if host_cache == "all":
@@ -120,7 +136,8 @@ def copy_after_load(
     """Whether a model loaded into a node's GPU memory (or released from it) keeps a copy
     in that node's host memory, and which copies make room first. ServerlessLLM (`lru`,
     §4: a checkpoint reaches the GPU through a pinned host-memory pool, which stays as a
-    cache): admitted by `keepalive.admit` (the least recently used unpinned copies go; a
+    cache) and λScale (`pinned-lru`, §7.5: the same best-effort cache beside its pinned
+    copy): admitted by `keepalive.admit` (the least recently used unpinned copies go; a
     copy held already is only refreshed: `incoming.last_used_s`); refused when it cannot
     fit. Other systems keep no copy this way (their kept copies are `kept_copies`'s).
     Asked by the simulator (`sim/host_cache.HostCache.touch`, when a load's bytes have
@@ -130,7 +147,7 @@ def copy_after_load(
     the node's copies admitted and still loading (`keepalive.admit`: they hold their room,
     so two loads at once cannot overfill the cache; the simulator admits a copy when its
     bytes have landed and has none)."""
-    if host_cache != "lru":
+    if not caches_after_load(host_cache):
         return CacheDecision(False, ())
     return admit(entries, incoming, settings, arriving)
 
