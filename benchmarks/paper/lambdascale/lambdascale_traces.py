@@ -327,9 +327,9 @@ def report_rows(doc: dict) -> list[dict]:
             paper_range=(2.4, 5.0),
             cause="FaaSNet and NCCL fall back to SSD after each of Azure code's empty "
             "minutes (no GPU copy left) whatever the start, so their p90 is an SSD load; "
-            f"counterfactual: FaaSNet keeping one instance {keep1:.2f}x (the ordering then "
-            "fails). The lead over S-LLM rests on S-LLM's engine start (derived from Fig. "
-            f"12, as Fig. 14 is judged): with none the two tie ({at0['tail']:.2f}x). Judged "
+            f"counterfactual: FaaSNet keeping one instance {keep1:.4f}x (the ordering then "
+            "fails). The lead over S-LLM is mostly S-LLM's engine start (derived from Fig. "
+            f"12, as Fig. 14 is judged): with none, {at0['tail']:.2f}x. Judged "
             "against §1's range (p90, the baselines; the λScale paper's Fig. 15 ran "
             "BurstGPT, not in shared/traces) since 2026-11-28; ordering only before.",
         ),
