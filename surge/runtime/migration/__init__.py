@@ -2,5 +2,6 @@
 
 ParaServe §6 consolidation and BlitzScale live prefill (`consolidation.py`), FlexPipe's
 in-flight refactoring (`refactor.py`), the P/D hand-off from a prefill instance to a decode
-one (`pd_handoff.py`) and the K/V incast the monitor weighs (`kv_ingress.py`).
+one (`pd_handoff.py`), the K/V incast the monitor weighs (`kv_ingress.py`) and how loudly a
+failed K/V move is logged, the same on every path (`failures.py`).
 """

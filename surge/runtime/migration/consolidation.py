@@ -27,8 +27,8 @@ from collections.abc import Awaitable, Callable
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
-from surge.policy.versions import is_kv_refusal
 from surge.runtime.endpoints import LocalEndpoint
+from surge.runtime.migration.failures import failure_level
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     InstanceAdoptOp,
@@ -48,13 +48,6 @@ log = logging.getLogger(__name__)
 Deliver = Callable[[ServeRequest, list[KvPart], bytes, int], Awaitable[None]]
 """How a live batch's request reaches its P/D decode instance: (request, K/V parts, their
 bytes, tokens cached) -> adopted (`PdServing.hold`)."""
-
-
-def failure_level(e: BaseException) -> int:
-    """How loudly a failed K/V move is logged: an agent's refusal of another version's K/V
-    (`policy.versions.is_kv_refusal`: a deployment mixing versions, never a race) is a
-    WARNING; a dead agent or a full instance, whose request is simply prefilled again, INFO."""
-    return logging.WARNING if is_kv_refusal(str(e)) else logging.INFO
 
 
 async def adopt(

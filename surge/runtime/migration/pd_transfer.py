@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.migration.consolidation import adopt, failure_level
+from surge.runtime.migration.consolidation import adopt
+from surge.runtime.migration.failures import failure_level
 from surge.runtime.protocol import InstanceHandoffOp, KvPart
 from surge.runtime.request import ServeRequest
 

@@ -39,7 +39,7 @@ from surge.policy.flexpipe.system import refactor
 from surge.policy.pipeline_adoption import stage_blocks
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.endpoints import EndpointFailed
-from surge.runtime.migration.consolidation import failure_level
+from surge.runtime.migration.failures import failure_level
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.protocol import (
     KvPushOp,

@@ -62,7 +62,8 @@ from surge.policy.blitzscale.live_scaling import (
 from surge.policy.blitzscale.pd import PREFILL
 from surge.policy.blitzscale.slo_check import PrefillSpan, drain_rate_per_s, prefill_s_per_token
 from surge.runtime.endpoints import LocalEndpoint
-from surge.runtime.migration.consolidation import Deliver, failure_level, live_prefill
+from surge.runtime.migration.consolidation import Deliver, live_prefill
+from surge.runtime.migration.failures import failure_level
 from surge.runtime.request import ServeRequest
 from surge.runtime.scaleout.context import ScaleOutContext, held_layers
 from surge.runtime.scaleout.live_queue import (
