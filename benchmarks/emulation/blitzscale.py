@@ -46,13 +46,11 @@ from benchmarks.emulation.report import (
 )
 from benchmarks.emulation.serving import (
     Workload,
-    emulated_cluster,
-    fresh_copies,
     percentile,
-    run_on_real_model,
     serve_workload,
     start_logging,
 )
+from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
 from surge.config import EngineConfig
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest

@@ -35,7 +35,8 @@ import numpy as np
 
 from benchmarks.emulation import blitzscale
 from benchmarks.emulation.report import report_head, write_report
-from benchmarks.emulation.serving import registered, run_on_real_model
+from benchmarks.emulation.serving import registered
+from benchmarks.emulation.staging import run_on_real_model
 
 log = logging.getLogger("emulation_blitzscale_ablation")
 STEPS = ("serverlessllm", "+network", "+plan", "+live")

@@ -42,13 +42,11 @@ from benchmarks.emulation.blitzscale import ENGINE_PREFILL_TOKENS, TBT_SLO_MS, T
 from benchmarks.emulation.report import report_head, write_report
 from benchmarks.emulation.serving import (
     Workload,
-    emulated_cluster,
-    fresh_copies,
     registered,
-    run_on_real_model,
     serve_workload,
     start_logging,
 )
+from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
 from benchmarks.paper.common import run
 from benchmarks.paper.ramp import smooth, time_to_share, token_rate
 from surge.control.state import Deployment

@@ -49,13 +49,11 @@ from benchmarks.emulation.report import (
 )
 from benchmarks.emulation.serving import (
     Workload,
-    emulated_cluster,
-    fresh_copies,
     percentile,
-    run_on_real_model,
     serve_workload,
     start_logging,
 )
+from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
 from surge.control.spec import autoscaling_from_json
 from surge.emulation import Emulation, EmulationConfig
 from surge.policy.flexpipe.settings import FlexPipeSettings

@@ -56,12 +56,10 @@ from benchmarks.emulation.report import (
     write_report,
 )
 from benchmarks.emulation.serving import (
-    emulated_cluster,
-    fresh_copies,
-    run_on_real_model,
     serve_workload,
     start_logging,
 )
+from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
 from surge.control.spec import autoscaling_from_json
 from surge.emulation import Emulation, EmulationConfig
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
 from benchmarks.emulation.agents import real_model, shrunk_cluster, violations
-from benchmarks.emulation.serving import stage
+from benchmarks.emulation.staging import stage
 from benchmarks.scaleout.burst_run import LOAD_THEN_SERVE, MODEL, burst
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest

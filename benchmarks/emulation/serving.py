@@ -3,16 +3,15 @@
 Shared by the emulated system benchmarks (`blitzscale.py`, `flexpipe.py`). One cluster of
 agents emulating PRESET:MODEL serves every system in turn (the deployment's copies are
 deleted after each system, and the scenario's disk and host copies staged before the next
-one), each system behind a fresh `Controller` whose clock is the
+one: `staging.fresh_copies`), each system behind a fresh `Controller` whose clock is the
 emulation's (`control/emulation.control_clock`: its autoscaler, keep-alives and SLOs act in
 emulated seconds). Requests are submitted at their emulated arrival times on that clock;
 TTFT and TBT are the controller's own request stamps, so every time here is emulated seconds.
-What the benchmarks share besides: `start_logging`, `run_on_real_model` (the real small model
-in a temporary directory) and `fresh_copies` (before each system's run); their result files
-are `report.py`'s; each run's scale-outs are read back by `timeline.py`.
+What the benchmarks share besides: `start_logging`, and `staging.py` (the real small model in
+a temporary directory, the agents and their copies before each system's run); their result
+files are `report.py`'s; each run's scale-outs are read back by `timeline.py`.
 """
 
-import argparse
 import asyncio
 import contextlib
 import faulthandler
@@ -20,9 +19,8 @@ import itertools
 import logging
 import os
 import signal
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from unittest import mock
 
 import numpy as np
 
-from benchmarks.common import code_version, make_cluster
+from benchmarks.common import code_version
 from benchmarks.emulation.agents import violations
 from benchmarks.emulation.timeline import (
     mechanism_timeline,
@@ -39,16 +37,11 @@ from benchmarks.emulation.timeline import (
 )
 from surge.control.controller import Controller, ControllerConfig
 from surge.control.state import Deployment
-from surge.emulation import Emulation, EmulationConfig
+from surge.emulation import Emulation
 from surge.engine.sampling import SamplingParams
 from surge.events import InstanceUp, Load, TimelineEvent
-from surge.model.importer import import_checkpoint
-from surge.model.manifest import Manifest, read_manifest
-from surge.model.tiny import create_tiny_model
-from surge.model.tiny_shape import TinyModelConfig
 from surge.policy.systems import SYSTEMS, SystemConfig
 from surge.runtime.launch.local import LocalCluster
-from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp, StatusOp
 
 log = logging.getLogger("emulation_serving")
 
@@ -87,61 +80,6 @@ def percentile(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 4) if xs else None
 
 
-def real_model(tmp: Path, args: argparse.Namespace) -> Manifest:
-    """The real small model at `tmp/store` (the registry `tmp/reg` links it per run): a tiny
-    Llama of `--layers` layers with room for `--max-prompt` + `--max-tokens`, cut into
-    `--blocks` blocks."""
-    cfg = TinyModelConfig(
-        num_layers=args.layers,
-        hidden_size=128,
-        intermediate_size=344,
-        max_position_embeddings=args.max_prompt + args.max_tokens + 64,
-    )
-    create_tiny_model(tmp / "hf", cfg)
-    import_checkpoint(tmp / "hf", tmp / "store", num_blocks=args.blocks, progress=False)
-    (tmp / "reg").mkdir()
-    return read_manifest(tmp / "store")
-
-
-def emulated_cluster(args: argparse.Namespace, tmp: Path, emulation: Emulation) -> LocalCluster:
-    """`--nodes` agents emulating the benchmark's cluster, reading the registry `tmp/reg`."""
-    return make_cluster(
-        args,
-        num_nodes=args.nodes,
-        max_num_seqs=args.max_num_seqs,
-        remote_dir=tmp / "reg",
-        emulation=emulation,
-        start_timeout_s=600.0,  # agents importing torch on two shared cores
-    )
-
-
-def link_store(tmp: Path, name: str) -> None:
-    """The registry's copy of the store, as the controller makes it (a deletion unlinks it)."""
-    link = tmp / "reg" / name
-    if not link.is_symlink():
-        link.symlink_to(tmp / "store", target_is_directory=True)
-
-
-async def fresh_copies(
-    cluster: LocalCluster,
-    tmp: Path,
-    name: str,
-    manifest: Manifest,
-    run: str,
-    disk_nodes: list[int],
-    host_nodes: list[int],
-) -> tuple[Path, float]:
-    """Before one system's run: the registry's copy back, the agents' copies staged
-    (`stage`), and a fresh controller state directory `tmp/state-RUN` reading that
-    registry. Returns the state directory and the real seconds staging took."""
-    link_store(tmp, name)
-    staging_s = await stage(cluster, name, manifest, disk_nodes, host_nodes)
-    state = tmp / f"state-{run}"
-    state.mkdir()
-    (state / "registry").symlink_to(tmp / "reg")
-    return state, staging_s
-
-
 def start_logging() -> None:
     """INFO logs with times; `kill -USR1 PID` prints every thread's stack (a run that
     seems stuck at D = 80 is usually only slow)."""
@@ -149,61 +87,9 @@ def start_logging() -> None:
     faulthandler.register(signal.SIGUSR1)
 
 
-def run_on_real_model(
-    args: argparse.Namespace,
-    config: EmulationConfig,
-    run: Callable[[Path, Manifest, Emulation], Awaitable[Any]],
-) -> tuple[Any, int]:
-    """`run(tmp, manifest, emulation)` in a temporary directory holding the real small
-    model (`real_model`; `args.store` is its path), emulating `config`. Returns what it
-    returned and the real model's bytes."""
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
-        manifest = real_model(tmp, args)
-        args.store = tmp / "store"
-        emulation = Emulation.for_store(config, manifest)
-        return asyncio.run(run(tmp, manifest, emulation)), manifest.total_bytes
-
-
 async def counts(cluster: LocalCluster) -> dict[int, tuple[int, int]]:
     """Each agent's paced steps and violations so far."""
     return {n: (s[0], s[1]) for n, s in (await violations(cluster)).items()}
-
-
-async def stage(
-    cluster: LocalCluster,
-    name: str,
-    manifest: Manifest,
-    disk_nodes: list[int],
-    host_nodes: list[int],
-) -> float:
-    """Agents' copies as a scenario starts: no GPU or host copy anywhere, then the whole
-    model on the disk of `disk_nodes` and in the host memory of `host_nodes`, each read
-    from the registry at its emulated rate (in parallel: every agent has its own registry
-    link). Returns the real seconds it took."""
-    t0 = time.monotonic()
-    client = cluster.client()
-    await client.connect()
-    blocks = tuple(range(manifest.num_blocks))
-    try:
-        nodes = sorted(cluster.addresses)
-        await client.broadcast(RegisterOp(model=name, manifest=manifest), nodes)
-        held = await client.broadcast(StatusOp(), nodes)
-
-        async def one(node: int) -> None:
-            for tier in ("gpu", "host"):
-                await client.call(node, EvictOp(model=name, blocks=blocks, tier=tier))
-            holding = held[node].models.get(name)
-            on_disk = holding is not None and len(holding.disk) == len(blocks)
-            if node in disk_nodes and not on_disk:
-                await client.call(node, LoadOp(name, blocks, tier="disk", source="remote"))
-            if node in host_nodes:
-                await client.call(node, LoadOp(name, blocks, tier="host", source="remote"))
-
-        await asyncio.gather(*(one(n) for n in nodes))
-    finally:
-        await client.close()
-    return time.monotonic() - t0
 
 
 async def next_tick_s(events: asyncio.Queue, clock_s: Callable[[float], float]) -> float:

@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks.emulation import blitzscale_fig18 as fig18
 from benchmarks.emulation.blitzscale_ablation import STEPS, ablation_steps, gains
-from benchmarks.emulation.serving import registered, run_on_real_model
+from benchmarks.emulation.serving import registered
+from benchmarks.emulation.staging import run_on_real_model
 from surge.emulation import EmulationConfig
 from surge.errors import SurgeError
 from surge.policy.systems import serve_system

@@ -68,13 +68,8 @@ def test_a_burst_on_real_agents_is_a_stall_and_its_calm_the_recovery() -> None:
     at a time): calm requests, a burst of ten at once that queues, then calm again. The
     burst's latencies, stamped by the controller from the agents' paced steps, are a stall;
     the first calm request after it ends it. Every agent is stopped by its PID."""
-    from benchmarks.emulation.serving import (
-        Workload,
-        emulated_cluster,
-        fresh_copies,
-        run_on_real_model,
-        serve_workload,
-    )
+    from benchmarks.emulation.serving import Workload, serve_workload
+    from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
     from surge.emulation import EmulationConfig
 
     args = argparse.Namespace(
