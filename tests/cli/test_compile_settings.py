@@ -16,7 +16,7 @@ from surge.errors import SurgeError
 from surge.runtime.launch.agent_process import agent_argv
 from surge.runtime.launch.local import LocalCluster
 from tests.cli.test_cli import assert_one_line_error
-from tests.cli.test_serve_settings import _serve
+from tests.cli.test_serve_settings import surge_serve
 from tests.conftest import run_surge
 
 
@@ -55,7 +55,7 @@ def test_a_negative_or_nan_setting_is_refused_once(tmp_path: Path, bad: float) -
 def test_a_bad_config_value_is_one_line(tmp_path: Path, text: str, words: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
-    assert_one_line_error(_serve(tmp_path, "--config", str(cfg)), words)
+    assert_one_line_error(surge_serve(tmp_path, "--config", str(cfg)), words)
     assert not (tmp_path / "state").exists(), "the server started"
 
 

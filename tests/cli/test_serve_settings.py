@@ -20,7 +20,9 @@ from tests.cli.test_cli import assert_one_line_error
 from tests.conftest import REPO, run_surge
 
 
-def _serve(tmp: Path, *args: str, **env: str):
+def surge_serve(tmp: Path, *args: str, **env: str):
+    """`surge serve` as a user runs it, on a free port with one node, its state and home under
+    `tmp` (a subprocess, 60 s at most); shared with `test_compile_settings.py`."""
     state = ["--state-dir", str(tmp / "state")] if "--state-dir" not in args else []
     return run_surge(
         "serve", "--port", "0", "--nodes", "1", *state, *args,
@@ -38,7 +40,7 @@ def _serve(tmp: Path, *args: str, **env: str):
     ],
 )
 def test_an_empty_api_key_is_an_error_not_no_auth(tmp_path: Path, args, env, words) -> None:
-    proc = _serve(tmp_path, *args, **env)
+    proc = surge_serve(tmp_path, *args, **env)
     assert_one_line_error(proc, words, "leave it unset")
     assert not (tmp_path / "state").exists(), "the server started"
 
@@ -56,9 +58,9 @@ def test_an_empty_api_key_in_the_config_is_an_error(tmp_path: Path) -> None:
 
 def test_unusable_state_dir_and_config_paths_are_one_line(tmp_path: Path) -> None:
     assert_one_line_error(
-        _serve(tmp_path, "--state-dir", "/proc/surge-state"), "cannot be used", "writable"
+        surge_serve(tmp_path, "--state-dir", "/proc/surge-state"), "cannot be used", "writable"
     )
-    assert_one_line_error(_serve(tmp_path, "--config", "/dev/zero"), "is not a regular file")
+    assert_one_line_error(surge_serve(tmp_path, "--config", "/dev/zero"), "is not a regular file")
 
 
 @pytest.mark.parametrize("source", ["flag", "config"])
@@ -66,7 +68,7 @@ def test_a_stall_timeout_out_of_range_is_one_line(tmp_path: Path, source: str) -
     cfg = tmp_path / "c.toml"
     cfg.write_text("stall_timeout_s = 2\n" if source == "config" else "")
     args = ("--stall-timeout-s", "2") if source == "flag" else ()
-    proc = _serve(tmp_path, "--config", str(cfg), *args)
+    proc = surge_serve(tmp_path, "--config", str(cfg), *args)
     assert_one_line_error(proc, "stall_timeout_s (--stall-timeout-s)", "3 to 3600 s (got 2)")
     assert not (tmp_path / "state").exists(), "the server started"
 

@@ -48,7 +48,7 @@ def second_version(tmp_path: Path, v1_store: Path, name: str) -> tuple[Path, Man
     return v2_store, v1, v2
 
 
-async def _hold_old_version(cluster: LocalCluster, v1: Manifest) -> None:
+async def hold_old_version(cluster: LocalCluster, v1: Manifest) -> None:
     """Node 0 holds `v1` in its host and gpu tiers and runs the instance a controller names
     there, as if no controller had ever dropped it."""
     client = ClusterClient(cluster.addresses, cluster.token)
@@ -63,7 +63,8 @@ async def _hold_old_version(cluster: LocalCluster, v1: Manifest) -> None:
         await client.close()
 
 
-async def _digests(cluster: LocalCluster) -> dict[int, str]:
+async def held_digests(cluster: LocalCluster) -> dict[int, str]:
+    """Each node's version (digest) of MODEL, where it holds one."""
     statuses = await agent_statuses(cluster)
     return {n: s.models[MODEL].digest for n, s in statuses.items() if MODEL in s.models}
 
@@ -85,7 +86,7 @@ def test_a_new_version_deployed_never_serves_the_old_one(
         try:
             link = state / "registry" / MODEL
             link.symlink_to(tiny_store_dir, target_is_directory=True)  # version 1, for its load
-            asyncio.run(_hold_old_version(cluster, v1))
+            asyncio.run(hold_old_version(cluster, v1))
             link.unlink()
             r = serve.http.post("/v1/deployments", json={"name": MODEL, "model": str(v2_store)})
             assert r.status_code in (200, 201), r.text
@@ -102,7 +103,7 @@ def test_a_new_version_deployed_never_serves_the_old_one(
                 f"{v2.digest[:19]}; running: ['{MODEL}-node0']): dropped"
             )
             assert dropped in logged, logged
-            digests = asyncio.run(_digests(cluster))
+            digests = asyncio.run(held_digests(cluster))
             assert set(digests.values()) == {v2.digest}, digests
         finally:
             serve.stop()

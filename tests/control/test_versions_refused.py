@@ -24,7 +24,7 @@ from surge.model.tiny_shape import TinyModelConfig
 from surge.runtime.protocol import DropModelOp
 from tests.conftest import REPO
 from tests.control.strategy_run import local_cluster
-from tests.control.test_versions import MODEL, _digests, _hold_old_version
+from tests.control.test_versions import MODEL, held_digests, hold_old_version
 
 CLI_TIMEOUT_S = 120.0
 
@@ -65,7 +65,7 @@ def test_deploy_over_a_running_other_version_is_one_error_line(
         # version 1, as an old controller or a failed delete left it
         link = state / "registry" / MODEL
         link.symlink_to(tiny_store_dir, target_is_directory=True)  # version 1, for its load
-        await _hold_old_version(cluster, v1)
+        await hold_old_version(cluster, v1)
         link.unlink()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -86,7 +86,7 @@ def test_deploy_over_a_running_other_version_is_one_error_line(
             ctl.client.call_bytes = stuck_drop  # type: ignore[method-assign]
             deploy = ("deploy", MODEL, "--model", str(v2_store), "--url", url)
             refused = await _surge(*deploy)
-            held = await _digests(cluster)
+            held = await held_digests(cluster)
             assert MODEL not in ctl.deployments
             ctl.client.call_bytes = call_bytes  # type: ignore[method-assign]
             return refused, held, await _surge(*deploy)  # the fix: deploy again
@@ -98,7 +98,7 @@ def test_deploy_over_a_running_other_version_is_one_error_line(
 
     with cluster, caplog.at_level(logging.WARNING):
         (rc, out, err), held, (rc2, out2, err2) = asyncio.run(run())
-        after = asyncio.run(_digests(cluster))
+        after = asyncio.run(held_digests(cluster))
     lines = err.strip().splitlines()
     assert rc == 2 and out == "" and len(lines) == 1, (rc, out, err)
     line = lines[0]
