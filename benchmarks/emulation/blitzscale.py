@@ -50,7 +50,12 @@ from benchmarks.emulation.serving import (
     serve_workload,
     start_logging,
 )
-from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
+from benchmarks.emulation.staging import (
+    add_real_model_args,
+    emulated_cluster,
+    fresh_copies,
+    run_on_real_model,
+)
 from surge.config import EngineConfig
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
@@ -291,9 +296,7 @@ def parser(description: str, systems: tuple[str, ...], json: Path) -> argparse.A
     ap.add_argument("--duration", type=float, default=4.0, help="emulated s of arrivals")
     ap.add_argument("--max-prompt", type=int, default=4000, help="Llama-2's 4096 context")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--max-num-seqs", type=int, default=8, help="batch limit per instance")
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--blocks", type=int, default=16)
+    add_real_model_args(ap)
     ap.add_argument("--systems", default=",".join(systems))
     ap.add_argument(
         "--drain",

@@ -46,7 +46,12 @@ from benchmarks.emulation.serving import (
     serve_workload,
     start_logging,
 )
-from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
+from benchmarks.emulation.staging import (
+    add_real_model_args,
+    emulated_cluster,
+    fresh_copies,
+    run_on_real_model,
+)
 from benchmarks.paper.common import run
 from benchmarks.paper.ramp import smooth, time_to_share, token_rate
 from surge.control.state import Deployment
@@ -271,9 +276,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=14.0, help="emulated s of arrivals")
     ap.add_argument("--after", type=float, default=3.0, help="emulated s run after scale done")
     ap.add_argument("--prompt", type=int, default=2048, help="prompt tokens (one output token)")
-    ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--blocks", type=int, default=16)
+    add_real_model_args(ap)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument(
         "--json",

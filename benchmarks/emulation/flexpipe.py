@@ -53,7 +53,12 @@ from benchmarks.emulation.serving import (
     serve_workload,
     start_logging,
 )
-from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
+from benchmarks.emulation.staging import (
+    add_real_model_args,
+    emulated_cluster,
+    fresh_copies,
+    run_on_real_model,
+)
 from surge.control.spec import autoscaling_from_json
 from surge.emulation import Emulation, EmulationConfig
 from surge.policy.flexpipe.settings import FlexPipeSettings
@@ -328,11 +333,9 @@ def main() -> None:
         "serverlessllm; '': all); the simulator runs all of them",
     )
     ap.add_argument("--target-ongoing", type=float, default=4.0)
-    ap.add_argument("--max-num-seqs", type=int, default=8)
+    add_real_model_args(ap)
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument(
         "--json", type=Path, default=Path("benchmarks/results/emulation/emulation_flexpipe.json")
     )

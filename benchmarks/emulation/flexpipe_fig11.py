@@ -59,7 +59,12 @@ from benchmarks.emulation.serving import (
     serve_workload,
     start_logging,
 )
-from benchmarks.emulation.staging import emulated_cluster, fresh_copies, run_on_real_model
+from benchmarks.emulation.staging import (
+    add_real_model_args,
+    emulated_cluster,
+    fresh_copies,
+    run_on_real_model,
+)
 from surge.control.spec import autoscaling_from_json
 from surge.emulation import Emulation, EmulationConfig
 
@@ -247,9 +252,7 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=128, help="§9: 128")
     ap.add_argument("--systems", default="", help="comma list of " + ", ".join(FIG11_SYSTEMS))
     ap.add_argument("--target-ongoing", type=float, default=4.0)
-    ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--blocks", type=int, default=16)
+    add_real_model_args(ap)
     ap.add_argument(
         "--json",
         type=Path,

@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
+from benchmarks.common import add_cluster_args, code_version, machine
 from benchmarks.emulation.agents import real_model, shrunk_cluster, violations
+from benchmarks.emulation.staging import emulated_cluster
 from benchmarks.scaleout.burst_run import MODES, burst
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
@@ -90,14 +91,7 @@ def run_emulated(
     args, tmp: Path, manifest: Manifest, emulation: Emulation, k: int, mode: str
 ) -> dict:
     run_args = argparse.Namespace(**{**vars(args), "sources": k})
-    cluster = make_cluster(
-        args,
-        num_nodes=args.nodes,
-        max_num_seqs=args.max_num_seqs,
-        remote_dir=tmp / "reg",
-        emulation=emulation,
-        start_timeout_s=600.0,  # a dozen agents importing torch on two shared cores
-    )
+    cluster = emulated_cluster(args, tmp, emulation)
     load_start = os.getloadavg()
     with cluster:
         t0 = time.monotonic()

@@ -51,9 +51,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import add_cluster_args, code_version, machine, make_cluster
+from benchmarks.common import add_cluster_args, code_version, machine
 from benchmarks.emulation.agents import real_model, shrunk_cluster, violations
-from benchmarks.emulation.staging import stage
+from benchmarks.emulation.staging import emulated_cluster, stage
 from benchmarks.scaleout.burst_run import LOAD_THEN_SERVE, MODEL, burst
 from surge.emulation import Emulation, EmulationConfig
 from surge.model.manifest import Manifest
@@ -96,14 +96,7 @@ def plan_of(name: str) -> tuple[SystemConfig, str, str, str]:
 def run_emulated(args, tmp: Path, manifest: Manifest, emulation: Emulation, name: str) -> dict:
     """`name`'s burst on a fresh emulated cluster; times in emulated seconds."""
     system, mode, load_from, _ = plan_of(name)
-    cluster = make_cluster(
-        args,
-        num_nodes=args.nodes,
-        max_num_seqs=args.max_num_seqs,
-        remote_dir=tmp / "reg",
-        emulation=emulation,
-        start_timeout_s=600.0,  # a dozen agents importing torch on two shared cores
-    )
+    cluster = emulated_cluster(args, tmp, emulation)
     run_args = argparse.Namespace(**{**vars(args), "sources": 1})
     with cluster:
         staged_s = 0.0

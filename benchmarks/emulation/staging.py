@@ -27,6 +27,15 @@ from surge.runtime.launch.local import LocalCluster
 from surge.runtime.protocol import EvictOp, LoadOp, RegisterOp, StatusOp
 
 
+def add_real_model_args(ap: argparse.ArgumentParser) -> None:
+    """The flags `real_model` and `emulated_cluster` read besides the benchmark's own
+    `--nodes`, `--max-prompt` and `--max-tokens`: each instance's batch limit and the real
+    small model's layers and blocks."""
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="batch limit per instance")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--blocks", type=int, default=16)
+
+
 def real_model(tmp: Path, args: argparse.Namespace) -> Manifest:
     """The real small model at `tmp/store` (the registry `tmp/reg` links it per run): a tiny
     Llama of `--layers` layers with room for `--max-prompt` + `--max-tokens`, cut into
