@@ -84,6 +84,21 @@ class LocalEndpoint(Endpoint):
         self.nodes = (node,)
         self.requests = {}
         self.capacity = capacity
+        self.live: list[ServeRequest] = []
+        """Requests of BlitzScale live batches whose last layers run here (§4: the partner
+        runs the rest), until their batch ends (`runtime/scaleout/live.py`): its load, as
+        the simulator's engine holds them once their activation arrives."""
+
+    @property
+    def outstanding(self) -> int:
+        """Its requests and the live batches' requests it runs the last layers of (those
+        not adopted here yet, unfinished): the router's room, the load monitor's and the
+        P/D views' load count them, not the router's queue (the simulator's `pool_load`).
+        Until 2026-11-29 they counted as queued: on the emulated §6.1 7B run the partner
+        took requests 15-18 at once while it held live batches 8-11 and 12-14 (the
+        simulator's partner, full, took 15 at 1.361 s and 16-19 at 1.68)."""
+        live = sum(1 for r in self.live if r.req_id not in self.requests and not r.done.is_set())
+        return len(self.requests) + live
 
     async def open(self) -> None:
         await self.client.call(self.node, InstanceOpenOp(instance=self.name, model=self.model))

@@ -28,7 +28,13 @@ each request for a decode instance as its prefill step ends (`sim/batching.py`
 for a step of that stage, never for another live stage's (each has its own cache). Until
 2026-11-29 a node's live stages shared one lock for both: batch 8-11's exports on its
 partner waited for batch 12-14's step there, queued behind the partner's own prefill
-(first tokens 1.682 s, second tokens 2.295-2.627 s on the emulated §6.1 run)."""
+(first tokens 1.682 s, second tokens 2.295-2.627 s on the emulated §6.1 run).
+
+While a batch's last layers are on the partner its requests are the partner's load, not
+queued: the simulator's engine holds them (its `outstanding`, the router's room and
+`pool_load`); the runtime's `LocalEndpoint.live`. Until 2026-11-29 the runtime counted them
+as queued and the partner as holding none, so its router gave the partner requests 15-18
+at once (the simulator's, full, took 15 at 1.361 s and 16-19 at 1.68)."""
 
 import asyncio
 import threading
@@ -38,6 +44,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from surge.control.load_monitor import pool_load
 from surge.engine.batch import BatchMeta
 from surge.engine.hidden import hidden_to_bytes
 from surge.events import NO_BUS
@@ -49,7 +56,10 @@ from surge.runtime.node.serving import NO_CHARGES, AgentServing
 from surge.runtime.protocol import KvExportOp, QueuedReply, StageOpenOp, StageStepOp
 from surge.runtime.scaleout import ScaleOutReport
 from surge.runtime.scaleout import live as runtime_live
+from surge.sim.instance import Instance
 from surge.sim.request import SimRequest
+from surge.sim.scaling import pool_load as sim_pool_load
+from surge.sim.simulator import Simulation
 from tests.parity.conftest import FakeClient
 from tests.parity.sim_world import entry_pool, instance_on, simulation
 
@@ -69,6 +79,8 @@ GPU_SPEEDUP = 0.01
 
 Batch = tuple[int, int, int, tuple[int, ...]]
 """(target node, source node, layers on the target, request ids)."""
+Load = tuple[int, int]
+"""The pool's load as the autoscaler sees it: requests queued, the source's outstanding."""
 
 
 def _run_until_back(loop, req: SimRequest) -> None:
@@ -80,18 +92,30 @@ def _run_until_back(loop, req: SimRequest) -> None:
     raise AssertionError("the first batch's first tokens never came")
 
 
-def _sim_batches(tmp_path) -> tuple[list[Batch], list[Batch]]:
-    """The simulator's batches when batch 1's first tokens come back, and a poll after."""
+def _sim_live(tmp_path, pd: bool = False) -> tuple[Simulation, Instance, Instance, list]:
+    """The scenario in the simulator, its target gone live (the first look): the
+    simulation, the source, the target and the waiting requests; `pd`: the source a P/D
+    prefill instance, a decode instance on node 1."""
+    system = replace(SYSTEM, pd_disaggregation=pd)
     sim = simulation(
-        tmp_path, SYSTEM, TARGET + 1, "registry", (NUM_LAYERS,), gpu_speedup=GPU_SPEEDUP
+        tmp_path, system, TARGET + 1, "registry", (NUM_LAYERS,), gpu_speedup=GPU_SPEEDUP
     )
     pool = entry_pool(sim)
     source = instance_on(sim, SOURCE, serving=True)
+    if pd:
+        source.role = "prefill"
+        instance_on(sim, 1, serving=True).role = "decode"
     target = instance_on(sim, TARGET, serving=False)
     now = sim.world.loop.now_s
     reqs = [SimRequest(i, 0, now - WAITED_S, PROMPT_TOKENS, 4) for i in range(NUM_WAITING)]
     pool.queue.extend(reqs)
     sim.loader.live.go_live(pool, target, lambda: HELD, lambda: None)
+    return sim, source, target, reqs
+
+
+def _sim_batches(tmp_path) -> tuple[list[Batch], list[Batch]]:
+    """The simulator's batches when batch 1's first tokens come back, and a poll after."""
+    sim, source, target, reqs = _sim_live(tmp_path)
     records = sim.world.result.live_batches
     loop = sim.world.loop
     machine = {source.id: SOURCE, target.id: TARGET}
@@ -118,9 +142,10 @@ class _Client(FakeClient):
         return QueuedReply(()), memoryview(b"")
 
 
-def _runtime_batches() -> tuple[list[Batch], list[Batch], list[Batch]]:
+def _runtime_batches() -> tuple[list[Batch], list[Batch], list[Batch], Load]:
     """The runtime's batches after its first three looks (two batches, then one that
-    declines), and after the look that follows batch 1's first tokens."""
+    declines), and after the look that follows batch 1's first tokens; and its pool's
+    load (`pool_load`) between the two."""
     logged: list[Batch] = []
     tasks: list[asyncio.Task] = []
     sourced: list[asyncio.Event] = []
@@ -173,12 +198,20 @@ def _runtime_batches() -> tuple[list[Batch], list[Batch], list[Batch]]:
 
     live = runtime_live.LiveScaling(ctx, {TARGET: set(range(HELD))})  # type: ignore[arg-type]
 
-    async def looks() -> tuple[list[Batch], list[Batch], list[Batch]]:
+    dep = SimpleNamespace(
+        instances={
+            SOURCE: SimpleNamespace(node=SOURCE, endpoint=ep, num_sending=0, idle_since_s=None)
+        },
+        requests={r.req_id: r for r in queue},
+    )
+
+    async def looks() -> tuple[list[Batch], list[Batch], list[Batch], Load]:
         live.go_live(TARGET)
         for _ in range(3):  # two batches, then two in flight
             await live.step()
             await asyncio.sleep(0)  # the batch's task starts
         two = list(logged)
+        load = pool_load(dep, REAL_CLOCK.now_s())  # type: ignore[arg-type]
         sourced[0].set()  # batch 1's first tokens come back; its hand-off goes on
         for _ in range(3):
             await asyncio.sleep(0)
@@ -190,7 +223,7 @@ def _runtime_batches() -> tuple[list[Batch], list[Batch], list[Batch]]:
         for e in sourced:
             e.set()
         await asyncio.gather(*tasks)
-        return two, before, after
+        return two, before, after, (load.queued, load.instances[0].outstanding)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runtime_live, "live_prefill", live_prefill)
@@ -199,7 +232,7 @@ def _runtime_batches() -> tuple[list[Batch], list[Batch], list[Batch]]:
 
 def test_a_batch_handing_its_requests_on_is_not_in_flight(tmp_path) -> None:
     sim_before, sim_after = _sim_batches(tmp_path)
-    runtime_two, runtime_before, runtime_after = _runtime_batches()
+    runtime_two, runtime_before, runtime_after, _ = _runtime_batches()
     # two batches in flight: the third look declines in both bodies
     assert runtime_two == runtime_before == sim_before
     assert len(sim_before) == 2
@@ -282,20 +315,7 @@ def _runtime_export_waits_for_next_batch() -> bool:
 def _sim_parked_at_first_token(tmp_path) -> bool:
     """Under P/D, batch 1 on a prefill source: whether its requests park for a decode
     instance at their first tokens, while batch 2 is still in flight."""
-    system = replace(SYSTEM, pd_disaggregation=True)
-    sim = simulation(
-        tmp_path, system, TARGET + 1, "registry", (NUM_LAYERS,), gpu_speedup=GPU_SPEEDUP
-    )
-    pool = entry_pool(sim)
-    source = instance_on(sim, SOURCE, serving=True)
-    source.role = "prefill"
-    decode = instance_on(sim, 1, serving=True)
-    decode.role = "decode"
-    target = instance_on(sim, TARGET, serving=False)
-    now = sim.world.loop.now_s
-    reqs = [SimRequest(i, 0, now - WAITED_S, PROMPT_TOKENS, 4) for i in range(NUM_WAITING)]
-    pool.queue.extend(reqs)
-    sim.loader.live.go_live(pool, target, lambda: HELD, lambda: None)
+    sim, _, _, reqs = _sim_live(tmp_path, pd=True)
     _run_until_back(sim.world.loop, reqs[0])
     second = sim.world.result.live_batches[1].request_ids[0]
     assert reqs[second].first_token_s < 0, "batch 2 must still be in flight"
@@ -308,3 +328,28 @@ def test_a_batch_hands_its_requests_on_at_its_first_tokens(tmp_path) -> None:
     assert not _runtime_export_waits_for_next_batch(), (
         "batch 1's K/V export waited for batch 2's step on the partner"
     )
+
+
+def _sim_load(tmp_path) -> Load:
+    """The simulator's pool load once both batches' activations reached the source,
+    before batch 1's first tokens."""
+    sim, source, _, reqs = _sim_live(tmp_path)
+    pool = entry_pool(sim)
+    loop = sim.world.loop
+    for k in range(1, 10_000):
+        loop.run(until_s=k * 0.001)
+        if pool.held(source) == 2 * SYSTEM.live_batch:  # both batches there
+            break
+    assert reqs[0].first_token_s < 0, "batch 1 must still be in flight"
+    load = sim_pool_load(pool, loop.now_s)
+    return load.queued, load.instances[0].outstanding
+
+
+def test_a_live_batch_on_its_partner_is_the_partners_load_not_queued(tmp_path) -> None:
+    """The requests of the batches whose last layers run on the partner count as its load
+    (the router's room, the autoscaler's and the P/D monitor's views), not as queued: the
+    simulator's engine holds them. Before 2026-11-29 the runtime counted them as queued at
+    the router (ongoing requests on no endpoint) and the partner as holding none."""
+    _, _, _, runtime = _runtime_batches()
+    sim = _sim_load(tmp_path)
+    assert runtime == sim == (NUM_WAITING - 2 * SYSTEM.live_batch, 2 * SYSTEM.live_batch)

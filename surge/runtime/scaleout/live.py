@@ -100,6 +100,12 @@ def live_delivery(server: Server, old: LocalEndpoint) -> tuple[bool, Deliver | N
     return keep, functools.partial(pd.hold, old=old)
 
 
+def _drop_live(old: LocalEndpoint, batch: list[ServeRequest]) -> None:
+    """The batch's requests leave `old`'s live load (`LocalEndpoint.live`)."""
+    ids = {id(r) for r in batch}
+    old.live[:] = [r for r in old.live if id(r) not in ids]
+
+
 class LiveScaling:
     """Live scaling of one multicast's receivers."""
 
@@ -305,6 +311,7 @@ class LiveScaling:
         t, schedule, ratio = action.split, action.schedule, action.load_ratio
         keep, deliver = live_delivery(server, old)
         started_s = server.clock.now_s()
+        old.live.extend(batch)  # its load while it runs their last layers
         try:
             spans = await live_prefill(server, ctx.manifest, new, old, t, batch, deliver, keep)
             ctx.report.live_spans.append((action.index, schedule, spans))
@@ -327,10 +334,13 @@ class LiveScaling:
             # An adoption that failed midway left its request on `old` without the agent
             # holding it: take the batch off `old` and route it again (a prefill rebuilds
             # the cache from the tokens it has; none is lost or repeated).
+            _drop_live(old, batch)
             await old.abort(batch)
             await server.requeue(batch)
             if not isinstance(e, Exception):
                 raise
+        finally:
+            _drop_live(old, batch)
 
     # ---- the new instance is whole ---------------------------------------------------
 
