@@ -100,6 +100,10 @@ class Requests:
                 continue
             ep.requests.pop(req.req_id, None)
             if isinstance(ep, LocalEndpoint):
+                # On a pooled connection, not the node's control one: the agent answers an
+                # abort at its next step boundary (a long prefill: minutes on a CPU), and
+                # the control connection carries one exchange at a time, so every later op
+                # to the node (the next request's submit) would wait for that step too.
                 op = InstanceAbortOp(instance=ep.name, req_ids=(req.req_id,))
-                dep.spawn(self.client.call(ep.node, op))
+                dep.spawn(self.client.call_bytes(ep.node, op))
         dep.server.drop(req)
