@@ -36,7 +36,8 @@ StopText = Annotated[str, Field(min_length=1)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # allow_inf_nan=False: a NaN or an infinity is "not a finite number", not "not <= 2".
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -327,7 +328,7 @@ def parse(model: type[M], raw: bytes) -> M:
 
 
 def invalid_input(e: ValidationError) -> InvalidInput:
-    err = e.errors(include_url=False)[0]
+    err = _telling(e.errors(include_url=False))
     # A union reports which branch failed ("int", "list[str]", "Message", ...): the
     # caller needs the field names and list indices only.
     param = ".".join(str(x) for x in err["loc"] if not _branch_tag(x))
@@ -345,6 +346,18 @@ def invalid_input(e: ValidationError) -> InvalidInput:
     if not param:
         return InvalidInput(msg, param=_named(msg))
     return InvalidInput(f"{param}: {msg}", param=param)
+
+
+def _telling(errors: list[Any]) -> Any:
+    """The error to report: of the first bad field's errors, the first that is not a type
+    mismatch. A union reports each branch, and its first (`stop`: "a valid string") hid the
+    one the value took (`stop`: a list of 5, "at most 4 items")."""
+    first = errors[0]
+    field = first["loc"][:1]
+    for err in errors:
+        if err["loc"][:1] == field and not err["type"].endswith("_type"):
+            return err
+    return first
 
 
 _TYPE_TAGS = frozenset({"bool", "int", "float", "str", "dict", "list", "none"})

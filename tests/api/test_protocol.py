@@ -182,3 +182,23 @@ def test_what_load_clients_send_is_accepted() -> None:
     req = ChatRequest.model_validate(body)
     assert req.include_usage and req.continuous_usage and req.ignore_eos
     assert req.messages[0].text == "hello"
+
+
+@pytest.mark.parametrize(
+    ("fn", "words", "param"),
+    [
+        # A union's first branch ("a valid string") hid what was wrong (walked: userpath).
+        (lambda: comp(stop=["a", "b", "c", "d", "e"]), ["at most 4 items"], "stop"),
+        (
+            lambda: chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            ["Input should be 'text'"],
+            "messages.0.content.0.type",
+        ),
+        # NaN and infinities: "less than or equal to 2" for NaN said nothing useful.
+        (lambda: comp(temperature=float("nan")), ["finite number"], "temperature"),
+        (lambda: comp(top_p=float("inf")), ["finite number"], "top_p"),
+        (lambda: comp(presence_penalty=float("-inf")), ["finite number"], "presence_penalty"),
+    ],
+)
+def test_the_message_says_what_is_wrong(fn, words, param) -> None:
+    refused(fn, *words, param=param)
