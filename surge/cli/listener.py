@@ -31,7 +31,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
             raise
         return sock
     except OSError as e:
-        why = os.strerror(e.errno) if e.errno else str(e)
+        # A host that does not resolve is a gaierror: its errno is getaddrinfo's (EAI_*, < 0),
+        # which os.strerror calls "Unknown error -2"; its strerror says what it is.
+        if isinstance(e, socket.gaierror) or not e.errno:
+            why = e.strerror or str(e)
+        else:
+            why = os.strerror(e.errno)
         hint = (
             "; stop what listens there or pick another --port (0: any free port)"
             if e.errno == errno.EADDRINUSE

@@ -160,6 +160,11 @@ def serve(
         raise SurgeError("--ray-address needs --launcher ray")
     if agent_host is not None and launcher != "ray":
         raise SurgeError("--agent-host needs --launcher ray")
+    if name is not None and model is None:  # it names --model's deployment, nothing else
+        raise SurgeError(
+            "--name names the deployment of --model; give --model DIR too (the default "
+            "model is served under its own name)"
+        )
     if cluster not in ("loopback", "netns"):
         raise SurgeError(f"--cluster {cluster!r} is not one of loopback, netns")
     if cluster == "netns":

@@ -136,3 +136,17 @@ def test_the_api_socket_turns_nagle_off() -> None:
 
     asyncio.run(run())
     assert got.get("nodelay") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        # --name without --model was ignored: the default model started under its own name.
+        (("--name", "mine"), ["--name names the deployment of --model", "give --model"]),
+        # A host that does not resolve said "Unknown error -2" (getaddrinfo's errno).
+        (("--host", "256.1.1.1"), ["cannot listen on 256.1.1.1:0", "not known"]),
+    ],
+)
+def test_serve_flags_that_cannot_work_are_one_line(tmp_path: Path, args, words) -> None:
+    assert_one_line_error(_serve(tmp_path, *args), *words)
+    assert not (tmp_path / "state").exists(), "the server started"
