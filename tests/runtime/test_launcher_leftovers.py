@@ -133,3 +133,22 @@ def test_an_agent_whose_launcher_died_before_it_was_ready_exits(tmp_root: Path) 
             os.kill(pid, signal.SIGKILL)  # the test made it
         sweep_stale_work_dirs()
     assert leftovers(tmp_root) == []
+
+
+def test_an_agent_not_ready_in_time_is_an_error_saying_what_to_do() -> None:
+    """Its message pointed at "its log", which does not exist: an agent's stderr is the
+    launcher's own (walked: a busy machine's `surge serve`, load 12 on 2 CPUs)."""
+    from surge.errors import SurgeError
+    from surge.runtime.launch.agent_process import wait_ready
+
+    proc = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE)
+    try:
+        with pytest.raises(SurgeError) as e:
+            wait_ready(3, proc, time.monotonic() + 0.3)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+    msg = str(e.value)
+    assert "node agent 3 did not start in time" in msg and "its log" not in msg, msg
+    assert "printed is above" in msg and "fewer agents (--nodes)" in msg, msg

@@ -112,6 +112,13 @@ def spawn_agent(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, process_group=0)
 
 
+def _busy() -> str:
+    """Why an agent may start slowly here: this machine's load, when it exceeds its CPUs
+    (agents' stderr is the launcher's: there is no log file of theirs to point at)."""
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    return f" (this machine is busy: load average {load:.1f} on {cpus} CPUs)" if load > cpus else ""
+
+
 def wait_ready(
     node: int, proc: subprocess.Popen, deadline: float, abort: threading.Event | None = None
 ) -> int:
@@ -132,6 +139,7 @@ def wait_ready(
                     msg = json.loads(line)
                     if msg.get("ready"):
                         return int(msg["port"])
-        raise SurgeError(f"node agent {node} did not start in time (see its log)")
+        raise SurgeError(f"node agent {node} did not start in time{_busy()}; whatever it "
+                         "printed is above; retry, or start fewer agents (--nodes)")  # fmt: skip
     finally:
         sel.close()
