@@ -30,9 +30,15 @@ def _call(method: str, path: str, url: str | None, api_key: str | None, body: An
         data = r.json()
     except ValueError:
         data = None
+    if not isinstance(data, dict):  # another service answered (an HTML page, a bare value)
+        raise SurgeError(
+            f"{base} answered {method} {path} with HTTP {r.status_code} but not as surge does "
+            "(no JSON object); is --url (or $SURGE_URL) a running `surge serve`?"
+        )
     if r.status_code >= 400:
-        msg = (data or {}).get("error", {}).get("message") if isinstance(data, dict) else None
-        raise SurgeError(f"{msg or r.text.strip() or r.reason_phrase} (HTTP {r.status_code})")
+        err = data.get("error")
+        msg = err.get("message") if isinstance(err, dict) else None
+        raise SurgeError(f"{msg or r.reason_phrase} (HTTP {r.status_code})")
     return data
 
 

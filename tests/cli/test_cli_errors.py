@@ -88,3 +88,40 @@ def test_a_bad_compile_decode_environment_is_one_error_line(tmp_path: Path) -> N
     args = ("node", "run", "--node-id", "0", "--port", "0", "--disk-dir", str(tmp_path))
     proc = run_surge(*args, env=env)
     assert_one_line_error(proc, "SURGE_COMPILE_DECODE", "0/false/off")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("status",), ("delete", "x"), ("deploy", "x", "--model", "/tmp")],
+)
+def test_a_thin_client_pointed_at_another_service_is_one_line(args) -> None:
+    """Something else on the port (a wrong --url or $SURGE_URL): `surge status` ended in a
+    TypeError traceback, delete/deploy printed the other service's HTML page as the error."""
+    import http.server
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def _page(self) -> None:
+            body = b"<!DOCTYPE html>\n<html>\n<p>not surge</p>\n</html>\n"
+            self.send_response(200 if self.command == "GET" else 501)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_DELETE = _page
+
+        def log_message(self, *a) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        proc = run_surge(*args, "--url", url, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    assert_one_line_error(proc, url, "not as surge does", "--url")
