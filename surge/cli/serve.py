@@ -24,6 +24,7 @@ from surge.cli.serve_cluster import cluster_settings
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
     check_machine,
+    check_stored,
     controller_config,
     load_config,
     make_state_dir,
@@ -380,9 +381,11 @@ async def _until(task: asyncio.Task, stop: asyncio.Event):
 async def _deploy(controller, deployments: list, default: dict, default_model):
     """The configured deployments not stored yet, else the default model (SmolLM2 where
     setup imported it, else the tiny random one)."""
-    known = {d["name"] for d in controller.describe_all()}
+    stored = {d["name"]: d for d in controller.describe_all()}
     for d in deployments:
-        if d["name"] not in known:
+        if d["name"] in stored:  # restored as stored: a different ask must not be dropped
+            check_stored(stored[d["name"]], d, controller.config.state_dir)
+        else:
             await controller.create(d)
     if not controller.deployments:
         store, default_name = await asyncio.to_thread(default_model)

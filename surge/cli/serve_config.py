@@ -279,3 +279,22 @@ def read_chat_template(path: Path) -> str:
     if not text.strip():
         raise SurgeError(f"--chat-template {path} is empty; give a Jinja chat template file")
     return text
+
+
+def check_stored(stored: dict[str, Any], given: dict[str, Any], state_dir: Path) -> None:
+    """A deployment this start asks for (`--model`, the config file) under the name of one
+    the state directory keeps already: the stored one is what serves, so an ask that differs
+    (another model, strategy, ...) is one `SurgeError` line, never silently dropped."""
+    from surge.control.spec import DeploymentSpec
+
+    want = DeploymentSpec.from_json(given).to_json()
+    differ = [k for k, v in want.items() if stored.get(k) != v]
+    if not differ:
+        return
+    name = given["name"]
+    raise SurgeError(
+        f"deployment {name!r} is stored in {state_dir} with another {', '.join(differ)} "
+        f"(it serves {stored.get('model')}, {stored.get('strategy')}); to change it, "
+        f"`surge delete {name}` on the running server and deploy again, or use another "
+        "--name or --state-dir"
+    )

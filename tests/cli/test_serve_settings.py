@@ -150,3 +150,21 @@ def test_the_api_socket_turns_nagle_off() -> None:
 def test_serve_flags_that_cannot_work_are_one_line(tmp_path: Path, args, words) -> None:
     assert_one_line_error(_serve(tmp_path, *args), *words)
     assert not (tmp_path / "state").exists(), "the server started"
+
+
+def test_a_stored_deployment_asked_for_with_another_model_is_one_line(
+    tmp_path: Path, tiny_store: Path
+) -> None:
+    """`surge serve --model B --name m` where the state directory keeps `m` serving A: A was
+    restored and B dropped without a word (the user believed B served)."""
+    from surge.control.spec import DeploymentSpec
+    from surge.control.store import DeploymentStore
+
+    state = tmp_path / "state"
+    store = DeploymentStore(state / "deployments.sqlite")
+    store.add(DeploymentSpec.from_json({"name": "m", "model": str(tiny_store)}))
+    store.close()
+    other = tmp_path / "other"
+    shutil.copytree(tiny_store, other)
+    proc = _serve(tmp_path, "--model", str(other), "--name", "m", "--state-dir", str(state))
+    assert_one_line_error(proc, "deployment 'm' is stored", "another model", "surge delete m")
