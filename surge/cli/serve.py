@@ -32,6 +32,7 @@ from surge.cli.serve_config import (
     resolve_api_key,
 )
 from surge.cli.serve_emulation import emulated_store, emulation_config
+from surge.control.registry import check_model_source
 from surge.control.settings import DEFAULT_HOST_CACHE_BYTES, ControllerConfig
 from surge.errors import SurgeError
 from surge.policy.systems import serve_system
@@ -234,6 +235,8 @@ def serve(
         deployments.append(
             {"name": name or path.name, "model": str(path), "strategy": strategy_, **chat}
         )
+    for d in deployments:  # before any agent starts (it used to fail once they had)
+        check_model_source(Path(d["model"]).expanduser(), d["model"])
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     if emulation is not None:
         cfg["emulation"] = emulated_store(emulation, deployments, num_nodes, cluster)

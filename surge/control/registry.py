@@ -24,11 +24,31 @@ def prepare_store(registry: Path, spec: DeploymentSpec) -> None:
         ) from None
 
 
+def check_model_source(src: Path, shown: str) -> None:
+    """Refuse (one `SurgeError` naming `shown`, the path as given) a model that is neither a
+    surge store nor a Hugging Face checkpoint directory; a GGUF file is named as such, with
+    the import that makes a store of it. `surge serve` calls it before anything starts."""
+    if (src / MANIFEST_NAME).is_file() or (src / "config.json").is_file():
+        return
+    from surge.model.import_checks import is_gguf
+
+    hint = (
+        f"; import it first: surge model import {shown} STORE_DIR, then give STORE_DIR"
+        if is_gguf(src)
+        else ""
+    )
+    raise SurgeError(
+        f"model {shorten(shown)!r} is neither a surge store (manifest.json) nor a "
+        f"Hugging Face checkpoint directory (config.json) on the controller's machine{hint}"
+    )
+
+
 def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
     if target.is_symlink():
         target.unlink()
     elif target.exists():
         shutil.rmtree(target)
+    check_model_source(src, spec.model)
     if (src / MANIFEST_NAME).is_file():
         # A clear error if it is not a valid store, or if a block is missing or damaged.
         try:
@@ -36,12 +56,7 @@ def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
         except SurgeError as e:
             raise InvalidInput(str(e), param="model") from None
         target.symlink_to(src.resolve(), target_is_directory=True)
-    elif (src / "config.json").is_file():
+    else:  # a Hugging Face checkpoint (`check_model_source`)
         from surge.model.importer import import_checkpoint
 
         import_checkpoint(src, target, name=spec.name, progress=False)
-    else:
-        raise SurgeError(
-            f"model {shorten(spec.model)!r} is neither a surge store (manifest.json) nor a "
-            "Hugging Face checkpoint directory (config.json) on the controller's machine"
-        )

@@ -148,7 +148,7 @@ def test_the_api_socket_turns_nagle_off() -> None:
     ],
 )
 def test_serve_flags_that_cannot_work_are_one_line(tmp_path: Path, args, words) -> None:
-    assert_one_line_error(_serve(tmp_path, *args), *words)
+    assert_one_line_error(surge_serve(tmp_path, *args), *words)
     assert not (tmp_path / "state").exists(), "the server started"
 
 
@@ -166,5 +166,19 @@ def test_a_stored_deployment_asked_for_with_another_model_is_one_line(
     store.close()
     other = tmp_path / "other"
     shutil.copytree(tiny_store, other)
-    proc = _serve(tmp_path, "--model", str(other), "--name", "m", "--state-dir", str(state))
+    proc = surge_serve(tmp_path, "--model", str(other), "--name", "m", "--state-dir", str(state))
     assert_one_line_error(proc, "deployment 'm' is stored", "another model", "surge delete m")
+
+
+def test_a_model_that_is_no_store_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """`surge serve --model X` with X neither a store nor a checkpoint: one line before the
+    port binds (it used to come once the agents had started); a GGUF file gets the import."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    for model, words in (
+        (tmp_path / "nope", ["is neither a surge store", "nope"]),
+        (gguf, ["import it first: surge model import", "m.gguf STORE_DIR"]),
+    ):
+        proc = surge_serve(tmp_path, "--model", str(model))
+        assert_one_line_error(proc, *words)
+        assert not (tmp_path / "state").exists(), "the server started"
