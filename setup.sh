@@ -4,7 +4,18 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
+# surge runs on Python 3.11-3.13 (pyproject's requires-python): say so now, not after pip's
+# long refusal, and never keep a .venv made with another Python (a rerun would reuse it).
+supported() { "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' 2>/dev/null; }
+if [ -x .venv/bin/python ] && ! supported .venv/bin/python; then
+  echo "error: .venv was made with $(.venv/bin/python -V 2>&1); surge needs Python 3.11-3.13: remove .venv and run ./setup.sh again" >&2
+  exit 2
+fi
 if [ ! -x .venv/bin/python ]; then
+  if ! supported "$PY"; then
+    echo "error: surge needs Python 3.11-3.13 and $PY is $("$PY" -V 2>&1 || echo missing); install one, or point PYTHON at it: PYTHON=/path/to/python3.12 ./setup.sh" >&2
+    exit 2
+  fi
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
