@@ -19,7 +19,8 @@ from surge.policy.flexpipe.settings import FlexPipeSettings
 from surge.policy.slo import Slo
 from surge.policy.systems import ALIASES, SystemConfig, serve_system
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A deployment name, matched whole (`fullmatch`: `$` let a trailing newline through)."""
 MAX_PATH_CHARS = 4096
 """Longest model path accepted (Linux's PATH_MAX): a longer one cannot name a directory."""
 
@@ -267,7 +268,7 @@ class DeploymentSpec:
         known |= {"chat_template", "flexpipe"}
         _unknown(d, known, "deployment")
         name, model = d.get("name"), d.get("model")
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise SurgeError(
                 "name must be 1-64 characters of letters, digits, '.', '_' or '-' (got "
                 f"{shorten(name) if isinstance(name, str) else name!r})"

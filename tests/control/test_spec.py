@@ -124,3 +124,11 @@ def test_flexpipe_knobs_need_the_flexpipe_strategy() -> None:
         DeploymentSpec.from_json(
             {"name": "m", "model": "/m", "strategy": "lambdascale", "flexpipe": {}}
         )
+
+
+@pytest.mark.parametrize("name", ["m\n", "m\r\n", "", ".m", "x" * 65, "a b"])
+def test_a_deployment_name_is_checked_whole(name: str) -> None:
+    """A trailing newline got through (`re.match` with `$`): a model named "m\\n" served."""
+    with pytest.raises(SurgeError, match="name must be 1-64 characters"):
+        DeploymentSpec.from_json({"name": name, "model": "/m"})
+    assert DeploymentSpec.from_json({"name": "m-1.b_2", "model": "/m"}).name == "m-1.b_2"
