@@ -54,6 +54,12 @@ def create_tiny(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise SurgeError(f"{out_dir} is not empty; choose a new directory")
     check_fits_in_memory(cfg)
+    try:  # a path that cannot be made is one line, before torch loads
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SurgeError(
+            f"cannot create {out_dir} ({e.strerror}); choose a writable directory"
+        ) from None
     from surge.model.tiny import create_tiny_model  # torch: only once the call is good
 
     create_tiny_model(out_dir, cfg)

@@ -46,6 +46,7 @@ def tiny_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (("simulate", "--trace", "gamma:rate=1e9"), ["requests", "lower rate= or duration="]),
         (("model", "create-tiny", "OUT", "--hidden", "100000", "--layers", "100"),
          ["parameters", "GB available", "smaller --hidden"]),
+        (("model", "create-tiny", "/proc/surge-x"), ["cannot create /proc/surge-x", "writable"]),
         (("generate", "--prompt", "x", "--temperature", "nan"), ["temperature", "nan"]),
         (("generate", "--prompt-token-ids", "1,,2"), ["empty item at position 2"]),
         (("generate", "--prompt", "x", "--max-tokens", "5000"),
