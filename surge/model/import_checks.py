@@ -55,6 +55,12 @@ def check_import(
     """Raise `SurgeError` for an import call that cannot succeed, as far as that shows
     without reading weights (a GGUF's layer count is checked against `--blocks` when its
     metadata is read), or that asks for equal blocks of a store that has only one."""
+    if source.is_file() and not is_gguf(source):  # else "not a directory; give a HF checkpoint"
+        raise SurgeError(
+            f"{source} is a file but not a GGUF file (it does not begin with GGUF's magic "
+            "bytes: damaged, or another format); give a llama.cpp .gguf file or a Hugging "
+            "Face checkpoint directory"
+        )
     if is_gguf(source):
         check_gguf_dtype(dtype)
         if num_blocks is not None and num_blocks < 1:

@@ -126,3 +126,12 @@ def test_a_thin_client_pointed_at_another_service_is_one_line(args) -> None:
         server.server_close()
         thread.join(10)
     assert_one_line_error(proc, url, "not as surge does", "--url")
+
+
+def test_a_file_that_is_not_gguf_is_named_as_such(tmp_path: Path) -> None:
+    """It was told "is not a directory; give the path of a HF checkpoint"."""
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"<html>not a model</html>")
+    proc = run_surge("model", "import", str(bad), str(tmp_path / "store"))
+    assert_one_line_error(proc, "model.gguf is a file but not a GGUF file", ".gguf file")
+    assert not (tmp_path / "store").exists()
