@@ -219,14 +219,15 @@ class DecodeClock:
     def _on_decode_done(self) -> None:
         self._event = None
         self.settle()
-        self.stepping = True
-        try:
-            done = self.running.pop_finished(self.v)
+        done = self.running.pop_finished(self.v)
+        if done:  # most steps of a long decode finish nothing
             self.held.n -= len(done)  # all out of the batch before the first callback
-            for req in done:
-                self._on_finished(req)
-        finally:
-            self.stepping = False
+            self.stepping = True
+            try:
+                for req in done:
+                    self._on_finished(req)
+            finally:
+                self.stepping = False
         self._on_step_end()
 
     def _on_kv_full(self) -> None:

@@ -78,6 +78,8 @@ class FlexPipe:
         """Per model: machine -> when it last hosted a stage of it (Eq. 13's H_i)."""
         self.refactor_log: list[tuple[float, str, int, int]] = []
         """(time, direction, stages before, stages after) of every completed refactoring."""
+        self._autoscale_kept: tuple[AutoscaleSettings, float, AutoscaleSettings] | None = None
+        """The last (system settings, mean stages, pipeline settings) handed out."""
         self.marks: list[ScalingMark] = []
         """§7 HRG's scaling event markers: machines a group was placed on or refactored
         onto, and when."""
@@ -196,7 +198,13 @@ class FlexPipe:
         stages = [len(self.spans[i.id]) for i in pool.instances if i.id in self.spans]
         if not self.enabled or not stages:
             return base
-        return pipeline_autoscale(base, sum(stages) / len(stages))
+        mean = sum(stages) / len(stages)
+        kept = self._autoscale_kept
+        if kept is None or kept[0] is not base or kept[1] != mean:
+            # every decision asks, and the mean seldom moves: `pipeline_autoscale` is pure,
+            # so the settings it gave for the same inputs are the ones it would give
+            kept = self._autoscale_kept = (base, mean, pipeline_autoscale(base, mean))
+        return kept[2]
 
     def register(self, inst: Instance, spans: Spans) -> None:
         """`inst` serves with `spans`: one micro-batch in flight per stage."""

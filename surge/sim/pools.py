@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from surge.policy.autoscale import AutoscaleState, InstanceLoad
 from surge.policy.router import Endpoint, route
+from surge.sim.held import RouterQueue
 from surge.sim.instance import Instance
 from surge.sim.load_views import Snapshots
 from surge.sim.pd import PdPool
@@ -39,8 +40,9 @@ class Pool:
         """Instances (and ParaServe groups) the autoscaler counts."""
         self.pipelines: list[Instance] = []
         """Open execution pipelines (endpoints over loading instances)."""
-        self.queue: deque[SimRequest] = deque()
-        """Requests no endpoint had room for, oldest first."""
+        self.queue = RouterQueue()
+        """Requests no endpoint had room for, oldest first (their prompt tokens without a
+        first token kept as they come and go, `sim/held.py`)."""
         self.autoscale_state = AutoscaleState()
         """The autoscaler's memory (`surge.policy.autoscale`)."""
         self.arrivals_s: deque[float] = deque()
@@ -107,12 +109,26 @@ class Requests:
         eps = pool.endpoints()
         if not eps:
             return None
+        return self._send(req, eps, self._snapshot(pool, eps), start)
+
+    def _snapshot(self, pool: Pool, eps: list[Instance]) -> list[Endpoint]:
+        """The router's snapshots of `eps` now."""
         views, held = pool.route_views, pool.held
         views.prune(len(eps))
-        snapshot = [
+        return [  # every endpoint at every routing decision: `_view` inline
             views.get(e.id, (held(e), e.max_batch, e.speed, e.route_target, e.micro_batches))
             for e in eps
         ]
+
+    def _view(self, pool: Pool, e: Instance) -> Endpoint:
+        """The router's snapshot of endpoint `e` now (`load_views.Snapshots`)."""
+        fields = (pool.held(e), e.max_batch, e.speed, e.route_target, e.micro_batches)
+        return pool.route_views.get(e.id, fields)
+
+    def _send(
+        self, req: SimRequest, eps: list[Instance], snapshot: list[Endpoint], start: bool
+    ) -> Instance | None:
+        """`req` to the endpoint `policy.router.route` picks from `snapshot` (of `eps`)."""
         chosen = route(snapshot, self.world.system.routing)
         if chosen is None:
             return None
@@ -129,12 +145,26 @@ class Requests:
         if pool.pd is not None:
             self._hand_off(pool)
         took: dict[int, Instance] = {}
+        eps: list[Instance] = []
+        snapshot: list[Endpoint] = []
         while pool.queue:
-            inst = self.dispatch(pool, pool.queue[0], start=False)
+            if not snapshot:
+                eps = pool.endpoints()
+                if not eps:
+                    break
+                snapshot = self._snapshot(pool, eps)
+            inst = self._send(pool.queue[0], eps, snapshot, start=False)
             if inst is None:
                 break
             pool.queue.popleft()
             took[inst.id] = inst
+            if pool.pd is None:
+                # Only `inst` changed since the snapshot (one more request waits on it,
+                # nothing ran): its view is read again, the others' and the endpoints are
+                # the same. Under P/D which endpoints are routable depends on the loads.
+                snapshot[eps.index(inst)] = self._view(pool, inst)
+            else:
+                snapshot = []
         for inst in took.values():
             inst.start()
 

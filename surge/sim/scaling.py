@@ -274,7 +274,7 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
     queued = len(pool.queue) + sum(p.outstanding for p in pool.pipelines)
     pending = 0
     if monitor:  # prompt tokens without a first token yet: queued, waiting, prefilling
-        pending = sum(r.input_tokens for r in pool.queue if r.first_token_s < 0) + sum(
+        pending = pool.queue.prompt_tokens + sum(  # kept as they change (`sim/held.py`)
             e.pending_prompt_tokens for e in every_endpoint(pool)
         )
     loads = []

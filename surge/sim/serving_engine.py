@@ -214,13 +214,13 @@ class ServingEngine:
         heads = self.heads  # one head: its own (0 + x is x, the sum's float)
         if len(heads) == 1:
             return heads[0].decode_tokens_per_s
-        return sum(h.decode_tokens_per_s for h in heads)
+        return sum([h.decode_tokens_per_s for h in heads])  # a list: read at every look
 
     @property
     def kv_tokens(self) -> float:
         """KV-cache tokens its requests hold now, every head's."""
         heads = self.heads
-        return heads[0].kv_tokens if len(heads) == 1 else sum(h.kv_tokens for h in heads)
+        return heads[0].kv_tokens if len(heads) == 1 else sum([h.kv_tokens for h in heads])
 
     @property
     def tokens_done(self) -> int:

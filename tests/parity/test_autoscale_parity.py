@@ -12,6 +12,7 @@ from surge.control.load_monitor import pool_load as runtime_pool_load
 from surge.policy.autoscale import AutoscaleState, ScaleDecision, decide
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.sim.pools import Pool
+from surge.sim.request import SimRequest
 from surge.sim.scaling import pool_load as sim_pool_load
 
 SETTINGS = AutoscaleSettings(
@@ -90,7 +91,7 @@ def _sim_view(m: Moment):
         for i in m.instances
     ]
     pool.pipelines = [SimpleNamespace(outstanding=m.on_pipelines)]  # type: ignore[list-item]
-    pool.queue.extend(range(m.at_router))  # type: ignore[arg-type]
+    pool.queue.extend(SimRequest(-1 - r, 0, 0.0, 1, 1) for r in range(m.at_router))
     return sim_pool_load(pool, m.now_s)
 
 

@@ -5,7 +5,10 @@ The shortcuts (`sim.simulator` chains arrivals instead of scheduling the whole t
 and skips a decision that would repeat the last one, an endpoint's held requests counted
 as they change (`sim/held.py`), the policies' snapshots kept while equal
 (`sim/load_views.py`), P/D's parked requests counted per instance and an instance's K/V
-ingress use reused at one instant (`sim/pd.py`)) are replaced here by the plain versions;
+ingress use reused at one instant (`sim/pd.py`), the router queue's prompt tokens counted
+as it changes (`sim/held.py`), FlexPipe's pipeline settings kept while the mean stage count
+stays, a drain's router snapshots kept between its dispatches but the chosen endpoint's)
+are replaced here by the plain versions;
 every number of the result must stay the same. The plain counts also check the kept ones
 at every read.
 """
@@ -20,11 +23,15 @@ import pytest
 from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale import pd
+from surge.policy.flexpipe.groups import pipeline_autoscale
+from surge.policy.router import Endpoint
 from surge.policy.systems import system_config
 from surge.sim import pools, scaling, simulator
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop, Priority
+from surge.sim.flexpipe import FlexPipe
+from surge.sim.held import RouterQueue
 from surge.sim.metrics import summarize
 from surge.sim.pd import PdPool
 from surge.sim.request import SimRequest
@@ -96,6 +103,41 @@ def _ingress_checked(self: PdPool, inst) -> float:
     return usage
 
 
+_queue_kept = RouterQueue.prompt_tokens.fget
+
+
+def _queue_recounted(self: RouterQueue) -> int:
+    """The router queue's prompt tokens without a first token summed anew, checked against
+    the kept sum."""
+    tokens = sum(r.input_tokens for r in self if r.first_token_s < 0)
+    assert tokens == _queue_kept(self), tokens
+    return tokens
+
+
+def _plain_pipeline_autoscale(self: FlexPipe, pool, base):
+    """`FlexPipe.autoscale_settings` built anew at every decision."""
+    stages = [len(self.spans[i.id]) for i in pool.instances if i.id in self.spans]
+    if not self.enabled or not stages:
+        return base
+    return pipeline_autoscale(base, sum(stages) / len(stages))
+
+
+_send_kept = pools.Requests._send
+
+
+def _send_checked(self: pools.Requests, req, eps, snapshot, start):
+    """`Requests._send` with the snapshot a drain kept between its dispatches checked
+    against every endpoint's read anew."""
+    pool = self.pools[eps[0].pool_key]
+    assert eps == pool.endpoints()
+    fresh = [
+        Endpoint(e.id, pool.held(e), e.max_batch, e.speed, e.route_target, e.micro_batches)
+        for e in eps
+    ]
+    assert snapshot == fresh
+    return _send_kept(self, req, eps, snapshot, start)
+
+
 def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(scaling.Scaler, "_at", _plain_at)
     m.setattr(scaling.Scaler, "_repeats", lambda *a: False)
@@ -105,6 +147,9 @@ def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(pools, "Snapshots", _FreshSnapshots)
     m.setattr(PdPool, "held", _pd_held_recounted)
     m.setattr(PdPool, "ingress_usage", _ingress_checked)
+    m.setattr(RouterQueue, "prompt_tokens", property(_queue_recounted))
+    m.setattr(FlexPipe, "autoscale_settings", _plain_pipeline_autoscale)
+    m.setattr(pools.Requests, "_send", _send_checked)
 
 
 def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
@@ -236,3 +281,25 @@ def test_a_kept_ingress_use_is_reused_only_for_the_same_hand_offs():
     pool.handed(inst, 0.3)  # type: ignore[arg-type]
     now[0] = 2.2  # the first left the window, the second came: one in it either way
     assert pool.ingress_usage(inst) == pd.ingress_usage([(2.1, 0.3)], 2.2) != first  # type: ignore[arg-type]
+
+
+def test_the_router_queue_counts_its_prompts_through_every_change():
+    """`held.RouterQueue`: each way in or out keeps the prompt tokens of the requests
+    without a first token equal to their sum."""
+    reqs = [SimRequest(k, 0, 0.0, 100 + k, 4) for k in range(8)]
+    for req in reqs[::3]:
+        req.first_token_s = 1.0  # requeued after its first token: not the monitor's
+    queue = RouterQueue(reqs[:2])
+    queue.append(reqs[2])
+    queue.appendleft(reqs[3])
+    queue.extend(reqs[4:6])
+    queue.extendleft(reqs[6:])
+    queue += []
+    assert queue.prompt_tokens == _queue_recounted(queue) > 0
+    for take in (queue.popleft, queue.pop, lambda: queue.remove(reqs[4])):
+        take()
+        assert queue.prompt_tokens == _queue_recounted(queue)
+    with pytest.raises(NotImplementedError):
+        queue.insert(0, reqs[0])
+    queue.clear()
+    assert queue.prompt_tokens == 0 and not queue

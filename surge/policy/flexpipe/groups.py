@@ -23,8 +23,7 @@ def pipeline_autoscale(base: AutoscaleSettings, num_stages: float) -> AutoscaleS
     pipeline of η stages with η micro-batches in flight serves the sum of its stages'
     throughputs (§7 Eq. 12, Σ_k μ_jk), so it takes η times an instance's target of
     ongoing requests; counted as one instance it would be scaled out η times too often."""
-    target = base.target_ongoing_requests * max(1.0, num_stages)
-    return replace(base, target_ongoing_requests=target)
+    return replace(base, target_ongoing_requests=pipeline_target(base, num_stages))
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,8 @@ def group_refactors(
     return tuple(out)
 
 
-def pipeline_target(base: AutoscaleSettings, num_stages: int) -> float:
+def pipeline_target(base: AutoscaleSettings, num_stages: float) -> float:
     """Requests one pipeline of `num_stages` stages should carry (`pipeline_autoscale`'s
-    target): what a `pack` router fills it up to (`policy.router`)."""
-    return pipeline_autoscale(base, num_stages).target_ongoing_requests
+    target): what a `pack` router fills it up to (`policy.router`). Computed without
+    building the settings: `group_refactors` asks for every group at every decision."""
+    return base.target_ongoing_requests * max(1.0, num_stages)
