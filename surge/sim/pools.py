@@ -113,12 +113,16 @@ class Requests:
 
     def _snapshot(self, pool: Pool, eps: list[Instance]) -> list[Endpoint]:
         """The router's snapshots of `eps` now."""
-        views, held = pool.route_views, pool.held
-        views.prune(len(eps))
-        return [  # every endpoint at every routing decision: `_view` inline
-            views.get(e.id, (held(e), e.max_batch, e.speed, e.route_target, e.micro_batches))
-            for e in eps
-        ]
+        pool.route_views.prune(len(eps))
+        if pool.pd is None:  # every endpoint at every routing decision: `Pool.held` inline
+            fields = [
+                (e.outstanding + e.reserved, e.max_batch, e.speed, e.route_target, e.micro_batches)
+                for e in eps
+            ]
+        else:
+            held = pool.pd.held
+            fields = [(held(e), e.max_batch, e.speed, e.route_target, e.micro_batches) for e in eps]
+        return pool.route_views.many([e.id for e in eps], fields)
 
     def _view(self, pool: Pool, e: Instance) -> Endpoint:
         """The router's snapshot of endpoint `e` now (`load_views.Snapshots`)."""

@@ -64,6 +64,9 @@ class _FreshSnapshots:
     def get(self, endpoint_id, fields):
         return self.make(endpoint_id, *fields)
 
+    def many(self, endpoint_ids, fields):
+        return [self.make(i, *f) for i, f in zip(endpoint_ids, fields, strict=True)]
+
     def prune(self, live):
         pass
 
