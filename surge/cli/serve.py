@@ -232,11 +232,13 @@ def serve(
     chat = {"chat_template": read_chat_template(chat_template)} if chat_template else {}
     if model is not None:
         path = Path(model).expanduser().resolve()
+        # Before any agent starts (it used to fail once they had). Only the flag: a config
+        # file's deployment may be stored already, and a stored one whose store went is
+        # restored as failed (listed, deletable) while the others serve (docs/control.md).
+        check_model_source(path, model)
         deployments.append(
             {"name": name or path.name, "model": str(path), "strategy": strategy_, **chat}
         )
-    for d in deployments:  # before any agent starts (it used to fail once they had)
-        check_model_source(Path(d["model"]).expanduser(), d["model"])
     logging.getLogger().setLevel(cfg.get("log_level", "WARNING").upper())
     if emulation is not None:
         cfg["emulation"] = emulated_store(emulation, deployments, num_nodes, cluster)
