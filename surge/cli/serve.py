@@ -269,7 +269,7 @@ def serve(
 
 
 SHUTDOWN_GRACE_S = 5.0
-"""On Ctrl-C, how long open responses may finish before they are cut."""
+"""On Ctrl-C, how long open responses may finish before they end with the shutdown error."""
 
 
 async def _serve(
@@ -311,7 +311,7 @@ async def _serve(
                 app,
                 log_level="warning",
                 lifespan="off",
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S + STOP_TIMEOUT_S,  # a backstop
             )
         )
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
@@ -337,11 +337,17 @@ async def _serve(
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         server.should_exit = True
+        # Past their grace, open responses end with the shutdown error (503; a stream's error
+        # event and [DONE]) as the controller stops, before uvicorn would cancel them (a
+        # plain-text 500 with a traceback; a stream cut off mid-way).
+        if not (await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S))[0]:
+            await _stop_bounded(controller)
         await task
     except _Stopped:
         pass  # Ctrl-C before the API was up: stop what started, quietly
     finally:
-        await _stop_bounded(controller)
+        if not controller.stopping:
+            await _stop_bounded(controller)
         sys.stdout.flush()
 
 
