@@ -88,8 +88,9 @@ def _runtime_first_tokens(cost: CostModel, monkeypatch) -> tuple[float, float]:
     pacer.cost = cost  # the simulator's cost model, as the pacer's own is the simulator's
     agent = SimpleNamespace(ctx=SimpleNamespace(pacer=pacer, node=0))
 
-    def step_and_park(inst) -> tuple[list, dict]:
+    def step_and_park(inst, pace) -> tuple[list, dict]:
         inst.engine.last_batch = BatchMeta((0,), (0,), (OWN_TOKENS,))
+        pace()
         return [], {}
 
     monkeypatch.setattr(instance_loop, "step_and_park", step_and_park)

@@ -335,7 +335,10 @@ class PdServing:
     # ---- mutation ---------------------------------------------------------------
 
     async def mutate(self, ep: LocalEndpoint) -> None:
-        """Turn prefill instance `ep` into a decode instance; its weights stay (§5.2)."""
+        """Turn prefill instance `ep` into a decode instance; its weights stay (§5.2). The
+        agent answers at once (its step under way ends in the new role), so the monitor's
+        look that decided it goes on with the deployment as it was at the look, as the
+        simulator's `PdPool._mutate` (`tests/parity/test_pd_mutation_parity.py`)."""
         await self.server.client.call(ep.node, InstanceRoleOp(instance=ep.name, role="decode"))
         self.roles[ep.name] = pd.DECODE
         self.num_mutations += 1

@@ -57,12 +57,15 @@ def paced_step(ctx: NodeContext, inst: LocalInstance) -> tuple[list["TokenEvent"
     if pacer is None:
         return step_and_park(inst)
     with pacer.step() as started_s:  # the agent's one GPU: its stages' steps wait
-        out = step_and_park(inst)
-        batch = inst.engine.last_batch
-        if batch is not None:
-            layers = inst.engine.arch.num_layers
-            pacer.pace(started_s, batch.q_lens, 0, layers, layers)
-    return out
+
+        def pace() -> None:  # before parking: the step's prefills end in the role it
+            # has when its emulated time is up (`step_and_park`)
+            batch = inst.engine.last_batch
+            if batch is not None:
+                layers = inst.engine.arch.num_layers
+                pacer.pace(started_s, batch.q_lens, 0, layers, layers)
+
+        return step_and_park(inst, pace)
 
 
 async def run_instance(ctx: NodeContext, inst: LocalInstance) -> None:

@@ -8,8 +8,11 @@ uses) and the sequence leaves the engine, so prefill capacity frees at once. The
 token goes out as a `TokenGenerated` whose `finish_reason` is `HANDOFF_REASON`; the
 controller then takes the parked K/V (`instance_handoff`: typed header + raw bytes) to
 the decode instance that policy picks, which adopts it (`instance_adopt`). Mutation is
-`instance_role` to "decode" between two steps: the weights stay, requests parked before
-stay parked until taken. Composed into `AgentInstances` (`runtime/node/instances.py`).
+`instance_role` to "decode": answered at once, it applies from the end of the step under
+way (the role is read once as each step ends, so a step never sees half a mutation), as
+the simulator's engine reads its role as a prefill step ends (`sim/batching.py`
+`_on_prefill`); the weights stay, requests parked before stay parked until taken.
+Composed into `AgentInstances` (`runtime/node/instances.py`).
 """
 
 from collections.abc import Callable
@@ -31,20 +34,32 @@ if TYPE_CHECKING:
     from surge.engine.llm_engine import TokenEvent
 
 
-def step_and_park(inst: LocalInstance) -> tuple[list["TokenEvent"], dict[int, str]]:
-    """One engine step (in the worker thread); on a prefill instance, park every request
-    whose prefill this step finished. Returns the events and seq_id -> req_id of those
-    parked (they left `inst.requests`)."""
+def _no_pace() -> None:
+    return None
+
+
+def step_and_park(
+    inst: LocalInstance, pace: Callable[[], None] = _no_pace
+) -> tuple[list["TokenEvent"], dict[int, str]]:
+    """One engine step (in the worker thread), then `pace` (GPU-time emulation: the step
+    lasts what the emulated GPU takes, `instance_loop.paced_step`); if the instance is a
+    prefill one as the step ends, park every request whose prefill this step finished.
+    Returns the events and seq_id -> req_id of those parked (they left `inst.requests`)."""
     import torch
 
     engine = inst.engine
     events = engine.step()
+    pace()
+    # The role as the step ends, read once: a mutation (`instance_role`) that lands while
+    # the step runs applies to all of its prefills, never to half of them, as the
+    # simulator's engine reads its role when a prefill step ends (`_on_prefill`).
+    prefill = inst.role == "prefill"
     parked: dict[int, str] = {}
     for ev in events:
         if ev.seq_id not in inst.fresh:
             continue
         inst.fresh.discard(ev.seq_id)
-        if inst.role != "prefill" or ev.finished or ev.seq_id not in inst.requests:
+        if not prefill or ev.finished or ev.seq_id not in inst.requests:
             continue
         seq = engine.seqs[ev.seq_id]
         runner = engine.executor.runner
@@ -89,12 +104,13 @@ class AgentPd:
         return {rid: inst.parked.pop(rid).reply.output_token_ids for rid in taken}
 
     async def op_instance_role(self, op: InstanceRoleOp, conn: Connection, p: memoryview) -> Ack:
-        inst = self._instance(op.instance)
-
-        def set_role(engine: object) -> None:
-            inst.role = op.role
-
-        await inst.call(set_role)  # between steps: a step never sees half a mutation
+        """Set the instance's role now; the step under way, if any, ends in it
+        (`step_and_park` reads it once, as the step ends). Not an inbox change: waiting
+        for the step to end held the controller's look over it (BlitzScale §5.2's
+        mutation decided at 2.20 s on the emulated §6.1 7B run took effect at 2.511, after
+        the instance's 0.43-s prefill step; the monitor's wish for a compensating instance
+        was then weighed against the deployment of 2.511: docs/emulation.md)."""
+        self._instance(op.instance).role = op.role
         return Ack()
 
     async def op_instance_handoff(

@@ -349,9 +349,10 @@ HANDOFF_REASON = "handoff"
 
 @dataclass(frozen=True)
 class InstanceRoleOp(Op[Ack], name="instance_role"):
-    """Set a local instance's P/D role between two steps (mutation, BlitzScale §5.2: the
-    weights stay). A prefill instance parks each request after its prefill until the
-    controller takes it (`instance_handoff`); a decode instance runs requests to the end."""
+    """Set a local instance's P/D role now; a step under way ends in it (mutation,
+    BlitzScale §5.2: the weights stay). A prefill instance parks each request after its
+    prefill until the controller takes it (`instance_handoff`); a decode instance runs
+    requests to the end."""
 
     instance: str
     role: PdRole
