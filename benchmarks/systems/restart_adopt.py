@@ -23,7 +23,10 @@ deployment (the default model, named so in a config file) then keeps an idle ins
 (`downscale_delay_s`, `keep_alive_s`), not 10: the script's set-up after the kill (seconds
 under load) must not count against the adopted pipeline's idle time.
 Measured from the new process's start: its ready line, and the first streamed token of a
-request sent at once after it (greedy, 16 tokens). Trials alternate close, adopt. That server
+request sent at once after it (greedy, 16 tokens; `--temperature T`: sampled at T, as the
+API's default request is at 1, and written to `..._sampled.json`: an adopted pipeline's
+head engines serve a greedy request without torch, a sampled one once the controller has
+imported it, `runtime/torch_import.py`). Trials alternate close, adopt. That server
 is the next trial's old one. A restart slower than the keep-alive (10 s from the last request
 before the crash) finds the adopted instance released, as the old controller would have
 released it, and starts one again: such a trial is kept, `adopted: false`. Every process is
@@ -81,9 +84,10 @@ def start(state: Path, static: list[str]) -> tuple[subprocess.Popen, str, float]
     return proc, ready["url"], time.monotonic() - t0
 
 
-def first_token_s(url: str, model: str) -> float:
-    """Seconds to the first streamed token of a greedy request (the stream read to its end)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0,
+def first_token_s(url: str, model: str, temperature: float = 0.0) -> float:
+    """Seconds to the first streamed token of a request (greedy unless `temperature`; the
+    stream read to its end)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": temperature,
             "stream": True}  # fmt: skip
     t0 = time.monotonic()
     first = None
@@ -171,6 +175,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2)
     what = "what the crash leaves: a local instance, or a λScale pipeline"
     ap.add_argument("--case", choices=sorted(OUT), default="local", help=what)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="of the request timed after the restart (0: greedy)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     if a.case == "pipeline" and a.nodes < 2:
@@ -207,7 +213,7 @@ def main() -> None:
                         asyncio.run(leave_pipeline(cluster, state / "registry", model, i))
                     closed = asyncio.run(close_like_main(cluster, model)) if mode == "close" else 0
                     proc, url, ready_s = start(state, static)
-                    after_ready_s = first_token_s(url, model)
+                    after_ready_s = first_token_s(url, model, a.temperature)
                     total_s = ready_s + after_ready_s  # the request goes at once after ready
                     status = httpx.get(url + f"/v1/deployments/{model}").json()["status"]
                     trials.append({"mode": mode, "closed_by_script": closed,
@@ -232,6 +238,7 @@ def main() -> None:
         "model": model,
         "case": a.case,
         "nodes": a.nodes,
+        "temperature": a.temperature,
         "trials": trials,
         "median": med,
         "ratio_close_over_adopt": {
@@ -241,6 +248,8 @@ def main() -> None:
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
     }
     path = a.out or OUT[a.case]
+    if a.out is None and a.temperature > 0:
+        path = path.with_name(path.stem + "_sampled.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["median"]), json.dumps(out["ratio_close_over_adopt"]))

@@ -21,9 +21,7 @@ keep-alive and downscale delay run from its own last request, not from the resta
 Decides nothing. Owned by control/.
 """
 
-import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,6 +45,7 @@ from surge.policy.adoption import (
     adopted_idle_since_s,
     plan,
 )
+from surge.runtime import torch_import
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import Clock
 from surge.runtime.endpoints import LocalEndpoint
@@ -116,9 +115,9 @@ class Adopter:
         self._statuses: dict[int, StatusReply] = {}
         """The agents' answers the last plan read."""
         self.adopted: list[tuple[str, int]] = []
-        """(deployment, node) of the instances adopted at this start."""
-        self._engines: asyncio.Task | None = None
-        """The head engines' import, started as soon as an agent reports a stage."""
+        """(deployment, node) of the instances adopted at this start, before `settle`."""
+        self.settled = False
+        """`settle` has run (the autoscaler state is restored)."""
 
     def plan(
         self,
@@ -134,13 +133,12 @@ class Adopter:
 
     def expect(self, statuses: Mapping[int, StatusReply]) -> None:
         """The agents' answers, read before the stores are opened and verified: if any
-        runs a pipeline stage, the head engines an adopted pipeline needs start importing
-        now (torch: seconds, which the controller has not paid yet), beside that work."""
-        stages = any(r.kind == "stage" for s in statuses.values() for r in s.running)
-        if stages and self._engines is None:
-            self._engines = asyncio.get_running_loop().create_task(
-                asyncio.to_thread(importlib.import_module, "surge.engine.llm_engine")
-            )
+        runs a pipeline stage, torch starts importing now, in the background
+        (`runtime/torch_import.py`: seconds the controller has not paid yet). An adopted
+        pipeline's head engines do not wait for it: they serve greedy requests without
+        torch; a sampled one (the API's default) waits for what is left of it."""
+        if any(r.kind == "stage" for s in statuses.values() for r in s.running):
+            torch_import.start()
 
     async def clean(self, actions: tuple[Action, ...], manifests: Mapping[str, Manifest]) -> None:
         """Close, release and drop what the plan says (each with one log line); the
@@ -183,7 +181,7 @@ class Adopter:
                 continue
             if isinstance(a, AdoptPipeline):
                 # Its members' slots now, loading until its head engines are up: off the
-                # start's path (their import takes seconds; the API and the other
+                # start's path (its old sequences are freed first; the API and the other
                 # deployments do not wait for it), as a scale-out's instance loads
                 for n in a.nodes:
                     dep.instances[n] = Instance(n)
@@ -217,8 +215,6 @@ class Adopter:
         try:
             if a.seq_ids:  # the old head engines' K/V: freed from the head along the chain
                 await self.client.call(a.nodes[0], StageFreeOp(pipeline=a.name, seq_ids=a.seq_ids))
-            if self._engines is not None:
-                await self._engines
             ep = self._endpoint(dep, a)
             ep.set_micro_batches(ep.num_micro_batches)  # head engines; the stages are open
             gone = [n for n in a.nodes if dep.instances.get(n) is None]
@@ -237,9 +233,10 @@ class Adopter:
         for n in a.nodes:  # one instance, every member's slot (as FlexPipe's pipelines)
             inst = dep.instances[n]
             inst.endpoint = ep  # type: ignore[assignment]
-            # the autoscaler state is restored by now, unless the import was quick
             inst.idle_since_s = _carried_idle_since_s(dep, n, now_s)
             dep.host_last_used_s[n] = now_s
+            if not self.settled:  # before the autoscaler state is restored: `settle` then
+                self.adopted.append((dep.name, n))
         await dep.server.add_endpoint(ep)
         if isinstance(ep, FlexPipeline):  # its layer times, as a new one's (§5)
             dep.spawn(_profile(ep))
@@ -274,6 +271,7 @@ class Adopter:
                 continue
             inst.idle_since_s = _carried_idle_since_s(dep, node, now_s)
         self.adopted.clear()
+        self.settled = True
 
 
 def _carried_idle_since_s(dep: Deployment, node: int, now_s: float) -> float:

@@ -18,14 +18,9 @@ from surge.engine import gemv
 from surge.engine.attention import AttnContext
 from surge.engine.batch import BatchMeta
 from surge.engine.model import RopeTable
-from surge.engine.page_pool import OutOfPagesError, PagePool
+from surge.engine.page_pool import OutOfPagesError, PagePool, pages_needed
 
 __all__ = ["OutOfPagesError", "PagedKVCache", "pages_needed"]
-
-
-def pages_needed(num_tokens: int, page_size_tokens: int) -> int:
-    """Pages a sequence of `num_tokens` occupies (the scheduler and the cache agree on this)."""
-    return -(-num_tokens // page_size_tokens)
 
 
 class PagedKVCache:

@@ -5,24 +5,35 @@ and returns the tokens it produced. `generate()` is the batch convenience on top
 executor runs the model: `LocalExecutor` is one runner holding every layer (a full local
 instance); a pipeline of stages in other processes is another executor with the same two
 calls, so scheduling and sampling are the same code whatever runs the layers.
+
+This module imports no torch: a pipeline's head engines run in the controller, which imports
+torch only for a request that needs it (`runtime/torch_import.py`); token ids go to the
+executor as a numpy array and its logits may come back as one (a pipeline's do), a torch
+tensor (a local runner's) or either.
 """
+
+from __future__ import annotations
 
 import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+import numpy as np
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.prompt_limits import check_prompt, context_limit
-from surge.engine.runner import ModelRunner
 from surge.engine.sampling import Sampler, SamplingParams, TokenLogprobs, token_logprobs
 from surge.engine.scheduler import Scheduler, Sequence
 from surge.errors import SurgeError
 from surge.model.manifest import Manifest, read_manifest
+
+if TYPE_CHECKING:
+    import torch
+
+    from surge.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +66,9 @@ class Completion:
 class Executor(Protocol):
     """Runs the whole model for one step, wherever its layers live."""
 
-    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
-        """Token ids [B, Q] -> float32 logits [B, vocab] at each sequence's last token."""
+    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> Any:
+        """Token ids [B, Q] (int64) -> float32 logits [B, vocab] at each sequence's last
+        token (a torch tensor or a numpy array)."""
         ...
 
     def free(self, seq_ids: list[int]) -> None:
@@ -78,19 +90,24 @@ class LocalExecutor:
     """One runner holding every layer of the model, in this process."""
 
     def __init__(self, runner: ModelRunner) -> None:
+        import torch  # imported already: the runner's
+
         if not (runner.first_layer == 0 and runner.end_layer == runner.arch.num_layers):
             raise ValueError("a local executor needs a runner over every layer")
         self.runner = runner
+        self._tensor = torch.from_numpy
 
     @staticmethod
-    def from_store(manifest: Manifest, config: EngineConfig) -> "LocalExecutor":
+    def from_store(manifest: Manifest, config: EngineConfig) -> LocalExecutor:
         """A runner with every block read from the store on disk."""
+        from surge.engine.runner import ModelRunner
+
         runner = ModelRunner(manifest, config)
         runner.load_blocks()
         return LocalExecutor(runner)
 
-    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
-        return self.runner.forward(token_ids, batch)
+    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> torch.Tensor:
+        return self.runner.forward(self._tensor(token_ids), batch)  # no copy
 
     def free(self, seq_ids: list[int]) -> None:
         for sid in seq_ids:
@@ -125,7 +142,7 @@ class LLMEngine:
         whoever accounts for steps (GPU-time emulation paces a step by it)."""
 
     @staticmethod
-    def from_store(store_dir: Path, config: EngineConfig = EngineConfig()) -> "LLMEngine":
+    def from_store(store_dir: Path, config: EngineConfig = EngineConfig()) -> LLMEngine:
         return LLMEngine(read_manifest(store_dir), config)
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:

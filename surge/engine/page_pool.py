@@ -18,6 +18,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
+def pages_needed(num_tokens: int, page_size_tokens: int) -> int:
+    """Pages a sequence of `num_tokens` occupies (the scheduler and the cache agree on this;
+    here, not in `kv_cache`, so a scheduler runs without torch: a pipeline's head engines)."""
+    return -(-num_tokens // page_size_tokens)
+
+
 def block_hashes(
     token_ids: Sequence[int], page_size: int, known: list[int] | None = None
 ) -> list[int]:

@@ -6,7 +6,10 @@ own `torch.Generator`, so a seeded request gives the same tokens whatever it is 
 
 torch is imported where it is used, not at the top: `SamplingParams` is part of the agent
 protocol, and processes that only move bytes (agents started without the engine, the
-controller's client) must not pay ~1.5 s to import it.
+controller's client) must not pay ~1.5 s to import it. Logits may be a torch tensor (a local
+runner's) or a numpy array (a pipeline's, from its last stage): a greedy batch that asks no
+logprobs is an argmax of either and needs no torch (`needs_torch`), so a pipeline's head
+engines serve it while the controller has not imported torch (`runtime/torch_import.py`).
 """
 
 from __future__ import annotations
@@ -121,6 +124,12 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
 """JSON types of the numeric fields (bool is refused although it is an int)."""
 
 
+def needs_torch(params: SamplingParams) -> bool:
+    """Whether decoding a request takes torch: a sampled one (its `torch.Generator`) or one
+    asking for logprobs. A greedy one without is an argmax (`Sampler`)."""
+    return not params.greedy or params.logprobs is not None
+
+
 def check_seed(seed: int | None) -> None:
     """A SurgeError for a seed outside int64 (torch would raise a bare overflow)."""
     if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
@@ -182,14 +191,14 @@ def token_logprobs(
     logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]
 ) -> list[TokenLogprobs | None]:
     """Per row, its `TokenLogprobs` when its request asked (None otherwise). Only rows
-    that asked are computed: a batch without logprobs pays nothing."""
-    import torch
-
+    that asked are computed: a batch without logprobs pays nothing (and needs no torch)."""
     out: list[TokenLogprobs | None] = [None] * len(tokens)
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return out
-    lp = torch.log_softmax(logits[rows].float(), dim=-1).cpu()
+    import torch
+
+    lp = torch.log_softmax(torch.as_tensor(logits)[rows].float(), dim=-1).cpu()
     for j, i in enumerate(rows):
         k = params[i].logprobs or 0
         top: tuple[tuple[int, float], ...] = ()
@@ -208,13 +217,19 @@ class Sampler:
 
     def __call__(
         self,
-        logits: torch.Tensor,
+        logits: Any,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
     ) -> list[int]:
-        """logits [B, vocab] -> one token id per row."""
-        greedy = logits.argmax(dim=-1).tolist()
+        """logits [B, vocab] (a torch tensor or a numpy array) -> one token id per row. The
+        greedy rows are an argmax of either (both take the first of equal maxima)."""
+        greedy = logits.argmax(-1).tolist()
+        if all(p.greedy for p in params):
+            return greedy
+        import torch
+
+        rows = torch.as_tensor(logits)
         return [
-            greedy[i] if p.greedy else _sample_row(logits[i], p, generators[i])
+            greedy[i] if p.greedy else _sample_row(rows[i], p, generators[i])
             for i, p in enumerate(params)
         ]

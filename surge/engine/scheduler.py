@@ -23,20 +23,25 @@ runs in another thread (its `schedule` and the take hold one lock): a BlitzScale
 redirects a source's queued requests (§4 step 1) without waiting for the source's step.
 """
 
+from __future__ import annotations
+
 import enum
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
-from surge.engine.kv_cache import pages_needed
-from surge.engine.page_pool import block_hashes
+from surge.engine.page_pool import block_hashes, pages_needed
 from surge.engine.sampling import SamplingParams, make_generator
 from surge.policy.kv_admission import admits, decode_preemptions
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SeqStatus(enum.Enum):
@@ -99,8 +104,10 @@ class ScheduledStep:
     is_prefill: bool
     seqs: list[Sequence]
     batch: BatchMeta
-    token_ids: torch.Tensor
-    """[B, Q] token ids to feed (padded with 0)."""
+    token_ids: np.ndarray
+    """[B, Q] int64 token ids to feed (padded with 0); numpy, not torch, so a scheduler
+    runs where torch is not imported (a pipeline's head engines, `runtime/pipeline_heads.py`;
+    a local executor takes it as a tensor without a copy)."""
     preempted: list[Sequence]
     """Sequences whose KV cache must be dropped before this step."""
     samples: tuple[bool, ...]
@@ -314,7 +321,7 @@ class Scheduler:
             for seq, q in zip(seqs, q_lens, strict=True)
         ]
         padded = [span + [0] * (width - len(span)) for span in spans]
-        token_ids = torch.tensor(padded, dtype=torch.int64)
+        token_ids = np.array(padded, dtype=np.int64)
         hashes: tuple[tuple[int, ...], ...] = ()
         if self.config.enable_prefix_caching:
             page = self.config.page_size_tokens

@@ -11,9 +11,9 @@ a failed step means and the loop goes on), or ends the loop when there is none. 
 engine loop of the runtime: pipeline heads (`runtime/endpoints.py`) and the agent's local
 instances (`runtime/node/instance_loop.py`, whose step also parks P/D prefills).
 
-The engine's types are for the type checker only: the engine imports torch, and processes
-that import the runtime without ever running a model (the controller, HTTP-only CLI
-commands) must not pay ~1.5 s of CPU for it.
+The engine's types are for the type checker only: this loop needs nothing of the engine's
+modules (which import no torch either: a pipeline's head engines run in the controller,
+`runtime/torch_import.py`).
 """
 
 from __future__ import annotations

@@ -21,10 +21,13 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from surge.config import EngineConfig
+from surge.engine.llm_engine import LLMEngine
+from surge.engine.sampling import needs_torch
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.merge import MergeMove, adoptions, merge_move, phase_of
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
 from surge.policy.pipeline_batches import join_micro_batch
+from surge.runtime import torch_import
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, EndpointFailed
 from surge.runtime.engine_loop import run_engine
@@ -101,11 +104,10 @@ class PipelineEndpoint(Endpoint):
         self.set_micro_batches(self.num_micro_batches)
 
     def _add_group(self) -> None:
-        # Here, not at the top: the engine imports torch (~1.5 s of CPU), and the processes
-        # that import this module but never open a pipeline (the controller, `surge status`
-        # and the other HTTP-only commands) must not pay for it.
-        from surge.engine.llm_engine import LLMEngine
-
+        # The head engines need no torch for a greedy request; a sampled one (the API's
+        # default) waits for it, so its import begins now, in the background, with the
+        # first (`torch_import`): greedy requests are served meanwhile (`submit`).
+        torch_import.start()
         loop = asyncio.get_running_loop()
         group_cfg = EngineConfig(
             page_size_tokens=self.config.page_size_tokens,
@@ -252,15 +254,31 @@ class PipelineEndpoint(Endpoint):
         group = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
         group.pending.append(req)
         group.wake.set()
+        if needs_torch(req.params) and not torch_import.loaded():
+            # Held in `pending` until torch is in (`admit`); then every engine wakes (a
+            # FlexPipe merge may have moved it to another meanwhile).
+            loop = asyncio.get_running_loop()
+            torch_import.start().add_done_callback(lambda _: _call_soon(loop, self._wake_all))
+
+    def _wake_all(self) -> None:
+        for g in self.groups:
+            g.wake.set()
 
     async def _run(self, group: HeadGroup) -> None:
         engine = group.engine
 
         def admit() -> None:
+            # A request that needs torch (sampled, or asking logprobs) waits in `pending`
+            # for its import (`torch_import`); the others go at once, in order.
+            ready = torch_import.loaded()
+            held = []
             for req in group.pending:
+                if not ready and needs_torch(req.params):
+                    held.append(req)
+                    continue
                 sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
                 group.seqs[sid] = req
-            group.pending.clear()
+            group.pending[:] = held
 
         async def deliver(events: list[TokenEvent]) -> None:
             for ev in events:
@@ -327,3 +345,9 @@ class PipelineEndpoint(Endpoint):
         if not self.failed:
             await self.close_stages()
         return taken
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    """`fn` on `loop` from another thread (the import's); nothing if the loop has closed."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from surge.engine.batch import BatchMeta
 from surge.runtime.client import ClusterClient
@@ -40,21 +42,21 @@ class RemotePipelineExecutor:
     ) -> None:
         self.client, self.loop, self.pipeline, self.head = client, loop, pipeline, head
 
-    def forward(self, token_ids: Any, batch: BatchMeta) -> Any:
-        import torch
-
+    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> np.ndarray:
         op = StageStepOp(
             pipeline=self.pipeline, kind="tokens", shape=tuple(token_ids.shape), batch=batch
         )
         fut = asyncio.run_coroutine_threadsafe(
-            self.client.call_bytes(self.head, op, token_ids.contiguous().numpy()), self.loop
+            self.client.call_bytes(self.head, op, np.ascontiguousarray(token_ids)), self.loop
         )
         try:
             reply, body = fut.result()
         except Exception as e:
             raise EndpointFailed(f"pipeline {self.pipeline}: {e}") from e
-        # The last stage sends logits as float32, row-major (StageStepReply).
-        return torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
+        # The last stage sends logits as float32, row-major (StageStepReply): numpy, not
+        # torch, so a greedy step needs no torch here (`engine/sampling.py`); writable
+        # (bytearray), so torch can take it without a copy where a request samples.
+        return np.frombuffer(bytearray(body), dtype=np.float32).reshape(reply.shape)
 
     def free(self, seq_ids: list[int]) -> None:
         op = StageFreeOp(pipeline=self.pipeline, seq_ids=tuple(seq_ids))

@@ -141,6 +141,12 @@ def test_a_killed_controllers_lambdascale_pipeline_is_adopted_whole(
                 time.sleep(0.2)
             assert running == {x: [(PIPE, ())], y: [(PIPE, ())]}, running
             assert complete(second, "Again") == reference("Again", 8)
+            # A sampled request needs torch in the controller (its generator): it waits for
+            # the import begun at the restart (`runtime/torch_import.py`), then is served.
+            body = {"model": MODEL, "prompt": "Sampled", "max_tokens": 8, "temperature": 1.0,
+                    "seed": 3, "ignore_eos": True}  # fmt: skip
+            r = second.http.post("/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8, r.text
             # A member goes down: the router retires the pipeline and the other member's slot
             # is freed at once (not after its downscale delay), so the deployment starts
             # again on it and serves.

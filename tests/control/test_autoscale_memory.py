@@ -12,6 +12,8 @@ from types import SimpleNamespace
 from surge.config import EngineConfig
 from surge.control.adoption import Adopter
 from surge.control.autoscale_memory import VERSION, AutoscaleMemory
+from surge.model.manifest import read_manifest
+from surge.policy.adoption import AdoptPipeline
 from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decide
 from surge.policy.autoscale_restart import Carried, Restart
 from surge.policy.autoscale_settings import AutoscaleSettings
@@ -156,6 +158,51 @@ def test_adopted_instances_get_their_own_idle_times(tmp_path):
     d = decide(load, settings, m.autoscale_state)
     assert d.release == (0,)  # idle 300 s: released now, not 250 s later
     assert d.wake_at_s == -50.0 + 900.0  # the other at its own keep-alive
+
+
+def test_a_pipeline_adopted_before_the_state_is_restored_gets_its_carried_idle_time(
+    tmp_path, tiny_store_dir
+):
+    """An adopted pipeline's head engines wait for no import now: it can be up before the
+    autoscaler state is restored (`Controller.start`), and `settle` then gives each member
+    the idle time carried for its node, as a local instance's (not the restart's)."""
+    path = tmp_path / "autoscale.json"
+    old = AutoscaleMemory(path, _clock(1000.0), wall=lambda: 5000.0)
+    old.restore({})
+    dep = _dep(AutoscaleState(peak_instances=1))
+    dep.instances = {
+        n: SimpleNamespace(node=n, endpoint=SimpleNamespace(outstanding=0), num_sending=0,
+                           idle_since_s=t)
+        for n, t in ((0, 700.0), (1, 950.0))
+    }  # fmt: skip
+    asyncio.run(old.save({"m": dep}))
+    new = AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)
+    adopter = Adopter(None, None, 1, EngineConfig(), _clock(0.0), lambda d: None)
+    m = _dep(AutoscaleState())
+    m.name, m.manifest, m.host_last_used_s = "m", read_manifest(tiny_store_dir), {}
+    m.spec = SimpleNamespace(system=SimpleNamespace(group_sizing="lambdascale"))
+    layers = m.manifest.arch.num_layers
+
+    async def adopt_then_restore() -> None:
+        spawned: list[asyncio.Task] = []
+        added = []
+
+        async def add_endpoint(ep) -> None:
+            added.append(ep)
+
+        m.spawn = lambda coro: spawned.append(asyncio.get_running_loop().create_task(coro))
+        m.server = SimpleNamespace(add_endpoint=add_endpoint)
+        pipe = AdoptPipeline("m", "m-pipe", ((0, 0, 1), (1, 1, layers)))
+        await adopter.adopt(m, (pipe,))
+        await asyncio.gather(*spawned)
+        assert added and all(i.endpoint is added[0] for i in m.instances.values())
+        new.restore({"m": m})
+        adopter.settle({"m": m})
+        for g in added[0].groups:
+            g.task.cancel()
+
+    asyncio.run(adopt_then_restore())
+    assert {n: i.idle_since_s for n, i in m.instances.items()} == {0: -300.0, 1: -50.0}
 
 
 def test_a_failing_write_is_one_warning(tmp_path, caplog):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,11 +44,11 @@ class ProcessPipelineExecutor:
         assert frame is not None, f"stage process exited with {proc.wait(5)}"
         return frame
 
-    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> torch.Tensor:
         header, payload = self._call(
             self.procs[0],
             {"op": "tokens", "shape": list(token_ids.shape), "batch": batch.to_json()},
-            token_ids.contiguous().numpy(),
+            np.ascontiguousarray(token_ids),
         )
         for proc in self.procs[1:]:
             assert header["op"] == "hidden"

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from surge.engine.sampling import SamplingParams
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
@@ -41,7 +42,7 @@ def _runtime_groups(bursts: list[int]) -> list[int]:
     ep.groups = [  # type: ignore[list-item]
         SimpleNamespace(seqs={}, pending=[], wake=asyncio.Event()) for _ in range(STAGES)
     ]
-    reqs = [SimpleNamespace(req_id=i) for i in range(sum(bursts))]
+    reqs = [SimpleNamespace(req_id=i, params=SamplingParams()) for i in range(sum(bursts))]
     for r in reqs:
         asyncio.run(ep.submit(r))  # type: ignore[arg-type]
     return [next(i for i, g in enumerate(ep.groups) if r in g.pending) for r in reqs]

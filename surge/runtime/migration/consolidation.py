@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from surge.engine.batch import BatchMeta
 from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
+from surge.runtime import torch_import
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.failures import failure_level
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
@@ -190,6 +191,8 @@ async def live_prefill(
     )
     # Here, not at the top: the controller imports this module but runs a live prefill only
     # under BlitzScale; the rest of it (and the HTTP-only CLI commands) never needs torch.
+    # Imported off the event loop (seconds, the first time: `torch_import`).
+    await torch_import.wait()
     import torch
 
     try:
