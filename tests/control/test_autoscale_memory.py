@@ -125,22 +125,28 @@ def test_a_version_1_file_is_read_with_one_warning(tmp_path, caplog):
     assert a.autoscale_state.restart.quiet_for([0, 1]) == {0: -10.0, 1: -10.0}
 
 
-def test_adopted_instances_get_their_own_idle_times(tmp_path):
-    """Two instances last used at different times, the controller restarted: each adopted
-    instance idles since its own last request (`Adopter.settle`), so `decide` releases each
-    on its own schedule; before per-instance times both idled since the later one."""
+def _restarted_on_two_idle_nodes(tmp_path, peak_instances: int) -> AutoscaleMemory:
+    """The state file of an old controller whose deployment `m` had node 0 idle since 700
+    and node 1 since 950, and the memory of a new one started at once after it (a new
+    clock: -300 and -50 s in it)."""
     path = tmp_path / "autoscale.json"
     old = AutoscaleMemory(path, _clock(1000.0), wall=lambda: 5000.0)
     old.restore({})
-    # the old controller's pool: node 0 idle since 700, node 1 since 950
-    dep = _dep(AutoscaleState(peak_instances=2))
+    dep = _dep(AutoscaleState(peak_instances=peak_instances))
     dep.instances = {
         n: SimpleNamespace(node=n, endpoint=SimpleNamespace(outstanding=0), num_sending=0,
                            idle_since_s=t)
         for n, t in ((0, 700.0), (1, 950.0))
     }  # fmt: skip
     asyncio.run(old.save({"m": dep}))
-    new = AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)  # at once, a new clock
+    return AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)
+
+
+def test_adopted_instances_get_their_own_idle_times(tmp_path):
+    """Two instances last used at different times, the controller restarted: each adopted
+    instance idles since its own last request (`Adopter.settle`), so `decide` releases each
+    on its own schedule; before per-instance times both idled since the later one."""
+    new = _restarted_on_two_idle_nodes(tmp_path, peak_instances=2)
     m = _dep(AutoscaleState())
     adopter = Adopter(None, None, 1, EngineConfig(), _clock(0.0), lambda d: None)
     m.instances = {
@@ -166,17 +172,7 @@ def test_a_pipeline_adopted_before_the_state_is_restored_gets_its_carried_idle_t
     """An adopted pipeline's head engines wait for no import now: it can be up before the
     autoscaler state is restored (`Controller.start`), and `settle` then gives each member
     the idle time carried for its node, as a local instance's (not the restart's)."""
-    path = tmp_path / "autoscale.json"
-    old = AutoscaleMemory(path, _clock(1000.0), wall=lambda: 5000.0)
-    old.restore({})
-    dep = _dep(AutoscaleState(peak_instances=1))
-    dep.instances = {
-        n: SimpleNamespace(node=n, endpoint=SimpleNamespace(outstanding=0), num_sending=0,
-                           idle_since_s=t)
-        for n, t in ((0, 700.0), (1, 950.0))
-    }  # fmt: skip
-    asyncio.run(old.save({"m": dep}))
-    new = AutoscaleMemory(path, _clock(0.0), wall=lambda: 5000.0)
+    new = _restarted_on_two_idle_nodes(tmp_path, peak_instances=1)
     adopter = Adopter(None, None, 1, EngineConfig(), _clock(0.0), lambda d: None)
     m = _dep(AutoscaleState())
     m.name, m.manifest, m.host_last_used_s = "m", read_manifest(tiny_store_dir), {}
