@@ -4,6 +4,7 @@ agent it started; and a local greedy reference run of the same store."""
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +30,13 @@ class Serve:
 
     def metric(self, name: str, model: str | None = None) -> float:
         return self.read_metric(self.metrics_text(), name, model)
+
+    def wait_ongoing(self, model: str, at_least: int, timeout_s: float = 60) -> None:
+        """Wait until `model` counts `at_least` ongoing requests (they run)."""
+        deadline = time.monotonic() + timeout_s
+        while self.metric("surge_ongoing_requests", model) < at_least:
+            assert time.monotonic() < deadline, "the requests never ran"
+            time.sleep(0.1)
 
     def metrics_text(self) -> str:
         """One /metrics scrape (10-s bound: a poller must not wait out the client's 120 s)."""

@@ -112,10 +112,7 @@ def test_deleting_a_deployment_ends_its_requests_with_an_error(server: Serve) ->
     threads = [threading.Thread(target=ask, args=(s,)) for s in (False, True)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 60
-    while server.metric("surge_ongoing_requests", "b") < 2:
-        assert time.monotonic() < deadline, "the requests never ran"
-        time.sleep(0.1)
+    server.wait_ongoing("b", 2)
     time.sleep(0.5)
     assert server.http.delete("/v1/deployments/b").status_code == 200
     for t in threads:

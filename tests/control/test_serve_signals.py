@@ -139,10 +139,7 @@ def test_sigterm_ends_open_requests_with_the_shutdown_error(serve_factory, tiny_
     threads = [threading.Thread(target=f) for f in (plain, stream)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 60
-    while s.metric("surge_ongoing_requests", "a") < 32:
-        assert time.monotonic() < deadline, "the requests never ran"
-        time.sleep(0.1)
+    s.wait_ongoing("a", 32)
     s.proc.send_signal(signal.SIGTERM)
     rc = s.proc.wait(90)
     for t in threads:
