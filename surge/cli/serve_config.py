@@ -278,6 +278,12 @@ def read_chat_template(path: Path) -> str:
         ) from None
     if not text.strip():
         raise SurgeError(f"--chat-template {path} is empty; give a Jinja chat template file")
+    from surge.api.chat import ChatTemplate
+
+    try:  # compiled now: a broken one is one line here, not a 400 on every chat request
+        ChatTemplate(text)
+    except SurgeError as e:
+        raise SurgeError(f"--chat-template {path}: {e}") from None
     return text
 
 

@@ -216,3 +216,10 @@ def test_serve_chat_template_file_must_be_readable(tmp_path: Path) -> None:
         run_surge("serve", "--chat-template", str(tmp_path / "empty.jinja"), "--port", "0"),
         "is empty",
     )
+    # A template that does not compile: the server used to start, then answer every chat 400.
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m.content }")
+    state = tmp_path / "state"
+    proc = run_surge("serve", "--chat-template", str(tmp_path / "broken.jinja"), "--port", "0",
+                     "--nodes", "1", "--state-dir", str(state), timeout=60)  # fmt: skip
+    assert_one_line_error(proc, "broken.jinja: the model's chat template does not compile")
+    assert not state.exists(), "the server started"
