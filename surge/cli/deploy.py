@@ -16,6 +16,11 @@ UrlOpt = Annotated[
 KeyOpt = Annotated[str | None, typer.Option(help="API key (default $SURGE_API_KEY).")]
 
 
+TIMEOUT_S = 600.0
+"""How long a thin client waits for an answer (a deployment of a large checkpoint imports it
+on the server before it answers)."""
+
+
 def _call(method: str, path: str, url: str | None, api_key: str | None, body: Any = None) -> Any:
     import httpx
 
@@ -23,7 +28,12 @@ def _call(method: str, path: str, url: str | None, api_key: str | None, body: An
     key = api_key or os.environ.get("SURGE_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        r = httpx.request(method, base + path, json=body, headers=headers, timeout=600)
+        r = httpx.request(method, base + path, json=body, headers=headers, timeout=TIMEOUT_S)
+    except httpx.ReadTimeout:  # it was reached: "cannot reach ... is it running?" misled
+        raise SurgeError(
+            f"surge at {base} did not answer {method} {path} within {TIMEOUT_S:g} s; it may "
+            "still be at work on it: see `surge status`"
+        ) from None
     except httpx.HTTPError as e:
         raise SurgeError(f"cannot reach surge at {base} ({e}); is `surge serve` running?") from None
     try:

@@ -135,3 +135,20 @@ def test_a_file_that_is_not_gguf_is_named_as_such(tmp_path: Path) -> None:
     proc = run_surge("model", "import", str(bad), str(tmp_path / "store"))
     assert_one_line_error(proc, "model.gguf is a file but not a GGUF file", ".gguf file")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_thin_client_whose_server_is_slow_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that took the request and has not answered yet (a large checkpoint importing)
+    was "cannot reach surge ...; is `surge serve` running?"."""
+    import socket
+
+    from surge.cli import deploy
+    from surge.errors import SurgeError
+
+    monkeypatch.setattr(deploy, "TIMEOUT_S", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(SurgeError) as e:
+            deploy.status(as_json=False, url=url, api_key=None)
+    msg = str(e.value)
+    assert "did not answer GET /v1/deployments within 0.5 s" in msg and "cannot reach" not in msg
