@@ -20,7 +20,8 @@ when `control/pd.py` says so from `pd_mutation.decide_mutation`. `load` is what 
 sees: per instance its role, requests, tokens/s over `RATE_WINDOW_S`, KV use, and the K/V
 handed to it over that window as a fraction of its ingress link (`received`, counted by
 `runtime/migration/kv_ingress.py`: BlitzScale §5.2's K/V incast; an uncapped link counts
-none).
+none); a hand-off waiting only for its pair's link is its target's load there, not one
+waiting for decode room (`_booked`, as the simulator's).
 
 Failures lose no request (`pd_transfer.py`). Owned by the runtime; decisions are
 `surge.policy.blitzscale.pd`'s and `surge.policy.blitzscale.handoff`'s.
@@ -176,14 +177,49 @@ class PdServing:
         )
 
     def load(self, now_s: float, since_last_mutation_s: float) -> pd.PdLoad:
-        """The deployment as `policy.pd` sees it (the monitor's input)."""
-        views = [self._view(i, e, now_s) for i, e in self._locals()]
+        """The deployment as `policy.pd` sees it (the monitor's input). Hand-offs not
+        started are booked as `_booked` says: only those no decode instance has room for
+        wait for decode room (`PdLoad.num_handoffs_waiting`)."""
+        views = [v for i, e in self._locals() if (v := self._view(i, e, now_s)) is not None]
+        views, waiting = self._booked(views)
         return pd.PdLoad(
-            instances=tuple(v for v in views if v is not None),
+            instances=tuple(views),
             num_waiting=len(self.server.queue),
-            num_handoffs_waiting=len(self.pending) + len(self.in_hand),
+            num_handoffs_waiting=waiting,
             since_last_mutation_s=since_last_mutation_s,
         )
+
+    def _booked(self, views: list[pd.PdInstance]) -> tuple[list[pd.PdInstance], int]:
+        """`views` with each hand-off not started (K/V held here, then parked: `kick`'s
+        order) that has a decode instance with room (`_target`, each seeing the ones
+        before) booked on it and off its source; and how many have none. A hand-off here
+        waits for its (source, target) pair's link (one at a time per pair) where the
+        simulator's starts at once, its target's load (`reserved`) from the choice, its
+        `parked` only the requests no decode instance has room for. Until 2026-11-29 each
+        counted as waiting for decode room: on the emulated §6.1 7B run a look at 4.30 s
+        saw "1 prefilled requests wait for decode room" with both decode instances at 3 of 8,
+        mutated a prefill instance and scaled out one the simulator does not."""
+        at = {v.index: k for k, v in enumerate(views)}
+        index_of = {e.name: i for i, e in self._locals()}
+        jobs = [(-1, h.old, h.req) for h in self.in_hand if not h.req.done.is_set()]
+        jobs += [(index_of.get(src.name, -1), src, req) for src, req in self.pending]
+        waiting = 0
+        for source, ep, req in jobs:
+            target = self._target(source, views)
+            if target is None:
+                waiting += 1
+                continue
+            if target in (source, -1) or target not in at:
+                continue  # it decodes where it is
+            k = at[target]
+            views[k] = replace(views[k], outstanding=views[k].outstanding + 1)
+            s = at.get(index_of.get(ep.name, -2))
+            held_there = req.req_id in ep.requests or any(r is req for r in ep.live)
+            if s is not None and held_there:  # off its source, as the simulator's
+                v = views[s]
+                parked = v.parked - (source != -1)
+                views[s] = replace(v, outstanding=v.outstanding - 1, parked=max(0, parked))
+        return views, waiting
 
     def _coming(
         self,
