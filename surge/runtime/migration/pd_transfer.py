@@ -2,9 +2,10 @@
 instance.
 
 In: a `PdServing` (`pd_handoff.py`, which chose the target, reserved its room and runs
-these as tasks, one per (source, target) pair), the request, and where its K/V is: parked
-on its prefill instance (`send_parked`: taken off that agent with `instance_handoff`, typed
-header + raw bytes) or held here (`send_held`: a live batch's, BlitzScale §4, `InHand`).
+these as tasks, one per (source, target) pair; `HandoffHost` is what they use of it), the
+request, and where its K/V is: parked on its prefill instance (`send_parked`: taken off that
+agent with `instance_handoff`, typed header + raw bytes) or held here (`send_held`: a live
+batch's, BlitzScale §4, `InHand`).
 Out: the decode instance adopts it and decodes on, token-exact
 (`runtime/migration/consolidation.adopt`, the KV migration ParaServe consolidation uses),
 or, when an agent dies, the request goes back to the head of the queue with its tokens and
@@ -14,7 +15,7 @@ hand-off in flight} at each await. Owned by the runtime; it decides nothing.
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.consolidation import adopt
@@ -23,12 +24,26 @@ from surge.runtime.protocol import InstanceHandoffOp, KvPart
 from surge.runtime.request import ServeRequest
 
 if TYPE_CHECKING:
-    from surge.runtime.migration.pd_handoff import PdServing
+    from surge.runtime.server import Server
 
 log = logging.getLogger(__name__)
 
 HERE = ""
 """The source name of K/V the controller holds (live-prefilled requests, `PdServing.hold`)."""
+
+
+class HandoffHost(Protocol):
+    """What a hand-off needs of the P/D side that runs it (`pd_handoff.PdServing`), named here
+    so this module does not import the one that imports it."""
+
+    server: "Server"
+    kv_pace: float
+    num_handoffs: int
+    num_handoff_retries: int
+
+    def booked(self, pair: tuple[str, str]) -> None: ...
+
+    def received(self, source_node: int | None, target: LocalEndpoint, nbytes: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +57,7 @@ class InHand:
     old: LocalEndpoint
 
 
-async def send_held(pd: "PdServing", held: InHand, target: LocalEndpoint) -> None:
+async def send_held(pd: HandoffHost, held: InHand, target: LocalEndpoint) -> None:
     """Give `held`'s K/V to `target` (whose room `PdServing._start` reserved)."""
     pd.booked((HERE, target.name))  # `adopt` books it on `target` now
     pd.received(None, target, len(held.payload))
@@ -65,7 +80,7 @@ async def send_held(pd: "PdServing", held: InHand, target: LocalEndpoint) -> Non
 
 
 async def send_parked(
-    pd: "PdServing", src: LocalEndpoint, req: ServeRequest, target: LocalEndpoint
+    pd: HandoffHost, src: LocalEndpoint, req: ServeRequest, target: LocalEndpoint
 ) -> None:
     """Move a request parked on prefill instance `src` (taken off it already) to `target`
     (whose room `PdServing._start` reserved: the request is on neither while its K/V is in
