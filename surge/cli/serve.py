@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from surge.cli.listener import bind_listener
-from surge.cli.serve_cluster import cluster_settings
+from surge.cli.serve_cluster import check_launcher_flags, cluster_settings
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
     check_machine,
@@ -154,32 +154,12 @@ def serve(
     ] = False,
 ) -> None:
     """Serve models over an OpenAI-compatible API on a cluster of node agents."""
-    if launcher not in ("local", "ray", "static"):
-        raise SurgeError(f"launcher {launcher!r} is not one of local, ray, static")
-    if emulate is not None and launcher != "local":
-        raise SurgeError("--emulate needs --launcher local (a loopback or netns cluster)")
-    if ray_address is not None and launcher != "ray":
-        raise SurgeError("--ray-address needs --launcher ray")
-    if agent_host is not None and launcher != "ray":
-        raise SurgeError("--agent-host needs --launcher ray")
+    check_launcher_flags(launcher, cluster, emulate, ray_address, agent_host)
     if name is not None and model is None:  # it names --model's deployment, nothing else
         raise SurgeError(
             "--name names the deployment of --model; give --model DIR too (the default "
             "model is served under its own name)"
         )
-    if cluster not in ("loopback", "netns"):
-        raise SurgeError(f"--cluster {cluster!r} is not one of loopback, netns")
-    if cluster == "netns":
-        if launcher != "local":
-            raise SurgeError("--cluster netns needs --launcher local")
-        from surge.runtime.launch.netns_cluster import require_netns
-
-        require_netns()  # before anything starts: one line naming what this machine lacks
-    if launcher == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise SurgeError("--launcher ray needs Ray: pip install 'surge[ray]' (ray==2.60.0)")
     cfg = load_config(config) if config is not None else {}
     flags = {
         "nodes": nodes,

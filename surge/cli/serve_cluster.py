@@ -1,9 +1,10 @@
 """`surge serve`'s settings of where the agents are and how they are reached: the launcher
 (`local`, `ray`, `static`), the static launcher's agent list and token, Ray's placement, TLS.
 
-What flows: the flags and the config file's keys in; out, the `ControllerConfig` fields
-(`agents`, `agents_timeout_s`, `token_file`, `tls`, `ray_placement`, `ray_gpus_per_agent`,
-`allow_plain`) checked once, so a bad value is one `error:` line before anything starts.
+What flows: the flags and the config file's keys in (`check_launcher_flags`: which of them go
+together); out, the `ControllerConfig` fields (`agents`, `agents_timeout_s`, `token_file`,
+`tls`, `ray_placement`, `ray_gpus_per_agent`, `allow_plain`) checked once, so a bad value is
+one `error:` line before anything starts.
 Owned by the CLI.
 """
 
@@ -17,6 +18,40 @@ from surge.runtime.security.cluster_token import resolve_token
 from surge.runtime.security.tls import TlsConfig, check_plain_allowed
 
 LAUNCHERS = ("local", "ray", "static")
+CLUSTERS = ("loopback", "netns")
+
+
+def check_launcher_flags(
+    launcher: str,
+    cluster: str,
+    emulate: str | None,
+    ray_address: str | None,
+    agent_host: str | None,
+) -> None:
+    """The launcher's and local cluster's flags, together: a combination that cannot run, or
+    a machine that lacks what it needs (netns, Ray), is one error line before anything
+    starts."""
+    if launcher not in LAUNCHERS:
+        raise SurgeError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if emulate is not None and launcher != "local":
+        raise SurgeError("--emulate needs --launcher local (a loopback or netns cluster)")
+    if ray_address is not None and launcher != "ray":
+        raise SurgeError("--ray-address needs --launcher ray")
+    if agent_host is not None and launcher != "ray":
+        raise SurgeError("--agent-host needs --launcher ray")
+    if cluster not in CLUSTERS:
+        raise SurgeError(f"--cluster {cluster!r} is not one of {', '.join(CLUSTERS)}")
+    if cluster == "netns":
+        if launcher != "local":
+            raise SurgeError("--cluster netns needs --launcher local")
+        from surge.runtime.launch.netns_cluster import require_netns
+
+        require_netns()  # one line naming what this machine lacks
+    if launcher == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise SurgeError("--launcher ray needs Ray: pip install 'surge[ray]' (ray==2.60.0)")
 
 
 def agent_entries(value: Any) -> tuple[str, ...]:
