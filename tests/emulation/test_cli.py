@@ -36,4 +36,4 @@ def test_the_served_model_must_fit_and_the_nodes_must_exist(tmp_path: Path, tiny
         "serve", "--port", "0", "--state-dir", str(tmp_path), "--model", str(tmp_path),
         "--emulate", "lambdascale-testbed1:llama2-7b", "--nodes", "1",
     )  # fmt: skip
-    assert_one_line_error(proc, "is not a surge store")
+    assert_one_line_error(proc, "is neither a surge store")
