@@ -7,7 +7,7 @@
 - `measure_endpoint_open`: what opening one endpoint costs the runtime's controller while
   the burst is being served (`LocalEndpoint.open` + `Server.add_endpoint`, as
   `runtime/scaleout/local.open_local` does; `PipelineEndpoint.open` + `add_endpoint` for
-  the planned execution pipelines, as `runtime/scaleout/multicast._Carrier` does).
+  the planned execution pipelines, as `runtime/scaleout/multicast.LoadingCarrier` does).
 Each returns a dict of numbers that `sim_calibrate/main` turns into a simulator profile.
 """
 

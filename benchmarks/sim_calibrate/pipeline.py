@@ -1,7 +1,7 @@
 """How fast an execution pipeline serves compared with a local instance, in the runtime.
 
 What flows: a 64-MB, 16-block model on 3 agents of a `LocalCluster` (all hold it); the
-first planned pipeline of the burst's multicast (`policy.multicast.plan_scale_out`, 8
+first planned pipeline of the burst's multicast (`policy.multicast.scale_out.plan_scale_out`, 8
 nodes, K=1) opened as a `PipelineEndpoint` (2 micro-batch streams of `max_num_seqs`)
 over them, then a `LocalEndpoint` on one agent alone; the same burst of requests on each.
 Out: wall seconds, CPU seconds of the agents and the controller, and the pipeline's

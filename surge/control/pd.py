@@ -11,7 +11,7 @@ instances prefill); the monitor's wish for one more instance than the
 concurrency target asks goes to the autoscaler (`policy.blitzscale.pd.with_monitor`). Hand-off and
 mutation counts go to `/metrics` (`surge_pd_handoffs`, `surge_pd_mutations`,
 `surge_pd_instances`). `egress_traffic` reports, for a multicast being planned, which
-nodes' egress carries K/V (prefill instances, parked hand-offs): `policy.topology` prunes
+nodes' egress carries K/V (prefill instances, parked hand-offs): `policy.multicast.topology` prunes
 those sources (BlitzScale §5.1). Called by `control/autoscaler.py`; decides nothing itself.
 """
 

@@ -22,7 +22,7 @@ the weights are settled (`BlockWeights.packing_settled`: nothing swaps them afte
 Capturing goes through a seam (`GraphCapture`): `TorchCudaGraphs` over `torch.cuda` (the
 warm-up on a side stream, capture into one memory pool shared by every bucket's graph,
 replay), and `RerunGraphs`, which re-runs the captured function on replay: on the CPU it
-tests everything here but the CUDA calls (tests/engine/test_cuda_graphs.py), which a
+tests everything here but the CUDA calls (tests/engine/test_cuda_path.py), which a
 recording stand-in for `torch.cuda` checks. Owned by the engine; never run on a GPU yet
 (docs/gpu.md).
 """

@@ -14,8 +14,9 @@ apart. A burst of four on a 4-stage pipeline gets its first tokens after 4/4, 5/
 and 7/4 of one request's prefill, not all after four requests' prefill.
 
 The runtime's pipeline head (`runtime/pipeline_endpoint.py` `PipelineEndpoint.submit`: one head
-engine per micro-batch) and the simulator's pipelined engines (`sim/batching.py`, through
-`sim/pipelined_prefill.py`) both call it (`tests/parity/test_pipeline_prefill_parity.py`).
+engine per micro-batch) and the simulator's (`sim/serving_engine.py` `ServingEngine.submit`: one
+head engine per micro-batch over `sim/stage_line.py`) both call it
+(`tests/parity/test_pipeline_prefill_parity.py`).
 Pure and deterministic.
 """
 

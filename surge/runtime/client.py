@@ -1,7 +1,7 @@
 """The controller's side of the agents: typed requests to each agent, and their events.
 
 `ClusterClient` holds one control connection and one event subscription per agent.
-`call(node, op)` sends a typed op (`runtime/protocol.py`) and returns its typed reply;
+`call(node, op)` sends a typed op (`runtime/protocol/`) and returns its typed reply;
 `call_bytes` does the same on a pooled connection of its own for ops that carry bytes.
 `subscribe((EventClass, ...), model=...)` gives a queue of typed events, filtered when they
 are published, so a consumer gets only what it asked for. An agent whose event stream ends

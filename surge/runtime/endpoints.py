@@ -7,7 +7,7 @@ endpoint runs it and appends tokens to it as they come back.
 - `PipelineEndpoint` (`runtime/pipeline_endpoint.py`): an execution pipeline across agents.
 `take_back` stops an endpoint and returns its unfinished requests with their tokens so far,
 so they continue elsewhere (mode switch, failover) with none lost or repeated. Owned by the
-runtime; the typed ops are `runtime/protocol.py`'s.
+runtime; the typed ops are `runtime/protocol/`'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 What flows: the `Server` (`runtime/server.py`) hands it `ServeRequest`s like any `Endpoint`
 (`runtime/endpoints.py`); its stages run on agents (`StageOpenOp`), its head engines
 (scheduler + sampler) here, `num_micro_batches` of them so several micro-batches are in the
-chain at once (λScale Fig. 6a; FlexPipe sets the count from `policy.flexpipe_microbatch` and
+chain at once (λScale Fig. 6a; FlexPipe sets the count from `policy.flexpipe.microbatch` and
 changes it with the stage count, splitting the stages' KV cache among them by
 `micro_batch_budgets`); each head engine, its executor and its micro-batch stream are
 `runtime/pipeline_heads.py`. FlexPipe's busy merge hands a retired engine's sequences to the

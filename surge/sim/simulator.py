@@ -10,7 +10,7 @@ The parts, each one concern, dependencies passed in (no part imports another's s
   `policy.multicast` and executed by `MulticastRun`, serve-while-loading by
   `policy.loading.LoadingState`;
 - `groups.Groups`: ParaServe groups (`policy.paraserve.group_plan.plan_group`) and consolidation
-  (`policy.paraserve_predictor`);
+  (`policy.paraserve.predictor`);
 - `host_cache.HostCache`: `policy.copies.keepalive`;
 - `host.HostModel`: what the machines' compute costs beside the GPUs' (`DedicatedHost`, a
   real cluster, unless a benchmark passes its own: `benchmarks/sim_calibrate/testbed.py`).

@@ -7,7 +7,7 @@ from one thread to another over a socketpair, REPEATS times per configuration:
 - None: one message per tensor, each tensor's buffer allocated when it arrives, then a
   staging copy into the serving buffer (no receive straight into the destination);
 - +Pre-alloc: the destination buffers exist before the transfer (λScale §5 pre-allocation;
-  surge.model.blocks.BlockBuffer);
+  surge.model.blocks.allocate_block_buffer);
 - +Tensor-pack: the block is one contiguous buffer sent as one message, its tensors views
   into it (λScale §5 tensor packing; the manifest's block layout);
 - +Host-mem RDMA: no staging copy: received straight into the buffer that serves (λScale §5

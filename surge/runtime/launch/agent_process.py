@@ -3,8 +3,8 @@
 What flows: an `AgentConfig` in, the `surge node run` command line out (`agent_argv`, the
 inverse of `cli/node.py`); the agent's token goes into its environment (`agent_env`), never
 on a command line; `wait_ready` reads the agent's ready line `{"ready": true, "port": P}`.
-Used by `LocalCluster` (`launcher.py`) and by the Ray actors (`launch/ray_cluster.py`), so the two
-cannot drift apart.
+Used by `LocalCluster` (`launch/local.py`), `NetnsCluster` (`launch/netns_cluster.py`) and the
+Ray actors (`launch/ray_cluster.py`), so they cannot drift apart.
 """
 
 import json

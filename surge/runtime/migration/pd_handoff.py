@@ -1,8 +1,8 @@
 """P/D disaggregation in the serving runtime (BlitzScale §5.2, §6): roles, hand-off, mutation.
 
 What flows: the `Server` of a P/D deployment holds one `PdServing`. Each local instance
-gets a role when it joins (`policy.pd.role_for_new` on the deployment's load, sent as
-`instance_role`); new requests go only to prefill instances (`policy.pd.routable`; with
+gets a role when it joins (`policy.blitzscale.pd.role_for_new` on the deployment's load, sent as
+`instance_role`); new requests go only to prefill instances (`policy.blitzscale.pd.routable`; with
 none serving they wait at the router while one is joining). A
 prefill instance parks each request after its prefill (`runtime/node/pd.py`) and says
 so with its first token (`finish_reason == HANDOFF_REASON`); `handoff` then moves the

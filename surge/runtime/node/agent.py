@@ -1,6 +1,6 @@
 """The node agent: one process per node, owning that node's tiers and serving its blocks.
 
-What flows in: typed ops (`runtime/protocol.py`) from the controller and peers, as frames
+What flows in: typed ops (`runtime/protocol/`) from the controller and peers, as frames
 on authenticated connections. What flows out: replies, block bytes to peers, and events
 (block arrivals, failed pulls, tokens) to subscribers.
 

@@ -1,8 +1,8 @@
 """One multicast of a scale-out, serving while the model arrives (λScale §4.3-§4.4).
 
 In: the context and the start-up plan (plan node i = `plan.multicast_nodes[i]`, sources
-first). The multicast plan comes from `policy.multicast.plan_scale_out` with the system's
-`multicast_strategy`, on the `Cluster` `policy.topology.multicast_cluster` makes of the
+first). The multicast plan comes from `policy.multicast.scale_out.plan_scale_out` with the system's
+`multicast_strategy`, on the `Cluster` `policy.multicast.topology.multicast_cluster` makes of the
 agents' reported links and host groups and of what each source's egress carries;
 the agents run it through `runtime/multicast.py`'s executor. Every
 verified gpu-tier arrival of this multicast (`BlockArrived`, filtered by model) is fed to
