@@ -106,3 +106,36 @@ def test_no_private_names_imported_across_modules() -> None:
         if name is not None and name.startswith("_") and not name.startswith("__") and target != m
     ]
     assert private == []
+
+
+# docs/architecture.md's import rules: (importer's prefix, what it may import or must not).
+ALLOWED_ONLY = {
+    "surge.policy": ("surge.policy", "surge.errors"),
+    "surge.emulation": (
+        "surge.emulation", "surge.sim.hardware", "surge.sim.models", "surge.sim.costs",
+        "surge.model", "surge.errors",
+    ),
+    "surge.events": ("surge.errors", "surge.json_codec"),
+}  # fmt: skip
+NEVER = {
+    "surge.sim": ("surge.runtime", "surge.control", "surge.emulation"),
+    "surge.runtime": ("surge.control",),
+    "surge.engine": ("surge.runtime", "surge.control", "surge.api"),
+}
+
+
+def under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_architecture_import_rules_hold() -> None:
+    broken = []
+    for m, found in graph().items():
+        for target, _ in found:
+            for prefix, allowed in ALLOWED_ONLY.items():
+                if under(m, (prefix,)) and not under(target, allowed):
+                    broken.append(f"{m} imports {target}")
+            for prefix, never in NEVER.items():
+                if under(m, (prefix,)) and under(target, never):
+                    broken.append(f"{m} imports {target}")
+    assert broken == []
