@@ -389,18 +389,39 @@ def test_every_path_the_docs_name_exists() -> None:
     assert not problems, "\n".join(sorted(set(problems)))
 
 
+def placed_names(text: str) -> list[tuple[list[str], str]]:
+    """(files, Name) where a doc says where a name lives: `file.py` `Name` in prose, and a
+    table row whose first cell is `a.py`[, `b.py`] and whose second opens with `Name`."""
+    text = FENCE.sub("", text)
+    out = [
+        ([path], name) for path, name in re.findall(r"`([\w/]+\.py)`\s+`([A-Za-z_][\w.]*)`", text)
+    ]
+    for row in re.findall(r"^\|(.*)$", text, re.M):
+        cells = re.split(r"(?<!\\)\|", row)
+        if len(cells) < 2:
+            continue
+        paths = re.findall(r"`([\w/]+\.py)`", cells[0])
+        name = re.match(r"\s*`([A-Za-z_][\w.]*)[`(]", cells[1])
+        if paths and name and re.fullmatch(r"(\s*`[\w/]+\.py`\s*,?)+", cells[0]):
+            out.append((paths, name.group(1)))
+    return out
+
+
 def test_every_name_the_docs_place_in_a_file_is_there() -> None:
-    """`file.py` `Name` (how the docs say where a function or class lives): Name (its last
-    dotted part, `Server.dispatch` -> dispatch) is in that file."""
-    pair = re.compile(r"`([\w/]+\.py)`\s+`([A-Za-z_][\w.]*)`")
+    """Where the docs say a function or class lives, it is there: Name (its last dotted part,
+    `Server.dispatch` -> dispatch) is in that file (a table row: in one of its files)."""
     files, _ = tree()
     problems = []
     for doc in DOCS:
-        for path, name in pair.findall(FENCE.sub("", doc.read_text())):
-            found = [path] if path.startswith(ROOTS) else ends_a_path(path, files)
-            found = [f for f in found if f.endswith(".py") and (REPO / f).is_file()]
+        for paths, name in placed_names(doc.read_text()):
+            found = [
+                f
+                for path in paths
+                for f in ([path] if path.startswith(ROOTS) else ends_a_path(path, files))
+                if f.endswith(".py") and (REPO / f).is_file()
+            ]
             if found and not name_in(name.split(".")[-1], found):
-                problems.append(f"{rel(doc)}: `{path}` `{name}`: not in {sorted(found)}")
+                problems.append(f"{rel(doc)}: {paths} `{name}`: not in {sorted(found)}")
     assert not problems, "\n".join(sorted(set(problems)))
 
 
