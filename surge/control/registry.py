@@ -5,6 +5,7 @@ linked (every block's checksum): a bad one is refused with one error. Owned by c
 """
 
 import shutil
+import sys
 from pathlib import Path
 
 from surge.control.spec import DeploymentSpec
@@ -59,4 +60,6 @@ def prepare_store_at(target: Path, src: Path, spec: DeploymentSpec) -> None:
     else:  # a Hugging Face checkpoint (`check_model_source`)
         from surge.model.importer import import_checkpoint
 
-        import_checkpoint(src, target, name=spec.name, progress=False)
+        # The bar on the server's stderr (a terminal's only): `surge serve --model HF_DIR`
+        # imports before it answers, minutes for a large checkpoint (as `surge model import`).
+        import_checkpoint(src, target, name=spec.name, progress=sys.stderr.isatty())
