@@ -5,21 +5,22 @@ The template is, in order: the one the deployment names (`surge serve --chat-tem
 `DeploymentSpec.chat_template`), the store's `chat_template.jinja` (transformers' layout since
 4.50), or `chat_template` in its `tokenizer_config.json` (a string, or a list of named ones:
 `default` is used). A model with none cannot chat: `/v1/chat/completions` answers 400 saying
-so (as vLLM does). Rendered in a sandboxed Jinja environment with what transformers gives a
-template: `messages` (tool calls and results as `tool_calls` / `tool_call_id`),
-`add_generation_prompt=True`, the special tokens' text (`bos_token`, `eos_token`, ...),
-`raise_exception`, `strftime_now` and transformers' `tojson`. The rendered text is tokenized
+so (as vLLM does). Compiled by `surge.model.chat_template` (a sandboxed Jinja environment
+with transformers' `raise_exception`, `strftime_now` and `tojson`; a template the deployment
+names was compiled there once already, when it was made), rendered with `messages` (tool
+calls and results as `tool_calls` / `tool_call_id`), `add_generation_prompt=True` and the
+special tokens' text (`bos_token`, `eos_token`, ...). The rendered text is tokenized
 without the tokenizer's own BOS/EOS (`add_special_tokens=False`): the template writes its own.
 `ChatTemplates` keeps each deployment's compiled template beside it, so a request only
 renders. Owned by the API layer.
 """
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from surge.errors import InvalidInput, SurgeError
+from surge.model.chat_template import compile_chat_template
 
 TEMPLATE_FILE = "chat_template.jinja"
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -59,17 +60,6 @@ def special_tokens(store_dir: Path) -> dict[str, str]:
     return out
 
 
-def _raise_exception(message: str) -> None:
-    from jinja2.exceptions import TemplateError
-
-    raise TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
-    # transformers' tojson: no HTML escaping (Jinja's own escapes <, >, &, ').
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, **kw)
-
-
 class ChatTemplate:
     """One model's chat template, compiled (None: the model has none)."""
 
@@ -80,19 +70,10 @@ class ChatTemplate:
         self.specials = specials or {}
         self.compiled: Any = None
         if source is not None:
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-            )
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             try:
-                self.compiled = env.from_string(source)
-            except Exception as e:  # a broken template in a checkpoint is the model's problem
-                raise SurgeError(f"the model's chat template does not compile: {e}") from None
+                self.compiled = compile_chat_template(source)
+            except SurgeError as e:  # a broken template in a checkpoint is the model's problem
+                raise SurgeError(f"the model's chat template {e}") from None
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         if self.compiled is None:

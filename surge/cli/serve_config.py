@@ -106,11 +106,11 @@ def load_config(path: Path) -> dict[str, Any]:
             serve_system(data["strategy"])
         except SurgeError as e:
             raise SurgeError(f"config file {path}: {e}") from None
-    from surge.control.spec import DeploymentSpec
+    from surge.control.spec import new_deployment
 
     for d in data.get("deployments", []):
-        try:
-            DeploymentSpec.from_json(d)
+        try:  # its chat template compiled too: a bad one is this line, not a 400 per chat
+            new_deployment(d)
         except SurgeError as e:
             raise SurgeError(f"config file {path}: deployment: {e}") from None
     return data

@@ -28,7 +28,7 @@ from surge.control.flexpipe import describe_flexpipe
 from surge.control.metrics import Metrics
 from surge.control.pool import ParameterPool
 from surge.control.registry import prepare_store
-from surge.control.spec import DeploymentSpec
+from surge.control.spec import DeploymentSpec, new_deployment
 from surge.control.state import Deployment, FailedDeployment, refuse
 from surge.control.store import DeploymentStore
 from surge.errors import Conflict, NotFound, SurgeError, Unavailable, shorten
@@ -130,7 +130,7 @@ class Deployments:
         self.failed[spec.name] = FailedDeployment(spec, str(e))
 
     async def create(self, body: Any) -> Deployment:
-        spec = DeploymentSpec.from_json(body)
+        spec = new_deployment(body)
         self.check_capacity(spec)
         async with self._lock:
             if spec.name in self.failed:

@@ -2,7 +2,8 @@
 SLOs, its scale-out strategy and, for `flexpipe`, its FlexPipe knobs (`flexpipe`).
 
 Plain data, validated on construction from JSON-like dicts (the HTTP API, the config file
-and the SQLite store all go through `DeploymentSpec.from_json`). Every bad value raises a
+and the SQLite store all go through `DeploymentSpec.from_json`; a new one also through
+`new_deployment`, which compiles its chat template). Every bad value raises a
 `SurgeError` naming the field, which the API turns into a 400.
 """
 
@@ -11,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from surge.errors import SurgeError, shorten
+from surge.errors import InvalidInput, SurgeError, shorten
 from surge.policy.admission import AdmissionSettings
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale.pd import PdTargets
@@ -309,3 +310,20 @@ class DeploymentSpec:
         out = asdict(self)
         out["flexpipe"] = None if self.flexpipe is None else flexpipe_to_json(self.flexpipe)
         return out
+
+
+def new_deployment(body: Any) -> DeploymentSpec:
+    """A deployment asked for now (`POST /v1/deployments`, `surge serve`'s config file and
+    `--model`): `from_json`'s checks, and its chat template compiles (a bad one used to
+    fail only on the first chat request: 400 on every chat). Not in `from_json`: the store
+    reads stored deployments back through it, and one stored before this check must still
+    come back (its chats answer 400 naming the template, as before)."""
+    spec = DeploymentSpec.from_json(body)
+    if spec.chat_template is not None:
+        from surge.model.chat_template import compile_chat_template
+
+        try:
+            compile_chat_template(spec.chat_template)
+        except SurgeError as e:
+            raise InvalidInput(f"chat_template {e}", param="chat_template") from None
+    return spec

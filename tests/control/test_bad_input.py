@@ -132,6 +132,12 @@ def check_error(r: httpx.Response, status: int, *words: str) -> None:
             ["keep_alive_s"],
         ),
         ("/v1/deployments", {"model": "/x"}, 400, ["name"]),
+        (  # compiled at once, not on the first chat request (then a 400 on every chat)
+            "/v1/deployments",
+            {"name": "d", "model": "/x", "chat_template": "{% if %}"},
+            400,
+            ["chat_template does not compile"],
+        ),
         (
             "/v1/deployments",
             {"name": "d", "model": "/x", "strategy": "flexpipe", "flexpipe": {"cv_window_s": 0}},
@@ -257,6 +263,11 @@ def test_openai_client_sees_typed_errors(server) -> None:
             "decision_interval_s must be > 0",
         ),
         ("sim.yaml", "strategy: faasnet\n", "only in the simulator"),
+        (
+            "template.yaml",
+            "deployments:\n  - {name: x, model: /m, chat_template: '{{ messages'}\n",
+            "deployment: chat_template does not compile",
+        ),
         ("list.yaml", "- 1\n- 2\n", "mapping"),
         ("groups.yaml", "nodes: 2\nhost_groups: [[0, 0]]\n", "host_groups must be disjoint"),
         ("caps.yaml", "nodes: 2\negress_gbps: [1]\n", "one cap > 0 per node"),

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from surge.cli.serve_config import SERVE_STRATEGIES
-from surge.control.spec import DeploymentSpec
+from surge.control.spec import DeploymentSpec, new_deployment
 from surge.control.store import DeploymentStore
-from surge.errors import SurgeError
+from surge.errors import InvalidInput, SurgeError
 from surge.policy.systems import SYSTEMS, serve_system
 
 
@@ -132,3 +132,21 @@ def test_a_deployment_name_is_checked_whole(name: str) -> None:
     with pytest.raises(SurgeError, match="name must be 1-64 characters"):
         DeploymentSpec.from_json({"name": name, "model": "/m"})
     assert DeploymentSpec.from_json({"name": "m-1.b_2", "model": "/m"}).name == "m-1.b_2"
+
+
+def test_a_new_deployments_chat_template_must_compile_a_stored_one_still_comes_back(
+    tmp_path,
+) -> None:
+    """A config file's or POST /v1/deployments' template was compiled only on the first chat
+    request (then every chat answered 400); a stored one must still be read back."""
+    broken = {"name": "m", "model": "/m", "chat_template": "{% for m in messages %}{{ m }"}
+    with pytest.raises(InvalidInput, match="chat_template does not compile: ") as e:
+        new_deployment(broken)
+    assert e.value.param == "chat_template"
+    good = new_deployment(broken | {"chat_template": "{{ messages[0].content }}"})
+    assert good.chat_template == "{{ messages[0].content }}"
+    store = DeploymentStore(tmp_path / "deployments.sqlite")
+    store.add(DeploymentSpec.from_json(broken))  # stored before the check existed
+    [back] = store.all()
+    store.close()
+    assert back.chat_template == broken["chat_template"]
