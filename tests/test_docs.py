@@ -43,8 +43,8 @@ DOCS = [
 ]
 DOCSTRING_ROOTS = ("surge", "benchmarks")
 ROOTS = ("surge/", "benchmarks/", "tests/", "docs/", "deploy/", ".ci/")
-# Not part of the tree: the virtualenv, caches, build outputs.
-IGNORED_DIRS = {".git", ".venv", ".venv-py312", "__pycache__", ".hypothesis", ".ruff_cache"}
+# Not part of the tree: virtualenvs (.venv, .venv-py312, .venv-vllm, ...), caches.
+IGNORED_DIRS = {".git", "__pycache__", ".hypothesis", ".ruff_cache", ".pytest_cache"}
 
 # Names that look like paths or modules but deliberately are not (each says why); a path's
 # first part here skips every path under it.
@@ -118,9 +118,11 @@ def tree() -> tuple[frozenset[str], frozenset[str]]:
 
     def walk(d: Path) -> None:
         for p in d.iterdir():
-            if p.name in IGNORED_DIRS or p.name.endswith(".egg-info"):
+            if p.name in IGNORED_DIRS or p.name.startswith(".venv") or p.suffix == ".egg-info":
                 continue
-            if p.is_dir():
+            if p == REPO / "shared":  # data beside the code where a checkout has it
+                continue
+            if p.is_dir() and not p.is_symlink():
                 dirs.add(rel(p))
                 walk(p)
             else:
