@@ -5,7 +5,7 @@ What flows: a template's text -> `compile_chat_template` -> a compiled Jinja tem
 gives a template: `raise_exception`, `strftime_now`, transformers' `tojson` (no HTML
 escaping) and the `loopcontrols` extension. Used wherever a template enters: `surge serve
 --chat-template FILE`, a new deployment's `chat_template` (config file, `POST
-/v1/deployments`: `control/spec.check_new`) and the API's per-deployment cache
+/v1/deployments`: `control/spec.new_deployment`) and the API's per-deployment cache
 (`surge/api/chat.py`, which renders it). Here, beside the store's `chat_template.jinja`, so
 that control/ and cli/ check a template without importing the API.
 """
