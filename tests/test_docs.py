@@ -16,7 +16,8 @@ whole text):
   option of that script's argparse parser, captured as it is built (one child process runs
   each script as __main__ up to its first parse and no further), else a string of the script
   or of a benchmarks module it imports;
-- docs/architecture.md's tree lists exactly surge/'s folders and top-level modules.
+- docs/architecture.md's tree lists exactly surge/'s folders and top-level modules;
+- every `SURGE_...` environment variable they name is read by the code.
 
 Flags must be spelled whole (argparse would also take an unambiguous prefix). What is
 deliberately not a path is in SKIP, each with why. No network, no model; the parsers' child
@@ -491,3 +492,20 @@ def test_architecture_names_every_folder_of_surge() -> None:
     modules = {rel(p) for p in (REPO / "surge").glob("*.py") if p.name != "__init__.py"}
     actual = {f for f in folders if not f.endswith("__pycache__")} | modules
     assert listed == actual, f"missing: {sorted(actual - listed)}; gone: {sorted(listed - actual)}"
+
+
+def test_every_environment_variable_the_docs_name_is_read() -> None:
+    """Each `SURGE_...` environment variable a doc names appears in the code (surge/, deploy/,
+    setup.sh, .ci/, benchmarks/, tests/ but this file, whose docstring names some)."""
+    files, _ = tree()
+    where = ("surge/", "deploy/", ".ci/", "benchmarks/", "tests/")
+    kinds = (".py", ".sh", ".yaml", ".yml", "Dockerfile", ".ci/run")
+    this = rel(Path(__file__))
+    code = "\n".join(
+        read(f)
+        for f in files
+        if f == "setup.sh" or (f.startswith(where) and f.endswith(kinds) and f != this)
+    )
+    named = {v for doc in DOCS for v in re.findall(r"\bSURGE_[A-Z0-9_]+\b", doc.read_text())}
+    unread = sorted(v for v in named if not re.search(rf"\b{v}\b", code))
+    assert not unread, unread
