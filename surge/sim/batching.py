@@ -36,6 +36,9 @@ from surge.sim.request import SimRequest
 from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import admissible, decode_step_left
 
+STAGED_STEP_SHORTCUT = True
+"""A staged step's end with nothing to admit schedules the next step at once (off: every
+check of `Batcher._advance` runs, the plain path tests/sim/test_sim_speed.py compares)."""
 ADMISSIONS_KEPT = 4096
 """Admission times an engine keeps (BlitzScale's drain rate looks at the last 2 s)."""
 
@@ -252,6 +255,18 @@ class Batcher:
     def _advance(self) -> None:
         """Start the next prefill if requests wait and fit, else decode, else idle."""
         c = self.clock
+        if (  # most steps of a pipeline (one event each): the next decode step at once
+            STAGED_STEP_SHORTCUT
+            and c.stages is not None
+            and c.event is None
+            and c.phase == DECODE
+            and c.v_time_s == self.loop.now_s
+            and not self.waiting
+            and self.on_boundary is None
+            and self.running
+        ):  # what the lines below do then (no step in flight, settled, nothing to admit)
+            c.schedule_decode()
+            return
         if c.step_in_flight():
             # Started from an on_done callback in the clock's decode step end.
             return

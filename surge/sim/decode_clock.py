@@ -36,7 +36,7 @@ class DecodeClock:
     the prefill step in flight (its `Batcher` admits, prefills and hands requests on)."""
 
     __slots__ = (
-        "_event",
+        "_decode_step_s",
         "_on_finished",
         "_on_prefill_end",
         "_on_step_end",
@@ -44,6 +44,7 @@ class DecodeClock:
         "_prefill_rate",
         "cost",
         "decode_v0",
+        "event",
         "held",
         "hop_s",
         "id",
@@ -93,7 +94,11 @@ class DecodeClock:
         self.decode_v0 = 0.0
         """V when the decode phase under way began: its steps end at V = decode_v0 + k."""
         self.step_s = 0.0
-        self._event: Event | None = None
+        self.event: Event | None = None
+        """Its step's end (or next finish) scheduled, if any."""
+        self._decode_step_s: dict[int, float] = {}
+        """`cost.decode_s` by batch size, as computed (a staged pipeline asks at every
+        step; the cost model never changes)."""
         self.share = 1.0
         """Fraction of a compute unit this engine gets now (host compute sharing)."""
         self._prefill_left_s = 0.0
@@ -120,19 +125,19 @@ class DecodeClock:
     def step_in_flight(self) -> bool:
         """Whether a prefill (or staged step) is in flight: restarting would drop its batch
         (or reserve stages twice)."""
-        return self._event is not None and (self.phase == PREFILL or self.stages is not None)
+        return self.event is not None and (self.phase == PREFILL or self.stages is not None)
 
     def cancel(self) -> None:
         """Drop the step end scheduled, if any."""
-        if self._event is not None:
-            self._event.cancel()
-            self._event = None
+        if self.event is not None:
+            self.event.cancel()
+            self.event = None
 
     def end_step_at(self, at_s: float) -> None:
         """End the decode step under way at `at_s` (waiting work starts then)."""
-        if self._event is not None:
-            self._event.cancel()
-        self._event = self.loop.schedule(at_s, Priority.INSTANCE, self.id, self._on_decode_done)
+        if self.event is not None:
+            self.event.cancel()
+        self.event = self.loop.schedule(at_s, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def prefill(self, batch: list[SimRequest]) -> None:
         """Time a prefill step of `batch` from now (scheduled by `schedule_prefill`, once
@@ -150,19 +155,19 @@ class DecodeClock:
     def schedule_prefill(self) -> None:
         self._prefill_rate = self.speed * self.share
         at = self.loop.now_s + self._prefill_left_s / self._prefill_rate
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
+        self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
 
     def schedule_decode(self) -> None:
         """Schedule the running batch's next event: its next finish, or the step that finds
         the cache full (staged: its next step's end)."""
-        if self._event is not None:
-            self._event.cancel()
+        if self.event is not None:
+            self.event.cancel()
         if self.stages is not None:  # one step, through the shared stages
             if self.running.full_at_v(self.v, self.decode_v0) <= self.v + EPS_TOKENS:
                 self._preempt()  # this step has no room for every new token
             now = self.loop.now_s
             self.step_s = self.stages.pass_through(now, self._decode_work_s()) - now
-            self._event = self.loop.schedule(
+            self.event = self.loop.schedule(
                 now + self.step_s, Priority.INSTANCE, self.id, self._on_decode_done
             )
             return
@@ -171,10 +176,10 @@ class DecodeClock:
         full_v = self.running.full_at_v(self.v, self.decode_v0)
         if full_v < finish_v - EPS_TOKENS:  # the cache fills first: a step preempts
             at = self.v_time_s + max(full_v - self.v, 0.0) * self.step_s
-            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_kv_full)
+            self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_kv_full)
             return
         at = self.v_time_s + max(finish_v - self.v, 0.0) * self.step_s
-        self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+        self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def set_rate(self, speed: float, share: float, hop_s: float) -> bool:
         """Run at `speed` x `share` with a per-step hop `hop_s` from now on: the step under
@@ -187,8 +192,8 @@ class DecodeClock:
         if self.phase == DECODE:
             self.schedule_decode()
             return True
-        if self.phase == PREFILL and self._event is not None:
-            self._event.cancel()
+        if self.phase == PREFILL and self.event is not None:
+            self.event.cancel()
             self.schedule_prefill()
         return False
 
@@ -202,7 +207,11 @@ class DecodeClock:
 
     # --- internals ----------------------------------------------------------------
     def _decode_work_s(self) -> float:
-        return self.cost.decode_s(len(self.running)) / (self.speed * self.share)
+        n = len(self.running)
+        step_s = self._decode_step_s.get(n)
+        if step_s is None:  # the same float `cost.decode_s` gives, once per batch size
+            step_s = self._decode_step_s[n] = self.cost.decode_s(n)
+        return step_s / (self.speed * self.share)
 
     def _prefill_work_s(self, batch: list[SimRequest]) -> float:
         """Compute of one prefill step; a live-scaled request runs only its last layers."""
@@ -212,13 +221,19 @@ class DecodeClock:
         return self.cost.prefill_parts_s([(r.prefill_tokens, n - r.skip_layers) for r in batch])
 
     def _on_prefill(self) -> None:
-        self._event = None
+        self.event = None
         self.v_time_s = self.loop.now_s
         self._on_prefill_end()
 
     def _on_decode_done(self) -> None:
-        self._event = None
-        self.settle()
+        self.event = None
+        now = self.loop.now_s
+        if now != self.v_time_s:  # `settle`, its decode case inline (once per step)
+            if self.phase == DECODE and self.step_s > 0:
+                self.v += (now - self.v_time_s) / self.step_s
+                self.v_time_s = now
+            else:
+                self.settle()
         done = self.running.pop_finished(self.v)
         if done:  # most steps of a long decode finish nothing
             self.held.n -= len(done)  # all out of the batch before the first callback
@@ -233,14 +248,14 @@ class DecodeClock:
     def _on_kv_full(self) -> None:
         """A decode step starts with the cache full: the latest admitted wait to be
         recomputed, the rest decode; admission resumes at the step's end (the engine's)."""
-        self._event = None
+        self.event = None
         self.settle()
         self._preempt()
         self.schedule_decode()
-        if self._event is not None and self.waiting:
-            at = min(self._event.time_s, self.v_time_s + self.step_s)
-            self._event.cancel()
-            self._event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+        if self.event is not None and self.waiting:
+            at = min(self.event.time_s, self.v_time_s + self.step_s)
+            self.event.cancel()
+            self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
 
     def _preempt(self) -> None:
         back = self.running.preempt(self.v)

@@ -11,6 +11,7 @@ while the group keeps serving, then it runs with the new stages and the freed GP
 layer profile, byte sizes and load time from the world.
 """
 
+from bisect import bisect_right
 from collections.abc import Callable
 
 from surge.policy.autoscale_settings import AutoscaleSettings
@@ -26,6 +27,7 @@ from surge.policy.flexpipe.microbatch import flexpipe_micro_batches
 from surge.policy.flexpipe.slot_allocation import HostingRecord, SlotState
 from surge.policy.flexpipe.system import (
     Affinity,
+    LayerProfile,
     StageChoice,
     arrivals_in_window,
     choose_num_stages,
@@ -83,17 +85,27 @@ class FlexPipe:
         self.marks: list[ScalingMark] = []
         """§7 HRG's scaling event markers: machines a group was placed on or refactored
         onto, and when."""
+        self._profiles: dict[int, LayerProfile] = {}
+        """Per model: its layer profile (`flexpipe_sizes.layer_profile` reads only what a
+        run never changes: the model, its node group's GPU, the system's hop)."""
 
     @property
     def enabled(self) -> bool:
         """Whether the run's system is a FlexPipe system."""
         return self.settings is not None
 
+    def _profile(self, model: int) -> LayerProfile:
+        """`model`'s layer profile, built once (every granularity decision reads it)."""
+        profile = self._profiles.get(model)
+        if profile is None:
+            profile = self._profiles[model] = layer_profile(self.world, model)
+        return profile
+
     def _num_stages(self, pool: Pool) -> int:
         assert self.settings is not None
         state = self.states.get(pool.index, GranularityState())
         arrivals = self._window(pool)
-        profile = layer_profile(self.world, pool.model)
+        profile = self._profile(pool.model)
         eta, state = choose_num_stages(arrivals, profile, state, self.settings)
         self.states[pool.index] = state
         return eta
@@ -101,7 +113,12 @@ class FlexPipe:
     def _window(self, pool: Pool) -> tuple[float, ...]:
         """The arrivals of the last `cv_window_s` (§6.1's window, `arrivals_in_window`)."""
         assert self.settings is not None
-        return arrivals_in_window(tuple(pool.arrivals_s), self.world.loop.now_s, self.settings)
+        now = self.world.loop.now_s
+        # The pool keeps a longer window (`predictor_window_s`) in arrival order, each at
+        # most now: only its tail from the first inside this one can be in it.
+        times = list(pool.arrivals_s)
+        tail = times[bisect_right(times, now - self.settings.cv_window_s) :]
+        return arrivals_in_window(tail, now, self.settings)
 
     def _choose(self, pool: Pool, eta: int, kept: tuple[int, ...] = ()) -> StageChoice | None:
         """`policy.flexpipe.system.choose_stages` for `eta` stages of `pool`'s model on its
@@ -128,7 +145,7 @@ class FlexPipe:
                 world.loop.now_s,
             )
         return choose_stages(
-            layer_profile(world, pool.model),
+            self._profile(pool.model),
             eta,
             kept,
             free,
@@ -171,7 +188,7 @@ class FlexPipe:
         return scale_out_num_stages(
             self._window(pool),
             len(pool.queue),
-            layer_profile(self.world, pool.model),
+            self._profile(pool.model),
             self.world.settings.slo_of(slot.name).ttft_s,
             group_load_s(self.world, pool),
             self.settings,
@@ -270,7 +287,7 @@ class FlexPipe:
         self.last_decision_s[pool.index] = now
         self._again(pool)
         eta = self._num_stages(pool)
-        profile = layer_profile(self.world, pool.model)
+        profile = self._profile(pool.model)
         load_s = group_load_s(self.world, pool)
         finest = split_stages(eta, load_s, profile, decode_steps(pool), self.settings)
         serving = {

@@ -61,6 +61,19 @@ class Instance(ServingEngine):
         self.reserved = 0
         """Requests whose KV cache is on its way here (P/D hand-off)."""
 
+    def route_fields(self) -> tuple[int, int, float, float | None, int]:
+        """The router's view of it after its id, outside P/D (`policy.router.Endpoint`:
+        requests held here and on their way, batch limit, speed, target, micro-batches),
+        read off the fields the properties return: every routing decision reads every
+        endpoint of its pool (`sim/pools.py`)."""
+        return (
+            self._held.n + self.reserved,
+            self._max_batch,
+            self.heads[0].clock.speed,
+            self.route_target,
+            self.micro_batches,
+        )
+
     @property
     def gpus(self) -> tuple[int, ...]:
         """Its first worker's GPUs."""

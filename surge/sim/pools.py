@@ -115,10 +115,7 @@ class Requests:
         """The router's snapshots of `eps` now."""
         pool.route_views.prune(len(eps))
         if pool.pd is None:  # every endpoint at every routing decision: `Pool.held` inline
-            fields = [
-                (e.outstanding + e.reserved, e.max_batch, e.speed, e.route_target, e.micro_batches)
-                for e in eps
-            ]
+            fields = [e.route_fields() for e in eps]
         else:
             held = pool.pd.held
             fields = [(held(e), e.max_batch, e.speed, e.route_target, e.micro_batches) for e in eps]

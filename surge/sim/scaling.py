@@ -278,24 +278,18 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
             e.pending_prompt_tokens for e in every_endpoint(pool)
         )
     loads = []
-    views = pool.load_views
+    views, pd = pool.load_views, pool.pd
     views.prune(len(pool.instances))
-    for i in pool.instances:  # every autoscaler look: each instance's count read once
-        held = pool.held(i)
-        loads.append(
-            views.get(
-                i.id,
-                (
-                    held,
-                    not i.loaded or i.sending > 0,
-                    i.idle_since_s if i.sending == 0 and held == i.outstanding else None,
-                    i.decode_tokens_per_s if monitor else 0.0,
-                    min(1.0, i.kv_tokens / i.kv_capacity_tokens)
-                    if monitor and i.kv_capacity_tokens
-                    else 0.0,
-                ),
-            )
-        )
+    for i in pool.instances:  # every autoscaler look: each instance read once
+        own = i.outstanding
+        held = own + i.reserved if pd is None else pd.held(i)  # `Pool.held`
+        if monitor:  # its heads read in one pass (`ServingEngine.monitor_reads`)
+            idle_s, rate, kv_use = i.monitor_reads()
+        else:
+            idle_s, rate, kv_use = i.idle_since_s, 0.0, 0.0
+        busy = not i.loaded or i.sending > 0
+        idle_s = idle_s if i.sending == 0 and held == own else None
+        loads.append(views.get(i.id, (held, busy, idle_s, rate, kv_use)))
     return PoolLoad(now_s, queued, tuple(loads), pending)
 
 

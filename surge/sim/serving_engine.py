@@ -27,6 +27,7 @@ from typing import Self
 
 from surge.policy.pipeline_batches import join_micro_batch
 from surge.sim.batching import Batcher
+from surge.sim.decode_clock import DECODE
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop
 from surge.sim.held import HeldCount, without_first_token
@@ -221,6 +222,30 @@ class ServingEngine:
         """KV-cache tokens its requests hold now, every head's."""
         heads = self.heads
         return heads[0].kv_tokens if len(heads) == 1 else sum([h.kv_tokens for h in heads])
+
+    def monitor_reads(self) -> tuple[float | None, float, float]:
+        """`idle_since_s`, `decode_tokens_per_s` and KV use (`kv_tokens` over
+        `kv_capacity_tokens`, at most 1; 0 without a cache) in one pass over the heads: an
+        autoscaler look with the load monitor reads all three of every instance
+        (`sim/scaling.py` `pool_load`). The properties' own values, each head's read as
+        its `Batcher` reads it and summed over the heads in order, as they sum."""
+        now, since, rates, kvs = self.loop.now_s, [], [], []
+        for h in self.heads:
+            since.append(h.idle_since_s)
+            c, running = h.clock, h.running
+            if c.phase == DECODE and c.step_s > 0:
+                rates.append(len(running) / c.step_s)
+                kvs.append(running.held_tokens(c.v + (now - c.v_time_s) / c.step_s))
+            else:
+                rates.append(0.0)
+                kvs.append(running.held_tokens(c.v))
+        if len(kvs) == 1:  # one head: its own (0 + x is x, the sum's float)
+            idle_s, rate, kv = since[0], rates[0], kvs[0]
+        else:
+            idle_s = None if None in since else max(since)  # type: ignore[type-var]
+            rate, kv = sum(rates), sum(kvs)
+        cap = self._kv_capacity_tokens
+        return idle_s, rate, min(1.0, kv / cap) if cap else 0.0
 
     @property
     def tokens_done(self) -> int:

@@ -24,14 +24,17 @@ from surge.policy.autoscale import AutoscaleState, InstanceLoad, PoolLoad, decid
 from surge.policy.autoscale_settings import AutoscaleSettings
 from surge.policy.blitzscale import pd
 from surge.policy.flexpipe.groups import pipeline_autoscale
+from surge.policy.flexpipe.system import arrivals_in_window
 from surge.policy.router import Endpoint
 from surge.policy.systems import system_config
-from surge.sim import pools, scaling, simulator
+from surge.sim import batching, pools, scaling, simulator
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop, Priority
 from surge.sim.flexpipe import FlexPipe
+from surge.sim.flexpipe_sizes import layer_profile
 from surge.sim.held import RouterQueue
+from surge.sim.instance import Instance
 from surge.sim.metrics import summarize
 from surge.sim.pd import PdPool
 from surge.sim.request import SimRequest
@@ -141,6 +144,41 @@ def _send_checked(self: pools.Requests, req, eps, snapshot, start):
     return _send_kept(self, req, eps, snapshot, start)
 
 
+_monitor_kept = ServingEngine.monitor_reads
+
+
+def _monitor_checked(self: ServingEngine) -> tuple[float | None, float, float]:
+    """`ServingEngine.monitor_reads` (one pass over the heads) checked against the
+    properties read one by one, as `pool_load` read them."""
+    kept = _monitor_kept(self)
+    cap = self.kv_capacity_tokens
+    kv_use = min(1.0, self.kv_tokens / cap) if cap else 0.0
+    assert kept == (self.idle_since_s, self.decode_tokens_per_s, kv_use), self.id
+    return kept
+
+
+_route_kept = Instance.route_fields
+
+
+def _route_checked(self: Instance) -> tuple:
+    """`Instance.route_fields` checked against the properties."""
+    kept = _route_kept(self)
+    plain = (self.outstanding + self.reserved, self.max_batch, self.speed)
+    assert kept == (*plain, self.route_target, self.micro_batches), self.id
+    return kept
+
+
+_window_kept = FlexPipe._window
+
+
+def _window_checked(self: FlexPipe, pool) -> tuple[float, ...]:
+    """`FlexPipe._window` (the pool's tail only) checked against every arrival filtered."""
+    kept = _window_kept(self, pool)
+    assert self.settings is not None
+    assert kept == arrivals_in_window(tuple(pool.arrivals_s), self.world.loop.now_s, self.settings)
+    return kept
+
+
 def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(scaling.Scaler, "_at", _plain_at)
     m.setattr(scaling.Scaler, "_repeats", lambda *a: False)
@@ -153,6 +191,11 @@ def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(RouterQueue, "prompt_tokens", property(_queue_recounted))
     m.setattr(FlexPipe, "autoscale_settings", _plain_pipeline_autoscale)
     m.setattr(pools.Requests, "_send", _send_checked)
+    m.setattr(batching, "STAGED_STEP_SHORTCUT", False)
+    m.setattr(ServingEngine, "monitor_reads", _monitor_checked)
+    m.setattr(Instance, "route_fields", _route_checked)
+    m.setattr(FlexPipe, "_window", _window_checked)
+    m.setattr(FlexPipe, "_profile", lambda self, model: layer_profile(self.world, model))
 
 
 def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
