@@ -61,10 +61,11 @@ def route(endpoints: Sequence[Endpoint], routing: str = "least-loaded") -> int |
         if packed is not None:
             return packed
     best: tuple[float, int] | None = None
-    for e in endpoints:
-        if e.outstanding >= _room(e, routing):
+    pack = routing == "pack"
+    for e in endpoints:  # every endpoint at every routing decision: `_room` only to pack
+        if e.outstanding >= (_room(e, routing) if pack else e.max_outstanding):
             continue
-        throughput = e.speed * (e.num_stages if routing == "pack" else 1)
+        throughput = e.speed * (e.num_stages if pack else 1)
         score = ((e.outstanding + 1) / throughput, e.endpoint_id)
         if best is None or score < best:
             best = score

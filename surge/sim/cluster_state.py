@@ -163,6 +163,10 @@ class ClusterState:
         """Free GPU ids of `machine`, ascending."""
         return tuple(g for g in machine.gpu_ids if g in self.free_gpus)
 
+    def has_free(self, machine: Machine) -> bool:
+        """Whether `machine` has a free GPU (`free_on` is not empty)."""
+        return not self.free_gpus.isdisjoint(machine.gpu_ids)
+
     def free_shares_on(self, machine: Machine) -> tuple[tuple[int, float], ...]:
         """(GPU id, free share) of every GPU of `machine` with any of it free, ascending:
         1.0 for a free GPU, the unheld rest of a shared one."""

@@ -56,7 +56,7 @@ def group_load_s(world: World, pool: Pool) -> float:
     slot = world.models[pool.model]
     grp = slot.group
     store = "disk" if grp.model_store == "ssd" else "remote"
-    own = [m for m in world.state.machines if m.group is grp and world.state.free_on(m)]
+    own = [m for m in world.state.machines if m.group is grp and world.state.has_free(m)]
     warm = world.system.load == "allcache"
     tiers = ["host" if warm or slot.name in world.state.host_cache[m.index] else store for m in own]
     fetch = world.state.fetch_gbps(own[0].index) if own else grp.nic_gbps

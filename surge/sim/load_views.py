@@ -14,10 +14,20 @@ handed to the policy is equal, field by field, to the one built fresh, so no dec
 differ (`surge serve` builds its own, `control/load_monitor.pool_load`; tests/parity).
 """
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+class HasId(Protocol):
+    """An endpoint, as far as a snapshot is keyed: its id."""
+
+    @property
+    def id(self) -> int: ...
+
+
+E = TypeVar("E", bound=HasId)
 
 KEPT_PER_LIVE = 4
 """Snapshots kept are cleared past this many per endpoint asked for last (released
@@ -49,6 +59,21 @@ class Snapshots(Generic[T]):
         reads every endpoint: one call, not one per endpoint)."""
         by_id, out = self._by_id, []
         for endpoint_id, own in zip(endpoint_ids, fields, strict=True):
+            kept = by_id.get(endpoint_id)
+            if kept is not None and kept[0] == own:
+                out.append(kept[1])
+                continue
+            snap = self._make(endpoint_id, *own)
+            by_id[endpoint_id] = (own, snap)
+            out.append(snap)
+        return out
+
+    def each(self, endpoints: Iterable[E], fields_of: Callable[[E], tuple]) -> list[T]:
+        """`many` for `endpoints`, each's fields read by `fields_of` as it comes (no list
+        of ids and one of fields built first: a routing decision reads every endpoint)."""
+        by_id, out = self._by_id, []
+        for e in endpoints:
+            own, endpoint_id = fields_of(e), e.id
             kept = by_id.get(endpoint_id)
             if kept is not None and kept[0] == own:
                 out.append(kept[1])

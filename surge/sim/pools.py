@@ -115,16 +115,10 @@ class Requests:
         """The router's snapshots of `eps` now."""
         pool.route_views.prune(len(eps))
         if pool.pd is None:  # every endpoint at every routing decision: `Pool.held` inline
-            fields = [e.route_fields() for e in eps]
-        else:
-            held = pool.pd.held
-            fields = [(held(e), e.max_batch, e.speed, e.route_target, e.micro_batches) for e in eps]
+            return pool.route_views.each(eps, Instance.route_fields)
+        held = pool.pd.held
+        fields = [(held(e), e.max_batch, e.speed, e.route_target, e.micro_batches) for e in eps]
         return pool.route_views.many([e.id for e in eps], fields)
-
-    def _view(self, pool: Pool, e: Instance) -> Endpoint:
-        """The router's snapshot of endpoint `e` now (`load_views.Snapshots`)."""
-        fields = (pool.held(e), e.max_batch, e.speed, e.route_target, e.micro_batches)
-        return pool.route_views.get(e.id, fields)
 
     def _send(
         self, req: SimRequest, eps: list[Instance], snapshot: list[Endpoint], start: bool
@@ -163,7 +157,7 @@ class Requests:
                 # Only `inst` changed since the snapshot (one more request waits on it,
                 # nothing ran): its view is read again, the others' and the endpoints are
                 # the same. Under P/D which endpoints are routable depends on the loads.
-                snapshot[eps.index(inst)] = self._view(pool, inst)
+                snapshot[eps.index(inst)] = pool.route_views.get(inst.id, inst.route_fields())
             else:
                 snapshot = []
         for inst in took.values():

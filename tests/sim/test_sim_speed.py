@@ -7,7 +7,10 @@ as they change (`sim/held.py`), the policies' snapshots kept while equal
 (`sim/load_views.py`), P/D's parked requests counted per instance and an instance's K/V
 ingress use reused at one instant (`sim/pd.py`), the router queue's prompt tokens counted
 as it changes (`sim/held.py`), FlexPipe's pipeline settings kept while the mean stage count
-stays, a drain's router snapshots kept between its dispatches but the chosen endpoint's)
+stays, a drain's router snapshots kept between its dispatches but the chosen endpoint's,
+a staged step's end that schedules the next step at once, an instance's monitor reads in
+one pass over its heads, its router fields in one call, FlexPipe's layer profile built
+once and its CV window from the arrivals' tail, a machine's free GPUs as a set test)
 are replaced here by the plain versions;
 every number of the result must stay the same. The plain counts also check the kept ones
 at every read.
@@ -28,6 +31,7 @@ from surge.policy.flexpipe.system import arrivals_in_window
 from surge.policy.router import Endpoint
 from surge.policy.systems import system_config
 from surge.sim import batching, pools, scaling, simulator
+from surge.sim.cluster_state import ClusterState
 from surge.sim.costs import CostModel
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.events import EventLoop, Priority
@@ -69,6 +73,9 @@ class _FreshSnapshots:
 
     def many(self, endpoint_ids, fields):
         return [self.make(i, *f) for i, f in zip(endpoint_ids, fields, strict=True)]
+
+    def each(self, endpoints, fields_of):
+        return [self.make(e.id, *fields_of(e)) for e in endpoints]
 
     def prune(self, live):
         pass
@@ -196,6 +203,7 @@ def _plain(m: pytest.MonkeyPatch) -> None:
     m.setattr(Instance, "route_fields", _route_checked)
     m.setattr(FlexPipe, "_window", _window_checked)
     m.setattr(FlexPipe, "_profile", lambda self, model: layer_profile(self.world, model))
+    m.setattr(ClusterState, "has_free", lambda self, machine: bool(self.free_on(machine)))
 
 
 def _outcome(system: str, trace, models: tuple[str, ...]) -> tuple[str, int]:
