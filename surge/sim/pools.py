@@ -15,6 +15,7 @@ prefilled request; the request's KV cache then moves there over the network.
 
 from collections import deque
 from collections.abc import Callable
+from operator import methodcaller
 
 from surge.policy.autoscale import AutoscaleState, InstanceLoad
 from surge.policy.router import Endpoint, route
@@ -24,6 +25,9 @@ from surge.sim.load_views import Snapshots
 from surge.sim.pd import PdPool
 from surge.sim.request import SimRequest
 from surge.sim.world import World
+
+ROUTE_FIELDS = methodcaller("route_fields")
+"""An endpoint's router fields (`Instance.route_fields`), read in C."""
 
 
 class Pool:
@@ -115,7 +119,7 @@ class Requests:
         """The router's snapshots of `eps` now."""
         pool.route_views.prune(len(eps))
         if pool.pd is None:  # every endpoint at every routing decision: `Pool.held` inline
-            return pool.route_views.each(eps, Instance.route_fields)
+            return pool.route_views.each(eps, ROUTE_FIELDS)
         held = pool.pd.held
         fields = [(held(e), e.max_batch, e.speed, e.route_target, e.micro_batches) for e in eps]
         return pool.route_views.many([e.id for e in eps], fields)

@@ -95,6 +95,11 @@ class _SimEndpoint:
     def outstanding(self) -> int:
         return self.submitted
 
+    def route_fields(self) -> tuple:
+        """What `Instance.route_fields` reads off an instance's fields."""
+        fields = (self.outstanding + self.reserved, self.max_batch, self.speed)
+        return (*fields, self.route_target, self.micro_batches)
+
     def submit(self, req: SimRequest, start: bool = True) -> None:
         self.submitted += 1
         self.log[req.id] = self.name
