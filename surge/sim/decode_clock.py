@@ -29,6 +29,9 @@ from surge.sim.stage_line import StageLine
 from surge.sim.step_admission import decode_step_left
 
 IDLE, PREFILL, DECODE = 0, 1, 2
+INSTANCE = Priority.INSTANCE
+"""Its events' class, the member itself (read off the enum class at every step, a member
+costs ~10x a module global)."""
 
 
 class DecodeClock:
@@ -137,7 +140,7 @@ class DecodeClock:
         """End the decode step under way at `at_s` (waiting work starts then)."""
         if self.event is not None:
             self.event.cancel()
-        self.event = self.loop.schedule(at_s, Priority.INSTANCE, self.id, self._on_decode_done)
+        self.event = self.loop.schedule(at_s, INSTANCE, self.id, self._on_decode_done)
 
     def prefill(self, batch: list[SimRequest]) -> None:
         """Time a prefill step of `batch` from now (scheduled by `schedule_prefill`, once
@@ -155,7 +158,7 @@ class DecodeClock:
     def schedule_prefill(self) -> None:
         self._prefill_rate = self.speed * self.share
         at = self.loop.now_s + self._prefill_left_s / self._prefill_rate
-        self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_prefill)
+        self.event = self.loop.schedule(at, INSTANCE, self.id, self._on_prefill)
 
     def schedule_decode(self) -> None:
         """Schedule the running batch's next event: its next finish, or the step that finds
@@ -168,7 +171,7 @@ class DecodeClock:
             now = self.loop.now_s
             self.step_s = self.stages.pass_through(now, self._decode_work_s()) - now
             self.event = self.loop.schedule(
-                now + self.step_s, Priority.INSTANCE, self.id, self._on_decode_done
+                now + self.step_s, INSTANCE, self.id, self._on_decode_done
             )
             return
         self.step_s = self._decode_work_s() + self.hop_s
@@ -176,10 +179,10 @@ class DecodeClock:
         full_v = self.running.full_at_v(self.v, self.decode_v0)
         if full_v < finish_v - EPS_TOKENS:  # the cache fills first: a step preempts
             at = self.v_time_s + max(full_v - self.v, 0.0) * self.step_s
-            self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_kv_full)
+            self.event = self.loop.schedule(at, INSTANCE, self.id, self._on_kv_full)
             return
         at = self.v_time_s + max(finish_v - self.v, 0.0) * self.step_s
-        self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+        self.event = self.loop.schedule(at, INSTANCE, self.id, self._on_decode_done)
 
     def set_rate(self, speed: float, share: float, hop_s: float) -> bool:
         """Run at `speed` x `share` with a per-step hop `hop_s` from now on: the step under
@@ -255,7 +258,7 @@ class DecodeClock:
         if self.event is not None and self.waiting:
             at = min(self.event.time_s, self.v_time_s + self.step_s)
             self.event.cancel()
-            self.event = self.loop.schedule(at, Priority.INSTANCE, self.id, self._on_decode_done)
+            self.event = self.loop.schedule(at, INSTANCE, self.id, self._on_decode_done)
 
     def _preempt(self) -> None:
         back = self.running.preempt(self.v)

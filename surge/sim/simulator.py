@@ -338,14 +338,14 @@ class Simulation:
         instead of the whole trace (every heap operation stays O(log of the events in
         flight)). The order is the one all-at-once scheduling gives: (time, id), an arrival
         always in the heap before anything that runs after it."""
-        loop, arrive = self.world.loop, self.router.arrive
+        loop, arrive, arrival = self.world.loop, self.router.arrive, Priority.ARRIVAL
         order = sorted(self.requests, key=lambda r: (max(r.arrival_s, 0.0), r.id))
 
         def chain(i: int) -> None:
             req = order[i]
             if i + 1 < len(order):
                 nxt = order[i + 1]
-                loop.schedule(nxt.arrival_s, Priority.ARRIVAL, nxt.id, lambda: chain(i + 1))
+                loop.schedule(nxt.arrival_s, arrival, nxt.id, lambda: chain(i + 1))
             arrive(req)
 
         if order:
