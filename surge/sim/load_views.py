@@ -54,23 +54,9 @@ class Snapshots(Generic[T]):
         self._by_id[endpoint_id] = (fields, snap)
         return snap
 
-    def many(self, endpoint_ids: list[int], fields: list[tuple]) -> list[T]:
-        """`get` for each of `endpoint_ids` with its `fields`, in order (a routing decision
-        reads every endpoint: one call, not one per endpoint)."""
-        by_id, out = self._by_id, []
-        for endpoint_id, own in zip(endpoint_ids, fields, strict=True):
-            kept = by_id.get(endpoint_id)
-            if kept is not None and kept[0] == own:
-                out.append(kept[1])
-                continue
-            snap = self._make(endpoint_id, *own)
-            by_id[endpoint_id] = (own, snap)
-            out.append(snap)
-        return out
-
     def each(self, endpoints: Iterable[E], fields_of: Callable[[E], tuple]) -> list[T]:
-        """`many` for `endpoints`, each's fields read by `fields_of` as it comes (no list
-        of ids and one of fields built first: a routing decision reads every endpoint)."""
+        """`get` for each of `endpoints` in order, its fields read by `fields_of` as it
+        comes (a routing decision reads every endpoint: one call, not one per endpoint)."""
         by_id, out = self._by_id, []
         for e in endpoints:
             own, endpoint_id = fields_of(e), e.id

@@ -121,8 +121,9 @@ class Requests:
         if pool.pd is None:  # every endpoint at every routing decision: `Pool.held` inline
             return pool.route_views.each(eps, ROUTE_FIELDS)
         held = pool.pd.held
-        fields = [(held(e), e.max_batch, e.speed, e.route_target, e.micro_batches) for e in eps]
-        return pool.route_views.many([e.id for e in eps], fields)
+        return pool.route_views.each(
+            eps, lambda e: (held(e), e.max_batch, e.speed, e.route_target, e.micro_batches)
+        )
 
     def _send(
         self, req: SimRequest, eps: list[Instance], snapshot: list[Endpoint], start: bool

@@ -71,9 +71,6 @@ class _FreshSnapshots:
     def get(self, endpoint_id, fields):
         return self.make(endpoint_id, *fields)
 
-    def many(self, endpoint_ids, fields):
-        return [self.make(i, *f) for i, f in zip(endpoint_ids, fields, strict=True)]
-
     def each(self, endpoints, fields_of):
         return [self.make(e.id, *fields_of(e)) for e in endpoints]
 
