@@ -6,6 +6,7 @@ with exit code 2. No torch here: `surge plan` must start fast.
 """
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +29,9 @@ from surge.policy.multicast.scale_out import (
 
 BYTES_PER_MB = 1_000_000
 SECONDS_PER_US = 1e-6
+MAX_BLOCK_MB = 1e6
+"""A block of a terabyte is past any model's; more overflowed the planner's integer bytes
+(`--block-mb 1e20`: an OverflowError traceback)."""
 
 app = typer.Typer(
     help="Plan model multicasts and execution pipelines.",
@@ -53,17 +57,20 @@ def _parse_cluster(
         try:
             values = [float(v) for v in bandwidths.split(",")]
         except ValueError:
+            values = [math.nan]
+        if not all(math.isfinite(v) for v in values):
             raise SurgeError(
-                f"--bandwidths must be comma-separated numbers in Gbit/s (got {bandwidths!r})"
-            ) from None
+                f"--bandwidths must be comma-separated finite numbers in Gbit/s (got "
+                f"{bandwidths!r})"
+            )
         if len(values) != num_nodes:
             raise SurgeError(
                 f"--bandwidths has {len(values)} values for {num_nodes} nodes; give one per node"
             )
         return Cluster.symmetric(values)
     if bandwidth_gbps is not None:
-        if not bandwidth_gbps > 0:
-            raise SurgeError(f"--bandwidth-gbps must be > 0 (got {bandwidth_gbps})")
+        if not (math.isfinite(bandwidth_gbps) and bandwidth_gbps > 0):  # inf: 0-s plans
+            raise SurgeError(f"--bandwidth-gbps must be a finite number > 0 (got {bandwidth_gbps})")
         return Cluster.uniform(num_nodes, bandwidth_gbps)
     return None
 
@@ -123,10 +130,10 @@ def multicast(
     if blocks is None:
         check_planner_limits(nodes, 1, 1)  # a scale-out too large to plan says so first
         raise SurgeError("give --blocks B, the number of blocks the model is split into")
-    if not block_mb > 0:
-        raise SurgeError(f"--block-mb must be > 0 (got {block_mb})")
-    if overhead_us < 0:
-        raise SurgeError(f"--overhead-us must be >= 0 (got {overhead_us})")
+    if not 0 < block_mb <= MAX_BLOCK_MB:  # NaN and inf fail too
+        raise SurgeError(f"--block-mb must be > 0 and at most {MAX_BLOCK_MB:g} (got {block_mb})")
+    if not (math.isfinite(overhead_us) and overhead_us >= 0):  # NaN printed NaN times
+        raise SurgeError(f"--overhead-us must be a finite number >= 0 (got {overhead_us})")
     request = MulticastRequest(
         num_nodes=nodes,
         num_blocks=blocks,

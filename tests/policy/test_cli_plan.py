@@ -82,6 +82,12 @@ def test_every_strategy_and_heterogeneous_bandwidths(strategy: str, tmp_path: Pa
         (["--nodes", "3", "--blocks", "2", "--bandwidths", "1,2"], "one per node"),
         (["--nodes", "3", "--blocks", "2", "--bandwidths", "1,x,2"], "comma-separated"),
         (["--nodes", "3", "--blocks", "2", "--bandwidth-gbps", "0"], "> 0"),
+        # non-finite or huge values: a traceback (ZeroDivisionError, OverflowError) or NaN times
+        (["--nodes", "3", "--blocks", "2", "--bandwidth-gbps", "inf"], "finite number > 0"),
+        (["--nodes", "3", "--blocks", "2", "--bandwidths", "inf,1,1"], "finite numbers"),
+        (["--nodes", "3", "--blocks", "2", "--block-mb", "inf"], "--block-mb must be > 0"),
+        (["--nodes", "3", "--blocks", "2", "--block-mb", "1e20"], "at most 1e+06"),
+        (["--nodes", "3", "--blocks", "2", "--overhead-us", "nan"], "--overhead-us must be"),
         (
             ["--nodes", "3", "--blocks", "2", "--bandwidth-gbps", "5", "--bandwidths", "1,1,1"],
             "not both",
