@@ -23,11 +23,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.api.admin import admin_router
 from surge.api.auth import ApiKeyAuth
 from surge.api.dashboard import dashboard_router
+from surge.api.disconnect import CLIENT_GONE_STATUS
 from surge.api.error_map import body, classify
 from surge.api.intake import BodyLimit, IntakeLimits
 from surge.api.openai import openai_router
@@ -84,6 +86,8 @@ class AccessLog:
 
         try:
             await self.app(scope, receive, send_wrapped)
+        except ClientDisconnect:  # the client left while its body was read: nobody to answer
+            status = status or CLIENT_GONE_STATUS  # (was an ERROR, a traceback and a 500)
         except Exception as e:
             log.exception("internal error on %s", scope.get("path"))
             if status == 0:

@@ -91,3 +91,33 @@ def test_a_refused_request_is_503_or_an_error_event_in_the_stream() -> None:
     frames = [x for x in r.text.split("\n\n") if x]
     assert '"service_unavailable"' in frames[-2] and frames[-1] == "data: [DONE]"
     assert controller.finished.call_count == 2  # every request handed back
+
+
+def test_a_client_gone_mid_body_is_one_access_line_not_an_internal_error(caplog) -> None:
+    """A client that closed its connection halfway through its body was logged as an
+    ERROR 'internal error' with a traceback (starlette's ClientDisconnect) and counted 500."""
+    import asyncio
+
+    app = _client().app
+    messages = [{"type": "http.request", "body": b'{"model":', "more_body": True}]
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
+        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5555),
+    }  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        asyncio.run(app(scope, receive, send))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    lines = [x.getMessage() for x in caplog.records if x.name == "surge.access"]
+    assert len(lines) == 1 and '"POST /v1/completions" 499' in lines[0], lines
+    assert not sent  # nothing answered into a closed connection
