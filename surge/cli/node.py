@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from surge.cli.log_level import log_level as checked_log_level
 from surge.errors import SurgeError
 
 app = typer.Typer(help="Run a node agent (normally started by a launcher).", no_args_is_help=True)
@@ -146,7 +147,7 @@ def run(
     if tls is not None:
         tls.load()  # a missing or bad file is an `error:` line now, not a failed start later
     check_plain_allowed(host, tls, allow_plain, "--allow-plain")
-    logging.getLogger().setLevel(log_level.upper())
+    logging.getLogger().setLevel(checked_log_level(log_level, "--log-level"))
     config = AgentConfig(
         node=node,
         cluster_id=cluster_id,

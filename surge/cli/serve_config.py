@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from surge.cli.log_level import log_level
 from surge.control.settings import ControllerConfig
 from surge.errors import SurgeError
 from surge.policy.nodes.machine_fit import ClusterAsk, MachineFacts, machine_problems
@@ -101,6 +102,8 @@ def load_config(path: Path) -> dict[str, Any]:
             ok = isinstance(value, bool)
         if not ok:
             raise SurgeError(f"config file {path}: {key} must be a {want.__name__}")
+    if "log_level" in data:
+        log_level(data["log_level"], f"config file {path}: log_level")
     if "strategy" in data:
         try:
             serve_system(data["strategy"])

@@ -152,3 +152,19 @@ def test_a_thin_client_whose_server_is_slow_says_so(monkeypatch: pytest.MonkeyPa
             deploy.status(as_json=False, url=url, api_key=None)
     msg = str(e.value)
     assert "did not answer GET /v1/deployments within 0.5 s" in msg and "cannot reach" not in msg
+
+
+NODE_FLAG_ERRORS = {
+    "log-level": (("--log-level", "verbose"), "--log-level must be one of debug, info"),
+}
+"""`surge node run` flags that ended in a traceback after the agent's flags were read."""
+
+
+@pytest.mark.parametrize("case", sorted(NODE_FLAG_ERRORS))
+def test_node_run_flags_are_one_error_line(tmp_path: Path, case: str) -> None:
+    args, words = NODE_FLAG_ERRORS[case]
+    flags = {"--node-id": "0", "--disk-dir": str(tmp_path / "disk")}
+    flags.update(zip(args[::2], args[1::2], strict=True))
+    env = {**os.environ, "SURGE_TOKEN": "0123456789abcdef0123"}
+    proc = run_surge("node", "run", *[x for kv in flags.items() for x in kv], env=env, timeout=60)
+    assert_one_line_error(proc, words)

@@ -263,6 +263,7 @@ def test_openai_client_sees_typed_errors(server) -> None:
             "decision_interval_s must be > 0",
         ),
         ("sim.yaml", "strategy: faasnet\n", "only in the simulator"),
+        ("log.yaml", "log_level: verbose\n", "log_level must be one of debug, info"),
         (
             "template.yaml",
             "deployments:\n  - {name: x, model: /m, chat_template: '{{ messages'}\n",
