@@ -15,8 +15,6 @@ from typing import Annotated
 
 import typer
 
-from surge.errors import SurgeError
-
 TIMELINE_PATH = "/dashboard/timeline.json"
 
 
@@ -29,10 +27,9 @@ def dashboard(
     from surge.events import Timeline
 
     tl = Timeline.read(timeline)  # a bad file is one error line, before anything listens
-    if not 0 <= port < 65536:
-        raise SurgeError(f"--port must be 0..65535 (got {port})")
-    from surge.cli.listener import bind_listener
+    from surge.cli.listener import bind_listener, check_port
 
+    check_port(port)
     sock = bind_listener(host, port)
     try:
         asyncio.run(_serve(json.dumps(tl.to_json()).encode(), sock, len(tl.events)))

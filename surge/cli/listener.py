@@ -1,6 +1,6 @@
 """The HTTP API's listening socket, made before anything starts (so a taken port is one
 `error:` line, not a traceback after the agents came up). Used by `surge serve` and
-`surge dashboard`.
+`surge dashboard`; `check_port` by them and `surge node run` (whose agent binds itself).
 """
 
 import errno
@@ -8,6 +8,13 @@ import os
 import socket
 
 from surge.errors import SurgeError
+
+
+def check_port(port: int, flag: str = "--port") -> None:
+    """One `SurgeError` line for a port no socket can bind (Python's OverflowError traceback
+    where the socket is made: `surge node run --port 99999`)."""
+    if not 0 <= port < 65536:
+        raise SurgeError(f"{flag} must be 0..65535 (got {port})")
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from surge.cli.listener import check_port
 from surge.cli.log_level import log_level as checked_log_level
 from surge.errors import SurgeError
 
@@ -124,6 +125,7 @@ def run(
     from surge.runtime.transport import check_stall_timeout
 
     token = resolve_token(token_file, "an agent")
+    check_port(port)
     caps = (
         ("egress", egress_gbps),
         ("ingress", ingress_gbps),

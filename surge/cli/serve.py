@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from surge.cli.listener import bind_listener
+from surge.cli.listener import bind_listener, check_port
 from surge.cli.serve_cluster import check_launcher_flags, cluster_settings
 from surge.cli.serve_config import (
     SERVE_STRATEGIES,
@@ -205,8 +205,7 @@ def serve(
                              if "max_body_mb" in cfg else {}))  # fmt: skip
     cfg["intake"] = limits
     port_ = int(cfg.get("port", 8000))
-    if not 0 <= port_ < 65536:
-        raise SurgeError(f"--port must be 0..65535 (got {port_})")
+    check_port(port_)
     # The default strategy (flag, else config file) applies to deployments naming none.
     deployments = [{"strategy": strategy_, **d} for d in cfg.get("deployments", [])]
     chat = {"chat_template": read_chat_template(chat_template)} if chat_template else {}

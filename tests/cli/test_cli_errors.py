@@ -156,6 +156,7 @@ def test_a_thin_client_whose_server_is_slow_says_so(monkeypatch: pytest.MonkeyPa
 
 NODE_FLAG_ERRORS = {
     "log-level": (("--log-level", "verbose"), "--log-level must be one of debug, info"),
+    "port": (("--port", "99999"), "--port must be 0..65535 (got 99999)"),
 }
 """`surge node run` flags that ended in a traceback after the agent's flags were read."""
 
