@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from surge.config import EngineConfig
 from surge.control.adoption import failed_pipeline_nodes
 from surge.control.copies import Copies
-from surge.control.emulation import instance_costs
+from surge.control.emulation import instance_costs, monitor_kv_tokens
 from surge.control.flexpipe import FlexPipeControl, flexpipe_autoscale
 from surge.control.load_monitor import LoadMonitor, pool_load
 from surge.control.metrics import Metrics
@@ -106,6 +106,9 @@ class Autoscaler:
         self.pd = PdControl(metrics, engine, events, self.links, config.emulation)
         self.monitor = LoadMonitor()
         """Tokens/s per instance (BlitzScale's load monitor, `control/load_monitor.py`)."""
+        self.kv_tokens = monitor_kv_tokens(config.emulation, engine)
+        """One instance's KV tokens, the monitor's KV use is measured against
+        (`control/emulation.monitor_kv_tokens`: the emulated GPU's under emulation)."""
         self._profiled: dict[tuple, AutoscaleSettings] = {}
         """The monitor's bounds profiled once per deployment's settings, SLO, model size and
         step profile (§5.3: "offline"), not again at every tick; as the simulator keeps them."""
@@ -191,7 +194,7 @@ class Autoscaler:
         # Approximate: tokens held by running requests over the serving instances' KV
         # capacity (the agents do not report their page tables).
         kv_tokens = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in running)
-        capacity = serving * self.engine.max_kv_tokens
+        capacity = serving * self.kv_tokens
         m.vllm_kv_usage.labels(name).set(min(1.0, kv_tokens / capacity) if capacity else 0.0)
         m.instances.labels(name).set(serving)
         m.loading.labels(name).set(len(dep.instances) - serving)
@@ -213,7 +216,7 @@ class Autoscaler:
         """One decision of `surge.policy.autoscale` for the deployment, carried out; the
         P/D monitor (`control/pd.py`) may ask for one more when nothing loads."""
         settings = self.settings(dep)
-        load = pool_load(dep, now_s, self.monitor, self.engine.max_kv_tokens)
+        load = pool_load(dep, now_s, self.monitor, self.kv_tokens)
         decision = decide(load, settings, dep.autoscale_state)
         dep.autoscale_state = decision.state
         room = settings.max_replicas is None or len(dep.instances) < settings.max_replicas

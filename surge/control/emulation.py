@@ -21,6 +21,7 @@ from surge.emulation import Emulation, traffic_charges
 from surge.errors import SurgeError
 from surge.model.manifest import Manifest
 from surge.policy.blitzscale.monitor import InstanceCosts, StepProfile, profile_costs
+from surge.policy.placement import KV_MEMORY_FRACTION, kv_capacity_tokens
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import REAL_CLOCK, Clock
 from surge.runtime.launch.agent_process import local_agent_threads
@@ -150,6 +151,27 @@ def instance_costs(
         return step_s + (batch - 1) * per_token_s
 
     return InstanceCosts(prefill_s, decode_s, engine.max_prefill_tokens, engine.max_num_seqs)
+
+
+def monitor_kv_tokens(emulation: Emulation | None, engine: EngineConfig) -> int:
+    """The KV tokens of one instance the load monitor measures KV use against (BlitzScale
+    §5.3: "KVCache usage"; `control/load_monitor.kv_usage`, `PdServing`'s view): under
+    GPU-time emulation the emulated GPU's for the emulated model, as the simulator's
+    instances hold (`policy.placement.kv_capacity_tokens` at its `KV_MEMORY_FRACTION`);
+    else the engine's `max_kv_tokens`. It was `max_kv_tokens` under emulation too, the
+    controller's default 16,384 (the agents' engines hold 32,768 there, clipped by the
+    real model's KV budget; the emulated A800 with 7B ~119,000): on the emulated BlitzScale
+    Fig. 17 +network run a prefill instance with 8 prompts of 1,024 tokens and a decode
+    instance with two read as 0.63 of an instance's KV cache (the simulator 0.07), the
+    monitor asked for ceil(3.31 + 0.78) = 5 instances at 1.30 s where the simulator asked
+    for 4, and a third scale-out ran that the simulator did not."""
+    if emulation is None:
+        return engine.max_kv_tokens
+    model = emulation.config.profile
+    node = emulation.nodes(1)[0]
+    return kv_capacity_tokens(
+        node.memory_bytes * KV_MEMORY_FRACTION, model.total_bytes, model.kv_bytes_per_token
+    )
 
 
 def kv_pace(emulation: Emulation | None, manifest: Manifest) -> float:

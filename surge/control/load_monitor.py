@@ -4,7 +4,8 @@ and the deployment's whole load as `policy.autoscale` reads it (`pool_load`).
 What flows: every autoscaler tick, `LoadMonitor.observe` samples each instance's endpoint
 (`Endpoint.num_tokens`, the tokens it has generated so far, counted as they arrive; the
 tokens its requests hold). `tokens_per_s` is the rate over the trailing `RATE_WINDOW_S`;
-`kv_usage` is the tokens held over the engine's KV capacity (`max_kv_tokens`) — the
+`kv_usage` is the tokens held over one instance's KV capacity (the autoscaler's
+`kv_tokens`: the engine's `max_kv_tokens`, or the emulated GPU's under emulation) — the
 agents do not report their page tables, so this counts tokens, not pages, as
 `runtime/migration/pd_handoff.py` and the `vllm:kv_cache_usage_perc` gauge do. The
 autoscaler puts both into each `InstanceLoad` (`pool_load`, here) and

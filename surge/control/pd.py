@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from surge.config import EngineConfig
-from surge.control.emulation import kv_pace
+from surge.control.emulation import kv_pace, monitor_kv_tokens
 from surge.control.metrics import Metrics
 from surge.control.state import Deployment
 from surge.emulation import Emulation
@@ -93,7 +93,7 @@ class PdControl:
         dep.server.pd = PdServing(
             dep.server,
             targets,
-            self.engine.max_kv_tokens,
+            monitor_kv_tokens(self.emulation, self.engine),
             mutation=system.mutation,
             links=self.links,
             kv_pace=kv_pace(self.emulation, dep.manifest),

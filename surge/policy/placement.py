@@ -102,6 +102,19 @@ WEIGHT_HEADROOM = 1.1
 """Weights plus activations take this much of their size in GPU memory."""
 MIN_KV_FRACTION = 0.1
 """An instance needs at least this fraction of its GPU memory left for KV cache."""
+KV_MEMORY_FRACTION = 0.9
+"""Fraction of a GPU's memory weights and KV cache may take (the simulator's default
+`SimSettings.kv_memory_fraction`; `surge serve`'s load monitor under GPU-time emulation)."""
+
+
+def kv_capacity_tokens(memory_bytes: float, weight_bytes: int, kv_bytes_per_token: int) -> int:
+    """KV tokens an instance with `memory_bytes` of GPU memory holds beside `weight_bytes`
+    of weights (and their activation headroom; at least `MIN_KV_FRACTION` of the memory).
+    The simulator's instances hold this many (`sim/instance_factory.py`); `surge serve`'s
+    load monitor divides by it under GPU-time emulation (`control/emulation.monitor_kv_tokens`)
+    so both bodies see the same KV use (BlitzScale §5.3)."""
+    kv_bytes = max(memory_bytes - weight_bytes * WEIGHT_HEADROOM, memory_bytes * MIN_KV_FRACTION)
+    return int(kv_bytes // kv_bytes_per_token)
 
 
 @dataclass(frozen=True)

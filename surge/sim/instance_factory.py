@@ -13,7 +13,8 @@ its `make` to the scaler and to the loaders (`sim/loading.py`, `sim/multicast_lo
 
 from surge.policy.flexpipe.microbatch import pipeline_micro_batches
 from surge.policy.paraserve.gpu_share import pipeline_speed
-from surge.policy.placement import MIN_KV_FRACTION, WEIGHT_HEADROOM, GpuGroup, tp_size
+from surge.policy.placement import GpuGroup, tp_size
+from surge.policy.placement import kv_capacity_tokens as placement_kv_tokens
 from surge.sim.costs import cost_model
 from surge.sim.engine_spec import EngineSpec
 from surge.sim.hardware import NodeGroup
@@ -94,9 +95,8 @@ def gpu_group(group: NodeGroup) -> GpuGroup:
 
 def kv_capacity_tokens(mem_bytes: float, profile: ModelProfile) -> int:
     """KV tokens an instance with `mem_bytes` of GPU memory holds beside `profile`'s
-    weights (and their activation headroom; at least `MIN_KV_FRACTION` of the memory)."""
-    kv_bytes = max(mem_bytes - profile.total_bytes * WEIGHT_HEADROOM, mem_bytes * MIN_KV_FRACTION)
-    return int(kv_bytes // profile.kv_bytes_per_token)
+    weights (`policy.placement.kv_capacity_tokens`)."""
+    return placement_kv_tokens(mem_bytes, profile.total_bytes, profile.kv_bytes_per_token)
 
 
 def tp_for(group: NodeGroup, nbytes: int, kv_memory_fraction: float) -> int | None:

@@ -6,6 +6,7 @@ In: values from the CLI or a benchmark. Out: a frozen `SimSettings` the simulato
 from dataclasses import dataclass, field
 
 from surge.errors import SurgeError
+from surge.policy.placement import KV_MEMORY_FRACTION
 from surge.policy.slo import Slo
 from surge.sim.hardware import ClusterProfile
 
@@ -42,7 +43,7 @@ class SimSettings:
     """Most sequences an instance runs at once."""
     max_prefill_tokens: int = 8192
     """Most prompt tokens in one prefill step."""
-    kv_memory_fraction: float = 0.9
+    kv_memory_fraction: float = KV_MEMORY_FRACTION
     """Fraction of GPU memory usable by weights + KV cache."""
     sample_interval_s: float = 1.0
     """Period of the GPU / host-cache samplers."""
