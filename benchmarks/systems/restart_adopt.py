@@ -25,8 +25,8 @@ under load) must not count against the adopted pipeline's idle time.
 Measured from the new process's start: its ready line, and the first streamed token of a
 request sent at once after it (greedy, 16 tokens; `--temperature T`: sampled at T, as the
 API's default request is at 1, and written to `..._sampled.json`: an adopted pipeline's
-head engines serve a greedy request without torch, a sampled one once the controller has
-imported it, `runtime/torch_import.py`). Trials alternate close, adopt. That server
+last stage picks the tokens, so its head engines serve either without torch in the
+controller). Trials alternate close, adopt. That server
 is the next trial's old one. A restart slower than the keep-alive (10 s from the last request
 before the crash) finds the adopted instance released, as the old controller would have
 released it, and starts one again: such a trial is kept, `adopted: false`. Every process is

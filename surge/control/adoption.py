@@ -45,7 +45,6 @@ from surge.policy.adoption import (
     adopted_idle_since_s,
     plan,
 )
-from surge.runtime import torch_import
 from surge.runtime.client import ClusterClient
 from surge.runtime.clock import Clock
 from surge.runtime.endpoints import LocalEndpoint
@@ -130,15 +129,6 @@ class Adopter:
         reports = tuple(node_report(n, s) for n, s in sorted(statuses.items()))
         wanted = {name: restored(spec, m, nodes) for name, (spec, m) in deployments.items()}
         return plan(reports, wanted, self.slots_per_node)
-
-    def expect(self, statuses: Mapping[int, StatusReply]) -> None:
-        """The agents' answers, read before the stores are opened and verified: if any
-        runs a pipeline stage, torch starts importing now, in the background
-        (`runtime/torch_import.py`: seconds the controller has not paid yet). An adopted
-        pipeline's head engines do not wait for it: they serve greedy requests without
-        torch; a sampled one (the API's default) waits for what is left of it."""
-        if any(r.kind == "stage" for s in statuses.values() for r in s.running):
-            torch_import.start()
 
     async def clean(self, actions: tuple[Action, ...], manifests: Mapping[str, Manifest]) -> None:
         """Close, release and drop what the plan says (each with one log line); the

@@ -96,9 +96,7 @@ class Deployments:
         on the agents is adopted or closed (`control/adoption.py`, `policy.adoption`)."""
         opened: dict[str, tuple[DeploymentSpec, Manifest, Any]] = {}
         live = self.live_nodes()
-        # What runs, first: an adopted pipeline's head engines start importing meanwhile
         statuses = await self.client.broadcast(StatusOp(), live)
-        self.adopter.expect(statuses)
         for spec in self.store.all():
             try:
                 manifest, tokenizer = await self._open(spec, restoring=True)

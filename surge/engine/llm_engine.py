@@ -6,10 +6,10 @@ executor runs the model: `LocalExecutor` is one runner holding every layer (a fu
 instance); a pipeline of stages in other processes is another executor with the same two
 calls, so scheduling and sampling are the same code whatever runs the layers.
 
-This module imports no torch: a pipeline's head engines run in the controller, which imports
-torch only for a request that needs it (`runtime/torch_import.py`); token ids go to the
-executor as a numpy array and its logits may come back as one (a pipeline's do), a torch
-tensor (a local runner's) or either.
+The executor also picks the tokens (`engine/sampling.py` `sample`, where the logits are: a
+local runner, a pipeline's last stage), from each sequence's `Draw`. This module imports no
+torch: a pipeline's head engines run in the controller, which never imports it; token ids go
+to the executor as a numpy array and token ids come back.
 """
 
 from __future__ import annotations
@@ -18,21 +18,19 @@ import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.prompt_limits import check_prompt, context_limit
-from surge.engine.sampling import Sampler, SamplingParams, TokenLogprobs, token_logprobs
+from surge.engine.sampling import Draw, Sampled, SamplingParams, TokenLogprobs, sample
 from surge.engine.scheduler import Scheduler, Sequence
 from surge.errors import SurgeError
 from surge.model.manifest import Manifest, read_manifest
 
 if TYPE_CHECKING:
-    import torch
-
     from surge.engine.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -64,11 +62,14 @@ class Completion:
 
 
 class Executor(Protocol):
-    """Runs the whole model for one step, wherever its layers live."""
+    """Runs the whole model for one step, wherever its layers live, and picks the tokens."""
 
-    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> Any:
-        """Token ids [B, Q] (int64) -> float32 logits [B, vocab] at each sequence's last
-        token (a torch tensor or a numpy array)."""
+    def step(
+        self, token_ids: np.ndarray, batch: BatchMeta, draws: tuple[Draw | None, ...]
+    ) -> Sampled:
+        """Token ids [B, Q] (int64) -> the next token of each row with a draw, in row
+        order, and the logprobs it asks for (`engine/sampling.py` `sample` over the logits
+        at each row's last token, where they are)."""
         ...
 
     def free(self, seq_ids: list[int]) -> None:
@@ -106,8 +107,10 @@ class LocalExecutor:
         runner.load_blocks()
         return LocalExecutor(runner)
 
-    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> torch.Tensor:
-        return self.runner.forward(self._tensor(token_ids), batch)  # no copy
+    def step(
+        self, token_ids: np.ndarray, batch: BatchMeta, draws: tuple[Draw | None, ...]
+    ) -> Sampled:
+        return sample(self.runner.forward(self._tensor(token_ids), batch), draws, batch)
 
     def free(self, seq_ids: list[int]) -> None:
         for sid in seq_ids:
@@ -134,7 +137,6 @@ class LLMEngine:
             executor if executor is not None else LocalExecutor.from_store(manifest, config)
         )
         self.scheduler = Scheduler(config, getattr(self.executor, "claim_prefix", None))
-        self.sampler = Sampler()
         self._ids = itertools.count(first_seq_id)  # engines sharing caches use disjoint ids
         self.seqs: dict[int, Sequence] = {}
         self.last_batch: BatchMeta | None = None
@@ -249,22 +251,20 @@ class LLMEngine:
             return []
         if step.preempted:
             self.executor.free([seq.seq_id for seq in step.preempted])
-        logits = self.executor.forward(step.token_ids, step.batch)
+        # prompt pieces of a chunked prefill pick no token yet (no draw)
+        draws = tuple(
+            s.draw if picks else None for s, picks in zip(step.seqs, step.samples, strict=True)
+        )
+        out = self.executor.step(step.token_ids, step.batch, draws)
         seqs = step.seqs
-        if not all(step.samples):  # prompt pieces of a chunked prefill: nothing to sample yet
-            for seq, q, sample in zip(seqs, step.batch.q_lens, step.samples, strict=True):
-                if not sample:
+        if not all(step.samples):
+            for seq, q, picks in zip(seqs, step.batch.q_lens, step.samples, strict=True):
+                if not picks:
                     seq.num_cached += q
-            rows = [b for b, sample in enumerate(step.samples) if sample]
-            seqs = [seqs[b] for b in rows]
-            if not seqs:
-                return []
-            logits = logits[rows]
-        params = [s.params for s in seqs]
-        tokens = self.sampler(logits, params, [s.generator for s in seqs])
-        logprobs = token_logprobs(logits, params, tokens)  # nothing unless a request asked
+            seqs = [s for s, picks in zip(seqs, step.samples, strict=True) if picks]
         events, finished = [], []
-        for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
+        for i, (seq, token) in enumerate(zip(seqs, out.tokens, strict=True)):
+            lp = out.logprobs_of(i)
             seq.num_cached = seq.num_tokens
             seq.output_token_ids.append(token)
             reason = self._finish_reason(seq, token)

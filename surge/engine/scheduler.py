@@ -30,18 +30,14 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.page_pool import block_hashes, pages_needed
-from surge.engine.sampling import SamplingParams, make_generator
+from surge.engine.sampling import Draw, SamplingParams
 from surge.policy.kv_admission import admits, decode_preemptions
-
-if TYPE_CHECKING:
-    import torch
 
 
 class SeqStatus(enum.Enum):
@@ -63,7 +59,9 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
     """`stop` (EOS or a stop token) or `length` (max_tokens or the context end)."""
-    generator: torch.Generator | None = None
+    draw: Draw | None = None
+    """What picks its tokens (`SamplingParams.draw`: a sampled one's seed drawn once, here,
+    when the request names none); set at creation."""
     num_prefix_hit_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache at its (last) admission."""
     _hashes: list[int] = field(default_factory=list)
@@ -75,8 +73,8 @@ class Sequence:
         return self._hashes[:num_blocks]
 
     def __post_init__(self) -> None:
-        if not self.params.greedy and self.generator is None:
-            self.generator = make_generator(self.params.seed)
+        if self.draw is None:
+            self.draw = self.params.draw()
 
     @property
     def all_token_ids(self) -> list[int]:

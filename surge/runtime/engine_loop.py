@@ -13,7 +13,7 @@ instances (`runtime/node/instance_loop.py`, whose step also parks P/D prefills).
 
 The engine's types are for the type checker only: this loop needs nothing of the engine's
 modules (which import no torch either: a pipeline's head engines run in the controller,
-`runtime/torch_import.py`).
+whose last stage picks the tokens).
 """
 
 from __future__ import annotations

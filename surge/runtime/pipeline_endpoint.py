@@ -1,14 +1,15 @@
 """The pipeline endpoint: an execution pipeline (λScale §4.3) serving one model.
 
 What flows: the `Server` (`runtime/server.py`) hands it `ServeRequest`s like any `Endpoint`
-(`runtime/endpoints.py`); its stages run on agents (`StageOpenOp`), its head engines
-(scheduler + sampler) here, `num_micro_batches` of them so several micro-batches are in the
-chain at once (λScale Fig. 6a; FlexPipe sets the count from `policy.flexpipe.microbatch` and
-changes it with the stage count, splitting the stages' KV cache among them by
-`micro_batch_budgets`); each head engine, its executor and its micro-batch stream are
-`runtime/pipeline_heads.py`. FlexPipe's busy merge hands a retired engine's sequences to the
-engines that stay, here. `take_back` and `detach` return unfinished requests with their
-tokens so far (mode switch, refactor, failover). Owned by the runtime.
+(`runtime/endpoints.py`); its stages run on agents (`StageOpenOp`; the last one picks the
+tokens), its head engines (schedulers, no torch) here, `num_micro_batches` of them so
+several micro-batches are in the chain at once (λScale Fig. 6a; FlexPipe sets the count
+from `policy.flexpipe.microbatch` and changes it with the stage count, splitting the
+stages' KV cache among them by `micro_batch_budgets`); each head engine, its executor and
+its micro-batch stream are `runtime/pipeline_heads.py`. FlexPipe's busy merge hands a
+retired engine's sequences to the engines that stay, here. `take_back` and `detach`
+return unfinished requests with their tokens so far (mode switch, refactor, failover).
+Owned by the runtime.
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from surge.config import EngineConfig
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.sampling import needs_torch
 from surge.model.manifest import Manifest
 from surge.policy.flexpipe.merge import MergeMove, adoptions, merge_move, phase_of
 from surge.policy.flexpipe.microbatch import micro_batch_budgets
 from surge.policy.pipeline_batches import join_micro_batch
-from surge.runtime import torch_import
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import Endpoint, EndpointFailed
 from surge.runtime.engine_loop import run_engine
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class PipelineEndpoint(Endpoint):
-    """An execution pipeline: stages on agents, head engines (scheduler + sampler) here."""
+    """An execution pipeline: stages on agents, head engines (schedulers) here."""
 
     def __init__(
         self,
@@ -104,10 +103,6 @@ class PipelineEndpoint(Endpoint):
         self.set_micro_batches(self.num_micro_batches)
 
     def _add_group(self) -> None:
-        # The head engines need no torch for a greedy request; a sampled one (the API's
-        # default) waits for it, so its import begins now, in the background, with the
-        # first (`torch_import`): greedy requests are served meanwhile (`submit`).
-        torch_import.start()
         loop = asyncio.get_running_loop()
         group_cfg = EngineConfig(
             page_size_tokens=self.config.page_size_tokens,
@@ -254,31 +249,15 @@ class PipelineEndpoint(Endpoint):
         group = active[join_micro_batch([len(g.seqs) + len(g.pending) for g in active])]
         group.pending.append(req)
         group.wake.set()
-        if needs_torch(req.params) and not torch_import.loaded():
-            # Held in `pending` until torch is in (`admit`); then every engine wakes (a
-            # FlexPipe merge may have moved it to another meanwhile).
-            loop = asyncio.get_running_loop()
-            torch_import.start().add_done_callback(lambda _: _call_soon(loop, self._wake_all))
-
-    def _wake_all(self) -> None:
-        for g in self.groups:
-            g.wake.set()
 
     async def _run(self, group: HeadGroup) -> None:
         engine = group.engine
 
         def admit() -> None:
-            # A request that needs torch (sampled, or asking logprobs) waits in `pending`
-            # for its import (`torch_import`); the others go at once, in order.
-            ready = torch_import.loaded()
-            held = []
             for req in group.pending:
-                if not ready and needs_torch(req.params):
-                    held.append(req)
-                    continue
                 sid = engine.add_request(req.prompt_token_ids, req.params, req.output_token_ids)
                 group.seqs[sid] = req
-            group.pending[:] = held
+            group.pending.clear()
 
         async def deliver(events: list[TokenEvent]) -> None:
             for ev in events:
@@ -345,9 +324,3 @@ class PipelineEndpoint(Endpoint):
         if not self.failed:
             await self.close_stages()
         return taken
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
-    """`fn` on `loop` from another thread (the import's); nothing if the loop has closed."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(fn)

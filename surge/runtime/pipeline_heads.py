@@ -1,9 +1,10 @@
 """The head engines of an execution pipeline (λScale §4.3): what runs here, in the
 controller, while the layers run on agent stages.
 
-What flows: `RemotePipelineExecutor` is a head engine's `Executor`: each forward goes out as
-one `StageStepOp` to the first stage and its logits come back from the last as float32
-bytes; a free goes out as a `StageFreeOp`. `HeadGroup` is one micro-batch stream: its head
+What flows: `RemotePipelineExecutor` is a head engine's `Executor`: each step goes out as
+one `StageStepOp` to the first stage, with each row's `Draw`, and the tokens the last stage
+picked come back (`StageStepReply.sampled`: token ids, and logprobs where asked; no logits,
+no torch here); a free goes out as a `StageFreeOp`. `HeadGroup` is one micro-batch stream: its head
 engine, the requests waiting for it, the sequences it runs and its share of the stages' KV
 cache. Made and driven by `PipelineEndpoint` (`runtime/pipeline_endpoint.py`). Owned by the
 runtime.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from surge.engine.batch import BatchMeta
+from surge.engine.sampling import Draw, Sampled
 from surge.runtime.client import ClusterClient
 from surge.runtime.endpoints import EndpointFailed
 from surge.runtime.protocol import StageFreeOp, StageStepOp
@@ -42,21 +44,21 @@ class RemotePipelineExecutor:
     ) -> None:
         self.client, self.loop, self.pipeline, self.head = client, loop, pipeline, head
 
-    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> np.ndarray:
+    def step(
+        self, token_ids: np.ndarray, batch: BatchMeta, draws: tuple[Draw | None, ...]
+    ) -> Sampled:
+        shape = tuple(token_ids.shape)
         op = StageStepOp(
-            pipeline=self.pipeline, kind="tokens", shape=tuple(token_ids.shape), batch=batch
+            pipeline=self.pipeline, kind="tokens", shape=shape, batch=batch, draws=draws
         )
         fut = asyncio.run_coroutine_threadsafe(
             self.client.call_bytes(self.head, op, np.ascontiguousarray(token_ids)), self.loop
         )
         try:
-            reply, body = fut.result()
+            reply, _ = fut.result()
         except Exception as e:
             raise EndpointFailed(f"pipeline {self.pipeline}: {e}") from e
-        # The last stage sends logits as float32, row-major (StageStepReply): numpy, not
-        # torch, so a greedy step needs no torch here (`engine/sampling.py`); writable
-        # (bytearray), so torch can take it without a copy where a request samples.
-        return np.frombuffer(bytearray(body), dtype=np.float32).reshape(reply.shape)
+        return reply.sampled
 
     def free(self, seq_ids: list[int]) -> None:
         op = StageFreeOp(pipeline=self.pipeline, seq_ids=tuple(seq_ids))

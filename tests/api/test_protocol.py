@@ -6,7 +6,7 @@ import json
 import pytest
 
 from surge.api.protocol import ChatRequest, CompletionRequest, parse
-from surge.engine.sampling import SEED_MAX, SEED_MIN, make_generator
+from surge.engine.sampling import SEED_MAX, SEED_MIN, Draw
 from surge.errors import InvalidInput, SurgeError
 
 M = {"model": "m"}
@@ -38,9 +38,9 @@ def test_seed_outside_int64_is_refused(seed) -> None:  # defect 1
 
 def test_engine_refuses_an_out_of_range_seed_with_a_surge_error() -> None:  # defect 1
     with pytest.raises(SurgeError, match="seed"):
-        make_generator(2**64)
-    make_generator(SEED_MIN)  # the edges work
-    make_generator(SEED_MAX)
+        Draw(temperature=1.0, seed=2**64)
+    Draw(temperature=1.0, seed=SEED_MIN)  # the edges work
+    Draw(temperature=1.0, seed=SEED_MAX)
 
 
 @pytest.mark.parametrize(

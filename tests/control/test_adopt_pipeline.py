@@ -16,6 +16,7 @@ by its PID, the agents by the cluster's stop."""
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,12 +142,15 @@ def test_a_killed_controllers_lambdascale_pipeline_is_adopted_whole(
                 time.sleep(0.2)
             assert running == {x: [(PIPE, ())], y: [(PIPE, ())]}, running
             assert complete(second, "Again") == reference("Again", 8)
-            # A sampled request needs torch in the controller (its generator): it waits for
-            # the import begun at the restart (`runtime/torch_import.py`), then is served.
+            # A sampled request (with logprobs) is served too, and the controller never
+            # imports torch: the last stage picks the tokens (`StageStepOp.draws`).
             body = {"model": MODEL, "prompt": "Sampled", "max_tokens": 8, "temperature": 1.0,
-                    "seed": 3, "ignore_eos": True}  # fmt: skip
+                    "seed": 3, "ignore_eos": True, "logprobs": 1}  # fmt: skip
             r = second.http.post("/v1/completions", json=body)
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8, r.text
+            assert len(r.json()["choices"][0]["logprobs"]["token_logprobs"]) == 8, r.text
+            maps = Path(f"/proc/{second.proc.pid}/maps").read_text()
+            assert "libtorch" not in maps, "the controller imported torch"
             # A member goes down: the router retires the pipeline and the other member's slot
             # is freed at once (not after its downscale delay), so the deployment starts
             # again on it and serves.

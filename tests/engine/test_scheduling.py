@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from surge.config import EngineConfig
+from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.sampling import Sampler, SamplingParams
+from surge.engine.sampling import Draw, SamplingParams, sample
 from surge.errors import SurgeError
 from surge.model.manifest import read_manifest
 
@@ -92,31 +93,47 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch(tiny_store: Pa
     assert other.token_ids != solo.token_ids
 
 
+def picked(logits: torch.Tensor, draws: list[Draw], position: int = 5) -> tuple[int, ...]:
+    """`sample`'s tokens for a decode step of one row per draw, each at `position`."""
+    n = len(draws)
+    return sample(logits, draws, BatchMeta(tuple(range(n)), (position - 1,) * n, (1,) * n)).tokens
+
+
 def test_sampler_filters() -> None:
-    sampler = Sampler()
     logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]])
-    g = torch.Generator().manual_seed(0)
     # top_k=1 and a tiny top_p both reduce to the argmax.
-    for p in (
-        SamplingParams(temperature=1.0, top_k=1),
-        SamplingParams(temperature=1.0, top_p=1e-6),
-    ):
-        assert {sampler(logits, [p], [g])[0] for _ in range(20)} == {1}
+    for d in (Draw(temperature=1.0, top_k=1, seed=0), Draw(temperature=1.0, top_p=1e-6, seed=0)):
+        assert {picked(logits, [d], pos)[0] for pos in range(1, 21)} == {1}
     # top_k=2 only ever picks the two best.
-    p = SamplingParams(temperature=5.0, top_k=2)
-    assert {sampler(logits, [p], [g])[0] for _ in range(200)} == {1, 2}
+    d = Draw(temperature=5.0, top_k=2, seed=0)
+    assert {picked(logits, [d], pos)[0] for pos in range(1, 201)} == {1, 2}
+
+
+def test_a_sampled_token_depends_on_its_seed_and_position_only() -> None:
+    """Each sampled token's generator is seeded by (seed, position): the same row picks
+    the same token in any batch, at any row, after any history (nothing is carried from
+    step to step: a pipeline's last stage can change under a sequence), and another
+    position or seed draws again."""
+    logits = torch.zeros(1, 50)  # uniform: every draw is the generator's
+    d = Draw(temperature=1.0, seed=42)
+    alone = [picked(logits, [d], pos)[0] for pos in range(5, 25)]
+    others = [Draw(), Draw(temperature=1.0, seed=7), None]
+    batch = torch.cat([torch.randn(2, 50), logits, torch.randn(1, 50)])
+    for pos in range(5, 25):
+        rows = BatchMeta((0, 1, 2, 3), (9, 3, pos - 1, 0), (1, 1, 1, 4))
+        assert sample(batch, [others[0], others[1], d, None], rows).tokens[2] == alone[pos - 5]
+    assert len(set(alone)) > 5, "positions draw afresh"
+    assert [picked(logits, [Draw(temperature=1.0, seed=43)], p)[0] for p in range(5, 25)] != alone
 
 
 @pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-300, 5e-324])
 def test_a_temperature_near_zero_is_greedy_not_a_crash(temperature: float) -> None:
     """logits / T overflows float32 (1e-40) or even float64 (5e-324); the limit T -> 0 is
     the argmax (a fuzzed request with such a temperature killed the instance's loop)."""
-    sampler = Sampler()
     logits = torch.tensor([[0.0, 5.0, 4.9, -3.0], [2.0, -1.0, 0.5, 1.9]])
-    g = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
     for extra in ({}, {"top_k": 2}, {"top_p": 0.5}):
-        p = SamplingParams(temperature=temperature, **extra)
-        assert sampler(logits, [p, p], g) == [1, 0]
+        d = SamplingParams(temperature=temperature, **extra).draw()
+        assert picked(logits, [d, d]) == (1, 0)
 
 
 def test_bad_requests_are_clear_errors(tiny_store: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import Draw, Sampled, SamplingParams, sample
 from surge.model.manifest import read_manifest
 from surge.wire import encode_frame, read_frame
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ProcessPipelineExecutor:
-    """Drives stage processes in order: tokens -> stage 0 -> ... -> logits."""
+    """Drives stage processes in order: tokens -> stage 0 -> ... -> logits, sampled here."""
 
     def __init__(self, store: Path, cuts: list[int]) -> None:
         self.procs = [
@@ -44,7 +44,9 @@ class ProcessPipelineExecutor:
         assert frame is not None, f"stage process exited with {proc.wait(5)}"
         return frame
 
-    def forward(self, token_ids: np.ndarray, batch: BatchMeta) -> torch.Tensor:
+    def step(
+        self, token_ids: np.ndarray, batch: BatchMeta, draws: tuple[Draw | None, ...]
+    ) -> Sampled:
         header, payload = self._call(
             self.procs[0],
             {"op": "tokens", "shape": list(token_ids.shape), "batch": batch.to_json()},
@@ -55,7 +57,8 @@ class ProcessPipelineExecutor:
             self.bytes_between_stages += len(payload)
             header, payload = self._call(proc, {"op": "hidden"}, payload)
         assert header["op"] == "logits"
-        return torch.frombuffer(payload, dtype=torch.float32).view(header["shape"])
+        logits = torch.frombuffer(payload, dtype=torch.float32).view(header["shape"])
+        return sample(logits, draws, batch)
 
     def free(self, seq_ids: list[int]) -> None:
         for proc in self.procs:

@@ -11,13 +11,13 @@ stage, each step through every layer. A sequence partway through its (chunked) p
 the merge finishes it on its engine and then moves (`policy.flexpipe.merge.merge_move`):
 before, the runtime kept it there to its end while the simulator moved it."""
 
+import numpy as np
 import pytest
-import torch
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import Sampled, SamplingParams
 from surge.model.manifest import read_manifest
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
 from surge.runtime.pipeline_heads import SEQ_IDS_PER_GROUP, HeadGroup
@@ -38,15 +38,15 @@ LONG_PROMPT = 12
 
 
 class RecordingExecutor:
-    """Runs no model: records each step's sequence ids, answers logits for token 0."""
+    """Runs no model: records each step's sequence ids, answers token 0 for each row."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.steps: list[tuple[int, ...]] = []
 
-    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+    def step(self, token_ids: np.ndarray, batch: BatchMeta, draws: tuple) -> Sampled:
         self.steps.append(tuple(batch.seq_ids))
-        return torch.zeros(len(batch.seq_ids), self.vocab_size)
+        return Sampled((0,) * sum(d is not None for d in draws))
 
     def free(self, seq_ids: list[int]) -> None:
         return None

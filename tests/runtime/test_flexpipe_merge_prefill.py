@@ -3,15 +3,13 @@ sequence a retired engine is partway through prefilling (chunked) at the merge f
 that prefill there and then joins the engine that stays, under `merge_gate`, so it decodes
 in the same steps as that engine's sequences (`policy.flexpipe.merge.merge_move`,
 `PipelineEndpoint.hand_over_prefilled`). Before, the retired engine kept it to its end,
-decoding alone. The stages are faked: each step answers logits for token 0 after 2 ms."""
+decoding alone. The stages are faked: each step answers token 0 for each row after 2 ms."""
 
 import asyncio
 from types import SimpleNamespace
 
-import numpy as np
-
 from surge.config import EngineConfig
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import Sampled, SamplingParams
 from surge.model.manifest import read_manifest
 from surge.runtime.migration.refactor import FlexPipeline
 from surge.runtime.pipeline_heads import SEQ_IDS_PER_GROUP
@@ -23,7 +21,7 @@ LONG_PROMPT = 40
 
 
 class StepClient:
-    """Stages that answer every step with zero logits; records each step's sequence ids."""
+    """Stages that answer every step with token 0; records each step's sequence ids."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -37,9 +35,8 @@ class StepClient:
             return None, b""
         await asyncio.sleep(0.002)
         self.steps.append(tuple(op.batch.seq_ids))
-        rows = len(op.batch.seq_ids)
-        logits = np.zeros((rows, self.vocab_size), dtype=np.float32)
-        return SimpleNamespace(shape=(rows, self.vocab_size)), logits.tobytes()
+        tokens = (0,) * sum(d is not None for d in op.draws)
+        return SimpleNamespace(sampled=Sampled(tokens)), b""
 
 
 def test_a_sequence_prefilling_at_a_merge_joins_the_engine_that_stays(tiny_store) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from surge.engine.batch import BatchMeta
 from surge.engine.ipc_handle import IpcHandle
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import Draw, Sampled, SamplingParams, TokenLogprobs
 from surge.errors import SurgeError
 from surge.runtime import protocol as p
 from surge.runtime.client import ClusterClient
@@ -48,6 +48,14 @@ OPS = [
     ),
     p.StageOpenOp(pipeline="pp", model="m", first_layer=0, end_layer=2, next_node=1),
     p.StageStepOp(pipeline="pp", kind="tokens", shape=(1, 3), batch=BatchMeta((0,), (0,), (3,))),
+    p.StageStepOp(
+        pipeline="pp",
+        kind="tokens",
+        shape=(3, 1),
+        batch=BatchMeta((0, 1, 2), (3, 4, 5), (1, 1, 1)),
+        draws=(Draw(), None, Draw(temperature=0.5, top_p=0.9, top_k=3, seed=-7, logprobs=2)),
+    ),
+    p.StageStepOp(pipeline="pp", kind="hidden", draws=(Draw(logprobs=0),)),
     p.StageFreeOp(pipeline="pp", seq_ids=(0, 4)),
     p.StageCloseOp(pipeline="pp"),
     p.InstanceOpenOp(instance="i", model="m"),
@@ -119,7 +127,11 @@ REPLIES = [
     p.BlockReply(model="m", block=1),
     p.MulticastReply(mc_id="x", num_recv=3),
     p.PipelineReply(pipeline="pp"),
-    p.StageStepReply(shape=(2, 50)),
+    p.StageStepReply(),
+    p.StageStepReply(
+        sampled=Sampled((4, 9), (None, TokenLogprobs(-0.25, ((9, -0.25), (3, -9999.0))))),
+        spans=((0, 1.0, 2.0), (1, 2.0, 3.0)),
+    ),
     p.InstanceReply(instance="i"),
     p.SubmitReply(),
     p.AdoptReply(seq_id=3),
@@ -256,6 +268,19 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
         ({"op": "get_block", "model": "m", "block": "3"}, "field 'block' must be an integer"),
         ({"op": "stage_step", "pipeline": "p", "kind": "tokens"}, "needs shape and batch"),
         (
+            {"op": "stage_step", "pipeline": "p", "kind": "tokens", "shape": [1, 1]}
+            | {"batch": {"seq_ids": [0], "ctx_lens": [0], "q_lens": [1]}, "draws": [{}, {}]},
+            "2 draws for 1 rows",
+        ),
+        (
+            {"op": "stage_step", "pipeline": "p", "kind": "hidden", "draws": [{"temperature": 1}]},
+            "a sampled row needs its seed",
+        ),
+        (
+            {"op": "stage_step", "pipeline": "p", "kind": "hidden", "draws": [{"top_k": -1}]},
+            "top_k must be >= 0",
+        ),
+        (
             {"op": "stage_open", "pipeline": "p", "model": "m", "first_layer": 2, "end_layer": 2},
             "first_layer < end_layer",
         ),
@@ -280,6 +305,19 @@ def test_json_keeps_the_dict_shape_senders_built() -> None:
 def test_bad_ops_raise_a_clear_error(header, message) -> None:
     with pytest.raises(SurgeError, match=message):
         p.Op.decode(header)
+
+
+def test_a_step_carries_a_few_bytes_a_row_each_way() -> None:
+    """A greedy row's draw is `{}`, a sampled one's its settings and seed; the answer is
+    token ids in the header and no payload (before: vocab x 4 bytes of logits a row)."""
+    batch = BatchMeta((0, 1), (7, 9), (1, 1))
+    draws = (Draw(), SamplingParams(temperature=1.0, seed=3).draw())
+    op = p.StageStepOp(pipeline="pp", kind="hidden", batch=batch, draws=draws)
+    assert op.to_json()["draws"] == [{}, {"temperature": 1.0, "seed": 3}]
+    reply = p.StageStepReply(sampled=Sampled((17, 2)), spans=((0, 1.5, 2.5),))
+    assert reply.to_json()["sampled"] == {"tokens": [17, 2], "logprobs": []}
+    assert SamplingParams(temperature=1.0).draw().seed is not None  # drawn once, sent along
+    assert SamplingParams(seed=3).draw() == Draw()  # greedy: no seed needed
 
 
 def test_sampling_params_json() -> None:

@@ -8,12 +8,12 @@ emulation a step lasts D times its emulated time: waiting for its end cost the e
 import asyncio
 import threading
 
-import torch
+import numpy as np
 
 from surge.config import EngineConfig
 from surge.engine.batch import BatchMeta
 from surge.engine.llm_engine import LLMEngine
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import Sampled, SamplingParams
 from surge.runtime.node.instance_loop import run_instance
 from surge.runtime.node.instances import AgentInstances
 from surge.runtime.node.local_instance import LocalInstance
@@ -32,7 +32,7 @@ WAIT_S = 10.0
 
 class GatedExecutor:
     """Runs no model: each forward waits until the test opens the gate (a step in
-    progress, as long as the test likes), then answers logits that sample token 0."""
+    progress, as long as the test likes), then answers token 0 for each row."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -40,11 +40,11 @@ class GatedExecutor:
         self.entered = threading.Event()
         self.batches: list[tuple[int, ...]] = []
 
-    def forward(self, token_ids: torch.Tensor, batch: BatchMeta) -> torch.Tensor:
+    def step(self, token_ids: np.ndarray, batch: BatchMeta, draws: tuple) -> Sampled:
         self.batches.append(batch.seq_ids)
         self.entered.set()
         assert self.gate.wait(WAIT_S), "the test never ended the step"
-        return torch.zeros(len(batch.seq_ids), self.vocab_size)
+        return Sampled((0,) * sum(d is not None for d in draws))
 
     def free(self, seq_ids: list[int]) -> None:
         return None

@@ -24,10 +24,10 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 
+import numpy as np
+
 from surge.engine.batch import BatchMeta
-from surge.engine.sampling import Sampler, make_generator
 from surge.model.manifest import Manifest
-from surge.runtime import torch_import
 from surge.runtime.endpoints import LocalEndpoint
 from surge.runtime.migration.failures import failure_level
 from surge.runtime.pipeline_endpoint import PipelineEndpoint
@@ -143,10 +143,10 @@ async def live_prefill(
     deliver: Deliver | None = None,
     keep: bool = True,
 ) -> tuple[tuple[int, float, float], ...]:
-    """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node,
-    sample each first token here, then hand the requests (with their whole KV cache) to
-    `old`, which decodes them (BlitzScale §4 live autoscaling): its agent adopts each,
-    its own layers' K/V in place, the new node's pulled agent to agent. Under P/D
+    """Prefill `reqs` with the first T layers on `new_node` and the rest on `old`'s node
+    (whose stage picks each first token), then hand the requests (with their whole KV
+    cache) to `old`, which decodes them (BlitzScale §4 live autoscaling): its agent adopts
+    each, its own layers' K/V in place, the new node's pulled agent to agent. Under P/D
     (`deliver` given) that is so only with `keep` (`old` decodes, and has room for the
     request); else `deliver(req, parts, payload, num_cached)` hands it to a decode
     instance (`runtime/migration/pd_handoff.py`).
@@ -189,29 +189,26 @@ async def live_prefill(
             ),
         ),
     )
-    # Here, not at the top: the controller imports this module but runs a live prefill only
-    # under BlitzScale; the rest of it (and the HTTP-only CLI commands) never needs torch.
-    # Imported off the event loop (seconds, the first time: `torch_import`).
-    await torch_import.wait()
-    import torch
-
     try:
         seq_ids = tuple(range(len(reqs)))
         q = max(len(r.prompt_token_ids) for r in reqs)
-        tokens = torch.zeros(len(reqs), q, dtype=torch.int64)
+        tokens = np.zeros((len(reqs), q), dtype=np.int64)
         for b, r in enumerate(reqs):
-            tokens[b, : len(r.prompt_token_ids)] = torch.tensor(r.prompt_token_ids)
+            tokens[b, : len(r.prompt_token_ids)] = r.prompt_token_ids
         batch = BatchMeta(seq_ids, (0,) * len(reqs), tuple(len(r.prompt_token_ids) for r in reqs))
-        step = StageStepOp(pipeline=name, kind="tokens", shape=tuple(tokens.shape), batch=batch)
-        reply, body = await client.call_bytes(new_node, step, tokens.numpy())
-        logits = torch.frombuffer(bytearray(body), dtype=torch.float32).view(reply.shape)
-        gens = [None if r.params.greedy else make_generator(r.params.seed) for r in reqs]
-        first = Sampler()(logits, [r.params for r in reqs], gens)
+        draws = tuple(r.params.draw() for r in reqs)  # the old instance's stage picks
+        step = StageStepOp(
+            pipeline=name, kind="tokens", shape=tokens.shape, batch=batch, draws=draws
+        )
+        reply, _ = await client.call_bytes(new_node, step, tokens)
+        first = reply.sampled
         # Every first token of the batch is out when its prefill ends (BlitzScale §4: the
         # batch's TTFT), before any hand-off: a hand-off moves K/V and, under P/D, waits
         # for decode room, so first tokens stamped between them came one hand-off apart.
-        for r, tok in zip(reqs, first, strict=True):
+        for b, (r, tok) in enumerate(zip(reqs, first.tokens, strict=True)):
             r.hops.append(name)
+            if (lp := first.logprobs_of(b)) is not None:
+                r.add_logprobs(lp)
             stop = not r.params.ignore_eos and tok in manifest.arch.eos_token_ids
             r.add_token(tok, stop or r.params.max_tokens == 1, "stop" if stop else "length")
         for b, r in enumerate(reqs):

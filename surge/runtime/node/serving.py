@@ -4,8 +4,10 @@ Pipeline stages (λScale §4.3): `stage_open` makes a runner over a layer range 
 node's gpu-tier blocks (views, no copies) with the KV cache of exactly those layers;
 `stage_step` runs one micro-batch — token ids at the head stage, hidden states elsewhere —
 and hands the result to the next stage over the agents' own connections; the last stage
-returns float32 logits, which travel back along the chain to whoever sent the step (the
-pipeline's head engine, which samples). `stage_free` drops finished sequences along the
+picks each row's next token from its logits (`engine/sampling.py` `sample`, by the step's
+`draws`: a seeded token's generator is a function of its seed and position, so a stage
+keeps nothing between steps) and the token ids travel back along the chain to whoever sent
+the step (the pipeline's head engine). `stage_free` drops finished sequences along the
 whole chain. Several micro-batches may be in the chain at once (2D pipelining): each stage
 computes one at a time, in a worker thread, so the agent keeps serving the network.
 
@@ -27,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from surge.emulation import TrafficCharges, traffic_charges
+from surge.engine.sampling import sample
 from surge.errors import SurgeError
 from surge.policy.versions import refuse_stage
 from surge.runtime.node.context import Handlers, NodeContext
@@ -166,10 +169,10 @@ class AgentServing:
             else:
                 hidden, batch, _ = hidden_from_bytes(p)
             hidden = stage.runner.run_layers(stage.first_layer, stage.end_layer, hidden, batch)
-            if stage.next_node is None:
-                logits = stage.runner.logits(hidden, batch).contiguous()
-                return StageStepReply(shape=tuple(logits.shape)), logits.numpy(), batch.q_lens
-            forward = StageStepOp(pipeline=stage.pipeline, kind="hidden")
+            if stage.next_node is None:  # token ids back, not vocab x 4 bytes of logits a row
+                sampled = sample(stage.runner.logits(hidden, batch), op.draws, batch)
+                return StageStepReply(sampled=sampled), b"", batch.q_lens
+            forward = StageStepOp(pipeline=stage.pipeline, kind="hidden", draws=op.draws)
             return forward, hidden_to_bytes(hidden, batch), batch.q_lens
 
         self.steps_in_flight += 1
@@ -185,7 +188,7 @@ class AgentServing:
         finally:
             self.steps_in_flight -= 1
         pace = self._charges(stage.model).hidden
-        if isinstance(out, StageStepOp):  # hand on to the next stage; its logits come back
+        if isinstance(out, StageStepOp):  # hand on to the next stage; its tokens come back
             async with self._peer_conn(stage.next_node) as nxt:
                 reply, payload = await nxt.request(out.to_json(), payload, pace=pace)
             later = StageStepReply.from_json(reply)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from surge.engine.batch import BatchMeta
-from surge.engine.sampling import SamplingParams
+from surge.engine.sampling import Draw, SamplingParams
 from surge.json_codec import Named, Registry, require
 from surge.model.manifest import Manifest
 from surge.policy.paraserve.prefetch import Priority
@@ -226,7 +226,7 @@ class PullFromOp(Op[Ack], name="pull_from"):
 @dataclass(frozen=True)
 class StageOpenOp(Op[PipelineReply], name="stage_open", reply=PipelineReply):
     """Open layers [first_layer, end_layer) of a pipeline here; `next_node` runs the rest
-    (None: this stage is the last and returns logits)."""
+    (None: this stage is the last: it picks each step's tokens and returns them)."""
 
     pipeline: str
     model: str
@@ -250,17 +250,25 @@ class StageOpenOp(Op[PipelineReply], name="stage_open", reply=PipelineReply):
 @dataclass(frozen=True)
 class StageStepOp(Op[StageStepReply], name="stage_step", reply=StageStepReply):
     """One micro-batch through a stage. `tokens`: int64 ids [B, Q] in the payload, with
-    `shape` and `batch`; `hidden`: a hidden-states frame (engine/hidden.py) in the payload."""
+    `shape` and `batch`; `hidden`: a hidden-states frame (engine/hidden.py) in the payload.
+    `draws` go along the chain to the last stage, which picks each row's next token from
+    its logits (`engine/sampling.py` `sample`) and answers token ids, not logits."""
 
     pipeline: str
     kind: Literal["tokens", "hidden"]
     shape: tuple[int, ...] | None = None
     batch: BatchMeta | None = None
+    draws: tuple[Draw | None, ...] = ()
+    """Per row, what picks its next token (None: a prompt piece, none picked); `()`: no
+    row picks one (a step that only fills the caches)."""
 
     def __post_init__(self) -> None:
         if self.kind == "tokens":
             ok = self.shape is not None and self.batch is not None
             require(ok, "op stage_step", "kind 'tokens' needs shape and batch")
+            n = self.batch.num_seqs if self.batch is not None else 0
+            ok = not self.draws or len(self.draws) == n
+            require(ok, "op stage_step", f"{len(self.draws)} draws for {n} rows")
 
 
 @dataclass(frozen=True)

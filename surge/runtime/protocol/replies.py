@@ -7,9 +7,10 @@ Replies accept keys they do not know, so an older client reads a newer agent's a
 Owned by the runtime (see docs/runtime.md, Protocol).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from surge.engine.sampling import Sampled
 from surge.json_codec import Message, require
 from surge.policy.multicast.topology import NodeLinks
 
@@ -181,10 +182,9 @@ class PipelineReply(Reply):
 
 @dataclass(frozen=True)
 class StageStepReply(Reply):
-    """The last stage's logits (float32, row-major) are the frame payload."""
+    """The tokens the last stage picked (`StageStepOp.draws`); no payload."""
 
-    shape: tuple[int, ...]
-    kind: Literal["logits"] = "logits"
+    sampled: Sampled = field(default_factory=Sampled)
     spans: tuple[tuple[int, float, float], ...] = ()
     """(node, start, end) of each stage's compute for this step, in stage order (wall
     clock, seconds since the epoch): who worked on which batch when (BlitzScale's
