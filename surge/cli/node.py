@@ -15,6 +15,7 @@ import typer
 
 from surge.cli.listener import check_port
 from surge.cli.log_level import log_level as checked_log_level
+from surge.cli.outputs import make_writable_dir
 from surge.errors import SurgeError
 
 app = typer.Typer(help="Run a node agent (normally started by a launcher).", no_args_is_help=True)
@@ -126,6 +127,7 @@ def run(
 
     token = resolve_token(token_file, "an agent")
     check_port(port)
+    make_writable_dir(disk_dir, "--disk-dir")
     caps = (
         ("egress", egress_gbps),
         ("ingress", ingress_gbps),
@@ -206,6 +208,7 @@ def certs(
         raise SurgeError("--members needs at least one name, like controller,agent")
     if days < 1:
         raise SurgeError(f"--days must be >= 1 (got {days})")
+    make_writable_dir(out_dir, "OUT_DIR")
     if not (out_dir / "ca.pem").is_file():
         make_ca(out_dir, days)
     for name in names:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from surge.cli.log_level import log_level
+from surge.cli.outputs import make_writable_dir
 from surge.control.settings import ControllerConfig
 from surge.errors import SurgeError
 from surge.policy.nodes.machine_fit import ClusterAsk, MachineFacts, machine_problems
@@ -177,15 +178,7 @@ def step_profile_dir(cfg: dict[str, Any]) -> Path | None:
 
 def make_state_dir(path: Path) -> None:
     """Create the state directory and check it is writable, or one `SurgeError` line."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        raise SurgeError(
-            f"--state-dir {path} cannot be used ({e.strerror}); give a writable directory"
-        ) from None
+    make_writable_dir(path, "--state-dir")
 
 
 CONTROLLER_FIELDS: dict[str, Callable[[Any], Any]] = {

@@ -157,6 +157,7 @@ def test_a_thin_client_whose_server_is_slow_says_so(monkeypatch: pytest.MonkeyPa
 NODE_FLAG_ERRORS = {
     "log-level": (("--log-level", "verbose"), "--log-level must be one of debug, info"),
     "port": (("--port", "99999"), "--port must be 0..65535 (got 99999)"),
+    "disk-dir": (("--disk-dir", "/proc/surge-x/d"), "--disk-dir /proc/surge-x/d cannot be used"),
 }
 """`surge node run` flags that ended in a traceback after the agent's flags were read."""
 
@@ -169,3 +170,8 @@ def test_node_run_flags_are_one_error_line(tmp_path: Path, case: str) -> None:
     env = {**os.environ, "SURGE_TOKEN": "0123456789abcdef0123"}
     proc = run_surge("node", "run", *[x for kv in flags.items() for x in kv], env=env, timeout=60)
     assert_one_line_error(proc, words)
+
+
+def test_node_certs_into_a_directory_that_cannot_be_made_is_one_error_line() -> None:
+    proc = run_surge("node", "certs", "/proc/surge-x/certs", timeout=60)
+    assert_one_line_error(proc, "OUT_DIR /proc/surge-x/certs cannot be used", "writable")
