@@ -347,6 +347,10 @@ class Timeline:
             raise SurgeError(f"timeline file {path} does not exist") from None
         except (OSError, ValueError) as e:
             raise SurgeError(f"timeline file {path} is not JSON: {e}") from None
+        except RecursionError:  # json's parser recurses per level: '[' * 100000 was a traceback
+            raise SurgeError(
+                f"timeline file {path} is nested too deeply to be a timeline"
+            ) from None
         return Timeline.from_json(data)
 
 

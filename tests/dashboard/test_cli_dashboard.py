@@ -22,6 +22,11 @@ def test_bad_timeline_files_are_one_error_line(tmp_path) -> None:
     r = run_surge("dashboard", str(bad))
     assert r.returncode == 2 and "unknown timeline event 'warp'" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)  # a RecursionError traceback before
+    r = run_surge("dashboard", str(deep))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_serves_the_page_and_the_timeline_until_sigterm(tmp_path) -> None:
