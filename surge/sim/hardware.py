@@ -256,8 +256,8 @@ def cluster_spec(name_or_file: str) -> dict:
             )
         try:
             spec = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise SurgeError(f"cluster file {path} is not valid JSON ({e})") from None
+        except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+            raise SurgeError(f"cluster file {path} is not valid JSON ({str(e)[:200]})") from None
     return spec
 
 

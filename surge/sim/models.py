@@ -39,7 +39,8 @@ class ModelProfile:
     """Bytes per parameter (2 for fp16/bf16)."""
 
     def __post_init__(self) -> None:
-        if min(self.num_layers, self.hidden_size, self.intermediate_size, self.vocab_size) < 1:
+        sizes = (self.num_layers, self.hidden_size, self.intermediate_size, self.vocab_size)
+        if min(*sizes, self.num_key_value_heads) < 1:  # KV heads 0: a ZeroDivisionError below
             raise SurgeError(f"model {self.name}: sizes must be >= 1")
         if self.num_attention_heads % self.num_key_value_heads:
             raise SurgeError(f"model {self.name}: heads must be a multiple of KV heads")
@@ -95,19 +96,39 @@ def load_model(name: str) -> ModelProfile:
     if name in table and not name.startswith("_"):
         d = table[name]
     elif name.endswith(".json") and Path(name).is_file():
-        d = json.loads(Path(name).read_text())
+        d = _model_file(Path(name))
         name = str(d.get("name", Path(name).stem))
     else:
         raise SurgeError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
-    return ModelProfile(
-        name,
-        int(d["num_layers"]),
-        int(d["hidden_size"]),
-        int(d["intermediate_size"]),
-        int(d["num_attention_heads"]),
-        int(d["num_key_value_heads"]),
-        int(d["vocab_size"]),
-        int(d["context_tokens"]),
-        d.get("mlp", "gated") == "gated",
-        int(d.get("dtype_bytes", 2)),
-    )
+    try:
+        numbers = [int(d[k]) for k in SHAPE_KEYS] + [int(d.get("dtype_bytes", 2))]
+    except (KeyError, TypeError, ValueError):  # a model file's missing or non-number field
+        raise SurgeError(
+            f"model {name}: a model file needs the integers {', '.join(SHAPE_KEYS)} (as an "
+            "entry of the bundled models.json)"
+        ) from None
+    *shape, dtype_bytes = numbers
+    return ModelProfile(name, *shape, d.get("mlp", "gated") == "gated", dtype_bytes)
+
+
+SHAPE_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "context_tokens",
+)
+"""A model profile's shape, in `ModelProfile`'s order."""
+
+
+def _model_file(path: Path) -> dict:
+    """A `--model FILE.json`'s object, or one `SurgeError` (a traceback before)."""
+    try:
+        d = json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:
+        raise SurgeError(f"model file {path} is not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(d, dict):
+        raise SurgeError(f"model file {path} must hold one JSON object (a models.json entry)")
+    return d

@@ -171,8 +171,8 @@ def load_scenario(name_or_file: str) -> Scenario:
         )
     try:
         doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SurgeError(f"scenario file {path} is not valid JSON ({e})") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+        raise SurgeError(f"scenario file {path} is not valid JSON ({str(e)[:200]})") from None
     return parse_scenario(doc, str(path))
 
 
