@@ -284,7 +284,9 @@ def pool_load(pool: Pool, now_s: float, monitor: bool = False) -> PoolLoad:
         own = i.outstanding
         held = own + i.reserved if pd is None else pd.held(i)  # `Pool.held`
         if monitor:  # its heads read in one pass (`ServingEngine.monitor_reads`)
-            idle_s, rate, kv_use = i.monitor_reads()
+            idle_s, rate, kv = i.monitor_reads()
+            cap = i.kv_capacity_tokens
+            kv_use = min(1.0, kv / cap) if cap else 0.0  # tokens reserved over capacity
         else:
             idle_s, rate, kv_use = i.idle_since_s, 0.0, 0.0
         busy = not i.loaded or i.sending > 0

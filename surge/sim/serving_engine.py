@@ -224,11 +224,10 @@ class ServingEngine:
         return heads[0].kv_tokens if len(heads) == 1 else sum([h.kv_tokens for h in heads])
 
     def monitor_reads(self) -> tuple[float | None, float, float]:
-        """`idle_since_s`, `decode_tokens_per_s` and KV use (`kv_tokens` over
-        `kv_capacity_tokens`, at most 1; 0 without a cache) in one pass over the heads: an
-        autoscaler look with the load monitor reads all three of every instance
-        (`sim/scaling.py` `pool_load`). The properties' own values, each head's read as
-        its `Batcher` reads it and summed over the heads in order, as they sum."""
+        """`idle_since_s`, `decode_tokens_per_s` and `kv_tokens` in one pass over the heads:
+        an autoscaler look with the load monitor reads all three of every instance
+        (`sim/scaling.py` `pool_load`). The properties' own values, each head's read as its
+        `Batcher` reads it and summed over the heads in order, as they sum."""
         now, since, rates, kvs = self.loop.now_s, [], [], []
         for h in self.heads:
             since.append(h.idle_since_s)
@@ -240,12 +239,9 @@ class ServingEngine:
                 rates.append(0.0)
                 kvs.append(running.held_tokens(c.v))
         if len(kvs) == 1:  # one head: its own (0 + x is x, the sum's float)
-            idle_s, rate, kv = since[0], rates[0], kvs[0]
-        else:
-            idle_s = None if None in since else max(since)  # type: ignore[type-var]
-            rate, kv = sum(rates), sum(kvs)
-        cap = self._kv_capacity_tokens
-        return idle_s, rate, min(1.0, kv / cap) if cap else 0.0
+            return since[0], rates[0], kvs[0]
+        idle_s = None if None in since else max(since)  # type: ignore[type-var]
+        return idle_s, sum(rates), sum(kvs)
 
     @property
     def tokens_done(self) -> int:

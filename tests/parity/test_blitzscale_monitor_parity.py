@@ -101,7 +101,7 @@ def _sim_view(instances, at_router, router_tokens):
                 decode_tokens_per_s=0.0,
                 kv_tokens=0,
                 kv_capacity_tokens=0,
-                monitor_reads=lambda: (None, 0.0, 0.0),  # idle since, tokens/s, KV use
+                monitor_reads=lambda: (None, 0.0, 0),  # idle since, tokens/s, KV tokens
             )
         )
     prompts = (*at_router, *((router_tokens,) if router_tokens else ()))

@@ -109,6 +109,7 @@ def test_the_monitor_measures_kv_use_against_the_emulated_instance_as_the_simula
             decode_tokens_per_s=0.0,
             kv_tokens=held,
             kv_capacity_tokens=capacity,
+            monitor_reads=lambda: (None, 0.0, held),  # idle since, tokens/s, KV tokens
         )
     )
     sim = sim_pool_load(pool, 1.3, monitor=True)

@@ -155,9 +155,7 @@ def _monitor_checked(self: ServingEngine) -> tuple[float | None, float, float]:
     """`ServingEngine.monitor_reads` (one pass over the heads) checked against the
     properties read one by one, as `pool_load` read them."""
     kept = _monitor_kept(self)
-    cap = self.kv_capacity_tokens
-    kv_use = min(1.0, self.kv_tokens / cap) if cap else 0.0
-    assert kept == (self.idle_since_s, self.decode_tokens_per_s, kv_use), self.id
+    assert kept == (self.idle_since_s, self.decode_tokens_per_s, self.kv_tokens), self.id
     return kept
 
 
