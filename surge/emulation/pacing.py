@@ -10,6 +10,9 @@ in the agent's status, `/metrics` and benchmark JSON. An agent is one emulated G
 runs one step at a time (`StepPacer.step`): its local instance's steps and its pipeline
 stages' (a BlitzScale live batch's last layers on its partner, §4 Fig. 7 (d)) take turns, as
 the simulator's engine runs a live batch after what the partner already has (C2 of Eq. 1).
+Whose turn is next is `policy.blitzscale.live_step.next_step`'s (both bodies'): a live
+batch's step that reached the agent (`arrive`) goes before the local instance's next step,
+the live batches in the order they arrived.
 Before 2026-11-29 they ran at once, each at the emulated GPU's full speed: on the emulated
 §6.1 7B run a prefill instance prefilled its own batch and a live batch's last 15 of 16
 layers together: requests 8-11's first tokens at 1.425 s, the simulator's 1.68 s.
@@ -19,9 +22,10 @@ Owned by emulation/; used by the node agent (`runtime/node/instance_loop.py`, `n
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
+from surge.policy.blitzscale.live_step import OWN, next_step
 from surge.sim.costs import CostModel, cost_model
 from surge.sim.hardware import gpu_profile
 from surge.sim.models import ModelProfile
@@ -57,17 +61,62 @@ class StepPacer:
         self.clock, self.sleep = clock, sleep
         self._counts = PacingCounts()
         self._lock = threading.Lock()  # steps of several instances end in several threads
-        self._gpu = threading.Lock()
-        """Held by the step on the emulated GPU (`step`)."""
+        self._gpu = threading.Condition()
+        """Guards `_busy` and `_arrived`; waited on for the GPU's turn (`step`)."""
+        self._busy = False
+        """A step holds the emulated GPU."""
+        self._arrived: list[Hashable] = []
+        """The live batches whose step reached this agent and has not run, in the order
+        they arrived (`arrive`)."""
+
+    def arrive(self, live: Hashable) -> None:
+        """Live batch `live`'s step reached this agent: from now on the GPU's turns count
+        it (`step`), while it still waits for its stage (its compute group's step before
+        it) — until 2026-11-29 the local instance's next step took the GPU in that gap (on
+        the emulated §6.1 7B run the partner prefilled request 15, routed at 1.604 s,
+        before live batch 12-14's last layers, waiting since 1.12). Call `leave` if the
+        step will not run."""
+        with self._gpu:
+            if live not in self._arrived:
+                self._arrived.append(live)
+
+    def leave(self, live: Hashable) -> None:
+        """Live batch `live`'s step will not run (failed or cancelled before its turn)."""
+        with self._gpu:
+            if live in self._arrived:
+                self._arrived.remove(live)
+                self._gpu.notify_all()
+
+    def _my_turn(self, live: Hashable | None) -> bool:
+        """Whether the GPU is free and the step of `live` (`OWN`: a local instance's or a
+        stage's of no live batch) goes next (`policy.blitzscale.live_step.next_step`)."""
+        if self._busy:
+            return False
+        work = [*self._arrived, OWN] if live is OWN else self._arrived
+        chosen = next_step(work)
+        return bool(chosen) and work[chosen[0]] == live
 
     @contextlib.contextmanager
-    def step(self) -> Iterator[float]:
+    def step(self, live: Hashable | None = OWN) -> Iterator[float]:
         """One step on this agent's emulated GPU, from its start (yielded: this pacer's
         clock, for `pace`) to the end of its pacing: a step of another instance or stage of
         this agent waits for it, as on one GPU (a prefill keeps the GPU busy; two at once
-        would each take longer). Call `pace` inside it."""
+        would each take longer). `live`: the live batch whose last layers it runs (it
+        arrives now if it did not before); its turn comes as `next_step` says. Call `pace`
+        inside it."""
         with self._gpu:
+            if live is not OWN and live not in self._arrived:
+                self._arrived.append(live)
+            self._gpu.wait_for(lambda: self._my_turn(live))
+            self._busy = True
+            if live is not OWN:
+                self._arrived.remove(live)
+        try:
             yield self.clock()
+        finally:
+            with self._gpu:
+                self._busy = False
+                self._gpu.notify_all()
 
     def emulated_s(
         self, q_lens: Sequence[int], first_layer: int, end_layer: int, real_num_layers: int

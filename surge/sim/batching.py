@@ -6,7 +6,8 @@ pipeline's shared stages. Out: callbacks when a request gets its first token, is
 (prefill role) leaves for a decode instance. It knows nothing of GPUs, pools or loading.
 
 Cost model, event-light: at a step boundary (`sim/step_admission.py`) a prefill step admits
-waiting requests (batch, KV and `max_prefill_tokens` limits) and takes
+waiting requests (batch, KV and `max_prefill_tokens` limits; a BlitzScale live batch's last
+layers first, a step of their own: `policy.blitzscale.live_step.next_step`) and takes
 cost.prefill_s(tokens)/speed + hop; decode waits meanwhile (prefill-first, as vLLM). Its
 steps' timing is the `DecodeClock` it holds (`sim/decode_clock.py`: a decode clock V, only
 the next finish scheduled, O(1) events per request); this class decides what each step runs
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from typing import Self
 
 from surge.policy.blitzscale.handoff import decodes_where_prefilled
+from surge.policy.blitzscale.live_step import OWN, next_step
 from surge.sim.decode_batch import DecodeBatch
 from surge.sim.decode_clock import DECODE, IDLE, PREFILL, DecodeClock
 from surge.sim.engine_spec import EngineSpec
@@ -49,6 +51,7 @@ class Batcher:
     __slots__ = (
         "admitted_s",
         "clock",
+        "has_live",
         "held",
         "idle_since_s",
         "kv_capacity_tokens",
@@ -85,6 +88,9 @@ class Batcher:
         self.on_done = on_done
         self.on_prefilled = on_prefilled
         self.waiting: deque[SimRequest] = deque()
+        self.has_live = False
+        """A live batch's request reached `waiting` and no step took every one yet (most
+        engines never see one: `_admit` looks for them only then)."""
         self.running = DecodeBatch(spec.kv_capacity_tokens)
         """The requests decoding and the KV tokens held (by prompt, as vLLM admits)."""
         self.prefilling: list[SimRequest] = []
@@ -138,6 +144,7 @@ class Batcher:
         `start` False: the caller hands it more at this instant and then calls `start`."""
         self.idle_since_s = None
         self.waiting.append(req)
+        self.has_live = self.has_live or req.live_batch >= 0
         self.held.n += 1
         if req.first_token_s < 0:
             self.held.prompt_tokens += req.input_tokens
@@ -237,7 +244,13 @@ class Batcher:
 
     # --- internals ----------------------------------------------------------------
     def _admit(self) -> list[SimRequest]:
-        """Waiting requests that fit now (`step_admission.admissible`)."""
+        """What the next step takes: a live batch's requests alone when one waits
+        (`_live_step`), else the waiting requests that fit now
+        (`step_admission.admissible`)."""
+        if self.has_live:
+            batch = self._live_step()
+            if batch:
+                return batch
         n = admissible(
             self.waiting,
             len(self.running),
@@ -246,11 +259,32 @@ class Batcher:
             self.kv_capacity_tokens,
             self.max_prefill_tokens,
         )
-        batch = [self.waiting.popleft() for _ in range(n)]
-        self.held.n -= n  # out of the queue; counted again where each goes next
+        return self._took([self.waiting.popleft() for _ in range(n)])
+
+    def _took(self, batch: list[SimRequest]) -> list[SimRequest]:
+        """`batch` left `waiting` for the next step."""
+        self.held.n -= len(batch)  # out of the queue; counted again where each goes next
         self.held.prompt_tokens -= without_first_token(batch)
-        self.admitted_s.extend([self.loop.now_s] * n)
+        self.admitted_s.extend([self.loop.now_s] * len(batch))
         return batch
+
+    def _live_step(self) -> list[SimRequest]:
+        """The first-arrived live batch's requests, taken off `waiting`, when one waits:
+        its last layers are a step of their own, before this engine's own requests
+        (`policy.blitzscale.live_step.next_step`, BlitzScale §5.2 Eq. 1), whole, as the
+        runtime's one stage step of the batch (no admission limit splits it); else none
+        (and no live batch waits any more)."""
+        keys = [r.live_batch if r.live_batch >= 0 else OWN for r in self.waiting]
+        chosen = next_step(keys)
+        if not chosen or keys[chosen[0]] is OWN:
+            self.has_live = False
+            return []
+        taken = set(chosen)
+        batch = [self.waiting[i] for i in chosen]
+        kept = [r for i, r in enumerate(self.waiting) if i not in taken]
+        self.waiting.clear()
+        self.waiting.extend(kept)
+        return self._took(batch)
 
     def _advance(self) -> None:
         """Start the next prefill if requests wait and fit, else decode, else idle."""
@@ -328,6 +362,7 @@ class Batcher:
                 req.generated += 1  # a recomputing prefill samples its next token (vLLM)
             req.recompute = False
             req.skip_layers = 0
+            req.live_batch = -1
             if req.first_token_s < 0:
                 req.first_token_s = self.loop.now_s
                 req.generated = 1

@@ -18,7 +18,9 @@ the request's first token comes when the source finishes, then it decodes there 
 P/D, hands its KV cache to a decode instance as any prefill). C2 is carried out, not
 assumed: a batch reaches the source only when the target has finished its T layers and the
 activation has crossed the network (a flow that shares links with the multicast), and the
-source runs it FIFO after what it already has. The target executes one batch at a time and
+source runs its S layers as a step of their own, after the live batches that reached it
+first and before its own requests (`policy.blitzscale.live_step.next_step`, Eq. 1: "executed
+in a FIFO order"; `sim/batching.py` carries it out). The target executes one batch at a time and
 takes the next while the source runs the last (Fig. 12b), up to `LiveSettings.max_in_flight`
 batches under way (started, first token not back), as the runtime's batch tasks are. A
 zigzag batch waiting for layers is looked at again when the block that brings them lands
@@ -277,6 +279,7 @@ class LiveScaling:
         source = next(i for i in sources if i.id == action.source)
         self._take(t, batch, sources)
         now = self.world.loop.now_s
+        key = len(self.world.result.live_batches)
         self.world.result.live_batches.append(
             LiveRecord(
                 now,
@@ -296,7 +299,7 @@ class LiveScaling:
         t.batches.append(batch)
         tokens = sum(r.prefill_tokens for r in batch)
         run_s = t.inst.cost.prefill_s(tokens, split)
-        done = functools.partial(self._target_done, t, source, split, batch, tokens)
+        done = functools.partial(self._target_done, t, source, split, batch, tokens, key)
         self.world.loop.schedule(now + run_s, Priority.INSTANCE, t.inst.id, done)
 
     def _take(self, t: _Target, batch: list[SimRequest], sources: list[Instance]) -> None:
@@ -308,14 +311,23 @@ class LiveScaling:
             s.remove_waiting(ids)
 
     def _target_done(
-        self, t: _Target, source: Instance, split: int, batch: list[SimRequest], tokens: int
+        self,
+        t: _Target,
+        source: Instance,
+        split: int,
+        batch: list[SimRequest],
+        tokens: int,
+        key: int,
     ) -> None:
         """The target ran its layers: the activation crosses to the source, which runs
-        the rest FIFO (C2); the target takes its next batch."""
+        the rest as a step of its own, after the live batches that reached it first and
+        before its own requests (C2, `policy.blitzscale.live_step`); the target takes its
+        next batch. `key`: the batch's `live_batches` index."""
         world = self.world
         prof = world.models[t.pool.model].profile
         for r in batch:
             r.skip_layers = split
+            r.live_batch = key
         t.busy = False
         name = world.models[t.pool.model].name
         world.publish(
@@ -330,7 +342,7 @@ class LiveScaling:
         def arrived() -> None:
             if source.released:  # the source went away: the batch starts over
                 for r in batch:
-                    r.skip_layers = 0
+                    r.skip_layers, r.live_batch = 0, -1
                 self.requests.requeue(t.pool, list(batch))
             else:
                 source.submit_many(batch)

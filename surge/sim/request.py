@@ -22,6 +22,7 @@ class SimRequest:
         "input_tokens",
         "kv_arrived_s",
         "kv_ready",
+        "live_batch",
         "model",
         "output_tokens",
         "parked_s",
@@ -65,6 +66,10 @@ class SimRequest:
         self.skip_layers = 0
         """First layers of its next prefill already run on another instance (BlitzScale
         live scaling, §4): the prefill here runs only the rest."""
+        self.live_batch = -1
+        """With `skip_layers`: the live batch it belongs to (its `SimResult.live_batches`
+        index; -1: none). A live batch's last layers are a step of their own on its partner
+        (`policy.blitzscale.live_step.next_step`)."""
 
     @property
     def prefill_tokens(self) -> int:

@@ -60,7 +60,7 @@ def _sim_first_tokens(tmp_path) -> tuple[CostModel, float, float]:
     loop.run(until_s=ARRIVES_AT * partner.cost.prefill_s(OWN_TOKENS))
     batch = [SimRequest(1 + i, 0, 0.0, n, 4) for i, n in enumerate(LIVE_PROMPTS)]
     for r in batch:  # as `LiveScaling._target_done`'s activation arriving at the source
-        r.skip_layers = SPLIT
+        r.skip_layers, r.live_batch = SPLIT, 0
     partner.submit_many(batch)
     loop.run(until_s=loop.now_s + 10.0)
     assert batch[0].first_token_s == batch[1].first_token_s

@@ -147,11 +147,16 @@ class AgentServing:
 
         stage = self._stage(op.pipeline)
         pacer = self.ctx.pacer
+        # a live prefill's stage (BlitzScale §5.2): its step goes before the local instance's
+        # next one from now on, even while it waits for its group (`StepPacer.arrive`)
+        live = op.pipeline if stage.compute_group is not None else None
+        if pacer is not None and live is not None:
+            pacer.arrive(live)
 
         def compute() -> tuple[StageStepOp | StageStepReply, Any, tuple[int, float, float]]:
             # under emulation the agent's one GPU: its local instance's step in progress first
             # (a live batch's last layers on a partner busy prefilling its own batch)
-            gpu = contextlib.nullcontext(0.0) if pacer is None else pacer.step()
+            gpu = contextlib.nullcontext(0.0) if pacer is None else pacer.step(live)
             with gpu as started_s:
                 t0 = time.time()
                 out = run()
@@ -187,6 +192,8 @@ class AgentServing:
                 out, payload, span = await asyncio.to_thread(compute)
         finally:
             self.steps_in_flight -= 1
+            if pacer is not None and live is not None:
+                pacer.leave(live)  # ran already, or will not
         pace = self._charges(stage.model).hidden
         if isinstance(out, StageStepOp):  # hand on to the next stage; its tokens come back
             async with self._peer_conn(stage.next_node) as nxt:
