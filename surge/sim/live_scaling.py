@@ -297,6 +297,13 @@ class LiveScaling:
         )
         t.busy = True
         t.batches.append(batch)
+        # its partner's load from now on (the router's room, the autoscaler's and the P/D
+        # views), as the runtime's `LocalEndpoint.live` from the batch's start: its last
+        # layers will run there. Until 2026-11-29 only once its activation arrived: on the
+        # emulated §6.1 7B scenario the router saw room on the partner while batch 15-18's
+        # first 13 layers ran (1.687-1.81 s) and gave it 19 and 25-28, which the runtime
+        # kept for the next instance (node 2 at 2.084).
+        source.reserved += len(batch)
         tokens = sum(r.prefill_tokens for r in batch)
         run_s = t.inst.cost.prefill_s(tokens, split)
         done = functools.partial(self._target_done, t, source, split, batch, tokens, key)
@@ -340,6 +347,7 @@ class LiveScaling:
         )
 
         def arrived() -> None:
+            source.reserved -= len(batch)  # in its engine from now on
             if source.released:  # the source went away: the batch starts over
                 for r in batch:
                     r.skip_layers, r.live_batch = 0, -1

@@ -353,3 +353,31 @@ def test_a_live_batch_on_its_partner_is_the_partners_load_not_queued(tmp_path) -
     _, _, _, runtime = _runtime_batches()
     sim = _sim_load(tmp_path)
     assert runtime == sim == (NUM_WAITING - 2 * SYSTEM.live_batch, 2 * SYSTEM.live_batch)
+
+
+def _sim_load_at_start(tmp_path) -> Load:
+    """The simulator's pool load as batch 2 starts, before batch 1's activation reaches
+    the source (batch 1's T layers done, its activation crossing)."""
+    sim, source, _, reqs = _sim_live(tmp_path)
+    records = sim.world.result.live_batches
+    loop = sim.world.loop
+    for k in range(1, 100_000):
+        loop.run(until_s=k * 1e-5)
+        if len(records) == 2:
+            break
+    assert source.outstanding == 0, "batch 1's activation must still be on its way"
+    load = sim_pool_load(entry_pool(sim), loop.now_s)
+    return load.queued, load.instances[0].outstanding
+
+
+def test_a_live_batch_is_its_partners_load_from_its_start(tmp_path) -> None:
+    """A batch's requests are its partner's load from the batch's start (its last layers
+    will run there), while the target runs its first layers and the activation crosses:
+    the runtime's `LocalEndpoint.live` from `_run_batch`'s start. Before 2026-11-29 the
+    simulator counted them only once the activation arrived (until then on no instance and
+    not queued): on the emulated §6.1 7B scenario its router saw room on the partner while
+    batch 15-18's first 13 layers ran (1.687-1.81 s) and gave it requests 19 and 25-28,
+    which the runtime kept at the router for the next instance (node 2, 2.084 s)."""
+    _, _, _, runtime = _runtime_batches()
+    sim = _sim_load_at_start(tmp_path)
+    assert runtime == sim == (NUM_WAITING - 2 * SYSTEM.live_batch, 2 * SYSTEM.live_batch)
