@@ -358,7 +358,7 @@ def test_a_live_batch_on_its_partner_is_the_partners_load_not_queued(tmp_path) -
 def _sim_load_at_start(tmp_path) -> Load:
     """The simulator's pool load as batch 2 starts, before batch 1's activation reaches
     the source (batch 1's T layers done, its activation crossing)."""
-    sim, source, _, reqs = _sim_live(tmp_path)
+    sim, source, _, _ = _sim_live(tmp_path)
     records = sim.world.result.live_batches
     loop = sim.world.loop
     for k in range(1, 100_000):
