@@ -10,6 +10,7 @@ from surge.policy.copies.keepalive import CacheEntry
 from surge.policy.systems import SystemConfig
 from surge.sim.instance import Instance, Placement
 from surge.sim.pools import Pool
+from surge.sim.request import SimRequest
 from surge.sim.settings import SimSettings
 from surge.sim.simulator import Simulation
 from surge.traces.request import Trace
@@ -88,3 +89,22 @@ def instance_on(sim: Simulation, machine: int, serving: bool, gpu_index: int = 0
         inst.loaded = inst.serving = True
         pool.instances.append(inst)
     return inst
+
+
+def busy_partner(
+    tmp_path: Path,
+    system: SystemConfig,
+    num_layers: int,
+    own_tokens: int,
+    output_tokens: int,
+    share: float,
+) -> tuple[Instance, SimRequest]:
+    """A serving instance on machine 0 (of two) prefilling one request of its own
+    (`own_tokens`) and the loop run `share` of that step (a live batch's partner, busy):
+    the instance and its request."""
+    sim = simulation(tmp_path, system, 2, "registry", (num_layers,))
+    partner = instance_on(sim, 0, serving=True)
+    own = SimRequest(0, 0, 0.0, own_tokens, output_tokens)
+    partner.submit_many([own])
+    sim.world.loop.run(until_s=share * partner.cost.prefill_s(own_tokens))
+    return partner, own

@@ -34,7 +34,7 @@ from surge.runtime.protocol import StageStepOp
 from surge.sim.costs import CostModel
 from surge.sim.models import load_model
 from surge.sim.request import SimRequest
-from tests.parity.sim_world import instance_on, simulation
+from tests.parity.sim_world import busy_partner
 
 NUM_LAYERS = 8
 SYSTEM = replace(system_config("blitzscale"), pd_disaggregation=False, num_blocks=NUM_LAYERS)
@@ -52,12 +52,8 @@ OWN_STEP_REAL_S = 0.4
 
 def _sim_first_tokens(tmp_path) -> tuple[CostModel, float, float]:
     """The partner's own first token and the live batch's, in simulated seconds."""
-    sim = simulation(tmp_path, SYSTEM, 2, "registry", (NUM_LAYERS,))
-    partner = instance_on(sim, 0, serving=True)
-    own = SimRequest(0, 0, 0.0, OWN_TOKENS, 4)
-    partner.submit_many([own])
-    loop = sim.world.loop
-    loop.run(until_s=ARRIVES_AT * partner.cost.prefill_s(OWN_TOKENS))
+    partner, own = busy_partner(tmp_path, SYSTEM, NUM_LAYERS, OWN_TOKENS, 4, ARRIVES_AT)
+    loop = partner.loop
     batch = [SimRequest(1 + i, 0, 0.0, n, 4) for i, n in enumerate(LIVE_PROMPTS)]
     for r in batch:  # as `LiveScaling._target_done`'s activation arriving at the source
         r.skip_layers, r.live_batch = SPLIT, 0

@@ -38,7 +38,7 @@ from surge.runtime.protocol import StageOpenOp, StageStepOp
 from surge.sim.costs import CostModel
 from surge.sim.models import load_model
 from surge.sim.request import SimRequest
-from tests.parity.sim_world import instance_on, simulation
+from tests.parity.sim_world import busy_partner
 
 NUM_LAYERS = 8
 SYSTEM = replace(system_config("blitzscale"), pd_disaggregation=False, num_blocks=NUM_LAYERS)
@@ -79,12 +79,8 @@ def _expected(cost: CostModel) -> dict[str, float]:
 
 def _sim_first_tokens(tmp_path) -> tuple[CostModel, dict[str, float]]:
     """Each step's first tokens on the simulated partner, in simulated seconds."""
-    sim = simulation(tmp_path, SYSTEM, 2, "registry", (NUM_LAYERS,))
-    partner = instance_on(sim, 0, serving=True)
-    a = SimRequest(0, 0, 0.0, OWN_A, 1)
-    partner.submit_many([a])
-    loop = sim.world.loop
-    loop.run(until_s=ARRIVES_AT * partner.cost.prefill_s(OWN_A))
+    partner, a = busy_partner(tmp_path, SYSTEM, NUM_LAYERS, OWN_A, 1, ARRIVES_AT)
+    loop = partner.loop
     firsts: dict[str, SimRequest] = {"A": a}
     for key, (name, prompts) in enumerate(LIVE.items()):
         batch = [SimRequest(10 * (key + 1) + i, 0, 0.0, n, 1) for i, n in enumerate(prompts)]
