@@ -10,9 +10,9 @@ in the agent's status, `/metrics` and benchmark JSON. An agent is one emulated G
 runs one step at a time (`StepPacer.step`): its local instance's steps and its pipeline
 stages' (a BlitzScale live batch's last layers on its partner, §4 Fig. 7 (d)) take turns, as
 the simulator's engine runs a live batch after what the partner already has (C2 of Eq. 1).
-Whose turn is next is `policy.blitzscale.live_step.next_step`'s (both bodies'): a live
-batch's step that reached the agent (`arrive`) goes before the local instance's next step,
-the live batches in the order they arrived.
+Whose turn is next is the `turn` rule the agent passes in, `policy.blitzscale.live_step
+.next_step` (both bodies'): a live batch's step that reached the agent (`arrive`) goes
+before the local instance's next step, the live batches in the order they arrived.
 Before 2026-11-29 they ran at once, each at the emulated GPU's full speed: on the emulated
 §6.1 7B run a prefill instance prefilled its own batch and a live batch's last 15 of 16
 layers together: requests 8-11's first tokens at 1.425 s, the simulator's 1.68 s.
@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
-from surge.policy.blitzscale.live_step import OWN, next_step
 from surge.sim.costs import CostModel, cost_model
 from surge.sim.hardware import gpu_profile
 from surge.sim.models import ModelProfile
@@ -53,6 +52,7 @@ class StepPacer:
         time_dilation: float,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
+        turn: Callable[[Sequence[Hashable | None]], tuple[int, ...]] | None = None,
     ) -> None:
         self.model = model
         """The emulated model."""
@@ -68,6 +68,11 @@ class StepPacer:
         self._arrived: list[Hashable] = []
         """The live batches whose step reached this agent and has not run, in the order
         they arrived (`arrive`)."""
+        self._turn = turn
+        """Which of the work waiting (live batches' keys in arrival order, None for a step
+        of no live batch) goes next: `policy.blitzscale.live_step.next_step`, as the agent
+        passes it (`runtime/node/context.step_pacer`); None: whichever step takes the GPU
+        first."""
 
     def arrive(self, live: Hashable) -> None:
         """Live batch `live`'s step reached this agent: from now on the GPU's turns count
@@ -88,28 +93,30 @@ class StepPacer:
                 self._gpu.notify_all()
 
     def _my_turn(self, live: Hashable | None) -> bool:
-        """Whether the GPU is free and the step of `live` (`OWN`: a local instance's or a
-        stage's of no live batch) goes next (`policy.blitzscale.live_step.next_step`)."""
+        """Whether the GPU is free and the step of `live` (None: a local instance's or a
+        stage's of no live batch) goes next (`_turn`)."""
         if self._busy:
             return False
-        work = [*self._arrived, OWN] if live is OWN else self._arrived
-        chosen = next_step(work)
+        if self._turn is None:
+            return True
+        work = [*self._arrived, None] if live is None else self._arrived
+        chosen = self._turn(work)
         return bool(chosen) and work[chosen[0]] == live
 
     @contextlib.contextmanager
-    def step(self, live: Hashable | None = OWN) -> Iterator[float]:
+    def step(self, live: Hashable | None = None) -> Iterator[float]:
         """One step on this agent's emulated GPU, from its start (yielded: this pacer's
         clock, for `pace`) to the end of its pacing: a step of another instance or stage of
         this agent waits for it, as on one GPU (a prefill keeps the GPU busy; two at once
         would each take longer). `live`: the live batch whose last layers it runs (it
-        arrives now if it did not before); its turn comes as `next_step` says. Call `pace`
+        arrives now if it did not before); its turn comes as `_turn` says. Call `pace`
         inside it."""
         with self._gpu:
-            if live is not OWN and live not in self._arrived:
+            if live is not None and live not in self._arrived:
                 self._arrived.append(live)
             self._gpu.wait_for(lambda: self._my_turn(live))
             self._busy = True
-            if live is not OWN:
+            if live is not None:
                 self._arrived.remove(live)
         try:
             yield self.clock()

@@ -33,6 +33,7 @@ from surge.engine.hidden import hidden_to_bytes
 from surge.policy.blitzscale.live_step import OWN, next_step
 from surge.policy.systems import system_config
 from surge.runtime.node import instance_loop
+from surge.runtime.node.context import step_pacer
 from surge.runtime.node.serving import NO_CHARGES, AgentServing
 from surge.runtime.protocol import StageOpenOp, StageStepOp
 from surge.sim.costs import CostModel
@@ -113,7 +114,7 @@ def _runtime_first_tokens(cost: CostModel, monkeypatch) -> dict[str, float]:
     soon as A is done) and the live batches' last stages (`op_stage_step`, one compute
     group), in emulated seconds (real / D) from A's start."""
     d = OWN_STEP_REAL_S / cost.prefill_s(OWN_A)
-    pacer = StepPacer(load_model("llama2-7b"), "A100", d)
+    pacer = StepPacer(load_model("llama2-7b"), "A100", d, turn=next_step)  # as the agent's
     pacer.cost = cost  # the simulator's cost model, as the pacer's own is the simulator's
     ctx = SimpleNamespace(pacer=pacer, node=0)
     own = [BatchMeta((0,), (0,), (OWN_A,)), BatchMeta((1,), (0,), (OWN_B,))]
@@ -179,10 +180,19 @@ def test_a_live_batch_runs_alone_and_first_on_its_partner_in_both_bodies(
         assert runtime[name] == pytest.approx(sim[name], rel=0.15), (name, runtime, sim)
 
 
+def test_the_agents_pacer_takes_turns_by_the_policy() -> None:
+    """An emulated agent's pacer (`step_pacer`) takes its GPU's turns by `next_step`."""
+    config = SimpleNamespace(
+        emulate="blitzscale-a-hosts:llama2-7b", emulated_gpu="A100", time_dilation=40.0
+    )
+    pacer = step_pacer(config)  # type: ignore[arg-type]
+    assert pacer is not None and pacer._turn is next_step
+
+
 def test_the_gpu_turn_goes_to_an_arrived_live_batch() -> None:
     """`StepPacer`'s turns (no pacing): a local step asked for while a live batch has
     arrived waits for that batch's step, which may come later."""
-    pacer = StepPacer(load_model("llama2-7b"), "A100", 1.0)
+    pacer = StepPacer(load_model("llama2-7b"), "A100", 1.0, turn=next_step)
     order: list[str] = []
     pacer.arrive("live-1")
 

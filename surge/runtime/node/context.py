@@ -17,6 +17,7 @@ from typing import Any
 from surge.config import EngineConfig
 from surge.emulation import EmulationConfig, StepPacer
 from surge.errors import SurgeError
+from surge.policy.blitzscale.live_step import next_step
 from surge.runtime.handshake import connect
 from surge.runtime.node.inflight import InFlight
 from surge.runtime.protocol import Event, Op, Reply
@@ -114,7 +115,9 @@ def step_pacer(config: AgentConfig) -> StepPacer | None:
     if config.emulate is None or config.emulated_gpu is None:
         return None
     emulation = EmulationConfig.parse(config.emulate, config.time_dilation)
-    return StepPacer(emulation.profile, config.emulated_gpu, config.time_dilation)
+    # whose step goes next on its one GPU: a live batch's last layers before the local
+    # instance's next step (BlitzScale §5.2 Eq. 1, `live_step.next_step`, as the simulator)
+    return StepPacer(emulation.profile, config.emulated_gpu, config.time_dilation, turn=next_step)
 
 
 _engine_imported = False
