@@ -15,8 +15,8 @@ while batch 2 waited for batch 1's step to release their compute group): on the 
 §6.1 7B run the partner prefilled request 15 (routed at 1.604 s) before batch 12-14's last
 layers (docs/emulation.md).
 
-The runtime side is real time: the pacer's time dilation makes A last about 0.4 s; the
-bodies agree within 15%."""
+The runtime side is real time: the pacer's time dilation makes A last about 1 s (on a
+loaded box a step may start ~0.2 s late); the bodies agree within 15%."""
 
 import asyncio
 import threading
@@ -51,7 +51,7 @@ LIVE = {"live-1": (256, 256), "live-2": (128, 128)}
 """Each live batch's prompts, in the order they reach the partner."""
 ARRIVES_AT = 0.25
 """When the live batches reach the partner, as a share of A's step."""
-OWN_STEP_REAL_S = 0.4
+OWN_STEP_REAL_S = 1.0
 """What A's step lasts in real time (sets the time dilation)."""
 ORDER = ("A", "live-1", "live-2", "B")
 
