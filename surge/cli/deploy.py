@@ -139,5 +139,13 @@ def delete(
     api_key: KeyOpt = None,
 ) -> None:
     """Delete a deployment (its instances and cached copies go too)."""
+    from surge.control.spec import NAME_RE
+
+    # Checked here, since the name is a piece of the URL: 'm?x=1' deleted deployment m.
+    if not NAME_RE.fullmatch(name):
+        raise SurgeError(
+            f"no deployment can be named {name!r} (names are 1-64 letters, digits, '.', '_' "
+            "or '-'); see `surge status` for the names"
+        )
     _call("DELETE", f"/v1/deployments/{name}", url, api_key)
     typer.echo(f"deleted {name}")

@@ -175,3 +175,36 @@ def test_node_run_flags_are_one_error_line(tmp_path: Path, case: str) -> None:
 def test_node_certs_into_a_directory_that_cannot_be_made_is_one_error_line() -> None:
     proc = run_surge("node", "certs", "/proc/surge-x/certs", timeout=60)
     assert_one_line_error(proc, "OUT_DIR /proc/surge-x/certs cannot be used", "writable")
+
+
+def test_delete_of_a_name_no_deployment_can_have_sends_nothing(tmp_path: Path) -> None:
+    """`surge delete 'm?x=1'` sent DELETE /v1/deployments/m?x=1: deployment m was deleted."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_DELETE(self) -> None:
+            seen.append(self.path)
+            body = b'{"deleted": "m"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        for name in ("m?x=1", "../models/m", "a/b"):
+            proc = run_surge("delete", name, "--url", url, timeout=60)
+            assert_one_line_error(proc, f"no deployment can be named {name!r}")
+        assert seen == []
+        assert run_surge("delete", "m", "--url", url, timeout=60).returncode == 0
+        assert seen == ["/v1/deployments/m"]
+    finally:
+        server.shutdown()
