@@ -1,6 +1,7 @@
 """`surge deploy`, `surge status`, `surge delete`: thin clients of a running `surge serve`."""
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -77,6 +78,18 @@ def deploy(
     api_key: KeyOpt = None,
 ) -> None:
     """Deploy a model on a running `surge serve`."""
+    numbers = {
+        "--target-ongoing-requests": target_ongoing_requests,
+        "--upscale-delay-s": upscale_delay_s,
+        "--downscale-delay-s": downscale_delay_s,
+        "--keep-alive-s": keep_alive_s,
+        "--hold-timeout-s": hold_timeout_s,
+        "--ttft-ms": ttft_ms,
+        "--tpot-ms": tpot_ms,
+    }
+    for flag, v in numbers.items():  # JSON has no NaN or infinity: a ValueError traceback
+        if v is not None and not math.isfinite(v):
+            raise SurgeError(f"{flag} must be a finite number (got {v})")
     path = Path(model).expanduser()
     body = {
         "name": name,

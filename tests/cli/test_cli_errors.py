@@ -208,3 +208,10 @@ def test_delete_of_a_name_no_deployment_can_have_sends_nothing(tmp_path: Path) -
         assert seen == ["/v1/deployments/m"]
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("flag", ["--hold-timeout-s", "--keep-alive-s", "--ttft-ms"])
+def test_deploy_with_a_non_finite_number_is_one_error_line(flag: str) -> None:
+    """JSON carries no NaN: httpx's ValueError traceback before (nothing listens on :9)."""
+    proc = run_surge("deploy", "x", "--model", "/m", flag, "nan", "--url", "http://127.0.0.1:9")
+    assert_one_line_error(proc, f"{flag} must be a finite number (got nan)")
