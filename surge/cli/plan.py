@@ -32,6 +32,10 @@ SECONDS_PER_US = 1e-6
 MAX_BLOCK_MB = 1e6
 """A block of a terabyte is past any model's; more overflowed the planner's integer bytes
 (`--block-mb 1e20`: an OverflowError traceback)."""
+MAX_ZIGZAG_BATCHES = 1000
+"""Most batches `surge plan zigzag` solves the ILP for: measured on the 2-core VM (80 layers),
+250 batches 1.1 s, 500 2.4 s, 1,000 17 s (load 10), 3,000 not done in 120 s, silently. The
+paper's batches are those run while one target loads: a handful (Fig. 12)."""
 
 app = typer.Typer(
     help="Plan model multicasts and execution pipelines.",
@@ -182,6 +186,12 @@ def zigzag(
     Latencies are in units of one layer's execution time, as in the paper.
     """
     problem = ZigzagProblem(num_layers=layers, load_ratio=load_ratio, num_batches=batches)
+    if batches > MAX_ZIGZAG_BATCHES:  # after the problem's own checks (batches >= 1, ...)
+        raise SurgeError(
+            f"--batches {batches:,} is over {MAX_ZIGZAG_BATCHES:,}, past which the ILP takes "
+            "minutes to solve; plan fewer batches (BlitzScale's are those run while one "
+            "target loads)"
+        )
     started = time.perf_counter()
     ilp = solve_zigzag(problem)
     solve_ms = (time.perf_counter() - started) * 1000.0

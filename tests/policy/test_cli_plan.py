@@ -134,3 +134,12 @@ def test_a_scale_out_past_the_planner_limit_is_one_error_line() -> None:
     assert time.monotonic() - started < 60  # refused up front, not after planning
     missing = _surge("plan", "multicast", "--nodes", "8")
     assert missing.returncode == 2 and missing.stderr.startswith("error: give --blocks")
+
+
+def test_a_zigzag_too_large_to_solve_soon_is_one_error_line() -> None:
+    """--batches 3,000 ran the ILP for over 2 minutes with no word; 1,000 took 17 s."""
+    result = RUNNER.invoke(
+        app, ["zigzag", "--layers", "80", "--load-ratio", "6", "--batches", "3000"]
+    )
+    assert isinstance(result.exception, SurgeError)
+    assert "--batches 3,000 is over 1,000" in str(result.exception)
