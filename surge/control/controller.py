@@ -107,7 +107,7 @@ class Controller:
         self.nodes: list[int] = []
         self.links: dict[int, NodeLinks] = {}
         """Each agent's links as it reported them at start (caps, host group): the
-        multicast planner's topology (`policy.topology`)."""
+        multicast planner's topology (`policy.multicast.topology`)."""
         self.clock = control_clock(config.emulation)
         """The control plane's clock (`runtime/clock.py`; emulated under `emulation`)."""
         self.started_s = self.clock.now_s()

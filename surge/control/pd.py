@@ -44,7 +44,7 @@ def egress_traffic(deployments: Iterable[Deployment]) -> dict[int, NodeTraffic]:
     """What each node's egress carries for P/D now, over every deployment: its prefill
     instances (each sends K/V out, BlitzScale §5.1) and the hand-offs parked on it or
     leaving it. The
-    facts `policy.topology.busy_sources` prunes multicast sources by."""
+    facts `policy.multicast.topology.busy_sources` prunes multicast sources by."""
     prefill: dict[int, int] = {}
     parked: dict[int, int] = {}
     for dep in deployments:

@@ -121,7 +121,7 @@ class SystemConfig:
     """BlitzScale live scaling: queued requests prefilled together by one step (§5.2)."""
     live_load_ratio: float = 1.0
     """BlitzScale zigzag Time_l (layer load time / layer execution time) used until the
-    run has measured it (`policy.live_scaling.measured_load_ratio`)."""
+    run has measured it (`policy.blitzscale.live_scaling.measured_load_ratio`)."""
     live_decode_partners: bool = False
     """Counterfactual (unsourced): under P/D decode instances run live batches' last layers
     too, and decode those requests (surge before 2026-11-29). Default: prefill instances

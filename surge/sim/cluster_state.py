@@ -37,7 +37,7 @@ class ClusterState:
         """GPUs nobody holds any of (whole-GPU instances take only these)."""
         self.gpu_used: dict[int, float] = {}
         """Share held of each GPU that fractional workers share (ParaServe low-memory
-        workers, `policy.paraserve_gpu_share`): neither free nor whole."""
+        workers, `policy.paraserve.gpu_share`): neither free nor whole."""
         self.host_cache: list[dict[str, CacheEntry]] = [{} for _ in self.machines]
         self.cached_machines: set[int] = set()
         """Machines whose host cache holds something (kept by `sim.host_cache`, so the

@@ -211,7 +211,7 @@ class FlexPipe:
 
     def autoscale_settings(self, pool: Pool, base: AutoscaleSettings) -> AutoscaleSettings:
         """The autoscaler's settings for `pool`: per group, η times the instance target
-        (`policy.flexpipe_groups.pipeline_autoscale`, η the mean of its groups)."""
+        (`policy.flexpipe.groups.pipeline_autoscale`, η the mean of its groups)."""
         stages = [len(self.spans[i.id]) for i in pool.instances if i.id in self.spans]
         if not self.enabled or not stages:
             return base

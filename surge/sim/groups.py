@@ -108,7 +108,7 @@ class Groups:
 
     def _fractional(self, pool: Pool) -> bool:
         """Whether this pool's low-memory workers hold shares of one GPU: fractional GPUs
-        on and a full worker fits one GPU (`policy.paraserve_gpu_share`)."""
+        on and a full worker fits one GPU (`policy.paraserve.gpu_share`)."""
         slot = self.world.models[pool.model]
         kv = self.world.settings.kv_memory_fraction
         return (

@@ -19,7 +19,7 @@ class Placement:
     """Machine of the first worker."""
     shares: tuple[float, ...] = ()
     """Fraction of its one GPU each worker holds (ParaServe low-memory workers,
-    `policy.paraserve_gpu_share`); empty: every worker holds its GPUs whole."""
+    `policy.paraserve.gpu_share`); empty: every worker holds its GPUs whole."""
 
     @property
     def gpus(self) -> tuple[int, ...]:

@@ -68,7 +68,7 @@ class SimSettings:
     testbed's is measured by `benchmarks/sim_calibrate/pipeline.py`."""
     fractional_gpus: bool = True
     """ParaServe's low-memory workers hold 1/s of one GPU (memory and compute quota,
-    §4.1.1-§4.1.2, `policy.paraserve_gpu_share`) and share GPUs with other such workers;
+    §4.1.1-§4.1.2, `policy.paraserve.gpu_share`) and share GPUs with other such workers;
     False: every pipeline worker holds whole GPUs (the model before issue 18's fix).
     Systems without low-memory workers are unaffected either way."""
 

@@ -1,5 +1,5 @@
-"""The body's facts to BlitzScale's planner (`policy.topology`): link caps, host groups and
-busy egress become the `Cluster` Alg. 1 (§5.1) plans on."""
+"""The body's facts to BlitzScale's planner (`policy.multicast.topology`): link caps, host
+groups and busy egress become the `Cluster` Alg. 1 (§5.1) plans on."""
 
 import pytest
 

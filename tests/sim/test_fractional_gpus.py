@@ -1,7 +1,7 @@
 """ParaServe's low-memory workers on fractional GPUs (ParaServe §4.1.1-§4.1.2, §9; issue 18).
 
 A low-memory worker of an s-worker group holds 1/s of one GPU's memory and compute
-(`policy.paraserve_gpu_share`); workers of several groups and models share a GPU within
+(`policy.paraserve.gpu_share`); workers of several groups and models share a GPU within
 its memory; a worker holding 1/s computes at 1/s; GPU-seconds count the share held;
 freed shares return to the pool. Systems without low-memory workers do not change.
 """

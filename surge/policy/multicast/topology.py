@@ -26,7 +26,7 @@ from surge.policy.multicast.cluster import Cluster
 
 UNCAPPED_GBPS = 100.0
 """Speed an uncapped link is planned at (Gbit/s): the planner's uniform default
-(`policy.multicast.DEFAULT_GBPS`), a datacenter NIC."""
+(`policy.multicast.scale_out.DEFAULT_GBPS`), a datacenter NIC."""
 HOST_LINK_GBPS = 1600.0
 """Speed of the fast link between nodes of one host when none is configured (Gbit/s):
 NVLink, as `Cluster.nvlink_gbps` (BlitzScale §5.1: 105 ms to broadcast a 7B model)."""

@@ -100,7 +100,8 @@ class PdServing:
         """Most hand-offs in flight at once so far."""
         self._closed = False
         self._joining: dict[str, pd.PdInstance] = {}
-        """Instances being told their role (not yet in `roles`), as `policy.pd` sees them."""
+        """Instances being told their role (not yet in `roles`), as `policy.blitzscale.pd`
+        sees them."""
 
     # ---- roles and routing ----------------------------------------------------------
 
@@ -142,10 +143,10 @@ class PdServing:
         self.ingress.received(source_node, target.node, target.name, nbytes)
 
     def routable(self, live: dict[int, Endpoint]) -> dict[int, Endpoint]:
-        """The endpoints new requests may go to (`policy.pd.routable`): none while no prefill
-        instance serves but a slot still joining will prefill (`prefill_joining`). Execution
-        pipelines and instances without a role are decode-like: they serve only when no
-        instance prefills or comes."""
+        """The endpoints new requests may go to (`policy.blitzscale.pd.routable`): none while
+        no prefill instance serves but a slot still joining will prefill (`prefill_joining`).
+        Execution pipelines and instances without a role are decode-like: they serve only
+        when no instance prefills or comes."""
         view = [v for i, e in live.items() if (v := self._view(i, e)) is not None]
         coming = self._coming(pd_handoff.prefill_joining, view)
         keep = set(pd.routable(view, coming))
@@ -177,7 +178,7 @@ class PdServing:
         )
 
     def load(self, now_s: float, since_last_mutation_s: float) -> pd.PdLoad:
-        """The deployment as `policy.pd` sees it (the monitor's input). Hand-offs not
+        """The deployment as `policy.blitzscale.pd` sees it (the monitor's input). Hand-offs not
         started are booked as `_booked` says: only those no decode instance has room for
         wait for decode room (`PdLoad.num_handoffs_waiting`)."""
         views = [v for i, e in self._locals() if (v := self._view(i, e, now_s)) is not None]

@@ -60,7 +60,7 @@ class AgentConfig:
     """The other agents of its host group: connections to and from them bypass the NIC caps
     and are paced at `host_gbps` instead (the machine's own fast link)."""
     host_gbps: float | None = None
-    """The host group's fast link (None: unpaced, reported as `policy.topology`'s
+    """The host group's fast link (None: unpaced, reported as `policy.multicast.topology`'s
     `HOST_LINK_GBPS`)."""
     remote_dir: Path | None = None
     """The registry: a directory of stores, ROOT/<model>/manifest.json."""

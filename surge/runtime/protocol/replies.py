@@ -100,7 +100,7 @@ class RegisterReply(Reply):
 
 @dataclass(frozen=True)
 class LinkReport(Reply):
-    """A node's links as configured (its hello to the controller; `policy.topology`'s
+    """A node's links as configured (its hello to the controller; `policy.multicast.topology`'s
     `NodeLinks`): NIC caps (None: uncapped) and the machine it shares with other agents."""
 
     egress_gbps: float | None = None
@@ -112,8 +112,8 @@ class LinkReport(Reply):
 
     @staticmethod
     def planned(report: "LinkReport | None") -> NodeLinks:
-        """The links as the multicast planner takes them (`policy.topology`); an agent that
-        reports none is planned as uncapped and alone."""
+        """The links as the multicast planner takes them (`policy.multicast.topology`); an
+        agent that reports none is planned as uncapped and alone."""
         if report is None:
             return NodeLinks()
         return NodeLinks(

@@ -132,7 +132,7 @@ class ControllerSide(Protocol):
 
     def traffic(self) -> Mapping[int, NodeTraffic]:
         """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
-        asked when a multicast is planned: `policy.topology` prunes busy sources."""
+        asked when a multicast is planned: `policy.multicast.topology` prunes busy sources."""
 
     def receiving(self, nodes: tuple[int, ...], now: bool) -> None:
         """Nodes whose new instance starts (True) or stops (False) receiving a multicast: a
@@ -172,7 +172,7 @@ class ControllerHooks:
     """Nodes whose host copy starts (+1) or stops (-1) sending to a multicast (its NIC held)."""
     traffic: Callable[[], Mapping[int, NodeTraffic]] = dict
     """What each node's egress carries now (P/D prefill instances, K/V hand-offs out),
-    asked when a multicast is planned: `policy.topology` prunes busy sources."""
+    asked when a multicast is planned: `policy.multicast.topology` prunes busy sources."""
     receiving: Callable[[tuple[int, ...], bool], None] = lambda nodes, now: None
     """Nodes whose new instance starts (True) or stops (False) receiving a multicast: a
     chain tail meanwhile (`policy.startup` tier `loading`)."""
@@ -270,7 +270,7 @@ class ScaleOutContext:
     """Where what happens is published for the dashboard (`surge/events.py`)."""
     links: Mapping[int, NodeLinks] = field(default_factory=dict)
     """Each node's links as its agent reported them (NIC caps, host group); a node not in
-    it is planned as uncapped and alone (`policy.topology`)."""
+    it is planned as uncapped and alone (`policy.multicast.topology`)."""
     device_owners: tuple[int, ...] = ()
     """Live nodes holding a complete device copy of the model of their own (not mapped from
     a host mate): a destination in one's host group opens it (`policy.copies.mate_copies`)."""

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 def plan_multicast(ctx: ScaleOutContext, agents: list[int], num_sources: int) -> MulticastOutcome:
     """The plan of a multicast among `agents` (plan node i = agents[i], sources first), on
-    the cluster `policy.topology` makes of what the agents reported (link caps, host
+    the cluster `policy.multicast.topology` makes of what the agents reported (link caps, host
     groups) and what each source's egress carries now (busy P/D prefill sources are
     pruned by BlitzScale's chains, Alg. 1 Line 2)."""
     b = ctx.manifest.num_blocks
